@@ -1,0 +1,32 @@
+# dew_add_plugin(<target> SOURCES <files...> [LIBRARIES <libs...>] [OUTPUT_DIR <dir>])
+#
+# Builds a dew plugin: a MODULE library (dlopen-only), hidden visibility, linked with a version script
+# so that `dew_plugin_entry` is the only exported symbol, linked against dew::sdk (the SDK headers and
+# libdew) and nothing of the core's private targets. Used in-tree and, through find_package(dew), by
+# third-party plugins.
+function(dew_add_plugin target)
+  cmake_parse_arguments(ARG "" "OUTPUT_DIR" "SOURCES;LIBRARIES" ${ARGN})
+  add_library(${target} MODULE ${ARG_SOURCES})
+  set_target_properties(${target} PROPERTIES
+    PREFIX ""
+    CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    POSITION_INDEPENDENT_CODE ON)
+  if(TARGET dew::sdk)
+    target_link_libraries(${target} PRIVATE dew::sdk)
+  else()
+    target_link_libraries(${target} PRIVATE dew_sdk)
+  endif()
+  if(ARG_LIBRARIES)
+    target_link_libraries(${target} PRIVATE ${ARG_LIBRARIES})
+  endif()
+  set(_script ${CMAKE_CURRENT_BINARY_DIR}/${target}.exports.map)
+  file(WRITE ${_script} "{\n  global: dew_plugin_entry;\n  local: *;\n};\n")
+  target_link_options(${target} PRIVATE "LINKER:--version-script=${_script}" "LINKER:--no-undefined")
+  set_property(TARGET ${target} APPEND PROPERTY LINK_DEPENDS ${_script})
+  if(ARG_OUTPUT_DIR)
+    set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR})
+  elseif(DEFINED DEW_PLUGIN_OUTPUT_DIR)
+    set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${DEW_PLUGIN_OUTPUT_DIR})
+  endif()
+endfunction()

@@ -1,0 +1,133 @@
+// core/autograd/autograd.cpp — the backward pass: ordering, gradient accumulation, graph release.
+//
+// Invariants: a tensor with a grad_fn is a non-leaf; leaves accumulate (+=) into .grad only when they
+// require gradients; every node runs at most once per backward and is released afterwards (no
+// retain_graph); the backward pass itself records nothing (it runs under NoGradGuard).
+#include "dew/autograd.hpp"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "dew/backend.hpp"
+#include "dew/error.hpp"
+#include "dew/ops.hpp"
+
+namespace dew {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+
+bool participates(const Tensor& t) { return t.defined() && (t.impl()->requires_grad || t.impl()->grad_fn); }
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t && participates(*t)) return true;
+  return false;
+}
+
+void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward,
+            const char* name) {
+  auto node = std::make_shared<Node>();
+  for (Tensor& t : inputs)
+    if (!participates(t)) t = Tensor();  // nothing to propagate into: don't keep it alive
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  node->name = name;
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+}
+
+// Pending gradients of non-leaves: out of place, since an op's backward may return aliases of its
+// incoming gradient (add returns g for both inputs).
+static void accumulate(std::shared_ptr<TensorImpl>& slot, const Tensor& g) {
+  if (!slot) {
+    slot = g.impl_ptr();
+    return;
+  }
+  Tensor existing(slot);
+  DEW_INTERNAL_ASSERT(existing.shape() == g.shape());
+  Tensor sum = Tensor::empty(g.shape(), g.dtype(), g.backend_ptr());
+  g.backend().binary(existing, g, sum, BinaryOp::add);
+  slot = sum.impl_ptr();
+}
+
+// A leaf's .grad is owned by the leaf (cloned on first arrival), so it is accumulated in place.
+static void accumulate_leaf(TensorImpl* leaf, const Tensor& g) {
+  if (!leaf->grad) {
+    leaf->grad = g.clone().impl_ptr();
+    return;
+  }
+  Tensor existing(leaf->grad);
+  existing.backend().binary(existing, g, existing, BinaryOp::add);
+}
+
+void run_backward(const Tensor& root, const Tensor& seed) {
+  DEW_CHECK(root.defined() && participates(root), "backward() on a tensor that does not require gradients");
+  DEW_CHECK(seed.shape() == root.shape(), "backward seed shape ", shape_str(seed.shape()), " != ", shape_str(root.shape()));
+  NoGradGuard no_grad;
+
+  // Reverse topological order over tensors that carry a node (iterative DFS, post-order).
+  std::vector<TensorImpl*> order;
+  std::unordered_set<TensorImpl*> visited;
+  std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> keep;  // keeps impls alive while ordering
+  std::vector<std::pair<TensorImpl*, size_t>> stack;
+  auto push = [&](const Tensor& t) {
+    if (!t.defined() || !t.impl()->grad_fn || visited.count(t.impl())) return;
+    visited.insert(t.impl());
+    keep[t.impl()] = t.impl_ptr();
+    stack.push_back({t.impl(), 0});
+  };
+  push(root);
+  while (!stack.empty()) {
+    auto& [impl, next] = stack.back();
+    const auto& inputs = impl->grad_fn->inputs;
+    if (next < inputs.size()) {
+      const Tensor& in = inputs[next++];
+      push(in);
+    } else {
+      order.push_back(impl);
+      stack.pop_back();
+    }
+  }
+
+  std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> grads;
+  grads[root.impl()] = seed.impl_ptr();
+  if (!root.impl()->grad_fn) {  // a leaf root
+    accumulate_leaf(root.impl(), seed);
+    return;
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    TensorImpl* impl = *it;
+    auto git = grads.find(impl);
+    std::shared_ptr<Node> node = std::move(impl->grad_fn);  // releases the graph as it goes
+    if (git == grads.end()) continue;                      // no gradient flowed here
+    Tensor g(git->second);
+    grads.erase(git);
+    std::vector<Tensor> in_grads = node->backward(g);
+    DEW_INTERNAL_ASSERT(in_grads.size() == node->inputs.size());
+    for (size_t i = 0; i < in_grads.size(); ++i) {
+      const Tensor& input = node->inputs[i];
+      if (!input.defined() || !in_grads[i].defined()) continue;
+      DEW_CHECK(in_grads[i].shape() == input.shape(), "internal error: ", node->name, " produced a gradient of shape ",
+                shape_str(in_grads[i].shape()), " for an input of shape ", shape_str(input.shape()));
+      if (input.impl()->grad_fn) {
+        accumulate(grads[input.impl()], in_grads[i]);
+      } else if (input.impl()->requires_grad) {
+        accumulate_leaf(input.impl(), in_grads[i]);
+      }
+    }
+  }
+}
+
+void Tensor::backward() const {
+  DEW_CHECK(numel() == 1, "backward() needs a one-element tensor (a loss); got shape ", shape_str(shape()));
+  run_backward(*this, Tensor::full(shape(), 1.0, dtype(), backend_ptr()));
+}
+
+}  // namespace dew

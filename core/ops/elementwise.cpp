@@ -1,0 +1,156 @@
+// core/ops/elementwise.cpp — differentiable unary and binary elementwise ops (numpy broadcasting).
+// Binary backward reduces each incoming gradient to its input's shape with sum_to.
+#include "op_util.hpp"
+
+namespace dew {
+
+using namespace detail;
+
+Shape detail::broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    DEW_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+              " cannot be broadcast together");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+static Tensor binary_forward(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
+  check_same_backend(a, b, name);
+  check_same_dtype(a, b, name);
+  Tensor out = empty_as(a, broadcast_shapes(a.shape(), b.shape(), name));
+  if (out.numel() > 0) a.backend().binary(a, b, out, op);
+  return out;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(a, b, BinaryOp::add, "add");
+  if (needs_grad({&a, &b})) {
+    Shape sa = a.shape(), sb = b.shape();
+    record(out, {a, b}, [sa, sb](const Tensor& g) { return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)}; }, "add");
+  }
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(a, b, BinaryOp::sub, "sub");
+  if (needs_grad({&a, &b})) {
+    Shape sa = a.shape(), sb = b.shape();
+    record(out, {a, b}, [sa, sb](const Tensor& g) { return std::vector<Tensor>{sum_to(g, sa), sum_to(neg(g), sb)}; },
+           "sub");
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(a, b, BinaryOp::mul, "mul");
+  if (needs_grad({&a, &b})) {
+    const bool ga = needs_grad({&a}), gb = needs_grad({&b});
+    Tensor ad = a.detach(), bd = b.detach();
+    record(out, {a, b}, [ad, bd, ga, gb](const Tensor& g) {
+      return std::vector<Tensor>{ga ? sum_to(mul(g, bd), ad.shape()) : Tensor(),
+                                 gb ? sum_to(mul(g, ad), bd.shape()) : Tensor()};
+    }, "mul");
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(a, b, BinaryOp::div, "div");
+  if (needs_grad({&a, &b})) {
+    const bool gb = needs_grad({&b});
+    Tensor bd = b.detach(), od = out.detach();
+    Shape sa = a.shape();
+    record(out, {a, b}, [bd, od, sa, gb](const Tensor& g) {
+      Tensor ga = div(g, bd);
+      return std::vector<Tensor>{sum_to(ga, sa), gb ? sum_to(neg(mul(ga, od)), bd.shape()) : Tensor()};
+    }, "div");
+  }
+  return out;
+}
+
+static Tensor extremum(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
+  Tensor out = binary_forward(a, b, op, name);
+  if (needs_grad({&a, &b})) {
+    Tensor ad = a.detach(), bd = b.detach();
+    const BinaryOp pick_a = op == BinaryOp::maximum ? BinaryOp::gt : BinaryOp::lt;
+    record(out, {a, b}, [ad, bd, pick_a](const Tensor& g) {
+      Tensor mask_a = compare(ad, bd, pick_a);  // ties send the gradient to b
+      Tensor ga = mul(g, mask_a);
+      return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(sub(g, ga), bd.shape())};
+    }, name);
+  }
+  return out;
+}
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(a, b, BinaryOp::maximum, "maximum"); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(a, b, BinaryOp::minimum, "minimum"); }
+
+Tensor compare(const Tensor& a, const Tensor& b, BinaryOp op) {
+  DEW_CHECK(op == BinaryOp::eq || op == BinaryOp::gt || op == BinaryOp::lt, "compare takes eq, gt or lt");
+  return binary_forward(a.detach(), b.detach(), op, "compare");
+}
+
+Tensor unary(const Tensor& x, UnaryOp op, float alpha, float beta) {
+  UnaryParams p{op, alpha, beta};
+  Tensor out = empty_like(x);
+  if (out.numel() > 0) x.backend().unary(x, out, p);
+  if (needs_grad({&x})) {
+    Tensor xd = x.detach();
+    record(out, {x}, [xd, p](const Tensor& g) {
+      Tensor dx = empty_like(xd);
+      if (dx.numel() > 0) xd.backend().unary_backward(xd, g, dx, p);
+      return std::vector<Tensor>{dx};
+    }, "unary");
+  }
+  return out;
+}
+
+Tensor neg(const Tensor& x) { return unary(x, UnaryOp::neg); }
+Tensor exp(const Tensor& x) { return unary(x, UnaryOp::exp); }
+Tensor log(const Tensor& x) { return unary(x, UnaryOp::log); }
+Tensor sqrt(const Tensor& x) { return unary(x, UnaryOp::sqrt); }
+Tensor rsqrt(const Tensor& x) { return unary(x, UnaryOp::rsqrt); }
+Tensor square(const Tensor& x) { return unary(x, UnaryOp::square); }
+Tensor abs(const Tensor& x) { return unary(x, UnaryOp::abs); }
+Tensor tanh(const Tensor& x) { return unary(x, UnaryOp::tanh); }
+Tensor sigmoid(const Tensor& x) { return unary(x, UnaryOp::sigmoid); }
+Tensor relu(const Tensor& x) { return unary(x, UnaryOp::relu); }
+Tensor gelu(const Tensor& x, bool tanh_approximation) {
+  return unary(x, tanh_approximation ? UnaryOp::gelu_tanh : UnaryOp::gelu);
+}
+Tensor silu(const Tensor& x) { return unary(x, UnaryOp::silu); }
+Tensor sin(const Tensor& x) { return unary(x, UnaryOp::sin); }
+Tensor cos(const Tensor& x) { return unary(x, UnaryOp::cos); }
+Tensor scale(const Tensor& x, float s) { return unary(x, UnaryOp::affine, s, 0.0f); }
+Tensor add_scalar(const Tensor& x, float c) { return unary(x, UnaryOp::affine, 1.0f, c); }
+Tensor pow(const Tensor& x, float p) { return unary(x, UnaryOp::pow, p); }
+Tensor clamp(const Tensor& x, float lo, float hi) { return unary(x, UnaryOp::clamp, lo, hi); }
+Tensor softcap(const Tensor& x, float cap) { return unary(x, UnaryOp::softcap, cap); }
+
+Tensor activation(const Tensor& x, Activation act) {
+  switch (act) {
+    case Activation::none: return x;
+    case Activation::relu: return relu(x);
+    case Activation::gelu: return gelu(x, false);
+    case Activation::gelu_tanh: return gelu(x, true);
+    case Activation::silu: return silu(x);
+  }
+  return x;
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator*(const Tensor& a, float s) { return scale(a, s); }
+Tensor operator*(float s, const Tensor& a) { return scale(a, s); }
+Tensor operator+(const Tensor& a, float c) { return add_scalar(a, c); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+
+Tensor mse(const Tensor& a, const Tensor& b) { return mean(square(sub(a, b))); }
+
+}  // namespace dew

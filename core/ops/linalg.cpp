@@ -1,0 +1,129 @@
+// core/ops/linalg.cpp — matmul and linear, with their backward passes as further matmuls.
+// Invariant: weights are [out, in] (PyTorch/Hugging Face Linear layout); linear flattens leading dims
+// to rows so that dW is one [out, N] @ [N, in] product, never a batched sum.
+#include "op_util.hpp"
+
+namespace dew {
+
+using namespace detail;
+
+namespace {
+
+struct MatmulShape {
+  MatmulParams p;
+  Shape out_shape;
+};
+
+MatmulShape plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  DEW_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands need at least 2 dims, got ", shape_str(a.shape()), " and ",
+            shape_str(b.shape()));
+  const Shape& sa = a.shape();
+  const Shape& sb = b.shape();
+  const int64_t ar = sa[sa.size() - 2], ac = sa.back(), br = sb[sb.size() - 2], bc = sb.back();
+  MatmulShape r;
+  MatmulParams& p = r.p;
+  p.m = ta ? ac : ar;
+  p.k = ta ? ar : ac;
+  const int64_t kb = tb ? bc : br;
+  p.n = tb ? br : bc;
+  DEW_CHECK(p.k == kb, "matmul: inner dimensions differ: ", shape_str(sa), (ta ? "^T" : ""), " @ ", shape_str(sb),
+            (tb ? "^T" : ""));
+  p.trans_a = ta;
+  p.trans_b = tb;
+  Shape batch_a(sa.begin(), sa.end() - 2), batch_b(sb.begin(), sb.end() - 2);
+  const int64_t na = numel_of(batch_a), nb = numel_of(batch_b);
+  Shape batch;
+  if (batch_b.empty() || nb == 1) {
+    batch = batch_a;
+  } else if (batch_a.empty() || na == 1) {
+    batch = batch_b;
+  } else {
+    DEW_CHECK(batch_a == batch_b, "matmul: batch dims ", shape_str(batch_a), " and ", shape_str(batch_b), " differ");
+    batch = batch_a;
+  }
+  p.batch = numel_of(batch);
+  p.a_batch_stride = na > 1 ? ar * ac : 0;
+  p.b_batch_stride = nb > 1 ? br * bc : 0;
+  r.out_shape = batch;
+  r.out_shape.push_back(p.m);
+  r.out_shape.push_back(p.n);
+  return r;
+}
+
+Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias, Activation act) {
+  check_same_backend(a, b, "matmul");
+  check_same_dtype(a, b, "matmul");
+  MatmulShape plan = plan_matmul(a, b, ta, tb);
+  plan.p.act = act;
+  Tensor out = empty_as(a, plan.out_shape);
+  if (out.numel() == 0) return out;
+  if (plan.p.k == 0) {
+    a.backend().fill(out, 0.0);
+    return out;
+  }
+  a.backend().matmul(a, b, bias, out, plan.p);
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  Tensor out = matmul_raw(a.detach(), b.detach(), ta, tb, Tensor(), Activation::none);
+  if (needs_grad({&a, &b})) {
+    Tensor ad = a.detach(), bd = b.detach();
+    const bool ga = needs_grad({&a}), gb = needs_grad({&b});
+    record(out, {a, b}, [ad, bd, ta, tb, ga, gb](const Tensor& g) {
+      Tensor da, db;
+      if (ga) {
+        da = ta ? matmul_raw(bd, g, tb, true, Tensor(), Activation::none)     // (op(B) g^T) stored as [K, M]
+                : matmul_raw(g, bd, false, !tb, Tensor(), Activation::none);  // g op(B)^T
+        da = sum_to(da, ad.shape());
+      }
+      if (gb) {
+        if (!ta && bd.ndim() == 2 && ad.ndim() > 2) {  // shared weight: fold the batch into rows
+          Tensor a2 = reshape(ad, {-1, ad.shape().back()});
+          Tensor g2 = reshape(g, {-1, g.shape().back()});
+          db = tb ? matmul_raw(g2, a2, true, false, Tensor(), Activation::none)
+                  : matmul_raw(a2, g2, true, false, Tensor(), Activation::none);
+        } else {
+          db = tb ? matmul_raw(g, ad, true, ta, Tensor(), Activation::none)     // g^T op(A) stored as [N, K]
+                  : matmul_raw(ad, g, !ta, false, Tensor(), Activation::none);  // op(A)^T g
+          db = sum_to(db, bd.shape());
+        }
+      }
+      return std::vector<Tensor>{da, db};
+    }, "matmul");
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+  DEW_CHECK(w.ndim() == 2, "linear: weight must be [out, in], got ", shape_str(w.shape()));
+  DEW_CHECK(x.ndim() >= 1 && x.shape().back() == w.shape()[1], "linear: input ", shape_str(x.shape()),
+            " does not match weight ", shape_str(w.shape()));
+  DEW_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.shape()[0] == w.shape()[0]), "linear: bias ",
+            shape_str(bias.defined() ? bias.shape() : Shape{}), " does not match weight ", shape_str(w.shape()));
+  const bool grad = needs_grad({&x, &w, &bias});
+  if (grad && act != Activation::none) return activation(linear(x, w, bias, Activation::none), act);
+
+  Shape out_shape = x.shape();
+  out_shape.back() = w.shape()[0];
+  Tensor x2 = reshape(x.detach(), {-1, x.shape().back()});
+  Tensor out = reshape(matmul_raw(x2, w.detach(), false, true, bias.defined() ? bias.detach() : Tensor(), act), out_shape);
+  if (grad) {
+    Tensor wd = w.detach();
+    const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gbias = needs_grad({&bias});
+    Shape xs = x.shape();
+    record(out, {x, w, bias}, [x2, wd, xs, gx, gw, gbias](const Tensor& g) {
+      Tensor g2 = reshape(g, {-1, g.shape().back()});
+      Tensor dx, dw, db;
+      if (gx) dx = reshape(matmul_raw(g2, wd, false, false, Tensor(), Activation::none), xs);
+      if (gw) dw = matmul_raw(g2, x2, true, false, Tensor(), Activation::none);
+      if (gbias) db = sum(g2, 0);
+      return std::vector<Tensor>{dx, dw, db};
+    }, "linear");
+  }
+  return out;
+}
+
+}  // namespace dew

@@ -1,0 +1,303 @@
+// core/ops/nn_ops.cpp — softmax, normalisations, embeddings, rotary, attention, dropout, convolution,
+// cross-entropy: each a forward kernel plus its backward kernel, with saved statistics (mean/rstd/lse)
+// kept by the node. Statistics are f32 (f64 when the input is f64, for double-precision grad checks).
+#include "op_util.hpp"
+
+namespace dew {
+
+using namespace detail;
+
+namespace {
+int64_t rows_of(const Tensor& x) { return x.ndim() == 0 ? 1 : x.numel() / std::max<int64_t>(x.shape().back(), 1); }
+Shape row_stats_shape(const Tensor& x) { return {rows_of(x)}; }
+Tensor stats(const Tensor& x, const Shape& s) { return Tensor::empty(s, stat_dtype(x), x.backend_ptr()); }
+Tensor maybe_empty_like(const Tensor& t, bool want) { return want && t.defined() ? empty_like(t) : Tensor(); }
+void check_vector(const Tensor& t, int64_t n, const char* op, const char* what) {
+  if (!t.defined()) return;
+  DEW_CHECK(t.ndim() == 1 && t.shape()[0] == n, op, ": ", what, " must be [", n, "], got ", shape_str(t.shape()));
+}
+}  // namespace
+
+// ---------------------------------------------------------------- softmax
+
+static Tensor softmax_like(const Tensor& x, bool log) {
+  Tensor y = empty_like(x);
+  if (y.numel() > 0) log ? x.backend().log_softmax(x, y) : x.backend().softmax(x, y);
+  if (needs_grad({&x})) {
+    Tensor yd = y.detach();
+    record(y, {x}, [yd, log](const Tensor& g) {
+      Tensor dx = empty_like(yd);
+      if (dx.numel() > 0) log ? yd.backend().log_softmax_backward(yd, g, dx) : yd.backend().softmax_backward(yd, g, dx);
+      return std::vector<Tensor>{dx};
+    }, log ? "log_softmax" : "softmax");
+  }
+  return y;
+}
+Tensor softmax(const Tensor& x) { return softmax_like(x, false); }
+Tensor log_softmax(const Tensor& x) { return softmax_like(x, true); }
+
+// ---------------------------------------------------------------- norms
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  const int64_t d = x.shape().back();
+  check_vector(weight, d, "layer_norm", "weight");
+  check_vector(bias, d, "layer_norm", "bias");
+  Tensor y = empty_like(x), mu = stats(x, row_stats_shape(x)), rstd = stats(x, row_stats_shape(x));
+  x.backend().layer_norm(x, weight.defined() ? weight.detach() : Tensor(), bias.defined() ? bias.detach() : Tensor(), y,
+                         mu, rstd, eps);
+  if (needs_grad({&x, &weight, &bias})) {
+    Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
+    const bool gw = needs_grad({&weight}), gb = needs_grad({&bias});
+    const bool has_bias = bias.defined();
+    record(y, {x, weight, bias}, [xd, wd, mu, rstd, gw, gb, has_bias](const Tensor& g) {
+      Tensor dx = empty_like(xd);
+      Tensor dw = maybe_empty_like(wd, gw);
+      Tensor db = gb && has_bias ? empty_as(xd, {xd.shape().back()}) : Tensor();
+      xd.backend().layer_norm_backward(xd, wd, mu, rstd, g, dx, dw, db);
+      return std::vector<Tensor>{dx, dw, db};
+    }, "layer_norm");
+  }
+  return y;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset) {
+  check_vector(weight, x.shape().back(), "rms_norm", "weight");
+  Tensor y = empty_like(x), rstd = stats(x, row_stats_shape(x));
+  x.backend().rms_norm(x, weight.defined() ? weight.detach() : Tensor(), y, rstd, eps, weight_offset);
+  if (needs_grad({&x, &weight})) {
+    Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
+    const bool gw = needs_grad({&weight});
+    record(y, {x, weight}, [xd, wd, rstd, gw, weight_offset](const Tensor& g) {
+      Tensor dx = empty_like(xd);
+      Tensor dw = maybe_empty_like(wd, gw);
+      xd.backend().rms_norm_backward(xd, wd, rstd, g, dx, dw, weight_offset);
+      return std::vector<Tensor>{dx, dw};
+    }, "rms_norm");
+  }
+  return y;
+}
+
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, float eps) {
+  DEW_CHECK(x.ndim() >= 2, "group_norm: input must be [N, C, ...], got ", shape_str(x.shape()));
+  const int64_t c = x.shape()[1];
+  DEW_CHECK(groups > 0 && c % groups == 0, "group_norm: ", c, " channels do not split into ", groups, " groups");
+  check_vector(weight, c, "group_norm", "weight");
+  check_vector(bias, c, "group_norm", "bias");
+  Tensor y = empty_like(x), mu = stats(x, {x.shape()[0], groups}), rstd = stats(x, {x.shape()[0], groups});
+  x.backend().group_norm(x, weight.defined() ? weight.detach() : Tensor(), bias.defined() ? bias.detach() : Tensor(), y,
+                         mu, rstd, groups, eps);
+  if (needs_grad({&x, &weight, &bias})) {
+    Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
+    const bool gw = needs_grad({&weight}), gb = needs_grad({&bias});
+    const bool has_bias = bias.defined();
+    record(y, {x, weight, bias}, [xd, wd, mu, rstd, gw, gb, has_bias, groups, c](const Tensor& g) {
+      Tensor dx = empty_like(xd);
+      Tensor dw = maybe_empty_like(wd, gw);
+      Tensor db = gb && has_bias ? empty_as(xd, {c}) : Tensor();
+      xd.backend().group_norm_backward(xd, wd, mu, rstd, g, dx, dw, db, groups);
+      return std::vector<Tensor>{dx, dw, db};
+    }, "group_norm");
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------- indexing
+
+Tensor gather_rows(const Tensor& x, const Tensor& idx) {
+  DEW_CHECK(x.ndim() == 3, "gather_rows: x must be [B, T, D], got ", shape_str(x.shape()));
+  DEW_CHECK(idx.dtype() == DType::i32 && idx.ndim() == 2, "gather_rows: idx must be i32 [B, K], got ",
+            dtype_name(idx.dtype()), " ", shape_str(idx.shape()));
+  const int64_t b = idx.shape()[0];
+  DEW_CHECK(x.shape()[0] == b || x.shape()[0] == 1, "gather_rows: batch of x ", shape_str(x.shape()),
+            " does not match idx ", shape_str(idx.shape()));
+  Tensor out = empty_as(x, {b, idx.shape()[1], x.shape()[2]});
+  if (out.numel() > 0) x.backend().gather_rows(x.detach(), idx, out);
+  if (needs_grad({&x})) {
+    Tensor xd = x.detach();
+    record(out, {x}, [xd, idx](const Tensor& g) {
+      Tensor dx = Tensor::zeros(xd.shape(), xd.dtype(), xd.backend_ptr());
+      if (g.numel() > 0) xd.backend().scatter_add_rows(g, idx, dx);
+      return std::vector<Tensor>{dx};
+    }, "gather_rows");
+  }
+  return out;
+}
+
+Tensor embedding(const Tensor& table, const Tensor& ids) {
+  DEW_CHECK(table.ndim() == 2, "embedding: table must be [V, D], got ", shape_str(table.shape()));
+  Shape out_shape = ids.shape();
+  out_shape.push_back(table.shape()[1]);
+  Tensor rows = gather_rows(reshape(table, {1, table.shape()[0], table.shape()[1]}), reshape(ids, {1, ids.numel()}));
+  return reshape(rows, out_shape);
+}
+
+// ---------------------------------------------------------------- transformer pieces
+
+Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim) {
+  DEW_CHECK(x.ndim() == 4, "rope: x must be [B, T, H, D], got ", shape_str(x.shape()));
+  const int64_t d = x.shape()[3];
+  const int64_t rd = rotary_dim == 0 ? d : rotary_dim;
+  DEW_CHECK(rd > 0 && rd <= d && rd % 2 == 0, "rope: rotary_dim ", rd, " must be even and at most the head width ", d);
+  DEW_CHECK(positions.dtype() == DType::i32, "rope: positions must be i32");
+  const bool per_batch = positions.ndim() == 2;
+  DEW_CHECK((positions.ndim() == 1 && positions.shape()[0] == x.shape()[1]) ||
+                (per_batch && positions.shape()[0] == x.shape()[0] && positions.shape()[1] == x.shape()[1]),
+            "rope: positions ", shape_str(positions.shape()), " do not match x ", shape_str(x.shape()));
+  RopeParams p{theta, rd, false};
+  Tensor out = empty_like(x);
+  if (out.numel() > 0) x.backend().rope(x.detach(), positions, out, p);
+  if (needs_grad({&x})) {
+    record(out, {x}, [positions, p](const Tensor& g) {
+      RopeParams inv = p;
+      inv.inverse = true;
+      Tensor dx = empty_like(g);
+      if (dx.numel() > 0) g.backend().rope(g, positions, dx, inv);
+      return std::vector<Tensor>{dx};
+    }, "rope");
+  }
+  return out;
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q, k, v must be [B, T, H, D]");
+  const int64_t b = q.shape()[0], t = q.shape()[1], hq = q.shape()[2], d = q.shape()[3];
+  const int64_t s = k.shape()[1], hkv = k.shape()[2];
+  DEW_CHECK(k.shape() == v.shape() && k.shape()[0] == b && k.shape()[3] == d, "attention: k ", shape_str(k.shape()),
+            " and v ", shape_str(v.shape()), " do not match q ", shape_str(q.shape()));
+  DEW_CHECK(hkv > 0 && hq % hkv == 0, "attention: ", hq, " query heads do not group over ", hkv, " key/value heads");
+  check_same_backend(q, k, "attention");
+  check_same_backend(q, v, "attention");
+  (void)s;
+  Tensor out = empty_like(q), lse = stats(q, {b, hq, t});
+  if (out.numel() > 0) q.backend().attention(q.detach(), k.detach(), v.detach(), out, lse, p);
+  if (needs_grad({&q, &k, &v})) {
+    Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
+    record(out, {q, k, v}, [qd, kd, vd, od, lse, p](const Tensor& g) {
+      Tensor dq = empty_like(qd), dk = empty_like(kd), dv = empty_like(vd);
+      qd.backend().attention_backward(qd, kd, vd, od, lse, g, dq, dk, dv, p);
+      return std::vector<Tensor>{dq, dk, dv};
+    }, "attention");
+  }
+  return out;
+}
+
+Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset) {
+  DEW_CHECK(p >= 0.0f && p < 1.0f, "dropout: p = ", p, " must be in [0, 1)");
+  if (p == 0.0f) return x;
+  Tensor y = empty_like(x), mask = empty_like(x);
+  if (y.numel() > 0) x.backend().dropout(x.detach(), y, mask, DropoutParams{p, seed, stream, offset});
+  if (needs_grad({&x})) {
+    record(y, {x}, [mask](const Tensor& g) { return std::vector<Tensor>{mul(g, mask)}; }, "dropout");
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------- convolution
+
+static int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t dil) {
+  return (in + 2 * pad - dil * (k - 1) - 1) / s + 1;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  DEW_CHECK(x.ndim() == 4 && w.ndim() == 4, "conv2d: x must be [N, C, H, W] and w [O, C/groups, KH, KW]; got ",
+            shape_str(x.shape()), " and ", shape_str(w.shape()));
+  const int64_t n = x.shape()[0], c = x.shape()[1], o = w.shape()[0];
+  DEW_CHECK(p.groups > 0 && c % p.groups == 0 && o % p.groups == 0 && w.shape()[1] * p.groups == c,
+            "conv2d: weight ", shape_str(w.shape()), " does not fit input ", shape_str(x.shape()), " with groups ", p.groups);
+  check_vector(bias, o, "conv2d", "bias");
+  const int64_t oh = conv_out(x.shape()[2], w.shape()[2], p.stride_h, p.pad_h, p.dilation_h);
+  const int64_t ow = conv_out(x.shape()[3], w.shape()[3], p.stride_w, p.pad_w, p.dilation_w);
+  DEW_CHECK(oh > 0 && ow > 0, "conv2d: kernel ", shape_str(w.shape()), " larger than padded input ", shape_str(x.shape()));
+  Tensor y = empty_as(x, {n, o, oh, ow});
+  x.backend().conv2d(x.detach(), w.detach(), bias.defined() ? bias.detach() : Tensor(), y, p);
+  if (needs_grad({&x, &w, &bias})) {
+    Tensor xd = x.detach(), wd = w.detach();
+    const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gb = needs_grad({&bias});
+    record(y, {x, w, bias}, [xd, wd, p, gx, gw, gb, o](const Tensor& g) {
+      Tensor dx, dw, db;
+      if (gx) {
+        dx = empty_like(xd);
+        xd.backend().conv2d_backward_data(g, wd, dx, p);
+      }
+      if (gw || gb) {
+        Tensor dw_buf = empty_like(wd);
+        db = gb ? empty_as(xd, {o}) : Tensor();
+        xd.backend().conv2d_backward_weight(xd, g, dw_buf, db, p);
+        if (gw) dw = dw_buf;
+      }
+      return std::vector<Tensor>{dx, dw, db};
+    }, "conv2d");
+  }
+  return y;
+}
+
+Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, int64_t oph,
+                        int64_t opw) {
+  DEW_CHECK(x.ndim() == 4 && w.ndim() == 4, "conv_transpose2d: x must be [N, C, H, W] and w [C, O/groups, KH, KW]");
+  const int64_t n = x.shape()[0], c = x.shape()[1];
+  DEW_CHECK(w.shape()[0] == c && c % p.groups == 0, "conv_transpose2d: weight ", shape_str(w.shape()),
+            " does not fit input ", shape_str(x.shape()));
+  const int64_t o = w.shape()[1] * p.groups;
+  const int64_t oh = (x.shape()[2] - 1) * p.stride_h - 2 * p.pad_h + p.dilation_h * (w.shape()[2] - 1) + oph + 1;
+  const int64_t ow = (x.shape()[3] - 1) * p.stride_w - 2 * p.pad_w + p.dilation_w * (w.shape()[3] - 1) + opw + 1;
+  DEW_CHECK(oh > 0 && ow > 0, "conv_transpose2d: empty output");
+  // The transposed convolution is the data-gradient of the convolution that maps [N, O, oh, ow] to x.
+  Tensor y = empty_as(x, {n, o, oh, ow});
+  x.backend().conv2d_backward_data(x.detach(), w.detach(), y, p);
+  if (needs_grad({&x, &w})) {
+    Tensor xd = x.detach(), wd = w.detach();
+    const bool gx = needs_grad({&x}), gw = needs_grad({&w});
+    record(y, {x, w}, [xd, wd, p, gx, gw](const Tensor& g) {
+      Tensor dx, dw;
+      if (gx) {
+        dx = empty_like(xd);
+        xd.backend().conv2d(g, wd, Tensor(), dx, p);
+      }
+      if (gw) {
+        dw = empty_like(wd);
+        Tensor no_bias;
+        xd.backend().conv2d_backward_weight(g, xd, dw, no_bias, p);
+      }
+      return std::vector<Tensor>{dx, dw};
+    }, "conv_transpose2d");
+  }
+  if (bias.defined()) {
+    check_vector(bias, o, "conv_transpose2d", "bias");
+    y = add(y, reshape(bias, {1, o, 1, 1}));
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------- losses
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  DEW_CHECK(logits.ndim() == 2, "cross_entropy: logits must be [N, V], got ", shape_str(logits.shape()));
+  DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == logits.shape()[0],
+            "cross_entropy: targets must be i32 [", logits.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
+            shape_str(targets.shape()));
+  const int64_t n = logits.shape()[0];
+  const CrossEntropyParams p{ignore_index};
+  Tensor loss = stats(logits, {n}), lse = stats(logits, {n});
+  if (n > 0) logits.backend().cross_entropy(logits.detach(), targets, loss, lse, p);
+  int64_t valid = 0;
+  for (int32_t t : targets.to_ints()) valid += (t != ignore_index);
+  Tensor total = sum(loss);
+  Tensor out = valid > 0 ? scale(total, 1.0f / float(valid)) : scale(total, 0.0f);
+  if (out.dtype() != logits.dtype()) out = cast(out, logits.dtype());
+  if (needs_grad({&logits})) {
+    Tensor ld = logits.detach();
+    const float inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
+    Tensor result = out.detach();
+    record(result, {logits}, [ld, targets, lse, p, inv, n](const Tensor& g) {
+      Tensor gs = cast(g, lse.dtype());
+      Tensor dloss = broadcast_to(reshape(scale(gs, inv), {1}), {n});
+      Tensor dlogits = empty_like(ld);
+      if (n > 0) ld.backend().cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
+      return std::vector<Tensor>{dlogits};
+    }, "cross_entropy");
+    return result;
+  }
+  return out;
+}
+
+}  // namespace dew

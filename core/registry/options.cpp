@@ -1,0 +1,110 @@
+// core/registry/options.cpp — typed access to a component's string options, with used-key tracking.
+#include "dew/options.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+#include "dew/error.hpp"
+
+namespace dew {
+
+namespace {
+std::string where(const std::string& ctx, const std::string& key) {
+  return ctx.empty() ? "'" + key + "'" : "'" + ctx + "." + key + "'";
+}
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t");
+  const auto e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream is(s);
+  while (std::getline(is, item, ',')) {
+    item = trim(item);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+}  // namespace
+
+bool Options::has(const std::string& key) const { return values_.count(key) != 0; }
+
+std::string Options::get_string(const std::string& key, const std::string& fallback) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) return fallback;
+  used_.insert(key);
+  return it->second;
+}
+
+std::string Options::require_string(const std::string& key) const {
+  auto it = values_.find(key);
+  DEW_USAGE_CHECK(it != values_.end(), "missing required option ", where(context_, key));
+  used_.insert(key);
+  return it->second;
+}
+
+int64_t Options::get_int(const std::string& key, int64_t fallback) const {
+  if (!has(key)) return fallback;
+  const std::string s = trim(get_string(key, ""));
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  DEW_USAGE_CHECK(!s.empty() && end && *end == '\0' && errno == 0, "option ", where(context_, key),
+                  " must be an integer, got '", s, "'");
+  return v;
+}
+
+double Options::get_double(const std::string& key, double fallback) const {
+  if (!has(key)) return fallback;
+  const std::string s = trim(get_string(key, ""));
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  DEW_USAGE_CHECK(!s.empty() && end && *end == '\0' && errno == 0, "option ", where(context_, key),
+                  " must be a number, got '", s, "'");
+  return v;
+}
+
+bool Options::get_bool(const std::string& key, bool fallback) const {
+  if (!has(key)) return fallback;
+  std::string s = trim(get_string(key, ""));
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (s == "true" || s == "1" || s == "yes" || s == "on") return true;
+  if (s == "false" || s == "0" || s == "no" || s == "off") return false;
+  DEW_USAGE_CHECK(false, "option ", where(context_, key), " must be true or false, got '", s, "'");
+  return fallback;
+}
+
+std::vector<double> Options::get_doubles(const std::string& key, const std::vector<double>& fallback) const {
+  if (!has(key)) return fallback;
+  std::vector<double> out;
+  for (const std::string& item : split_list(get_string(key, ""))) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    DEW_USAGE_CHECK(end && *end == '\0', "option ", where(context_, key), " must be a comma-separated list of numbers, got '",
+                    item, "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<std::string> Options::get_strings(const std::string& key, const std::vector<std::string>& fallback) const {
+  if (!has(key)) return fallback;
+  return split_list(get_string(key, ""));
+}
+
+void Options::check_all_used() const {
+  std::vector<std::string> unknown;
+  for (const auto& [k, v] : values_)
+    if (!used_.count(k)) unknown.push_back(k);
+  if (unknown.empty()) return;
+  std::string list;
+  for (const auto& k : unknown) list += (list.empty() ? "" : ", ") + where(context_, k);
+  DEW_USAGE_CHECK(false, "unknown option", unknown.size() > 1 ? "s " : " ", list);
+}
+
+}  // namespace dew

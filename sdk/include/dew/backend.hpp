@@ -1,0 +1,264 @@
+// dew/backend.hpp — the Backend interface: memory and the kernel algebra (version DEW_KERNEL_ALGEBRA_VERSION).
+//
+// A backend is a device plugin. The core allocates every output before calling a kernel, so kernels
+// never allocate tensors; all tensors handed to a kernel are contiguous row-major (data() already
+// points at the first element). Unless a kernel says otherwise:
+//  * inputs and outputs have the same floating dtype; index tensors are i32; saved statistics
+//    (mean, rstd, lse) are f32 even for f64 inputs on `ref`, except that `ref` keeps them in f64
+//    when the inputs are f64 (gradient checks run wholly in double);
+//  * outputs are overwritten, never accumulated into ("+=" only where the comment says so);
+//  * an output never aliases an input, except the elementwise kernels (unary, binary, cast with equal
+//    dtype) whose output may be the same buffer as an input of the same shape;
+//  * a kernel given a dtype or shape it does not handle throws dew::Error; supports() says so first.
+// Shape comments use B batch, T query length, S key length, H heads, D head/feature width, V vocab.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dew/tensor.hpp"
+
+#define DEW_KERNEL_ALGEBRA_VERSION 1
+
+namespace dew {
+
+enum class Kernel : uint16_t {
+  fill, cast, strided_copy,
+  matmul,
+  unary, unary_backward, binary, reduce,
+  softmax, softmax_backward, log_softmax, log_softmax_backward,
+  layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, group_norm, group_norm_backward,
+  gather_rows, scatter_add_rows,
+  rope,
+  attention, attention_backward,
+  conv2d, conv2d_backward_data, conv2d_backward_weight,
+  cross_entropy, cross_entropy_backward,
+  adamw_update, sgd_update, lamb_update,
+  random, dropout, argmax,
+  count_
+};
+const char* kernel_name(Kernel k);
+Kernel kernel_from_name(const std::string& name);  // throws UsageError listing the names
+
+// "yes", or "no" with the reason (shown by the conformance suite and the trainer).
+struct Support {
+  bool ok = true;
+  std::string reason;
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {false, std::move(why)}; }
+};
+
+// ---------------------------------------------------------------- kernel parameters
+
+// Activation epilogues of matmul (and the differentiable activations of UnaryOp).
+enum class Activation : uint8_t { none, relu, gelu, gelu_tanh, silu };
+
+// out[b] = beta * out[b] + act(alpha * op(A[b]) @ op(B[b]) + bias)   (act != none requires beta == 0)
+// A[b] starts at a + b * a_batch_stride; op(A) is [m, k] (stored [k, m] when trans_a).
+// B[b] starts at b + b * b_batch_stride; op(B) is [k, n] (stored [n, k] when trans_b).
+// A batch stride of 0 broadcasts that operand. out is [batch, m, n] contiguous; bias is [n] or undefined.
+struct MatmulParams {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t a_batch_stride = 0, b_batch_stride = 0;  // in elements
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  Activation act = Activation::none;
+};
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, rsqrt, square, abs, tanh, sigmoid, relu, gelu, gelu_tanh, silu, sin, cos,
+  reciprocal,
+  affine,   // alpha * x + beta
+  pow,      // x ^ alpha
+  clamp,    // min(max(x, alpha), beta)
+  softcap,  // alpha * tanh(x / alpha)
+};
+struct UnaryParams {
+  UnaryOp op = UnaryOp::neg;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+// Elementwise with numpy broadcasting: a and b are broadcast (right-aligned) to out's shape.
+// Comparisons (eq, gt, lt) write 1 or 0 in out's dtype.
+enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum, eq, gt, lt };
+
+// x viewed as [outer, reduce, inner] -> out [outer, inner]. mean divides by reduce; sumsq = sum of squares.
+enum class ReduceOp : uint8_t { sum, mean, max, min, sumsq };
+struct ReduceParams {
+  ReduceOp op = ReduceOp::sum;
+  int64_t outer = 1, reduce = 1, inner = 1;
+};
+
+// A general strided copy between two buffers of the same dtype: for every index tuple of `shape`,
+// dst[dst_offset + sum(idx*dst_strides)] = src[src_offset + sum(idx*src_strides)]. Covers permute,
+// slice, concat and broadcast-materialise. Offsets and strides are in elements, relative to data().
+struct StridedCopyParams {
+  Shape shape;
+  std::vector<int64_t> src_strides, dst_strides;
+  int64_t src_offset = 0, dst_offset = 0;
+};
+
+// Rotary embedding on x [B, T, H, D]; rotates the first rotary_dim features of each head in the
+// "rotate half" (GPT-NeoX / Hugging Face Llama) pairing: (i, i + rotary_dim/2), frequency
+// theta^(-2i/rotary_dim). positions is i32 [T] (shared by the batch) or [B, T]. inverse = rotate by
+// -angle (the backward). Features past rotary_dim are copied.
+struct RopeParams {
+  float theta = 10000.0f;
+  int64_t rotary_dim = 0;  // 0 = the whole head
+  bool inverse = false;
+};
+
+// Scaled dot-product attention. q [B, T, Hq, D]; k, v [B, S, Hkv, D] with Hq % Hkv == 0 (grouped
+// query: head h reads kv head h / (Hq/Hkv)); out [B, T, Hq, D]; lse [B, Hq, T] = log-sum-exp of the
+// (scaled, capped) scores of each query row, saved for the backward.
+// Query t sits at absolute position q_offset + t; key s at position s. Key s is visible to query t when
+// (!causal || s <= pos(t)) && (window == 0 || pos(t) - s < window). score = scale * q.k, then
+// softcap * tanh(score / softcap) when softcap > 0. A row with no visible key outputs zeros, lse -inf.
+struct AttentionParams {
+  float scale = 1.0f;
+  bool causal = true;
+  int64_t window = 0;
+  float softcap = 0.0f;
+  int64_t q_offset = 0;
+};
+
+// NCHW convolution. x [N, C, H, W]; w [O, C/groups, KH, KW]; bias [O] or undefined; y [N, O, OH, OW].
+struct Conv2dParams {
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1, groups = 1;
+};
+
+// logits [N, V] (f32); targets i32 [N]; loss f32 [N] = lse - logit[target] (0 where target == ignore_index);
+// lse f32 [N]. Backward: dlogits = (softmax(logits) - onehot(target)) * dloss[n]; 0 rows where ignored.
+struct CrossEntropyParams {
+  int64_t ignore_index = -100;
+};
+
+// Fused optimizer updates, in place on param and state. grad is multiplied by grad_scale first (global
+// norm clipping folds in here). step counts from 1. Decoupled weight decay (AdamW, LAMB).
+struct AdamWParams {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f, grad_scale = 1.0f;
+  int64_t step = 1;
+};
+// PyTorch semantics: g += wd * p; buf = step == 1 ? g : momentum * buf + (1 - dampening) * g;
+// g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum == 0 needs no buffer.
+struct SgdParams {
+  float lr = 1e-2f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f, grad_scale = 1.0f;
+  bool nesterov = false;
+  int64_t step = 1;
+};
+// LAMB (You et al. 2019): the AdamW direction r = m_hat / (sqrt(v_hat) + eps) + wd * p, scaled by the
+// trust ratio ||p|| / ||r|| (1 when either norm is 0), p -= lr * ratio * r.
+struct LambParams {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-6f, weight_decay = 0.0f, grad_scale = 1.0f;
+  int64_t step = 1;
+};
+
+enum class Distribution : uint8_t { uniform, normal };
+// out[i] = philox draw for index offset + i (see dew/random.hpp); uniform in [a, b), normal with mean a, std b.
+struct RandomParams {
+  Distribution dist = Distribution::uniform;
+  uint64_t seed = 0, stream = 0, offset = 0;
+  float a = 0.0f, b = 1.0f;
+};
+// Dropout: element i is kept when philox::uniform(seed, stream, offset + i) >= p; mask[i] = kept ? 1/(1-p) : 0;
+// y = x * mask. The backward is dy * mask (a binary mul), so no dropout_backward kernel exists.
+struct DropoutParams {
+  float p = 0.0f;
+  uint64_t seed = 0, stream = 0, offset = 0;
+};
+
+// ---------------------------------------------------------------- the interface
+
+class Backend {
+ public:
+  static constexpr const char* kind = "backend";
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  // True when data() pointers are ordinary host memory (ref, cpu).
+  virtual bool host_accessible() const = 0;
+  virtual Support supports(Kernel k, DType dtype) const = 0;
+  virtual void set_threads(int threads) { (void)threads; }
+  virtual void synchronize() {}
+
+  // ---- memory ----
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
+
+  // ---- kernel algebra ----
+  virtual void fill(Tensor& out, double value) = 0;
+  virtual void cast(const Tensor& x, Tensor& out) = 0;  // any dtype -> any dtype, same numel
+  virtual void strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) = 0;
+
+  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) = 0;
+
+  virtual void unary(const Tensor& x, Tensor& out, const UnaryParams& p) = 0;
+  // dx = dy * d op(x) / dx
+  virtual void unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) = 0;
+  virtual void binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) = 0;
+  virtual void reduce(const Tensor& x, Tensor& out, const ReduceParams& p) = 0;
+
+  // Along the last axis; rows = numel / last.
+  virtual void softmax(const Tensor& x, Tensor& y) = 0;
+  virtual void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+  virtual void log_softmax(const Tensor& x, Tensor& y) = 0;
+  virtual void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+
+  // x [rows, D] (any leading shape); weight, bias [D] or undefined; mean, rstd f32 [rows].
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                          Tensor& rstd, float eps) = 0;
+  // dweight/dbias (when defined) are overwritten with this call's gradient.
+  virtual void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) = 0;
+  // y = x * rstd * (weight + weight_offset); rstd f32 [rows] = 1 / sqrt(mean(x^2) + eps).
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                        float weight_offset) = 0;
+  virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                 Tensor& dx, Tensor& dweight, float weight_offset) = 0;
+  // x [N, C, *spatial] (NCHW); statistics over (C/groups, spatial) per (n, group); weight, bias [C]; mean, rstd [N, groups].
+  virtual void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                          Tensor& rstd, int64_t groups, float eps) = 0;
+  virtual void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) = 0;
+
+  // src [Bs, R, D] with Bs in {1, B}; idx i32 [B, K]; out [B, K, D] = src[b or 0, idx[b, k], :].
+  // An index outside [0, R) throws. scatter_add_rows accumulates (+=) dout rows into dsrc.
+  virtual void gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) = 0;
+  virtual void scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) = 0;
+
+  virtual void rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) = 0;
+
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                         const AttentionParams& p) = 0;
+  // dq, dk, dv are overwritten.
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                  const AttentionParams& p) = 0;
+
+  virtual void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) = 0;
+  // dx's shape names the input size (it disambiguates strided convolutions).
+  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) = 0;
+  // dbias (when defined) [O] = sum of dy over N, OH, OW.
+  virtual void conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                                      const Conv2dParams& p) = 0;
+
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                             const CrossEntropyParams& p) = 0;
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                      const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p) = 0;
+
+  virtual void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) = 0;
+  // momentum_buf is undefined when p.momentum == 0.
+  virtual void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) = 0;
+  virtual void lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) = 0;
+
+  virtual void random(Tensor& out, const RandomParams& p) = 0;
+  virtual void dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) = 0;
+  // x [rows, D] -> out i32 [rows]: the first index of the largest value.
+  virtual void argmax(const Tensor& x, Tensor& out) = 0;
+};
+
+}  // namespace dew

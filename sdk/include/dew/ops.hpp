@@ -1,0 +1,107 @@
+// dew/ops.hpp — differentiable tensor operations (what models are written with).
+//
+// Each op allocates its output on the inputs' backend, calls kernels of the kernel algebra
+// (dew/backend.hpp), and records a backward node when gradients are needed (dew/autograd.hpp).
+// Inputs must share one backend. Optional tensor arguments are passed as an undefined Tensor{}.
+// Broadcasting follows numpy (right-aligned). Shapes are documented per op.
+#pragma once
+#include <vector>
+
+#include "dew/backend.hpp"
+#include "dew/tensor.hpp"
+
+namespace dew {
+
+// ---- elementwise ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor compare(const Tensor& a, const Tensor& b, BinaryOp op);  // eq/gt/lt, not differentiable
+Tensor unary(const Tensor& x, UnaryOp op, float alpha = 1.0f, float beta = 0.0f);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+Tensor silu(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor scale(const Tensor& x, float s);                 // s * x
+Tensor add_scalar(const Tensor& x, float c);            // x + c
+Tensor pow(const Tensor& x, float p);                   // x ^ p
+Tensor clamp(const Tensor& x, float lo, float hi);
+Tensor softcap(const Tensor& x, float cap);             // cap * tanh(x / cap)
+Tensor activation(const Tensor& x, Activation act);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, float s);
+Tensor operator*(float s, const Tensor& a);
+Tensor operator+(const Tensor& a, float c);
+Tensor operator-(const Tensor& a);
+
+// ---- shapes and copies ----
+Tensor reshape(const Tensor& x, const Shape& shape);      // a view; -1 infers one axis
+Tensor permute(const Tensor& x, const std::vector<int>& dims);
+Tensor transpose(const Tensor& x, int a, int b);
+Tensor slice(const Tensor& x, int axis, int64_t begin, int64_t end);  // a copy (a view on axis 0)
+Tensor concat(const std::vector<Tensor>& xs, int axis);
+Tensor broadcast_to(const Tensor& x, const Shape& shape);
+Tensor sum_to(const Tensor& x, const Shape& shape);        // the adjoint of broadcast_to
+Tensor cast(const Tensor& x, DType dtype);                 // differentiable between floating types
+Tensor contiguous_copy(const Tensor& x);
+
+// ---- reductions (axis may be negative) ----
+Tensor sum(const Tensor& x, int axis, bool keepdim = false);
+Tensor mean(const Tensor& x, int axis, bool keepdim = false);
+Tensor sum(const Tensor& x);   // all elements -> [1]
+Tensor mean(const Tensor& x);  // all elements -> [1]
+Tensor amax(const Tensor& x, int axis, bool keepdim = false);  // not differentiable
+Tensor sum_squares(const Tensor& x);                            // -> [1], not differentiable
+Tensor argmax(const Tensor& x);                                 // last axis -> i32, not differentiable
+
+// ---- linear algebra ----
+// a [..., M, K] @ b [..., K, N] (transposes by flag); batch dims broadcast when one side has none.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// x [..., in] @ w[out, in]^T + bias[out] (the Hugging Face / PyTorch Linear layout), activation fused.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {}, Activation act = Activation::none);
+
+// ---- normalisation and softmax (last axis unless said otherwise) ----
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f, float weight_offset = 0.0f);
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);  // NCHW
+
+// ---- indexing ----
+Tensor embedding(const Tensor& table, const Tensor& ids);       // table [V, D], ids i32 [...] -> [..., D]
+Tensor gather_rows(const Tensor& x, const Tensor& idx);         // x [B, T, D], idx i32 [B, K] -> [B, K, D]
+
+// ---- transformer pieces ----
+Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0);  // x [B, T, H, D]
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p);  // [B,T,H,D] layout
+Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset);
+
+// ---- convolution (NCHW) ----
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+// w [C_in, C_out/groups, KH, KW] (PyTorch ConvTranspose2d layout); output_padding adds to the output size.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                        int64_t output_padding_h = 0, int64_t output_padding_w = 0);
+
+// ---- losses ----
+// logits [N, V] (f32), targets i32 [N]: mean over non-ignored rows (0 when all are ignored).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+Tensor mse(const Tensor& a, const Tensor& b);  // mean of squared differences -> [1]
+
+}  // namespace dew

@@ -1,0 +1,49 @@
+// dew/options.hpp — the key/value options a plugin is created with (one config section, flattened).
+//
+// Values are strings as written in the config or on the command line; typed getters parse them and
+// name the key in the error. Every key read is marked used; check_all_used() refuses the rest, so a
+// misspelt key is an error, never silently ignored.
+#pragma once
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace dew {
+
+// An option a plugin accepts: shown by `dew-run train --help` and validated by the launcher.
+struct OptionSpec {
+  std::string key;
+  std::string default_value;  // empty: required or no default
+  std::string help;
+};
+
+class Options {
+ public:
+  Options() = default;
+  explicit Options(std::map<std::string, std::string> values, std::string context = {})
+      : values_(std::move(values)), context_(std::move(context)) {}
+
+  bool has(const std::string& key) const;
+  void set(const std::string& key, std::string value) { values_[key] = std::move(value); }
+
+  std::string get_string(const std::string& key, const std::string& fallback) const;
+  std::string require_string(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t fallback) const;
+  double get_double(const std::string& key, double fallback) const;
+  bool get_bool(const std::string& key, bool fallback) const;
+  std::vector<double> get_doubles(const std::string& key, const std::vector<double>& fallback) const;
+  std::vector<std::string> get_strings(const std::string& key, const std::vector<std::string>& fallback) const;
+
+  // Throws a UsageError naming every key that no getter read.
+  void check_all_used() const;
+  const std::map<std::string, std::string>& values() const { return values_; }
+  const std::string& context() const { return context_; }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::string context_;  // e.g. "[model]" for error messages
+  mutable std::set<std::string> used_;
+};
+
+}  // namespace dew

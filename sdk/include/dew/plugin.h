@@ -1,0 +1,52 @@
+/* dew/plugin.h — the C handshake between dew and a plugin library (frozen; only ever appended to).
+ *
+ * A plugin exports exactly one symbol, `dew_plugin_entry`, returning a pointer to a static
+ * dew_plugin_v1. The host checks abi_version and fingerprint before calling register_all with its
+ * Registrar. No exception crosses this boundary: register_all returns 0, or non-zero with a
+ * NUL-terminated message in err. C++ plugins write DEW_PLUGIN(...) from dew/registry.hpp instead of
+ * filling this struct by hand. */
+#ifndef DEW_PLUGIN_H
+#define DEW_PLUGIN_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define DEW_PLUGIN_ABI_VERSION 1u
+#define DEW_SDK_VERSION "0.1.0"
+#define DEW_PLUGIN_ENTRY_SYMBOL "dew_plugin_entry"
+
+#define DEW_STR_(x) #x
+#define DEW_STR(x) DEW_STR_(x)
+#if defined(__clang__)
+#define DEW_COMPILER_ID "clang " __clang_version__
+#elif defined(__GNUC__)
+#define DEW_COMPILER_ID "gcc " __VERSION__
+#else
+#define DEW_COMPILER_ID "unknown-compiler"
+#endif
+#if defined(_GLIBCXX_USE_CXX11_ABI)
+#define DEW_CXX_ABI_ID "libstdc++ cxx11-abi " DEW_STR(_GLIBCXX_USE_CXX11_ABI)
+#else
+#define DEW_CXX_ABI_ID "c-only"
+#endif
+/* What host and plugin must agree on, because C++ objects cross the boundary past the handshake. */
+#define DEW_BUILD_FINGERPRINT "dew-sdk " DEW_SDK_VERSION "; " DEW_COMPILER_ID "; " DEW_CXX_ABI_ID
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dew_plugin_v1 {
+  uint32_t abi_version;    /* DEW_PLUGIN_ABI_VERSION the plugin was built with: always the first field */
+  const char* name;        /* e.g. "cpu" */
+  const char* version;     /* the plugin's own version, e.g. "0.1.0" */
+  const char* fingerprint; /* DEW_BUILD_FINGERPRINT at the plugin's build */
+  const char* build_notes; /* free text: library versions built against (oneDNN 2.6.3, cuDNN 9.19, ...) */
+  int (*register_all)(void* registrar, char* err, size_t err_len);
+} dew_plugin_v1;
+
+typedef const dew_plugin_v1* (*dew_plugin_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DEW_PLUGIN_H */
