@@ -1,0 +1,45 @@
+// tools/dew-bench/bench.hpp — shared timing helpers of dew-bench (median of repeats, JSON lines).
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dew_bench {
+
+struct BenchOptions {
+  int threads = 1;
+  std::string backend = "cpu";
+  double seconds = 0.3;  // per repeat
+  int repeats = 5;
+};
+
+// Runs fn in repeats of ~opt.seconds each; returns the median seconds per call.
+inline double median_seconds(const std::function<void()>& fn, const BenchOptions& opt) {
+  using clock = std::chrono::steady_clock;
+  fn();  // warm-up (primitive creation, caches)
+  int iters = 1;
+  for (;;) {  // calibrate
+    const auto t0 = clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (s > opt.seconds * 0.5 || iters > (1 << 20)) {
+      iters = std::max(1, int(iters * opt.seconds / std::max(s, 1e-9)));
+      break;
+    }
+    iters *= 2;
+  }
+  std::vector<double> per_call;
+  for (int r = 0; r < opt.repeats; ++r) {
+    const auto t0 = clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    per_call.push_back(std::chrono::duration<double>(clock::now() - t0).count() / iters);
+  }
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
+}
+
+int run_kernels(const BenchOptions& opt);
+
+}  // namespace dew_bench

@@ -1,0 +1,86 @@
+// tools/dew-bench/kernels.cpp — `dew-bench kernels`: matmul GFLOP/s through dew's public API
+// (dew::matmul, which allocates its output and dispatches to the backend) next to oneDNN 2.6 called
+// directly on the same shape and thread count (primitive made once, plain row-major memory: the
+// ceiling), and the fused attention forward+backward time. One JSON line per measurement.
+#include <omp.h>
+
+#include <cstdio>
+#include <dnnl.hpp>
+
+#include "bench.hpp"
+#include "dew/autograd.hpp"
+#include "dew/ops.hpp"
+#include "dew/registry.hpp"
+
+namespace dew_bench {
+
+namespace {
+
+double onednn_matmul_seconds(int64_t m, int64_t n, int64_t k, const BenchOptions& opt) {
+  using namespace dnnl;
+  engine eng(engine::kind::cpu, 0);
+  stream s(eng);
+  memory::desc a_md({m, k}, memory::data_type::f32, memory::format_tag::ab);
+  memory::desc b_md({k, n}, memory::data_type::f32, memory::format_tag::ab);
+  memory::desc c_md({m, n}, memory::data_type::f32, memory::format_tag::ab);
+  matmul::primitive_desc pd(matmul::desc(a_md, b_md, c_md), eng);
+  matmul prim(pd);
+  std::vector<float> a(size_t(m * k), 0.5f), b(size_t(k * n), 0.25f), c(size_t(m * n));
+  memory am(a_md, eng, a.data()), bm(b_md, eng, b.data()), cm(c_md, eng, c.data());
+  return median_seconds([&] {
+    prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    s.wait();
+  }, opt);
+}
+
+}  // namespace
+
+int run_kernels(const BenchOptions& opt) {
+  using namespace dew;
+  omp_set_num_threads(opt.threads);
+  BackendPtr be = create_backend(opt.backend);
+  be->set_threads(opt.threads);
+  NoGradGuard no_grad;
+
+  struct Shape3 { int64_t m, n, k; const char* what; };
+  const Shape3 shapes[] = {
+      {256, 256, 256, "square"},           {1024, 1024, 1024, "square"},       {2048, 2048, 2048, "square"},
+      {2048, 1152, 384, "d384 qkv proj"},  {2048, 384, 384, "d384 out proj"},  {2048, 1024, 384, "d384 mlp up"},
+      {2048, 384, 1024, "d384 mlp down"},  {2048, 256, 384, "d384 lm head"},
+  };
+  for (const Shape3& s : shapes) {
+    Tensor a = Tensor::uniform({s.m, s.k}, -1, 1, 1, 1, be), b = Tensor::uniform({s.k, s.n}, -1, 1, 1, 2, be);
+    const double dew_s = median_seconds([&] { Tensor c = matmul(a, b); }, opt);
+    const double dnnl_s = onednn_matmul_seconds(s.m, s.n, s.k, opt);
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    std::printf("{\"bench\":\"matmul\",\"shape\":\"%lldx%lldx%lld\",\"what\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
+                "\"gflops\":%.1f,\"onednn_gflops\":%.1f,\"ratio\":%.3f}\n",
+                (long long)s.m, (long long)s.n, (long long)s.k, s.what, opt.backend.c_str(), opt.threads,
+                flop / dew_s * 1e-9, flop / dnnl_s * 1e-9, dnnl_s / dew_s);
+    std::fflush(stdout);
+  }
+
+  // Fused attention forward + backward, B=8, H=6, T=256, D=64, causal (the char-small shape).
+  {
+    const int64_t B = 8, H = 6, T = 256, D = 64;
+    Tensor q = Tensor::normal({B, T, H, D}, 0, 1, 2, 1, be), k = Tensor::normal({B, T, H, D}, 0, 1, 2, 2, be);
+    Tensor v = Tensor::normal({B, T, H, D}, 0, 1, 2, 3, be), dout = Tensor::normal({B, T, H, D}, 0, 1, 2, 4, be);
+    AttentionParams p;
+    p.scale = 0.125f;
+    p.causal = true;
+    Tensor out = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, H, T}, DType::f32, be);
+    Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
+    Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
+    const double fwd = median_seconds([&] { be->attention(q, k, v, out, lse, p); }, opt);
+    const double fwd_bwd = median_seconds([&] {
+      be->attention(q, k, v, out, lse, p);
+      be->attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+    }, opt);
+    std::printf("{\"bench\":\"attention\",\"shape\":\"B8xH6xT256xD64\",\"causal\":true,\"backend\":\"%s\",\"threads\":%d,"
+                "\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f}\n",
+                opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3);
+  }
+  return 0;
+}
+
+}  // namespace dew_bench
