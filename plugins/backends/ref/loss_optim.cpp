@@ -1,0 +1,164 @@
+// loss_optim.cpp — fused cross-entropy over logits (forward, backward) and the fused optimizer updates
+// (AdamW, SGD, LAMB), in place on param and state.
+// Invariants: log-sum-exp and all optimizer arithmetic run in double with the f32 hyper-parameters
+// widened once; loss/lse may be f32 or f64 (their own dtype); a target outside [0, V) that is not
+// ignore_index throws; grad is multiplied by grad_scale before anything else.
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "ref_backend.hpp"
+
+namespace dew::ref {
+
+// ---------------------------------------------------------------- cross-entropy
+
+namespace {
+
+void check_targets(const Tensor& targets, int64_t N, int64_t V, int64_t ignore, Kernel k) {
+  expect(targets, DType::i32, N, k, "targets");
+  const int32_t* t = targets.data_as<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    DEW_CHECK(t[n] == ignore || (t[n] >= 0 && t[n] < V), "ref.", kernel_name(k), ": target ", t[n], " of row ", n,
+              " is outside [0, ", V, ") and is not ignore_index ", ignore);
+}
+
+}  // namespace
+
+void RefBackend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                               const CrossEntropyParams& p) {
+  constexpr Kernel K = Kernel::cross_entropy;
+  dispatch_float(logits.dtype(), K, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    DEW_CHECK(logits.ndim() == 2, "ref.cross_entropy: logits ", shape_str(logits.shape()), " are not [N, V]");
+    const int64_t N = logits.size(0), V = logits.size(1);
+    check_targets(targets, N, V, p.ignore_index, K);
+    expect_stat(loss, N, K, "loss");
+    expect_stat(lse, N, K, "lse");
+    const int32_t* t = targets.data_as<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = logits.data_as<T>() + n * V;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(row[j]));
+      double sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(double(row[j]) - mx);
+      const double L = mx + std::log(sum);
+      store_stat(lse, n, L);
+      store_stat(loss, n, t[n] == p.ignore_index ? 0.0 : L - double(row[t[n]]));
+    }
+  });
+}
+
+void RefBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                        const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p) {
+  constexpr Kernel K = Kernel::cross_entropy_backward;
+  dispatch_float(logits.dtype(), K, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    DEW_CHECK(logits.ndim() == 2, "ref.cross_entropy_backward: logits ", shape_str(logits.shape()), " are not [N, V]");
+    const int64_t N = logits.size(0), V = logits.size(1);
+    check_targets(targets, N, V, p.ignore_index, K);
+    expect_stat(lse, N, K, "lse");
+    expect_stat(dloss, N, K, "dloss");
+    expect(dlogits, logits.dtype(), logits.numel(), K, "dlogits");
+    const int32_t* t = targets.data_as<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = logits.data_as<T>() + n * V;
+      T* drow = dlogits.data_as<T>() + n * V;
+      const bool ignored = t[n] == p.ignore_index;
+      const double L = load_stat(lse, n), g = load_stat(dloss, n);
+      for (int64_t j = 0; j < V; ++j)
+        drow[j] = ignored ? T(0) : T((std::exp(double(row[j]) - L) - (j == t[n] ? 1.0 : 0.0)) * g);
+    }
+  });
+}
+
+// ---------------------------------------------------------------- optimizers
+
+void RefBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
+  constexpr Kernel K = Kernel::adamw_update;
+  dispatch_float(param.dtype(), K, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    expect(grad, param.dtype(), param.numel(), K, "grad");
+    expect(m, param.dtype(), param.numel(), K, "m");
+    expect(v, param.dtype(), param.numel(), K, "v");
+    DEW_CHECK(p.step >= 1, "ref.adamw_update: step ", p.step, " must count from 1");
+    const double lr = p.lr, b1 = p.beta1, b2 = p.beta2, eps = p.eps, wd = p.weight_decay, scale = p.grad_scale;
+    const double bc1 = 1.0 - std::pow(b1, double(p.step)), bc2 = 1.0 - std::pow(b2, double(p.step));
+    T* w = param.data_as<T>();
+    T* ms = m.data_as<T>();
+    T* vs = v.data_as<T>();
+    const T* gs = grad.data_as<T>();
+    for (int64_t i = 0; i < param.numel(); ++i) {
+      const double g = double(gs[i]) * scale;
+      double x = double(w[i]);
+      x -= lr * wd * x;  // decoupled weight decay
+      const double mi = b1 * double(ms[i]) + (1.0 - b1) * g;
+      const double vi = b2 * double(vs[i]) + (1.0 - b2) * g * g;
+      x -= lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
+      ms[i] = T(mi);
+      vs[i] = T(vi);
+      w[i] = T(x);
+    }
+  });
+}
+
+void RefBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
+  constexpr Kernel K = Kernel::sgd_update;
+  dispatch_float(param.dtype(), K, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    expect(grad, param.dtype(), param.numel(), K, "grad");
+    const bool use_buf = p.momentum != 0.0f;
+    if (use_buf) expect(momentum_buf, param.dtype(), param.numel(), K, "momentum_buf");
+    DEW_CHECK(p.step >= 1, "ref.sgd_update: step ", p.step, " must count from 1");
+    const double lr = p.lr, mom = p.momentum, damp = p.dampening, wd = p.weight_decay, scale = p.grad_scale;
+    T* w = param.data_as<T>();
+    const T* gs = grad.data_as<T>();
+    T* buf = use_buf ? momentum_buf.data_as<T>() : nullptr;
+    for (int64_t i = 0; i < param.numel(); ++i) {
+      double g = double(gs[i]) * scale + wd * double(w[i]);
+      if (use_buf) {
+        const double b = p.step == 1 ? g : mom * double(buf[i]) + (1.0 - damp) * g;
+        buf[i] = T(b);
+        g = p.nesterov ? g + mom * b : b;
+      }
+      w[i] = T(double(w[i]) - lr * g);
+    }
+  });
+}
+
+void RefBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) {
+  constexpr Kernel K = Kernel::lamb_update;
+  dispatch_float(param.dtype(), K, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    expect(grad, param.dtype(), param.numel(), K, "grad");
+    expect(m, param.dtype(), param.numel(), K, "m");
+    expect(v, param.dtype(), param.numel(), K, "v");
+    DEW_CHECK(p.step >= 1, "ref.lamb_update: step ", p.step, " must count from 1");
+    const double lr = p.lr, b1 = p.beta1, b2 = p.beta2, eps = p.eps, wd = p.weight_decay, scale = p.grad_scale;
+    const double bc1 = 1.0 - std::pow(b1, double(p.step)), bc2 = 1.0 - std::pow(b2, double(p.step));
+    T* w = param.data_as<T>();
+    T* ms = m.data_as<T>();
+    T* vs = v.data_as<T>();
+    const T* gs = grad.data_as<T>();
+    const int64_t n = param.numel();
+    // Pass 1: moments, the direction r and the two norms (of p before the update, and of r).
+    std::vector<double> r(static_cast<size_t>(n));
+    double p_sq = 0, r_sq = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = double(gs[i]) * scale;
+      const double mi = b1 * double(ms[i]) + (1.0 - b1) * g;
+      const double vi = b2 * double(vs[i]) + (1.0 - b2) * g * g;
+      ms[i] = T(mi);
+      vs[i] = T(vi);
+      r[size_t(i)] = (mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * double(w[i]);
+      p_sq += double(w[i]) * double(w[i]);
+      r_sq += r[size_t(i)] * r[size_t(i)];
+    }
+    const double p_norm = std::sqrt(p_sq), r_norm = std::sqrt(r_sq);
+    const double ratio = (p_norm > 0 && r_norm > 0) ? p_norm / r_norm : 1.0;
+    // Pass 2: the step.
+    for (int64_t i = 0; i < n; ++i) w[i] = T(double(w[i]) - lr * ratio * r[size_t(i)]);
+  });
+}
+
+}  // namespace dew::ref

@@ -1,0 +1,127 @@
+// ref_backend.hpp — the `ref` backend: plain loop-based C++ kernels, the oracle of the test-suite.
+//
+// Invariants (on top of dew/backend.hpp's contract):
+//  * correctness over speed: no SIMD, no threads, no external libraries; one readable loop nest per kernel;
+//  * floating kernels run on f32 and f64 (templated on the element type T) and accumulate in double;
+//    fill, cast, strided_copy, gather_rows and random also take the other dtypes (see supports());
+//  * saved statistics (mean, rstd, lse, per-row losses) are read and written in their own dtype,
+//    which may be f32 or f64, so f64 inputs keep f64 statistics end to end;
+//  * every kernel validates shapes and dtypes first and throws dew::Error naming the kernel.
+// The kernels are split by family: memory.cpp, elementwise.cpp, matmul.cpp, softmax_norm.cpp,
+// indexing.cpp (gather/scatter/rope), attention.cpp, conv.cpp, loss_optim.cpp, random.cpp, entry.cpp.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "dew/backend.hpp"
+#include "dew/dtype.hpp"
+#include "dew/error.hpp"
+#include "dew/tensor.hpp"
+
+namespace dew::ref {
+
+// What ref runs, per kernel and (primary) dtype; RefBackend::supports() answers with it.
+Support support_of(Kernel k, DType dtype);
+
+class RefBackend final : public Backend {
+ public:
+  std::string name() const override { return "ref"; }
+  bool host_accessible() const override { return true; }
+  Support supports(Kernel k, DType dtype) const override { return support_of(k, dtype); }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_device(void* dst, const void* src, size_t bytes) override;
+
+  void fill(Tensor& out, double value) override;
+  void cast(const Tensor& x, Tensor& out) override;
+  void strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) override;
+
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) override;
+
+  void unary(const Tensor& x, Tensor& out, const UnaryParams& p) override;
+  void unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) override;
+  void binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) override;
+  void reduce(const Tensor& x, Tensor& out, const ReduceParams& p) override;
+
+  void softmax(const Tensor& x, Tensor& y) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  void log_softmax(const Tensor& x, Tensor& y) override;
+  void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
+                  float eps) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                float weight_offset) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                         Tensor& dweight, float weight_offset) override;
+  void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
+                  int64_t groups, float eps) override;
+  void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) override;
+
+  void gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) override;
+  void scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) override;
+  void rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) override;
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                 const AttentionParams& p) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) override;
+
+  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) override;
+  void conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                              const Conv2dParams& p) override;
+
+  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                     const CrossEntropyParams& p) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
+                              Tensor& dlogits, const CrossEntropyParams& p) override;
+
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) override;
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) override;
+  void lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) override;
+
+  void random(Tensor& out, const RandomParams& p) override;
+  void dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) override;
+  void argmax(const Tensor& x, Tensor& out) override;
+};
+
+// ---------------------------------------------------------------- helpers shared by the kernel files
+
+// Calls f(std::type_identity<T>{}) with T = float or double for dt; any other dtype throws with
+// supports()'s reason.
+template <class F>
+void dispatch_float(DType dt, Kernel k, F&& f) {
+  switch (dt) {
+    case DType::f32: f(std::type_identity<float>{}); return;
+    case DType::f64: f(std::type_identity<double>{}); return;
+    default: break;
+  }
+  DEW_CHECK(false, "ref.", kernel_name(k), ": dtype ", dtype_name(dt), " is not supported (",
+            support_of(k, dt).reason, ")");
+}
+
+// Reads / writes element i of a buffer of any dtype as a double (integers truncate toward zero on store,
+// half types round to nearest even through f32).
+double load_any(DType dt, const void* base, int64_t i);
+void store_any(DType dt, void* base, int64_t i, double v);
+
+// Checks that t has exactly `dt` and `numel` elements; `what` names it in the message.
+void expect(const Tensor& t, DType dt, int64_t numel, Kernel k, const char* what);
+// Checks that a statistics tensor (mean, rstd, lse, loss) is f32 or f64 with `numel` elements.
+void expect_stat(const Tensor& t, int64_t numel, Kernel k, const char* what);
+
+// Element access of a statistics tensor (f32 or f64).
+inline double load_stat(const Tensor& t, int64_t i) { return load_any(t.dtype(), t.data(), i); }
+inline void store_stat(Tensor& t, int64_t i, double v) { store_any(t.dtype(), t.data(), i, v); }
+
+}  // namespace dew::ref
