@@ -282,15 +282,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   int64_t valid = 0;
   for (int32_t t : targets.to_ints()) valid += (t != ignore_index);
   Tensor total = sum(loss);
-  Tensor out = valid > 0 ? scale(total, 1.0f / float(valid)) : scale(total, 0.0f);
+  Tensor out = valid > 0 ? div_scalar(total, double(valid)) : scale(total, 0.0f);
   if (out.dtype() != logits.dtype()) out = cast(out, logits.dtype());
   if (needs_grad({&logits})) {
     Tensor ld = logits.detach();
-    const float inv = valid > 0 ? 1.0f / float(valid) : 0.0f;
     Tensor result = out.detach();
-    record(result, {logits}, [ld, targets, lse, p, inv, n](const Tensor& g) {
+    record(result, {logits}, [ld, targets, lse, p, valid, n](const Tensor& g) {
       Tensor gs = cast(g, lse.dtype());
-      Tensor dloss = broadcast_to(reshape(scale(gs, inv), {1}), {n});
+      Tensor mean_g = valid > 0 ? div_scalar(gs, double(valid)) : scale(gs, 0.0f);  // exact in f64 (see div_scalar)
+      Tensor dloss = broadcast_to(reshape(mean_g, {1}), {n});
       Tensor dlogits = empty_like(ld);
       if (n > 0) ld.backend().cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
       return std::vector<Tensor>{dlogits};

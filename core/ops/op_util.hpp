@@ -11,6 +11,8 @@ inline Tensor empty_like(const Tensor& x) { return Tensor::empty(x.shape(), x.dt
 inline Tensor empty_as(const Tensor& x, const Shape& shape) { return Tensor::empty(shape, x.dtype(), x.backend_ptr()); }
 // Saved statistics (mean, rstd, lse, per-row losses): f64 for f64 inputs, else f32.
 inline DType stat_dtype(const Tensor& x) { return x.dtype() == DType::f64 ? DType::f64 : DType::f32; }
+// x / d, with d held in x's dtype (scale() takes a float, which would round d's reciprocal for f64 inputs).
+inline Tensor div_scalar(const Tensor& x, double d) { return div(x, Tensor::full({1}, d, x.dtype(), x.backend_ptr())); }
 
 inline void check_same_backend(const Tensor& a, const Tensor& b, const char* op) {
   DEW_CHECK(a.backend_ptr() == b.backend_ptr(), op, ": inputs live on different backends (", a.backend().name(),

@@ -280,10 +280,12 @@ static Tensor reduce_axis(const Tensor& x, int axis, bool keepdim, ReduceOp op, 
   Tensor out = reduce_raw(x.detach(), op, outer, r, inner, out_shape);
   if ((op == ReduceOp::sum || op == ReduceOp::mean) && needs_grad({&x})) {
     Shape original = x.shape();
-    const float factor = op == ReduceOp::mean ? 1.0f / float(std::max<int64_t>(r, 1)) : 1.0f;
-    record(out, {x}, [original, kept, factor](const Tensor& g) {
+    // mean divides by the count in the gradient's own dtype: a float factor (scale) would round 1/r to f32
+    // and cap f64 gradients at ~1e-8 relative accuracy.
+    const double count = op == ReduceOp::mean ? double(std::max<int64_t>(r, 1)) : 1.0;
+    record(out, {x}, [original, kept, count](const Tensor& g) {
       Tensor gb = broadcast_to(reshape(g, kept), original);
-      return std::vector<Tensor>{factor == 1.0f ? gb : scale(gb, factor)};
+      return std::vector<Tensor>{count == 1.0 ? gb : div_scalar(gb, count)};
     }, name);
   }
   return out;

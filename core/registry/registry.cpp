@@ -66,13 +66,15 @@ class RegistryImpl final : public Registry {
     const fs::path canonical = fs::weakly_canonical(fs::path(path), ec);
     const std::string file = ec ? path : canonical.string();
     if (loaded_files_.count(file)) return;
-    DEW_CHECK(fs::exists(file), "plugin ", file, ": no such file");
+    DEW_CHECK(fs::exists(file, ec), "plugin ", file, ": no such file");
 
     auto loaded = std::make_shared<LoadedLibrary>();
     try {
       loaded->lib.load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
     } catch (const std::exception& e) {
-      DEW_CHECK(false, "plugin ", file, ": cannot be loaded: ", clean_dl_error(e.what()));
+      std::string why = clean_dl_error(e.what());
+      if (why.rfind(file + ": ", 0) == 0) why.erase(0, file.size() + 2);  // dlerror repeats the path
+      DEW_CHECK(false, "plugin ", file, ": cannot be loaded: ", why);
     }
     DEW_CHECK_HINT(loaded->lib.has(DEW_PLUGIN_ENTRY_SYMBOL), "build it with dew_add_plugin() and DEW_PLUGIN(...)",
                    "plugin ", file, ": no entry symbol '", DEW_PLUGIN_ENTRY_SYMBOL, "' (not a dew plugin)");
@@ -89,6 +91,7 @@ class RegistryImpl final : public Registry {
                    DEW_BUILD_FINGERPRINT, "'");
     const std::string name = info->name ? info->name : "";
     DEW_CHECK(!name.empty(), "plugin ", file, ": has no name");
+    DEW_CHECK(info->register_all != nullptr, "plugin ", file, ": has no register function");
     for (const auto& other : libraries_)
       DEW_CHECK(other->record.name != name, "plugin name '", name, "' is provided twice: by ", file, " and by ",
                 other->record.file);
@@ -96,6 +99,7 @@ class RegistryImpl final : public Registry {
     StagingRegistrar staging;
     char err[1024] = {0};
     const int rc = info->register_all(static_cast<Registrar*>(&staging), err, sizeof err);
+    err[sizeof err - 1] = 0;  // a C plugin may not terminate it
     DEW_CHECK(rc == 0, "plugin ", file, ": registration failed: ", err[0] ? err : "no message");
 
     // Check the whole batch before committing any of it.

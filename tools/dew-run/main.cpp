@@ -5,6 +5,7 @@
 // Plugins are found in --plugin-dir folders, DEW_PLUGIN_PATH, then next to this executable.
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ void add_common(po::options_description& d, Common& c) {
 }
 
 void load_plugins(const Common& c) {
+  // A folder named on the command line must exist (the default folders may not).
+  for (const auto& d : c.plugin_dirs) {
+    std::error_code ec;
+    DEW_USAGE_CHECK(std::filesystem::is_directory(d, ec), "--plugin-dir ", d, ": no such folder");
+  }
   std::vector<std::string> dirs = c.plugin_dirs;
   for (const auto& d : dew::Registry::default_plugin_dirs()) dirs.push_back(d);
   std::vector<std::string> only;

@@ -22,7 +22,7 @@ class Error : public std::runtime_error {
   const std::string& file() const noexcept { return file_; }
   int line() const noexcept { return line_; }
   const std::string& hint() const noexcept { return hint_; }
-  // "message (file:line)\n  hint: ..." — what a user sees.
+  // "message (file:line); hint: ..." — the one line a user sees.
   std::string describe() const;
 
  private:

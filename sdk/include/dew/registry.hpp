@@ -116,7 +116,9 @@ class Registry {
   template <class T>
   std::shared_ptr<T> create(const std::string& name, const Options& options = {}) const {
     const ErasedComponent& c = find(T::kind, name);
-    DEW_INTERNAL_ASSERT(c.type == typeid(T).name());
+    DEW_CHECK(c.type == typeid(T).name(), T::kind, " '", name, "' from ", c.origin.describe(),
+              " was registered with a different interface type than the one asked for (two interfaces share the kind '",
+              T::kind, "')");
     std::shared_ptr<void> product = c.factory(options);
     DEW_CHECK(product != nullptr, "factory of ", T::kind, " '", name, "' returned nothing");
     auto lib = c.library;

@@ -1,0 +1,706 @@
+// core/checkpoint/checkpoint.cpp — HDF5 checkpoints (format in core/checkpoint/format.h).
+//
+// Uses the HDF5 C API through small RAII handles. HDF5's automatic error printing is switched off
+// around every call (QuietH5); a failing call throws H5Failure carrying HDF5's innermost message,
+// which the public functions turn into one dew::Error naming the file.
+//
+// Atomic write: "<path>.tmp-<pid>" -> H5Fflush + H5Fclose -> fsync(file) -> rename -> fsync(dir).
+#include "dew/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <set>
+
+#include "checkpoint/format.h"
+#include "dew/error.hpp"
+#include "dew/plugin.h"
+
+namespace dew {
+namespace {
+
+namespace fs = std::filesystem;
+namespace fmt = checkpoint_format;
+
+// ---------------------------------------------------------------------------------------------
+// HDF5 plumbing
+
+struct H5Failure {
+  std::string what;    // what dew was doing ("open file", "read dataset params/x")
+  std::string detail;  // HDF5's message(s)
+  std::string text() const { return detail.empty() ? what : what + ": " + detail; }
+};
+
+herr_t collect_error(unsigned, const H5E_error2_t* err, void* data) {
+  auto* msgs = static_cast<std::vector<std::string>*>(data);
+  if (err && err->desc && *err->desc) msgs->emplace_back(err->desc);
+  return 0;
+}
+
+// The outermost and innermost messages of the current HDF5 error stack (then clears it).
+std::string h5_error_detail() {
+  std::vector<std::string> msgs;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &msgs);
+  H5Eclear2(H5E_DEFAULT);
+  if (msgs.empty()) return {};
+  if (msgs.size() == 1 || msgs.front() == msgs.back()) return msgs.front();
+  return msgs.front() + ": " + msgs.back();
+}
+
+template <class T>
+T h5(T result, const std::string& what) {
+  if (result < 0) throw H5Failure{what, h5_error_detail()};
+  return result;
+}
+
+// Silences HDF5's automatic error printing for the current thread while alive.
+class QuietH5 {
+ public:
+  QuietH5() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietH5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  QuietH5(const QuietH5&) = delete;
+  QuietH5& operator=(const QuietH5&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// An owned HDF5 identifier.
+class Hid {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Hid() = default;
+  Hid(hid_t id, Closer close, const std::string& what) : id_(h5(id, what)), close_(close) {}
+  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
+  Hid& operator=(Hid&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      close_ = o.close_;
+      o.id_ = H5I_INVALID_HID;
+    }
+    return *this;
+  }
+  ~Hid() { reset(); }
+  operator hid_t() const { return id_; }
+  // Closes now and reports a failure (the file close is where HDF5 writes its metadata).
+  void close(const std::string& what) {
+    hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    if (id >= 0 && close_) h5(close_(id), what);
+  }
+
+ private:
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+  hid_t id_ = H5I_INVALID_HID;
+  Closer close_ = nullptr;
+};
+
+Hid string_type(H5T_cset_t cset = H5T_CSET_UTF8) {
+  Hid t(H5Tcopy(H5T_C_S1), H5Tclose, "copy string type");
+  h5(H5Tset_size(t, H5T_VARIABLE), "set string size");
+  h5(H5Tset_cset(t, cset), "set string charset");
+  return t;
+}
+
+Hid scalar_space() { return Hid(H5Screate(H5S_SCALAR), H5Sclose, "create scalar dataspace"); }
+
+// ---------------------------------------------------------------------------------------------
+// dtype mapping
+
+hid_t file_type(DType t) {
+  switch (t) {
+    case DType::f32: return H5T_IEEE_F32LE;
+    case DType::f64: return H5T_IEEE_F64LE;
+    case DType::bf16: case DType::f16: return H5T_STD_U16LE;
+    case DType::i32: return H5T_STD_I32LE;
+    case DType::i64: return H5T_STD_I64LE;
+    case DType::u8: return H5T_STD_U8LE;
+  }
+  DEW_INTERNAL_ASSERT(false);
+}
+
+hid_t memory_type(DType t) {
+  switch (t) {
+    case DType::f32: return H5T_NATIVE_FLOAT;
+    case DType::f64: return H5T_NATIVE_DOUBLE;
+    case DType::bf16: case DType::f16: return H5T_NATIVE_UINT16;
+    case DType::i32: return H5T_NATIVE_INT32;
+    case DType::i64: return H5T_NATIVE_INT64;
+    case DType::u8: return H5T_NATIVE_UINT8;
+  }
+  DEW_INTERNAL_ASSERT(false);
+}
+
+constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8};
+
+bool dtype_by_name(const std::string& name, DType& out) {
+  for (DType t : kAllDTypes)
+    if (name == dtype_name(t)) {
+      out = t;
+      return true;
+    }
+  return false;
+}
+
+std::string known_dtypes() {
+  std::string s;
+  for (DType t : kAllDTypes) s += std::string(s.empty() ? "" : ", ") + dtype_name(t);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// writing
+
+void check_name(const std::string& name, const std::string& where) {
+  DEW_CHECK(!name.empty(), "checkpoint: empty name in ", where);
+  DEW_CHECK(name.find('/') == std::string::npos, "checkpoint: name '", name, "' in ", where,
+            " contains '/', which HDF5 names cannot hold");
+  DEW_CHECK(name != "." && name != "..", "checkpoint: name '", name, "' in ", where, " is not allowed");
+}
+
+void check_tensors(const NamedTensors& tensors, const std::string& where) {
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    check_name(name, where);
+    DEW_CHECK(seen.insert(name).second, "checkpoint: duplicate name '", name, "' in ", where);
+    DEW_CHECK(t.defined(), "checkpoint: tensor ", where, "/", name, " is undefined");
+  }
+}
+
+void check_text(const std::string& value, const std::string& where) {
+  DEW_CHECK(value.find('\0') == std::string::npos, "checkpoint: text ", where,
+            " contains a NUL byte; store binary state as a u8 tensor in state_tensors");
+}
+
+void write_string_attr(hid_t obj, const std::string& name, const std::string& value) {
+  Hid type = string_type();
+  Hid space = scalar_space();
+  Hid attr(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+           "create attribute " + name);
+  const char* p = value.c_str();
+  h5(H5Awrite(attr, type, &p), "write attribute " + name);
+}
+
+void write_int_attr(hid_t obj, const std::string& name, int64_t value) {
+  Hid space = scalar_space();
+  Hid attr(H5Acreate2(obj, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+           "create attribute " + name);
+  h5(H5Awrite(attr, H5T_NATIVE_INT64, &value), "write attribute " + name);
+}
+
+void write_double_attr(hid_t obj, const std::string& name, double value) {
+  Hid space = scalar_space();
+  Hid attr(H5Acreate2(obj, name.c_str(), H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+           "create attribute " + name);
+  h5(H5Awrite(attr, H5T_NATIVE_DOUBLE, &value), "write attribute " + name);
+}
+
+// A group that tracks link creation order, so tensors read back in written order.
+Hid make_group(hid_t parent, const std::string& name, const std::string& where) {
+  Hid gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose, "create group property list");
+  h5(H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "set creation order");
+  return Hid(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT), H5Gclose, "create group " + where);
+}
+
+void write_tensor(hid_t group, const std::string& name, const Tensor& t, const std::string& where) {
+  const DType dt = t.dtype();
+  const Shape& shape = t.shape();
+  Hid space;
+  if (shape.empty()) {
+    space = scalar_space();
+  } else {
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    space = Hid(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose, "create dataspace for " + where);
+  }
+  Hid ds(H5Dcreate2(group, name.c_str(), file_type(dt), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+         "create dataset " + where);
+  if (t.numel() > 0) {
+    std::vector<unsigned char> host(t.nbytes());
+    t.copy_to_host(host.data());
+    h5(H5Dwrite(ds, memory_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()), "write dataset " + where);
+  }
+  write_string_attr(ds, fmt::kDtypeAttr, dtype_name(dt));
+}
+
+void write_tensor_group(hid_t parent, const std::string& name, const NamedTensors& tensors, const std::string& where) {
+  Hid g = make_group(parent, name, where);
+  for (const auto& [n, t] : tensors) write_tensor(g, n, t, where + "/" + n);
+}
+
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0) | O_CLOEXEC);
+  DEW_CHECK(fd >= 0, "checkpoint: cannot open ", path, " to fsync it: ", std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  DEW_CHECK(rc == 0, "checkpoint: fsync of ", path, " failed: ", std::strerror(err));
+}
+
+void write_file(const std::string& tmp, const CheckpointData& data) {
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "create file access property list");
+  h5(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "set close degree");
+  Hid file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose, "create file " + tmp);
+  {
+    Hid root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose, "open root group");
+    write_int_attr(root, fmt::kFormatVersionAttr, kCheckpointFormatVersion);
+    write_string_attr(root, fmt::kVersionAttr, DEW_SDK_VERSION);
+    write_string_attr(root, fmt::kCreatedAttr, utc_now());
+    for (const auto& [k, v] : data.attributes) write_string_attr(root, k, v);
+
+    write_tensor_group(file, fmt::kParamsGroup, data.params, fmt::kParamsGroup);
+    write_tensor_group(file, fmt::kEmaGroup, data.ema, fmt::kEmaGroup);
+    {
+      Hid optim = make_group(file, fmt::kOptimGroup, fmt::kOptimGroup);
+      for (const auto& [slot, tensors] : data.optim)
+        write_tensor_group(optim, slot, tensors, std::string(fmt::kOptimGroup) + "/" + slot);
+    }
+    {
+      Hid state = make_group(file, fmt::kStateGroup, fmt::kStateGroup);
+      for (const auto& [k, v] : data.counters) write_int_attr(state, k, v);
+      for (const auto& [k, v] : data.state_values) write_double_attr(state, k, v);
+      for (const auto& [k, v] : data.state_text) write_string_attr(state, k, v);
+      for (const auto& [n, t] : data.state_tensors) write_tensor(state, n, t, std::string(fmt::kStateGroup) + "/" + n);
+    }
+  }
+  h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush file");
+  file.close("close file");
+}
+
+// ---------------------------------------------------------------------------------------------
+// reading
+
+[[noreturn]] void fail(const std::string& path, const std::string& msg, const std::string& hint = {}) {
+  detail::throw_error(ErrorKind::runtime, __FILE__, __LINE__, "cannot read checkpoint " + path + ": " + msg, hint);
+}
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+
+herr_t collect_attr(hid_t, const char* name, const H5A_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+
+// Link names in creation order when the group tracks it (dew's files), else by name.
+std::vector<std::string> link_names(hid_t group, const std::string& where) {
+  Hid gcpl(H5Gget_create_plist(group), H5Pclose, "get creation properties of " + where);
+  unsigned flags = 0;
+  h5(H5Pget_link_creation_order(gcpl, &flags), "get creation order of " + where);
+  H5_index_t index = (flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+  std::vector<std::string> names;
+  h5(H5Literate(group, index, H5_ITER_INC, nullptr, collect_link, &names), "list " + where);
+  return names;
+}
+
+std::vector<std::string> attr_names(hid_t obj, const std::string& where) {
+  std::vector<std::string> names;
+  h5(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attr, &names), "list attributes of " + where);
+  return names;
+}
+
+bool has_link(hid_t group, const std::string& name) {
+  return h5(H5Lexists(group, name.c_str(), H5P_DEFAULT), "look up " + name) > 0;
+}
+
+H5I_type_t object_type(hid_t parent, const std::string& name, const std::string& where) {
+  Hid obj(H5Oopen(parent, name.c_str(), H5P_DEFAULT), H5Oclose, "open " + where);
+  return H5Iget_type(obj);
+}
+
+// A scalar string attribute (variable or fixed length).
+std::string read_string_attr(hid_t attr, hid_t ftype, const std::string& where) {
+  htri_t vlen = h5(H5Tis_variable_str(ftype), "inspect " + where);
+  if (vlen > 0) {
+    Hid mtype = string_type(H5Tget_cset(ftype));
+    char* p = nullptr;
+    h5(H5Aread(attr, mtype, &p), "read " + where);
+    std::string s = p ? p : "";
+    if (p) H5free_memory(p);
+    return s;
+  }
+  size_t n = H5Tget_size(ftype);
+  std::string s(n, '\0');
+  Hid mtype(H5Tcopy(ftype), H5Tclose, "copy type of " + where);
+  h5(H5Aread(attr, mtype, s.data()), "read " + where);
+  s.resize(std::strlen(s.c_str()));
+  while (!s.empty() && s.back() == ' ') s.pop_back();  // space-padded fixed strings
+  return s;
+}
+
+enum class AttrKind { integer, floating, string, other };
+
+struct AttrValue {
+  AttrKind kind = AttrKind::other;
+  int64_t i = 0;
+  double d = 0;
+  std::string s;
+};
+
+AttrValue read_attr(hid_t obj, const std::string& name, const std::string& where) {
+  Hid attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + where);
+  Hid space(H5Aget_space(attr), H5Sclose, "get dataspace of " + where);
+  Hid ftype(H5Aget_type(attr), H5Tclose, "get type of " + where);
+  AttrValue v;
+  if (h5(H5Sget_simple_extent_npoints(space), "size of " + where) != 1) return v;
+  switch (H5Tget_class(ftype)) {
+    case H5T_INTEGER:
+      v.kind = AttrKind::integer;
+      h5(H5Aread(attr, H5T_NATIVE_INT64, &v.i), "read " + where);
+      break;
+    case H5T_FLOAT:
+      v.kind = AttrKind::floating;
+      h5(H5Aread(attr, H5T_NATIVE_DOUBLE, &v.d), "read " + where);
+      break;
+    case H5T_STRING:
+      v.kind = AttrKind::string;
+      v.s = read_string_attr(attr, ftype, where);
+      break;
+    default: break;
+  }
+  return v;
+}
+
+std::string to_text(const AttrValue& v) {
+  switch (v.kind) {
+    case AttrKind::integer: return std::to_string(v.i);
+    case AttrKind::floating: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.17g", v.d);
+      return buf;
+    }
+    default: return v.s;
+  }
+}
+
+Tensor read_tensor(hid_t group, const std::string& name, const std::string& where, const std::string& path,
+                   const BackendPtr& backend) {
+  if (object_type(group, name, where) != H5I_DATASET) fail(path, where + " is not a dataset");
+  Hid ds(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + where);
+  if (h5(H5Aexists(ds, fmt::kDtypeAttr), "look up dtype of " + where) <= 0)
+    fail(path, "dataset " + where + " has no '" + fmt::kDtypeAttr + "' attribute (is this a dew checkpoint?)");
+  AttrValue dv = read_attr(ds, fmt::kDtypeAttr, where + "@dtype");
+  DType dt{};
+  if (dv.kind != AttrKind::string || !dtype_by_name(dv.s, dt))
+    fail(path, "dataset " + where + " has unknown dtype '" + to_text(dv) + "' (known: " + known_dtypes() + ")");
+
+  Hid ftype(H5Dget_type(ds), H5Tclose, "get type of " + where);
+  const bool want_float = dt == DType::f32 || dt == DType::f64;
+  const bool want_signed = dt == DType::i32 || dt == DType::i64;
+  H5T_class_t cls = H5Tget_class(ftype);
+  bool ok = cls == (want_float ? H5T_FLOAT : H5T_INTEGER) && H5Tget_size(ftype) == dtype_size(dt);
+  if (ok && cls == H5T_INTEGER) ok = (H5Tget_sign(ftype) == H5T_SGN_2) == want_signed;
+  if (!ok)
+    fail(path, "dataset " + where + " says dtype " + dtype_name(dt) + " but is stored as a " +
+                   std::to_string(H5Tget_size(ftype)) + "-byte " + (cls == H5T_FLOAT ? "float" : "non-float") +
+                   " HDF5 type");
+
+  Hid space(H5Dget_space(ds), H5Sclose, "get dataspace of " + where);
+  Shape shape;
+  H5S_class_t sc = H5Sget_simple_extent_type(space);
+  if (sc == H5S_SIMPLE) {
+    int rank = h5(H5Sget_simple_extent_ndims(space), "rank of " + where);
+    std::vector<hsize_t> dims(size_t(rank));
+    h5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), "dims of " + where);
+    shape.assign(dims.begin(), dims.end());
+  } else if (sc != H5S_SCALAR) {
+    fail(path, "dataset " + where + " has no dataspace (null or unknown)");
+  }
+  if (numel_of(shape) == 0) return Tensor::empty(shape, dt, backend);
+  std::vector<unsigned char> host(size_t(numel_of(shape)) * dtype_size(dt));
+  h5(H5Dread(ds, memory_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()), "read dataset " + where);
+  return Tensor::from_host(host.data(), shape, dt, backend);
+}
+
+NamedTensors read_tensor_group(hid_t parent, const std::string& name, const std::string& where,
+                               const std::string& path, const BackendPtr& backend) {
+  NamedTensors out;
+  if (!has_link(parent, name)) return out;  // absent group = empty
+  if (object_type(parent, name, where) != H5I_GROUP) fail(path, where + " is not a group");
+  Hid g(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose, "open group " + where);
+  for (const std::string& n : link_names(g, where)) out.emplace_back(n, read_tensor(g, n, where + "/" + n, path, backend));
+  return out;
+}
+
+CheckpointData read_file(const std::string& path, const BackendPtr& backend) {
+  CheckpointData data;
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "create file access property list");
+  h5(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "set close degree");
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose, "open file");
+  Hid root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose, "open root group");
+
+  // Version first: a newer layout may not even be readable below.
+  if (h5(H5Aexists(root, fmt::kFormatVersionAttr), "look up format version") <= 0)
+    fail(path, std::string("not a dew checkpoint (no root attribute ") + fmt::kFormatVersionAttr + ")");
+  AttrValue fv = read_attr(root, fmt::kFormatVersionAttr, fmt::kFormatVersionAttr);
+  if (fv.kind != AttrKind::integer) fail(path, std::string(fmt::kFormatVersionAttr) + " is not an integer");
+  if (fv.i > kCheckpointFormatVersion)
+    fail(path,
+         "format version " + std::to_string(fv.i) + " is newer than this dew (" DEW_SDK_VERSION ") reads (up to " +
+             std::to_string(kCheckpointFormatVersion) + ")",
+         "upgrade dew to a version that reads checkpoint format " + std::to_string(fv.i));
+  if (fv.i < 1) fail(path, "unknown format version " + std::to_string(fv.i));
+  data.format_version = fv.i;
+
+  for (const std::string& name : attr_names(root, "/")) {
+    if (name == fmt::kFormatVersionAttr) continue;
+    AttrValue v = read_attr(root, name, "/@" + name);
+    if (name == fmt::kVersionAttr) data.dew_version = to_text(v);
+    else if (name == fmt::kCreatedAttr) data.created = to_text(v);
+    else if (v.kind != AttrKind::other) data.attributes[name] = to_text(v);
+  }
+
+  data.params = read_tensor_group(file, fmt::kParamsGroup, fmt::kParamsGroup, path, backend);
+  data.ema = read_tensor_group(file, fmt::kEmaGroup, fmt::kEmaGroup, path, backend);
+  if (has_link(file, fmt::kOptimGroup)) {
+    if (object_type(file, fmt::kOptimGroup, fmt::kOptimGroup) != H5I_GROUP) fail(path, "optim is not a group");
+    Hid optim(H5Gopen2(file, fmt::kOptimGroup, H5P_DEFAULT), H5Gclose, "open group optim");
+    for (const std::string& slot : link_names(optim, fmt::kOptimGroup))
+      data.optim[slot] = read_tensor_group(optim, slot, std::string(fmt::kOptimGroup) + "/" + slot, path, backend);
+  }
+  if (has_link(file, fmt::kStateGroup)) {
+    if (object_type(file, fmt::kStateGroup, fmt::kStateGroup) != H5I_GROUP) fail(path, "state is not a group");
+    Hid state(H5Gopen2(file, fmt::kStateGroup, H5P_DEFAULT), H5Gclose, "open group state");
+    for (const std::string& name : attr_names(state, fmt::kStateGroup)) {
+      AttrValue v = read_attr(state, name, "state/@" + name);
+      switch (v.kind) {
+        case AttrKind::integer: data.counters[name] = v.i; break;
+        case AttrKind::floating: data.state_values[name] = v.d; break;
+        case AttrKind::string: data.state_text[name] = v.s; break;
+        case AttrKind::other: fail(path, "state/@" + name + " is not a scalar integer, float or string");
+      }
+    }
+    for (const std::string& n : link_names(state, fmt::kStateGroup))
+      data.state_tensors.emplace_back(n, read_tensor(state, n, "state/" + n, path, backend));
+  }
+  file.close("close file");
+  return data;
+}
+
+// ---------------------------------------------------------------------------------------------
+// files
+
+std::string file_name(const std::string& path) { return fs::path(path).filename().string(); }
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// (step, path) of every step-*.h5 regular file in dir, sorted by step.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    int64_t step = checkpoint_step(e.path().filename().string());
+    if (step >= 0) out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+// =============================================================================================
+// public API
+
+void write_checkpoint(const std::string& path, const CheckpointData& data) {
+  DEW_CHECK(!path.empty(), "write_checkpoint: empty path");
+  for (const auto& [k, v] : data.attributes) {
+    DEW_CHECK(!k.empty(), "checkpoint: empty root attribute name");
+    DEW_CHECK(k != fmt::kFormatVersionAttr && k != fmt::kVersionAttr && k != fmt::kCreatedAttr,
+              "checkpoint: root attribute '", k, "' is reserved (dew writes it)");
+    check_text(v, "/@" + k);
+  }
+  check_tensors(data.params, fmt::kParamsGroup);
+  check_tensors(data.ema, fmt::kEmaGroup);
+  for (const auto& [slot, tensors] : data.optim) {
+    check_name(slot, fmt::kOptimGroup);
+    check_tensors(tensors, std::string(fmt::kOptimGroup) + "/" + slot);
+  }
+  std::set<std::string> state_names;
+  auto check_state_name = [&](const std::string& k) {
+    DEW_CHECK(!k.empty(), "checkpoint: empty name in state");
+    DEW_CHECK(state_names.insert(k).second, "checkpoint: state name '", k,
+              "' is used twice (counters, state_values and state_text share state/'s attributes)");
+  };
+  for (const auto& [k, v] : data.counters) check_state_name(k);
+  for (const auto& [k, v] : data.state_values) check_state_name(k);
+  for (const auto& [k, v] : data.state_text) {
+    check_state_name(k);
+    check_text(v, "state/@" + k);
+  }
+  check_tensors(data.state_tensors, fmt::kStateGroup);
+
+  const std::string tmp = path + fmt::kTempInfix + std::to_string(::getpid());
+  try {
+    {
+      QuietH5 quiet;
+      write_file(tmp, data);
+    }
+    fsync_path(tmp, false);
+    DEW_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "checkpoint: cannot rename ", tmp, " to ", path, ": ",
+              std::strerror(errno));
+  } catch (const H5Failure& e) {
+    ::unlink(tmp.c_str());
+    DEW_CHECK(false, "cannot write checkpoint ", path, ": ", e.text());
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  std::string dir = fs::path(path).parent_path().string();
+  fsync_path(dir.empty() ? "." : dir, true);
+}
+
+CheckpointData read_checkpoint(const std::string& path, const BackendPtr& backend) {
+  DEW_CHECK(backend != nullptr, "read_checkpoint: no backend given");
+  std::error_code ec;
+  DEW_USAGE_CHECK(fs::exists(path, ec), "checkpoint file not found: ", path);
+  DEW_USAGE_CHECK(!fs::is_directory(path, ec), "checkpoint ", path, " is a directory, not a file");
+  QuietH5 quiet;
+  htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 == 0) {
+    H5Eclear2(H5E_DEFAULT);
+    fail(path, "not an HDF5 file (corrupt or truncated, or not a checkpoint; " +
+                   std::to_string(fs::file_size(path, ec)) + " bytes)");
+  }
+  try {
+    if (is_hdf5 < 0) throw H5Failure{"check signature", h5_error_detail()};
+    return read_file(path, backend);
+  } catch (const H5Failure& e) {
+    fail(path, "corrupt or truncated file (" + e.text() + ")");
+  }
+}
+
+void load_into(const NamedTensors& checkpoint, const std::string& group, const NamedTensors& targets) {
+  const std::string prefix = group.empty() ? "" : group + "/";
+  std::map<std::string, const Tensor*> source;
+  for (const auto& [name, t] : checkpoint) source.emplace(name, &t);
+  std::set<std::string> wanted;
+  std::vector<std::string> problems;
+  for (const auto& [name, t] : targets) {
+    wanted.insert(name);
+    auto it = source.find(name);
+    if (it == source.end()) {
+      problems.push_back(prefix + name + ": missing from the checkpoint (model expects " + shape_str(t.shape()) +
+                         " " + dtype_name(t.dtype()) + ")");
+      continue;
+    }
+    const Tensor& s = *it->second;
+    if (s.shape() != t.shape())
+      problems.push_back(prefix + name + ": checkpoint has " + shape_str(s.shape()) + ", model expects " +
+                         shape_str(t.shape()));
+    if (s.dtype() != t.dtype())
+      problems.push_back(prefix + name + ": checkpoint has dtype " + dtype_name(s.dtype()) + ", model expects " +
+                         dtype_name(t.dtype()));
+  }
+  for (const auto& [name, t] : checkpoint)
+    if (!wanted.count(name))
+      problems.push_back(prefix + name + ": in the checkpoint (" + shape_str(t.shape()) + " " + dtype_name(t.dtype()) +
+                         ") but not in the model");
+  if (!problems.empty()) {
+    constexpr size_t kShown = 10;
+    std::string msg = "checkpoint does not match the model: " + std::to_string(problems.size()) +
+                      (problems.size() == 1 ? " mismatch" : " mismatches") + (group.empty() ? "" : " in " + group) + ":";
+    for (size_t i = 0; i < problems.size() && i < kShown; ++i) msg += "\n  " + problems[i];
+    if (problems.size() > kShown) msg += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+    DEW_CHECK(false, msg);
+  }
+  std::vector<unsigned char> host;
+  for (const auto& [name, t] : targets) {
+    const Tensor& s = *source.at(name);
+    host.resize(s.nbytes());
+    s.copy_to_host(host.data());
+    Tensor dst = t;
+    dst.copy_from_host(host.data());
+  }
+}
+
+std::string checkpoint_name(int64_t step) {
+  DEW_CHECK(step >= 0, "checkpoint_name: negative step ", step);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step-%08lld.h5", static_cast<long long>(step));
+  return buf;
+}
+
+int64_t checkpoint_step(const std::string& name) {
+  std::string f = file_name(name);
+  if (f.size() <= 8 || f.compare(0, 5, "step-") != 0 || f.compare(f.size() - 3, 3, ".h5") != 0) return -1;
+  std::string digits = f.substr(5, f.size() - 8);
+  if (!all_digits(digits) || digits.size() > 18) return -1;
+  return std::stoll(digits);
+}
+
+std::string find_latest_checkpoint(const std::string& dir) {
+  auto all = list_checkpoints(dir);
+  return all.empty() ? std::string() : all.back().second;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep_latest, const std::string& best_file) {
+  DEW_CHECK(keep_latest >= 0, "prune_checkpoints: keep_latest must be >= 0, got ", keep_latest);
+  auto all = list_checkpoints(dir);
+  const std::string best = best_file.empty() ? std::string() : file_name(best_file);
+  std::vector<std::string> removed;
+  const size_t n_old = all.size() > size_t(keep_latest) ? all.size() - size_t(keep_latest) : 0;
+  for (size_t i = 0; i < n_old; ++i) {
+    const std::string& p = all[i].second;
+    if (!best.empty() && file_name(p) == best) continue;
+    std::error_code ec;
+    fs::remove(p, ec);
+    DEW_CHECK(!ec, "prune_checkpoints: cannot delete ", p, ": ", ec.message());
+    removed.push_back(p);
+  }
+  return removed;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  const std::string own = std::string(fmt::kTempInfix) + std::to_string(::getpid());
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string f = e.path().filename().string();
+    size_t pos = f.rfind(fmt::kTempInfix);
+    if (pos == std::string::npos || pos == 0 || !all_digits(f.substr(pos + std::strlen(fmt::kTempInfix)))) continue;
+    if (f.compare(pos, std::string::npos, own) == 0) continue;
+    if (!e.is_regular_file(ec)) continue;
+    stale.push_back(e.path());
+  }
+  std::sort(stale.begin(), stale.end());
+  for (const auto& p : stale) {
+    fs::remove(p, ec);
+    DEW_CHECK(!ec, "remove_stale_temporaries: cannot delete ", p.string(), ": ", ec.message());
+    removed.push_back(p.string());
+  }
+  return removed;
+}
+
+}  // namespace dew
