@@ -6,6 +6,7 @@
 #include "dew/autograd.hpp"
 
 #include <unordered_map>
+#include <utility>
 #include <unordered_set>
 
 #include "dew/backend.hpp"
@@ -18,6 +19,20 @@ namespace {
 thread_local bool g_grad_enabled = true;
 
 bool participates(const Tensor& t) { return t.defined() && (t.impl()->requires_grad || t.impl()->grad_fn); }
+
+const std::shared_ptr<Node>& released_node() {
+  static const std::shared_ptr<Node> node = [] {
+    auto n = std::make_shared<Node>();
+    n->name = "released";
+    n->backward = [](const Tensor&) -> std::vector<Tensor> {
+      DEW_CHECK(false, "backward through a graph that a previous backward() already consumed; run the forward "
+                       "pass again (each forward supports one backward)");
+      return {};
+    };
+    return n;
+  }();
+  return node;
+}
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
@@ -105,7 +120,8 @@ void run_backward(const Tensor& root, const Tensor& seed) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     TensorImpl* impl = *it;
     auto git = grads.find(impl);
-    std::shared_ptr<Node> node = std::move(impl->grad_fn);  // releases the graph as it goes
+    // Release the graph as it goes; what was consumed refuses a second backward instead of acting as a leaf.
+    std::shared_ptr<Node> node = std::exchange(impl->grad_fn, released_node());
     if (git == grads.end()) continue;                      // no gradient flowed here
     Tensor g(git->second);
     grads.erase(git);

@@ -1,0 +1,219 @@
+// tests/autograd/test_mechanics.cpp — the autograd machinery itself: accumulation, reuse, no_grad, errors,
+// zero_grad, detach and gradient aliasing. Values are exact (small integers and powers of two in f64).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "gradcheck.hpp"
+
+using namespace gc;
+using dew::Tensor;
+
+namespace {
+Tensor leaf(const std::vector<double>& v, const dew::Shape& s) { return f64(v, s).set_requires_grad(true); }
+bool message_has(const dew::Error& e, const std::string& part) { return std::string(e.what()).find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("the ref backend loads from the default plugin folder") {
+  REQUIRE(ref() != nullptr);
+  CHECK(ref()->name() == "ref");
+  CHECK(ref()->supports(dew::Kernel::attention_backward, DType::f64).ok);
+}
+
+TEST_CASE("gradients accumulate across two backward calls") {
+  Tensor x = leaf({1, -2, 3}, {3});
+  dew::sum(x * 3.0f).backward();
+  check_values(x.grad(), {3, 3, 3}, 0, "first backward");
+  dew::sum(x * 3.0f).backward();
+  check_values(x.grad(), {6, 6, 6}, 0, "second backward doubles");
+}
+
+TEST_CASE("a tensor used twice: d(x*x)/dx = 2x") {
+  Tensor x = leaf({1, -2, 3.5}, {3});
+  dew::sum(x * x).backward();
+  check_values(x.grad(), {2, -4, 7}, 0, "x*x");
+  x.zero_grad();
+  // deeper reuse: y = x*x; z = y + y*x = x^2 + x^3  -> dz/dx = 2x + 3x^2
+  Tensor y = x * x;
+  dew::sum(y + y * x).backward();
+  check_values(x.grad(), {2 + 3, -4 + 12, 7 + 36.75}, 1e-14, "y + y*x");
+}
+
+TEST_CASE("no_grad records nothing") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y;
+  {
+    dew::NoGradGuard ng;
+    CHECK_FALSE(dew::grad_enabled());
+    y = dew::sum(x * x);
+    CHECK_FALSE(y.requires_grad());
+    CHECK(y.impl()->grad_fn == nullptr);
+    {
+      dew::NoGradGuard nested;
+    }
+    CHECK_FALSE(dew::grad_enabled());  // a nested guard restores "off", not "on"
+  }
+  CHECK(dew::grad_enabled());
+  try {
+    y.backward();
+    FAIL("backward through a no_grad result must throw");
+  } catch (const dew::Error& e) {
+    CHECK(message_has(e, "does not require gradients"));
+  }
+  CHECK_FALSE(x.grad().defined());
+  // ops on tensors that need no gradient record nothing either
+  Tensor c = f64({1, 2}, {2});
+  Tensor z = dew::exp(c) + c;
+  CHECK_FALSE(z.requires_grad());
+  CHECK(z.impl()->grad_fn == nullptr);
+}
+
+TEST_CASE("backward on a non-scalar throws") {
+  Tensor x = leaf({1, 2, 3}, {3});
+  Tensor y = x * 2.0f;
+  try {
+    y.backward();
+    FAIL("backward on a [3] tensor must throw");
+  } catch (const dew::Error& e) {
+    CHECK(message_has(e, "one-element"));
+  }
+  CHECK_FALSE(x.grad().defined());
+  // run_backward with an explicit seed works for non-scalars (vector-Jacobian product)
+  dew::run_backward(y, f64({1, 10, 100}, {3}));
+  check_values(x.grad(), {2, 20, 200}, 0, "seeded backward");
+  // a seed of the wrong shape is refused
+  CHECK_THROWS_AS(dew::run_backward(x * 2.0f, f64({1, 2}, {2})), dew::Error);
+}
+
+TEST_CASE("zero_grad drops the gradient and the next backward starts fresh") {
+  Tensor x = leaf({1, 2}, {2});
+  dew::sum(x * 5.0f).backward();
+  check_values(x.grad(), {5, 5}, 0, "before zero_grad");
+  x.zero_grad();
+  CHECK_FALSE(x.grad().defined());
+  dew::sum(x * 2.0f).backward();
+  check_values(x.grad(), {2, 2}, 0, "after zero_grad");
+  // Module::zero_grad clears every parameter
+  ref();
+  dew::nn::Linear lin(2, 3);
+  Tensor in = Tensor::from_vector({1, 2}, {1, 2}, ref());
+  dew::sum(lin.forward(in)).backward();
+  CHECK(lin.weight.grad().defined());
+  CHECK(lin.bias.grad().defined());
+  lin.zero_grad();
+  CHECK_FALSE(lin.weight.grad().defined());
+  CHECK_FALSE(lin.bias.grad().defined());
+}
+
+TEST_CASE("detach stops gradients") {
+  Tensor x = leaf({1, 2, 3}, {3});
+  Tensor d = x.detach();
+  CHECK_FALSE(d.requires_grad());
+  CHECK(d.data() == x.data());  // same storage
+  dew::sum(d * x).backward();   // only the non-detached factor contributes: grad = d = x
+  check_values(x.grad(), {1, 2, 3}, 0, "x.detach() * x");
+  // detaching an intermediate cuts the graph behind it
+  Tensor w = leaf({2, 2, 2}, {3});
+  Tensor y = (w * w).detach();
+  dew::sum(y * x).backward();
+  CHECK_FALSE(w.grad().defined());
+  check_values(x.grad(), {1 + 4, 2 + 4, 3 + 4}, 0, "accumulated over a detached product");
+}
+
+TEST_CASE("leaf gradients are never aliased with op outputs or with each other") {
+  // add returns the incoming gradient for both inputs: the leaf must own a copy.
+  Tensor x = leaf({1, 2}, {2});
+  dew::sum(x + x).backward();
+  check_values(x.grad(), {2, 2}, 0, "y = x + x");
+  // two leaves that receive the very same gradient tensor do not share it
+  Tensor a = leaf({1, 2}, {2}), b = leaf({3, 4}, {2});
+  Tensor s = a + b;
+  dew::run_backward(s, f64({1, 1}, {2}));
+  REQUIRE(a.grad().defined());
+  REQUIRE(b.grad().defined());
+  CHECK(a.grad().data() != b.grad().data());
+  double v = 100;
+  a.grad().copy_from_host(std::vector<double>{v, v}.data());
+  check_values(b.grad(), {1, 1}, 0, "b.grad unchanged after writing a.grad");
+  // the seed is not aliased either: a leaf root gets its own copy
+  Tensor r = leaf({7}, {1});
+  Tensor seed = f64({1}, {1});
+  dew::run_backward(r, seed);
+  CHECK(r.grad().data() != seed.data());
+  r.grad().copy_from_host(std::vector<double>{5}.data());
+  CHECK(seed.item() == 1.0);
+  // accumulation into an existing gradient writes the leaf's own buffer, not the incoming one
+  Tensor p = leaf({1, 1}, {2});
+  Tensor g1 = f64({1, 2}, {2});
+  dew::run_backward(p * 1.0f, g1);
+  dew::run_backward(p * 1.0f, g1);
+  check_values(p.grad(), {2, 4}, 0, "accumulated");
+  check_values(g1, {1, 2}, 0, "seed untouched");
+}
+
+TEST_CASE("gradients do not reach inputs that do not require them and non-leaves keep no .grad") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor c = f64({3, 4}, {2});
+  Tensor h = x * c;  // a non-leaf
+  dew::sum(h * h).backward();
+  check_values(x.grad(), {2 * 9 * 1, 2 * 16 * 2}, 0, "d sum((x c)^2)/dx = 2 c^2 x");
+  CHECK_FALSE(c.grad().defined());
+  CHECK_FALSE(h.grad().defined());
+  CHECK(std::string(h.impl()->grad_fn->name) == "released");  // the graph is released after the backward
+}
+
+TEST_CASE("integer tensors cannot require gradients") {
+  Tensor i = ints({1, 2}, {2});
+  CHECK_THROWS_AS(i.set_requires_grad(true), dew::Error);
+}
+
+TEST_CASE("a diamond graph sums both paths once") {
+  Tensor x = leaf({0.5, -1.5}, {2});
+  Tensor a = dew::exp(x), b = x * 3.0f;
+  Tensor y = a * b + a;  // dy/dx = e^x (3x) + e^x 3 + e^x
+  dew::sum(y).backward();
+  const auto vx = x.to_doubles();
+  std::vector<double> expect;
+  for (double t : vx) expect.push_back(std::exp(t) * (3 * t + 3 + 1));
+  check_values(x.grad(), expect, 1e-14, "diamond");
+}
+
+// The checker itself: a deliberately wrong backward (d(2x)/dx reported as 3) must be caught.
+TEST_CASE("gradcheck catches a wrong backward") {
+  Options quiet;
+  quiet.report = false;
+  const int bad = gradcheck([](const std::vector<Tensor>& in) {
+    Tensor out = dew::scale(in[0].detach(), 2.0f);
+    if (dew::needs_grad({&in[0]}))
+      dew::record(out, {in[0]}, [](const Tensor& g) { return std::vector<Tensor>{dew::scale(g, 3.0f)}; }, "wrong");
+    return out;
+  }, {rnd({3}, 1)}, "deliberately wrong backward", quiet);
+  CHECK(bad == 3);
+}
+
+// A transposed gradient has the right shape and sum but the wrong elements: caught thanks to R.
+TEST_CASE("gradcheck catches a permuted gradient") {
+  Options quiet;
+  quiet.report = false;
+  const int bad = gradcheck([](const std::vector<Tensor>& in) {
+    Tensor out = dew::mul(in[0].detach(), in[0].detach());
+    if (dew::needs_grad({&in[0]})) {
+      Tensor xd = in[0].detach();
+      dew::record(out, {in[0]}, [xd](const Tensor& g) {
+        return std::vector<Tensor>{dew::reshape(dew::transpose(dew::mul(g, xd * 2.0f), 0, 1), {2, 2})};
+      }, "permuted");
+    }
+    return out;
+  }, {rnd({2, 2}, 2)}, "permuted gradient", quiet);
+  CHECK(bad == 2);  // the two off-diagonal elements
+}
+
+TEST_CASE("a second backward through a consumed graph is refused and leaves the leaf gradients unchanged") {
+  // dew keeps no retain_graph: the graph is released by the first backward.
+  Tensor x = leaf({1, 2}, {2});
+  Tensor h = x * x;
+  Tensor loss = dew::sum(h);
+  loss.backward();
+  check_values(x.grad(), {2, 4}, 0, "first backward");
+  CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("already consumed"), dew::Error);
+  // An intermediate of the consumed graph reused in a new graph must not act as a silent leaf.
+  CHECK_THROWS_WITH_AS(dew::sum(h * 2.0f).backward(), doctest::Contains("already consumed"), dew::Error);
+  check_values(x.grad(), {2, 4}, 0, "after the refused backwards");
+}
