@@ -82,7 +82,7 @@ class Hid {
  public:
   using Closer = herr_t (*)(hid_t);
   Hid() = default;
-  Hid(hid_t id, Closer close, const std::string& what) : id_(h5(id, what)), close_(close) {}
+  Hid(hid_t id, Closer closer, const std::string& what) : id_(h5(id, what)), close_(closer) {}
   Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
   Hid& operator=(Hid&& o) noexcept {
     if (this != &o) {
@@ -426,7 +426,7 @@ Tensor read_tensor(hid_t group, const std::string& name, const std::string& wher
   H5S_class_t sc = H5Sget_simple_extent_type(space);
   if (sc == H5S_SIMPLE) {
     int rank = h5(H5Sget_simple_extent_ndims(space), "rank of " + where);
-    std::vector<hsize_t> dims(size_t(rank));
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
     h5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), "dims of " + where);
     shape.assign(dims.begin(), dims.end());
   } else if (sc != H5S_SCALAR) {
