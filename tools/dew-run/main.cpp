@@ -1,8 +1,10 @@
 // tools/dew-run/main.cpp — the launcher: `dew-run <command> [options]`.
 //
-// Commands: plugins (what is installed and whether it can run here), demo (a tiny end-to-end fit on a
-// chosen backend). Exit status: 0 success, 2 usage/config error, 1 runtime error.
-// Plugins are found in --plugin-dir folders, DEW_PLUGIN_PATH, then next to this executable.
+// Commands: train, eval, sample, export, plugins, demo. Every [section] key of a config can be given
+// on the command line as --section.key VALUE (or --section.key=VALUE), which wins over the file.
+// Exit status: 0 success, 2 usage/config error, 1 runtime error, 130 interrupted (after a checkpoint).
+// Plugins are found in --plugin-dir folders, DEW_PLUGIN_PATH, then next to this executable; [run]
+// plugins or --plugins restrict which are loaded.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -10,22 +12,27 @@
 #include <string>
 #include <vector>
 
+#include "demo.hpp"
+#include "dew/config.hpp"
 #include "dew/error.hpp"
 #include "dew/registry.hpp"
-#include "demo.hpp"
+#include "dew/train.hpp"
 
 namespace po = boost::program_options;
+namespace fs = std::filesystem;
 
 namespace {
 
 const char* kUsage =
     "usage: dew-run <command> [options]\n"
     "commands:\n"
+    "  train     train from a config:  --config FILE [--run-dir D] [--resume] [--backend cpu|ref] [--section.key V ...]\n"
+    "  eval      evaluate a run's checkpoint on the validation/test split; prints JSON:  --run-dir D [--step latest|best|N]\n"
+    "  sample    generate from a run (objectives with a sampler):  --run-dir D [...]\n"
+    "  export    write model.safetensors + config.json:  --run-dir D --format safetensors --out DIR\n"
     "  plugins   list the plugins found, their components, and whether backends can run here\n"
     "  demo      fit a small two-layer network on a synthetic task with --backend (cpu|ref)\n"
-    "common options:\n"
-    "  --plugin-dir DIR   extra plugin folder (repeatable)\n"
-    "  --plugins a,b      load only these plugins\n";
+    "Run `dew-run <command> --help` for a command's options.\n";
 
 struct Common {
   std::vector<std::string> plugin_dirs;
@@ -37,27 +44,180 @@ void add_common(po::options_description& d, Common& c) {
       "plugins", po::value(&c.plugins), "comma-separated plugin names to load (default: all found)");
 }
 
-void load_plugins(const Common& c) {
-  // A folder named on the command line must exist (the default folders may not).
+void load_plugins(const Common& c, std::vector<std::string> only = {}) {
   for (const auto& d : c.plugin_dirs) {
     std::error_code ec;
-    DEW_USAGE_CHECK(std::filesystem::is_directory(d, ec), "--plugin-dir ", d, ": no such folder");
+    DEW_USAGE_CHECK(fs::is_directory(d, ec), "--plugin-dir ", d, ": no such folder");
   }
   std::vector<std::string> dirs = c.plugin_dirs;
   for (const auto& d : dew::Registry::default_plugin_dirs()) dirs.push_back(d);
-  std::vector<std::string> only;
-  dew::Options o({{"plugins", c.plugins}});
-  if (!c.plugins.empty()) only = o.get_strings("plugins", {});
+  if (!c.plugins.empty()) only = dew::Options({{"plugins", c.plugins}}).get_strings("plugins", {});
   dew::Registry::global().discover(dirs, only);
+}
+
+// Splits --section.key[=value] overrides from the rest of the arguments.
+std::vector<std::string> take_overrides(const std::vector<std::string>& args,
+                                        std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) == 0) {
+      const std::string body = a.substr(2);
+      const auto eq = body.find('=');
+      const std::string key = body.substr(0, eq);
+      if (key.find('.') != std::string::npos) {
+        if (eq != std::string::npos) {
+          overrides.emplace_back(key, body.substr(eq + 1));
+        } else {
+          DEW_USAGE_CHECK(i + 1 < args.size(), "override --", key, " needs a value");
+          overrides.emplace_back(key, args[++i]);
+        }
+        continue;
+      }
+    }
+    rest.push_back(a);
+  }
+  return rest;
+}
+
+po::variables_map parse(const std::vector<std::string>& args, const po::options_description& d) {
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(d).run(), vm);
+  po::notify(vm);
+  return vm;
+}
+
+void print_plugin_options(dew::Config& config) {
+  for (const char* section : {"model", "objective", "data"}) {
+    if (!config.has_section(section)) continue;
+    const dew::Options& o = config.section(section);
+    if (!o.has("plugin") && !o.has("source")) continue;
+    const std::string name = o.values().count("plugin") ? o.values().at("plugin") : o.values().at("source");
+    const char* kind = std::string(section) == "model" ? "model" : std::string(section) == "objective" ? "objective"
+                                                                                                         : "data_source";
+    if (!dew::Registry::global().contains(kind, name)) continue;
+    const auto& c = dew::Registry::global().find(kind, name);
+    std::cout << "\n[" << section << "] options of " << kind << " '" << name << "' (" << c.origin.describe() << "):\n";
+    if (c.options.empty()) std::cout << "  (none declared)\n";
+    for (const auto& spec : c.options)
+      std::cout << "  --" << section << "." << spec.key
+                << (spec.default_value.empty() ? "" : " (default " + spec.default_value + ")") << "  " << spec.help
+                << "\n";
+  }
+}
+
+int cmd_train(const std::vector<std::string>& raw) {
+  std::vector<std::pair<std::string, std::string>> overrides;
+  std::vector<std::string> args = take_overrides(raw, overrides);
+  Common c;
+  std::string config_path, run_dir, backend;
+  bool resume = false, help = false;
+  po::options_description d("dew-run train");
+  d.add_options()("config", po::value(&config_path), "config file (.ini); defaults to RUN_DIR/config.ini with --resume")(
+      "run-dir", po::value(&run_dir), "run directory (default runs/<run.name>)")(
+      "resume", po::bool_switch(&resume), "continue the run in --run-dir from its latest checkpoint")(
+      "backend", po::value(&backend), "backend (overrides run.backend): cpu, ref, cuda")(
+      "help", po::bool_switch(&help), "show the options, with those of the plugins the config names");
+  add_common(d, c);
+  parse(args, d);
+  if (config_path.empty() && resume && !run_dir.empty()) config_path = (fs::path(run_dir) / "config.ini").string();
+  if (help && config_path.empty()) {
+    std::cout << d << "\nEvery config key can be overridden as --section.key VALUE.\n";
+    return 0;
+  }
+  DEW_USAGE_CHECK(!config_path.empty(), "train needs --config FILE (or --run-dir D --resume)");
+  dew::Config config = dew::Config::load_ini(config_path);
+  for (const auto& [k, v] : overrides) config.set(k, v);
+  std::vector<std::string> only;
+  if (config.section("run").has("plugins")) {
+    only = config.section("run").get_strings("plugins", {});
+  }
+  load_plugins(c, only);
+  if (help) {
+    std::cout << d << "\nEvery config key can be overridden as --section.key VALUE.\n";
+    print_plugin_options(config);
+    return 0;
+  }
+  dew::TrainOptions to;
+  to.run_dir = run_dir;
+  to.resume = resume;
+  to.backend_name = backend;
+  return dew::train(config, to);
+}
+
+struct RunArgs {
+  Common common;
+  std::string run_dir, step = "latest", backend;
+  bool no_ema = false;
+};
+
+void add_run_args(po::options_description& d, RunArgs& r) {
+  d.add_options()("run-dir", po::value(&r.run_dir)->required(), "run directory")(
+      "step", po::value(&r.step)->default_value("latest"), "checkpoint: latest, best or an update number")(
+      "no-ema", po::bool_switch(&r.no_ema), "use the raw parameters even when EMA weights exist")(
+      "backend", po::value(&r.backend), "backend (overrides the run's)");
+  add_common(d, r.common);
+}
+
+int cmd_eval(const std::vector<std::string>& args) {
+  RunArgs r;
+  po::options_description d("dew-run eval");
+  add_run_args(d, r);
+  parse(args, d);
+  load_plugins(r.common);
+  const auto metrics = dew::evaluate(r.run_dir, r.step, !r.no_ema, r.backend);
+  std::cout << "{";
+  size_t i = 0;
+  for (const auto& [k, v] : metrics) std::printf("%s\"%s\": %.6g", i++ ? ", " : "", k.c_str(), v);
+  std::cout << "}" << std::endl;
+  return 0;
+}
+
+int cmd_sample(const std::vector<std::string>& raw) {
+  // Sampler options are the objective's own: everything past the run arguments goes to it.
+  RunArgs r;
+  po::options_description d("dew-run sample");
+  add_run_args(d, r);
+  auto parsed = po::command_line_parser(raw).options(d).allow_unregistered().run();
+  po::variables_map vm;
+  po::store(parsed, vm);
+  po::notify(vm);
+  std::map<std::string, std::string> request;
+  const auto rest = po::collect_unrecognized(parsed.options, po::include_positional);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    DEW_USAGE_CHECK(rest[i].rfind("--", 0) == 0, "unexpected argument '", rest[i], "'");
+    const std::string key = rest[i].substr(2);
+    const auto eq = key.find('=');
+    if (eq != std::string::npos) request[key.substr(0, eq)] = key.substr(eq + 1);
+    else request[key] = (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0) ? rest[++i] : "true";
+  }
+  load_plugins(r.common);
+  dew::Options req(request, "sample");
+  dew::sample(r.run_dir, r.step, !r.no_ema, r.backend, req);
+  req.check_all_used();
+  return 0;
+}
+
+int cmd_export(const std::vector<std::string>& args) {
+  RunArgs r;
+  std::string format, out;
+  po::options_description d("dew-run export");
+  add_run_args(d, r);
+  d.add_options()("format", po::value(&format)->default_value("safetensors"), "output format: safetensors")(
+      "out", po::value(&out)->required(), "output folder");
+  parse(args, d);
+  DEW_USAGE_CHECK(format == "safetensors", "--format ", format, " is not supported; known: safetensors");
+  load_plugins(r.common);
+  dew::export_safetensors(r.run_dir, r.step, !r.no_ema, r.backend, out);
+  std::cout << "wrote " << (fs::path(out) / "model.safetensors").string() << " and config.json\n";
+  return 0;
 }
 
 int cmd_plugins(const std::vector<std::string>& args) {
   Common c;
   po::options_description d("dew-run plugins");
   add_common(d, c);
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(d).run(), vm);
-  po::notify(vm);
+  parse(args, d);
   load_plugins(c);
   auto& reg = dew::Registry::global();
   const auto plugins = reg.plugins();
@@ -94,9 +254,7 @@ int cmd_demo(const std::vector<std::string>& args) {
   d.add_options()("backend", po::value(&opt.backend)->default_value("cpu"), "backend: cpu or ref")(
       "steps", po::value(&opt.steps)->default_value(300), "optimizer steps")(
       "seed", po::value(&opt.seed)->default_value(0), "seed");
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(d).run(), vm);
-  po::notify(vm);
+  parse(args, d);
   DEW_USAGE_CHECK(opt.steps > 0, "--steps must be positive");
   load_plugins(c);
   return dew_run::run_demo(opt);
@@ -112,6 +270,10 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
+    if (command == "train") return cmd_train(args);
+    if (command == "eval") return cmd_eval(args);
+    if (command == "sample") return cmd_sample(args);
+    if (command == "export") return cmd_export(args);
     if (command == "plugins") return cmd_plugins(args);
     if (command == "demo") return cmd_demo(args);
     std::cerr << "dew-run: unknown command '" << command << "'\n" << kUsage;

@@ -1,0 +1,63 @@
+// core/data/make_loader.cpp — the pipeline compiler: a [data] section -> source plugin + DataLoader.
+//
+// The loader reads its own keys (source, batch_size, workers, prefetch, shuffle, seed); every other key
+// of the section goes to the source plugin as its Options, with "split" added. The section marks the
+// forwarded keys used; the source's Options refuse, after the source is built, every key the source did
+// not read, so a misspelt source key is an error naming it ("unknown option 'data.pth'").
+#include "dew/data.hpp"
+#include "dew/error.hpp"
+#include "dew/registry.hpp"
+
+namespace dew {
+
+namespace {
+std::string key_name(const Options& o, const std::string& key) {
+  return o.context().empty() ? "'" + key + "'" : "'" + o.context() + "." + key + "'";
+}
+}  // namespace
+
+std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string& split, uint64_t seed, int rank,
+                                        int world) {
+  static const char* const kLoaderKeys[] = {"source", "batch_size", "workers", "prefetch", "shuffle", "seed"};
+  Options& d = data_section;
+  const std::string source_name = d.require_string("source");
+  DEW_USAGE_CHECK(d.has("batch_size"), "missing required option ", key_name(d, "batch_size"));
+  LoaderConfig cfg;
+  cfg.batch_size = d.get_int("batch_size", 0);
+  DEW_USAGE_CHECK(cfg.batch_size > 0, "option ", key_name(d, "batch_size"), " must be positive, got ", cfg.batch_size);
+  const int64_t workers = d.get_int("workers", 1);
+  DEW_USAGE_CHECK(workers >= 0 && workers <= 256, "option ", key_name(d, "workers"), " must be in [0, 256], got ",
+                  workers);
+  const int64_t prefetch = d.get_int("prefetch", 2);
+  DEW_USAGE_CHECK(prefetch >= 0 && prefetch <= 4096, "option ", key_name(d, "prefetch"),
+                  " must be in [0, 4096], got ", prefetch);
+  cfg.workers = int(workers);
+  cfg.prefetch = int(prefetch);
+  cfg.shuffle = d.get_bool("shuffle", split == "train");
+  if (d.has("seed")) {
+    const int64_t s = d.get_int("seed", 0);
+    DEW_USAGE_CHECK(s >= 0, "option ", key_name(d, "seed"), " must not be negative, got ", s);
+    cfg.seed = uint64_t(s);
+  } else {
+    cfg.seed = seed;
+  }
+  cfg.rank = rank;
+  cfg.world = world;
+  DEW_USAGE_CHECK(!d.has("split"), "option ", key_name(d, "split"),
+                  " cannot be set: the trainer chooses the split (train for training, val for validation)");
+
+  std::map<std::string, std::string> forwarded;
+  for (const auto& [key, value] : d.values()) {
+    bool mine = false;
+    for (const char* k : kLoaderKeys) mine = mine || key == k;
+    if (!mine) forwarded[key] = d.get_string(key, value);
+  }
+  forwarded["split"] = split;
+  Options source_options(std::move(forwarded), d.context());
+  std::shared_ptr<DataSource> source = Registry::global().create<DataSource>(source_name, source_options);
+  source_options.get_string("split", split);  // a source without splits need not read it
+  source_options.check_all_used();
+  return std::make_unique<DataLoader>(std::move(source), cfg);
+}
+
+}  // namespace dew

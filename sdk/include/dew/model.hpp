@@ -1,0 +1,35 @@
+// dew/model.hpp — the backbone interface (plugin kind "model") and the Batch.
+//
+// A Batch maps field names to tensors: "text" i32 [B, S+1], "image" u8 [B, H, W, C] as loaded, "label"
+// i32 [B]. A Model is an nn::Module whose forward takes named inputs, so families with different
+// inputs share one interface; each backbone documents the names it reads:
+//   classifiers (mlp, convnet): "image" f32 [B, C, H, W] -> logits [B, num_classes]
+// Models are created from the [model] section (Options); the objective may fill keys the data decides
+// (num_classes, in_channels, image_size) before creating one.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+
+#include "dew/nn.hpp"
+#include "dew/options.hpp"
+#include "dew/tensor.hpp"
+
+namespace dew {
+
+using Batch = std::map<std::string, Tensor>;
+
+class Model : public nn::Module {
+ public:
+  static constexpr const char* kind = "model";
+  virtual Tensor forward(const Batch& inputs) = 0;
+  // Multiply-adds x 2 of one forward pass for one sample (MFU = 3x this per trained sample); 0: unknown.
+  virtual double flops_per_sample() const { return 0.0; }
+  // The model's hyper-parameters as key/value pairs (written as config.json on export).
+  virtual std::map<std::string, std::string> describe() const { return {}; }
+};
+
+// Creates the model named by `section`'s "plugin" key with the rest of the section as its options.
+std::shared_ptr<Model> create_model(Options& section);
+
+}  // namespace dew

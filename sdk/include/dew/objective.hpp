@@ -1,0 +1,80 @@
+// dew/objective.hpp — the training objective interface (plugin kind "objective").
+//
+// An objective owns the modules it trains (a classifier owns one model; JEPA owns encoder, predictor
+// and target encoder), turns a batch into a scalar loss plus named metrics, says which parameters get
+// an EMA, and runs validation (metrics plus artifacts such as sampled text or image grids). The trainer
+// owns everything else: optimizer, schedules, EMA, clipping, checkpoints, logging.
+// Invariants: parameters() names are stable across runs (they are checkpoint dataset names) and in a
+// fixed order; step() is deterministic given the batch and StepInfo (randomness from info.seed and
+// info.step through Philox), which is what makes resume bit-exact.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dew/config.hpp"
+#include "dew/data.hpp"
+#include "dew/model.hpp"
+
+namespace dew {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct ObjectiveContext {
+  Config* config = nullptr;           // the whole run config ([objective], [model], ...)
+  BackendPtr backend;
+  uint64_t seed = 0;
+  const DataSource* train_source = nullptr;  // for shapes and class counts (may be null in eval/export)
+};
+
+struct StepInfo {
+  int64_t step = 0;        // optimizer updates done so far
+  int64_t micro = 0;       // micro-batch index within gradient accumulation
+  uint64_t seed = 0;       // the run seed
+};
+
+struct StepResult {
+  Tensor loss;                            // a one-element differentiable tensor
+  std::map<std::string, double> metrics;  // per-batch metrics (accuracy, ...)
+  int64_t samples = 0;                    // rows in the batch
+  int64_t tokens = 0;                     // tokens trained on (language models), else 0
+};
+
+struct Artifact {
+  std::string file_name;            // written into <run-dir>/samples/
+  std::vector<unsigned char> bytes;
+};
+
+struct ValidationResult {
+  std::map<std::string, double> metrics;
+  std::vector<Artifact> artifacts;
+};
+
+class Objective {
+ public:
+  static constexpr const char* kind = "objective";
+  virtual ~Objective() = default;
+
+  virtual void build(ObjectiveContext& ctx) = 0;
+  virtual std::vector<std::string> batch_fields() const = 0;
+  virtual NamedTensors parameters() = 0;                         // trainable, e.g. "model.fc1.weight"
+  virtual NamedTensors ema_parameters() { return parameters(); }  // those that get an EMA
+  virtual StepResult step(const Batch& batch, const StepInfo& info) = 0;
+  // Runs on `loader` (a validation/test split) without gradients; the trainer has already swapped in
+  // the EMA weights when it keeps them.
+  virtual ValidationResult validate(DataLoader& loader, const StepInfo& info) = 0;
+  // The metric used for "best" checkpoints and whether larger is better.
+  virtual std::string primary_metric() const { return "loss"; }
+  virtual bool higher_is_better() const { return false; }
+  // FLOPs of one training step per sample (forward + backward), for MFU; 0 when unknown.
+  virtual double train_flops_per_sample() const { return 0.0; }
+  // The main model, for export (config.json).
+  virtual Model* main_model() { return nullptr; }
+  // `dew-run sample`: generates from the loaded weights (text to stdout, images to a file), reading
+  // its own request keys from `request` (--prompt, --steps, --out, ...). Objectives without a sampler
+  // keep this default, which refuses with a clear usage error.
+  virtual void sample(Options& request);
+};
+
+}  // namespace dew

@@ -1,0 +1,83 @@
+// dew/train.hpp — optimizers, learning-rate schedules, EMA and the Trainer.
+//
+// Optimizers run the backend's fused update kernels in place; their state (moments, momentum) is
+// named per parameter so checkpoints hold it as optim/<slot>/<param name>. Schedules are pure
+// functions of the update count. The Trainer runs `dew-run train`: see docs/training.md.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dew/config.hpp"
+#include "dew/objective.hpp"
+
+namespace dew {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of every parameter from its .grad (parameters without a gradient are skipped).
+  // `step` counts updates from 1; grad_scale multiplies the gradients (global-norm clipping).
+  virtual void update(const NamedTensors& params, float lr, float grad_scale, int64_t step) = 0;
+  // Named state tensors by slot ("m", "v", "momentum"), in parameter order.
+  virtual std::map<std::string, NamedTensors> state() const = 0;
+  virtual std::string name() const = 0;
+};
+
+// From the [optim] section: name = sgd | adamw | lamb; lr; weight_decay; betas = b1, b2; eps; momentum;
+// nesterov; dampening. State is allocated for `params` (zeros).
+std::unique_ptr<Optimizer> make_optimizer(Options& optim, const NamedTensors& params);
+
+// From the [schedule] section: name = constant | cosine | linear; warmup_steps; min_lr (absolute) —
+// lr(step) for step = updates done (0-based), total = trainer.steps.
+std::function<double(int64_t)> make_schedule(Options& schedule, double base_lr, int64_t total_steps);
+
+// EMA with a warm-up decay: decay(t) = min(max_decay, (1 + t) / (10 + t)) when warmup is on, else
+// max_decay. update(): ema = decay * ema + (1 - decay) * param.
+class Ema {
+ public:
+  Ema(const NamedTensors& params, double max_decay, bool warmup);
+  void update(const NamedTensors& params, int64_t step);
+  double decay_at(int64_t step) const;
+  const NamedTensors& tensors() const { return ema_; }
+  // Swaps parameter values with the EMA values (call twice to swap back).
+  void swap_into(const NamedTensors& params);
+
+ private:
+  NamedTensors ema_;
+  double max_decay_;
+  bool warmup_;
+};
+
+// Global L2 norm of the gradients of `params` (0 for parameters without a gradient).
+double global_grad_norm(const NamedTensors& params);
+
+struct TrainOptions {
+  std::string run_dir;
+  bool resume = false;
+  std::string backend_name;  // overrides [run] backend when not empty
+};
+
+// Runs `dew-run train`: returns the process exit status (0 done, 130 interrupted after a checkpoint).
+// Throws dew::Error for config and runtime errors.
+int train(Config& config, const TrainOptions& options);
+
+// `dew-run eval`: loads the run's config and checkpoint (EMA weights when present), validates on the
+// test/val split and returns the metrics.
+std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
+                                       const std::string& backend_name);
+
+// `dew-run sample`: loads the run like evaluate() and hands `request` to the objective's sampler.
+void sample(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name,
+            Options& request);
+
+// `dew-run export --format safetensors`: model.safetensors (parameter names unchanged) + config.json.
+void export_safetensors(const std::string& run_dir, const std::string& step, bool use_ema,
+                        const std::string& backend_name, const std::string& out_dir);
+
+// The checkpoint file of `step` (latest | best | an update number) in a run directory.
+std::string resolve_checkpoint(const std::string& run_dir, const std::string& step, const BackendPtr& backend);
+
+}  // namespace dew
