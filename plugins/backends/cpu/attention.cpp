@@ -1,0 +1,857 @@
+// cpu/attention.cpp — fused scaled-dot-product attention of the `cpu` backend: FlashAttention-2 style
+// forward and backward, f32.
+//
+// Why hand-written: oneDNN 2.6 (the cpu backend's kernel library) has no attention primitive, and composing
+// matmul + softmax + matmul materialises the [T, S] score matrix of every head and re-reads it several times
+// in the backward. Here at most one 64 x 64 tile of scores (plus its dP/dS companions) exists per thread.
+//
+// Forward — one task per (batch, query head, block of <= 64 queries), OpenMP dynamic schedule, biggest first:
+//   scores are held transposed, S^T [key, query], so the 16 lanes of a vector run over queries. The online
+//   softmax (running max m, running sum l, rescale alpha = exp(m_old - m_new)) is then plain vertical vector
+//   code, and both products S^T = K Q^T and O^T = alpha O^T + V^T P^T are register-blocked micro-kernels that
+//   broadcast one operand straight from the input rows and load the other from a packed tile (Q^T, P^T).
+//   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax).
+// Backward (FlashAttention-2) — for each key block K^T and V^T are packed once; for each query block that
+//   can see it P = exp(S - lse) is recomputed from the saved lse, dP = dO V^T, dS = scale P (dP - Dsum) with
+//   Dsum = rowsum(dO * O), and dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K (lanes run over keys). A task is
+//   one (batch, kv head): it owns dk/dv of that kv head and dq of the Hq/Hkv query heads that read it, so no
+//   two threads write the same element and dq is summed in place. When there are too few (batch, kv head)
+//   pairs to balance the threads, tasks become (batch, kv head, key block) and every thread sums its dq into
+//   a private buffer; the buffers are added at the end (still race-free).
+// Masking: key blocks hidden by causality or the window are never visited, fully visible blocks skip the mask,
+//   and inside a block on the causal diagonal the 16 x 16 sub-tiles above the diagonal are not computed.
+// Softcap c: s' = c tanh(s / c); its backward multiplies dS by (1 - tanh^2).
+//
+// Invariants: every tensor is contiguous f32 (checked); tiles are 64 wide (4 vectors of 16); lanes past the
+// valid query/key count compute on zero padding and are never stored; a masked score is -inf or its P is
+// forced to 0, so it contributes exactly nothing (sub-tiles that are skipped are exactly masked ones, and
+// nothing reads them unmasked); a row with no visible key keeps m = -inf, l = 0 and is written as zeros with
+// lse = -inf (and gets zero gradients). Results are run-to-run deterministic; they do not depend on the thread
+// count either, except dq under the key-block split (a different summation order).
+// ISA: kernels use GCC/Clang vector extensions (no intrinsics). They are compiled for the file's own flags
+// and, where those lack them, also as AVX-512 and AVX2+FMA clones chosen at run time by
+// __builtin_cpu_supports, so the speed does not depend on the plugin's -march. exp and tanh are vector
+// polynomials (Cephes expf; relative error ~1e-7).
+#include "attention.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "dew/error.hpp"
+
+#pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector arguments: everything below is inlined
+
+namespace dew::cpu {
+namespace {
+
+constexpr int L = 16;                // lanes of one vector
+constexpr int64_t TILE = 64;         // tile width: 4 vectors (queries in the forward, keys in the backward)
+constexpr int64_t FWD_BK = 64;       // keys per forward step
+constexpr int64_t BWD_BQ = 64;       // queries per backward step
+constexpr int64_t ROW_PATH_MAX_T = 4;
+static_assert(FWD_BK <= TILE && BWD_BQ <= TILE, "the causal sub-tile tables hold 4 chunks of 16");
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+
+#define DEW_AI inline __attribute__((always_inline))
+
+// ---------------------------------------------------------------- vector helpers
+
+DEW_AI vf vload(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+DEW_AI void vstore(float* p, const vf& v) { __builtin_memcpy(p, &v, sizeof v); }
+// Broadcasts. Written as a shuffle of lane 0: inside a target("avx512f") function GCC lowers `vf{s, s, ...}`
+// lane by lane, and `vf{} + s` costs an add (0 + s is not an identity for -0.0).
+DEW_AI vf vset(float s) {
+  const vf v = {s};
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+DEW_AI vi viset(int32_t s) {
+  const vi v = {s};
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+DEW_AI vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+DEW_AI vf vmax(const vf& a, const vf& b) { return a > b ? a : b; }
+
+// e^x; exactly 0 below -87 (so exp(-inf) = 0), saturates at e^88.
+DEW_AI vf vexp(const vf& x) {
+  vf xc = x < vset(-88.0f) ? vset(-88.0f) : x;
+  xc = xc > vset(88.0f) ? vset(88.0f) : xc;
+  const vf magic = vset(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
+  const vf t = xc * vset(1.44269504088896341f) + magic;
+  const vf n = t - magic;
+  const vi ni = (vi)t - viset(0x4B400000);
+  vf r = xc - n * vset(0.693359375f);
+  r = r - n * vset(-2.12194440e-4f);
+  vf p = vset(1.9875691500e-4f);
+  p = p * r + vset(1.3981999507e-3f);
+  p = p * r + vset(8.3334519073e-3f);
+  p = p * r + vset(4.1665795894e-2f);
+  p = p * r + vset(1.6666665459e-1f);
+  p = p * r + vset(5.0000001201e-1f);
+  const vf e = p * (r * r) + r + vset(1.0f);
+  const vf res = e * (vf)((ni + viset(127)) << 23);
+  return x < vset(-87.0f) ? vf{} : res;
+}
+
+// tanh(y) = sign(y) (1 - 2 / (e^{2|y|} + 1)); absolute error ~1e-7.
+DEW_AI vf vtanh(const vf& y) {
+  const vi sign = (vi)y & viset(INT32_MIN);
+  const vf a = (vf)((vi)y ^ sign);
+  const vf e = vexp(a + a);
+  const vf t = vset(1.0f) - vset(2.0f) / (e + vset(1.0f));
+  return (vf)((vi)t | sign);
+}
+
+DEW_AI float hsum(const vf& v) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+DEW_AI float dot(const float* a, const float* b, int64_t n) {
+  vf acc0 = {}, acc1 = {};
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    acc0 += vload(a + i) * vload(b + i);
+    acc1 += vload(a + i + L) * vload(b + i + L);
+  }
+  for (; i + L <= n; i += L) acc0 += vload(a + i) * vload(b + i);
+  float s = hsum(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y[0, n) += a * x[0, n)
+DEW_AI void axpy(float* y, float a, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + L <= n; i += L) vstore(y + i, vload(y + i) + a * vload(x + i));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// In-register 16 x 16 transpose: four butterfly stages, stage K swapping bit K of the row index with bit K of
+// the column index.
+DEW_AI void transpose16(vf (&x)[16]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; r += 2) {
+    const vf a = x[r], b = x[r + 1];
+    x[r] = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    x[r + 1] = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) {
+    if (r & 2) continue;
+    const vf a = x[r], b = x[r + 2];
+    x[r] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    x[r + 2] = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) {
+    if (r & 4) continue;
+    const vf a = x[r], b = x[r + 4];
+    x[r] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    x[r + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < 8; ++r) {
+    const vf a = x[r], b = x[r + 8];
+    x[r] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    x[r + 8] = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+}
+
+// dst[c * ldd + r] = mul * src[r * lds + c] for r < nr, c < nc; zero for nr <= r < lanes (lanes % 16 == 0).
+DEW_AI void pack_t(const float* src, int64_t lds, int64_t nr, int64_t nc, float* dst, int64_t ldd, int64_t lanes,
+                   float mul) {
+  for (int64_t r0 = 0; r0 < lanes; r0 += L) {
+    int64_t c0 = 0;
+    for (; c0 + L <= nc; c0 += L) {
+      vf x[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) x[r] = r0 + r < nr ? vload(src + (r0 + r) * lds + c0) * mul : vf{};
+      transpose16(x);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) vstore(dst + (c0 + c) * ldd + r0, x[c]);
+    }
+    for (; c0 < nc; ++c0)
+      for (int r = 0; r < 16; ++r) dst[c0 * ldd + r0 + r] = r0 + r < nr ? mul * src[(r0 + r) * lds + c0] : 0.0f;
+  }
+}
+
+// dst[r * ldd + c] = rowmul[r] * src[c * lds + r] for r < nr, c < nc (src holds at least roundup(nr, 16) lanes).
+DEW_AI void unpack_t(const float* src, int64_t lds, int64_t nc, int64_t nr, const float* rowmul, float* dst,
+                     int64_t ldd) {
+  for (int64_t r0 = 0; r0 < nr; r0 += L) {
+    int64_t c0 = 0;
+    for (; c0 + L <= nc; c0 += L) {
+      vf x[16];
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) x[c] = vload(src + (c0 + c) * lds + r0);
+      transpose16(x);
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        if (r0 + r < nr) vstore(dst + (r0 + r) * ldd + c0, x[r] * rowmul[r0 + r]);
+    }
+    for (; c0 < nc; ++c0)
+      for (int r = 0; r < 16 && r0 + r < nr; ++r) dst[(r0 + r) * ldd + c0] = rowmul[r0 + r] * src[c0 * lds + r0 + r];
+  }
+}
+
+// ---------------------------------------------------------------- micro-kernels
+
+// C[r][0, 16 NV) (+)= sum_k A[r * ars + k * aks] * B[k * ldb + (0, 16 NV)] for r < R: one broadcast of A
+// and NV loads of B feed R * NV accumulators held in registers.
+template <int R, int NV, bool ACC>
+DEW_AI void mk(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t ars, int64_t aks,
+               const float* __restrict B, int64_t ldb, int64_t K) {
+  vf acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = ACC ? vload(C + r * ldc + v * L) : vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    vf bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * L);
+    const float* a = A + k * aks;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const vf av = vset(a[r * ars]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * L, acc[r][v]);
+}
+
+// Rows per micro-kernel call for a register file of REGS vectors of 16 floats (32 on AVX-512, 8 for AVX2
+// where one vf is two registers, 4 for SSE).
+constexpr int rows_for(int regs, int nv) {
+  const int r = (regs - nv - 2) / nv;
+  return r < 1 ? 1 : r > 8 ? 8 : r;
+}
+
+template <int REGS, int NV, bool ACC>
+DEW_AI void gemm_nv(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
+                    int64_t M, int64_t K) {
+  constexpr int RM = rows_for(REGS, NV);
+  int64_t r = 0;
+  for (; r + RM <= M; r += RM) mk<RM, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+  if constexpr (RM > 4) {
+    for (; r + 4 <= M; r += 4) mk<4, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+  }
+  if constexpr (RM > 2) {
+    for (; r + 2 <= M; r += 2) mk<2, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+  }
+  if constexpr (RM > 1) {
+    for (; r < M; ++r) mk<1, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+  }
+}
+
+// C [M, N] (+)= A [M, K] B [K, N] with A[m][k] at A + m * ars + k * aks; N a multiple of 16.
+template <int REGS, bool ACC>
+DEW_AI void gemm(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
+                 int64_t M, int64_t K, int64_t N) {
+  for (int64_t n0 = 0; n0 < N; n0 += 4 * L) {
+    switch (std::min<int64_t>(4, (N - n0) / L)) {
+      case 4: gemm_nv<REGS, 4, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
+      case 3: gemm_nv<REGS, 3, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
+      case 2: gemm_nv<REGS, 2, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
+      default: gemm_nv<REGS, 1, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- problem description
+
+struct Geo {
+  int64_t B, T, S, Hq, Hkv, G, D, Dp;
+  int64_t qrs, krs;  // row strides of q/out/dout (Hq * D) and of k/v (Hkv * D)
+  float scale, cap;
+  bool causal;
+  int64_t window;  // 0 = none (also when larger than any distance)
+  int64_t qoff;
+};
+
+struct Ptrs {
+  const float *q, *k, *v, *o, *lse, *dout;
+  float *out, *lse_out, *dq, *dk, *dv;
+};
+
+enum Vis { kNone, kPartial, kFull };
+
+// Visibility of keys [s0, s1) to query positions [pmin, pmax] (kNone may be conservative: a kPartial block
+// with nothing visible is still correct).
+DEW_AI Vis classify(const Geo& g, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1) {
+  if (g.causal && s0 > pmax) return kNone;
+  if (g.window && pmin - (s1 - 1) >= g.window) return kNone;
+  const bool full = (!g.causal || s1 - 1 <= pmin) && (!g.window || pmax - s0 < g.window);
+  return full ? kFull : kPartial;
+}
+
+// ---------------------------------------------------------------- forward
+
+size_t fwd_lane_ws(const Geo& g) { return size_t(2 * g.D * TILE + FWD_BK * TILE); }
+size_t fwd_row_ws(const Geo& g) { return size_t(2 * g.Dp + g.S + L); }
+
+// One (b, h, query block); task order puts the longest (latest) query blocks first.
+template <int REGS>
+DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
+  const int64_t nqb = (g.T + TILE - 1) / TILE;
+  const int64_t bh = task % (g.B * g.Hq), ib = nqb - 1 - task / (g.B * g.Hq);
+  const int64_t b = bh / g.Hq, h = bh % g.Hq, hk = h / g.G, D = g.D;
+  const int64_t t0 = ib * TILE, nq = std::min(TILE, g.T - t0);
+  const int NV = int((nq + L - 1) / L);
+  const int64_t LN = int64_t(NV) * L;
+
+  float* QT = ws;           // [D][TILE]  scale * Q^T
+  float* OT = QT + D * TILE;  // [D][TILE]  unnormalised O^T
+  float* ST = OT + D * TILE;  // [FWD_BK][TILE]  S^T, then P^T
+
+  const float* qb = P.q + ((b * g.T + t0) * g.Hq + h) * D;
+  pack_t(qb, g.qrs, nq, D, QT, TILE, LN, g.scale);
+  for (int64_t d = 0; d < D; ++d) std::memset(OT + d * TILE, 0, size_t(LN) * sizeof(float));
+
+  vf mv[4], lv[4];
+  for (int v = 0; v < 4; ++v) mv[v] = vset(kNegInf), lv[v] = vf{};
+
+  const int64_t pmin = g.qoff + t0, pmax = pmin + nq - 1;
+  const int64_t slo = g.window ? std::max<int64_t>(0, pmin - g.window + 1) : 0;
+  const int64_t shi = g.causal ? std::min<int64_t>(g.S, pmax + 1) : g.S;
+  const float* kb = P.k + b * g.S * g.krs + hk * D;
+  const float* vb = P.v + b * g.S * g.krs + hk * D;
+  const float inv_cap = g.cap > 0 ? 1.0f / g.cap : 0.0f;
+
+  for (int64_t s0 = slo; s0 < shi; s0 += FWD_BK) {
+    const int64_t s1 = std::min(s0 + FWD_BK, shi), nk = s1 - s0;
+    const Vis vis = classify(g, pmin, pmax, s0, s1);
+    if (vis == kNone) continue;
+    // Causal triangle: key rows [16c, 16c + 16) are hidden from the query vectors below first[c], so those
+    // products are skipped (their S^T entries stay unset and the mask below turns them into -inf).
+    int first[4] = {0, 0, 0, 0};
+    const int nch = int((nk + L - 1) / L);
+    if (vis == kPartial && g.causal)
+      for (int c = 0; c < nch; ++c) {
+        const int64_t x = s0 + c * L - (pmin + L - 1);  // > 0: even the last lane of vector 0 is too early
+        first[c] = x <= 0 ? 0 : int(std::min<int64_t>(NV, (x + L - 1) / L));
+      }
+    // S^T[j][i] = sum_d K[s0 + j][d] * (scale Q)[i][d], by runs of chunks with the same first vector
+    for (int c0 = 0, c1; c0 < nch; c0 = c1) {
+      for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
+      const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
+      if (l0 < LN)
+        gemm<REGS, false>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
+                          LN - l0);
+    }
+    if (g.cap > 0) {
+      for (int64_t j = 0; j < nk; ++j)
+        for (int v = 0; v < NV; ++v) {
+          float* s = ST + j * TILE + v * L;
+          vstore(s, vtanh(vload(s) * inv_cap) * g.cap);
+        }
+    }
+    if (vis == kPartial) {
+      for (int64_t j = 0; j < nk; ++j) {
+        const vi sv = viset(int32_t(s0 + j));
+        for (int v = 0; v < NV; ++v) {
+          // (selects one condition at a time: a vi mask kept across the branches is lowered lane by lane)
+          const vi pos = viset(int32_t(pmin + v * L)) + iota();
+          float* s = ST + j * TILE + v * L;
+          vf x = vload(s);
+          if (g.causal) x = sv <= pos ? x : vset(kNegInf);
+          if (g.window) x = (pos - sv) < viset(int32_t(g.window)) ? x : vset(kNegInf);
+          vstore(s, x);
+        }
+      }
+    }
+    // online softmax, per vector of 16 queries
+    for (int v = 0; v < NV; ++v) {
+      vf mx = mv[v];
+      for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(ST + j * TILE + v * L));
+      const vf muse = mx == vset(kNegInf) ? vf{} : mx;  // a still fully masked row: keep exp() at 0, not NaN
+      const vf alpha = vexp(mv[v] - muse);
+      mv[v] = mx;
+      vf sum = {};
+      for (int64_t j = 0; j < nk; ++j) {
+        float* s = ST + j * TILE + v * L;
+        const vf p = vexp(vload(s) - muse);
+        vstore(s, p);
+        sum += p;
+      }
+      lv[v] = lv[v] * alpha + sum;
+      for (int64_t d = 0; d < D; ++d) vstore(OT + d * TILE + v * L, vload(OT + d * TILE + v * L) * alpha);
+    }
+    // O^T[d][i] += sum_j V[s0 + j][d] * P^T[j][i] (P^T is 0 left of first[c])
+    for (int c0 = 0, c1; c0 < nch; c0 = c1) {
+      for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
+      const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
+      if (l0 < LN)
+        gemm<REGS, true>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
+                         LN - l0);
+    }
+  }
+
+  float mf[TILE], lf[TILE], inv[TILE];
+  for (int v = 0; v < 4; ++v) vstore(mf + v * L, mv[v]), vstore(lf + v * L, lv[v]);
+  float* lse = P.lse_out + (b * g.Hq + h) * g.T + t0;
+  for (int64_t i = 0; i < nq; ++i) {
+    if (lf[i] > 0.0f) {
+      inv[i] = 1.0f / lf[i];
+      lse[i] = mf[i] + std::log(lf[i]);
+    } else {
+      inv[i] = 0.0f;
+      lse[i] = kNegInf;
+    }
+  }
+  unpack_t(OT, TILE, D, nq, inv, P.out + ((b * g.T + t0) * g.Hq + h) * D, g.qrs);
+}
+
+// One query row (b, h, t): exact softmax over the visible keys, vectorised over D. For T <= ROW_PATH_MAX_T.
+template <int REGS>
+DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
+  const int64_t t = task % g.T, bh = task / g.T, b = bh / g.Hq, h = bh % g.Hq, hk = h / g.G, D = g.D;
+  const int64_t pos = g.qoff + t;
+  const int64_t lo = g.window ? std::max<int64_t>(0, pos - g.window + 1) : 0;
+  const int64_t hi = g.causal ? std::min<int64_t>(g.S, pos + 1) : g.S;
+  float* o = P.out + ((b * g.T + t) * g.Hq + h) * D;
+  float* lse = P.lse_out + (b * g.Hq + h) * g.T + t;
+  if (lo >= hi) {
+    std::memset(o, 0, size_t(D) * sizeof(float));
+    *lse = kNegInf;
+    return;
+  }
+  float* qs = ws;         // [Dp]
+  float* acc = qs + g.Dp;  // [Dp]
+  float* sc = acc + g.Dp;  // [S + 16]
+  const float* qrow = P.q + ((b * g.T + t) * g.Hq + h) * D;
+  for (int64_t d = 0; d < D; ++d) qs[d] = g.scale * qrow[d];
+  const float* kb = P.k + b * g.S * g.krs + hk * D;
+  const float* vb = P.v + b * g.S * g.krs + hk * D;
+  const int64_t n = hi - lo, npad = (n + L - 1) / L * L;
+  for (int64_t j = 0; j < n; ++j) sc[j] = dot(qs, kb + (lo + j) * g.krs, D);
+  for (int64_t j = n; j < npad; ++j) sc[j] = 0.0f;
+  if (g.cap > 0) {
+    const float inv_cap = 1.0f / g.cap;
+    for (int64_t j = 0; j < npad; j += L) vstore(sc + j, vtanh(vload(sc + j) * inv_cap) * g.cap);
+  }
+  float m = kNegInf;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, sc[j]);
+  vf lsum = {};
+  for (int64_t j = 0; j < npad; j += L) {
+    const vf p = vexp(vload(sc + j) - m);
+    vstore(sc + j, p);
+    lsum += j + L <= n ? p : (iota() < viset(int32_t(n - j)) ? p : vf{});
+  }
+  const float l = hsum(lsum);
+  std::memset(acc, 0, size_t(D) * sizeof(float));
+  for (int64_t j = 0; j < n; ++j) axpy(acc, sc[j], vb + (lo + j) * g.krs, D);
+  const float inv = 1.0f / l;
+  for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
+  *lse = m + std::log(l);
+}
+
+// ---------------------------------------------------------------- backward
+
+// Where a backward task sums dq = dS K:
+//   kDqDirect  straight into dq (the task owns these rows; needs D % 16 == 0): zeroed first;
+//   kDqLocal   into a [G][T][Dp] buffer in ws, zeroed first and copied to dq at the end (odd D);
+//   kDqShared  into the caller's per-thread [G][T][Dp] slice (key-block tasks), summed by the caller.
+enum DqMode { kDqDirect, kDqLocal, kDqShared };
+
+size_t bwd_ws(const Geo& g, DqMode mode) {
+  return size_t(4 * g.D * TILE + TILE * g.Dp + 3 * BWD_BQ * TILE + g.G * g.T +
+                (mode == kDqLocal ? g.G * g.T * g.Dp : 0));
+}
+
+// Key blocks [jb0, jb1) of (b, kv head hk), all G query heads reading it (see DqMode for dq_shared).
+template <int REGS>
+DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, float* dq_shared,
+                     DqMode mode, float* ws) {
+  const int64_t D = g.D, Dp = g.Dp, G = g.G, T = g.T;
+  float* KT = ws;                  // [D][TILE]
+  float* VT = KT + D * TILE;       // [D][TILE]
+  float* dKT = VT + D * TILE;      // [D][TILE]
+  float* dVT = dKT + D * TILE;     // [D][TILE]
+  float* Kp = dVT + D * TILE;      // [TILE][Dp]  K rows, zero padded to Dp
+  float* Pt = Kp + TILE * Dp;      // [BWD_BQ][TILE]  P
+  float* dSt = Pt + BWD_BQ * TILE; // [BWD_BQ][TILE]  dP, then dS
+  float* TH = dSt + BWD_BQ * TILE; // [BWD_BQ][TILE]  tanh(s / cap)
+  float* Dsum = TH + BWD_BQ * TILE;  // [G][T]
+  // dq rows of query head gi: dqacc + gi * dq_hs + t * dq_ld
+  float* dqacc = mode == kDqDirect ? P.dq + (b * T * g.Hq + hk * G) * D : mode == kDqLocal ? Dsum + G * T : dq_shared;
+  const int64_t dq_hs = mode == kDqDirect ? D : T * Dp, dq_ld = mode == kDqDirect ? g.qrs : Dp;
+
+  for (int64_t gi = 0; gi < G; ++gi) {
+    const int64_t h = hk * G + gi;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t row = ((b * T + t) * g.Hq + h) * D;
+      Dsum[gi * T + t] = dot(P.dout + row, P.o + row, D);
+    }
+  }
+  if (mode == kDqLocal) std::memset(dqacc, 0, size_t(G * T * Dp) * sizeof(float));
+  if (mode == kDqDirect)
+    for (int64_t gi = 0; gi < G; ++gi)
+      for (int64_t t = 0; t < T; ++t) std::memset(dqacc + gi * dq_hs + t * dq_ld, 0, size_t(D) * sizeof(float));
+
+  const float* kb = P.k + b * g.S * g.krs + hk * D;
+  const float* vb = P.v + b * g.S * g.krs + hk * D;
+  const float inv_cap = g.cap > 0 ? 1.0f / g.cap : 0.0f;
+  float one_row[TILE];
+  for (int64_t i = 0; i < TILE; ++i) one_row[i] = 1.0f;
+
+  for (int64_t jb = jb0; jb < jb1; ++jb) {
+    const int64_t s0 = jb * TILE, s1 = std::min(s0 + TILE, g.S), nk = s1 - s0;
+    pack_t(kb + s0 * g.krs, g.krs, nk, D, KT, TILE, TILE, 1.0f);
+    pack_t(vb + s0 * g.krs, g.krs, nk, D, VT, TILE, TILE, 1.0f);
+    for (int64_t j = 0; j < nk; ++j) {
+      std::memcpy(Kp + j * Dp, kb + (s0 + j) * g.krs, size_t(D) * sizeof(float));
+      for (int64_t d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
+    }
+    std::memset(dKT, 0, size_t(2 * D * TILE) * sizeof(float));  // dKT and dVT
+
+    // queries that can see some key of the block: pos >= s0 (causal), pos < s1 - 1 + window
+    const int64_t t_lo = g.causal ? std::clamp<int64_t>(s0 - g.qoff, 0, T) : 0;
+    const int64_t t_hi = g.window ? std::clamp<int64_t>(s1 - 1 + g.window - g.qoff, 0, T) : T;
+    const vi nkv = viset(int32_t(nk));
+    for (int64_t gi = 0; gi < G && t_lo < t_hi; ++gi) {
+      const int64_t h = hk * G + gi;
+      const float* qh = P.q + (b * T * g.Hq + h) * D;
+      const float* doh = P.dout + (b * T * g.Hq + h) * D;
+      const float* lseh = P.lse + (b * g.Hq + h) * T;
+      const float* Dh = Dsum + gi * T;
+      float* dqh = dqacc + gi * dq_hs;
+      for (int64_t t0 = t_lo; t0 < t_hi; t0 += BWD_BQ) {
+        const int64_t t1 = std::min(t0 + BWD_BQ, t_hi), nq = t1 - t0;
+        const int64_t pmin = g.qoff + t0, pmax = g.qoff + t1 - 1;
+        const Vis vis = classify(g, pmin, pmax, s0, s1);
+        if (vis == kNone) continue;
+        const bool mask = vis == kPartial || nk < TILE;
+        // Causal triangle: query rows [16c, 16c + 16) can only see the first lanes[c] keys of the block (lanes
+        // past nk are padding); products beyond are skipped and those P / dS entries are never read.
+        // Runs of chunks with equal lanes share one call per product.
+        const int64_t key_lanes = (nk + L - 1) / L * L;
+        const int nch = int((nq + L - 1) / L);
+        int64_t lanes[4];
+        for (int c = 0; c < nch; ++c) {
+          lanes[c] = key_lanes;
+          if (vis == kPartial && g.causal) {
+            const int64_t x = g.qoff + t0 + std::min<int64_t>(c * L + L - 1, nq - 1) - s0;  // last row's reach
+            lanes[c] = x < 0 ? 0 : std::min(key_lanes, (x / L + 1) * L);
+          }
+        }
+        int64_t run_r0[4], run_r1[4], run_lanes[4];
+        int nruns = 0;
+        for (int c0 = 0, c1; c0 < nch; c0 = c1) {
+          for (c1 = c0 + 1; c1 < nch && lanes[c1] == lanes[c0];) ++c1;
+          if (lanes[c0] == 0) continue;
+          run_r0[nruns] = c0 * L, run_r1[nruns] = std::min<int64_t>(nq, c1 * L), run_lanes[nruns] = lanes[c0];
+          ++nruns;
+        }
+        // S = Q K^T, then P = exp(scale S [capped] - lse), masked to 0
+        for (int r = 0; r < nruns; ++r)
+          gemm<REGS, false>(Pt + run_r0[r] * TILE, TILE, qh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, KT, TILE,
+                            run_r1[r] - run_r0[r], D, run_lanes[r]);
+        for (int64_t i = 0; i < nq; ++i) {
+          const int nv = int(lanes[i / L] / L);
+          float* prow = Pt + i * TILE;
+          float* throw_ = TH + i * TILE;
+          const float lse = lseh[t0 + i];
+          if (lse == kNegInf) {  // no visible key: no gradient
+            std::memset(prow, 0, size_t(nv * L) * sizeof(float));
+            if (g.cap > 0) std::memset(throw_, 0, size_t(nv * L) * sizeof(float));
+            continue;
+          }
+          const vi pos = viset(int32_t(g.qoff + t0 + i));
+          for (int v = 0; v < nv; ++v) {
+            vf x = vload(prow + v * L) * g.scale;
+            if (g.cap > 0) {
+              const vf th = vtanh(x * inv_cap);
+              vstore(throw_ + v * L, th);
+              x = th * g.cap;
+            }
+            vf p = vexp(x - lse);
+            if (mask) {
+              const vi jl = iota() + viset(v * L);
+              const vi sv = jl + viset(int32_t(s0));
+              p = jl < nkv ? p : vf{};
+              if (g.causal) p = sv <= pos ? p : vf{};
+              if (g.window) p = (pos - sv) < viset(int32_t(g.window)) ? p : vf{};
+            }
+            vstore(prow + v * L, p);
+          }
+        }
+        // dP = dO V^T; dS = scale P (dP - Dsum) [* (1 - tanh^2)] (d raw score; the scale folded in for dq, dk)
+        for (int r = 0; r < nruns; ++r)
+          gemm<REGS, false>(dSt + run_r0[r] * TILE, TILE, doh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, VT, TILE,
+                            run_r1[r] - run_r0[r], D, run_lanes[r]);
+        for (int64_t i = 0; i < nq; ++i) {
+          const int nv = int(lanes[i / L] / L);
+          const vf di = vset(Dh[t0 + i]);
+          for (int v = 0; v < nv; ++v) {
+            float* ds = dSt + i * TILE + v * L;
+            vf x = vload(Pt + i * TILE + v * L) * g.scale * (vload(ds) - di);
+            if (g.cap > 0) {
+              const vf th = vload(TH + i * TILE + v * L);
+              x *= vset(1.0f) - th * th;
+            }
+            vstore(ds, x);
+          }
+        }
+        // dV^T[d][j] += sum_i dO[i][d] P[i][j];  dK^T[d][j] += sum_i Q[i][d] dS[i][j];  dQ[i][:] += dS[i][j] K[j][:]
+        for (int r = 0; r < nruns; ++r) {
+          const int64_t r0 = run_r0[r], nr = run_r1[r] - r0, nl = run_lanes[r];
+          gemm<REGS, true>(dVT, TILE, doh + (t0 + r0) * g.qrs, 1, g.qrs, Pt + r0 * TILE, TILE, D, nr, nl);
+          gemm<REGS, true>(dKT, TILE, qh + (t0 + r0) * g.qrs, 1, g.qrs, dSt + r0 * TILE, TILE, D, nr, nl);
+          gemm<REGS, true>(dqh + (t0 + r0) * dq_ld, dq_ld, dSt + r0 * TILE, TILE, 1, Kp, Dp, nr, std::min(nk, nl),
+                           Dp);
+        }
+      }
+    }
+    unpack_t(dKT, TILE, D, nk, one_row, P.dk + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
+    unpack_t(dVT, TILE, D, nk, one_row, P.dv + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
+  }
+
+  if (mode == kDqLocal) {
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const int64_t h = hk * G + gi;
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(P.dq + ((b * T + t) * g.Hq + h) * D, dqacc + gi * dq_hs + t * dq_ld, size_t(D) * sizeof(float));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- ISA dispatch
+
+using FwdFn = void (*)(const Geo&, const Ptrs&, int64_t, float*);
+using BwdFn = void (*)(const Geo&, const Ptrs&, int64_t, int64_t, int64_t, int64_t, float*, DqMode, float*);
+struct Kernels {
+  FwdFn fwd_lane, fwd_row;
+  BwdFn bwd;
+  const char* isa;
+};
+
+#define DEW_ATTN_KERNELS(SUFFIX, ATTR, REGS)                                                                 \
+  ATTR void fwd_lane_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                     \
+    fwd_lane_task<REGS>(g, p, task, ws);                                                                  \
+  }                                                                                                       \
+  ATTR void fwd_row_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                      \
+    fwd_row_task<REGS>(g, p, task, ws);                                                                   \
+  }                                                                                                       \
+  ATTR void bwd_##SUFFIX(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1,    \
+                         float* dq_shared, DqMode mode, float* ws) {                                      \
+    bwd_task<REGS>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);                                           \
+  }
+
+#if defined(__AVX512F__)
+DEW_ATTN_KERNELS(native, , 32)
+#elif defined(__AVX2__) && defined(__FMA__)
+DEW_ATTN_KERNELS(native, , 8)
+#else
+DEW_ATTN_KERNELS(native, , 4)
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__AVX512F__) && \
+    !defined(DEW_CPU_ATTENTION_NO_DISPATCH)
+#define DEW_ATTN_DISPATCH 1
+DEW_ATTN_KERNELS(avx512, __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma"))), 32)
+#if !defined(__AVX2__)
+DEW_ATTN_KERNELS(avx2, __attribute__((target("avx2,fma"))), 8)
+#endif
+#endif
+
+const Kernels& kernels() {
+  static const Kernels k = [] {
+#ifdef DEW_ATTN_DISPATCH
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+      return Kernels{fwd_lane_avx512, fwd_row_avx512, bwd_avx512, "avx512"};
+#if !defined(__AVX2__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      return Kernels{fwd_lane_avx2, fwd_row_avx2, bwd_avx2, "avx2"};
+#endif
+#endif
+    return Kernels{fwd_lane_native, fwd_row_native, bwd_native, "native"};
+  }();
+  return k;
+}
+
+// Per-thread scratch kept for the life of the (pooled) OpenMP thread: no allocation or page faults per call.
+// It grows to the largest request seen (tens to hundreds of KiB for usual shapes).
+float* scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// ---------------------------------------------------------------- checks
+
+void check_tensor(const Tensor& t, const char* what) {
+  DEW_CHECK(t.defined(), "cpu attention: ", what, " is undefined");
+  DEW_CHECK(t.dtype() == DType::f32, "cpu attention: ", what, " must be f32, got ", dtype_name(t.dtype()));
+}
+
+void check_shape(const Tensor& t, const Shape& want, const char* what) {
+  check_tensor(t, what);
+  DEW_CHECK(t.shape() == want, "cpu attention: ", what, " has shape ", shape_str(t.shape()), ", expected ",
+            shape_str(want));
+}
+
+Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  check_tensor(q, "q");
+  check_tensor(k, "k");
+  check_tensor(v, "v");
+  DEW_CHECK(q.ndim() == 4 && k.ndim() == 4, "cpu attention: q and k must be [B, T, H, D], got ",
+            shape_str(q.shape()), " and ", shape_str(k.shape()));
+  check_shape(v, k.shape(), "v");
+  Geo g{};
+  g.B = q.size(0), g.T = q.size(1), g.Hq = q.size(2), g.D = q.size(3);
+  g.S = k.size(1), g.Hkv = k.size(2);
+  DEW_CHECK(k.size(0) == g.B && k.size(3) == g.D, "cpu attention: k ", shape_str(k.shape()),
+            " does not match q ", shape_str(q.shape()));
+  DEW_CHECK(g.Hkv > 0 && g.Hq % g.Hkv == 0, "cpu attention: Hq = ", g.Hq, " is not a multiple of Hkv = ", g.Hkv);
+  DEW_CHECK(g.D > 0, "cpu attention: head width D must be positive");
+  DEW_CHECK(p.window >= 0, "cpu attention: window must be >= 0, got ", p.window);
+  DEW_CHECK(p.softcap >= 0.0f, "cpu attention: softcap must be >= 0, got ", p.softcap);
+  constexpr int64_t kMaxPos = int64_t(1) << 30;  // lane positions are int32
+  DEW_CHECK(g.S < kMaxPos && p.q_offset > -kMaxPos && p.q_offset + g.T < kMaxPos,
+            "cpu attention: positions out of range (S = ", g.S, ", q_offset = ", p.q_offset, ", T = ", g.T, ")");
+  g.G = g.Hq / g.Hkv;
+  g.Dp = (g.D + L - 1) / L * L;
+  g.qrs = g.Hq * g.D;
+  g.krs = g.Hkv * g.D;
+  g.scale = p.scale;
+  g.cap = p.softcap;
+  g.causal = p.causal;
+  g.window = p.window >= kMaxPos ? 0 : p.window;
+  g.qoff = p.q_offset;
+  return g;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- entry points
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const AttentionParams& p) {
+  const Geo g = make_geo(q, k, v, p);
+  check_shape(out, q.shape(), "out");
+  check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
+  if (g.B == 0 || g.T == 0 || g.Hq == 0) return;
+  Ptrs P{};
+  P.q = q.data_as<const float>();
+  P.k = k.data_as<const float>();
+  P.v = v.data_as<const float>();
+  P.out = out.data_as<float>();
+  P.lse_out = lse.data_as<float>();
+
+  const Kernels& K = kernels();
+  const bool rows = g.T <= ROW_PATH_MAX_T;
+  const FwdFn fn = rows ? K.fwd_row : K.fwd_lane;
+  const int64_t ntasks = rows ? g.B * g.Hq * g.T : g.B * g.Hq * ((g.T + TILE - 1) / TILE);
+  const size_t ws_size = rows ? fwd_row_ws(g) : fwd_lane_ws(g);
+#pragma omp parallel if (ntasks > 1)
+  {
+    float* ws = scratch(ws_size);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
+  }
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) {
+  const Geo g = make_geo(q, k, v, p);
+  check_shape(out, q.shape(), "out");
+  check_shape(dout, q.shape(), "dout");
+  check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
+  check_shape(dq, q.shape(), "dq");
+  check_shape(dk, k.shape(), "dk");
+  check_shape(dv, k.shape(), "dv");
+  if (g.B == 0 || g.Hq == 0) return;
+  if (g.T == 0 || g.S == 0) {  // nothing attends: zero gradients
+    if (dq.numel()) std::memset(dq.data(), 0, dq.nbytes());
+    if (dk.numel()) std::memset(dk.data(), 0, dk.nbytes());
+    if (dv.numel()) std::memset(dv.data(), 0, dv.nbytes());
+    return;
+  }
+  Ptrs P{};
+  P.q = q.data_as<const float>();
+  P.k = k.data_as<const float>();
+  P.v = v.data_as<const float>();
+  P.o = out.data_as<const float>();
+  P.lse = lse.data_as<const float>();
+  P.dout = dout.data_as<const float>();
+  P.dq = dq.data_as<float>();
+  P.dk = dk.data_as<float>();
+  P.dv = dv.data_as<float>();
+
+  const BwdFn fn = kernels().bwd;
+  const int nth = omp_get_max_threads();
+  const int64_t units = g.B * g.Hkv, nkb = (g.S + TILE - 1) / TILE;
+  // (batch, kv head) tasks are race-free and need no reduction; use them unless they would leave threads idle.
+  const bool coarse = nth == 1 || nkb == 1 || units % nth == 0 || units >= 4 * int64_t(nth);
+  if (coarse) {
+    const DqMode mode = g.D % L == 0 ? kDqDirect : kDqLocal;
+    const size_t ws_size = bwd_ws(g, mode);
+#pragma omp parallel if (units > 1)
+    {
+      float* ws = scratch(ws_size);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t u = 0; u < units; ++u) fn(g, P, u / g.Hkv, u % g.Hkv, 0, nkb, nullptr, mode, ws);
+    }
+    return;
+  }
+  // Fine split: tasks (b, kv head, key block), earliest key blocks (the most queries when causal) first;
+  // each thread sums dS K into its own [B][Hq][T][Dp] buffer.
+  const int64_t per_thread = g.B * g.Hq * g.T * g.Dp;
+  std::unique_ptr<float[]> dqbuf(new float[size_t(nth) * size_t(per_thread)]);  // zeroed per thread below
+  int team = 1;
+  const size_t ws_size = bwd_ws(g, kDqShared);
+#pragma omp parallel
+  {
+    const int tid = omp_get_thread_num();
+#pragma omp single
+    team = omp_get_num_threads();
+    float* mine = dqbuf.get() + size_t(tid) * size_t(per_thread);
+    std::memset(mine, 0, size_t(per_thread) * sizeof(float));
+    float* ws = scratch(ws_size);
+#pragma omp for schedule(static, 1)  // static: which thread sums which dq part must not vary between runs
+    for (int64_t task = 0; task < units * nkb; ++task) {
+      const int64_t jb = task / units, u = task % units, b = u / g.Hkv, hk = u % g.Hkv;
+      fn(g, P, b, hk, jb, jb + 1, mine + (b * g.Hq + hk * g.G) * g.T * g.Dp, kDqShared, ws);
+    }
+  }
+  const int64_t nrows = g.B * g.T * g.Hq;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < nrows; ++r) {
+    const int64_t h = r % g.Hq, bt = r / g.Hq, t = bt % g.T, b = bt / g.T;
+    const size_t off = size_t(((b * g.Hq + h) * g.T + t) * g.Dp);
+    float* dst = P.dq + r * g.D;
+    for (int64_t d = 0; d < g.D; ++d) {
+      float s = 0.0f;
+      for (int th = 0; th < team; ++th) s += dqbuf[size_t(th) * size_t(per_thread) + off + size_t(d)];
+      dst[d] = s;
+    }
+  }
+}
+
+}  // namespace dew::cpu

@@ -1,0 +1,271 @@
+// cpu/cpu_backend.hpp — the `cpu` backend's class and the helpers its kernel files share (internal).
+//
+// The fast host backend: oneDNN 2.6 primitives for matmul, convolution, layer norm and (log-)softmax,
+// hand-written OpenMP + `omp simd` kernels for everything oneDNN 2.6 lacks or does poorly. One file per
+// kernel family (entry, memory, elementwise, matmul, conv, norm, softmax, embedding_rope, loss, optim,
+// random); attention lives in attention.cpp behind attention.hpp.
+// Invariants:
+//  * floating kernels compute in f32 (statistics and long reductions accumulate in double); only the
+//    dtype-agnostic memory kernels (fill, cast, strided_copy, gather_rows) take other dtypes;
+//  * oneDNN primitives are created once per (kernel, shape, params) key and cached in a PrimitiveCache,
+//    with their memory objects, which are re-pointed at the caller's buffers on each call (no oneDNN
+//    object is created per call); only convolution reorders, into blocked layouts (see conv.cpp);
+//  * kernels are deterministic for a given thread count (no atomics; reductions combine per-thread
+//    partials in a fixed order).
+// Built with -mavx2 -mfma; the registration probe refuses CPUs without AVX2/FMA.
+#pragma once
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "dew/backend.hpp"
+#include "dew/dtype.hpp"
+#include "dew/error.hpp"
+#include "dew/options.hpp"
+#include "dew/tensor.hpp"
+
+namespace dew::cpu {
+
+// ---------------------------------------------------------------- primitive cache
+
+// A cache key: a family tag followed by the integers (dims, flags, bit patterns of float params) that
+// decide a primitive. Fixed capacity, built on the stack per call: no allocation on the hot path.
+struct Key {
+  static constexpr int kCapacity = 40;
+  std::array<int64_t, kCapacity> v;
+  int n = 0;
+  explicit Key(int64_t family) { v[size_t(n++)] = family; }
+  Key& add(int64_t x) {
+    DEW_INTERNAL_ASSERT(n < kCapacity);
+    v[size_t(n++)] = x;
+    return *this;
+  }
+  Key& add(float f) { uint32_t u; std::memcpy(&u, &f, 4); return add(int64_t(u)); }
+  Key& add(const Shape& s) {
+    add(int64_t(s.size()));
+    for (int64_t d : s) add(d);
+    return *this;
+  }
+  bool operator==(const Key& o) const { return n == o.n && std::equal(v.begin(), v.begin() + n, o.v.begin()); }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const noexcept {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < k.n; ++i) { h ^= uint64_t(k.v[size_t(i)]); h *= 0x100000001b3ull; h ^= h >> 29; }
+    return size_t(h);
+  }
+};
+enum Family : int64_t { kMatmul = 1, kConvFwd, kConvBwdData, kConvBwdWeight, kLnFwd, kLnBwd, kSoftmaxFwd, kSoftmaxBwd };
+
+// Type-erased, thread-safe map from Key to a cached entry (a struct holding primitives and descs).
+// Entries are never evicted: a training run uses a fixed, small set of shapes.
+class PrimitiveCache {
+ public:
+  template <class T, class Make>
+  std::shared_ptr<T> get(const Key& key, Make&& make) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return std::static_pointer_cast<T>(it->second);
+    std::shared_ptr<T> e = make();
+    map_.emplace(key, e);
+    return e;
+  }
+  size_t size() const { std::lock_guard<std::mutex> lock(mu_); return map_.size(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<void>, KeyHash> map_;
+};
+
+// The oneDNN state a backend owns: one CPU engine, one in-order stream, the primitive cache.
+struct Dnnl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  PrimitiveCache cache;
+};
+
+// A cached primitive with its execution arguments: the memory objects are created once (without data)
+// and re-pointed at the caller's buffers on every call, so a call allocates nothing. The mutex makes
+// concurrent calls on the same entry safe (they serialise; oneDNN already uses every thread).
+struct BoundPrimitive {
+  dnnl::primitive prim;
+  std::unordered_map<int, dnnl::memory> args;
+  std::mutex mu;
+  void arg(const Dnnl& d, int id, const dnnl::memory::desc& md) { args.emplace(id, dnnl::memory(md, d.eng, DNNL_MEMORY_NONE)); }
+  // Under `mu`: point every argument at its buffer (pairs with id 0 are absent optional arguments),
+  // execute, wait.
+  void run(Dnnl& d, std::initializer_list<std::pair<int, const void*>> buffers) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [id, p] : buffers)
+      if (id != 0) args.at(id).set_data_handle(const_cast<void*>(p));
+    prim.execute(d.strm, args);
+    d.strm.wait();
+  }
+};
+
+// cos/sin of pos * theta^(-2i/rotary_dim) for pos in [0, positions), i in [0, rotary_dim/2), computed
+// in double once per (theta, rotary_dim) and grown on demand; rows are [cos(half) | sin(half)].
+struct RopeTable {
+  int64_t positions = 0, half = 0;
+  std::vector<float> cs;
+};
+class RopeTables {
+ public:
+  // A table covering positions [0, max_pos]; shared_ptr so a concurrent grow cannot free it under a reader.
+  std::shared_ptr<const RopeTable> get(float theta, int64_t rotary_dim, int64_t max_pos);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<const RopeTable>, KeyHash> tables_;
+};
+
+// ---------------------------------------------------------------- shared helpers
+
+// Work (in elements) below which a kernel stays on one thread: a parallel region costs ~1-5 us.
+inline constexpr int64_t kParallelGrain = 1 << 14;
+inline bool parallel_worth(int64_t work) { return work >= kParallelGrain && omp_get_max_threads() > 1; }
+
+// Throws unless t is defined and f32 (the dtype every compute kernel of this backend takes).
+void require_f32(const Tensor& t, const char* kernel, const char* arg);
+void require_i32(const Tensor& t, const char* kernel, const char* arg);
+// Product of the leading dims ("rows") and the last dim of t.
+inline int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
+inline int64_t rows_of(const Tensor& t) { const int64_t d = last_dim(t); return d == 0 ? 0 : t.numel() / d; }
+
+// exp(x) for f32 that vectorises under `omp simd` (Cephes-style range reduction + degree-6 polynomial,
+// ~1-2 ulp); overflow -> inf, gradual underflow to denormals and 0, NaN -> NaN. Branch-free.
+[[gnu::always_inline]] inline float fast_exp(float x) {
+  float xc = x > -104.0f ? x : -104.0f;  // NaN -> -104 here; restored by the last select
+  xc = xc < 88.8f ? xc : 88.8f;
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n as two normal factors so n in [-150, 128] needs no special cases.
+  const int32_t ni = int32_t(n);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, 4);
+  std::memcpy(&s2, &b2, 4);
+  const float res = (p * s1) * s2;
+  return x == x ? res : x;
+}
+// tanh (Cephes tanhf, ~2 ulp): an odd polynomial below |x| = 0.625, 1 - 2 / (exp(2|x|) + 1) above;
+// exact limits at +-inf, NaN -> NaN. Both branches are computed and blended, so it vectorises.
+[[gnu::always_inline]] inline float fast_tanh(float x) {
+  const float ax = std::fabs(x);
+  const float s = x * x;
+  const float poly =
+      ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s + 1.33314422036e-1f) * s -
+       3.33332819422e-1f) * s * x + x;
+  const float big = std::copysign(1.0f - 2.0f / (fast_exp(2.0f * ax) + 1.0f), x);
+  return ax < 0.625f ? poly : big;
+}
+[[gnu::always_inline]] inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+// ---------------------------------------------------------------- the backend
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const Options& options);
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  bool host_accessible() const override { return true; }
+  Support supports(Kernel k, DType dtype) const override;
+  void set_threads(int threads) override;
+  void synchronize() override {}
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_device(void* dst, const void* src, size_t bytes) override;
+
+  void fill(Tensor& out, double value) override;
+  void cast(const Tensor& x, Tensor& out) override;
+  void strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) override;
+
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) override;
+
+  void unary(const Tensor& x, Tensor& out, const UnaryParams& p) override;
+  void unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) override;
+  void binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) override;
+  void reduce(const Tensor& x, Tensor& out, const ReduceParams& p) override;
+
+  void softmax(const Tensor& x, Tensor& y) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  void log_softmax(const Tensor& x, Tensor& y) override;
+  void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
+                  float eps) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                float weight_offset) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                         Tensor& dweight, float weight_offset) override;
+  void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
+                  int64_t groups, float eps) override;
+  void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) override;
+
+  void gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) override;
+  void scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) override;
+  void rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) override;
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                 const AttentionParams& p) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) override;
+
+  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) override;
+  void conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                              const Conv2dParams& p) override;
+
+  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                     const CrossEntropyParams& p) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
+                              Tensor& dlogits, const CrossEntropyParams& p) override;
+
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) override;
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) override;
+  void lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) override;
+
+  void random(Tensor& out, const RandomParams& p) override;
+  void dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) override;
+  void argmax(const Tensor& x, Tensor& out) override;
+
+  Dnnl& dnnl() { return *dnnl_; }
+
+ private:
+  std::unique_ptr<Dnnl> dnnl_;
+  RopeTables rope_tables_;
+};
+
+// Called by softmax.cpp for both softmax and log-softmax.
+void dnnl_softmax_forward(Dnnl& d, const Tensor& x, Tensor& y, bool log);
+void dnnl_softmax_backward(Dnnl& d, const Tensor& y, const Tensor& dy, Tensor& dx, bool log);
+
+}  // namespace dew::cpu

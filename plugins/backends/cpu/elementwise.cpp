@@ -1,0 +1,515 @@
+// cpu/elementwise.cpp — unary (+ backward), broadcasting binary, reduce and argmax (f32).
+//
+// Hand-written because oneDNN 2.6 has no backward for binary/reduction and its eltwise set lacks
+// softcap/affine-backward/etc.; these loops are memory-bound, so one fused pass per op is the goal.
+// * unary: one `omp simd` loop per op; exp/tanh/sigmoid/silu/gelu_tanh use fast_exp (<= 2 ulp) so they
+//   vectorise; log/sin/cos/pow/erf call libm per element. Output may alias the input.
+// * binary: numpy broadcasting. Fast paths: equal shapes (one flat loop), a scalar operand, and the
+//   general case after coalescing dimensions, whose innermost loop is contiguous for the common
+//   [N, D] (+) [D] row broadcast. Comparisons write 1/0. maximum/minimum propagate NaN.
+// * reduce [outer, reduce, inner]: sums accumulate in double; when outer*inner is too small to feed
+//   every thread, the reduce axis is split over threads and the double partials are combined in order.
+// * argmax: the first index of the largest value; the first NaN, if any, wins (as in ref).
+#include <algorithm>
+#include <cmath>
+
+#include "cpu_backend.hpp"
+
+namespace dew::cpu {
+
+namespace {
+
+constexpr float kSqrt1_2 = 0.70710678118654752f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+constexpr float kGeluC = 0.044715f;
+
+// o[i] = op(x[i]) (map1) and o[i] = op(x[i], y[i]) (map2) over [0, n), split over the team in contiguous
+// slices when n is large. The functor takes values, not indices, and the loop bodies see only local
+// pointers, so every `omp simd` loop vectorises (lambdas indexing captured pointers did not).
+template <class Op> inline void map1_slice(const float* x, float* o, int64_t n, Op op) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = op(x[i]);
+}
+template <class Op> inline void map2_slice(const float* x, const float* y, float* o, int64_t n, Op op) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = op(x[i], y[i]);
+}
+template <class Slice> inline void split(int64_t n, Slice&& slice) {
+  if (!parallel_worth(n)) { slice(int64_t(0), n); return; }
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lo = t == 0 ? 0 : (n * t / nt) & ~int64_t(15), hi = t == nt - 1 ? n : (n * (t + 1) / nt) & ~int64_t(15);
+    if (lo < hi) slice(lo, hi);
+  }
+}
+template <class Op> void map1(const float* x, float* o, int64_t n, Op op) {
+  split(n, [&](int64_t lo, int64_t hi) { map1_slice(x + lo, o + lo, hi - lo, op); });
+}
+template <class Op> void map2(const float* x, const float* y, float* o, int64_t n, Op op) {
+  split(n, [&](int64_t lo, int64_t hi) { map2_slice(x + lo, y + lo, o + lo, hi - lo, op); });
+}
+
+void check_same_numel(const Tensor& a, const Tensor& b, const char* kernel) {
+  DEW_CHECK(a.numel() == b.numel(), "cpu ", kernel, ": ", shape_str(a.shape()), " vs ", shape_str(b.shape()),
+            " (element counts differ)");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- unary
+
+void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
+  require_f32(x, "unary", "x");
+  require_f32(out, "unary", "out");
+  check_same_numel(x, out, "unary");
+  const int64_t n = x.numel();
+  const float* xs = x.data_as<float>();
+  float* o = out.data_as<float>();
+  const float al = p.alpha, be = p.beta;
+  switch (p.op) {
+    case UnaryOp::neg: map1(xs, o, n, [](float v) { return -v; }); break;
+    case UnaryOp::exp: map1(xs, o, n, [](float v) { return fast_exp(v); }); break;
+    case UnaryOp::log: map1(xs, o, n, [](float v) { return std::log(v); }); break;
+    case UnaryOp::sqrt: map1(xs, o, n, [](float v) { return std::sqrt(v); }); break;
+    case UnaryOp::rsqrt: map1(xs, o, n, [](float v) { return 1.0f / std::sqrt(v); }); break;
+    case UnaryOp::square: map1(xs, o, n, [](float v) { return v * v; }); break;
+    case UnaryOp::abs: map1(xs, o, n, [](float v) { return std::fabs(v); }); break;
+    case UnaryOp::tanh: map1(xs, o, n, [](float v) { return fast_tanh(v); }); break;
+    case UnaryOp::sigmoid: map1(xs, o, n, [](float v) { return fast_sigmoid(v); }); break;
+    case UnaryOp::relu: map1(xs, o, n, [](float v) { return v < 0.0f ? 0.0f : v; }); break;
+    case UnaryOp::gelu: map1(xs, o, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); }); break;
+    case UnaryOp::gelu_tanh:
+      map1(xs, o, n, [](float v) { return 0.5f * v * (1.0f + fast_tanh(kSqrt2OverPi * (v + kGeluC * v * v * v))); });
+      break;
+    case UnaryOp::silu: map1(xs, o, n, [](float v) { return v / (1.0f + fast_exp(-v)); }); break;
+    case UnaryOp::sin: map1(xs, o, n, [](float v) { return std::sin(v); }); break;
+    case UnaryOp::cos: map1(xs, o, n, [](float v) { return std::cos(v); }); break;
+    case UnaryOp::reciprocal: map1(xs, o, n, [](float v) { return 1.0f / v; }); break;
+    case UnaryOp::affine: map1(xs, o, n, [al, be](float v) { return al * v + be; }); break;
+    case UnaryOp::pow:
+      if (al == 2.0f) map1(xs, o, n, [](float v) { return v * v; });
+      else if (al == 1.0f) map1(xs, o, n, [](float v) { return v; });
+      else if (al == 0.5f) map1(xs, o, n, [](float v) { return std::sqrt(v); });
+      else map1(xs, o, n, [al](float v) { return std::pow(v, al); });
+      break;
+    case UnaryOp::clamp:
+      map1(xs, o, n, [al, be](float v) {
+        v = v < al ? al : v;  // NaN stays NaN (both compares are false)
+        return v > be ? be : v;
+      });
+      break;
+    case UnaryOp::softcap: {
+      const float inv = 1.0f / al;
+      map1(xs, o, n, [al, inv](float v) { return al * fast_tanh(v * inv); });
+      break;
+    }
+    default: DEW_CHECK(false, "cpu unary: unknown op ", int(p.op));
+  }
+}
+
+void CpuBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
+  require_f32(x, "unary_backward", "x");
+  require_f32(dy, "unary_backward", "dy");
+  require_f32(dx, "unary_backward", "dx");
+  check_same_numel(x, dy, "unary_backward");
+  check_same_numel(x, dx, "unary_backward");
+  const int64_t n = x.numel();
+  const float* xs = x.data_as<float>();
+  const float* g = dy.data_as<float>();
+  float* o = dx.data_as<float>();
+  const float al = p.alpha, be = p.beta;
+  // map2 hands (x, dy) to each lambda.
+  switch (p.op) {
+    case UnaryOp::neg: map2(xs, g, o, n, [](float, float d) { return -d; }); break;
+    case UnaryOp::exp: map2(xs, g, o, n, [](float v, float d) { return d * fast_exp(v); }); break;
+    case UnaryOp::log: map2(xs, g, o, n, [](float v, float d) { return d / v; }); break;
+    case UnaryOp::sqrt: map2(xs, g, o, n, [](float v, float d) { return d * 0.5f / std::sqrt(v); }); break;
+    case UnaryOp::rsqrt:
+      map2(xs, g, o, n, [](float v, float d) { const float r = 1.0f / std::sqrt(v); return -0.5f * d * r * r * r; });
+      break;
+    case UnaryOp::square: map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; }); break;
+    case UnaryOp::abs: map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : (v < 0.0f ? -d : 0.0f); }); break;
+    case UnaryOp::tanh:
+      map2(xs, g, o, n, [](float v, float d) { const float t = fast_tanh(v); return d * (1.0f - t * t); });
+      break;
+    case UnaryOp::sigmoid:
+      map2(xs, g, o, n, [](float v, float d) { const float s = fast_sigmoid(v); return d * s * (1.0f - s); });
+      break;
+    case UnaryOp::relu: map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : 0.0f; }); break;
+    case UnaryOp::gelu:
+      map2(xs, g, o, n, [](float v, float d) {
+        const float cdf = 0.5f * (1.0f + std::erf(v * kSqrt1_2));
+        const float pdf = kInvSqrt2Pi * fast_exp(-0.5f * v * v);
+        return d * (cdf + v * pdf);
+      });
+      break;
+    case UnaryOp::gelu_tanh:
+      map2(xs, g, o, n, [](float v, float d) {
+        const float t = fast_tanh(kSqrt2OverPi * (v + kGeluC * v * v * v));
+        const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
+        return d * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+      });
+      break;
+    case UnaryOp::silu:
+      map2(xs, g, o, n, [](float v, float d) {
+        const float s = fast_sigmoid(v);
+        return d * (s * (1.0f + v * (1.0f - s)));
+      });
+      break;
+    case UnaryOp::sin: map2(xs, g, o, n, [](float v, float d) { return d * std::cos(v); }); break;
+    case UnaryOp::cos: map2(xs, g, o, n, [](float v, float d) { return -d * std::sin(v); }); break;
+    case UnaryOp::reciprocal:
+      map2(xs, g, o, n, [](float v, float d) { const float r = 1.0f / v; return -d * r * r; });
+      break;
+    case UnaryOp::affine: map2(xs, g, o, n, [al](float, float d) { return al * d; }); break;
+    case UnaryOp::pow:
+      if (al == 2.0f) map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
+      else if (al == 1.0f) map2(xs, g, o, n, [](float, float d) { return d; });
+      else if (al == 0.0f) map2(xs, g, o, n, [](float, float) { return 0.0f; });
+      else map2(xs, g, o, n, [al](float v, float d) { return d * al * std::pow(v, al - 1.0f); });
+      break;
+    case UnaryOp::clamp:
+      map2(xs, g, o, n, [al, be](float v, float d) { return (v > al && v < be) ? d : 0.0f; });
+      break;
+    case UnaryOp::softcap: {
+      const float inv = 1.0f / al;
+      map2(xs, g, o, n, [inv](float v, float d) { const float t = fast_tanh(v * inv); return d * (1.0f - t * t); });
+      break;
+    }
+    default: DEW_CHECK(false, "cpu unary_backward: unknown op ", int(p.op));
+  }
+}
+
+// ---------------------------------------------------------------- binary
+
+namespace {
+
+template <BinaryOp op> inline float bin(float a, float b) {
+  if constexpr (op == BinaryOp::add) return a + b;
+  else if constexpr (op == BinaryOp::sub) return a - b;
+  else if constexpr (op == BinaryOp::mul) return a * b;
+  else if constexpr (op == BinaryOp::div) return a / b;
+  else if constexpr (op == BinaryOp::maximum) { const float r = a > b ? a : b; return a != a ? a : (b != b ? b : r); }
+  else if constexpr (op == BinaryOp::minimum) { const float r = a < b ? a : b; return a != a ? a : (b != b ? b : r); }
+  else if constexpr (op == BinaryOp::eq) return a == b ? 1.0f : 0.0f;
+  else if constexpr (op == BinaryOp::gt) return a > b ? 1.0f : 0.0f;
+  else return a < b ? 1.0f : 0.0f;
+}
+
+// out[i] = a[i*sa] op b[i*sb] for i < n, with sa, sb in {0, 1} specialised (the vectorisable cases).
+template <BinaryOp op>
+inline void bin_inner(const float* a, const float* b, float* o, int64_t n, int64_t sa, int64_t sb) {
+  if (sa == 1 && sb == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = bin<op>(a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    const float bv = b[0];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = bin<op>(a[i], bv);
+  } else if (sa == 0 && sb == 1) {
+    const float av = a[0];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = bin<op>(av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = bin<op>(a[i * sa], b[i * sb]);
+  }
+}
+
+template <BinaryOp op>
+void binary_impl(const Tensor& a, const Tensor& b, Tensor& out) {
+  const float* ap = a.data_as<float>();
+  const float* bp = b.data_as<float>();
+  float* op_ = out.data_as<float>();
+  const int64_t n = out.numel();
+  const int64_t na = a.numel(), nb = b.numel();
+  // Fast paths: same element count (same shape after broadcasting), or one scalar operand.
+  if ((na == n && nb == n) || (na == n && nb == 1) || (na == 1 && nb == n)) {
+    const int64_t sa = na == n ? 1 : 0, sb = nb == n ? 1 : 0;
+    if (!parallel_worth(n)) { bin_inner<op>(ap, bp, op_, n, sa, sb); return; }
+#pragma omp parallel
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t lo = (n * t / nt) & ~int64_t(15), hi = t == nt - 1 ? n : (n * (t + 1) / nt) & ~int64_t(15);
+      if (lo < hi) bin_inner<op>(ap + lo * sa, bp + lo * sb, op_ + lo, hi - lo, sa, sb);
+    }
+    return;
+  }
+  // General broadcasting: right-align, zero the strides of broadcast dims, coalesce.
+  const Shape& os = out.shape();
+  const int nd = int(os.size());
+  auto strides_of = [&](const Shape& s) {
+    DEW_CHECK(int(s.size()) <= nd, "cpu binary: ", shape_str(s), " does not broadcast to ", shape_str(os));
+    std::vector<int64_t> st(size_t(nd), 0);
+    int64_t acc = 1;
+    for (int i = int(s.size()) - 1, d = nd - 1; i >= 0; --i, --d) {
+      DEW_CHECK(s[size_t(i)] == os[size_t(d)] || s[size_t(i)] == 1, "cpu binary: ", shape_str(s),
+                " does not broadcast to ", shape_str(os));
+      st[size_t(d)] = s[size_t(i)] == 1 ? 0 : acc;
+      acc *= s[size_t(i)];
+    }
+    return st;
+  };
+  const std::vector<int64_t> sa0 = strides_of(a.shape()), sb0 = strides_of(b.shape());
+  std::vector<int64_t> shape, sa, sb;
+  for (int d = 0; d < nd; ++d) {
+    const int64_t len = os[size_t(d)];
+    if (len == 1) continue;
+    if (!shape.empty() && sa.back() == sa0[size_t(d)] * len && sb.back() == sb0[size_t(d)] * len) {
+      shape.back() *= len;
+      sa.back() = sa0[size_t(d)];
+      sb.back() = sb0[size_t(d)];
+    } else {
+      shape.push_back(len);
+      sa.push_back(sa0[size_t(d)]);
+      sb.push_back(sb0[size_t(d)]);
+    }
+  }
+  if (shape.empty()) { shape = {1}; sa = {0}; sb = {0}; }
+  const int m = int(shape.size());
+  const int64_t inner = shape.back(), isa = sa.back(), isb = sb.back();
+  const int64_t outer = n / inner;
+#pragma omp parallel if (parallel_worth(n) && outer > 1)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = outer * t / nt, end = outer * (t + 1) / nt;
+    if (begin < end) {
+      std::vector<int64_t> idx(size_t(std::max(m - 1, 1)), 0);
+      int64_t rem = begin, ao = 0, bo = 0;
+      for (int d = m - 2; d >= 0; --d) {
+        idx[size_t(d)] = rem % shape[size_t(d)];
+        rem /= shape[size_t(d)];
+        ao += idx[size_t(d)] * sa[size_t(d)];
+        bo += idx[size_t(d)] * sb[size_t(d)];
+      }
+      for (int64_t r = begin; r < end; ++r) {
+        bin_inner<op>(ap + ao, bp + bo, op_ + r * inner, inner, isa, isb);
+        for (int d = m - 2; d >= 0; --d) {
+          ++idx[size_t(d)];
+          ao += sa[size_t(d)];
+          bo += sb[size_t(d)];
+          if (idx[size_t(d)] < shape[size_t(d)]) break;
+          ao -= sa[size_t(d)] * shape[size_t(d)];
+          bo -= sb[size_t(d)] * shape[size_t(d)];
+          idx[size_t(d)] = 0;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
+  require_f32(a, "binary", "a");
+  require_f32(b, "binary", "b");
+  require_f32(out, "binary", "out");
+  if (out.numel() == 0) return;
+  switch (op) {
+    case BinaryOp::add: binary_impl<BinaryOp::add>(a, b, out); break;
+    case BinaryOp::sub: binary_impl<BinaryOp::sub>(a, b, out); break;
+    case BinaryOp::mul: binary_impl<BinaryOp::mul>(a, b, out); break;
+    case BinaryOp::div: binary_impl<BinaryOp::div>(a, b, out); break;
+    case BinaryOp::maximum: binary_impl<BinaryOp::maximum>(a, b, out); break;
+    case BinaryOp::minimum: binary_impl<BinaryOp::minimum>(a, b, out); break;
+    case BinaryOp::eq: binary_impl<BinaryOp::eq>(a, b, out); break;
+    case BinaryOp::gt: binary_impl<BinaryOp::gt>(a, b, out); break;
+    case BinaryOp::lt: binary_impl<BinaryOp::lt>(a, b, out); break;
+    default: DEW_CHECK(false, "cpu binary: unknown op ", int(op));
+  }
+}
+
+// ---------------------------------------------------------------- reduce
+
+namespace {
+
+// Accumulator of one reduction: sums in double; max/min in float with a NaN flag (NaN wins).
+struct Acc {
+  double s = 0.0;
+  float m = 0.0f;
+  bool nan = false;
+};
+
+// Reduces x[r * inner] for r in [r0, r1) into acc (one output column), op-specific.
+inline void reduce_strided(const float* x, int64_t r0, int64_t r1, int64_t inner, ReduceOp op, Acc& acc) {
+  if (op == ReduceOp::max || op == ReduceOp::min) {
+    float m = acc.m;
+    bool nan = acc.nan;
+    const bool mx = op == ReduceOp::max;
+    if (inner == 1) {
+#pragma omp simd reduction(|| : nan)
+      for (int64_t r = r0; r < r1; ++r) nan = nan || x[r] != x[r];
+      if (mx) {
+#pragma omp simd reduction(max : m)
+        for (int64_t r = r0; r < r1; ++r) m = x[r] > m ? x[r] : m;
+      } else {
+#pragma omp simd reduction(min : m)
+        for (int64_t r = r0; r < r1; ++r) m = x[r] < m ? x[r] : m;
+      }
+    } else {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float v = x[r * inner];
+        nan = nan || v != v;
+        m = mx ? std::max(m, v) : std::min(m, v);
+      }
+    }
+    acc.m = m;
+    acc.nan = nan;
+    return;
+  }
+  double s = acc.s;
+  if (op == ReduceOp::sumsq) {
+    if (inner == 1) {
+#pragma omp simd reduction(+ : s)
+      for (int64_t r = r0; r < r1; ++r) s += double(x[r]) * double(x[r]);
+    } else {
+      for (int64_t r = r0; r < r1; ++r) s += double(x[r * inner]) * double(x[r * inner]);
+    }
+  } else {
+    if (inner == 1) {
+#pragma omp simd reduction(+ : s)
+      for (int64_t r = r0; r < r1; ++r) s += double(x[r]);
+    } else {
+      for (int64_t r = r0; r < r1; ++r) s += double(x[r * inner]);
+    }
+  }
+  acc.s = s;
+}
+
+inline float finish(const Acc& a, ReduceOp op, int64_t count) {
+  switch (op) {
+    case ReduceOp::max: case ReduceOp::min: return a.nan ? NAN : a.m;
+    case ReduceOp::mean: return float(a.s / double(count));
+    default: return float(a.s);
+  }
+}
+
+inline Acc start(const float* x, ReduceOp op) {
+  Acc a;
+  if (op == ReduceOp::max || op == ReduceOp::min) a.m = x[0];
+  return a;
+}
+
+// A block of columns [j0, j1) over all reduce rows, vectorised across columns (inner > 1).
+void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, int64_t j0, int64_t j1, ReduceOp op) {
+  const int64_t w = j1 - j0;
+  if (op == ReduceOp::max || op == ReduceOp::min) {
+    std::vector<float> m(x + j0, x + j1);
+    std::vector<char> nan(size_t(w), 0);
+    const bool mx = op == ReduceOp::max;
+    for (int64_t r = 0; r < reduce; ++r) {
+      const float* row = x + r * inner + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) {
+        const float v = row[j];
+        nan[size_t(j)] |= char(v != v);
+        m[size_t(j)] = mx ? (v > m[size_t(j)] ? v : m[size_t(j)]) : (v < m[size_t(j)] ? v : m[size_t(j)]);
+      }
+    }
+    for (int64_t j = 0; j < w; ++j) out[j0 + j] = nan[size_t(j)] ? NAN : m[size_t(j)];
+    return;
+  }
+  std::vector<double> s(size_t(w), 0.0);
+  double* sp = s.data();
+  const bool sq = op == ReduceOp::sumsq;
+  for (int64_t r = 0; r < reduce; ++r) {
+    const float* row = x + r * inner + j0;
+    if (sq) {
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]) * double(row[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]);
+    }
+  }
+  const double scale = op == ReduceOp::mean ? 1.0 / double(reduce) : 1.0;
+  for (int64_t j = 0; j < w; ++j) out[j0 + j] = float(op == ReduceOp::mean ? sp[j] * scale : sp[j]);
+}
+
+}  // namespace
+
+void CpuBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
+  require_f32(x, "reduce", "x");
+  require_f32(out, "reduce", "out");
+  const int64_t outer = p.outer, red = p.reduce, inner = p.inner;
+  DEW_CHECK(outer >= 0 && red >= 0 && inner >= 0 && outer * red * inner == x.numel() && outer * inner == out.numel(),
+            "cpu reduce: [", outer, ", ", red, ", ", inner, "] does not match x ", shape_str(x.shape()), " and out ",
+            shape_str(out.shape()));
+  if (out.numel() == 0) return;
+  const float* xs = x.data_as<float>();
+  float* o = out.data_as<float>();
+  const ReduceOp op = p.op;
+  if (red == 0) {
+    DEW_CHECK(op != ReduceOp::max && op != ReduceOp::min, "cpu reduce: max/min over an empty axis");
+    std::fill(o, o + out.numel(), op == ReduceOp::mean ? NAN : 0.0f);  // mean of nothing = 0/0
+    return;
+  }
+  const int nthreads = omp_get_max_threads();
+  const int64_t total = x.numel();
+  const bool par = parallel_worth(total);
+
+  if (inner == 1) {
+    if (par && outer < nthreads) {
+      // Few long rows: split each row over the threads and combine the partials in thread order.
+      for (int64_t oi = 0; oi < outer; ++oi) {
+        const float* row = xs + oi * red;
+        std::vector<Acc> part(size_t(nthreads), start(row, op));
+#pragma omp parallel num_threads(nthreads)
+        {
+          const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+          const int64_t r0 = red * t / nt, r1 = red * (t + 1) / nt;
+          if (r0 < r1) reduce_strided(row, r0, r1, 1, op, part[size_t(t)]);
+        }
+        Acc acc = start(row, op);
+        for (const Acc& a : part) {
+          acc.s += a.s;
+          acc.nan = acc.nan || a.nan;
+          acc.m = op == ReduceOp::max ? std::max(acc.m, a.m) : std::min(acc.m, a.m);
+        }
+        o[oi] = finish(acc, op, red);
+      }
+      return;
+    }
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t oi = 0; oi < outer; ++oi) {
+      const float* row = xs + oi * red;
+      Acc acc = start(row, op);
+      reduce_strided(row, 0, red, 1, op, acc);
+      o[oi] = finish(acc, op, red);
+    }
+    return;
+  }
+  // inner > 1: columns are contiguous; tile them in blocks of 256 and parallelise over (outer, block).
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t t = 0; t < outer * blocks; ++t) {
+    const int64_t oi = t / blocks, bi = t % blocks;
+    const int64_t j0 = bi * kBlock, j1 = std::min(inner, j0 + kBlock);
+    reduce_columns(xs + oi * red * inner, o + oi * inner, red, inner, j0, j1, op);
+  }
+}
+
+// ---------------------------------------------------------------- argmax
+
+void CpuBackend::argmax(const Tensor& x, Tensor& out) {
+  require_f32(x, "argmax", "x");
+  require_i32(out, "argmax", "out");
+  const int64_t d = last_dim(x), rows = rows_of(x);
+  DEW_CHECK(d > 0, "cpu argmax: empty last axis in ", shape_str(x.shape()));
+  DEW_CHECK(out.numel() == rows, "cpu argmax: out has ", out.numel(), " elements for ", rows, " rows");
+  const float* xs = x.data_as<float>();
+  int32_t* o = out.data_as<int32_t>();
+#pragma omp parallel for schedule(static) if (parallel_worth(x.numel()))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = xs + r * d;
+    float best = row[0];
+    int64_t bi = 0;
+    for (int64_t j = 1; j < d && best == best; ++j)
+      if (row[j] > best || row[j] != row[j]) { best = row[j]; bi = j; }
+    o[r] = int32_t(bi);
+  }
+}
+
+}  // namespace dew::cpu

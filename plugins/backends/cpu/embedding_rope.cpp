@@ -1,0 +1,204 @@
+// cpu/embedding_rope.cpp — gather_rows / scatter_add_rows (embeddings) and rotary position embedding.
+//
+// oneDNN 2.6 has no gather, scatter or rotary primitive, hence these hand-written kernels.
+// * gather_rows copies whole rows as bytes (any dtype). Every index is checked before any copy, so an
+//   out-of-range index throws (never inside an OpenMP region) and leaves out untouched.
+// * scatter_add_rows (f32) is deterministic without atomics: the (b, k) sources are bucketed by target
+//   row (a counting sort, stable), then each target row is owned by one thread and accumulates its
+//   sources in (b, k) order — the same order as a serial loop, whatever the thread count.
+// * rope uses the "rotate half" pairing (i, i + rotary_dim/2) with cos/sin tables computed in double
+//   once per (theta, rotary_dim) and reused across calls (RopeTables); negative positions are computed
+//   directly. inverse rotates by -angle. Features past rotary_dim are copied.
+#include <algorithm>
+#include <cmath>
+
+#include "cpu_backend.hpp"
+
+namespace dew::cpu {
+
+namespace {
+
+struct RowsShape {
+  int64_t bs, r, d, b, k;
+};
+// table [Bs, R, D] (or [R, D]), idx [B, K] (or [K]), rows [B, K, D] (any shape with B*K*D elements).
+RowsShape rows_shape(const Tensor& table, const Tensor& idx, const Tensor& rows, const char* kernel) {
+  require_i32(idx, kernel, "idx");
+  DEW_CHECK((table.ndim() == 2 || table.ndim() == 3) && (idx.ndim() == 1 || idx.ndim() == 2), "cpu ", kernel,
+            ": expected table [Bs, R, D] and idx [B, K]; got ", shape_str(table.shape()), " and ",
+            shape_str(idx.shape()));
+  RowsShape s{table.ndim() == 3 ? table.shape()[0] : 1, table.size(-2), table.size(-1),
+              idx.ndim() == 2 ? idx.shape()[0] : 1, idx.size(-1)};
+  DEW_CHECK((s.bs == 1 || s.bs == s.b) && rows.numel() == s.b * s.k * s.d, "cpu ", kernel, ": table ",
+            shape_str(table.shape()), ", idx ", shape_str(idx.shape()), " and rows ", shape_str(rows.shape()),
+            " do not fit together");
+  return s;
+}
+
+void check_indices(const int32_t* ix, int64_t n, int64_t rows, const char* kernel) {
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (ix[i] < 0 || ix[i] >= rows) { bad = i; break; }
+  DEW_CHECK(bad < 0, "cpu ", kernel, ": index ", bad >= 0 ? ix[bad] : 0, " at position ", bad, " is outside [0, ", rows,
+            ")");
+}
+
+}  // namespace
+
+void CpuBackend::gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) {
+  const RowsShape s = rows_shape(src, idx, out, "gather_rows");
+  DEW_CHECK(src.dtype() == out.dtype(), "cpu gather_rows: src is ", dtype_name(src.dtype()), ", out ",
+            dtype_name(out.dtype()));
+  const int32_t* ix = idx.data_as<int32_t>();
+  check_indices(ix, s.b * s.k, s.r, "gather_rows");
+  const size_t row_bytes = size_t(s.d) * dtype_size(src.dtype());
+  const char* sp = static_cast<const char*>(src.data());
+  char* op = static_cast<char*>(out.data());
+  const int64_t n = s.b * s.k;
+#pragma omp parallel for schedule(static) if (parallel_worth(out.numel()))
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = s.bs == 1 ? 0 : i / s.k;
+    std::memcpy(op + size_t(i) * row_bytes, sp + size_t(b * s.r + ix[i]) * row_bytes, row_bytes);
+  }
+}
+
+void CpuBackend::scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) {
+  require_f32(dout, "scatter_add_rows", "dout");
+  require_f32(dsrc, "scatter_add_rows", "dsrc");
+  const RowsShape s = rows_shape(dsrc, idx, dout, "scatter_add_rows");
+  const int32_t* ix = idx.data_as<int32_t>();
+  const int64_t n = s.b * s.k;
+  check_indices(ix, n, s.r, "scatter_add_rows");
+  const float* g = dout.data_as<float>();
+  float* d = dsrc.data_as<float>();
+  const int64_t dim = s.d;
+  auto target = [&](int64_t i) { return (s.bs == 1 ? 0 : i / s.k) * s.r + ix[i]; };
+  if (!parallel_worth(dout.numel())) {
+    for (int64_t i = 0; i < n; ++i) {
+      float* dr = d + target(i) * dim;
+      const float* gr = g + i * dim;
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) dr[j] += gr[j];
+    }
+    return;
+  }
+  // Counting sort of the sources by target row (stable: (b, k) order within a row).
+  const int64_t targets = s.bs * s.r;
+  std::vector<int64_t> start(size_t(targets) + 1, 0);
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ++start[size_t(target(i)) + 1];
+  for (int64_t t = 0; t < targets; ++t) start[size_t(t) + 1] += start[size_t(t)];
+  std::vector<int64_t> used;  // target rows that receive something, ascending
+  used.reserve(size_t(std::min(n, targets)));
+  for (int64_t t = 0; t < targets; ++t)
+    if (start[size_t(t) + 1] > start[size_t(t)]) used.push_back(t);
+  {
+    std::vector<int64_t> fillp(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < n; ++i) order[size_t(fillp[size_t(target(i))]++)] = i;
+  }
+  const int64_t nu = int64_t(used.size());
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t u = 0; u < nu; ++u) {
+    const int64_t t = used[size_t(u)];
+    float* dr = d + t * dim;
+    for (int64_t q = start[size_t(t)]; q < start[size_t(t) + 1]; ++q) {
+      const float* gr = g + order[size_t(q)] * dim;
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) dr[j] += gr[j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- rope
+
+namespace {
+
+void rope_angles_direct(double theta, int64_t rd, int64_t pos, float* cs) {
+  const int64_t half = rd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double a = double(pos) * std::pow(theta, -2.0 * double(i) / double(rd));
+    cs[i] = float(std::cos(a));
+    cs[half + i] = float(std::sin(a));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const RopeTable> RopeTables::get(float theta, int64_t rotary_dim, int64_t max_pos) {
+  Key key(0);
+  key.add(theta).add(rotary_dim);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = tables_[key];
+  if (slot && slot->positions > max_pos) return slot;
+  auto t = std::make_shared<RopeTable>();
+  t->positions = std::max<int64_t>({max_pos + 1, 2 * (slot ? slot->positions : 0), 256});
+  t->half = rotary_dim / 2;
+  t->cs.resize(size_t(t->positions * 2 * t->half));
+  const int64_t np = t->positions;
+  float* cs = t->cs.data();
+  const int64_t stride = 2 * t->half;
+#pragma omp parallel for schedule(static) if (np * t->half >= 4096)
+  for (int64_t pos = 0; pos < np; ++pos) rope_angles_direct(double(theta), rotary_dim, pos, cs + pos * stride);
+  slot = t;
+  return t;
+}
+
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
+  require_f32(x, "rope", "x");
+  require_f32(out, "rope", "out");
+  require_i32(positions, "rope", "positions");
+  DEW_CHECK(x.ndim() == 4, "cpu rope: x must be [B, T, H, D], got ", shape_str(x.shape()));
+  DEW_CHECK(out.shape() == x.shape(), "cpu rope: out ", shape_str(out.shape()), " differs from x ", shape_str(x.shape()));
+  const int64_t B = x.shape()[0], T = x.shape()[1], H = x.shape()[2], D = x.shape()[3];
+  const int64_t rd = p.rotary_dim == 0 ? D : p.rotary_dim;
+  DEW_CHECK(rd > 0 && rd <= D && rd % 2 == 0, "cpu rope: rotary_dim ", rd, " must be even and in (0, ", D, "]");
+  const bool per_batch = positions.numel() == B * T && B != 1;
+  DEW_CHECK(per_batch || positions.numel() == T, "cpu rope: positions ", shape_str(positions.shape()),
+            " is neither [T] nor [B, T] for x ", shape_str(x.shape()));
+  if (x.numel() == 0) return;
+  const int32_t* ps = positions.data_as<int32_t>();
+  int64_t max_pos = 0;
+  bool negative = false;
+  for (int64_t i = 0; i < positions.numel(); ++i) {
+    max_pos = std::max<int64_t>(max_pos, ps[i]);
+    negative = negative || ps[i] < 0;
+  }
+  const int64_t half = rd / 2;
+  std::shared_ptr<const RopeTable> table;
+  if (!negative) table = rope_tables_.get(p.theta, rd, max_pos);
+  const float sign = p.inverse ? -1.0f : 1.0f;
+  const float* xs = x.data_as<float>();
+  float* o = out.data_as<float>();
+  const int64_t rows = B * T;
+#pragma omp parallel if (parallel_worth(x.numel()))
+  {
+    std::vector<float> local(negative ? size_t(2 * half) : 0);
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t pos = per_batch ? ps[row] : ps[row % T];
+      const float* cs;
+      if (table) {
+        cs = table->cs.data() + pos * 2 * half;
+      } else {
+        rope_angles_direct(double(p.theta), rd, pos, local.data());
+        cs = local.data();
+      }
+      const float* c = cs;
+      const float* sn = cs + half;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* xr = xs + (row * H + h) * D;
+        float* orow = o + (row * H + h) * D;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = xr[i], x2 = xr[i + half];
+          const float s = sign * sn[i];
+          orow[i] = x1 * c[i] - x2 * s;
+          orow[i + half] = x2 * c[i] + x1 * s;
+        }
+        for (int64_t i = rd; i < D; ++i) orow[i] = xr[i];
+      }
+    }
+  }
+}
+
+}  // namespace dew::cpu

@@ -1,0 +1,81 @@
+// cpu/entry.cpp — registration of the `cpu` backend, its construction, supports() and threading.
+//
+// The plugin registers one Backend, "cpu", whose probe refuses CPUs without AVX2+FMA (the kernels are
+// compiled for them). supports() says yes to f32 for every kernel, to every dtype for the memory
+// kernels (fill, cast, strided_copy, gather_rows), and no with a reason for the rest.
+// Threads: OpenMP's team size; oneDNN (built on the OpenMP runtime) follows it.
+#include <dew/registry.hpp>
+
+#include "attention.hpp"
+#include "cpu_backend.hpp"
+
+namespace dew::cpu {
+
+void require_f32(const Tensor& t, const char* kernel, const char* arg) {
+  DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
+  DEW_CHECK(t.dtype() == DType::f32, "cpu ", kernel, ": ", arg, " is ", dtype_name(t.dtype()),
+            "; the cpu backend computes in f32 only (use the ref backend for f64)");
+}
+void require_i32(const Tensor& t, const char* kernel, const char* arg) {
+  DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
+  DEW_CHECK(t.dtype() == DType::i32, "cpu ", kernel, ": ", arg, " must be i32, got ", dtype_name(t.dtype()));
+}
+
+CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>()) {
+  const int64_t threads = options.get_int("threads", 0);
+  DEW_USAGE_CHECK(threads >= 0, "cpu backend: threads = ", threads, " must be >= 0 (0 = OpenMP default)");
+  if (threads > 0) set_threads(int(threads));
+}
+CpuBackend::~CpuBackend() = default;
+
+void CpuBackend::set_threads(int threads) {
+  DEW_CHECK(threads > 0, "cpu backend: set_threads(", threads, "): need at least one thread");
+  omp_set_num_threads(threads);
+}
+
+Support CpuBackend::supports(Kernel k, DType dtype) const {
+  switch (k) {
+    case Kernel::fill: case Kernel::cast: case Kernel::strided_copy: case Kernel::gather_rows:
+      return Support::yes();
+    default: break;
+  }
+  if (dtype == DType::f32) return Support::yes();
+  if (!is_floating(dtype))
+    return Support::no(std::string(kernel_name(k)) + " takes floating tensors; got " + dtype_name(dtype));
+  return Support::no(std::string("cpu computes ") + kernel_name(k) + " in f32 only (got " + dtype_name(dtype) +
+                     "): on this class of CPU bf16 arithmetic runs at half the f32 rate and oneDNN 2.6 has no f16 "
+                     "CPU kernels; cast to f32, or use the ref backend for f64 gradient checks");
+}
+
+// ---- attention: implemented in attention.cpp ----
+void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                           const AttentionParams& p) {
+  attention_forward(q, k, v, out, lse, p);
+}
+void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                    const AttentionParams& p) {
+  cpu::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+}
+
+}  // namespace dew::cpu
+
+#define DEW_CPU_ONEDNN_VERSION \
+  "oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(DNNL_VERSION_MINOR) "." DEW_STR(DNNL_VERSION_PATCH)
+
+DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
+  registrar.add<dew::Backend>({
+      .name = "cpu",
+      .description = "host backend: oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(DNNL_VERSION_MINOR)
+                     " matmul/conv/norm/softmax + OpenMP kernels (f32)",
+      .factory = [](const dew::Options& o) { return std::make_shared<dew::cpu::CpuBackend>(o); },
+      .probe =
+          []() -> dew::Support {
+            __builtin_cpu_init();
+            if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+              return dew::Support::no("this CPU lacks AVX2/FMA, which the cpu backend is compiled for; use --backend ref");
+            return dew::Support::yes();
+          },
+      .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"}},
+  });
+}

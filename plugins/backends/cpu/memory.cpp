@@ -1,0 +1,241 @@
+// cpu/memory.cpp — allocation, host copies, fill, cast and strided_copy (every dtype).
+//
+// Allocation is 64-byte aligned (a cache line / one AVX-512 vector) and rounded up to 64 bytes.
+// Large copies are split over the OpenMP team (memcpy alone is bound by one core's load/store rate).
+// cast follows ref's rules exactly: halves widen to f32 and integers to i64, then one conversion (to a
+// half through f32, rounding to nearest even via dew/dtype.hpp); float -> integer truncates toward zero,
+// saturates at the integer range and maps NaN to 0; integer -> integer narrows modulo 2^bits. strided_copy coalesces contiguous dimensions first, so permutes and
+// slices run as row memcpys where the innermost axis is unit-stride on both sides.
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <type_traits>
+
+#include "cpu_backend.hpp"
+
+namespace dew::cpu {
+
+// ---------------------------------------------------------------- memory
+
+void* CpuBackend::allocate(size_t bytes) {
+  const size_t n = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+  void* p = std::aligned_alloc(64, n);
+  DEW_CHECK(p != nullptr, "cpu backend: out of host memory allocating ", bytes, " bytes");
+  return p;
+}
+void CpuBackend::deallocate(void* ptr, size_t) { std::free(ptr); }
+
+static void parallel_memcpy(void* dst, const void* src, size_t bytes) {
+  if (dst == src || bytes == 0) return;
+  constexpr size_t kChunk = size_t(1) << 20;
+  if (bytes < 4 * kChunk || omp_get_max_threads() == 1) { std::memcpy(dst, src, bytes); return; }
+  const int64_t chunks = int64_t((bytes + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t off = size_t(c) * kChunk;
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, std::min(kChunk, bytes - off));
+  }
+}
+void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) { parallel_memcpy(dst, src, bytes); }
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { parallel_memcpy(dst, src, bytes); }
+void CpuBackend::copy_device(void* dst, const void* src, size_t bytes) { parallel_memcpy(dst, src, bytes); }
+
+// ---------------------------------------------------------------- element conversions
+
+namespace {
+
+template <class T> constexpr bool is_half_v = std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>;
+template <class T> constexpr bool floatlike_v = std::is_same_v<T, float> || is_half_v<T>;
+
+template <class T> inline float to_float(T v) {
+  if constexpr (std::is_same_v<T, bf16_t>) return bf16_to_f32(v);
+  else if constexpr (std::is_same_v<T, f16_t>) return f16_to_f32(v);
+  else return float(v);
+}
+template <class I> inline I saturate(double v) {
+  if (v != v) return I(0);
+  constexpr double lo = double(std::numeric_limits<I>::min()), hi = double(std::numeric_limits<I>::max());
+  if (v <= lo) return std::numeric_limits<I>::min();
+  if (v >= hi) return std::numeric_limits<I>::max();
+  return I(v);  // truncates toward zero
+}
+template <class D> inline D from_float(float v) {
+  if constexpr (std::is_same_v<D, bf16_t>) return f32_to_bf16(v);
+  else if constexpr (std::is_same_v<D, f16_t>) return f32_to_f16(v);
+  else return v;
+}
+template <class D> inline D from_double(double v) {
+  if constexpr (std::is_same_v<D, double>) return v;
+  else if constexpr (floatlike_v<D>) return from_float<D>(float(v));
+  else return saturate<D>(v);
+}
+// Widens to the type that holds a value exactly (halves -> float, integers -> int64), then converts once;
+// the same rules as ref's cast, so the two agree bit for bit.
+template <class S> inline auto widen(S v) {
+  if constexpr (is_half_v<S>) return to_float(v);
+  else if constexpr (std::is_integral_v<S>) return int64_t(v);
+  else return v;
+}
+template <class S, class D> inline D convert(S v) {
+  if constexpr (std::is_same_v<S, D>) {
+    return v;
+  } else {
+    const auto w = widen(v);
+    using W = decltype(w);
+    if constexpr (is_half_v<D>) return from_float<D>(float(w));
+    else if constexpr (std::is_floating_point_v<D>) return D(w);
+    else if constexpr (std::is_floating_point_v<W>) return saturate<D>(double(w));
+    else return D(w);  // integer -> integer: modular narrowing, as C++ (and ref) define it
+  }
+}
+
+template <class F> void dispatch_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); return;
+    case DType::f64: f(double{}); return;
+    case DType::bf16: f(bf16_t{}); return;
+    case DType::f16: f(f16_t{}); return;
+    case DType::i32: f(int32_t{}); return;
+    case DType::i64: f(int64_t{}); return;
+    case DType::u8: f(uint8_t{}); return;
+  }
+  DEW_INTERNAL_ASSERT(false);
+}
+
+template <class T> void fill_typed(T* p, int64_t n, T v) {
+#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 18))
+  for (int64_t i = 0; i < n; ++i) p[i] = v;
+}
+
+}  // namespace
+
+void CpuBackend::fill(Tensor& out, double value) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  dispatch_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_half_v<T>) {
+      const T v = from_float<T>(float(value));
+      fill_typed(reinterpret_cast<uint16_t*>(out.data()), n, v.bits);
+    } else {
+      fill_typed(static_cast<T*>(out.data()), n, from_double<T>(value));
+    }
+  });
+}
+
+void CpuBackend::cast(const Tensor& x, Tensor& out) {
+  const int64_t n = x.numel();
+  DEW_CHECK(out.numel() == n, "cpu cast: ", shape_str(x.shape()), " into ", shape_str(out.shape()),
+            " (element counts differ)");
+  if (n == 0) return;
+  if (x.dtype() == out.dtype()) {
+    if (x.data() != out.data()) parallel_memcpy(out.data(), x.data(), x.nbytes());
+    return;
+  }
+  const bool par = n >= (int64_t(1) << 16);
+  dispatch_dtype(x.dtype(), [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_dtype(out.dtype(), [&](auto dtag) {
+      using D = decltype(dtag);
+      const S* s = static_cast<const S*>(x.data());
+      D* d = static_cast<D*>(out.data());
+#pragma omp parallel for simd schedule(static) if (par)
+      for (int64_t i = 0; i < n; ++i) d[i] = convert<S, D>(s[i]);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- strided_copy
+
+void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) {
+  DEW_CHECK(src.dtype() == dst.dtype(), "cpu strided_copy: dtypes differ (", dtype_name(src.dtype()), " vs ",
+            dtype_name(dst.dtype()), ")");
+  const size_t nd = p.shape.size();
+  DEW_CHECK(p.src_strides.size() == nd && p.dst_strides.size() == nd, "cpu strided_copy: shape ",
+            shape_str(p.shape), " with ", p.src_strides.size(), " source and ", p.dst_strides.size(),
+            " destination strides");
+  const int64_t total = numel_of(p.shape);
+  if (total == 0) return;
+  // Bounds: the extreme offsets must land inside both buffers.
+  auto check_bounds = [&](const std::vector<int64_t>& st, int64_t off, int64_t limit, const char* what) {
+    int64_t lo = off, hi = off;
+    for (size_t i = 0; i < nd; ++i) {
+      const int64_t span = (p.shape[i] - 1) * st[i];
+      (span < 0 ? lo : hi) += span;
+    }
+    DEW_CHECK(lo >= 0 && hi < limit, "cpu strided_copy: ", what, " offsets [", lo, ", ", hi,
+              "] fall outside its ", limit, " elements");
+  };
+  check_bounds(p.src_strides, p.src_offset, src.numel(), "source");
+  check_bounds(p.dst_strides, p.dst_offset, dst.numel(), "destination");
+
+  // Drop unit dims, then merge dim i into i+1 when both sides are contiguous across them.
+  std::vector<int64_t> shape, ss, ds;
+  for (size_t i = 0; i < nd; ++i) {
+    if (p.shape[i] == 1) continue;
+    if (!shape.empty() && ss.back() == p.src_strides[i] * p.shape[i] && ds.back() == p.dst_strides[i] * p.shape[i]) {
+      shape.back() *= p.shape[i];
+      ss.back() = p.src_strides[i];
+      ds.back() = p.dst_strides[i];
+    } else {
+      shape.push_back(p.shape[i]);
+      ss.push_back(p.src_strides[i]);
+      ds.push_back(p.dst_strides[i]);
+    }
+  }
+  if (shape.empty()) { shape = {1}; ss = {1}; ds = {1}; }
+  const size_t es = dtype_size(src.dtype());
+  const char* sbase = static_cast<const char*>(src.data()) + p.src_offset * int64_t(es);
+  char* dbase = static_cast<char*>(dst.data()) + p.dst_offset * int64_t(es);
+  const int nd2 = int(shape.size());
+  const int64_t inner = shape[size_t(nd2 - 1)], sin = ss[size_t(nd2 - 1)], din = ds[size_t(nd2 - 1)];
+  const int64_t outer = total / inner;
+  const bool rowcopy = sin == 1 && din == 1;
+
+  auto run_inner = [&](const char* s, char* d) {
+    if (rowcopy) { std::memcpy(d, s, size_t(inner) * es); return; }
+    auto loop = [&](auto tag) {
+      using T = decltype(tag);
+      const T* st = reinterpret_cast<const T*>(s);
+      T* dt = reinterpret_cast<T*>(d);
+      for (int64_t i = 0; i < inner; ++i) dt[i * din] = st[i * sin];
+    };
+    switch (es) {
+      case 1: loop(uint8_t{}); break;
+      case 2: loop(uint16_t{}); break;
+      case 4: loop(uint32_t{}); break;
+      default: loop(uint64_t{}); break;
+    }
+  };
+  const bool par = total >= (int64_t(1) << 15) && outer > 1;
+#pragma omp parallel if (par)
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t begin = outer * tid / nt, end = outer * (tid + 1) / nt;
+    if (begin < end) {
+      // Decompose `begin` into the outer multi-index, then step it like an odometer.
+      std::vector<int64_t> idx(size_t(std::max(nd2 - 1, 1)), 0);
+      int64_t rem = begin, so = 0, dof = 0;
+      for (int d = nd2 - 2; d >= 0; --d) {
+        idx[size_t(d)] = rem % shape[size_t(d)];
+        rem /= shape[size_t(d)];
+        so += idx[size_t(d)] * ss[size_t(d)];
+        dof += idx[size_t(d)] * ds[size_t(d)];
+      }
+      for (int64_t o = begin; o < end; ++o) {
+        run_inner(sbase + so * int64_t(es), dbase + dof * int64_t(es));
+        for (int d = nd2 - 2; d >= 0; --d) {
+          ++idx[size_t(d)];
+          so += ss[size_t(d)];
+          dof += ds[size_t(d)];
+          if (idx[size_t(d)] < shape[size_t(d)]) break;
+          so -= ss[size_t(d)] * shape[size_t(d)];
+          dof -= ds[size_t(d)] * shape[size_t(d)];
+          idx[size_t(d)] = 0;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace dew::cpu

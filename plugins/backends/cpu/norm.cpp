@@ -1,0 +1,402 @@
+// cpu/norm.cpp — layer norm (oneDNN), RMS norm and group norm (hand-written), forward and backward.
+//
+// * layer_norm: oneDNN `layer_normalization` over x viewed as [rows, D], with use_scale / use_shift as
+//   weight / bias exist. oneDNN saves the variance; the contract saves rstd, so the forward writes the
+//   variance into rstd and converts it in place (rstd = 1 / sqrt(var + eps)), and the backward hands
+//   oneDNN var' = 1 / rstd^2 with epsilon 0 (the backward has no eps argument; var' + 0 reproduces
+//   var + eps to a few ulp). Gradients of a weight/bias the caller does not want go to scratch.
+// * rms_norm (oneDNN 2.6 has none): one fused pass per row: sum of squares in double, then
+//   y = x * rstd * (w + offset). Backward per row: dx = rstd * (g*dy - x * rstd^2 * mean(g*dy*x)), with
+//   g = w + offset; dweight = sum over rows of dy * x * rstd, from per-thread partials summed in order.
+// * group_norm (oneDNN 2.6 has none): statistics per (n, group) over the contiguous C/groups * spatial
+//   block, in double; backward dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat)), gy = dy * w[c];
+//   dweight/dbias from per-(n, c) sums reduced over n in order (deterministic, no atomics).
+#include <algorithm>
+#include <cmath>
+
+#include "cpu_backend.hpp"
+
+namespace dew::cpu {
+
+namespace {
+
+using dnnl::memory;
+
+void check_vec(const Tensor& t, int64_t n, const char* kernel, const char* arg) {
+  if (!t.defined()) return;
+  require_f32(t, kernel, arg);
+  DEW_CHECK(t.numel() == n, "cpu ", kernel, ": ", arg, " has ", t.numel(), " elements, expected ", n);
+}
+
+// ---------------------------------------------------------------- layer norm (oneDNN)
+
+struct LnEntry : BoundPrimitive {
+  memory::desc data_md, stat_md, vec_md;
+};
+
+dnnl::normalization_flags ln_flags(bool scale, bool shift) {
+  auto f = dnnl::normalization_flags::none;
+  if (scale) f = f | dnnl::normalization_flags::use_scale;
+  if (shift) f = f | dnnl::normalization_flags::use_shift;
+  return f;
+}
+
+dnnl::layer_normalization_forward::primitive_desc ln_fwd_pd(const Dnnl& d, const LnEntry& e, float eps, bool scale,
+                                                             bool shift) {
+  dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_training, e.data_md, e.stat_md, eps,
+                                               ln_flags(scale, shift));
+  return dnnl::layer_normalization_forward::primitive_desc(desc, d.eng);
+}
+
+void ln_mds(LnEntry& e, int64_t rows, int64_t dim) {
+  e.data_md = memory::desc({rows, dim}, memory::data_type::f32, memory::format_tag::ab);
+  e.stat_md = memory::desc({rows}, memory::data_type::f32, memory::format_tag::a);
+  e.vec_md = memory::desc({dim}, memory::data_type::f32, memory::format_tag::a);
+}
+
+}  // namespace
+
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                            Tensor& rstd, float eps) {
+  require_f32(x, "layer_norm", "x");
+  require_f32(y, "layer_norm", "y");
+  require_f32(mean, "layer_norm", "mean");
+  require_f32(rstd, "layer_norm", "rstd");
+  const int64_t dim = last_dim(x), rows = rows_of(x);
+  check_vec(weight, dim, "layer_norm", "weight");
+  check_vec(bias, dim, "layer_norm", "bias");
+  DEW_CHECK(y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows, "cpu layer_norm: y/mean/rstd sizes ",
+            "do not match x ", shape_str(x.shape()));
+  if (rows == 0) return;
+  DEW_CHECK(dim > 0, "cpu layer_norm: empty feature axis");
+  const bool scale = weight.defined(), shift = bias.defined();
+  Dnnl& d = *dnnl_;
+  Key key(kLnFwd);
+  key.add(rows).add(dim).add(eps).add(int64_t(scale) | int64_t(shift) << 1);
+  auto e = d.cache.get<LnEntry>(key, [&] {
+    auto en = std::make_shared<LnEntry>();
+    ln_mds(*en, rows, dim);
+    en->prim = dnnl::layer_normalization_forward(ln_fwd_pd(d, *en, eps, scale, shift));
+    en->arg(d, DNNL_ARG_SRC, en->data_md);
+    en->arg(d, DNNL_ARG_DST, en->data_md);
+    en->arg(d, DNNL_ARG_MEAN, en->stat_md);
+    en->arg(d, DNNL_ARG_VARIANCE, en->stat_md);
+    if (scale) en->arg(d, DNNL_ARG_SCALE, en->vec_md);
+    if (shift) en->arg(d, DNNL_ARG_SHIFT, en->vec_md);
+    return en;
+  });
+  float* r = rstd.data_as<float>();
+  e->run(d, {{DNNL_ARG_SRC, x.data()}, {DNNL_ARG_DST, y.data()}, {DNNL_ARG_MEAN, mean.data()}, {DNNL_ARG_VARIANCE, r},
+             {scale ? DNNL_ARG_SCALE : 0, scale ? weight.data() : nullptr},
+             {shift ? DNNL_ARG_SHIFT : 0, shift ? bias.data() : nullptr}});
+#pragma omp simd
+  for (int64_t i = 0; i < rows; ++i) r[i] = 1.0f / std::sqrt(r[i] + eps);
+}
+
+void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  require_f32(x, "layer_norm_backward", "x");
+  require_f32(dy, "layer_norm_backward", "dy");
+  require_f32(dx, "layer_norm_backward", "dx");
+  require_f32(mean, "layer_norm_backward", "mean");
+  require_f32(rstd, "layer_norm_backward", "rstd");
+  const int64_t dim = last_dim(x), rows = rows_of(x);
+  check_vec(weight, dim, "layer_norm_backward", "weight");
+  check_vec(dweight, dim, "layer_norm_backward", "dweight");
+  check_vec(dbias, dim, "layer_norm_backward", "dbias");
+  DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
+            "cpu layer_norm_backward: dy/dx/mean/rstd sizes do not match x ", shape_str(x.shape()));
+  if (rows == 0 || dim == 0) {
+    if (dweight.defined()) fill(dweight, 0.0);
+    if (dbias.defined()) fill(dbias, 0.0);
+    return;
+  }
+  // The weight enters dx, so use_scale follows `weight`; shift only matters for its gradient.
+  const bool scale = weight.defined(), shift = dbias.defined();
+  const bool full = scale || shift;  // prop_kind::backward computes the scale/shift gradients
+  Dnnl& d = *dnnl_;
+  Key key(kLnBwd);
+  key.add(rows).add(dim).add(int64_t(scale) | int64_t(shift) << 1);
+  auto e = d.cache.get<LnEntry>(key, [&] {
+    auto en = std::make_shared<LnEntry>();
+    ln_mds(*en, rows, dim);
+    auto hint = ln_fwd_pd(d, *en, 0.0f, scale, shift);
+    dnnl::layer_normalization_backward::desc desc(full ? dnnl::prop_kind::backward : dnnl::prop_kind::backward_data,
+                                                  en->data_md, en->data_md, en->stat_md, 0.0f, ln_flags(scale, shift));
+    en->prim = dnnl::layer_normalization_backward(dnnl::layer_normalization_backward::primitive_desc(desc, d.eng, hint));
+    for (int id : {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC}) en->arg(d, id, en->data_md);
+    for (int id : {DNNL_ARG_MEAN, DNNL_ARG_VARIANCE}) en->arg(d, id, en->stat_md);
+    if (scale) for (int id : {DNNL_ARG_SCALE, DNNL_ARG_DIFF_SCALE}) en->arg(d, id, en->vec_md);
+    if (shift) for (int id : {DNNL_ARG_SHIFT, DNNL_ARG_DIFF_SHIFT}) en->arg(d, id, en->vec_md);
+    return en;
+  });
+  std::vector<float> var(static_cast<size_t>(rows));
+  const float* r = rstd.data_as<float>();
+#pragma omp simd
+  for (int64_t i = 0; i < rows; ++i) var[size_t(i)] = 1.0f / (r[i] * r[i]);
+  std::vector<float> scratch_w, zero_shift;
+  if (scale && !dweight.defined()) scratch_w.resize(size_t(dim));  // a gradient nobody asked for
+  if (shift) zero_shift.assign(size_t(dim), 0.0f);                 // the shift does not enter the backward
+  e->run(d, {{DNNL_ARG_SRC, x.data()}, {DNNL_ARG_DIFF_DST, dy.data()}, {DNNL_ARG_DIFF_SRC, dx.data()},
+             {DNNL_ARG_MEAN, mean.data()}, {DNNL_ARG_VARIANCE, var.data()},
+             {scale ? DNNL_ARG_SCALE : 0, scale ? weight.data() : nullptr},
+             {scale ? DNNL_ARG_DIFF_SCALE : 0, dweight.defined() ? dweight.data() : scratch_w.data()},
+             {shift ? DNNL_ARG_SHIFT : 0, zero_shift.data()},
+             {shift ? DNNL_ARG_DIFF_SHIFT : 0, shift ? dbias.data() : nullptr}});
+  if (dweight.defined() && !scale) {
+    // No weight in the forward, yet its gradient is asked for: sum over rows of dy * xhat.
+    const float* xs = x.data_as<float>();
+    const float* g = dy.data_as<float>();
+    const float* mu = mean.data_as<float>();
+    std::vector<double> acc(size_t(dim), 0.0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < dim; ++j)
+        acc[size_t(j)] += double(g[i * dim + j]) * double((xs[i * dim + j] - mu[i]) * r[i]);
+    float* dwp = dweight.data_as<float>();
+    for (int64_t j = 0; j < dim; ++j) dwp[j] = float(acc[size_t(j)]);
+  }
+}
+
+// ---------------------------------------------------------------- RMS norm
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                          float weight_offset) {
+  require_f32(x, "rms_norm", "x");
+  require_f32(y, "rms_norm", "y");
+  require_f32(rstd, "rms_norm", "rstd");
+  const int64_t dim = last_dim(x), rows = rows_of(x);
+  check_vec(weight, dim, "rms_norm", "weight");
+  DEW_CHECK(y.numel() == x.numel() && rstd.numel() == rows, "cpu rms_norm: y/rstd sizes do not match x ",
+            shape_str(x.shape()));
+  if (rows == 0) return;
+  const float* xs = x.data_as<float>();
+  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
+  float* ys = y.data_as<float>();
+  float* rs = rstd.data_as<float>();
+  const float off = weight_offset;
+#pragma omp parallel for schedule(static) if (parallel_worth(x.numel()))
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = xs + i * dim;
+    float* yr = ys + i * dim;
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * double(xr[j]);
+    const float r = float(1.0 / std::sqrt(ss / double(dim) + double(eps)));
+    rs[i] = r;
+    if (w) {
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r * (w[j] + off);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r;
+    }
+  }
+}
+
+void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                   Tensor& dx, Tensor& dweight, float weight_offset) {
+  require_f32(x, "rms_norm_backward", "x");
+  require_f32(dy, "rms_norm_backward", "dy");
+  require_f32(dx, "rms_norm_backward", "dx");
+  require_f32(rstd, "rms_norm_backward", "rstd");
+  const int64_t dim = last_dim(x), rows = rows_of(x);
+  check_vec(weight, dim, "rms_norm_backward", "weight");
+  check_vec(dweight, dim, "rms_norm_backward", "dweight");
+  DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && rstd.numel() == rows,
+            "cpu rms_norm_backward: dy/dx/rstd sizes do not match x ", shape_str(x.shape()));
+  const float* xs = x.data_as<float>();
+  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
+  const float* g = dy.data_as<float>();
+  const float* rs = rstd.data_as<float>();
+  float* o = dx.data_as<float>();
+  const float off = weight_offset;
+  const bool want_dw = dweight.defined();
+  const int nthreads = parallel_worth(x.numel()) ? omp_get_max_threads() : 1;
+  std::vector<double> partial(want_dw ? size_t(nthreads) * size_t(dim) : 0, 0.0);
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    double* pw = want_dw ? partial.data() + size_t(t) * size_t(dim) : nullptr;
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* xr = xs + i * dim;
+      const float* gr = g + i * dim;
+      float* dr = o + i * dim;
+      const float r = rs[i];
+      double dot = 0.0;  // sum_j (w_j + off) * dy_j * x_j
+      if (w) {
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < dim; ++j) dot += double((w[j] + off) * gr[j]) * double(xr[j]);
+      } else {
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * double(xr[j]);
+      }
+      const float c = float(dot / double(dim)) * r * r;
+      if (w) {
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) dr[j] = r * ((w[j] + off) * gr[j] - xr[j] * c);
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) dr[j] = r * (gr[j] - xr[j] * c);
+      }
+      if (pw) {
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) pw[j] += double(gr[j] * xr[j] * r);
+      }
+    }
+  }
+  if (want_dw) {
+    float* dw = dweight.data_as<float>();
+    for (int64_t j = 0; j < dim; ++j) {
+      double s = 0.0;
+      for (int t = 0; t < nthreads; ++t) s += partial[size_t(t) * size_t(dim) + size_t(j)];
+      dw[j] = float(s);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- group norm
+
+namespace {
+
+struct GnShape {
+  int64_t n, c, spatial, groups, cg, block;  // block = cg * spatial elements per (n, group)
+};
+GnShape gn_shape(const Tensor& x, int64_t groups, const char* kernel) {
+  DEW_CHECK(x.ndim() >= 2, "cpu ", kernel, ": x must be [N, C, ...], got ", shape_str(x.shape()));
+  GnShape s;
+  s.n = x.shape()[0];
+  s.c = x.shape()[1];
+  s.spatial = s.c == 0 || s.n == 0 ? 0 : x.numel() / (s.n * s.c);
+  s.groups = groups;
+  DEW_CHECK(groups > 0 && s.c % groups == 0, "cpu ", kernel, ": ", s.c, " channels do not split into ", groups,
+            " groups");
+  s.cg = s.c / groups;
+  s.block = s.cg * s.spatial;
+  return s;
+}
+
+}  // namespace
+
+void CpuBackend::group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                            Tensor& rstd, int64_t groups, float eps) {
+  require_f32(x, "group_norm", "x");
+  require_f32(y, "group_norm", "y");
+  require_f32(mean, "group_norm", "mean");
+  require_f32(rstd, "group_norm", "rstd");
+  const GnShape s = gn_shape(x, groups, "group_norm");
+  check_vec(weight, s.c, "group_norm", "weight");
+  check_vec(bias, s.c, "group_norm", "bias");
+  DEW_CHECK(y.numel() == x.numel() && mean.numel() == s.n * groups && rstd.numel() == s.n * groups,
+            "cpu group_norm: y/mean/rstd sizes do not match x ", shape_str(x.shape()), " with ", groups, " groups");
+  const float* xs = x.data_as<float>();
+  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
+  const float* b = bias.defined() ? bias.data_as<float>() : nullptr;
+  float* ys = y.data_as<float>();
+  float* mu = mean.data_as<float>();
+  float* rs = rstd.data_as<float>();
+  const int64_t units = s.n * groups;
+#pragma omp parallel for schedule(static) if (parallel_worth(x.numel()))
+  for (int64_t u = 0; u < units; ++u) {
+    const float* xb = xs + u * s.block;
+    float* yb = ys + u * s.block;
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < s.block; ++i) sum += double(xb[i]);
+    const double m = s.block ? sum / double(s.block) : 0.0;
+    double sq = 0.0;  // two-pass variance: the block is cache-resident after the first pass
+#pragma omp simd reduction(+ : sq)
+    for (int64_t i = 0; i < s.block; ++i) { const double dd = double(xb[i]) - m; sq += dd * dd; }
+    const double var = s.block ? sq / double(s.block) : 0.0;
+    const float mf = float(m), r = float(1.0 / std::sqrt(var + double(eps)));
+    mu[u] = mf;
+    rs[u] = r;
+    const int64_t g = u % groups;
+    for (int64_t cc = 0; cc < s.cg; ++cc) {
+      const int64_t ch = g * s.cg + cc;
+      const float a = r * (w ? w[ch] : 1.0f);
+      const float c0 = (b ? b[ch] : 0.0f) - mf * a;
+      const float* xc = xb + cc * s.spatial;
+      float* yc = yb + cc * s.spatial;
+#pragma omp simd
+      for (int64_t i = 0; i < s.spatial; ++i) yc[i] = xc[i] * a + c0;
+    }
+  }
+}
+
+void CpuBackend::group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) {
+  require_f32(x, "group_norm_backward", "x");
+  require_f32(dy, "group_norm_backward", "dy");
+  require_f32(dx, "group_norm_backward", "dx");
+  require_f32(mean, "group_norm_backward", "mean");
+  require_f32(rstd, "group_norm_backward", "rstd");
+  const GnShape s = gn_shape(x, groups, "group_norm_backward");
+  check_vec(weight, s.c, "group_norm_backward", "weight");
+  check_vec(dweight, s.c, "group_norm_backward", "dweight");
+  check_vec(dbias, s.c, "group_norm_backward", "dbias");
+  DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == s.n * groups &&
+                rstd.numel() == s.n * groups,
+            "cpu group_norm_backward: dy/dx/mean/rstd sizes do not match x ", shape_str(x.shape()));
+  const float* xs = x.data_as<float>();
+  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
+  const float* g = dy.data_as<float>();
+  const float* mu = mean.data_as<float>();
+  const float* rs = rstd.data_as<float>();
+  float* o = dx.data_as<float>();
+  const bool want_w = dweight.defined(), want_b = dbias.defined();
+  // Per-(n, c) sums of dy * xhat and dy, reduced over n afterwards.
+  std::vector<double> sdx(size_t(s.n * s.c)), sdy(size_t(s.n * s.c));
+  const int64_t units = s.n * groups;
+#pragma omp parallel for schedule(static) if (parallel_worth(x.numel()))
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t n = u / groups, gi = u % groups;
+    const float m = mu[u], r = rs[u];
+    const float* xb = xs + u * s.block;
+    const float* gb = g + u * s.block;
+    float* ob = o + u * s.block;
+    double a_gy = 0.0, a_gyx = 0.0;  // sums over the block of gy and gy * xhat, gy = dy * w[c]
+    for (int64_t cc = 0; cc < s.cg; ++cc) {
+      const int64_t ch = gi * s.cg + cc;
+      const float* xc = xb + cc * s.spatial;
+      const float* gc = gb + cc * s.spatial;
+      double c_dy = 0.0, c_dyx = 0.0;
+#pragma omp simd reduction(+ : c_dy, c_dyx)
+      for (int64_t i = 0; i < s.spatial; ++i) {
+        c_dy += double(gc[i]);
+        c_dyx += double(gc[i]) * double((xc[i] - m) * r);
+      }
+      sdy[size_t(n * s.c + ch)] = c_dy;
+      sdx[size_t(n * s.c + ch)] = c_dyx;
+      const double wc = w ? double(w[ch]) : 1.0;
+      a_gy += wc * c_dy;
+      a_gyx += wc * c_dyx;
+    }
+    const float mg = s.block ? float(a_gy / double(s.block)) : 0.0f;
+    const float mgx = s.block ? float(a_gyx / double(s.block)) : 0.0f;
+    for (int64_t cc = 0; cc < s.cg; ++cc) {
+      const int64_t ch = gi * s.cg + cc;
+      const float wc = w ? w[ch] : 1.0f;
+      const float* xc = xb + cc * s.spatial;
+      const float* gc = gb + cc * s.spatial;
+      float* oc = ob + cc * s.spatial;
+#pragma omp simd
+      for (int64_t i = 0; i < s.spatial; ++i) {
+        const float xhat = (xc[i] - m) * r;
+        oc[i] = r * (gc[i] * wc - mg - xhat * mgx);
+      }
+    }
+  }
+  if (want_w || want_b) {
+    float* dw = want_w ? dweight.data_as<float>() : nullptr;
+    float* db = want_b ? dbias.data_as<float>() : nullptr;
+    for (int64_t ch = 0; ch < s.c; ++ch) {
+      double aw = 0.0, ab = 0.0;
+      for (int64_t n = 0; n < s.n; ++n) { aw += sdx[size_t(n * s.c + ch)]; ab += sdy[size_t(n * s.c + ch)]; }
+      if (dw) dw[ch] = float(aw);
+      if (db) db[ch] = float(ab);
+    }
+  }
+}
+
+}  // namespace dew::cpu

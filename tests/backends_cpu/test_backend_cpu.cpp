@@ -1,0 +1,466 @@
+// test_backend_cpu.cpp — the `cpu` backend against the `ref` backend (the oracle) on random inputs.
+// One case per kernel family; shapes are chosen to hit both the serial and the OpenMP-parallel paths and
+// the special cases (broadcasts, transposes, groups, ignored targets). Random numbers must agree bit for
+// bit; everything else within a small multiple of f32 epsilon scaled by the reduction length.
+// The exhaustive cross-backend suite is tools/dew-conformance; attention has its own test.
+// Run: build/bin/test_backend_cpu
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "dew/backend.hpp"
+#include "dew/error.hpp"
+#include "dew/random.hpp"
+#include "dew/registry.hpp"
+#include "dew/tensor.hpp"
+
+using namespace dew;
+
+namespace {
+
+BackendPtr load(const char* name, const char* path) {
+  if (!Registry::global().contains(Backend::kind, name)) Registry::global().load(path);
+  return create_backend(name);
+}
+BackendPtr cpu() {
+  static BackendPtr b = load("cpu", DEW_CPU_PLUGIN_PATH);
+  return b;
+}
+BackendPtr ref() {
+  static BackendPtr b = load("ref", DEW_REF_PLUGIN_PATH);
+  return b;
+}
+
+// The same values on both backends.
+struct Pair {
+  Tensor c, r;
+};
+std::vector<float> host_uniform(int64_t n, uint64_t seed, float lo, float hi) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = lo + (hi - lo) * philox::uniform(seed, 7, uint64_t(i));
+  return v;
+}
+Pair rnd(const Shape& s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  const std::vector<float> v = host_uniform(numel_of(s), seed, lo, hi);
+  return {Tensor::from_vector(v, s, cpu()), Tensor::from_vector(v, s, ref())};
+}
+Pair ints(const std::vector<int32_t>& v, const Shape& s) { return {Tensor::from_ints(v, s, cpu()), Tensor::from_ints(v, s, ref())}; }
+Pair empty(const Shape& s, DType dt = DType::f32) { return {Tensor::empty(s, dt, cpu()), Tensor::empty(s, dt, ref())}; }
+Pair zeros(const Shape& s) { return {Tensor::zeros(s, DType::f32, cpu()), Tensor::zeros(s, DType::f32, ref())}; }
+Pair clone(const Pair& p) { return {p.c.clone(), p.r.clone()}; }
+
+constexpr double kEps = 1.1920928955078125e-07;
+
+// |cpu - ref| <= atol + rtol * |ref| element by element (NaN matches NaN).
+void check_close(const Pair& p, double rtol, double atol, const std::string& what) {
+  const std::vector<double> got = p.c.to_doubles(), want = p.r.to_doubles();
+  REQUIRE(got.size() == want.size());
+  int bad = 0;
+  if (std::getenv("DEW_TEST_REPORT")) {  // max error in units of atol + rtol|ref|, for tuning tolerances
+    double worst = 0, worst_rel = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isnan(want[i]) || got[i] == want[i]) continue;
+      worst = std::max(worst, std::fabs(got[i] - want[i]) / (atol + rtol * std::fabs(want[i])));
+      worst_rel = std::max(worst_rel, std::fabs(got[i] - want[i]) / std::max(std::fabs(want[i]), 1e-30));
+    }
+    MESSAGE(what << ": worst error / tolerance = " << worst << ", worst relative error / eps = " << worst_rel / kEps);
+  }
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    const bool ok = (std::isnan(got[i]) && std::isnan(want[i])) || got[i] == want[i] ||
+                    std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i]);
+    if (!ok) {
+      ++bad;
+      FAIL_CHECK(what << " element " << i << ": cpu " << got[i] << " ref " << want[i]);
+    }
+  }
+}
+void check_equal(const Pair& p, const std::string& what) { check_close(p, 0.0, 0.0, what); }
+
+}  // namespace
+
+TEST_CASE("cpu: identity and supports()") {
+  CHECK(cpu()->name() == "cpu");
+  CHECK(cpu()->host_accessible());
+  CHECK(cpu()->supports(Kernel::matmul, DType::f32).ok);
+  CHECK(cpu()->supports(Kernel::cast, DType::bf16).ok);
+  CHECK(cpu()->supports(Kernel::gather_rows, DType::i32).ok);
+  const Support no = cpu()->supports(Kernel::matmul, DType::f64);
+  CHECK_FALSE(no.ok);
+  CHECK(!no.reason.empty());
+}
+
+TEST_CASE("cpu: matmul (transposes, batch broadcast, bias, alpha/beta, activations)") {
+  struct Case {
+    int64_t batch, m, n, k;
+    bool bcast_a, bcast_b, ta, tb;
+    float alpha, beta;
+    Activation act;
+    bool bias;
+  };
+  const Case cases[] = {
+      {1, 33, 17, 29, false, false, false, false, 1.0f, 0.0f, Activation::none, false},
+      {1, 64, 48, 80, false, false, true, false, 1.0f, 0.0f, Activation::none, true},
+      {1, 16, 40, 24, false, false, false, true, 0.5f, 0.0f, Activation::relu, true},
+      {1, 16, 40, 24, false, false, true, true, 1.0f, 0.75f, Activation::none, false},
+      {3, 12, 20, 8, false, false, false, false, 2.0f, 0.0f, Activation::gelu, true},
+      {3, 12, 20, 8, true, false, false, true, 1.0f, 0.0f, Activation::gelu_tanh, false},
+      {4, 9, 7, 13, false, true, true, false, 1.0f, 1.0f, Activation::none, true},
+      {2, 128, 96, 256, false, false, false, true, 1.0f, 0.0f, Activation::silu, true},
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    CAPTURE(c.batch);
+    CAPTURE(c.m);
+    MatmulParams p;
+    p.batch = c.batch; p.m = c.m; p.n = c.n; p.k = c.k; p.trans_a = c.ta; p.trans_b = c.tb;
+    p.alpha = c.alpha; p.beta = c.beta; p.act = c.act;
+    p.a_batch_stride = c.bcast_a ? 0 : c.m * c.k;
+    p.b_batch_stride = c.bcast_b ? 0 : c.k * c.n;
+    Pair a = rnd({c.bcast_a ? 1 : c.batch, c.ta ? c.k : c.m, c.ta ? c.m : c.k}, seed++);
+    Pair b = rnd({c.bcast_b ? 1 : c.batch, c.tb ? c.n : c.k, c.tb ? c.k : c.n}, seed++);
+    Pair bias = c.bias ? rnd({c.n}, seed++) : Pair{};
+    Pair out = rnd({c.batch, c.m, c.n}, seed++);  // beta != 0 reads it
+    cpu()->matmul(a.c, b.c, bias.c, out.c, p);
+    ref()->matmul(a.r, b.r, bias.r, out.r, p);
+    check_close(out, 1e-5, 4 * kEps * double(c.k), "matmul");
+  }
+}
+
+TEST_CASE("cpu: unary and unary_backward, every op") {
+  const UnaryOp ops[] = {UnaryOp::neg, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::square,
+                         UnaryOp::abs, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::gelu,
+                         UnaryOp::gelu_tanh, UnaryOp::silu, UnaryOp::sin, UnaryOp::cos, UnaryOp::reciprocal,
+                         UnaryOp::affine, UnaryOp::pow, UnaryOp::clamp, UnaryOp::softcap};
+  for (int64_t n : {37, 40000}) {
+    for (UnaryOp op : ops) {
+      CAPTURE(int(op));
+      CAPTURE(n);
+      const bool positive = op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt || op == UnaryOp::pow;
+      Pair x = positive ? rnd({n}, 11, 0.05f, 4.0f) : rnd({n}, 11, -6.0f, 6.0f);
+      Pair dy = rnd({n}, 12);
+      UnaryParams p{op, 1.0f, 0.0f};
+      if (op == UnaryOp::affine) p = {op, 1.5f, -0.25f};
+      if (op == UnaryOp::pow) p = {op, 1.7f, 0.0f};
+      if (op == UnaryOp::clamp) p = {op, -0.5f, 2.0f};
+      if (op == UnaryOp::softcap) p = {op, 3.0f, 0.0f};
+      Pair y = empty({n}), dx = empty({n});
+      cpu()->unary(x.c, y.c, p);
+      ref()->unary(x.r, y.r, p);
+      check_close(y, 8 * kEps, 8 * kEps, "unary");
+      cpu()->unary_backward(x.c, dy.c, dx.c, p);
+      ref()->unary_backward(x.r, dy.r, dx.r, p);
+      check_close(dx, 16 * kEps, 16 * kEps, "unary_backward");
+    }
+  }
+  // In place: out aliases x.
+  Pair x = rnd({1000}, 13);
+  Pair want = empty({1000});
+  ref()->unary(x.r, want.r, {UnaryOp::silu, 1.0f, 0.0f});
+  cpu()->unary(x.c, x.c, {UnaryOp::silu, 1.0f, 0.0f});
+  check_close({x.c, want.r}, 8 * kEps, 8 * kEps, "unary in place");
+}
+
+TEST_CASE("cpu: binary with broadcasting, every op") {
+  const BinaryOp ops[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
+                          BinaryOp::minimum, BinaryOp::eq, BinaryOp::gt, BinaryOp::lt};
+  struct Shapes {
+    Shape a, b, out;
+  };
+  const Shapes shapes[] = {
+      {{64, 300}, {64, 300}, {64, 300}},      {{64, 300}, {300}, {64, 300}}, {{300}, {64, 300}, {64, 300}},
+      {{5, 7}, {1}, {5, 7}},                  {{1}, {5, 7}, {5, 7}},         {{2, 1, 4}, {3, 1}, {2, 3, 4}},
+      {{4, 1, 6, 1}, {1, 5, 1, 3}, {4, 5, 6, 3}}, {{8, 3, 200}, {8, 1, 200}, {8, 3, 200}},
+      {{16, 30, 1, 50}, {30, 40, 1}, {16, 30, 40, 50}},
+  };
+  uint64_t seed = 200;
+  for (const Shapes& s : shapes) {
+    Pair a = rnd(s.a, seed++), b = rnd(s.b, seed++);
+    for (BinaryOp op : ops) {
+      CAPTURE(int(op));
+      CAPTURE(shape_str(s.out));
+      Pair out = empty(s.out);
+      cpu()->binary(a.c, b.c, out.c, op);
+      ref()->binary(a.r, b.r, out.r, op);
+      check_close(out, kEps, 0.0, "binary");
+    }
+  }
+}
+
+TEST_CASE("cpu: reduce [outer, reduce, inner], every op, serial and split paths") {
+  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::min, ReduceOp::sumsq};
+  const int64_t dims[][3] = {{7, 33, 1}, {3, 50, 17}, {1, 100000, 1}, {2, 40, 700}, {64, 512, 1}};
+  uint64_t seed = 300;
+  for (const auto& d : dims) {
+    Pair x = rnd({d[0], d[1], d[2]}, seed++);
+    for (ReduceOp op : ops) {
+      CAPTURE(int(op));
+      CAPTURE(d[1]);
+      Pair out = empty({d[0], d[2]});
+      cpu()->reduce(x.c, out.c, {op, d[0], d[1], d[2]});
+      ref()->reduce(x.r, out.r, {op, d[0], d[1], d[2]});
+      check_close(out, 4 * kEps, 4 * kEps, "reduce");
+    }
+  }
+  Pair x = rnd({6, 50}, 301);
+  Pair am = empty({6}, DType::i32);
+  cpu()->argmax(x.c, am.c);
+  ref()->argmax(x.r, am.r);
+  check_equal(am, "argmax");
+}
+
+TEST_CASE("cpu: softmax and log_softmax, forward and backward") {
+  for (bool log : {false, true}) {
+    Pair x = rnd({37, 129}, 400, -5.0f, 5.0f), dy = rnd({37, 129}, 401);
+    Pair y = empty({37, 129}), dx = empty({37, 129});
+    if (log) { cpu()->log_softmax(x.c, y.c); ref()->log_softmax(x.r, y.r); }
+    else { cpu()->softmax(x.c, y.c); ref()->softmax(x.r, y.r); }
+    check_close(y, 16 * kEps, 16 * kEps, log ? "log_softmax" : "softmax");
+    if (log) { cpu()->log_softmax_backward(y.r.to(cpu()), dy.c, dx.c); ref()->log_softmax_backward(y.r, dy.r, dx.r); }
+    else { cpu()->softmax_backward(y.r.to(cpu()), dy.c, dx.c); ref()->softmax_backward(y.r, dy.r, dx.r); }
+    check_close(dx, 64 * kEps, 64 * kEps, "softmax backward");
+  }
+}
+
+TEST_CASE("cpu: layer_norm, rms_norm, group_norm, forward and backward") {
+  const int64_t rows = 200, d = 96;  // 19200 elements: the OpenMP paths run
+  Pair x = rnd({rows, d}, 500, -2.0f, 3.0f), dy = rnd({rows, d}, 501), w = rnd({d}, 502, 0.5f, 1.5f),
+       b = rnd({d}, 503);
+  for (int variant = 0; variant < 4; ++variant) {  // weight+bias, weight only, neither, bias only
+    CAPTURE(variant);
+    const bool has_w = variant < 2, has_b = variant == 0 || variant == 3;
+    const Pair wv = has_w ? w : Pair{}, bv = has_b ? b : Pair{};
+    Pair y = empty({rows, d}), mean = empty({rows}), rstd = empty({rows});
+    cpu()->layer_norm(x.c, wv.c, bv.c, y.c, mean.c, rstd.c, 1e-5f);
+    ref()->layer_norm(x.r, wv.r, bv.r, y.r, mean.r, rstd.r, 1e-5f);
+    check_close(y, 64 * kEps, 64 * kEps, "layer_norm y");
+    check_close(mean, 16 * kEps, 16 * kEps, "layer_norm mean");
+    check_close(rstd, 16 * kEps, 0.0, "layer_norm rstd");
+    Pair dx = empty({rows, d}), dw = has_w ? empty({d}) : Pair{}, db = has_b ? empty({d}) : Pair{};
+    cpu()->layer_norm_backward(x.c, wv.c, mean.r.to(cpu()), rstd.r.to(cpu()), dy.c, dx.c, dw.c, db.c);
+    ref()->layer_norm_backward(x.r, wv.r, mean.r, rstd.r, dy.r, dx.r, dw.r, db.r);
+    check_close(dx, 1e-4, 1e-5, "layer_norm dx");
+    if (has_w) check_close(dw, 1e-4, 1e-5, "layer_norm dweight");
+    if (has_b) check_close(db, 1e-5, 1e-5, "layer_norm dbias");
+  }
+  for (float offset : {0.0f, 1.0f}) {
+    Pair y = empty({rows, d}), rstd = empty({rows}), dx = empty({rows, d}), dw = empty({d});
+    cpu()->rms_norm(x.c, w.c, y.c, rstd.c, 1e-6f, offset);
+    ref()->rms_norm(x.r, w.r, y.r, rstd.r, 1e-6f, offset);
+    check_close(y, 16 * kEps, 16 * kEps, "rms_norm y");
+    check_close(rstd, 8 * kEps, 0.0, "rms_norm rstd");
+    cpu()->rms_norm_backward(x.c, w.c, rstd.r.to(cpu()), dy.c, dx.c, dw.c, offset);
+    ref()->rms_norm_backward(x.r, w.r, rstd.r, dy.r, dx.r, dw.r, offset);
+    check_close(dx, 1e-5, 1e-5, "rms_norm dx");
+    check_close(dw, 1e-5, 1e-5, "rms_norm dweight");
+  }
+  {
+    const Shape s = {4, 12, 20, 20};
+    const int64_t groups = 4;
+    Pair gx = rnd(s, 510, -1.0f, 2.0f), gdy = rnd(s, 511), gw = rnd({12}, 512), gb = rnd({12}, 513);
+    Pair y = empty(s), mean = empty({4, groups}), rstd = empty({4, groups});
+    cpu()->group_norm(gx.c, gw.c, gb.c, y.c, mean.c, rstd.c, groups, 1e-5f);
+    ref()->group_norm(gx.r, gw.r, gb.r, y.r, mean.r, rstd.r, groups, 1e-5f);
+    check_close(y, 16 * kEps, 16 * kEps, "group_norm y");
+    check_close(rstd, 8 * kEps, 0.0, "group_norm rstd");
+    Pair dx = empty(s), dw = empty({12}), db = empty({12});
+    cpu()->group_norm_backward(gx.c, gw.c, mean.r.to(cpu()), rstd.r.to(cpu()), gdy.c, dx.c, dw.c, db.c, groups);
+    ref()->group_norm_backward(gx.r, gw.r, mean.r, rstd.r, gdy.r, dx.r, dw.r, db.r, groups);
+    check_close(dx, 1e-5, 1e-5, "group_norm dx");
+    check_close(dw, 1e-5, 1e-5, "group_norm dweight");
+    check_close(db, 1e-5, 1e-5, "group_norm dbias");
+  }
+}
+
+TEST_CASE("cpu: gather_rows, scatter_add_rows, rope") {
+  const int64_t B = 4, K = 300, R = 50, D = 64;
+  std::vector<int32_t> idx(size_t(B * K));
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = int32_t((i * 7919) % R);  // many duplicates
+  Pair ix = ints(idx, {B, K});
+  for (int64_t bs : {int64_t(1), B}) {
+    Pair src = rnd({bs, R, D}, 600 + uint64_t(bs)), out = empty({B, K, D});
+    cpu()->gather_rows(src.c, ix.c, out.c);
+    ref()->gather_rows(src.r, ix.r, out.r);
+    check_equal(out, "gather_rows");
+    Pair dout = rnd({B, K, D}, 610), dsrc = rnd({bs, R, D}, 611);
+    cpu()->scatter_add_rows(dout.c, ix.c, dsrc.c);
+    ref()->scatter_add_rows(dout.r, ix.r, dsrc.r);
+    check_close(dsrc, 8 * kEps, 8 * kEps * double(K), "scatter_add_rows");
+  }
+  Pair bad = ints({0, 1, int32_t(R)}, {1, 3});
+  Pair src = rnd({1, R, D}, 620), out = empty({1, 3, D});
+  CHECK_THROWS_AS(cpu()->gather_rows(src.c, bad.c, out.c), dew::Error);
+  CHECK_THROWS_AS(cpu()->scatter_add_rows(out.c, bad.c, src.c), dew::Error);
+
+  const int64_t T = 100, H = 3, HD = 32;
+  std::vector<int32_t> pos(size_t(2 * T));
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i * 3 + 5);
+  Pair ps = ints(pos, {2, T});
+  Pair x = rnd({2, T, H, HD}, 630);
+  for (int64_t rd : {int64_t(0), int64_t(16)}) {
+    for (bool inverse : {false, true}) {
+      RopeParams p{10000.0f, rd, inverse};
+      Pair y = empty({2, T, H, HD});
+      cpu()->rope(x.c, ps.c, y.c, p);
+      ref()->rope(x.r, ps.r, y.r, p);
+      check_close(y, 8 * kEps, 8 * kEps, "rope");
+    }
+  }
+}
+
+TEST_CASE("cpu: conv2d forward, backward data, backward weight (+bias grad)") {
+  struct Case {
+    Shape x, w;
+    Conv2dParams p;
+  };
+  Conv2dParams strided;
+  strided.stride_h = strided.stride_w = 2;
+  strided.pad_h = strided.pad_w = 1;
+  Conv2dParams grouped;
+  grouped.pad_h = 1;
+  grouped.dilation_w = 2;
+  grouped.groups = 2;
+  // Covers the plain (first-layer, 1x1) and blocked (>= 16 channels, padded to 16) layouts of cpu.
+  const Case cases[] = {{{2, 3, 9, 9}, {8, 3, 3, 3}, Conv2dParams{}},
+                        {{2, 4, 10, 11}, {6, 4, 3, 3}, strided},
+                        {{1, 4, 8, 8}, {6, 2, 3, 3}, grouped},
+                        {{2, 20, 9, 9}, {24, 20, 3, 3}, strided},
+                        {{2, 32, 6, 6}, {16, 32, 1, 1}, Conv2dParams{}}};
+  uint64_t seed = 700;
+  for (const Case& c : cases) {
+    const Conv2dParams& p = c.p;
+    const int64_t oh = (c.x[2] + 2 * p.pad_h - p.dilation_h * (c.w[2] - 1) - 1) / p.stride_h + 1;
+    const int64_t ow = (c.x[3] + 2 * p.pad_w - p.dilation_w * (c.w[3] - 1) - 1) / p.stride_w + 1;
+    const Shape ys = {c.x[0], c.w[0], oh, ow};
+    Pair x = rnd(c.x, seed++), w = rnd(c.w, seed++), bias = rnd({c.w[0]}, seed++), dy = rnd(ys, seed++);
+    Pair y = empty(ys), dx = empty(c.x), dw = empty(c.w), db = empty({c.w[0]});
+    cpu()->conv2d(x.c, w.c, bias.c, y.c, p);
+    ref()->conv2d(x.r, w.r, bias.r, y.r, p);
+    check_close(y, 1e-5, 1e-5, "conv2d");
+    cpu()->conv2d_backward_data(dy.c, w.c, dx.c, p);
+    ref()->conv2d_backward_data(dy.r, w.r, dx.r, p);
+    check_close(dx, 1e-5, 1e-5, "conv2d_backward_data");
+    cpu()->conv2d_backward_weight(x.c, dy.c, dw.c, db.c, p);
+    ref()->conv2d_backward_weight(x.r, dy.r, dw.r, db.r, p);
+    check_close(dw, 1e-5, 1e-4, "conv2d_backward_weight");
+    check_close(db, 1e-5, 1e-4, "conv2d dbias");
+  }
+  // conv_transpose2d with output padding: the data gradient into a larger dx (stride 2, pad 1, op 1).
+  Pair dy = rnd({1, 4, 5, 5}, 720), w = rnd({4, 3, 3, 3}, 721), dx = empty({1, 3, 10, 10});
+  cpu()->conv2d_backward_data(dy.c, w.c, dx.c, strided);
+  ref()->conv2d_backward_data(dy.r, w.r, dx.r, strided);
+  check_close(dx, 1e-5, 1e-5, "conv_transpose2d");
+}
+
+TEST_CASE("cpu: cross_entropy forward and backward, with ignored rows") {
+  const int64_t N = 40, V = 1000;
+  Pair logits = rnd({N, V}, 800, -8.0f, 8.0f);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) t[size_t(i)] = i % 7 == 3 ? -100 : int32_t((i * 131) % V);
+  Pair targets = ints(t, {N}), dloss = rnd({N}, 801);
+  Pair loss = empty({N}), lse = empty({N}), dlogits = empty({N, V});
+  cpu()->cross_entropy(logits.c, targets.c, loss.c, lse.c, {});
+  ref()->cross_entropy(logits.r, targets.r, loss.r, lse.r, {});
+  check_close(loss, 16 * kEps, 16 * kEps, "cross_entropy loss");
+  check_close(lse, 8 * kEps, 0.0, "cross_entropy lse");
+  cpu()->cross_entropy_backward(logits.c, targets.c, lse.r.to(cpu()), dloss.c, dlogits.c, {});
+  ref()->cross_entropy_backward(logits.r, targets.r, lse.r, dloss.r, dlogits.r, {});
+  check_close(dlogits, 16 * kEps, 1e-9, "cross_entropy dlogits");
+  Pair bad = ints(std::vector<int32_t>(size_t(N), int32_t(V)), {N});
+  CHECK_THROWS_AS(cpu()->cross_entropy(logits.c, bad.c, loss.c, lse.c, {}), dew::Error);
+}
+
+TEST_CASE("cpu: fused optimizer updates over three steps") {
+  const int64_t n = 50000;
+  Pair p0 = rnd({n}, 900), m0 = zeros({n}), v0 = zeros({n});
+  Pair pa = clone(p0), ma = clone(m0), va = clone(v0), ps = clone(p0), buf = zeros({n}), pl = clone(p0),
+       ml = clone(m0), vl = clone(v0);
+  for (int64_t step = 1; step <= 3; ++step) {
+    Pair g = rnd({n}, 910 + uint64_t(step));
+    AdamWParams a;
+    a.lr = 1e-2f; a.weight_decay = 0.1f; a.grad_scale = 0.5f; a.step = step;
+    cpu()->adamw_update(pa.c, g.c, ma.c, va.c, a);
+    ref()->adamw_update(pa.r, g.r, ma.r, va.r, a);
+    SgdParams s;
+    s.lr = 0.1f; s.momentum = 0.9f; s.dampening = 0.1f; s.weight_decay = 0.01f; s.nesterov = true; s.step = step;
+    cpu()->sgd_update(ps.c, g.c, buf.c, s);
+    ref()->sgd_update(ps.r, g.r, buf.r, s);
+    LambParams l;
+    l.lr = 1e-2f; l.weight_decay = 0.01f; l.step = step;
+    cpu()->lamb_update(pl.c, g.c, ml.c, vl.c, l);
+    ref()->lamb_update(pl.r, g.r, ml.r, vl.r, l);
+  }
+  check_close(pa, 1e-5, 1e-6, "adamw param");
+  check_close(va, 1e-5, 1e-9, "adamw v");
+  check_close(ps, 1e-5, 1e-6, "sgd param");
+  check_close(buf, 1e-5, 1e-6, "sgd momentum");
+  check_close(pl, 1e-5, 1e-6, "lamb param");
+}
+
+TEST_CASE("cpu: random and dropout equal ref bit for bit; fill, cast, strided_copy") {
+  for (int64_t n : {int64_t(13), int64_t(100003)}) {
+    for (Distribution dist : {Distribution::uniform, Distribution::normal}) {
+      RandomParams p{dist, 42, 9, 3, -0.5f, 2.0f};
+      Pair out = empty({n});
+      cpu()->random(out.c, p);
+      ref()->random(out.r, p);
+      check_equal(out, "random");
+    }
+    Pair x = rnd({n}, 1000), y = empty({n}), mask = empty({n});
+    DropoutParams d{0.3f, 5, 6, 7};
+    cpu()->dropout(x.c, y.c, mask.c, d);
+    ref()->dropout(x.r, y.r, mask.r, d);
+    check_equal(y, "dropout y");
+    check_equal(mask, "dropout mask");
+  }
+  const DType types[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8};
+  Pair x = rnd({257}, 1100, -300.0f, 300.0f);
+  for (DType from : types) {
+    Pair a = empty({257}, from);
+    cpu()->cast(x.c, a.c);
+    ref()->cast(x.r, a.r);
+    check_equal(a, std::string("cast f32 -> ") + dtype_name(from));
+    for (DType to : types) {
+      Pair b = empty({257}, to);
+      cpu()->cast(a.c, b.c);
+      ref()->cast(a.r, b.r);
+      check_equal(b, std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to));
+    }
+    Pair f = empty({3, 5}, from);
+    cpu()->fill(f.c, -2.75);
+    ref()->fill(f.r, -2.75);
+    check_equal(f, std::string("fill ") + dtype_name(from));
+  }
+  // A permute [2, 3, 4, 5] -> [4, 2, 5, 3] and a slice with offset.
+  Pair src = rnd({2, 3, 4, 5}, 1200), dst = empty({4, 2, 5, 3});
+  StridedCopyParams p{{4, 2, 5, 3}, {5, 60, 1, 20}, {30, 15, 3, 1}, 0, 0};
+  cpu()->strided_copy(src.c, dst.c, p);
+  ref()->strided_copy(src.r, dst.r, p);
+  check_equal(dst, "strided_copy permute");
+  Pair big = rnd({300, 400}, 1201), part = empty({100, 200});
+  StridedCopyParams q{{100, 200}, {400, 1}, {200, 1}, 400 * 50 + 100, 0};
+  cpu()->strided_copy(big.c, part.c, q);
+  ref()->strided_copy(big.r, part.r, q);
+  check_equal(part, "strided_copy slice");
+}
+
+TEST_CASE("cpu: attention is wired to attention.cpp (forward and backward, GQA, causal)") {
+  const int64_t B = 2, T = 7, S = 7, Hq = 4, Hkv = 2, D = 16;
+  Pair q = rnd({B, T, Hq, D}, 1300), k = rnd({B, S, Hkv, D}, 1301), v = rnd({B, S, Hkv, D}, 1302),
+       dout = rnd({B, T, Hq, D}, 1303);
+  AttentionParams p;
+  p.scale = 0.25f;
+  Pair out = empty({B, T, Hq, D}), lse = empty({B, Hq, T});
+  cpu()->attention(q.c, k.c, v.c, out.c, lse.c, p);
+  ref()->attention(q.r, k.r, v.r, out.r, lse.r, p);
+  check_close(out, 1e-5, 1e-6, "attention out");
+  check_close(lse, 1e-5, 1e-6, "attention lse");
+  Pair dq = empty(q.c.shape()), dk = empty(k.c.shape()), dv = empty(v.c.shape());
+  cpu()->attention_backward(q.c, k.c, v.c, out.r.to(cpu()), lse.r.to(cpu()), dout.c, dq.c, dk.c, dv.c, p);
+  ref()->attention_backward(q.r, k.r, v.r, out.r, lse.r, dout.r, dq.r, dk.r, dv.r, p);
+  check_close(dq, 1e-4, 1e-5, "attention dq");
+  check_close(dk, 1e-4, 1e-5, "attention dk");
+  check_close(dv, 1e-4, 1e-5, "attention dv");
+}

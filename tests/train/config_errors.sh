@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# tests/train/config_errors.sh BIN_DIR WORK_DIR — user mistakes exit 2 with one line naming the culprit.
+set -uo pipefail
+bin=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work" && mkdir -p "$work"
+fails=0
+expect() {  # expect EXPECTED_TEXT ARGS...
+  local expected=$1; shift
+  out=$("$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/run-$RANDOM" "$@" 2>&1 >/dev/null)
+  rc=$?
+  lines=$(printf '%s\n' "$out" | grep -c .)
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$out" | grep -qF -- "$expected"; then
+    echo "FAIL ($*): rc=$rc lines=$lines, expected '$expected' in:"; printf '%s\n' "$out"; fails=$((fails + 1))
+  else
+    echo "ok: $* -> $out"
+  fi
+}
+expect "optim.lrr" --optim.lrr 0.1                       # unknown key
+expect "unknown option 'nosuch.key'" --nosuch.key 1       # unknown section
+expect "optim.lr' must be a number" --optim.lr fast      # bad value
+expect "trainer.steps" --trainer.steps 0                 # bad value
+expect "unknown objective 'nope'" --objective.plugin nope  # unknown plugin
+expect "unknown model 'resnet999'" --model.plugin resnet999
+expect "unknown optimizer" --optim.name adam2
+expect "/no/such/folder" --data.source idx --data.path /no/such/folder   # missing data file
+# an existing run directory is never trained over without --resume
+"$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/existing" --trainer.steps 2 >/dev/null 2>&1
+out=$("$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/existing" --trainer.steps 2 2>&1 >/dev/null); rc=$?
+if [ "$rc" -ne 2 ] || ! printf '%s' "$out" | grep -q -- "--resume"; then echo "FAIL: existing run dir: rc=$rc $out"; fails=$((fails+1)); else echo "ok: existing run dir refused"; fi
+exit $fails
