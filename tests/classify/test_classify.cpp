@@ -210,6 +210,20 @@ TEST_CASE("convnet: shapes, parameter names, FLOPs, describe") {
                     doctest::Contains("[B, 3, H, W]"));
   CHECK_THROWS_WITH_AS(make_model("convnet", {{"num_classes", "4"}, {"channels", "12"}, {"groups", "8"}}),
                        doctest::Contains("GroupNorm groups"), dew::UsageError);
+
+  // pool = flatten: the head sees every position of the last feature map.
+  auto f = make_model("convnet", {{"num_classes", "10"}, {"in_channels", "1"}, {"image_size", "28"},
+                                  {"channels", "8,16"}, {"groups", "4"}, {"pool", "flatten"}});
+  CHECK(f->named_parameters().back().first == "head.bias");
+  CHECK(f->named_parameters()[f->named_parameters().size() - 2].second.shape() == dew::Shape{10, 16 * 7 * 7});
+  CHECK(f->flops_per_sample() == doctest::Approx(flops - 2.0 * 16 * 10 + 2.0 * 16 * 49 * 10));
+  CHECK(f->forward({{"image", Tensor::zeros({2, 1, 28, 28}, dew::DType::f32, ref())}}).shape() == dew::Shape{2, 10});
+  CHECK_THROWS_WITH(f->forward({{"image", Tensor::zeros({2, 1, 32, 32}, dew::DType::f32, ref())}}),
+                    doctest::Contains("built for 28x28"));
+  CHECK_THROWS_WITH_AS(make_model("convnet", {{"num_classes", "4"}, {"pool", "flatten"}}),
+                       doctest::Contains("image_size"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(make_model("convnet", {{"num_classes", "4"}, {"pool", "max"}}),
+                       doctest::Contains("avg or flatten"), dew::UsageError);
 }
 
 TEST_CASE("create_model: the [model] section's plugin, keys marked used in the config") {

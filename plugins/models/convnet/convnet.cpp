@@ -2,14 +2,15 @@
 //
 // For each width c in `channels`: `depth` blocks conv3x3(stride 1) -> GroupNorm -> ReLU (the first
 // changes the width to c), then one block conv3x3(stride 2, c -> c) -> GroupNorm -> ReLU that halves
-// the resolution; then a global average pool over H, W (pool = avg) or a flatten (pool = flatten) and a
-// Linear to the classes. With the defaults
-// (channels 32,64, depth 1) a 28x28 image goes 28 -> 14 -> 7 -> pool -> 10 logits.
+// the resolution; then a global average pool over H, W (pool = avg) or a flatten (pool = flatten), and
+// a Linear to the classes. With the defaults (channels 32,64, depth 1) a 28x28 image goes
+// 28 -> 14 -> 7 -> pool -> 10 logits.
 // Input "image" f32 [B, C, H, W] -> logits f32 [B, num_classes].
-// Options ([model]): channels (default "32,64"), depth (stride-1 blocks per stage, default 1), pool (avg |
-// flatten, default avg), groups
-// (GroupNorm groups, default 8, capped at the width), num_classes (required), in_channels (default 1),
-// image_size ("28" or "28,28"; optional — the pool makes the net size-agnostic — used for FLOPs).
+// Options ([model]): channels (default "32,64"), depth (stride-1 blocks per stage, default 1), groups
+// (GroupNorm groups, default 8, capped at the width), pool (avg | flatten, default avg), num_classes
+// (required), in_channels (default 1), image_size ("28" or "28,28"; used for FLOPs, and needed by
+// pool = flatten; avg pooling makes the net size-agnostic). The classify objective fills num_classes,
+// in_channels and image_size from the data.
 // Parameters: blocks.<i>.conv.weight [O, C, 3, 3] (no bias: the norm follows), blocks.<i>.norm.weight,
 // blocks.<i>.norm.bias, head.weight [classes, c_last] (flatten: [classes, c_last*h*w]), head.bias.
 #include <dew/error.hpp>
