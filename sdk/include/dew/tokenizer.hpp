@@ -1,0 +1,97 @@
+// dew/tokenizer.hpp — tokenizers (byte, byte-level BPE) and the token-file layout dew-tokenize writes.
+//
+// Tokenizers map text (bytes; UTF-8 expected but not required) to ids and back, losslessly:
+// decode(encode(x)) == x for every byte string x, invalid UTF-8 included.
+//  * byte: id = byte value, vocab 256, no end-of-text token (eos_id() == -1).
+//  * bpe: byte-level BPE as in GPT-2. Text is cut into pre-tokens by GPT-2's pattern
+//      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//    (Unicode letter/number classes from Unicode 14; a byte that is not part of valid UTF-8 counts as
+//    "other"), then each pre-token's bytes are merged by rank (lowest rank first, leftmost first), as
+//    Hugging Face `tokenizers` does. Added tokens (e.g. "<|endoftext|>") are matched literally in the
+//    text before pre-tokenization. A trained tokenizer has ids 0..255 = the bytes, then the merged
+//    tokens, then "<|endoftext|>" (its eos) as the last id.
+// Files: Hugging Face tokenizer.json (model BPE + ByteLevel pre-tokenizer; other models, normalizers
+// and pre-tokenizers are refused by name) and GPT-2's vocab.json + merges.txt are read; tokenizer.json
+// is written (it loads back to the same tokenizer, and into Hugging Face `tokenizers`).
+//
+// Token files (a folder, the nanoGPT layout): train.bin, val.bin (token ids, little-endian, dtype the
+// smallest of uint8/uint16/uint32 holding the vocab; the validation split is the HEAD of the stream),
+// meta.json {tokenizer, vocab_size, dtype, train_tokens, val_tokens, train_bytes, val_bytes, eos_id}
+// (bytes: the UTF-8 bytes of text each split covers, for bits per byte), and tokenizer.json for bpe.
+//
+// Errors: malformed or missing user files are dew::UsageError (exit status 2), naming the file.
+// Tokenizers are immutable after construction; every method is thread-safe.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dew {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::string name() const = 0;  // "byte" | "bpe"
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t eos_id() const = 0;  // -1 when none
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Concatenates token_bytes of the ids: invalid UTF-8 stays as bytes. An id outside [0, vocab_size())
+  // throws dew::Error naming it.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The raw bytes of one token (an added token: its content, e.g. "<|endoftext|>"; an id the vocab
+  // skips: ""). Throws for an id outside [0, vocab_size()).
+  virtual std::string token_bytes(int32_t id) const = 0;
+};
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer();  // vocab 256, eos -1
+
+// Learns merges on the texts until the vocab (256 bytes + merged tokens + "<|endoftext|>") holds
+// vocab_size tokens, or the corpus has no pair left (then the vocab is smaller). vocab_size >= 257.
+// Pair counts over word frequencies with incremental updates: a few MB train in about a second.
+std::unique_ptr<Tokenizer> train_bpe(const std::vector<std::string>& texts, int64_t vocab_size);
+
+// Hugging Face tokenizer.json with model.type BPE and a ByteLevel pre-tokenizer.
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
+// GPT-2's vocab.json + merges.txt ("#version" line optional); eos: "<|endoftext|>" when in the vocab.
+std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const std::string& merges_txt);
+// Writes a BPE tokenizer as tokenizer.json (atomically); refuses other tokenizers.
+void save_tokenizer_json(const Tokenizer& bpe, const std::string& path);
+
+// GPT-2's pre-tokenizer: the pieces (views into text) BPE merges within. Concatenated they are text.
+std::vector<std::string_view> pretokenize_gpt2(std::string_view text);
+// True when the bytes are valid UTF-8 (no overlongs, surrogates or code points above U+10FFFF).
+bool is_valid_utf8(std::string_view bytes);
+
+// ---- token files ----
+struct TokenMeta {
+  std::string tokenizer, dtype;
+  int64_t vocab_size = 0, train_tokens = 0, val_tokens = 0, train_bytes = 0, val_bytes = 0;
+  int32_t eos_id = -1;
+};
+
+// "uint8" (vocab <= 256), "uint16" (<= 65536), else "uint32".
+std::string token_dtype_for(int64_t vocab_size);
+// Bytes per token of "uint8" | "uint16" | "uint32"; a UsageError otherwise.
+int64_t token_dtype_size(const std::string& dtype);
+
+// Reads <dir>/meta.json: clear usage errors for a missing or malformed file or field. Required:
+// vocab_size, dtype, train_tokens, val_tokens; optional: tokenizer (""), train_bytes, val_bytes (0),
+// eos_id (-1).
+TokenMeta read_token_meta(const std::string& dir);
+void write_token_meta(const TokenMeta& meta, const std::string& dir);  // atomic
+
+// Reads <dir>/meta.json (and <dir>/tokenizer.json for bpe) written by dew-tokenize; refuses a
+// tokenizer whose vocab size disagrees with meta.json.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+
+// What dew-tokenize does after reading its inputs: encodes the documents (each on its own, so no
+// pre-token spans two), joined by the eos token when eos_between_documents and the tokenizer has one
+// (else plainly concatenated); the first floor(val_fraction * tokens) tokens are val.bin, the rest
+// train.bin; writes meta.json last, tokenizer.json for bpe; every file atomically (temp + rename).
+// Creates dir. Returns what meta.json says.
+TokenMeta write_token_corpus(const Tokenizer& tokenizer, const std::vector<std::string>& documents,
+                             const std::string& dir, double val_fraction = 0.05, bool eos_between_documents = false);
+
+}  // namespace dew

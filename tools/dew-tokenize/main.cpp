@@ -1,0 +1,168 @@
+// tools/dew-tokenize/main.cpp — text files -> token files for the `tokens` data source.
+//
+//   dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--tokenizer byte|bpe] [--vocab-size N]
+//                [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]
+//
+// A folder input contributes every regular file in it (not symlinks, not subfolders), sorted by name;
+// files that are not UTF-8 text (invalid UTF-8 or a NUL byte, e.g. fortune's *.dat) are skipped with a
+// note. A file named directly must be UTF-8 text. Every file is one document; with --eos-between-files
+// documents are separated by the tokenizer's eos token (a tokenizer without one: plainly concatenated).
+// --tokenizer bpe trains a BPE of --vocab-size tokens on all the inputs, unless --tokenizer-json or
+// --vocab/--merges name an existing one (then bpe is implied). Writes DIR/train.bin, DIR/val.bin (the
+// first --val-fraction of the tokens), DIR/meta.json and, for bpe, DIR/tokenizer.json, each atomically
+// (dew/tokenizer.hpp, write_token_corpus). Exit status: 0 done, 2 usage error, 1 runtime error.
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dew/error.hpp"
+#include "dew/tokenizer.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kUsage =
+    "usage: dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--tokenizer byte|bpe] [--vocab-size N]\n"
+    "                    [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]\n";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  DEW_USAGE_CHECK(in.good(), "cannot read '", p.string(), "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  DEW_USAGE_CHECK(!in.bad(), "cannot read '", p.string(), "'");
+  return ss.str();
+}
+
+bool is_text(const std::string& s) { return s.find('\0') == std::string::npos && dew::is_valid_utf8(s); }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> inputs;
+  std::string out, tokenizer_name, tokenizer_json, vocab, merges;
+  int64_t vocab_size = 4096;
+  double val_fraction = 0.05;
+  po::options_description d("options");
+  d.add_options()("help,h", "show this help")(
+      "input", po::value(&inputs)->composing(), "a text file, or a folder of them (repeatable)")(
+      "out", po::value(&out), "output folder")("tokenizer", po::value(&tokenizer_name),
+                                                 "byte (default) or bpe")(
+      "vocab-size", po::value(&vocab_size), "BPE vocabulary to train, eos included (default 4096)")(
+      "tokenizer-json", po::value(&tokenizer_json), "a Hugging Face tokenizer.json (byte-level BPE)")(
+      "vocab", po::value(&vocab), "GPT-2 vocab.json (with --merges)")("merges", po::value(&merges),
+                                                                       "GPT-2 merges.txt (with --vocab)")(
+      "val-fraction", po::value(&val_fraction), "share of the tokens, from the head, for val.bin (default 0.05)")(
+      "eos-between-files", "separate the files by the tokenizer's eos token");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(d).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << d;
+    return 0;
+  }
+  DEW_USAGE_CHECK(!inputs.empty(), "--input is required");
+  DEW_USAGE_CHECK(!out.empty(), "--out is required");
+  DEW_USAGE_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
+  const bool from_file = !tokenizer_json.empty() || !vocab.empty() || !merges.empty();
+  DEW_USAGE_CHECK(vocab.empty() == merges.empty(), "--vocab and --merges go together");
+  DEW_USAGE_CHECK(tokenizer_json.empty() || vocab.empty(), "give --tokenizer-json or --vocab/--merges, not both");
+  if (tokenizer_name.empty()) tokenizer_name = from_file ? "bpe" : "byte";
+  DEW_USAGE_CHECK(tokenizer_name == "byte" || tokenizer_name == "bpe", "--tokenizer must be byte or bpe, got '",
+                  tokenizer_name, "'");
+  DEW_USAGE_CHECK(!(tokenizer_name == "byte" && from_file),
+                  "--tokenizer byte takes no --tokenizer-json / --vocab / --merges");
+  DEW_USAGE_CHECK(!vm.count("vocab-size") || (tokenizer_name == "bpe" && !from_file),
+                  "--vocab-size is for training a BPE (--tokenizer bpe without a tokenizer file)");
+
+  // ---- the documents ----
+  std::vector<std::string> documents;
+  std::vector<std::string> names;
+  int64_t skipped = 0, total_bytes = 0;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    DEW_USAGE_CHECK(fs::exists(in, ec), "--input '", in, "' does not exist");
+    if (fs::is_directory(in, ec)) {
+      std::vector<fs::path> files;
+      for (const fs::directory_entry& e : fs::directory_iterator(in))
+        if (e.symlink_status().type() == fs::file_type::regular) files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+      for (const fs::path& f : files) {
+        std::string s = read_file(f);
+        if (!is_text(s)) {
+          std::cerr << "dew-tokenize: skipping '" << f.string() << "' (not UTF-8 text)\n";
+          ++skipped;
+          continue;
+        }
+        total_bytes += int64_t(s.size());
+        documents.push_back(std::move(s));
+        names.push_back(f.string());
+      }
+    } else {
+      std::string s = read_file(in);
+      DEW_USAGE_CHECK(is_text(s), "--input '", in, "' is not UTF-8 text (invalid UTF-8 or a NUL byte)");
+      total_bytes += int64_t(s.size());
+      documents.push_back(std::move(s));
+      names.push_back(in);
+    }
+  }
+  DEW_USAGE_CHECK(!documents.empty(), "no text files in the inputs");
+
+  // ---- the tokenizer ----
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<dew::Tokenizer> tok;
+  if (tokenizer_name == "byte") {
+    tok = dew::make_byte_tokenizer();
+  } else if (!tokenizer_json.empty()) {
+    tok = dew::load_hf_tokenizer_json(tokenizer_json);
+  } else if (!vocab.empty()) {
+    tok = dew::load_gpt2_vocab(vocab, merges);
+  } else {
+    tok = dew::train_bpe(documents, vocab_size);
+    std::printf("dew-tokenize: trained a BPE of %lld tokens on %.2f MB in %.2f s\n",
+                static_cast<long long>(tok->vocab_size()), double(total_bytes) / 1e6, seconds_since(t0));
+  }
+  if (vm.count("eos-between-files") && tok->eos_id() < 0)
+    std::cerr << "dew-tokenize: the " << tok->name() << " tokenizer has no eos token; files are concatenated\n";
+
+  // ---- encode and write ----
+  const auto t1 = std::chrono::steady_clock::now();
+  const dew::TokenMeta m =
+      dew::write_token_corpus(*tok, documents, out, val_fraction, vm.count("eos-between-files") > 0);
+  std::printf(
+      "dew-tokenize: %zu file(s) (%lld skipped), %lld bytes -> train %lld tokens (%lld bytes), val %lld tokens "
+      "(%lld bytes); tokenizer %s, vocab %lld, %s, eos %d; encoded in %.2f s; wrote %s\n",
+      documents.size(), static_cast<long long>(skipped), static_cast<long long>(total_bytes),
+      static_cast<long long>(m.train_tokens), static_cast<long long>(m.train_bytes),
+      static_cast<long long>(m.val_tokens), static_cast<long long>(m.val_bytes), m.tokenizer.c_str(),
+      static_cast<long long>(m.vocab_size), m.dtype.c_str(), m.eos_id, seconds_since(t1), out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const po::error& e) {
+    std::cerr << "dew-tokenize: " << e.what() << "\n" << kUsage;
+    return 2;
+  } catch (const dew::Error& e) {
+    std::cerr << "dew-tokenize: " << (e.kind() == dew::ErrorKind::usage ? "" : "error: ") << e.describe() << "\n";
+    return e.kind() == dew::ErrorKind::usage ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "dew-tokenize: error: " << e.what() << "\n";
+    return 1;
+  }
+}
