@@ -2,7 +2,8 @@
 //
 // Invariants: a tensor with a grad_fn is a non-leaf; leaves accumulate (+=) into .grad only when they
 // require gradients; every node runs at most once per backward and is released afterwards (no
-// retain_graph); the backward pass itself records nothing (it runs under NoGradGuard).
+// retain_graph); the backward pass itself records nothing (it runs under NoGradGuard). With a leaf-ready
+// hook (dew/autograd.hpp), each leaf is reported once, after the last of its incoming edges ran.
 #include "dew/autograd.hpp"
 
 #include <unordered_map>
@@ -82,7 +83,9 @@ static void accumulate_leaf(TensorImpl* leaf, const Tensor& g) {
   existing.backend().binary(existing, g, existing, BinaryOp::add);
 }
 
-void run_backward(const Tensor& root, const Tensor& seed) {
+void run_backward(const Tensor& root, const Tensor& seed) { run_backward(root, seed, LeafReadyHook{}); }
+
+void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& on_leaf_ready) {
   DEW_CHECK(root.defined() && participates(root), "backward() on a tensor that does not require gradients");
   DEW_CHECK(seed.shape() == root.shape(), "backward seed shape ", shape_str(seed.shape()), " != ", shape_str(root.shape()));
   NoGradGuard no_grad;
@@ -92,6 +95,13 @@ void run_backward(const Tensor& root, const Tensor& seed) {
   std::unordered_set<TensorImpl*> visited;
   std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> keep;  // keeps impls alive while ordering
   std::vector<std::pair<TensorImpl*, size_t>> stack;
+  // ---- leaf-ready hook: incoming edges still to be processed, per leaf that requires a gradient ----
+  std::unordered_map<TensorImpl*, int64_t> pending_edges;
+  auto leaf_edge_done = [&](const Tensor& leaf) {
+    auto it = pending_edges.find(leaf.impl());
+    if (it != pending_edges.end() && --it->second == 0) on_leaf_ready(leaf);
+  };
+  // ---- end leaf-ready hook ----
   auto push = [&](const Tensor& t) {
     if (!t.defined() || !t.impl()->grad_fn || visited.count(t.impl())) return;
     visited.insert(t.impl());
@@ -104,6 +114,8 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     const auto& inputs = impl->grad_fn->inputs;
     if (next < inputs.size()) {
       const Tensor& in = inputs[next++];
+      if (on_leaf_ready && in.defined() && !in.impl()->grad_fn && in.impl()->requires_grad)
+        ++pending_edges[in.impl()];  // leaf-ready hook: one more edge into this leaf
       push(in);
     } else {
       order.push_back(impl);
@@ -115,6 +127,7 @@ void run_backward(const Tensor& root, const Tensor& seed) {
   grads[root.impl()] = seed.impl_ptr();
   if (!root.impl()->grad_fn) {  // a leaf root
     accumulate_leaf(root.impl(), seed);
+    if (on_leaf_ready && root.impl()->requires_grad) on_leaf_ready(root);
     return;
   }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
@@ -122,20 +135,30 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     auto git = grads.find(impl);
     // Release the graph as it goes; what was consumed refuses a second backward instead of acting as a leaf.
     std::shared_ptr<Node> node = std::exchange(impl->grad_fn, released_node());
-    if (git == grads.end()) continue;                      // no gradient flowed here
+    if (git == grads.end()) {                              // no gradient flowed here
+      if (on_leaf_ready)                                   // leaf-ready hook: these edges are done too
+        for (const Tensor& input : node->inputs)
+          if (input.defined() && !input.impl()->grad_fn) leaf_edge_done(input);
+      continue;
+    }
     Tensor g(git->second);
     grads.erase(git);
     std::vector<Tensor> in_grads = node->backward(g);
     DEW_INTERNAL_ASSERT(in_grads.size() == node->inputs.size());
     for (size_t i = 0; i < in_grads.size(); ++i) {
       const Tensor& input = node->inputs[i];
-      if (!input.defined() || !in_grads[i].defined()) continue;
+      if (!input.defined()) continue;
+      if (!in_grads[i].defined()) {
+        if (on_leaf_ready && !input.impl()->grad_fn) leaf_edge_done(input);  // leaf-ready hook
+        continue;
+      }
       DEW_CHECK(in_grads[i].shape() == input.shape(), "internal error: ", node->name, " produced a gradient of shape ",
                 shape_str(in_grads[i].shape()), " for an input of shape ", shape_str(input.shape()));
       if (input.impl()->grad_fn) {
         accumulate(grads[input.impl()], in_grads[i]);
       } else if (input.impl()->requires_grad) {
         accumulate_leaf(input.impl(), in_grads[i]);
+        if (on_leaf_ready) leaf_edge_done(input);  // leaf-ready hook
       }
     }
   }

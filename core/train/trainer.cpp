@@ -8,6 +8,12 @@
 // Resume is bit-exact: the checkpoint holds parameters, EMA, optimizer state, the update/attempt
 // counters, the data position and the best metric; everything random is keyed by (seed, step) through
 // Philox, so nothing else carries state.
+//
+// Data parallel ([run] dist = mpi; docs/distributed.md): the parts marked "dist" below. Every rank
+// builds the same run, reads its shard of each global batch, starts from rank 0's weights/EMA/optimizer
+// state (broadcast), and all-reduces its gradients in buckets overlapped with the last micro-batch's
+// backward (core/dist). Rank 0 alone logs and writes metrics, config.ini and checkpoints; every rank
+// validates on the whole split (identical weights, identical results), so no rank waits on another.
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -23,11 +29,13 @@
 
 #include "dew/autograd.hpp"
 #include "dew/checkpoint.hpp"
+#include "dew/comm.hpp"  // dist
 #include "dew/error.hpp"
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
 #include "dew/safetensors.hpp"
 #include "dew/train.hpp"
+#include "dist/data_parallel.hpp"  // dist
 
 namespace dew {
 
@@ -85,6 +93,19 @@ std::shared_ptr<spdlog::logger> make_logger(const std::string& run_dir) {
   return logger;
 }
 
+// ---- dist: the communicator of the training run in progress (an error on one rank ends the job) ----
+std::shared_ptr<Communicator> g_active_comm;
+
+// dist: ranks other than 0 print errors only and write no log file.
+std::shared_ptr<spdlog::logger> make_quiet_logger() {
+  auto console = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  console->set_pattern("%v");
+  auto logger = std::make_shared<spdlog::logger>("dew", console);
+  logger->set_level(spdlog::level::err);
+  return logger;
+}
+// ---- end dist ----
+
 // Keeps lines of metrics.jsonl whose "step" is <= `step` (a resume rewinds the log to its checkpoint).
 void rewind_metrics(const fs::path& path, int64_t step) {
   std::ifstream in(path);
@@ -114,6 +135,11 @@ struct Run {
   std::shared_ptr<Objective> objective;
   std::unique_ptr<DataLoader> train_loader;
   NamedTensors params, ema_params;
+  // ---- dist: the communicator (train only; null when [run] dist = none) ----
+  std::shared_ptr<Communicator> comm;
+  int rank = 0, world = 1;
+  double bucket_mb = 25;
+  // ---- end dist ----
 };
 
 std::string plugins_line() {
@@ -127,9 +153,26 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   Options& rs = config.section("run");
   rs.get_string("name", "");
   rs.get_strings("plugins", {});  // read by the launcher before loading plugins
+  // ---- dist: [run] dist = none | <communicator> (mpi), dist_timeout (s), bucket_mb ----
   const std::string dist = rs.get_string("dist", "none");
-  DEW_USAGE_CHECK(dist == "none", "run.dist = ", dist, " is not available yet (data-parallel training comes with the MPI "
-                  "communicator); use none");
+  run.bucket_mb = rs.get_double("bucket_mb", 25.0);
+  DEW_USAGE_CHECK(run.bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", run.bucket_mb);
+  Options comm_options;
+  if (rs.has("dist_timeout")) {
+    const double timeout = rs.get_double("dist_timeout", 60.0);
+    DEW_USAGE_CHECK(timeout >= 0, "option 'run.dist_timeout' must be >= 0 seconds (0 = no limit), got ", timeout);
+    comm_options.set("timeout", rs.get_string("dist_timeout", ""));
+  }
+  if (dist != "none" && with_train_data) {  // eval, sample and export run in one process
+    DEW_USAGE_CHECK(Registry::global().contains(Communicator::kind, dist), "run.dist = ", dist,
+                    ": no communicator of that name is loaded (none, or mpi when dew was built with MPI)");
+    run.comm = Registry::global().create<Communicator>(dist, comm_options);
+    g_active_comm = run.comm;
+    run.rank = run.comm->rank();
+    run.world = run.comm->size();
+    run.comm->barrier();  // every rank has read its config (--resume: RUN_DIR/config.ini) before rank 0 rewrites it
+  }
+  // ---- end dist ----
   run.seed = uint64_t(rs.get_int("seed", 0));
   const std::string backend_name = backend_override.empty() ? rs.get_string("backend", "cpu") : backend_override;
   if (!backend_override.empty()) rs.get_string("backend", "");
@@ -139,7 +182,7 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   set_default_backend(run.backend);
 
   Options& data = config.section("data");
-  if (with_train_data) run.train_loader = make_loader(data, "train", run.seed);
+  if (with_train_data) run.train_loader = make_loader(data, "train", run.seed, run.rank, run.world);  // dist: shard
   Options& os = config.section("objective");
   const std::string objective = os.get_string("plugin", "");
   DEW_USAGE_CHECK(!objective.empty(), "missing [objective] plugin = ... (e.g. classify, lm, diffusion, jepa)");
@@ -172,7 +215,36 @@ CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* 
 
 }  // namespace
 
+// ---- dist: an error on one rank ends the whole job at once (its peers would wait in a collective) ----
+namespace {
+int train_process(Config& config, const TrainOptions& options);
+}  // namespace
+
 int train(Config& config, const TrainOptions& options) {
+  auto abort_job = [](ErrorKind kind, const std::string& what) {
+    if (!g_active_comm || g_active_comm->size() <= 1) return;
+    const bool usage = kind == ErrorKind::usage;
+    g_active_comm->abort(usage ? 2 : 1, "dew-run train: rank " + std::to_string(g_active_comm->rank()) + ": " +
+                                            (usage ? "" : "error: ") + what);
+  };
+  try {
+    const int code = train_process(config, options);
+    g_active_comm.reset();
+    return code;
+  } catch (const Error& e) {
+    abort_job(e.kind(), e.describe());
+    g_active_comm.reset();
+    throw;
+  } catch (const std::exception& e) {
+    abort_job(ErrorKind::runtime, e.what());
+    g_active_comm.reset();
+    throw;
+  }
+}
+
+namespace {
+int train_process(Config& config, const TrainOptions& options) {
+// ---- end dist ----
   Options& ts = config.section("trainer");
   const int64_t steps = ts.get_int("steps", 0);
   DEW_USAGE_CHECK(steps > 0, "option 'trainer.steps' must be a positive number of updates");
@@ -205,6 +277,11 @@ int train(Config& config, const TrainOptions& options) {
   DEW_USAGE_CHECK(!options.resume || !latest.empty(), "--resume: no checkpoint to resume in '", ckpt_dir.string(), "'");
 
   Run run = build_run(config, options.backend_name, true);
+  // ---- dist ----
+  const bool leader = run.rank == 0;
+  std::unique_ptr<dist::DataParallel> dp;
+  if (run.comm) dp = std::make_unique<dist::DataParallel>(run.comm, run.params, run.bucket_mb);
+  // ---- end dist ----
   Options& optim_section = config.section("optim");
   const double lr = optim_section.get_double("lr", 1e-3);
   const double clip = optim_section.get_double("clip_grad_norm", 0.0);
@@ -220,10 +297,12 @@ int train(Config& config, const TrainOptions& options) {
   }
   config.check_all_used();  // every key was read by someone: the rest are typos
 
-  fs::create_directories(ckpt_dir);
-  remove_stale_temporaries(ckpt_dir.string());
-  auto log = make_logger(run_dir);
-  {
+  if (leader) {  // dist: rank 0 alone writes into the run directory
+    fs::create_directories(ckpt_dir);
+    remove_stale_temporaries(ckpt_dir.string());
+  }
+  auto log = leader ? make_logger(run_dir) : make_quiet_logger();  // dist
+  if (leader) {  // dist
     std::ofstream cfg(fs::path(run_dir) / "config.ini", std::ios::trunc);
     cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config.to_ini();
   }
@@ -250,10 +329,33 @@ int train(Config& config, const TrainOptions& options) {
     if (c.state_values.count("best_metric")) st.best = c.state_values.at("best_metric");
     st.best_file = c.state_text.count("best_file") ? c.state_text.at("best_file") : "";
     run.train_loader->seek(DataPosition{c.counters.at("data.next"), c.state_text.at("data.order")});
-    rewind_metrics(fs::path(run_dir) / "metrics.jsonl", st.updates);
+    if (leader) rewind_metrics(fs::path(run_dir) / "metrics.jsonl", st.updates);  // dist: rank 0's file
     log->info("resumed {} at update {} of {}", latest, st.updates, steps);
   }
-  std::ofstream metrics(fs::path(run_dir) / "metrics.jsonl", std::ios::app);
+  // ---- dist: every rank starts from rank 0's weights, EMA and optimizer state, at rank 0's position ----
+  if (dp) {
+    dp->broadcast(run.params);
+    if (ema) dp->broadcast(ema->tensors());
+    for (const auto& [slot, tensors] : optimizer->state()) dp->broadcast(tensors);
+    const int64_t mine[3] = {st.updates, st.attempts, run.train_loader->position().next};
+    Tensor at = Tensor::from_host(mine, {3}, DType::i64, run.backend);
+    dp->comm().broadcast(at, 0);
+    int64_t root[3];
+    at.copy_to_host(root);
+    DEW_CHECK(root[0] == mine[0] && root[1] == mine[1] && root[2] == mine[2], "rank ", run.rank,
+              " starts at update ", mine[0], " (data position ", mine[2], ") but rank 0 at update ", root[0],
+              " (data position ", root[2], "): every rank must see the same run directory (a shared filesystem)");
+    const int64_t batch = run.train_loader->config().batch_size;
+    const std::string micro = grad_accum > 1 ? " x " + std::to_string(grad_accum) + " micro-batches" : "";
+    log->info("data parallel: {} ranks x batch {}{} = {} samples per update; gradients all-reduced ({}) in {} buckets "
+              "of <= {} MiB", run.world, batch, micro, run.world * batch * grad_accum, run.comm->name(),
+              dp->num_buckets(), run.bucket_mb);
+  }
+  bool dist_stop = false;  // an interrupt seen by any rank, agreed on at the end of each update
+  double step_sync_ms = 0, window_sync_ms = 0;
+  // ---- end dist ----
+  std::ofstream metrics;
+  if (leader) metrics.open(fs::path(run_dir) / "metrics.jsonl", std::ios::app);  // dist: rank 0 alone
 
   std::unique_ptr<DataLoader> val_loader;
   auto validate = [&](int64_t at) -> std::map<std::string, double> {
@@ -268,17 +370,19 @@ int train(Config& config, const TrainOptions& options) {
       throw;
     }
     if (ema) ema->swap_into(ema_params);
-    for (const Artifact& a : vr.artifacts) {
-      fs::create_directories(fs::path(run_dir) / "samples");
-      std::ofstream f(fs::path(run_dir) / "samples" / a.file_name, std::ios::binary | std::ios::trunc);
-      f.write(reinterpret_cast<const char*>(a.bytes.data()), std::streamsize(a.bytes.size()));
-    }
+    if (leader)  // dist: rank 0 writes
+      for (const Artifact& a : vr.artifacts) {
+        fs::create_directories(fs::path(run_dir) / "samples");
+        std::ofstream f(fs::path(run_dir) / "samples" / a.file_name, std::ios::binary | std::ios::trunc);
+        f.write(reinterpret_cast<const char*>(a.bytes.data()), std::streamsize(a.bytes.size()));
+      }
     return vr.metrics;
   };
 
   auto save = [&](bool best) {
     const std::string name = checkpoint_name(st.updates);
     if (best) st.best_file = name;
+    if (!leader) return;  // dist: rank 0 writes the checkpoints
     write_checkpoint((ckpt_dir / name).string(),
                      make_checkpoint(config, run, optimizer.get(), ema.get(), st, run.train_loader->position()));
     prune_checkpoints(ckpt_dir.string(), int(keep), st.best_file);
@@ -286,7 +390,7 @@ int train(Config& config, const TrainOptions& options) {
 
   const double peak = measure_peak_gflops(run.backend);
   const double flops_per_sample = run.objective->train_flops_per_sample();
-  const bool tty = isatty(STDERR_FILENO);
+  const bool tty = leader && isatty(STDERR_FILENO);  // dist: rank 0 alone prints
   int64_t num_params = 0;
   for (auto& [k, t] : run.params) num_params += t.numel();
   log->info("training {} parameters on the {} backend (measured matmul peak {:.0f} GFLOP/s) to update {} -> {}",
@@ -294,6 +398,9 @@ int train(Config& config, const TrainOptions& options) {
 
   g_interrupts = 0;
   auto previous_handler = std::signal(SIGINT, on_sigint);
+  // dist: mpirun turns Ctrl-C into SIGTERM for the ranks (no checkpoint) but forwards SIGUSR1, so
+  // `kill -USR1 <mpirun pid>` pauses a data-parallel run with a checkpoint, like Ctrl-C in one process.
+  auto previous_usr1 = dp ? std::signal(SIGUSR1, on_sigint) : SIG_DFL;
   const auto run_start = std::chrono::steady_clock::now();
   const int64_t start_updates = st.updates;
   double window_time = 0, window_loss = 0;
@@ -302,9 +409,10 @@ int train(Config& config, const TrainOptions& options) {
   int exit_code = 0;
 
   while (st.updates < stop_at) {
-    if (g_interrupts > 0) {
+    if (dp ? dist_stop : g_interrupts > 0) {  // dist: ranks stop at the same update
       if (tty) std::fputc('\n', stderr);
       save(false);
+      if (dp) dp->comm().barrier();  // dist: exit status 130 makes mpirun end the job: not before rank 0 has saved
       log->info("interrupted: saved {} at update {}; resume with --resume", checkpoint_name(st.updates), st.updates);
       exit_code = 130;
       break;
@@ -324,10 +432,32 @@ int train(Config& config, const TrainOptions& options) {
       for (const auto& [k, v] : r.metrics) step_metrics[k] += v / double(grad_accum);
       if (!std::isfinite(lv)) {
         finite = false;
+        if (!dp) continue;  // dist: every rank runs every backward (collectives must match); the sum decides
+      }
+      if (dp && micro == grad_accum - 1) {  // dist: all-reduce in buckets, overlapped with this backward
+        Tensor loss = grad_accum == 1 ? r.loss : scale(r.loss, 1.0f / float(grad_accum));
+        run_backward(loss, Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.backend_ptr()), dp->begin_sync());
         continue;
       }
       (grad_accum == 1 ? r.loss : scale(r.loss, 1.0f / float(grad_accum))).backward();
     }
+    // ---- dist: averaged gradients; the logged figures cover the global batch ----
+    if (dp) {
+      dp->finish_sync();
+      std::vector<double> v = {loss_value, double(samples), double(tokens), finite ? 0.0 : 1.0,
+                               g_interrupts > 0 ? 1.0 : 0.0};
+      for (const auto& [k, x] : step_metrics) v.push_back(x);
+      dp->sum(v);
+      loss_value = v[0] / double(run.world);
+      samples = int64_t(v[1]);
+      tokens = int64_t(v[2]);
+      finite = v[3] == 0.0 && std::isfinite(loss_value);
+      dist_stop = v[4] > 0.0;
+      size_t i = 5;
+      for (auto& [k, x] : step_metrics) x = v[i++] / double(run.world);
+      step_sync_ms = dp->take_sync_ms();
+    }
+    // ---- end dist ----
     ++st.attempts;
     const double gnorm = finite ? global_grad_norm(run.params) : NAN;
     if (!finite || !std::isfinite(gnorm)) {
@@ -355,13 +485,14 @@ int train(Config& config, const TrainOptions& options) {
     window_loss += loss_value;
     window_samples += samples;
     window_tokens += tokens;
+    window_sync_ms += step_sync_ms;  // dist
     ++window_n;
     for (const auto& [k, v] : step_metrics) window_metrics[k] += v;
 
     const bool last = st.updates == stop_at;
     if (st.updates % log_every == 0 || last) {
       const double sps = double(window_samples) / window_time, tps = double(window_tokens) / window_time;
-      const double mfu = flops_per_sample > 0 ? flops_per_sample * sps * 1e-9 / peak : 0.0;
+      const double mfu = flops_per_sample > 0 ? flops_per_sample * sps * 1e-9 / (peak * run.world) : 0.0;  // dist
       std::ostringstream js;
       js << "{\"step\":" << st.updates << ",\"loss\":" << json_number(window_loss / double(window_n))
          << ",\"lr\":" << json_number(lr_now) << ",\"grad_norm\":" << json_number(gnorm)
@@ -369,6 +500,7 @@ int train(Config& config, const TrainOptions& options) {
          << ",\"samples_per_sec\":" << json_number(sps);
       if (window_tokens > 0) js << ",\"tokens_per_sec\":" << json_number(tps);
       js << ",\"mfu\":" << json_number(mfu) << ",\"skipped\":" << st.skipped;
+      if (dp) js << ",\"allreduce_ms\":" << json_number(window_sync_ms / double(window_n));  // dist
       for (const auto& [k, v] : window_metrics) js << ",\"" << k << "\":" << json_number(v / double(window_n));
       js << "}";
       metrics << js.str() << "\n";
@@ -388,7 +520,7 @@ int train(Config& config, const TrainOptions& options) {
       } else {
         log->info("{}", line);
       }
-      window_time = window_loss = 0;
+      window_time = window_loss = window_sync_ms = 0;
       window_samples = window_tokens = window_n = 0;
       window_metrics.clear();
     }
@@ -421,6 +553,7 @@ int train(Config& config, const TrainOptions& options) {
     if (is_best || last || (checkpoint_every > 0 && st.updates % checkpoint_every == 0)) save(is_best);
   }
   std::signal(SIGINT, previous_handler);
+  if (dp) std::signal(SIGUSR1, previous_usr1);  // dist
   if (exit_code == 0) {
     if (tty) std::fputc('\n', stderr);
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
@@ -430,6 +563,7 @@ int train(Config& config, const TrainOptions& options) {
   spdlog::drop("dew");
   return exit_code;
 }
+}  // namespace (dist: train_process)
 
 namespace {
 
@@ -514,8 +648,8 @@ void export_safetensors(const std::string& run_dir, const std::string& step, boo
   for (const auto& [k, v] : fields) {
     char* end = nullptr;
     std::strtod(v.c_str(), &end);
-    const bool number = !v.empty() && end && *end == '\0';
-    f << "  \"" << k << "\": " << (number ? v : "\"" + v + "\"") << (++i < fields.size() ? ",\n" : "\n");
+    const bool literal = (!v.empty() && end && *end == '\0') || v == "true" || v == "false";
+    f << "  \"" << k << "\": " << (literal ? v : "\"" + v + "\"") << (++i < fields.size() ? ",\n" : "\n");
   }
   f << "}\n";
 }

@@ -42,11 +42,14 @@ int run_kernels(const BenchOptions& opt) {
   be->set_threads(opt.threads);
   NoGradGuard no_grad;
 
-  struct Shape3 { int64_t m, n, k; const char* what; };
+  // M x K x N, the peers' notation (torch_matmul.py --shapes): the squares and every GEMM of a d=384
+  // transformer step with B*T = 2048 rows (qkv, out proj, SwiGLU 8d/3 = 1024, GELU-MLP 4d = 1536, lm head).
+  struct Shape3 { int64_t m, k, n; const char* what; };
   const Shape3 shapes[] = {
-      {256, 256, 256, "square"},           {1024, 1024, 1024, "square"},       {2048, 2048, 2048, "square"},
-      {2048, 1152, 384, "d384 qkv proj"},  {2048, 384, 384, "d384 out proj"},  {2048, 1024, 384, "d384 mlp up"},
-      {2048, 384, 1024, "d384 mlp down"},  {2048, 256, 384, "d384 lm head"},
+      {256, 256, 256, "square"},          {1024, 1024, 1024, "square"},        {2048, 2048, 2048, "square"},
+      {2048, 384, 1152, "d384 qkv proj"}, {2048, 384, 384, "d384 out proj"},   {2048, 384, 1024, "d384 swiglu up"},
+      {2048, 1024, 384, "d384 swiglu down"}, {2048, 384, 1536, "d384 mlp up"}, {2048, 1536, 384, "d384 mlp down"},
+      {2048, 384, 256, "d384 lm head"},
   };
   for (const Shape3& s : shapes) {
     Tensor a = Tensor::uniform({s.m, s.k}, -1, 1, 1, 1, be), b = Tensor::uniform({s.k, s.n}, -1, 1, 1, 2, be);
@@ -55,7 +58,7 @@ int run_kernels(const BenchOptions& opt) {
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
     std::printf("{\"bench\":\"matmul\",\"shape\":\"%lldx%lldx%lld\",\"what\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
                 "\"gflops\":%.1f,\"onednn_gflops\":%.1f,\"ratio\":%.3f}\n",
-                (long long)s.m, (long long)s.n, (long long)s.k, s.what, opt.backend.c_str(), opt.threads,
+                (long long)s.m, (long long)s.k, (long long)s.n, s.what, opt.backend.c_str(), opt.threads,
                 flop / dew_s * 1e-9, flop / dnnl_s * 1e-9, dnnl_s / dew_s);
     std::fflush(stdout);
   }

@@ -30,8 +30,9 @@
 // count either, except dq under the key-block split (a different summation order).
 // ISA: kernels use GCC/Clang vector extensions (no intrinsics). They are compiled for the file's own flags
 // and, where those lack them, also as AVX-512 and AVX2+FMA clones chosen at run time by
-// __builtin_cpu_supports, so the speed does not depend on the plugin's -march. exp and tanh are vector
-// polynomials (Cephes expf; relative error ~1e-7).
+// __builtin_cpu_supports, so the speed does not depend on the plugin's -march (-DDEW_CPU_ATTENTION_NO_DISPATCH
+// builds only the former: how the fallbacks are tested). exp and tanh are vector polynomials (Cephes expf;
+// relative error ~1e-7).
 #include "attention.hpp"
 
 #include <omp.h>
@@ -51,16 +52,17 @@
 namespace dew::cpu {
 namespace {
 
-constexpr int L = 16;                // lanes of one vector
-constexpr int64_t TILE = 64;         // tile width: 4 vectors (queries in the forward, keys in the backward)
-constexpr int64_t FWD_BK = 64;       // keys per forward step
-constexpr int64_t BWD_BQ = 64;       // queries per backward step
+constexpr int L = 16;           // lanes of one vector
+constexpr int64_t TILE = 64;    // tile width: 4 vectors (queries in the forward, keys in the backward)
+constexpr int64_t FWD_BK = 64;  // keys per forward step
+constexpr int64_t BWD_BQ = 64;  // queries per backward step
 constexpr int64_t ROW_PATH_MAX_T = 4;
 static_assert(FWD_BK <= TILE && BWD_BQ <= TILE, "the causal sub-tile tables hold 4 chunks of 16");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(64)));
 
 #define DEW_AI inline __attribute__((always_inline))
 
@@ -85,15 +87,14 @@ DEW_AI vi viset(int32_t s) {
 DEW_AI vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
 DEW_AI vf vmax(const vf& a, const vf& b) { return a > b ? a : b; }
 
-// e^x; exactly 0 below -87 (so exp(-inf) = 0), saturates at e^88.
-DEW_AI vf vexp(const vf& x) {
-  vf xc = x < vset(-88.0f) ? vset(-88.0f) : x;
-  xc = xc > vset(88.0f) ? vset(88.0f) : xc;
+// e^x for x <= 88 (softmax arguments are <= 0); exactly 0 below -87, so exp(-inf) = 0 (far below -87 the
+// integer exponent is garbage, but the final select discards it).
+DEW_AI vf vexp_upto88(const vf& x) {
   const vf magic = vset(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
-  const vf t = xc * vset(1.44269504088896341f) + magic;
+  const vf t = x * vset(1.44269504088896341f) + magic;
   const vf n = t - magic;
-  const vi ni = (vi)t - viset(0x4B400000);
-  vf r = xc - n * vset(0.693359375f);
+  const vu ni = (vu)t - (vu)viset(0x4B400000);  // n as an integer (unsigned: no signed overflow on garbage)
+  vf r = x - n * vset(0.693359375f);
   r = r - n * vset(-2.12194440e-4f);
   vf p = vset(1.9875691500e-4f);
   p = p * r + vset(1.3981999507e-3f);
@@ -102,9 +103,11 @@ DEW_AI vf vexp(const vf& x) {
   p = p * r + vset(1.6666665459e-1f);
   p = p * r + vset(5.0000001201e-1f);
   const vf e = p * (r * r) + r + vset(1.0f);
-  const vf res = e * (vf)((ni + viset(127)) << 23);
+  const vf res = e * (vf)((ni + (vu)viset(127)) << 23);  // e * 2^n
   return x < vset(-87.0f) ? vf{} : res;
 }
+// e^x for any x; saturates at e^88.
+DEW_AI vf vexp(const vf& x) { return vexp_upto88(x > vset(88.0f) ? vset(88.0f) : x); }
 
 // tanh(y) = sign(y) (1 - 2 / (e^{2|y|} + 1)); absolute error ~1e-7.
 DEW_AI vf vtanh(const vf& y) {
@@ -214,16 +217,24 @@ DEW_AI void unpack_t(const float* src, int64_t lds, int64_t nc, int64_t nr, cons
 
 // ---------------------------------------------------------------- micro-kernels
 
-// C[r][0, 16 NV) (+)= sum_k A[r * ars + k * aks] * B[k * ldb + (0, 16 NV)] for r < R: one broadcast of A
+// How a product starts: C = A B (kSet), C += A B (kAdd), C = C * colscale + A B (kScaleAdd; colscale has one
+// factor per column, the online-softmax rescale).
+enum Init { kSet, kAdd, kScaleAdd };
+
+// C[r][0, 16 NV) (op)= sum_k A[r * ars + k * aks] * B[k * ldb + (0, 16 NV)] for r < R: one broadcast of A
 // and NV loads of B feed R * NV accumulators held in registers.
-template <int R, int NV, bool ACC>
+template <int R, int NV, int INIT>
 DEW_AI void mk(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t ars, int64_t aks,
-               const float* __restrict B, int64_t ldb, int64_t K) {
+               const float* __restrict B, int64_t ldb, int64_t K, const float* __restrict colscale) {
   vf acc[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = ACC ? vload(C + r * ldc + v * L) : vf{};
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (INIT == kSet) acc[r][v] = vf{};
+      if constexpr (INIT == kAdd) acc[r][v] = vload(C + r * ldc + v * L);
+      if constexpr (INIT == kScaleAdd) acc[r][v] = vload(C + r * ldc + v * L) * vload(colscale + v * L);
+    }
   for (int64_t k = 0; k < K; ++k) {
     const float* b = B + k * ldb;
     vf bv[NV];
@@ -250,33 +261,42 @@ constexpr int rows_for(int regs, int nv) {
   return r < 1 ? 1 : r > 8 ? 8 : r;
 }
 
-template <int REGS, int NV, bool ACC>
+template <int REGS, int NV, int INIT>
 DEW_AI void gemm_nv(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
-                    int64_t M, int64_t K) {
+                    int64_t M, int64_t K, const float* colscale) {
   constexpr int RM = rows_for(REGS, NV);
   int64_t r = 0;
-  for (; r + RM <= M; r += RM) mk<RM, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+  for (; r + RM <= M; r += RM) mk<RM, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
   if constexpr (RM > 4) {
-    for (; r + 4 <= M; r += 4) mk<4, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+    for (; r + 4 <= M; r += 4) mk<4, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
   }
   if constexpr (RM > 2) {
-    for (; r + 2 <= M; r += 2) mk<2, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+    for (; r + 2 <= M; r += 2) mk<2, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
   }
   if constexpr (RM > 1) {
-    for (; r < M; ++r) mk<1, NV, ACC>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K);
+    for (; r < M; ++r) mk<1, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
   }
 }
 
-// C [M, N] (+)= A [M, K] B [K, N] with A[m][k] at A + m * ars + k * aks; N a multiple of 16.
-template <int REGS, bool ACC>
+// C [M, N] (op)= A [M, K] B [K, N] with A[m][k] at A + m * ars + k * aks; N a multiple of 16.
+template <int REGS, int INIT>
 DEW_AI void gemm(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
-                 int64_t M, int64_t K, int64_t N) {
+                 int64_t M, int64_t K, int64_t N, const float* colscale = nullptr) {
   for (int64_t n0 = 0; n0 < N; n0 += 4 * L) {
+    const float* cs = INIT == kScaleAdd ? colscale + n0 : nullptr;
     switch (std::min<int64_t>(4, (N - n0) / L)) {
-      case 4: gemm_nv<REGS, 4, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
-      case 3: gemm_nv<REGS, 3, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
-      case 2: gemm_nv<REGS, 2, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
-      default: gemm_nv<REGS, 1, ACC>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K); break;
+      case 4:
+        gemm_nv<REGS, 4, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+        break;
+      case 3:
+        gemm_nv<REGS, 3, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+        break;
+      case 2:
+        gemm_nv<REGS, 2, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+        break;
+      default:
+        gemm_nv<REGS, 1, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+        break;
     }
   }
 }
@@ -323,7 +343,7 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
   const int NV = int((nq + L - 1) / L);
   const int64_t LN = int64_t(NV) * L;
 
-  float* QT = ws;           // [D][TILE]  scale * Q^T
+  float* QT = ws;             // [D][TILE]  scale * Q^T
   float* OT = QT + D * TILE;  // [D][TILE]  unnormalised O^T
   float* ST = OT + D * TILE;  // [FWD_BK][TILE]  S^T, then P^T
 
@@ -359,8 +379,8 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 < LN)
-        gemm<REGS, false>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
-                          LN - l0);
+        gemm<REGS, kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
+                         LN - l0);
     }
     if (g.cap > 0) {
       for (int64_t j = 0; j < nk; ++j)
@@ -383,29 +403,35 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
         }
       }
     }
-    // online softmax, per vector of 16 queries
+    // online softmax, per vector of 16 queries; O^T is rescaled by alpha inside the P V product below
+    float alpha[TILE];
     for (int v = 0; v < NV; ++v) {
       vf mx = mv[v];
       for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(ST + j * TILE + v * L));
       const vf muse = mx == vset(kNegInf) ? vf{} : mx;  // a still fully masked row: keep exp() at 0, not NaN
-      const vf alpha = vexp(mv[v] - muse);
+      const vf a = vexp_upto88(mv[v] - muse);
       mv[v] = mx;
       vf sum = {};
       for (int64_t j = 0; j < nk; ++j) {
         float* s = ST + j * TILE + v * L;
-        const vf p = vexp(vload(s) - muse);
+        const vf p = vexp_upto88(vload(s) - muse);
         vstore(s, p);
         sum += p;
       }
-      lv[v] = lv[v] * alpha + sum;
-      for (int64_t d = 0; d < D; ++d) vstore(OT + d * TILE + v * L, vload(OT + d * TILE + v * L) * alpha);
+      lv[v] = lv[v] * a + sum;
+      vstore(alpha + v * L, a);
     }
-    // O^T[d][i] += sum_j V[s0 + j][d] * P^T[j][i] (P^T is 0 left of first[c])
+    // O^T[d][i] = alpha[i] O^T[d][i] + sum_j V[s0 + j][d] * P^T[j][i]. P^T is 0 left of first[c]; the first run
+    // rescales its lanes, and the lanes left of it saw no key here (alpha = exp(0) = 1 exactly).
     for (int c0 = 0, c1; c0 < nch; c0 = c1) {
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
-      if (l0 < LN)
-        gemm<REGS, true>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
+      if (l0 >= LN) continue;
+      if (c0 == 0)
+        gemm<REGS, kScaleAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
+                              LN - l0, alpha + l0);
+      else
+        gemm<REGS, kAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
                          LN - l0);
     }
   }
@@ -439,7 +465,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     *lse = kNegInf;
     return;
   }
-  float* qs = ws;         // [Dp]
+  float* qs = ws;          // [Dp]
   float* acc = qs + g.Dp;  // [Dp]
   float* sc = acc + g.Dp;  // [S + 16]
   const float* qrow = P.q + ((b * g.T + t) * g.Hq + h) * D;
@@ -457,7 +483,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   for (int64_t j = 0; j < n; ++j) m = std::max(m, sc[j]);
   vf lsum = {};
   for (int64_t j = 0; j < npad; j += L) {
-    const vf p = vexp(vload(sc + j) - m);
+    const vf p = vexp_upto88(vload(sc + j) - m);
     vstore(sc + j, p);
     lsum += j + L <= n ? p : (iota() < viset(int32_t(n - j)) ? p : vf{});
   }
@@ -487,14 +513,14 @@ template <int REGS>
 DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, float* dq_shared,
                      DqMode mode, float* ws) {
   const int64_t D = g.D, Dp = g.Dp, G = g.G, T = g.T;
-  float* KT = ws;                  // [D][TILE]
-  float* VT = KT + D * TILE;       // [D][TILE]
-  float* dKT = VT + D * TILE;      // [D][TILE]
-  float* dVT = dKT + D * TILE;     // [D][TILE]
-  float* Kp = dVT + D * TILE;      // [TILE][Dp]  K rows, zero padded to Dp
-  float* Pt = Kp + TILE * Dp;      // [BWD_BQ][TILE]  P
-  float* dSt = Pt + BWD_BQ * TILE; // [BWD_BQ][TILE]  dP, then dS
-  float* TH = dSt + BWD_BQ * TILE; // [BWD_BQ][TILE]  tanh(s / cap)
+  float* KT = ws;                    // [D][TILE]
+  float* VT = KT + D * TILE;         // [D][TILE]
+  float* dKT = VT + D * TILE;        // [D][TILE]
+  float* dVT = dKT + D * TILE;       // [D][TILE]
+  float* Kp = dVT + D * TILE;        // [TILE][Dp]  K rows, zero padded to Dp
+  float* Pt = Kp + TILE * Dp;        // [BWD_BQ][TILE]  P
+  float* dSt = Pt + BWD_BQ * TILE;   // [BWD_BQ][TILE]  dP, then dS
+  float* TH = dSt + BWD_BQ * TILE;   // [BWD_BQ][TILE]  tanh(s / cap)
   float* Dsum = TH + BWD_BQ * TILE;  // [G][T]
   // dq rows of query head gi: dqacc + gi * dq_hs + t * dq_ld
   float* dqacc = mode == kDqDirect ? P.dq + (b * T * g.Hq + hk * G) * D : mode == kDqLocal ? Dsum + G * T : dq_shared;
@@ -568,8 +594,8 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         }
         // S = Q K^T, then P = exp(scale S [capped] - lse), masked to 0
         for (int r = 0; r < nruns; ++r)
-          gemm<REGS, false>(Pt + run_r0[r] * TILE, TILE, qh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, KT, TILE,
-                            run_r1[r] - run_r0[r], D, run_lanes[r]);
+          gemm<REGS, kSet>(Pt + run_r0[r] * TILE, TILE, qh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, KT, TILE,
+                           run_r1[r] - run_r0[r], D, run_lanes[r]);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
           float* prow = Pt + i * TILE;
@@ -601,8 +627,8 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         }
         // dP = dO V^T; dS = scale P (dP - Dsum) [* (1 - tanh^2)] (d raw score; the scale folded in for dq, dk)
         for (int r = 0; r < nruns; ++r)
-          gemm<REGS, false>(dSt + run_r0[r] * TILE, TILE, doh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, VT, TILE,
-                            run_r1[r] - run_r0[r], D, run_lanes[r]);
+          gemm<REGS, kSet>(dSt + run_r0[r] * TILE, TILE, doh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, VT, TILE,
+                           run_r1[r] - run_r0[r], D, run_lanes[r]);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
           const vf di = vset(Dh[t0 + i]);
@@ -619,10 +645,9 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         // dV^T[d][j] += sum_i dO[i][d] P[i][j];  dK^T[d][j] += sum_i Q[i][d] dS[i][j];  dQ[i][:] += dS[i][j] K[j][:]
         for (int r = 0; r < nruns; ++r) {
           const int64_t r0 = run_r0[r], nr = run_r1[r] - r0, nl = run_lanes[r];
-          gemm<REGS, true>(dVT, TILE, doh + (t0 + r0) * g.qrs, 1, g.qrs, Pt + r0 * TILE, TILE, D, nr, nl);
-          gemm<REGS, true>(dKT, TILE, qh + (t0 + r0) * g.qrs, 1, g.qrs, dSt + r0 * TILE, TILE, D, nr, nl);
-          gemm<REGS, true>(dqh + (t0 + r0) * dq_ld, dq_ld, dSt + r0 * TILE, TILE, 1, Kp, Dp, nr, std::min(nk, nl),
-                           Dp);
+          gemm<REGS, kAdd>(dVT, TILE, doh + (t0 + r0) * g.qrs, 1, g.qrs, Pt + r0 * TILE, TILE, D, nr, nl);
+          gemm<REGS, kAdd>(dKT, TILE, qh + (t0 + r0) * g.qrs, 1, g.qrs, dSt + r0 * TILE, TILE, D, nr, nl);
+          gemm<REGS, kAdd>(dqh + (t0 + r0) * dq_ld, dq_ld, dSt + r0 * TILE, TILE, 1, Kp, Dp, nr, std::min(nk, nl), Dp);
         }
       }
     }
@@ -646,19 +671,18 @@ using BwdFn = void (*)(const Geo&, const Ptrs&, int64_t, int64_t, int64_t, int64
 struct Kernels {
   FwdFn fwd_lane, fwd_row;
   BwdFn bwd;
-  const char* isa;
 };
 
-#define DEW_ATTN_KERNELS(SUFFIX, ATTR, REGS)                                                                 \
-  ATTR void fwd_lane_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                     \
-    fwd_lane_task<REGS>(g, p, task, ws);                                                                  \
-  }                                                                                                       \
-  ATTR void fwd_row_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                      \
-    fwd_row_task<REGS>(g, p, task, ws);                                                                   \
-  }                                                                                                       \
-  ATTR void bwd_##SUFFIX(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1,    \
-                         float* dq_shared, DqMode mode, float* ws) {                                      \
-    bwd_task<REGS>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);                                           \
+#define DEW_ATTN_KERNELS(SUFFIX, ATTR, REGS)                                                           \
+  ATTR void fwd_lane_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                  \
+    fwd_lane_task<REGS>(g, p, task, ws);                                                               \
+  }                                                                                                    \
+  ATTR void fwd_row_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                   \
+    fwd_row_task<REGS>(g, p, task, ws);                                                                \
+  }                                                                                                    \
+  ATTR void bwd_##SUFFIX(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, \
+                         float* dq_shared, DqMode mode, float* ws) {                                   \
+    bwd_task<REGS>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);                                        \
   }
 
 #if defined(__AVX512F__)
@@ -682,15 +706,15 @@ const Kernels& kernels() {
   static const Kernels k = [] {
 #ifdef DEW_ATTN_DISPATCH
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
-      return Kernels{fwd_lane_avx512, fwd_row_avx512, bwd_avx512, "avx512"};
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw"))
+      return Kernels{fwd_lane_avx512, fwd_row_avx512, bwd_avx512};
 #if !defined(__AVX2__)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      return Kernels{fwd_lane_avx2, fwd_row_avx2, bwd_avx2, "avx2"};
+      return Kernels{fwd_lane_avx2, fwd_row_avx2, bwd_avx2};
 #endif
 #endif
-    return Kernels{fwd_lane_native, fwd_row_native, bwd_native, "native"};
+    return Kernels{fwd_lane_native, fwd_row_native, bwd_native};
   }();
   return k;
 }
@@ -720,14 +744,14 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   check_tensor(q, "q");
   check_tensor(k, "k");
   check_tensor(v, "v");
-  DEW_CHECK(q.ndim() == 4 && k.ndim() == 4, "cpu attention: q and k must be [B, T, H, D], got ",
-            shape_str(q.shape()), " and ", shape_str(k.shape()));
+  DEW_CHECK(q.ndim() == 4 && k.ndim() == 4, "cpu attention: q and k must be [B, T, H, D], got ", shape_str(q.shape()),
+            " and ", shape_str(k.shape()));
   check_shape(v, k.shape(), "v");
   Geo g{};
   g.B = q.size(0), g.T = q.size(1), g.Hq = q.size(2), g.D = q.size(3);
   g.S = k.size(1), g.Hkv = k.size(2);
-  DEW_CHECK(k.size(0) == g.B && k.size(3) == g.D, "cpu attention: k ", shape_str(k.shape()),
-            " does not match q ", shape_str(q.shape()));
+  DEW_CHECK(k.size(0) == g.B && k.size(3) == g.D, "cpu attention: k ", shape_str(k.shape()), " does not match q ",
+            shape_str(q.shape()));
   DEW_CHECK(g.Hkv > 0 && g.Hq % g.Hkv == 0, "cpu attention: Hq = ", g.Hq, " is not a multiple of Hkv = ", g.Hkv);
   DEW_CHECK(g.D > 0, "cpu attention: head width D must be positive");
   DEW_CHECK(p.window >= 0, "cpu attention: window must be >= 0, got ", p.window);

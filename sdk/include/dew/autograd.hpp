@@ -47,4 +47,14 @@ void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<T
 // Runs backward from `root` seeded with `seed` (same shape as root).
 void run_backward(const Tensor& root, const Tensor& seed);
 
+// ---- leaf-ready hook (data-parallel gradient bucketing, core/dist) ----
+// Called during run_backward with each leaf that requires a gradient and is reachable from the root,
+// exactly once, as soon as its .grad holds every contribution of this backward pass (its .grad stays
+// undefined when no gradient actually flowed into it). The pass counts each leaf's incoming edges while
+// ordering the graph and calls the hook when the last one has been processed, so the hook runs while
+// the rest of the backward pass is still to come. Leaves the root cannot reach are never reported.
+using LeafReadyHook = std::function<void(const Tensor& leaf)>;
+void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& on_leaf_ready);
+// ---- end leaf-ready hook ----
+
 }  // namespace dew

@@ -1,0 +1,171 @@
+// core/dist/data_parallel.cpp — bucketed, overlapped gradient all-reduce (see data_parallel.hpp).
+#include "dist/data_parallel.hpp"
+
+#include <chrono>
+
+#include "dew/backend.hpp"
+#include "dew/error.hpp"
+
+namespace dew::dist {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+}  // namespace
+
+DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb)
+    : comm_(std::move(comm)), params_(params) {
+  DEW_CHECK(comm_, "data-parallel training needs a communicator");
+  DEW_USAGE_CHECK(bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", bucket_mb);
+  const double cap = bucket_mb * 1024.0 * 1024.0;
+  bucket_of_.resize(params_.size());
+  slot_of_.resize(params_.size());
+  staged_.assign(params_.size(), false);
+  double bytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k].second;
+    DEW_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "data-parallel training: parameter '",
+              params_[k].first, "' is ", dtype_name(p.dtype()), "; gradients are all-reduced in f32 or f64");
+    index_[p.impl()] = k;
+    const bool fresh = buckets_.empty() || params_[buckets_.back().members.front()].second.dtype() != p.dtype() ||
+                       (bytes > 0 && bytes + double(p.nbytes()) > cap);
+    if (fresh) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    bucket_of_[k] = buckets_.size() - 1;
+    slot_of_[k] = b.members.size();
+    b.members.push_back(k);
+    b.offsets.push_back(b.numel);
+    b.numel += p.numel();
+    bytes += double(p.nbytes());
+  }
+  for (Bucket& b : buckets_) {
+    const Tensor& first = params_[b.members.front()].second;
+    b.flat = Tensor::zeros({b.numel + int64_t(b.members.size())}, first.dtype(), first.backend_ptr());
+  }
+}
+
+std::vector<std::vector<size_t>> DataParallel::bucket_members() const {
+  std::vector<std::vector<size_t>> out;
+  for (const Bucket& b : buckets_) out.push_back(b.members);
+  return out;
+}
+
+void DataParallel::broadcast(const NamedTensors& tensors) {
+  for (const auto& [name, t] : tensors) {
+    Tensor handle = t;
+    comm_->broadcast(handle, 0);
+  }
+}
+
+LeafReadyHook DataParallel::begin_sync() {
+  for (Bucket& b : buckets_) {
+    b.pending = b.members.size();
+    b.request.reset();
+    b.complete = false;
+  }
+  staged_.assign(params_.size(), false);
+  next_launch_ = 0;
+  return [this](const Tensor& leaf) { on_leaf_ready(leaf); };
+}
+
+void DataParallel::on_leaf_ready(const Tensor& leaf) {
+  const auto t0 = Clock::now();
+  auto it = index_.find(leaf.impl());
+  if (it != index_.end() && !staged_[it->second]) {
+    stage(it->second);
+    launch_ready();
+  }
+  progress();
+  sync_ms_ += ms_since(t0);
+}
+
+// Copies a parameter's gradient (or zeros) and its flag into the bucket.
+void DataParallel::stage(size_t k) {
+  NoGradGuard no_grad;
+  staged_[k] = true;
+  Bucket& b = buckets_[bucket_of_[k]];
+  const size_t slot = slot_of_[k];
+  const Tensor& p = params_[k].second;
+  Tensor view = b.flat.slice0(b.offsets[slot], b.offsets[slot] + p.numel());
+  Tensor flag = b.flat.slice0(b.numel + int64_t(slot), b.numel + int64_t(slot) + 1);
+  Tensor g = p.grad();
+  if (g.defined()) {
+    // The previous sync left .grad as a view of this very buffer: then it is already in place.
+    if (g.data() != view.data()) view.copy_(g.reshape({p.numel()}));
+    b.flat.backend().fill(flag, 1.0);
+  } else {
+    b.flat.backend().fill(view, 0.0);
+    b.flat.backend().fill(flag, 0.0);
+  }
+  --b.pending;
+}
+
+// Launches ready buckets in index order (every rank issues the same sequence of collectives).
+void DataParallel::launch_ready() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    Bucket& b = buckets_[next_launch_++];
+    b.flat.backend().synchronize();
+    b.request = comm_->all_reduce_sum_async(b.flat);
+  }
+}
+
+// Lets launched collectives advance (MPI progresses non-blocking collectives only inside its calls).
+void DataParallel::progress() {
+  for (size_t i = 0; i < next_launch_; ++i) {
+    Bucket& b = buckets_[i];
+    if (!b.complete) b.complete = b.request->test();
+  }
+}
+
+void DataParallel::finish_sync() {
+  const auto t0 = Clock::now();
+  NoGradGuard no_grad;
+  for (size_t k = params_.size(); k-- > 0;)  // parameters this backward pass did not reach
+    if (!staged_[k]) stage(k);
+  launch_ready();
+  DEW_INTERNAL_ASSERT(next_launch_ == buckets_.size());
+  const double inv_world = 1.0 / double(comm_->size());
+  for (Bucket& b : buckets_) {
+    b.request->wait();
+    b.complete = true;
+    Backend& be = b.flat.backend();
+    if (comm_->size() > 1) {
+      UnaryParams scale;
+      scale.op = UnaryOp::affine;
+      scale.alpha = float(inv_world);
+      scale.beta = 0.0f;
+      be.unary(b.flat, b.flat, scale);
+    }
+    const std::vector<double> flags = b.flat.slice0(b.numel, b.numel + int64_t(b.members.size())).to_doubles();
+    for (size_t slot = 0; slot < b.members.size(); ++slot) {
+      Tensor& p = params_[b.members[slot]].second;
+      if (flags[slot] > 0) {
+        p.set_grad(b.flat.slice0(b.offsets[slot], b.offsets[slot] + p.numel()).reshape(p.shape()));
+      } else {
+        p.zero_grad();  // no rank had a gradient for it
+      }
+    }
+  }
+  sync_ms_ += ms_since(t0);
+}
+
+void DataParallel::sum(std::vector<double>& values) {
+  if (values.empty()) return;
+  const auto t0 = Clock::now();
+  const BackendPtr& be = params_.front().second.backend_ptr();
+  Tensor t = Tensor::from_host(values.data(), {int64_t(values.size())}, DType::f64, be);
+  comm_->all_reduce_sum(t);
+  t.copy_to_host(values.data());
+  sync_ms_ += ms_since(t0);
+}
+
+double DataParallel::take_sync_ms() {
+  const double ms = sync_ms_;
+  sync_ms_ = 0.0;
+  return ms;
+}
+
+}  // namespace dew::dist

@@ -1,0 +1,249 @@
+// core/generate/generate.cpp — the sampling chain and the generation loop of dew/generate.hpp.
+//
+// The chain works on host doubles: logits -> repetition penalty -> (temperature 0: argmax) -> / T ->
+// top_k -> softmax -> top_p -> min_p -> renormalise -> draw u = philox::uniform(seed, stream, draw)
+// against the cumulative sum in descending probability (ties by id). Sorting makes the draw independent
+// of the vocabulary order of equal-probability tokens and matches what "top" means in every filter.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dew/autograd.hpp"
+#include "dew/error.hpp"
+#include "dew/generate.hpp"
+#include "dew/ops.hpp"
+#include "dew/random.hpp"
+#include "dew/tokenizer.hpp"
+
+namespace dew {
+
+namespace {
+
+constexpr uint64_t kSampleStream = 0x73616d706c650000ull;  // "sample": keeps draws apart from other streams
+
+// Logits after the repetition penalty, as doubles.
+std::vector<double> penalised(const float* logits, int64_t vocab, const SamplingParams& p,
+                              const std::vector<int32_t>& history) {
+  std::vector<double> z(logits, logits + vocab);
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<char> seen(size_t(vocab), 0);
+    for (int32_t t : history)
+      if (t >= 0 && t < vocab && !seen[size_t(t)]) {
+        seen[size_t(t)] = 1;
+        double& v = z[size_t(t)];
+        v = v < 0 ? v * p.repetition_penalty : v / p.repetition_penalty;
+      }
+  }
+  return z;
+}
+
+int64_t argmax_of(const std::vector<double>& z) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < int64_t(z.size()); ++i)
+    if (z[size_t(i)] > z[size_t(best)] || (std::isnan(z[size_t(best)]) && !std::isnan(z[size_t(i)]))) best = i;
+  return best;
+}
+
+// Token ids in descending probability (ties by id) and their normalised probabilities after the
+// filters; `kept` is how many survive.
+struct Ranked {
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+  size_t kept = 0;
+};
+
+Ranked rank(const float* logits, int64_t vocab, const SamplingParams& p, const std::vector<int32_t>& history) {
+  DEW_CHECK(vocab > 0, "sample_token: empty logits");
+  std::vector<double> z = penalised(logits, vocab, p, history);
+  Ranked r;
+  if (p.temperature <= 0.0f) {
+    r.ids = {int32_t(argmax_of(z))};
+    r.probs = {1.0};
+    r.kept = 1;
+    return r;
+  }
+  for (double& v : z) {
+    v /= double(p.temperature);
+    if (std::isnan(v)) v = -INFINITY;
+  }
+  r.ids.resize(size_t(vocab));
+  std::iota(r.ids.begin(), r.ids.end(), 0);
+  std::stable_sort(r.ids.begin(), r.ids.end(), [&](int32_t a, int32_t b) { return z[size_t(a)] > z[size_t(b)]; });
+  size_t n = size_t(vocab);
+  if (p.top_k > 0) n = std::min(n, size_t(p.top_k));
+  const double top = z[size_t(r.ids[0])];
+  r.probs.resize(n);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += (r.probs[i] = std::isinf(top) ? (i == 0) : std::exp(z[size_t(r.ids[i])] - top));
+  for (double& q : r.probs) q /= total;
+  if (p.top_p < 1.0f) {  // the smallest prefix with cumulative probability >= top_p (at least one token)
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < n) {
+      cum += r.probs[keep++];
+      if (cum >= double(p.top_p) - 1e-12) break;
+    }
+    n = keep;
+  }
+  if (p.min_p > 0.0f) {  // relative to the most likely token (probabilities after temperature)
+    const double floor_p = double(p.min_p) * r.probs[0];
+    size_t keep = 1;
+    while (keep < n && r.probs[keep] >= floor_p) ++keep;
+    n = keep;
+  }
+  r.probs.resize(n);
+  total = 0;
+  for (double q : r.probs) total += q;
+  for (double& q : r.probs) q /= total;
+  r.kept = n;
+  return r;
+}
+
+}  // namespace
+
+void validate(const SamplingParams& p) {
+  DEW_USAGE_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "sampling: temperature must be >= 0 (0 = greedy), got ",
+                  p.temperature);
+  DEW_USAGE_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "sampling: top_p must be in (0, 1], got ", p.top_p);
+  DEW_USAGE_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "sampling: min_p must be in [0, 1], got ", p.min_p);
+  DEW_USAGE_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f,
+                  "sampling: repetition_penalty must be positive (1 = off), got ", p.repetition_penalty);
+  DEW_USAGE_CHECK(p.top_k >= 0, "sampling: top_k must be >= 0 (0 = off), got ", p.top_k);
+  DEW_USAGE_CHECK(p.max_new_tokens >= 0, "sampling: max_new_tokens must be >= 0, got ", p.max_new_tokens);
+  for (const std::string& s : p.stop) DEW_USAGE_CHECK(!s.empty(), "sampling: a stop string is empty");
+}
+
+std::vector<double> sampling_distribution(const float* logits, int64_t vocab, const SamplingParams& params,
+                                          const std::vector<int32_t>& history) {
+  const Ranked r = rank(logits, vocab, params, history);
+  std::vector<double> out(size_t(vocab), 0.0);
+  for (size_t i = 0; i < r.kept; ++i) out[size_t(r.ids[i])] = r.probs[i];
+  return out;
+}
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
+                     const std::vector<int32_t>& history, uint64_t draw_index, uint64_t stream) {
+  const Ranked r = rank(logits, vocab, params, history);
+  if (r.kept == 1) return r.ids[0];
+  const double u = double(philox::uniform(params.seed, kSampleStream ^ stream, draw_index));
+  double cum = 0;
+  for (size_t i = 0; i < r.kept; ++i) {
+    cum += r.probs[i];
+    if (u < cum) return r.ids[i];
+  }
+  return r.ids[r.kept - 1];  // rounding: u within 1e-16 of 1
+}
+
+size_t find_stop(const std::string& text, const std::vector<std::string>& stop, size_t from, size_t* which) {
+  size_t best = std::string::npos;
+  for (size_t i = 0; i < stop.size(); ++i) {
+    const size_t at = text.find(stop[i], from);
+    if (at != std::string::npos && (best == std::string::npos || at < best)) {
+      best = at;
+      if (which) *which = i;
+    }
+  }
+  return best;
+}
+
+StartFn decoder_start(CausalDecoder& model) {
+  return [&model](int64_t capacity) -> DecodeFn {
+    std::shared_ptr<DecodeCache> cache = model.make_cache(1, capacity);
+    return [&model, cache](const Tensor& tokens) { return model.forward_cached(tokens, *cache); };
+  };
+}
+
+std::vector<Generation> generate(const StartFn& start, const std::vector<std::vector<int32_t>>& prompts,
+                                 const SamplingParams& params, const Tokenizer* tokenizer, int64_t context) {
+  validate(params);
+  DEW_USAGE_CHECK(params.stop.empty() || tokenizer, "sampling: stop strings need a tokenizer to decode the text");
+  DEW_USAGE_CHECK(context >= 0, "generate: the context length must be >= 0 (0 = unlimited), got ", context);
+  NoGradGuard no_grad;
+  size_t longest_stop = 0;
+  for (const std::string& s : params.stop) longest_stop = std::max(longest_stop, s.size());
+  std::vector<Generation> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    DEW_USAGE_CHECK(!prompts[i].empty(), "generate: prompt ", i, " has no tokens");
+    Generation& g = out[i];
+    g.finish_reason = "length";
+    const int64_t budget = params.max_new_tokens;
+    if (budget <= 0) continue;
+    std::vector<int32_t> history = prompts[i];
+    // The tokens to feed next: the prompt (its last `context` tokens when longer), then one token a step.
+    std::vector<int32_t> pending = history;
+    if (context > 0 && int64_t(pending.size()) > context) pending.erase(pending.begin(), pending.end() - context);
+    auto capacity = [&](int64_t first) {
+      const int64_t want = first + budget;
+      return context > 0 ? std::min(want, context) : want;
+    };
+    DecodeFn step = start(capacity(int64_t(pending.size())));
+    int64_t fed = 0;  // tokens in the current cache
+    std::string text;
+    size_t checked = 0;  // stop strings were searched in text[0, checked)
+    size_t stop_at = std::string::npos;
+    for (int64_t n = 0; n < budget; ++n) {
+      if (context > 0 && fed + int64_t(pending.size()) > context) {
+        // The context is full: a fresh cache re-fed with the last half of it (nanoGPT's crop, amortised).
+        const int64_t keep = std::min<int64_t>(int64_t(history.size()), std::max<int64_t>(1, context / 2));
+        pending.assign(history.end() - keep, history.end());
+        step = start(context);
+        fed = 0;
+      }
+      Tensor logits = step(Tensor::from_ints(pending, {1, int64_t(pending.size())}, default_backend()));
+      fed += int64_t(pending.size());
+      DEW_CHECK(logits.ndim() == 3 && logits.shape()[0] == 1, "generate: the decoder returned logits ",
+                shape_str(logits.shape()), ", expected [1, T, V]");
+      const int64_t t = logits.shape()[1], v = logits.shape()[2];
+      Tensor last = reshape(logits, {t, v}).slice0(t - 1, t);
+      const std::vector<float> row = last.dtype() == DType::f32 ? last.to_floats() : cast(last, DType::f32).to_floats();
+      const int32_t tok = sample_token(row.data(), v, params, history, uint64_t(n), uint64_t(i));
+      if (params.eos_id >= 0 && tok == params.eos_id) {
+        g.finish_reason = "eos";
+        break;
+      }
+      g.tokens.push_back(tok);
+      history.push_back(tok);
+      if (!params.stop.empty()) {
+        text = tokenizer->decode(g.tokens);
+        const size_t from = checked > longest_stop ? checked - longest_stop : 0;
+        stop_at = find_stop(text, params.stop, from);
+        checked = text.size();
+        if (stop_at != std::string::npos) {
+          g.finish_reason = "stop";
+          break;
+        }
+      }
+      pending.assign(1, tok);
+    }
+    if (stop_at != std::string::npos) {
+      // The shortest token prefix whose text covers everything before the stop string.
+      size_t keep = 0;
+      while (keep < g.tokens.size() &&
+             tokenizer->decode(std::vector<int32_t>(g.tokens.begin(), g.tokens.begin() + keep)).size() < stop_at)
+        ++keep;
+      g.tokens.resize(keep);
+      g.text = text.substr(0, stop_at);
+    } else if (tokenizer) {
+      g.text = tokenizer->decode(g.tokens);
+    }
+  }
+  return out;
+}
+
+std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tokenizer,
+                                      const std::vector<std::string>& prompts, const SamplingParams& params) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const std::string& p : prompts) {
+    std::vector<int32_t> t = tokenizer.encode(p);
+    if (t.empty()) {
+      DEW_USAGE_CHECK(tokenizer.eos_id() >= 0, "generate: an empty prompt needs a tokenizer with an end-of-text token");
+      t.push_back(int32_t(tokenizer.eos_id()));
+    }
+    ids.push_back(std::move(t));
+  }
+  return generate(decoder_start(model), ids, params, &tokenizer, model.context_length());
+}
+
+}  // namespace dew

@@ -1,0 +1,483 @@
+// causal_transformer.cpp — the `causal_transformer` backbone: a Llama-style decoder-only transformer
+// (Llama / Qwen3 / Gemma options), with Hugging Face parameter names and a KV-cached decode path.
+//
+// forward({"tokens": i32 [B, T]}) -> logits f32 [B, T, V]. Optional inputs for dropout (only read when
+// dropout > 0 and the module is training): "dropout_seed" and "dropout_step" (one-element integer
+// tensors); the mask of site s in layer i is philox(seed, stream_of("dropout.<i>.<s>") + step * golden, k).
+//
+// Block (pre-norm):  x = x + drop(self_attn(input_layernorm(x)));  x = x + drop(mlp(post_attention_layernorm(x)))
+// Head: norm(x) @ embed_tokens^T (tied) or lm_head(norm(x)); optional final logit softcap
+// cap * tanh(z / cap). Embeddings optionally scaled by sqrt(dim) (Gemma). Attention: q/k/v projections,
+// optional RMSNorm over head_dim on q and k (before RoPE), rotary positions in the rotate-half pairing on
+// the first partial_rotary * head_dim features, GQA, a causal mask, a sliding window on "local" layers,
+// optional attention-logit softcap.
+//
+// Parameter names (exactly the Hugging Face Llama/Qwen3 layout):
+//   model.embed_tokens.weight [V, D]
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight   (+ q_norm.weight, k_norm.weight [head_dim])
+//   model.layers.{i}.mlp.{gate,up,down}_proj.weight     (mlp = gelu: up_proj, down_proj only)
+//   model.layers.{i}.input_layernorm.weight, model.layers.{i}.post_attention_layernorm.weight
+//   model.norm.weight, lm_head.weight [V, D] (only when tie_embeddings = false)
+// Init: every matrix and the embedding N(0, init_std = 0.02); o_proj and down_proj N(0, 0.02 / sqrt(2 L))
+// (GPT-2's residual scaling); norm weights 1 (0 with norm_offset = 1, the "(1 + w)" scale).
+//
+// Options ([model]): vocab_size (required; the lm objective fills it from the tokenizer), dim (512),
+// n_layers (8), n_heads (8), n_kv_heads (= n_heads), head_dim (= dim / n_heads), mlp (swiglu | geglu |
+// gelu), mlp_hidden (gated: 8 dim / 3 rounded up to a multiple of 64; gelu: 4 dim), norm_eps (1e-5),
+// norm_offset (0 | 1), rope_theta (10000), partial_rotary (1), qk_norm (false), sliding_window (0),
+// layer_pattern ("global"; a comma list of global | local cycled over the layers; local layers use
+// sliding_window), attn_softcap (0), final_softcap (0), tie_embeddings (true), embed_scale (false),
+// dropout (0), init_std (0.02), max_seq_len (2048: the context length FLOPs are counted for,
+// max_position_embeddings and the context generation keeps to; the lm objective sets it to the data's
+// sequence length).
+//
+// FLOPs (flops_per_sample, for one sequence of max_seq_len = T tokens, forward only):
+//   2 * T * (non-embedding parameters + V * D)          (every matmul weight once per token; the head
+//                                                        reads V x D whether tied or not)
+// + 4 * T^2 * H * head_dim per layer                     (q.k and p.v over the full T x T square, the
+//                                                        PaLM / nanoGPT convention; window layers count
+//                                                        T * min(T, window))
+#include <dew/autograd.hpp>
+#include <dew/error.hpp>
+#include <dew/generate.hpp>
+#include <dew/model.hpp>
+#include <dew/random.hpp>
+#include <dew/registry.hpp>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using dew::Activation;
+using dew::Options;
+using dew::Tensor;
+using dew::nn::Init;
+
+struct Config {
+  int64_t vocab = 0, dim = 512, layers = 8, heads = 8, kv_heads = 0, head_dim = 0, hidden = 0;
+  std::string mlp = "swiglu";
+  double norm_eps = 1e-5;
+  float norm_offset = 0.0f;
+  double rope_theta = 10000.0, partial_rotary = 1.0;
+  int64_t rotary_dim = 0;
+  bool qk_norm = false;
+  int64_t window = 0;
+  std::vector<bool> local;  // per layer
+  std::string pattern = "global";
+  double attn_softcap = 0, final_softcap = 0;
+  bool tie = true, embed_scale = false;
+  double dropout = 0, init_std = 0.02;
+  int64_t max_seq_len = 2048;
+};
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+Config read_config(const Options& o) {
+  Config c;
+  DEW_USAGE_CHECK(o.has("vocab_size"), "causal_transformer: missing option 'model.vocab_size' (the lm objective sets it "
+                                       "from the tokenizer's meta.json)");
+  c.vocab = o.get_int("vocab_size", 0);
+  DEW_USAGE_CHECK(c.vocab > 0, "option 'model.vocab_size' must be positive, got ", c.vocab);
+  c.dim = o.get_int("dim", 512);
+  c.layers = o.get_int("n_layers", 8);
+  c.heads = o.get_int("n_heads", 8);
+  DEW_USAGE_CHECK(c.dim > 0, "option 'model.dim' must be positive, got ", c.dim);
+  DEW_USAGE_CHECK(c.layers > 0, "option 'model.n_layers' must be positive, got ", c.layers);
+  DEW_USAGE_CHECK(c.heads > 0, "option 'model.n_heads' must be positive, got ", c.heads);
+  c.kv_heads = o.get_int("n_kv_heads", c.heads);
+  DEW_USAGE_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0, "option 'model.n_kv_heads' (", c.kv_heads,
+                  ") must divide model.n_heads (", c.heads, ")");
+  const int64_t default_hd = c.dim % c.heads == 0 ? c.dim / c.heads : 0;
+  c.head_dim = o.get_int("head_dim", default_hd);
+  DEW_USAGE_CHECK(c.head_dim > 0, "model.dim ", c.dim, " is not a multiple of model.n_heads ", c.heads,
+                  ": set model.head_dim");
+  c.mlp = o.get_string("mlp", "swiglu");
+  DEW_USAGE_CHECK(c.mlp == "swiglu" || c.mlp == "geglu" || c.mlp == "gelu", "option 'model.mlp' must be swiglu, geglu "
+                  "or gelu, got '", c.mlp, "'");
+  const int64_t default_hidden = c.mlp == "gelu" ? 4 * c.dim : round_up((8 * c.dim + 2) / 3, 64);
+  c.hidden = o.get_int("mlp_hidden", default_hidden);
+  DEW_USAGE_CHECK(c.hidden > 0, "option 'model.mlp_hidden' must be positive, got ", c.hidden);
+  c.norm_eps = o.get_double("norm_eps", 1e-5);
+  DEW_USAGE_CHECK(c.norm_eps > 0, "option 'model.norm_eps' must be positive, got ", c.norm_eps);
+  const double off = o.get_double("norm_offset", 0.0);
+  DEW_USAGE_CHECK(off == 0.0 || off == 1.0, "option 'model.norm_offset' must be 0 (w) or 1 ((1 + w), Gemma), got ", off);
+  c.norm_offset = float(off);
+  c.rope_theta = o.get_double("rope_theta", 10000.0);
+  DEW_USAGE_CHECK(c.rope_theta > 0, "option 'model.rope_theta' must be positive, got ", c.rope_theta);
+  c.partial_rotary = o.get_double("partial_rotary", 1.0);
+  DEW_USAGE_CHECK(c.partial_rotary >= 0 && c.partial_rotary <= 1, "option 'model.partial_rotary' must be in [0, 1], got ",
+                  c.partial_rotary);
+  const int64_t rd = int64_t(std::floor(c.partial_rotary * double(c.head_dim) / 2.0)) * 2;
+  DEW_USAGE_CHECK(c.partial_rotary == 0 || rd > 0, "model.partial_rotary ", c.partial_rotary, " of head_dim ",
+                  c.head_dim, " rotates no feature pair");
+  DEW_USAGE_CHECK(c.partial_rotary == 0 || c.head_dim % 2 == 0, "rotary positions need an even head_dim, got ",
+                  c.head_dim);
+  c.rotary_dim = c.partial_rotary == 0 ? -1 : (rd == c.head_dim ? 0 : rd);
+  c.qk_norm = o.get_bool("qk_norm", false);
+  c.window = o.get_int("sliding_window", 0);
+  DEW_USAGE_CHECK(c.window >= 0, "option 'model.sliding_window' must be >= 0, got ", c.window);
+  c.pattern = o.get_string("layer_pattern", "global");
+  std::vector<bool> kinds;
+  for (const std::string& k : o.get_strings("layer_pattern", {"global"})) {
+    if (k == "global" || k == "full" || k == "full_attention") kinds.push_back(false);
+    else if (k == "local" || k == "sliding" || k == "sliding_attention") kinds.push_back(true);
+    else DEW_USAGE_CHECK(false, "option 'model.layer_pattern': '", k, "' is not global or local");
+  }
+  DEW_USAGE_CHECK(!kinds.empty(), "option 'model.layer_pattern' is empty");
+  for (int64_t i = 0; i < c.layers; ++i) c.local.push_back(kinds[size_t(i) % kinds.size()]);
+  bool any_local = false;
+  for (bool l : c.local) any_local = any_local || l;
+  DEW_USAGE_CHECK(!any_local || c.window > 0, "model.layer_pattern has local layers but model.sliding_window is 0");
+  c.attn_softcap = o.get_double("attn_softcap", 0.0);
+  c.final_softcap = o.get_double("final_softcap", 0.0);
+  DEW_USAGE_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0, "model.attn_softcap and model.final_softcap must be >= 0");
+  c.tie = o.get_bool("tie_embeddings", true);
+  c.embed_scale = o.get_bool("embed_scale", false);
+  c.dropout = o.get_double("dropout", 0.0);
+  DEW_USAGE_CHECK(c.dropout >= 0 && c.dropout < 1, "option 'model.dropout' must be in [0, 1), got ", c.dropout);
+  c.init_std = o.get_double("init_std", 0.02);
+  DEW_USAGE_CHECK(c.init_std > 0, "option 'model.init_std' must be positive, got ", c.init_std);
+  c.max_seq_len = o.get_int("max_seq_len", 2048);
+  DEW_USAGE_CHECK(c.max_seq_len > 0, "option 'model.max_seq_len' must be positive, got ", c.max_seq_len);
+  return c;
+}
+
+// Per-layer K/V of a batch: [B, capacity, Hkv, D] each, filled up to `length`.
+class KVCache final : public dew::DecodeCache {
+ public:
+  int64_t batch() const override { return batch_; }
+  int64_t length() const override { return length_; }
+  int64_t capacity() const override { return capacity_; }
+  int64_t batch_ = 0, length_ = 0, capacity_ = 0;
+  std::vector<Tensor> k, v;
+};
+
+// Writes src [B, T, Hkv, D] into dst [B, S, Hkv, D] at sequence position `at`.
+void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
+  const int64_t b = src.shape()[0], t = src.shape()[1], row = src.shape()[2] * src.shape()[3];
+  const int64_t s = dst.shape()[1];
+  dew::StridedCopyParams p;
+  p.shape = {b, t, row};
+  p.src_strides = {t * row, row, 1};
+  p.dst_strides = {s * row, row, 1};
+  p.dst_offset = at * row;
+  dst.backend().strided_copy(src, dst, p);
+}
+
+// The first n positions of a cache tensor [B, S, Hkv, D]: a view when B == 1, else a copy.
+Tensor prefix(const Tensor& cache, int64_t n) {
+  const dew::Shape& s = cache.shape();
+  if (n == s[1]) return cache;
+  if (s[0] == 1) return dew::reshape(dew::reshape(cache, {s[1], s[2], s[3]}).slice0(0, n), {1, n, s[2], s[3]});
+  return dew::slice(cache, 1, 0, n);
+}
+
+class SelfAttention final : public dew::nn::Module {
+ public:
+  SelfAttention(const Config& c, bool local) : c_(c), local_(local) {
+    const Init w = Init::Normal(float(c.init_std));
+    const Init wo = Init::Normal(float(c.init_std / std::sqrt(2.0 * double(c.layers))));
+    q_proj = register_module("q_proj", std::make_shared<dew::nn::Linear>(c.dim, c.heads * c.head_dim, false, w));
+    k_proj = register_module("k_proj", std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, false, w));
+    v_proj = register_module("v_proj", std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, false, w));
+    o_proj = register_module("o_proj", std::make_shared<dew::nn::Linear>(c.heads * c.head_dim, c.dim, false, wo));
+    if (c.qk_norm) {
+      q_norm = register_module("q_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
+      k_norm = register_module("k_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
+    }
+  }
+
+  // x [B, T, D]; positions i32 [T]. With a cache (k_cache, v_cache [B, S, Hkv, Dh]), the new keys and
+  // values are written at `past` and the queries attend over the first past + T keys.
+  Tensor forward(const Tensor& x, const Tensor& positions, Tensor* k_cache, Tensor* v_cache, int64_t past) const {
+    const int64_t b = x.shape()[0], t = x.shape()[1];
+    Tensor q = dew::reshape(q_proj->forward(x), {b, t, c_.heads, c_.head_dim});
+    Tensor k = dew::reshape(k_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
+    Tensor v = dew::reshape(v_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
+    if (q_norm) {
+      q = q_norm->forward(q);
+      k = k_norm->forward(k);
+    }
+    if (c_.rotary_dim >= 0) {
+      q = dew::rope(q, positions, float(c_.rope_theta), c_.rotary_dim);
+      k = dew::rope(k, positions, float(c_.rope_theta), c_.rotary_dim);
+    }
+    dew::AttentionParams p;
+    p.scale = 1.0f / std::sqrt(float(c_.head_dim));
+    p.causal = true;
+    p.window = local_ ? c_.window : 0;
+    p.softcap = float(c_.attn_softcap);
+    Tensor o;
+    if (k_cache) {
+      write_rows(k, *k_cache, past);
+      write_rows(v, *v_cache, past);
+      p.q_offset = past;
+      o = dew::attention(q, prefix(*k_cache, past + t), prefix(*v_cache, past + t), p);
+    } else {
+      o = dew::attention(q, k, v, p);
+    }
+    return o_proj->forward(dew::reshape(o, {b, t, c_.heads * c_.head_dim}));
+  }
+
+  std::shared_ptr<dew::nn::Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<dew::nn::RMSNorm> q_norm, k_norm;
+
+ private:
+  Config c_;
+  bool local_;
+};
+
+class FeedForward final : public dew::nn::Module {
+ public:
+  explicit FeedForward(const Config& c) {
+    const Init w = Init::Normal(float(c.init_std));
+    const Init wo = Init::Normal(float(c.init_std / std::sqrt(2.0 * double(c.layers))));
+    gated_ = c.mlp != "gelu";
+    act_ = c.mlp == "swiglu" ? Activation::silu : Activation::gelu_tanh;
+    if (gated_) gate_proj = register_module("gate_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, false, w));
+    up_proj = register_module("up_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, false, w));
+    down_proj = register_module("down_proj", std::make_shared<dew::nn::Linear>(c.hidden, c.dim, false, wo));
+  }
+  Tensor forward(const Tensor& x) const {
+    if (!gated_) return down_proj->forward(up_proj->forward(x, act_));
+    return down_proj->forward(dew::mul(gate_proj->forward(x, act_), up_proj->forward(x)));
+  }
+  std::shared_ptr<dew::nn::Linear> gate_proj, up_proj, down_proj;
+
+ private:
+  bool gated_ = true;
+  Activation act_ = Activation::silu;
+};
+
+class DecoderLayer final : public dew::nn::Module {
+ public:
+  DecoderLayer(const Config& c, int64_t index) {
+    self_attn = register_module("self_attn", std::make_shared<SelfAttention>(c, c.local[size_t(index)]));
+    mlp = register_module("mlp", std::make_shared<FeedForward>(c));
+    input_layernorm = register_module("input_layernorm",
+                                      std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
+    post_attention_layernorm = register_module(
+        "post_attention_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
+  }
+  std::shared_ptr<SelfAttention> self_attn;
+  std::shared_ptr<FeedForward> mlp;
+  std::shared_ptr<dew::nn::RMSNorm> input_layernorm, post_attention_layernorm;
+};
+
+// A container whose children are named "0", "1", ...
+class LayerList final : public dew::nn::Module {
+ public:
+  std::shared_ptr<DecoderLayer> add(std::shared_ptr<DecoderLayer> l) {
+    items.push_back(register_module(std::to_string(items.size()), std::move(l)));
+    return items.back();
+  }
+  std::vector<std::shared_ptr<DecoderLayer>> items;
+};
+
+class Decoder final : public dew::nn::Module {
+ public:
+  explicit Decoder(const Config& c) {
+    embed_tokens = register_module("embed_tokens",
+                                   std::make_shared<dew::nn::Embedding>(c.vocab, c.dim, Init::Normal(float(c.init_std))));
+    layers = register_module("layers", std::make_shared<LayerList>());
+    for (int64_t i = 0; i < c.layers; ++i) layers->add(std::make_shared<DecoderLayer>(c, i));
+    norm = register_module("norm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
+  }
+  std::shared_ptr<dew::nn::Embedding> embed_tokens;
+  std::shared_ptr<LayerList> layers;
+  std::shared_ptr<dew::nn::RMSNorm> norm;
+};
+
+class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
+ public:
+  explicit CausalTransformer(const Options& o) : c_(read_config(o)) {
+    model_ = register_module("model", std::make_shared<Decoder>(c_));
+    if (!c_.tie)
+      lm_head_ = register_module("lm_head", std::make_shared<dew::nn::Linear>(c_.dim, c_.vocab, false,
+                                                                               Init::Normal(float(c_.init_std))));
+  }
+
+  Tensor forward(const dew::Batch& inputs) override {
+    auto it = inputs.find("tokens");
+    DEW_CHECK(it != inputs.end(), "causal_transformer: forward needs a 'tokens' input (i32 [B, T])");
+    const Tensor& tokens = it->second;
+    check_tokens(tokens);
+    uint64_t seed = 0, step = 0;
+    if (c_.dropout > 0 && training()) {
+      if (auto s = inputs.find("dropout_seed"); s != inputs.end()) seed = uint64_t(s->second.item());
+      if (auto s = inputs.find("dropout_step"); s != inputs.end()) step = uint64_t(s->second.item());
+    }
+    return run(tokens, nullptr, seed, step);
+  }
+
+  // ---- CausalDecoder ----
+  int64_t vocab_size() const override { return c_.vocab; }
+
+  std::unique_ptr<dew::DecodeCache> make_cache(int64_t batch, int64_t capacity) const override {
+    DEW_CHECK(batch > 0 && capacity > 0, "causal_transformer: a cache needs a positive batch and capacity");
+    auto cache = std::make_unique<KVCache>();
+    cache->batch_ = batch;
+    cache->capacity_ = capacity;
+    const auto& be = model_->embed_tokens->weight.backend_ptr();
+    const dew::DType dt = model_->embed_tokens->weight.dtype();
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      cache->k.push_back(Tensor::zeros({batch, capacity, c_.kv_heads, c_.head_dim}, dt, be));
+      cache->v.push_back(Tensor::zeros({batch, capacity, c_.kv_heads, c_.head_dim}, dt, be));
+    }
+    return cache;
+  }
+
+  Tensor forward_cached(const Tensor& tokens, dew::DecodeCache& cache) override {
+    auto* kv = dynamic_cast<KVCache*>(&cache);
+    DEW_CHECK(kv != nullptr, "causal_transformer: forward_cached needs a cache made by this model's make_cache()");
+    check_tokens(tokens);
+    DEW_CHECK(tokens.shape()[0] == kv->batch_, "causal_transformer: ", tokens.shape()[0],
+              " sequences fed to a cache of batch ", kv->batch_);
+    DEW_CHECK(kv->length_ + tokens.shape()[1] <= kv->capacity_, "causal_transformer: the cache holds ", kv->capacity_,
+              " tokens; ", kv->length_, " are in it and ", tokens.shape()[1], " more were fed");
+    Tensor logits = run(tokens, kv, 0, 0);
+    kv->length_ += tokens.shape()[1];
+    return logits;
+  }
+
+  double flops_per_sequence(int64_t t) const override {
+    double weights = 0;
+    for (const auto& [name, p] : named_parameters())
+      if (p.ndim() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight") weights += double(p.numel());
+    weights += double(c_.vocab * c_.dim);  // the head
+    double attn = 0;
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      const double keys = c_.local[size_t(i)] ? double(std::min(t, c_.window)) : double(t);
+      attn += 4.0 * double(t) * keys * double(c_.heads * c_.head_dim);
+    }
+    return 2.0 * double(t) * weights + attn;
+  }
+
+  int64_t context_length() const override { return c_.max_seq_len; }
+
+  // ---- Model ----
+  double flops_per_sample() const override { return flops_per_sequence(c_.max_seq_len); }
+
+  std::map<std::string, std::string> describe() const override {
+    auto num = [](double v) {
+      std::ostringstream s;
+      s << v;
+      return s.str();
+    };
+    std::string types;
+    for (bool l : c_.local) types += std::string(types.empty() ? "" : ",") + (l ? "sliding_attention" : "full_attention");
+    std::map<std::string, std::string> d{
+        {"model_type", c_.qk_norm ? "qwen3" : "llama"},
+        {"vocab_size", std::to_string(c_.vocab)},
+        {"hidden_size", std::to_string(c_.dim)},
+        {"num_hidden_layers", std::to_string(c_.layers)},
+        {"num_attention_heads", std::to_string(c_.heads)},
+        {"num_key_value_heads", std::to_string(c_.kv_heads)},
+        {"head_dim", std::to_string(c_.head_dim)},
+        {"intermediate_size", std::to_string(c_.hidden)},
+        {"hidden_act", c_.mlp == "swiglu" ? "silu" : "gelu_pytorch_tanh"},
+        {"mlp", c_.mlp},
+        {"rms_norm_eps", num(c_.norm_eps)},
+        {"rope_theta", num(c_.rope_theta)},
+        {"partial_rotary_factor", num(c_.partial_rotary)},
+        {"tie_word_embeddings", c_.tie ? "true" : "false"},
+        {"max_position_embeddings", std::to_string(c_.max_seq_len)},
+        {"attention_bias", "false"},
+        {"mlp_bias", "false"},
+        {"qk_norm", c_.qk_norm ? "true" : "false"},
+        {"norm_offset", num(c_.norm_offset)},
+        {"embed_scale", c_.embed_scale ? "true" : "false"},
+        {"torch_dtype", "float32"},
+        {"num_parameters", std::to_string(num_parameters())},
+    };
+    // Only what is in use (Hugging Face reads a present sliding_window / softcap as enabled).
+    bool any_local = false;
+    for (bool l : c_.local) any_local = any_local || l;
+    if (any_local) {
+      d["sliding_window"] = std::to_string(c_.window);
+      d["layer_types"] = types;
+    }
+    if (c_.attn_softcap > 0) d["attn_logit_softcapping"] = num(c_.attn_softcap);
+    if (c_.final_softcap > 0) d["final_logit_softcapping"] = num(c_.final_softcap);
+    return d;
+  }
+
+ private:
+  void check_tokens(const Tensor& tokens) const {
+    DEW_CHECK(tokens.ndim() == 2 && tokens.dtype() == dew::DType::i32, "causal_transformer: 'tokens' must be i32 [B, T], got ",
+              dew::dtype_name(tokens.dtype()), " ", dew::shape_str(tokens.shape()));
+    DEW_CHECK(tokens.shape()[1] > 0, "causal_transformer: 'tokens' is empty");
+  }
+
+  Tensor drop(const Tensor& x, int64_t layer, const char* site, uint64_t seed, uint64_t step) const {
+    if (c_.dropout <= 0 || !training()) return x;
+    const std::string name = "dropout." + std::to_string(layer) + "." + site;
+    const uint64_t stream = dew::philox::stream_of(name.c_str()) + step * 0x9E3779B97F4A7C15ull;
+    return dew::dropout(x, float(c_.dropout), seed, stream, 0);
+  }
+
+  Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step) const {
+    const int64_t t = tokens.shape()[1];
+    const int64_t past = cache ? cache->length_ : 0;
+    std::vector<int32_t> pos(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) pos[size_t(i)] = int32_t(past + i);
+    const Tensor positions = Tensor::from_ints(pos, {t}, tokens.backend_ptr());
+    Tensor x = model_->embed_tokens->forward(tokens);
+    if (c_.embed_scale) x = dew::scale(x, std::sqrt(float(c_.dim)));
+    x = drop(x, -1, "embed", seed, step);
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      const DecoderLayer& l = *model_->layers->items[size_t(i)];
+      Tensor* kc = cache ? &cache->k[size_t(i)] : nullptr;
+      Tensor* vc = cache ? &cache->v[size_t(i)] : nullptr;
+      Tensor a = l.self_attn->forward(l.input_layernorm->forward(x), positions, kc, vc, past);
+      x = dew::add(x, drop(a, i, "attn", seed, step));
+      Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
+      x = dew::add(x, drop(m, i, "mlp", seed, step));
+    }
+    x = model_->norm->forward(x);
+    Tensor logits = c_.tie ? dew::linear(x, model_->embed_tokens->weight) : lm_head_->forward(x);
+    if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);
+    if (c_.final_softcap > 0) logits = dew::softcap(logits, float(c_.final_softcap));
+    return logits;
+  }
+
+  Config c_;
+  std::shared_ptr<Decoder> model_;
+  std::shared_ptr<dew::nn::Linear> lm_head_;
+};
+
+}  // namespace
+
+DEW_PLUGIN("causal_transformer", "0.1.0") {
+  registrar.add<dew::Model>({
+      .name = "causal_transformer",
+      .description = "Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU; qk-norm, sliding window, softcaps; "
+                     "Hugging Face names) with a KV-cached decode path",
+      .factory = [](const dew::Options& o) { return std::make_shared<CausalTransformer>(o); },
+      .options = {{"vocab_size", "", "vocabulary size (set by the lm objective from the tokenizer)"},
+                  {"dim", "512", "model width"},
+                  {"n_layers", "8", "decoder layers"},
+                  {"n_heads", "8", "query heads"},
+                  {"n_kv_heads", "", "key/value heads (default n_heads; fewer = grouped-query attention)"},
+                  {"head_dim", "", "per-head width (default dim / n_heads)"},
+                  {"mlp", "swiglu", "swiglu | geglu | gelu"},
+                  {"mlp_hidden", "", "MLP width (gated: 8 dim / 3 rounded up to 64; gelu: 4 dim)"},
+                  {"norm_eps", "1e-5", "RMSNorm epsilon"},
+                  {"norm_offset", "0", "1: norms scale by (1 + w) with w initialised to 0 (Gemma)"},
+                  {"rope_theta", "10000", "rotary base"},
+                  {"partial_rotary", "1", "fraction of head_dim that rotates (0: no positions)"},
+                  {"qk_norm", "false", "RMSNorm on queries and keys per head (Qwen3)"},
+                  {"sliding_window", "0", "window of local layers (keys attended, including its own)"},
+                  {"layer_pattern", "global", "layer kinds cycled over the layers, e.g. local,local,global"},
+                  {"attn_softcap", "0", "attention logit softcap (Gemma 2)"},
+                  {"final_softcap", "0", "output logit softcap"},
+                  {"tie_embeddings", "true", "output projection = the token embedding"},
+                  {"embed_scale", "false", "multiply embeddings by sqrt(dim) (Gemma)"},
+                  {"dropout", "0", "dropout on embeddings and residual branches"},
+                  {"init_std", "0.02", "std of the normal init (output projections / sqrt(2 n_layers))"},
+                  {"max_seq_len", "2048", "context length (FLOP count, max_position_embeddings)"}},
+  });
+}

@@ -1,0 +1,384 @@
+// lm.cpp — the `lm` objective: next-token cross-entropy of a causal backbone over windows of tokens.
+//
+// Batch field "text" i32 [B, S + 1] (the tokens source; synthetic kind = tokens). The model sees
+// text[:, :-1] as {"tokens"} and predicts text[:, 1:]; the loss is the mean cross-entropy in fp32 over
+// the targets that are not pad_id. Metrics: ce (the loss, nats per token) and token_accuracy.
+// validate() reads every record of the split exactly once (as classify does) and returns ce,
+// perplexity = exp(ce), bits_per_byte = ce / ln 2 * tokens / bytes (byte tokenizer: 1 byte per token;
+// otherwise meta.json's val_bytes / val_tokens) and token_accuracy, plus an artifact
+// samples/sample-step-XXXXXXXX.txt: a continuation of sample_prompt (KV-cached decoding, dew/generate.hpp).
+// sample() (`dew-run sample`) prints continuations of --prompt (or one prompt per line of --prompts_file).
+//
+// build(): the token folder is the [data] section's `path` (meta.json, and tokenizer.json for bpe, as
+// dew-tokenize writes them); without one (e.g. the synthetic source) there is no tokenizer and the
+// vocabulary comes from model.vocab_size, objective.vocab_size or the synthetic source's `vocab`.
+// It fills [model] vocab_size (from meta.json) and max_seq_len (the data's S) when absent, then creates
+// the backbone, which must implement dew::CausalDecoder to sample.
+// Options ([objective]): pad_id (-1 = none), vocab_size (0 = from the data), sample_prompt ("The "),
+// sample_tokens (200; 0 = no sample), sample_temperature (0.8), sample_top_k (0), sample_top_p (0.95),
+// sample_seed (0), eval_batches (0 = the whole split; else at most this many batches per validation).
+// Parameters: the model's, unprefixed, so checkpoints and safetensors exports carry the backbone's own
+// names (the causal_transformer's are the Hugging Face ones: model.layers.0.self_attn.q_proj.weight).
+#include <dew/autograd.hpp>
+#include <dew/error.hpp>
+#include <dew/generate.hpp>
+#include <dew/objective.hpp>
+#include <dew/registry.hpp>
+#include <dew/tokenizer.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using dew::Tensor;
+
+std::vector<std::string> split_list(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : s) {
+    if (ch == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+// Text options: "\n", "\t" and "\\" escapes; a value in double quotes keeps its spaces (config values are
+// trimmed): sample_prompt = "The ".
+std::string unescape(std::string s) {
+  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      const char n = s[i + 1];
+      if (n == 'n') { out += '\n'; ++i; continue; }
+      if (n == 't') { out += '\t'; ++i; continue; }
+      if (n == '\\') { out += '\\'; ++i; continue; }
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+class LanguageModel final : public dew::Objective {
+ public:
+  explicit LanguageModel(const dew::Options& o) { read_options(o); }
+
+  void build(dew::ObjectiveContext& ctx) override {
+    DEW_CHECK(ctx.config != nullptr, "lm: build() needs the run config");
+    read_options(ctx.config->section("objective"));
+    backend_ = ctx.backend ? ctx.backend : dew::default_backend();
+    dew::set_default_backend(backend_);
+    seed_ = ctx.seed;
+
+    dew::Options& data = ctx.config->section("data");
+    const std::string dir = data.get_string("path", "");  // the tokens source reads it too
+    namespace fs = std::filesystem;
+    if (!dir.empty() && fs::exists(fs::path(dir) / "meta.json")) {
+      meta_ = dew::read_token_meta(dir);
+      tokenizer_ = dew::load_tokenizer(dir);
+      has_meta_ = true;
+    }
+
+    // The sequence length S: from the training records, else the [data] seq_len (read without marking it:
+    // the source owns that key).
+    if (ctx.train_source && ctx.train_source->size() > 0) {
+      const dew::Record r = ctx.train_source->get(0);
+      auto it = r.find("text");
+      DEW_USAGE_CHECK(it != r.end(), "lm: the training source ", ctx.train_source->identity(),
+                      " has no 'text' field (use source = tokens)");
+      DEW_USAGE_CHECK(it->second.shape.size() == 1 && it->second.shape[0] >= 2, "lm: a 'text' record must be [S + 1] "
+                      "tokens with S >= 1, got ", dew::shape_str(it->second.shape));
+      seq_len_ = it->second.shape[0] - 1;
+    } else if (auto it = data.values().find("seq_len"); it != data.values().end()) {
+      seq_len_ = std::atoll(it->second.c_str());
+    }
+
+    dew::Options& model = ctx.config->section("model");
+    if (!model.has("vocab_size")) {
+      int64_t vocab = vocab_size_;
+      if (vocab <= 0 && has_meta_) vocab = meta_.vocab_size;
+      if (vocab <= 0) {
+        auto it = data.values().find("vocab");  // the synthetic source's vocabulary (read, not consumed)
+        if (it != data.values().end()) vocab = std::atoll(it->second.c_str());
+      }
+      DEW_USAGE_CHECK(vocab > 0, "lm: the vocabulary size is unknown: point [data] path at a folder written by "
+                                 "dew-tokenize (meta.json), or set model.vocab_size");
+      model.set("vocab_size", std::to_string(vocab));
+    }
+    if (!model.has("max_seq_len") && seq_len_ > 0) model.set("max_seq_len", std::to_string(seq_len_));
+    model_plugin_ = model.get_string("plugin", "");
+    model_ = dew::create_model(model);
+    model_->initialize(ctx.seed);
+    decoder_ = dynamic_cast<dew::CausalDecoder*>(model_.get());
+    vocab_ = std::atoll(model.values().at("vocab_size").c_str());
+    if (has_meta_)
+      DEW_USAGE_CHECK(vocab_ >= meta_.vocab_size, "lm: model.vocab_size = ", vocab_, " is smaller than the tokenizer's ",
+                      meta_.vocab_size, " (", dir, "/meta.json)");
+    auto d = model.values().find("dropout");
+    dropout_ = d != model.values().end() && std::atof(d->second.c_str()) > 0;
+  }
+
+  std::vector<std::string> batch_fields() const override { return {"text"}; }
+
+  dew::NamedTensors parameters() override {
+    DEW_CHECK(model_, "lm: parameters() before build()");
+    return model_->named_parameters();  // unprefixed: checkpoints and exports keep the backbone's (HF) names
+  }
+
+  dew::StepResult step(const dew::Batch& batch, const dew::StepInfo& info) override {
+    DEW_CHECK(model_, "lm: step() before build()");
+    model_->set_training(true);
+    const Tensor text = text_of(batch);
+    const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
+    dew::Batch in{{"tokens", dew::slice(text, 1, 0, s)}};
+    if (dropout_) {
+      in["dropout_seed"] = Tensor::from_ints({int32_t(info.seed & 0x7fffffffu)}, {1}, backend_);
+      in["dropout_step"] = Tensor::from_ints({int32_t((info.step * 1024 + info.micro) & 0x7fffffff)}, {1}, backend_);
+    }
+    const Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
+    Tensor logits = flat_logits(model_->forward(in), b * s);
+    dew::StepResult r;
+    r.loss = dew::cross_entropy(logits, targets, ignore_index());
+    int64_t hits = 0, counted = 0;
+    score(logits, targets, hits, counted);
+    r.samples = b;
+    r.tokens = counted;
+    r.metrics["ce"] = r.loss.item();
+    r.metrics["token_accuracy"] = counted > 0 ? double(hits) / double(counted) : 0.0;
+    return r;
+  }
+
+  dew::ValidationResult validate(dew::DataLoader& loader, const dew::StepInfo& info) override {
+    DEW_CHECK(model_, "lm: validate() before build()");
+    dew::NoGradGuard no_grad;
+    const bool was_training = model_->training();
+    model_->set_training(false);
+    const dew::LoaderConfig& lc = loader.config();
+    const int64_t n = loader.source().size();
+    const int64_t rows = lc.batch_size, global = rows * int64_t(lc.world);
+    DEW_CHECK(rows > 0, "lm: validation batch size must be positive");
+    // One pass = the next n stream indices (the split is read in order): rows at or past n are dropped.
+    int64_t batches = (n + global - 1) / global;
+    if (eval_batches_ > 0) batches = std::min(batches, eval_batches_);
+    double nats = 0.0;
+    int64_t hits = 0, counted = 0;
+    std::vector<int32_t> first_row;
+    for (int64_t j = 0; j < batches; ++j) {
+      const dew::HostBatch hb = loader.next();
+      const int64_t first = j * global + int64_t(lc.rank) * rows;
+      const int64_t valid = std::clamp<int64_t>(n - first, 0, rows);
+      if (valid == 0) continue;
+      dew::Batch bt = dew::to_device(hb, backend_);
+      Tensor text = text_of(bt);
+      if (valid < text.shape()[0]) text = text.slice0(0, valid);
+      if (first_row.empty()) first_row = text.slice0(0, 1).to_ints();
+      const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
+      const Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
+      Tensor logits = flat_logits(model_->forward({{"tokens", dew::slice(text, 1, 0, s)}}), b * s);
+      int64_t h = 0, c = 0;
+      score(logits, targets, h, c);
+      if (c > 0) nats += dew::cross_entropy(logits, targets, ignore_index()).item() * double(c);
+      hits += h;
+      counted += c;
+    }
+    dew::ValidationResult r;
+    const double ce = counted > 0 ? nats / double(counted) : 0.0;
+    r.metrics["ce"] = ce;
+    r.metrics["perplexity"] = std::exp(ce);
+    r.metrics["token_accuracy"] = counted > 0 ? double(hits) / double(counted) : 0.0;
+    r.metrics["bits_per_byte"] = ce / std::log(2.0) / bytes_per_token();
+    r.metrics["tokens"] = double(counted);
+    if (sample_tokens_ > 0 && decoder_) {
+      std::string body = validation_sample(first_row);
+      char name[64];
+      std::snprintf(name, sizeof name, "sample-step-%08lld.txt", (long long)info.step);
+      r.artifacts.push_back({name, std::vector<unsigned char>(body.begin(), body.end())});
+    }
+    model_->set_training(was_training);
+    return r;
+  }
+
+  std::string primary_metric() const override { return "ce"; }
+  bool higher_is_better() const override { return false; }
+  double train_flops_per_sample() const override {
+    if (!model_) return 0.0;
+    if (decoder_ && seq_len_ > 0) return 3.0 * decoder_->flops_per_sequence(seq_len_);
+    return 3.0 * model_->flops_per_sample();
+  }
+  dew::Model* main_model() override { return model_.get(); }
+
+  void sample(dew::Options& req) override {
+    DEW_CHECK(model_, "lm: sample() before build()");
+    DEW_USAGE_CHECK(decoder_, "lm: the backbone '", model_plugin_, "' does not decode incrementally (no CausalDecoder)");
+    DEW_USAGE_CHECK(tokenizer_, "lm: sampling text needs a tokenizer: the run's [data] path has no meta.json");
+    std::vector<std::string> prompts;
+    const std::string file = req.get_string("prompts_file", "");
+    if (!file.empty()) {
+      std::ifstream in(file);
+      DEW_USAGE_CHECK(in.good(), "lm: cannot read --prompts_file '", file, "'");
+      std::string line;
+      while (std::getline(in, line)) prompts.push_back(unescape(line));
+      DEW_USAGE_CHECK(!prompts.empty(), "lm: --prompts_file '", file, "' has no lines");
+    }
+    const bool has_prompt = req.has("prompt");
+    const std::string prompt = unescape(req.get_string("prompt", sample_prompt_));
+    if (prompts.empty() || has_prompt) prompts.insert(prompts.begin(), prompt);
+    dew::SamplingParams sp;
+    sp.max_new_tokens = req.get_int("max_new_tokens", sample_tokens_ > 0 ? sample_tokens_ : 200);
+    sp.temperature = float(req.get_double("temperature", 1.0));
+    sp.top_k = req.get_int("top_k", 0);
+    sp.top_p = float(req.get_double("top_p", 1.0));
+    sp.min_p = float(req.get_double("min_p", 0.0));
+    sp.repetition_penalty = float(req.get_double("repetition_penalty", 1.0));
+    const int64_t seed = req.get_int("seed", 0);
+    DEW_USAGE_CHECK(seed >= 0, "--seed must not be negative");
+    sp.seed = uint64_t(seed);
+    const std::string stop = req.get_string("stop", "");
+    if (!stop.empty())
+      for (const std::string& s : split_list(stop, ','))
+        if (!s.empty()) sp.stop.push_back(unescape(s));
+    sp.eos_id = req.get_bool("ignore_eos", false) ? -1 : tokenizer_->eos_id();
+    const int64_t num = req.get_int("num_samples", 1);
+    DEW_USAGE_CHECK(num >= 1, "--num_samples must be at least 1, got ", num);
+    const bool echo = req.get_bool("echo_prompt", true);
+    req.check_all_used();  // refuse a misspelt key before generating
+    dew::validate(sp);
+
+    std::vector<std::string> all;
+    for (const std::string& p : prompts)
+      for (int64_t k = 0; k < num; ++k) all.push_back(p);
+    model_->set_training(false);
+    dew::NoGradGuard no_grad;
+    const std::vector<dew::Generation> out = dew::generate_text(*decoder_, *tokenizer_, all, sp);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out.size() > 1) std::cout << "=== sample " << i + 1 << " of " << out.size() << " ===\n";
+      std::cout << (echo ? all[i] : std::string()) << out[i].text << "\n";
+      std::cout.flush();
+    }
+  }
+
+ private:
+  void read_options(const dew::Options& o) {
+    pad_id_ = o.get_int("pad_id", -1);
+    vocab_size_ = o.get_int("vocab_size", 0);
+    sample_prompt_ = unescape(o.get_string("sample_prompt", "The "));
+    sample_tokens_ = o.get_int("sample_tokens", 200);
+    sample_temperature_ = o.get_double("sample_temperature", 0.8);
+    sample_top_k_ = o.get_int("sample_top_k", 0);
+    sample_top_p_ = o.get_double("sample_top_p", 0.95);
+    sample_seed_ = o.get_int("sample_seed", 0);
+    eval_batches_ = o.get_int("eval_batches", 0);
+    DEW_USAGE_CHECK(pad_id_ >= -1, "option 'objective.pad_id' must be -1 (none) or a token id, got ", pad_id_);
+    DEW_USAGE_CHECK(sample_tokens_ >= 0, "option 'objective.sample_tokens' must be >= 0, got ", sample_tokens_);
+    DEW_USAGE_CHECK(eval_batches_ >= 0, "option 'objective.eval_batches' must be >= 0, got ", eval_batches_);
+    DEW_USAGE_CHECK(sample_seed_ >= 0, "option 'objective.sample_seed' must be >= 0, got ", sample_seed_);
+  }
+
+  int64_t ignore_index() const { return pad_id_ >= 0 ? pad_id_ : -100; }
+
+  double bytes_per_token() const {
+    if (has_meta_ && meta_.tokenizer != "byte" && meta_.val_tokens > 0 && meta_.val_bytes > 0)
+      return double(meta_.val_bytes) / double(meta_.val_tokens);
+    return 1.0;
+  }
+
+  Tensor text_of(const dew::Batch& batch) const {
+    auto it = batch.find("text");
+    DEW_CHECK(it != batch.end(), "lm: the batch has no 'text' field (use source = tokens)");
+    Tensor t = it->second;
+    DEW_CHECK(t.ndim() == 2 && t.shape()[1] >= 2, "lm: 'text' must be [B, S + 1] with S >= 1, got ",
+              dew::shape_str(t.shape()));
+    if (t.dtype() != dew::DType::i32) t = dew::cast(t, dew::DType::i32);
+    return t;
+  }
+
+  Tensor flat_logits(const Tensor& logits, int64_t rows) const {
+    DEW_CHECK(logits.ndim() == 3 && logits.shape()[0] * logits.shape()[1] == rows, "lm: the model returned logits ",
+              dew::shape_str(logits.shape()), "; expected [B, S, V]");
+    Tensor l = dew::reshape(logits, {rows, logits.shape()[2]});
+    if (l.dtype() != dew::DType::f32) l = dew::cast(l, dew::DType::f32);
+    return l;
+  }
+
+  // Correct argmax predictions and counted targets (targets != pad_id; ids checked against the vocab).
+  void score(const Tensor& logits, const Tensor& targets, int64_t& hits, int64_t& counted) const {
+    const std::vector<int32_t> truth = targets.to_ints();
+    const std::vector<int32_t> pred = dew::argmax(logits.detach()).to_ints();
+    const int64_t v = logits.shape()[1];
+    for (size_t i = 0; i < truth.size(); ++i) {
+      if (pad_id_ >= 0 && truth[i] == pad_id_) continue;
+      DEW_CHECK(truth[i] >= 0 && truth[i] < v, "lm: token id ", truth[i], " is outside the model's vocabulary [0, ", v,
+                ")");
+      ++counted;
+      hits += pred[i] == truth[i];
+    }
+  }
+
+  std::string validation_sample(const std::vector<int32_t>& first_row) {
+    dew::SamplingParams sp;
+    sp.max_new_tokens = sample_tokens_;
+    sp.temperature = float(sample_temperature_);
+    sp.top_k = sample_top_k_;
+    sp.top_p = float(sample_top_p_);
+    sp.seed = uint64_t(sample_seed_);
+    if (tokenizer_) {
+      sp.eos_id = tokenizer_->eos_id();
+      const auto g = dew::generate_text(*decoder_, *tokenizer_, {sample_prompt_}, sp);
+      return sample_prompt_ + g[0].text + "\n";
+    }
+    // No tokenizer: continue the first few tokens of the first validation window, as ids.
+    std::vector<int32_t> prompt(first_row.begin(), first_row.begin() + std::min<size_t>(first_row.size(), 4));
+    if (prompt.empty()) prompt = {0};
+    const auto g = dew::generate(dew::decoder_start(*decoder_), {prompt}, sp, nullptr, decoder_->context_length());
+    std::ostringstream os;
+    for (int32_t t : prompt) os << t << ' ';
+    os << "|";
+    for (int32_t t : g[0].tokens) os << ' ' << t;
+    os << "\n";
+    return os.str();
+  }
+
+  std::shared_ptr<dew::Model> model_;
+  dew::CausalDecoder* decoder_ = nullptr;
+  std::shared_ptr<dew::Tokenizer> tokenizer_;
+  dew::TokenMeta meta_;
+  bool has_meta_ = false, dropout_ = false;
+  dew::BackendPtr backend_;
+  uint64_t seed_ = 0;
+  int64_t pad_id_ = -1, vocab_size_ = 0, vocab_ = 0, seq_len_ = 0, sample_tokens_ = 200, sample_top_k_ = 0,
+          sample_seed_ = 0, eval_batches_ = 0;
+  double sample_temperature_ = 0.8, sample_top_p_ = 0.95;
+  std::string sample_prompt_ = "The ", model_plugin_;
+};
+
+}  // namespace
+
+DEW_PLUGIN("lm", "0.1.0") {
+  registrar.add<dew::Objective>({
+      .name = "lm",
+      .description = "language modelling: next-token cross-entropy of a causal backbone; ce, perplexity, bits per "
+                     "byte; text samples",
+      .factory = [](const dew::Options& o) { return std::make_shared<LanguageModel>(o); },
+      .options = {{"pad_id", "-1", "target id excluded from the loss (-1: none)"},
+                  {"vocab_size", "0", "vocabulary size when the data has no meta.json (0: from the data)"},
+                  {"sample_prompt", "The ", "prompt of the validation sample"},
+                  {"sample_tokens", "200", "tokens of the validation sample (0: none)"},
+                  {"sample_temperature", "0.8", "temperature of the validation sample (0: greedy)"},
+                  {"sample_top_k", "0", "top-k of the validation sample (0: off)"},
+                  {"sample_top_p", "0.95", "top-p of the validation sample"},
+                  {"sample_seed", "0", "seed of the validation sample"},
+                  {"eval_batches", "0", "at most this many validation batches (0: the whole split)"}},
+  });
+}

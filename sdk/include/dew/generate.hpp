@@ -1,0 +1,115 @@
+// dew/generate.hpp — text generation: the sampling chain, incremental (KV-cached) decoding, stop strings.
+//
+// Shared by the lm objective (`dew-run sample`, validation samples) and serving. Three pieces:
+//  * sample_token(): one draw from a logits row through the Transformers-ordered chain
+//      repetition_penalty -> temperature -> top_k -> top_p -> min_p -> draw
+//    temperature 0 ends the chain in greedy argmax (after the repetition penalty). The draw is
+//    philox::uniform(seed, stream, draw_index) against the cumulative distribution of the kept tokens
+//    (in descending probability, ties by id), so a seeded draw reproduces exactly on every backend.
+//  * CausalDecoder: the interface a backbone implements to decode with a KV cache (the
+//    causal_transformer does); reach it with dynamic_cast<CausalDecoder*>(model). forward_cached()
+//    feeds the next tokens of the sequences a cache holds and appends their keys/values, so one decode
+//    step costs O(past length), not a full forward.
+//  * generate(): prompts of any lengths. Every prompt is its own sequence with its own cache (batch 1):
+//    a causal model without attention masks cannot share a batch between left-padded prompts
+//    correctly, so correctness wins over batching. Each sequence: prefill the prompt in one call, then
+//    one token per call. Sequence i draws from Philox stream i, draw index = tokens generated so far.
+//    It stops at eos_id (not included), at max_new_tokens, or at a stop string (the decoded continuation
+//    contains it: the text is cut before it and the tokens back to the shortest prefix whose text
+//    reaches the stop string's start). With a context length C (the model's trained context), a prompt
+//    longer than C is cut to its last C tokens, and a sequence that fills C continues over a fresh
+//    cache re-fed with its last C/2 tokens (nanoGPT's crop to the context, amortised over C/2 tokens).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dew/tensor.hpp"
+
+namespace dew {
+
+class Tokenizer;  // dew/tokenizer.hpp
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy
+  float top_p = 1.0f;               // nucleus: the smallest set of tokens with cumulative probability >= top_p
+  float min_p = 0.0f;               // drop tokens with probability < min_p * the largest probability
+  float repetition_penalty = 1.0f;  // CTRL/Transformers: logits of tokens in `history` /= p (> 0) or *= p (< 0)
+  int64_t top_k = 0;                // 0: off
+  uint64_t seed = 0;
+  std::vector<std::string> stop;    // stop strings (need a tokenizer to decode the text)
+  int32_t eos_id = -1;              // -1: none
+  int64_t max_new_tokens = 100;
+};
+
+// Checks the ranges (temperature >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty > 0,
+// top_k >= 0, max_new_tokens >= 0); throws a UsageError naming the field.
+void validate(const SamplingParams& params);
+
+// One token from `logits` [vocab] (host floats). `history`: the tokens the repetition penalty applies to
+// (prompt + generated so far). Deterministic given (seed, stream, draw_index).
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
+                     const std::vector<int32_t>& history, uint64_t draw_index, uint64_t stream = 0);
+
+// The probabilities the chain draws from (after penalty, temperature and the filters; 0 for dropped
+// tokens; one-hot at the argmax when temperature is 0). For tests and for log-probabilities.
+std::vector<double> sampling_distribution(const float* logits, int64_t vocab, const SamplingParams& params,
+                                          const std::vector<int32_t>& history);
+
+// A model's incremental decoding state for a batch of sequences (its KV cache).
+class DecodeCache {
+ public:
+  virtual ~DecodeCache() = default;
+  virtual int64_t batch() const = 0;
+  virtual int64_t length() const = 0;    // tokens fed so far (the next token's position)
+  virtual int64_t capacity() const = 0;  // the most tokens it holds
+};
+
+// Implemented by backbones that decode incrementally (causal_transformer).
+class CausalDecoder {
+ public:
+  virtual ~CausalDecoder() = default;
+  virtual int64_t vocab_size() const = 0;
+  // An empty cache for `batch` sequences of up to `capacity` tokens, on the model's backend.
+  virtual std::unique_ptr<DecodeCache> make_cache(int64_t batch, int64_t capacity) const = 0;
+  // tokens i32 [B, T] at positions cache.length() .. + T - 1: appends their keys/values to the cache and
+  // returns their logits f32 [B, T, V] (equal to the matching rows of a full forward). Run it in a
+  // NoGradGuard.
+  virtual Tensor forward_cached(const Tensor& tokens, DecodeCache& cache) = 0;
+  // FLOPs (2 x multiply-adds) of one forward pass over one sequence of `length` tokens.
+  virtual double flops_per_sequence(int64_t length) const = 0;
+  // The context the model was trained for (positions past it are extrapolated); 0: unlimited.
+  virtual int64_t context_length() const { return 0; }
+};
+
+// Feeds one sequence's next tokens (i32 [1, T]) and returns their logits f32 [1, T, V].
+using DecodeFn = std::function<Tensor(const Tensor& tokens)>;
+// Starts a sequence: a DecodeFn over a fresh cache holding up to `capacity` tokens.
+using StartFn = std::function<DecodeFn(int64_t capacity)>;
+
+// A StartFn over a CausalDecoder (a batch-1 cache per sequence).
+StartFn decoder_start(CausalDecoder& model);
+
+struct Generation {
+  std::vector<int32_t> tokens;  // the continuation (without the prompt, without EOS, cut at a stop string)
+  std::string text;             // its decoded text (empty without a tokenizer), cut before a stop string
+  std::string finish_reason;    // "eos" | "stop" | "length"
+};
+
+// `prompts`: token ids (each non-empty). `tokenizer` may be null (then stop strings cannot apply: refused
+// when params.stop is not empty). `context` (> 0): the model's context length (see above); 0: unlimited.
+std::vector<Generation> generate(const StartFn& start, const std::vector<std::vector<int32_t>>& prompts,
+                                 const SamplingParams& params, const Tokenizer* tokenizer = nullptr,
+                                 int64_t context = 0);
+
+// Text in, text out, over the model's own context_length(): encodes each prompt with the tokenizer (an
+// empty prompt starts from EOS when the tokenizer has one) and decodes each continuation.
+std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tokenizer,
+                                      const std::vector<std::string>& prompts, const SamplingParams& params);
+
+// The position of the first stop string in `text` at or after `from` (npos when none); `which` gets its index.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stop, size_t from = 0, size_t* which = nullptr);
+
+}  // namespace dew
