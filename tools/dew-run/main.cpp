@@ -185,12 +185,18 @@ int cmd_sample(const std::vector<std::string>& raw) {
   po::notify(vm);
   std::map<std::string, std::string> request;
   const auto rest = po::collect_unrecognized(parsed.options, po::include_positional);
+  // --max-new-tokens and --max_new_tokens both name the sampler key max_new_tokens.
+  auto key_of = [](std::string k) {
+    for (char& ch : k)
+      if (ch == '-') ch = '_';
+    return k;
+  };
   for (size_t i = 0; i < rest.size(); ++i) {
     DEW_USAGE_CHECK(rest[i].rfind("--", 0) == 0, "unexpected argument '", rest[i], "'");
     const std::string key = rest[i].substr(2);
     const auto eq = key.find('=');
-    if (eq != std::string::npos) request[key.substr(0, eq)] = key.substr(eq + 1);
-    else request[key] = (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0) ? rest[++i] : "true";
+    if (eq != std::string::npos) request[key_of(key.substr(0, eq))] = key.substr(eq + 1);
+    else request[key_of(key)] = (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0) ? rest[++i] : "true";
   }
   load_plugins(r.common);
   dew::Options req(request, "sample");
