@@ -1,0 +1,102 @@
+// tests/train/test_train_units.cpp — the trainer's pure pieces: INI parsing and overrides, unknown-key
+// refusal, LR schedules, the EMA decay schedule and update, the global gradient norm.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "dew/config.hpp"
+#include "dew/error.hpp"
+#include "dew/ops.hpp"
+#include "dew/registry.hpp"
+#include "dew/train.hpp"
+
+namespace {
+dew::BackendPtr ref() {
+  static dew::BackendPtr be = [] {
+    dew::Registry::global().discover(dew::Registry::default_plugin_dirs(), {"ref"});
+    return dew::create_backend("ref");
+  }();
+  return be;
+}
+}  // namespace
+
+TEST_CASE("INI parsing, comments, overrides and the effective config") {
+  dew::Config c = dew::Config::parse_ini("# top\n[optim]\nname = adamw  # inline\nlr=0.5\n\n[run]\n; c\nname = a b\n");
+  CHECK(c.section("optim").get_string("name", "") == "adamw");
+  CHECK(c.section("optim").get_double("lr", 0) == 0.5);
+  CHECK(c.section("run").get_string("name", "") == "a b");
+  c.set("optim.lr", "0.25");
+  CHECK(c.section("optim").get_double("lr", 0) == 0.25);
+  CHECK(c.to_ini() == "[optim]\nlr = 0.25\nname = adamw\n\n[run]\nname = a b\n");
+  CHECK_THROWS_WITH_AS(dew::Config::parse_ini("[a]\nx = 1\nx = 2\n", "f.ini"), doctest::Contains("given twice"),
+                       dew::UsageError);
+  CHECK_THROWS_WITH_AS(dew::Config::parse_ini("x = 1\n", "f.ini"), doctest::Contains("outside any [section]"),
+                       dew::UsageError);
+  CHECK_THROWS_WITH_AS(dew::Config::parse_ini("[a]\njunk\n", "f.ini"), doctest::Contains("f.ini:2"), dew::UsageError);
+  CHECK_THROWS_AS(c.set("nodot", "1"), dew::UsageError);
+}
+
+TEST_CASE("keys nobody read are refused by name") {
+  dew::Config c = dew::Config::parse_ini("[optim]\nlr = 1\nlrr = 2\n[typo]\nk = 1\n");
+  c.section("optim").get_double("lr", 0);
+  try {
+    c.check_all_used();
+    FAIL("expected a refusal");
+  } catch (const dew::UsageError& e) {
+    const std::string m = e.what();
+    CHECK(m.find("'optim.lrr'") != std::string::npos);
+    CHECK(m.find("'optim.lr'") == std::string::npos);
+  }
+  c.section("optim").get_double("lrr", 0);
+  CHECK_THROWS_WITH_AS(c.check_all_used(), doctest::Contains("'typo.k'"), dew::UsageError);
+  dew::Config bad = dew::Config::parse_ini("[o]\nv = x\n");
+  CHECK_THROWS_WITH_AS(bad.section("o").get_double("v", 0), doctest::Contains("'o.v' must be a number"),
+                       dew::UsageError);
+}
+
+TEST_CASE("LR schedules: warm-up, cosine to min_lr, linear decay, constant") {
+  dew::Options cos({{"name", "cosine"}, {"warmup_steps", "10"}, {"min_lr", "0.1"}}, "schedule");
+  auto f = dew::make_schedule(cos, 1.0, 110);
+  CHECK(f(0) == doctest::Approx(0.1));   // (0 + 1) / 10
+  CHECK(f(9) == doctest::Approx(1.0));   // end of warm-up
+  CHECK(f(10) == doctest::Approx(1.0));  // cosine starts at the peak
+  CHECK(f(60) == doctest::Approx(0.55)); // half way: min + (max - min) / 2
+  CHECK(f(110) == doctest::Approx(0.1));
+  dew::Options lin({{"name", "linear"}}, "schedule");
+  auto g = dew::make_schedule(lin, 2.0, 100);
+  CHECK(g(0) == doctest::Approx(2.0));
+  CHECK(g(50) == doctest::Approx(1.0));
+  CHECK(g(100) == doctest::Approx(0.0));
+  dew::Options cst({}, "schedule");
+  CHECK(dew::make_schedule(cst, 3.0, 10)(7) == doctest::Approx(3.0));
+  dew::Options bad({{"name", "step"}}, "schedule");
+  CHECK_THROWS_WITH_AS(dew::make_schedule(bad, 1.0, 10), doctest::Contains("unknown schedule"), dew::UsageError);
+}
+
+TEST_CASE("EMA: warm-up decay schedule, update rule and swap") {
+  auto be = ref();
+  dew::Tensor p = dew::Tensor::from_vector({1.0f, 2.0f}, {2}, be);
+  dew::NamedTensors params{{"w", p}};
+  dew::Ema ema(params, 0.9, true);
+  CHECK(ema.decay_at(0) == doctest::Approx(0.1));   // (1 + 0) / (10 + 0)
+  CHECK(ema.decay_at(1000) == doctest::Approx(0.9));  // capped at ema_decay
+  p.copy_(dew::Tensor::from_vector({3.0f, 4.0f}, {2}, be));
+  ema.update(params, 0);  // e = 0.1 e + 0.9 p
+  const auto e = ema.tensors()[0].second.to_floats();
+  CHECK(e[0] == doctest::Approx(0.1 * 1 + 0.9 * 3));
+  CHECK(e[1] == doctest::Approx(0.1 * 2 + 0.9 * 4));
+  ema.swap_into(params);
+  CHECK(p.to_floats()[0] == doctest::Approx(2.8));
+  CHECK(ema.tensors()[0].second.to_floats()[0] == doctest::Approx(3.0));
+}
+
+TEST_CASE("global gradient norm over every parameter with a gradient") {
+  auto be = ref();
+  dew::Tensor a = dew::Tensor::from_vector({3.0f}, {1}, be).set_requires_grad();
+  dew::Tensor b = dew::Tensor::from_vector({1.0f, 1.0f}, {2}, be).set_requires_grad();
+  dew::Tensor c = dew::Tensor::from_vector({5.0f}, {1}, be).set_requires_grad();  // no gradient
+  dew::sum(dew::add(dew::scale(a, 4.0f), dew::scale(dew::sum(b), 0.0f) + 3.0f)).backward();
+  // d/da = 4, d/db = 0: norm 4
+  CHECK(dew::global_grad_norm({{"a", a}, {"b", b}, {"c", c}}) == doctest::Approx(4.0));
+}
