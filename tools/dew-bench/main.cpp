@@ -1,5 +1,6 @@
 // tools/dew-bench/main.cpp — `dew-bench <suite> [options]`: prints one JSON line per measurement.
-// Suites: kernels (matmul through dew's API next to oneDNN called directly; fused attention fwd+bwd).
+// Suites: kernels (matmul through dew's API next to oneDNN called directly; fused attention fwd+bwd),
+// train (a language-model training step on a named config, lm.cpp), generate (KV-cached greedy decoding).
 #include <boost/program_options.hpp>
 #include <iostream>
 
@@ -9,28 +10,50 @@
 
 namespace po = boost::program_options;
 
+namespace {
+const char* kUsage =
+    "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--seconds S] [--repeats R]\n"
+    "       dew-bench train --config char-small|gpt-mini|PATH.ini [--threads N] [--backend cpu] [--steps S] "
+    "[--warmup W] [--grad-norm] [-v]\n"
+    "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
+    "[--repeats 5] [-v]\n";
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--seconds S] [--repeats R]\n";
+    std::cerr << kUsage;
     return 2;
   }
   const std::string suite = argv[1];
   dew_bench::BenchOptions opt;
+  dew_bench::LmOptions lm;
   std::vector<std::string> plugin_dirs;
   po::options_description d("dew-bench");
   d.add_options()("threads", po::value(&opt.threads)->default_value(1), "threads")(
       "backend", po::value(&opt.backend)->default_value("cpu"), "backend")(
-      "seconds", po::value(&opt.seconds)->default_value(0.3), "seconds per repeat")(
-      "repeats", po::value(&opt.repeats)->default_value(5), "repeats (the median is printed)")(
+      "seconds", po::value(&opt.seconds)->default_value(0.3), "kernels: seconds per repeat")(
+      "repeats", po::value<int>(), "kernels: repeats (the median is printed; 5); generate: timed generations (5)")(
+      "config", po::value(&lm.config)->default_value("char-small"), "train/generate: config name or .ini path")(
+      "steps", po::value(&lm.steps)->default_value(10), "train: timed steps")(
+      "warmup", po::value<int>(), "train: untimed steps (3); generate: untimed generations (1)")(
+      "batches", po::value(&lm.batches)->default_value(4), "train: synthetic batches cycled")(
+      "grad-norm", po::bool_switch(&lm.grad_norm), "train: also compute the global grad norm (clipping)")(
+      "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
+      "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
+      "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {
     po::variables_map vm;
     po::store(po::command_line_parser(std::vector<std::string>(argv + 2, argv + argc)).options(d).run(), vm);
     po::notify(vm);
+    if (vm.count("repeats")) opt.repeats = lm.repeats = vm["repeats"].as<int>();
+    if (vm.count("warmup")) lm.warmup = lm.gen_warmup = vm["warmup"].as<int>();
     for (const auto& p : dew::Registry::default_plugin_dirs()) plugin_dirs.push_back(p);
     dew::Registry::global().discover(plugin_dirs);
     if (suite == "kernels") return dew_bench::run_kernels(opt);
-    std::cerr << "dew-bench: unknown suite '" << suite << "' (known: kernels)\n";
+    if (suite == "train") return dew_bench::run_train(lm, opt);
+    if (suite == "generate") return dew_bench::run_generate(lm, opt);
+    std::cerr << "dew-bench: unknown suite '" << suite << "' (known: kernels, train, generate)\n" << kUsage;
     return 2;
   } catch (const po::error& e) {
     std::cerr << "dew-bench: " << e.what() << "\n";

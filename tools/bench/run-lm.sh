@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# tools/bench/run-lm.sh [ROUNDS] [BUILD_DIR] — dew-bench train (char-small, gpt-mini) and generate
+# (char-small) next to the PyTorch peers on the same configs and threads (1 and 2), alternating dew and
+# torch runs (the machine is shared: compare medians; each line is followed by the load average).
+# Needs `apt-get install python3-torch python3-numpy libopenblas0-openmp` for the peers.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-2}
+build=${2:-build}
+peers=${DEW_PEERS:-../shared/peers}
+load() { echo "# load $(cut -d' ' -f1-3 /proc/loadavg)"; }
+for r in $(seq "$rounds"); do
+  for t in 1 2; do
+    for c in char-small gpt-mini; do
+      OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config "$c" --threads "$t"; load
+      "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peers/torch_gpt_train.py" --config "$c" --norm rms \
+        --mlp swiglu --foreach on --threads "$t" 2>/dev/null | tail -n 1; load
+    done
+    OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" generate --config char-small --threads "$t"; load
+    "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peers/torch_generate.py" --config char-small --norm rms \
+      --mlp swiglu --threads "$t" 2>/dev/null | tail -n 1; load
+  done
+done

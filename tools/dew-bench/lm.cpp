@@ -1,0 +1,276 @@
+// tools/dew-bench/lm.cpp — `dew-bench train` and `dew-bench generate`: the language-model workloads of
+// the benchmark contract, on the protocol of the PyTorch peers (../shared/peers/torch_gpt_train.py and
+// torch_generate.py) so the figures read side by side.
+//
+// train: the objective and model come from the config ([objective] lm + [model] causal_transformer) via
+// the registry, the optimizer from [optim] via dew::make_optimizer (AdamW). Data: like the peer,
+// `--batches` (4) synthetic batches of uniform random token ids [B, T + 1], made once on the device and
+// cycled. Each step is what the trainer does per update: objective->step (forward + cross-entropy +
+// accuracy), loss.item(), backward, optimizer update, zero grads, synchronize. The peer runs without
+// gradient clipping (--grad-clip 0), so the global grad norm is left out (--grad-norm adds it, as the
+// trainer computes it when clip_grad_norm > 0). `--warmup` (3) untimed steps, then `--steps` (10) timed
+// ones; ms_per_step and tokens_per_sec are over the mean step (as the peer's), ms_per_step_median too.
+// FLOPs per step (the peer's formula): 6 * N_mm * B * T + 12 * L * d * T^2 * B, N_mm = every matmul weight
+// with the tied head counted once. mfu = achieved / the measured dew fp32 matmul rate (512^3 through
+// dew::matmul at the same thread count, as the trainer's MFU); mfu_fma = achieved / 173 GFLOP/s per
+// thread (one core's AVX-512 FMA peak, build notes).
+//
+// generate: greedy decoding with the KV cache (CausalDecoder::forward_cached), the peer's protocol:
+// a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
+// --tokens - 1 single-token decode calls (default 256 new tokens, cache capacity prompt + tokens), argmax
+// on the host. --warmup (1) untimed generation, then the median of --repeats (5).
+// ms_per_token = decode time / (tokens - 1).
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+#include "dew/autograd.hpp"
+#include "dew/config.hpp"
+#include "dew/error.hpp"
+#include "dew/generate.hpp"
+#include "dew/objective.hpp"
+#include "dew/ops.hpp"
+#include "dew/registry.hpp"
+#include "dew/train.hpp"
+
+#ifndef DEW_BENCH_SOURCE_DIR
+#define DEW_BENCH_SOURCE_DIR "."
+#endif
+
+namespace dew_bench {
+
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// A config name (char-small, gpt-mini) or a path to an .ini.
+std::string resolve_config(const std::string& name) {
+  if (fs::exists(name) && fs::is_regular_file(name)) return name;
+  std::vector<fs::path> roots;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back(exe.parent_path() / ".." / ".." / "configs");
+  roots.push_back(fs::path(DEW_BENCH_SOURCE_DIR) / "configs");
+  roots.push_back("configs");
+  for (const auto& r : roots)
+    if (fs::exists(r / (name + ".ini"))) return (r / (name + ".ini")).lexically_normal().string();
+  DEW_USAGE_CHECK(false, "no config '", name, "' (a name in configs/ such as char-small or gpt-mini, or a "
+                  "path to an .ini)");
+  return {};
+}
+
+std::string config_label(const std::string& name) {
+  if (fs::exists(name) && fs::is_regular_file(name)) return fs::path(name).stem().string();
+  return name;
+}
+
+// The backend's fp32 matmul rate through dew::matmul (512^3), as the trainer's measure_peak_gflops.
+double measure_peak_gflops(const dew::BackendPtr& be) {
+  dew::NoGradGuard no_grad;
+  const int64_t n = 512;
+  dew::Tensor a = dew::Tensor::uniform({n, n}, -1, 1, 7, 1, be), b = dew::Tensor::uniform({n, n}, -1, 1, 7, 2, be);
+  dew::Tensor c = dew::matmul(a, b);
+  be->synchronize();
+  int iters = 0;
+  const auto t0 = clock_type::now();
+  double secs = 0;
+  do {
+    c = dew::matmul(a, b);
+    be->synchronize();
+    ++iters;
+    secs = seconds_since(t0);
+  } while (secs < 0.3 && iters < 2000);
+  return 2.0 * double(n * n * n) * iters / secs * 1e-9;
+}
+
+struct Built {
+  dew::Config config;
+  dew::BackendPtr backend;
+  std::shared_ptr<dew::Objective> objective;
+  int64_t batch = 0, seq_len = 0, vocab = 0, dim = 0, layers = 0;
+};
+
+Built build(const LmOptions& lo, const BenchOptions& opt) {
+  Built b;
+  b.config = dew::Config::load_ini(resolve_config(lo.config));
+  omp_set_num_threads(opt.threads);
+  b.backend = dew::create_backend(opt.backend);
+  b.backend->set_threads(opt.threads);
+  dew::set_default_backend(b.backend);
+  dew::Options& data = b.config.section("data");
+  const auto& dv = data.values();
+  b.seq_len = dv.count("seq_len") ? std::atoll(dv.at("seq_len").c_str()) : 0;
+  b.batch = dv.count("batch_size") ? std::atoll(dv.at("batch_size").c_str()) : 0;
+  DEW_USAGE_CHECK(b.seq_len > 0 && b.batch > 0, "dew-bench: the config needs [data] seq_len and batch_size");
+  dew::Options& os = b.config.section("objective");
+  b.objective = dew::Registry::global().create<dew::Objective>(os.get_string("plugin", "lm"), os);
+  dew::ObjectiveContext ctx;
+  ctx.config = &b.config;
+  ctx.backend = b.backend;
+  ctx.seed = uint64_t(b.config.section("run").get_int("seed", 0));
+  ctx.train_source = nullptr;  // synthetic batches: the shapes come from [data]
+  b.objective->build(ctx);
+  const auto& mv = b.config.section("model").values();
+  b.vocab = std::atoll(mv.at("vocab_size").c_str());
+  b.dim = mv.count("dim") ? std::atoll(mv.at("dim").c_str()) : 512;
+  b.layers = mv.count("n_layers") ? std::atoll(mv.at("n_layers").c_str()) : 8;
+  return b;
+}
+
+// N_mm of the peer: every matrix used in a matmul (2-D parameters), the token embedding counted once as
+// the head when tied (it is the head), never as a lookup.
+double matmul_params(const dew::NamedTensors& params, int64_t vocab, int64_t dim) {
+  double n = 0;
+  bool untied = false;
+  for (const auto& [name, p] : params) {
+    if (name == "lm_head.weight") untied = true;
+    if (p.ndim() == 2 && name != "model.embed_tokens.weight") n += double(p.numel());
+  }
+  if (!untied) n += double(vocab * dim);
+  return n;
+}
+
+}  // namespace
+
+int run_train(const LmOptions& lo, const BenchOptions& opt) {
+  Built b = build(lo, opt);
+  dew::NamedTensors params = b.objective->parameters();
+  std::unique_ptr<dew::Optimizer> optimizer = dew::make_optimizer(b.config.section("optim"), params);
+  const double lr = b.config.section("optim").get_double("lr", 1e-3);
+
+  // Synthetic data like the peer's: uniform random ids [B, T + 1], a few batches made once and cycled.
+  std::mt19937 rng(1337);
+  std::uniform_int_distribution<int32_t> id(0, int32_t(b.vocab - 1));
+  std::vector<dew::Batch> batches;
+  for (int i = 0; i < std::max(1, lo.batches); ++i) {
+    std::vector<int32_t> ids(size_t(b.batch * (b.seq_len + 1)));
+    for (auto& x : ids) x = id(rng);
+    batches.push_back({{"text", dew::Tensor::from_ints(ids, {b.batch, b.seq_len + 1}, b.backend)}});
+  }
+
+  std::vector<double> times;
+  double loss_first = 0, loss_last = 0;
+  for (int i = 0; i < lo.warmup + lo.steps; ++i) {
+    const auto t0 = clock_type::now();
+    dew::StepResult r = b.objective->step(batches[size_t(i) % batches.size()], dew::StepInfo{i, 0, 0});
+    const double lv = r.loss.item();
+    r.loss.backward();
+    if (lo.grad_norm) (void)dew::global_grad_norm(params);
+    optimizer->update(params, float(lr), 1.0f, i + 1);
+    for (auto& [k, p] : params) p.zero_grad();
+    b.backend->synchronize();
+    const double dt = seconds_since(t0);
+    if (i == 0) loss_first = lv;
+    loss_last = lv;
+    if (i >= lo.warmup) times.push_back(dt);
+    if (lo.verbose)
+      std::fprintf(stderr, "# step %3d %s %9.1f ms loss %.4f\n", i, i < lo.warmup ? "warm" : "time", dt * 1e3, lv);
+  }
+  DEW_USAGE_CHECK(!times.empty(), "dew-bench train: --steps must be positive");
+
+  int64_t n_params = 0;
+  for (const auto& [k, p] : params) n_params += p.numel();
+  const double n_mm = matmul_params(params, b.vocab, b.dim);
+  const double tokens = double(b.batch * b.seq_len);
+  const double attn = 12.0 * double(b.layers) * double(b.dim) * double(b.seq_len) * double(b.seq_len) * double(b.batch);
+  const double flops = 6.0 * n_mm * tokens + attn;
+  double total = 0;
+  for (double t : times) total += t;
+  const double mean = total / double(times.size());
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  const double peak = measure_peak_gflops(b.backend);
+  const double gflops = flops / mean * 1e-9;
+  const double fma_peak = 173.0 * opt.threads;
+  std::printf("{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"tokens_per_sec\":%.1f,"
+              "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
+              "\"peak\":\"measured dew matmul 512^3\",\"mfu_fma\":%.4f,\"fma_peak_gflops\":%.0f,\"params\":%lld,"
+              "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
+              "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"loss_first\":%.4f,"
+              "\"loss_last\":%.4f}\n",
+              config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, tokens / mean, mean * 1e3,
+              median * 1e3, gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm, flops,
+              (long long)b.batch, (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false",
+              loss_first, loss_last);
+  std::fflush(stdout);
+  return 0;
+}
+
+int run_generate(const LmOptions& lo, const BenchOptions& opt) {
+  Built b = build(lo, opt);
+  dew::Model* model = b.objective->main_model();
+  auto* decoder = dynamic_cast<dew::CausalDecoder*>(model);
+  DEW_USAGE_CHECK(decoder != nullptr, "dew-bench generate: the config's model has no KV-cached decode path");
+  model->set_training(false);
+  dew::NoGradGuard no_grad;
+  const int64_t P = lo.prompt_len, N = lo.tokens, V = decoder->vocab_size();
+  DEW_USAGE_CHECK(P > 0 && N > 1, "dew-bench generate: --prompt-len must be >= 1 and --tokens >= 2");
+  std::mt19937 rng(1337);
+  std::uniform_int_distribution<int32_t> id(0, int32_t(V - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(P));
+  for (auto& x : prompt) x = id(rng);
+
+  auto argmax_last = [&](const dew::Tensor& logits) {
+    const int64_t t = logits.shape()[1];
+    const std::vector<float> row = dew::reshape(logits, {t, V}).slice0(t - 1, t).to_floats();
+    return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+  };
+  std::vector<double> pre, dec;
+  std::vector<int32_t> reference;
+  for (int r = 0; r < lo.gen_warmup + lo.repeats; ++r) {
+    auto cache = decoder->make_cache(1, P + N);
+    std::vector<int32_t> out = prompt;
+    const auto t0 = clock_type::now();
+    out.push_back(argmax_last(decoder->forward_cached(dew::Tensor::from_ints(prompt, {1, P}, b.backend), *cache)));
+    const auto t1 = clock_type::now();
+    for (int64_t i = 1; i < N; ++i)
+      out.push_back(argmax_last(decoder->forward_cached(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend), *cache)));
+    b.backend->synchronize();
+    const double tp = std::chrono::duration<double>(t1 - t0).count(), td = seconds_since(t1);
+    if (reference.empty()) reference = out;
+    DEW_CHECK(out == reference, "dew-bench generate: greedy generation is not deterministic");
+    if (lo.verbose)
+      std::fprintf(stderr, "# gen %d %s prefill %.2f ms decode %.1f ms (%.3f ms/token)\n", r,
+                   r < lo.gen_warmup ? "warm" : "time", tp * 1e3, td * 1e3, td * 1e3 / double(N - 1));
+    if (r >= lo.gen_warmup) {
+      pre.push_back(tp);
+      dec.push_back(td);
+    }
+  }
+  DEW_USAGE_CHECK(!dec.empty(), "dew-bench generate: --repeats must be positive");
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double dmed = med(dec), pmed = med(pre);
+  const double n_mm = matmul_params(b.objective->parameters(), b.vocab, b.dim);
+  double dec_flops = 0;
+  for (int64_t pos = P; pos < P + N - 1; ++pos) dec_flops += 2 * n_mm + 4.0 * double(b.layers * b.dim) * double(pos + 1);
+  std::printf("{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
+              "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
+              "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
+              "\"repeats\":%d}\n",
+              config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, dmed / double(N - 1) * 1e3,
+              *std::min_element(dec.begin(), dec.end()) / double(N - 1) * 1e3,
+              *std::max_element(dec.begin(), dec.end()) / double(N - 1) * 1e3, pmed * 1e3, double(N - 1) / dmed,
+              dec_flops / dmed * 1e-9, (long long)P, (long long)N, lo.repeats);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace dew_bench
