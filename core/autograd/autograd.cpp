@@ -7,8 +7,8 @@
 #include "dew/autograd.hpp"
 
 #include <unordered_map>
-#include <utility>
 #include <unordered_set>
+#include <utility>
 
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
@@ -26,8 +26,9 @@ const std::shared_ptr<Node>& released_node() {
     auto n = std::make_shared<Node>();
     n->name = "released";
     n->backward = [](const Tensor&) -> std::vector<Tensor> {
-      DEW_CHECK(false, "backward through a graph that a previous backward() already consumed; run the forward "
-                       "pass again (each forward supports one backward)");
+      DEW_CHECK(false,
+                "backward through a graph that a previous backward() already consumed; run the forward "
+                "pass again (each forward supports one backward)");
       return {};
     };
     return n;
@@ -87,7 +88,8 @@ void run_backward(const Tensor& root, const Tensor& seed) { run_backward(root, s
 
 void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& on_leaf_ready) {
   DEW_CHECK(root.defined() && participates(root), "backward() on a tensor that does not require gradients");
-  DEW_CHECK(seed.shape() == root.shape(), "backward seed shape ", shape_str(seed.shape()), " != ", shape_str(root.shape()));
+  DEW_CHECK(seed.shape() == root.shape(), "backward seed shape ", shape_str(seed.shape()),
+            " != ", shape_str(root.shape()));
   NoGradGuard no_grad;
 
   // Reverse topological order over tensors that carry a node (iterative DFS, post-order).
@@ -135,8 +137,8 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& o
     auto git = grads.find(impl);
     // Release the graph as it goes; what was consumed refuses a second backward instead of acting as a leaf.
     std::shared_ptr<Node> node = std::exchange(impl->grad_fn, released_node());
-    if (git == grads.end()) {                              // no gradient flowed here
-      if (on_leaf_ready)                                   // leaf-ready hook: these edges are done too
+    if (git == grads.end()) {  // no gradient flowed here
+      if (on_leaf_ready)       // leaf-ready hook: these edges are done too
         for (const Tensor& input : node->inputs)
           if (input.defined() && !input.impl()->grad_fn) leaf_edge_done(input);
       continue;

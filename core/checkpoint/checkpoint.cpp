@@ -125,24 +125,38 @@ Hid scalar_space() { return Hid(H5Screate(H5S_SCALAR), H5Sclose, "create scalar 
 
 hid_t file_type(DType t) {
   switch (t) {
-    case DType::f32: return H5T_IEEE_F32LE;
-    case DType::f64: return H5T_IEEE_F64LE;
-    case DType::bf16: case DType::f16: return H5T_STD_U16LE;
-    case DType::i32: return H5T_STD_I32LE;
-    case DType::i64: return H5T_STD_I64LE;
-    case DType::u8: return H5T_STD_U8LE;
+    case DType::f32:
+      return H5T_IEEE_F32LE;
+    case DType::f64:
+      return H5T_IEEE_F64LE;
+    case DType::bf16:
+    case DType::f16:
+      return H5T_STD_U16LE;
+    case DType::i32:
+      return H5T_STD_I32LE;
+    case DType::i64:
+      return H5T_STD_I64LE;
+    case DType::u8:
+      return H5T_STD_U8LE;
   }
   DEW_INTERNAL_ASSERT(false);
 }
 
 hid_t memory_type(DType t) {
   switch (t) {
-    case DType::f32: return H5T_NATIVE_FLOAT;
-    case DType::f64: return H5T_NATIVE_DOUBLE;
-    case DType::bf16: case DType::f16: return H5T_NATIVE_UINT16;
-    case DType::i32: return H5T_NATIVE_INT32;
-    case DType::i64: return H5T_NATIVE_INT64;
-    case DType::u8: return H5T_NATIVE_UINT8;
+    case DType::f32:
+      return H5T_NATIVE_FLOAT;
+    case DType::f64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::bf16:
+    case DType::f16:
+      return H5T_NATIVE_UINT16;
+    case DType::i32:
+      return H5T_NATIVE_INT32;
+    case DType::i64:
+      return H5T_NATIVE_INT64;
+    case DType::u8:
+      return H5T_NATIVE_UINT8;
   }
   DEW_INTERNAL_ASSERT(false);
 }
@@ -191,8 +205,7 @@ void check_text(const std::string& value, const std::string& where) {
 void write_string_attr(hid_t obj, const std::string& name, const std::string& value) {
   Hid type = string_type();
   Hid space = scalar_space();
-  Hid attr(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-           "create attribute " + name);
+  Hid attr(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose, "create attribute " + name);
   const char* p = value.c_str();
   h5(H5Awrite(attr, type, &p), "write attribute " + name);
 }
@@ -382,20 +395,23 @@ AttrValue read_attr(hid_t obj, const std::string& name, const std::string& where
       v.kind = AttrKind::string;
       v.s = read_string_attr(attr, ftype, where);
       break;
-    default: break;
+    default:
+      break;
   }
   return v;
 }
 
 std::string to_text(const AttrValue& v) {
   switch (v.kind) {
-    case AttrKind::integer: return std::to_string(v.i);
+    case AttrKind::integer:
+      return std::to_string(v.i);
     case AttrKind::floating: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.17g", v.d);
       return buf;
     }
-    default: return v.s;
+    default:
+      return v.s;
   }
 }
 
@@ -438,13 +454,14 @@ Tensor read_tensor(hid_t group, const std::string& name, const std::string& wher
   return Tensor::from_host(host.data(), shape, dt, backend);
 }
 
-NamedTensors read_tensor_group(hid_t parent, const std::string& name, const std::string& where,
-                               const std::string& path, const BackendPtr& backend) {
+NamedTensors read_tensor_group(hid_t parent, const std::string& name, const std::string& where, const std::string& path,
+                               const BackendPtr& backend) {
   NamedTensors out;
   if (!has_link(parent, name)) return out;  // absent group = empty
   if (object_type(parent, name, where) != H5I_GROUP) fail(path, where + " is not a group");
   Hid g(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose, "open group " + where);
-  for (const std::string& n : link_names(g, where)) out.emplace_back(n, read_tensor(g, n, where + "/" + n, path, backend));
+  for (const std::string& n : link_names(g, where))
+    out.emplace_back(n, read_tensor(g, n, where + "/" + n, path, backend));
   return out;
 }
 
@@ -471,9 +488,12 @@ CheckpointData read_file(const std::string& path, const BackendPtr& backend) {
   for (const std::string& name : attr_names(root, "/")) {
     if (name == fmt::kFormatVersionAttr) continue;
     AttrValue v = read_attr(root, name, "/@" + name);
-    if (name == fmt::kVersionAttr) data.dew_version = to_text(v);
-    else if (name == fmt::kCreatedAttr) data.created = to_text(v);
-    else if (v.kind != AttrKind::other) data.attributes[name] = to_text(v);
+    if (name == fmt::kVersionAttr)
+      data.dew_version = to_text(v);
+    else if (name == fmt::kCreatedAttr)
+      data.created = to_text(v);
+    else if (v.kind != AttrKind::other)
+      data.attributes[name] = to_text(v);
   }
 
   data.params = read_tensor_group(file, fmt::kParamsGroup, fmt::kParamsGroup, path, backend);
@@ -490,10 +510,17 @@ CheckpointData read_file(const std::string& path, const BackendPtr& backend) {
     for (const std::string& name : attr_names(state, fmt::kStateGroup)) {
       AttrValue v = read_attr(state, name, "state/@" + name);
       switch (v.kind) {
-        case AttrKind::integer: data.counters[name] = v.i; break;
-        case AttrKind::floating: data.state_values[name] = v.d; break;
-        case AttrKind::string: data.state_text[name] = v.s; break;
-        case AttrKind::other: fail(path, "state/@" + name + " is not a scalar integer, float or string");
+        case AttrKind::integer:
+          data.counters[name] = v.i;
+          break;
+        case AttrKind::floating:
+          data.state_values[name] = v.d;
+          break;
+        case AttrKind::string:
+          data.state_text[name] = v.s;
+          break;
+        case AttrKind::other:
+          fail(path, "state/@" + name + " is not a scalar integer, float or string");
       }
     }
     for (const std::string& n : link_names(state, fmt::kStateGroup))
@@ -609,8 +636,8 @@ void load_into(const NamedTensors& checkpoint, const std::string& group, const N
     wanted.insert(name);
     auto it = source.find(name);
     if (it == source.end()) {
-      problems.push_back(prefix + name + ": missing from the checkpoint (model expects " + shape_str(t.shape()) +
-                         " " + dtype_name(t.dtype()) + ")");
+      problems.push_back(prefix + name + ": missing from the checkpoint (model expects " + shape_str(t.shape()) + " " +
+                         dtype_name(t.dtype()) + ")");
       continue;
     }
     const Tensor& s = *it->second;
@@ -628,7 +655,8 @@ void load_into(const NamedTensors& checkpoint, const std::string& group, const N
   if (!problems.empty()) {
     constexpr size_t kShown = 10;
     std::string msg = "checkpoint does not match the model: " + std::to_string(problems.size()) +
-                      (problems.size() == 1 ? " mismatch" : " mismatches") + (group.empty() ? "" : " in " + group) + ":";
+                      (problems.size() == 1 ? " mismatch" : " mismatches") + (group.empty() ? "" : " in " + group) +
+                      ":";
     for (size_t i = 0; i < problems.size() && i < kShown; ++i) msg += "\n  " + problems[i];
     if (problems.size() > kShown) msg += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
     DEW_CHECK(false, msg);

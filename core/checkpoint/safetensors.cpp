@@ -19,13 +19,20 @@ namespace {
 
 const char* st_dtype(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
   }
   return "?";
 }
@@ -57,13 +64,18 @@ struct JsonReader {
   const std::string& s;
   size_t i = 0;
   std::string file;
-  void ws() { while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i; }
+  void ws() {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  }
   void expect(char c) {
     ws();
     DEW_CHECK(i < s.size() && s[i] == c, file, ": malformed safetensors header near byte ", i, " (expected '", c, "')");
     ++i;
   }
-  bool peek(char c) { ws(); return i < s.size() && s[i] == c; }
+  bool peek(char c) {
+    ws();
+    return i < s.size() && s[i] == c;
+  }
   std::string str() {
     expect('"');
     std::string out;
@@ -91,8 +103,13 @@ struct JsonReader {
   std::vector<int64_t> int_array() {
     std::vector<int64_t> out;
     expect('[');
-    if (peek(']')) { ++i; return out; }
-    do { out.push_back(integer()); } while (peek(',') && ++i);
+    if (peek(']')) {
+      ++i;
+      return out;
+    }
+    do {
+      out.push_back(integer());
+    } while (peek(',') && ++i);
     expect(']');
     return out;
   }
@@ -108,14 +125,16 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   if (!metadata.empty()) {
     h << "\"__metadata__\":{";
     for (auto it = metadata.begin(); it != metadata.end(); ++it)
-      h << (it == metadata.begin() ? "" : ",") << "\"" << json_escape(it->first) << "\":\"" << json_escape(it->second) << "\"";
+      h << (it == metadata.begin() ? "" : ",") << "\"" << json_escape(it->first) << "\":\"" << json_escape(it->second)
+        << "\"";
     h << "}";
     first = false;
   }
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
     DEW_CHECK(!name.empty() && name != "__metadata__", "safetensors: bad tensor name '", name, "'");
-    h << (first ? "" : ",") << "\"" << json_escape(name) << "\":{\"dtype\":\"" << st_dtype(t.dtype()) << "\",\"shape\":[";
+    h << (first ? "" : ",") << "\"" << json_escape(name) << "\":{\"dtype\":\"" << st_dtype(t.dtype())
+      << "\",\"shape\":[";
     for (size_t d = 0; d < t.shape().size(); ++d) h << (d ? "," : "") << t.shape()[d];
     h << "],\"data_offsets\":[" << offset << "," << offset + t.nbytes() << "]}";
     offset += t.nbytes();
@@ -156,7 +175,8 @@ std::vector<std::pair<std::string, Tensor>> read_safetensors(const std::string& 
   f.read(reinterpret_cast<char*>(len), 8);
   uint64_t n = 0;
   for (int b = 0; b < 8; ++b) n |= uint64_t(len[b]) << (8 * b);
-  DEW_CHECK(n <= size - 8 && n < (uint64_t(1) << 30), path, ": header length ", n, " exceeds the file (", size, " bytes)");
+  DEW_CHECK(n <= size - 8 && n < (uint64_t(1) << 30), path, ": header length ", n, " exceeds the file (", size,
+            " bytes)");
   std::string header(n, '\0');
   f.read(header.data(), std::streamsize(n));
   const uint64_t data_start = 8 + n;
@@ -184,10 +204,14 @@ std::vector<std::pair<std::string, Tensor>> read_safetensors(const std::string& 
       while (!j.peek('}')) {
         const std::string key = j.str();
         j.expect(':');
-        if (key == "dtype") dtype = from_st_dtype(j.str(), path);
-        else if (key == "shape") shape = j.int_array();
-        else if (key == "data_offsets") offsets = j.int_array();
-        else DEW_CHECK(false, path, ": unknown field '", key, "' for tensor '", name, "'");
+        if (key == "dtype")
+          dtype = from_st_dtype(j.str(), path);
+        else if (key == "shape")
+          shape = j.int_array();
+        else if (key == "data_offsets")
+          offsets = j.int_array();
+        else
+          DEW_CHECK(false, path, ": unknown field '", key, "' for tensor '", name, "'");
         if (j.peek(',')) ++j.i;
       }
       j.expect('}');
@@ -196,7 +220,8 @@ std::vector<std::pair<std::string, Tensor>> read_safetensors(const std::string& 
       const uint64_t bytes = uint64_t(offsets[1] - offsets[0]);
       DEW_CHECK(bytes == uint64_t(numel_of(shape)) * dtype_size(dtype), path, ": tensor '", name, "' ",
                 shape_str(shape), " ", dtype_name(dtype), " does not match its ", bytes, " bytes");
-      DEW_CHECK(data_start + uint64_t(offsets[1]) <= size, path, ": truncated (tensor '", name, "' ends past the file)");
+      DEW_CHECK(data_start + uint64_t(offsets[1]) <= size, path, ": truncated (tensor '", name,
+                "' ends past the file)");
       std::vector<unsigned char> buf(bytes);
       f.seekg(std::streamoff(data_start + uint64_t(offsets[0])));
       f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(bytes));

@@ -33,8 +33,7 @@ Config Config::parse_ini(const std::string& text, const std::string& origin) {
     }
     const auto eq = t.find('=');
     DEW_USAGE_CHECK(eq != std::string::npos, origin, ":", number, ": expected 'key = value', got '", t, "'");
-    DEW_USAGE_CHECK(!section.empty(), origin, ":", number, ": key '", trim(t.substr(0, eq)),
-                    "' outside any [section]");
+    DEW_USAGE_CHECK(!section.empty(), origin, ":", number, ": key '", trim(t.substr(0, eq)), "' outside any [section]");
     const std::string key = trim(t.substr(0, eq));
     std::string value = trim(t.substr(eq + 1));
     // strip a trailing " # comment"
@@ -43,8 +42,7 @@ Config Config::parse_ini(const std::string& text, const std::string& origin) {
       if (pos != std::string::npos) value = trim(value.substr(0, pos));
     }
     DEW_USAGE_CHECK(!key.empty(), origin, ":", number, ": empty key");
-    DEW_USAGE_CHECK(!c.section(section).has(key), origin, ":", number, ": key '", section, ".", key,
-                    "' given twice");
+    DEW_USAGE_CHECK(!c.section(section).has(key), origin, ":", number, ": key '", section, ".", key, "' given twice");
     c.section(section).set(key, value);
   }
   return c;

@@ -124,14 +124,14 @@ struct DataLoader::Impl {
         };
         bool same_fields = rec.size() == ref.size();
         for (const auto& [name, a] : rec) same_fields = same_fields && ref.count(name);
-        DEW_USAGE_CHECK(same_fields, "data source '", source->identity(), "': record ", idx[size_t(j)],
-                        " has fields ", describe_fields(rec), " but record ", idx[0], " of the same batch has ",
-                        describe_fields(ref), "; all records must have the same fields");
+        DEW_USAGE_CHECK(same_fields, "data source '", source->identity(), "': record ", idx[size_t(j)], " has fields ",
+                        describe_fields(rec), " but record ", idx[0], " of the same batch has ", describe_fields(ref),
+                        "; all records must have the same fields");
         for (const auto& [name, a] : rec) {
           const HostArray& r0 = ref.at(name);
-          DEW_USAGE_CHECK(a.dtype == r0.dtype && a.shape == r0.shape, "data source '", source->identity(),
-                          "': field '", name, "' of record ", idx[size_t(j)], " is ", describe_array(a),
-                          " but record ", idx[0], " of the same batch has ", describe_array(r0),
+          DEW_USAGE_CHECK(a.dtype == r0.dtype && a.shape == r0.shape, "data source '", source->identity(), "': field '",
+                          name, "' of record ", idx[size_t(j)], " is ", describe_array(a), " but record ", idx[0],
+                          " of the same batch has ", describe_array(r0),
                           "; records cannot be batched unless every field has one dtype and shape");
         }
       }
@@ -151,9 +151,9 @@ struct DataLoader::Impl {
   };
   mutable std::mutex mu;
   std::condition_variable cv_work, cv_ready;
-  int64_t base = 0;            // stream index where batch ordinal 0 of this generation starts
-  int64_t consumed = 0;        // batch ordinals handed out in this generation
-  int64_t next_take = 0;       // the next batch ordinal a worker assembles
+  int64_t base = 0;       // stream index where batch ordinal 0 of this generation starts
+  int64_t consumed = 0;   // batch ordinals handed out in this generation
+  int64_t next_take = 0;  // the next batch ordinal a worker assembles
   uint64_t generation = 0;
   std::map<int64_t, Result> ready;
   bool stop = false;

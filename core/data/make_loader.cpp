@@ -29,8 +29,8 @@ std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string
   DEW_USAGE_CHECK(workers >= 0 && workers <= 256, "option ", key_name(d, "workers"), " must be in [0, 256], got ",
                   workers);
   const int64_t prefetch = d.get_int("prefetch", 2);
-  DEW_USAGE_CHECK(prefetch >= 0 && prefetch <= 4096, "option ", key_name(d, "prefetch"),
-                  " must be in [0, 4096], got ", prefetch);
+  DEW_USAGE_CHECK(prefetch >= 0 && prefetch <= 4096, "option ", key_name(d, "prefetch"), " must be in [0, 4096], got ",
+                  prefetch);
   cfg.workers = int(workers);
   cfg.prefetch = int(prefetch);
   cfg.shuffle = d.get_bool("shuffle", split == "train");

@@ -4,6 +4,8 @@
 // top_k -> softmax -> top_p -> min_p -> renormalise -> draw u = philox::uniform(seed, stream, draw)
 // against the cumulative sum in descending probability (ties by id). Sorting makes the draw independent
 // of the vocabulary order of equal-probability tokens and matches what "top" means in every filter.
+#include "dew/generate.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -12,7 +14,6 @@
 
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
-#include "dew/generate.hpp"
 #include "dew/ops.hpp"
 #include "dew/random.hpp"
 #include "dew/tokenizer.hpp"
@@ -76,7 +77,8 @@ Ranked rank(const float* logits, int64_t vocab, const SamplingParams& p, const s
   const double top = z[size_t(r.ids[0])];
   r.probs.resize(n);
   double total = 0;
-  for (size_t i = 0; i < n; ++i) total += (r.probs[i] = std::isinf(top) ? (i == 0) : std::exp(z[size_t(r.ids[i])] - top));
+  for (size_t i = 0; i < n; ++i)
+    total += (r.probs[i] = std::isinf(top) ? (i == 0) : std::exp(z[size_t(r.ids[i])] - top));
   for (double& q : r.probs) q /= total;
   if (p.top_p < 1.0f) {  // the smallest prefix with cumulative probability >= top_p (at least one token)
     double cum = 0;
@@ -104,8 +106,8 @@ Ranked rank(const float* logits, int64_t vocab, const SamplingParams& p, const s
 }  // namespace
 
 void validate(const SamplingParams& p) {
-  DEW_USAGE_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "sampling: temperature must be >= 0 (0 = greedy), got ",
-                  p.temperature);
+  DEW_USAGE_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f,
+                  "sampling: temperature must be >= 0 (0 = greedy), got ", p.temperature);
   DEW_USAGE_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "sampling: top_p must be in (0, 1], got ", p.top_p);
   DEW_USAGE_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "sampling: min_p must be in [0, 1], got ", p.min_p);
   DEW_USAGE_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f,

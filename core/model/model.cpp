@@ -3,8 +3,9 @@
 //
 // The factory receives the very Options object of the section (not a copy), so the keys the backbone
 // reads are marked used in the run config and Config::check_all_used() refuses only real leftovers.
-#include "dew/error.hpp"
 #include "dew/model.hpp"
+
+#include "dew/error.hpp"
 #include "dew/registry.hpp"
 
 namespace dew {

@@ -44,7 +44,8 @@ GroupNorm::GroupNorm(int64_t g, int64_t channels, float e) : groups(g), eps(e) {
 }
 Tensor GroupNorm::forward(const Tensor& x) const { return group_norm(x, groups, weight, bias, eps); }
 
-Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, int64_t groups, bool has_bias) {
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, int64_t groups,
+               bool has_bias) {
   DEW_CHECK(in % groups == 0 && out % groups == 0, "Conv2d: channels ", in, "->", out, " do not split into ", groups,
             " groups");
   params.stride_h = params.stride_w = stride;
@@ -62,7 +63,8 @@ Attention::Attention(const AttentionConfig& c) : cfg(c) {
   DEW_CHECK(cfg.dim > 0 && cfg.num_heads > 0, "Attention: dim and num_heads must be positive");
   if (cfg.num_kv_heads == 0) cfg.num_kv_heads = cfg.num_heads;
   if (cfg.head_dim == 0) {
-    DEW_CHECK(cfg.dim % cfg.num_heads == 0, "Attention: dim ", cfg.dim, " is not a multiple of ", cfg.num_heads, " heads");
+    DEW_CHECK(cfg.dim % cfg.num_heads == 0, "Attention: dim ", cfg.dim, " is not a multiple of ", cfg.num_heads,
+              " heads");
     cfg.head_dim = cfg.dim / cfg.num_heads;
   }
   DEW_CHECK(cfg.num_heads % cfg.num_kv_heads == 0, "Attention: ", cfg.num_heads, " heads do not group over ",

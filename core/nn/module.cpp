@@ -13,9 +13,15 @@ void init_tensor(Tensor& t, const Init& init, uint64_t seed, uint64_t stream) {
   NoGradGuard no_grad;
   switch (init.kind) {
     case Init::automatic:
-    case Init::zeros: t.backend().fill(t, 0.0); return;
-    case Init::ones: t.backend().fill(t, 1.0); return;
-    case Init::constant: t.backend().fill(t, init.a); return;
+    case Init::zeros:
+      t.backend().fill(t, 0.0);
+      return;
+    case Init::ones:
+      t.backend().fill(t, 1.0);
+      return;
+    case Init::constant:
+      t.backend().fill(t, init.a);
+      return;
     case Init::normal:
       t.copy_(Tensor::normal(t.shape(), init.a, init.b, seed, stream, t.backend_ptr(), t.dtype()));
       return;

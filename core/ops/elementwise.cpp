@@ -31,7 +31,12 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(a, b, BinaryOp::add, "add");
   if (needs_grad({&a, &b})) {
     Shape sa = a.shape(), sb = b.shape();
-    record(out, {a, b}, [sa, sb](const Tensor& g) { return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)}; }, "add");
+    record(
+        out, {a, b},
+        [sa, sb](const Tensor& g) {
+          return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)};
+        },
+        "add");
   }
   return out;
 }
@@ -40,8 +45,12 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(a, b, BinaryOp::sub, "sub");
   if (needs_grad({&a, &b})) {
     Shape sa = a.shape(), sb = b.shape();
-    record(out, {a, b}, [sa, sb](const Tensor& g) { return std::vector<Tensor>{sum_to(g, sa), sum_to(neg(g), sb)}; },
-           "sub");
+    record(
+        out, {a, b},
+        [sa, sb](const Tensor& g) {
+          return std::vector<Tensor>{sum_to(g, sa), sum_to(neg(g), sb)};
+        },
+        "sub");
   }
   return out;
 }
@@ -51,10 +60,13 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (needs_grad({&a, &b})) {
     const bool ga = needs_grad({&a}), gb = needs_grad({&b});
     Tensor ad = a.detach(), bd = b.detach();
-    record(out, {a, b}, [ad, bd, ga, gb](const Tensor& g) {
-      return std::vector<Tensor>{ga ? sum_to(mul(g, bd), ad.shape()) : Tensor(),
-                                 gb ? sum_to(mul(g, ad), bd.shape()) : Tensor()};
-    }, "mul");
+    record(
+        out, {a, b},
+        [ad, bd, ga, gb](const Tensor& g) {
+          return std::vector<Tensor>{ga ? sum_to(mul(g, bd), ad.shape()) : Tensor(),
+                                     gb ? sum_to(mul(g, ad), bd.shape()) : Tensor()};
+        },
+        "mul");
   }
   return out;
 }
@@ -65,10 +77,13 @@ Tensor div(const Tensor& a, const Tensor& b) {
     const bool gb = needs_grad({&b});
     Tensor bd = b.detach(), od = out.detach();
     Shape sa = a.shape();
-    record(out, {a, b}, [bd, od, sa, gb](const Tensor& g) {
-      Tensor ga = div(g, bd);
-      return std::vector<Tensor>{sum_to(ga, sa), gb ? sum_to(neg(mul(ga, od)), bd.shape()) : Tensor()};
-    }, "div");
+    record(
+        out, {a, b},
+        [bd, od, sa, gb](const Tensor& g) {
+          Tensor ga = div(g, bd);
+          return std::vector<Tensor>{sum_to(ga, sa), gb ? sum_to(neg(mul(ga, od)), bd.shape()) : Tensor()};
+        },
+        "div");
   }
   return out;
 }
@@ -78,11 +93,14 @@ static Tensor extremum(const Tensor& a, const Tensor& b, BinaryOp op, const char
   if (needs_grad({&a, &b})) {
     Tensor ad = a.detach(), bd = b.detach();
     const BinaryOp pick_a = op == BinaryOp::maximum ? BinaryOp::gt : BinaryOp::lt;
-    record(out, {a, b}, [ad, bd, pick_a](const Tensor& g) {
-      Tensor mask_a = compare(ad, bd, pick_a);  // ties send the gradient to b
-      Tensor ga = mul(g, mask_a);
-      return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(sub(g, ga), bd.shape())};
-    }, name);
+    record(
+        out, {a, b},
+        [ad, bd, pick_a](const Tensor& g) {
+          Tensor mask_a = compare(ad, bd, pick_a);  // ties send the gradient to b
+          Tensor ga = mul(g, mask_a);
+          return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(sub(g, ga), bd.shape())};
+        },
+        name);
   }
   return out;
 }
@@ -100,11 +118,14 @@ Tensor unary(const Tensor& x, UnaryOp op, float alpha, float beta) {
   if (out.numel() > 0) x.backend().unary(x, out, p);
   if (needs_grad({&x})) {
     Tensor xd = x.detach();
-    record(out, {x}, [xd, p](const Tensor& g) {
-      Tensor dx = empty_like(xd);
-      if (dx.numel() > 0) xd.backend().unary_backward(xd, g, dx, p);
-      return std::vector<Tensor>{dx};
-    }, "unary");
+    record(
+        out, {x},
+        [xd, p](const Tensor& g) {
+          Tensor dx = empty_like(xd);
+          if (dx.numel() > 0) xd.backend().unary_backward(xd, g, dx, p);
+          return std::vector<Tensor>{dx};
+        },
+        "unary");
   }
   return out;
 }
@@ -133,11 +154,16 @@ Tensor softcap(const Tensor& x, float cap) { return unary(x, UnaryOp::softcap, c
 
 Tensor activation(const Tensor& x, Activation act) {
   switch (act) {
-    case Activation::none: return x;
-    case Activation::relu: return relu(x);
-    case Activation::gelu: return gelu(x, false);
-    case Activation::gelu_tanh: return gelu(x, true);
-    case Activation::silu: return silu(x);
+    case Activation::none:
+      return x;
+    case Activation::relu:
+      return relu(x);
+    case Activation::gelu:
+      return gelu(x, false);
+    case Activation::gelu_tanh:
+      return gelu(x, true);
+    case Activation::silu:
+      return silu(x);
   }
   return x;
 }

@@ -15,8 +15,8 @@ struct MatmulShape {
 };
 
 MatmulShape plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  DEW_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands need at least 2 dims, got ", shape_str(a.shape()), " and ",
-            shape_str(b.shape()));
+  DEW_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands need at least 2 dims, got ", shape_str(a.shape()),
+            " and ", shape_str(b.shape()));
   const Shape& sa = a.shape();
   const Shape& sb = b.shape();
   const int64_t ar = sa[sa.size() - 2], ac = sa.back(), br = sb[sb.size() - 2], bc = sb.back();
@@ -72,27 +72,30 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   if (needs_grad({&a, &b})) {
     Tensor ad = a.detach(), bd = b.detach();
     const bool ga = needs_grad({&a}), gb = needs_grad({&b});
-    record(out, {a, b}, [ad, bd, ta, tb, ga, gb](const Tensor& g) {
-      Tensor da, db;
-      if (ga) {
-        da = ta ? matmul_raw(bd, g, tb, true, Tensor(), Activation::none)     // (op(B) g^T) stored as [K, M]
-                : matmul_raw(g, bd, false, !tb, Tensor(), Activation::none);  // g op(B)^T
-        da = sum_to(da, ad.shape());
-      }
-      if (gb) {
-        if (!ta && bd.ndim() == 2 && ad.ndim() > 2) {  // shared weight: fold the batch into rows
-          Tensor a2 = reshape(ad, {-1, ad.shape().back()});
-          Tensor g2 = reshape(g, {-1, g.shape().back()});
-          db = tb ? matmul_raw(g2, a2, true, false, Tensor(), Activation::none)
-                  : matmul_raw(a2, g2, true, false, Tensor(), Activation::none);
-        } else {
-          db = tb ? matmul_raw(g, ad, true, ta, Tensor(), Activation::none)     // g^T op(A) stored as [N, K]
-                  : matmul_raw(ad, g, !ta, false, Tensor(), Activation::none);  // op(A)^T g
-          db = sum_to(db, bd.shape());
-        }
-      }
-      return std::vector<Tensor>{da, db};
-    }, "matmul");
+    record(
+        out, {a, b},
+        [ad, bd, ta, tb, ga, gb](const Tensor& g) {
+          Tensor da, db;
+          if (ga) {
+            da = ta ? matmul_raw(bd, g, tb, true, Tensor(), Activation::none)     // (op(B) g^T) stored as [K, M]
+                    : matmul_raw(g, bd, false, !tb, Tensor(), Activation::none);  // g op(B)^T
+            da = sum_to(da, ad.shape());
+          }
+          if (gb) {
+            if (!ta && bd.ndim() == 2 && ad.ndim() > 2) {  // shared weight: fold the batch into rows
+              Tensor a2 = reshape(ad, {-1, ad.shape().back()});
+              Tensor g2 = reshape(g, {-1, g.shape().back()});
+              db = tb ? matmul_raw(g2, a2, true, false, Tensor(), Activation::none)
+                      : matmul_raw(a2, g2, true, false, Tensor(), Activation::none);
+            } else {
+              db = tb ? matmul_raw(g, ad, true, ta, Tensor(), Activation::none)     // g^T op(A) stored as [N, K]
+                      : matmul_raw(ad, g, !ta, false, Tensor(), Activation::none);  // op(A)^T g
+              db = sum_to(db, bd.shape());
+            }
+          }
+          return std::vector<Tensor>{da, db};
+        },
+        "matmul");
   }
   return out;
 }
@@ -109,19 +112,23 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   Shape out_shape = x.shape();
   out_shape.back() = w.shape()[0];
   Tensor x2 = reshape(x.detach(), {-1, x.shape().back()});
-  Tensor out = reshape(matmul_raw(x2, w.detach(), false, true, bias.defined() ? bias.detach() : Tensor(), act), out_shape);
+  Tensor out =
+      reshape(matmul_raw(x2, w.detach(), false, true, bias.defined() ? bias.detach() : Tensor(), act), out_shape);
   if (grad) {
     Tensor wd = w.detach();
     const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gbias = needs_grad({&bias});
     Shape xs = x.shape();
-    record(out, {x, w, bias}, [x2, wd, xs, gx, gw, gbias](const Tensor& g) {
-      Tensor g2 = reshape(g, {-1, g.shape().back()});
-      Tensor dx, dw, db;
-      if (gx) dx = reshape(matmul_raw(g2, wd, false, false, Tensor(), Activation::none), xs);
-      if (gw) dw = matmul_raw(g2, x2, true, false, Tensor(), Activation::none);
-      if (gbias) db = sum(g2, 0);
-      return std::vector<Tensor>{dx, dw, db};
-    }, "linear");
+    record(
+        out, {x, w, bias},
+        [x2, wd, xs, gx, gw, gbias](const Tensor& g) {
+          Tensor g2 = reshape(g, {-1, g.shape().back()});
+          Tensor dx, dw, db;
+          if (gx) dx = reshape(matmul_raw(g2, wd, false, false, Tensor(), Activation::none), xs);
+          if (gw) dw = matmul_raw(g2, x2, true, false, Tensor(), Activation::none);
+          if (gbias) db = sum(g2, 0);
+          return std::vector<Tensor>{dx, dw, db};
+        },
+        "linear");
   }
   return out;
 }

@@ -25,11 +25,15 @@ static Tensor softmax_like(const Tensor& x, bool log) {
   if (y.numel() > 0) log ? x.backend().log_softmax(x, y) : x.backend().softmax(x, y);
   if (needs_grad({&x})) {
     Tensor yd = y.detach();
-    record(y, {x}, [yd, log](const Tensor& g) {
-      Tensor dx = empty_like(yd);
-      if (dx.numel() > 0) log ? yd.backend().log_softmax_backward(yd, g, dx) : yd.backend().softmax_backward(yd, g, dx);
-      return std::vector<Tensor>{dx};
-    }, log ? "log_softmax" : "softmax");
+    record(
+        y, {x},
+        [yd, log](const Tensor& g) {
+          Tensor dx = empty_like(yd);
+          if (dx.numel() > 0)
+            log ? yd.backend().log_softmax_backward(yd, g, dx) : yd.backend().softmax_backward(yd, g, dx);
+          return std::vector<Tensor>{dx};
+        },
+        log ? "log_softmax" : "softmax");
   }
   return y;
 }
@@ -49,13 +53,16 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
     Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
     const bool gw = needs_grad({&weight}), gb = needs_grad({&bias});
     const bool has_bias = bias.defined();
-    record(y, {x, weight, bias}, [xd, wd, mu, rstd, gw, gb, has_bias](const Tensor& g) {
-      Tensor dx = empty_like(xd);
-      Tensor dw = maybe_empty_like(wd, gw);
-      Tensor db = gb && has_bias ? empty_as(xd, {xd.shape().back()}) : Tensor();
-      xd.backend().layer_norm_backward(xd, wd, mu, rstd, g, dx, dw, db);
-      return std::vector<Tensor>{dx, dw, db};
-    }, "layer_norm");
+    record(
+        y, {x, weight, bias},
+        [xd, wd, mu, rstd, gw, gb, has_bias](const Tensor& g) {
+          Tensor dx = empty_like(xd);
+          Tensor dw = maybe_empty_like(wd, gw);
+          Tensor db = gb && has_bias ? empty_as(xd, {xd.shape().back()}) : Tensor();
+          xd.backend().layer_norm_backward(xd, wd, mu, rstd, g, dx, dw, db);
+          return std::vector<Tensor>{dx, dw, db};
+        },
+        "layer_norm");
   }
   return y;
 }
@@ -67,12 +74,15 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_o
   if (needs_grad({&x, &weight})) {
     Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
     const bool gw = needs_grad({&weight});
-    record(y, {x, weight}, [xd, wd, rstd, gw, weight_offset](const Tensor& g) {
-      Tensor dx = empty_like(xd);
-      Tensor dw = maybe_empty_like(wd, gw);
-      xd.backend().rms_norm_backward(xd, wd, rstd, g, dx, dw, weight_offset);
-      return std::vector<Tensor>{dx, dw};
-    }, "rms_norm");
+    record(
+        y, {x, weight},
+        [xd, wd, rstd, gw, weight_offset](const Tensor& g) {
+          Tensor dx = empty_like(xd);
+          Tensor dw = maybe_empty_like(wd, gw);
+          xd.backend().rms_norm_backward(xd, wd, rstd, g, dx, dw, weight_offset);
+          return std::vector<Tensor>{dx, dw};
+        },
+        "rms_norm");
   }
   return y;
 }
@@ -90,13 +100,16 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
     Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
     const bool gw = needs_grad({&weight}), gb = needs_grad({&bias});
     const bool has_bias = bias.defined();
-    record(y, {x, weight, bias}, [xd, wd, mu, rstd, gw, gb, has_bias, groups, c](const Tensor& g) {
-      Tensor dx = empty_like(xd);
-      Tensor dw = maybe_empty_like(wd, gw);
-      Tensor db = gb && has_bias ? empty_as(xd, {c}) : Tensor();
-      xd.backend().group_norm_backward(xd, wd, mu, rstd, g, dx, dw, db, groups);
-      return std::vector<Tensor>{dx, dw, db};
-    }, "group_norm");
+    record(
+        y, {x, weight, bias},
+        [xd, wd, mu, rstd, gw, gb, has_bias, groups, c](const Tensor& g) {
+          Tensor dx = empty_like(xd);
+          Tensor dw = maybe_empty_like(wd, gw);
+          Tensor db = gb && has_bias ? empty_as(xd, {c}) : Tensor();
+          xd.backend().group_norm_backward(xd, wd, mu, rstd, g, dx, dw, db, groups);
+          return std::vector<Tensor>{dx, dw, db};
+        },
+        "group_norm");
   }
   return y;
 }
@@ -114,11 +127,14 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx) {
   if (out.numel() > 0) x.backend().gather_rows(x.detach(), idx, out);
   if (needs_grad({&x})) {
     Tensor xd = x.detach();
-    record(out, {x}, [xd, idx](const Tensor& g) {
-      Tensor dx = Tensor::zeros(xd.shape(), xd.dtype(), xd.backend_ptr());
-      if (g.numel() > 0) xd.backend().scatter_add_rows(g, idx, dx);
-      return std::vector<Tensor>{dx};
-    }, "gather_rows");
+    record(
+        out, {x},
+        [xd, idx](const Tensor& g) {
+          Tensor dx = Tensor::zeros(xd.shape(), xd.dtype(), xd.backend_ptr());
+          if (g.numel() > 0) xd.backend().scatter_add_rows(g, idx, dx);
+          return std::vector<Tensor>{dx};
+        },
+        "gather_rows");
   }
   return out;
 }
@@ -147,13 +163,16 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
   Tensor out = empty_like(x);
   if (out.numel() > 0) x.backend().rope(x.detach(), positions, out, p);
   if (needs_grad({&x})) {
-    record(out, {x}, [positions, p](const Tensor& g) {
-      RopeParams inv = p;
-      inv.inverse = true;
-      Tensor dx = empty_like(g);
-      if (dx.numel() > 0) g.backend().rope(g, positions, dx, inv);
-      return std::vector<Tensor>{dx};
-    }, "rope");
+    record(
+        out, {x},
+        [positions, p](const Tensor& g) {
+          RopeParams inv = p;
+          inv.inverse = true;
+          Tensor dx = empty_like(g);
+          if (dx.numel() > 0) g.backend().rope(g, positions, dx, inv);
+          return std::vector<Tensor>{dx};
+        },
+        "rope");
   }
   return out;
 }
@@ -172,11 +191,14 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   if (out.numel() > 0) q.backend().attention(q.detach(), k.detach(), v.detach(), out, lse, p);
   if (needs_grad({&q, &k, &v})) {
     Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
-    record(out, {q, k, v}, [qd, kd, vd, od, lse, p](const Tensor& g) {
-      Tensor dq = empty_like(qd), dk = empty_like(kd), dv = empty_like(vd);
-      qd.backend().attention_backward(qd, kd, vd, od, lse, g, dq, dk, dv, p);
-      return std::vector<Tensor>{dq, dk, dv};
-    }, "attention");
+    record(
+        out, {q, k, v},
+        [qd, kd, vd, od, lse, p](const Tensor& g) {
+          Tensor dq = empty_like(qd), dk = empty_like(kd), dv = empty_like(vd);
+          qd.backend().attention_backward(qd, kd, vd, od, lse, g, dq, dk, dv, p);
+          return std::vector<Tensor>{dq, dk, dv};
+        },
+        "attention");
   }
   return out;
 }
@@ -187,7 +209,8 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_
   Tensor y = empty_like(x), mask = empty_like(x);
   if (y.numel() > 0) x.backend().dropout(x.detach(), y, mask, DropoutParams{p, seed, stream, offset});
   if (needs_grad({&x})) {
-    record(y, {x}, [mask](const Tensor& g) { return std::vector<Tensor>{mul(g, mask)}; }, "dropout");
+    record(
+        y, {x}, [mask](const Tensor& g) { return std::vector<Tensor>{mul(g, mask)}; }, "dropout");
   }
   return y;
 }
@@ -202,31 +225,35 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
   DEW_CHECK(x.ndim() == 4 && w.ndim() == 4, "conv2d: x must be [N, C, H, W] and w [O, C/groups, KH, KW]; got ",
             shape_str(x.shape()), " and ", shape_str(w.shape()));
   const int64_t n = x.shape()[0], c = x.shape()[1], o = w.shape()[0];
-  DEW_CHECK(p.groups > 0 && c % p.groups == 0 && o % p.groups == 0 && w.shape()[1] * p.groups == c,
-            "conv2d: weight ", shape_str(w.shape()), " does not fit input ", shape_str(x.shape()), " with groups ", p.groups);
+  DEW_CHECK(p.groups > 0 && c % p.groups == 0 && o % p.groups == 0 && w.shape()[1] * p.groups == c, "conv2d: weight ",
+            shape_str(w.shape()), " does not fit input ", shape_str(x.shape()), " with groups ", p.groups);
   check_vector(bias, o, "conv2d", "bias");
   const int64_t oh = conv_out(x.shape()[2], w.shape()[2], p.stride_h, p.pad_h, p.dilation_h);
   const int64_t ow = conv_out(x.shape()[3], w.shape()[3], p.stride_w, p.pad_w, p.dilation_w);
-  DEW_CHECK(oh > 0 && ow > 0, "conv2d: kernel ", shape_str(w.shape()), " larger than padded input ", shape_str(x.shape()));
+  DEW_CHECK(oh > 0 && ow > 0, "conv2d: kernel ", shape_str(w.shape()), " larger than padded input ",
+            shape_str(x.shape()));
   Tensor y = empty_as(x, {n, o, oh, ow});
   x.backend().conv2d(x.detach(), w.detach(), bias.defined() ? bias.detach() : Tensor(), y, p);
   if (needs_grad({&x, &w, &bias})) {
     Tensor xd = x.detach(), wd = w.detach();
     const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gb = needs_grad({&bias});
-    record(y, {x, w, bias}, [xd, wd, p, gx, gw, gb, o](const Tensor& g) {
-      Tensor dx, dw, db;
-      if (gx) {
-        dx = empty_like(xd);
-        xd.backend().conv2d_backward_data(g, wd, dx, p);
-      }
-      if (gw || gb) {
-        Tensor dw_buf = empty_like(wd);
-        db = gb ? empty_as(xd, {o}) : Tensor();
-        xd.backend().conv2d_backward_weight(xd, g, dw_buf, db, p);
-        if (gw) dw = dw_buf;
-      }
-      return std::vector<Tensor>{dx, dw, db};
-    }, "conv2d");
+    record(
+        y, {x, w, bias},
+        [xd, wd, p, gx, gw, gb, o](const Tensor& g) {
+          Tensor dx, dw, db;
+          if (gx) {
+            dx = empty_like(xd);
+            xd.backend().conv2d_backward_data(g, wd, dx, p);
+          }
+          if (gw || gb) {
+            Tensor dw_buf = empty_like(wd);
+            db = gb ? empty_as(xd, {o}) : Tensor();
+            xd.backend().conv2d_backward_weight(xd, g, dw_buf, db, p);
+            if (gw) dw = dw_buf;
+          }
+          return std::vector<Tensor>{dx, dw, db};
+        },
+        "conv2d");
   }
   return y;
 }
@@ -247,19 +274,22 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
   if (needs_grad({&x, &w})) {
     Tensor xd = x.detach(), wd = w.detach();
     const bool gx = needs_grad({&x}), gw = needs_grad({&w});
-    record(y, {x, w}, [xd, wd, p, gx, gw](const Tensor& g) {
-      Tensor dx, dw;
-      if (gx) {
-        dx = empty_like(xd);
-        xd.backend().conv2d(g, wd, Tensor(), dx, p);
-      }
-      if (gw) {
-        dw = empty_like(wd);
-        Tensor no_bias;
-        xd.backend().conv2d_backward_weight(g, xd, dw, no_bias, p);
-      }
-      return std::vector<Tensor>{dx, dw};
-    }, "conv_transpose2d");
+    record(
+        y, {x, w},
+        [xd, wd, p, gx, gw](const Tensor& g) {
+          Tensor dx, dw;
+          if (gx) {
+            dx = empty_like(xd);
+            xd.backend().conv2d(g, wd, Tensor(), dx, p);
+          }
+          if (gw) {
+            dw = empty_like(wd);
+            Tensor no_bias;
+            xd.backend().conv2d_backward_weight(g, xd, dw, no_bias, p);
+          }
+          return std::vector<Tensor>{dx, dw};
+        },
+        "conv_transpose2d");
   }
   if (bias.defined()) {
     check_vector(bias, o, "conv_transpose2d", "bias");
@@ -287,14 +317,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   if (needs_grad({&logits})) {
     Tensor ld = logits.detach();
     Tensor result = out.detach();
-    record(result, {logits}, [ld, targets, lse, p, valid, n](const Tensor& g) {
-      Tensor gs = cast(g, lse.dtype());
-      Tensor mean_g = valid > 0 ? div_scalar(gs, double(valid)) : scale(gs, 0.0f);  // exact in f64 (see div_scalar)
-      Tensor dloss = broadcast_to(reshape(mean_g, {1}), {n});
-      Tensor dlogits = empty_like(ld);
-      if (n > 0) ld.backend().cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
-      return std::vector<Tensor>{dlogits};
-    }, "cross_entropy");
+    record(
+        result, {logits},
+        [ld, targets, lse, p, valid, n](const Tensor& g) {
+          Tensor gs = cast(g, lse.dtype());
+          Tensor mean_g = valid > 0 ? div_scalar(gs, double(valid)) : scale(gs, 0.0f);  // exact in f64 (see div_scalar)
+          Tensor dloss = broadcast_to(reshape(mean_g, {1}), {n});
+          Tensor dlogits = empty_like(ld);
+          if (n > 0) ld.backend().cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
+          return std::vector<Tensor>{dlogits};
+        },
+        "cross_entropy");
     return result;
   }
   return out;

@@ -19,7 +19,8 @@ inline void check_same_backend(const Tensor& a, const Tensor& b, const char* op)
             " and ", b.backend().name(), ")");
 }
 inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
-  DEW_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch (", dtype_name(a.dtype()), " vs ", dtype_name(b.dtype()), ")");
+  DEW_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch (", dtype_name(a.dtype()), " vs ", dtype_name(b.dtype()),
+            ")");
 }
 inline int norm_axis(int axis, int ndim, const char* op) {
   const int a = axis < 0 ? axis + ndim : axis;

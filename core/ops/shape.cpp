@@ -42,7 +42,8 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor out(std::move(impl));
   if (needs_grad({&x})) {
     Shape original = x.shape();
-    record(out, {x}, [original](const Tensor& g) { return std::vector<Tensor>{reshape(g, original)}; }, "reshape");
+    record(
+        out, {x}, [original](const Tensor& g) { return std::vector<Tensor>{reshape(g, original)}; }, "reshape");
   }
   return out;
 }
@@ -73,9 +74,10 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   Tensor out(std::move(impl));
   if (needs_grad({this})) {
     Shape original = shape();
-    record(out, {*this}, [original, begin](const Tensor& g) {
-      return std::vector<Tensor>{embed_slice(g, original, 0, begin)};
-    }, "slice0");
+    record(
+        out, {*this},
+        [original, begin](const Tensor& g) { return std::vector<Tensor>{embed_slice(g, original, 0, begin)}; },
+        "slice0");
   }
   return out;
 }
@@ -84,7 +86,9 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
 
 Tensor contiguous_copy(const Tensor& x) {
   Tensor out = x.clone();
-  if (needs_grad({&x})) record(out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; }, "copy");
+  if (needs_grad({&x}))
+    record(
+        out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; }, "copy");
   return out;
 }
 
@@ -108,7 +112,8 @@ Tensor permute(const Tensor& x, const std::vector<int>& dims) {
   Tensor out = empty_as(x, out_shape);
   if (out.numel() > 0) x.backend().strided_copy(x, out, p);
   if (needs_grad({&x})) {
-    record(out, {x}, [inverse](const Tensor& g) { return std::vector<Tensor>{permute(g, inverse)}; }, "permute");
+    record(
+        out, {x}, [inverse](const Tensor& g) { return std::vector<Tensor>{permute(g, inverse)}; }, "permute");
   }
   return out;
 }
@@ -137,9 +142,10 @@ Tensor slice(const Tensor& x, int axis, int64_t begin, int64_t end) {
   if (out.numel() > 0) x.backend().strided_copy(x, out, p);
   if (needs_grad({&x})) {
     Shape original = x.shape();
-    record(out, {x}, [original, ax, begin](const Tensor& g) {
-      return std::vector<Tensor>{embed_slice(g, original, ax, begin)};
-    }, "slice");
+    record(
+        out, {x},
+        [original, ax, begin](const Tensor& g) { return std::vector<Tensor>{embed_slice(g, original, ax, begin)}; },
+        "slice");
   }
   return out;
 }
@@ -179,11 +185,14 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
   if (grad) {
     std::vector<int64_t> lens;
     for (const Tensor& t : xs) lens.push_back(t.shape()[size_t(ax)]);
-    record(out, xs, [ax, starts, lens](const Tensor& g) {
-      std::vector<Tensor> out;
-      for (size_t i = 0; i < starts.size(); ++i) out.push_back(slice(g, ax, starts[i], starts[i] + lens[i]));
-      return out;
-    }, "concat");
+    record(
+        out, xs,
+        [ax, starts, lens](const Tensor& g) {
+          std::vector<Tensor> out;
+          for (size_t i = 0; i < starts.size(); ++i) out.push_back(slice(g, ax, starts[i], starts[i] + lens[i]));
+          return out;
+        },
+        "concat");
   }
   return out;
 }
@@ -208,12 +217,14 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   if (out.numel() > 0) x.backend().strided_copy(x, out, p);
   if (needs_grad({&x})) {
     Shape original = x.shape();
-    record(out, {x}, [original](const Tensor& g) { return std::vector<Tensor>{sum_to(g, original)}; }, "broadcast_to");
+    record(
+        out, {x}, [original](const Tensor& g) { return std::vector<Tensor>{sum_to(g, original)}; }, "broadcast_to");
   }
   return out;
 }
 
-static Tensor reduce_raw(const Tensor& x, ReduceOp op, int64_t outer, int64_t r, int64_t inner, const Shape& out_shape) {
+static Tensor reduce_raw(const Tensor& x, ReduceOp op, int64_t outer, int64_t r, int64_t inner,
+                         const Shape& out_shape) {
   Tensor out = empty_as(x, out_shape);
   if (out.numel() == 0) return out;
   if (r == 0) {
@@ -249,7 +260,8 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   }
   if (needs_grad({&x})) {
     Shape original = x.shape();
-    record(cur, {x}, [original](const Tensor& g) { return std::vector<Tensor>{broadcast_to(g, original)}; }, "sum_to");
+    record(
+        cur, {x}, [original](const Tensor& g) { return std::vector<Tensor>{broadcast_to(g, original)}; }, "sum_to");
   }
   return cur;
 }
@@ -260,7 +272,8 @@ Tensor cast(const Tensor& x, DType dtype) {
   if (out.numel() > 0) x.backend().cast(x, out);
   if (needs_grad({&x}) && is_floating(dtype)) {
     const DType from = x.dtype();
-    record(out, {x}, [from](const Tensor& g) { return std::vector<Tensor>{cast(g, from)}; }, "cast");
+    record(
+        out, {x}, [from](const Tensor& g) { return std::vector<Tensor>{cast(g, from)}; }, "cast");
   }
   return out;
 }
@@ -283,10 +296,13 @@ static Tensor reduce_axis(const Tensor& x, int axis, bool keepdim, ReduceOp op, 
     // mean divides by the count in the gradient's own dtype: a float factor (scale) would round 1/r to f32
     // and cap f64 gradients at ~1e-8 relative accuracy.
     const double count = op == ReduceOp::mean ? double(std::max<int64_t>(r, 1)) : 1.0;
-    record(out, {x}, [original, kept, count](const Tensor& g) {
-      Tensor gb = broadcast_to(reshape(g, kept), original);
-      return std::vector<Tensor>{count == 1.0 ? gb : div_scalar(gb, count)};
-    }, name);
+    record(
+        out, {x},
+        [original, kept, count](const Tensor& g) {
+          Tensor gb = broadcast_to(reshape(g, kept), original);
+          return std::vector<Tensor>{count == 1.0 ? gb : div_scalar(gb, count)};
+        },
+        name);
   }
   return out;
 }

@@ -85,8 +85,8 @@ std::vector<double> Options::get_doubles(const std::string& key, const std::vect
   for (const std::string& item : split_list(get_string(key, ""))) {
     char* end = nullptr;
     const double v = std::strtod(item.c_str(), &end);
-    DEW_USAGE_CHECK(end && *end == '\0', "option ", where(context_, key), " must be a comma-separated list of numbers, got '",
-                    item, "'");
+    DEW_USAGE_CHECK(end && *end == '\0', "option ", where(context_, key),
+                    " must be a comma-separated list of numbers, got '", item, "'");
     out.push_back(v);
   }
   return out;

@@ -86,9 +86,8 @@ class RegistryImpl final : public Registry {
                    DEW_PLUGIN_ABI_VERSION);
     const std::string fingerprint = info->fingerprint ? info->fingerprint : "";
     DEW_CHECK_HINT(fingerprint == DEW_BUILD_FINGERPRINT,
-                   "rebuild the plugin with the same compiler and dew SDK as the host",
-                   "plugin ", file, ": build fingerprint '", fingerprint, "' does not match the host's '",
-                   DEW_BUILD_FINGERPRINT, "'");
+                   "rebuild the plugin with the same compiler and dew SDK as the host", "plugin ", file,
+                   ": build fingerprint '", fingerprint, "' does not match the host's '", DEW_BUILD_FINGERPRINT, "'");
     const std::string name = info->name ? info->name : "";
     DEW_CHECK(!name.empty(), "plugin ", file, ": has no name");
     DEW_CHECK(info->register_all != nullptr, "plugin ", file, ": has no register function");
@@ -113,11 +112,13 @@ class RegistryImpl final : public Registry {
       DEW_CHECK(seen.insert(key).second, "duplicate ", c.kind, " '", c.name, "': registered twice by ",
                 c.origin.describe());
       auto it = components_.find(key);
-      DEW_CHECK(it == components_.end(), "duplicate ", c.kind, " '", c.name, "': ", c.origin.describe(),
-                " and ", it == components_.end() ? std::string() : it->second.origin.describe());
+      DEW_CHECK(it == components_.end(), "duplicate ", c.kind, " '", c.name, "': ", c.origin.describe(), " and ",
+                it == components_.end() ? std::string() : it->second.origin.describe());
     }
-    loaded->record = {name, info->version ? info->version : "", fingerprint, info->build_notes ? info->build_notes : "",
-                      file, info->abi_version, {}};
+    loaded->record = {name,        info->version ? info->version : "",
+                      fingerprint, info->build_notes ? info->build_notes : "",
+                      file,        info->abi_version,
+                      {}};
     for (ErasedComponent& c : staging.staged) {
       loaded->record.components.push_back(c.kind + "/" + c.name);
       const auto key = std::make_pair(c.kind, c.name);

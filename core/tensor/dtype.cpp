@@ -7,13 +7,20 @@ namespace dew {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -34,7 +41,10 @@ float f16_to_f32(f16_t h) {
     if (mant == 0) return f32_from_bits(sign);
     // subnormal: normalise
     int e = -1;
-    do { mant <<= 1; ++e; } while ((mant & 0x400u) == 0);
+    do {
+      mant <<= 1;
+      ++e;
+    } while ((mant & 0x400u) == 0);
     mant &= 0x3ffu;
     return f32_from_bits(sign | uint32_t(127 - 15 - e) << 23 | (mant << 13));
   }
@@ -45,9 +55,9 @@ f16_t f32_to_f16(float f) {
   const uint32_t u = f32_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return {uint16_t(sign | 0x7e00u)};        // nan
-  if (absu >= 0x477ff000u) return {uint16_t(sign | 0x7c00u)};       // overflow -> inf (incl. rounding)
-  if (absu < 0x38800000u) {                                          // subnormal or zero in f16
+  if (absu > 0x7f800000u) return {uint16_t(sign | 0x7e00u)};   // nan
+  if (absu >= 0x477ff000u) return {uint16_t(sign | 0x7c00u)};  // overflow -> inf (incl. rounding)
+  if (absu < 0x38800000u) {                                    // subnormal or zero in f16
     if (absu < 0x33000000u) return {uint16_t(sign)};
     const uint32_t e = absu >> 23;
     const uint32_t m = (absu & 0x7fffffu) | 0x800000u;

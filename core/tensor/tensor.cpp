@@ -45,7 +45,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const BackendPtr& backend)
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, const BackendPtr& backend) { return full(shape, 0.0, dtype, backend); }
+Tensor Tensor::zeros(const Shape& shape, DType dtype, const BackendPtr& backend) {
+  return full(shape, 0.0, dtype, backend);
+}
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, const BackendPtr& backend) {
   Tensor t = empty(shape, dtype, backend);
@@ -86,7 +88,10 @@ Tensor Tensor::uniform(const Shape& shape, float lo, float hi, uint64_t seed, ui
                        const BackendPtr& backend, DType dtype) {
   RandomParams p;
   p.dist = Distribution::uniform;
-  p.seed = seed; p.stream = stream; p.a = lo; p.b = hi;
+  p.seed = seed;
+  p.stream = stream;
+  p.a = lo;
+  p.b = hi;
   return random_tensor(shape, p, backend, dtype);
 }
 
@@ -94,14 +99,23 @@ Tensor Tensor::normal(const Shape& shape, float mean, float std, uint64_t seed, 
                       const BackendPtr& backend, DType dtype) {
   RandomParams p;
   p.dist = Distribution::normal;
-  p.seed = seed; p.stream = stream; p.a = mean; p.b = std;
+  p.seed = seed;
+  p.stream = stream;
+  p.a = mean;
+  p.b = std;
   return random_tensor(shape, p, backend, dtype);
 }
 
 // ---------------------------------------------------------------- metadata
 
-const Shape& Tensor::shape() const { DEW_CHECK(impl_, "use of an undefined tensor"); return impl_->shape; }
-DType Tensor::dtype() const { DEW_CHECK(impl_, "use of an undefined tensor"); return impl_->dtype; }
+const Shape& Tensor::shape() const {
+  DEW_CHECK(impl_, "use of an undefined tensor");
+  return impl_->shape;
+}
+DType Tensor::dtype() const {
+  DEW_CHECK(impl_, "use of an undefined tensor");
+  return impl_->dtype;
+}
 Backend& Tensor::backend() const { return *backend_ptr(); }
 const BackendPtr& Tensor::backend_ptr() const {
   DEW_CHECK(impl_, "use of an undefined tensor");
@@ -136,13 +150,45 @@ std::vector<double> Tensor::to_doubles() const {
   for (int64_t i = 0; i < n; ++i) {
     const unsigned char* p = raw.data() + size_t(i) * dtype_size(dtype());
     switch (dtype()) {
-      case DType::f32: { float v; std::memcpy(&v, p, 4); out[size_t(i)] = v; break; }
-      case DType::f64: { double v; std::memcpy(&v, p, 8); out[size_t(i)] = v; break; }
-      case DType::bf16: { bf16_t v; std::memcpy(&v, p, 2); out[size_t(i)] = bf16_to_f32(v); break; }
-      case DType::f16: { f16_t v; std::memcpy(&v, p, 2); out[size_t(i)] = f16_to_f32(v); break; }
-      case DType::i32: { int32_t v; std::memcpy(&v, p, 4); out[size_t(i)] = v; break; }
-      case DType::i64: { int64_t v; std::memcpy(&v, p, 8); out[size_t(i)] = double(v); break; }
-      case DType::u8: out[size_t(i)] = *p; break;
+      case DType::f32: {
+        float v;
+        std::memcpy(&v, p, 4);
+        out[size_t(i)] = v;
+        break;
+      }
+      case DType::f64: {
+        double v;
+        std::memcpy(&v, p, 8);
+        out[size_t(i)] = v;
+        break;
+      }
+      case DType::bf16: {
+        bf16_t v;
+        std::memcpy(&v, p, 2);
+        out[size_t(i)] = bf16_to_f32(v);
+        break;
+      }
+      case DType::f16: {
+        f16_t v;
+        std::memcpy(&v, p, 2);
+        out[size_t(i)] = f16_to_f32(v);
+        break;
+      }
+      case DType::i32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        out[size_t(i)] = v;
+        break;
+      }
+      case DType::i64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        out[size_t(i)] = double(v);
+        break;
+      }
+      case DType::u8:
+        out[size_t(i)] = *p;
+        break;
     }
   }
   return out;
@@ -216,7 +262,9 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 Tensor Tensor::grad() const { return impl_ && impl_->grad ? Tensor(impl_->grad) : Tensor(); }
-void Tensor::zero_grad() { if (impl_) impl_->grad.reset(); }
+void Tensor::zero_grad() {
+  if (impl_) impl_->grad.reset();
+}
 void Tensor::set_grad(const Tensor& g) {
   DEW_CHECK(impl_, "use of an undefined tensor");
   impl_->grad = g.impl_ptr();

@@ -7,9 +7,8 @@
 // are in GPT-2's byte->unicode mapping ("Ġthe"); merges are "a b" strings or ["a", "b"] pairs; each
 // merge's result must be in the vocab. added_tokens are matched literally in the text. The eos is the
 // first of "<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>" the file holds.
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dew/error.hpp"
@@ -70,8 +69,7 @@ struct VocabBuilder {
     return it->second;
   }
 
-  void add_merge(std::vector<std::array<int32_t, 3>>& merges, const std::string& a, const std::string& b,
-                 size_t line) {
+  void add_merge(std::vector<std::array<int32_t, 3>>& merges, const std::string& a, const std::string& b, size_t line) {
     const int32_t ia = id_of(a, line), ib = id_of(b, line);
     auto it = mapped_to_id.find(a + b);
     DEW_USAGE_CHECK(it != mapped_to_id.end(), origin, ": merge ", line, " '", a, " ", b, "' makes '", a + b,

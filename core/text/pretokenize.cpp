@@ -25,7 +25,14 @@ constexpr Range kRanges[] = {
 bool is_white_space(uint32_t cp) {
   if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
   switch (cp) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -64,8 +71,8 @@ int utf8_decode(std::string_view s, size_t i, uint32_t* cp, bool* valid) {
       const unsigned char b1 = at(1);
       const bool ok = b0 == 0xF0 ? b1 >= 0x90 : b0 == 0xF4 ? b1 <= 0x8F : true;
       if (ok) {
-        *cp = (uint32_t(b0 & 0x07) << 18) | (uint32_t(b1 & 0x3F) << 12) | (uint32_t(at(2) & 0x3F) << 6) |
-              (at(3) & 0x3F);
+        *cp =
+            (uint32_t(b0 & 0x07) << 18) | (uint32_t(b1 & 0x3F) << 12) | (uint32_t(at(2) & 0x3F) << 6) | (at(3) & 0x3F);
         return 4;
       }
     }
@@ -163,7 +170,8 @@ bool is_valid_utf8(std::string_view bytes) {
 
 std::vector<std::string_view> pretokenize_gpt2(std::string_view s) {
   using text::CharClass;
-  DEW_CHECK(s.size() < (size_t(1) << 32), "pretokenize_gpt2: a text of ", s.size(), " bytes is too long (4 GiB at most)");
+  DEW_CHECK(s.size() < (size_t(1) << 32), "pretokenize_gpt2: a text of ", s.size(),
+            " bytes is too long (4 GiB at most)");
   // Decode once: byte offset and class of every character (offsets[n] = s.size()).
   std::vector<uint32_t> off;
   std::vector<CharClass> cls;

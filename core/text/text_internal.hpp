@@ -47,7 +47,7 @@ void for_each_chunk(std::string_view text, F&& f, size_t target = size_t(1) << 2
 
 // ---- GPT-2's bytes_to_unicode: every byte as a printable code point ----
 struct ByteMap {
-  std::array<uint32_t, 256> to_cp{};          // byte -> code point
+  std::array<uint32_t, 256> to_cp{};              // byte -> code point
   std::unordered_map<uint32_t, uint8_t> to_byte;  // code point -> byte
   static const ByteMap& get();
 };
@@ -66,9 +66,9 @@ class BpeTokenizer final : public Tokenizer {
  public:
   // tokens: id -> bytes (ids without a token: empty and absent from `present`); merges in rank order
   // as (left id, right id, merged id); added tokens are also in `tokens`.
-  BpeTokenizer(std::vector<std::string> tokens, std::vector<bool> present,
-               std::vector<std::array<int32_t, 3>> merges, std::vector<AddedToken> added, int32_t eos,
-               bool add_prefix_space, bool ignore_merges, const std::string& origin);
+  BpeTokenizer(std::vector<std::string> tokens, std::vector<bool> present, std::vector<std::array<int32_t, 3>> merges,
+               std::vector<AddedToken> added, int32_t eos, bool add_prefix_space, bool ignore_merges,
+               const std::string& origin);
 
   std::string name() const override { return "bpe"; }
   int64_t vocab_size() const override { return int64_t(tokens_.size()); }
@@ -96,7 +96,7 @@ class BpeTokenizer final : public Tokenizer {
   bool add_prefix_space_ = false, ignore_merges_ = false;
   std::array<int32_t, 256> byte_id_{};
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> rank_;  // (left, right) -> (rank, merged)
-  std::unordered_map<std::string, int32_t> ids_;                   // bytes -> id (ignore_merges only)
+  std::unordered_map<std::string, int32_t> ids_;                    // bytes -> id (ignore_merges only)
   // Per-word cache: pre-token bytes -> ids (bounded; cleared when full).
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;

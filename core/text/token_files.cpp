@@ -120,10 +120,10 @@ TokenMeta read_token_meta(const std::string& dir) {
 }
 
 void write_token_meta(const TokenMeta& m, const std::string& dir) {
-  nlohmann::ordered_json j = {{"tokenizer", m.tokenizer},     {"vocab_size", m.vocab_size},
-                              {"dtype", m.dtype},             {"train_tokens", m.train_tokens},
-                              {"val_tokens", m.val_tokens},   {"train_bytes", m.train_bytes},
-                              {"val_bytes", m.val_bytes},     {"eos_id", m.eos_id}};
+  nlohmann::ordered_json j = {{"tokenizer", m.tokenizer},   {"vocab_size", m.vocab_size},
+                              {"dtype", m.dtype},           {"train_tokens", m.train_tokens},
+                              {"val_tokens", m.val_tokens}, {"train_bytes", m.train_bytes},
+                              {"val_bytes", m.val_bytes},   {"eos_id", m.eos_id}};
   const std::string s = j.dump(2) + "\n";
   text::write_file_atomic((fs::path(dir) / "meta.json").string(), s.data(), s.size());
 }
@@ -143,8 +143,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
     throw UsageError("'" + (fs::path(dir) / "meta.json").string() + "' names the tokenizer '" + m.tokenizer +
                      "'; dew knows byte and bpe");
   }
-  DEW_USAGE_CHECK(t->vocab_size() == m.vocab_size, "'", dir, "': the ", m.tokenizer, " tokenizer has ",
-                  t->vocab_size(), " tokens but meta.json says vocab_size ", m.vocab_size);
+  DEW_USAGE_CHECK(t->vocab_size() == m.vocab_size, "'", dir, "': the ", m.tokenizer, " tokenizer has ", t->vocab_size(),
+                  " tokens but meta.json says vocab_size ", m.vocab_size);
   return t;
 }
 

@@ -60,9 +60,12 @@ std::string json_number(double v) {
 
 std::string format_duration(double s) {
   char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
-  else std::snprintf(buf, sizeof buf, "%.0fs", s);
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
+  else
+    std::snprintf(buf, sizeof buf, "%.0fs", s);
   return buf;
 }
 
@@ -198,16 +201,19 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   return run;
 }
 
-CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* opt, const Ema* ema,
-                               const RunState& st, const DataPosition& pos) {
+CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* opt, const Ema* ema, const RunState& st,
+                               const DataPosition& pos) {
   CheckpointData c;
   c.attributes["dew.config"] = config.to_ini();
   c.attributes["dew.plugins"] = plugins_line();
   c.params = run.params;
   if (ema) c.ema = ema->tensors();
   if (opt) c.optim = opt->state();
-  c.counters = {{"updates", st.updates}, {"attempts", st.attempts}, {"skipped", st.skipped},
-                {"nonfinite_streak", st.streak}, {"data.next", pos.next}};
+  c.counters = {{"updates", st.updates},
+                {"attempts", st.attempts},
+                {"skipped", st.skipped},
+                {"nonfinite_streak", st.streak},
+                {"data.next", pos.next}};
   c.state_text = {{"data.order", pos.order}, {"best_file", st.best_file}};
   if (!std::isnan(st.best)) c.state_values["best_metric"] = st.best;
   return c;
@@ -244,7 +250,7 @@ int train(Config& config, const TrainOptions& options) {
 
 namespace {
 int train_process(Config& config, const TrainOptions& options) {
-// ---- end dist ----
+  // ---- end dist ----
   Options& ts = config.section("trainer");
   const int64_t steps = ts.get_int("steps", 0);
   DEW_USAGE_CHECK(steps > 0, "option 'trainer.steps' must be a positive number of updates");
@@ -262,7 +268,8 @@ int train_process(Config& config, const TrainOptions& options) {
   DEW_USAGE_CHECK(stop_at > 0 && stop_at <= steps, "option 'trainer.stop_at' must be in [1, trainer.steps]");
   DEW_USAGE_CHECK(grad_accum > 0, "option 'trainer.grad_accum' must be positive");
   DEW_USAGE_CHECK(log_every > 0, "option 'trainer.log_every' must be positive");
-  DEW_USAGE_CHECK(eval_every >= 0 && checkpoint_every >= 0, "trainer.eval_every and trainer.checkpoint_every must be >= 0");
+  DEW_USAGE_CHECK(eval_every >= 0 && checkpoint_every >= 0,
+                  "trainer.eval_every and trainer.checkpoint_every must be >= 0");
   DEW_USAGE_CHECK(keep >= 1, "option 'trainer.keep' must be at least 1");
 
   std::string run_dir = options.run_dir;
@@ -302,7 +309,7 @@ int train_process(Config& config, const TrainOptions& options) {
     remove_stale_temporaries(ckpt_dir.string());
   }
   auto log = leader ? make_logger(run_dir) : make_quiet_logger();  // dist
-  if (leader) {  // dist
+  if (leader) {                                                    // dist
     std::ofstream cfg(fs::path(run_dir) / "config.ini", std::ios::trunc);
     cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config.to_ini();
   }
@@ -342,14 +349,15 @@ int train_process(Config& config, const TrainOptions& options) {
     dp->comm().broadcast(at, 0);
     int64_t root[3];
     at.copy_to_host(root);
-    DEW_CHECK(root[0] == mine[0] && root[1] == mine[1] && root[2] == mine[2], "rank ", run.rank,
-              " starts at update ", mine[0], " (data position ", mine[2], ") but rank 0 at update ", root[0],
-              " (data position ", root[2], "): every rank must see the same run directory (a shared filesystem)");
+    DEW_CHECK(root[0] == mine[0] && root[1] == mine[1] && root[2] == mine[2], "rank ", run.rank, " starts at update ",
+              mine[0], " (data position ", mine[2], ") but rank 0 at update ", root[0], " (data position ", root[2],
+              "): every rank must see the same run directory (a shared filesystem)");
     const int64_t batch = run.train_loader->config().batch_size;
     const std::string micro = grad_accum > 1 ? " x " + std::to_string(grad_accum) + " micro-batches" : "";
-    log->info("data parallel: {} ranks x batch {}{} = {} samples per update; gradients all-reduced ({}) in {} buckets "
-              "of <= {} MiB", run.world, batch, micro, run.world * batch * grad_accum, run.comm->name(),
-              dp->num_buckets(), run.bucket_mb);
+    log->info(
+        "data parallel: {} ranks x batch {}{} = {} samples per update; gradients all-reduced ({}) in {} buckets "
+        "of <= {} MiB",
+        run.world, batch, micro, run.world * batch * grad_accum, run.comm->name(), dp->num_buckets(), run.bucket_mb);
   }
   bool dist_stop = false;  // an interrupt seen by any rank, agreed on at the end of each update
   double step_sync_ms = 0, window_sync_ms = 0;
@@ -508,12 +516,13 @@ int train_process(Config& config, const TrainOptions& options) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       const double eta = elapsed / double(st.updates - start_updates) * double(steps - st.updates);
       char line[512];
-      std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.2e  %.0f samples/s%s  ETA %s",
-                    (long long)st.updates, (long long)steps, window_loss / double(window_n), lr_now, sps,
-                    window_metrics.count("accuracy")
-                        ? ("  acc " + std::to_string(int(100 * window_metrics["accuracy"] / double(window_n))) + "%").c_str()
-                        : "",
-                    format_duration(eta).c_str());
+      std::snprintf(
+          line, sizeof line, "step %lld/%lld  loss %.4f  lr %.2e  %.0f samples/s%s  ETA %s", (long long)st.updates,
+          (long long)steps, window_loss / double(window_n), lr_now, sps,
+          window_metrics.count("accuracy")
+              ? ("  acc " + std::to_string(int(100 * window_metrics["accuracy"] / double(window_n))) + "%").c_str()
+              : "",
+          format_duration(eta).c_str());
       if (tty) {
         std::fprintf(stderr, "\r\033[K%s", line);
         std::fflush(stderr);
@@ -563,7 +572,7 @@ int train_process(Config& config, const TrainOptions& options) {
   spdlog::drop("dew");
   return exit_code;
 }
-}  // namespace (dist: train_process)
+}  // namespace
 
 namespace {
 
@@ -634,8 +643,10 @@ void export_safetensors(const std::string& run_dir, const std::string& step, boo
                         const std::string& backend_name, const std::string& out_dir) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
   fs::create_directories(out_dir);
-  std::map<std::string, std::string> meta{{"format", "pt"}, {"dew.version", DEW_SDK_VERSION},
-                                          {"dew.step", std::to_string(lr.updates)}, {"dew.ema", lr.ema ? "1" : "0"}};
+  std::map<std::string, std::string> meta{{"format", "pt"},
+                                          {"dew.version", DEW_SDK_VERSION},
+                                          {"dew.step", std::to_string(lr.updates)},
+                                          {"dew.ema", lr.ema ? "1" : "0"}};
   write_safetensors((fs::path(out_dir) / "model.safetensors").string(), lr.run.params, meta);
   // config.json: the [model] section (numbers unquoted), plus what the model reports about itself.
   std::map<std::string, std::string> fields = lr.config.section("model").values();

@@ -1,6 +1,5 @@
 // examples/hello_plugin/hello.cpp — the whole plugin: one DEW_PLUGIN block registering greeter 'hello'.
 #include <dew/registry.hpp>
-
 #include <memory>
 #include <string>
 

@@ -106,11 +106,11 @@ inline Tensor rnd_away(const Shape& shape, uint64_t seed, double lo = 0.2, doubl
 inline Tensor to_f64(const Tensor& t) { return f64(t.to_doubles(), t.shape()); }
 
 struct Options {
-  int max_checks = 64;   // elements checked per input
-  double h = 1e-6;       // central-difference step
-  double atol = 1e-6;    // see the file comment
+  int max_checks = 64;  // elements checked per input
+  double h = 1e-6;      // central-difference step
+  double atol = 1e-6;   // see the file comment
   double rtol = 1e-4;
-  bool report = true;    // false: only count mismatches (the checker's own tests of wrong backwards)
+  bool report = true;  // false: only count mismatches (the checker's own tests of wrong backwards)
 };
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
@@ -187,8 +187,8 @@ inline int gradcheck(const Fn& f, std::vector<Tensor> inputs, const std::string&
       if (!ok) {
         ++bad;
         if (o.report && reported++ < 4)
-          FAIL_CHECK(what << ": input " << i << " " << dew::shape_str(x.shape()) << " element " << j
-                              << ": analytic " << ana << " vs numeric " << num);
+          FAIL_CHECK(what << ": input " << i << " " << dew::shape_str(x.shape()) << " element " << j << ": analytic "
+                          << ana << " vs numeric " << num);
       }
     }
   }
@@ -199,7 +199,8 @@ inline int gradcheck(const Fn& f, std::vector<Tensor> inputs, const std::string&
 
 // Elementwise comparison of two tensors' values (any floating dtype), reporting the first mismatches.
 inline void check_close(const Tensor& a, const Tensor& b, double atol, double rtol, const std::string& what) {
-  REQUIRE_MESSAGE(a.shape() == b.shape(), what, ": shape ", dew::shape_str(a.shape()), " vs ", dew::shape_str(b.shape()));
+  REQUIRE_MESSAGE(a.shape() == b.shape(), what, ": shape ", dew::shape_str(a.shape()), " vs ",
+                  dew::shape_str(b.shape()));
   const std::vector<double> va = a.to_doubles(), vb = b.to_doubles();
   int bad = 0;
   for (size_t i = 0; i < va.size(); ++i) {

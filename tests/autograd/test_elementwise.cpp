@@ -69,12 +69,17 @@ TEST_CASE("gradcheck binary ops with one operand constant") {
 }
 
 TEST_CASE("gradcheck operators (+ - * / scalar)") {
-  gradcheck([](const std::vector<Tensor>& x) { return (x[0] + x[1]) * x[0] - x[1] / (x[0] * x[0] + 1.0f) * 0.5f + (-x[1]); },
-            {rnd({2, 3}, 1), rnd({3}, 2)}, "operator expression");
+  gradcheck(
+      [](const std::vector<Tensor>& x) { return (x[0] + x[1]) * x[0] - x[1] / (x[0] * x[0] + 1.0f) * 0.5f + (-x[1]); },
+      {rnd({2, 3}, 1), rnd({3}, 2)}, "operator expression");
 }
 
-TEST_CASE("gradcheck neg") { check_unary([](const Tensor& x) { return dew::neg(x); }, "neg", rnd({3, 5}, 20)); }
-TEST_CASE("gradcheck exp") { check_unary([](const Tensor& x) { return dew::exp(x); }, "exp", rnd({3, 5}, 21, -2, 2)); }
+TEST_CASE("gradcheck neg") {
+  check_unary([](const Tensor& x) { return dew::neg(x); }, "neg", rnd({3, 5}, 20));
+}
+TEST_CASE("gradcheck exp") {
+  check_unary([](const Tensor& x) { return dew::exp(x); }, "exp", rnd({3, 5}, 21, -2, 2));
+}
 TEST_CASE("gradcheck log (positive inputs)") {
   check_unary([](const Tensor& x) { return dew::log(x); }, "log", rnd({3, 5}, 22, 0.2, 3.0));
 }
@@ -84,11 +89,15 @@ TEST_CASE("gradcheck sqrt (positive inputs)") {
 TEST_CASE("gradcheck rsqrt (positive inputs)") {
   check_unary([](const Tensor& x) { return dew::rsqrt(x); }, "rsqrt", rnd({3, 5}, 24, 0.2, 3.0));
 }
-TEST_CASE("gradcheck square") { check_unary([](const Tensor& x) { return dew::square(x); }, "square", rnd({3, 5}, 25)); }
+TEST_CASE("gradcheck square") {
+  check_unary([](const Tensor& x) { return dew::square(x); }, "square", rnd({3, 5}, 25));
+}
 TEST_CASE("gradcheck abs (away from 0)") {
   check_unary([](const Tensor& x) { return dew::abs(x); }, "abs", rnd_away({3, 5}, 26, 0.1, 2.0));
 }
-TEST_CASE("gradcheck tanh") { check_unary([](const Tensor& x) { return dew::tanh(x); }, "tanh", rnd({3, 5}, 27, -2, 2)); }
+TEST_CASE("gradcheck tanh") {
+  check_unary([](const Tensor& x) { return dew::tanh(x); }, "tanh", rnd({3, 5}, 27, -2, 2));
+}
 TEST_CASE("gradcheck sigmoid") {
   check_unary([](const Tensor& x) { return dew::sigmoid(x); }, "sigmoid", rnd({3, 5}, 28, -3, 3));
 }
@@ -101,9 +110,15 @@ TEST_CASE("gradcheck gelu (erf)") {
 TEST_CASE("gradcheck gelu_tanh") {
   check_unary([](const Tensor& x) { return dew::gelu(x, true); }, "gelu_tanh", rnd({3, 5}, 31, -3, 3));
 }
-TEST_CASE("gradcheck silu") { check_unary([](const Tensor& x) { return dew::silu(x); }, "silu", rnd({3, 5}, 32, -3, 3)); }
-TEST_CASE("gradcheck sin") { check_unary([](const Tensor& x) { return dew::sin(x); }, "sin", rnd({3, 5}, 33, -3, 3)); }
-TEST_CASE("gradcheck cos") { check_unary([](const Tensor& x) { return dew::cos(x); }, "cos", rnd({3, 5}, 34, -3, 3)); }
+TEST_CASE("gradcheck silu") {
+  check_unary([](const Tensor& x) { return dew::silu(x); }, "silu", rnd({3, 5}, 32, -3, 3));
+}
+TEST_CASE("gradcheck sin") {
+  check_unary([](const Tensor& x) { return dew::sin(x); }, "sin", rnd({3, 5}, 33, -3, 3));
+}
+TEST_CASE("gradcheck cos") {
+  check_unary([](const Tensor& x) { return dew::cos(x); }, "cos", rnd({3, 5}, 34, -3, 3));
+}
 TEST_CASE("gradcheck reciprocal (unary op)") {
   check_unary([](const Tensor& x) { return dew::unary(x, dew::UnaryOp::reciprocal); }, "reciprocal",
               rnd_away({3, 5}, 35, 0.3, 2.0));

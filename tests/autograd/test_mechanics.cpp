@@ -8,7 +8,9 @@ using dew::Tensor;
 
 namespace {
 Tensor leaf(const std::vector<double>& v, const dew::Shape& s) { return f64(v, s).set_requires_grad(true); }
-bool message_has(const dew::Error& e, const std::string& part) { return std::string(e.what()).find(part) != std::string::npos; }
+bool message_has(const dew::Error& e, const std::string& part) {
+  return std::string(e.what()).find(part) != std::string::npos;
+}
 }  // namespace
 
 TEST_CASE("the ref backend loads from the default plugin folder") {
@@ -45,9 +47,7 @@ TEST_CASE("no_grad records nothing") {
     y = dew::sum(x * x);
     CHECK_FALSE(y.requires_grad());
     CHECK(y.impl()->grad_fn == nullptr);
-    {
-      dew::NoGradGuard nested;
-    }
+    { dew::NoGradGuard nested; }
     CHECK_FALSE(dew::grad_enabled());  // a nested guard restores "off", not "on"
   }
   CHECK(dew::grad_enabled());
@@ -179,12 +179,15 @@ TEST_CASE("a diamond graph sums both paths once") {
 TEST_CASE("gradcheck catches a wrong backward") {
   Options quiet;
   quiet.report = false;
-  const int bad = gradcheck([](const std::vector<Tensor>& in) {
-    Tensor out = dew::scale(in[0].detach(), 2.0f);
-    if (dew::needs_grad({&in[0]}))
-      dew::record(out, {in[0]}, [](const Tensor& g) { return std::vector<Tensor>{dew::scale(g, 3.0f)}; }, "wrong");
-    return out;
-  }, {rnd({3}, 1)}, "deliberately wrong backward", quiet);
+  const int bad = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        Tensor out = dew::scale(in[0].detach(), 2.0f);
+        if (dew::needs_grad({&in[0]}))
+          dew::record(
+              out, {in[0]}, [](const Tensor& g) { return std::vector<Tensor>{dew::scale(g, 3.0f)}; }, "wrong");
+        return out;
+      },
+      {rnd({3}, 1)}, "deliberately wrong backward", quiet);
   CHECK(bad == 3);
 }
 
@@ -192,16 +195,21 @@ TEST_CASE("gradcheck catches a wrong backward") {
 TEST_CASE("gradcheck catches a permuted gradient") {
   Options quiet;
   quiet.report = false;
-  const int bad = gradcheck([](const std::vector<Tensor>& in) {
-    Tensor out = dew::mul(in[0].detach(), in[0].detach());
-    if (dew::needs_grad({&in[0]})) {
-      Tensor xd = in[0].detach();
-      dew::record(out, {in[0]}, [xd](const Tensor& g) {
-        return std::vector<Tensor>{dew::reshape(dew::transpose(dew::mul(g, xd * 2.0f), 0, 1), {2, 2})};
-      }, "permuted");
-    }
-    return out;
-  }, {rnd({2, 2}, 2)}, "permuted gradient", quiet);
+  const int bad = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        Tensor out = dew::mul(in[0].detach(), in[0].detach());
+        if (dew::needs_grad({&in[0]})) {
+          Tensor xd = in[0].detach();
+          dew::record(
+              out, {in[0]},
+              [xd](const Tensor& g) {
+                return std::vector<Tensor>{dew::reshape(dew::transpose(dew::mul(g, xd * 2.0f), 0, 1), {2, 2})};
+              },
+              "permuted");
+        }
+        return out;
+      },
+      {rnd({2, 2}, 2)}, "permuted gradient", quiet);
   CHECK(bad == 2);  // the two off-diagonal elements
 }
 

@@ -39,23 +39,25 @@ TEST_CASE("nn::Attention gradcheck in double (GQA, qk_norm, partial rope, window
   nn::Attention a(c);
   Tensor pos = ints({0, 1, 2}, {3});
   Tensor x = rnd({2, 3, 8}, 1);
-  V params = {like(a.q_proj->weight, 2), like(a.q_proj->bias, 3), like(a.k_proj->weight, 4), like(a.k_proj->bias, 5),
-              like(a.v_proj->weight, 6), like(a.v_proj->bias, 7), like(a.o_proj->weight, 8),
-              rnd({2}, 9, 0.5, 1.5),  rnd({2}, 10, 0.5, 1.5)};
+  V params = {like(a.q_proj->weight, 2), like(a.q_proj->bias, 3),   like(a.k_proj->weight, 4),
+              like(a.k_proj->bias, 5),   like(a.v_proj->weight, 6), like(a.v_proj->bias, 7),
+              like(a.o_proj->weight, 8), rnd({2}, 9, 0.5, 1.5),     rnd({2}, 10, 0.5, 1.5)};
   V inputs = {x};
   inputs.insert(inputs.end(), params.begin(), params.end());
-  gradcheck([&a, pos](const V& in) {
-    a.q_proj->weight = in[1];
-    a.q_proj->bias = in[2];
-    a.k_proj->weight = in[3];
-    a.k_proj->bias = in[4];
-    a.v_proj->weight = in[5];
-    a.v_proj->bias = in[6];
-    a.o_proj->weight = in[7];
-    a.q_norm->weight = in[8];
-    a.k_norm->weight = in[9];
-    return a.forward(in[0], pos);
-  }, inputs, "nn::Attention");
+  gradcheck(
+      [&a, pos](const V& in) {
+        a.q_proj->weight = in[1];
+        a.q_proj->bias = in[2];
+        a.k_proj->weight = in[3];
+        a.k_proj->bias = in[4];
+        a.v_proj->weight = in[5];
+        a.v_proj->bias = in[6];
+        a.o_proj->weight = in[7];
+        a.q_norm->weight = in[8];
+        a.k_norm->weight = in[9];
+        return a.forward(in[0], pos);
+      },
+      inputs, "nn::Attention");
 
   // The same block written with ops gives the same output.
   Tensor q = dew::reshape(dew::linear(x, params[0], params[1]), {2, 3, 4, 2});
@@ -80,43 +82,52 @@ TEST_CASE("nn::Attention gradcheck, plain MHA with [B,T] positions and no rope")
   c.causal = false;
   nn::Attention a(c);
   Tensor pos = ints({0, 1, 2, 3, 7, 4, 5, 6}, {2, 4});
-  gradcheck([&a, pos](const V& in) {
-    a.q_proj->weight = in[1];
-    a.k_proj->weight = in[2];
-    a.v_proj->weight = in[3];
-    a.o_proj->weight = in[4];
-    return a.forward(in[0], pos);
-  }, {rnd({2, 4, 8}, 11), like(a.q_proj->weight, 12), like(a.k_proj->weight, 13), like(a.v_proj->weight, 14),
-      like(a.o_proj->weight, 15)}, "nn::Attention MHA rope [B,T]");
+  gradcheck(
+      [&a, pos](const V& in) {
+        a.q_proj->weight = in[1];
+        a.k_proj->weight = in[2];
+        a.v_proj->weight = in[3];
+        a.o_proj->weight = in[4];
+        return a.forward(in[0], pos);
+      },
+      {rnd({2, 4, 8}, 11), like(a.q_proj->weight, 12), like(a.k_proj->weight, 13), like(a.v_proj->weight, 14),
+       like(a.o_proj->weight, 15)},
+      "nn::Attention MHA rope [B,T]");
   c.rotary_dim = -1;
   nn::Attention b(c);
-  gradcheck([&b, pos](const V& in) {
-    b.q_proj->weight = in[1];
-    b.k_proj->weight = in[2];
-    b.v_proj->weight = in[3];
-    b.o_proj->weight = in[4];
-    return b.forward(in[0], pos);
-  }, {rnd({2, 4, 8}, 16), like(b.q_proj->weight, 17), like(b.k_proj->weight, 18), like(b.v_proj->weight, 19),
-      like(b.o_proj->weight, 20)}, "nn::Attention no rope");
+  gradcheck(
+      [&b, pos](const V& in) {
+        b.q_proj->weight = in[1];
+        b.k_proj->weight = in[2];
+        b.v_proj->weight = in[3];
+        b.o_proj->weight = in[4];
+        return b.forward(in[0], pos);
+      },
+      {rnd({2, 4, 8}, 16), like(b.q_proj->weight, 17), like(b.k_proj->weight, 18), like(b.v_proj->weight, 19),
+       like(b.o_proj->weight, 20)},
+      "nn::Attention no rope");
 }
 
 TEST_CASE("nn::GatedMLP gradcheck and value (SwiGLU, GeGLU)") {
   UseRef use;
   for (auto act : {dew::Activation::silu, dew::Activation::gelu_tanh}) {
     nn::GatedMLP m(4, 6, act, true);
-    V p = {like(m.gate_proj->weight, 21), like(m.gate_proj->bias, 22), like(m.up_proj->weight, 23),
-           like(m.up_proj->bias, 24),   like(m.down_proj->weight, 25), like(m.down_proj->bias, 26)};
+    V p = {like(m.gate_proj->weight, 21), like(m.gate_proj->bias, 22),   like(m.up_proj->weight, 23),
+           like(m.up_proj->bias, 24),     like(m.down_proj->weight, 25), like(m.down_proj->bias, 26)};
     Tensor x = rnd({2, 3, 4}, 27);
-    gradcheck([&m](const V& in) {
-      m.gate_proj->weight = in[1];
-      m.gate_proj->bias = in[2];
-      m.up_proj->weight = in[3];
-      m.up_proj->bias = in[4];
-      m.down_proj->weight = in[5];
-      m.down_proj->bias = in[6];
-      return m.forward(in[0]);
-    }, {x, p[0], p[1], p[2], p[3], p[4], p[5]}, "nn::GatedMLP act " + std::to_string(int(act)));
-    Tensor expect = dew::linear(dew::mul(dew::activation(dew::linear(x, p[0], p[1]), act), dew::linear(x, p[2], p[3])), p[4], p[5]);
+    gradcheck(
+        [&m](const V& in) {
+          m.gate_proj->weight = in[1];
+          m.gate_proj->bias = in[2];
+          m.up_proj->weight = in[3];
+          m.up_proj->bias = in[4];
+          m.down_proj->weight = in[5];
+          m.down_proj->bias = in[6];
+          return m.forward(in[0]);
+        },
+        {x, p[0], p[1], p[2], p[3], p[4], p[5]}, "nn::GatedMLP act " + std::to_string(int(act)));
+    Tensor expect =
+        dew::linear(dew::mul(dew::activation(dew::linear(x, p[0], p[1]), act), dew::linear(x, p[2], p[3])), p[4], p[5]);
     check_close(m.forward(x), expect, 1e-13, 1e-12, "GatedMLP vs ops");
   }
 }
@@ -133,12 +144,14 @@ TEST_CASE("nn::AdaLNModulation + modulate: zero init, gradcheck, values") {
     for (double v : ch.to_doubles()) CHECK(v == 0.0);
   }
   Tensor x = rnd({2, 3, 4}, 30);
-  gradcheck([&ada](const V& in) {
-    ada.linear->weight = in[2];
-    ada.linear->bias = in[3];
-    auto ch = ada.forward(in[1]);
-    return dew::add(nn::modulate(in[0], ch[0], ch[1]), dew::reshape(ch[2], {2, 1, 4}));
-  }, {x, rnd({2, 5}, 31), like(ada.linear->weight, 32), like(ada.linear->bias, 33)}, "AdaLNModulation+modulate");
+  gradcheck(
+      [&ada](const V& in) {
+        ada.linear->weight = in[2];
+        ada.linear->bias = in[3];
+        auto ch = ada.forward(in[1]);
+        return dew::add(nn::modulate(in[0], ch[0], ch[1]), dew::reshape(ch[2], {2, 1, 4}));
+      },
+      {x, rnd({2, 5}, 31), like(ada.linear->weight, 32), like(ada.linear->bias, 33)}, "AdaLNModulation+modulate");
   gradcheck([](const V& in) { return nn::modulate(in[0], in[1], in[2]); }, {x, rnd({2, 4}, 34), rnd({2, 4}, 35)},
             "modulate");
   // values: x * (1 + scale[:, None]) + shift[:, None]
@@ -189,11 +202,13 @@ TEST_CASE("nn::PatchEmbed / unpatchify round trip and gradcheck") {
 
   // and PatchEmbed's gradient, with random f64 conv parameters
   nn::PatchEmbed pe2(C, 5, P);
-  gradcheck([&pe2](const V& in) {
-    pe2.proj->weight = in[1];
-    pe2.proj->bias = in[2];
-    return pe2.forward(in[0]);
-  }, {rnd({1, C, H, W}, 42), like(pe2.proj->weight, 43), like(pe2.proj->bias, 44)}, "PatchEmbed");
+  gradcheck(
+      [&pe2](const V& in) {
+        pe2.proj->weight = in[1];
+        pe2.proj->bias = in[2];
+        return pe2.forward(in[0]);
+      },
+      {rnd({1, C, H, W}, 42), like(pe2.proj->weight, 43), like(pe2.proj->bias, 44)}, "PatchEmbed");
 }
 
 TEST_CASE("timestep_embedding values vs the DiT formula") {
@@ -208,8 +223,10 @@ TEST_CASE("timestep_embedding values vs the DiT formula") {
       const int64_t half = dim / 2;
       std::vector<double> expect;
       for (double tv : ts) {
-        for (int64_t i = 0; i < half; ++i) expect.push_back(std::cos(tv * std::exp(-std::log(10000.0) * double(i) / double(half))));
-        for (int64_t i = 0; i < half; ++i) expect.push_back(std::sin(tv * std::exp(-std::log(10000.0) * double(i) / double(half))));
+        for (int64_t i = 0; i < half; ++i)
+          expect.push_back(std::cos(tv * std::exp(-std::log(10000.0) * double(i) / double(half))));
+        for (int64_t i = 0; i < half; ++i)
+          expect.push_back(std::sin(tv * std::exp(-std::log(10000.0) * double(i) / double(half))));
         if (dim % 2) expect.push_back(0.0);
       }
       // The frequencies are computed in float (max_period is a float), so the angle t*f carries a relative

@@ -19,8 +19,8 @@ TEST_CASE("gradcheck softmax and log_softmax") {
 }
 
 TEST_CASE("gradcheck layer_norm") {
-  gradcheck([](const V& x) { return dew::layer_norm(x[0], x[1], x[2]); }, {rnd({3, 6}, 6, -2, 2), rnd({6}, 7), rnd({6}, 8)},
-            "layer_norm weight+bias");
+  gradcheck([](const V& x) { return dew::layer_norm(x[0], x[1], x[2]); },
+            {rnd({3, 6}, 6, -2, 2), rnd({6}, 7), rnd({6}, 8)}, "layer_norm weight+bias");
   gradcheck([](const V& x) { return dew::layer_norm(x[0], Tensor(), Tensor()); }, {rnd({2, 3, 6}, 9, -2, 2)},
             "layer_norm no affine");
   gradcheck([](const V& x) { return dew::layer_norm(x[0], x[1], Tensor()); }, {rnd({3, 6}, 10, -2, 2), rnd({6}, 11)},
@@ -41,8 +41,8 @@ TEST_CASE("gradcheck layer_norm") {
 
 TEST_CASE("gradcheck rms_norm (offset 0 and 1)") {
   gradcheck([](const V& x) { return dew::rms_norm(x[0], x[1]); }, {rnd({3, 6}, 16, -2, 2), rnd({6}, 17)}, "rms_norm");
-  gradcheck([](const V& x) { return dew::rms_norm(x[0], x[1], 1e-6f, 1.0f); }, {rnd({2, 3, 6}, 18, -2, 2), rnd({6}, 19)},
-            "rms_norm offset 1");
+  gradcheck([](const V& x) { return dew::rms_norm(x[0], x[1], 1e-6f, 1.0f); },
+            {rnd({2, 3, 6}, 18, -2, 2), rnd({6}, 19)}, "rms_norm offset 1");
   gradcheck([](const V& x) { return dew::rms_norm(x[0], x[1], 0.3f, 0.0f); }, {rnd({3, 4}, 20, -2, 2), rnd({4}, 21)},
             "rms_norm large eps");
   // value: x / sqrt(mean(x^2) + eps) * (w + offset)
@@ -60,8 +60,8 @@ TEST_CASE("gradcheck group_norm") {
             {rnd({2, 4, 3, 3}, 24, -2, 2), rnd({4}, 25), rnd({4}, 26)}, "group_norm 2 groups");
   gradcheck([](const V& x) { return dew::group_norm(x[0], 3, Tensor(), Tensor()); }, {rnd({2, 6, 2, 2}, 27, -2, 2)},
             "group_norm no affine");
-  gradcheck([](const V& x) { return dew::group_norm(x[0], 1, x[1], x[2]); }, {rnd({1, 3, 2, 3}, 28, -2, 2), rnd({3}, 29), rnd({3}, 30)},
-            "group_norm 1 group");
+  gradcheck([](const V& x) { return dew::group_norm(x[0], 1, x[1], x[2]); },
+            {rnd({1, 3, 2, 3}, 28, -2, 2), rnd({3}, 29), rnd({3}, 30)}, "group_norm 1 group");
 }
 
 TEST_CASE("gradcheck embedding with repeated ids accumulate") {
@@ -110,7 +110,8 @@ TEST_CASE("gradcheck rope (full/partial, positions [T] and [B,T]) and values") {
   Tensor pos_t = ints({3, 0, 7}, {3});
   Tensor pos_bt = ints({0, 1, 2, 5, 9, 4}, {2, 3});
   gradcheck([pos_t](const V& x) { return dew::rope(x[0], pos_t, 10000.0f); }, {rnd({2, 3, 2, 4}, 35)}, "rope full [T]");
-  gradcheck([pos_bt](const V& x) { return dew::rope(x[0], pos_bt, 100.0f); }, {rnd({2, 3, 2, 4}, 36)}, "rope full [B,T]");
+  gradcheck([pos_bt](const V& x) { return dew::rope(x[0], pos_bt, 100.0f); }, {rnd({2, 3, 2, 4}, 36)},
+            "rope full [B,T]");
   gradcheck([pos_t](const V& x) { return dew::rope(x[0], pos_t, 10000.0f, 4); }, {rnd({2, 3, 2, 6}, 37)},
             "rope partial [T]");
   gradcheck([pos_bt](const V& x) { return dew::rope(x[0], pos_bt, 500.0f, 2); }, {rnd({2, 3, 1, 6}, 38)},
@@ -118,10 +119,10 @@ TEST_CASE("gradcheck rope (full/partial, positions [T] and [B,T]) and values") {
 
   Tensor x = rnd({2, 3, 2, 6}, 39);
   // theta is a float parameter: compare with the float value it becomes.
-  check_values(dew::rope(x, pos_bt, 500.0f, 4), rope_host(x.to_doubles(), {0, 1, 2, 5, 9, 4}, true, 2, 3, 2, 6, 500.0, 4),
-               1e-12, "rope partial values");
-  check_values(dew::rope(x, pos_t, 10000.0f), rope_host(x.to_doubles(), {3, 0, 7}, false, 2, 3, 2, 6, 10000.0, 6), 1e-12,
-               "rope full values");
+  check_values(dew::rope(x, pos_bt, 500.0f, 4),
+               rope_host(x.to_doubles(), {0, 1, 2, 5, 9, 4}, true, 2, 3, 2, 6, 500.0, 4), 1e-12, "rope partial values");
+  check_values(dew::rope(x, pos_t, 10000.0f), rope_host(x.to_doubles(), {3, 0, 7}, false, 2, 3, 2, 6, 10000.0, 6),
+               1e-12, "rope full values");
 }
 
 namespace {
@@ -134,11 +135,12 @@ dew::AttentionParams attn(float scale, bool causal, int64_t window = 0, float so
   p.q_offset = q_offset;
   return p;
 }
-void check_attention(const dew::AttentionParams& p, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv,
-                     int64_t D, const std::string& what, uint64_t seed) {
-  gradcheck([p](const V& x) { return dew::attention(x[0], x[1], x[2], p); },
-            {rnd({B, T, Hq, D}, seed, -1.5, 1.5), rnd({B, S, Hkv, D}, seed + 1, -1.5, 1.5), rnd({B, S, Hkv, D}, seed + 2)},
-            what);
+void check_attention(const dew::AttentionParams& p, int64_t B, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                     const std::string& what, uint64_t seed) {
+  gradcheck(
+      [p](const V& x) { return dew::attention(x[0], x[1], x[2], p); },
+      {rnd({B, T, Hq, D}, seed, -1.5, 1.5), rnd({B, S, Hkv, D}, seed + 1, -1.5, 1.5), rnd({B, S, Hkv, D}, seed + 2)},
+      what);
 }
 // Attention through ops: scores, mask, softmax, weighted sum, one head at a time (for forward values).
 Tensor attention_by_ops(const Tensor& q, const Tensor& k, const Tensor& v, const dew::AttentionParams& p) {
@@ -262,7 +264,8 @@ TEST_CASE("gradcheck conv2d (stride, padding, groups, bias, dilation)") {
 
 TEST_CASE("gradcheck conv_transpose2d") {
   gradcheck([](const V& x) { return dew::conv_transpose2d(x[0], x[1], x[2], conv(2, 2, 1, 1, 1), 1, 1); },
-            {rnd({2, 4, 3, 3}, 100), rnd({4, 3, 3, 3}, 101), rnd({3}, 102)}, "conv_transpose2d stride 2 pad 1 outpad 1");
+            {rnd({2, 4, 3, 3}, 100), rnd({4, 3, 3, 3}, 101), rnd({3}, 102)},
+            "conv_transpose2d stride 2 pad 1 outpad 1");
   gradcheck([](const V& x) { return dew::conv_transpose2d(x[0], x[1], Tensor(), conv(1, 1, 0, 0, 1)); },
             {rnd({1, 2, 3, 3}, 103), rnd({2, 3, 2, 2}, 104)}, "conv_transpose2d plain");
   gradcheck([](const V& x) { return dew::conv_transpose2d(x[0], x[1], x[2], conv(2, 1, 0, 1, 2)); },

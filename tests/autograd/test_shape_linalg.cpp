@@ -7,8 +7,11 @@ using V = std::vector<Tensor>;
 
 TEST_CASE("gradcheck reshape") {
   gradcheck([](const V& x) { return dew::reshape(x[0], {6, -1}); }, {rnd({2, 3, 4}, 1)}, "reshape");
-  gradcheck([](const V& x) { return x[0].reshape({4, 6}) * x[0].reshape({4, 6}); }, {rnd({2, 3, 4}, 2)},
-            "Tensor::reshape used twice");
+  gradcheck(
+      [](const V& x) {
+        return x[0].reshape({4, 6}) * x[0].reshape({4, 6});
+      },
+      {rnd({2, 3, 4}, 2)}, "Tensor::reshape used twice");
 }
 
 TEST_CASE("gradcheck permute and transpose") {
@@ -31,16 +34,34 @@ TEST_CASE("gradcheck slice") {
 }
 
 TEST_CASE("gradcheck concat") {
-  gradcheck([](const V& x) { return dew::concat({x[0], x[1], x[2]}, 1); }, {rnd({2, 1, 3}, 12), rnd({2, 3, 3}, 13), rnd({2, 2, 3}, 14)},
-            "concat axis 1");
-  gradcheck([](const V& x) { return dew::concat({x[0], x[1]}, 0); }, {rnd({1, 4}, 15), rnd({2, 4}, 16)}, "concat axis 0");
-  gradcheck([](const V& x) { return dew::concat({x[0], x[0]}, -1); }, {rnd({2, 3}, 17)}, "concat of a tensor with itself");
-  gradcheck([](const V& x) { return dew::concat({x[0], dew::slice(x[1], 1, 0, 0), x[1]}, 1); }, {rnd({2, 3}, 29), rnd({2, 2}, 30)},
-            "concat with an empty piece");
+  gradcheck(
+      [](const V& x) {
+        return dew::concat({x[0], x[1], x[2]}, 1);
+      },
+      {rnd({2, 1, 3}, 12), rnd({2, 3, 3}, 13), rnd({2, 2, 3}, 14)}, "concat axis 1");
+  gradcheck(
+      [](const V& x) {
+        return dew::concat({x[0], x[1]}, 0);
+      },
+      {rnd({1, 4}, 15), rnd({2, 4}, 16)}, "concat axis 0");
+  gradcheck(
+      [](const V& x) {
+        return dew::concat({x[0], x[0]}, -1);
+      },
+      {rnd({2, 3}, 17)}, "concat of a tensor with itself");
+  gradcheck(
+      [](const V& x) {
+        return dew::concat({x[0], dew::slice(x[1], 1, 0, 0), x[1]}, 1);
+      },
+      {rnd({2, 3}, 29), rnd({2, 2}, 30)}, "concat with an empty piece");
 }
 
 TEST_CASE("gradcheck broadcast_to and sum_to") {
-  gradcheck([](const V& x) { return dew::broadcast_to(x[0], {2, 3, 4}); }, {rnd({3, 1}, 18)}, "broadcast_to [3,1]->[2,3,4]");
+  gradcheck(
+      [](const V& x) {
+        return dew::broadcast_to(x[0], {2, 3, 4});
+      },
+      {rnd({3, 1}, 18)}, "broadcast_to [3,1]->[2,3,4]");
   gradcheck([](const V& x) { return dew::broadcast_to(x[0], {2, 3}); }, {rnd({3}, 19)}, "broadcast_to [3]->[2,3]");
   gradcheck([](const V& x) { return dew::sum_to(x[0], {3, 1}); }, {rnd({2, 3, 4}, 20)}, "sum_to [2,3,4]->[3,1]");
   gradcheck([](const V& x) { return dew::sum_to(x[0], {1, 4}); }, {rnd({3, 4}, 21)}, "sum_to [3,4]->[1,4]");
@@ -137,9 +158,9 @@ TEST_CASE("gradcheck linear with bias and each activation") {
 
 TEST_CASE("gradcheck linear with only the weight requiring a gradient") {
   Tensor x = rnd({3, 4}, 58);
-  gradcheck([x](const V& p) { return dew::linear(x, p[0], p[1], dew::Activation::silu); }, {rnd({2, 4}, 59), rnd({2}, 60)},
-            "linear params only");
+  gradcheck([x](const V& p) { return dew::linear(x, p[0], p[1], dew::Activation::silu); },
+            {rnd({2, 4}, 59), rnd({2}, 60)}, "linear params only");
   CHECK_FALSE(x.grad().defined());
-  gradcheck([](const V& p) { return dew::linear(p[0], p[1], p[2], dew::Activation::gelu); }, {rnd({4}, 61), rnd({3, 4}, 62), rnd({3}, 63)},
-            "linear on a 1-d input");
+  gradcheck([](const V& p) { return dew::linear(p[0], p[1], p[2], dew::Activation::gelu); },
+            {rnd({4}, 61), rnd({3, 4}, 62), rnd({3}, 63)}, "linear on a 1-d input");
 }

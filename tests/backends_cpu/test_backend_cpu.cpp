@@ -47,7 +47,9 @@ Pair rnd(const Shape& s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   const std::vector<float> v = host_uniform(numel_of(s), seed, lo, hi);
   return {Tensor::from_vector(v, s, cpu()), Tensor::from_vector(v, s, ref())};
 }
-Pair ints(const std::vector<int32_t>& v, const Shape& s) { return {Tensor::from_ints(v, s, cpu()), Tensor::from_ints(v, s, ref())}; }
+Pair ints(const std::vector<int32_t>& v, const Shape& s) {
+  return {Tensor::from_ints(v, s, cpu()), Tensor::from_ints(v, s, ref())};
+}
 Pair empty(const Shape& s, DType dt = DType::f32) { return {Tensor::empty(s, dt, cpu()), Tensor::empty(s, dt, ref())}; }
 Pair zeros(const Shape& s) { return {Tensor::zeros(s, DType::f32, cpu()), Tensor::zeros(s, DType::f32, ref())}; }
 Pair clone(const Pair& p) { return {p.c.clone(), p.r.clone()}; }
@@ -115,8 +117,15 @@ TEST_CASE("cpu: matmul (transposes, batch broadcast, bias, alpha/beta, activatio
     CAPTURE(c.batch);
     CAPTURE(c.m);
     MatmulParams p;
-    p.batch = c.batch; p.m = c.m; p.n = c.n; p.k = c.k; p.trans_a = c.ta; p.trans_b = c.tb;
-    p.alpha = c.alpha; p.beta = c.beta; p.act = c.act;
+    p.batch = c.batch;
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.trans_a = c.ta;
+    p.trans_b = c.tb;
+    p.alpha = c.alpha;
+    p.beta = c.beta;
+    p.act = c.act;
     p.a_batch_stride = c.bcast_a ? 0 : c.m * c.k;
     p.b_batch_stride = c.bcast_b ? 0 : c.k * c.n;
     Pair a = rnd({c.bcast_a ? 1 : c.batch, c.ta ? c.k : c.m, c.ta ? c.m : c.k}, seed++);
@@ -130,10 +139,10 @@ TEST_CASE("cpu: matmul (transposes, batch broadcast, bias, alpha/beta, activatio
 }
 
 TEST_CASE("cpu: unary and unary_backward, every op") {
-  const UnaryOp ops[] = {UnaryOp::neg, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::square,
-                         UnaryOp::abs, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::gelu,
-                         UnaryOp::gelu_tanh, UnaryOp::silu, UnaryOp::sin, UnaryOp::cos, UnaryOp::reciprocal,
-                         UnaryOp::affine, UnaryOp::pow, UnaryOp::clamp, UnaryOp::softcap};
+  const UnaryOp ops[] = {UnaryOp::neg,        UnaryOp::exp,       UnaryOp::log,  UnaryOp::sqrt,    UnaryOp::rsqrt,
+                         UnaryOp::square,     UnaryOp::abs,       UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::relu,
+                         UnaryOp::gelu,       UnaryOp::gelu_tanh, UnaryOp::silu, UnaryOp::sin,     UnaryOp::cos,
+                         UnaryOp::reciprocal, UnaryOp::affine,    UnaryOp::pow,  UnaryOp::clamp,   UnaryOp::softcap};
   for (int64_t n : {37, 40000}) {
     for (UnaryOp op : ops) {
       CAPTURE(int(op));
@@ -164,15 +173,20 @@ TEST_CASE("cpu: unary and unary_backward, every op") {
 }
 
 TEST_CASE("cpu: binary with broadcasting, every op") {
-  const BinaryOp ops[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
-                          BinaryOp::minimum, BinaryOp::eq, BinaryOp::gt, BinaryOp::lt};
+  const BinaryOp ops[] = {BinaryOp::add,     BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
+                          BinaryOp::minimum, BinaryOp::eq,  BinaryOp::gt,  BinaryOp::lt};
   struct Shapes {
     Shape a, b, out;
   };
   const Shapes shapes[] = {
-      {{64, 300}, {64, 300}, {64, 300}},      {{64, 300}, {300}, {64, 300}}, {{300}, {64, 300}, {64, 300}},
-      {{5, 7}, {1}, {5, 7}},                  {{1}, {5, 7}, {5, 7}},         {{2, 1, 4}, {3, 1}, {2, 3, 4}},
-      {{4, 1, 6, 1}, {1, 5, 1, 3}, {4, 5, 6, 3}}, {{8, 3, 200}, {8, 1, 200}, {8, 3, 200}},
+      {{64, 300}, {64, 300}, {64, 300}},
+      {{64, 300}, {300}, {64, 300}},
+      {{300}, {64, 300}, {64, 300}},
+      {{5, 7}, {1}, {5, 7}},
+      {{1}, {5, 7}, {5, 7}},
+      {{2, 1, 4}, {3, 1}, {2, 3, 4}},
+      {{4, 1, 6, 1}, {1, 5, 1, 3}, {4, 5, 6, 3}},
+      {{8, 3, 200}, {8, 1, 200}, {8, 3, 200}},
       {{16, 30, 1, 50}, {30, 40, 1}, {16, 30, 40, 50}},
   };
   uint64_t seed = 200;
@@ -215,19 +229,28 @@ TEST_CASE("cpu: softmax and log_softmax, forward and backward") {
   for (bool log : {false, true}) {
     Pair x = rnd({37, 129}, 400, -5.0f, 5.0f), dy = rnd({37, 129}, 401);
     Pair y = empty({37, 129}), dx = empty({37, 129});
-    if (log) { cpu()->log_softmax(x.c, y.c); ref()->log_softmax(x.r, y.r); }
-    else { cpu()->softmax(x.c, y.c); ref()->softmax(x.r, y.r); }
+    if (log) {
+      cpu()->log_softmax(x.c, y.c);
+      ref()->log_softmax(x.r, y.r);
+    } else {
+      cpu()->softmax(x.c, y.c);
+      ref()->softmax(x.r, y.r);
+    }
     check_close(y, 16 * kEps, 16 * kEps, log ? "log_softmax" : "softmax");
-    if (log) { cpu()->log_softmax_backward(y.r.to(cpu()), dy.c, dx.c); ref()->log_softmax_backward(y.r, dy.r, dx.r); }
-    else { cpu()->softmax_backward(y.r.to(cpu()), dy.c, dx.c); ref()->softmax_backward(y.r, dy.r, dx.r); }
+    if (log) {
+      cpu()->log_softmax_backward(y.r.to(cpu()), dy.c, dx.c);
+      ref()->log_softmax_backward(y.r, dy.r, dx.r);
+    } else {
+      cpu()->softmax_backward(y.r.to(cpu()), dy.c, dx.c);
+      ref()->softmax_backward(y.r, dy.r, dx.r);
+    }
     check_close(dx, 64 * kEps, 64 * kEps, "softmax backward");
   }
 }
 
 TEST_CASE("cpu: layer_norm, rms_norm, group_norm, forward and backward") {
   const int64_t rows = 200, d = 96;  // 19200 elements: the OpenMP paths run
-  Pair x = rnd({rows, d}, 500, -2.0f, 3.0f), dy = rnd({rows, d}, 501), w = rnd({d}, 502, 0.5f, 1.5f),
-       b = rnd({d}, 503);
+  Pair x = rnd({rows, d}, 500, -2.0f, 3.0f), dy = rnd({rows, d}, 501), w = rnd({d}, 502, 0.5f, 1.5f), b = rnd({d}, 503);
   for (int variant = 0; variant < 4; ++variant) {  // weight+bias, weight only, neither, bias only
     CAPTURE(variant);
     const bool has_w = variant < 2, has_b = variant == 0 || variant == 3;
@@ -375,20 +398,30 @@ TEST_CASE("cpu: cross_entropy forward and backward, with ignored rows") {
 TEST_CASE("cpu: fused optimizer updates over three steps") {
   const int64_t n = 50000;
   Pair p0 = rnd({n}, 900), m0 = zeros({n}), v0 = zeros({n});
-  Pair pa = clone(p0), ma = clone(m0), va = clone(v0), ps = clone(p0), buf = zeros({n}), pl = clone(p0),
-       ml = clone(m0), vl = clone(v0);
+  Pair pa = clone(p0), ma = clone(m0), va = clone(v0), ps = clone(p0), buf = zeros({n}), pl = clone(p0), ml = clone(m0),
+       vl = clone(v0);
   for (int64_t step = 1; step <= 3; ++step) {
     Pair g = rnd({n}, 910 + uint64_t(step));
     AdamWParams a;
-    a.lr = 1e-2f; a.weight_decay = 0.1f; a.grad_scale = 0.5f; a.step = step;
+    a.lr = 1e-2f;
+    a.weight_decay = 0.1f;
+    a.grad_scale = 0.5f;
+    a.step = step;
     cpu()->adamw_update(pa.c, g.c, ma.c, va.c, a);
     ref()->adamw_update(pa.r, g.r, ma.r, va.r, a);
     SgdParams s;
-    s.lr = 0.1f; s.momentum = 0.9f; s.dampening = 0.1f; s.weight_decay = 0.01f; s.nesterov = true; s.step = step;
+    s.lr = 0.1f;
+    s.momentum = 0.9f;
+    s.dampening = 0.1f;
+    s.weight_decay = 0.01f;
+    s.nesterov = true;
+    s.step = step;
     cpu()->sgd_update(ps.c, g.c, buf.c, s);
     ref()->sgd_update(ps.r, g.r, buf.r, s);
     LambParams l;
-    l.lr = 1e-2f; l.weight_decay = 0.01f; l.step = step;
+    l.lr = 1e-2f;
+    l.weight_decay = 0.01f;
+    l.step = step;
     cpu()->lamb_update(pl.c, g.c, ml.c, vl.c, l);
     ref()->lamb_update(pl.r, g.r, ml.r, vl.r, l);
   }

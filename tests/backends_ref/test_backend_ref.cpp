@@ -80,8 +80,8 @@ TEST_CASE("ref: fill and cast across dtypes") {
   Tensor pi = make({3.14159265358979}, {1}, DType::f64), b = empty({1}, DType::bf16), h = empty({1}, DType::f16);
   ref()->cast(pi, b);
   ref()->cast(pi, h);
-  check_close(b, {3.140625}, 0);     // bf16: 8 significant bits
-  check_close(h, {3.140625}, 0);     // f16 nearest to pi is 3.140625 (0x4248)
+  check_close(b, {3.140625}, 0);  // bf16: 8 significant bits
+  check_close(h, {3.140625}, 0);  // f16 nearest to pi is 3.140625 (0x4248)
   Tensor big = empty({1}, DType::i64), back = empty({1}, DType::f64);
   ref()->fill(big, 4294967296.0 * 3);
   ref()->cast(big, back);
@@ -122,8 +122,11 @@ TEST_CASE("ref: matmul 2x3 @ 3x2 and its transposed storages") {
     for (int variant = 0; variant < 4; ++variant) {
       const bool ta = variant & 1, tb = variant & 2;
       MatmulParams p;
-      p.m = 2; p.n = 2; p.k = 3;
-      p.trans_a = ta; p.trans_b = tb;
+      p.m = 2;
+      p.n = 2;
+      p.k = 3;
+      p.trans_a = ta;
+      p.trans_b = tb;
       Tensor a = make(ta ? AT : A, ta ? Shape{3, 2} : Shape{2, 3}, dt);
       Tensor b = make(tb ? BT : B, tb ? Shape{2, 3} : Shape{3, 2}, dt);
       Tensor out = empty({2, 2}, dt);
@@ -139,8 +142,12 @@ TEST_CASE("ref: matmul epilogue, beta and batch broadcast") {
   Tensor a = make({1, 0, 0, 1, -1, 0, 0, -1}, {2, 2, 2}), b = make({2, 4, 6, 8}, {2, 2});
   Tensor bias = make({1, -3}, {2}), out = empty({2, 2, 2});
   MatmulParams p;
-  p.batch = 2; p.m = 2; p.n = 2; p.k = 2;
-  p.a_batch_stride = 4; p.b_batch_stride = 0;
+  p.batch = 2;
+  p.m = 2;
+  p.n = 2;
+  p.k = 2;
+  p.a_batch_stride = 4;
+  p.b_batch_stride = 0;
   p.alpha = 0.5f;
   p.act = Activation::relu;
   ref()->matmul(a, b, bias, out, p);
@@ -150,7 +157,10 @@ TEST_CASE("ref: matmul epilogue, beta and batch broadcast") {
   // beta accumulates into out; beta together with an activation is refused.
   Tensor c = make({10, 20, 30, 40}, {2, 2});
   MatmulParams q;
-  q.m = 2; q.n = 2; q.k = 2; q.beta = 1.0f;
+  q.m = 2;
+  q.n = 2;
+  q.k = 2;
+  q.beta = 1.0f;
   ref()->matmul(make({1, 0, 0, 1}, {2, 2}), b, Tensor(), c, q);
   check_close(c, {12, 24, 36, 48}, 0);
   q.act = Activation::gelu;
@@ -204,7 +214,9 @@ TEST_CASE("ref: unary_backward gives the exact derivatives") {
   g = run(UnaryOp::gelu_tanh);
   CHECK(g[0] == doctest::Approx(0.5));
   // gelu_tanh'(1) by a central difference of the closed form (a check of the formula, not of ref).
-  auto gt = [](double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v))); };
+  auto gt = [](double v) {
+    return 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
+  };
   CHECK(g[1] == doctest::Approx((gt(1 + 1e-6) - gt(1 - 1e-6)) / 2e-6).epsilon(1e-8));
 }
 
@@ -330,8 +342,8 @@ TEST_CASE("ref: group_norm over NCHW") {
   check_close(y, {-1, 1, 90, 110}, 1e-14);
   // Backward with dy = 1: dx = 0, dbias = HW per channel, dweight = sum xhat = 0.
   Tensor dx = empty({1, 2, 2, 1}, DType::f64), dw = empty({2}, DType::f64), db = empty({2}, DType::f64);
-  ref()->group_norm_backward(x, make({1, 10}, {2}, DType::f64), m2, r2, make(Vec(4, 1.0), {1, 2, 2, 1}, DType::f64),
-                             dx, dw, db, 2);
+  ref()->group_norm_backward(x, make({1, 10}, {2}, DType::f64), m2, r2, make(Vec(4, 1.0), {1, 2, 2, 1}, DType::f64), dx,
+                             dw, db, 2);
   check_close(dx, {0, 0, 0, 0}, 1e-12);
   check_close(dw, {0, 0}, 1e-12);
   check_close(db, {2, 2}, 0);
@@ -404,7 +416,8 @@ TEST_CASE("ref: attention with one key returns v") {
   check_close(r.lse, {0.5 * (0.6 - 3.5)}, 1e-14);  // the lone score
   // Backward: P = 1 -> dv = dout, and dS = dP - rowsum(dO * O) = 0 -> dq = dk = 0.
   Tensor dout = make({1, 3}, {1, 1, 1, 2}, DType::f64);
-  Tensor dq = empty({1, 1, 1, 2}, DType::f64), dk = empty({1, 1, 1, 2}, DType::f64), dv = empty({1, 1, 1, 2}, DType::f64);
+  Tensor dq = empty({1, 1, 1, 2}, DType::f64), dk = empty({1, 1, 1, 2}, DType::f64),
+         dv = empty({1, 1, 1, 2}, DType::f64);
   ref()->attention_backward(q, k, v, r.out, r.lse, dout, dq, dk, dv, p);
   check_close(dv, {1, 3}, 1e-14);
   check_close(dq, {0, 0}, 1e-14);
@@ -423,7 +436,8 @@ TEST_CASE("ref: causal attention T = S = 2 by hand, and its backward") {
   // dout = [0, 1]: dv = P^T dO = [1/4, 3/4]; row 1: dP = [10, 20], Di = 17.5, dS = P (dP - Di) = [-15/8, 15/8];
   // dq1 = sum dS k = 15/8 ln 3; dk = dS q1 = [-15/8, 15/8].
   Tensor dout = make({0, 1}, {1, 2, 1, 1}, DType::f64);
-  Tensor dq = empty({1, 2, 1, 1}, DType::f64), dk = empty({1, 2, 1, 1}, DType::f64), dv = empty({1, 2, 1, 1}, DType::f64);
+  Tensor dq = empty({1, 2, 1, 1}, DType::f64), dk = empty({1, 2, 1, 1}, DType::f64),
+         dv = empty({1, 2, 1, 1}, DType::f64);
   ref()->attention_backward(q, k, v, r.out, r.lse, dout, dq, dk, dv, p);
   check_close(dv, {0.25, 0.75}, 1e-14);
   check_close(dq, {0, 15.0 / 8 * l3}, 1e-13);
@@ -584,20 +598,26 @@ TEST_CASE("ref: sgd momentum / nesterov and lamb trust ratio") {
 TEST_CASE("ref: random and dropout follow dew::philox exactly") {
   Tensor u = empty({10});
   RandomParams p;
-  p.seed = 42; p.stream = 7; p.offset = 5;
+  p.seed = 42;
+  p.stream = 7;
+  p.offset = 5;
   ref()->random(u, p);
   const Vec got = u.to_doubles();
   for (int i = 0; i < 10; ++i) CHECK(got[size_t(i)] == double(philox::uniform(42, 7, 5 + uint64_t(i))));
   Tensor n = empty({6}, DType::f64);
   p.dist = Distribution::normal;
-  p.a = 1.0f; p.b = 2.0f;
+  p.a = 1.0f;
+  p.b = 2.0f;
   ref()->random(n, p);
   const Vec gn = n.to_doubles();
   for (int i = 0; i < 6; ++i) CHECK(gn[size_t(i)] == 1.0 + 2.0 * double(philox::normal(42, 7, 5 + uint64_t(i))));
 
   Tensor x = make(Vec(64, 3.0), {64}), y = empty({64}), mask = empty({64});
   DropoutParams d;
-  d.p = 0.25f; d.seed = 9; d.stream = 1; d.offset = 100;
+  d.p = 0.25f;
+  d.seed = 9;
+  d.stream = 1;
+  d.offset = 100;
   ref()->dropout(x, y, mask, d);
   const Vec ys = y.to_doubles(), ms = mask.to_doubles();
   int kept = 0;

@@ -5,7 +5,6 @@
 // SIGKILL; retention and stale-temporary cleanup. HDF5 is linked here only to tamper with files.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
-
 #include <hdf5.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -53,7 +52,8 @@ struct TempDir {
   fs::path path;
   TempDir() {
     static int counter = 0;
-    path = fs::temp_directory_path() / ("dew-test-checkpoint-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    path = fs::temp_directory_path() /
+           ("dew-test-checkpoint-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -98,7 +98,9 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
 
 std::string run_command(const std::string& cmd, int* status = nullptr) {
   std::string out;
@@ -270,13 +272,30 @@ TEST_CASE("h5dump -H shows the groups and root attributes the format promises") 
   int status = -1;
   const std::string out = run_command(std::string(DEW_H5DUMP) + " -H '" + path + "' 2>&1", &status);
   REQUIRE(status == 0);
-  for (const char* want :
-       {"ATTRIBUTE \"dew.format_version\"", "ATTRIBUTE \"dew.version\"", "ATTRIBUTE \"dew.created\"",
-        "ATTRIBUTE \"dew.config\"", "ATTRIBUTE \"dew.plugins\"", "GROUP \"params\"", "GROUP \"ema\"",
-        "GROUP \"optim\"", "GROUP \"m\"", "GROUP \"v\"", "GROUP \"state\"", "ATTRIBUTE \"step\"",
-        "ATTRIBUTE \"data_position\"", "DATASET \"model.layers.0.q_proj.weight\"", "DATASET \"model.embed.weight\"",
-        "ATTRIBUTE \"dtype\"", "H5T_IEEE_F32LE", "H5T_IEEE_F64LE", "H5T_STD_U16LE", "H5T_STD_I32LE", "H5T_STD_I64LE",
-        "H5T_STD_U8LE", "H5T_STD_I64LE", "DATASPACE  SIMPLE { ( 3, 4 ) / ( 3, 4 ) }"}) {
+  for (const char* want : {"ATTRIBUTE \"dew.format_version\"",
+                           "ATTRIBUTE \"dew.version\"",
+                           "ATTRIBUTE \"dew.created\"",
+                           "ATTRIBUTE \"dew.config\"",
+                           "ATTRIBUTE \"dew.plugins\"",
+                           "GROUP \"params\"",
+                           "GROUP \"ema\"",
+                           "GROUP \"optim\"",
+                           "GROUP \"m\"",
+                           "GROUP \"v\"",
+                           "GROUP \"state\"",
+                           "ATTRIBUTE \"step\"",
+                           "ATTRIBUTE \"data_position\"",
+                           "DATASET \"model.layers.0.q_proj.weight\"",
+                           "DATASET \"model.embed.weight\"",
+                           "ATTRIBUTE \"dtype\"",
+                           "H5T_IEEE_F32LE",
+                           "H5T_IEEE_F64LE",
+                           "H5T_STD_U16LE",
+                           "H5T_STD_I32LE",
+                           "H5T_STD_I64LE",
+                           "H5T_STD_U8LE",
+                           "H5T_STD_I64LE",
+                           "DATASPACE  SIMPLE { ( 3, 4 ) / ( 3, 4 ) }"}) {
     INFO(want);
     CHECK(contains(out, want));
   }
@@ -442,7 +461,11 @@ TEST_CASE("load_into copies by name and reports every mismatch") {
   // Success: values land in the targets (existing tensors, updated in place).
   NamedTensors good = {{"model.ok", Tensor::zeros({2}, DType::f32, ref())},
                        {"model.b", Tensor::zeros({4}, DType::bf16, ref())}};
-  load_into(ckpt, "params", {{"model.b", good[1].second}, {"model.ok", good[0].second}, {"model.w", Tensor::zeros({3, 4}, DType::f32, ref())}, {"model.extra", Tensor::zeros({5}, DType::f32, ref())}});
+  load_into(ckpt, "params",
+            {{"model.b", good[1].second},
+             {"model.ok", good[0].second},
+             {"model.w", Tensor::zeros({3, 4}, DType::f32, ref())},
+             {"model.extra", Tensor::zeros({5}, DType::f32, ref())}});
   CHECK(bytes_of(good[0].second) == bytes_of(ckpt[2].second));
   CHECK(bytes_of(good[1].second) == bytes_of(ckpt[1].second));
 }
@@ -553,14 +576,14 @@ TEST_CASE("checkpoint names, latest, retention and stale temporaries") {
 
   const auto removed = prune_checkpoints(dir.path.string(), 3, dir / "step-00000030.h5");
   CHECK(removed == std::vector<std::string>{dir / "step-00000010.h5", dir / "step-00000020.h5",
-                                             dir / "step-00000040.h5", dir / "step-00000050.h5"});
-  CHECK(dir_listing(dir.path) ==
-        std::vector<std::string>{"notes.txt", "step-00000005.h5.tmp-999999", "step-00000030.h5", "step-00000060.h5",
-                                 "step-100000000.h5", "step-99999999.h5"});
+                                            dir / "step-00000040.h5", dir / "step-00000050.h5"});
+  CHECK(dir_listing(dir.path) == std::vector<std::string>{"notes.txt", "step-00000005.h5.tmp-999999",
+                                                          "step-00000030.h5", "step-00000060.h5", "step-100000000.h5",
+                                                          "step-99999999.h5"});
   // Best given as a bare file name; keep 1.
   CHECK(prune_checkpoints(dir.path.string(), 1, "step-00000030.h5").size() == 2);
-  CHECK(dir_listing(dir.path) == std::vector<std::string>{"notes.txt", "step-00000005.h5.tmp-999999",
-                                                          "step-00000030.h5", "step-100000000.h5"});
+  CHECK(dir_listing(dir.path) ==
+        std::vector<std::string>{"notes.txt", "step-00000005.h5.tmp-999999", "step-00000030.h5", "step-100000000.h5"});
   CHECK(read_checkpoint(dir / "step-00000030.h5", ref()).counters.at("step") == 30);
   CHECK(contains(error_of([&] { prune_checkpoints(dir.path.string(), -1, ""); }), "keep_latest"));
 

@@ -128,12 +128,13 @@ double sgd_step(dew::Objective& obj, const dew::Batch& batch, float lr, double* 
 }  // namespace
 
 TEST_CASE("mlp: shapes, HF-style parameter names, FLOPs, describe") {
-  auto m = make_model("mlp", {{"num_classes", "10"}, {"in_channels", "1"}, {"image_size", "28"}, {"hidden", "32,16"},
-                              {"activation", "gelu"}});
+  auto m = make_model(
+      "mlp",
+      {{"num_classes", "10"}, {"in_channels", "1"}, {"image_size", "28"}, {"hidden", "32,16"}, {"activation", "gelu"}});
   const auto named = m->named_parameters();
   REQUIRE(named.size() == 6);
   const std::vector<std::pair<std::string, dew::Shape>> want = {
-      {"layers.0.weight", {32, 784}}, {"layers.0.bias", {32}},  {"layers.1.weight", {16, 32}},
+      {"layers.0.weight", {32, 784}}, {"layers.0.bias", {32}},       {"layers.1.weight", {16, 32}},
       {"layers.1.bias", {16}},        {"layers.2.weight", {10, 16}}, {"layers.2.bias", {10}}};
   for (size_t i = 0; i < want.size(); ++i) {
     CHECK(named[i].first == want[i].first);
@@ -177,15 +178,24 @@ TEST_CASE("mlp: option errors") {
 }
 
 TEST_CASE("convnet: shapes, parameter names, FLOPs, describe") {
-  auto m = make_model("convnet", {{"num_classes", "10"}, {"in_channels", "1"}, {"image_size", "28"},
-                                  {"channels", "8,16"}, {"groups", "4"}});
+  auto m = make_model(
+      "convnet",
+      {{"num_classes", "10"}, {"in_channels", "1"}, {"image_size", "28"}, {"channels", "8,16"}, {"groups", "4"}});
   const auto named = m->named_parameters();
-  const std::vector<std::pair<std::string, dew::Shape>> want = {
-      {"blocks.0.conv.weight", {8, 1, 3, 3}},   {"blocks.0.norm.weight", {8}},  {"blocks.0.norm.bias", {8}},
-      {"blocks.1.conv.weight", {8, 8, 3, 3}},   {"blocks.1.norm.weight", {8}},  {"blocks.1.norm.bias", {8}},
-      {"blocks.2.conv.weight", {16, 8, 3, 3}},  {"blocks.2.norm.weight", {16}}, {"blocks.2.norm.bias", {16}},
-      {"blocks.3.conv.weight", {16, 16, 3, 3}}, {"blocks.3.norm.weight", {16}}, {"blocks.3.norm.bias", {16}},
-      {"head.weight", {10, 16}},                {"head.bias", {10}}};
+  const std::vector<std::pair<std::string, dew::Shape>> want = {{"blocks.0.conv.weight", {8, 1, 3, 3}},
+                                                                {"blocks.0.norm.weight", {8}},
+                                                                {"blocks.0.norm.bias", {8}},
+                                                                {"blocks.1.conv.weight", {8, 8, 3, 3}},
+                                                                {"blocks.1.norm.weight", {8}},
+                                                                {"blocks.1.norm.bias", {8}},
+                                                                {"blocks.2.conv.weight", {16, 8, 3, 3}},
+                                                                {"blocks.2.norm.weight", {16}},
+                                                                {"blocks.2.norm.bias", {16}},
+                                                                {"blocks.3.conv.weight", {16, 16, 3, 3}},
+                                                                {"blocks.3.norm.weight", {16}},
+                                                                {"blocks.3.norm.bias", {16}},
+                                                                {"head.weight", {10, 16}},
+                                                                {"head.bias", {10}}};
   REQUIRE(named.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     CHECK(named[i].first == want[i].first);
@@ -194,15 +204,16 @@ TEST_CASE("convnet: shapes, parameter names, FLOPs, describe") {
   Tensor y = m->forward({{"image", Tensor::uniform({2, 1, 28, 28}, -1, 1, 3, 0, ref())}});
   CHECK(y.shape() == dew::Shape{2, 10});
   // 28x28 -> (s1) 28x28x8 -> (s2) 14x14x8 -> (s1) 14x14x16 -> (s2) 7x7x16 -> pool -> 10.
-  const double flops = 2.0 * (28 * 28 * 8 * 1 * 9 + 14 * 14 * 8 * 8 * 9 + 14 * 14 * 16 * 8 * 9 + 7 * 7 * 16 * 16 * 9 +
-                              16 * 10);
+  const double flops =
+      2.0 * (28 * 28 * 8 * 1 * 9 + 14 * 14 * 8 * 8 * 9 + 14 * 14 * 16 * 8 * 9 + 7 * 7 * 16 * 16 * 9 + 16 * 10);
   CHECK(m->flops_per_sample() == doctest::Approx(flops));
   CHECK(m->describe().at("channels") == "8,16");
   CHECK(m->describe().at("image_size") == "28");
 
   // Non-square images and depth 0 (only the stride-2 blocks); groups are capped at the width.
-  auto r = make_model("convnet", {{"num_classes", "4"}, {"in_channels", "3"}, {"image_size", "12,8"},
-                                  {"channels", "4"}, {"depth", "0"}});
+  auto r = make_model(
+      "convnet",
+      {{"num_classes", "4"}, {"in_channels", "3"}, {"image_size", "12,8"}, {"channels", "4"}, {"depth", "0"}});
   CHECK(r->named_parameters().size() == 5);
   CHECK(r->forward({{"image", Tensor::zeros({1, 3, 12, 8}, dew::DType::f32, ref())}}).shape() == dew::Shape{1, 4});
   CHECK(r->flops_per_sample() == doctest::Approx(2.0 * (6 * 4 * 4 * 3 * 9 + 4 * 4)));
@@ -212,8 +223,12 @@ TEST_CASE("convnet: shapes, parameter names, FLOPs, describe") {
                        doctest::Contains("GroupNorm groups"), dew::UsageError);
 
   // pool = flatten: the head sees every position of the last feature map.
-  auto f = make_model("convnet", {{"num_classes", "10"}, {"in_channels", "1"}, {"image_size", "28"},
-                                  {"channels", "8,16"}, {"groups", "4"}, {"pool", "flatten"}});
+  auto f = make_model("convnet", {{"num_classes", "10"},
+                                  {"in_channels", "1"},
+                                  {"image_size", "28"},
+                                  {"channels", "8,16"},
+                                  {"groups", "4"},
+                                  {"pool", "flatten"}});
   CHECK(f->named_parameters().back().first == "head.bias");
   CHECK(f->named_parameters()[f->named_parameters().size() - 2].second.shape() == dew::Shape{10, 16 * 7 * 7});
   CHECK(f->flops_per_sample() == doctest::Approx(flops - 2.0 * 16 * 10 + 2.0 * 16 * 49 * 10));
@@ -245,7 +260,8 @@ TEST_CASE("create_model: the [model] section's plugin, keys marked used in the c
 
 TEST_CASE("classify: build fills the model keys from the data; parameters are prefixed") {
   BandSource src(30);
-  auto b = build_objective("[objective]\nplugin = classify\n[model]\nplugin = convnet\nchannels = 8\ngroups = 4\n", &src);
+  auto b =
+      build_objective("[objective]\nplugin = classify\n[model]\nplugin = convnet\nchannels = 8\ngroups = 4\n", &src);
   dew::Options& model = b->config.section("model");
   CHECK(model.values().at("num_classes") == "3");  // labels 0..2 in the source
   CHECK(model.values().at("in_channels") == "1");
@@ -265,7 +281,8 @@ TEST_CASE("classify: build fills the model keys from the data; parameters are pr
   CHECK(b->objective->train_flops_per_sample() > 0);
 
   // Keys the config gives win; objective.num_classes is used when the model section has none.
-  auto c = build_objective("[objective]\nplugin = classify\nnum_classes = 5\n[model]\nplugin = mlp\nhidden = 4\n", &src);
+  auto c =
+      build_objective("[objective]\nplugin = classify\nnum_classes = 5\n[model]\nplugin = mlp\nhidden = 4\n", &src);
   CHECK(c->config.section("model").values().at("num_classes") == "5");
   CHECK_NOTHROW(c->config.check_all_used());
 
@@ -275,8 +292,9 @@ TEST_CASE("classify: build fills the model keys from the data; parameters are pr
   CHECK(s1->objective->parameters()[0].second.to_floats() != s2->objective->parameters()[0].second.to_floats());
 
   // No source and no class count: one clear error.
-  CHECK_THROWS_WITH_AS(build_objective("[objective]\nplugin = classify\n[model]\nplugin = mlp\nin_features = 4\n", nullptr),
-                       doctest::Contains("number of classes"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(
+      build_objective("[objective]\nplugin = classify\n[model]\nplugin = mlp\nin_features = 4\n", nullptr),
+      doctest::Contains("number of classes"), dew::UsageError);
 }
 
 TEST_CASE("classify: step preprocesses u8 NHWC to normalised NCHW f32 and reports accuracy") {
@@ -360,7 +378,7 @@ TEST_CASE("classify: validate reads every record exactly once (partial last batc
     CHECK(v.metrics.at("loss") == doctest::Approx(want_loss).epsilon(1e-5));
     CHECK(v.metrics.at("accuracy") == doctest::Approx(want_acc));
     CHECK(loader.position().next == (10 + bs - 1) / bs * bs);  // exactly ceil(n / B) batches consumed
-    CHECK(dew::grad_enabled());  // the guard inside validate() is gone
+    CHECK(dew::grad_enabled());                                // the guard inside validate() is gone
   }
 
   // Two ranks with batch 2: global batches of 4 over 10 records; rank 0 reads 6, rank 1 reads 4.

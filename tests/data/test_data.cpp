@@ -429,9 +429,8 @@ TEST_CASE("(i) transforms get (seed, global stream index), independent of worker
   l.seek({3 * 3 * B, l.position().order});
   for (int64_t k = 3; k < 7; ++k) CHECK(same_batch(l.next(), ref[size_t(k)]));
   // a failing transform surfaces from next()
-  DataLoader bad(src, cfg(B, 42, true, 2), {[](Record&, uint64_t, uint64_t p) {
-                   DEW_USAGE_CHECK(p < 3, "transform refuses position ", p);
-                 }});
+  DataLoader bad(src, cfg(B, 42, true, 2),
+                 {[](Record&, uint64_t, uint64_t p) { DEW_USAGE_CHECK(p < 3, "transform refuses position ", p); }});
   bad.next();
   CHECK(contains(error_of([&] { bad.next(); }), "transform refuses position 3"));
 }
@@ -452,7 +451,8 @@ TEST_CASE("a loader with work in flight shuts down cleanly") {
 
 TEST_CASE("make_loader reads the loader's keys and passes the rest to the source") {
   load_plugin("synthetic", DEW_SYNTHETIC_PLUGIN_PATH);
-  Config c = Config::parse_ini("[data]\nsource = synthetic\nbatch_size = 4\nworkers = 2\nsize = 40\nkind = tokens\nseq_len = 5\n");
+  Config c = Config::parse_ini(
+      "[data]\nsource = synthetic\nbatch_size = 4\nworkers = 2\nsize = 40\nkind = tokens\nseq_len = 5\n");
   auto train = make_loader(c.section("data"), "train", 99);
   CHECK(train->config().batch_size == 4);
   CHECK(train->config().workers == 2);
@@ -550,8 +550,7 @@ TEST_CASE("(g) idx reads the real Fashion-MNIST") {
   }
   auto train = idx(kFashion, "train");
   CHECK(train->size() == 60000);
-  CHECK(train->identity() ==
-        std::string("idx:") + kFashion + "/train-images-idx3-ubyte.gz,train-labels-idx1-ubyte.gz");
+  CHECK(train->identity() == std::string("idx:") + kFashion + "/train-images-idx3-ubyte.gz,train-labels-idx1-ubyte.gz");
   const Record r = train->get(0);
   CHECK(r.at("image").dtype == DType::u8);
   CHECK(r.at("image").shape == Shape{28, 28, 1});
@@ -673,7 +672,6 @@ TEST_CASE("to_device moves every field with its dtype and shape") {
   t.at("image").copy_to_host(back.data());
   CHECK(back == b.at("image").bytes);
   CHECK(t.at("label").dtype() == DType::i32);
-  CHECK(t.at("label").to_ints() ==
-        std::vector<int32_t>(b.at("label").as<int32_t>(), b.at("label").as<int32_t>() + 4));
+  CHECK(t.at("label").to_ints() == std::vector<int32_t>(b.at("label").as<int32_t>(), b.at("label").as<int32_t>() + 4));
 }
 #endif

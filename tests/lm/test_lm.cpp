@@ -4,6 +4,7 @@
 // validate / sample artifact, and a tiny end-to-end dew::train run whose loss falls.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +18,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "dew/autograd.hpp"
 #include "dew/config.hpp"
@@ -174,8 +173,14 @@ TEST_CASE("causal_transformer: KV-cached decode equals the full forward") {
       {},
       {{"n_kv_heads", "1"}, {"qk_norm", "true"}},
       {{"sliding_window", "3"}, {"layer_pattern", "local,global"}, {"attn_softcap", "5"}, {"final_softcap", "3"}},
-      {{"partial_rotary", "0.5"}, {"n_heads", "4"}, {"n_kv_heads", "2"}, {"head_dim", "8"}, {"mlp", "geglu"},
-       {"norm_offset", "1"}, {"embed_scale", "true"}, {"tie_embeddings", "false"}},
+      {{"partial_rotary", "0.5"},
+       {"n_heads", "4"},
+       {"n_kv_heads", "2"},
+       {"head_dim", "8"},
+       {"mlp", "geglu"},
+       {"norm_offset", "1"},
+       {"embed_scale", "true"},
+       {"tie_embeddings", "false"}},
       {{"mlp", "gelu"}, {"rope_theta", "500"}},
   };
   for (const auto& extra : configs) {
@@ -253,8 +258,12 @@ TEST_CASE("causal_transformer on the cpu backend (when built): cached decode equ
 TEST_CASE("causal_transformer: GQA, sliding window, softcaps, dropout: a gradient reaches every parameter") {
   const std::vector<std::map<std::string, std::string>> configs{
       {{"n_heads", "4"}, {"n_kv_heads", "2"}, {"head_dim", "4"}},
-      {{"sliding_window", "2"}, {"layer_pattern", "local,global"}, {"attn_softcap", "10"}, {"final_softcap", "5"},
-       {"qk_norm", "true"}, {"tie_embeddings", "false"}},
+      {{"sliding_window", "2"},
+       {"layer_pattern", "local,global"},
+       {"attn_softcap", "10"},
+       {"final_softcap", "5"},
+       {"qk_norm", "true"},
+       {"tie_embeddings", "false"}},
       {{"mlp", "gelu"}, {"dropout", "0.1"}, {"norm_offset", "1"}},
   };
   for (const auto& extra : configs) {
@@ -264,8 +273,8 @@ TEST_CASE("causal_transformer: GQA, sliding window, softcaps, dropout: a gradien
     in["dropout_seed"] = Tensor::from_ints({7}, {1}, ref());
     in["dropout_step"] = Tensor::from_ints({1}, {1}, ref());
     Tensor logits = m->forward(in);
-    Tensor loss = dew::cross_entropy(dew::reshape(logits, {10, 13}), Tensor::from_ints({1, 4, 1, 5, 9, 6, 5, 3, 5, 8},
-                                                                                        {10}, ref()));
+    Tensor loss = dew::cross_entropy(dew::reshape(logits, {10, 13}),
+                                     Tensor::from_ints({1, 4, 1, 5, 9, 6, 5, 3, 5, 8}, {10}, ref()));
     CHECK(std::isfinite(loss.item()));
     loss.backward();
     for (auto& [name, p] : m->named_parameters()) {
@@ -320,7 +329,8 @@ TEST_CASE("sample_token: greedy, top_k = 1, small top_p, seeds, penalties, min_p
   for (int i = 0; i < n; ++i) ++count[size_t(dew::sample_token(logits.data(), 5, p, {}, uint64_t(i)))];
   double z = 0;
   for (float l : logits) z += std::exp(double(l));
-  for (int k = 0; k < 5; ++k) CHECK(double(count[size_t(k)]) / n == doctest::Approx(std::exp(double(logits[size_t(k)])) / z).epsilon(0.08));
+  for (int k = 0; k < 5; ++k)
+    CHECK(double(count[size_t(k)]) / n == doctest::Approx(std::exp(double(logits[size_t(k)])) / z).epsilon(0.08));
 
   // Repetition penalty lowers a repeated token's probability (positive and negative logits).
   p = {};
@@ -534,9 +544,11 @@ TEST_CASE("lm objective: a tokens folder (byte tokenizer) gives vocab 256, bits 
   std::vector<std::string> docs;
   for (int i = 0; i < 40; ++i) docs.push_back("The quick brown fox jumps over the lazy dog. ");
   dew::write_token_corpus(*tok, docs, dir.string(), 0.1);
-  dew::Config cfg = dew::Config::parse_ini("[objective]\nplugin = lm\nsample_tokens = 8\nsample_prompt = Hello\n"
-                                           "[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 1\nn_heads = 2\n"
-                                           "[data]\npath = " + dir.string() + "\nseq_len = 16\n");
+  dew::Config cfg = dew::Config::parse_ini(
+      "[objective]\nplugin = lm\nsample_tokens = 8\nsample_prompt = Hello\n"
+      "[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 1\nn_heads = 2\n"
+      "[data]\npath = " +
+      dir.string() + "\nseq_len = 16\n");
   auto obj = dew::Registry::global().create<dew::Objective>("lm", cfg.section("objective"));
   dew::ObjectiveContext ctx{&cfg, ref(), 1, nullptr};
   obj->build(ctx);
@@ -556,11 +568,13 @@ TEST_CASE("lm objective: a tokens folder (byte tokenizer) gives vocab 256, bits 
 
     // train -> eval -> sample through the run directory, as dew-run does.
     const fs::path run = dir / "run";
-    dew::Config tc = dew::Config::parse_ini("[run]\nbackend = ref\nseed = 1\n[model]\nplugin = causal_transformer\n"
-                                            "dim = 16\nn_layers = 1\nn_heads = 2\n[objective]\nplugin = lm\n"
-                                            "sample_prompt = \"The \"\nsample_tokens = 4\n[data]\nsource = tokens\npath = " +
-                                            dir.string() + "\nseq_len = 16\nbatch_size = 4\n[optim]\nname = adamw\n"
-                                            "lr = 0.01\n[trainer]\nsteps = 4\nlog_every = 2\n");
+    dew::Config tc = dew::Config::parse_ini(
+        "[run]\nbackend = ref\nseed = 1\n[model]\nplugin = causal_transformer\n"
+        "dim = 16\nn_layers = 1\nn_heads = 2\n[objective]\nplugin = lm\n"
+        "sample_prompt = \"The \"\nsample_tokens = 4\n[data]\nsource = tokens\npath = " +
+        dir.string() +
+        "\nseq_len = 16\nbatch_size = 4\n[optim]\nname = adamw\n"
+        "lr = 0.01\n[trainer]\nsteps = 4\nlog_every = 2\n");
     dew::TrainOptions to;
     to.run_dir = run.string();
     REQUIRE(dew::train(tc, to) == 0);
@@ -571,7 +585,8 @@ TEST_CASE("lm objective: a tokens folder (byte tokenizer) gives vocab 256, bits 
     const auto metrics = dew::evaluate(run.string(), "latest", true, "");
     CHECK(metrics.at("ce") > 0);
     CHECK(metrics.at("step") == 4);
-    dew::Options req({{"prompt", "fox"}, {"max_new_tokens", "6"}, {"temperature", "0"}, {"num_samples", "2"}}, "sample");
+    dew::Options req({{"prompt", "fox"}, {"max_new_tokens", "6"}, {"temperature", "0"}, {"num_samples", "2"}},
+                     "sample");
     std::ostringstream captured;
     auto* old_buf = std::cout.rdbuf(captured.rdbuf());
     try {

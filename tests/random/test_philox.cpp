@@ -77,12 +77,18 @@ Tensor draw(const BackendPtr& be, int64_t n, const RandomParams& p) {
 TEST_CASE("philox4x32-10 known-answer vectors (Random123 kat_vectors)") {
   using philox::Counter;
   using philox::Key;
-  struct Kat { Counter ctr; Key key; Counter expect; };
+  struct Kat {
+    Counter ctr;
+    Key key;
+    Counter expect;
+  };
   const Kat kats[] = {
       {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
-      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu},
+      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+       {0xffffffffu, 0xffffffffu},
        {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
-      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+       {0xa4093822u, 0x299f31d0u},
        {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
   };
   for (const Kat& k : kats) {
@@ -99,8 +105,9 @@ TEST_CASE("philox draw layout follows dew/random.hpp") {
   // key = {lo32(seed), hi32(seed)}, counter = {lo32(block), hi32(block), lo32(stream), hi32(stream)}
   const uint64_t blk = (1ull << 33) + 5;
   const philox::Counter c = philox::block(seed, stream, blk);
-  const philox::Counter direct = philox::philox4x32(
-      {uint32_t(blk), uint32_t(blk >> 32), uint32_t(stream), uint32_t(stream >> 32)}, {uint32_t(seed), uint32_t(seed >> 32)});
+  const philox::Counter direct =
+      philox::philox4x32({uint32_t(blk), uint32_t(blk >> 32), uint32_t(stream), uint32_t(stream >> 32)},
+                         {uint32_t(seed), uint32_t(seed >> 32)});
   CHECK(c == direct);
   for (uint64_t w = 0; w < 4; ++w) {
     const uint64_t g = blk * 4 + w;
@@ -109,7 +116,8 @@ TEST_CASE("philox draw layout follows dew/random.hpp") {
   const philox::Counter cn = philox::block(seed, stream, 77);
   for (uint64_t h = 0; h < 2; ++h) {
     const double u1 = (double(cn[2 * h]) + 1.0) / 4294967296.0, u2 = double(cn[2 * h + 1]) / 4294967296.0;
-    CHECK(philox::normal(seed, stream, 154 + h) == float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2)));
+    CHECK(philox::normal(seed, stream, 154 + h) ==
+          float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2)));
   }
   // Streams and seeds are independent name spaces.
   CHECK(philox::uniform(1, 0, 0) != philox::uniform(2, 0, 0));
@@ -123,7 +131,10 @@ TEST_CASE("philox uniform and normal statistics over 1e5 draws") {
     double sum = 0, sumsq = 0, lo = 1, hi = 0;
     for (int i = 0; i < n; ++i) {
       const double u = philox::uniform(2024, 7, uint64_t(i));
-      sum += u; sumsq += u * u; lo = std::min(lo, u); hi = std::max(hi, u);
+      sum += u;
+      sumsq += u * u;
+      lo = std::min(lo, u);
+      hi = std::max(hi, u);
     }
     CHECK(lo >= 0.0);
     CHECK(hi < 1.0);
@@ -140,7 +151,9 @@ TEST_CASE("philox uniform and normal statistics over 1e5 draws") {
     for (int i = 0; i < n; ++i) {
       const double z = philox::normal(99, 3, uint64_t(i));
       non_finite += !std::isfinite(z);
-      sum += z; sumsq += z * z; sum4 += z * z * z * z;
+      sum += z;
+      sumsq += z * z;
+      sum4 += z * z * z * z;
       within1 += std::fabs(z) < 1.0;
     }
     REQUIRE(non_finite == 0);
@@ -160,8 +173,10 @@ TEST_CASE("philox uniform and normal statistics over 1e5 draws") {
       int out_of_range = 0;
       for (int i = 0; i < n; ++i) {
         out_of_range += !(u[size_t(i)] >= -1.0f && u[size_t(i)] < 3.0f);
-        su += u[size_t(i)]; suu += double(u[size_t(i)]) * u[size_t(i)];
-        sz += z[size_t(i)]; szz += double(z[size_t(i)]) * z[size_t(i)];
+        su += u[size_t(i)];
+        suu += double(u[size_t(i)]) * u[size_t(i)];
+        sz += z[size_t(i)];
+        szz += double(z[size_t(i)]) * z[size_t(i)];
       }
       CHECK(out_of_range == 0);
       const double mu = su / n, mz = sz / n;
@@ -199,9 +214,16 @@ TEST_CASE("the same numbers on every backend") {
   }
 
   SUBCASE("Tensor::uniform / normal with any range are bit-identical across backends") {
-    struct Draw { bool normal; float a, b; uint64_t seed, stream; int64_t n; };
-    const Draw draws[] = {{false, -2.0f, 3.0f, 1234, 0, 1031},        {false, 0.0f, 1.0f, (1ull << 40) + 3, 9, 64},
-                          {true, 0.0f, 0.02f, 0xdeadbeefull, 77, 1031}, {true, 1.0f, 2.0f, 5, 1ull << 36, 513},
+    struct Draw {
+      bool normal;
+      float a, b;
+      uint64_t seed, stream;
+      int64_t n;
+    };
+    const Draw draws[] = {{false, -2.0f, 3.0f, 1234, 0, 1031},
+                          {false, 0.0f, 1.0f, (1ull << 40) + 3, 9, 64},
+                          {true, 0.0f, 0.02f, 0xdeadbeefull, 77, 1031},
+                          {true, 1.0f, 2.0f, 5, 1ull << 36, 513},
                           {false, -0.1f, 0.1f, 42, philox::stream_of("model.layers.0.mlp.up_proj.weight"), 3333}};
     for (const Draw& d : draws) {
       std::vector<float> first;
@@ -221,7 +243,11 @@ TEST_CASE("the same numbers on every backend") {
   }
 
   SUBCASE("Backend::random with a non-zero offset: bit-identical, and a shifted window of offset 0") {
-    struct P { Distribution dist; uint64_t seed, stream, offset; float a, b; };
+    struct P {
+      Distribution dist;
+      uint64_t seed, stream, offset;
+      float a, b;
+    };
     const P ps[] = {{Distribution::uniform, 7, 3, 5, 0.0f, 1.0f},
                     {Distribution::uniform, 7, 3, (1ull << 32) + 1, -1.0f, 1.0f},
                     {Distribution::normal, 11, 2, 3, 0.0f, 1.0f},
@@ -248,7 +274,7 @@ TEST_CASE("the same numbers on every backend") {
           for (int64_t i = 0; i < n; ++i) {
             const uint64_t g = q.offset + uint64_t(i);
             const float h = q.dist == Distribution::uniform ? philox::uniform(q.seed, q.stream, g)
-                                                             : philox::normal(q.seed, q.stream, g);
+                                                            : philox::normal(q.seed, q.stream, g);
             bad += std::memcmp(&h, &v[size_t(i)], 4) != 0;
           }
           CHECK(bad == 0);

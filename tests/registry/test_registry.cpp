@@ -98,7 +98,8 @@ TEST_CASE("a good plugin: its component is created, with provenance, and holds i
   REQUIRE(c.library != nullptr);
   const long held = c.library.use_count();
   {
-    std::shared_ptr<Greeter> g = reg().create<Greeter>("hello", dew::Options(std::map<std::string, std::string>{{"who", "dew"}}));
+    std::shared_ptr<Greeter> g =
+        reg().create<Greeter>("hello", dew::Options(std::map<std::string, std::string>{{"who", "dew"}}));
     CHECK(g->hello() == "hello, dew");
     CHECK(c.library.use_count() == held + 1);  // the product keeps the plugin's library loaded
     std::shared_ptr<Greeter> copy = g;
@@ -142,7 +143,8 @@ TEST_CASE("a library without dew_plugin_entry: refused as not a dew plugin") {
 TEST_CASE("a library with an unresolved symbol: refused at load time (RTLD_NOW) with the loader's reason") {
   const dew::Error e = load_failure(DEW_TEST_UNDEFINED_SYMBOL);
   const std::string msg = e.what();
-  CHECK(contains(msg, "dew_undefined_symbol.so: cannot be loaded: undefined symbol: dew_test_symbol_that_does_not_exist"));
+  CHECK(contains(msg,
+                 "dew_undefined_symbol.so: cannot be loaded: undefined symbol: dew_test_symbol_that_does_not_exist"));
   host_still_works();
 }
 

@@ -89,12 +89,14 @@ struct Rng {
 // English-like text with some Unicode, numbers and punctuation.
 std::string generated_text(size_t bytes, uint64_t seed) {
   static const std::vector<std::string> words = {
-      "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not",
-      "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her",
-      "one", "all", "we", "can", "their", "there", "been", "if", "more", "when", "will", "would", "who", "so",
-      "model", "token", "language", "training", "gradient", "loss", "batch", "layer", "attention", "vector",
-      "café", "naïve", "über", "日本語", "テキスト", "привет", "мир", "😀", "👍🏽", "١٢٣", "42", "2024", "3.14",
-      "don't", "it's", "we'll", "they've", "I'm", "(see", "below)", "e.g.,", "--", "\"quoted\"", "x=y+1;"};
+      "the",    "of",      "and",   "to",        "in",     "is",    "that",  "for",        "it",       "as",
+      "was",    "with",    "be",    "by",        "on",     "not",   "he",    "this",       "are",      "or",
+      "his",    "from",    "at",    "which",     "but",    "have",  "an",    "they",       "you",      "were",
+      "her",    "one",     "all",   "we",        "can",    "their", "there", "been",       "if",       "more",
+      "when",   "will",    "would", "who",       "so",     "model", "token", "language",   "training", "gradient",
+      "loss",   "batch",   "layer", "attention", "vector", "café",  "naïve", "über",       "日本語",   "テキスト",
+      "привет", "мир",     "😀",     "👍🏽",  "١٢٣",    "42",    "2024",  "3.14",       "don't",    "it's",
+      "we'll",  "they've", "I'm",   "(see",      "below)", "e.g.,", "--",    "\"quoted\"", "x=y+1;"};
   Rng r(seed);
   std::string out;
   while (out.size() < bytes) {
@@ -111,10 +113,49 @@ std::string generated_text(size_t bytes, uint64_t seed) {
 
 // Arbitrary strings: Unicode of every class, whitespace runs, emoji, invalid UTF-8.
 std::string random_string(Rng& r) {
-  static const std::vector<std::string> pieces = {
-      "a", "b", "Z", "hello", " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", "'s", "'ll", "'", "0", "123", "!", "?!",
-      ".", "é", "ü", "ß", "日", "本", "😀", "👍🏽", "🏳️‍🌈", "\u00a0", "\u2003", "\u3000", "\u0301", "न", "्", "ت",
-      "١", "½", "\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80", "\xf4\x90\x80\x80", std::string(1, '\0'), "\x7f"};
+  static const std::vector<std::string> pieces = {"a",
+                                                  "b",
+                                                  "Z",
+                                                  "hello",
+                                                  " ",
+                                                  "  ",
+                                                  "   ",
+                                                  "\t",
+                                                  "\n",
+                                                  "\r\n",
+                                                  "\n\n",
+                                                  "'s",
+                                                  "'ll",
+                                                  "'",
+                                                  "0",
+                                                  "123",
+                                                  "!",
+                                                  "?!",
+                                                  ".",
+                                                  "é",
+                                                  "ü",
+                                                  "ß",
+                                                  "日",
+                                                  "本",
+                                                  "😀",
+                                                  "👍🏽",
+                                                  "🏳️‍🌈",
+                                                  "\u00a0",
+                                                  "\u2003",
+                                                  "\u3000",
+                                                  "\u0301",
+                                                  "न",
+                                                  "्",
+                                                  "ت",
+                                                  "١",
+                                                  "½",
+                                                  "\xff",
+                                                  "\xc3",
+                                                  "\xe2\x82",
+                                                  "\xed\xa0\x80",
+                                                  "\xf4\x90\x80\x80",
+                                                  std::string(1, '\0'),
+                                                  "\x7f"};
   std::string s;
   const size_t n = r.below(24);
   for (size_t i = 0; i < n; ++i) s += pieces[r.below(pieces.size())];
@@ -190,14 +231,18 @@ std::string fixture_merges_txt() {
   return m;
 }
 
-std::string fixture_tokenizer_json(const std::string& pre_tokenizer = R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})",
-                                   const std::string& normalizer = "null", const std::string& model_type = "BPE") {
+std::string fixture_tokenizer_json(
+    const std::string& pre_tokenizer =
+        R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})",
+    const std::string& normalizer = "null", const std::string& model_type = "BPE") {
   std::string merges;
   for (const auto& [a, b] : kFixtureMerges) merges += (merges.empty() ? "\"" : ", \"") + a + " " + b + "\"";
   return R"({"version": "1.0", "added_tokens": [{"id": 264, "content": "<|endoftext|>", "special": true}],
-  "normalizer": )" + normalizer + R"(, "pre_tokenizer": )" + pre_tokenizer +
+  "normalizer": )" +
+         normalizer + R"(, "pre_tokenizer": )" + pre_tokenizer +
          R"(, "decoder": {"type": "ByteLevel"},
-  "model": {"type": ")" + model_type + R"(", "dropout": null, "unk_token": null, "vocab": )" + fixture_vocab_json() +
+  "model": {"type": ")" +
+         model_type + R"(", "dropout": null, "unk_token": null, "vocab": )" + fixture_vocab_json() +
          R"(, "merges": [)" + merges + "]}}";
 }
 
@@ -278,7 +323,7 @@ TEST_CASE("pretokenize_gpt2 cuts as GPT-2's regex does") {
   CHECK(cut("naïve café 日本語") == V{"naïve", " café", " 日本語"});
   CHECK(cut("hi 😀😀!") == V{"hi", " 😀😀!"});
   CHECK(cut("a\u00a0b") == V{"a", "\u00a0", "b"});  // NBSP is white space, not a prefix space
-  CHECK(cut("½ ²") == V{"½", " ²"});              // \p{N} includes No
+  CHECK(cut("½ ²") == V{"½", " ²"});                // \p{N} includes No
   CHECK(cut("").empty());
   Rng r(9);
   for (int i = 0; i < 300; ++i) {
@@ -320,8 +365,8 @@ TEST_CASE("train_bpe: the vocab asked for, lossless, compresses, deterministic")
     const auto e = t->encode(s);
     REQUIRE(t->decode(e) == s);
   }
-  for (const char* s : {"", " ", "    ", "\n\n\n", "😀", "emoji 👍🏽 and flags 🏳️‍🌈", "tabs\t\tand  spaces   ",
-                        "日本語のテキスト", "a<|endoftext|>b", "<|endoftext|>"})
+  for (const char* s : {"", " ", "    ", "\n\n\n", "😀", "emoji 👍🏽 and flags 🏳️‍🌈",
+                        "tabs\t\tand  spaces   ", "日本語のテキスト", "a<|endoftext|>b", "<|endoftext|>"})
     CHECK(t->decode(t->encode(s)) == s);
   // The eos text is the eos token.
   CHECK(t->encode("a<|endoftext|>b") == std::vector<int32_t>{t->encode("a")[0], 599, t->encode("b")[0]});
@@ -495,7 +540,8 @@ TEST_CASE("write_token_corpus + load_tokenizer") {
 #ifdef DEW_TOKENIZE_EXE
 namespace {
 int run_tool(const std::string& args, std::string* output) {
-  const std::string log = (fs::temp_directory_path() / ("dew_test_text_log_" + std::to_string(::getpid()) + ".txt")).string();
+  const std::string log =
+      (fs::temp_directory_path() / ("dew_test_text_log_" + std::to_string(::getpid()) + ".txt")).string();
   const std::string cmd = std::string(DEW_TOKENIZE_EXE) + " " + args + " > " + log + " 2>&1";
   const int status = std::system(cmd.c_str());
   *output = read_file(log);
@@ -564,7 +610,8 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
     CHECK(m.eos_id == 399);
     CHECK(m.train_bytes + m.val_bytes == int64_t(a.size() + b.size()));
     auto t = load_tokenizer(dir.str("bpe"));
-    std::vector<uint32_t> val = read_ids(dir.path / "bpe" / "val.bin", 2), train = read_ids(dir.path / "bpe" / "train.bin", 2);
+    std::vector<uint32_t> val = read_ids(dir.path / "bpe" / "val.bin", 2),
+                          train = read_ids(dir.path / "bpe" / "train.bin", 2);
     CHECK(int64_t(val.size()) == m.val_tokens);
     CHECK(int64_t(train.size()) == m.train_tokens);
     CHECK(m.val_tokens == int64_t(std::floor(0.2 * double(m.val_tokens + m.train_tokens))));
@@ -599,7 +646,8 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
   CHECK(run_tool("--input " + dir.str("in/c.dat") + " --out " + dir.str("x"), &out) == 2);
   CHECK(contains(out, "not UTF-8 text"));
   CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --val-fraction 1.5", &out) == 2);
-  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --tokenizer bpe --vocab-size 10", &out) == 2);
+  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --tokenizer bpe --vocab-size 10", &out) ==
+        2);
   CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --vocab " + dir.str("v.json"), &out) == 2);
   CHECK(run_tool("--bogus", &out) == 2);
   CHECK(run_tool("--help", &out) == 0);
@@ -649,9 +697,9 @@ TEST_CASE("tokens source: windows are the file's ids, stride, splits, dtypes") {
         std::vector<int32_t>{69996, 69997, 69998, 69999});
 
   // Through the loader: a [data] section with the source's keys.
-  Options section({{"source", "tokens"}, {"path", dir.str("u16")}, {"seq_len", "8"}, {"batch_size", "4"},
-                   {"shuffle", "false"}},
-                  "data");
+  Options section(
+      {{"source", "tokens"}, {"path", dir.str("u16")}, {"seq_len", "8"}, {"batch_size", "4"}, {"shuffle", "false"}},
+      "data");
   tokens_source({{"path", dir.str("u16")}, {"seq_len", "8"}});  // loads the plugin
   auto loader = make_loader(section, "train", 0);
   const HostBatch batch = loader->next();
@@ -669,7 +717,9 @@ TEST_CASE("tokens source refuses files that disagree with meta.json") {
   TokenMeta m = read_token_meta(dir.str());
   m.train_tokens = 101;
   write_token_meta(m, dir.str());
-  CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}, {"seq_len", "8"}}); }),
+  CHECK(contains(error_of([&] {
+                   tokens_source({{"path", dir.str()}, {"seq_len", "8"}});
+                 }),
                  "'" + file + "' holds 200 bytes, meta.json says 101 tokens of uint16 (202 bytes)"));
   m.train_tokens = 100;
   write_token_meta(m, dir.str());
@@ -681,19 +731,25 @@ TEST_CASE("tokens source refuses files that disagree with meta.json") {
   write_bin(file, iota_ids(0, 100), 2);
 
   // seq_len larger than the split
-  CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}, {"seq_len", "30"}, {"split", "val"}}); }),
+  CHECK(contains(error_of([&] {
+                   tokens_source({{"path", dir.str()}, {"seq_len", "30"}, {"split", "val"}});
+                 }),
                  "too large for the val split"));
   tokens_source({{"path", dir.str()}, {"seq_len", "29"}, {"split", "val"}});
 
   // missing pieces and bad options
   fs::remove(dir.path / "val.bin");
-  CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}, {"seq_len", "8"}, {"split", "val"}}); }),
+  CHECK(contains(error_of([&] {
+                   tokens_source({{"path", dir.str()}, {"seq_len", "8"}, {"split", "val"}});
+                 }),
                  "val.bin' does not exist"));
   CHECK(contains(error_of([&] { tokens_source({{"path", dir.str("none")}, {"seq_len", "8"}}); }), "does not exist"));
   CHECK(contains(error_of([&] { tokens_source({{"seq_len", "8"}}); }), "'data.path'"));
   CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}}); }), "'data.seq_len'"));
   CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}, {"seq_len", "0"}}); }), "positive"));
-  CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}, {"seq_len", "8"}, {"split", "test"}}); }),
+  CHECK(contains(error_of([&] {
+                   tokens_source({{"path", dir.str()}, {"seq_len", "8"}, {"split", "test"}});
+                 }),
                  "train or val"));
 
   // an id outside the vocab is found when read

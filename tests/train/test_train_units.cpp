@@ -58,10 +58,10 @@ TEST_CASE("keys nobody read are refused by name") {
 TEST_CASE("LR schedules: warm-up, cosine to min_lr, linear decay, constant") {
   dew::Options cos({{"name", "cosine"}, {"warmup_steps", "10"}, {"min_lr", "0.1"}}, "schedule");
   auto f = dew::make_schedule(cos, 1.0, 110);
-  CHECK(f(0) == doctest::Approx(0.1));   // (0 + 1) / 10
-  CHECK(f(9) == doctest::Approx(1.0));   // end of warm-up
-  CHECK(f(10) == doctest::Approx(1.0));  // cosine starts at the peak
-  CHECK(f(60) == doctest::Approx(0.55)); // half way: min + (max - min) / 2
+  CHECK(f(0) == doctest::Approx(0.1));    // (0 + 1) / 10
+  CHECK(f(9) == doctest::Approx(1.0));    // end of warm-up
+  CHECK(f(10) == doctest::Approx(1.0));   // cosine starts at the peak
+  CHECK(f(60) == doctest::Approx(0.55));  // half way: min + (max - min) / 2
   CHECK(f(110) == doctest::Approx(0.1));
   dew::Options lin({{"name", "linear"}}, "schedule");
   auto g = dew::make_schedule(lin, 2.0, 100);
@@ -79,7 +79,7 @@ TEST_CASE("EMA: warm-up decay schedule, update rule and swap") {
   dew::Tensor p = dew::Tensor::from_vector({1.0f, 2.0f}, {2}, be);
   dew::NamedTensors params{{"w", p}};
   dew::Ema ema(params, 0.9, true);
-  CHECK(ema.decay_at(0) == doctest::Approx(0.1));   // (1 + 0) / (10 + 0)
+  CHECK(ema.decay_at(0) == doctest::Approx(0.1));     // (1 + 0) / (10 + 0)
   CHECK(ema.decay_at(1000) == doctest::Approx(0.9));  // capped at ema_decay
   p.copy_(dew::Tensor::from_vector({3.0f, 4.0f}, {2}, be));
   ema.update(params, 0);  // e = 0.1 e + 0.9 p

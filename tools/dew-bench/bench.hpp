@@ -42,12 +42,12 @@ inline double median_seconds(const std::function<void()>& fn, const BenchOptions
 
 // train / generate (lm.cpp): the language-model workloads on the peers' protocol.
 struct LmOptions {
-  std::string config = "char-small";  // a name in configs/ or a path to an .ini
+  std::string config = "char-small";        // a name in configs/ or a path to an .ini
   int warmup = 3, steps = 10, batches = 4;  // train: the peer's defaults
   bool grad_norm = false;                   // train: also the global grad norm (the peer does not clip)
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
-  bool verbose = false;                     // per-step lines on stderr
+  bool verbose = false;  // per-step lines on stderr
 };
 
 int run_kernels(const BenchOptions& opt);

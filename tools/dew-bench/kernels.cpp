@@ -27,10 +27,12 @@ double onednn_matmul_seconds(int64_t m, int64_t n, int64_t k, const BenchOptions
   matmul prim(pd);
   std::vector<float> a(size_t(m * k), 0.5f), b(size_t(k * n), 0.25f), c(size_t(m * n));
   memory am(a_md, eng, a.data()), bm(b_md, eng, b.data()), cm(c_md, eng, c.data());
-  return median_seconds([&] {
-    prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-    s.wait();
-  }, opt);
+  return median_seconds(
+      [&] {
+        prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+        s.wait();
+      },
+      opt);
 }
 
 }  // namespace
@@ -44,11 +46,20 @@ int run_kernels(const BenchOptions& opt) {
 
   // M x K x N, the peers' notation (torch_matmul.py --shapes): the squares and every GEMM of a d=384
   // transformer step with B*T = 2048 rows (qkv, out proj, SwiGLU 8d/3 = 1024, GELU-MLP 4d = 1536, lm head).
-  struct Shape3 { int64_t m, k, n; const char* what; };
+  struct Shape3 {
+    int64_t m, k, n;
+    const char* what;
+  };
   const Shape3 shapes[] = {
-      {256, 256, 256, "square"},          {1024, 1024, 1024, "square"},        {2048, 2048, 2048, "square"},
-      {2048, 384, 1152, "d384 qkv proj"}, {2048, 384, 384, "d384 out proj"},   {2048, 384, 1024, "d384 swiglu up"},
-      {2048, 1024, 384, "d384 swiglu down"}, {2048, 384, 1536, "d384 mlp up"}, {2048, 1536, 384, "d384 mlp down"},
+      {256, 256, 256, "square"},
+      {1024, 1024, 1024, "square"},
+      {2048, 2048, 2048, "square"},
+      {2048, 384, 1152, "d384 qkv proj"},
+      {2048, 384, 384, "d384 out proj"},
+      {2048, 384, 1024, "d384 swiglu up"},
+      {2048, 1024, 384, "d384 swiglu down"},
+      {2048, 384, 1536, "d384 mlp up"},
+      {2048, 1536, 384, "d384 mlp down"},
       {2048, 384, 256, "d384 lm head"},
   };
   for (const Shape3& s : shapes) {
@@ -56,10 +67,11 @@ int run_kernels(const BenchOptions& opt) {
     const double dew_s = median_seconds([&] { Tensor c = matmul(a, b); }, opt);
     const double dnnl_s = onednn_matmul_seconds(s.m, s.n, s.k, opt);
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
-    std::printf("{\"bench\":\"matmul\",\"shape\":\"%lldx%lldx%lld\",\"what\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
-                "\"gflops\":%.1f,\"onednn_gflops\":%.1f,\"ratio\":%.3f}\n",
-                (long long)s.m, (long long)s.k, (long long)s.n, s.what, opt.backend.c_str(), opt.threads,
-                flop / dew_s * 1e-9, flop / dnnl_s * 1e-9, dnnl_s / dew_s);
+    std::printf(
+        "{\"bench\":\"matmul\",\"shape\":\"%lldx%lldx%lld\",\"what\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
+        "\"gflops\":%.1f,\"onednn_gflops\":%.1f,\"ratio\":%.3f}\n",
+        (long long)s.m, (long long)s.k, (long long)s.n, s.what, opt.backend.c_str(), opt.threads, flop / dew_s * 1e-9,
+        flop / dnnl_s * 1e-9, dnnl_s / dew_s);
     std::fflush(stdout);
   }
 
@@ -75,13 +87,16 @@ int run_kernels(const BenchOptions& opt) {
     Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
     Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
     const double fwd = median_seconds([&] { be->attention(q, k, v, out, lse, p); }, opt);
-    const double fwd_bwd = median_seconds([&] {
-      be->attention(q, k, v, out, lse, p);
-      be->attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
-    }, opt);
-    std::printf("{\"bench\":\"attention\",\"shape\":\"B8xH6xT256xD64\",\"causal\":true,\"backend\":\"%s\",\"threads\":%d,"
-                "\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f}\n",
-                opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3);
+    const double fwd_bwd = median_seconds(
+        [&] {
+          be->attention(q, k, v, out, lse, p);
+          be->attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+        },
+        opt);
+    std::printf(
+        "{\"bench\":\"attention\",\"shape\":\"B8xH6xT256xD64\",\"causal\":true,\"backend\":\"%s\",\"threads\":%d,"
+        "\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f}\n",
+        opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3);
   }
   return 0;
 }

@@ -68,7 +68,8 @@ std::string resolve_config(const std::string& name) {
   roots.push_back("configs");
   for (const auto& r : roots)
     if (fs::exists(r / (name + ".ini"))) return (r / (name + ".ini")).lexically_normal().string();
-  DEW_USAGE_CHECK(false, "no config '", name, "' (a name in configs/ such as char-small or gpt-mini, or a "
+  DEW_USAGE_CHECK(false, "no config '", name,
+                  "' (a name in configs/ such as char-small or gpt-mini, or a "
                   "path to an .ini)");
   return {};
 }
@@ -197,16 +198,16 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const double peak = measure_peak_gflops(b.backend);
   const double gflops = flops / mean * 1e-9;
   const double fma_peak = 173.0 * opt.threads;
-  std::printf("{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"tokens_per_sec\":%.1f,"
-              "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-              "\"peak\":\"measured dew matmul 512^3\",\"mfu_fma\":%.4f,\"fma_peak_gflops\":%.0f,\"params\":%lld,"
-              "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
-              "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"loss_first\":%.4f,"
-              "\"loss_last\":%.4f}\n",
-              config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, tokens / mean, mean * 1e3,
-              median * 1e3, gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm, flops,
-              (long long)b.batch, (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false",
-              loss_first, loss_last);
+  std::printf(
+      "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"tokens_per_sec\":%.1f,"
+      "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
+      "\"peak\":\"measured dew matmul 512^3\",\"mfu_fma\":%.4f,\"fma_peak_gflops\":%.0f,\"params\":%lld,"
+      "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
+      "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"loss_first\":%.4f,"
+      "\"loss_last\":%.4f}\n",
+      config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, tokens / mean, mean * 1e3, median * 1e3,
+      gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm, flops, (long long)b.batch,
+      (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false", loss_first, loss_last);
   std::fflush(stdout);
   return 0;
 }
@@ -239,7 +240,8 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
     out.push_back(argmax_last(decoder->forward_cached(dew::Tensor::from_ints(prompt, {1, P}, b.backend), *cache)));
     const auto t1 = clock_type::now();
     for (int64_t i = 1; i < N; ++i)
-      out.push_back(argmax_last(decoder->forward_cached(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend), *cache)));
+      out.push_back(
+          argmax_last(decoder->forward_cached(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend), *cache)));
     b.backend->synchronize();
     const double tp = std::chrono::duration<double>(t1 - t0).count(), td = seconds_since(t1);
     if (reference.empty()) reference = out;
@@ -260,15 +262,17 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
   const double dmed = med(dec), pmed = med(pre);
   const double n_mm = matmul_params(b.objective->parameters(), b.vocab, b.dim);
   double dec_flops = 0;
-  for (int64_t pos = P; pos < P + N - 1; ++pos) dec_flops += 2 * n_mm + 4.0 * double(b.layers * b.dim) * double(pos + 1);
-  std::printf("{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
-              "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
-              "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
-              "\"repeats\":%d}\n",
-              config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, dmed / double(N - 1) * 1e3,
-              *std::min_element(dec.begin(), dec.end()) / double(N - 1) * 1e3,
-              *std::max_element(dec.begin(), dec.end()) / double(N - 1) * 1e3, pmed * 1e3, double(N - 1) / dmed,
-              dec_flops / dmed * 1e-9, (long long)P, (long long)N, lo.repeats);
+  for (int64_t pos = P; pos < P + N - 1; ++pos)
+    dec_flops += 2 * n_mm + 4.0 * double(b.layers * b.dim) * double(pos + 1);
+  std::printf(
+      "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
+      "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
+      "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
+      "\"repeats\":%d}\n",
+      config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, dmed / double(N - 1) * 1e3,
+      *std::min_element(dec.begin(), dec.end()) / double(N - 1) * 1e3,
+      *std::max_element(dec.begin(), dec.end()) / double(N - 1) * 1e3, pmed * 1e3, double(N - 1) / dmed,
+      dec_flops / dmed * 1e-9, (long long)P, (long long)N, lo.repeats);
   std::fflush(stdout);
   return 0;
 }

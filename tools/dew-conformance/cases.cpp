@@ -89,18 +89,23 @@ std::string fmt(double v) {
 }
 const char* act_name(Activation a) {
   switch (a) {
-    case Activation::none: return "none";
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    case Activation::gelu_tanh: return "gelu_tanh";
-    case Activation::silu: return "silu";
+    case Activation::none:
+      return "none";
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
+    case Activation::silu:
+      return "silu";
   }
   return "?";
 }
 const char* unary_name(UnaryOp op) {
-  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "square", "abs", "tanh", "sigmoid", "relu",
-                                "gelu", "gelu_tanh", "silu", "sin", "cos", "reciprocal", "affine", "pow", "clamp",
-                                "softcap"};
+  static const char* names[] = {"neg",  "exp",        "log",    "sqrt", "rsqrt",     "square", "abs",
+                                "tanh", "sigmoid",    "relu",   "gelu", "gelu_tanh", "silu",   "sin",
+                                "cos",  "reciprocal", "affine", "pow",  "clamp",     "softcap"};
   return names[size_t(op)];
 }
 const char* binary_name(BinaryOp op) {
@@ -154,55 +159,66 @@ struct Table {
 // ---------------------------------------------------------------- fill, cast, strided_copy
 
 void add_fill(Table& t) {
-  struct F { DT dt; double value; Shape shape; };
-  const F fs[] = {{DT::f32, 0.5, {1031}},     {DT::f32, -3.25, {7, 129}}, {DT::f32, 0.0, {513}},
-                  {DT::f32, 1e-3, {1}},       {DT::bf16, 0.1, {1031}},    {DT::f16, 0.1, {1031}},
-                  {DT::f64, 0.1, {257}},      {DT::i32, 7, {1031}},       {DT::i32, -3, {5, 7}},
-                  {DT::i64, -5, {33}},        {DT::u8, 200, {1031}}};
+  struct F {
+    DT dt;
+    double value;
+    Shape shape;
+  };
+  const F fs[] = {{DT::f32, 0.5, {1031}},  {DT::f32, -3.25, {7, 129}}, {DT::f32, 0.0, {513}}, {DT::f32, 1e-3, {1}},
+                  {DT::bf16, 0.1, {1031}}, {DT::f16, 0.1, {1031}},     {DT::f64, 0.1, {257}}, {DT::i32, 7, {1031}},
+                  {DT::i32, -3, {5, 7}},   {DT::i64, -5, {33}},        {DT::u8, 200, {1031}}};
   for (const F& f : fs) {
     Check c = exact();
     c.zeros_ok = f.value == 0.0;
-    t.add("fill/" + dims(f.shape) + "_v" + fmt(f.value) + "/" + dtype_name(f.dt), Kernel::fill, {f.dt},
-          [](Gen&) { return In{}; }, {out("out", f.shape, f.dt, c)},
-          [v = f.value](Backend& be, In&, Out& o) { be.fill(o[0], v); });
+    t.add(
+        "fill/" + dims(f.shape) + "_v" + fmt(f.value) + "/" + dtype_name(f.dt), Kernel::fill, {f.dt},
+        [](Gen&) { return In{}; }, {out("out", f.shape, f.dt, c)},
+        [v = f.value](Backend& be, In&, Out& o) { be.fill(o[0], v); });
   }
 }
 
 void add_cast(Table& t) {
-  struct C { DT from, to; float lo, hi; Shape shape; };
+  struct C {
+    DT from, to;
+    float lo, hi;
+    Shape shape;
+  };
   const C cs[] = {{DT::f32, DT::bf16, -10, 10, {1031}}, {DT::bf16, DT::f32, -10, 10, {1031}},
                   {DT::f32, DT::f16, -10, 10, {1031}},  {DT::f16, DT::f32, -10, 10, {1031}},
                   {DT::f32, DT::f64, -10, 10, {1031}},  {DT::f64, DT::f32, -10, 10, {1031}},
                   {DT::bf16, DT::f16, -10, 10, {257}},  {DT::f32, DT::i32, -100, 100, {1031}},
                   {DT::f32, DT::f32, -10, 10, {7, 129}}};
   for (const C& c : cs) {
-    t.add(std::string("cast/") + dims(c.shape) + "_" + dtype_name(c.from) + "_to_" + dtype_name(c.to) + "/" +
-              dtype_name(c.from),
-          Kernel::cast, {c.from, c.to},
-          [c](Gen& g) {
-            // f64 inputs: draw f32 then widen (the generator's cast is exact for that direction).
-            Tensor x = g.uniform(c.shape, c.lo, c.hi, c.from == DT::f64 ? DT::f32 : c.from);
-            if (c.from == DT::f64) {
-              Tensor y = Tensor::empty(c.shape, DT::f64, g.backend());
-              g.backend()->cast(x, y);
-              x = y;
-            }
-            return In{x};
-          },
-          {out("out", c.shape, c.to, exact())},
-          [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
+    t.add(
+        std::string("cast/") + dims(c.shape) + "_" + dtype_name(c.from) + "_to_" + dtype_name(c.to) + "/" +
+            dtype_name(c.from),
+        Kernel::cast, {c.from, c.to},
+        [c](Gen& g) {
+          // f64 inputs: draw f32 then widen (the generator's cast is exact for that direction).
+          Tensor x = g.uniform(c.shape, c.lo, c.hi, c.from == DT::f64 ? DT::f32 : c.from);
+          if (c.from == DT::f64) {
+            Tensor y = Tensor::empty(c.shape, DT::f64, g.backend());
+            g.backend()->cast(x, y);
+            x = y;
+          }
+          return In{x};
+        },
+        {out("out", c.shape, c.to, exact())}, [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
   }
   // Integers to floats: exact when representable; large ints into bf16 round to nearest even.
-  t.add("cast/1031_i32_to_f32/i32", Kernel::cast, {DT::i32, DT::f32},
-        [](Gen& g) { return In{g.ints({1031}, -100000, 100000)}; }, {out("out", {1031}, DT::f32, exact())},
-        [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
-  t.add("cast/1031_i32_to_bf16/i32", Kernel::cast, {DT::i32, DT::bf16},
-        [](Gen& g) { return In{g.ints({1031}, -100000, 100000)}; }, {out("out", {1031}, DT::bf16, exact())},
-        [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
+  t.add(
+      "cast/1031_i32_to_f32/i32", Kernel::cast, {DT::i32, DT::f32},
+      [](Gen& g) { return In{g.ints({1031}, -100000, 100000)}; }, {out("out", {1031}, DT::f32, exact())},
+      [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
+  t.add(
+      "cast/1031_i32_to_bf16/i32", Kernel::cast, {DT::i32, DT::bf16},
+      [](Gen& g) { return In{g.ints({1031}, -100000, 100000)}; }, {out("out", {1031}, DT::bf16, exact())},
+      [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
   // In place (allowed for equal dtypes): out aliases x.
-  t.add("cast/inplace_1031_f32_to_f32/f32", Kernel::cast, {DT::f32},
-        [](Gen& g) { return In{g.uniform({1031}, -10, 10)}; }, {out("out", {1031}, DT::f32, exact(), 0)},
-        [](Backend& be, In&, Out& o) { be.cast(o[0], o[0]); });
+  t.add(
+      "cast/inplace_1031_f32_to_f32/f32", Kernel::cast, {DT::f32},
+      [](Gen& g) { return In{g.uniform({1031}, -10, 10)}; }, {out("out", {1031}, DT::f32, exact(), 0)},
+      [](Backend& be, In&, Out& o) { be.cast(o[0], o[0]); });
   // Special values: signed zeros, infinities, NaN, subnormals, round-to-nearest-even ties, overflow.
   auto specials = [] {
     const uint32_t bits[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x00000001u,
@@ -214,9 +230,13 @@ void add_cast(Table& t) {
     return v;
   };
   for (DT to : {DT::bf16, DT::f16}) {
-    t.add(std::string("cast/specials_f32_to_") + dtype_name(to) + "/f32", Kernel::cast, {DT::f32, to},
-          [specials](Gen& g) { auto v = specials(); return In{g.from_floats(v, {int64_t(v.size())})}; },
-          {out("out", {24}, to, exact())}, [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
+    t.add(
+        std::string("cast/specials_f32_to_") + dtype_name(to) + "/f32", Kernel::cast, {DT::f32, to},
+        [specials](Gen& g) {
+          auto v = specials();
+          return In{g.from_floats(v, {int64_t(v.size())})};
+        },
+        {out("out", {24}, to, exact())}, [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
   }
 }
 
@@ -226,19 +246,28 @@ void add_strided_copy(Table& t) {
     Shape ds;
     std::vector<int64_t> ss(s.size()), cs(s.size());
     int64_t st = 1;
-    for (int i = int(s.size()) - 1; i >= 0; --i) { cs[size_t(i)] = st; st *= s[size_t(i)]; }
-    for (int p : perm) { ds.push_back(s[size_t(p)]); }
+    for (int i = int(s.size()) - 1; i >= 0; --i) {
+      cs[size_t(i)] = st;
+      st *= s[size_t(i)];
+    }
+    for (int p : perm) {
+      ds.push_back(s[size_t(p)]);
+    }
     for (size_t i = 0; i < perm.size(); ++i) ss[i] = cs[size_t(perm[i])];
     std::vector<int64_t> dstr(ds.size());
     st = 1;
-    for (int i = int(ds.size()) - 1; i >= 0; --i) { dstr[size_t(i)] = st; st *= ds[size_t(i)]; }
+    for (int i = int(ds.size()) - 1; i >= 0; --i) {
+      dstr[size_t(i)] = st;
+      st *= ds[size_t(i)];
+    }
     StridedCopyParams p{ds, ss, dstr, 0, 0};
-    t.add("strided_copy/" + what + "_" + dims(s) + "/" + dtype_name(dt), Kernel::strided_copy, {dt},
-          [s, dt](Gen& g) {
-            if (dt == DT::i32) return In{g.ints(s, -1000, 1000)};
-            return In{g.uniform(s, -1, 1, dt)};
-          },
-          {out("dst", ds, dt, exact())}, [p](Backend& be, In& in, Out& o) { be.strided_copy(in[0], o[0], p); });
+    t.add(
+        "strided_copy/" + what + "_" + dims(s) + "/" + dtype_name(dt), Kernel::strided_copy, {dt},
+        [s, dt](Gen& g) {
+          if (dt == DT::i32) return In{g.ints(s, -1000, 1000)};
+          return In{g.uniform(s, -1, 1, dt)};
+        },
+        {out("dst", ds, dt, exact())}, [p](Backend& be, In& in, Out& o) { be.strided_copy(in[0], o[0], p); });
   };
   permute({2, 3, 4, 5}, {0, 2, 1, 3}, DT::f32, "perm0213");
   permute({4, 5, 6, 7}, {3, 2, 1, 0}, DT::f32, "perm3210");
@@ -247,24 +276,35 @@ void add_strided_copy(Table& t) {
   permute({3, 4, 5}, {2, 0, 1}, DT::i32, "perm201");
   permute({2, 256, 6, 64}, {0, 2, 1, 3}, DT::f32, "headsplit");
   // Slice: rows 2..6, columns 3..8 of a [10, 12] source.
-  t.add("strided_copy/slice_10x12_to_5x6/f32", Kernel::strided_copy, {DT::f32},
-        [](Gen& g) { return In{g.uniform({10, 12}, -1, 1)}; }, {out("dst", {5, 6}, DT::f32, exact())},
-        [](Backend& be, In& in, Out& o) {
-          be.strided_copy(in[0], o[0], StridedCopyParams{{5, 6}, {12, 1}, {6, 1}, 2 * 12 + 3, 0});
-        });
+  t.add(
+      "strided_copy/slice_10x12_to_5x6/f32", Kernel::strided_copy, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({10, 12}, -1, 1)};
+      },
+      {out("dst", {5, 6}, DT::f32, exact())},
+      [](Backend& be, In& in, Out& o) {
+        be.strided_copy(in[0], o[0], StridedCopyParams{{5, 6}, {12, 1}, {6, 1}, 2 * 12 + 3, 0});
+      });
   // Concat: a [4, 3] block into columns 5..7 of an existing [4, 10]; the other columns must stay.
-  t.add("strided_copy/concat_4x3_into_4x10/f32", Kernel::strided_copy, {DT::f32},
-        [](Gen& g) { return In{g.uniform({4, 3}, -1, 1), g.uniform({4, 10}, 2, 3)}; },
-        {out("dst", {4, 10}, DT::f32, exact(), 1)},
-        [](Backend& be, In& in, Out& o) {
-          be.strided_copy(in[0], o[0], StridedCopyParams{{4, 3}, {3, 1}, {10, 1}, 0, 5});
-        });
+  t.add(
+      "strided_copy/concat_4x3_into_4x10/f32", Kernel::strided_copy, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({4, 3}, -1, 1), g.uniform({4, 10}, 2, 3)};
+      },
+      {out("dst", {4, 10}, DT::f32, exact(), 1)},
+      [](Backend& be, In& in, Out& o) {
+        be.strided_copy(in[0], o[0], StridedCopyParams{{4, 3}, {3, 1}, {10, 1}, 0, 5});
+      });
   // Broadcast-materialise: a [1, 16] row to [8, 16] through a zero stride.
-  t.add("strided_copy/broadcast_1x16_to_8x16/f32", Kernel::strided_copy, {DT::f32},
-        [](Gen& g) { return In{g.uniform({1, 16}, -1, 1)}; }, {out("dst", {8, 16}, DT::f32, exact())},
-        [](Backend& be, In& in, Out& o) {
-          be.strided_copy(in[0], o[0], StridedCopyParams{{8, 16}, {0, 1}, {16, 1}, 0, 0});
-        });
+  t.add(
+      "strided_copy/broadcast_1x16_to_8x16/f32", Kernel::strided_copy, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({1, 16}, -1, 1)};
+      },
+      {out("dst", {8, 16}, DT::f32, exact())},
+      [](Backend& be, In& in, Out& o) {
+        be.strided_copy(in[0], o[0], StridedCopyParams{{8, 16}, {0, 1}, {16, 1}, 0, 0});
+      });
 }
 
 // ---------------------------------------------------------------- matmul
@@ -280,8 +320,15 @@ struct MM {
 
 void add_matmul_case(Table& t, const MM& c) {
   MatmulParams p;
-  p.batch = c.batch; p.m = c.m; p.n = c.n; p.k = c.k;
-  p.trans_a = c.ta; p.trans_b = c.tb; p.alpha = c.alpha; p.beta = c.beta; p.act = c.act;
+  p.batch = c.batch;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.trans_a = c.ta;
+  p.trans_b = c.tb;
+  p.alpha = c.alpha;
+  p.beta = c.beta;
+  p.act = c.act;
   p.a_batch_stride = c.a_bcast ? 0 : c.m * c.k;
   p.b_batch_stride = c.b_bcast ? 0 : c.k * c.n;
   const int64_t na = (c.a_bcast ? 1 : c.batch) * c.m * c.k, nb = (c.b_bcast ? 1 : c.batch) * c.k * c.n;
@@ -299,15 +346,16 @@ void add_matmul_case(Table& t, const MM& c) {
   Check ch = tol(8, double(c.k));
   ch.zeros_ok = c.act == Activation::relu;
   const Shape os{c.batch, c.m, c.n};
-  t.add(id, Kernel::matmul, {c.dt},
-        [c, na, nb, os](Gen& g) {
-          In in{g.uniform({na}, -1, 1, c.dt), g.uniform({nb}, -1, 1, c.dt),
-                c.bias ? g.uniform({c.n}, -1, 1, c.dt) : undef()};
-          if (c.beta != 0.0f) in.push_back(g.uniform(os, -1, 1, c.dt));
-          return in;
-        },
-        {out("out", os, c.dt, ch, c.beta != 0.0f ? 3 : -1)},
-        [p](Backend& be, In& in, Out& o) { be.matmul(in[0], in[1], in[2], o[0], p); });
+  t.add(
+      id, Kernel::matmul, {c.dt},
+      [c, na, nb, os](Gen& g) {
+        In in{g.uniform({na}, -1, 1, c.dt), g.uniform({nb}, -1, 1, c.dt),
+              c.bias ? g.uniform({c.n}, -1, 1, c.dt) : undef()};
+        if (c.beta != 0.0f) in.push_back(g.uniform(os, -1, 1, c.dt));
+        return in;
+      },
+      {out("out", os, c.dt, ch, c.beta != 0.0f ? 3 : -1)},
+      [p](Backend& be, In& in, Out& o) { be.matmul(in[0], in[1], in[2], o[0], p); });
 }
 
 void add_matmul(Table& t) {
@@ -358,19 +406,30 @@ struct UnarySpec {
 };
 
 std::vector<UnarySpec> unary_specs() {
-  return {{UnaryOp::neg, 1, 0, -3, 3, ""},         {UnaryOp::exp, 1, 0, -5, 5, ""},
-          {UnaryOp::log, 1, 0, 0.05f, 8, ""},      {UnaryOp::sqrt, 1, 0, 0, 9, ""},
-          {UnaryOp::rsqrt, 1, 0, 0.05f, 9, ""},    {UnaryOp::square, 1, 0, -3, 3, ""},
-          {UnaryOp::abs, 1, 0, -3, 3, ""},         {UnaryOp::tanh, 1, 0, -4, 4, ""},
-          {UnaryOp::sigmoid, 1, 0, -8, 8, ""},     {UnaryOp::relu, 1, 0, -2, 2, ""},
-          {UnaryOp::gelu, 1, 0, -5, 5, ""},        {UnaryOp::gelu_tanh, 1, 0, -5, 5, ""},
-          {UnaryOp::silu, 1, 0, -6, 6, ""},        {UnaryOp::sin, 1, 0, -6, 6, ""},
-          {UnaryOp::cos, 1, 0, -6, 6, ""},         {UnaryOp::reciprocal, 1, 0, 0.2f, 4, ""},
+  return {{UnaryOp::neg, 1, 0, -3, 3, ""},
+          {UnaryOp::exp, 1, 0, -5, 5, ""},
+          {UnaryOp::log, 1, 0, 0.05f, 8, ""},
+          {UnaryOp::sqrt, 1, 0, 0, 9, ""},
+          {UnaryOp::rsqrt, 1, 0, 0.05f, 9, ""},
+          {UnaryOp::square, 1, 0, -3, 3, ""},
+          {UnaryOp::abs, 1, 0, -3, 3, ""},
+          {UnaryOp::tanh, 1, 0, -4, 4, ""},
+          {UnaryOp::sigmoid, 1, 0, -8, 8, ""},
+          {UnaryOp::relu, 1, 0, -2, 2, ""},
+          {UnaryOp::gelu, 1, 0, -5, 5, ""},
+          {UnaryOp::gelu_tanh, 1, 0, -5, 5, ""},
+          {UnaryOp::silu, 1, 0, -6, 6, ""},
+          {UnaryOp::sin, 1, 0, -6, 6, ""},
+          {UnaryOp::cos, 1, 0, -6, 6, ""},
+          {UnaryOp::reciprocal, 1, 0, 0.2f, 4, ""},
           {UnaryOp::reciprocal, 1, 0, -4, -0.2f, "neg"},
           {UnaryOp::affine, 1.5f, -0.25f, -3, 3, ""},
-          {UnaryOp::pow, 2.5f, 0, 0.1f, 3, "a2.5"}, {UnaryOp::pow, -0.5f, 0, 0.1f, 3, "a-0.5"},
-          {UnaryOp::pow, 2.0f, 0, -2, 2, "a2_negbase"}, {UnaryOp::pow, 3.0f, 0, -2, 2, "a3_negbase"},
-          {UnaryOp::clamp, -0.5f, 0.5f, -2, 2, ""}, {UnaryOp::softcap, 2.0f, 0, -6, 6, ""}};
+          {UnaryOp::pow, 2.5f, 0, 0.1f, 3, "a2.5"},
+          {UnaryOp::pow, -0.5f, 0, 0.1f, 3, "a-0.5"},
+          {UnaryOp::pow, 2.0f, 0, -2, 2, "a2_negbase"},
+          {UnaryOp::pow, 3.0f, 0, -2, 2, "a3_negbase"},
+          {UnaryOp::clamp, -0.5f, 0.5f, -2, 2, ""},
+          {UnaryOp::softcap, 2.0f, 0, -6, 6, ""}};
 }
 
 void add_unary(Table& t) {
@@ -382,80 +441,102 @@ void add_unary(Table& t) {
     // relu zeroes half of its inputs; clamp's and relu's backward zero the gradient outside the linear part.
     c.zeros_ok = s.op == UnaryOp::relu;
     cb.zeros_ok = s.op == UnaryOp::relu || s.op == UnaryOp::clamp;
-    t.add("unary/" + name + "_1031/f32", Kernel::unary, {DT::f32},
-          [s](Gen& g) { return In{g.uniform({1031}, s.lo, s.hi)}; }, {out("out", {1031}, DT::f32, c)},
-          [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
-    t.add("unary_backward/" + name + "_1031/f32", Kernel::unary_backward, {DT::f32},
-          [s](Gen& g) { return In{g.uniform({1031}, s.lo, s.hi), g.uniform({1031}, -1, 1)}; },
-          {out("dx", {1031}, DT::f32, cb)},
-          [p](Backend& be, In& in, Out& o) { be.unary_backward(in[0], in[1], o[0], p); });
+    t.add(
+        "unary/" + name + "_1031/f32", Kernel::unary, {DT::f32},
+        [s](Gen& g) { return In{g.uniform({1031}, s.lo, s.hi)}; }, {out("out", {1031}, DT::f32, c)},
+        [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
+    t.add(
+        "unary_backward/" + name + "_1031/f32", Kernel::unary_backward, {DT::f32},
+        [s](Gen& g) {
+          return In{g.uniform({1031}, s.lo, s.hi), g.uniform({1031}, -1, 1)};
+        },
+        {out("dx", {1031}, DT::f32, cb)},
+        [p](Backend& be, In& in, Out& o) { be.unary_backward(in[0], in[1], o[0], p); });
   }
   // A 2-D shape, in-place (out aliases x, allowed for elementwise kernels), and bf16.
   for (UnaryOp op : {UnaryOp::exp, UnaryOp::gelu, UnaryOp::silu}) {
     const UnaryParams p{op, 1, 0};
-    t.add(std::string("unary/") + unary_name(op) + "_7x37/f32", Kernel::unary, {DT::f32},
-          [](Gen& g) { return In{g.uniform({7, 37}, -3, 3)}; }, {out("out", {7, 37}, DT::f32, tol(8))},
-          [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
-    t.add(std::string("unary/") + unary_name(op) + "_inplace_1031/f32", Kernel::unary, {DT::f32},
-          [](Gen& g) { return In{g.uniform({1031}, -3, 3)}; }, {out("out", {1031}, DT::f32, tol(8), 0)},
-          [p](Backend& be, In&, Out& o) { be.unary(o[0], o[0], p); });
-    t.add(std::string("unary/") + unary_name(op) + "_1031/bf16", Kernel::unary, {DT::bf16},
-          [](Gen& g) { return In{g.uniform({1031}, -3, 3, DT::bf16)}; }, {out("out", {1031}, DT::bf16, tol(8))},
-          [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
+    t.add(
+        std::string("unary/") + unary_name(op) + "_7x37/f32", Kernel::unary, {DT::f32},
+        [](Gen& g) {
+          return In{g.uniform({7, 37}, -3, 3)};
+        },
+        {out("out", {7, 37}, DT::f32, tol(8))}, [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
+    t.add(
+        std::string("unary/") + unary_name(op) + "_inplace_1031/f32", Kernel::unary, {DT::f32},
+        [](Gen& g) { return In{g.uniform({1031}, -3, 3)}; }, {out("out", {1031}, DT::f32, tol(8), 0)},
+        [p](Backend& be, In&, Out& o) { be.unary(o[0], o[0], p); });
+    t.add(
+        std::string("unary/") + unary_name(op) + "_1031/bf16", Kernel::unary, {DT::bf16},
+        [](Gen& g) { return In{g.uniform({1031}, -3, 3, DT::bf16)}; }, {out("out", {1031}, DT::bf16, tol(8))},
+        [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
   }
-  t.add("unary_backward/silu_inplace_1031/f32", Kernel::unary_backward, {DT::f32},
-        [](Gen& g) { return In{g.uniform({1031}, -3, 3), g.uniform({1031}, -1, 1)}; },
-        {out("dx", {1031}, DT::f32, tol(8), 1)},
-        [](Backend& be, In& in, Out& o) { be.unary_backward(in[0], o[0], o[0], UnaryParams{UnaryOp::silu}); });
+  t.add(
+      "unary_backward/silu_inplace_1031/f32", Kernel::unary_backward, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({1031}, -3, 3), g.uniform({1031}, -1, 1)};
+      },
+      {out("dx", {1031}, DT::f32, tol(8), 1)},
+      [](Backend& be, In& in, Out& o) { be.unary_backward(in[0], o[0], o[0], UnaryParams{UnaryOp::silu}); });
 }
 
 void add_binary(Table& t) {
-  struct Layout { std::string name; Shape a, b, out; };
-  const std::vector<Layout> layouts = {{"same", {7, 129}, {7, 129}, {7, 129}},
-                                       {"row", {13, 64}, {64}, {13, 64}},
-                                       {"left", {64}, {13, 64}, {13, 64}},
-                                       {"b1d_bt1", {3, 1, 24}, {3, 5, 1}, {3, 5, 24}},
-                                       {"scalar", {5, 33}, {1}, {5, 33}},
-                                       {"col", {6, 40}, {6, 1}, {6, 40}}};
-  const BinaryOp ops[] = {BinaryOp::add, BinaryOp::sub,     BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
-                          BinaryOp::minimum, BinaryOp::eq, BinaryOp::gt,  BinaryOp::lt};
+  struct Layout {
+    std::string name;
+    Shape a, b, out;
+  };
+  const std::vector<Layout> layouts = {
+      {"same", {7, 129}, {7, 129}, {7, 129}}, {"row", {13, 64}, {64}, {13, 64}},
+      {"left", {64}, {13, 64}, {13, 64}},     {"b1d_bt1", {3, 1, 24}, {3, 5, 1}, {3, 5, 24}},
+      {"scalar", {5, 33}, {1}, {5, 33}},      {"col", {6, 40}, {6, 1}, {6, 40}}};
+  const BinaryOp ops[] = {BinaryOp::add,     BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
+                          BinaryOp::minimum, BinaryOp::eq,  BinaryOp::gt,  BinaryOp::lt};
   for (BinaryOp op : ops) {
     const bool cmp = op == BinaryOp::eq || op == BinaryOp::gt || op == BinaryOp::lt;
     for (const Layout& l : layouts) {
       Check c = tol(0);
       c.zeros_ok = cmp;
-      t.add(std::string("binary/") + binary_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/f32",
-            Kernel::binary, {DT::f32},
-            [l, op, cmp](Gen& g) {
-              // Comparisons and max/min get quantized inputs so that ties occur.
-              if (cmp || op == BinaryOp::maximum || op == BinaryOp::minimum)
-                return In{g.quantized(l.a, -2, 2, 0.5f), g.quantized(l.b, -2, 2, 0.5f)};
-              if (op == BinaryOp::div) return In{g.uniform(l.a, -2, 2), g.uniform(l.b, 0.5f, 2)};
-              return In{g.uniform(l.a, -2, 2), g.uniform(l.b, -2, 2)};
-            },
-            {out("out", l.out, DT::f32, c)}, [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
+      t.add(
+          std::string("binary/") + binary_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/f32",
+          Kernel::binary, {DT::f32},
+          [l, op, cmp](Gen& g) {
+            // Comparisons and max/min get quantized inputs so that ties occur.
+            if (cmp || op == BinaryOp::maximum || op == BinaryOp::minimum)
+              return In{g.quantized(l.a, -2, 2, 0.5f), g.quantized(l.b, -2, 2, 0.5f)};
+            if (op == BinaryOp::div) return In{g.uniform(l.a, -2, 2), g.uniform(l.b, 0.5f, 2)};
+            return In{g.uniform(l.a, -2, 2), g.uniform(l.b, -2, 2)};
+          },
+          {out("out", l.out, DT::f32, c)}, [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
     }
   }
   // In place: out aliases a (same shape).
   for (BinaryOp op : {BinaryOp::add, BinaryOp::mul}) {
-    t.add(std::string("binary/") + binary_name(op) + "_inplace_row_13x64_64/f32", Kernel::binary, {DT::f32},
-          [](Gen& g) { return In{g.uniform({13, 64}, -2, 2), g.uniform({64}, -2, 2)}; },
-          {out("out", {13, 64}, DT::f32, tol(0), 0)},
-          [op](Backend& be, In& in, Out& o) { be.binary(o[0], in[1], o[0], op); });
+    t.add(
+        std::string("binary/") + binary_name(op) + "_inplace_row_13x64_64/f32", Kernel::binary, {DT::f32},
+        [](Gen& g) {
+          return In{g.uniform({13, 64}, -2, 2), g.uniform({64}, -2, 2)};
+        },
+        {out("out", {13, 64}, DT::f32, tol(0), 0)},
+        [op](Backend& be, In& in, Out& o) { be.binary(o[0], in[1], o[0], op); });
   }
   for (BinaryOp op : {BinaryOp::add, BinaryOp::mul}) {
     for (const Layout& l : {layouts[0], layouts[1]}) {
-      t.add(std::string("binary/") + binary_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/bf16",
-            Kernel::binary, {DT::bf16},
-            [l](Gen& g) { return In{g.uniform(l.a, -2, 2, DT::bf16), g.uniform(l.b, -2, 2, DT::bf16)}; },
-            {out("out", l.out, DT::bf16, tol(0))},
-            [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
+      t.add(
+          std::string("binary/") + binary_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/bf16",
+          Kernel::binary, {DT::bf16},
+          [l](Gen& g) {
+            return In{g.uniform(l.a, -2, 2, DT::bf16), g.uniform(l.b, -2, 2, DT::bf16)};
+          },
+          {out("out", l.out, DT::bf16, tol(0))},
+          [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
     }
   }
 }
 
 void add_reduce(Table& t) {
-  struct L { int64_t outer, reduce, inner; };
+  struct L {
+    int64_t outer, reduce, inner;
+  };
   const L ls[] = {{1, 1000, 1}, {7, 13, 5}, {4, 1, 9}, {3, 300, 64}, {64, 64, 1}, {1, 64, 128}, {2, 4097, 1}};
   const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::min, ReduceOp::sumsq};
   for (ReduceOp op : ops) {
@@ -464,25 +545,34 @@ void add_reduce(Table& t) {
       const Check c = (op == ReduceOp::max || op == ReduceOp::min) ? exact() : tol(4, double(l.reduce));
       const std::string id = std::string("reduce/") + reduce_name(op) + "_o" + std::to_string(l.outer) + "r" +
                              std::to_string(l.reduce) + "i" + std::to_string(l.inner) + "/f32";
-      t.add(id, Kernel::reduce, {DT::f32},
-            [l](Gen& g) { return In{g.uniform({l.outer, l.reduce, l.inner}, -1, 1)}; },
-            {out("out", {l.outer, l.inner}, DT::f32, c)},
-            [p](Backend& be, In& in, Out& o) { be.reduce(in[0], o[0], p); });
+      t.add(
+          id, Kernel::reduce, {DT::f32},
+          [l](Gen& g) {
+            return In{g.uniform({l.outer, l.reduce, l.inner}, -1, 1)};
+          },
+          {out("out", {l.outer, l.inner}, DT::f32, c)},
+          [p](Backend& be, In& in, Out& o) { be.reduce(in[0], o[0], p); });
     }
   }
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
     const ReduceParams p{op, 3, 300, 64};
-    t.add(std::string("reduce/") + reduce_name(op) + "_o3r300i64/bf16", Kernel::reduce, {DT::bf16},
-          [](Gen& g) { return In{g.uniform({3, 300, 64}, -1, 1, DT::bf16)}; },
-          {out("out", {3, 64}, DT::bf16, op == ReduceOp::max ? exact() : tol(4, 300))},
-          [p](Backend& be, In& in, Out& o) { be.reduce(in[0], o[0], p); });
+    t.add(
+        std::string("reduce/") + reduce_name(op) + "_o3r300i64/bf16", Kernel::reduce, {DT::bf16},
+        [](Gen& g) {
+          return In{g.uniform({3, 300, 64}, -1, 1, DT::bf16)};
+        },
+        {out("out", {3, 64}, DT::bf16, op == ReduceOp::max ? exact() : tol(4, 300))},
+        [p](Backend& be, In& in, Out& o) { be.reduce(in[0], o[0], p); });
   }
 }
 
 // ---------------------------------------------------------------- softmax, norms
 
 void add_softmax(Table& t) {
-  struct S { Shape shape; float lo, hi; };
+  struct S {
+    Shape shape;
+    float lo, hi;
+  };
   const S ss[] = {{{5, 37}, -3, 3}, {{8, 1000}, -5, 5}, {{3, 1}, -3, 3}, {{16, 256}, -40, 40}, {{2, 3, 4099}, -8, 8}};
   for (const S& s : ss) {
     const double D = double(s.shape.back());
@@ -490,42 +580,57 @@ void add_softmax(Table& t) {
     // A one-wide row is all zeros under log_softmax (and its backward), by definition.
     Check c = tol(8, D);
     c.zeros_ok = D == 1;
-    t.add("softmax/" + sh + "/f32", Kernel::softmax, {DT::f32},
-          [s](Gen& g) { return In{g.uniform(s.shape, s.lo, s.hi)}; }, {out("y", s.shape, DT::f32, c)},
-          [](Backend& be, In& in, Out& o) { be.softmax(in[0], o[0]); });
-    t.add("log_softmax/" + sh + "/f32", Kernel::log_softmax, {DT::f32},
-          [s](Gen& g) { return In{g.uniform(s.shape, s.lo, s.hi)}; }, {out("y", s.shape, DT::f32, c)},
-          [](Backend& be, In& in, Out& o) { be.log_softmax(in[0], o[0]); });
-    t.add("softmax_backward/" + sh + "/f32", Kernel::softmax_backward, {DT::f32},
-          [s](Gen& g) {
-            Tensor x = g.uniform(s.shape, s.lo, s.hi);
-            Tensor y = Tensor::empty(s.shape, DT::f32, g.backend());
-            g.backend()->softmax(x, y);
-            return In{y, g.uniform(s.shape, -1, 1)};
-          },
-          {out("dx", s.shape, DT::f32, c)}, [](Backend& be, In& in, Out& o) { be.softmax_backward(in[0], in[1], o[0]); });
-    t.add("log_softmax_backward/" + sh + "/f32", Kernel::log_softmax_backward, {DT::f32},
-          [s](Gen& g) {
-            Tensor x = g.uniform(s.shape, s.lo, s.hi);
-            Tensor y = Tensor::empty(s.shape, DT::f32, g.backend());
-            g.backend()->log_softmax(x, y);
-            return In{y, g.uniform(s.shape, -1, 1)};
-          },
-          {out("dx", s.shape, DT::f32, c)},
-          [](Backend& be, In& in, Out& o) { be.log_softmax_backward(in[0], in[1], o[0]); });
+    t.add(
+        "softmax/" + sh + "/f32", Kernel::softmax, {DT::f32},
+        [s](Gen& g) { return In{g.uniform(s.shape, s.lo, s.hi)}; }, {out("y", s.shape, DT::f32, c)},
+        [](Backend& be, In& in, Out& o) { be.softmax(in[0], o[0]); });
+    t.add(
+        "log_softmax/" + sh + "/f32", Kernel::log_softmax, {DT::f32},
+        [s](Gen& g) { return In{g.uniform(s.shape, s.lo, s.hi)}; }, {out("y", s.shape, DT::f32, c)},
+        [](Backend& be, In& in, Out& o) { be.log_softmax(in[0], o[0]); });
+    t.add(
+        "softmax_backward/" + sh + "/f32", Kernel::softmax_backward, {DT::f32},
+        [s](Gen& g) {
+          Tensor x = g.uniform(s.shape, s.lo, s.hi);
+          Tensor y = Tensor::empty(s.shape, DT::f32, g.backend());
+          g.backend()->softmax(x, y);
+          return In{y, g.uniform(s.shape, -1, 1)};
+        },
+        {out("dx", s.shape, DT::f32, c)}, [](Backend& be, In& in, Out& o) { be.softmax_backward(in[0], in[1], o[0]); });
+    t.add(
+        "log_softmax_backward/" + sh + "/f32", Kernel::log_softmax_backward, {DT::f32},
+        [s](Gen& g) {
+          Tensor x = g.uniform(s.shape, s.lo, s.hi);
+          Tensor y = Tensor::empty(s.shape, DT::f32, g.backend());
+          g.backend()->log_softmax(x, y);
+          return In{y, g.uniform(s.shape, -1, 1)};
+        },
+        {out("dx", s.shape, DT::f32, c)},
+        [](Backend& be, In& in, Out& o) { be.log_softmax_backward(in[0], in[1], o[0]); });
   }
   for (Kernel k : {Kernel::softmax, Kernel::log_softmax}) {
-    t.add(std::string(kernel_name(k)) + "/8x1000/bf16", k, {DT::bf16},
-          [](Gen& g) { return In{g.uniform({8, 1000}, -5, 5, DT::bf16)}; },
-          {out("y", {8, 1000}, DT::bf16, tol(8, 1000))}, [k](Backend& be, In& in, Out& o) {
-            if (k == Kernel::softmax) be.softmax(in[0], o[0]); else be.log_softmax(in[0], o[0]);
-          });
+    t.add(
+        std::string(kernel_name(k)) + "/8x1000/bf16", k, {DT::bf16},
+        [](Gen& g) {
+          return In{g.uniform({8, 1000}, -5, 5, DT::bf16)};
+        },
+        {out("y", {8, 1000}, DT::bf16, tol(8, 1000))},
+        [k](Backend& be, In& in, Out& o) {
+          if (k == Kernel::softmax)
+            be.softmax(in[0], o[0]);
+          else
+            be.log_softmax(in[0], o[0]);
+        });
   }
 }
 
 void add_layer_norm(Table& t) {
-  struct L { Shape shape; bool w, b; float mean; };
-  const L ls[] = {{{4, 7, 96}, true, true, 0}, {{6, 33}, false, false, 0}, {{4, 384}, true, false, 0},
+  struct L {
+    Shape shape;
+    bool w, b;
+    float mean;
+  };
+  const L ls[] = {{{4, 7, 96}, true, true, 0},  {{6, 33}, false, false, 0}, {{4, 384}, true, false, 0},
                   {{8, 384}, true, true, 4.0f}, {{3, 1024}, true, true, 0}, {{5, 1}, true, true, 0}};
   const float eps = 1e-5f;
   for (const L& l : ls) {
@@ -536,55 +641,63 @@ void add_layer_norm(Table& t) {
     c.zeros_ok = D == 1;
     Check cw = tol(16, double(rows));
     cw.zeros_ok = D == 1;
-    t.add("layer_norm/" + sh + "/f32", Kernel::layer_norm, {DT::f32},
-          [l, D](Gen& g) {
-            return In{g.uniform(l.shape, l.mean - 1, l.mean + 1), l.w ? g.uniform({D}, 0.5f, 1.5f) : undef(),
-                      l.b ? g.uniform({D}, -0.5f, 0.5f) : undef()};
-          },
-          {out("y", l.shape, DT::f32, c), out("mean", {rows}, DT::f32, tol(16, double(D))),
-           out("rstd", {rows}, DT::f32, tol(16, double(D)))},
-          [eps](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], eps); });
+    t.add(
+        "layer_norm/" + sh + "/f32", Kernel::layer_norm, {DT::f32},
+        [l, D](Gen& g) {
+          return In{g.uniform(l.shape, l.mean - 1, l.mean + 1), l.w ? g.uniform({D}, 0.5f, 1.5f) : undef(),
+                    l.b ? g.uniform({D}, -0.5f, 0.5f) : undef()};
+        },
+        {out("y", l.shape, DT::f32, c), out("mean", {rows}, DT::f32, tol(16, double(D))),
+         out("rstd", {rows}, DT::f32, tol(16, double(D)))},
+        [eps](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], eps); });
     std::vector<OutSpec> bo{out("dx", l.shape, DT::f32, c)};
     bo.push_back(l.w ? out("dweight", {D}, DT::f32, cw) : undefined_out("dweight"));
     bo.push_back(l.b ? out("dbias", {D}, DT::f32, tol(16, double(rows))) : undefined_out("dbias"));
-    t.add("layer_norm_backward/" + sh + "/f32", Kernel::layer_norm_backward, {DT::f32},
-          [l, D, rows, eps](Gen& g) {
-            Tensor x = g.uniform(l.shape, l.mean - 1, l.mean + 1);
-            Tensor w = l.w ? g.uniform({D}, 0.5f, 1.5f) : undef();
-            Tensor b = l.b ? g.uniform({D}, -0.5f, 0.5f) : undef();
-            Tensor y = Tensor::empty(l.shape, DT::f32, g.backend());
-            Tensor mean = Tensor::empty({rows}, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
-            g.backend()->layer_norm(x, w, b, y, mean, rstd, eps);
-            return In{x, w, mean, rstd, g.uniform(l.shape, -1, 1)};
-          },
-          bo,
-          [](Backend& be, In& in, Out& o) {
-            be.layer_norm_backward(in[0], in[1], in[2], in[3], in[4], o[0], o[1], o[2]);
-          });
+    t.add(
+        "layer_norm_backward/" + sh + "/f32", Kernel::layer_norm_backward, {DT::f32},
+        [l, D, rows, eps](Gen& g) {
+          Tensor x = g.uniform(l.shape, l.mean - 1, l.mean + 1);
+          Tensor w = l.w ? g.uniform({D}, 0.5f, 1.5f) : undef();
+          Tensor b = l.b ? g.uniform({D}, -0.5f, 0.5f) : undef();
+          Tensor y = Tensor::empty(l.shape, DT::f32, g.backend());
+          Tensor mean = Tensor::empty({rows}, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
+          g.backend()->layer_norm(x, w, b, y, mean, rstd, eps);
+          return In{x, w, mean, rstd, g.uniform(l.shape, -1, 1)};
+        },
+        bo,
+        [](Backend& be, In& in, Out& o) {
+          be.layer_norm_backward(in[0], in[1], in[2], in[3], in[4], o[0], o[1], o[2]);
+        });
   }
   // weight defined but only dweight asked for (dbias undefined).
-  t.add("layer_norm_backward/4x96_w_b_nodbias/f32", Kernel::layer_norm_backward, {DT::f32},
-        [eps](Gen& g) {
-          Tensor x = g.uniform({4, 96}, -1, 1), w = g.uniform({96}, 0.5f, 1.5f);
-          Tensor y = Tensor::empty({4, 96}, DT::f32, g.backend());
-          Tensor mean = Tensor::empty({4}, DT::f32, g.backend()), rstd = Tensor::empty({4}, DT::f32, g.backend());
-          g.backend()->layer_norm(x, w, Tensor(), y, mean, rstd, eps);
-          return In{x, w, mean, rstd, g.uniform({4, 96}, -1, 1)};
-        },
-        {out("dx", {4, 96}, DT::f32, tol(16, 96)), out("dweight", {96}, DT::f32, tol(16, 4)), undefined_out("dbias")},
-        [](Backend& be, In& in, Out& o) { be.layer_norm_backward(in[0], in[1], in[2], in[3], in[4], o[0], o[1], o[2]); });
-  t.add("layer_norm/4x7x96_w_b/bf16", Kernel::layer_norm, {DT::bf16},
-        [](Gen& g) {
-          return In{g.uniform({4, 7, 96}, -1, 1, DT::bf16), g.uniform({96}, 0.5f, 1.5f, DT::bf16),
-                    g.uniform({96}, -0.5f, 0.5f, DT::bf16)};
-        },
-        {out("y", {4, 7, 96}, DT::bf16, tol(16, 96)), out("mean", {28}, DT::f32, tol(16, 96)),
-         out("rstd", {28}, DT::f32, tol(16, 96))},
-        [eps](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], eps); });
+  t.add(
+      "layer_norm_backward/4x96_w_b_nodbias/f32", Kernel::layer_norm_backward, {DT::f32},
+      [eps](Gen& g) {
+        Tensor x = g.uniform({4, 96}, -1, 1), w = g.uniform({96}, 0.5f, 1.5f);
+        Tensor y = Tensor::empty({4, 96}, DT::f32, g.backend());
+        Tensor mean = Tensor::empty({4}, DT::f32, g.backend()), rstd = Tensor::empty({4}, DT::f32, g.backend());
+        g.backend()->layer_norm(x, w, Tensor(), y, mean, rstd, eps);
+        return In{x, w, mean, rstd, g.uniform({4, 96}, -1, 1)};
+      },
+      {out("dx", {4, 96}, DT::f32, tol(16, 96)), out("dweight", {96}, DT::f32, tol(16, 4)), undefined_out("dbias")},
+      [](Backend& be, In& in, Out& o) { be.layer_norm_backward(in[0], in[1], in[2], in[3], in[4], o[0], o[1], o[2]); });
+  t.add(
+      "layer_norm/4x7x96_w_b/bf16", Kernel::layer_norm, {DT::bf16},
+      [](Gen& g) {
+        return In{g.uniform({4, 7, 96}, -1, 1, DT::bf16), g.uniform({96}, 0.5f, 1.5f, DT::bf16),
+                  g.uniform({96}, -0.5f, 0.5f, DT::bf16)};
+      },
+      {out("y", {4, 7, 96}, DT::bf16, tol(16, 96)), out("mean", {28}, DT::f32, tol(16, 96)),
+       out("rstd", {28}, DT::f32, tol(16, 96))},
+      [eps](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], eps); });
 }
 
 void add_rms_norm(Table& t) {
-  struct R { Shape shape; bool w; float offset; };
+  struct R {
+    Shape shape;
+    bool w;
+    float offset;
+  };
   // No one-wide rows here: there dx = dy * w * eps / (x^2 + eps)^1.5 comes from 1 - xhat^2, a cancellation
   // that f32 cannot resolve (ill-conditioned, not a backend bug); layer_norm covers D == 1.
   const R rs[] = {{{4, 7, 96}, true, 0}, {{6, 33}, false, 0}, {{4, 384}, true, 1}, {{3, 1024}, true, 0}};
@@ -593,93 +706,117 @@ void add_rms_norm(Table& t) {
     const int64_t D = r.shape.back(), rows = numel_of(r.shape) / D;
     const std::string sh = dims(r.shape) + (r.w ? "_w" : "") + (r.offset != 0 ? "_offset" + fmt(r.offset) : "");
     const float off = r.offset;
-    t.add("rms_norm/" + sh + "/f32", Kernel::rms_norm, {DT::f32},
-          [r, D](Gen& g) {
-            // With weight_offset 1 the stored weight is a small delta around 0 (Gemma's convention).
-            return In{g.uniform(r.shape, -1, 1),
-                      r.w ? (r.offset != 0 ? g.uniform({D}, -0.5f, 0.5f) : g.uniform({D}, 0.5f, 1.5f)) : undef()};
-          },
-          {out("y", r.shape, DT::f32, tol(16, double(D))), out("rstd", {rows}, DT::f32, tol(16, double(D)))},
-          [eps, off](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], eps, off); });
-    t.add("rms_norm_backward/" + sh + "/f32", Kernel::rms_norm_backward, {DT::f32},
-          [r, D, rows, eps](Gen& g) {
-            Tensor x = g.uniform(r.shape, -1, 1);
-            Tensor w = r.w ? (r.offset != 0 ? g.uniform({D}, -0.5f, 0.5f) : g.uniform({D}, 0.5f, 1.5f)) : undef();
-            Tensor y = Tensor::empty(r.shape, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
-            g.backend()->rms_norm(x, w, y, rstd, eps, r.offset);
-            return In{x, w, rstd, g.uniform(r.shape, -1, 1)};
-          },
-          {out("dx", r.shape, DT::f32, tol(16, double(D))),
-           r.w ? out("dweight", {D}, DT::f32, tol(16, double(rows))) : undefined_out("dweight")},
-          [off](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], off); });
+    t.add(
+        "rms_norm/" + sh + "/f32", Kernel::rms_norm, {DT::f32},
+        [r, D](Gen& g) {
+          // With weight_offset 1 the stored weight is a small delta around 0 (Gemma's convention).
+          return In{g.uniform(r.shape, -1, 1),
+                    r.w ? (r.offset != 0 ? g.uniform({D}, -0.5f, 0.5f) : g.uniform({D}, 0.5f, 1.5f)) : undef()};
+        },
+        {out("y", r.shape, DT::f32, tol(16, double(D))), out("rstd", {rows}, DT::f32, tol(16, double(D)))},
+        [eps, off](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], eps, off); });
+    t.add(
+        "rms_norm_backward/" + sh + "/f32", Kernel::rms_norm_backward, {DT::f32},
+        [r, D, rows, eps](Gen& g) {
+          Tensor x = g.uniform(r.shape, -1, 1);
+          Tensor w = r.w ? (r.offset != 0 ? g.uniform({D}, -0.5f, 0.5f) : g.uniform({D}, 0.5f, 1.5f)) : undef();
+          Tensor y = Tensor::empty(r.shape, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
+          g.backend()->rms_norm(x, w, y, rstd, eps, r.offset);
+          return In{x, w, rstd, g.uniform(r.shape, -1, 1)};
+        },
+        {out("dx", r.shape, DT::f32, tol(16, double(D))),
+         r.w ? out("dweight", {D}, DT::f32, tol(16, double(rows))) : undefined_out("dweight")},
+        [off](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], off); });
   }
-  t.add("rms_norm/4x7x96_w/bf16", Kernel::rms_norm, {DT::bf16},
-        [](Gen& g) { return In{g.uniform({4, 7, 96}, -1, 1, DT::bf16), g.uniform({96}, 0.5f, 1.5f, DT::bf16)}; },
-        {out("y", {4, 7, 96}, DT::bf16, tol(16, 96)), out("rstd", {28}, DT::f32, tol(16, 96))},
-        [eps](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], eps, 0.0f); });
+  t.add(
+      "rms_norm/4x7x96_w/bf16", Kernel::rms_norm, {DT::bf16},
+      [](Gen& g) {
+        return In{g.uniform({4, 7, 96}, -1, 1, DT::bf16), g.uniform({96}, 0.5f, 1.5f, DT::bf16)};
+      },
+      {out("y", {4, 7, 96}, DT::bf16, tol(16, 96)), out("rstd", {28}, DT::f32, tol(16, 96))},
+      [eps](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], eps, 0.0f); });
 }
 
 void add_group_norm(Table& t) {
-  struct G { Shape shape; int64_t groups; };
+  struct G {
+    Shape shape;
+    int64_t groups;
+  };
   const G gs[] = {{{2, 8, 5, 5}, 4}, {{2, 6, 7}, 3}, {{3, 32, 8, 8}, 8}, {{2, 4, 3, 3}, 4}, {{2, 6, 4, 4}, 1}};
   const float eps = 1e-5f;
   for (const G& gg : gs) {
     const int64_t N = gg.shape[0], C = gg.shape[1], G = gg.groups;
     const int64_t HW = numel_of(gg.shape) / (N * C), per = C / G * HW;
     const std::string sh = dims(gg.shape) + "_g" + std::to_string(G);
-    t.add("group_norm/" + sh + "/f32", Kernel::group_norm, {DT::f32},
-          [gg, C](Gen& g) {
-            return In{g.uniform(gg.shape, -1, 1), g.uniform({C}, 0.5f, 1.5f), g.uniform({C}, -0.5f, 0.5f)};
-          },
-          {out("y", gg.shape, DT::f32, tol(16, double(per))), out("mean", {N, G}, DT::f32, tol(16, double(per))),
-           out("rstd", {N, G}, DT::f32, tol(16, double(per)))},
-          [G, eps](Backend& be, In& in, Out& o) { be.group_norm(in[0], in[1], in[2], o[0], o[1], o[2], G, eps); });
-    t.add("group_norm_backward/" + sh + "/f32", Kernel::group_norm_backward, {DT::f32},
-          [gg, C, N, G, eps](Gen& g) {
-            Tensor x = g.uniform(gg.shape, -1, 1), w = g.uniform({C}, 0.5f, 1.5f), b = g.uniform({C}, -0.5f, 0.5f);
-            Tensor y = Tensor::empty(gg.shape, DT::f32, g.backend());
-            Tensor mean = Tensor::empty({N, G}, DT::f32, g.backend()), rstd = Tensor::empty({N, G}, DT::f32, g.backend());
-            g.backend()->group_norm(x, w, b, y, mean, rstd, G, eps);
-            return In{x, w, mean, rstd, g.uniform(gg.shape, -1, 1)};
-          },
-          {out("dx", gg.shape, DT::f32, tol(16, double(per))), out("dweight", {C}, DT::f32, tol(16, double(N * HW))),
-           out("dbias", {C}, DT::f32, tol(16, double(N * HW)))},
-          [G](Backend& be, In& in, Out& o) {
-            be.group_norm_backward(in[0], in[1], in[2], in[3], in[4], o[0], o[1], o[2], G);
-          });
+    t.add(
+        "group_norm/" + sh + "/f32", Kernel::group_norm, {DT::f32},
+        [gg, C](Gen& g) {
+          return In{g.uniform(gg.shape, -1, 1), g.uniform({C}, 0.5f, 1.5f), g.uniform({C}, -0.5f, 0.5f)};
+        },
+        {out("y", gg.shape, DT::f32, tol(16, double(per))), out("mean", {N, G}, DT::f32, tol(16, double(per))),
+         out("rstd", {N, G}, DT::f32, tol(16, double(per)))},
+        [G, eps](Backend& be, In& in, Out& o) { be.group_norm(in[0], in[1], in[2], o[0], o[1], o[2], G, eps); });
+    t.add(
+        "group_norm_backward/" + sh + "/f32", Kernel::group_norm_backward, {DT::f32},
+        [gg, C, N, G, eps](Gen& g) {
+          Tensor x = g.uniform(gg.shape, -1, 1), w = g.uniform({C}, 0.5f, 1.5f), b = g.uniform({C}, -0.5f, 0.5f);
+          Tensor y = Tensor::empty(gg.shape, DT::f32, g.backend());
+          Tensor mean = Tensor::empty({N, G}, DT::f32, g.backend()), rstd = Tensor::empty({N, G}, DT::f32, g.backend());
+          g.backend()->group_norm(x, w, b, y, mean, rstd, G, eps);
+          return In{x, w, mean, rstd, g.uniform(gg.shape, -1, 1)};
+        },
+        {out("dx", gg.shape, DT::f32, tol(16, double(per))), out("dweight", {C}, DT::f32, tol(16, double(N * HW))),
+         out("dbias", {C}, DT::f32, tol(16, double(N * HW)))},
+        [G](Backend& be, In& in, Out& o) {
+          be.group_norm_backward(in[0], in[1], in[2], in[3], in[4], o[0], o[1], o[2], G);
+        });
   }
 }
 
 // ---------------------------------------------------------------- gather / scatter, rope
 
 void add_gather_scatter(Table& t) {
-  struct GS { int64_t Bs, R, D, B, K; DT dt; };
-  const GS gs[] = {{1, 50, 24, 2, 9, DT::f32},  {2, 10, 33, 2, 17, DT::f32}, {1, 5, 1, 3, 7, DT::f32},
+  struct GS {
+    int64_t Bs, R, D, B, K;
+    DT dt;
+  };
+  const GS gs[] = {{1, 50, 24, 2, 9, DT::f32},     {2, 10, 33, 2, 17, DT::f32}, {1, 5, 1, 3, 7, DT::f32},
                    {1, 256, 384, 8, 256, DT::f32}, {1, 50, 24, 2, 9, DT::bf16}, {2, 10, 33, 2, 17, DT::i32}};
   for (const GS& s : gs) {
     const std::string sh = "src" + dims({s.Bs, s.R, s.D}) + "_idx" + dims({s.B, s.K});
-    t.add("gather_rows/" + sh + "/" + dtype_name(s.dt), Kernel::gather_rows, {s.dt},
-          [s](Gen& g) {
-            Tensor src = s.dt == DT::i32 ? g.ints({s.Bs, s.R, s.D}, -1000, 1000) : g.uniform({s.Bs, s.R, s.D}, -1, 1, s.dt);
-            return In{src, g.ints({s.B, s.K}, 0, int32_t(s.R))};
-          },
-          {out("out", {s.B, s.K, s.D}, s.dt, exact())},
-          [](Backend& be, In& in, Out& o) { be.gather_rows(in[0], in[1], o[0]); });
+    t.add(
+        "gather_rows/" + sh + "/" + dtype_name(s.dt), Kernel::gather_rows, {s.dt},
+        [s](Gen& g) {
+          Tensor src =
+              s.dt == DT::i32 ? g.ints({s.Bs, s.R, s.D}, -1000, 1000) : g.uniform({s.Bs, s.R, s.D}, -1, 1, s.dt);
+          return In{src, g.ints({s.B, s.K}, 0, int32_t(s.R))};
+        },
+        {out("out", {s.B, s.K, s.D}, s.dt, exact())},
+        [](Backend& be, In& in, Out& o) { be.gather_rows(in[0], in[1], o[0]); });
     if (s.dt != DT::f32) continue;
     // Every destination row receives about B*K/R rows (duplicate indices are the point).
     const double per_row = std::max(1.0, double(s.B * s.K) / double(s.R) * 3.0);
-    t.add("scatter_add_rows/" + sh + "/f32", Kernel::scatter_add_rows, {DT::f32},
-          [s](Gen& g) {
-            return In{g.uniform({s.B, s.K, s.D}, -1, 1), g.ints({s.B, s.K}, 0, int32_t(s.R)),
-                      g.uniform({s.Bs, s.R, s.D}, -1, 1)};
-          },
-          {out("dsrc", {s.Bs, s.R, s.D}, DT::f32, tol(4, per_row), 2)},
-          [](Backend& be, In& in, Out& o) { be.scatter_add_rows(in[0], in[1], o[0]); });
+    t.add(
+        "scatter_add_rows/" + sh + "/f32", Kernel::scatter_add_rows, {DT::f32},
+        [s](Gen& g) {
+          return In{g.uniform({s.B, s.K, s.D}, -1, 1), g.ints({s.B, s.K}, 0, int32_t(s.R)),
+                    g.uniform({s.Bs, s.R, s.D}, -1, 1)};
+        },
+        {out("dsrc", {s.Bs, s.R, s.D}, DT::f32, tol(4, per_row), 2)},
+        [](Backend& be, In& in, Out& o) { be.scatter_add_rows(in[0], in[1], o[0]); });
   }
 }
 
 void add_rope(Table& t) {
-  struct R { std::string what; Shape x; bool batch_pos; int32_t pos_lo, pos_hi; int64_t rotary; bool inverse; float theta; };
+  struct R {
+    std::string what;
+    Shape x;
+    bool batch_pos;
+    int32_t pos_lo, pos_hi;
+    int64_t rotary;
+    bool inverse;
+    float theta;
+  };
   const R rs[] = {{"full", {2, 7, 3, 16}, false, 0, 7, 0, false, 10000},
                   {"full_inverse", {2, 7, 3, 16}, false, 0, 7, 0, true, 10000},
                   {"batchpos", {2, 7, 3, 16}, true, 0, 64, 0, false, 10000},
@@ -693,14 +830,15 @@ void add_rope(Table& t) {
     RopeParams p{r.theta, r.rotary, r.inverse};
     Check c;
     c.rtol_override = dtype_epsilon(DT::f32) * (2.0 + 4.0 * double(std::max(1, r.pos_hi - 1)));
-    t.add("rope/" + r.what + "_" + dims(r.x) + "/f32", Kernel::rope, {DT::f32},
-          [r, B, T](Gen& g) {
-            Tensor pos = r.batch_pos ? g.ints({B, T}, r.pos_lo, r.pos_hi)
-                         : r.pos_hi - r.pos_lo == int32_t(T) ? g.from_ints(arange(T, r.pos_lo), {T})
-                                                              : g.ints({T}, r.pos_lo, r.pos_hi);
-            return In{g.uniform(r.x, -1, 1), pos};
-          },
-          {out("out", r.x, DT::f32, c)}, [p](Backend& be, In& in, Out& o) { be.rope(in[0], in[1], o[0], p); });
+    t.add(
+        "rope/" + r.what + "_" + dims(r.x) + "/f32", Kernel::rope, {DT::f32},
+        [r, B, T](Gen& g) {
+          Tensor pos = r.batch_pos                         ? g.ints({B, T}, r.pos_lo, r.pos_hi)
+                       : r.pos_hi - r.pos_lo == int32_t(T) ? g.from_ints(arange(T, r.pos_lo), {T})
+                                                           : g.ints({T}, r.pos_lo, r.pos_hi);
+          return In{g.uniform(r.x, -1, 1), pos};
+        },
+        {out("out", r.x, DT::f32, c)}, [p](Backend& be, In& in, Out& o) { be.rope(in[0], in[1], o[0], p); });
   }
 }
 
@@ -739,7 +877,10 @@ void add_attention(Table& t) {
   for (const Att& a : as) {
     AttentionParams p;
     p.scale = a.scale > 0 ? a.scale : float(1.0 / std::sqrt(double(a.D)));
-    p.causal = a.causal; p.window = a.window; p.softcap = a.softcap; p.q_offset = a.q_offset;
+    p.causal = a.causal;
+    p.window = a.window;
+    p.softcap = a.softcap;
+    p.q_offset = a.q_offset;
     const Shape qs{a.B, a.T, a.Hq, a.D}, ks{a.B, a.S, a.Hkv, a.D}, ls{a.B, a.Hq, a.T};
     const std::string sh = a.what + "_B" + std::to_string(a.B) + "T" + std::to_string(a.T) + "S" + std::to_string(a.S) +
                            "H" + std::to_string(a.Hq) + "kv" + std::to_string(a.Hkv) + "D" + std::to_string(a.D);
@@ -754,31 +895,33 @@ void add_attention(Table& t) {
     t.add("attention/" + sh + "/f32", Kernel::attention, {DT::f32}, make_qkv,
           {out("out", qs, DT::f32, co), out("lse", ls, DT::f32, cl)},
           [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
-    t.add("attention_backward/" + sh + "/f32", Kernel::attention_backward, {DT::f32},
-          [make_qkv, qs, ls, p](Gen& g) {
-            In in = make_qkv(g);
-            Tensor o = Tensor::empty(qs, DT::f32, g.backend()), lse = Tensor::empty(ls, DT::f32, g.backend());
-            g.backend()->attention(in[0], in[1], in[2], o, lse, p);
-            in.push_back(o);
-            in.push_back(lse);
-            in.push_back(g.uniform(qs, -1, 1));
-            return in;
-          },
-          {out("dq", qs, DT::f32, tol(16, double(a.S + a.D))), out("dk", ks, DT::f32, ckv), out("dv", ks, DT::f32, ckv)},
-          [p](Backend& be, In& in, Out& o) {
-            be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], o[0], o[1], o[2], p);
-          });
+    t.add(
+        "attention_backward/" + sh + "/f32", Kernel::attention_backward, {DT::f32},
+        [make_qkv, qs, ls, p](Gen& g) {
+          In in = make_qkv(g);
+          Tensor o = Tensor::empty(qs, DT::f32, g.backend()), lse = Tensor::empty(ls, DT::f32, g.backend());
+          g.backend()->attention(in[0], in[1], in[2], o, lse, p);
+          in.push_back(o);
+          in.push_back(lse);
+          in.push_back(g.uniform(qs, -1, 1));
+          return in;
+        },
+        {out("dq", qs, DT::f32, tol(16, double(a.S + a.D))), out("dk", ks, DT::f32, ckv), out("dv", ks, DT::f32, ckv)},
+        [p](Backend& be, In& in, Out& o) {
+          be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], o[0], o[1], o[2], p);
+        });
   }
   {
     AttentionParams p;
     p.scale = 0.25f;
     const Shape qs{2, 16, 4, 16}, ls{2, 4, 16};
-    t.add("attention/causal_B2T16S16H4kv4D16/bf16", Kernel::attention, {DT::bf16},
-          [qs](Gen& g) {
-            return In{g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16)};
-          },
-          {out("out", qs, DT::bf16, tol(16, 32)), out("lse", ls, DT::f32, tol(16, 32))},
-          [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
+    t.add(
+        "attention/causal_B2T16S16H4kv4D16/bf16", Kernel::attention, {DT::bf16},
+        [qs](Gen& g) {
+          return In{g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16)};
+        },
+        {out("out", qs, DT::bf16, tol(16, 32)), out("lse", ls, DT::f32, tol(16, 32))},
+        [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
   }
 }
 
@@ -815,36 +958,48 @@ void add_conv(Table& t) {
     const Shape xs{c.N, c.C, c.H, c.W}, ws{c.O, c.C / g, c.KH, c.KW}, ys{c.N, c.O, OH, OW};
     const std::string sh = c.what + "_x" + dims(xs) + "_w" + dims(ws) + (c.bias ? "_bias" : "");
     const Conv2dParams p = c.p;
-    t.add("conv2d/" + sh + "/f32", Kernel::conv2d, {DT::f32},
-          [c, xs, ws](Gen& gen) {
-            return In{gen.uniform(xs, -1, 1), gen.uniform(ws, -1, 1), c.bias ? gen.uniform({c.O}, -1, 1) : undef()};
-          },
-          {out("y", ys, DT::f32, tol(8, double(c.C / g * c.KH * c.KW)))},
-          [p](Backend& be, In& in, Out& o) { be.conv2d(in[0], in[1], in[2], o[0], p); });
+    t.add(
+        "conv2d/" + sh + "/f32", Kernel::conv2d, {DT::f32},
+        [c, xs, ws](Gen& gen) {
+          return In{gen.uniform(xs, -1, 1), gen.uniform(ws, -1, 1), c.bias ? gen.uniform({c.O}, -1, 1) : undef()};
+        },
+        {out("y", ys, DT::f32, tol(8, double(c.C / g * c.KH * c.KW)))},
+        [p](Backend& be, In& in, Out& o) { be.conv2d(in[0], in[1], in[2], o[0], p); });
     // Strides larger than the kernel leave input pixels no output reads: their gradient is 0.
     Check cdx = tol(8, double(c.O / g * c.KH * c.KW));
     cdx.zeros_ok = c.p.stride_h > c.KH || c.p.stride_w > c.KW;
-    t.add("conv2d_backward_data/" + sh + "/f32", Kernel::conv2d_backward_data, {DT::f32},
-          [ys, ws](Gen& gen) { return In{gen.uniform(ys, -1, 1), gen.uniform(ws, -1, 1)}; },
-          {out("dx", xs, DT::f32, cdx)},
-          [p](Backend& be, In& in, Out& o) { be.conv2d_backward_data(in[0], in[1], o[0], p); });
-    t.add("conv2d_backward_weight/" + sh + "/f32", Kernel::conv2d_backward_weight, {DT::f32},
-          [xs, ys](Gen& gen) { return In{gen.uniform(xs, -1, 1), gen.uniform(ys, -1, 1)}; },
-          {out("dw", ws, DT::f32, tol(8, double(c.N * OH * OW))),
-           c.bias ? out("dbias", {c.O}, DT::f32, tol(8, double(c.N * OH * OW))) : undefined_out("dbias")},
-          [p](Backend& be, In& in, Out& o) { be.conv2d_backward_weight(in[0], in[1], o[0], o[1], p); });
+    t.add(
+        "conv2d_backward_data/" + sh + "/f32", Kernel::conv2d_backward_data, {DT::f32},
+        [ys, ws](Gen& gen) {
+          return In{gen.uniform(ys, -1, 1), gen.uniform(ws, -1, 1)};
+        },
+        {out("dx", xs, DT::f32, cdx)},
+        [p](Backend& be, In& in, Out& o) { be.conv2d_backward_data(in[0], in[1], o[0], p); });
+    t.add(
+        "conv2d_backward_weight/" + sh + "/f32", Kernel::conv2d_backward_weight, {DT::f32},
+        [xs, ys](Gen& gen) {
+          return In{gen.uniform(xs, -1, 1), gen.uniform(ys, -1, 1)};
+        },
+        {out("dw", ws, DT::f32, tol(8, double(c.N * OH * OW))),
+         c.bias ? out("dbias", {c.O}, DT::f32, tol(8, double(c.N * OH * OW))) : undefined_out("dbias")},
+        [p](Backend& be, In& in, Out& o) { be.conv2d_backward_weight(in[0], in[1], o[0], o[1], p); });
   }
 }
 
 // ---------------------------------------------------------------- cross entropy, optimizers
 
 void add_cross_entropy(Table& t) {
-  struct CE { int64_t N, V; float range; int64_t ignore_index; int n_ignored; };
-  const CE cs[] = {{8, 50, 5, -100, 2}, {16, 1000, 5, -100, 0}, {64, 256, 5, -100, 5}, {12, 40, 50, -100, 1},
-                   {10, 30, 5, 3, 3},   {4, 7, 5, -100, 4}};
+  struct CE {
+    int64_t N, V;
+    float range;
+    int64_t ignore_index;
+    int n_ignored;
+  };
+  const CE cs[] = {{8, 50, 5, -100, 2},   {16, 1000, 5, -100, 0}, {64, 256, 5, -100, 5},
+                   {12, 40, 50, -100, 1}, {10, 30, 5, 3, 3},      {4, 7, 5, -100, 4}};
   for (const CE& c : cs) {
-    const std::string sh = dims({c.N, c.V}) + "_ignore" + fmt(double(c.ignore_index)) + "x" + std::to_string(c.n_ignored) +
-                           (c.range > 10 ? "_wide" : "");
+    const std::string sh = dims({c.N, c.V}) + "_ignore" + fmt(double(c.ignore_index)) + "x" +
+                           std::to_string(c.n_ignored) + (c.range > 10 ? "_wide" : "");
     const CrossEntropyParams p{c.ignore_index};
     auto make = [c](Gen& g) {
       Tensor logits = g.uniform({c.N, c.V}, -c.range, c.range);
@@ -860,17 +1015,18 @@ void add_cross_entropy(Table& t) {
     t.add("cross_entropy/" + sh + "/f32", Kernel::cross_entropy, {DT::f32}, make,
           {out("loss", {c.N}, DT::f32, cl), out("lse", {c.N}, DT::f32, tol(8, double(c.V)))},
           [p](Backend& be, In& in, Out& o) { be.cross_entropy(in[0], in[1], o[0], o[1], p); });
-    t.add("cross_entropy_backward/" + sh + "/f32", Kernel::cross_entropy_backward, {DT::f32},
-          [make, c, p](Gen& g) {
-            In in = make(g);
-            Tensor loss = Tensor::empty({c.N}, DT::f32, g.backend()), lse = Tensor::empty({c.N}, DT::f32, g.backend());
-            g.backend()->cross_entropy(in[0], in[1], loss, lse, p);
-            in.push_back(lse);
-            in.push_back(g.uniform({c.N}, 0.1f, 1));
-            return in;
-          },
-          {out("dlogits", {c.N, c.V}, DT::f32, cd)},
-          [p](Backend& be, In& in, Out& o) { be.cross_entropy_backward(in[0], in[1], in[2], in[3], o[0], p); });
+    t.add(
+        "cross_entropy_backward/" + sh + "/f32", Kernel::cross_entropy_backward, {DT::f32},
+        [make, c, p](Gen& g) {
+          In in = make(g);
+          Tensor loss = Tensor::empty({c.N}, DT::f32, g.backend()), lse = Tensor::empty({c.N}, DT::f32, g.backend());
+          g.backend()->cross_entropy(in[0], in[1], loss, lse, p);
+          in.push_back(lse);
+          in.push_back(g.uniform({c.N}, 0.1f, 1));
+          return in;
+        },
+        {out("dlogits", {c.N, c.V}, DT::f32, cd)},
+        [p](Backend& be, In& in, Out& o) { be.cross_entropy_backward(in[0], in[1], in[2], in[3], o[0], p); });
   }
 }
 
@@ -881,7 +1037,11 @@ void add_optimizers(Table& t) {
       return In{g.uniform(s, -1, 1), g.uniform(s, -1, 1), g.uniform(s, -0.1f, 0.1f), g.uniform(s, 0, 0.01f)};
     };
   };
-  struct A { Shape s; AdamWParams p; std::string what; };
+  struct A {
+    Shape s;
+    AdamWParams p;
+    std::string what;
+  };
   const A as[] = {{{1031}, AdamWParams{1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1}, "step1"},
                   {{64, 96}, AdamWParams{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 10}, "step10_wd_scale"},
                   {{257}, AdamWParams{3e-4f, 0.8f, 0.99f, 1e-6f, 0.01f, 1.0f, 1000}, "step1000"}};
@@ -891,7 +1051,11 @@ void add_optimizers(Table& t) {
           {out("param", a.s, DT::f32, tol(8), 0), out("m", a.s, DT::f32, tol(8), 2), out("v", a.s, DT::f32, tol(8), 3)},
           [p](Backend& be, In& in, Out& o) { be.adamw_update(o[0], in[1], o[1], o[2], p); });
   }
-  struct S { Shape s; SgdParams p; std::string what; };
+  struct S {
+    Shape s;
+    SgdParams p;
+    std::string what;
+  };
   const S ss[] = {{{1031}, SgdParams{1e-2f, 0.0f, 0.0f, 0.01f, 1.0f, false, 1}, "plain_wd"},
                   {{1031}, SgdParams{1e-2f, 0.9f, 0.0f, 0.0f, 1.0f, false, 1}, "momentum_step1"},
                   {{64, 96}, SgdParams{1e-2f, 0.9f, 0.1f, 0.0f, 1.0f, false, 5}, "momentum_dampening_step5"},
@@ -905,7 +1069,11 @@ void add_optimizers(Table& t) {
            mom ? out("momentum_buf", s.s, DT::f32, tol(8), 2) : undefined_out("momentum_buf")},
           [p](Backend& be, In& in, Out& o) { be.sgd_update(o[0], in[1], o[1], p); });
   }
-  struct L { Shape s; LambParams p; std::string what; };
+  struct L {
+    Shape s;
+    LambParams p;
+    std::string what;
+  };
   const L ls[] = {{{1031}, LambParams{1e-2f, 0.9f, 0.999f, 1e-6f, 0.0f, 1.0f, 1}, "step1"},
                   {{64, 96}, LambParams{1e-2f, 0.9f, 0.999f, 1e-6f, 0.01f, 0.5f, 7}, "step7_wd_scale"}};
   for (const L& l : ls) {
@@ -917,20 +1085,27 @@ void add_optimizers(Table& t) {
           [p](Backend& be, In& in, Out& o) { be.lamb_update(o[0], in[1], o[1], o[2], p); });
   }
   // LAMB with a zero parameter: ||p|| = 0 makes the trust ratio 1.
-  t.add("lamb_update/zero_param_257/f32", Kernel::lamb_update, {DT::f32},
-        [](Gen& g) {
-          return In{Tensor::zeros({257}, DT::f32, g.backend()), g.uniform({257}, -1, 1), g.uniform({257}, -0.1f, 0.1f),
-                    g.uniform({257}, 0, 0.01f)};
-        },
-        {out("param", {257}, DT::f32, tol(8, 257), 0), out("m", {257}, DT::f32, tol(8), 2),
-         out("v", {257}, DT::f32, tol(8), 3)},
-        [](Backend& be, In& in, Out& o) { be.lamb_update(o[0], in[1], o[1], o[2], LambParams{}); });
+  t.add(
+      "lamb_update/zero_param_257/f32", Kernel::lamb_update, {DT::f32},
+      [](Gen& g) {
+        return In{Tensor::zeros({257}, DT::f32, g.backend()), g.uniform({257}, -1, 1), g.uniform({257}, -0.1f, 0.1f),
+                  g.uniform({257}, 0, 0.01f)};
+      },
+      {out("param", {257}, DT::f32, tol(8, 257), 0), out("m", {257}, DT::f32, tol(8), 2),
+       out("v", {257}, DT::f32, tol(8), 3)},
+      [](Backend& be, In& in, Out& o) { be.lamb_update(o[0], in[1], o[1], o[2], LambParams{}); });
 }
 
 // ---------------------------------------------------------------- random, dropout, argmax
 
 void add_random(Table& t) {
-  struct R { Shape s; Distribution d; uint64_t seed, stream, offset; float a, b; DT dt; };
+  struct R {
+    Shape s;
+    Distribution d;
+    uint64_t seed, stream, offset;
+    float a, b;
+    DT dt;
+  };
   const R rs[] = {{{1031}, Distribution::uniform, 1234, 0, 0, 0, 1, DT::f32},
                   {{7, 129}, Distribution::uniform, (1ull << 40) + 5, 77, 7, -2, 3, DT::f32},
                   {{65536}, Distribution::uniform, 7, (1ull << 35) + 9, (1ull << 34) + 3, 0, 1, DT::f32},
@@ -945,14 +1120,22 @@ void add_random(Table& t) {
                            dims(r.s) + "_seed" + std::to_string(r.seed) + "_stream" + std::to_string(r.stream) +
                            "_offset" + std::to_string(r.offset) + "_a" + fmt(r.a) + "_b" + fmt(r.b) + "/" +
                            dtype_name(r.dt);
-    t.add(id, Kernel::random, {r.dt}, [](Gen&) { return In{}; }, {out("out", r.s, r.dt, exact())},
-          [p](Backend& be, In&, Out& o) { be.random(o[0], p); });
+    t.add(
+        id, Kernel::random, {r.dt}, [](Gen&) { return In{}; }, {out("out", r.s, r.dt, exact())},
+        [p](Backend& be, In&, Out& o) { be.random(o[0], p); });
   }
 }
 
 void add_dropout(Table& t) {
-  struct D { Shape s; float p; uint64_t seed, stream, offset; };
-  const D ds[] = {{{1031}, 0.1f, 5, 1, 0}, {{7, 129}, 0.5f, 11, 2, 13}, {{257}, 0.0f, 3, 0, 0}, {{4096}, 0.25f, 99, 1ull << 33, (1ull << 32) + 1}};
+  struct D {
+    Shape s;
+    float p;
+    uint64_t seed, stream, offset;
+  };
+  const D ds[] = {{{1031}, 0.1f, 5, 1, 0},
+                  {{7, 129}, 0.5f, 11, 2, 13},
+                  {{257}, 0.0f, 3, 0, 0},
+                  {{4096}, 0.25f, 99, 1ull << 33, (1ull << 32) + 1}};
   for (const D& d : ds) {
     const DropoutParams p{d.p, d.seed, d.stream, d.offset};
     // The mask is the Philox contract: bit-exact. y = x * mask: one rounding.
@@ -961,24 +1144,29 @@ void add_dropout(Table& t) {
     cy.zeros_ok = d.p >= 0.4f;
     Check cm = exact();
     cm.zeros_ok = d.p >= 0.4f;
-    t.add("dropout/" + dims(d.s) + "_p" + fmt(d.p) + "_seed" + std::to_string(d.seed) + "_stream" +
-              std::to_string(d.stream) + "_offset" + std::to_string(d.offset) + "/f32",
-          Kernel::dropout, {DT::f32}, [d](Gen& g) { return In{g.uniform(d.s, -1, 1)}; },
-          {out("y", d.s, DT::f32, cy), out("mask", d.s, DT::f32, cm)},
-          [p](Backend& be, In& in, Out& o) { be.dropout(in[0], o[0], o[1], p); });
+    t.add(
+        "dropout/" + dims(d.s) + "_p" + fmt(d.p) + "_seed" + std::to_string(d.seed) + "_stream" +
+            std::to_string(d.stream) + "_offset" + std::to_string(d.offset) + "/f32",
+        Kernel::dropout, {DT::f32}, [d](Gen& g) { return In{g.uniform(d.s, -1, 1)}; },
+        {out("y", d.s, DT::f32, cy), out("mask", d.s, DT::f32, cm)},
+        [p](Backend& be, In& in, Out& o) { be.dropout(in[0], o[0], o[1], p); });
   }
 }
 
 void add_argmax(Table& t) {
-  struct A { Shape s; float step; };
+  struct A {
+    Shape s;
+    float step;
+  };
   const A as[] = {{{8, 1000}, 0}, {{5, 37}, 0}, {{3, 1}, 0}, {{16, 64}, 0.25f}, {{2, 3, 50}, 0}, {{4, 7}, 2.0f}};
   for (const A& a : as) {
     const int64_t rows = numel_of(a.s) / a.s.back();
     Check c = exact();
     c.zeros_ok = true;  // index 0 is a legitimate answer (one-wide rows, ties at the front)
-    t.add("argmax/" + dims(a.s) + (a.step > 0 ? "_ties" : "") + "/f32", Kernel::argmax, {DT::f32},
-          [a](Gen& g) { return In{a.step > 0 ? g.quantized(a.s, 0, 1, a.step) : g.uniform(a.s, -1, 1)}; },
-          {out("out", {rows}, DT::i32, c)}, [](Backend& be, In& in, Out& o) { be.argmax(in[0], o[0]); });
+    t.add(
+        "argmax/" + dims(a.s) + (a.step > 0 ? "_ties" : "") + "/f32", Kernel::argmax, {DT::f32},
+        [a](Gen& g) { return In{a.step > 0 ? g.quantized(a.s, 0, 1, a.step) : g.uniform(a.s, -1, 1)}; },
+        {out("out", {rows}, DT::i32, c)}, [](Backend& be, In& in, Out& o) { be.argmax(in[0], o[0]); });
   }
 }
 
@@ -989,103 +1177,139 @@ void add_large(Table& t) {
   const int64_t n = (1 << 18) + 5;
   for (UnaryOp op : {UnaryOp::exp, UnaryOp::gelu, UnaryOp::tanh}) {
     const UnaryParams p{op, 1, 0};
-    t.add(std::string("unary/") + unary_name(op) + "_large_" + std::to_string(n) + "/f32", Kernel::unary, {DT::f32},
-          [n](Gen& g) { return In{g.uniform({n}, -4, 4)}; }, {out("out", {n}, DT::f32, tol(8))},
-          [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
-    t.add(std::string("unary_backward/") + unary_name(op) + "_large_" + std::to_string(n) + "/f32",
-          Kernel::unary_backward, {DT::f32}, [n](Gen& g) { return In{g.uniform({n}, -4, 4), g.uniform({n}, -1, 1)}; },
-          {out("dx", {n}, DT::f32, tol(8))},
-          [p](Backend& be, In& in, Out& o) { be.unary_backward(in[0], in[1], o[0], p); });
+    t.add(
+        std::string("unary/") + unary_name(op) + "_large_" + std::to_string(n) + "/f32", Kernel::unary, {DT::f32},
+        [n](Gen& g) { return In{g.uniform({n}, -4, 4)}; }, {out("out", {n}, DT::f32, tol(8))},
+        [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
+    t.add(
+        std::string("unary_backward/") + unary_name(op) + "_large_" + std::to_string(n) + "/f32",
+        Kernel::unary_backward, {DT::f32},
+        [n](Gen& g) {
+          return In{g.uniform({n}, -4, 4), g.uniform({n}, -1, 1)};
+        },
+        {out("dx", {n}, DT::f32, tol(8))},
+        [p](Backend& be, In& in, Out& o) { be.unary_backward(in[0], in[1], o[0], p); });
   }
   for (BinaryOp op : {BinaryOp::add, BinaryOp::mul, BinaryOp::div}) {
-    t.add(std::string("binary/") + binary_name(op) + "_large_row_1031x257_257/f32", Kernel::binary, {DT::f32},
-          [](Gen& g) { return In{g.uniform({1031, 257}, -2, 2), g.uniform({257}, 0.5f, 2)}; },
-          {out("out", {1031, 257}, DT::f32, tol(0))},
-          [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
-    t.add(std::string("binary/") + binary_name(op) + "_large_b1d_bt1_8x1x1031_8x67x1/f32", Kernel::binary, {DT::f32},
-          [](Gen& g) { return In{g.uniform({8, 1, 1031}, -2, 2), g.uniform({8, 67, 1}, 0.5f, 2)}; },
-          {out("out", {8, 67, 1031}, DT::f32, tol(0))},
-          [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
+    t.add(
+        std::string("binary/") + binary_name(op) + "_large_row_1031x257_257/f32", Kernel::binary, {DT::f32},
+        [](Gen& g) {
+          return In{g.uniform({1031, 257}, -2, 2), g.uniform({257}, 0.5f, 2)};
+        },
+        {out("out", {1031, 257}, DT::f32, tol(0))},
+        [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
+    t.add(
+        std::string("binary/") + binary_name(op) + "_large_b1d_bt1_8x1x1031_8x67x1/f32", Kernel::binary, {DT::f32},
+        [](Gen& g) {
+          return In{g.uniform({8, 1, 1031}, -2, 2), g.uniform({8, 67, 1}, 0.5f, 2)};
+        },
+        {out("out", {8, 67, 1031}, DT::f32, tol(0))},
+        [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
   }
-  struct L { int64_t outer, reduce, inner; };
+  struct L {
+    int64_t outer, reduce, inner;
+  };
   for (const L& l : {L{1, 1 << 20, 1}, L{512, 1031, 1}, L{1, 2053, 384}, L{7, 4099, 33}}) {
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::sumsq}) {
       const ReduceParams p{op, l.outer, l.reduce, l.inner};
-      t.add(std::string("reduce/") + reduce_name(op) + "_large_o" + std::to_string(l.outer) + "r" + std::to_string(l.reduce) +
-                "i" + std::to_string(l.inner) + "/f32",
-            Kernel::reduce, {DT::f32}, [l](Gen& g) { return In{g.uniform({l.outer, l.reduce, l.inner}, -1, 1)}; },
-            {out("out", {l.outer, l.inner}, DT::f32, op == ReduceOp::max ? exact() : tol(4, double(l.reduce)))},
-            [p](Backend& be, In& in, Out& o) { be.reduce(in[0], o[0], p); });
+      t.add(
+          std::string("reduce/") + reduce_name(op) + "_large_o" + std::to_string(l.outer) + "r" +
+              std::to_string(l.reduce) + "i" + std::to_string(l.inner) + "/f32",
+          Kernel::reduce, {DT::f32},
+          [l](Gen& g) {
+            return In{g.uniform({l.outer, l.reduce, l.inner}, -1, 1)};
+          },
+          {out("out", {l.outer, l.inner}, DT::f32, op == ReduceOp::max ? exact() : tol(4, double(l.reduce)))},
+          [p](Backend& be, In& in, Out& o) { be.reduce(in[0], o[0], p); });
     }
   }
-  t.add("softmax/large_1031x1152/f32", Kernel::softmax, {DT::f32},
-        [](Gen& g) { return In{g.uniform({1031, 1152}, -6, 6)}; }, {out("y", {1031, 1152}, DT::f32, tol(8, 1152))},
-        [](Backend& be, In& in, Out& o) { be.softmax(in[0], o[0]); });
-  t.add("layer_norm/large_2048x384_w_b/f32", Kernel::layer_norm, {DT::f32},
-        [](Gen& g) { return In{g.uniform({2048, 384}, -1, 1), g.uniform({384}, 0.5f, 1.5f), g.uniform({384}, -0.5f, 0.5f)}; },
-        {out("y", {2048, 384}, DT::f32, tol(16, 384)), out("mean", {2048}, DT::f32, tol(16, 384)),
-         out("rstd", {2048}, DT::f32, tol(16, 384))},
-        [](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], 1e-5f); });
-  t.add("rms_norm_backward/large_2048x384_w/f32", Kernel::rms_norm_backward, {DT::f32},
-        [](Gen& g) {
-          Tensor x = g.uniform({2048, 384}, -1, 1), w = g.uniform({384}, 0.5f, 1.5f);
-          Tensor y = Tensor::empty({2048, 384}, DT::f32, g.backend()), rstd = Tensor::empty({2048}, DT::f32, g.backend());
-          g.backend()->rms_norm(x, w, y, rstd, 1e-6f, 0.0f);
-          return In{x, w, rstd, g.uniform({2048, 384}, -1, 1)};
-        },
-        {out("dx", {2048, 384}, DT::f32, tol(16, 384)), out("dweight", {384}, DT::f32, tol(16, 2048))},
-        [](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], 0.0f); });
-  t.add("cross_entropy/large_512x1031_ignore-100x9/f32", Kernel::cross_entropy, {DT::f32},
-        [](Gen& g) {
-          std::vector<int32_t> tg = g.ints({512}, 0, 1031).to_ints();
-          for (int i = 0; i < 9; ++i) tg[size_t(i * 53)] = -100;
-          return In{g.uniform({512, 1031}, -5, 5), g.from_ints(tg, {512})};
-        },
-        {out("loss", {512}, DT::f32, tol(8, 1031)), out("lse", {512}, DT::f32, tol(8, 1031))},
-        [](Backend& be, In& in, Out& o) { be.cross_entropy(in[0], in[1], o[0], o[1], CrossEntropyParams{}); });
-  t.add("adamw_update/large_" + std::to_string(n) + "/f32", Kernel::adamw_update, {DT::f32},
-        [n](Gen& g) {
-          return In{g.uniform({n}, -1, 1), g.uniform({n}, -1, 1), g.uniform({n}, -0.1f, 0.1f), g.uniform({n}, 0, 0.01f)};
-        },
-        {out("param", {n}, DT::f32, tol(8), 0), out("m", {n}, DT::f32, tol(8), 2), out("v", {n}, DT::f32, tol(8), 3)},
-        [](Backend& be, In& in, Out& o) {
-          be.adamw_update(o[0], in[1], o[1], o[2], AdamWParams{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 123});
-        });
-  t.add("lamb_update/large_" + std::to_string(n) + "/f32", Kernel::lamb_update, {DT::f32},
-        [n](Gen& g) {
-          return In{g.uniform({n}, -1, 1), g.uniform({n}, -1, 1), g.uniform({n}, -0.1f, 0.1f), g.uniform({n}, 0, 0.01f)};
-        },
-        {out("param", {n}, DT::f32, tol(8, double(n)), 0), out("m", {n}, DT::f32, tol(8), 2),
-         out("v", {n}, DT::f32, tol(8), 3)},
-        [](Backend& be, In& in, Out& o) {
-          be.lamb_update(o[0], in[1], o[1], o[2], LambParams{1e-3f, 0.9f, 0.999f, 1e-6f, 0.01f, 1.0f, 9});
-        });
+  t.add(
+      "softmax/large_1031x1152/f32", Kernel::softmax, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({1031, 1152}, -6, 6)};
+      },
+      {out("y", {1031, 1152}, DT::f32, tol(8, 1152))}, [](Backend& be, In& in, Out& o) { be.softmax(in[0], o[0]); });
+  t.add(
+      "layer_norm/large_2048x384_w_b/f32", Kernel::layer_norm, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({2048, 384}, -1, 1), g.uniform({384}, 0.5f, 1.5f), g.uniform({384}, -0.5f, 0.5f)};
+      },
+      {out("y", {2048, 384}, DT::f32, tol(16, 384)), out("mean", {2048}, DT::f32, tol(16, 384)),
+       out("rstd", {2048}, DT::f32, tol(16, 384))},
+      [](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], 1e-5f); });
+  t.add(
+      "rms_norm_backward/large_2048x384_w/f32", Kernel::rms_norm_backward, {DT::f32},
+      [](Gen& g) {
+        Tensor x = g.uniform({2048, 384}, -1, 1), w = g.uniform({384}, 0.5f, 1.5f);
+        Tensor y = Tensor::empty({2048, 384}, DT::f32, g.backend()), rstd = Tensor::empty({2048}, DT::f32, g.backend());
+        g.backend()->rms_norm(x, w, y, rstd, 1e-6f, 0.0f);
+        return In{x, w, rstd, g.uniform({2048, 384}, -1, 1)};
+      },
+      {out("dx", {2048, 384}, DT::f32, tol(16, 384)), out("dweight", {384}, DT::f32, tol(16, 2048))},
+      [](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], 0.0f); });
+  t.add(
+      "cross_entropy/large_512x1031_ignore-100x9/f32", Kernel::cross_entropy, {DT::f32},
+      [](Gen& g) {
+        std::vector<int32_t> tg = g.ints({512}, 0, 1031).to_ints();
+        for (int i = 0; i < 9; ++i) tg[size_t(i * 53)] = -100;
+        return In{g.uniform({512, 1031}, -5, 5), g.from_ints(tg, {512})};
+      },
+      {out("loss", {512}, DT::f32, tol(8, 1031)), out("lse", {512}, DT::f32, tol(8, 1031))},
+      [](Backend& be, In& in, Out& o) { be.cross_entropy(in[0], in[1], o[0], o[1], CrossEntropyParams{}); });
+  t.add(
+      "adamw_update/large_" + std::to_string(n) + "/f32", Kernel::adamw_update, {DT::f32},
+      [n](Gen& g) {
+        return In{g.uniform({n}, -1, 1), g.uniform({n}, -1, 1), g.uniform({n}, -0.1f, 0.1f), g.uniform({n}, 0, 0.01f)};
+      },
+      {out("param", {n}, DT::f32, tol(8), 0), out("m", {n}, DT::f32, tol(8), 2), out("v", {n}, DT::f32, tol(8), 3)},
+      [](Backend& be, In& in, Out& o) {
+        be.adamw_update(o[0], in[1], o[1], o[2], AdamWParams{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 123});
+      });
+  t.add(
+      "lamb_update/large_" + std::to_string(n) + "/f32", Kernel::lamb_update, {DT::f32},
+      [n](Gen& g) {
+        return In{g.uniform({n}, -1, 1), g.uniform({n}, -1, 1), g.uniform({n}, -0.1f, 0.1f), g.uniform({n}, 0, 0.01f)};
+      },
+      {out("param", {n}, DT::f32, tol(8, double(n)), 0), out("m", {n}, DT::f32, tol(8), 2),
+       out("v", {n}, DT::f32, tol(8), 3)},
+      [](Backend& be, In& in, Out& o) {
+        be.lamb_update(o[0], in[1], o[1], o[2], LambParams{1e-3f, 0.9f, 0.999f, 1e-6f, 0.01f, 1.0f, 9});
+      });
   for (Distribution d : {Distribution::uniform, Distribution::normal}) {
     const RandomParams p{d, 31337, 12, 1000003, -0.5f, 2.0f};
-    t.add(std::string("random/") + (d == Distribution::uniform ? "uniform" : "normal") + "_large_" + std::to_string(n) +
-              "_offset1000003/f32",
-          Kernel::random, {DT::f32}, [](Gen&) { return In{}; }, {out("out", {n}, DT::f32, exact())},
-          [p](Backend& be, In&, Out& o) { be.random(o[0], p); });
+    t.add(
+        std::string("random/") + (d == Distribution::uniform ? "uniform" : "normal") + "_large_" + std::to_string(n) +
+            "_offset1000003/f32",
+        Kernel::random, {DT::f32}, [](Gen&) { return In{}; }, {out("out", {n}, DT::f32, exact())},
+        [p](Backend& be, In&, Out& o) { be.random(o[0], p); });
   }
   {
     const DropoutParams p{0.2f, 8, 3, 77};
     Check cy = tol(0);
     cy.zero_pattern = true;
-    t.add("dropout/large_" + std::to_string(n) + "_p0.2/f32", Kernel::dropout, {DT::f32},
-          [n](Gen& g) { return In{g.uniform({n}, -1, 1)}; },
-          {out("y", {n}, DT::f32, cy), out("mask", {n}, DT::f32, exact())},
-          [p](Backend& be, In& in, Out& o) { be.dropout(in[0], o[0], o[1], p); });
+    t.add(
+        "dropout/large_" + std::to_string(n) + "_p0.2/f32", Kernel::dropout, {DT::f32},
+        [n](Gen& g) { return In{g.uniform({n}, -1, 1)}; },
+        {out("y", {n}, DT::f32, cy), out("mask", {n}, DT::f32, exact())},
+        [p](Backend& be, In& in, Out& o) { be.dropout(in[0], o[0], o[1], p); });
   }
-  t.add("cast/large_" + std::to_string(n) + "_f32_to_bf16/f32", Kernel::cast, {DT::f32, DT::bf16},
-        [n](Gen& g) { return In{g.normal({n}, 0, 3)}; }, {out("out", {n}, DT::bf16, exact())},
-        [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
-  t.add("argmax/large_512x1031/f32", Kernel::argmax, {DT::f32},
-        [](Gen& g) { return In{g.uniform({512, 1031}, -1, 1)}; }, {out("out", {512}, DT::i32, zeros_ok(exact()))},
-        [](Backend& be, In& in, Out& o) { be.argmax(in[0], o[0]); });
-  t.add("scatter_add_rows/large_src1x512x384_idx8x256/f32", Kernel::scatter_add_rows, {DT::f32},
-        [](Gen& g) { return In{g.uniform({8, 256, 384}, -1, 1), g.ints({8, 256}, 0, 512), g.uniform({1, 512, 384}, -1, 1)}; },
-        {out("dsrc", {1, 512, 384}, DT::f32, tol(4, 16), 2)},
-        [](Backend& be, In& in, Out& o) { be.scatter_add_rows(in[0], in[1], o[0]); });
+  t.add(
+      "cast/large_" + std::to_string(n) + "_f32_to_bf16/f32", Kernel::cast, {DT::f32, DT::bf16},
+      [n](Gen& g) { return In{g.normal({n}, 0, 3)}; }, {out("out", {n}, DT::bf16, exact())},
+      [](Backend& be, In& in, Out& o) { be.cast(in[0], o[0]); });
+  t.add(
+      "argmax/large_512x1031/f32", Kernel::argmax, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({512, 1031}, -1, 1)};
+      },
+      {out("out", {512}, DT::i32, zeros_ok(exact()))}, [](Backend& be, In& in, Out& o) { be.argmax(in[0], o[0]); });
+  t.add(
+      "scatter_add_rows/large_src1x512x384_idx8x256/f32", Kernel::scatter_add_rows, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({8, 256, 384}, -1, 1), g.ints({8, 256}, 0, 512), g.uniform({1, 512, 384}, -1, 1)};
+      },
+      {out("dsrc", {1, 512, 384}, DT::f32, tol(4, 16), 2)},
+      [](Backend& be, In& in, Out& o) { be.scatter_add_rows(in[0], in[1], o[0]); });
 }
 
 }  // namespace

@@ -44,9 +44,21 @@ struct Check {
   bool zero_pattern = false;
 };
 
-inline Check tol(double k, double K = 1) { Check c; c.k = k; c.K = K; return c; }
-inline Check exact() { Check c; c.kind = Check::exact; return c; }
-inline Check zeros_ok(Check c) { c.zeros_ok = true; return c; }
+inline Check tol(double k, double K = 1) {
+  Check c;
+  c.k = k;
+  c.K = K;
+  return c;
+}
+inline Check exact() {
+  Check c;
+  c.kind = Check::exact;
+  return c;
+}
+inline Check zeros_ok(Check c) {
+  c.zeros_ok = true;
+  return c;
+}
 
 struct OutSpec {
   std::string name;

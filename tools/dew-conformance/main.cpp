@@ -16,11 +16,13 @@
 // Exit status: 0 no failure (skips allowed), 1 at least one failure, 2 usage or setup error,
 // 77 the tested backend cannot run on this machine (its probe says why; CTest's SKIP_RETURN_CODE).
 // A kernel that crashes the process is named, with its repro line, on stderr before the signal is re-raised.
+#include <unistd.h>
+
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -30,8 +32,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "conformance.hpp"
 #include "dew/error.hpp"
@@ -44,9 +44,9 @@ using namespace dew::conformance;
 
 namespace {
 
-constexpr int64_t kGuardElems = 64;       // sentinel elements before and after every tensor
-constexpr uint8_t kPoisonTested = 0xFF;   // initial bytes of an output on the tested backend (NaN / -1)
-constexpr uint8_t kPoisonOracle = 0xFE;   // ... on the oracle (a huge finite value), so "never written" differs
+constexpr int64_t kGuardElems = 64;      // sentinel elements before and after every tensor
+constexpr uint8_t kPoisonTested = 0xFF;  // initial bytes of an output on the tested backend (NaN / -1)
+constexpr uint8_t kPoisonOracle = 0xFE;  // ... on the oracle (a huge finite value), so "never written" differs
 
 // A kernel that crashes takes the driver with it; the handler names the case and its repro line first.
 // The message is formatted before each case, so the handler only calls write() (async-signal-safe).
@@ -77,9 +77,9 @@ struct Args {
 // ---------------------------------------------------------------- guarded tensors
 
 struct Guarded {
-  Tensor flat;                 // [guard + misalign + n + guard] elements
-  Tensor view;                 // what the kernel sees
-  std::vector<uint8_t> bytes;  // the whole buffer as written before the call
+  Tensor flat;                      // [guard + misalign + n + guard] elements
+  Tensor view;                      // what the kernel sees
+  std::vector<uint8_t> bytes;       // the whole buffer as written before the call
   size_t before = 0, interior = 0;  // byte sizes
 };
 
@@ -134,25 +134,74 @@ std::vector<uint8_t> widen(const std::vector<uint8_t>& b, DType from) {
 
 double load_elem(const uint8_t* p, DType dt) {
   switch (dt) {
-    case DType::f32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DType::f64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DType::bf16: { bf16_t v; std::memcpy(&v, p, 2); return bf16_to_f32(v); }
-    case DType::f16: { f16_t v; std::memcpy(&v, p, 2); return f16_to_f32(v); }
-    case DType::i32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::i64: { int64_t v; std::memcpy(&v, p, 8); return double(v); }
-    case DType::u8: return *p;
+    case DType::f32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::f64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case DType::bf16: {
+      bf16_t v;
+      std::memcpy(&v, p, 2);
+      return bf16_to_f32(v);
+    }
+    case DType::f16: {
+      f16_t v;
+      std::memcpy(&v, p, 2);
+      return f16_to_f32(v);
+    }
+    case DType::i32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::i64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return double(v);
+    }
+    case DType::u8:
+      return *p;
   }
   return 0;
 }
 void store_elem(uint8_t* p, DType dt, double v) {
   switch (dt) {
-    case DType::f32: { float f = float(v); std::memcpy(p, &f, 4); return; }
-    case DType::f64: std::memcpy(p, &v, 8); return;
-    case DType::bf16: { bf16_t h = f32_to_bf16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::f16: { f16_t h = f32_to_f16(float(v)); std::memcpy(p, &h, 2); return; }
-    case DType::i32: { int32_t i = int32_t(v); std::memcpy(p, &i, 4); return; }
-    case DType::i64: { int64_t i = int64_t(v); std::memcpy(p, &i, 8); return; }
-    case DType::u8: *p = uint8_t(v); return;
+    case DType::f32: {
+      float f = float(v);
+      std::memcpy(p, &f, 4);
+      return;
+    }
+    case DType::f64:
+      std::memcpy(p, &v, 8);
+      return;
+    case DType::bf16: {
+      bf16_t h = f32_to_bf16(float(v));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DType::f16: {
+      f16_t h = f32_to_f16(float(v));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DType::i32: {
+      int32_t i = int32_t(v);
+      std::memcpy(p, &i, 4);
+      return;
+    }
+    case DType::i64: {
+      int64_t i = int64_t(v);
+      std::memcpy(p, &i, 8);
+      return;
+    }
+    case DType::u8:
+      *p = uint8_t(v);
+      return;
   }
 }
 
@@ -214,8 +263,7 @@ RunResult run_on(const Case& c, const BackendPtr& be, const std::vector<Tensor>&
     const std::vector<uint8_t>* init = nullptr;
     if (o.init_from >= 0) {
       DEW_INTERNAL_ASSERT(size_t(o.init_from) < inputs.size() && inputs[size_t(o.init_from)].defined());
-      DEW_INTERNAL_ASSERT(in_dt[size_t(o.init_from)] == dt &&
-                          inputs[size_t(o.init_from)].numel() == numel_of(o.shape));
+      DEW_INTERNAL_ASSERT(in_dt[size_t(o.init_from)] == dt && inputs[size_t(o.init_from)].numel() == numel_of(o.shape));
       init = &in_bytes[size_t(o.init_from)];
     }
     gout[j] = make_guarded(be, o.shape, dt, init, poison, misalign);
@@ -256,11 +304,15 @@ RunResult run_on(const Case& c, const BackendPtr& be, const std::vector<Tensor>&
     size_t count, first;
     const Guarded& g = gin[i];
     diff_bytes(now, g.bytes, 0, g.before, count, first);
-    if (count) r.violations.push_back("input " + std::to_string(i) + ": " + where_bytes(first, count, "before the tensor"));
+    if (count)
+      r.violations.push_back("input " + std::to_string(i) + ": " + where_bytes(first, count, "before the tensor"));
     diff_bytes(now, g.bytes, g.before, g.before + g.interior, count, first);
-    if (count) r.violations.push_back("input " + std::to_string(i) + ": " + where_bytes(first, count, "inside (inputs are read-only)"));
+    if (count)
+      r.violations.push_back("input " + std::to_string(i) + ": " +
+                             where_bytes(first, count, "inside (inputs are read-only)"));
     diff_bytes(now, g.bytes, g.before + g.interior, now.size(), count, first);
-    if (count) r.violations.push_back("input " + std::to_string(i) + ": " + where_bytes(first, count, "after the tensor"));
+    if (count)
+      r.violations.push_back("input " + std::to_string(i) + ": " + where_bytes(first, count, "after the tensor"));
   }
   for (size_t j = 0; j < c.outs.size(); ++j) {
     if (!out[j].defined()) continue;
@@ -268,9 +320,11 @@ RunResult run_on(const Case& c, const BackendPtr& be, const std::vector<Tensor>&
     size_t count, first;
     const Guarded& g = gout[j];
     diff_bytes(now, g.bytes, 0, g.before, count, first);
-    if (count) r.violations.push_back("output '" + c.outs[j].name + "': " + where_bytes(first, count, "before the tensor"));
+    if (count)
+      r.violations.push_back("output '" + c.outs[j].name + "': " + where_bytes(first, count, "before the tensor"));
     diff_bytes(now, g.bytes, g.before + g.interior, now.size(), count, first);
-    if (count) r.violations.push_back("output '" + c.outs[j].name + "': " + where_bytes(first, count, "after the tensor"));
+    if (count)
+      r.violations.push_back("output '" + c.outs[j].name + "': " + where_bytes(first, count, "after the tensor"));
     r.values[j] = out[j].to_doubles();
   }
   return r;
@@ -281,7 +335,7 @@ RunResult run_on(const Case& c, const BackendPtr& be, const std::vector<Tensor>&
 struct Verdict {
   bool pass = true;
   bool degenerate = false;
-  std::string detail;   // failure description, or stats when verbose
+  std::string detail;  // failure description, or stats when verbose
 };
 
 std::string index_str(int64_t flat, const Shape& s) {
@@ -320,17 +374,16 @@ Verdict compare(const OutSpec& o, DType dt, const std::vector<double>& ref, cons
   std::ostringstream os;
   if (o.check.kind == Check::exact) {
     for (size_t i = 0; i < n; ++i) {
-      const bool same = (std::isnan(ref[i]) && std::isnan(got[i])) ||
-                        std::memcmp(&ref[i], &got[i], sizeof(double)) == 0;
+      const bool same =
+          (std::isnan(ref[i]) && std::isnan(got[i])) || std::memcmp(&ref[i], &got[i], sizeof(double)) == 0;
       if (!same) {
         if (bad++ == 0) worst = int64_t(i);
       }
     }
     if (bad) {
       v.pass = false;
-      os << "'" << o.name << "' differs in " << bad << " of " << n << " elements (exact check); first "
-         << o.name << index_str(worst, o.shape) << " = " << num(got[size_t(worst)]) << ", oracle "
-         << num(ref[size_t(worst)]);
+      os << "'" << o.name << "' differs in " << bad << " of " << n << " elements (exact check); first " << o.name
+         << index_str(worst, o.shape) << " = " << num(got[size_t(worst)]) << ", oracle " << num(ref[size_t(worst)]);
     } else {
       os << "'" << o.name << "' exact";
     }
@@ -340,13 +393,16 @@ Verdict compare(const OutSpec& o, DType dt, const std::vector<double>& ref, cons
 
   // Tolerance check.
   const double acc_eps = dt == DType::f64 ? dtype_epsilon(DType::f64) : dtype_epsilon(DType::f32);
-  const double rtol = o.check.rtol_override >= 0
-                          ? o.check.rtol_override
-                          : o.check.k_store * dtype_epsilon(dt) + o.check.k * acc_eps * std::sqrt(std::max(1.0, o.check.K));
+  const double rtol = o.check.rtol_override >= 0 ? o.check.rtol_override
+                                                 : o.check.k_store * dtype_epsilon(dt) +
+                                                       o.check.k * acc_eps * std::sqrt(std::max(1.0, o.check.K));
   double sumsq = 0, errsq = 0;
   size_t finite = 0;
   for (size_t i = 0; i < n; ++i)
-    if (std::isfinite(ref[i])) { sumsq += ref[i] * ref[i]; ++finite; }
+    if (std::isfinite(ref[i])) {
+      sumsq += ref[i] * ref[i];
+      ++finite;
+    }
   const double rms = finite ? std::sqrt(sumsq / double(finite)) : 0.0;
   const double atol = rtol * rms;
   size_t pattern_bad = 0;
@@ -381,17 +437,18 @@ Verdict compare(const OutSpec& o, DType dt, const std::vector<double>& ref, cons
     if (bad) {
       const size_t w = size_t(worst);
       os << " " << bad << " of " << n << " elements out of tolerance; worst " << o.name << index_str(worst, o.shape)
-         << " = " << num(got[w]) << ", oracle " << num(ref[w]) << ", |err| " << num(std::fabs(got[w] - ref[w]))
-         << " > " << num(atol + rtol * std::fabs(ref[w])) << " (rtol " << num(rtol) << ", atol " << num(atol) << ")";
+         << " = " << num(got[w]) << ", oracle " << num(ref[w]) << ", |err| " << num(std::fabs(got[w] - ref[w])) << " > "
+         << num(atol + rtol * std::fabs(ref[w])) << " (rtol " << num(rtol) << ", atol " << num(atol) << ")";
     }
     if (nmse_bad) os << (bad ? ";" : "") << " nmse " << num(nmse) << " > " << num(rtol * rtol);
     if (pattern_bad)
-      os << (bad || nmse_bad ? ";" : "") << " zero pattern differs in " << pattern_bad << " elements (first "
-         << o.name << index_str(first_pattern, o.shape) << ": " << num(got[size_t(first_pattern)]) << " vs oracle "
+      os << (bad || nmse_bad ? ";" : "") << " zero pattern differs in " << pattern_bad << " elements (first " << o.name
+         << index_str(first_pattern, o.shape) << ": " << num(got[size_t(first_pattern)]) << " vs oracle "
          << num(ref[size_t(first_pattern)]) << ")";
   } else {
     char b[160];
-    std::snprintf(b, sizeof b, "'%s' worst %.3g of tol, nmse %.3g (rtol %.3g)", o.name.c_str(), worst_ratio, nmse, rtol);
+    std::snprintf(b, sizeof b, "'%s' worst %.3g of tol, nmse %.3g (rtol %.3g)", o.name.c_str(), worst_ratio, nmse,
+                  rtol);
     os << b;
   }
   v.detail = os.str();
@@ -423,8 +480,13 @@ std::string repro_line(const Args& a, const Case& c) {
 // Kernels whose bf16/f16 cases the oracle may compute in f32 instead (arithmetic, not bit movers).
 bool may_upcast(Kernel k) {
   switch (k) {
-    case Kernel::fill: case Kernel::cast: case Kernel::strided_copy: case Kernel::gather_rows:
-    case Kernel::random: case Kernel::dropout: case Kernel::argmax:
+    case Kernel::fill:
+    case Kernel::cast:
+    case Kernel::strided_copy:
+    case Kernel::gather_rows:
+    case Kernel::random:
+    case Kernel::dropout:
+    case Kernel::argmax:
       return false;
     default:
       return true;
@@ -524,11 +586,15 @@ int run(const Args& a) {
   for (const Case* cp : selected) {
     const Case& c = *cp;
     const auto t0 = std::chrono::steady_clock::now();
-    std::snprintf(g_crash_note, sizeof g_crash_note, "in case %s\n  repro: %s\n", c.id.c_str(), repro_line(a, c).c_str());
+    std::snprintf(g_crash_note, sizeof g_crash_note, "in case %s\n  repro: %s\n", c.id.c_str(),
+                  repro_line(a, c).c_str());
     std::string skip;
     for (DType dt : c.dtypes) {
       const Support s = tested->supports(c.kernel, dt);
-      if (!s.ok) { skip = s.reason; break; }
+      if (!s.ok) {
+        skip = s.reason;
+        break;
+      }
     }
     bool upcast = false;
     if (skip.empty()) {
@@ -569,8 +635,10 @@ int run(const Args& a) {
         for (size_t j = 0; j < c.outs.size(); ++j) {
           if (!c.outs[j].defined) continue;
           const Verdict v = compare(c.outs[j], rt.dtypes[j], ro.values[j], rt.values[j]);
-          if (!v.pass) problems.push_back(v.detail);
-          else stats.push_back(v.detail);
+          if (!v.pass)
+            problems.push_back(v.detail);
+          else
+            stats.push_back(v.detail);
           if (v.degenerate && !degenerate) {
             degenerate = true;
             degenerate_what = c.outs[j].name;
@@ -606,8 +674,9 @@ int run(const Args& a) {
   }
   std::snprintf(g_crash_note, sizeof g_crash_note, "after the last case\n");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::printf("\ndew-conformance: '%s' against '%s': %zu cases: %d passed, %d failed, %d skipped, %d mistrusted (%.1f s)\n",
-              a.backend.c_str(), a.against.c_str(), selected.size(), passed, failed, skipped, mistrusted, secs);
+  std::printf(
+      "\ndew-conformance: '%s' against '%s': %zu cases: %d passed, %d failed, %d skipped, %d mistrusted (%.1f s)\n",
+      a.backend.c_str(), a.against.c_str(), selected.size(), passed, failed, skipped, mistrusted, secs);
   if (!a.inject_fault.empty() || !a.inject_guard.empty())
     std::printf("dew-conformance: faults were injected on purpose (--inject-fault / --inject-guard)\n");
   if (failed) {

@@ -3,10 +3,11 @@
 // Everything runs through the public SDK: Philox-initialised nn::Linear blocks, autograd,
 // the fused cross-entropy and the backend's fused AdamW update. It prints the loss and the training
 // accuracy as it goes; a working core takes the accuracy well above chance (25 %).
+#include "demo.hpp"
+
 #include <chrono>
 #include <cstdio>
 
-#include "demo.hpp"
 #include "dew/autograd.hpp"
 #include "dew/nn.hpp"
 #include "dew/ops.hpp"
@@ -42,8 +43,8 @@ int run_demo(const DemoOptions& opt) {
     v.push_back(Tensor::zeros(p.shape(), p.dtype(), be));
   }
 
-  std::printf("dew demo: %s backend, MLP %lld-%lld-%lld on %lld teacher-labelled points, AdamW\n",
-              be->name().c_str(), (long long)in, (long long)hidden, (long long)classes, (long long)n);
+  std::printf("dew demo: %s backend, MLP %lld-%lld-%lld on %lld teacher-labelled points, AdamW\n", be->name().c_str(),
+              (long long)in, (long long)hidden, (long long)classes, (long long)n);
   const auto start = std::chrono::steady_clock::now();
   double loss_value = 0.0, accuracy = 0.0;
   for (int step = 1; step <= opt.steps; ++step) {

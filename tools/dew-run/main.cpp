@@ -27,8 +27,10 @@ namespace {
 const char* kUsage =
     "usage: dew-run <command> [options]\n"
     "commands:\n"
-    "  train     train from a config:  --config FILE [--run-dir D] [--resume] [--backend cpu|ref] [--section.key V ...]\n"
-    "  eval      evaluate a run's checkpoint on the validation/test split; prints JSON:  --run-dir D [--step latest|best|N]\n"
+    "  train     train from a config:  --config FILE [--run-dir D] [--resume] [--backend cpu|ref] [--section.key V "
+    "...]\n"
+    "  eval      evaluate a run's checkpoint on the validation/test split; prints JSON:  --run-dir D [--step "
+    "latest|best|N]\n"
     "  sample    generate from a run (objectives with a sampler):  --run-dir D [...]\n"
     "  export    write model.safetensors + config.json:  --run-dir D --format safetensors --out DIR\n"
     "  plugins   list the plugins found, their components, and whether backends can run here\n"
@@ -94,8 +96,9 @@ void print_plugin_options(dew::Config& config) {
     const dew::Options& o = config.section(section);
     if (!o.has("plugin") && !o.has("source")) continue;
     const std::string name = o.values().count("plugin") ? o.values().at("plugin") : o.values().at("source");
-    const char* kind = std::string(section) == "model" ? "model" : std::string(section) == "objective" ? "objective"
-                                                                                                         : "data_source";
+    const char* kind = std::string(section) == "model"       ? "model"
+                       : std::string(section) == "objective" ? "objective"
+                                                             : "data_source";
     if (!dew::Registry::global().contains(kind, name)) continue;
     const auto& c = dew::Registry::global().find(kind, name);
     std::cout << "\n[" << section << "] options of " << kind << " '" << name << "' (" << c.origin.describe() << "):\n";
@@ -114,7 +117,8 @@ int cmd_train(const std::vector<std::string>& raw) {
   std::string config_path, run_dir, backend;
   bool resume = false, help = false;
   po::options_description d("dew-run train");
-  d.add_options()("config", po::value(&config_path), "config file (.ini); defaults to RUN_DIR/config.ini with --resume")(
+  d.add_options()("config", po::value(&config_path),
+                  "config file (.ini); defaults to RUN_DIR/config.ini with --resume")(
       "run-dir", po::value(&run_dir), "run directory (default runs/<run.name>)")(
       "resume", po::bool_switch(&resume), "continue the run in --run-dir from its latest checkpoint")(
       "backend", po::value(&backend), "backend (overrides run.backend): cpu, ref, cuda")(
@@ -195,8 +199,10 @@ int cmd_sample(const std::vector<std::string>& raw) {
     DEW_USAGE_CHECK(rest[i].rfind("--", 0) == 0, "unexpected argument '", rest[i], "'");
     const std::string key = rest[i].substr(2);
     const auto eq = key.find('=');
-    if (eq != std::string::npos) request[key_of(key.substr(0, eq))] = key.substr(eq + 1);
-    else request[key_of(key)] = (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0) ? rest[++i] : "true";
+    if (eq != std::string::npos)
+      request[key_of(key.substr(0, eq))] = key.substr(eq + 1);
+    else
+      request[key_of(key)] = (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0) ? rest[++i] : "true";
   }
   load_plugins(r.common);
   dew::Options req(request, "sample");

@@ -55,14 +55,13 @@ int run(int argc, char** argv) {
   int64_t vocab_size = 4096;
   double val_fraction = 0.05;
   po::options_description d("options");
-  d.add_options()("help,h", "show this help")(
-      "input", po::value(&inputs)->composing(), "a text file, or a folder of them (repeatable)")(
-      "out", po::value(&out), "output folder")("tokenizer", po::value(&tokenizer_name),
-                                                 "byte (default) or bpe")(
+  d.add_options()("help,h", "show this help")("input", po::value(&inputs)->composing(),
+                                              "a text file, or a folder of them (repeatable)")(
+      "out", po::value(&out), "output folder")("tokenizer", po::value(&tokenizer_name), "byte (default) or bpe")(
       "vocab-size", po::value(&vocab_size), "BPE vocabulary to train, eos included (default 4096)")(
       "tokenizer-json", po::value(&tokenizer_json), "a Hugging Face tokenizer.json (byte-level BPE)")(
       "vocab", po::value(&vocab), "GPT-2 vocab.json (with --merges)")("merges", po::value(&merges),
-                                                                       "GPT-2 merges.txt (with --vocab)")(
+                                                                      "GPT-2 merges.txt (with --vocab)")(
       "val-fraction", po::value(&val_fraction), "share of the tokens, from the head, for val.bin (default 0.05)")(
       "eos-between-files", "separate the files by the tokenizer's eos token");
   po::variables_map vm;

@@ -64,8 +64,8 @@ ConvGeometry geometry(const Shape& xs, const Shape& ws, const Shape& ys, const C
   };
   DEW_CHECK(out_size(xs[2], ws[2], p.stride_h, p.dilation_h, p.pad_h, g.pad_r[0]) == ys[2] &&
                 out_size(xs[3], ws[3], p.stride_w, p.dilation_w, p.pad_w, g.pad_r[1]) == ys[3],
-            "cpu conv2d: output ", shape_str(ys), " does not match input ", shape_str(xs), " with kernel ", shape_str(ws),
-            ", stride ", p.stride_h, "x", p.stride_w, ", padding ", p.pad_h, "x", p.pad_w);
+            "cpu conv2d: output ", shape_str(ys), " does not match input ", shape_str(xs), " with kernel ",
+            shape_str(ws), ", stride ", p.stride_h, "x", p.stride_w, ", padding ", p.pad_h, "x", p.pad_w);
   return g;
 }
 
@@ -73,16 +73,25 @@ bool is_1x1(const Shape& ws) { return ws[2] == 1 && ws[3] == 1; }
 
 Key conv_key(Family f, const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, bool bias) {
   Key k(f);
-  k.add(xs).add(ws).add(ys).add(p.stride_h).add(p.stride_w).add(p.pad_h).add(p.pad_w).add(p.dilation_h)
-      .add(p.dilation_w).add(p.groups).add(int64_t(bias));
+  k.add(xs)
+      .add(ws)
+      .add(ys)
+      .add(p.stride_h)
+      .add(p.stride_w)
+      .add(p.pad_h)
+      .add(p.pad_w)
+      .add(p.dilation_h)
+      .add(p.dilation_w)
+      .add(p.groups)
+      .add(int64_t(bias));
   return k;
 }
 
 dnnl::convolution_forward::primitive_desc fwd_pd(const Dnnl& d, const ConvGeometry& g, bool bias) {
   const auto alg = dnnl::algorithm::convolution_direct;
   const auto prop = dnnl::prop_kind::forward_training;
-  auto desc = bias ? dnnl::convolution_forward::desc(prop, alg, g.xa_md, g.wa_md, g.b_md, g.ya_md, g.strides,
-                                                     g.dilates, g.pad_l, g.pad_r)
+  auto desc = bias ? dnnl::convolution_forward::desc(prop, alg, g.xa_md, g.wa_md, g.b_md, g.ya_md, g.strides, g.dilates,
+                                                     g.pad_l, g.pad_r)
                    : dnnl::convolution_forward::desc(prop, alg, g.xa_md, g.wa_md, g.ya_md, g.strides, g.dilates,
                                                      g.pad_l, g.pad_r);
   return dnnl::convolution_forward::primitive_desc(desc, d.eng);
@@ -161,7 +170,9 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Te
     if (has_bias) en->add(d, DNNL_ARG_BIAS, false, g.b_md, pd.bias_desc());
     return en;
   });
-  e->run(d, {{DNNL_ARG_SRC, x.data()}, {DNNL_ARG_WEIGHTS, w.data()}, {DNNL_ARG_DST, y.data()},
+  e->run(d, {{DNNL_ARG_SRC, x.data()},
+             {DNNL_ARG_WEIGHTS, w.data()},
+             {DNNL_ARG_DST, y.data()},
              {has_bias ? DNNL_ARG_BIAS : 0, has_bias ? bias.data() : nullptr}});
 }
 
@@ -183,7 +194,10 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
     en->add(d, DNNL_ARG_DIFF_SRC, true, g.x_md, pd.diff_src_desc());
     return en;
   });
-  if (dy.numel() == 0) { fill(dx, 0.0); return; }
+  if (dy.numel() == 0) {
+    fill(dx, 0.0);
+    return;
+  }
   e->run(d, {{DNNL_ARG_DIFF_DST, dy.data()}, {DNNL_ARG_WEIGHTS, w.data()}, {DNNL_ARG_DIFF_SRC, dx.data()}});
 }
 
@@ -193,8 +207,8 @@ void CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tenso
   const bool has_bias = dbias.defined();
   if (has_bias) {
     require_f32(dbias, "conv2d_backward_weight", "dbias");
-    DEW_CHECK(dbias.numel() == dw.shape()[0], "cpu conv2d_backward_weight: dbias has ", dbias.numel(),
-              " elements for ", dw.shape()[0], " output channels");
+    DEW_CHECK(dbias.numel() == dw.shape()[0], "cpu conv2d_backward_weight: dbias has ", dbias.numel(), " elements for ",
+              dw.shape()[0], " output channels");
   }
   if (dw.numel() == 0 && !has_bias) return;
   if (x.numel() == 0 || dy.numel() == 0) {
@@ -220,7 +234,9 @@ void CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tenso
     if (has_bias) en->add(d, DNNL_ARG_DIFF_BIAS, true, g.b_md, pd.diff_bias_desc());
     return en;
   });
-  e->run(d, {{DNNL_ARG_SRC, x.data()}, {DNNL_ARG_DIFF_DST, dy.data()}, {DNNL_ARG_DIFF_WEIGHTS, dw.data()},
+  e->run(d, {{DNNL_ARG_SRC, x.data()},
+             {DNNL_ARG_DIFF_DST, dy.data()},
+             {DNNL_ARG_DIFF_WEIGHTS, dw.data()},
              {has_bias ? DNNL_ARG_DIFF_BIAS : 0, has_bias ? dbias.data() : nullptr}});
 }
 

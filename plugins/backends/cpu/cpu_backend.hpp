@@ -23,11 +23,10 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "dew/backend.hpp"
 #include "dew/dtype.hpp"
@@ -51,7 +50,11 @@ struct Key {
     v[size_t(n++)] = x;
     return *this;
   }
-  Key& add(float f) { uint32_t u; std::memcpy(&u, &f, 4); return add(int64_t(u)); }
+  Key& add(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return add(int64_t(u));
+  }
   Key& add(const Shape& s) {
     add(int64_t(s.size()));
     for (int64_t d : s) add(d);
@@ -62,7 +65,11 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const noexcept {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < k.n; ++i) { h ^= uint64_t(k.v[size_t(i)]); h *= 0x100000001b3ull; h ^= h >> 29; }
+    for (int i = 0; i < k.n; ++i) {
+      h ^= uint64_t(k.v[size_t(i)]);
+      h *= 0x100000001b3ull;
+      h ^= h >> 29;
+    }
     return size_t(h);
   }
 };
@@ -81,7 +88,10 @@ class PrimitiveCache {
     map_.emplace(key, e);
     return e;
   }
-  size_t size() const { std::lock_guard<std::mutex> lock(mu_); return map_.size(); }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
 
  private:
   mutable std::mutex mu_;
@@ -102,7 +112,9 @@ struct BoundPrimitive {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
   std::mutex mu;
-  void arg(const Dnnl& d, int id, const dnnl::memory::desc& md) { args.emplace(id, dnnl::memory(md, d.eng, DNNL_MEMORY_NONE)); }
+  void arg(const Dnnl& d, int id, const dnnl::memory::desc& md) {
+    args.emplace(id, dnnl::memory(md, d.eng, DNNL_MEMORY_NONE));
+  }
   // Under `mu`: point every argument at its buffer (pairs with id 0 are absent optional arguments),
   // execute, wait.
   void run(Dnnl& d, std::initializer_list<std::pair<int, const void*>> buffers) {
@@ -141,7 +153,10 @@ void require_f32(const Tensor& t, const char* kernel, const char* arg);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);
 // Product of the leading dims ("rows") and the last dim of t.
 inline int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
-inline int64_t rows_of(const Tensor& t) { const int64_t d = last_dim(t); return d == 0 ? 0 : t.numel() / d; }
+inline int64_t rows_of(const Tensor& t) {
+  const int64_t d = last_dim(t);
+  return d == 0 ? 0 : t.numel() / d;
+}
 
 // exp(x) for f32 that vectorises under `omp simd` (Cephes-style range reduction + degree-6 polynomial,
 // ~1-2 ulp); overflow -> inf, gradual underflow to denormals and 0, NaN -> NaN. Branch-free.
@@ -176,7 +191,9 @@ inline int64_t rows_of(const Tensor& t) { const int64_t d = last_dim(t); return 
   const float s = x * x;
   const float poly =
       ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s + 1.33314422036e-1f) * s -
-       3.33332819422e-1f) * s * x + x;
+       3.33332819422e-1f) *
+          s * x +
+      x;
   const float big = std::copysign(1.0f - 2.0f / (fast_exp(2.0f * ax) + 1.0f), x);
   return ax < 0.625f ? poly : big;
 }

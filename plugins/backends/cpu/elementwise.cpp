@@ -27,27 +27,36 @@ constexpr float kGeluC = 0.044715f;
 // o[i] = op(x[i]) (map1) and o[i] = op(x[i], y[i]) (map2) over [0, n), split over the team in contiguous
 // slices when n is large. The functor takes values, not indices, and the loop bodies see only local
 // pointers, so every `omp simd` loop vectorises (lambdas indexing captured pointers did not).
-template <class Op> inline void map1_slice(const float* x, float* o, int64_t n, Op op) {
+template <class Op>
+inline void map1_slice(const float* x, float* o, int64_t n, Op op) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) o[i] = op(x[i]);
 }
-template <class Op> inline void map2_slice(const float* x, const float* y, float* o, int64_t n, Op op) {
+template <class Op>
+inline void map2_slice(const float* x, const float* y, float* o, int64_t n, Op op) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) o[i] = op(x[i], y[i]);
 }
-template <class Slice> inline void split(int64_t n, Slice&& slice) {
-  if (!parallel_worth(n)) { slice(int64_t(0), n); return; }
+template <class Slice>
+inline void split(int64_t n, Slice&& slice) {
+  if (!parallel_worth(n)) {
+    slice(int64_t(0), n);
+    return;
+  }
 #pragma omp parallel
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t lo = t == 0 ? 0 : (n * t / nt) & ~int64_t(15), hi = t == nt - 1 ? n : (n * (t + 1) / nt) & ~int64_t(15);
+    const int64_t lo = t == 0 ? 0 : (n * t / nt) & ~int64_t(15),
+                  hi = t == nt - 1 ? n : (n * (t + 1) / nt) & ~int64_t(15);
     if (lo < hi) slice(lo, hi);
   }
 }
-template <class Op> void map1(const float* x, float* o, int64_t n, Op op) {
+template <class Op>
+void map1(const float* x, float* o, int64_t n, Op op) {
   split(n, [&](int64_t lo, int64_t hi) { map1_slice(x + lo, o + lo, hi - lo, op); });
 }
-template <class Op> void map2(const float* x, const float* y, float* o, int64_t n, Op op) {
+template <class Op>
+void map2(const float* x, const float* y, float* o, int64_t n, Op op) {
   split(n, [&](int64_t lo, int64_t hi) { map2_slice(x + lo, y + lo, o + lo, hi - lo, op); });
 }
 
@@ -69,30 +78,66 @@ void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
   float* o = out.data_as<float>();
   const float al = p.alpha, be = p.beta;
   switch (p.op) {
-    case UnaryOp::neg: map1(xs, o, n, [](float v) { return -v; }); break;
-    case UnaryOp::exp: map1(xs, o, n, [](float v) { return fast_exp(v); }); break;
-    case UnaryOp::log: map1(xs, o, n, [](float v) { return std::log(v); }); break;
-    case UnaryOp::sqrt: map1(xs, o, n, [](float v) { return std::sqrt(v); }); break;
-    case UnaryOp::rsqrt: map1(xs, o, n, [](float v) { return 1.0f / std::sqrt(v); }); break;
-    case UnaryOp::square: map1(xs, o, n, [](float v) { return v * v; }); break;
-    case UnaryOp::abs: map1(xs, o, n, [](float v) { return std::fabs(v); }); break;
-    case UnaryOp::tanh: map1(xs, o, n, [](float v) { return fast_tanh(v); }); break;
-    case UnaryOp::sigmoid: map1(xs, o, n, [](float v) { return fast_sigmoid(v); }); break;
-    case UnaryOp::relu: map1(xs, o, n, [](float v) { return v < 0.0f ? 0.0f : v; }); break;
-    case UnaryOp::gelu: map1(xs, o, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); }); break;
+    case UnaryOp::neg:
+      map1(xs, o, n, [](float v) { return -v; });
+      break;
+    case UnaryOp::exp:
+      map1(xs, o, n, [](float v) { return fast_exp(v); });
+      break;
+    case UnaryOp::log:
+      map1(xs, o, n, [](float v) { return std::log(v); });
+      break;
+    case UnaryOp::sqrt:
+      map1(xs, o, n, [](float v) { return std::sqrt(v); });
+      break;
+    case UnaryOp::rsqrt:
+      map1(xs, o, n, [](float v) { return 1.0f / std::sqrt(v); });
+      break;
+    case UnaryOp::square:
+      map1(xs, o, n, [](float v) { return v * v; });
+      break;
+    case UnaryOp::abs:
+      map1(xs, o, n, [](float v) { return std::fabs(v); });
+      break;
+    case UnaryOp::tanh:
+      map1(xs, o, n, [](float v) { return fast_tanh(v); });
+      break;
+    case UnaryOp::sigmoid:
+      map1(xs, o, n, [](float v) { return fast_sigmoid(v); });
+      break;
+    case UnaryOp::relu:
+      map1(xs, o, n, [](float v) { return v < 0.0f ? 0.0f : v; });
+      break;
+    case UnaryOp::gelu:
+      map1(xs, o, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); });
+      break;
     case UnaryOp::gelu_tanh:
       map1(xs, o, n, [](float v) { return 0.5f * v * (1.0f + fast_tanh(kSqrt2OverPi * (v + kGeluC * v * v * v))); });
       break;
-    case UnaryOp::silu: map1(xs, o, n, [](float v) { return v / (1.0f + fast_exp(-v)); }); break;
-    case UnaryOp::sin: map1(xs, o, n, [](float v) { return std::sin(v); }); break;
-    case UnaryOp::cos: map1(xs, o, n, [](float v) { return std::cos(v); }); break;
-    case UnaryOp::reciprocal: map1(xs, o, n, [](float v) { return 1.0f / v; }); break;
-    case UnaryOp::affine: map1(xs, o, n, [al, be](float v) { return al * v + be; }); break;
+    case UnaryOp::silu:
+      map1(xs, o, n, [](float v) { return v / (1.0f + fast_exp(-v)); });
+      break;
+    case UnaryOp::sin:
+      map1(xs, o, n, [](float v) { return std::sin(v); });
+      break;
+    case UnaryOp::cos:
+      map1(xs, o, n, [](float v) { return std::cos(v); });
+      break;
+    case UnaryOp::reciprocal:
+      map1(xs, o, n, [](float v) { return 1.0f / v; });
+      break;
+    case UnaryOp::affine:
+      map1(xs, o, n, [al, be](float v) { return al * v + be; });
+      break;
     case UnaryOp::pow:
-      if (al == 2.0f) map1(xs, o, n, [](float v) { return v * v; });
-      else if (al == 1.0f) map1(xs, o, n, [](float v) { return v; });
-      else if (al == 0.5f) map1(xs, o, n, [](float v) { return std::sqrt(v); });
-      else map1(xs, o, n, [al](float v) { return std::pow(v, al); });
+      if (al == 2.0f)
+        map1(xs, o, n, [](float v) { return v * v; });
+      else if (al == 1.0f)
+        map1(xs, o, n, [](float v) { return v; });
+      else if (al == 0.5f)
+        map1(xs, o, n, [](float v) { return std::sqrt(v); });
+      else
+        map1(xs, o, n, [al](float v) { return std::pow(v, al); });
       break;
     case UnaryOp::clamp:
       map1(xs, o, n, [al, be](float v) {
@@ -105,7 +150,8 @@ void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
       map1(xs, o, n, [al, inv](float v) { return al * fast_tanh(v * inv); });
       break;
     }
-    default: DEW_CHECK(false, "cpu unary: unknown op ", int(p.op));
+    default:
+      DEW_CHECK(false, "cpu unary: unknown op ", int(p.op));
   }
 }
 
@@ -122,22 +168,45 @@ void CpuBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, c
   const float al = p.alpha, be = p.beta;
   // map2 hands (x, dy) to each lambda.
   switch (p.op) {
-    case UnaryOp::neg: map2(xs, g, o, n, [](float, float d) { return -d; }); break;
-    case UnaryOp::exp: map2(xs, g, o, n, [](float v, float d) { return d * fast_exp(v); }); break;
-    case UnaryOp::log: map2(xs, g, o, n, [](float v, float d) { return d / v; }); break;
-    case UnaryOp::sqrt: map2(xs, g, o, n, [](float v, float d) { return d * 0.5f / std::sqrt(v); }); break;
-    case UnaryOp::rsqrt:
-      map2(xs, g, o, n, [](float v, float d) { const float r = 1.0f / std::sqrt(v); return -0.5f * d * r * r * r; });
+    case UnaryOp::neg:
+      map2(xs, g, o, n, [](float, float d) { return -d; });
       break;
-    case UnaryOp::square: map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; }); break;
-    case UnaryOp::abs: map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : (v < 0.0f ? -d : 0.0f); }); break;
+    case UnaryOp::exp:
+      map2(xs, g, o, n, [](float v, float d) { return d * fast_exp(v); });
+      break;
+    case UnaryOp::log:
+      map2(xs, g, o, n, [](float v, float d) { return d / v; });
+      break;
+    case UnaryOp::sqrt:
+      map2(xs, g, o, n, [](float v, float d) { return d * 0.5f / std::sqrt(v); });
+      break;
+    case UnaryOp::rsqrt:
+      map2(xs, g, o, n, [](float v, float d) {
+        const float r = 1.0f / std::sqrt(v);
+        return -0.5f * d * r * r * r;
+      });
+      break;
+    case UnaryOp::square:
+      map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
+      break;
+    case UnaryOp::abs:
+      map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : (v < 0.0f ? -d : 0.0f); });
+      break;
     case UnaryOp::tanh:
-      map2(xs, g, o, n, [](float v, float d) { const float t = fast_tanh(v); return d * (1.0f - t * t); });
+      map2(xs, g, o, n, [](float v, float d) {
+        const float t = fast_tanh(v);
+        return d * (1.0f - t * t);
+      });
       break;
     case UnaryOp::sigmoid:
-      map2(xs, g, o, n, [](float v, float d) { const float s = fast_sigmoid(v); return d * s * (1.0f - s); });
+      map2(xs, g, o, n, [](float v, float d) {
+        const float s = fast_sigmoid(v);
+        return d * s * (1.0f - s);
+      });
       break;
-    case UnaryOp::relu: map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : 0.0f; }); break;
+    case UnaryOp::relu:
+      map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : 0.0f; });
+      break;
     case UnaryOp::gelu:
       map2(xs, g, o, n, [](float v, float d) {
         const float cdf = 0.5f * (1.0f + std::erf(v * kSqrt1_2));
@@ -158,27 +227,44 @@ void CpuBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, c
         return d * (s * (1.0f + v * (1.0f - s)));
       });
       break;
-    case UnaryOp::sin: map2(xs, g, o, n, [](float v, float d) { return d * std::cos(v); }); break;
-    case UnaryOp::cos: map2(xs, g, o, n, [](float v, float d) { return -d * std::sin(v); }); break;
-    case UnaryOp::reciprocal:
-      map2(xs, g, o, n, [](float v, float d) { const float r = 1.0f / v; return -d * r * r; });
+    case UnaryOp::sin:
+      map2(xs, g, o, n, [](float v, float d) { return d * std::cos(v); });
       break;
-    case UnaryOp::affine: map2(xs, g, o, n, [al](float, float d) { return al * d; }); break;
+    case UnaryOp::cos:
+      map2(xs, g, o, n, [](float v, float d) { return -d * std::sin(v); });
+      break;
+    case UnaryOp::reciprocal:
+      map2(xs, g, o, n, [](float v, float d) {
+        const float r = 1.0f / v;
+        return -d * r * r;
+      });
+      break;
+    case UnaryOp::affine:
+      map2(xs, g, o, n, [al](float, float d) { return al * d; });
+      break;
     case UnaryOp::pow:
-      if (al == 2.0f) map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
-      else if (al == 1.0f) map2(xs, g, o, n, [](float, float d) { return d; });
-      else if (al == 0.0f) map2(xs, g, o, n, [](float, float) { return 0.0f; });
-      else map2(xs, g, o, n, [al](float v, float d) { return d * al * std::pow(v, al - 1.0f); });
+      if (al == 2.0f)
+        map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
+      else if (al == 1.0f)
+        map2(xs, g, o, n, [](float, float d) { return d; });
+      else if (al == 0.0f)
+        map2(xs, g, o, n, [](float, float) { return 0.0f; });
+      else
+        map2(xs, g, o, n, [al](float v, float d) { return d * al * std::pow(v, al - 1.0f); });
       break;
     case UnaryOp::clamp:
       map2(xs, g, o, n, [al, be](float v, float d) { return (v > al && v < be) ? d : 0.0f; });
       break;
     case UnaryOp::softcap: {
       const float inv = 1.0f / al;
-      map2(xs, g, o, n, [inv](float v, float d) { const float t = fast_tanh(v * inv); return d * (1.0f - t * t); });
+      map2(xs, g, o, n, [inv](float v, float d) {
+        const float t = fast_tanh(v * inv);
+        return d * (1.0f - t * t);
+      });
       break;
     }
-    default: DEW_CHECK(false, "cpu unary_backward: unknown op ", int(p.op));
+    default:
+      DEW_CHECK(false, "cpu unary_backward: unknown op ", int(p.op));
   }
 }
 
@@ -186,16 +272,28 @@ void CpuBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, c
 
 namespace {
 
-template <BinaryOp op> inline float bin(float a, float b) {
-  if constexpr (op == BinaryOp::add) return a + b;
-  else if constexpr (op == BinaryOp::sub) return a - b;
-  else if constexpr (op == BinaryOp::mul) return a * b;
-  else if constexpr (op == BinaryOp::div) return a / b;
-  else if constexpr (op == BinaryOp::maximum) { const float r = a > b ? a : b; return a != a ? a : (b != b ? b : r); }
-  else if constexpr (op == BinaryOp::minimum) { const float r = a < b ? a : b; return a != a ? a : (b != b ? b : r); }
-  else if constexpr (op == BinaryOp::eq) return a == b ? 1.0f : 0.0f;
-  else if constexpr (op == BinaryOp::gt) return a > b ? 1.0f : 0.0f;
-  else return a < b ? 1.0f : 0.0f;
+template <BinaryOp op>
+inline float bin(float a, float b) {
+  if constexpr (op == BinaryOp::add)
+    return a + b;
+  else if constexpr (op == BinaryOp::sub)
+    return a - b;
+  else if constexpr (op == BinaryOp::mul)
+    return a * b;
+  else if constexpr (op == BinaryOp::div)
+    return a / b;
+  else if constexpr (op == BinaryOp::maximum) {
+    const float r = a > b ? a : b;
+    return a != a ? a : (b != b ? b : r);
+  } else if constexpr (op == BinaryOp::minimum) {
+    const float r = a < b ? a : b;
+    return a != a ? a : (b != b ? b : r);
+  } else if constexpr (op == BinaryOp::eq)
+    return a == b ? 1.0f : 0.0f;
+  else if constexpr (op == BinaryOp::gt)
+    return a > b ? 1.0f : 0.0f;
+  else
+    return a < b ? 1.0f : 0.0f;
 }
 
 // out[i] = a[i*sa] op b[i*sb] for i < n, with sa, sb in {0, 1} specialised (the vectorisable cases).
@@ -227,7 +325,10 @@ void binary_impl(const Tensor& a, const Tensor& b, Tensor& out) {
   // Fast paths: same element count (same shape after broadcasting), or one scalar operand.
   if ((na == n && nb == n) || (na == n && nb == 1) || (na == 1 && nb == n)) {
     const int64_t sa = na == n ? 1 : 0, sb = nb == n ? 1 : 0;
-    if (!parallel_worth(n)) { bin_inner<op>(ap, bp, op_, n, sa, sb); return; }
+    if (!parallel_worth(n)) {
+      bin_inner<op>(ap, bp, op_, n, sa, sb);
+      return;
+    }
 #pragma omp parallel
     {
       const int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -266,7 +367,11 @@ void binary_impl(const Tensor& a, const Tensor& b, Tensor& out) {
       sb.push_back(sb0[size_t(d)]);
     }
   }
-  if (shape.empty()) { shape = {1}; sa = {0}; sb = {0}; }
+  if (shape.empty()) {
+    shape = {1};
+    sa = {0};
+    sb = {0};
+  }
   const int m = int(shape.size());
   const int64_t inner = shape.back(), isa = sa.back(), isb = sb.back();
   const int64_t outer = n / inner;
@@ -307,16 +412,35 @@ void CpuBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp 
   require_f32(out, "binary", "out");
   if (out.numel() == 0) return;
   switch (op) {
-    case BinaryOp::add: binary_impl<BinaryOp::add>(a, b, out); break;
-    case BinaryOp::sub: binary_impl<BinaryOp::sub>(a, b, out); break;
-    case BinaryOp::mul: binary_impl<BinaryOp::mul>(a, b, out); break;
-    case BinaryOp::div: binary_impl<BinaryOp::div>(a, b, out); break;
-    case BinaryOp::maximum: binary_impl<BinaryOp::maximum>(a, b, out); break;
-    case BinaryOp::minimum: binary_impl<BinaryOp::minimum>(a, b, out); break;
-    case BinaryOp::eq: binary_impl<BinaryOp::eq>(a, b, out); break;
-    case BinaryOp::gt: binary_impl<BinaryOp::gt>(a, b, out); break;
-    case BinaryOp::lt: binary_impl<BinaryOp::lt>(a, b, out); break;
-    default: DEW_CHECK(false, "cpu binary: unknown op ", int(op));
+    case BinaryOp::add:
+      binary_impl<BinaryOp::add>(a, b, out);
+      break;
+    case BinaryOp::sub:
+      binary_impl<BinaryOp::sub>(a, b, out);
+      break;
+    case BinaryOp::mul:
+      binary_impl<BinaryOp::mul>(a, b, out);
+      break;
+    case BinaryOp::div:
+      binary_impl<BinaryOp::div>(a, b, out);
+      break;
+    case BinaryOp::maximum:
+      binary_impl<BinaryOp::maximum>(a, b, out);
+      break;
+    case BinaryOp::minimum:
+      binary_impl<BinaryOp::minimum>(a, b, out);
+      break;
+    case BinaryOp::eq:
+      binary_impl<BinaryOp::eq>(a, b, out);
+      break;
+    case BinaryOp::gt:
+      binary_impl<BinaryOp::gt>(a, b, out);
+      break;
+    case BinaryOp::lt:
+      binary_impl<BinaryOp::lt>(a, b, out);
+      break;
+    default:
+      DEW_CHECK(false, "cpu binary: unknown op ", int(op));
   }
 }
 
@@ -379,9 +503,13 @@ inline void reduce_strided(const float* x, int64_t r0, int64_t r1, int64_t inner
 
 inline float finish(const Acc& a, ReduceOp op, int64_t count) {
   switch (op) {
-    case ReduceOp::max: case ReduceOp::min: return a.nan ? NAN : a.m;
-    case ReduceOp::mean: return float(a.s / double(count));
-    default: return float(a.s);
+    case ReduceOp::max:
+    case ReduceOp::min:
+      return a.nan ? NAN : a.m;
+    case ReduceOp::mean:
+      return float(a.s / double(count));
+    default:
+      return float(a.s);
   }
 }
 
@@ -507,7 +635,10 @@ void CpuBackend::argmax(const Tensor& x, Tensor& out) {
     float best = row[0];
     int64_t bi = 0;
     for (int64_t j = 1; j < d && best == best; ++j)
-      if (row[j] > best || row[j] != row[j]) { best = row[j]; bi = j; }
+      if (row[j] > best || row[j] != row[j]) {
+        best = row[j];
+        bi = j;
+      }
     o[r] = int32_t(bi);
   }
 }

@@ -38,7 +38,10 @@ RowsShape rows_shape(const Tensor& table, const Tensor& idx, const Tensor& rows,
 void check_indices(const int32_t* ix, int64_t n, int64_t rows, const char* kernel) {
   int64_t bad = -1;
   for (int64_t i = 0; i < n; ++i)
-    if (ix[i] < 0 || ix[i] >= rows) { bad = i; break; }
+    if (ix[i] < 0 || ix[i] >= rows) {
+      bad = i;
+      break;
+    }
   DEW_CHECK(bad < 0, "cpu ", kernel, ": index ", bad >= 0 ? ix[bad] : 0, " at position ", bad, " is outside [0, ", rows,
             ")");
 }
@@ -148,7 +151,8 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, con
   require_f32(out, "rope", "out");
   require_i32(positions, "rope", "positions");
   DEW_CHECK(x.ndim() == 4, "cpu rope: x must be [B, T, H, D], got ", shape_str(x.shape()));
-  DEW_CHECK(out.shape() == x.shape(), "cpu rope: out ", shape_str(out.shape()), " differs from x ", shape_str(x.shape()));
+  DEW_CHECK(out.shape() == x.shape(), "cpu rope: out ", shape_str(out.shape()), " differs from x ",
+            shape_str(x.shape()));
   const int64_t B = x.shape()[0], T = x.shape()[1], H = x.shape()[2], D = x.shape()[3];
   const int64_t rd = p.rotary_dim == 0 ? D : p.rotary_dim;
   DEW_CHECK(rd > 0 && rd <= D && rd % 2 == 0, "cpu rope: rotary_dim ", rd, " must be even and in (0, ", D, "]");

@@ -35,9 +35,13 @@ void CpuBackend::set_threads(int threads) {
 
 Support CpuBackend::supports(Kernel k, DType dtype) const {
   switch (k) {
-    case Kernel::fill: case Kernel::cast: case Kernel::strided_copy: case Kernel::gather_rows:
+    case Kernel::fill:
+    case Kernel::cast:
+    case Kernel::strided_copy:
+    case Kernel::gather_rows:
       return Support::yes();
-    default: break;
+    default:
+      break;
   }
   if (dtype == DType::f32) return Support::yes();
   if (!is_floating(dtype))
@@ -66,16 +70,15 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
 DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
   registrar.add<dew::Backend>({
       .name = "cpu",
-      .description = "host backend: oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(DNNL_VERSION_MINOR)
-                     " matmul/conv/norm/softmax + OpenMP kernels (f32)",
+      .description = "host backend: oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(
+          DNNL_VERSION_MINOR) " matmul/conv/norm/softmax + OpenMP kernels (f32)",
       .factory = [](const dew::Options& o) { return std::make_shared<dew::cpu::CpuBackend>(o); },
-      .probe =
-          []() -> dew::Support {
-            __builtin_cpu_init();
-            if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-              return dew::Support::no("this CPU lacks AVX2/FMA, which the cpu backend is compiled for; use --backend ref");
-            return dew::Support::yes();
-          },
+      .probe = []() -> dew::Support {
+        __builtin_cpu_init();
+        if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+          return dew::Support::no("this CPU lacks AVX2/FMA, which the cpu backend is compiled for; use --backend ref");
+        return dew::Support::yes();
+      },
       .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"}},
   });
 }

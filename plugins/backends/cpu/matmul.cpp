@@ -25,11 +25,16 @@ struct MatmulEntry : BoundPrimitive {
 
 dnnl::algorithm eltwise_of(Activation act) {
   switch (act) {
-    case Activation::relu: return dnnl::algorithm::eltwise_relu;
-    case Activation::gelu: return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::gelu_tanh: return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::silu: return dnnl::algorithm::eltwise_swish;
-    default: break;
+    case Activation::relu:
+      return dnnl::algorithm::eltwise_relu;
+    case Activation::gelu:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::gelu_tanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::silu:
+      return dnnl::algorithm::eltwise_swish;
+    default:
+      break;
   }
   DEW_CHECK(false, "cpu matmul: unknown activation ", int(act));
   return dnnl::algorithm::undef;
@@ -48,10 +53,12 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
     if (has_bias) e->bias_md = memory::desc({1, n}, f32, dims{n, 1});
   } else {
     const int64_t ab = p.a_batch_stride == 0 ? 1 : p.batch, bb = p.b_batch_stride == 0 ? 1 : p.batch;
-    e->a_md = memory::desc({ab, m, k}, f32,
-                           dims{p.a_batch_stride == 0 ? m * k : p.a_batch_stride, a_inner_strides[0], a_inner_strides[1]});
-    e->b_md = memory::desc({bb, k, n}, f32,
-                           dims{p.b_batch_stride == 0 ? k * n : p.b_batch_stride, b_inner_strides[0], b_inner_strides[1]});
+    e->a_md =
+        memory::desc({ab, m, k}, f32,
+                     dims{p.a_batch_stride == 0 ? m * k : p.a_batch_stride, a_inner_strides[0], a_inner_strides[1]});
+    e->b_md =
+        memory::desc({bb, k, n}, f32,
+                     dims{p.b_batch_stride == 0 ? k * n : p.b_batch_stride, b_inner_strides[0], b_inner_strides[1]});
     e->c_md = memory::desc({p.batch, m, n}, f32, dims{m * n, n, 1});
     if (has_bias) e->bias_md = memory::desc({1, 1, n}, f32, dims{n, n, 1});
   }
@@ -63,7 +70,8 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
   dnnl::post_ops po;
   if (p.beta != 0.0f) po.append_sum(p.beta);
   if (bias_as_post_op) po.append_binary(dnnl::algorithm::binary_add, e->bias_md);
-  if (p.act != Activation::none) po.append_eltwise(1.0f, eltwise_of(p.act), p.act == Activation::silu ? 1.0f : 0.0f, 0.0f);
+  if (p.act != Activation::none)
+    po.append_eltwise(1.0f, eltwise_of(p.act), p.act == Activation::silu ? 1.0f : 0.0f, 0.0f);
   attr.set_post_ops(po);
   const dnnl::matmul::desc desc = has_bias && !bias_as_post_op
                                       ? dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md)
@@ -73,8 +81,8 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
   e->arg(d, DNNL_ARG_WEIGHTS, e->b_md);
   e->arg(d, DNNL_ARG_DST, e->c_md);
   if (has_bias) {
-    e->bias_arg = bias_as_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.beta != 0.0f ? 1 : 0) | DNNL_ARG_SRC_1)
-                                  : DNNL_ARG_BIAS;
+    e->bias_arg =
+        bias_as_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.beta != 0.0f ? 1 : 0) | DNNL_ARG_SRC_1) : DNNL_ARG_BIAS;
     e->arg(d, e->bias_arg, e->bias_md);
   }
   return e;
@@ -82,11 +90,16 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
 
 float activate(float v, Activation act) {
   switch (act) {
-    case Activation::relu: return v < 0.0f ? 0.0f : v;
-    case Activation::gelu: return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
-    case Activation::gelu_tanh: return 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    case Activation::silu: return v / (1.0f + std::exp(-v));
-    default: return v;
+    case Activation::relu:
+      return v < 0.0f ? 0.0f : v;
+    case Activation::gelu:
+      return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+    case Activation::gelu_tanh:
+      return 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case Activation::silu:
+      return v / (1.0f + std::exp(-v));
+    default:
+      return v;
   }
 }
 
@@ -121,13 +134,22 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
     return;
   }
   Key key(kMatmul);
-  key.add(p.batch).add(p.m).add(p.n).add(p.k).add(p.batch > 1 ? p.a_batch_stride : 0)
-      .add(p.batch > 1 ? p.b_batch_stride : 0).add(int64_t(p.trans_a) | int64_t(p.trans_b) << 1 | int64_t(has_bias) << 2)
-      .add(p.alpha).add(p.beta).add(int64_t(p.act));
+  key.add(p.batch)
+      .add(p.m)
+      .add(p.n)
+      .add(p.k)
+      .add(p.batch > 1 ? p.a_batch_stride : 0)
+      .add(p.batch > 1 ? p.b_batch_stride : 0)
+      .add(int64_t(p.trans_a) | int64_t(p.trans_b) << 1 | int64_t(has_bias) << 2)
+      .add(p.alpha)
+      .add(p.beta)
+      .add(int64_t(p.act));
   Dnnl& d = *dnnl_;
   auto e = d.cache.get<MatmulEntry>(key, [&] { return make_matmul(d, p, has_bias); });
-  e->run(d, {{DNNL_ARG_SRC, a.data()}, {DNNL_ARG_WEIGHTS, b.data()}, {DNNL_ARG_DST, o},
-            {e->bias_arg, has_bias ? bias.data() : nullptr}});
+  e->run(d, {{DNNL_ARG_SRC, a.data()},
+             {DNNL_ARG_WEIGHTS, b.data()},
+             {DNNL_ARG_DST, o},
+             {e->bias_arg, has_bias ? bias.data() : nullptr}});
 }
 
 }  // namespace dew::cpu

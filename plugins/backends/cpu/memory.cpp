@@ -4,8 +4,9 @@
 // Large copies are split over the OpenMP team (memcpy alone is bound by one core's load/store rate).
 // cast follows ref's rules exactly: halves widen to f32 and integers to i64, then one conversion (to a
 // half through f32, rounding to nearest even via dew/dtype.hpp); float -> integer truncates toward zero,
-// saturates at the integer range and maps NaN to 0; integer -> integer narrows modulo 2^bits. strided_copy coalesces contiguous dimensions first, so permutes and
-// slices run as row memcpys where the innermost axis is unit-stride on both sides.
+// saturates at the integer range and maps NaN to 0; integer -> integer narrows modulo 2^bits. strided_copy coalesces
+// contiguous dimensions first, so permutes and slices run as row memcpys where the innermost axis is unit-stride on
+// both sides.
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
@@ -28,7 +29,10 @@ void CpuBackend::deallocate(void* ptr, size_t) { std::free(ptr); }
 static void parallel_memcpy(void* dst, const void* src, size_t bytes) {
   if (dst == src || bytes == 0) return;
   constexpr size_t kChunk = size_t(1) << 20;
-  if (bytes < 4 * kChunk || omp_get_max_threads() == 1) { std::memcpy(dst, src, bytes); return; }
+  if (bytes < 4 * kChunk || omp_get_max_threads() == 1) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   const int64_t chunks = int64_t((bytes + kChunk - 1) / kChunk);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
@@ -44,65 +48,105 @@ void CpuBackend::copy_device(void* dst, const void* src, size_t bytes) { paralle
 
 namespace {
 
-template <class T> constexpr bool is_half_v = std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>;
-template <class T> constexpr bool floatlike_v = std::is_same_v<T, float> || is_half_v<T>;
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>;
+template <class T>
+constexpr bool floatlike_v = std::is_same_v<T, float> || is_half_v<T>;
 
-template <class T> inline float to_float(T v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return bf16_to_f32(v);
-  else if constexpr (std::is_same_v<T, f16_t>) return f16_to_f32(v);
-  else return float(v);
+template <class T>
+inline float to_float(T v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return bf16_to_f32(v);
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f16_to_f32(v);
+  else
+    return float(v);
 }
-template <class I> inline I saturate(double v) {
+template <class I>
+inline I saturate(double v) {
   if (v != v) return I(0);
   constexpr double lo = double(std::numeric_limits<I>::min()), hi = double(std::numeric_limits<I>::max());
   if (v <= lo) return std::numeric_limits<I>::min();
   if (v >= hi) return std::numeric_limits<I>::max();
   return I(v);  // truncates toward zero
 }
-template <class D> inline D from_float(float v) {
-  if constexpr (std::is_same_v<D, bf16_t>) return f32_to_bf16(v);
-  else if constexpr (std::is_same_v<D, f16_t>) return f32_to_f16(v);
-  else return v;
+template <class D>
+inline D from_float(float v) {
+  if constexpr (std::is_same_v<D, bf16_t>)
+    return f32_to_bf16(v);
+  else if constexpr (std::is_same_v<D, f16_t>)
+    return f32_to_f16(v);
+  else
+    return v;
 }
-template <class D> inline D from_double(double v) {
-  if constexpr (std::is_same_v<D, double>) return v;
-  else if constexpr (floatlike_v<D>) return from_float<D>(float(v));
-  else return saturate<D>(v);
+template <class D>
+inline D from_double(double v) {
+  if constexpr (std::is_same_v<D, double>)
+    return v;
+  else if constexpr (floatlike_v<D>)
+    return from_float<D>(float(v));
+  else
+    return saturate<D>(v);
 }
 // Widens to the type that holds a value exactly (halves -> float, integers -> int64), then converts once;
 // the same rules as ref's cast, so the two agree bit for bit.
-template <class S> inline auto widen(S v) {
-  if constexpr (is_half_v<S>) return to_float(v);
-  else if constexpr (std::is_integral_v<S>) return int64_t(v);
-  else return v;
+template <class S>
+inline auto widen(S v) {
+  if constexpr (is_half_v<S>)
+    return to_float(v);
+  else if constexpr (std::is_integral_v<S>)
+    return int64_t(v);
+  else
+    return v;
 }
-template <class S, class D> inline D convert(S v) {
+template <class S, class D>
+inline D convert(S v) {
   if constexpr (std::is_same_v<S, D>) {
     return v;
   } else {
     const auto w = widen(v);
     using W = decltype(w);
-    if constexpr (is_half_v<D>) return from_float<D>(float(w));
-    else if constexpr (std::is_floating_point_v<D>) return D(w);
-    else if constexpr (std::is_floating_point_v<W>) return saturate<D>(double(w));
-    else return D(w);  // integer -> integer: modular narrowing, as C++ (and ref) define it
+    if constexpr (is_half_v<D>)
+      return from_float<D>(float(w));
+    else if constexpr (std::is_floating_point_v<D>)
+      return D(w);
+    else if constexpr (std::is_floating_point_v<W>)
+      return saturate<D>(double(w));
+    else
+      return D(w);  // integer -> integer: modular narrowing, as C++ (and ref) define it
   }
 }
 
-template <class F> void dispatch_dtype(DType t, F&& f) {
+template <class F>
+void dispatch_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::bf16: f(bf16_t{}); return;
-    case DType::f16: f(f16_t{}); return;
-    case DType::i32: f(int32_t{}); return;
-    case DType::i64: f(int64_t{}); return;
-    case DType::u8: f(uint8_t{}); return;
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::f64:
+      f(double{});
+      return;
+    case DType::bf16:
+      f(bf16_t{});
+      return;
+    case DType::f16:
+      f(f16_t{});
+      return;
+    case DType::i32:
+      f(int32_t{});
+      return;
+    case DType::i64:
+      f(int64_t{});
+      return;
+    case DType::u8:
+      f(uint8_t{});
+      return;
   }
   DEW_INTERNAL_ASSERT(false);
 }
 
-template <class T> void fill_typed(T* p, int64_t n, T v) {
+template <class T>
+void fill_typed(T* p, int64_t n, T v) {
 #pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 18))
   for (int64_t i = 0; i < n; ++i) p[i] = v;
 }
@@ -151,9 +195,8 @@ void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
   DEW_CHECK(src.dtype() == dst.dtype(), "cpu strided_copy: dtypes differ (", dtype_name(src.dtype()), " vs ",
             dtype_name(dst.dtype()), ")");
   const size_t nd = p.shape.size();
-  DEW_CHECK(p.src_strides.size() == nd && p.dst_strides.size() == nd, "cpu strided_copy: shape ",
-            shape_str(p.shape), " with ", p.src_strides.size(), " source and ", p.dst_strides.size(),
-            " destination strides");
+  DEW_CHECK(p.src_strides.size() == nd && p.dst_strides.size() == nd, "cpu strided_copy: shape ", shape_str(p.shape),
+            " with ", p.src_strides.size(), " source and ", p.dst_strides.size(), " destination strides");
   const int64_t total = numel_of(p.shape);
   if (total == 0) return;
   // Bounds: the extreme offsets must land inside both buffers.
@@ -163,8 +206,8 @@ void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
       const int64_t span = (p.shape[i] - 1) * st[i];
       (span < 0 ? lo : hi) += span;
     }
-    DEW_CHECK(lo >= 0 && hi < limit, "cpu strided_copy: ", what, " offsets [", lo, ", ", hi,
-              "] fall outside its ", limit, " elements");
+    DEW_CHECK(lo >= 0 && hi < limit, "cpu strided_copy: ", what, " offsets [", lo, ", ", hi, "] fall outside its ",
+              limit, " elements");
   };
   check_bounds(p.src_strides, p.src_offset, src.numel(), "source");
   check_bounds(p.dst_strides, p.dst_offset, dst.numel(), "destination");
@@ -183,7 +226,11 @@ void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
       ds.push_back(p.dst_strides[i]);
     }
   }
-  if (shape.empty()) { shape = {1}; ss = {1}; ds = {1}; }
+  if (shape.empty()) {
+    shape = {1};
+    ss = {1};
+    ds = {1};
+  }
   const size_t es = dtype_size(src.dtype());
   const char* sbase = static_cast<const char*>(src.data()) + p.src_offset * int64_t(es);
   char* dbase = static_cast<char*>(dst.data()) + p.dst_offset * int64_t(es);
@@ -193,7 +240,10 @@ void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
   const bool rowcopy = sin == 1 && din == 1;
 
   auto run_inner = [&](const char* s, char* d) {
-    if (rowcopy) { std::memcpy(d, s, size_t(inner) * es); return; }
+    if (rowcopy) {
+      std::memcpy(d, s, size_t(inner) * es);
+      return;
+    }
     auto loop = [&](auto tag) {
       using T = decltype(tag);
       const T* st = reinterpret_cast<const T*>(s);
@@ -201,10 +251,18 @@ void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
       for (int64_t i = 0; i < inner; ++i) dt[i * din] = st[i * sin];
     };
     switch (es) {
-      case 1: loop(uint8_t{}); break;
-      case 2: loop(uint16_t{}); break;
-      case 4: loop(uint32_t{}); break;
-      default: loop(uint64_t{}); break;
+      case 1:
+        loop(uint8_t{});
+        break;
+      case 2:
+        loop(uint16_t{});
+        break;
+      case 4:
+        loop(uint32_t{});
+        break;
+      default:
+        loop(uint64_t{});
+        break;
     }
   };
   const bool par = total >= (int64_t(1) << 15) && outer > 1;

@@ -42,7 +42,7 @@ dnnl::normalization_flags ln_flags(bool scale, bool shift) {
 }
 
 dnnl::layer_normalization_forward::primitive_desc ln_fwd_pd(const Dnnl& d, const LnEntry& e, float eps, bool scale,
-                                                             bool shift) {
+                                                            bool shift) {
   dnnl::layer_normalization_forward::desc desc(dnnl::prop_kind::forward_training, e.data_md, e.stat_md, eps,
                                                ln_flags(scale, shift));
   return dnnl::layer_normalization_forward::primitive_desc(desc, d.eng);
@@ -65,8 +65,8 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
   const int64_t dim = last_dim(x), rows = rows_of(x);
   check_vec(weight, dim, "layer_norm", "weight");
   check_vec(bias, dim, "layer_norm", "bias");
-  DEW_CHECK(y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows, "cpu layer_norm: y/mean/rstd sizes ",
-            "do not match x ", shape_str(x.shape()));
+  DEW_CHECK(y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
+            "cpu layer_norm: y/mean/rstd sizes ", "do not match x ", shape_str(x.shape()));
   if (rows == 0) return;
   DEW_CHECK(dim > 0, "cpu layer_norm: empty feature axis");
   const bool scale = weight.defined(), shift = bias.defined();
@@ -86,7 +86,10 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
     return en;
   });
   float* r = rstd.data_as<float>();
-  e->run(d, {{DNNL_ARG_SRC, x.data()}, {DNNL_ARG_DST, y.data()}, {DNNL_ARG_MEAN, mean.data()}, {DNNL_ARG_VARIANCE, r},
+  e->run(d, {{DNNL_ARG_SRC, x.data()},
+             {DNNL_ARG_DST, y.data()},
+             {DNNL_ARG_MEAN, mean.data()},
+             {DNNL_ARG_VARIANCE, r},
              {scale ? DNNL_ARG_SCALE : 0, scale ? weight.data() : nullptr},
              {shift ? DNNL_ARG_SHIFT : 0, shift ? bias.data() : nullptr}});
 #pragma omp simd
@@ -123,11 +126,14 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, cons
     auto hint = ln_fwd_pd(d, *en, 0.0f, scale, shift);
     dnnl::layer_normalization_backward::desc desc(full ? dnnl::prop_kind::backward : dnnl::prop_kind::backward_data,
                                                   en->data_md, en->data_md, en->stat_md, 0.0f, ln_flags(scale, shift));
-    en->prim = dnnl::layer_normalization_backward(dnnl::layer_normalization_backward::primitive_desc(desc, d.eng, hint));
+    en->prim =
+        dnnl::layer_normalization_backward(dnnl::layer_normalization_backward::primitive_desc(desc, d.eng, hint));
     for (int id : {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC}) en->arg(d, id, en->data_md);
     for (int id : {DNNL_ARG_MEAN, DNNL_ARG_VARIANCE}) en->arg(d, id, en->stat_md);
-    if (scale) for (int id : {DNNL_ARG_SCALE, DNNL_ARG_DIFF_SCALE}) en->arg(d, id, en->vec_md);
-    if (shift) for (int id : {DNNL_ARG_SHIFT, DNNL_ARG_DIFF_SHIFT}) en->arg(d, id, en->vec_md);
+    if (scale)
+      for (int id : {DNNL_ARG_SCALE, DNNL_ARG_DIFF_SCALE}) en->arg(d, id, en->vec_md);
+    if (shift)
+      for (int id : {DNNL_ARG_SHIFT, DNNL_ARG_DIFF_SHIFT}) en->arg(d, id, en->vec_md);
     return en;
   });
   std::vector<float> var(static_cast<size_t>(rows));
@@ -137,8 +143,11 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, cons
   std::vector<float> scratch_w, zero_shift;
   if (scale && !dweight.defined()) scratch_w.resize(size_t(dim));  // a gradient nobody asked for
   if (shift) zero_shift.assign(size_t(dim), 0.0f);                 // the shift does not enter the backward
-  e->run(d, {{DNNL_ARG_SRC, x.data()}, {DNNL_ARG_DIFF_DST, dy.data()}, {DNNL_ARG_DIFF_SRC, dx.data()},
-             {DNNL_ARG_MEAN, mean.data()}, {DNNL_ARG_VARIANCE, var.data()},
+  e->run(d, {{DNNL_ARG_SRC, x.data()},
+             {DNNL_ARG_DIFF_DST, dy.data()},
+             {DNNL_ARG_DIFF_SRC, dx.data()},
+             {DNNL_ARG_MEAN, mean.data()},
+             {DNNL_ARG_VARIANCE, var.data()},
              {scale ? DNNL_ARG_SCALE : 0, scale ? weight.data() : nullptr},
              {scale ? DNNL_ARG_DIFF_SCALE : 0, dweight.defined() ? dweight.data() : scratch_w.data()},
              {shift ? DNNL_ARG_SHIFT : 0, zero_shift.data()},
@@ -306,7 +315,10 @@ void CpuBackend::group_norm(const Tensor& x, const Tensor& weight, const Tensor&
     const double m = s.block ? sum / double(s.block) : 0.0;
     double sq = 0.0;  // two-pass variance: the block is cache-resident after the first pass
 #pragma omp simd reduction(+ : sq)
-    for (int64_t i = 0; i < s.block; ++i) { const double dd = double(xb[i]) - m; sq += dd * dd; }
+    for (int64_t i = 0; i < s.block; ++i) {
+      const double dd = double(xb[i]) - m;
+      sq += dd * dd;
+    }
     const double var = s.block ? sq / double(s.block) : 0.0;
     const float mf = float(m), r = float(1.0 / std::sqrt(var + double(eps)));
     mu[u] = mf;
@@ -392,7 +404,10 @@ void CpuBackend::group_norm_backward(const Tensor& x, const Tensor& weight, cons
     float* db = want_b ? dbias.data_as<float>() : nullptr;
     for (int64_t ch = 0; ch < s.c; ++ch) {
       double aw = 0.0, ab = 0.0;
-      for (int64_t n = 0; n < s.n; ++n) { aw += sdx[size_t(n * s.c + ch)]; ab += sdy[size_t(n * s.c + ch)]; }
+      for (int64_t n = 0; n < s.n; ++n) {
+        aw += sdx[size_t(n * s.c + ch)];
+        ab += sdy[size_t(n * s.c + ch)];
+      }
       if (dw) dw[ch] = float(aw);
       if (db) db[ch] = float(ab);
     }

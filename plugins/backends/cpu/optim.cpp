@@ -112,7 +112,10 @@ void CpuBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tenso
     rn[size_t(t)] = sr;
   }
   double sp = 0.0, sr = 0.0;
-  for (int t = 0; t < nthreads; ++t) { sp += pn[size_t(t)]; sr += rn[size_t(t)]; }
+  for (int t = 0; t < nthreads; ++t) {
+    sp += pn[size_t(t)];
+    sr += rn[size_t(t)];
+  }
   const double pnorm = std::sqrt(sp), rnorm = std::sqrt(sr);
   const float ratio = (pnorm > 0.0 && rnorm > 0.0) ? float(pnorm / rnorm) : 1.0f;
   const float step = p.lr * ratio;

@@ -2,14 +2,15 @@
 //
 // Element i draws number offset + i of (seed, stream) with exactly the arithmetic of dew/random.hpp
 // (philox::uniform / philox::normal); each Philox block (4 uniform or 2 normal numbers) is computed once
-// and its words reused for consecutive elements; uniform draws compute 16 blocks at a time in SIMD lanes. The maps a + (b - a) u, a + b z and x * 1/(1-p) run in
-// double and round once, exactly as the ref backend writes them, and this file is compiled with
-// -ffp-contract=off so no FMA contraction changes a rounding: values equal ref's bit for bit, whatever
-// the thread count.
+// and its words reused for consecutive elements; uniform draws compute 16 blocks at a time in SIMD lanes. The maps a +
+// (b - a) u, a + b z and x * 1/(1-p) run in double and round once, exactly as the ref backend writes them, and this
+// file is compiled with -ffp-contract=off so no FMA contraction changes a rounding: values equal ref's bit for bit,
+// whatever the thread count.
+#include "dew/random.hpp"
+
 #include <algorithm>
 
 #include "cpu_backend.hpp"
-#include "dew/random.hpp"
 
 namespace dew::cpu {
 
@@ -32,18 +33,27 @@ inline void philox_blocks(uint64_t seed, uint64_t stream, uint64_t first_block, 
   }
   uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
   for (int r = 0; r < 10; ++r) {
-    if (r > 0) { k0 += philox::kWeyl0; k1 += philox::kWeyl1; }
+    if (r > 0) {
+      k0 += philox::kWeyl0;
+      k1 += philox::kWeyl1;
+    }
 #pragma omp simd
     for (int j = 0; j < kLanes; ++j) {
       const uint64_t p0 = uint64_t(philox::kMul0) * c0[j];
       const uint64_t p1 = uint64_t(philox::kMul1) * c2[j];
       const uint32_t n0 = uint32_t(p1 >> 32) ^ c1[j] ^ k0, n1 = uint32_t(p1);
       const uint32_t n2 = uint32_t(p0 >> 32) ^ c3[j] ^ k1, n3 = uint32_t(p0);
-      c0[j] = n0; c1[j] = n1; c2[j] = n2; c3[j] = n3;
+      c0[j] = n0;
+      c1[j] = n1;
+      c2[j] = n2;
+      c3[j] = n3;
     }
   }
   for (int j = 0; j < kLanes; ++j) {
-    out.w[4 * j] = c0[j]; out.w[4 * j + 1] = c1[j]; out.w[4 * j + 2] = c2[j]; out.w[4 * j + 3] = c3[j];
+    out.w[4 * j] = c0[j];
+    out.w[4 * j + 1] = c1[j];
+    out.w[4 * j + 2] = c2[j];
+    out.w[4 * j + 3] = c3[j];
   }
 }
 
@@ -84,11 +94,13 @@ inline void normal_range(uint64_t seed, uint64_t stream, uint64_t offset, int64_
 }
 
 // Splits [0, n) over the team in chunks aligned to 4 elements of the global index.
-template <class F> void parallel_chunks(int64_t n, F&& f) {
+template <class F>
+void parallel_chunks(int64_t n, F&& f) {
 #pragma omp parallel if (n >= 4096 && omp_get_max_threads() > 1)
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t lo = t == 0 ? 0 : ((n * t / nt) & ~int64_t(3)), hi = t == nt - 1 ? n : ((n * (t + 1) / nt) & ~int64_t(3));
+    const int64_t lo = t == 0 ? 0 : ((n * t / nt) & ~int64_t(3)),
+                  hi = t == nt - 1 ? n : ((n * (t + 1) / nt) & ~int64_t(3));
     if (lo < hi) f(lo, hi);
   }
 }
@@ -102,7 +114,8 @@ void CpuBackend::random(Tensor& out, const RandomParams& p) {
   const double a = p.a, b = p.b;  // the maps run in double and round once, as ref's do
   if (p.dist == Distribution::uniform) {
     parallel_chunks(n, [&](int64_t lo, int64_t hi) {
-      uniform_range(p.seed, p.stream, p.offset, lo, hi, [&](int64_t i, float u) { o[i] = float(a + (b - a) * double(u)); });
+      uniform_range(p.seed, p.stream, p.offset, lo, hi,
+                    [&](int64_t i, float u) { o[i] = float(a + (b - a) * double(u)); });
     });
   } else {
     parallel_chunks(n, [&](int64_t lo, int64_t hi) {

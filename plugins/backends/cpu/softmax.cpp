@@ -48,8 +48,10 @@ void dnnl_softmax_forward(Dnnl& d, const Tensor& x, Tensor& y, bool log) {
   auto e = d.cache.get<SoftmaxEntry>(key, [&] {
     auto en = std::make_shared<SoftmaxEntry>();
     en->md = rows_md(rows, dim);
-    if (log) en->prim = dnnl::logsoftmax_forward(logsoftmax_pd(d, en->md));
-    else en->prim = dnnl::softmax_forward(softmax_pd(d, en->md));
+    if (log)
+      en->prim = dnnl::logsoftmax_forward(logsoftmax_pd(d, en->md));
+    else
+      en->prim = dnnl::softmax_forward(softmax_pd(d, en->md));
     en->arg(d, DNNL_ARG_SRC, en->md);
     en->arg(d, DNNL_ARG_DST, en->md);
     return en;

@@ -24,11 +24,11 @@ AttnShape attn_shape(const Tensor& q, const Tensor& k, const Tensor& v, Kernel k
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "ref.", kernel_name(kern), ": q ", shape_str(q.shape()),
             ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()), " are not all [B, len, heads, D]");
   AttnShape s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 0};
-  DEW_CHECK(k.size(0) == s.B && v.size(0) == s.B && v.size(1) == s.S && v.size(2) == s.Hkv && k.size(3) == s.Dk,
-            "ref.", kernel_name(kern), ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
-            shape_str(v.shape()), " do not match");
-  DEW_CHECK(s.Hkv > 0 && s.Hq % s.Hkv == 0, "ref.", kernel_name(kern), ": ", s.Hq, " query heads are not a multiple of ",
-            s.Hkv, " kv heads");
+  DEW_CHECK(k.size(0) == s.B && v.size(0) == s.B && v.size(1) == s.S && v.size(2) == s.Hkv && k.size(3) == s.Dk, "ref.",
+            kernel_name(kern), ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
+            " do not match");
+  DEW_CHECK(s.Hkv > 0 && s.Hq % s.Hkv == 0, "ref.", kernel_name(kern), ": ", s.Hq,
+            " query heads are not a multiple of ", s.Hkv, " kv heads");
   DEW_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "ref.", kernel_name(kern), ": q, k, v dtypes differ");
   s.group = s.Hq / s.Hkv;
   return s;
@@ -85,7 +85,8 @@ void RefBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Te
           }
           T* ov = out.data_as<T>() + ((b * s.T + t) * s.Hq + h) * s.Dv;
           for (int64_t d = 0; d < s.Dv; ++d) ov[d] = any ? T(acc[size_t(d)] / sum) : T(0);
-          store_stat(lse, (b * s.Hq + h) * s.T + t, any ? mx + std::log(sum) : -std::numeric_limits<double>::infinity());
+          store_stat(lse, (b * s.Hq + h) * s.T + t,
+                     any ? mx + std::log(sum) : -std::numeric_limits<double>::infinity());
         }
       }
     }

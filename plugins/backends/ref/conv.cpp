@@ -19,12 +19,18 @@ struct ConvShape {
 ConvShape conv_shape(const Shape& x_shape, const Tensor& w, const Shape& y_shape, const Conv2dParams& p, Kernel k) {
   DEW_CHECK(x_shape.size() == 4 && w.ndim() == 4 && y_shape.size() == 4, "ref.", kernel_name(k), ": x ",
             shape_str(x_shape), ", w ", shape_str(w.shape()), ", y ", shape_str(y_shape), " are not all 4-D (NCHW)");
-  DEW_CHECK(p.groups > 0 && p.stride_h > 0 && p.stride_w > 0 && p.dilation_h > 0 && p.dilation_w > 0 &&
-                p.pad_h >= 0 && p.pad_w >= 0,
+  DEW_CHECK(p.groups > 0 && p.stride_h > 0 && p.stride_w > 0 && p.dilation_h > 0 && p.dilation_w > 0 && p.pad_h >= 0 &&
+                p.pad_w >= 0,
             "ref.", kernel_name(k), ": bad stride/padding/dilation/groups");
   ConvShape s{};
-  s.N = x_shape[0]; s.C = x_shape[1]; s.H = x_shape[2]; s.W = x_shape[3];
-  s.O = w.size(0); s.Cg = w.size(1); s.KH = w.size(2); s.KW = w.size(3);
+  s.N = x_shape[0];
+  s.C = x_shape[1];
+  s.H = x_shape[2];
+  s.W = x_shape[3];
+  s.O = w.size(0);
+  s.Cg = w.size(1);
+  s.KH = w.size(2);
+  s.KW = w.size(3);
   DEW_CHECK(s.C == s.Cg * p.groups && s.O % p.groups == 0, "ref.", kernel_name(k), ": w ", shape_str(w.shape()),
             " does not fit ", s.C, " input channels in ", p.groups, " groups");
   s.Og = s.O / p.groups;
@@ -72,11 +78,13 @@ void RefBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Te
     const T* xs = x.data_as<T>();
     const T* ws = w.data_as<T>();
     std::vector<double> acc(size_t(y.numel()), 0.0);
-    for_each_tap(s, p, [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t cg, int64_t kh, int64_t kw,
-                           int64_t ih, int64_t iw) {
-      acc[size_t(((n * s.O + o) * s.OH + oh) * s.OW + ow)] +=
-          double(xs[((n * s.C + c) * s.H + ih) * s.W + iw]) * double(ws[((o * s.Cg + cg) * s.KH + kh) * s.KW + kw]);
-    });
+    for_each_tap(s, p,
+                 [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t cg, int64_t kh, int64_t kw,
+                     int64_t ih, int64_t iw) {
+                   acc[size_t(((n * s.O + o) * s.OH + oh) * s.OW + ow)] +=
+                       double(xs[((n * s.C + c) * s.H + ih) * s.W + iw]) *
+                       double(ws[((o * s.Cg + cg) * s.KH + kh) * s.KW + kw]);
+                 });
     T* ys = y.data_as<T>();
     for (int64_t i = 0; i < y.numel(); ++i) {
       const int64_t o = (i / (s.OH * s.OW)) % s.O;
@@ -95,11 +103,13 @@ void RefBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
     const T* gs = dy.data_as<T>();
     const T* ws = w.data_as<T>();
     std::vector<double> acc(size_t(dx.numel()), 0.0);
-    for_each_tap(s, p, [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t cg, int64_t kh, int64_t kw,
-                           int64_t ih, int64_t iw) {
-      acc[size_t(((n * s.C + c) * s.H + ih) * s.W + iw)] +=
-          double(gs[((n * s.O + o) * s.OH + oh) * s.OW + ow]) * double(ws[((o * s.Cg + cg) * s.KH + kh) * s.KW + kw]);
-    });
+    for_each_tap(s, p,
+                 [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t cg, int64_t kh, int64_t kw,
+                     int64_t ih, int64_t iw) {
+                   acc[size_t(((n * s.C + c) * s.H + ih) * s.W + iw)] +=
+                       double(gs[((n * s.O + o) * s.OH + oh) * s.OW + ow]) *
+                       double(ws[((o * s.Cg + cg) * s.KH + kh) * s.KW + kw]);
+                 });
     for (int64_t i = 0; i < dx.numel(); ++i) dx.data_as<T>()[i] = T(acc[size_t(i)]);
   });
 }
@@ -116,11 +126,13 @@ void RefBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tenso
     const T* xs = x.data_as<T>();
     const T* gs = dy.data_as<T>();
     std::vector<double> acc(size_t(dw.numel()), 0.0);
-    for_each_tap(s, p, [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t cg, int64_t kh, int64_t kw,
-                           int64_t ih, int64_t iw) {
-      acc[size_t(((o * s.Cg + cg) * s.KH + kh) * s.KW + kw)] +=
-          double(gs[((n * s.O + o) * s.OH + oh) * s.OW + ow]) * double(xs[((n * s.C + c) * s.H + ih) * s.W + iw]);
-    });
+    for_each_tap(s, p,
+                 [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t cg, int64_t kh, int64_t kw,
+                     int64_t ih, int64_t iw) {
+                   acc[size_t(((o * s.Cg + cg) * s.KH + kh) * s.KW + kw)] +=
+                       double(gs[((n * s.O + o) * s.OH + oh) * s.OW + ow]) *
+                       double(xs[((n * s.C + c) * s.H + ih) * s.W + iw]);
+                 });
     for (int64_t i = 0; i < dw.numel(); ++i) dw.data_as<T>()[i] = T(acc[size_t(i)]);
     if (dbias.defined()) {
       for (int64_t o = 0; o < s.O; ++o) {

@@ -23,26 +23,46 @@ double sigmoid(double x) {
 
 double unary_value(UnaryOp op, double x, double alpha, double beta) {
   switch (op) {
-    case UnaryOp::neg: return -x;
-    case UnaryOp::exp: return std::exp(x);
-    case UnaryOp::log: return std::log(x);
-    case UnaryOp::sqrt: return std::sqrt(x);
-    case UnaryOp::rsqrt: return 1.0 / std::sqrt(x);
-    case UnaryOp::square: return x * x;
-    case UnaryOp::abs: return std::fabs(x);
-    case UnaryOp::tanh: return std::tanh(x);
-    case UnaryOp::sigmoid: return sigmoid(x);
-    case UnaryOp::relu: return std::isnan(x) ? x : std::max(x, 0.0);
-    case UnaryOp::gelu: return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2));
-    case UnaryOp::gelu_tanh: return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluTanhC * x * x * x)));
-    case UnaryOp::silu: return x * sigmoid(x);
-    case UnaryOp::sin: return std::sin(x);
-    case UnaryOp::cos: return std::cos(x);
-    case UnaryOp::reciprocal: return 1.0 / x;
-    case UnaryOp::affine: return alpha * x + beta;
-    case UnaryOp::pow: return std::pow(x, alpha);
-    case UnaryOp::clamp: return std::isnan(x) ? x : std::min(std::max(x, alpha), beta);
-    case UnaryOp::softcap: return alpha * std::tanh(x / alpha);
+    case UnaryOp::neg:
+      return -x;
+    case UnaryOp::exp:
+      return std::exp(x);
+    case UnaryOp::log:
+      return std::log(x);
+    case UnaryOp::sqrt:
+      return std::sqrt(x);
+    case UnaryOp::rsqrt:
+      return 1.0 / std::sqrt(x);
+    case UnaryOp::square:
+      return x * x;
+    case UnaryOp::abs:
+      return std::fabs(x);
+    case UnaryOp::tanh:
+      return std::tanh(x);
+    case UnaryOp::sigmoid:
+      return sigmoid(x);
+    case UnaryOp::relu:
+      return std::isnan(x) ? x : std::max(x, 0.0);
+    case UnaryOp::gelu:
+      return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2));
+    case UnaryOp::gelu_tanh:
+      return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluTanhC * x * x * x)));
+    case UnaryOp::silu:
+      return x * sigmoid(x);
+    case UnaryOp::sin:
+      return std::sin(x);
+    case UnaryOp::cos:
+      return std::cos(x);
+    case UnaryOp::reciprocal:
+      return 1.0 / x;
+    case UnaryOp::affine:
+      return alpha * x + beta;
+    case UnaryOp::pow:
+      return std::pow(x, alpha);
+    case UnaryOp::clamp:
+      return std::isnan(x) ? x : std::min(std::max(x, alpha), beta);
+    case UnaryOp::softcap:
+      return alpha * std::tanh(x / alpha);
   }
   DEW_CHECK(false, "ref.unary: unknown op ", int(op));
   return 0;
@@ -51,16 +71,30 @@ double unary_value(UnaryOp op, double x, double alpha, double beta) {
 // d op(x) / dx.
 double unary_derivative(UnaryOp op, double x, double alpha, double beta) {
   switch (op) {
-    case UnaryOp::neg: return -1.0;
-    case UnaryOp::exp: return std::exp(x);
-    case UnaryOp::log: return 1.0 / x;
-    case UnaryOp::sqrt: return 0.5 / std::sqrt(x);
-    case UnaryOp::rsqrt: return -0.5 / (x * std::sqrt(x));
-    case UnaryOp::square: return 2.0 * x;
-    case UnaryOp::abs: return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0);
-    case UnaryOp::tanh: { const double t = std::tanh(x); return 1.0 - t * t; }
-    case UnaryOp::sigmoid: { const double s = sigmoid(x); return s * (1.0 - s); }
-    case UnaryOp::relu: return x > 0 ? 1.0 : 0.0;
+    case UnaryOp::neg:
+      return -1.0;
+    case UnaryOp::exp:
+      return std::exp(x);
+    case UnaryOp::log:
+      return 1.0 / x;
+    case UnaryOp::sqrt:
+      return 0.5 / std::sqrt(x);
+    case UnaryOp::rsqrt:
+      return -0.5 / (x * std::sqrt(x));
+    case UnaryOp::square:
+      return 2.0 * x;
+    case UnaryOp::abs:
+      return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0);
+    case UnaryOp::tanh: {
+      const double t = std::tanh(x);
+      return 1.0 - t * t;
+    }
+    case UnaryOp::sigmoid: {
+      const double s = sigmoid(x);
+      return s * (1.0 - s);
+    }
+    case UnaryOp::relu:
+      return x > 0 ? 1.0 : 0.0;
     case UnaryOp::gelu: {  // Phi(x) + x * phi(x)
       const double cdf = 0.5 * (1.0 + std::erf(x / std::numbers::sqrt2));
       const double pdf = std::exp(-0.5 * x * x) * (std::numbers::inv_sqrtpi / std::numbers::sqrt2);
@@ -71,14 +105,26 @@ double unary_derivative(UnaryOp op, double x, double alpha, double beta) {
       const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluTanhC * x * x);
       return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
     }
-    case UnaryOp::silu: { const double s = sigmoid(x); return s * (1.0 + x * (1.0 - s)); }
-    case UnaryOp::sin: return std::cos(x);
-    case UnaryOp::cos: return -std::sin(x);
-    case UnaryOp::reciprocal: return -1.0 / (x * x);
-    case UnaryOp::affine: return alpha;
-    case UnaryOp::pow: return alpha == 0.0 ? 0.0 : alpha * std::pow(x, alpha - 1.0);
-    case UnaryOp::clamp: return (x > alpha && x < beta) ? 1.0 : 0.0;
-    case UnaryOp::softcap: { const double t = std::tanh(x / alpha); return 1.0 - t * t; }
+    case UnaryOp::silu: {
+      const double s = sigmoid(x);
+      return s * (1.0 + x * (1.0 - s));
+    }
+    case UnaryOp::sin:
+      return std::cos(x);
+    case UnaryOp::cos:
+      return -std::sin(x);
+    case UnaryOp::reciprocal:
+      return -1.0 / (x * x);
+    case UnaryOp::affine:
+      return alpha;
+    case UnaryOp::pow:
+      return alpha == 0.0 ? 0.0 : alpha * std::pow(x, alpha - 1.0);
+    case UnaryOp::clamp:
+      return (x > alpha && x < beta) ? 1.0 : 0.0;
+    case UnaryOp::softcap: {
+      const double t = std::tanh(x / alpha);
+      return 1.0 - t * t;
+    }
   }
   DEW_CHECK(false, "ref.unary_backward: unknown op ", int(op));
   return 0;
@@ -88,15 +134,24 @@ bool is_comparison(BinaryOp op) { return op == BinaryOp::eq || op == BinaryOp::g
 
 double binary_value(BinaryOp op, double a, double b) {
   switch (op) {
-    case BinaryOp::add: return a + b;
-    case BinaryOp::sub: return a - b;
-    case BinaryOp::mul: return a * b;
-    case BinaryOp::div: return a / b;
-    case BinaryOp::maximum: return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
-    case BinaryOp::minimum: return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : std::min(a, b);
-    case BinaryOp::eq: return a == b ? 1.0 : 0.0;
-    case BinaryOp::gt: return a > b ? 1.0 : 0.0;
-    case BinaryOp::lt: return a < b ? 1.0 : 0.0;
+    case BinaryOp::add:
+      return a + b;
+    case BinaryOp::sub:
+      return a - b;
+    case BinaryOp::mul:
+      return a * b;
+    case BinaryOp::div:
+      return a / b;
+    case BinaryOp::maximum:
+      return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
+    case BinaryOp::minimum:
+      return (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<double>::quiet_NaN() : std::min(a, b);
+    case BinaryOp::eq:
+      return a == b ? 1.0 : 0.0;
+    case BinaryOp::gt:
+      return a > b ? 1.0 : 0.0;
+    case BinaryOp::lt:
+      return a < b ? 1.0 : 0.0;
   }
   DEW_CHECK(false, "ref.binary: unknown op ", int(op));
   return 0;
@@ -164,7 +219,10 @@ void RefBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp 
     std::vector<int64_t> idx(r, 0);
     for (int64_t i = 0; i < out.numel(); ++i) {
       int64_t ia = 0, ib = 0;
-      for (size_t d = 0; d < r; ++d) { ia += idx[d] * sa[d]; ib += idx[d] * sb[d]; }
+      for (size_t d = 0; d < r; ++d) {
+        ia += idx[d] * sa[d];
+        ib += idx[d] * sb[d];
+      }
       store_any(out.dtype(), out.data(), i, binary_value(op, double(pa[ia]), double(pb[ib])));
       for (size_t d = r; d-- > 0;) {
         if (++idx[d] < shape[d]) break;
@@ -192,8 +250,13 @@ void RefBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
         for (int64_t r = 0; r < p.reduce; ++r) {
           const double v = double(xs[(a * p.reduce + r) * p.inner + c]);
           switch (p.op) {
-            case ReduceOp::sum: case ReduceOp::mean: acc += v; break;
-            case ReduceOp::sumsq: acc += v * v; break;
+            case ReduceOp::sum:
+            case ReduceOp::mean:
+              acc += v;
+              break;
+            case ReduceOp::sumsq:
+              acc += v * v;
+              break;
             case ReduceOp::max:  // NaN wins and stays
               if (r == 0 || std::isnan(v) || (!std::isnan(acc) && v > acc)) acc = v;
               break;

@@ -27,8 +27,8 @@ RowsShape rows_shape(const Tensor& table, const Tensor& idx, const Tensor& rows,
   s.D = table.size(-1);
   s.B = idx.ndim() == 2 ? idx.size(0) : 1;
   s.K = idx.size(-1);
-  DEW_CHECK(s.Bs == 1 || s.Bs == s.B, "ref.", kernel_name(k), ": table batch ", s.Bs, " is neither 1 nor the index batch ",
-            s.B);
+  DEW_CHECK(s.Bs == 1 || s.Bs == s.B, "ref.", kernel_name(k), ": table batch ", s.Bs,
+            " is neither 1 nor the index batch ", s.B);
   expect(rows, table.dtype(), s.B * s.K * s.D, k, "rows");
   const int32_t* ix = idx.data_as<int32_t>();
   for (int64_t i = 0; i < s.B * s.K; ++i)

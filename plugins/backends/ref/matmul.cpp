@@ -11,12 +11,16 @@ namespace {
 
 double activate(Activation act, double x) {
   switch (act) {
-    case Activation::none: return x;
-    case Activation::relu: return std::isnan(x) ? x : (x > 0 ? x : 0.0);
-    case Activation::gelu: return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2));
+    case Activation::none:
+      return x;
+    case Activation::relu:
+      return std::isnan(x) ? x : (x > 0 ? x : 0.0);
+    case Activation::gelu:
+      return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2));
     case Activation::gelu_tanh:
       return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-    case Activation::silu: return x / (1.0 + std::exp(-x));
+    case Activation::silu:
+      return x / (1.0 + std::exp(-x));
   }
   DEW_CHECK(false, "ref.matmul: unknown activation ", int(act));
   return 0;
@@ -50,7 +54,7 @@ void RefBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
         for (int64_t j = 0; j < N; ++j) {
           double acc = 0;
           for (int64_t l = 0; l < K; ++l) {
-            const double av = double(p.trans_a ? A[l * M + i] : A[i * K + l]);  // op(A)[i, l]
+            const double av = double(p.trans_a ? A[l * M + i] : A[i * K + l]);    // op(A)[i, l]
             const double bv = double(p.trans_b ? Bm[j * K + l] : Bm[l * N + j]);  // op(B)[l, j]
             acc += av * bv;
           }

@@ -39,13 +39,27 @@ namespace {
 template <class F>
 void dispatch_any(DType dt, F&& f) {
   switch (dt) {
-    case DType::f32: f(std::type_identity<float>{}); return;
-    case DType::f64: f(std::type_identity<double>{}); return;
-    case DType::bf16: f(std::type_identity<bf16_t>{}); return;
-    case DType::f16: f(std::type_identity<f16_t>{}); return;
-    case DType::i32: f(std::type_identity<int32_t>{}); return;
-    case DType::i64: f(std::type_identity<int64_t>{}); return;
-    case DType::u8: f(std::type_identity<uint8_t>{}); return;
+    case DType::f32:
+      f(std::type_identity<float>{});
+      return;
+    case DType::f64:
+      f(std::type_identity<double>{});
+      return;
+    case DType::bf16:
+      f(std::type_identity<bf16_t>{});
+      return;
+    case DType::f16:
+      f(std::type_identity<f16_t>{});
+      return;
+    case DType::i32:
+      f(std::type_identity<int32_t>{});
+      return;
+    case DType::i64:
+      f(std::type_identity<int64_t>{});
+      return;
+    case DType::u8:
+      f(std::type_identity<uint8_t>{});
+      return;
   }
   DEW_INTERNAL_ASSERT(false);
 }
@@ -53,10 +67,14 @@ void dispatch_any(DType dt, F&& f) {
 // Widens a value to the type that holds it exactly: float/double stay, halves become float, integers int64.
 template <class S>
 auto widen(S s) {
-  if constexpr (std::is_same_v<S, bf16_t>) return bf16_to_f32(s);
-  else if constexpr (std::is_same_v<S, f16_t>) return f16_to_f32(s);
-  else if constexpr (std::is_integral_v<S>) return int64_t(s);
-  else return s;
+  if constexpr (std::is_same_v<S, bf16_t>)
+    return bf16_to_f32(s);
+  else if constexpr (std::is_same_v<S, f16_t>)
+    return f16_to_f32(s);
+  else if constexpr (std::is_integral_v<S>)
+    return int64_t(s);
+  else
+    return s;
 }
 
 // Floating -> integer: NaN -> 0, saturate to D's range, truncate toward zero.
@@ -75,11 +93,16 @@ template <class D, class S>
 D convert(S s) {
   const auto w = widen(s);  // float, double or int64_t
   using W = decltype(w);
-  if constexpr (std::is_same_v<D, bf16_t>) return f32_to_bf16(float(w));
-  else if constexpr (std::is_same_v<D, f16_t>) return f32_to_f16(float(w));
-  else if constexpr (std::is_floating_point_v<D>) return D(w);
-  else if constexpr (std::is_floating_point_v<W>) return float_to_int<D>(double(w));
-  else return D(w);  // integer -> integer: C++ modular narrowing
+  if constexpr (std::is_same_v<D, bf16_t>)
+    return f32_to_bf16(float(w));
+  else if constexpr (std::is_same_v<D, f16_t>)
+    return f32_to_f16(float(w));
+  else if constexpr (std::is_floating_point_v<D>)
+    return D(w);
+  else if constexpr (std::is_floating_point_v<W>)
+    return float_to_int<D>(double(w));
+  else
+    return D(w);  // integer -> integer: C++ modular narrowing
 }
 
 }  // namespace
@@ -112,8 +135,8 @@ void expect_stat(const Tensor& t, int64_t numel, Kernel k, const char* what) {
   DEW_CHECK(t.defined(), "ref.", kernel_name(k), ": ", what, " is undefined");
   DEW_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "ref.", kernel_name(k), ": ", what,
             " must be f32 or f64, got ", dtype_name(t.dtype()));
-  DEW_CHECK(t.numel() == numel, "ref.", kernel_name(k), ": ", what, " has shape ", shape_str(t.shape()),
-            ", expected ", numel, " elements");
+  DEW_CHECK(t.numel() == numel, "ref.", kernel_name(k), ": ", what, " has shape ", shape_str(t.shape()), ", expected ",
+            numel, " elements");
 }
 
 // ---------------------------------------------------------------- fill, cast, strided_copy
@@ -163,8 +186,8 @@ void RefBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
       const int64_t span = strides[d] * (p.shape[d] - 1);
       (span < 0 ? lo : hi) += span;
     }
-    DEW_CHECK(lo >= 0 && hi < numel, "ref.strided_copy: ", side, " addresses [", lo, ", ", hi,
-              "] fall outside its ", numel, " elements");
+    DEW_CHECK(lo >= 0 && hi < numel, "ref.strided_copy: ", side, " addresses [", lo, ", ", hi, "] fall outside its ",
+              numel, " elements");
   };
   check_range(p.src_strides, p.src_offset, src.numel(), "src");
   check_range(p.dst_strides, p.dst_offset, dst.numel(), "dst");

@@ -173,8 +173,8 @@ struct GroupShape {
 GroupShape group_shape(const Tensor& x, int64_t groups, Kernel k) {
   DEW_CHECK(x.ndim() >= 2, "ref.", kernel_name(k), ": x ", shape_str(x.shape()), " is not [N, C, ...]");
   GroupShape s{x.size(0), x.size(1), 0, groups, 0};
-  DEW_CHECK(groups > 0 && s.C % groups == 0, "ref.", kernel_name(k), ": ", s.C, " channels do not split into ",
-            groups, " groups");
+  DEW_CHECK(groups > 0 && s.C % groups == 0, "ref.", kernel_name(k), ": ", s.C, " channels do not split into ", groups,
+            " groups");
   s.HW = s.N * s.C != 0 ? x.numel() / (s.N * s.C) : 0;
   s.Cg = s.C / groups;
   return s;

@@ -3,6 +3,7 @@
 // order or layout; uniform values are a + (b - a) u, normal values a + b z, computed in double and
 // rounded once to out's dtype; dropout keeps element i when uniform(offset + i) >= p and scales by 1/(1-p).
 #include "dew/random.hpp"
+
 #include "ref_backend.hpp"
 
 namespace dew::ref {

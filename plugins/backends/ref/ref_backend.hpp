@@ -102,12 +102,17 @@ class RefBackend final : public Backend {
 template <class F>
 void dispatch_float(DType dt, Kernel k, F&& f) {
   switch (dt) {
-    case DType::f32: f(std::type_identity<float>{}); return;
-    case DType::f64: f(std::type_identity<double>{}); return;
-    default: break;
+    case DType::f32:
+      f(std::type_identity<float>{});
+      return;
+    case DType::f64:
+      f(std::type_identity<double>{});
+      return;
+    default:
+      break;
   }
-  DEW_CHECK(false, "ref.", kernel_name(k), ": dtype ", dtype_name(dt), " is not supported (",
-            support_of(k, dt).reason, ")");
+  DEW_CHECK(false, "ref.", kernel_name(k), ": dtype ", dtype_name(dt), " is not supported (", support_of(k, dt).reason,
+            ")");
 }
 
 // Reads / writes element i of a buffer of any dtype as a double (integers truncate toward zero on store,

@@ -58,15 +58,13 @@ void softmax_rows_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool l
 }  // namespace
 
 void RefBackend::softmax(const Tensor& x, Tensor& y) {
-  dispatch_float(x.dtype(), Kernel::softmax, [&](auto tag) {
-    softmax_rows<typename decltype(tag)::type>(x, y, false, Kernel::softmax);
-  });
+  dispatch_float(x.dtype(), Kernel::softmax,
+                 [&](auto tag) { softmax_rows<typename decltype(tag)::type>(x, y, false, Kernel::softmax); });
 }
 
 void RefBackend::log_softmax(const Tensor& x, Tensor& y) {
-  dispatch_float(x.dtype(), Kernel::log_softmax, [&](auto tag) {
-    softmax_rows<typename decltype(tag)::type>(x, y, true, Kernel::log_softmax);
-  });
+  dispatch_float(x.dtype(), Kernel::log_softmax,
+                 [&](auto tag) { softmax_rows<typename decltype(tag)::type>(x, y, true, Kernel::log_softmax); });
 }
 
 void RefBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {

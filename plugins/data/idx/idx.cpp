@@ -93,9 +93,12 @@ class IdxSource final : public dew::DataSource {
     const std::string folder_opt = o.get_string("path", kDefaultPath);
     const std::string split = o.get_string("split", "train");
     std::string prefix;
-    if (split == "train") prefix = "train";
-    else if (split == "val" || split == "test") prefix = "t10k";
-    else refuse("idx: option '" + ctx + "split' must be train, val or test, got '" + split + "'");
+    if (split == "train")
+      prefix = "train";
+    else if (split == "val" || split == "test")
+      prefix = "t10k";
+    else
+      refuse("idx: option '" + ctx + "split' must be train, val or test, got '" + split + "'");
 
     std::error_code ec;
     const fs::path folder = fs::weakly_canonical(fs::path(folder_opt), ec);
@@ -112,7 +115,8 @@ class IdxSource final : public dew::DataSource {
     if (im.size() < 16)
       refuse(in + " is truncated: " + std::to_string(im.size()) + " bytes, shorter than the 16-byte IDX image header");
     if (be32(im.data()) != 0x00000803u)
-      refuse(in + " is not an IDX image file: magic number " + hex(be32(im.data())) + ", expected 0x00000803 (u8, 3 dimensions)");
+      refuse(in + " is not an IDX image file: magic number " + hex(be32(im.data())) +
+             ", expected 0x00000803 (u8, 3 dimensions)");
     count_ = be32(im.data() + 4);
     rows_ = be32(im.data() + 8);
     cols_ = be32(im.data() + 12);
@@ -133,10 +137,12 @@ class IdxSource final : public dew::DataSource {
     if (lb.size() < 8)
       refuse(ln + " is truncated: " + std::to_string(lb.size()) + " bytes, shorter than the 8-byte IDX label header");
     if (be32(lb.data()) != 0x00000801u)
-      refuse(ln + " is not an IDX label file: magic number " + hex(be32(lb.data())) + ", expected 0x00000801 (u8, 1 dimension)");
+      refuse(ln + " is not an IDX label file: magic number " + hex(be32(lb.data())) +
+             ", expected 0x00000801 (u8, 1 dimension)");
     const int64_t nlabels = be32(lb.data() + 4);
     const std::string lsays = "header says " + std::to_string(nlabels) + " labels, file holds " +
-                              std::to_string(lb.size()) + " bytes" + gz(labels_file) + " (" + std::to_string(8 + nlabels) + " expected)";
+                              std::to_string(lb.size()) + " bytes" + gz(labels_file) + " (" +
+                              std::to_string(8 + nlabels) + " expected)";
     if (int64_t(lb.size()) < 8 + nlabels) refuse(ln + " is truncated: " + lsays);
     if (int64_t(lb.size()) > 8 + nlabels) refuse(ln + " is longer than its header says: " + lsays);
     if (nlabels != count_)

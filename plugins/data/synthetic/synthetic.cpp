@@ -91,7 +91,9 @@ class SyntheticSource final : public dew::DataSource {
     } else {
       dew::HostArray text = dew::HostArray::make(dew::DType::i32, {seq_len_ + 1});
       int32_t* t = text.as<int32_t>();
-      auto draw = [&](uint64_t k) { return int32_t(std::min<int64_t>(int64_t(double(u(k)) * double(vocab_)), vocab_ - 1)); };
+      auto draw = [&](uint64_t k) {
+        return int32_t(std::min<int64_t>(int64_t(double(u(k)) * double(vocab_)), vocab_ - 1));
+      };
       t[0] = draw(0);
       for (int64_t i = 1; i <= seq_len_; ++i)
         t[i] = u(2 * uint64_t(i)) < 0.9f ? int32_t((t[i - 1] + 1) % vocab_) : draw(2 * uint64_t(i) + 1);
@@ -113,7 +115,8 @@ class SyntheticSource final : public dew::DataSource {
 DEW_PLUGIN("synthetic", "0.1.0") {
   registrar.add<dew::DataSource>(
       {.name = "synthetic",
-       .description = "generated records for tests: classify (image u8 [H, W, C], label i32) or tokens (text i32 [T+1])",
+       .description =
+           "generated records for tests: classify (image u8 [H, W, C], label i32) or tokens (text i32 [T+1])",
        .factory = [](const dew::Options& o) { return std::make_shared<SyntheticSource>(o); },
        .probe = {},
        .options = {{"size", "1024", "records per split"},

@@ -40,8 +40,8 @@ class TokensSource final : public dew::DataSource {
     stride_ = o.get_int("stride", seq_len_);
     DEW_USAGE_CHECK(stride_ > 0, "tokens: option ", key("stride"), " must be positive, got ", stride_);
     const std::string split = o.get_string("split", "train");
-    DEW_USAGE_CHECK(split == "train" || split == "val", "tokens: option ", key("split"),
-                    " must be train or val, got '", split, "'");
+    DEW_USAGE_CHECK(split == "train" || split == "val", "tokens: option ", key("split"), " must be train or val, got '",
+                    split, "'");
 
     const dew::TokenMeta meta = dew::read_token_meta(path);
     vocab_ = meta.vocab_size;

@@ -37,14 +37,13 @@
 // + 4 * T^2 * H * head_dim per layer                     (q.k and p.v over the full T x T square, the
 //                                                        PaLM / nanoGPT convention; window layers count
 //                                                        T * min(T, window))
+#include <cmath>
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
 #include <dew/model.hpp>
 #include <dew/random.hpp>
 #include <dew/registry.hpp>
-
-#include <cmath>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -77,8 +76,9 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 Config read_config(const Options& o) {
   Config c;
-  DEW_USAGE_CHECK(o.has("vocab_size"), "causal_transformer: missing option 'model.vocab_size' (the lm objective sets it "
-                                       "from the tokenizer's meta.json)");
+  DEW_USAGE_CHECK(o.has("vocab_size"),
+                  "causal_transformer: missing option 'model.vocab_size' (the lm objective sets it "
+                  "from the tokenizer's meta.json)");
   c.vocab = o.get_int("vocab_size", 0);
   DEW_USAGE_CHECK(c.vocab > 0, "option 'model.vocab_size' must be positive, got ", c.vocab);
   c.dim = o.get_int("dim", 512);
@@ -95,21 +95,24 @@ Config read_config(const Options& o) {
   DEW_USAGE_CHECK(c.head_dim > 0, "model.dim ", c.dim, " is not a multiple of model.n_heads ", c.heads,
                   ": set model.head_dim");
   c.mlp = o.get_string("mlp", "swiglu");
-  DEW_USAGE_CHECK(c.mlp == "swiglu" || c.mlp == "geglu" || c.mlp == "gelu", "option 'model.mlp' must be swiglu, geglu "
-                  "or gelu, got '", c.mlp, "'");
+  DEW_USAGE_CHECK(c.mlp == "swiglu" || c.mlp == "geglu" || c.mlp == "gelu",
+                  "option 'model.mlp' must be swiglu, geglu "
+                  "or gelu, got '",
+                  c.mlp, "'");
   const int64_t default_hidden = c.mlp == "gelu" ? 4 * c.dim : round_up((8 * c.dim + 2) / 3, 64);
   c.hidden = o.get_int("mlp_hidden", default_hidden);
   DEW_USAGE_CHECK(c.hidden > 0, "option 'model.mlp_hidden' must be positive, got ", c.hidden);
   c.norm_eps = o.get_double("norm_eps", 1e-5);
   DEW_USAGE_CHECK(c.norm_eps > 0, "option 'model.norm_eps' must be positive, got ", c.norm_eps);
   const double off = o.get_double("norm_offset", 0.0);
-  DEW_USAGE_CHECK(off == 0.0 || off == 1.0, "option 'model.norm_offset' must be 0 (w) or 1 ((1 + w), Gemma), got ", off);
+  DEW_USAGE_CHECK(off == 0.0 || off == 1.0, "option 'model.norm_offset' must be 0 (w) or 1 ((1 + w), Gemma), got ",
+                  off);
   c.norm_offset = float(off);
   c.rope_theta = o.get_double("rope_theta", 10000.0);
   DEW_USAGE_CHECK(c.rope_theta > 0, "option 'model.rope_theta' must be positive, got ", c.rope_theta);
   c.partial_rotary = o.get_double("partial_rotary", 1.0);
-  DEW_USAGE_CHECK(c.partial_rotary >= 0 && c.partial_rotary <= 1, "option 'model.partial_rotary' must be in [0, 1], got ",
-                  c.partial_rotary);
+  DEW_USAGE_CHECK(c.partial_rotary >= 0 && c.partial_rotary <= 1,
+                  "option 'model.partial_rotary' must be in [0, 1], got ", c.partial_rotary);
   const int64_t rd = int64_t(std::floor(c.partial_rotary * double(c.head_dim) / 2.0)) * 2;
   DEW_USAGE_CHECK(c.partial_rotary == 0 || rd > 0, "model.partial_rotary ", c.partial_rotary, " of head_dim ",
                   c.head_dim, " rotates no feature pair");
@@ -122,9 +125,12 @@ Config read_config(const Options& o) {
   c.pattern = o.get_string("layer_pattern", "global");
   std::vector<bool> kinds;
   for (const std::string& k : o.get_strings("layer_pattern", {"global"})) {
-    if (k == "global" || k == "full" || k == "full_attention") kinds.push_back(false);
-    else if (k == "local" || k == "sliding" || k == "sliding_attention") kinds.push_back(true);
-    else DEW_USAGE_CHECK(false, "option 'model.layer_pattern': '", k, "' is not global or local");
+    if (k == "global" || k == "full" || k == "full_attention")
+      kinds.push_back(false);
+    else if (k == "local" || k == "sliding" || k == "sliding_attention")
+      kinds.push_back(true);
+    else
+      DEW_USAGE_CHECK(false, "option 'model.layer_pattern': '", k, "' is not global or local");
   }
   DEW_USAGE_CHECK(!kinds.empty(), "option 'model.layer_pattern' is empty");
   for (int64_t i = 0; i < c.layers; ++i) c.local.push_back(kinds[size_t(i) % kinds.size()]);
@@ -133,7 +139,8 @@ Config read_config(const Options& o) {
   DEW_USAGE_CHECK(!any_local || c.window > 0, "model.layer_pattern has local layers but model.sliding_window is 0");
   c.attn_softcap = o.get_double("attn_softcap", 0.0);
   c.final_softcap = o.get_double("final_softcap", 0.0);
-  DEW_USAGE_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0, "model.attn_softcap and model.final_softcap must be >= 0");
+  DEW_USAGE_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0,
+                  "model.attn_softcap and model.final_softcap must be >= 0");
   c.tie = o.get_bool("tie_embeddings", true);
   c.embed_scale = o.get_bool("embed_scale", false);
   c.dropout = o.get_double("dropout", 0.0);
@@ -185,8 +192,10 @@ class SelfAttention final : public dew::nn::Module {
     v_proj = register_module("v_proj", std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, false, w));
     o_proj = register_module("o_proj", std::make_shared<dew::nn::Linear>(c.heads * c.head_dim, c.dim, false, wo));
     if (c.qk_norm) {
-      q_norm = register_module("q_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
-      k_norm = register_module("k_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
+      q_norm =
+          register_module("q_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
+      k_norm =
+          register_module("k_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
     }
   }
 
@@ -257,8 +266,8 @@ class DecoderLayer final : public dew::nn::Module {
   DecoderLayer(const Config& c, int64_t index) {
     self_attn = register_module("self_attn", std::make_shared<SelfAttention>(c, c.local[size_t(index)]));
     mlp = register_module("mlp", std::make_shared<FeedForward>(c));
-    input_layernorm = register_module("input_layernorm",
-                                      std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
+    input_layernorm =
+        register_module("input_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
     post_attention_layernorm = register_module(
         "post_attention_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
   }
@@ -280,8 +289,8 @@ class LayerList final : public dew::nn::Module {
 class Decoder final : public dew::nn::Module {
  public:
   explicit Decoder(const Config& c) {
-    embed_tokens = register_module("embed_tokens",
-                                   std::make_shared<dew::nn::Embedding>(c.vocab, c.dim, Init::Normal(float(c.init_std))));
+    embed_tokens = register_module(
+        "embed_tokens", std::make_shared<dew::nn::Embedding>(c.vocab, c.dim, Init::Normal(float(c.init_std))));
     layers = register_module("layers", std::make_shared<LayerList>());
     for (int64_t i = 0; i < c.layers; ++i) layers->add(std::make_shared<DecoderLayer>(c, i));
     norm = register_module("norm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
@@ -296,8 +305,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   explicit CausalTransformer(const Options& o) : c_(read_config(o)) {
     model_ = register_module("model", std::make_shared<Decoder>(c_));
     if (!c_.tie)
-      lm_head_ = register_module("lm_head", std::make_shared<dew::nn::Linear>(c_.dim, c_.vocab, false,
-                                                                               Init::Normal(float(c_.init_std))));
+      lm_head_ = register_module(
+          "lm_head", std::make_shared<dew::nn::Linear>(c_.dim, c_.vocab, false, Init::Normal(float(c_.init_std))));
   }
 
   Tensor forward(const dew::Batch& inputs) override {
@@ -346,7 +355,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   double flops_per_sequence(int64_t t) const override {
     double weights = 0;
     for (const auto& [name, p] : named_parameters())
-      if (p.ndim() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight") weights += double(p.numel());
+      if (p.ndim() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight")
+        weights += double(p.numel());
     weights += double(c_.vocab * c_.dim);  // the head
     double attn = 0;
     for (int64_t i = 0; i < c_.layers; ++i) {
@@ -368,7 +378,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       return s.str();
     };
     std::string types;
-    for (bool l : c_.local) types += std::string(types.empty() ? "" : ",") + (l ? "sliding_attention" : "full_attention");
+    for (bool l : c_.local)
+      types += std::string(types.empty() ? "" : ",") + (l ? "sliding_attention" : "full_attention");
     std::map<std::string, std::string> d{
         {"model_type", c_.qk_norm ? "qwen3" : "llama"},
         {"vocab_size", std::to_string(c_.vocab)},
@@ -407,8 +418,9 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
 
  private:
   void check_tokens(const Tensor& tokens) const {
-    DEW_CHECK(tokens.ndim() == 2 && tokens.dtype() == dew::DType::i32, "causal_transformer: 'tokens' must be i32 [B, T], got ",
-              dew::dtype_name(tokens.dtype()), " ", dew::shape_str(tokens.shape()));
+    DEW_CHECK(tokens.ndim() == 2 && tokens.dtype() == dew::DType::i32,
+              "causal_transformer: 'tokens' must be i32 [B, T], got ", dew::dtype_name(tokens.dtype()), " ",
+              dew::shape_str(tokens.shape()));
     DEW_CHECK(tokens.shape()[1] > 0, "causal_transformer: 'tokens' is empty");
   }
 

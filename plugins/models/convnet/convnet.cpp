@@ -13,12 +13,11 @@
 // in_channels and image_size from the data.
 // Parameters: blocks.<i>.conv.weight [O, C, 3, 3] (no bias: the norm follows), blocks.<i>.norm.weight,
 // blocks.<i>.norm.bias, head.weight [classes, c_last] (flatten: [classes, c_last*h*w]), head.bias.
+#include <algorithm>
+#include <cstdlib>
 #include <dew/error.hpp>
 #include <dew/model.hpp>
 #include <dew/registry.hpp>
-
-#include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -49,18 +48,21 @@ class ConvBlock final : public dew::nn::Module {
 class ConvNet final : public dew::Model {
  public:
   explicit ConvNet(const Options& o) {
-    DEW_USAGE_CHECK(o.has("num_classes"), "convnet: missing required option 'model.num_classes' (the classify "
-                                          "objective sets it from the data)");
+    DEW_USAGE_CHECK(o.has("num_classes"),
+                    "convnet: missing required option 'model.num_classes' (the classify "
+                    "objective sets it from the data)");
     num_classes_ = o.get_int("num_classes", 0);
     DEW_USAGE_CHECK(num_classes_ > 1, "option 'model.num_classes' must be at least 2, got ", num_classes_);
     in_channels_ = o.get_int("in_channels", 1);
     DEW_USAGE_CHECK(in_channels_ > 0, "option 'model.in_channels' must be positive, got ", in_channels_);
-    for (const std::string& c : o.get_strings("channels", {"32", "64"})) channels_.push_back(parse_positive("channels", c));
+    for (const std::string& c : o.get_strings("channels", {"32", "64"}))
+      channels_.push_back(parse_positive("channels", c));
     DEW_USAGE_CHECK(!channels_.empty(), "option 'model.channels' must name at least one width");
     depth_ = o.get_int("depth", 1);
     DEW_USAGE_CHECK(depth_ >= 0, "option 'model.depth' must be >= 0, got ", depth_);
     pool_ = o.get_string("pool", "avg");
-    DEW_USAGE_CHECK(pool_ == "avg" || pool_ == "flatten", "option 'model.pool' must be avg or flatten, got '", pool_, "'");
+    DEW_USAGE_CHECK(pool_ == "avg" || pool_ == "flatten", "option 'model.pool' must be avg or flatten, got '", pool_,
+                    "'");
     groups_ = o.get_int("groups", 8);
     DEW_USAGE_CHECK(groups_ > 0, "option 'model.groups' must be positive, got ", groups_);
     const std::vector<std::string> size = o.get_strings("image_size", {});
@@ -75,8 +77,8 @@ class ConvNet final : public dew::Model {
       const int64_t g = std::min(groups_, out);
       DEW_USAGE_CHECK(out % g == 0, "convnet: width ", out, " does not split into ", g,
                       " GroupNorm groups (option 'model.groups')");
-      blocks_.push_back(register_module("blocks." + std::to_string(blocks_.size()),
-                                        std::make_shared<ConvBlock>(c, out, stride, g)));
+      blocks_.push_back(
+          register_module("blocks." + std::to_string(blocks_.size()), std::make_shared<ConvBlock>(c, out, stride, g)));
       h = (h + 2 - 3) / stride + 1;
       w = (w + 2 - 3) / stride + 1;
       flops_ += 2.0 * double(h * w) * double(out) * double(c * 9);
@@ -127,8 +129,8 @@ class ConvNet final : public dew::Model {
             {"groups", std::to_string(groups_)},
             {"pool", pool_},
             {"in_channels", std::to_string(in_channels_)},
-            {"image_size", height_ == width_ ? std::to_string(height_)
-                                             : std::to_string(height_) + "," + std::to_string(width_)},
+            {"image_size",
+             height_ == width_ ? std::to_string(height_) : std::to_string(height_) + "," + std::to_string(width_)},
             {"num_classes", std::to_string(num_classes_)},
             {"num_parameters", std::to_string(num_parameters())}};
   }
@@ -148,7 +150,8 @@ class ConvNet final : public dew::Model {
 DEW_PLUGIN("convnet", "0.1.0") {
   registrar.add<dew::Model>({
       .name = "convnet",
-      .description = "small GroupNorm CNN classifier: conv3x3 blocks, stride-2 downsampling, global average pool, Linear",
+      .description =
+          "small GroupNorm CNN classifier: conv3x3 blocks, stride-2 downsampling, global average pool, Linear",
       .factory = [](const dew::Options& o) { return std::make_shared<ConvNet>(o); },
       .options = {{"channels", "32,64", "stage widths; each stage ends with a stride-2 block"},
                   {"depth", "1", "stride-1 conv blocks per stage before its stride-2 block"},

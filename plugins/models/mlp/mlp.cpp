@@ -8,11 +8,10 @@
 // num_classes, in_channels and image_size from the data.
 // Parameters: layers.0.weight, layers.0.bias, ..., layers.N.weight/bias (N = the output layer),
 // PyTorch's nn.Linear layout [out, in], initialised U(-1/sqrt(in), 1/sqrt(in)).
+#include <cstdlib>
 #include <dew/error.hpp>
 #include <dew/model.hpp>
 #include <dew/registry.hpp>
-
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -41,8 +40,9 @@ Activation parse_activation(const std::string& s) {
 class Mlp final : public dew::Model {
  public:
   explicit Mlp(const Options& o) {
-    DEW_USAGE_CHECK(o.has("num_classes"), "mlp: missing required option 'model.num_classes' (the classify objective "
-                                          "sets it from the data)");
+    DEW_USAGE_CHECK(o.has("num_classes"),
+                    "mlp: missing required option 'model.num_classes' (the classify objective "
+                    "sets it from the data)");
     num_classes_ = o.get_int("num_classes", 0);
     DEW_USAGE_CHECK(num_classes_ > 1, "option 'model.num_classes' must be at least 2, got ", num_classes_);
     activation_name_ = o.get_string("activation", "relu");
@@ -65,15 +65,17 @@ class Mlp final : public dew::Model {
     DEW_USAGE_CHECK(in_features > 0 || from_image > 0,
                     "mlp: the input size is unknown: set 'model.in_features' or 'model.in_channels' and "
                     "'model.image_size'");
-    DEW_USAGE_CHECK(in_features <= 0 || from_image <= 0 || in_features == from_image, "mlp: model.in_features = ",
-                    in_features, " disagrees with in_channels x image_size = ", from_image);
+    DEW_USAGE_CHECK(in_features <= 0 || from_image <= 0 || in_features == from_image,
+                    "mlp: model.in_features = ", in_features,
+                    " disagrees with in_channels x image_size = ", from_image);
     in_features_ = in_features > 0 ? in_features : from_image;
 
     int64_t prev = in_features_;
     std::vector<int64_t> widths = hidden_;
     widths.push_back(num_classes_);
     for (size_t i = 0; i < widths.size(); ++i) {
-      layers_.push_back(register_module("layers." + std::to_string(i), std::make_shared<dew::nn::Linear>(prev, widths[i])));
+      layers_.push_back(
+          register_module("layers." + std::to_string(i), std::make_shared<dew::nn::Linear>(prev, widths[i])));
       flops_ += 2.0 * double(prev) * double(widths[i]);
       prev = widths[i];
     }

@@ -10,12 +10,11 @@
 // image_size (from the first training record's image shape).
 // Options ([objective]): num_classes (0 = from the data), mean and std of the normalisation (0.5, 0.5).
 // Parameters: the model's, prefixed "model.".
+#include <algorithm>
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/objective.hpp>
 #include <dew/registry.hpp>
-
-#include <algorithm>
 #include <string>
 
 namespace {
@@ -57,8 +56,9 @@ class Classify final : public dew::Objective {
     } else if (!model.has("num_classes") && num_classes_ > 0) {
       model.set("num_classes", std::to_string(num_classes_));
     }
-    DEW_USAGE_CHECK(model.has("num_classes"), "classify: the number of classes is unknown: set 'model.num_classes' or "
-                                              "'objective.num_classes' (there is no training source to count them)");
+    DEW_USAGE_CHECK(model.has("num_classes"),
+                    "classify: the number of classes is unknown: set 'model.num_classes' or "
+                    "'objective.num_classes' (there is no training source to count them)");
 
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
@@ -138,8 +138,10 @@ class Classify final : public dew::Objective {
  private:
   void read_options(const dew::Options& o) {
     num_classes_ = o.get_int("num_classes", 0);
-    DEW_USAGE_CHECK(num_classes_ == 0 || num_classes_ > 1, "option 'objective.num_classes' must be 0 (from the data) "
-                                                           "or at least 2, got ", num_classes_);
+    DEW_USAGE_CHECK(num_classes_ == 0 || num_classes_ > 1,
+                    "option 'objective.num_classes' must be 0 (from the data) "
+                    "or at least 2, got ",
+                    num_classes_);
     mean_ = o.get_double("mean", 0.5);
     std_ = o.get_double("std", 0.5);
     DEW_USAGE_CHECK(std_ > 0.0, "option 'objective.std' must be positive, got ", std_);

@@ -19,16 +19,15 @@
 // sample_seed (0), eval_batches (0 = the whole split; else at most this many batches per validation).
 // Parameters: the model's, unprefixed, so checkpoints and safetensors exports carry the backbone's own
 // names (the causal_transformer's are the Hugging Face ones: model.layers.0.self_attn.q_proj.weight).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
 #include <dew/objective.hpp>
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -62,9 +61,21 @@ std::string unescape(std::string s) {
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '\\' && i + 1 < s.size()) {
       const char n = s[i + 1];
-      if (n == 'n') { out += '\n'; ++i; continue; }
-      if (n == 't') { out += '\t'; ++i; continue; }
-      if (n == '\\') { out += '\\'; ++i; continue; }
+      if (n == 'n') {
+        out += '\n';
+        ++i;
+        continue;
+      }
+      if (n == 't') {
+        out += '\t';
+        ++i;
+        continue;
+      }
+      if (n == '\\') {
+        out += '\\';
+        ++i;
+        continue;
+      }
     }
     out += s[i];
   }
@@ -98,8 +109,10 @@ class LanguageModel final : public dew::Objective {
       auto it = r.find("text");
       DEW_USAGE_CHECK(it != r.end(), "lm: the training source ", ctx.train_source->identity(),
                       " has no 'text' field (use source = tokens)");
-      DEW_USAGE_CHECK(it->second.shape.size() == 1 && it->second.shape[0] >= 2, "lm: a 'text' record must be [S + 1] "
-                      "tokens with S >= 1, got ", dew::shape_str(it->second.shape));
+      DEW_USAGE_CHECK(it->second.shape.size() == 1 && it->second.shape[0] >= 2,
+                      "lm: a 'text' record must be [S + 1] "
+                      "tokens with S >= 1, got ",
+                      dew::shape_str(it->second.shape));
       seq_len_ = it->second.shape[0] - 1;
     } else if (auto it = data.values().find("seq_len"); it != data.values().end()) {
       seq_len_ = std::atoll(it->second.c_str());
@@ -113,8 +126,9 @@ class LanguageModel final : public dew::Objective {
         auto it = data.values().find("vocab");  // the synthetic source's vocabulary (read, not consumed)
         if (it != data.values().end()) vocab = std::atoll(it->second.c_str());
       }
-      DEW_USAGE_CHECK(vocab > 0, "lm: the vocabulary size is unknown: point [data] path at a folder written by "
-                                 "dew-tokenize (meta.json), or set model.vocab_size");
+      DEW_USAGE_CHECK(vocab > 0,
+                      "lm: the vocabulary size is unknown: point [data] path at a folder written by "
+                      "dew-tokenize (meta.json), or set model.vocab_size");
       model.set("vocab_size", std::to_string(vocab));
     }
     if (!model.has("max_seq_len") && seq_len_ > 0) model.set("max_seq_len", std::to_string(seq_len_));
@@ -124,8 +138,8 @@ class LanguageModel final : public dew::Objective {
     decoder_ = dynamic_cast<dew::CausalDecoder*>(model_.get());
     vocab_ = std::atoll(model.values().at("vocab_size").c_str());
     if (has_meta_)
-      DEW_USAGE_CHECK(vocab_ >= meta_.vocab_size, "lm: model.vocab_size = ", vocab_, " is smaller than the tokenizer's ",
-                      meta_.vocab_size, " (", dir, "/meta.json)");
+      DEW_USAGE_CHECK(vocab_ >= meta_.vocab_size, "lm: model.vocab_size = ", vocab_,
+                      " is smaller than the tokenizer's ", meta_.vocab_size, " (", dir, "/meta.json)");
     auto d = model.values().find("dropout");
     dropout_ = d != model.values().end() && std::atof(d->second.c_str()) > 0;
   }
@@ -221,7 +235,8 @@ class LanguageModel final : public dew::Objective {
 
   void sample(dew::Options& req) override {
     DEW_CHECK(model_, "lm: sample() before build()");
-    DEW_USAGE_CHECK(decoder_, "lm: the backbone '", model_plugin_, "' does not decode incrementally (no CausalDecoder)");
+    DEW_USAGE_CHECK(decoder_, "lm: the backbone '", model_plugin_,
+                    "' does not decode incrementally (no CausalDecoder)");
     DEW_USAGE_CHECK(tokenizer_, "lm: sampling text needs a tokenizer: the run's [data] path has no meta.json");
     std::vector<std::string> prompts;
     const std::string file = req.get_string("prompts_file", "");

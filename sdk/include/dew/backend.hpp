@@ -23,18 +23,40 @@
 namespace dew {
 
 enum class Kernel : uint16_t {
-  fill, cast, strided_copy,
+  fill,
+  cast,
+  strided_copy,
   matmul,
-  unary, unary_backward, binary, reduce,
-  softmax, softmax_backward, log_softmax, log_softmax_backward,
-  layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, group_norm, group_norm_backward,
-  gather_rows, scatter_add_rows,
+  unary,
+  unary_backward,
+  binary,
+  reduce,
+  softmax,
+  softmax_backward,
+  log_softmax,
+  log_softmax_backward,
+  layer_norm,
+  layer_norm_backward,
+  rms_norm,
+  rms_norm_backward,
+  group_norm,
+  group_norm_backward,
+  gather_rows,
+  scatter_add_rows,
   rope,
-  attention, attention_backward,
-  conv2d, conv2d_backward_data, conv2d_backward_weight,
-  cross_entropy, cross_entropy_backward,
-  adamw_update, sgd_update, lamb_update,
-  random, dropout, argmax,
+  attention,
+  attention_backward,
+  conv2d,
+  conv2d_backward_data,
+  conv2d_backward_weight,
+  cross_entropy,
+  cross_entropy_backward,
+  adamw_update,
+  sgd_update,
+  lamb_update,
+  random,
+  dropout,
+  argmax,
   count_
 };
 const char* kernel_name(Kernel k);
@@ -66,7 +88,21 @@ struct MatmulParams {
 };
 
 enum class UnaryOp : uint8_t {
-  neg, exp, log, sqrt, rsqrt, square, abs, tanh, sigmoid, relu, gelu, gelu_tanh, silu, sin, cos,
+  neg,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  square,
+  abs,
+  tanh,
+  sigmoid,
+  relu,
+  gelu,
+  gelu_tanh,
+  silu,
+  sin,
+  cos,
   reciprocal,
   affine,   // alpha * x + beta
   pow,      // x ^ alpha
@@ -218,7 +254,8 @@ class Backend {
                         float weight_offset) = 0;
   virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                                  Tensor& dx, Tensor& dweight, float weight_offset) = 0;
-  // x [N, C, *spatial] (NCHW); statistics over (C/groups, spatial) per (n, group); weight, bias [C]; mean, rstd [N, groups].
+  // x [N, C, *spatial] (NCHW); statistics over (C/groups, spatial) per (n, group); weight, bias [C]; mean, rstd [N,
+  // groups].
   virtual void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                           Tensor& rstd, int64_t groups, float eps) = 0;
   virtual void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,

@@ -35,13 +35,13 @@ struct CheckpointData {
   // "dew.plugins" -> "cpu 0.1.0; lm 0.1.0"). Names must not be the reserved dew.format_version,
   // dew.version or dew.created.
   std::map<std::string, std::string> attributes;
-  NamedTensors params;                          // params/<name>
-  NamedTensors ema;                             // ema/<name>
-  std::map<std::string, NamedTensors> optim;    // optim/<slot>/<name>, e.g. slot "m", "v"
-  std::map<std::string, int64_t> counters;      // state/ int64 attributes: step, updates, attempts...
-  std::map<std::string, double> state_values;   // state/ f64 attributes: best metric, loss scale...
+  NamedTensors params;                            // params/<name>
+  NamedTensors ema;                               // ema/<name>
+  std::map<std::string, NamedTensors> optim;      // optim/<slot>/<name>, e.g. slot "m", "v"
+  std::map<std::string, int64_t> counters;        // state/ int64 attributes: step, updates, attempts...
+  std::map<std::string, double> state_values;     // state/ f64 attributes: best metric, loss scale...
   std::map<std::string, std::string> state_text;  // state/ string attributes: data position, RNG...
-  NamedTensors state_tensors;                   // state/<name> datasets: binary state (u8 blobs, ...)
+  NamedTensors state_tensors;                     // state/<name> datasets: binary state (u8 blobs, ...)
 
   // Filled by read_checkpoint (ignored by write_checkpoint, which writes its own).
   int64_t format_version = 0;
@@ -73,8 +73,7 @@ int64_t checkpoint_step(const std::string& name);
 std::string find_latest_checkpoint(const std::string& dir);
 // Deletes "step-*.h5" files in `dir` except the `keep_latest` highest steps and `best_file` (a file
 // name or path; "" for none). Returns the deleted paths, oldest first. Other files are left alone.
-std::vector<std::string> prune_checkpoints(const std::string& dir, int keep_latest,
-                                           const std::string& best_file = "");
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep_latest, const std::string& best_file = "");
 // Deletes the "*.tmp-<pid>" files a crashed write_checkpoint left in `dir` (those of this process
 // excepted). Call it before writing into a run directory. Returns the deleted paths.
 std::vector<std::string> remove_stale_temporaries(const std::string& dir);

@@ -33,8 +33,14 @@ struct HostArray {
   static HostArray make(DType dtype, const Shape& shape);
   static HostArray scalar_i32(int32_t v);
   int64_t numel() const { return numel_of(shape); }
-  template <class T> T* as() { return reinterpret_cast<T*>(bytes.data()); }
-  template <class T> const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
+  template <class T>
+  T* as() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
+  template <class T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
 };
 
 using Record = std::map<std::string, HostArray>;

@@ -13,10 +13,17 @@ enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f64: case DType::i64: return 8;
-    case DType::f32: case DType::i32: return 4;
-    case DType::bf16: case DType::f16: return 2;
-    case DType::u8: return 1;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
@@ -29,19 +36,36 @@ DType dtype_from_name(std::string_view name);  // throws UsageError naming the k
 // Machine epsilon of the storage format (used by the conformance tolerances).
 constexpr double dtype_epsilon(DType t) {
   switch (t) {
-    case DType::f64: return 2.220446049250313e-16;
-    case DType::f32: return 1.1920928955078125e-07;
-    case DType::bf16: return 0.0078125;
-    case DType::f16: return 0.0009765625;
-    default: return 0.0;
+    case DType::f64:
+      return 2.220446049250313e-16;
+    case DType::f32:
+      return 1.1920928955078125e-07;
+    case DType::bf16:
+      return 0.0078125;
+    case DType::f16:
+      return 0.0009765625;
+    default:
+      return 0.0;
   }
 }
 
-struct bf16_t { uint16_t bits; };
-struct f16_t { uint16_t bits; };
+struct bf16_t {
+  uint16_t bits;
+};
+struct f16_t {
+  uint16_t bits;
+};
 
-inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float f32_from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float f32_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 inline bf16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);

@@ -50,31 +50,30 @@ std::string concat(const Args&... args) {
 
 }  // namespace dew
 
-#define DEW_CHECK(cond, ...)                                                                              \
-  do {                                                                                                    \
-    if (!(cond)) [[unlikely]]                                                                             \
-      ::dew::detail::throw_error(::dew::ErrorKind::runtime, __FILE__, __LINE__,                           \
-                                 ::dew::detail::concat(__VA_ARGS__), {});                                 \
+#define DEW_CHECK(cond, ...)                                                                                        \
+  do {                                                                                                              \
+    if (!(cond)) [[unlikely]]                                                                                       \
+      ::dew::detail::throw_error(::dew::ErrorKind::runtime, __FILE__, __LINE__, ::dew::detail::concat(__VA_ARGS__), \
+                                 {});                                                                               \
   } while (0)
 
-#define DEW_CHECK_HINT(cond, hint, ...)                                                                   \
-  do {                                                                                                    \
-    if (!(cond)) [[unlikely]]                                                                             \
-      ::dew::detail::throw_error(::dew::ErrorKind::runtime, __FILE__, __LINE__,                           \
-                                 ::dew::detail::concat(__VA_ARGS__), hint);                               \
+#define DEW_CHECK_HINT(cond, hint, ...)                                                                             \
+  do {                                                                                                              \
+    if (!(cond)) [[unlikely]]                                                                                       \
+      ::dew::detail::throw_error(::dew::ErrorKind::runtime, __FILE__, __LINE__, ::dew::detail::concat(__VA_ARGS__), \
+                                 hint);                                                                             \
   } while (0)
 
 // A user mistake (config, command line, input files): the launcher exits with status 2.
-#define DEW_USAGE_CHECK(cond, ...)                                                                        \
-  do {                                                                                                    \
-    if (!(cond)) [[unlikely]]                                                                             \
-      ::dew::detail::throw_error(::dew::ErrorKind::usage, __FILE__, __LINE__,                             \
-                                 ::dew::detail::concat(__VA_ARGS__), {});                                 \
+#define DEW_USAGE_CHECK(cond, ...)                                                                                     \
+  do {                                                                                                                 \
+    if (!(cond)) [[unlikely]]                                                                                          \
+      ::dew::detail::throw_error(::dew::ErrorKind::usage, __FILE__, __LINE__, ::dew::detail::concat(__VA_ARGS__), {}); \
   } while (0)
 
-#define DEW_INTERNAL_ASSERT(cond)                                                                         \
-  do {                                                                                                    \
-    if (!(cond)) [[unlikely]]                                                                             \
-      ::dew::detail::throw_error(::dew::ErrorKind::internal, __FILE__, __LINE__,                          \
-                                 "internal error: " #cond " failed; please report", {});                  \
+#define DEW_INTERNAL_ASSERT(cond)                                                        \
+  do {                                                                                   \
+    if (!(cond)) [[unlikely]]                                                            \
+      ::dew::detail::throw_error(::dew::ErrorKind::internal, __FILE__, __LINE__,         \
+                                 "internal error: " #cond " failed; please report", {}); \
   } while (0)

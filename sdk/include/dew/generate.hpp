@@ -39,8 +39,8 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // CTRL/Transformers: logits of tokens in `history` /= p (> 0) or *= p (< 0)
   int64_t top_k = 0;                // 0: off
   uint64_t seed = 0;
-  std::vector<std::string> stop;    // stop strings (need a tokenizer to decode the text)
-  int32_t eos_id = -1;              // -1: none
+  std::vector<std::string> stop;  // stop strings (need a tokenizer to decode the text)
+  int32_t eos_id = -1;            // -1: none
   int64_t max_new_tokens = 100;
 };
 
@@ -110,6 +110,7 @@ std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tok
                                       const std::vector<std::string>& prompts, const SamplingParams& params);
 
 // The position of the first stop string in `text` at or after `from` (npos when none); `which` gets its index.
-size_t find_stop(const std::string& text, const std::vector<std::string>& stop, size_t from = 0, size_t* which = nullptr);
+size_t find_stop(const std::string& text, const std::vector<std::string>& stop, size_t from = 0,
+                 size_t* which = nullptr);
 
 }  // namespace dew

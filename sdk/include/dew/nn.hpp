@@ -119,13 +119,13 @@ class Conv2d : public Module {
 struct AttentionConfig {
   int64_t dim = 0, num_heads = 1, num_kv_heads = 0, head_dim = 0;  // 0: num_heads / dim / num_heads
   float rope_theta = 10000.0f;
-  int64_t rotary_dim = 0;   // 0: the whole head; -1: no rotary positions
-  bool qk_norm = false;     // RMSNorm over head_dim on q and k (Qwen3 / OLMo-2 style)
+  int64_t rotary_dim = 0;  // 0: the whole head; -1: no rotary positions
+  bool qk_norm = false;    // RMSNorm over head_dim on q and k (Qwen3 / OLMo-2 style)
   bool causal = true;
-  int64_t window = 0;       // sliding window (0 = global)
-  float softcap = 0.0f;     // attention logit softcap (Gemma 2)
-  bool bias = false;        // q/k/v projection biases (Qwen2)
-  float scale = 0.0f;       // 0: 1/sqrt(head_dim)
+  int64_t window = 0;    // sliding window (0 = global)
+  float softcap = 0.0f;  // attention logit softcap (Gemma 2)
+  bool bias = false;     // q/k/v projection biases (Qwen2)
+  float scale = 0.0f;    // 0: 1/sqrt(head_dim)
 };
 
 // Multi-head self-attention with grouped-query heads, rotary positions, optional q/k norm, sliding

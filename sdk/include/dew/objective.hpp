@@ -22,16 +22,16 @@ namespace dew {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 struct ObjectiveContext {
-  Config* config = nullptr;           // the whole run config ([objective], [model], ...)
+  Config* config = nullptr;  // the whole run config ([objective], [model], ...)
   BackendPtr backend;
   uint64_t seed = 0;
   const DataSource* train_source = nullptr;  // for shapes and class counts (may be null in eval/export)
 };
 
 struct StepInfo {
-  int64_t step = 0;        // optimizer updates done so far
-  int64_t micro = 0;       // micro-batch index within gradient accumulation
-  uint64_t seed = 0;       // the run seed
+  int64_t step = 0;   // optimizer updates done so far
+  int64_t micro = 0;  // micro-batch index within gradient accumulation
+  uint64_t seed = 0;  // the run seed
 };
 
 struct StepResult {
@@ -42,7 +42,7 @@ struct StepResult {
 };
 
 struct Artifact {
-  std::string file_name;            // written into <run-dir>/samples/
+  std::string file_name;  // written into <run-dir>/samples/
   std::vector<unsigned char> bytes;
 };
 
@@ -58,7 +58,7 @@ class Objective {
 
   virtual void build(ObjectiveContext& ctx) = 0;
   virtual std::vector<std::string> batch_fields() const = 0;
-  virtual NamedTensors parameters() = 0;                         // trainable, e.g. "model.fc1.weight"
+  virtual NamedTensors parameters() = 0;                          // trainable, e.g. "model.fc1.weight"
   virtual NamedTensors ema_parameters() { return parameters(); }  // those that get an EMA
   virtual StepResult step(const Batch& batch, const StepInfo& info) = 0;
   // Runs on `loader` (a validation/test split) without gradients; the trainer has already swapped in

@@ -35,11 +35,11 @@ Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 Tensor silu(const Tensor& x);
 Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
-Tensor scale(const Tensor& x, float s);                 // s * x
-Tensor add_scalar(const Tensor& x, float c);            // x + c
-Tensor pow(const Tensor& x, float p);                   // x ^ p
+Tensor scale(const Tensor& x, float s);       // s * x
+Tensor add_scalar(const Tensor& x, float c);  // x + c
+Tensor pow(const Tensor& x, float p);         // x ^ p
 Tensor clamp(const Tensor& x, float lo, float hi);
-Tensor softcap(const Tensor& x, float cap);             // cap * tanh(x / cap)
+Tensor softcap(const Tensor& x, float cap);  // cap * tanh(x / cap)
 Tensor activation(const Tensor& x, Activation act);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
@@ -52,24 +52,24 @@ Tensor operator+(const Tensor& a, float c);
 Tensor operator-(const Tensor& a);
 
 // ---- shapes and copies ----
-Tensor reshape(const Tensor& x, const Shape& shape);      // a view; -1 infers one axis
+Tensor reshape(const Tensor& x, const Shape& shape);  // a view; -1 infers one axis
 Tensor permute(const Tensor& x, const std::vector<int>& dims);
 Tensor transpose(const Tensor& x, int a, int b);
 Tensor slice(const Tensor& x, int axis, int64_t begin, int64_t end);  // a copy (a view on axis 0)
 Tensor concat(const std::vector<Tensor>& xs, int axis);
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
-Tensor sum_to(const Tensor& x, const Shape& shape);        // the adjoint of broadcast_to
-Tensor cast(const Tensor& x, DType dtype);                 // differentiable between floating types
+Tensor sum_to(const Tensor& x, const Shape& shape);  // the adjoint of broadcast_to
+Tensor cast(const Tensor& x, DType dtype);           // differentiable between floating types
 Tensor contiguous_copy(const Tensor& x);
 
 // ---- reductions (axis may be negative) ----
 Tensor sum(const Tensor& x, int axis, bool keepdim = false);
 Tensor mean(const Tensor& x, int axis, bool keepdim = false);
-Tensor sum(const Tensor& x);   // all elements -> [1]
-Tensor mean(const Tensor& x);  // all elements -> [1]
+Tensor sum(const Tensor& x);                                   // all elements -> [1]
+Tensor mean(const Tensor& x);                                  // all elements -> [1]
 Tensor amax(const Tensor& x, int axis, bool keepdim = false);  // not differentiable
-Tensor sum_squares(const Tensor& x);                            // -> [1], not differentiable
-Tensor argmax(const Tensor& x);                                 // last axis -> i32, not differentiable
+Tensor sum_squares(const Tensor& x);                           // -> [1], not differentiable
+Tensor argmax(const Tensor& x);                                // last axis -> i32, not differentiable
 
 // ---- linear algebra ----
 // a [..., M, K] @ b [..., K, N] (transposes by flag); batch dims broadcast when one side has none.
@@ -82,14 +82,15 @@ Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f, float weight_offset = 0.0f);
-Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);  // NCHW
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  float eps = 1e-5f);  // NCHW
 
 // ---- indexing ----
-Tensor embedding(const Tensor& table, const Tensor& ids);       // table [V, D], ids i32 [...] -> [..., D]
-Tensor gather_rows(const Tensor& x, const Tensor& idx);         // x [B, T, D], idx i32 [B, K] -> [B, K, D]
+Tensor embedding(const Tensor& table, const Tensor& ids);  // table [V, D], ids i32 [...] -> [..., D]
+Tensor gather_rows(const Tensor& x, const Tensor& idx);    // x [B, T, D], idx i32 [B, K] -> [B, K, D]
 
 // ---- transformer pieces ----
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0);  // x [B, T, H, D]
+Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0);     // x [B, T, H, D]
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p);  // [B,T,H,D] layout
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset);
 

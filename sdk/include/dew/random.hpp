@@ -31,7 +31,10 @@ inline Counter round(const Counter& c, const Key& k) {
 // Philox4x32 with R rounds (10 is the standard).
 inline Counter philox4x32(Counter c, Key k, int rounds = 10) {
   for (int r = 0; r < rounds; ++r) {
-    if (r > 0) { k[0] += kWeyl0; k[1] += kWeyl1; }
+    if (r > 0) {
+      k[0] += kWeyl0;
+      k[1] += kWeyl1;
+    }
     c = round(c, k);
   }
   return c;
@@ -58,7 +61,10 @@ inline float normal(uint64_t seed, uint64_t stream, uint64_t g) {
 // A stable 64-bit stream id for a name (FNV-1a), so parameter init does not depend on creation order.
 inline uint64_t stream_of(const char* s) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (; *s; ++s) { h ^= uint8_t(*s); h *= 0x100000001b3ull; }
+  for (; *s; ++s) {
+    h ^= uint8_t(*s);
+    h *= 0x100000001b3ull;
+  }
   return h;
 }
 

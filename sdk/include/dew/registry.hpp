@@ -31,9 +31,9 @@
 namespace dew {
 
 struct Origin {
-  std::string plugin;       // plugin name ("core" for built-ins)
-  std::string file;         // library path ("<libdew>" for built-ins)
-  std::string source;       // source file of the registration
+  std::string plugin;  // plugin name ("core" for built-ins)
+  std::string file;    // library path ("<libdew>" for built-ins)
+  std::string source;  // source file of the registration
   int line = 0;
   std::string describe() const;  // "plugin 'cpu' (build/plugins/dew_cpu.so, cpu/entry.cpp:12)"
 };
@@ -107,7 +107,8 @@ class Registry {
   // executable (../lib/dew/plugins and ./plugins relative to it).
   static std::vector<std::string> default_plugin_dirs();
 
-  virtual const ErasedComponent& find(const std::string& kind, const std::string& name) const = 0;  // throws listing known
+  virtual const ErasedComponent& find(const std::string& kind,
+                                      const std::string& name) const = 0;  // throws listing known
   virtual bool contains(const std::string& kind, const std::string& name) const = 0;
   virtual std::vector<const ErasedComponent*> components(const std::string& kind = {}) const = 0;
   virtual std::vector<PluginRecord> plugins() const = 0;
@@ -140,24 +141,24 @@ BackendPtr create_backend(const std::string& name, const Options& options = {});
 }  // namespace dew
 
 // ---- the plugin entry point, for C++ plugins ----
-#define DEW_PLUGIN_WITH_NOTES(NAME, VERSION, NOTES)                                                       \
-  static void dew_plugin_register_impl(::dew::Registrar& registrar);                                     \
-  static int dew_plugin_register_c(void* r, char* err, size_t n) noexcept {                               \
-    try {                                                                                                 \
-      dew_plugin_register_impl(*static_cast<::dew::Registrar*>(r));                                       \
-      return 0;                                                                                           \
-    } catch (const std::exception& e) {                                                                   \
-      std::snprintf(err, n, "%s", e.what());                                                              \
-    } catch (...) {                                                                                       \
-      std::snprintf(err, n, "unknown exception");                                                         \
-    }                                                                                                     \
-    return 1;                                                                                             \
-  }                                                                                                       \
-  extern "C" __attribute__((visibility("default"))) const dew_plugin_v1* dew_plugin_entry(void) {        \
-    static const dew_plugin_v1 info = {DEW_PLUGIN_ABI_VERSION, NAME, VERSION, DEW_BUILD_FINGERPRINT,    \
-                                       NOTES, &dew_plugin_register_c};                                   \
-    return &info;                                                                                         \
-  }                                                                                                       \
+#define DEW_PLUGIN_WITH_NOTES(NAME, VERSION, NOTES)                                               \
+  static void dew_plugin_register_impl(::dew::Registrar& registrar);                              \
+  static int dew_plugin_register_c(void* r, char* err, size_t n) noexcept {                       \
+    try {                                                                                         \
+      dew_plugin_register_impl(*static_cast<::dew::Registrar*>(r));                               \
+      return 0;                                                                                   \
+    } catch (const std::exception& e) {                                                           \
+      std::snprintf(err, n, "%s", e.what());                                                      \
+    } catch (...) {                                                                               \
+      std::snprintf(err, n, "unknown exception");                                                 \
+    }                                                                                             \
+    return 1;                                                                                     \
+  }                                                                                               \
+  extern "C" __attribute__((visibility("default"))) const dew_plugin_v1* dew_plugin_entry(void) { \
+    static const dew_plugin_v1 info = {DEW_PLUGIN_ABI_VERSION, NAME,  VERSION,                    \
+                                       DEW_BUILD_FINGERPRINT,  NOTES, &dew_plugin_register_c};    \
+    return &info;                                                                                 \
+  }                                                                                               \
   static void dew_plugin_register_impl([[maybe_unused]] ::dew::Registrar& registrar)
 
 #define DEW_PLUGIN(NAME, VERSION) DEW_PLUGIN_WITH_NOTES(NAME, VERSION, "")

@@ -80,31 +80,34 @@ class Tensor {
 
   // Pointer to the first element in the backend's address space (host memory for ref/cpu).
   void* data() const;
-  template <class T> T* data_as() const { return static_cast<T*>(data()); }
+  template <class T>
+  T* data_as() const {
+    return static_cast<T*>(data());
+  }
 
   // ---- host access (copies; converts floating types to f32/f64) ----
   std::vector<float> to_floats() const;
   std::vector<double> to_doubles() const;
-  std::vector<int32_t> to_ints() const;    // i32/i64/u8 tensors
-  void copy_to_host(void* dst) const;      // raw bytes of this tensor
-  void copy_from_host(const void* src);    // raw bytes into this tensor
-  double item() const;                     // a one-element tensor's value
+  std::vector<int32_t> to_ints() const;  // i32/i64/u8 tensors
+  void copy_to_host(void* dst) const;    // raw bytes of this tensor
+  void copy_from_host(const void* src);  // raw bytes into this tensor
+  double item() const;                   // a one-element tensor's value
 
   // ---- views and copies ----
-  Tensor reshape(const Shape& shape) const;            // a view; -1 infers one axis; differentiable
-  Tensor slice0(int64_t begin, int64_t end) const;     // rows [begin, end) of the leading axis; a view
-  Tensor detach() const;                               // same storage, no autograd history
-  Tensor clone() const;                                // a copy on the same backend, no history
-  Tensor to(const BackendPtr& backend) const;          // a copy on another backend, no history
-  void copy_(const Tensor& src);                       // in-place copy of equal shape and dtype, no history
+  Tensor reshape(const Shape& shape) const;         // a view; -1 infers one axis; differentiable
+  Tensor slice0(int64_t begin, int64_t end) const;  // rows [begin, end) of the leading axis; a view
+  Tensor detach() const;                            // same storage, no autograd history
+  Tensor clone() const;                             // a copy on the same backend, no history
+  Tensor to(const BackendPtr& backend) const;       // a copy on another backend, no history
+  void copy_(const Tensor& src);                    // in-place copy of equal shape and dtype, no history
 
   // ---- autograd ----
   bool requires_grad() const;
   Tensor& set_requires_grad(bool on = true);
-  Tensor grad() const;           // undefined until a backward pass reached this leaf
-  void zero_grad();              // drops the accumulated gradient
+  Tensor grad() const;  // undefined until a backward pass reached this leaf
+  void zero_grad();     // drops the accumulated gradient
   void set_grad(const Tensor& g);
-  void backward() const;         // requires a one-element tensor; seeds its gradient with 1
+  void backward() const;  // requires a one-element tensor; seeds its gradient with 1
 
  private:
   std::shared_ptr<TensorImpl> impl_;

@@ -1,6 +1,5 @@
 // tests/registry/plugins/dup_a.cpp — registers greeter 'twin' (loaded first: it keeps the name).
 #include <dew/registry.hpp>
-
 #include <memory>
 
 #include "../greeter.hpp"
@@ -12,5 +11,6 @@ struct TwinA final : dew_test::Greeter {
 }  // namespace
 
 DEW_PLUGIN("dup_a", "0.1.0") {
-  registrar.add<dew_test::Greeter>({.name = "twin", .factory = [](const dew::Options&) { return std::make_shared<TwinA>(); }});
+  registrar.add<dew_test::Greeter>(
+      {.name = "twin", .factory = [](const dew::Options&) { return std::make_shared<TwinA>(); }});
 }

@@ -1,6 +1,5 @@
 // tests/registry/plugins/dup_self.cpp — registers greeter 'same' twice within one plugin.
 #include <dew/registry.hpp>
-
 #include <memory>
 
 #include "../greeter.hpp"
@@ -12,6 +11,8 @@ struct Same final : dew_test::Greeter {
 }  // namespace
 
 DEW_PLUGIN("dup_self", "0.1.0") {
-  registrar.add<dew_test::Greeter>({.name = "same", .factory = [](const dew::Options&) { return std::make_shared<Same>(); }});
-  registrar.add<dew_test::Greeter>({.name = "same", .factory = [](const dew::Options&) { return std::make_shared<Same>(); }});
+  registrar.add<dew_test::Greeter>(
+      {.name = "same", .factory = [](const dew::Options&) { return std::make_shared<Same>(); }});
+  registrar.add<dew_test::Greeter>(
+      {.name = "same", .factory = [](const dew::Options&) { return std::make_shared<Same>(); }});
 }

@@ -1,7 +1,6 @@
 // tests/registry/plugins/good.cpp — a well-formed test plugin: registers greeter 'hello' (and records
 // the line of its registration in the description, so the test can check the recorded provenance).
 #include <dew/registry.hpp>
-
 #include <memory>
 #include <string>
 

@@ -2,7 +2,6 @@
 // function: the exception must stop at the C boundary and come back as "registration failed: <what>",
 // and 'early' must not be registered.
 #include <dew/registry.hpp>
-
 #include <memory>
 #include <stdexcept>
 
@@ -15,6 +14,7 @@ struct Early final : dew_test::Greeter {
 }  // namespace
 
 DEW_PLUGIN("throwing", "0.1.0") {
-  registrar.add<dew_test::Greeter>({.name = "early", .factory = [](const dew::Options&) { return std::make_shared<Early>(); }});
+  registrar.add<dew_test::Greeter>(
+      {.name = "early", .factory = [](const dew::Options&) { return std::make_shared<Early>(); }});
   throw std::runtime_error("the greeting table is corrupt");
 }

@@ -9,7 +9,8 @@ static int register_all(void* registrar, char* err, size_t err_len) {
 }
 
 __attribute__((visibility("default"))) const dew_plugin_v1* dew_plugin_entry(void) {
-  static const dew_plugin_v1 info = {DEW_PLUGIN_ABI_VERSION, "wrong_fingerprint", "0.1.0",
-                                     "dew-sdk 0.0.9; othercc 1.0; libstdc++ cxx11-abi 0", "", &register_all};
+  static const dew_plugin_v1 info = {
+      DEW_PLUGIN_ABI_VERSION, "wrong_fingerprint", "0.1.0", "dew-sdk 0.0.9; othercc 1.0; libstdc++ cxx11-abi 0", "",
+      &register_all};
   return &info;
 }
