@@ -97,6 +97,20 @@ std::vector<std::string> Options::get_strings(const std::string& key, const std:
   return split_list(get_string(key, ""));
 }
 
+std::vector<int64_t> Options::get_positive_ints(const std::string& key, const std::vector<int64_t>& fallback) const {
+  if (!has(key)) return fallback;
+  std::vector<int64_t> out;
+  for (const std::string& item : split_list(get_string(key, ""))) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    DEW_USAGE_CHECK(end && *end == '\0' && errno == 0 && v > 0, "option ", where(context_, key),
+                    " must be a list of positive integers, got '", item, "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
 void Options::check_all_used() const {
   std::vector<std::string> unknown;
   for (const auto& [k, v] : values_)

@@ -26,14 +26,6 @@ namespace {
 using dew::Options;
 using dew::Tensor;
 
-int64_t parse_positive(const std::string& key, const std::string& s) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  DEW_USAGE_CHECK(!s.empty() && end && *end == '\0' && v > 0, "option 'model.", key,
-                  "' must be a list of positive integers, got '", s, "'");
-  return v;
-}
-
 class ConvBlock final : public dew::nn::Module {
  public:
   ConvBlock(int64_t in, int64_t out, int64_t stride, int64_t groups) {
@@ -55,8 +47,7 @@ class ConvNet final : public dew::Model {
     DEW_USAGE_CHECK(num_classes_ > 1, "option 'model.num_classes' must be at least 2, got ", num_classes_);
     in_channels_ = o.get_int("in_channels", 1);
     DEW_USAGE_CHECK(in_channels_ > 0, "option 'model.in_channels' must be positive, got ", in_channels_);
-    for (const std::string& c : o.get_strings("channels", {"32", "64"}))
-      channels_.push_back(parse_positive("channels", c));
+    channels_ = o.get_positive_ints("channels", {32, 64});
     DEW_USAGE_CHECK(!channels_.empty(), "option 'model.channels' must name at least one width");
     depth_ = o.get_int("depth", 1);
     DEW_USAGE_CHECK(depth_ >= 0, "option 'model.depth' must be >= 0, got ", depth_);
@@ -65,11 +56,11 @@ class ConvNet final : public dew::Model {
                     "'");
     groups_ = o.get_int("groups", 8);
     DEW_USAGE_CHECK(groups_ > 0, "option 'model.groups' must be positive, got ", groups_);
-    const std::vector<std::string> size = o.get_strings("image_size", {});
+    const std::vector<int64_t> size = o.get_positive_ints("image_size", {});
     DEW_USAGE_CHECK(size.size() <= 2, "option 'model.image_size' must be one size or 'height,width'");
     if (!size.empty()) {
-      height_ = parse_positive("image_size", size[0]);
-      width_ = size.size() == 2 ? parse_positive("image_size", size[1]) : height_;
+      height_ = size[0];
+      width_ = size.size() == 2 ? size[1] : height_;
     }
 
     int64_t c = in_channels_, h = height_, w = width_;

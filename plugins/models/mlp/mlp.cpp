@@ -21,14 +21,6 @@ using dew::Activation;
 using dew::Options;
 using dew::Tensor;
 
-int64_t parse_positive(const std::string& key, const std::string& s) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  DEW_USAGE_CHECK(!s.empty() && end && *end == '\0' && v > 0, "option 'model.", key,
-                  "' must be a list of positive integers, got '", s, "'");
-  return v;
-}
-
 Activation parse_activation(const std::string& s) {
   if (s == "relu") return Activation::relu;
   if (s == "gelu") return Activation::gelu;
@@ -47,7 +39,7 @@ class Mlp final : public dew::Model {
     DEW_USAGE_CHECK(num_classes_ > 1, "option 'model.num_classes' must be at least 2, got ", num_classes_);
     activation_name_ = o.get_string("activation", "relu");
     act_ = parse_activation(activation_name_);
-    for (const std::string& h : o.get_strings("hidden", {"256", "128"})) hidden_.push_back(parse_positive("hidden", h));
+    hidden_ = o.get_positive_ints("hidden", {256, 128});
 
     // Input size: in_features, or in_channels x image_size (both read when given, so they count as used).
     const int64_t in_features = o.get_int("in_features", 0);
@@ -55,11 +47,11 @@ class Mlp final : public dew::Model {
     if (o.has("image_size") || o.has("in_channels")) {
       const int64_t channels = o.get_int("in_channels", 1);
       DEW_USAGE_CHECK(channels > 0, "option 'model.in_channels' must be positive, got ", channels);
-      const std::vector<std::string> size = o.get_strings("image_size", {});
+      const std::vector<int64_t> size = o.get_positive_ints("image_size", {});
       DEW_USAGE_CHECK(size.size() == 1 || size.size() == 2,
                       "option 'model.image_size' must be one size or 'height,width' (mlp needs it, or in_features)");
-      const int64_t h = parse_positive("image_size", size[0]);
-      const int64_t w = size.size() == 2 ? parse_positive("image_size", size[1]) : h;
+      const int64_t h = size[0];
+      const int64_t w = size.size() == 2 ? size[1] : h;
       from_image = channels * h * w;
     }
     DEW_USAGE_CHECK(in_features > 0 || from_image > 0,

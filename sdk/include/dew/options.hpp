@@ -34,6 +34,8 @@ class Options {
   bool get_bool(const std::string& key, bool fallback) const;
   std::vector<double> get_doubles(const std::string& key, const std::vector<double>& fallback) const;
   std::vector<std::string> get_strings(const std::string& key, const std::vector<std::string>& fallback) const;
+  // A comma-separated list of positive integers ("32, 64"); the error names the key.
+  std::vector<int64_t> get_positive_ints(const std::string& key, const std::vector<int64_t>& fallback) const;
 
   // Throws a UsageError naming every key that no getter read.
   void check_all_used() const;
