@@ -201,6 +201,28 @@ inline int64_t rows_of(const Tensor& t) {
 
 // ---------------------------------------------------------------- the backend
 
+// Reuses freed blocks of the same rounded size (>= kMinBytes) instead of returning them to the C
+// library: a training step allocates the same sizes every step, and fresh large blocks cost page faults
+// (~7 % of a char-small step measured with perf). At most `limit` bytes stay cached; past that, blocks
+// are freed at once. Thread-safe. Frees everything it holds when destroyed (the backend outlives every
+// Storage: each holds a reference to it).
+class BlockCache {
+ public:
+  static constexpr size_t kMinBytes = size_t(64) << 10;
+  explicit BlockCache(size_t limit) : limit_(limit) {}
+  ~BlockCache();
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+  void* take(size_t rounded);          // nullptr when none is cached
+  bool give(void* p, size_t rounded);  // false: not cached, the caller frees it
+  size_t cached_bytes() const { return cached_; }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_ = 0, limit_;
+};
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const Options& options);
@@ -278,6 +300,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<Dnnl> dnnl_;
+  std::unique_ptr<BlockCache> blocks_;
   RopeTables rope_tables_;
 };
 

@@ -25,6 +25,9 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   const int64_t threads = options.get_int("threads", 0);
   DEW_USAGE_CHECK(threads >= 0, "cpu backend: threads = ", threads, " must be >= 0 (0 = OpenMP default)");
   if (threads > 0) set_threads(int(threads));
+  const int64_t cache_mb = options.get_int("cache_mb", 1024);
+  DEW_USAGE_CHECK(cache_mb >= 0, "cpu backend: cache_mb = ", cache_mb, " must be >= 0 (0 = no block cache)");
+  blocks_ = std::make_unique<BlockCache>(size_t(cache_mb) << 20);
 }
 CpuBackend::~CpuBackend() = default;
 
@@ -79,6 +82,7 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
           return dew::Support::no("this CPU lacks AVX2/FMA, which the cpu backend is compiled for; use --backend ref");
         return dew::Support::yes();
       },
-      .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"}},
+      .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"},
+                  {"cache_mb", "1024", "MiB of freed blocks (>= 64 KiB) kept for reuse by size (0 = none)"}},
   });
 }

@@ -1,6 +1,7 @@
 // cpu/memory.cpp — allocation, host copies, fill, cast and strided_copy (every dtype).
 //
-// Allocation is 64-byte aligned (a cache line / one AVX-512 vector) and rounded up to 64 bytes.
+// Allocation is 64-byte aligned (a cache line / one AVX-512 vector) and rounded up to 64 bytes; blocks of
+// 64 KiB and more are recycled by size through BlockCache (no page faults on the steady-state step).
 // Large copies are split over the OpenMP team (memcpy alone is bound by one core's load/store rate).
 // cast follows ref's rules exactly: halves widen to f32 and integers to i64, then one conversion (to a
 // half through f32, rounding to nearest even via dew/dtype.hpp); float -> integer truncates toward zero,
@@ -18,13 +19,43 @@ namespace dew::cpu {
 
 // ---------------------------------------------------------------- memory
 
+BlockCache::~BlockCache() {
+  for (auto& [size, blocks] : free_)
+    for (void* p : blocks) std::free(p);
+}
+
+void* BlockCache::take(size_t rounded) {
+  if (rounded < kMinBytes) return nullptr;
+  std::lock_guard lock(mutex_);
+  auto it = free_.find(rounded);
+  if (it == free_.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  cached_ -= rounded;
+  return p;
+}
+
+bool BlockCache::give(void* p, size_t rounded) {
+  if (rounded < kMinBytes) return false;
+  std::lock_guard lock(mutex_);
+  if (cached_ + rounded > limit_) return false;
+  free_[rounded].push_back(p);
+  cached_ += rounded;
+  return true;
+}
+
+static size_t round_block(size_t bytes) { return (std::max<size_t>(bytes, 1) + 63) & ~size_t(63); }
+
 void* CpuBackend::allocate(size_t bytes) {
-  const size_t n = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+  const size_t n = round_block(bytes);
+  if (void* p = blocks_->take(n)) return p;
   void* p = std::aligned_alloc(64, n);
   DEW_CHECK(p != nullptr, "cpu backend: out of host memory allocating ", bytes, " bytes");
   return p;
 }
-void CpuBackend::deallocate(void* ptr, size_t) { std::free(ptr); }
+void CpuBackend::deallocate(void* ptr, size_t bytes) {
+  if (!blocks_->give(ptr, round_block(bytes))) std::free(ptr);
+}
 
 static void parallel_memcpy(void* dst, const void* src, size_t bytes) {
   if (dst == src || bytes == 0) return;
