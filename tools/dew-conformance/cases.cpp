@@ -384,6 +384,10 @@ void add_matmul(Table& t) {
       {"accumulate", 1, 37, 53, 29, false, true, false, false, false, 0.25f, 0.5f},
       {"gemv", 1, 1, 256, 384},
       {"gemv", 1, 256, 1, 384, false, true},
+      // Decoding: one row against a [n, k] Linear weight (cpu's hand-written matrix-vector path).
+      {"decode", 1, 1, 1152, 384, false, true},
+      {"decode", 1, 1, 257, 1031, false, true, true, false, false, 0.5f},
+      {"decode", 1, 1, 3, 7, false, true, true},
       {"outer", 1, 64, 48, 1},
       {"tiny", 1, 1, 1, 1},
       // Transformer-sized (char-small: d 384, qkv 1152, T 256, head 64).

@@ -9,6 +9,8 @@
 // One primitive per (shape, strides, transposes, alpha, beta, act, bias?) is created and cached; a call
 // then costs a hash lookup, re-pointing 3-4 cached memory objects at the caller's buffers and the
 // execution: nothing is allocated per call.
+#include <cstring>
+
 #include "cpu_backend.hpp"
 
 namespace dew::cpu {
@@ -105,6 +107,40 @@ float activate(float v, Activation act) {
 
 }  // namespace
 
+namespace {
+
+// y[j] = alpha * dot(x, w[j, :]) + bias[j] for a row-major [n, k] weight: one token's activations
+// against a Linear weight when decoding. It streams each weight row once with four independent 8-wide
+// accumulators (FMA latency hidden), parallel over output rows. Why hand-written: oneDNN 2.6 reaches
+// ~13 GB/s on such matrix-vector products on one core here, and decoding is nothing but them.
+void gemv_rows(const float* x, const float* w, const float* bias, float alpha, float* y, int64_t n, int64_t k) {
+  typedef float v8 __attribute__((vector_size(32)));
+  auto load = [](const float* ptr) {
+    v8 v;
+    std::memcpy(&v, ptr, sizeof v);
+    return v;
+  };
+#pragma omp parallel for schedule(static) if (n * k >= (int64_t(1) << 16))
+  for (int64_t j = 0; j < n; ++j) {
+    const float* row = w + j * k;
+    v8 s0 = {}, s1 = {}, s2 = {}, s3 = {};
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+      s0 += load(x + i) * load(row + i);
+      s1 += load(x + i + 8) * load(row + i + 8);
+      s2 += load(x + i + 16) * load(row + i + 16);
+      s3 += load(x + i + 24) * load(row + i + 24);
+    }
+    const v8 s = (s0 + s1) + (s2 + s3);
+    float acc = 0.0f;
+    for (int lane = 0; lane < 8; ++lane) acc += s[lane];
+    for (; i < k; ++i) acc += x[i] * row[i];
+    y[j] = alpha * acc + (bias ? bias[j] : 0.0f);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");
@@ -131,6 +167,10 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
       const float v = activate(bp ? bp[i % p.n] : 0.0f, p.act);
       o[i] = p.beta == 0.0f ? v : p.beta * o[i] + v;
     }
+    return;
+  }
+  if (p.batch == 1 && p.m == 1 && p.trans_b && !p.trans_a && p.act == Activation::none && p.beta == 0.0f) {
+    gemv_rows(a.data_as<float>(), b.data_as<float>(), has_bias ? bias.data_as<float>() : nullptr, p.alpha, o, p.n, p.k);
     return;
   }
   Key key(kMatmul);
