@@ -1,7 +1,7 @@
 // tools/dew-run/demo.cpp — fits a two-layer MLP student to a random teacher network's labels.
 //
 // Everything runs through the public SDK: Philox-initialised nn::Linear blocks, autograd,
-// the fused cross-entropy and the backend's fused AdamW update. It prints the loss and the training
+// the fused cross-entropy and the trainer's AdamW (dew::make_optimizer). It prints the loss and the training
 // accuracy as it goes; a working core takes the accuracy well above chance (25 %).
 #include "demo.hpp"
 
@@ -12,6 +12,7 @@
 #include "dew/nn.hpp"
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
+#include "dew/train.hpp"
 
 namespace dew_run {
 
@@ -35,13 +36,11 @@ int run_demo(const DemoOptions& opt) {
   nn::Linear l1(in, hidden), l2(hidden, classes);
   l1.initialize(opt.seed);
   l2.initialize(opt.seed);
-  std::vector<Tensor> params = l1.parameters();
-  for (const Tensor& p : l2.parameters()) params.push_back(p);
-  std::vector<Tensor> m, v;
-  for (const Tensor& p : params) {
-    m.push_back(Tensor::zeros(p.shape(), p.dtype(), be));
-    v.push_back(Tensor::zeros(p.shape(), p.dtype(), be));
-  }
+  NamedTensors params;
+  for (auto& [name, t] : l1.named_parameters()) params.emplace_back("l1." + name, t);
+  for (auto& [name, t] : l2.named_parameters()) params.emplace_back("l2." + name, t);
+  Options optim({{"name", "adamw"}, {"weight_decay", "0"}}, "optim");
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(optim, params);
 
   std::printf("dew demo: %s backend, MLP %lld-%lld-%lld on %lld teacher-labelled points, AdamW\n", be->name().c_str(),
               (long long)in, (long long)hidden, (long long)classes, (long long)n);
@@ -51,13 +50,8 @@ int run_demo(const DemoOptions& opt) {
     Tensor logits = l2.forward(l1.forward(x, Activation::relu));
     Tensor loss = cross_entropy(logits, labels);
     loss.backward();
-    AdamWParams ap;
-    ap.lr = 1e-2f;
-    ap.step = step;
-    for (size_t i = 0; i < params.size(); ++i) {
-      be->adamw_update(params[i], params[i].grad(), m[i], v[i], ap);
-      params[i].zero_grad();
-    }
+    optimizer->update(params, 1e-2f, 1.0f, step);
+    for (auto& [name, p] : params) p.zero_grad();
     if (step == 1 || step % 50 == 0 || step == opt.steps) {
       loss_value = loss.item();
       const auto pred = argmax(logits.detach()).to_ints();
