@@ -622,11 +622,21 @@ std::string resolve_checkpoint(const std::string& run_dir, const std::string& st
 }
 
 std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
-                                       const std::string& backend_name) {
+                                       const std::string& backend_name, Options& request) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
   NoGradGuard no_grad;
   auto loader = make_loader(lr.config.section("data"), "val", lr.run.seed);
-  ValidationResult vr = lr.run.objective->validate(*loader, StepInfo{lr.updates, 0, lr.run.seed});
+  ValidationResult vr = lr.run.objective->evaluate(*loader, request, StepInfo{lr.updates, 0, lr.run.seed});
+  request.check_all_used();
+  if (!vr.artifacts.empty()) {
+    const fs::path dir = fs::path(run_dir) / "eval";
+    fs::create_directories(dir);
+    for (const auto& a : vr.artifacts) {
+      std::ofstream f(dir / a.file_name, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(a.bytes.data()), std::streamsize(a.bytes.size()));
+      DEW_CHECK(f.good(), "cannot write ", (dir / a.file_name).string());
+    }
+  }
   vr.metrics["step"] = double(lr.updates);
   vr.metrics["ema"] = lr.ema ? 1.0 : 0.0;
   return vr.metrics;
@@ -666,6 +676,16 @@ void export_safetensors(const std::string& run_dir, const std::string& step, boo
 }
 
 }  // namespace dew
+
+std::map<std::string, double> dew::evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
+                                            const std::string& backend_name) {
+  Options none(std::map<std::string, std::string>{}, "eval");
+  return evaluate(run_dir, step, use_ema, backend_name, none);
+}
+
+dew::ValidationResult dew::Objective::evaluate(DataLoader& loader, Options&, const StepInfo& info) {
+  return validate(loader, info);
+}
 
 void dew::Objective::sample(Options&) {
   DEW_USAGE_CHECK(false, "this objective has no sampler (sampling comes with the lm and diffusion objectives)");

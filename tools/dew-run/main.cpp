@@ -30,7 +30,7 @@ const char* kUsage =
     "  train     train from a config:  --config FILE [--run-dir D] [--resume] [--backend cpu|ref] [--section.key V "
     "...]\n"
     "  eval      evaluate a run's checkpoint on the validation/test split; prints JSON:  --run-dir D [--step "
-    "latest|best|N]\n"
+    "latest|best|N] [objective keys: --samples N, --task T, ...]\n"
     "  sample    generate from a run (objectives with a sampler):  --run-dir D [...]\n"
     "  export    write model.safetensors + config.json:  --run-dir D --format safetensors --out DIR\n"
     "  plugins   list the plugins found, their components, and whether backends can run here\n"
@@ -164,32 +164,15 @@ void add_run_args(po::options_description& d, RunArgs& r) {
   add_common(d, r.common);
 }
 
-int cmd_eval(const std::vector<std::string>& args) {
-  RunArgs r;
-  po::options_description d("dew-run eval");
-  add_run_args(d, r);
-  parse(args, d);
-  load_plugins(r.common);
-  const auto metrics = dew::evaluate(r.run_dir, r.step, !r.no_ema, r.backend);
-  std::cout << "{";
-  size_t i = 0;
-  for (const auto& [k, v] : metrics) std::printf("%s\"%s\": %.6g", i++ ? ", " : "", k.c_str(), v);
-  std::cout << "}" << std::endl;
-  return 0;
-}
-
-int cmd_sample(const std::vector<std::string>& raw) {
-  // Sampler options are the objective's own: everything past the run arguments goes to it.
-  RunArgs r;
-  po::options_description d("dew-run sample");
-  add_run_args(d, r);
+// Parses the run arguments of eval/sample and collects every other --key value pair as the objective's
+// request (--max-new-tokens and --max_new_tokens both name the key max_new_tokens).
+std::map<std::string, std::string> parse_run_request(const std::vector<std::string>& raw, po::options_description& d) {
   auto parsed = po::command_line_parser(raw).options(d).allow_unregistered().run();
   po::variables_map vm;
   po::store(parsed, vm);
   po::notify(vm);
   std::map<std::string, std::string> request;
   const auto rest = po::collect_unrecognized(parsed.options, po::include_positional);
-  // --max-new-tokens and --max_new_tokens both name the sampler key max_new_tokens.
   auto key_of = [](std::string k) {
     for (char& ch : k)
       if (ch == '-') ch = '_';
@@ -204,6 +187,31 @@ int cmd_sample(const std::vector<std::string>& raw) {
     else
       request[key_of(key)] = (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0) ? rest[++i] : "true";
   }
+  return request;
+}
+
+int cmd_eval(const std::vector<std::string>& raw) {
+  // Evaluation options beyond the run arguments are the objective's own (e.g. --samples, --task).
+  RunArgs r;
+  po::options_description d("dew-run eval");
+  add_run_args(d, r);
+  auto request = parse_run_request(raw, d);
+  load_plugins(r.common);
+  dew::Options req(request, "eval");
+  const auto metrics = dew::evaluate(r.run_dir, r.step, !r.no_ema, r.backend, req);
+  std::cout << "{";
+  size_t i = 0;
+  for (const auto& [k, v] : metrics) std::printf("%s\"%s\": %.6g", i++ ? ", " : "", k.c_str(), v);
+  std::cout << "}" << std::endl;
+  return 0;
+}
+
+int cmd_sample(const std::vector<std::string>& raw) {
+  // Sampler options are the objective's own: everything past the run arguments goes to it.
+  RunArgs r;
+  po::options_description d("dew-run sample");
+  add_run_args(d, r);
+  auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "sample");
   dew::sample(r.run_dir, r.step, !r.no_ema, r.backend, req);

@@ -75,6 +75,11 @@ class Objective {
   // its own request keys from `request` (--prompt, --steps, --out, ...). Objectives without a sampler
   // keep this default, which refuses with a clear usage error.
   virtual void sample(Options& request);
+  // `dew-run eval`: scores the loaded weights on `loader` (the val/test split). `request` holds the
+  // extra --key value pairs of the command line (e.g. --samples 500 --steps 30 for diffusion, --task
+  // for the LM harness); every key must be read or the command refuses it. The default runs
+  // validate() and reads no keys.
+  virtual ValidationResult evaluate(DataLoader& loader, Options& request, const StepInfo& info);
 };
 
 }  // namespace dew

@@ -64,8 +64,11 @@ struct TrainOptions {
 // Throws dew::Error for config and runtime errors.
 int train(Config& config, const TrainOptions& options);
 
-// `dew-run eval`: loads the run's config and checkpoint (EMA weights when present), validates on the
-// test/val split and returns the metrics.
+// `dew-run eval`: loads the run's config and checkpoint (EMA weights when present), runs the
+// objective's evaluate() on the test/val split with `request` (extra command-line keys; unread keys are
+// refused) and returns the metrics. Artifacts go to <run-dir>/eval/.
+std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
+                                       const std::string& backend_name, Options& request);
 std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
                                        const std::string& backend_name);
 
