@@ -19,3 +19,8 @@ std::shared_ptr<Model> create_model(Options& section) {
 }
 
 }  // namespace dew
+
+dew::Tensor dew::Model::features(const Batch&) {
+  DEW_CHECK(false, "this model does not expose features (the representation before its output head)");
+  return {};
+}

@@ -90,7 +90,10 @@ class ConvNet final : public dew::Model {
     if (height_ == 0) flops_ = 0.0;  // unknown without the image size
   }
 
-  Tensor forward(const dew::Batch& inputs) override {
+  Tensor forward(const dew::Batch& inputs) override { return head_->forward(features(inputs)); }
+
+  // The pooled (or flattened) last convolution block: [B, c_last] (flatten: [B, c_last*h*w]).
+  Tensor features(const dew::Batch& inputs) override {
     auto it = inputs.find("image");
     DEW_CHECK(it != inputs.end(), "convnet: forward needs an 'image' input");
     const Tensor& x0 = it->second;
@@ -106,7 +109,7 @@ class ConvNet final : public dew::Model {
     } else {
       x = dew::mean(dew::reshape(x, {n, c, -1}), 2);  // global average pool -> [B, C]
     }
-    return head_->forward(x);
+    return x;
   }
 
   double flops_per_sample() const override { return flops_; }

@@ -23,6 +23,10 @@ class Model : public nn::Module {
  public:
   static constexpr const char* kind = "model";
   virtual Tensor forward(const Batch& inputs) = 0;
+  // The representation before the output head ([B, F]: a classifier's pooled features), for probes and
+  // feature-space metrics such as the Fréchet distance. Models without one keep this default, which
+  // refuses with the model's name.
+  virtual Tensor features(const Batch& inputs);
   // Multiply-adds x 2 of one forward pass for one sample (MFU = 3x this per trained sample); 0: unknown.
   virtual double flops_per_sample() const { return 0.0; }
   // The model's hyper-parameters as key/value pairs (written as config.json on export).
