@@ -18,6 +18,7 @@
 //       ├─ @<value>          float64    best metric, loss scale, ...
 //       ├─ @<text>           string     data position, RNG description, ...
 //       └─ <name>            dataset    binary state (e.g. a u8 blob), optional
+//                                       (the trainer writes Objective::state() as objective.<name>)
 //
 // Every dataset: shape = tensor shape (scalar dataspace for rank 0), contiguous, uncompressed, with a
 // string attribute @dtype naming the dew dtype. Storage types:

@@ -1,9 +1,11 @@
 // core/data/make_loader.cpp — the pipeline compiler: a [data] section -> source plugin + DataLoader.
 //
-// The loader reads its own keys (source, batch_size, workers, prefetch, shuffle, seed); every other key
+// The loader reads its own keys (source, batch_size, workers, prefetch, shuffle, seed, transforms: the
+// per-record image transforms of dew/data.hpp make_transforms); every other key
 // of the section goes to the source plugin as its Options, with "split" added. The section marks the
 // forwarded keys used; the source's Options refuse, after the source is built, every key the source did
 // not read, so a misspelt source key is an error naming it ("unknown option 'data.pth'").
+// source = none: an empty loader for evaluation of runs without data (imports); refused for training.
 #include "dew/data.hpp"
 #include "dew/error.hpp"
 #include "dew/registry.hpp"
@@ -18,9 +20,34 @@ std::string key_name(const Options& o, const std::string& key) {
 
 std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string& split, uint64_t seed, int rank,
                                         int world) {
-  static const char* const kLoaderKeys[] = {"source", "batch_size", "workers", "prefetch", "shuffle", "seed"};
+  static const char* const kLoaderKeys[] = {"source", "batch_size", "workers", "prefetch", "shuffle", "seed",
+                                            "transforms"};
   Options& d = data_section;
   const std::string source_name = d.require_string("source");
+  if (source_name == "none") {
+    // A run without data (e.g. one imported from Hugging Face): evaluation tasks that read their own
+    // inputs get an empty loader; training refuses. The other keys stay the objective's (e.g. path).
+    DEW_USAGE_CHECK(split != "train",
+                    "[data] source = none: this run has no training data; give one, e.g. "
+                    "--data.source tokens --data.path DIR --data.seq_len N --data.batch_size B");
+    // One placeholder record that refuses to be read (a loader needs a non-empty source); objectives
+    // recognise it by its identity "none".
+    struct NoRecords final : DataSource {
+      int64_t size() const override { return 1; }
+      Record get(int64_t) const override {
+        DEW_USAGE_CHECK(false, "[data] source = none: this run has no data to read");
+        return {};
+      }
+      std::string identity() const override { return "none"; }
+    };
+    LoaderConfig cfg;
+    cfg.batch_size = 1;
+    cfg.workers = 0;
+    cfg.rank = rank;
+    cfg.world = world;
+    cfg.seed = seed;
+    return std::make_unique<DataLoader>(std::make_shared<NoRecords>(), cfg);
+  }
   DEW_USAGE_CHECK(d.has("batch_size"), "missing required option ", key_name(d, "batch_size"));
   LoaderConfig cfg;
   cfg.batch_size = d.get_int("batch_size", 0);
@@ -53,11 +80,16 @@ std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string
     if (!mine) forwarded[key] = d.get_string(key, value);
   }
   forwarded["split"] = split;
+  bool fixes_size = false;
+  std::vector<RecordTransform> transforms =
+      make_transforms(d.get_strings("transforms", {}), &fixes_size, /*evaluation=*/split != "train");
+  if (fixes_size) forwarded["mixed_sizes_ok"] = "true";  // e.g. png_folder: images of several sizes
   Options source_options(std::move(forwarded), d.context());
   std::shared_ptr<DataSource> source = Registry::global().create<DataSource>(source_name, source_options);
   source_options.get_string("split", split);  // a source without splits need not read it
+  source_options.get_string("mixed_sizes_ok", "");
   source_options.check_all_used();
-  return std::make_unique<DataLoader>(std::move(source), cfg);
+  return std::make_unique<DataLoader>(std::move(source), cfg, std::move(transforms));
 }
 
 }  // namespace dew

@@ -255,7 +255,8 @@ BackendPtr create_backend(const std::string& name, const Options& options) {
   const ErasedComponent& c = Registry::global().find(Backend::kind, name);
   if (c.probe) {
     const Support s = c.probe();
-    DEW_CHECK(s.ok, "backend '", name, "' cannot run here: ", s.reason);
+    // A backend that cannot run on this machine is the user's choice to change (exit status 2).
+    DEW_USAGE_CHECK(s.ok, "backend '", name, "' cannot run here: ", s.reason);
   }
   return Registry::global().create<Backend>(name, options);
 }

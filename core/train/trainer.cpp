@@ -31,6 +31,7 @@
 #include "dew/checkpoint.hpp"
 #include "dew/comm.hpp"  // dist
 #include "dew/error.hpp"
+#include "dew/interop.hpp"
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
 #include "dew/safetensors.hpp"
@@ -125,6 +126,9 @@ void rewind_metrics(const fs::path& path, int64_t step) {
   for (const auto& l : keep) out << l << "\n";
 }
 
+// Prefix of the objective's state tensors (Objective::state()) in a checkpoint's state/ group.
+const std::string kObjectiveState = "objective.";
+
 struct RunState {
   int64_t updates = 0, attempts = 0, skipped = 0, streak = 0;
   double best = NAN;
@@ -180,7 +184,16 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   const std::string backend_name = backend_override.empty() ? rs.get_string("backend", "cpu") : backend_override;
   if (!backend_override.empty()) rs.get_string("backend", "");
   const int64_t threads = rs.get_int("threads", 0);
-  run.backend = create_backend(backend_name);
+  // [run] matmul_precision (PyTorch's float32 matmul precision): highest = f32, high = TF32, medium = bf16
+  // inputs with f32 accumulation. A permission, not a demand: backends without such modes (cpu, ref) run f32.
+  Options backend_options;
+  if (rs.has("matmul_precision")) {
+    const std::string prec = rs.get_string("matmul_precision", "highest");
+    DEW_USAGE_CHECK(prec == "highest" || prec == "high" || prec == "medium", "option 'run.matmul_precision' = '", prec,
+                    "' is not one of highest, high, medium");
+    backend_options.set("matmul_precision", prec);
+  }
+  run.backend = create_backend(backend_name, backend_options);
   if (threads > 0) run.backend->set_threads(int(threads));
   set_default_backend(run.backend);
 
@@ -216,7 +229,20 @@ CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* 
                 {"data.next", pos.next}};
   c.state_text = {{"data.order", pos.order}, {"best_file", st.best_file}};
   if (!std::isnan(st.best)) c.state_values["best_metric"] = st.best;
+  for (auto& [name, t] : run.objective->state()) c.state_tensors.emplace_back(kObjectiveState + name, t);
   return c;
+}
+
+// Loads the objective's state tensors (Objective::state()) from a checkpoint's state/objective.* datasets.
+void load_objective_state(const CheckpointData& c, const std::string& file, Objective& objective) {
+  const NamedTensors targets = objective.state();
+  if (targets.empty()) return;
+  NamedTensors saved;
+  for (const auto& [name, t] : c.state_tensors)
+    if (name.rfind(kObjectiveState, 0) == 0) saved.emplace_back(name.substr(kObjectiveState.size()), t);
+  DEW_CHECK(!saved.empty(), "checkpoint ", file, " holds no objective state (state/", kObjectiveState,
+            "*) but the objective keeps ", targets.size(), " state tensors (e.g. ", targets.front().first, ")");
+  load_into(saved, "state/" + kObjectiveState, targets);
 }
 
 }  // namespace
@@ -259,6 +285,9 @@ int train_process(Config& config, const TrainOptions& options) {
   const int64_t eval_every = ts.get_int("eval_every", 0);
   const int64_t checkpoint_every = ts.get_int("checkpoint_every", 0);
   const int64_t keep = ts.get_int("keep", 3);
+  // Fine-tuning: the initial weights, by name, from a run directory, a checkpoint or safetensors
+  // (dew/interop.hpp load_weights); ignored on --resume, where the checkpoint has them.
+  const std::string init_from = ts.get_string("init_from", "");
   const double ema_decay = ts.get_double("ema_decay", 0.0);
   const bool ema_warmup = ts.get_bool("ema_warmup", true);
   const int64_t max_streak = ts.get_int("max_nonfinite_streak", 5);
@@ -284,6 +313,7 @@ int train_process(Config& config, const TrainOptions& options) {
   DEW_USAGE_CHECK(!options.resume || !latest.empty(), "--resume: no checkpoint to resume in '", ckpt_dir.string(), "'");
 
   Run run = build_run(config, options.backend_name, true);
+  if (!init_from.empty() && !options.resume) load_weights(init_from, run.params);  // before the EMA copies them
   // ---- dist ----
   const bool leader = run.rank == 0;
   std::unique_ptr<dist::DataParallel> dp;
@@ -329,6 +359,7 @@ int train_process(Config& config, const TrainOptions& options) {
                 optimizer->name(), ")");
       load_into(it->second, "optim/" + slot, tensors);
     }
+    load_objective_state(c, latest, *run.objective);
     st.updates = c.counters.at("updates");
     st.attempts = c.counters.at("attempts");
     st.skipped = c.counters.at("skipped");
@@ -343,6 +374,7 @@ int train_process(Config& config, const TrainOptions& options) {
   if (dp) {
     dp->broadcast(run.params);
     if (ema) dp->broadcast(ema->tensors());
+    if (const NamedTensors os = run.objective->state(); !os.empty()) dp->broadcast(os);
     for (const auto& [slot, tensors] : optimizer->state()) dp->broadcast(tensors);
     const int64_t mine[3] = {st.updates, st.attempts, run.train_loader->position().next};
     Tensor at = Tensor::from_host(mine, {3}, DType::i64, run.backend);
@@ -431,8 +463,11 @@ int train_process(Config& config, const TrainOptions& options) {
     int64_t samples = 0, tokens = 0;
     std::map<std::string, double> step_metrics;
     for (int64_t micro = 0; micro < grad_accum; ++micro) {
+      // The stream index of this rank's first row (see dew/data.hpp), read before next() advances it.
+      const int64_t position =
+          run.train_loader->position().next + int64_t(run.rank) * run.train_loader->config().batch_size;
       Batch batch = to_device(run.train_loader->next(), run.backend);
-      StepResult r = run.objective->step(batch, StepInfo{st.updates, micro, run.seed});
+      StepResult r = run.objective->step(batch, StepInfo{st.updates, micro, run.seed, position});
       const double lv = r.loss.item();
       loss_value += lv / double(grad_accum);
       samples += r.samples;
@@ -486,6 +521,10 @@ int train_process(Config& config, const TrainOptions& options) {
     for (auto& [k, p] : run.params) p.zero_grad();
     ++st.updates;
     if (ema) ema->update(ema_params, st.updates);
+    {
+      NoGradGuard no_grad;
+      run.objective->after_update(StepInfo{st.updates, 0, run.seed});
+    }
     run.backend->synchronize();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -595,11 +634,24 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
   load_into(c.params, "params", lr.run.params);
   lr.ema = use_ema && !c.ema.empty();
   if (lr.ema) load_into(c.ema, "ema", lr.run.objective->ema_parameters());  // EMA covers ema_parameters()
+  load_objective_state(c, file, *lr.run.objective);
   lr.updates = c.counters.count("updates") ? c.counters.at("updates") : 0;
   return lr;
 }
 
 }  // namespace
+
+LoadedObjective load_objective(const std::string& run_dir, const std::string& step, bool use_ema,
+                               const std::string& backend_name) {
+  LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  LoadedObjective out;
+  out.objective = lr.run.objective;
+  out.backend = lr.run.backend;
+  out.updates = lr.updates;
+  out.ema = lr.ema;
+  out.objective_options = lr.config.section("objective").values();
+  return out;
+}
 
 std::string resolve_checkpoint(const std::string& run_dir, const std::string& step, const BackendPtr& backend) {
   const fs::path ckpt_dir = fs::path(run_dir) / "checkpoints";
@@ -649,6 +701,19 @@ void sample(const std::string& run_dir, const std::string& step, bool use_ema, c
   lr.run.objective->sample(request);
 }
 
+std::unique_ptr<InferenceRun> load_inference_run(const std::string& run_dir, const std::string& step, bool use_ema,
+                                                 const std::string& backend_name) {
+  LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  auto r = std::make_unique<InferenceRun>();
+  r->checkpoint = resolve_checkpoint(run_dir, step, lr.run.backend);
+  r->config = std::move(lr.config);
+  r->objective = lr.run.objective;
+  r->backend = lr.run.backend;
+  r->updates = lr.updates;
+  r->ema = lr.ema;
+  return r;
+}
+
 void export_safetensors(const std::string& run_dir, const std::string& step, bool use_ema,
                         const std::string& backend_name, const std::string& out_dir) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
@@ -657,7 +722,7 @@ void export_safetensors(const std::string& run_dir, const std::string& step, boo
                                           {"dew.version", DEW_SDK_VERSION},
                                           {"dew.step", std::to_string(lr.updates)},
                                           {"dew.ema", lr.ema ? "1" : "0"}};
-  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), lr.run.params, meta);
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), lr.run.objective->export_parameters(), meta);
   // config.json: the [model] section (numbers unquoted), plus what the model reports about itself.
   std::map<std::string, std::string> fields = lr.config.section("model").values();
   if (Model* m = lr.run.objective->main_model())

@@ -15,14 +15,19 @@ struct BenchOptions {
   int repeats = 5;
 };
 
-// Runs fn in repeats of ~opt.seconds each; returns the median seconds per call.
-inline double median_seconds(const std::function<void()>& fn, const BenchOptions& opt) {
+// Runs fn in repeats of ~opt.seconds each; returns the median seconds per call. `sync` (when given)
+// waits for queued device work before each clock read, so asynchronous backends (cuda) are timed by
+// completion, not by enqueueing.
+inline double median_seconds(const std::function<void()>& fn, const BenchOptions& opt,
+                             const std::function<void()>& sync = {}) {
   using clock = std::chrono::steady_clock;
   fn();  // warm-up (primitive creation, caches)
+  if (sync) sync();
   int iters = 1;
   for (;;) {  // calibrate
     const auto t0 = clock::now();
     for (int i = 0; i < iters; ++i) fn();
+    if (sync) sync();
     const double s = std::chrono::duration<double>(clock::now() - t0).count();
     if (s > opt.seconds * 0.5 || iters > (1 << 20)) {
       iters = std::max(1, int(iters * opt.seconds / std::max(s, 1e-9)));
@@ -34,6 +39,7 @@ inline double median_seconds(const std::function<void()>& fn, const BenchOptions
   for (int r = 0; r < opt.repeats; ++r) {
     const auto t0 = clock::now();
     for (int i = 0; i < iters; ++i) fn();
+    if (sync) sync();
     per_call.push_back(std::chrono::duration<double>(clock::now() - t0).count() / iters);
   }
   std::sort(per_call.begin(), per_call.end());
@@ -51,7 +57,12 @@ struct LmOptions {
 };
 
 int run_kernels(const BenchOptions& opt);
+// serve (serve.cpp): TTFT and tokens/s of a running `dew-run serve` at several client counts; parses its
+// own options.
+int run_serve(const std::vector<std::string>& args);
 int run_train(const LmOptions& lo, const BenchOptions& opt);
 int run_generate(const LmOptions& lo, const BenchOptions& opt);
+// train --config dit (dit.cpp): the DiT step of ../shared/peers/torch_dit_train.py on the dit plugin.
+int run_dit_train(const LmOptions& lo, const BenchOptions& opt);
 
 }  // namespace dew_bench

@@ -64,7 +64,7 @@ int run_kernels(const BenchOptions& opt) {
   };
   for (const Shape3& s : shapes) {
     Tensor a = Tensor::uniform({s.m, s.k}, -1, 1, 1, 1, be), b = Tensor::uniform({s.k, s.n}, -1, 1, 1, 2, be);
-    const double dew_s = median_seconds([&] { Tensor c = matmul(a, b); }, opt);
+    const double dew_s = median_seconds([&] { Tensor c = matmul(a, b); }, opt, [&] { be->synchronize(); });
     const double dnnl_s = onednn_matmul_seconds(s.m, s.n, s.k, opt);
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
     std::printf(
@@ -86,13 +86,13 @@ int run_kernels(const BenchOptions& opt) {
     Tensor out = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, H, T}, DType::f32, be);
     Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
     Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-    const double fwd = median_seconds([&] { be->attention(q, k, v, out, lse, p); }, opt);
+    const double fwd = median_seconds([&] { be->attention(q, k, v, out, lse, p); }, opt, [&] { be->synchronize(); });
     const double fwd_bwd = median_seconds(
         [&] {
           be->attention(q, k, v, out, lse, p);
           be->attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
         },
-        opt);
+        opt, [&] { be->synchronize(); });
     std::printf(
         "{\"bench\":\"attention\",\"shape\":\"B8xH6xT256xD64\",\"causal\":true,\"backend\":\"%s\",\"threads\":%d,"
         "\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f}\n",

@@ -1,6 +1,7 @@
 // tools/dew-bench/main.cpp — `dew-bench <suite> [options]`: prints one JSON line per measurement.
 // Suites: kernels (matmul through dew's API next to oneDNN called directly; fused attention fwd+bwd),
-// train (a language-model training step on a named config, lm.cpp), generate (KV-cached greedy decoding).
+// train (a language-model training step on a named config, lm.cpp), generate (KV-cached greedy decoding),
+// serve (a load generator for `dew-run serve`, serve.cpp).
 #include <boost/program_options.hpp>
 #include <iostream>
 
@@ -13,10 +14,12 @@ namespace po = boost::program_options;
 namespace {
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--seconds S] [--repeats R]\n"
-    "       dew-bench train --config char-small|gpt-mini|PATH.ini [--threads N] [--backend cpu] [--steps S] "
+    "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] [--steps S] "
     "[--warmup W] [--grad-norm] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [-v]\n";
+    "[--repeats 5] [-v]\n"
+    "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
+    "[--prompt-len 16] [--config LABEL]\n";
 }
 
 int main(int argc, char** argv) {
@@ -25,6 +28,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string suite = argv[1];
+  if (suite == "serve") {  // its own options (serve.cpp)
+    try {
+      return dew_bench::run_serve(std::vector<std::string>(argv + 2, argv + argc));
+    } catch (const std::exception& e) {
+      std::cerr << "dew-bench serve: " << e.what() << "\n";
+      return 2;
+    }
+  }
   dew_bench::BenchOptions opt;
   dew_bench::LmOptions lm;
   std::vector<std::string> plugin_dirs;
@@ -51,6 +62,7 @@ int main(int argc, char** argv) {
     for (const auto& p : dew::Registry::default_plugin_dirs()) plugin_dirs.push_back(p);
     dew::Registry::global().discover(plugin_dirs);
     if (suite == "kernels") return dew_bench::run_kernels(opt);
+    if (suite == "train" && lm.config == "dit") return dew_bench::run_dit_train(lm, opt);
     if (suite == "train") return dew_bench::run_train(lm, opt);
     if (suite == "generate") return dew_bench::run_generate(lm, opt);
     std::cerr << "dew-bench: unknown suite '" << suite << "' (known: kernels, train, generate)\n" << kUsage;

@@ -388,6 +388,13 @@ void add_matmul(Table& t) {
       {"decode", 1, 1, 1152, 384, false, true},
       {"decode", 1, 1, 257, 1031, false, true, true, false, false, 0.5f},
       {"decode", 1, 1, 3, 7, false, true, true},
+      // Decoding a server's active sequences: a few rows against a weight (cpu's row-wise path), with
+      // the epilogues a Linear layer fuses.
+      {"decode_rows", 1, 16, 1152, 384, false, true},
+      {"decode_rows", 1, 7, 257, 1031, false, true, true, false, false, 0.5f},
+      {"decode_rows", 1, 5, 1024, 384, false, true, false, false, false, 1.0f, 0.0f, Activation::silu},
+      {"decode_rows", 1, 32, 97, 40, false, true, true, false, false, 1.0f, 0.0f, Activation::gelu_tanh},
+      {"decode_rows", 1, 33, 96, 40, false, true, true},
       {"outer", 1, 64, 48, 1},
       {"tiny", 1, 1, 1, 1},
       // Transformer-sized (char-small: d 384, qkv 1152, T 256, head 64).

@@ -1,6 +1,6 @@
 // tools/dew-run/main.cpp — the launcher: `dew-run <command> [options]`.
 //
-// Commands: train, eval, sample, export, plugins, demo. Every [section] key of a config can be given
+// Commands: train, eval, sample, export, import, serve, plugins, demo. Every [section] key of a config can be given
 // on the command line as --section.key VALUE (or --section.key=VALUE), which wins over the file.
 // Exit status: 0 success, 2 usage/config error, 1 runtime error, 130 interrupted (after a checkpoint).
 // Plugins are found in --plugin-dir folders, DEW_PLUGIN_PATH, then next to this executable; [run]
@@ -14,9 +14,12 @@
 #include <vector>
 
 #include "demo.hpp"
+#include "serve.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
+#include "dew/interop.hpp"
 #include "dew/registry.hpp"
+#include "dew/safetensors.hpp"
 #include "dew/train.hpp"
 
 namespace po = boost::program_options;
@@ -32,7 +35,9 @@ const char* kUsage =
     "  eval      evaluate a run's checkpoint on the validation/test split; prints JSON:  --run-dir D [--step "
     "latest|best|N] [objective keys: --samples N, --task T, ...]\n"
     "  sample    generate from a run (objectives with a sampler):  --run-dir D [...]\n"
-    "  export    write model.safetensors + config.json:  --run-dir D --format safetensors --out DIR\n"
+    "  export    write model.safetensors + config.json:  --run-dir D --format safetensors|hf --out DIR\n"
+    "  import    a Hugging Face decoder (config.json + safetensors) as a run directory:  --from DIR --run-dir D\n"
+    "  serve     HTTP/JSON text generation (OpenAI-style /v1/completions):  --run-dir D --port P [--slots N]\n"
     "  plugins   list the plugins found, their components, and whether backends can run here\n"
     "  demo      fit a small two-layer network on a synthetic task with --backend (cpu|ref)\n"
     "Run `dew-run <command> --help` for a command's options.\n";
@@ -91,14 +96,16 @@ po::variables_map parse(const std::vector<std::string>& args, const po::options_
 }
 
 void print_plugin_options(dew::Config& config) {
-  for (const char* section : {"model", "objective", "data"}) {
+  // [predictor]: the second backbone of objectives that own two (jepa).
+  for (const char* section : {"model", "predictor", "objective", "data"}) {
     if (!config.has_section(section)) continue;
     const dew::Options& o = config.section(section);
     if (!o.has("plugin") && !o.has("source")) continue;
     const std::string name = o.values().count("plugin") ? o.values().at("plugin") : o.values().at("source");
-    const char* kind = std::string(section) == "model"       ? "model"
-                       : std::string(section) == "objective" ? "objective"
-                                                             : "data_source";
+    const std::string sec = section;
+    const char* kind = sec == "model" || sec == "predictor" ? "model"
+                       : sec == "objective"                 ? "objective"
+                                                            : "data_source";
     if (!dew::Registry::global().contains(kind, name)) continue;
     const auto& c = dew::Registry::global().find(kind, name);
     std::cout << "\n[" << section << "] options of " << kind << " '" << name << "' (" << c.origin.describe() << "):\n";
@@ -221,16 +228,65 @@ int cmd_sample(const std::vector<std::string>& raw) {
 
 int cmd_export(const std::vector<std::string>& args) {
   RunArgs r;
-  std::string format, out;
+  std::string format, out, max_shard, dtype;
   po::options_description d("dew-run export");
   add_run_args(d, r);
-  d.add_options()("format", po::value(&format)->default_value("safetensors"), "output format: safetensors")(
-      "out", po::value(&out)->required(), "output folder");
+  d.add_options()("format", po::value(&format)->default_value("safetensors"),
+                  "output format: safetensors (dew's names and config) or hf (a Hugging Face model folder)")(
+      "out", po::value(&out)->required(), "output folder")(
+      "max-shard-size", po::value(&max_shard)->default_value("5GB"), "hf: shard the weights above this size")(
+      "dtype", po::value(&dtype), "hf: write floating weights as f32, bf16 or f16 (default: as trained)");
   parse(args, d);
-  DEW_USAGE_CHECK(format == "safetensors", "--format ", format, " is not supported; known: safetensors");
+  DEW_USAGE_CHECK(format == "safetensors" || format == "hf", "--format ", format,
+                  " is not supported; known: safetensors, hf");
   load_plugins(r.common);
+  if (format == "hf") {
+    dew::export_hf(r.run_dir, r.step, !r.no_ema, r.backend, out, dew::parse_byte_size(max_shard, "--max-shard-size"),
+                   dtype);
+    std::cout << "wrote a Hugging Face model folder (config.json, safetensors) to " << out << "\n";
+    return 0;
+  }
   dew::export_safetensors(r.run_dir, r.step, !r.no_ema, r.backend, out);
   std::cout << "wrote " << (fs::path(out) / "model.safetensors").string() << " and config.json\n";
+  return 0;
+}
+
+int cmd_serve(const std::vector<std::string>& args) {
+  RunArgs r;
+  dew_run::ServeOptions so;
+  po::options_description d("dew-run serve");
+  add_run_args(d, r);
+  d.add_options()("port", po::value(&so.port)->default_value(8000), "TCP port (0: any free port)")(
+      "host", po::value(&so.host)->default_value("127.0.0.1"), "address to listen on")(
+      "slots", po::value(&so.scheduler.slots)->default_value(8), "sequences decoded together")(
+      "queue", po::value(&so.scheduler.max_queue)->default_value(64), "requests that may wait for a slot (429 past it)")(
+      "context", po::value(&so.scheduler.context)->default_value(0), "tokens per slot (0: the model's context)")(
+      "max-tokens", po::value(&so.max_tokens)->default_value(4096), "the most max_tokens a request may ask")(
+      "model-name", po::value(&so.model_name), "model id reported and accepted (default: the run's name)")(
+      "access-log", po::bool_switch(&so.access_log), "one line per request on stderr");
+  parse(args, d);
+  load_plugins(r.common);
+  return dew_run::serve(r.run_dir, r.step, !r.no_ema, r.backend, so);
+}
+
+// `dew-run import --from HF_DIR --run-dir D [--backend B] [--section.key V ...]` (dew/interop.hpp).
+int cmd_import(const std::vector<std::string>& raw) {
+  std::vector<std::pair<std::string, std::string>> overrides;
+  std::vector<std::string> args = take_overrides(raw, overrides);
+  Common c;
+  std::string from, run_dir, backend = "cpu";
+  po::options_description d("dew-run import");
+  d.add_options()("from", po::value(&from)->required(),
+                  "Hugging Face model folder: config.json + model.safetensors (or an index and shards)")(
+      "run-dir", po::value(&run_dir)->required(), "run directory to create")(
+      "backend", po::value(&backend)->default_value("cpu"), "backend of the run (cpu, ref, cuda)");
+  add_common(d, c);
+  parse(args, d);
+  load_plugins(c);
+  dew::ImportOptions o;
+  o.backend = backend;
+  for (const auto& [k, v] : overrides) o.overrides[k] = v;
+  std::cout << dew::import_hf(from, run_dir, o) << "\n";
   return 0;
 }
 
@@ -299,6 +355,8 @@ int main(int argc, char** argv) {
     if (command == "eval") return cmd_eval(args);
     if (command == "sample") return cmd_sample(args);
     if (command == "export") return cmd_export(args);
+    if (command == "import") return cmd_import(args);
+    if (command == "serve") return cmd_serve(args);
     if (command == "plugins") return cmd_plugins(args);
     if (command == "demo") return cmd_demo(args);
     std::cerr << "dew-run: unknown command '" << command << "'\n" << kUsage;

@@ -14,7 +14,8 @@
 //
 // Parameter names (exactly the Hugging Face Llama/Qwen3 layout):
 //   model.embed_tokens.weight [V, D]
-//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight   (+ q_norm.weight, k_norm.weight [head_dim])
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight   (+ q_norm.weight, k_norm.weight [head_dim];
+//                                                        + .bias with qkv_bias / o_bias / mlp_bias)
 //   model.layers.{i}.mlp.{gate,up,down}_proj.weight     (mlp = gelu: up_proj, down_proj only)
 //   model.layers.{i}.input_layernorm.weight, model.layers.{i}.post_attention_layernorm.weight
 //   model.norm.weight, lm_head.weight [V, D] (only when tie_embeddings = false)
@@ -24,7 +25,8 @@
 // Options ([model]): vocab_size (required; the lm objective fills it from the tokenizer), dim (512),
 // n_layers (8), n_heads (8), n_kv_heads (= n_heads), head_dim (= dim / n_heads), mlp (swiglu | geglu |
 // gelu), mlp_hidden (gated: 8 dim / 3 rounded up to a multiple of 64; gelu: 4 dim), norm_eps (1e-5),
-// norm_offset (0 | 1), rope_theta (10000), partial_rotary (1), qk_norm (false), sliding_window (0),
+// norm_offset (0 | 1), rope_theta (10000), partial_rotary (1), qk_norm (false), qkv_bias / o_bias /
+// mlp_bias (false: biases, initialised to 0, on q/k/v, o_proj, the MLP), sliding_window (0),
 // layer_pattern ("global"; a comma list of global | local cycled over the layers; local layers use
 // sliding_window), attn_softcap (0), final_softcap (0), tie_embeddings (true), embed_scale (false),
 // dropout (0), init_std (0.02), max_seq_len (2048: the context length FLOPs are counted for,
@@ -46,6 +48,7 @@
 #include <dew/registry.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -63,6 +66,7 @@ struct Config {
   double rope_theta = 10000.0, partial_rotary = 1.0;
   int64_t rotary_dim = 0;
   bool qk_norm = false;
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;  // Qwen2: qkv; Llama/Qwen3 attention_bias: qkv + o
   int64_t window = 0;
   std::vector<bool> local;  // per layer
   std::string pattern = "global";
@@ -120,6 +124,9 @@ Config read_config(const Options& o) {
                   c.head_dim);
   c.rotary_dim = c.partial_rotary == 0 ? -1 : (rd == c.head_dim ? 0 : rd);
   c.qk_norm = o.get_bool("qk_norm", false);
+  c.qkv_bias = o.get_bool("qkv_bias", false);
+  c.o_bias = o.get_bool("o_bias", false);
+  c.mlp_bias = o.get_bool("mlp_bias", false);
   c.window = o.get_int("sliding_window", 0);
   DEW_USAGE_CHECK(c.window >= 0, "option 'model.sliding_window' must be >= 0, got ", c.window);
   c.pattern = o.get_string("layer_pattern", "global");
@@ -162,6 +169,29 @@ class KVCache final : public dew::DecodeCache {
   std::vector<Tensor> k, v;
 };
 
+// Slot decoding (continuous batching): per-layer K/V of `slots` independent sequences, [slots, capacity,
+// Hkv, D] each, slot s filled up to lengths[s]. Slot s alone is the batch-1 cache of its sequence (a view).
+class SlotKV final : public dew::SlotCache {
+ public:
+  int64_t slots() const override { return int64_t(lengths.size()); }
+  int64_t capacity() const override { return capacity_; }
+  int64_t length(int64_t slot) const override { return lengths.at(size_t(check(slot))); }
+  void clear(int64_t slot) override { lengths.at(size_t(check(slot))) = 0; }
+  int64_t check(int64_t slot) const {
+    DEW_CHECK(slot >= 0 && slot < slots(), "causal_transformer: slot ", slot, " is outside [0, ", slots(), ")");
+    return slot;
+  }
+  int64_t capacity_ = 0;
+  std::vector<int64_t> lengths;
+  std::vector<Tensor> k, v;
+};
+
+// The rows of one decode step over a SlotKV: row i is slot slots[i] at position positions[i].
+struct SlotRows {
+  SlotKV* cache = nullptr;
+  std::vector<int64_t> slots, positions;
+};
+
 // Writes src [B, T, Hkv, D] into dst [B, S, Hkv, D] at sequence position `at`.
 void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
   const int64_t b = src.shape()[0], t = src.shape()[1], row = src.shape()[2] * src.shape()[3];
@@ -187,10 +217,15 @@ class SelfAttention final : public dew::nn::Module {
   SelfAttention(const Config& c, bool local) : c_(c), local_(local) {
     const Init w = Init::Normal(float(c.init_std));
     const Init wo = Init::Normal(float(c.init_std / std::sqrt(2.0 * double(c.layers))));
-    q_proj = register_module("q_proj", std::make_shared<dew::nn::Linear>(c.dim, c.heads * c.head_dim, false, w));
-    k_proj = register_module("k_proj", std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, false, w));
-    v_proj = register_module("v_proj", std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, false, w));
-    o_proj = register_module("o_proj", std::make_shared<dew::nn::Linear>(c.heads * c.head_dim, c.dim, false, wo));
+    const Init zero = Init::Zeros();  // biases start at 0 (Hugging Face's _init_weights)
+    q_proj =
+        register_module("q_proj", std::make_shared<dew::nn::Linear>(c.dim, c.heads * c.head_dim, c.qkv_bias, w, zero));
+    k_proj = register_module("k_proj",
+                             std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, w, zero));
+    v_proj = register_module("v_proj",
+                             std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, w, zero));
+    o_proj =
+        register_module("o_proj", std::make_shared<dew::nn::Linear>(c.heads * c.head_dim, c.dim, c.o_bias, wo, zero));
     if (c.qk_norm) {
       q_norm =
           register_module("q_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
@@ -203,22 +238,8 @@ class SelfAttention final : public dew::nn::Module {
   // values are written at `past` and the queries attend over the first past + T keys.
   Tensor forward(const Tensor& x, const Tensor& positions, Tensor* k_cache, Tensor* v_cache, int64_t past) const {
     const int64_t b = x.shape()[0], t = x.shape()[1];
-    Tensor q = dew::reshape(q_proj->forward(x), {b, t, c_.heads, c_.head_dim});
-    Tensor k = dew::reshape(k_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
-    Tensor v = dew::reshape(v_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
-    if (q_norm) {
-      q = q_norm->forward(q);
-      k = k_norm->forward(k);
-    }
-    if (c_.rotary_dim >= 0) {
-      q = dew::rope(q, positions, float(c_.rope_theta), c_.rotary_dim);
-      k = dew::rope(k, positions, float(c_.rope_theta), c_.rotary_dim);
-    }
-    dew::AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(c_.head_dim));
-    p.causal = true;
-    p.window = local_ ? c_.window : 0;
-    p.softcap = float(c_.attn_softcap);
+    auto [q, k, v] = project(x, positions);
+    dew::AttentionParams p = params();
     Tensor o;
     if (k_cache) {
       write_rows(k, *k_cache, past);
@@ -231,10 +252,57 @@ class SelfAttention final : public dew::nn::Module {
     return o_proj->forward(dew::reshape(o, {b, t, c_.heads * c_.head_dim}));
   }
 
+  // One decode step of N slots: x [N, 1, D], positions i32 [N, 1] (each row's own). Row i's key/value go
+  // into slot rows.slots[i] of this layer's slot cache at its position, and its query attends over that
+  // slot alone, exactly as the sequence's batch-1 decode step does (one attention call per row).
+  Tensor forward_rows(const Tensor& x, const Tensor& positions, Tensor& k_slots, Tensor& v_slots,
+                      const SlotRows& rows) const {
+    const int64_t n = x.shape()[0];
+    auto [q, k, v] = project(x, positions);
+    std::vector<Tensor> out;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = rows.slots[size_t(i)], past = rows.positions[size_t(i)];
+      Tensor kc = k_slots.slice0(slot, slot + 1), vc = v_slots.slice0(slot, slot + 1);
+      write_rows(k.slice0(i, i + 1), kc, past);
+      write_rows(v.slice0(i, i + 1), vc, past);
+      dew::AttentionParams p = params();
+      p.q_offset = past;
+      out.push_back(dew::attention(q.slice0(i, i + 1), prefix(kc, past + 1), prefix(vc, past + 1), p));
+    }
+    const Tensor o = n == 1 ? out[0] : dew::concat(out, 0);
+    return o_proj->forward(dew::reshape(o, {n, 1, c_.heads * c_.head_dim}));
+  }
+
   std::shared_ptr<dew::nn::Linear> q_proj, k_proj, v_proj, o_proj;
   std::shared_ptr<dew::nn::RMSNorm> q_norm, k_norm;
 
  private:
+  // q [B, T, H, Dh], k and v [B, T, Hkv, Dh] of x [B, T, D]: projections, qk-norm, rotary positions.
+  std::tuple<Tensor, Tensor, Tensor> project(const Tensor& x, const Tensor& positions) const {
+    const int64_t b = x.shape()[0], t = x.shape()[1];
+    Tensor q = dew::reshape(q_proj->forward(x), {b, t, c_.heads, c_.head_dim});
+    Tensor k = dew::reshape(k_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
+    Tensor v = dew::reshape(v_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
+    if (q_norm) {
+      q = q_norm->forward(q);
+      k = k_norm->forward(k);
+    }
+    if (c_.rotary_dim >= 0) {
+      q = dew::rope(q, positions, float(c_.rope_theta), c_.rotary_dim);
+      k = dew::rope(k, positions, float(c_.rope_theta), c_.rotary_dim);
+    }
+    return {q, k, v};
+  }
+
+  dew::AttentionParams params() const {
+    dew::AttentionParams p;
+    p.scale = 1.0f / std::sqrt(float(c_.head_dim));
+    p.causal = true;
+    p.window = local_ ? c_.window : 0;
+    p.softcap = float(c_.attn_softcap);
+    return p;
+  }
+
   Config c_;
   bool local_;
 };
@@ -246,9 +314,11 @@ class FeedForward final : public dew::nn::Module {
     const Init wo = Init::Normal(float(c.init_std / std::sqrt(2.0 * double(c.layers))));
     gated_ = c.mlp != "gelu";
     act_ = c.mlp == "swiglu" ? Activation::silu : Activation::gelu_tanh;
-    if (gated_) gate_proj = register_module("gate_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, false, w));
-    up_proj = register_module("up_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, false, w));
-    down_proj = register_module("down_proj", std::make_shared<dew::nn::Linear>(c.hidden, c.dim, false, wo));
+    const Init zero = Init::Zeros();
+    if (gated_)
+      gate_proj = register_module("gate_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, c.mlp_bias, w, zero));
+    up_proj = register_module("up_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, c.mlp_bias, w, zero));
+    down_proj = register_module("down_proj", std::make_shared<dew::nn::Linear>(c.hidden, c.dim, c.mlp_bias, wo, zero));
   }
   Tensor forward(const Tensor& x) const {
     if (!gated_) return down_proj->forward(up_proj->forward(x, act_));
@@ -352,6 +422,61 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     return logits;
   }
 
+  std::unique_ptr<dew::SlotCache> make_slot_cache(int64_t slots, int64_t capacity) const override {
+    DEW_CHECK(slots > 0 && capacity > 0, "causal_transformer: a slot cache needs positive slots and capacity");
+    auto cache = std::make_unique<SlotKV>();
+    cache->capacity_ = capacity;
+    cache->lengths.assign(size_t(slots), 0);
+    const auto& be = model_->embed_tokens->weight.backend_ptr();
+    const dew::DType dt = model_->embed_tokens->weight.dtype();
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      cache->k.push_back(Tensor::zeros({slots, capacity, c_.kv_heads, c_.head_dim}, dt, be));
+      cache->v.push_back(Tensor::zeros({slots, capacity, c_.kv_heads, c_.head_dim}, dt, be));
+    }
+    return cache;
+  }
+
+  // T == 1: one batched step over the rows (per-row positions and attention). T > 1 (prefill): each row
+  // through the batch-1 path on its slot's view of the cache.
+  Tensor forward_slots(const Tensor& tokens, const std::vector<int64_t>& slots, dew::SlotCache& cache) override {
+    auto* kv = dynamic_cast<SlotKV*>(&cache);
+    DEW_CHECK(kv != nullptr, "causal_transformer: forward_slots needs a cache made by this model's make_slot_cache()");
+    check_tokens(tokens);
+    const int64_t n = tokens.shape()[0], t = tokens.shape()[1];
+    DEW_CHECK(int64_t(slots.size()) == n, "causal_transformer: ", n, " token rows for ", slots.size(), " slots");
+    SlotRows rows{kv, slots, {}};
+    for (size_t i = 0; i < slots.size(); ++i) {
+      kv->check(slots[i]);
+      for (size_t j = 0; j < i; ++j)
+        DEW_CHECK(slots[j] != slots[i], "causal_transformer: slot ", slots[i], " fed twice in one step");
+      const int64_t len = kv->lengths[size_t(slots[i])];
+      DEW_CHECK(len + t <= kv->capacity_, "causal_transformer: slot ", slots[i], " holds ", kv->capacity_,
+                " tokens; ", len, " are in it and ", t, " more were fed");
+      rows.positions.push_back(len);
+    }
+    Tensor logits;
+    if (t == 1) {
+      logits = run(tokens, nullptr, 0, 0, &rows);
+    } else {
+      std::vector<Tensor> out;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t s = slots[size_t(i)];
+        KVCache one;  // the slot's batch-1 view of the resident cache
+        one.batch_ = 1;
+        one.capacity_ = kv->capacity_;
+        one.length_ = kv->lengths[size_t(s)];
+        for (int64_t l = 0; l < c_.layers; ++l) {
+          one.k.push_back(kv->k[size_t(l)].slice0(s, s + 1));
+          one.v.push_back(kv->v[size_t(l)].slice0(s, s + 1));
+        }
+        out.push_back(run(tokens.slice0(i, i + 1), &one, 0, 0));
+      }
+      logits = n == 1 ? out[0] : dew::concat(out, 0);
+    }
+    for (int64_t s : slots) kv->lengths[size_t(s)] += t;
+    return logits;
+  }
+
   double flops_per_sequence(int64_t t) const override {
     double weights = 0;
     for (const auto& [name, p] : named_parameters())
@@ -372,9 +497,14 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   double flops_per_sample() const override { return flops_per_sequence(c_.max_seq_len); }
 
   std::map<std::string, std::string> describe() const override {
-    auto num = [](double v) {
+    auto num = [](double v) {  // the shortest text that reads back as the same double
       std::ostringstream s;
-      s << v;
+      for (int digits = 6; digits <= 17; ++digits) {
+        s.str("");
+        s.precision(digits);
+        s << v;
+        if (std::stod(s.str()) == v) break;
+      }
       return s.str();
     };
     std::string types;
@@ -396,8 +526,10 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
         {"partial_rotary_factor", num(c_.partial_rotary)},
         {"tie_word_embeddings", c_.tie ? "true" : "false"},
         {"max_position_embeddings", std::to_string(c_.max_seq_len)},
-        {"attention_bias", "false"},
-        {"mlp_bias", "false"},
+        {"attention_bias", c_.qkv_bias || c_.o_bias ? "true" : "false"},
+        {"qkv_bias", c_.qkv_bias ? "true" : "false"},
+        {"o_bias", c_.o_bias ? "true" : "false"},
+        {"mlp_bias", c_.mlp_bias ? "true" : "false"},
         {"qk_norm", c_.qk_norm ? "true" : "false"},
         {"norm_offset", num(c_.norm_offset)},
         {"embed_scale", c_.embed_scale ? "true" : "false"},
@@ -431,12 +563,15 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     return dew::dropout(x, float(c_.dropout), seed, stream, 0);
   }
 
-  Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step) const {
+  // `rows` (slot decoding, T == 1): row i is a slot at its own position (positions [N, 1]).
+  Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step, const SlotRows* rows = nullptr) const {
     const int64_t t = tokens.shape()[1];
     const int64_t past = cache ? cache->length_ : 0;
     std::vector<int32_t> pos(static_cast<size_t>(t));
     for (int64_t i = 0; i < t; ++i) pos[size_t(i)] = int32_t(past + i);
-    const Tensor positions = Tensor::from_ints(pos, {t}, tokens.backend_ptr());
+    if (rows) pos.assign(rows->positions.begin(), rows->positions.end());
+    const Tensor positions = rows ? Tensor::from_ints(pos, {int64_t(pos.size()), 1}, tokens.backend_ptr())
+                                  : Tensor::from_ints(pos, {t}, tokens.backend_ptr());
     Tensor x = model_->embed_tokens->forward(tokens);
     if (c_.embed_scale) x = dew::scale(x, std::sqrt(float(c_.dim)));
     x = drop(x, -1, "embed", seed, step);
@@ -444,7 +579,9 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       const DecoderLayer& l = *model_->layers->items[size_t(i)];
       Tensor* kc = cache ? &cache->k[size_t(i)] : nullptr;
       Tensor* vc = cache ? &cache->v[size_t(i)] : nullptr;
-      Tensor a = l.self_attn->forward(l.input_layernorm->forward(x), positions, kc, vc, past);
+      Tensor a = rows ? l.self_attn->forward_rows(l.input_layernorm->forward(x), positions, rows->cache->k[size_t(i)],
+                                                  rows->cache->v[size_t(i)], *rows)
+                      : l.self_attn->forward(l.input_layernorm->forward(x), positions, kc, vc, past);
       x = dew::add(x, drop(a, i, "attn", seed, step));
       Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
       x = dew::add(x, drop(m, i, "mlp", seed, step));
@@ -463,7 +600,11 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
 
 }  // namespace
 
+// hf_converter.cpp: Hugging Face config.json <-> [model] for llama, mistral, qwen2, qwen3 (dew/interop.hpp).
+void register_hf_converter(dew::Registrar& registrar);
+
 DEW_PLUGIN("causal_transformer", "0.1.0") {
+  register_hf_converter(registrar);
   registrar.add<dew::Model>({
       .name = "causal_transformer",
       .description = "Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU; qk-norm, sliding window, softcaps; "
@@ -482,6 +623,9 @@ DEW_PLUGIN("causal_transformer", "0.1.0") {
                   {"rope_theta", "10000", "rotary base"},
                   {"partial_rotary", "1", "fraction of head_dim that rotates (0: no positions)"},
                   {"qk_norm", "false", "RMSNorm on queries and keys per head (Qwen3)"},
+                  {"qkv_bias", "false", "biases on the q/k/v projections (Qwen2)"},
+                  {"o_bias", "false", "bias on the output projection (Llama/Qwen3 attention_bias with qkv_bias)"},
+                  {"mlp_bias", "false", "biases on the MLP projections (Llama mlp_bias)"},
                   {"sliding_window", "0", "window of local layers (keys attended, including its own)"},
                   {"layer_pattern", "global", "layer kinds cycled over the layers, e.g. local,local,global"},
                   {"attn_softcap", "0", "attention logit softcap (Gemma 2)"},

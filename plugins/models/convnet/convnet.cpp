@@ -90,26 +90,24 @@ class ConvNet final : public dew::Model {
     if (height_ == 0) flops_ = 0.0;  // unknown without the image size
   }
 
-  Tensor forward(const dew::Batch& inputs) override { return head_->forward(features(inputs)); }
-
-  // The pooled (or flattened) last convolution block: [B, c_last] (flatten: [B, c_last*h*w]).
-  Tensor features(const dew::Batch& inputs) override {
-    auto it = inputs.find("image");
-    DEW_CHECK(it != inputs.end(), "convnet: forward needs an 'image' input");
-    const Tensor& x0 = it->second;
-    DEW_CHECK(x0.ndim() == 4 && x0.shape()[1] == in_channels_, "convnet: 'image' must be [B, ", in_channels_,
-              ", H, W], got ", dew::shape_str(x0.shape()));
-    Tensor x = x0;
-    for (const auto& b : blocks_) x = b->forward(x);
+  Tensor forward(const dew::Batch& inputs) override {
+    Tensor x = trunk(inputs);
     const int64_t n = x.shape()[0], c = x.shape()[1];
     if (pool_ == "flatten") {
       DEW_CHECK(x.shape()[2] == feat_h_ && x.shape()[3] == feat_w_, "convnet: built for ", height_, "x", width_,
-                " images (pool = flatten), got ", dew::shape_str(x0.shape()));
+                " images (pool = flatten), got ", dew::shape_str(inputs.at("image").shape()));
       x = dew::reshape(x, {n, -1});  // [B, C*h*w] in (C, h, w) order
     } else {
       x = dew::mean(dew::reshape(x, {n, c, -1}), 2);  // global average pool -> [B, C]
     }
-    return x;
+    return head_->forward(x);
+  }
+
+  // The last convolution block averaged over positions, [B, c_last], whatever `pool` is: a compact
+  // representation (like Inception's pool3 for FID) for probes and the Fréchet distance.
+  Tensor features(const dew::Batch& inputs) override {
+    Tensor x = trunk(inputs);
+    return dew::mean(dew::reshape(x, {x.shape()[0], x.shape()[1], -1}), 2);
   }
 
   double flops_per_sample() const override { return flops_; }
@@ -130,6 +128,18 @@ class ConvNet final : public dew::Model {
   }
 
  private:
+  // The convolution blocks on the checked "image" input: [B, c_last, h, w].
+  Tensor trunk(const dew::Batch& inputs) const {
+    auto it = inputs.find("image");
+    DEW_CHECK(it != inputs.end(), "convnet: forward needs an 'image' input");
+    const Tensor& x0 = it->second;
+    DEW_CHECK(x0.ndim() == 4 && x0.shape()[1] == in_channels_, "convnet: 'image' must be [B, ", in_channels_,
+              ", H, W], got ", dew::shape_str(x0.shape()));
+    Tensor x = x0;
+    for (const auto& b : blocks_) x = b->forward(x);
+    return x;
+  }
+
   int64_t num_classes_ = 0, in_channels_ = 1, depth_ = 1, groups_ = 8, height_ = 0, width_ = 0;
   int64_t feat_h_ = 0, feat_w_ = 0;
   std::string pool_;

@@ -7,7 +7,11 @@
 // perplexity = exp(ce), bits_per_byte = ce / ln 2 * tokens / bytes (byte tokenizer: 1 byte per token;
 // otherwise meta.json's val_bytes / val_tokens) and token_accuracy, plus an artifact
 // samples/sample-step-XXXXXXXX.txt: a continuation of sample_prompt (KV-cached decoding, dew/generate.hpp).
-// sample() (`dew-run sample`) prints continuations of --prompt (or one prompt per line of --prompts_file).
+// sample() (`dew-run sample`) prints continuations of --prompt (or one prompt per line of --prompts_file;
+// --prompt_ids 1,2,3 samples token ids, for runs without a tokenizer).
+// evaluate() (`dew-run eval`): validate() without --task; with --task perplexity | loglikelihood |
+// multiple_choice | loglikelihood_rolling | generate_until, the evaluation harness (harness.cpp,
+// dew/lm_eval.hpp, docs/eval.md), whose per-request results go to <run-dir>/eval/<task>.jsonl.
 //
 // build(): the token folder is the [data] section's `path` (meta.json, and tokenizer.json for bpe, as
 // dew-tokenize writes them); without one (e.g. the synthetic source) there is no tokenizer and the
@@ -33,6 +37,8 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+
+#include "harness.hpp"
 
 namespace {
 
@@ -95,6 +101,7 @@ class LanguageModel final : public dew::Objective {
 
     dew::Options& data = ctx.config->section("data");
     const std::string dir = data.get_string("path", "");  // the tokens source reads it too
+    data_path_ = dir;
     namespace fs = std::filesystem;
     if (!dir.empty() && fs::exists(fs::path(dir) / "meta.json")) {
       meta_ = dew::read_token_meta(dir);
@@ -232,12 +239,42 @@ class LanguageModel final : public dew::Objective {
     return 3.0 * model_->flops_per_sample();
   }
   dew::Model* main_model() override { return model_.get(); }
+  std::shared_ptr<const dew::Tokenizer> tokenizer() const override { return tokenizer_; }
+
+  // `dew-run eval`: without --task, validate() on the run's validation split; with --task, the
+  // evaluation harness (harness.cpp, docs/eval.md).
+  dew::ValidationResult evaluate(dew::DataLoader& loader, dew::Options& req, const dew::StepInfo& info) override {
+    DEW_CHECK(model_, "lm: evaluate() before build()");
+    if (!req.has("task")) {
+      DEW_USAGE_CHECK(loader.source().identity() != "none",
+                      "lm: this run has no validation data ([data] source = none, e.g. an imported model): pass "
+                      "--task perplexity|loglikelihood|multiple_choice|loglikelihood_rolling|generate_until");
+      return validate(loader, info);
+    }
+    const bool was_training = model_->training();
+    model_->set_training(false);
+    dew::NoGradGuard no_grad;
+    lm_harness::Context c;
+    c.model = model_.get();
+    c.decoder = decoder_;
+    c.tokenizer = tokenizer_.get();
+    c.data_path = has_meta_ ? data_path_ : std::string();
+    dew::ValidationResult r = lm_harness::run(req.require_string("task"), req, c);
+    model_->set_training(was_training);
+    return r;
+  }
 
   void sample(dew::Options& req) override {
     DEW_CHECK(model_, "lm: sample() before build()");
     DEW_USAGE_CHECK(decoder_, "lm: the backbone '", model_plugin_,
                     "' does not decode incrementally (no CausalDecoder)");
-    DEW_USAGE_CHECK(tokenizer_, "lm: sampling text needs a tokenizer: the run's [data] path has no meta.json");
+    if (req.has("prompt_ids")) {
+      sample_ids(req);
+      return;
+    }
+    DEW_USAGE_CHECK(tokenizer_,
+                    "lm: sampling text needs a tokenizer: the run's [data] path has no meta.json (pass "
+                    "--prompt_ids 1,2,3 to sample token ids)");
     std::vector<std::string> prompts;
     const std::string file = req.get_string("prompts_file", "");
     if (!file.empty()) {
@@ -285,6 +322,39 @@ class LanguageModel final : public dew::Objective {
   }
 
  private:
+  // `dew-run sample --prompt_ids 1,2,3`: token ids in, token ids out (and text when there is a tokenizer).
+  void sample_ids(dew::Options& req) {
+    std::vector<int32_t> prompt;
+    for (double v : req.get_doubles("prompt_ids", {})) {
+      DEW_USAGE_CHECK(v >= 0 && v < double(decoder_->vocab_size()) && v == std::floor(v), "--prompt_ids: ", v,
+                      " is not a token id of this model (vocabulary ", decoder_->vocab_size(), ")");
+      prompt.push_back(int32_t(v));
+    }
+    DEW_USAGE_CHECK(!prompt.empty(), "--prompt_ids is empty");
+    dew::SamplingParams sp;
+    sp.max_new_tokens = req.get_int("max_new_tokens", sample_tokens_ > 0 ? sample_tokens_ : 200);
+    sp.temperature = float(req.get_double("temperature", 1.0));
+    sp.top_k = req.get_int("top_k", 0);
+    sp.top_p = float(req.get_double("top_p", 1.0));
+    sp.min_p = float(req.get_double("min_p", 0.0));
+    sp.repetition_penalty = float(req.get_double("repetition_penalty", 1.0));
+    const int64_t seed = req.get_int("seed", 0);
+    DEW_USAGE_CHECK(seed >= 0, "--seed must not be negative");
+    sp.seed = uint64_t(seed);
+    const int64_t eos = req.get_int("eos_id", tokenizer_ ? tokenizer_->eos_id() : -1);
+    sp.eos_id = int32_t(eos);
+    req.check_all_used();
+    dew::validate(sp);
+    model_->set_training(false);
+    dew::NoGradGuard no_grad;
+    const auto g = dew::generate(dew::decoder_start(*decoder_), {prompt}, sp, nullptr, decoder_->context_length());
+    std::ostringstream os;
+    for (size_t i = 0; i < g[0].tokens.size(); ++i) os << (i ? " " : "") << g[0].tokens[i];
+    std::cout << os.str() << "\n";
+    if (tokenizer_) std::cout << tokenizer_->decode(g[0].tokens) << "\n";
+    std::cout.flush();
+  }
+
   void read_options(const dew::Options& o) {
     pad_id_ = o.get_int("pad_id", -1);
     vocab_size_ = o.get_int("vocab_size", 0);
@@ -375,7 +445,7 @@ class LanguageModel final : public dew::Objective {
   int64_t pad_id_ = -1, vocab_size_ = 0, vocab_ = 0, seq_len_ = 0, sample_tokens_ = 200, sample_top_k_ = 0,
           sample_seed_ = 0, eval_batches_ = 0;
   double sample_temperature_ = 0.8, sample_top_p_ = 0.95;
-  std::string sample_prompt_ = "The ", model_plugin_;
+  std::string sample_prompt_ = "The ", model_plugin_, data_path_;
 };
 
 }  // namespace

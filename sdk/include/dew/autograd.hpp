@@ -37,6 +37,19 @@ class NoGradGuard {
   bool previous_;
 };
 
+// RAII: turns gradient recording on in this thread while alive, also inside a NoGradGuard (e.g. a probe
+// fitted during evaluation); restores the previous mode.
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // True when an op with these inputs must record a node.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 

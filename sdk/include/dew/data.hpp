@@ -61,6 +61,17 @@ class DataSource {
 // A per-record transform (flip, crop, normalise...): randomness only from (seed, position).
 using RecordTransform = std::function<void(Record& record, uint64_t seed, uint64_t position)>;
 
+// Per-record image transforms from their spellings (the [data] key `transforms`, a comma list such as
+// "pad:4, random_crop:32, flip"): flip/hflip[:P], vflip[:P], pad:N[:zero|reflect|edge], random_crop:S,
+// center_crop:S, resize:S, random_resized_crop:S[:MIN[:MAX]], S = "N" or "HxW" (core/data/transforms.cpp
+// documents each). They edit the "image" field (u8 [H, W, C]) and keep it u8: normalisation is the
+// objective's. Randomness is keyed by (seed, the record's global stream position, the transform's place
+// in the list). *fixes_size (when given) is set when some transform outputs one size for every record.
+// evaluation = true (validation splits) makes them deterministic: flips are skipped, random_crop becomes
+// center_crop, random_resized_crop:S becomes resize:S, so evaluation sees the training shapes.
+std::vector<RecordTransform> make_transforms(const std::vector<std::string>& specs, bool* fixes_size = nullptr,
+                                             bool evaluation = false);
+
 struct LoaderConfig {
   int64_t batch_size = 32;  // per rank
   int rank = 0, world = 1;
@@ -101,7 +112,10 @@ class DataLoader {
 };
 
 // Builds the loader of a split from the [data] section: creates the source plugin named by `source`,
-// reads batch_size, workers, shuffle (default: true for train, false for val), seed defaults to `seed`.
+// reads batch_size, workers, shuffle (default: true for train, false for val), seed defaults to `seed`,
+// and transforms (make_transforms; the source is told "mixed_sizes_ok" when they fix the image size).
+// source = none (runs without data, e.g. imported models): a loader over one placeholder record that
+// refuses to be read (identity "none"); refused for the train split.
 std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string& split, uint64_t seed, int rank = 0,
                                         int world = 1);
 

@@ -67,6 +67,18 @@ class DecodeCache {
   virtual int64_t capacity() const = 0;  // the most tokens it holds
 };
 
+// The decoding state of `slots()` independent sequences ("slots", the rows of one resident cache), each
+// with its own length: what a continuous-batching server decodes. A slot is cleared when its sequence
+// ends and is reused at once by the next one.
+class SlotCache {
+ public:
+  virtual ~SlotCache() = default;
+  virtual int64_t slots() const = 0;
+  virtual int64_t capacity() const = 0;             // the most tokens one slot holds
+  virtual int64_t length(int64_t slot) const = 0;   // tokens the slot holds (its next token's position)
+  virtual void clear(int64_t slot) = 0;             // empties the slot (O(1): nothing is zeroed)
+};
+
 // Implemented by backbones that decode incrementally (causal_transformer).
 class CausalDecoder {
  public:
@@ -82,6 +94,18 @@ class CausalDecoder {
   virtual double flops_per_sequence(int64_t length) const = 0;
   // The context the model was trained for (positions past it are extrapolated); 0: unlimited.
   virtual int64_t context_length() const { return 0; }
+
+  // ---- slot decoding (continuous batching) ----
+  // An empty cache of `slots` sequences of up to `capacity` tokens each.
+  virtual std::unique_ptr<SlotCache> make_slot_cache(int64_t slots, int64_t capacity) const;
+  // tokens i32 [N, T]: row i holds the next T tokens of slot slots[i] (N distinct slots, each at its own
+  // length). Appends their keys/values and returns logits f32 [N, T, V]. Row i is bit-equal to what
+  // forward_cached() returns for that sequence alone in a batch-1 cache, on backends whose kernels compute
+  // each row on its own (ref; cpu for the matmul rows it routes to its row-wise path, see cpu/matmul.cpp):
+  // this is what makes a served request reproduce its solo result. Run it in a NoGradGuard.
+  // The defaults keep one batch-1 cache per slot and feed the rows one at a time (correct for every
+  // decoder); a backbone overrides both to batch the rows (causal_transformer does for T == 1).
+  virtual Tensor forward_slots(const Tensor& tokens, const std::vector<int64_t>& slots, SlotCache& cache);
 };
 
 // Feeds one sequence's next tokens (i32 [1, T]) and returns their logits f32 [1, T, V].

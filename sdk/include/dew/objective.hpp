@@ -19,6 +19,8 @@
 
 namespace dew {
 
+class Tokenizer;  // dew/tokenizer.hpp
+
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 struct ObjectiveContext {
@@ -32,6 +34,9 @@ struct StepInfo {
   int64_t step = 0;   // optimizer updates done so far
   int64_t micro = 0;  // micro-batch index within gradient accumulation
   uint64_t seed = 0;  // the run seed
+  // The global stream index of this rank's first row of the batch (row j is position + j; see
+  // dew/data.hpp), for randomness keyed by the record position (JEPA masks); -1 when unknown.
+  int64_t position = -1;
 };
 
 struct StepResult {
@@ -60,6 +65,15 @@ class Objective {
   virtual std::vector<std::string> batch_fields() const = 0;
   virtual NamedTensors parameters() = 0;                          // trainable, e.g. "model.fc1.weight"
   virtual NamedTensors ema_parameters() { return parameters(); }  // those that get an EMA
+  // Tensors the objective owns but the optimizer does not train (e.g. JEPA's target encoder, an EMA
+  // with its own momentum schedule). The trainer saves them in checkpoints (state/objective.<name>)
+  // and loads them back on --resume, eval, sample and export, so a resumed run is bit-exact.
+  virtual NamedTensors state() { return {}; }
+  // Called after every optimizer update (not after skipped ones), with info.step = the updates done,
+  // this one included; e.g. to move a target network towards the trained one. No gradients are recorded.
+  virtual void after_update(const StepInfo& info) { (void)info; }
+  // What `dew-run export` writes (default: the trained parameters). JEPA exports its encoder alone.
+  virtual NamedTensors export_parameters() { return parameters(); }
   virtual StepResult step(const Batch& batch, const StepInfo& info) = 0;
   // Runs on `loader` (a validation/test split) without gradients; the trainer has already swapped in
   // the EMA weights when it keeps them.
@@ -71,6 +85,9 @@ class Objective {
   virtual double train_flops_per_sample() const { return 0.0; }
   // The main model, for export (config.json).
   virtual Model* main_model() { return nullptr; }
+  // The tokenizer of a text objective (null otherwise): `dew-run serve` encodes prompts and decodes
+  // tokens with it.
+  virtual std::shared_ptr<const Tokenizer> tokenizer() const { return nullptr; }
   // `dew-run sample`: generates from the loaded weights (text to stdout, images to a file), reading
   // its own request keys from `request` (--prompt, --steps, --out, ...). Objectives without a sampler
   // keep this default, which refuses with a clear usage error.

@@ -76,9 +76,35 @@ std::map<std::string, double> evaluate(const std::string& run_dir, const std::st
 void sample(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name,
             Options& request);
 
+// A run loaded for inference and kept alive (`dew-run serve`): the objective built from the run's
+// config with a checkpoint's weights (EMA weights when use_ema and the checkpoint has them).
+struct InferenceRun {
+  Config config;
+  std::shared_ptr<Objective> objective;
+  BackendPtr backend;
+  int64_t updates = 0;     // the checkpoint's update count
+  bool ema = false;        // EMA weights were loaded
+  std::string checkpoint;  // the file read
+};
+std::unique_ptr<InferenceRun> load_inference_run(const std::string& run_dir, const std::string& step, bool use_ema,
+                                                 const std::string& backend_name);
+
 // `dew-run export --format safetensors`: model.safetensors (parameter names unchanged) + config.json.
 void export_safetensors(const std::string& run_dir, const std::string& step, bool use_ema,
                         const std::string& backend_name, const std::string& out_dir);
+
+// Another run's objective rebuilt from <run-dir>/config.ini with a checkpoint's weights (EMA weights
+// when asked and present): for judging one run with another, e.g. a classifier scoring generated images.
+// The objective uses `backend_name` (empty: the run's own backend).
+struct LoadedObjective {
+  std::shared_ptr<Objective> objective;
+  BackendPtr backend;
+  int64_t updates = 0;
+  bool ema = false;
+  std::map<std::string, std::string> objective_options;  // the run's [objective] section
+};
+LoadedObjective load_objective(const std::string& run_dir, const std::string& step, bool use_ema,
+                               const std::string& backend_name);
 
 // The checkpoint file of `step` (latest | best | an update number) in a run directory.
 std::string resolve_checkpoint(const std::string& run_dir, const std::string& step, const BackendPtr& backend);

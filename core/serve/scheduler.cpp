@@ -1,0 +1,395 @@
+// core/serve/scheduler.cpp — the continuous-batching scheduler of dew/serve.hpp.
+//
+// Each active request mirrors one sequence of dew::generate() (core/generate/generate.cpp) step for step:
+// the same pending tokens (the prompt cropped to the context, then one token; a fresh slot re-fed with
+// the last context/2 tokens when the context is full), the same draw (sample_token with the request's
+// seed and stream, draw index = tokens drawn so far), the same EOS / stop-string / budget rules and the
+// same cut at a stop string. Only where the logits come from differs: the rows of a shared slot cache.
+// Locks: the scheduler mutex guards the queue and counters; each ticket's mutex guards what its client
+// reads. step() never holds the scheduler mutex while the model runs.
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "dew/autograd.hpp"
+#include "dew/error.hpp"
+#include "dew/ops.hpp"
+#include "dew/serve.hpp"
+
+namespace dew::serve {
+
+namespace {
+
+// The largest e <= limit such that text[0, e) does not end inside a UTF-8 character (invalid bytes count
+// as complete characters).
+size_t utf8_boundary(const std::string& text, size_t limit) {
+  for (size_t back = 1; back <= 3 && back <= limit; ++back) {
+    const auto c = static_cast<unsigned char>(text[limit - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back for its lead
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back && c < 0xF8 ? limit - back : limit;
+  }
+  return limit;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Ticket
+
+Ticket::Update Ticket::next(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return safe_ > taken_ || done_; });
+  Update u;
+  u.text = text_.substr(taken_, safe_ - taken_);
+  taken_ = safe_;
+  u.done = done_;
+  return u;
+}
+
+Generation Ticket::wait() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return done_; });
+  return result_;
+}
+
+void Ticket::cancel() {
+  std::lock_guard<std::mutex> lk(mu_);
+  cancelled_ = true;
+}
+
+bool Ticket::done() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
+std::string Ticket::error() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+// ---------------------------------------------------------------- Scheduler
+
+struct Scheduler::Active {
+  std::shared_ptr<Ticket> ticket;
+  Request req;
+  int64_t slot = -1;
+  std::vector<int32_t> history, pending, tokens;
+  std::string text;          // decoded continuation (no stop cut yet)
+  std::vector<size_t> ends;  // text size after each token
+  size_t checked = 0, longest_stop = 0;
+};
+
+Scheduler::Scheduler(CausalDecoder& model, std::shared_ptr<const Tokenizer> tokenizer, const SchedulerOptions& options)
+    : model_(model), tokenizer_(std::move(tokenizer)), options_(options) {
+  DEW_USAGE_CHECK(options.slots > 0, "serve: --slots must be positive, got ", options.slots);
+  DEW_USAGE_CHECK(options.max_queue >= 0, "serve: --queue must be >= 0, got ", options.max_queue);
+  DEW_USAGE_CHECK(options.context >= 0, "serve: the context must be >= 0 (0 = the model's), got ", options.context);
+  context_ = options.context > 0 ? options.context : model.context_length();
+  DEW_USAGE_CHECK(context_ > 0, "serve: the model has no context length: set one (--context)");
+  vocab_ = model.vocab_size();
+  backend_ = default_backend();
+  cache_ = model.make_slot_cache(options.slots, context_);
+  active_.resize(size_t(options.slots));
+  counters_.slots = options.slots;
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  for (auto& a : active_)
+    if (a) finish(*a, "cancelled");
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [req, t] : queue_) {
+    std::lock_guard<std::mutex> tl(t->mu_);
+    t->done_ = true;
+    t->result_.finish_reason = "cancelled";
+    t->finished = Clock::now();
+    t->cv_.notify_all();
+  }
+  queue_.clear();
+}
+
+Scheduler::Submitted Scheduler::submit(Request request) {
+  validate(request.params);
+  DEW_USAGE_CHECK(!request.prompt.empty(), "serve: the prompt has no tokens");
+  for (int32_t t : request.prompt)
+    DEW_USAGE_CHECK(t >= 0 && t < vocab_, "serve: prompt token ", t, " is outside the vocabulary [0, ", vocab_, ")");
+  DEW_USAGE_CHECK(request.params.stop.empty() || tokenizer_, "serve: stop strings need a tokenizer");
+  auto ticket = std::make_shared<Ticket>();
+  ticket->prompt_tokens_ = int64_t(request.prompt.size());
+  ticket->submitted = Clock::now();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (draining_ || stop_) return {Admission::draining, nullptr};
+    if (int64_t(queue_.size()) + active_count_ >= options_.slots + options_.max_queue)
+      return {Admission::queue_full, nullptr};
+    queue_.emplace_back(std::move(request), ticket);
+  }
+  cv_.notify_all();
+  return {Admission::accepted, ticket};
+}
+
+void Scheduler::finish(Active& a, const std::string& reason) {
+  // The slot and the counters first, so that a client woken by its ticket sees them already updated.
+  const std::shared_ptr<Ticket> ticket = a.ticket;
+  Generation result;
+  result.tokens = std::move(a.tokens);
+  result.text = std::move(a.text);
+  result.finish_reason = reason;
+  const int64_t slot = a.slot;
+  if (slot >= 0) {
+    cache_->clear(slot);
+    active_[size_t(slot)].reset();  // destroys `a`
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (slot >= 0) --active_count_;
+    ++counters_.completed;
+  }
+  cv_.notify_all();
+  Ticket& t = *ticket;
+  {
+    std::lock_guard<std::mutex> lk(t.mu_);
+    t.text_ = result.text;
+    t.safe_ = t.text_.size();
+    t.taken_ = std::min(t.taken_, t.safe_);
+    t.result_ = std::move(result);
+    t.done_ = true;
+    t.finished = Clock::now();
+  }
+  t.cv_.notify_all();
+}
+
+void Scheduler::fail_all(const std::string& message) {
+  for (auto& a : active_)
+    if (a) {
+      {
+        std::lock_guard<std::mutex> lk(a->ticket->mu_);
+        a->ticket->error_ = message;
+      }
+      finish(*a, "error");
+    }
+}
+
+bool Scheduler::step() {
+  NoGradGuard no_grad;
+  // ---- cancelled requests leave; waiting ones are admitted into free slots ----
+  for (auto& a : active_)
+    if (a) {
+      bool cancelled;
+      {
+        std::lock_guard<std::mutex> lk(a->ticket->mu_);
+        cancelled = a->ticket->cancelled_;
+      }
+      if (cancelled) finish(*a, "cancelled");
+    }
+  std::vector<std::unique_ptr<Active>> ended_at_admission;  // max_tokens 0: done without a slot
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      bool cancelled;
+      {
+        std::lock_guard<std::mutex> tl(it->second->mu_);
+        cancelled = it->second->cancelled_;
+      }
+      if (cancelled) {
+        auto a = std::make_unique<Active>();
+        a->ticket = it->second;
+        ended_at_admission.push_back(std::move(a));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    size_t s = 0;
+    while (!queue_.empty()) {
+      while (s < active_.size() && active_[s]) ++s;
+      if (s == active_.size()) break;
+      auto [req, ticket] = std::move(queue_.front());
+      queue_.pop_front();
+      auto a = std::make_unique<Active>();
+      a->ticket = ticket;
+      a->req = std::move(req);
+      ticket->admitted = Clock::now();
+      if (a->req.params.max_new_tokens <= 0) {  // nothing to generate: it ends without taking the slot
+        ended_at_admission.push_back(std::move(a));
+        continue;
+      }
+      a->slot = int64_t(s);
+      a->history = a->req.prompt;
+      a->pending = a->history;
+      if (int64_t(a->pending.size()) > context_) a->pending.erase(a->pending.begin(), a->pending.end() - context_);
+      for (const std::string& st : a->req.params.stop) a->longest_stop = std::max(a->longest_stop, st.size());
+      cache_->clear(int64_t(s));
+      active_[s] = std::move(a);
+      ++active_count_;
+    }
+  }
+  for (auto& a : ended_at_admission) {
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lk(a->ticket->mu_);
+      cancelled = a->ticket->cancelled_;
+    }
+    finish(*a, cancelled ? "cancelled" : "length");
+  }
+
+  // ---- what each slot feeds: its prompt (prefill) or its last token (one batched decode row) ----
+  std::vector<int64_t> decode_slots, prefill_slots;
+  std::vector<int32_t> decode_tokens;
+  for (size_t s = 0; s < active_.size(); ++s) {
+    Active* a = active_[s].get();
+    if (!a) continue;
+    if (cache_->length(int64_t(s)) + int64_t(a->pending.size()) > context_) {
+      // The context is full: the slot restarts with the last half of it (as generate() does).
+      const int64_t keep = std::min<int64_t>(int64_t(a->history.size()), std::max<int64_t>(1, context_ / 2));
+      a->pending.assign(a->history.end() - keep, a->history.end());
+      cache_->clear(int64_t(s));
+    }
+    if (a->pending.size() == 1) {
+      decode_slots.push_back(int64_t(s));
+      decode_tokens.push_back(a->pending[0]);
+    } else {
+      prefill_slots.push_back(int64_t(s));
+    }
+  }
+  if (decode_slots.empty() && prefill_slots.empty()) return !ended_at_admission.empty();
+
+  // ---- the model: one call per prefill, one for all decode rows; last-position logits per slot ----
+  std::vector<std::pair<int64_t, std::vector<float>>> rows;  // (slot, logits of its last position)
+  auto last_rows = [&](const Tensor& logits, const std::vector<int64_t>& slots) {
+    DEW_CHECK(logits.ndim() == 3 && logits.shape()[0] == int64_t(slots.size()), "serve: the decoder returned logits ",
+              shape_str(logits.shape()), " for ", slots.size(), " rows");
+    const int64_t n = logits.shape()[0], t = logits.shape()[1], v = logits.shape()[2];
+    DEW_CHECK(v == vocab_, "serve: the decoder returned ", v, " logits per token, its vocabulary is ", vocab_);
+    Tensor last = t == 1 ? reshape(logits, {n, v}) : slice(logits, 1, t - 1, t);
+    if (last.dtype() != DType::f32) last = cast(last, DType::f32);
+    const std::vector<float> all = last.to_floats();
+    for (int64_t i = 0; i < n; ++i)
+      rows.emplace_back(slots[size_t(i)], std::vector<float>(all.begin() + i * v, all.begin() + (i + 1) * v));
+  };
+  int64_t prefill_tokens = 0;
+  for (int64_t s : prefill_slots) {
+    const std::vector<int32_t>& p = active_[size_t(s)]->pending;
+    prefill_tokens += int64_t(p.size());
+    last_rows(model_.forward_slots(Tensor::from_ints(p, {1, int64_t(p.size())}, backend_), {s}, *cache_), {s});
+  }
+  if (!decode_slots.empty())
+    last_rows(model_.forward_slots(Tensor::from_ints(decode_tokens, {int64_t(decode_tokens.size()), 1}, backend_),
+                                   decode_slots, *cache_),
+              decode_slots);
+
+  // ---- one draw per row; rows end on EOS, a stop string or their budget ----
+  const Clock::time_point now = Clock::now();
+  for (auto& [s, logits] : rows) {
+    Active& a = *active_[size_t(s)];
+    const SamplingParams& sp = a.req.params;
+    const uint64_t drawn = a.tokens.size();
+    const int32_t tok = sample_token(logits.data(), vocab_, sp, a.history, drawn, a.req.stream);
+    if (drawn == 0) {
+      std::lock_guard<std::mutex> lk(a.ticket->mu_);
+      a.ticket->first_token = now;
+    }
+    if (sp.eos_id >= 0 && tok == sp.eos_id) {
+      finish(a, "eos");
+      continue;
+    }
+    a.tokens.push_back(tok);
+    a.history.push_back(tok);
+    size_t stop_at = std::string::npos;
+    if (tokenizer_) {
+      a.text += tokenizer_->token_bytes(tok);
+      a.ends.push_back(a.text.size());
+      if (!sp.stop.empty()) {
+        const size_t from = a.checked > a.longest_stop ? a.checked - a.longest_stop : 0;
+        stop_at = find_stop(a.text, sp.stop, from);
+        a.checked = a.text.size();
+      }
+    }
+    if (stop_at != std::string::npos) {
+      // The shortest token prefix whose text covers everything before the stop string (generate()'s cut).
+      size_t keep = 0;
+      while (keep < a.tokens.size() && (keep == 0 ? 0 : a.ends[keep - 1]) < stop_at) ++keep;
+      a.tokens.resize(keep);
+      a.text.resize(stop_at);
+      finish(a, "stop");
+      continue;
+    }
+    if (int64_t(a.tokens.size()) >= sp.max_new_tokens) {
+      finish(a, "length");
+      continue;
+    }
+    a.pending.assign(1, tok);
+    {
+      std::lock_guard<std::mutex> lk(a.ticket->mu_);
+      Ticket& t = *a.ticket;
+      t.text_.append(a.text, t.text_.size(), std::string::npos);  // text only grows until the end
+      const size_t hold = a.longest_stop > 0 ? a.longest_stop - 1 : 0;
+      const size_t limit = a.text.size() > hold ? a.text.size() - hold : 0;
+      t.safe_ = std::max(t.safe_, utf8_boundary(a.text, limit));
+    }
+    a.ticket->cv_.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++counters_.iterations;
+    counters_.decode_rows += int64_t(decode_slots.size());
+    counters_.prefill_tokens += prefill_tokens;
+    counters_.generated_tokens += int64_t(rows.size());
+  }
+  return true;
+}
+
+void Scheduler::start() {
+  DEW_CHECK(!loop_.joinable(), "serve: the scheduler is already running");
+  loop_ = std::thread([this] {
+    for (;;) {
+      bool worked = false;
+      try {
+        worked = step();
+      } catch (const std::exception& e) {
+        fail_all(e.what());
+        worked = true;
+      }
+      std::unique_lock<std::mutex> lk(mu_);
+      if (stop_) return;
+      if (!worked) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+    }
+  });
+}
+
+void Scheduler::drain() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    draining_ = true;
+  }
+  cv_.notify_all();
+  if (!loop_.joinable()) {
+    while (step()) {
+    }
+    return;
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return queue_.empty() && active_count_ == 0; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  loop_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  SchedulerStats s = counters_;
+  s.active = active_count_;
+  s.queued = int64_t(queue_.size());
+  s.draining = draining_;
+  return s;
+}
+
+}  // namespace dew::serve

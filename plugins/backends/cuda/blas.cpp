@@ -1,0 +1,150 @@
+// cuda/blas.cpp — matmul on cuBLASLt: batched, transposes, alpha/beta, bias and relu fused in the
+// epilogue; gelu (erf), gelu_tanh and silu applied by a small kernel after (cuBLASLt's GELU epilogue is
+// its own approximation, not dew's contract).
+// Row-major dew operands are read as column-major cuBLASLt matrices: out^T [n, m] = op(B)^T op(A)^T, so
+// cuBLASLt's "A" is dew's b and its "B" is dew's a, with the transposes carried over unchanged.
+// Precision: bf16 tensors run bf16 x bf16 with f32 accumulation; f32 tensors follow the backend option
+// matmul_precision: highest = f32 (CUBLAS_COMPUTE_32F), high = TF32 tensor cores, medium = bf16 inputs.
+// Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, dtype, epilogue and
+// pointer alignment; a batch whose b is shared (stride 0) and whose a batches are contiguous is folded
+// into one bigger GEMM (the linear-layer case).
+#include <cstdio>
+
+#include "cuda_backend.hpp"
+
+namespace dew::cuda {
+
+struct CudaBackend::MatmulPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool with_bias = false;
+  ~MatmulPlan() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+namespace {
+
+// The largest power of two (at most 256) dividing the address and, for batched operands, the stride.
+uint32_t alignment(const void* p, int64_t batch_stride_bytes) {
+  uint64_t a = reinterpret_cast<uint64_t>(p) | 256u;
+  if (batch_stride_bytes > 0) a |= uint64_t(batch_stride_bytes);
+  return uint32_t(a & (~a + 1));
+}
+
+void set_layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+  if (batch <= 1) return;
+  const int32_t count = int32_t(batch);
+  DEW_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+  DEW_CUBLAS_CHECK(
+      cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+  check_matmul(a, b, bias, out, p);
+  const ST t = a.dtype() == DType::bf16 ? ST::bf16 : ST::f32;
+  if (p.batch * p.m * p.n == 0) return;
+  if (p.k == 0) {  // an empty sum: out = act(bias) (+ beta * out)
+    launch_bias_act(stream_, t, out.data(), bias.defined() ? bias.data() : nullptr, p.batch * p.m, p.n, p.act, p.beta);
+    return;
+  }
+  matmul_lt(a, b, bias, out, p);
+}
+
+void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p0) {
+  MatmulParams p = p0;
+  // Shared b, contiguous a batches: one [batch * m, k] x [k, n] product.
+  if (p.batch > 1 && p.b_batch_stride == 0 && !p.trans_a && p.a_batch_stride == p.m * p.k) {
+    p.m *= p.batch;
+    p.batch = 1;
+    p.a_batch_stride = 0;
+  }
+  const bool bf = a.dtype() == DType::bf16;
+  const size_t es = dtype_size(a.dtype());
+  const bool fuse_relu = p.act == Activation::relu;
+  const bool post_act = p.act != Activation::none && !fuse_relu;
+  const bool with_bias = bias.defined();
+  const cublasLtEpilogue_t epi = with_bias ? (fuse_relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                           : (fuse_relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (!bf && opt_.matmul == Precision::high) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (!bf && opt_.matmul == Precision::medium) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+  const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
+
+  // cuBLASLt "A" = dew b, "B" = dew a, C/D = out^T (column-major n x m).
+  const uint32_t al_a = alignment(b.data(), p.batch > 1 ? p.b_batch_stride * int64_t(es) : 0);
+  const uint32_t al_b = alignment(a.data(), p.batch > 1 ? p.a_batch_stride * int64_t(es) : 0);
+  const uint32_t al_c = alignment(out.data(), p.batch > 1 ? p.m * p.n * int64_t(es) : 0);
+  char key[256];
+  std::snprintf(key, sizeof key, "%d %lld %lld %lld %lld %lld %lld %d %d %d %d %d %u %u %u", int(bf),
+                (long long)p.batch, (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.a_batch_stride,
+                (long long)p.b_batch_stride, int(p.trans_a), int(p.trans_b), int(epi), int(compute), int(with_bias),
+                al_a, al_b, al_c);
+
+  std::lock_guard lock(plan_mu_);
+  std::shared_ptr<MatmulPlan>& slot = matmul_plans_[key];
+  if (!slot) {
+    auto plan = std::make_shared<MatmulPlan>();
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+    const cublasOperation_t ta = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // on dew's b
+    const cublasOperation_t tb = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // on dew's a
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (with_bias) {
+      const cudaDataType_t bias_type = dt;
+      DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                      sizeof bias_type));
+    }
+    // Stored shapes (column-major rows x cols, leading dimension = rows).
+    const uint64_t a_rows = p.trans_b ? uint64_t(p.k) : uint64_t(p.n), a_cols = p.trans_b ? p.n : p.k;
+    const uint64_t b_rows = p.trans_a ? uint64_t(p.m) : uint64_t(p.k), b_cols = p.trans_a ? p.k : p.m;
+    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, dt, a_rows, a_cols, int64_t(a_rows)));
+    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, dt, b_rows, b_cols, int64_t(b_rows)));
+    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, dt, uint64_t(p.n), uint64_t(p.m), p.n));
+    set_layout_batch(plan->la, p.batch, p.b_batch_stride);
+    set_layout_batch(plan->lb, p.batch, p.a_batch_stride);
+    set_layout_batch(plan->lc, p.batch, p.m * p.n);
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&plan->pref));
+    const uint64_t ws = lt_workspace_bytes_;
+    DEW_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                          sizeof al_a));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                          sizeof al_b));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                          sizeof al_c));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                                          sizeof al_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    DEW_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc, plan->lc, plan->pref,
+                                                    1, &result, &found));
+    DEW_CHECK(found > 0, "cuda.matmul: cuBLASLt has no algorithm for ", bf ? "bf16" : "f32", " batch=", p.batch,
+              " m=", p.m, " n=", p.n, " k=", p.k, " trans_a=", p.trans_a, " trans_b=", p.trans_b);
+    plan->algo = result.algo;
+    plan->with_bias = with_bias;
+    slot = std::move(plan);
+  }
+  MatmulPlan& plan = *slot;
+  if (with_bias) {
+    const void* bp = bias.data();
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+  }
+  const float alpha = p.alpha, beta = p.beta;
+  DEW_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, b.data(), plan.la, a.data(), plan.lb, &beta, out.data(),
+                                  plan.lc, out.data(), plan.lc, &plan.algo, lt_workspace_, lt_workspace_bytes_,
+                                  stream_));
+  if (post_act) launch_bias_act(stream_, bf ? ST::bf16 : ST::f32, out.data(), nullptr, p.batch * p.m, p.n, p.act, 1.0f);
+}
+
+}  // namespace dew::cuda

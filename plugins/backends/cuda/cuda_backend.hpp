@@ -1,0 +1,239 @@
+// cuda/cuda_backend.hpp — the `cuda` backend's class and its host-side helpers (internal; g++ only).
+//
+// The GPU backend: cuBLASLt for matmul (f32, TF32 or bf16-input modes with f32 accumulation; bias and
+// relu/gelu-tanh epilogues fused), cuDNN's convolution API for conv2d and its two backwards, and the
+// CUDA kernels of kernels.cuh for everything else. One device and one stream per backend; every kernel
+// is enqueued on that stream, so the host never waits inside a training step except where a value is
+// asked for (copy_to_host, synchronize).
+// Invariants:
+//  * memory comes from a caching allocator: freed blocks are kept by rounded size and reused (a training
+//    step allocates the same sizes every step); on cudaMalloc failure the cache is released and the
+//    allocation retried once. Reuse is safe because every use of a block is ordered on the one stream;
+//  * host -> device copies go through pinned staging buffers whose reuse waits on an event, so a copy
+//    never blocks on the stream and the caller's buffer may be freed at once;
+//  * shapes and dtypes are validated on the host before anything is enqueued (checks.cpp); argument
+//    errors only the device can see (indices, targets) are raised at the next synchronisation point;
+//  * compute dtypes are f32 and bf16 (f32 statistics); fill/cast/strided_copy/gather_rows move every dtype.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dew/backend.hpp"
+#include "dew/error.hpp"
+#include "dew/options.hpp"
+#include "dew/tensor.hpp"
+#include "kernels.cuh"
+
+namespace dew::cuda {
+
+// ---------------------------------------------------------------- options and probe (probe.cpp)
+
+// Precision of f32 matmuls/convolutions, PyTorch's set_float32_matmul_precision names:
+// highest = plain f32, high = TF32 tensor cores, medium = bf16 inputs with f32 accumulation.
+enum class Precision : uint8_t { highest, high, medium };
+const char* precision_name(Precision p);
+
+struct CudaOptions {
+  int device = -1;  // -1: LOCAL_RANK / OMPI_COMM_WORLD_LOCAL_RANK modulo the device count, else 0
+  Precision matmul = Precision::highest;
+  bool caching_allocator = true;
+  int64_t workspace_mb = 32;  // cuBLASLt workspace
+};
+// Reads and validates the backend's options (usage errors name the key).
+CudaOptions parse_options(const Options& o);
+// The device a backend with `requested` (-1 = auto) uses among `count` devices; env may name the
+// process's local rank.
+int pick_device(int requested, int count);
+
+// Can this process run CUDA kernels here? no driver / no device / too old a device / cuDNN mismatch.
+Support probe();
+
+// ---------------------------------------------------------------- shape checks (checks.cpp)
+
+// The compute storage type of a floating tensor, or a dew::Error naming the kernel and the argument.
+ST compute_type(const Tensor& t, Kernel k, const char* what);
+void expect_same(const Tensor& t, const Tensor& like, int64_t numel, Kernel k, const char* what);
+void expect_f32(const Tensor& t, int64_t numel, Kernel k, const char* what);
+void expect_i32(const Tensor& t, int64_t numel, Kernel k, const char* what);
+Support support_of(Kernel k, DType dtype);
+
+struct RowsDims {
+  int64_t Bs, R, D, B, K;
+};
+RowsDims check_rows(const Tensor& table, const Tensor& idx, const Tensor& rows, Kernel k);
+AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kernel kern);
+struct ConvDims {
+  int64_t N, C, H, W, O, Cg, KH, KW, OH, OW;
+};
+ConvDims check_conv(const Shape& x, const Tensor& w, const Shape& y, const Conv2dParams& p, Kernel k);
+void check_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, const MatmulParams& p);
+// Coalesced strided-copy description (unit dims dropped, contiguous runs merged); throws past kMaxRank.
+StridedDesc coalesce_copy(const StridedCopyParams& p, int64_t src_numel, int64_t dst_numel);
+// Broadcast strides of a and b over out's shape (numpy rules), coalesced.
+StridedDesc broadcast_desc(const Shape& a, const Shape& b, const Shape& out);
+// The bit pattern of `value` stored in dtype dt (little-endian, in the low bytes), as ref's fill writes it.
+uint64_t fill_pattern(DType dt, double value);
+
+// ---------------------------------------------------------------- the backend
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const Options& options);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  bool host_accessible() const override { return false; }
+  Support supports(Kernel k, DType dtype) const override { return support_of(k, dtype); }
+  void synchronize() override;
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_device(void* dst, const void* src, size_t bytes) override;
+
+  void fill(Tensor& out, double value) override;
+  void cast(const Tensor& x, Tensor& out) override;
+  void strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) override;
+
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) override;
+
+  void unary(const Tensor& x, Tensor& out, const UnaryParams& p) override;
+  void unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) override;
+  void binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) override;
+  void reduce(const Tensor& x, Tensor& out, const ReduceParams& p) override;
+
+  void softmax(const Tensor& x, Tensor& y) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  void log_softmax(const Tensor& x, Tensor& y) override;
+  void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
+                  float eps) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                float weight_offset) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                         Tensor& dweight, float weight_offset) override;
+  void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
+                  int64_t groups, float eps) override;
+  void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) override;
+
+  void gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) override;
+  void scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) override;
+  void rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) override;
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                 const AttentionParams& p) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) override;
+
+  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) override;
+  void conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                              const Conv2dParams& p) override;
+
+  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                     const CrossEntropyParams& p) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
+                              Tensor& dlogits, const CrossEntropyParams& p) override;
+
+  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) override;
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) override;
+  void lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) override;
+
+  void random(Tensor& out, const RandomParams& p) override;
+  void dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) override;
+  void argmax(const Tensor& x, Tensor& out) override;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  // A temporary device buffer from the caching allocator, returned to it on scope exit (stream order
+  // makes the reuse safe).
+  struct Scratch {
+    CudaBackend* owner = nullptr;
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    Scratch() = default;
+    Scratch(CudaBackend* o, size_t n) : owner(o), ptr(n ? o->allocate(n) : nullptr), bytes(n) {}
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    ~Scratch() {
+      if (ptr) owner->deallocate(ptr, bytes);
+    }
+    float* f32() const { return static_cast<float*>(ptr); }
+  };
+  void raise_device_errors();  // after a synchronisation: throws the recorded device-side error, if any
+  void make_current() const;
+
+  // ---- caching allocator ----
+  void* raw_alloc(size_t bytes);
+  void release_cache();
+  std::mutex alloc_mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks_;
+  size_t cached_bytes_ = 0;
+
+  // ---- pinned staging for host -> device copies ----
+  struct Staging {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool used = false;
+  };
+  std::mutex staging_mu_;
+  std::vector<Staging> staging_;
+
+  // ---- matmul (blas.cpp) and convolution (conv.cpp) plans ----
+  struct MatmulPlan;
+  struct ConvPlan;
+  std::mutex plan_mu_;
+  std::unordered_map<std::string, std::shared_ptr<MatmulPlan>> matmul_plans_;
+  std::unordered_map<std::string, std::shared_ptr<ConvPlan>> conv_plans_;
+  void matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p);
+  enum class ConvKind : uint8_t { forward, backward_data, backward_weight };
+  std::shared_ptr<ConvPlan> conv_plan(ConvKind kind, const ConvDims& d, const Conv2dParams& p, DType dt);
+
+  CudaOptions opt_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  size_t lt_workspace_bytes_ = 0;
+  ErrWord* err_ = nullptr;  // device memory
+};
+
+// One line for a failed CUDA runtime / cuBLAS / cuDNN call: the expression, file:line and the decoded status.
+#define DEW_CUDA_CHECK(expr)                                                                                   \
+  do {                                                                                                         \
+    const cudaError_t dew_cuda_rc_ = (expr);                                                                   \
+    DEW_CHECK(dew_cuda_rc_ == cudaSuccess, "cuda: ", #expr, " failed: ", cudaGetErrorName(dew_cuda_rc_), " (", \
+              cudaGetErrorString(dew_cuda_rc_), ")");                                                          \
+  } while (0)
+#define DEW_CUBLAS_CHECK(expr)                                                                                         \
+  do {                                                                                                                 \
+    const cublasStatus_t dew_cublas_rc_ = (expr);                                                                      \
+    DEW_CHECK(dew_cublas_rc_ == CUBLAS_STATUS_SUCCESS, "cuda: ", #expr,                                                \
+              " failed: ", cublasLtGetStatusName(dew_cublas_rc_), " (", cublasLtGetStatusString(dew_cublas_rc_), ")"); \
+  } while (0)
+#define DEW_CUDNN_CHECK(expr)                                         \
+  do {                                                                \
+    const cudnnStatus_t dew_cudnn_rc_ = (expr);                       \
+    DEW_CHECK(dew_cudnn_rc_ == CUDNN_STATUS_SUCCESS, "cuda: ", #expr, \
+              " failed: ", cudnnGetErrorString(dew_cudnn_rc_));       \
+  } while (0)
+
+}  // namespace dew::cuda

@@ -1,0 +1,121 @@
+// cuda/device.cuh — device helpers shared by the .cu files (nvcc only): element load/store for the
+// storage types, grid sizing, warp/block reductions, the type dispatch of the launchers, and the launch
+// check. Invariants: every kernel computes in f32 and rounds once on store; bf16 rounding is dew's
+// (round to nearest even, dew/dtype.hpp), so cuda and the host backends round identically.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dew/error.hpp"
+#include "kernels.cuh"
+
+namespace dew::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
+// dew's f32 -> bf16: round to nearest even on the bits, quiet NaN kept (dew/dtype.hpp f32_to_bf16).
+__device__ __forceinline__ bf16 to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  uint16_t h;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    h = uint16_t((u >> 16) | 0x40);
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    h = uint16_t(u >> 16);
+  }
+  return __ushort_as_bfloat16(h);
+}
+__device__ __forceinline__ void st(bf16* p, int64_t i, float v) { p[i] = to_bf16(v); }
+
+// Blocks for n elements with `threads` per block, capped (kernels loop grid-stride).
+inline unsigned blocks_for(int64_t n, int threads = 256, int64_t cap = 65535 * 8) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > cap) b = cap;
+  return unsigned(b);
+}
+inline unsigned grid_rows(int64_t rows) { return unsigned(rows < 1 ? 1 : (rows > 2147483647 ? 2147483647 : rows)); }
+
+#define DEW_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// Throws dew::Error when the last launch failed (bad configuration); asynchronous faults surface at the
+// next synchronisation.
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  DEW_CHECK(e == cudaSuccess, "cuda: launching ", what, " failed: ", cudaGetErrorString(e));
+}
+
+// Calls the body with T = float or bf16 for the storage type.
+#define DEW_CUDA_DISPATCH(st_value, T, ...) \
+  do {                                      \
+    if ((st_value) == ST::f32) {            \
+      using T = float;                      \
+      __VA_ARGS__;                          \
+    } else {                                \
+      using T = ::dew::cuda::bf16;          \
+      __VA_ARGS__;                          \
+    }                                       \
+  } while (0)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum / max (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `shared` holds 32 floats; the call ends with a barrier so it can be reused at once.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? shared[lane] : 0.0f;
+  r = warp_sum(r);
+  __syncthreads();
+  return r;
+}
+__device__ __forceinline__ float block_max(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? shared[lane] : -INFINITY;
+  r = warp_max(r);
+  __syncthreads();
+  return r;
+}
+
+// Threads per block for a row of D elements processed by one block.
+inline int row_threads(int64_t D) {
+  if (D <= 64) return 64;
+  if (D <= 128) return 128;
+  if (D <= 256) return 256;
+  if (D <= 512) return 512;
+  return 1024;
+}
+
+// Records the first device-side argument error (see ErrWord in kernels.cuh).
+__device__ __forceinline__ void report(ErrWord* err, int code, long long a, long long b, long long c) {
+  if (atomicCAS(&err->code, 0, -1) == 0) {
+    err->a = a;
+    err->b = b;
+    err->c = c;
+    __threadfence();
+    atomicExch(&err->code, code);
+  }
+}
+
+}  // namespace dew::cuda

@@ -1,0 +1,664 @@
+// cuda/elementwise.cu — fill, cast, strided_copy, unary (+ backward), broadcasting binary, reductions,
+// argmax and the small epilogues (matmul bias/activation, convolution bias and its gradient).
+// Invariants: grid-stride loops; compute in f32 (reductions over a strided axis accumulate in double),
+// one rounding on store; NaN propagates through maximum/minimum/max/min/relu/clamp as in ref; casts
+// follow ref's rules exactly (halves widen to f32, integers to i64, then one conversion; float -> int
+// truncates, saturates, NaN -> 0; int -> int narrows modulo 2^bits).
+#include <cmath>
+
+#include "device.cuh"
+
+namespace dew::cuda {
+
+// ---------------------------------------------------------------- fill
+
+template <class W>
+__global__ void fill_kernel(W* p, int64_t n, W v) {
+  DEW_GRID_STRIDE(i, n) p[i] = v;
+}
+
+void launch_fill(cudaStream_t s, void* p, int64_t n, int elem_size, uint64_t pattern) {
+  if (n == 0) return;
+  switch (elem_size) {
+    case 1:
+      fill_kernel<<<blocks_for(n), 256, 0, s>>>(static_cast<uint8_t*>(p), n, uint8_t(pattern));
+      break;
+    case 2:
+      fill_kernel<<<blocks_for(n), 256, 0, s>>>(static_cast<uint16_t*>(p), n, uint16_t(pattern));
+      break;
+    case 4:
+      fill_kernel<<<blocks_for(n), 256, 0, s>>>(static_cast<uint32_t*>(p), n, uint32_t(pattern));
+      break;
+    default:
+      fill_kernel<<<blocks_for(n), 256, 0, s>>>(static_cast<uint64_t*>(p), n, uint64_t(pattern));
+      break;
+  }
+  check_launch("fill");
+}
+
+// ---------------------------------------------------------------- cast
+
+namespace {
+
+struct BF {  // bf16 bits
+  uint16_t bits;
+};
+struct HF {  // f16 bits
+  uint16_t bits;
+};
+
+template <class T>
+struct IntLimits;
+template <>
+struct IntLimits<int32_t> {
+  static constexpr double lo = -2147483648.0, hi_excl = 2147483648.0;
+  static constexpr int32_t min = int32_t(-2147483647 - 1), max = 2147483647;
+};
+template <>
+struct IntLimits<int64_t> {
+  static constexpr double lo = -9223372036854775808.0, hi_excl = 9223372036854775808.0;
+  static constexpr int64_t min = int64_t(-9223372036854775807LL - 1), max = 9223372036854775807LL;
+};
+template <>
+struct IntLimits<uint8_t> {
+  static constexpr double lo = 0.0, hi_excl = 256.0;
+  static constexpr uint8_t min = 0, max = 255;
+};
+
+template <class D>
+__device__ __forceinline__ D float_to_int(double v) {
+  if (v != v) return D(0);
+  if (v <= IntLimits<D>::lo) return IntLimits<D>::min;
+  if (v >= IntLimits<D>::hi_excl) return IntLimits<D>::max;
+  return D(v);
+}
+
+template <class S>
+__device__ __forceinline__ auto widen(S s) {
+  if constexpr (std::is_same_v<S, BF>)
+    return __uint_as_float(uint32_t(s.bits) << 16);
+  else if constexpr (std::is_same_v<S, HF>)
+    return __half2float(__ushort_as_half(s.bits));
+  else if constexpr (std::is_integral_v<S>)
+    return int64_t(s);
+  else
+    return s;
+}
+
+template <class D, class S>
+__device__ __forceinline__ D convert(S s) {
+  const auto w = widen(s);
+  using W = decltype(w);
+  if constexpr (std::is_same_v<D, BF>)
+    return BF{__bfloat16_as_ushort(to_bf16(float(w)))};
+  else if constexpr (std::is_same_v<D, HF>)
+    return HF{__half_as_ushort(__float2half_rn(float(w)))};
+  else if constexpr (std::is_floating_point_v<D>)
+    return D(w);
+  else if constexpr (std::is_floating_point_v<W>)
+    return float_to_int<D>(double(w));
+  else
+    return D(w);
+}
+
+template <class S, class D>
+__global__ void cast_kernel(const S* x, D* out, int64_t n) {
+  DEW_GRID_STRIDE(i, n) out[i] = convert<D>(x[i]);
+}
+
+template <class F>
+void dispatch_any(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::f64:
+      f(double{});
+      return;
+    case DType::bf16:
+      f(BF{});
+      return;
+    case DType::f16:
+      f(HF{});
+      return;
+    case DType::i32:
+      f(int32_t{});
+      return;
+    case DType::i64:
+      f(int64_t{});
+      return;
+    case DType::u8:
+      f(uint8_t{});
+      return;
+  }
+}
+
+}  // namespace
+
+void launch_cast(cudaStream_t s, const void* x, DType from, void* out, DType to, int64_t n) {
+  if (n == 0) return;
+  dispatch_any(from, [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_any(to, [&](auto dtag) {
+      using D = decltype(dtag);
+      cast_kernel<S, D><<<blocks_for(n), 256, 0, s>>>(static_cast<const S*>(x), static_cast<D*>(out), n);
+    });
+  });
+  check_launch("cast");
+}
+
+// ---------------------------------------------------------------- strided copy
+
+template <class W>
+__global__ void strided_copy_kernel(const W* src, W* dst, StridedDesc d, int64_t so, int64_t doff, int64_t count) {
+  DEW_GRID_STRIDE(i, count) {
+    int64_t rem = i, a = so, b = doff;
+    for (int k = d.rank - 1; k >= 0; --k) {
+      const int64_t idx = rem % d.shape[k];
+      rem /= d.shape[k];
+      a += idx * d.a[k];
+      b += idx * d.b[k];
+    }
+    dst[b] = src[a];
+  }
+}
+
+void launch_strided_copy(cudaStream_t s, const void* src, void* dst, int elem_size, const StridedDesc& d,
+                         int64_t src_offset, int64_t dst_offset, int64_t count) {
+  if (count == 0) return;
+  const unsigned g = blocks_for(count);
+  switch (elem_size) {
+    case 1:
+      strided_copy_kernel<<<g, 256, 0, s>>>(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), d, src_offset,
+                                            dst_offset, count);
+      break;
+    case 2:
+      strided_copy_kernel<<<g, 256, 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), d,
+                                            src_offset, dst_offset, count);
+      break;
+    case 4:
+      strided_copy_kernel<<<g, 256, 0, s>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), d,
+                                            src_offset, dst_offset, count);
+      break;
+    default:
+      strided_copy_kernel<<<g, 256, 0, s>>>(static_cast<const uint64_t*>(src), static_cast<uint64_t*>(dst), d,
+                                            src_offset, dst_offset, count);
+      break;
+  }
+  check_launch("strided_copy");
+}
+
+// ---------------------------------------------------------------- unary
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluTanhC = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+__device__ __forceinline__ float sigmoidf(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  const float e = expf(x);
+  return e / (1.0f + e);
+}
+
+__device__ __forceinline__ float unary_value(UnaryOp op, float x, float alpha, float beta) {
+  switch (op) {
+    case UnaryOp::neg:
+      return -x;
+    case UnaryOp::exp:
+      return expf(x);
+    case UnaryOp::log:
+      return logf(x);
+    case UnaryOp::sqrt:
+      return sqrtf(x);
+    case UnaryOp::rsqrt:
+      return 1.0f / sqrtf(x);
+    case UnaryOp::square:
+      return x * x;
+    case UnaryOp::abs:
+      return fabsf(x);
+    case UnaryOp::tanh:
+      return tanhf(x);
+    case UnaryOp::sigmoid:
+      return sigmoidf(x);
+    case UnaryOp::relu:
+      return x != x ? x : (x > 0.0f ? x : 0.0f);
+    case UnaryOp::gelu:
+      return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+    case UnaryOp::gelu_tanh:
+      return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhC * x * x * x)));
+    case UnaryOp::silu:
+      return x * sigmoidf(x);
+    case UnaryOp::sin:
+      return sinf(x);
+    case UnaryOp::cos:
+      return cosf(x);
+    case UnaryOp::reciprocal:
+      return 1.0f / x;
+    case UnaryOp::affine:
+      return alpha * x + beta;
+    case UnaryOp::pow:
+      return powf(x, alpha);
+    case UnaryOp::clamp:
+      return x != x ? x : fminf(fmaxf(x, alpha), beta);
+    case UnaryOp::softcap:
+      return alpha * tanhf(x / alpha);
+  }
+  return x;
+}
+
+__device__ __forceinline__ float unary_derivative(UnaryOp op, float x, float alpha, float beta) {
+  switch (op) {
+    case UnaryOp::neg:
+      return -1.0f;
+    case UnaryOp::exp:
+      return expf(x);
+    case UnaryOp::log:
+      return 1.0f / x;
+    case UnaryOp::sqrt:
+      return 0.5f / sqrtf(x);
+    case UnaryOp::rsqrt:
+      return -0.5f / (x * sqrtf(x));
+    case UnaryOp::square:
+      return 2.0f * x;
+    case UnaryOp::abs:
+      return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+    case UnaryOp::tanh: {
+      const float t = tanhf(x);
+      return 1.0f - t * t;
+    }
+    case UnaryOp::sigmoid: {
+      const float s = sigmoidf(x);
+      return s * (1.0f - s);
+    }
+    case UnaryOp::relu:
+      return x > 0.0f ? 1.0f : 0.0f;
+    case UnaryOp::gelu: {
+      const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
+      const float pdf = expf(-0.5f * x * x) * kInvSqrt2Pi;
+      return cdf + x * pdf;
+    }
+    case UnaryOp::gelu_tanh: {
+      const float t = tanhf(kSqrt2OverPi * (x + kGeluTanhC * x * x * x));
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhC * x * x);
+      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    }
+    case UnaryOp::silu: {
+      const float s = sigmoidf(x);
+      return s * (1.0f + x * (1.0f - s));
+    }
+    case UnaryOp::sin:
+      return cosf(x);
+    case UnaryOp::cos:
+      return -sinf(x);
+    case UnaryOp::reciprocal:
+      return -1.0f / (x * x);
+    case UnaryOp::affine:
+      return alpha;
+    case UnaryOp::pow:
+      return alpha == 0.0f ? 0.0f : alpha * powf(x, alpha - 1.0f);
+    case UnaryOp::clamp:
+      return (x > alpha && x < beta) ? 1.0f : 0.0f;
+    case UnaryOp::softcap: {
+      const float t = tanhf(x / alpha);
+      return 1.0f - t * t;
+    }
+  }
+  return 0.0f;
+}
+
+template <class T>
+__global__ void unary_kernel(const T* x, T* out, int64_t n, UnaryOp op, float alpha, float beta) {
+  DEW_GRID_STRIDE(i, n) st(out, i, unary_value(op, ld(x, i), alpha, beta));
+}
+
+template <class T>
+__global__ void unary_backward_kernel(const T* x, const T* dy, T* dx, int64_t n, UnaryOp op, float alpha, float beta) {
+  DEW_GRID_STRIDE(i, n) st(dx, i, ld(dy, i) * unary_derivative(op, ld(x, i), alpha, beta));
+}
+
+}  // namespace
+
+void launch_unary(cudaStream_t s, ST t, const void* x, void* out, int64_t n, UnaryOp op, float alpha, float beta) {
+  if (n == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    unary_kernel<T>
+                    <<<blocks_for(n), 256, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(out), n, op, alpha, beta));
+  check_launch("unary");
+}
+
+void launch_unary_backward(cudaStream_t s, ST t, const void* x, const void* dy, void* dx, int64_t n, UnaryOp op,
+                           float alpha, float beta) {
+  if (n == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    unary_backward_kernel<T><<<blocks_for(n), 256, 0, s>>>(
+                        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, op, alpha, beta));
+  check_launch("unary_backward");
+}
+
+// ---------------------------------------------------------------- binary
+
+namespace {
+
+__device__ __forceinline__ float binary_value(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::add:
+      return a + b;
+    case BinaryOp::sub:
+      return a - b;
+    case BinaryOp::mul:
+      return a * b;
+    case BinaryOp::div:
+      return a / b;
+    case BinaryOp::maximum:
+      return (a != a || b != b) ? NAN : fmaxf(a, b);
+    case BinaryOp::minimum:
+      return (a != a || b != b) ? NAN : fminf(a, b);
+    case BinaryOp::eq:
+      return a == b ? 1.0f : 0.0f;
+    case BinaryOp::gt:
+      return a > b ? 1.0f : 0.0f;
+    case BinaryOp::lt:
+      return a < b ? 1.0f : 0.0f;
+  }
+  return 0.0f;
+}
+
+// Stores v (0/1 for comparisons, else a value of the input type) in any output dtype.
+__device__ __forceinline__ void store_any(DType dt, void* out, int64_t i, float v) {
+  switch (dt) {
+    case DType::f32:
+      static_cast<float*>(out)[i] = v;
+      break;
+    case DType::bf16:
+      static_cast<bf16*>(out)[i] = to_bf16(v);
+      break;
+    case DType::f16:
+      static_cast<__half*>(out)[i] = __float2half_rn(v);
+      break;
+    case DType::f64:
+      static_cast<double*>(out)[i] = double(v);
+      break;
+    case DType::i32:
+      static_cast<int32_t*>(out)[i] = int32_t(v);
+      break;
+    case DType::i64:
+      static_cast<int64_t*>(out)[i] = int64_t(v);
+      break;
+    case DType::u8:
+      static_cast<uint8_t*>(out)[i] = uint8_t(v);
+      break;
+  }
+}
+
+template <class T>
+__global__ void binary_same_kernel(const T* a, const T* b, T* out, int64_t n, BinaryOp op) {
+  DEW_GRID_STRIDE(i, n) st(out, i, binary_value(op, ld(a, i), ld(b, i)));
+}
+
+template <class T>
+__global__ void binary_bcast_kernel(const T* a, const T* b, void* out, DType out_dtype, BinaryOp op, StridedDesc d,
+                                    int64_t n) {
+  DEW_GRID_STRIDE(i, n) {
+    int64_t rem = i, ia = 0, ib = 0;
+    for (int k = d.rank - 1; k >= 0; --k) {
+      const int64_t idx = rem % d.shape[k];
+      rem /= d.shape[k];
+      ia += idx * d.a[k];
+      ib += idx * d.b[k];
+    }
+    store_any(out_dtype, out, i, binary_value(op, ld(a, ia), ld(b, ib)));
+  }
+}
+
+}  // namespace
+
+void launch_binary(cudaStream_t s, ST t, const void* a, const void* b, void* out, DType out_dtype, BinaryOp op,
+                   const StridedDesc& d, int64_t n, bool same_shape) {
+  if (n == 0) return;
+  const DType in_dtype = t == ST::f32 ? DType::f32 : DType::bf16;
+  DEW_CUDA_DISPATCH(t, T, {
+    if (same_shape && out_dtype == in_dtype)
+      binary_same_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                          static_cast<T*>(out), n, op);
+    else
+      binary_bcast_kernel<T>
+          <<<blocks_for(n), 256, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b), out, out_dtype, op, d, n);
+  });
+  check_launch("binary");
+}
+
+// ---------------------------------------------------------------- reduce
+
+namespace {
+
+struct Acc {
+  double v;
+  bool first;
+};
+
+__device__ __forceinline__ double combine(ReduceOp op, double acc, double v) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean:
+      return acc + v;
+    case ReduceOp::sumsq:
+      return acc + v;  // v is already squared
+    case ReduceOp::max:
+      return (acc != acc || v != v) ? NAN : fmax(acc, v);
+    case ReduceOp::min:
+      return (acc != acc || v != v) ? NAN : fmin(acc, v);
+  }
+  return acc;
+}
+__device__ __forceinline__ double identity(ReduceOp op) {
+  return op == ReduceOp::max ? -INFINITY : (op == ReduceOp::min ? INFINITY : 0.0);
+}
+
+// One block per outer row (inner == 1): block-wide reduction in double.
+template <class T>
+__global__ void reduce_rows_kernel(const T* x, T* out, int64_t outer, int64_t reduce, ReduceOp op) {
+  __shared__ double shared[32];
+  for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
+    const T* row = x + o * reduce;
+    double acc = identity(op);
+    for (int64_t r = threadIdx.x; r < reduce; r += blockDim.x) {
+      const double v = double(ld(row, r));
+      acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
+    }
+    // warp then block combine
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc = combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, off));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane == 0) shared[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+      double r = lane < nwarps ? shared[lane] : identity(op);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) r = combine(op, r, __shfl_xor_sync(0xffffffffu, r, off));
+      if (lane == 0) {
+        if (op == ReduceOp::mean) r /= double(reduce);
+        st(out, o, float(r));
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// One thread per (outer, inner) output, looping over the reduced axis (coalesced across inner).
+template <class T>
+__global__ void reduce_cols_kernel(const T* x, T* out, int64_t outer, int64_t reduce, int64_t inner, ReduceOp op) {
+  DEW_GRID_STRIDE(i, outer * inner) {
+    const int64_t o = i / inner, c = i % inner;
+    const T* base = x + o * reduce * inner + c;
+    double acc = identity(op);
+    for (int64_t r = 0; r < reduce; ++r) {
+      const double v = double(ld(base, r * inner));
+      acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
+    }
+    if (op == ReduceOp::mean) acc /= double(reduce);
+    st(out, i, float(acc));
+  }
+}
+
+}  // namespace
+
+void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer, int64_t reduce, int64_t inner,
+                   ReduceOp op) {
+  if (outer * inner == 0) return;
+  DEW_CUDA_DISPATCH(t, T, {
+    if (inner == 1 && reduce >= 64)
+      reduce_rows_kernel<T><<<grid_rows(outer > 65535 * 8 ? 65535 * 8 : outer), 256, 0, s>>>(
+          static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, op);
+    else
+      reduce_cols_kernel<T><<<blocks_for(outer * inner), 256, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(out),
+                                                                      outer, reduce, inner, op);
+  });
+  check_launch("reduce");
+}
+
+// ---------------------------------------------------------------- argmax
+
+namespace {
+
+// (value, index) pair order: a NaN beats everything (the first NaN wins), then the larger value, then
+// the smaller index.
+__device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn || bn) return vn && (!bn || i < bi);
+  if (v != bv) return v > bv;
+  return i < bi;
+}
+
+template <class T>
+__global__ void argmax_kernel(const T* x, int32_t* out, int64_t rows, int64_t D) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = x + r * D;
+    float bv = -INFINITY;
+    int64_t bi = INT64_MAX;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float v = ld(row, j);
+      if (bi == INT64_MAX || better(v, j, bv, bi)) {
+        bv = v;
+        bi = j;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (oi != INT64_MAX && (bi == INT64_MAX || better(ov, oi, bv, bi))) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane == 0) {
+      sv[warp] = bv;
+      si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = sv[0];
+      int64_t idx = si[0];
+      for (int w = 1; w < nwarps; ++w)
+        if (si[w] != INT64_MAX && (idx == INT64_MAX || better(sv[w], si[w], v, idx))) {
+          v = sv[w];
+          idx = si[w];
+        }
+      out[r] = int32_t(idx == INT64_MAX ? 0 : idx);
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+void launch_argmax(cudaStream_t s, ST t, const void* x, int32_t* out, int64_t rows, int64_t D) {
+  if (rows == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    argmax_kernel<T><<<grid_rows(rows > 65535 * 8 ? 65535 * 8 : rows), 256, 0, s>>>(
+                        static_cast<const T*>(x), out, rows, D));
+  check_launch("argmax");
+}
+
+// ---------------------------------------------------------------- epilogues
+
+namespace {
+
+__device__ __forceinline__ float activate(Activation act, float x) {
+  switch (act) {
+    case Activation::none:
+      return x;
+    case Activation::relu:
+      return x != x ? x : (x > 0.0f ? x : 0.0f);
+    case Activation::gelu:
+      return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+    case Activation::gelu_tanh:
+      return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhC * x * x * x)));
+    case Activation::silu:
+      return x / (1.0f + expf(-x));
+  }
+  return x;
+}
+
+template <class T>
+__global__ void bias_act_kernel(T* out, const T* bias, int64_t rows, int64_t n, Activation act, float keep) {
+  DEW_GRID_STRIDE(i, rows * n) {
+    float v = keep != 0.0f ? keep * ld(out, i) : 0.0f;
+    if (bias) v += ld(bias, i % n);
+    st(out, i, activate(act, v));
+  }
+}
+
+template <class T>
+__global__ void channel_bias_add_kernel(T* y, const T* bias, int64_t N, int64_t O, int64_t HW) {
+  DEW_GRID_STRIDE(i, N * O * HW) st(y, i, ld(y, i) + ld(bias, (i / HW) % O));
+}
+
+template <class T>
+__global__ void channel_bias_grad_kernel(const T* dy, T* dbias, int64_t N, int64_t O, int64_t HW) {
+  __shared__ float shared[32];
+  for (int64_t o = blockIdx.x; o < O; o += gridDim.x) {
+    float acc = 0.0f;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* p = dy + (n * O + o) * HW;
+      for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) acc += ld(p, i);
+    }
+    acc = block_sum(acc, shared);
+    if (threadIdx.x == 0) st(dbias, o, acc);
+  }
+}
+
+}  // namespace
+
+void launch_bias_act(cudaStream_t s, ST t, void* out, const void* bias, int64_t rows, int64_t n, Activation act,
+                     float keep) {
+  if (rows * n == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    bias_act_kernel<T><<<blocks_for(rows * n), 256, 0, s>>>(
+                        static_cast<T*>(out), static_cast<const T*>(bias), rows, n, act, keep));
+  check_launch("matmul epilogue");
+}
+
+void launch_channel_bias_add(cudaStream_t s, ST t, void* y, const void* bias, int64_t N, int64_t O, int64_t HW) {
+  if (N * O * HW == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    channel_bias_add_kernel<T>
+                    <<<blocks_for(N * O * HW), 256, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(bias), N, O, HW));
+  check_launch("conv2d bias");
+}
+
+void launch_channel_bias_grad(cudaStream_t s, ST t, const void* dy, void* dbias, int64_t N, int64_t O, int64_t HW) {
+  if (O == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    channel_bias_grad_kernel<T><<<grid_rows(O > 65535 ? 65535 : O), 256, 0, s>>>(
+                        static_cast<const T*>(dy), static_cast<T*>(dbias), N, O, HW));
+  check_launch("conv2d bias gradient");
+}
+
+}  // namespace dew::cuda

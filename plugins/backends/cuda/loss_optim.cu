@@ -1,0 +1,204 @@
+// cuda/loss_optim.cu — fused cross-entropy over logits (forward, backward) and the fused optimizer
+// updates (AdamW, SGD, LAMB), in place on param and state.
+// Invariants: cross-entropy is one block per row (max, sum of exp, lse = max + log(sum)); a target outside
+// [0, V) that is not ignore_index is recorded in the error word (raised at the next synchronisation) and
+// its row's loss is NaN. Optimizer arithmetic runs in double per element (as ref does; these kernels are
+// bound by memory, not arithmetic), with the bias corrections computed once on the host; grad is
+// multiplied by grad_scale first. LAMB's two norms are reduced on the device (per-block partials summed
+// in a fixed order), so no value travels to the host.
+#include <cmath>
+
+#include "device.cuh"
+
+namespace dew::cuda {
+
+namespace {
+
+template <class T>
+__global__ void ce_kernel(const T* logits, const int32_t* targets, float* loss, float* lse, int64_t N, int64_t V,
+                          int64_t ignore, ErrWord* err) {
+  __shared__ float shared[32];
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const T* row = logits + n * V;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, ld(row, j));
+    mx = block_max(mx, shared);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += expf(ld(row, j) - mx);
+    sum = block_sum(sum, shared);
+    if (threadIdx.x == 0) {
+      const float L = mx + logf(sum);
+      const int64_t t = targets[n];
+      lse[n] = L;
+      if (t == ignore) {
+        loss[n] = 0.0f;
+      } else if (t < 0 || t >= V) {
+        report(err, kErrTarget, t, n, V);
+        loss[n] = NAN;
+      } else {
+        loss[n] = L - ld(row, t);
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void ce_backward_kernel(const T* logits, const int32_t* targets, const float* lse, const float* dloss,
+                                   T* dlogits, int64_t N, int64_t V, int64_t ignore) {
+  DEW_GRID_STRIDE(i, N * V) {
+    const int64_t n = i / V, j = i % V;
+    const int64_t t = targets[n];
+    const float v = t == ignore ? 0.0f : (expf(ld(logits, i) - lse[n]) - (j == t ? 1.0f : 0.0f)) * dloss[n];
+    st(dlogits, i, v);
+  }
+}
+
+}  // namespace
+
+void launch_cross_entropy(cudaStream_t s, ST t, const void* logits, const int32_t* targets, float* loss, float* lse,
+                          int64_t N, int64_t V, int64_t ignore_index, ErrWord* err) {
+  if (N == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    ce_kernel<T><<<grid_rows(N > 65535 * 8 ? 65535 * 8 : N), row_threads(V), 0, s>>>(
+                        static_cast<const T*>(logits), targets, loss, lse, N, V, ignore_index, err));
+  check_launch("cross_entropy");
+}
+
+void launch_cross_entropy_backward(cudaStream_t s, ST t, const void* logits, const int32_t* targets, const float* lse,
+                                   const float* dloss, void* dlogits, int64_t N, int64_t V, int64_t ignore_index) {
+  if (N * V == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    ce_backward_kernel<T>
+                    <<<blocks_for(N * V), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse, dloss,
+                                                       static_cast<T*>(dlogits), N, V, ignore_index));
+  check_launch("cross_entropy_backward");
+}
+
+// ---------------------------------------------------------------- optimizers
+
+namespace {
+
+struct AdamArgs {
+  double lr, b1, b2, eps, wd, scale, bc1, bc2;
+};
+
+template <class T>
+__global__ void adamw_kernel(T* param, const T* grad, T* m, T* v, int64_t n, AdamArgs a) {
+  DEW_GRID_STRIDE(i, n) {
+    const double g = double(ld(grad, i)) * a.scale;
+    double x = double(ld(param, i));
+    x -= a.lr * a.wd * x;
+    const double mi = a.b1 * double(ld(m, i)) + (1.0 - a.b1) * g;
+    const double vi = a.b2 * double(ld(v, i)) + (1.0 - a.b2) * g * g;
+    x -= a.lr * (mi / a.bc1) / (sqrt(vi / a.bc2) + a.eps);
+    st(m, i, float(mi));
+    st(v, i, float(vi));
+    st(param, i, float(x));
+  }
+}
+
+template <class T>
+__global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, SgdParams p) {
+  const double lr = p.lr, mom = p.momentum, damp = p.dampening, wd = p.weight_decay, scale = p.grad_scale;
+  DEW_GRID_STRIDE(i, n) {
+    const double w = double(ld(param, i));
+    double g = double(ld(grad, i)) * scale + wd * w;
+    if (buf) {
+      const double b = p.step == 1 ? g : mom * double(ld(buf, i)) + (1.0 - damp) * g;
+      st(buf, i, float(b));
+      g = p.nesterov ? g + mom * b : b;
+    }
+    st(param, i, float(w - lr * g));
+  }
+}
+
+constexpr int kLambBlocks = 512;
+
+// Pass 1: moments, the direction r (into scratch[0, n)) and per-block partial sums of p^2 and r^2
+// (scratch[n + 2 * block], scratch[n + 2 * block + 1]).
+template <class T>
+__global__ void lamb_pass1_kernel(const T* param, const T* grad, T* m, T* v, int64_t n, AdamArgs a, float* scratch) {
+  __shared__ float shared[32];
+  float psq = 0.0f, rsq = 0.0f;
+  DEW_GRID_STRIDE(i, n) {
+    const double g = double(ld(grad, i)) * a.scale;
+    const double w = double(ld(param, i));
+    const double mi = a.b1 * double(ld(m, i)) + (1.0 - a.b1) * g;
+    const double vi = a.b2 * double(ld(v, i)) + (1.0 - a.b2) * g * g;
+    st(m, i, float(mi));
+    st(v, i, float(vi));
+    const double r = (mi / a.bc1) / (sqrt(vi / a.bc2) + a.eps) + a.wd * w;
+    scratch[i] = float(r);
+    psq += float(w * w);
+    rsq += float(r * r);
+  }
+  psq = block_sum(psq, shared);
+  rsq = block_sum(rsq, shared);
+  if (threadIdx.x == 0) {
+    scratch[n + 2 * blockIdx.x] = psq;
+    scratch[n + 2 * blockIdx.x + 1] = rsq;
+  }
+}
+
+// Pass 2 (one block): the trust ratio into scratch[n + 2 * kLambBlocks].
+__global__ void lamb_ratio_kernel(float* scratch, int64_t n) {
+  __shared__ float shared[32];
+  float psq = 0.0f, rsq = 0.0f;
+  for (int b = threadIdx.x; b < kLambBlocks; b += blockDim.x) {
+    psq += scratch[n + 2 * b];
+    rsq += scratch[n + 2 * b + 1];
+  }
+  psq = block_sum(psq, shared);
+  rsq = block_sum(rsq, shared);
+  if (threadIdx.x == 0) {
+    const float pn = sqrtf(psq), rn = sqrtf(rsq);
+    scratch[n + 2 * kLambBlocks] = (pn > 0.0f && rn > 0.0f) ? pn / rn : 1.0f;
+  }
+}
+
+template <class T>
+__global__ void lamb_pass3_kernel(T* param, int64_t n, float lr, const float* scratch) {
+  const float ratio = scratch[n + 2 * kLambBlocks];
+  DEW_GRID_STRIDE(i, n) st(param, i, float(double(ld(param, i)) - double(lr) * double(ratio) * double(scratch[i])));
+}
+
+AdamArgs adam_args(double lr, double b1, double b2, double eps, double wd, double scale, int64_t step) {
+  return {lr, b1, b2, eps, wd, scale, 1.0 - std::pow(b1, double(step)), 1.0 - std::pow(b2, double(step))};
+}
+
+}  // namespace
+
+void launch_adamw(cudaStream_t s, ST t, void* param, const void* grad, void* m, void* v, int64_t n,
+                  const AdamWParams& p) {
+  if (n == 0) return;
+  const AdamArgs a = adam_args(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale, p.step);
+  DEW_CUDA_DISPATCH(t, T,
+                    adamw_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<T*>(param), static_cast<const T*>(grad),
+                                                                  static_cast<T*>(m), static_cast<T*>(v), n, a));
+  check_launch("adamw_update");
+}
+
+void launch_sgd(cudaStream_t s, ST t, void* param, const void* grad, void* buf, int64_t n, const SgdParams& p) {
+  if (n == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    sgd_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<T*>(param), static_cast<const T*>(grad),
+                                                                static_cast<T*>(buf), n, p));
+  check_launch("sgd_update");
+}
+
+int64_t lamb_scratch_floats(int64_t n) { return n + 2 * kLambBlocks + 1; }
+
+void launch_lamb(cudaStream_t s, ST t, void* param, const void* grad, void* m, void* v, int64_t n, const LambParams& p,
+                 float* scratch) {
+  if (n == 0) return;
+  const AdamArgs a = adam_args(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale, p.step);
+  DEW_CUDA_DISPATCH(t, T, {
+    lamb_pass1_kernel<T><<<kLambBlocks, 256, 0, s>>>(static_cast<const T*>(param), static_cast<const T*>(grad),
+                                                     static_cast<T*>(m), static_cast<T*>(v), n, a, scratch);
+    lamb_ratio_kernel<<<1, 512, 0, s>>>(scratch, n);
+    lamb_pass3_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<T*>(param), n, p.lr, scratch);
+  });
+  check_launch("lamb_update");
+}
+
+}  // namespace dew::cuda

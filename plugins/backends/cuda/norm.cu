@@ -1,0 +1,395 @@
+// cuda/norm.cu — softmax / log-softmax and their backwards, layer norm, RMS norm and group norm with
+// their backwards.
+// Invariants: one block per row (or per (n, group)); statistics in f32 from two passes (mean, then the
+// biased variance of x - mean), saved as f32; weight/bias may be null (scale 1, shift 0; RMS norm's
+// weight_offset shifts only a weight that exists). Weight/bias gradients are column sums over rows:
+// each block of a first kernel sums one slice of rows into f32 scratch, a second kernel adds the slices
+// in a fixed order (deterministic, no atomics) and overwrites dweight/dbias.
+// Backward of a normalisation over M values with xhat = (x - mean) * rstd and g = dy * scale:
+//   layer/group norm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat));   rms: dx = rstd * (g - xhat * mean(g *
+//   xhat)).
+#include "device.cuh"
+
+namespace dew::cuda {
+
+namespace {
+
+template <class T>
+__global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t D, bool log) {
+  __shared__ float shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) mx = fmaxf(mx, ld(xr, j));
+    mx = block_max(mx, shared);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) sum += expf(ld(xr, j) - mx);
+    sum = block_sum(sum, shared);
+    const float log_sum = logf(sum), inv = 1.0f / sum;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float z = ld(xr, j) - mx;
+      st(yr, j, log ? z - log_sum : expf(z) * inv);
+    }
+  }
+}
+
+template <class T>
+__global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t rows, int64_t D, bool log) {
+  __shared__ float shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* yr = y + r * D;
+    const T* gr = dy + r * D;
+    T* xr = dx + r * D;
+    float dot = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dot += log ? ld(gr, j) : ld(gr, j) * ld(yr, j);
+    dot = block_sum(dot, shared);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float yv = ld(yr, j), g = ld(gr, j);
+      st(xr, j, log ? g - expf(yv) * dot : yv * (g - dot));
+    }
+  }
+}
+
+inline unsigned row_grid(int64_t rows) { return grid_rows(rows > 65535 * 8 ? 65535 * 8 : rows); }
+
+}  // namespace
+
+void launch_softmax(cudaStream_t s, ST t, const void* x, void* y, int64_t rows, int64_t D, bool log) {
+  if (rows * D == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    softmax_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(static_cast<const T*>(x),
+                                                                                static_cast<T*>(y), rows, D, log));
+  check_launch("softmax");
+}
+
+void launch_softmax_backward(cudaStream_t s, ST t, const void* y, const void* dy, void* dx, int64_t rows, int64_t D,
+                             bool log) {
+  if (rows * D == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    softmax_backward_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(
+                        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), rows, D, log));
+  check_launch("softmax_backward");
+}
+
+// ---------------------------------------------------------------- column sums (weight/bias gradients)
+
+namespace {
+
+constexpr int64_t kColThreads = 256;
+
+// Row slices: parts(rows) slices of ceil(rows / parts) rows each.
+inline int64_t parts_for(int64_t rows) {
+  int64_t p = (rows + 63) / 64;
+  if (p > 256) p = 256;
+  return p < 1 ? 1 : p;
+}
+
+// scratch[p * D + j] = sum over the rows of slice p of dy[r, j] * xhat(r, j); scratch[(P + p) * D + j] =
+// sum of dy[r, j] (when with_bias). xhat = (x - mean[r]) * rstd[r] (mean null: x * rstd[r]).
+template <class T>
+__global__ void col_partials_kernel(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
+                                    int64_t D, int64_t P, float* scratch, bool with_bias) {
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t p = blockIdx.y;
+  if (j >= D) return;
+  const int64_t per = (rows + P - 1) / P;
+  const int64_t r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
+  float sw = 0.0f, sb = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float g = ld(dy, r * D + j);
+    const float xv = ld(x, r * D + j);
+    const float xhat = (mean ? xv - mean[r] : xv) * rstd[r];
+    sw += g * xhat;
+    sb += g;
+  }
+  scratch[p * D + j] = sw;
+  if (with_bias) scratch[(P + p) * D + j] = sb;
+}
+
+template <class T>
+__global__ void col_finish_kernel(const float* scratch, int64_t P, int64_t D, T* dw, T* db) {
+  DEW_GRID_STRIDE(j, D) {
+    if (dw) {
+      float acc = 0.0f;
+      for (int64_t p = 0; p < P; ++p) acc += scratch[p * D + j];
+      st(dw, j, acc);
+    }
+    if (db) {
+      float acc = 0.0f;
+      for (int64_t p = 0; p < P; ++p) acc += scratch[(P + p) * D + j];
+      st(db, j, acc);
+    }
+  }
+}
+
+template <class T>
+void column_grads(cudaStream_t s, const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
+                  int64_t D, T* dw, T* db, float* scratch) {
+  if (!dw && !db) return;
+  const int64_t P = parts_for(rows);
+  const dim3 grid(unsigned((D + kColThreads - 1) / kColThreads), unsigned(P));
+  col_partials_kernel<T><<<grid, unsigned(kColThreads), 0, s>>>(x, dy, mean, rstd, rows, D, P, scratch, db != nullptr);
+  col_finish_kernel<T><<<blocks_for(D), 256, 0, s>>>(scratch, P, D, dw, db);
+}
+
+}  // namespace
+
+int64_t norm_scratch_floats(int64_t rows, int64_t D) { return 2 * parts_for(rows) * (D < 1 ? 1 : D); }
+
+// ---------------------------------------------------------------- layer norm
+
+namespace {
+
+template <class T>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
+                                  int64_t D, float eps) {
+  __shared__ float shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) sum += ld(xr, j);
+    const float mu = block_sum(sum, shared) / float(D);
+    float var = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float c = ld(xr, j) - mu;
+      var += c * c;
+    }
+    var = block_sum(var, shared) / float(D);
+    const float rs = 1.0f / sqrtf(var + eps);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float v = (ld(xr, j) - mu) * rs * (w ? ld(w, j) : 1.0f) + (b ? ld(b, j) : 0.0f);
+      st(yr, j, v);
+    }
+    if (threadIdx.x == 0) {
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+  }
+}
+
+// dx of layer norm (center = true) or RMS norm (center = false; mean null, scale = w + offset).
+template <class T>
+__global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const float* rstd, const T* dy, T* dx,
+                               int64_t rows, int64_t D, float offset, bool center) {
+  __shared__ float shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * D;
+    const T* gr = dy + r * D;
+    T* dxr = dx + r * D;
+    const float mu = center ? mean[r] : 0.0f, rs = rstd[r];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float scale = w ? ld(w, j) + offset : 1.0f;
+      const float g = ld(gr, j) * scale, xhat = (ld(xr, j) - mu) * rs;
+      sg += g;
+      sgx += g * xhat;
+    }
+    const float mean_g = center ? block_sum(sg, shared) / float(D) : 0.0f;
+    const float mean_gx = block_sum(sgx, shared) / float(D);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float scale = w ? ld(w, j) + offset : 1.0f;
+      const float g = ld(gr, j) * scale, xhat = (ld(xr, j) - mu) * rs;
+      st(dxr, j, rs * (g - mean_g - xhat * mean_gx));
+    }
+  }
+}
+
+template <class T>
+__global__ void rms_norm_kernel(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t D, float eps,
+                                float offset) {
+  __shared__ float shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const float v = ld(xr, j);
+      ss += v * v;
+    }
+    const float rs = 1.0f / sqrtf(block_sum(ss, shared) / float(D) + eps);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) st(yr, j, ld(xr, j) * rs * (w ? ld(w, j) + offset : 1.0f));
+    if (threadIdx.x == 0) rstd[r] = rs;
+  }
+}
+
+}  // namespace
+
+void launch_layer_norm(cudaStream_t s, ST t, const void* x, const void* w, const void* b, void* y, float* mean,
+                       float* rstd, int64_t rows, int64_t D, float eps) {
+  if (rows == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    layer_norm_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(
+                        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
+                        static_cast<T*>(y), mean, rstd, rows, D, eps));
+  check_launch("layer_norm");
+}
+
+void launch_layer_norm_backward(cudaStream_t s, ST t, const void* x, const void* w, const float* mean,
+                                const float* rstd, const void* dy, void* dx, void* dw, void* db, int64_t rows,
+                                int64_t D, float* scratch) {
+  DEW_CUDA_DISPATCH(t, T, {
+    const T* xs = static_cast<const T*>(x);
+    const T* gs = static_cast<const T*>(dy);
+    if (rows > 0)
+      norm_dx_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(xs, static_cast<const T*>(w), mean, rstd, gs,
+                                                                  static_cast<T*>(dx), rows, D, 0.0f, true);
+    column_grads<T>(s, xs, gs, mean, rstd, rows, D, static_cast<T*>(dw), static_cast<T*>(db), scratch);
+  });
+  check_launch("layer_norm_backward");
+}
+
+void launch_rms_norm(cudaStream_t s, ST t, const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t D,
+                     float eps, float offset) {
+  if (rows == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    rms_norm_kernel<T>
+                    <<<row_grid(rows), row_threads(D), 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(w),
+                                                               static_cast<T*>(y), rstd, rows, D, eps, offset));
+  check_launch("rms_norm");
+}
+
+void launch_rms_norm_backward(cudaStream_t s, ST t, const void* x, const void* w, const float* rstd, const void* dy,
+                              void* dx, void* dw, int64_t rows, int64_t D, float offset, float* scratch) {
+  DEW_CUDA_DISPATCH(t, T, {
+    const T* xs = static_cast<const T*>(x);
+    const T* gs = static_cast<const T*>(dy);
+    if (rows > 0)
+      norm_dx_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(xs, static_cast<const T*>(w), nullptr, rstd, gs,
+                                                                  static_cast<T*>(dx), rows, D, offset, false);
+    column_grads<T>(s, xs, gs, nullptr, rstd, rows, D, static_cast<T*>(dw), nullptr, scratch);
+  });
+  check_launch("rms_norm_backward");
+}
+
+// ---------------------------------------------------------------- group norm (NCHW)
+
+namespace {
+
+// One block per (n, g): the group's Cg * HW values are contiguous.
+template <class T>
+__global__ void group_norm_kernel(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t N,
+                                  int64_t C, int64_t HW, int64_t G, float eps) {
+  __shared__ float shared[32];
+  const int64_t Cg = C / G, M = Cg * HW;
+  for (int64_t ng = blockIdx.x; ng < N * G; ng += gridDim.x) {
+    const int64_t n = ng / G, g = ng % G;
+    const int64_t base = (n * C + g * Cg) * HW;
+    const T* xg = x + base;
+    T* yg = y + base;
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) sum += ld(xg, i);
+    const float mu = block_sum(sum, shared) / float(M);
+    float var = 0.0f;
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+      const float c = ld(xg, i) - mu;
+      var += c * c;
+    }
+    const float rs = 1.0f / sqrtf(block_sum(var, shared) / float(M) + eps);
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+      const int64_t c = g * Cg + i / HW;
+      st(yg, i, (ld(xg, i) - mu) * rs * (w ? ld(w, c) : 1.0f) + (b ? ld(b, c) : 0.0f));
+    }
+    if (threadIdx.x == 0) {
+      mean[ng] = mu;
+      rstd[ng] = rs;
+    }
+  }
+}
+
+template <class T>
+__global__ void group_norm_dx_kernel(const T* x, const T* w, const float* mean, const float* rstd, const T* dy, T* dx,
+                                     int64_t N, int64_t C, int64_t HW, int64_t G) {
+  __shared__ float shared[32];
+  const int64_t Cg = C / G, M = Cg * HW;
+  for (int64_t ng = blockIdx.x; ng < N * G; ng += gridDim.x) {
+    const int64_t n = ng / G, g = ng % G;
+    const int64_t base = (n * C + g * Cg) * HW;
+    const float mu = mean[ng], rs = rstd[ng];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+      const int64_t c = g * Cg + i / HW;
+      const float gi = ld(dy, base + i) * (w ? ld(w, c) : 1.0f), xhat = (ld(x, base + i) - mu) * rs;
+      sg += gi;
+      sgx += gi * xhat;
+    }
+    const float mean_g = block_sum(sg, shared) / float(M);
+    const float mean_gx = block_sum(sgx, shared) / float(M);
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+      const int64_t c = g * Cg + i / HW;
+      const float gi = ld(dy, base + i) * (w ? ld(w, c) : 1.0f), xhat = (ld(x, base + i) - mu) * rs;
+      st(dx, base + i, rs * (gi - mean_g - xhat * mean_gx));
+    }
+  }
+}
+
+// scratch[n * C + c] = sum over hw of dy * xhat; scratch[N * C + n * C + c] = sum of dy. One block per (n, c).
+template <class T>
+__global__ void group_norm_partials_kernel(const T* x, const float* mean, const float* rstd, const T* dy, int64_t N,
+                                           int64_t C, int64_t HW, int64_t G, float* scratch) {
+  __shared__ float shared[32];
+  const int64_t Cg = C / G;
+  for (int64_t nc = blockIdx.x; nc < N * C; nc += gridDim.x) {
+    const int64_t n = nc / C, c = nc % C, ng = n * G + c / Cg;
+    const float mu = mean[ng], rs = rstd[ng];
+    float sw = 0.0f, sb = 0.0f;
+    for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) {
+      const float g = ld(dy, nc * HW + i);
+      sw += g * (ld(x, nc * HW + i) - mu) * rs;
+      sb += g;
+    }
+    sw = block_sum(sw, shared);
+    sb = block_sum(sb, shared);
+    if (threadIdx.x == 0) {
+      scratch[nc] = sw;
+      scratch[N * C + nc] = sb;
+    }
+  }
+}
+
+template <class T>
+__global__ void group_norm_finish_kernel(const float* scratch, int64_t N, int64_t C, T* dw, T* db) {
+  DEW_GRID_STRIDE(c, C) {
+    float aw = 0.0f, ab = 0.0f;
+    for (int64_t n = 0; n < N; ++n) {
+      aw += scratch[n * C + c];
+      ab += scratch[N * C + n * C + c];
+    }
+    if (dw) st(dw, c, aw);
+    if (db) st(db, c, ab);
+  }
+}
+
+}  // namespace
+
+void launch_group_norm(cudaStream_t s, ST t, const void* x, const void* w, const void* b, void* y, float* mean,
+                       float* rstd, int64_t N, int64_t C, int64_t HW, int64_t G, float eps) {
+  if (N * G == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    group_norm_kernel<T><<<row_grid(N * G), row_threads((C / G) * HW), 0, s>>>(
+                        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
+                        static_cast<T*>(y), mean, rstd, N, C, HW, G, eps));
+  check_launch("group_norm");
+}
+
+void launch_group_norm_backward(cudaStream_t s, ST t, const void* x, const void* w, const float* mean,
+                                const float* rstd, const void* dy, void* dx, void* dw, void* db, int64_t N, int64_t C,
+                                int64_t HW, int64_t G, float* scratch) {
+  if (N * G == 0) return;
+  DEW_CUDA_DISPATCH(t, T, {
+    const T* xs = static_cast<const T*>(x);
+    const T* gs = static_cast<const T*>(dy);
+    group_norm_dx_kernel<T><<<row_grid(N * G), row_threads((C / G) * HW), 0, s>>>(
+        xs, static_cast<const T*>(w), mean, rstd, gs, static_cast<T*>(dx), N, C, HW, G);
+    if (dw || db) {
+      group_norm_partials_kernel<T>
+          <<<row_grid(N * C), row_threads(HW), 0, s>>>(xs, mean, rstd, gs, N, C, HW, G, scratch);
+      group_norm_finish_kernel<T>
+          <<<blocks_for(C), 256, 0, s>>>(scratch, N, C, static_cast<T*>(dw), static_cast<T*>(db));
+    }
+  });
+  check_launch("group_norm_backward");
+}
+
+}  // namespace dew::cuda

@@ -1,0 +1,418 @@
+// hf_converter.cpp — the causal_transformer's Hugging Face converter (dew/interop.hpp, kind
+// "hf_converter", name "causal_transformer"): config.json of the Llama, Mistral, Qwen2 and Qwen3 families
+// <-> the [model] section. Weights need no table: the parameter names are the Hugging Face ones.
+//
+// Import: every field of config.json is either mapped (table below), ignored as metadata or training-only
+// (kIgnored, and fields whose value makes them inert, e.g. Qwen's sliding_window when use_sliding_window
+// is false), or refused by name. Values dew cannot express are refused: rope_scaling other than null /
+// "default", hidden_act other than silu / gelu_pytorch_tanh, a non-zero attention_dropout, quantization.
+//   vocab_size -> vocab_size           hidden_size -> dim               num_hidden_layers -> n_layers
+//   num_attention_heads -> n_heads     num_key_value_heads -> n_kv_heads head_dim -> head_dim
+//   intermediate_size -> mlp_hidden    hidden_act silu -> mlp swiglu, gelu_pytorch_tanh -> geglu
+//   rms_norm_eps -> norm_eps           rope_theta (or rope_parameters.rope_theta) -> rope_theta
+//   max_position_embeddings -> max_seq_len                                tie_word_embeddings -> tie_embeddings
+//   llama/qwen3 attention_bias -> qkv_bias + o_bias; qwen2 -> qkv_bias always; llama mlp_bias -> mlp_bias
+//   qwen3 -> qk_norm;  mistral sliding_window W -> every layer local with window W;
+//   qwen2/qwen3 use_sliding_window + max_window_layers (or layer_types) -> layer_pattern + sliding_window
+// Export picks the family from the features: qk_norm -> qwen3; qkv_bias without o_bias -> qwen2; every
+// layer local -> mistral; else llama. Options no family expresses (softcaps, (1 + w) norms, embedding
+// scale, partial rotary, the plain gelu MLP, mixed local/global layers outside Qwen) are refused by name.
+#include <cmath>
+#include <dew/error.hpp>
+#include <dew/interop.hpp>
+#include <dew/registry.hpp>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+
+// Metadata and training-only fields every family may carry (PretrainedConfig and generation defaults).
+const std::set<std::string> kIgnored = {"architectures",
+                                        "model_type",
+                                        "torch_dtype",
+                                        "dtype",
+                                        "transformers_version",
+                                        "_name_or_path",
+                                        "use_cache",
+                                        "initializer_range",
+                                        "bos_token_id",
+                                        "eos_token_id",
+                                        "pad_token_id",
+                                        "return_dict",
+                                        "output_hidden_states",
+                                        "output_attentions",
+                                        "torchscript",
+                                        "use_return_dict",
+                                        "tokenizer_class",
+                                        "id2label",
+                                        "label2id",
+                                        "pretraining_tp",  // tensor-parallel slicing of the same math
+                                        "is_decoder",
+                                        "tie_encoder_decoder",
+                                        "chunk_size_feed_forward",
+                                        "problem_type",
+                                        "prefix",
+                                        "task_specific_params",
+                                        "finetuning_task",
+                                        "_attn_implementation",
+                                        "_attn_implementation_autoset",
+                                        "auto_map",
+                                        "max_length",
+                                        "min_length",
+                                        "do_sample",
+                                        "temperature",
+                                        "top_p",
+                                        "top_k",
+                                        "num_beams",
+                                        "repetition_penalty",
+                                        "bad_words_ids",
+                                        "decoder_start_token_id",
+                                        "sep_token_id",
+                                        "cross_attention_hidden_size",
+                                        "add_cross_attention",
+                                        "is_encoder_decoder",
+                                        "pruned_heads",
+                                        "tf_legacy_loss",
+                                        "use_bfloat16",
+                                        "output_scores",
+                                        "return_dict_in_generate",
+                                        "forced_bos_token_id",
+                                        "forced_eos_token_id",
+                                        "remove_invalid_values",
+                                        "exponential_decay_length_penalty",
+                                        "suppress_tokens",
+                                        "begin_suppress_tokens",
+                                        "num_return_sequences",
+                                        "early_stopping",
+                                        "length_penalty",
+                                        "no_repeat_ngram_size",
+                                        "diversity_penalty",
+                                        "num_beam_groups",
+                                        "typical_p",
+                                        "encoder_no_repeat_ngram_size",
+                                        "output_router_logits"};
+
+std::string num(double v) {  // the shortest text that reads back as v
+  std::ostringstream s;
+  for (int digits = 6; digits <= 17; ++digits) {
+    s.str("");
+    s.precision(digits);
+    s << v;
+    if (std::stod(s.str()) == v) break;
+  }
+  return s.str();
+}
+
+class Reader {
+ public:
+  Reader(json j, std::string type) : j_(std::move(j)), type_(std::move(type)) {}
+  bool has(const std::string& k) const { return j_.contains(k) && !j_[k].is_null(); }
+  const json& at(const std::string& k) {
+    used_.insert(k);
+    return j_[k];
+  }
+  void ignore(const std::string& k) { used_.insert(k); }
+  int64_t integer(const std::string& k) {
+    const json& v = at(k);
+    DEW_USAGE_CHECK(v.is_number_integer(), type_, " config.json: '", k, "' must be an integer, got ", v.dump());
+    return v.get<int64_t>();
+  }
+  double number(const std::string& k) {
+    const json& v = at(k);
+    DEW_USAGE_CHECK(v.is_number(), type_, " config.json: '", k, "' must be a number, got ", v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const std::string& k, bool fallback) {
+    if (!has(k)) {
+      ignore(k);
+      return fallback;
+    }
+    const json& v = at(k);
+    DEW_USAGE_CHECK(v.is_boolean(), type_, " config.json: '", k, "' must be true or false, got ", v.dump());
+    return v.get<bool>();
+  }
+  int64_t require_int(const std::string& k) {
+    DEW_USAGE_CHECK(has(k), type_, " config.json: missing '", k, "'");
+    return integer(k);
+  }
+  // Fields nobody read, after the import: refused unless metadata.
+  std::vector<std::string> ignored_and_check() const {
+    std::vector<std::string> ignored, unknown;
+    for (const auto& [k, v] : j_.items()) {
+      if (used_.count(k)) continue;
+      if (kIgnored.count(k))
+        ignored.push_back(k);
+      else
+        unknown.push_back(k);
+    }
+    std::string list;
+    for (const auto& u : unknown) list += (list.empty() ? "'" : ", '") + u + "'";
+    DEW_USAGE_CHECK(unknown.empty(), type_, " config.json: field", unknown.size() > 1 ? "s " : " ", list,
+                    unknown.size() > 1 ? " are" : " is",
+                    " not expressible in dew's causal_transformer (neither mapped nor known to be inert)");
+    return ignored;
+  }
+  const std::string& type() const { return type_; }
+
+ private:
+  json j_;
+  std::string type_;
+  std::set<std::string> used_;
+};
+
+int64_t first_id(const json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();
+  return -1;
+}
+
+class DecoderConverter final : public dew::HfConverter {
+ public:
+  std::vector<std::string> model_types() const override { return {"llama", "mistral", "qwen2", "qwen3"}; }
+  std::string model_plugin() const override { return "causal_transformer"; }
+
+  dew::HfImport import_config(const std::string& text) const override {
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::exception& e) {
+      DEW_USAGE_CHECK(false, "config.json is not valid JSON: ", e.what());
+    }
+    DEW_USAGE_CHECK(j.is_object() && j.contains("model_type") && j["model_type"].is_string(),
+                    "config.json has no \"model_type\" string");
+    const std::string mt = j["model_type"].get<std::string>();
+    const std::vector<std::string> known = model_types();
+    DEW_USAGE_CHECK(std::find(known.begin(), known.end(), mt) != known.end(), "config.json: model_type '", mt,
+                    "' is not one the causal_transformer imports (llama, mistral, qwen2, qwen3)");
+    Reader r(j, mt);
+    dew::HfImport out;
+    auto& m = out.model;
+    m["plugin"] = "causal_transformer";
+    const int64_t layers = r.require_int("num_hidden_layers");
+    const int64_t heads = r.require_int("num_attention_heads");
+    m["vocab_size"] = std::to_string(r.require_int("vocab_size"));
+    m["dim"] = std::to_string(r.require_int("hidden_size"));
+    m["n_layers"] = std::to_string(layers);
+    m["n_heads"] = std::to_string(heads);
+    m["n_kv_heads"] = std::to_string(r.has("num_key_value_heads") ? r.integer("num_key_value_heads") : heads);
+    r.ignore("num_key_value_heads");
+    if (r.has("head_dim")) m["head_dim"] = std::to_string(r.integer("head_dim"));
+    r.ignore("head_dim");
+    m["mlp_hidden"] = std::to_string(r.require_int("intermediate_size"));
+    const std::string act = r.has("hidden_act") && r.at("hidden_act").is_string()
+                                ? r.at("hidden_act").get<std::string>()
+                                : std::string("silu");
+    r.ignore("hidden_act");
+    DEW_USAGE_CHECK(act == "silu" || act == "swish" || act == "gelu_pytorch_tanh" || act == "gelu_new", mt,
+                    " config.json: hidden_act '", act,
+                    "' is not expressible (silu -> swiglu and gelu_pytorch_tanh -> geglu are)");
+    m["mlp"] = act == "silu" || act == "swish" ? "swiglu" : "geglu";
+    m["norm_eps"] = num(r.has("rms_norm_eps") ? r.number("rms_norm_eps") : 1e-6);
+    r.ignore("rms_norm_eps");
+    // Rotary: rope_theta, or transformers 5's rope_parameters {rope_type, rope_theta}.
+    double theta = 10000.0;
+    if (r.has("rope_theta")) theta = r.number("rope_theta");
+    r.ignore("rope_theta");
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      if (!r.has(key)) {
+        r.ignore(key);
+        continue;
+      }
+      const json& rs = r.at(key);
+      DEW_USAGE_CHECK(rs.is_object(), mt, " config.json: '", key, "' must be an object or null");
+      for (const auto& [k, v] : rs.items()) {
+        if (k == "rope_theta" && v.is_number()) {
+          theta = v.get<double>();
+          continue;
+        }
+        if ((k == "rope_type" || k == "type") && v.is_string() && v.get<std::string>() == "default") continue;
+        DEW_USAGE_CHECK(false, mt, " config.json: ", key, " ", rs.dump(),
+                        " is not expressible (only the default rotary embedding is: rope scaling such as llama3, "
+                        "yarn, linear or dynamic is not implemented)");
+      }
+    }
+    m["rope_theta"] = num(theta);
+    m["max_seq_len"] = std::to_string(r.has("max_position_embeddings") ? r.integer("max_position_embeddings") : 2048);
+    r.ignore("max_position_embeddings");
+    // Every family's default is untied (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config).
+    m["tie_embeddings"] = r.boolean("tie_word_embeddings", false) ? "true" : "false";
+    if (r.has("attention_dropout")) {
+      const double p = r.number("attention_dropout");
+      DEW_USAGE_CHECK(p == 0.0, mt, " config.json: attention_dropout ", p,
+                      " is not expressible (dew has no attention dropout; 0 is accepted)");
+    }
+    r.ignore("attention_dropout");
+    if (mt == "llama" || mt == "qwen3") {
+      const bool b = r.boolean("attention_bias", false);
+      m["qkv_bias"] = m["o_bias"] = b ? "true" : "false";
+    }
+    if (mt == "llama") m["mlp_bias"] = r.boolean("mlp_bias", false) ? "true" : "false";
+    if (mt == "qwen2") m["qkv_bias"] = "true";
+    if (mt == "qwen3") m["qk_norm"] = "true";
+
+    // Sliding windows.
+    std::vector<bool> local(size_t(layers), false);
+    int64_t window = 0;
+    if (mt == "mistral") {
+      if (r.has("sliding_window")) {
+        window = r.integer("sliding_window");
+        local.assign(size_t(layers), true);
+      }
+      r.ignore("sliding_window");
+    } else if (mt == "qwen2" || mt == "qwen3") {
+      const bool use = r.boolean("use_sliding_window", false);
+      if (use) {
+        DEW_USAGE_CHECK(r.has("sliding_window"), mt,
+                        " config.json: use_sliding_window is true but sliding_window is null");
+        window = r.integer("sliding_window");
+        const int64_t from = r.has("max_window_layers") ? r.integer("max_window_layers") : layers;
+        for (int64_t i = 0; i < layers; ++i) local[size_t(i)] = i >= from;
+      }
+      r.ignore("sliding_window");  // inert without use_sliding_window
+      r.ignore("max_window_layers");
+      if (r.has("layer_types")) {
+        const json& lt = r.at("layer_types");
+        DEW_USAGE_CHECK(lt.is_array() && int64_t(lt.size()) == layers, mt, " config.json: layer_types must list ",
+                        layers, " layer kinds");
+        for (size_t i = 0; i < lt.size(); ++i) {
+          const std::string k = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+          DEW_USAGE_CHECK(k == "full_attention" || k == "sliding_attention", mt, " config.json: layer_types[", i,
+                          "] = '", k, "' is not full_attention or sliding_attention");
+          // Transformers builds layer_types from use_sliding_window when absent; an explicit list wins,
+          // but a sliding layer needs a window.
+          local[i] = k == "sliding_attention" && use;
+        }
+      }
+      r.ignore("layer_types");
+    }
+    bool any_local = false;
+    std::string pattern;
+    for (bool l : local) {
+      any_local = any_local || l;
+      pattern += std::string(pattern.empty() ? "" : ",") + (l ? "local" : "global");
+    }
+    if (any_local) {
+      DEW_USAGE_CHECK(window > 0, mt, " config.json: sliding_window must be positive, got ", window);
+      m["sliding_window"] = std::to_string(window);
+      m["layer_pattern"] = pattern;
+    }
+    if (r.has("bos_token_id")) out.bos_id = first_id(r.at("bos_token_id"));
+    if (r.has("eos_token_id")) out.eos_id = first_id(r.at("eos_token_id"));
+    DEW_USAGE_CHECK(!j.contains("quantization_config"), mt,
+                    " config.json: quantized checkpoints (quantization_config) are not supported");
+    out.ignored = r.ignored_and_check();
+    if (m["tie_embeddings"] == "true") out.droppable.push_back("lm_head.weight");
+    for (int64_t i = 0; i < layers; ++i)
+      out.droppable.push_back("model.layers." + std::to_string(i) + ".self_attn.rotary_emb.inv_freq");
+    return out;
+  }
+
+  std::string export_config(const dew::Model& model, const std::string& torch_dtype) const override {
+    const std::map<std::string, std::string> d = model.describe();
+    auto get = [&](const std::string& k) {
+      auto it = d.find(k);
+      DEW_CHECK(it != d.end(), "causal_transformer describe() has no '", k, "'");
+      return it->second;
+    };
+    auto integer = [&](const std::string& k) { return std::stoll(get(k)); };
+    auto number = [&](const std::string& k) { return std::stod(get(k)); };
+    auto flag = [&](const std::string& k) { return d.count(k) && d.at(k) == "true"; };
+    std::vector<std::string> refused;
+    if (get("mlp") == "gelu") refused.push_back("model.mlp = gelu (no gate)");
+    if (number("partial_rotary_factor") != 1.0) refused.push_back("model.partial_rotary != 1");
+    if (number("norm_offset") != 0.0) refused.push_back("model.norm_offset = 1");
+    if (flag("embed_scale")) refused.push_back("model.embed_scale");
+    if (d.count("attn_logit_softcapping")) refused.push_back("model.attn_softcap");
+    if (d.count("final_logit_softcapping")) refused.push_back("model.final_softcap");
+    const bool qk = flag("qk_norm"), qkv = flag("qkv_bias"), ob = flag("o_bias"), mlpb = flag("mlp_bias");
+    const int64_t layers = integer("num_hidden_layers");
+    std::vector<std::string> kinds;
+    if (d.count("layer_types")) {
+      std::stringstream ss(get("layer_types"));
+      for (std::string k; std::getline(ss, k, ',');) kinds.push_back(k);
+    }
+    size_t n_local = 0;
+    for (const auto& k : kinds) n_local += k == "sliding_attention";
+    std::string mt;
+    if (qk) {
+      mt = "qwen3";
+      if (qkv != ob) refused.push_back("qk_norm with qkv_bias != o_bias (Qwen3's attention_bias sets both)");
+    } else if (qkv && !ob) {
+      mt = "qwen2";
+    } else if (n_local > 0 && n_local == kinds.size() && !qkv && !ob) {
+      mt = "mistral";
+    } else {
+      mt = "llama";
+      if (qkv != ob) refused.push_back("model.o_bias without model.qkv_bias");
+    }
+    if (mlpb && mt != "llama") refused.push_back("model.mlp_bias in the " + mt + " family");
+    if (n_local > 0 && mt == "llama") refused.push_back("sliding-window layers in the llama family");
+    std::string list;
+    for (const auto& x : refused) list += (list.empty() ? "" : "; ") + x;
+    DEW_USAGE_CHECK(refused.empty(),
+                    "export --format hf: this causal_transformer uses options no Hugging Face family "
+                    "dew exports (llama, mistral, qwen2, qwen3) expresses: ",
+                    list);
+    static const std::map<std::string, std::string> arch{{"llama", "LlamaForCausalLM"},
+                                                         {"mistral", "MistralForCausalLM"},
+                                                         {"qwen2", "Qwen2ForCausalLM"},
+                                                         {"qwen3", "Qwen3ForCausalLM"}};
+    json j;
+    j["architectures"] = {arch.at(mt)};
+    j["model_type"] = mt;
+    j["vocab_size"] = integer("vocab_size");
+    j["hidden_size"] = integer("hidden_size");
+    j["intermediate_size"] = integer("intermediate_size");
+    j["num_hidden_layers"] = layers;
+    j["num_attention_heads"] = integer("num_attention_heads");
+    j["num_key_value_heads"] = integer("num_key_value_heads");
+    j["head_dim"] = integer("head_dim");
+    j["hidden_act"] = get("mlp") == "swiglu" ? "silu" : "gelu_pytorch_tanh";
+    j["max_position_embeddings"] = integer("max_position_embeddings");
+    j["rms_norm_eps"] = number("rms_norm_eps");
+    j["rope_theta"] = number("rope_theta");
+    j["rope_scaling"] = nullptr;
+    j["tie_word_embeddings"] = flag("tie_word_embeddings");
+    j["attention_dropout"] = 0.0;
+    j["initializer_range"] = 0.02;
+    j["use_cache"] = true;
+    j["torch_dtype"] = torch_dtype;
+    if (mt == "llama") {
+      j["attention_bias"] = qkv;
+      j["mlp_bias"] = mlpb;
+      j["pretraining_tp"] = 1;
+    }
+    if (mt == "qwen3") j["attention_bias"] = qkv;
+    if (mt == "mistral") j["sliding_window"] = std::stoll(get("sliding_window"));
+    if (mt == "qwen2" || mt == "qwen3") {
+      j["use_sliding_window"] = n_local > 0;
+      j["sliding_window"] = n_local > 0 ? json(std::stoll(get("sliding_window"))) : json(nullptr);
+      // Transformers derives the kinds from max_window_layers (layers i >= it slide); an explicit
+      // layer_types list (transformers >= 4.53) says the same for any pattern.
+      size_t first_local = kinds.size();
+      for (size_t i = 0; i < kinds.size(); ++i)
+        if (kinds[i] == "sliding_attention") {
+          first_local = i;
+          break;
+        }
+      j["max_window_layers"] = n_local > 0 ? int64_t(first_local) : layers;
+      if (n_local > 0) j["layer_types"] = kinds;
+    }
+    return j.dump(2) + "\n";
+  }
+};
+
+}  // namespace
+
+void register_hf_converter(dew::Registrar& registrar) {
+  registrar.add<dew::HfConverter>({
+      .name = "causal_transformer",
+      .description = "Hugging Face config.json <-> causal_transformer for llama, mistral, qwen2, qwen3",
+      .factory = [](const dew::Options&) { return std::make_shared<DecoderConverter>(); },
+  });
+}

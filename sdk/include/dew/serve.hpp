@@ -1,0 +1,139 @@
+// dew/serve.hpp — a continuous-batching scheduler for text generation (what `dew-run serve` runs).
+//
+// A fixed number of slots share one resident cache (CausalDecoder::make_slot_cache). Each iteration
+// (step()) drops cancelled requests, admits waiting requests into free slots (first come, first served),
+// prefills each admitted prompt and decodes one token for every other active slot in one batched call
+// (CausalDecoder::forward_slots), then draws one token per row. A slot frees when its request ends (EOS,
+// a stop string, its budget, or cancel()) and is reused in the same iteration's admission of the next.
+//
+// Invariant: a request's tokens and text are exactly those of dew::generate() for the same prompt and
+// SamplingParams alone (draws keyed by the request's own seed, Philox stream and token index, never by
+// slot or batch; the same prompt cropping, context refill, EOS and stop-string rules), given a decoder
+// whose forward_slots rows are bit-equal to solo decoding (see dew/generate.hpp).
+//
+// Threads: submit(), Ticket methods and stats() are thread-safe; step() runs on one thread at a time
+// (start() runs it on a background thread while there is work). The model is only touched by step().
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dew/generate.hpp"
+#include "dew/tokenizer.hpp"
+
+namespace dew::serve {
+
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids (non-empty)
+  SamplingParams params;        // stop strings need the scheduler's tokenizer
+  uint64_t stream = 0;          // the Philox stream of the draws: generate() gives prompt i stream i
+};
+
+// One request's progress, shared by the scheduler and the client waiting on it.
+class Ticket {
+ public:
+  // Text made final since the last call (never a byte a stop string could still remove, never half of a
+  // UTF-8 character until the request ends), and whether the request has ended. Blocks until there is
+  // new text or the end, or until `timeout` passes (then returns what there is, possibly nothing).
+  struct Update {
+    std::string text;
+    bool done = false;
+  };
+  Update next(std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
+  // Blocks until the request ends and returns its generation (finish_reason eos | stop | length, or
+  // "cancelled" / "error": see error()).
+  Generation wait();
+  // Ends the request at the next iteration (the client went away); its slot is freed.
+  void cancel();
+  bool done() const;
+  std::string error() const;
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  // When it was submitted, admitted into a slot, produced its first token and ended (zero until then).
+  Clock::time_point submitted, admitted, first_token, finished;
+
+ private:
+  friend class Scheduler;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Generation result_;  // set when the request ends
+  std::string text_;   // everything decoded so far (before any stop cut)
+  size_t safe_ = 0;    // text_[0, safe_) is final
+  size_t taken_ = 0;   // next() has handed out text_[0, taken_)
+  bool done_ = false, cancelled_ = false;
+  std::string error_;
+  int64_t prompt_tokens_ = 0;
+};
+
+struct SchedulerOptions {
+  int64_t slots = 8;       // sequences decoded together
+  int64_t context = 0;     // tokens per slot; 0: the model's context_length() (required when it has none)
+  int64_t max_queue = 64;  // requests waiting for a slot; submit() refuses more
+};
+
+struct SchedulerStats {
+  int64_t slots = 0, active = 0, queued = 0;
+  int64_t iterations = 0, decode_rows = 0, prefill_tokens = 0, generated_tokens = 0, completed = 0;
+  bool draining = false;
+};
+
+class Scheduler {
+ public:
+  // `tokenizer` may be null (then no stop strings and no text). The model must outlive the scheduler;
+  // token tensors are made on the default backend of the time of construction.
+  Scheduler(CausalDecoder& model, std::shared_ptr<const Tokenizer> tokenizer, const SchedulerOptions& options);
+  ~Scheduler();  // stops the background thread; requests still running end as "cancelled"
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Admission { accepted, queue_full, draining };
+  struct Submitted {
+    Admission status = Admission::accepted;
+    std::shared_ptr<Ticket> ticket;  // null unless accepted
+  };
+  // Queues a request. Throws dew::UsageError for an empty prompt, out-of-range sampling parameters, a
+  // token outside the vocabulary or stop strings without a tokenizer.
+  Submitted submit(Request request);
+
+  // One iteration (see the top of this file). Returns false when there was nothing to do.
+  bool step();
+
+  // Runs step() on a background thread, sleeping while there is no work.
+  void start();
+  // Refuses new requests, lets every queued and running one finish, then stops the thread.
+  void drain();
+
+  SchedulerStats stats() const;
+  int64_t context() const { return context_; }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+
+ private:
+  struct Active;
+  void finish(Active& a, const std::string& reason);
+  void fail_all(const std::string& message);
+
+  CausalDecoder& model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  SchedulerOptions options_;
+  int64_t context_ = 0, vocab_ = 0;
+  BackendPtr backend_;
+  std::unique_ptr<SlotCache> cache_;
+
+  mutable std::mutex mu_;  // guards queue_, draining_, stop_, the stats counters and active_count_
+  std::condition_variable cv_;
+  std::deque<std::pair<Request, std::shared_ptr<Ticket>>> queue_;
+  std::vector<std::unique_ptr<Active>> active_;  // by slot (null: free); step() only
+  int64_t active_count_ = 0;
+  bool draining_ = false, stop_ = false;
+  SchedulerStats counters_;
+  std::thread loop_;
+};
+
+}  // namespace dew::serve

@@ -1,0 +1,881 @@
+// tests/serve/test_serve.cpp — continuous-batching serving: dew::serve::Scheduler without sockets and the
+// HTTP front of `dew-run serve` in-process on an ephemeral port.
+//
+// What a wrong implementation would fail:
+//  * slot decoding: every row of forward_slots (batched decode rows, per-slot prefills, slots cleared and
+//    reused) is bit-equal to the same sequence decoded alone, on ref and on cpu (the row-wise matmul), for
+//    the causal_transformer's batched path and for the generic per-slot default;
+//  * the scheduler: mixed prompt lengths (one token, longer than the context), budgets (0, 1, past the
+//    context: refill), sampling settings, EOS and stop strings, more requests than slots — each result
+//    equals dew::generate() alone (tokens, text, finish reason); slot reuse happens in the very next
+//    iteration; a full queue refuses; streamed text concatenates to the final text;
+//  * HTTP: 400 with a JSON error naming the field for malformed JSON, unknown fields, wrong types and
+//    out-of-range values; 404 for an unknown model or path; 429 (Retry-After) when slots and queue are
+//    full; SSE chunks whose text concatenates to the non-streaming text; concurrent clients and `n`
+//    choices equal their solo results; a dropped stream frees its slot.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dew/autograd.hpp"
+#include "dew/config.hpp"
+#include "dew/error.hpp"
+#include "dew/generate.hpp"
+#include "dew/model.hpp"
+#include "dew/objective.hpp"
+#include "dew/ops.hpp"
+#include "dew/registry.hpp"
+#include "dew/serve.hpp"
+#include "dew/tokenizer.hpp"
+#include "dew/train.hpp"
+#include "serve.hpp"
+
+using dew::Tensor;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+dew::BackendPtr backend(const std::string& name) {
+  static std::map<std::string, dew::BackendPtr> made;
+  auto& reg = dew::Registry::global();
+  if (!reg.contains("backend", "ref"))
+    reg.discover(dew::Registry::default_plugin_dirs(), {"ref", "cpu", "causal_transformer"});
+  auto& b = made[name];
+  if (!b) b = dew::create_backend(name);
+  dew::set_default_backend(b);
+  return b;
+}
+
+// A random-init byte-vocabulary decoder (the byte tokenizer's 256 ids) with a short context.
+std::shared_ptr<dew::Model> tiny_model(const std::string& be, int64_t dim = 32, int64_t context = 24,
+                                       uint64_t seed = 3) {
+  backend(be);
+  dew::Options o({{"vocab_size", "256"},
+                  {"dim", std::to_string(dim)},
+                  {"n_layers", "2"},
+                  {"n_heads", "4"},
+                  {"n_kv_heads", "2"},
+                  {"max_seq_len", std::to_string(context)}},
+                 "model");
+  auto m = dew::Registry::global().create<dew::Model>("causal_transformer", o);
+  m->initialize(seed);
+  m->set_training(false);
+  return m;
+}
+
+dew::CausalDecoder& decoder_of(const std::shared_ptr<dew::Model>& m) {
+  auto* d = dynamic_cast<dew::CausalDecoder*>(m.get());
+  REQUIRE(d != nullptr);
+  return *d;
+}
+
+// A decoder that only implements the batch-1 interface: slot decoding falls back to the defaults.
+class PlainDecoder final : public dew::CausalDecoder {
+ public:
+  explicit PlainDecoder(dew::CausalDecoder& inner) : inner_(inner) {}
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  std::unique_ptr<dew::DecodeCache> make_cache(int64_t b, int64_t c) const override { return inner_.make_cache(b, c); }
+  Tensor forward_cached(const Tensor& t, dew::DecodeCache& c) override { return inner_.forward_cached(t, c); }
+  double flops_per_sequence(int64_t n) const override { return inner_.flops_per_sequence(n); }
+  int64_t context_length() const override { return inner_.context_length(); }
+
+ private:
+  dew::CausalDecoder& inner_;
+};
+
+std::vector<int32_t> random_tokens(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> out(n);
+  for (auto& t : out) t = int32_t(g() % 256);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Teacher-forced decoding of several sequences through a slot cache with `slots` rows: sequence i joins
+// at step i (its prompt prefilled alone), every step decodes one token of each other active sequence in
+// one batched call, sequences leave when their tokens are used up and their slots are reused. Each row's
+// logits must be bit-equal to the sequence decoded alone.
+void check_slot_rows(dew::CausalDecoder& dec, const dew::BackendPtr& be, int64_t slots) {
+  dew::NoGradGuard ng;
+  struct Seq {
+    std::vector<int32_t> prompt, rest;
+    std::vector<std::vector<float>> solo;  // logits of the prompt's last position, then of each rest token
+    int64_t slot = -1;
+    size_t fed = 0;  // rest tokens fed
+  };
+  std::vector<Seq> seqs;
+  const std::vector<size_t> prompt_len = {1, 5, 9, 2, 13, 1, 7};
+  const std::vector<size_t> rest_len = {6, 3, 9, 1, 4, 8, 5};
+  for (size_t i = 0; i < prompt_len.size(); ++i) {
+    Seq s;
+    s.prompt = random_tokens(prompt_len[i], 11 + uint32_t(i));
+    s.rest = random_tokens(rest_len[i], 101 + uint32_t(i));
+    auto cache = dec.make_cache(1, 32);
+    auto last_row = [](const Tensor& logits) {
+      const int64_t t = logits.shape()[1], v = logits.shape()[2];
+      return dew::reshape(logits, {t, v}).slice0(t - 1, t).to_floats();
+    };
+    s.solo.push_back(
+        last_row(dec.forward_cached(Tensor::from_ints(s.prompt, {1, int64_t(s.prompt.size())}, be), *cache)));
+    for (int32_t t : s.rest) s.solo.push_back(last_row(dec.forward_cached(Tensor::from_ints({t}, {1, 1}, be), *cache)));
+    seqs.push_back(std::move(s));
+  }
+  auto cache = dec.make_slot_cache(slots, 32);
+  std::vector<bool> busy(size_t(slots), false);
+  size_t next = 0, checked = 0, reused = 0;
+  std::vector<bool> ever(size_t(slots), false);
+  for (int step = 0; step < 100 && checked < seqs.size(); ++step) {
+    // Decode one token of every active sequence (before admitting: admitted ones prefill below).
+    std::vector<int64_t> rows;
+    std::vector<int32_t> toks;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < next; ++i)
+      if (seqs[i].slot >= 0) {
+        rows.push_back(seqs[i].slot);
+        toks.push_back(seqs[i].rest[seqs[i].fed]);
+        who.push_back(i);
+      }
+    if (!rows.empty()) {
+      const Tensor logits = dec.forward_slots(Tensor::from_ints(toks, {int64_t(toks.size()), 1}, be), rows, *cache);
+      REQUIRE(logits.shape() == dew::Shape{int64_t(rows.size()), 1, 256});
+      const std::vector<float> all = logits.to_floats();
+      for (size_t r = 0; r < who.size(); ++r) {
+        Seq& s = seqs[who[r]];
+        const std::vector<float> row(all.begin() + int64_t(r) * 256, all.begin() + int64_t(r + 1) * 256);
+        ++s.fed;
+        CHECK_MESSAGE(same_bits(row, s.solo[s.fed]), "sequence ", who[r], " token ", s.fed, " in a batch of ",
+                      rows.size());
+        CHECK(cache->length(s.slot) == int64_t(s.prompt.size() + s.fed));
+        if (s.fed == s.rest.size()) {  // done: the slot frees
+          cache->clear(s.slot);
+          busy[size_t(s.slot)] = false;
+          s.slot = -1;
+          ++checked;
+        }
+      }
+    }
+    // Admit the next sequence into a free slot and prefill it alone.
+    for (int64_t sl = 0; sl < slots && next < seqs.size(); ++sl)
+      if (!busy[size_t(sl)]) {
+        Seq& s = seqs[next];
+        if (ever[size_t(sl)]) ++reused;
+        ever[size_t(sl)] = busy[size_t(sl)] = true;
+        s.slot = sl;
+        CHECK(cache->length(sl) == 0);
+        const Tensor logits =
+            dec.forward_slots(Tensor::from_ints(s.prompt, {1, int64_t(s.prompt.size())}, be), {sl}, *cache);
+        const int64_t t = logits.shape()[1];
+        CHECK_MESSAGE(same_bits(dew::reshape(logits, {t, 256}).slice0(t - 1, t).to_floats(), s.solo[0]),
+                      "prefill of sequence ", next);
+        ++next;
+        break;
+      }
+  }
+  CHECK(checked == seqs.size());
+  CHECK(reused > 0);
+}
+
+}  // namespace
+
+TEST_CASE("slot decoding: batched rows equal solo decoding bit for bit (ref, cpu; batched and default paths)") {
+  for (const char* be : {"ref", "cpu"}) {
+    CAPTURE(be);
+    auto m = tiny_model(be, 64, 64);
+    dew::CausalDecoder& dec = decoder_of(m);
+    check_slot_rows(dec, backend(be), 3);
+    check_slot_rows(dec, backend(be), 7);
+    PlainDecoder plain(dec);
+    check_slot_rows(plain, backend(be), 3);
+  }
+  // Misuse is refused with a message.
+  auto m = tiny_model("ref");
+  dew::NoGradGuard ng;
+  auto cache = decoder_of(m).make_slot_cache(2, 8);
+  CHECK_THROWS_AS(decoder_of(m).forward_slots(Tensor::from_ints({1, 2}, {2, 1}, backend("ref")), {0, 0}, *cache),
+                  dew::Error);
+  CHECK_THROWS_AS(decoder_of(m).forward_slots(Tensor::from_ints({1}, {1, 1}, backend("ref")), {2}, *cache), dew::Error);
+  CHECK_THROWS_AS(
+      decoder_of(m).forward_slots(Tensor::from_ints(std::vector<int32_t>(9, 1), {1, 9}, backend("ref")), {0}, *cache),
+      dew::Error);
+}
+
+namespace {
+
+struct Case {
+  std::vector<int32_t> prompt;
+  dew::SamplingParams params;
+};
+
+// Requests of mixed lengths, budgets and settings against a model with context 24; two are refined
+// from their own solo results so that an EOS token and a stop string really end them early.
+std::vector<Case> mixed_cases(dew::CausalDecoder& dec, const dew::Tokenizer& tok) {
+  std::vector<Case> cs;
+  auto add = [&](size_t len, int64_t budget, float temperature, uint64_t seed) {
+    Case c;
+    c.prompt = random_tokens(len, 1000 + uint32_t(cs.size()));
+    c.params.max_new_tokens = budget;
+    c.params.temperature = temperature;
+    c.params.seed = seed;
+    cs.push_back(c);
+    return &cs.back();
+  };
+  add(1, 12, 1.0f, 1);
+  add(5, 1, 0.0f, 2);                      // greedy, one token
+  add(30, 9, 0.9f, 3);                     // prompt longer than the context: cropped
+  add(3, 40, 1.0f, 4)->params.top_k = 20;  // past the context: a refill
+  add(8, 0, 1.0f, 5);                      // nothing to generate
+  add(2, 15, 1.2f, 6)->params.top_p = 0.9f;
+  add(6, 10, 0.7f, 7)->params.repetition_penalty = 1.3f;
+  add(4, 25, 1.0f, 8)->params.min_p = 0.05f;
+  add(11, 18, 1.0f, 9);  // gets an EOS below
+  add(7, 20, 1.0f, 10);  // gets a stop string below
+  const auto solo = [&](const Case& c) {
+    return dew::generate(dew::decoder_start(dec), {c.prompt}, c.params, &tok, dec.context_length())[0];
+  };
+  Case& eos = cs[8];
+  eos.params.eos_id = solo(eos).tokens.at(6);
+  Case& stop = cs[9];
+  const std::string text = solo(stop).text;
+  stop.params.stop = {"\xff\xfe\xfd-not-there", text.substr(9, 2)};
+  Case dup = cs[0];  // the same request twice at once
+  cs.push_back(dup);
+  return cs;
+}
+
+void expect_equal(const dew::Generation& got, const dew::Generation& want, size_t i) {
+  CHECK_MESSAGE(got.tokens == want.tokens, "request ", i);
+  CHECK_MESSAGE(got.text == want.text, "request ", i);
+  CHECK_MESSAGE(got.finish_reason == want.finish_reason, "request ", i);
+}
+
+}  // namespace
+
+TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each equal their solo result") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  for (const char* be : {"ref", "cpu"}) {
+    CAPTURE(be);
+    auto m = tiny_model(be);
+    dew::CausalDecoder& dec = decoder_of(m);
+    const std::vector<Case> cs = mixed_cases(dec, *tok);
+    std::vector<dew::Generation> solo;
+    for (const Case& c : cs)
+      solo.push_back(dew::generate(dew::decoder_start(dec), {c.prompt}, c.params, tok.get(), dec.context_length())[0]);
+    CHECK(solo[4].tokens.empty());
+    CHECK(solo[8].finish_reason == "eos");
+    CHECK(solo[9].finish_reason == "stop");
+    CHECK(solo[3].tokens.size() == 40);
+    for (int64_t slots : {1, 3, 16}) {
+      CAPTURE(slots);
+      dew::serve::Scheduler sched(dec, tok, {slots, 0, 64});
+      std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+      for (const Case& c : cs) {
+        auto s = sched.submit({c.prompt, c.params, 0});
+        REQUIRE(s.status == dew::serve::Scheduler::Admission::accepted);
+        tickets.push_back(s.ticket);
+      }
+      int steps = 0;
+      while (sched.step()) ++steps;
+      for (size_t i = 0; i < cs.size(); ++i) {
+        REQUIRE(tickets[i]->done());
+        expect_equal(tickets[i]->wait(), solo[i], i);
+      }
+      const auto st = sched.stats();
+      CHECK(st.completed == int64_t(cs.size()));
+      CHECK(st.active == 0);
+      CHECK(st.queued == 0);
+      if (slots == 16) CHECK(st.decode_rows > steps);  // rows really were batched
+    }
+  }
+}
+
+TEST_CASE("scheduler: a finished request's slot is reused in the next iteration") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  auto m = tiny_model("ref");
+  dew::CausalDecoder& dec = decoder_of(m);
+  auto req = [](int64_t budget, uint64_t seed) {
+    dew::serve::Request r;
+    r.prompt = random_tokens(4, uint32_t(seed));
+    r.params.max_new_tokens = budget;
+    r.params.seed = seed;
+    return r;
+  };
+  {  // one slot: A (3 tokens) then B (2 tokens) take exactly 3 + 2 iterations
+    dew::serve::Scheduler sched(dec, tok, {1, 0, 4});
+    auto a = sched.submit(req(3, 1)).ticket, b = sched.submit(req(2, 2)).ticket;
+    for (int i = 0; i < 3; ++i) REQUIRE(sched.step());
+    CHECK(a->done());
+    CHECK(sched.stats().queued == 1);
+    REQUIRE(sched.step());  // B is admitted into the freed slot and prefilled at once
+    CHECK(b->first_token.time_since_epoch().count() != 0);
+    CHECK(b->admitted >= a->finished);
+    REQUIRE(sched.step());
+    CHECK(b->done());
+    CHECK(b->wait().tokens.size() == 2);
+    CHECK_FALSE(sched.step());
+    CHECK(sched.stats().iterations == 5);
+  }
+  {  // two slots: A (1), B (4), C (2): C takes A's slot in iteration 2 and ends in iteration 3
+    dew::serve::Scheduler sched(dec, tok, {2, 0, 4});
+    auto a = sched.submit(req(1, 1)).ticket, b = sched.submit(req(4, 2)).ticket, c = sched.submit(req(2, 3)).ticket;
+    REQUIRE(sched.step());
+    CHECK(a->done());
+    CHECK_FALSE(c->done());
+    REQUIRE(sched.step());
+    CHECK(c->admitted.time_since_epoch().count() != 0);
+    CHECK(sched.stats().queued == 0);
+    CHECK(sched.stats().active == 2);
+    REQUIRE(sched.step());
+    CHECK(c->done());
+    CHECK_FALSE(b->done());
+    REQUIRE(sched.step());
+    CHECK(b->done());
+    CHECK_FALSE(sched.step());
+  }
+}
+
+TEST_CASE("scheduler: a full queue refuses, a draining one too; bad requests are usage errors") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  auto m = tiny_model("ref");
+  dew::CausalDecoder& dec = decoder_of(m);
+  using Admission = dew::serve::Scheduler::Admission;
+  dew::serve::Request r;
+  r.prompt = {1, 2, 3};
+  r.params.max_new_tokens = 3;
+  dew::serve::Scheduler sched(dec, tok, {1, 0, 1});  // one slot, one waiting place
+  auto a = sched.submit(r), b = sched.submit(r), c = sched.submit(r);
+  CHECK(a.status == Admission::accepted);
+  CHECK(b.status == Admission::accepted);
+  CHECK(c.status == Admission::queue_full);
+  CHECK(c.ticket == nullptr);
+  REQUIRE(sched.step());  // A takes the slot: still full (A running, B waiting)
+  CHECK(sched.submit(r).status == Admission::queue_full);
+  b.ticket->cancel();  // a waiting request that is cancelled leaves without running
+  REQUIRE(sched.step());
+  CHECK(b.ticket->done());
+  CHECK(b.ticket->wait().finish_reason == "cancelled");
+  CHECK(b.ticket->wait().tokens.empty());
+  auto d = sched.submit(r);
+  CHECK(d.status == Admission::accepted);
+  sched.drain();  // no background thread: drain() runs the iterations itself
+  CHECK(a.ticket->wait().tokens.size() == 3);
+  CHECK(d.ticket->wait().tokens.size() == 3);
+  CHECK(sched.submit(r).status == Admission::draining);
+
+  dew::serve::Scheduler s2(dec, tok, {2, 0, 4});
+  dew::serve::Request bad = r;
+  bad.prompt = {};
+  CHECK_THROWS_AS(s2.submit(bad), dew::UsageError);
+  bad.prompt = {256};
+  CHECK_THROWS_AS(s2.submit(bad), dew::UsageError);
+  bad.prompt = {1};
+  bad.params.temperature = -1;
+  CHECK_THROWS_AS(s2.submit(bad), dew::UsageError);
+  bad.params.temperature = 1;
+  bad.params.stop = {""};
+  CHECK_THROWS_AS(s2.submit(bad), dew::UsageError);
+  dew::serve::Scheduler no_tok(dec, nullptr, {2, 0, 4});
+  bad.params.stop = {"x"};
+  CHECK_THROWS_AS(no_tok.submit(bad), dew::UsageError);
+  CHECK_THROWS_AS(dew::serve::Scheduler(dec, tok, {0, 0, 4}), dew::UsageError);
+}
+
+TEST_CASE("scheduler: streamed text (background thread) concatenates to the final text; cancel frees the slot") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  auto m = tiny_model("ref");
+  dew::CausalDecoder& dec = decoder_of(m);
+  const std::vector<Case> cs = mixed_cases(dec, *tok);
+  dew::serve::Scheduler sched(dec, tok, {4, 0, 64});
+  sched.start();
+  std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+  for (const Case& c : cs) tickets.push_back(sched.submit({c.prompt, c.params, 0}).ticket);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    std::string streamed;
+    size_t pieces = 0;
+    for (;;) {
+      const auto u = tickets[i]->next(std::chrono::milliseconds(2000));
+      streamed += u.text;
+      pieces += !u.text.empty();
+      if (u.done) break;
+    }
+    const dew::Generation g = tickets[i]->wait();
+    CHECK_MESSAGE(streamed == g.text, "request ", i);
+    const dew::Generation solo =
+        dew::generate(dew::decoder_start(dec), {cs[i].prompt}, cs[i].params, tok.get(), dec.context_length())[0];
+    expect_equal(g, solo, i);
+  }
+  // A long request cancelled mid-way ends as "cancelled" and its slot serves the next request.
+  dew::serve::Request longr{{5, 6, 7}, {}, 0};
+  longr.params.max_new_tokens = 100000;
+  auto t = sched.submit(longr).ticket;
+  while (t->next(std::chrono::milliseconds(2000)).text.empty()) {
+  }
+  t->cancel();
+  CHECK(t->wait().finish_reason == "cancelled");
+  dew::serve::Request shortr{{5, 6}, {}, 0};
+  shortr.params.max_new_tokens = 3;
+  CHECK(sched.submit(shortr).ticket->wait().tokens.size() == 3);
+  sched.drain();
+  CHECK(sched.stats().active == 0);
+}
+
+// ---------------------------------------------------------------- HTTP
+
+namespace {
+
+// An in-process `dew-run serve` front on an ephemeral port over a tiny ref model.
+struct Server {
+  std::shared_ptr<dew::Model> model = tiny_model("ref");
+  std::shared_ptr<const dew::Tokenizer> tok{dew::make_byte_tokenizer()};
+  std::unique_ptr<dew::serve::Scheduler> sched;
+  std::unique_ptr<dew_run::HttpServer> http;
+  std::thread thread;
+  int port = 0;
+
+  explicit Server(int64_t slots = 4, int64_t queue = 16) {
+    dew_run::ServeOptions o;
+    o.port = 0;
+    o.scheduler = {slots, 0, queue};
+    o.max_tokens = 200000;
+    sched = std::make_unique<dew::serve::Scheduler>(decoder_of(model), tok, o.scheduler);
+    dew_run::ModelInfo info;
+    info.id = "tiny";
+    info.vocab_size = 256;
+    info.context = 24;
+    info.tokenizer = "byte";
+    http = std::make_unique<dew_run::HttpServer>(*sched, info, o);
+    port = http->bind();
+    sched->start();
+    thread = std::thread([this] { http->listen(); });
+  }
+  ~Server() {
+    http->shutdown();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(std::chrono::seconds(60));
+    return c;
+  }
+  dew::Generation solo(const std::string& prompt, const dew::SamplingParams& p, uint64_t stream = 0) {
+    dew::CausalDecoder& d = decoder_of(model);
+    const std::vector<int32_t> ids = tok->encode(prompt);
+    std::vector<std::vector<int32_t>> prompts(stream + 1, ids);
+    return dew::generate(dew::decoder_start(d), prompts, p, tok.get(), d.context_length())[stream];
+  }
+};
+
+// Text as a client reads it from the JSON: bytes that are not UTF-8 (a random-init byte model makes
+// plenty) arrive as U+FFFD.
+std::string wire(const std::string& text) {
+  return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
+httplib::Result post(httplib::Client& c, const json& body) {
+  return c.Post("/v1/completions", body.dump(), "application/json");
+}
+httplib::Result post_raw(httplib::Client& c, const std::string& body) {
+  return c.Post("/v1/completions", body, "application/json");
+}
+
+// Checks a JSON error response; returns its error object.
+json expect_error(const httplib::Result& r, int status, const std::string& param = "") {
+  REQUIRE(r);
+  CHECK(r->status == status);
+  CHECK(r->get_header_value("Content-Type") == "application/json");
+  const json j = json::parse(r->body);
+  REQUIRE(j.contains("error"));
+  CHECK(j["error"]["message"].is_string());
+  CHECK(!j["error"]["message"].get<std::string>().empty());
+  if (!param.empty()) CHECK(j["error"]["param"] == param);
+  return j["error"];
+}
+
+// The text of an SSE response, the finish reasons by choice, and whether it ended with [DONE].
+struct Stream {
+  std::map<int, std::string> text;
+  std::map<int, std::string> finish;
+  int chunks = 0;
+  bool done = false;
+};
+
+Stream parse_sse(const std::string& body) {
+  Stream s;
+  size_t at = 0;
+  while (at < body.size()) {
+    const size_t end = body.find("\n\n", at);
+    REQUIRE(end != std::string::npos);
+    const std::string ev = body.substr(at, end - at);
+    at = end + 2;
+    REQUIRE(ev.rfind("data: ", 0) == 0);
+    const std::string data = ev.substr(6);
+    if (data == "[DONE]") {
+      s.done = true;
+      CHECK(at == body.size());
+      break;
+    }
+    const json j = json::parse(data);
+    CHECK(j["object"] == "text_completion");
+    for (const json& c : j["choices"]) {
+      const int i = c["index"].get<int>();
+      s.text[i] += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) s.finish[i] = c["finish_reason"].get<std::string>();
+    }
+    ++s.chunks;
+  }
+  return s;
+}
+
+dew::SamplingParams params(int64_t budget, float temperature, uint64_t seed) {
+  dew::SamplingParams p;
+  p.max_new_tokens = budget;
+  p.temperature = temperature;
+  p.seed = seed;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("http: health, models, completions equal solo results, streaming equals non-streaming") {
+  Server s;
+  auto c = s.client();
+  {
+    auto r = c.Get("/health");
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    const json j = json::parse(r->body);
+    CHECK(j["status"] == "ok");
+    CHECK(j["slots"] == 4);
+  }
+  {
+    auto r = c.Get("/v1/models");
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    const json j = json::parse(r->body);
+    CHECK(j["data"][0]["id"] == "tiny");
+    CHECK(j["data"][0]["dew"]["context_length"] == 24);
+  }
+  const json req{{"prompt", "Hello, "}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 42}, {"top_k", 50}};
+  dew::SamplingParams p = params(30, 0.9f, 42);
+  p.top_k = 50;
+  const dew::Generation solo = s.solo("Hello, ", p);
+  auto r = post(c, req);
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  const json j = json::parse(r->body);
+  CHECK(j["object"] == "text_completion");
+  CHECK(j["model"] == "tiny");
+  CHECK(j["choices"][0]["text"].get<std::string>() == wire(solo.text));
+  CHECK(j["choices"][0]["finish_reason"] == "length");
+  CHECK(j["usage"]["prompt_tokens"] == 7);
+  CHECK(j["usage"]["completion_tokens"] == 30);
+  CHECK(j["usage"]["total_tokens"] == 37);
+  CHECK(j["seed"] == 42);
+
+  // The same request streamed: SSE chunks whose text concatenates to the same text, then [DONE].
+  json sreq = req;
+  sreq["stream"] = true;
+  auto sr = post(c, sreq);
+  REQUIRE(sr);
+  REQUIRE(sr->status == 200);
+  CHECK(sr->get_header_value("Content-Type") == "text/event-stream");
+  const Stream st = parse_sse(sr->body);
+  CHECK(st.done);
+  CHECK(st.chunks >= 1);
+  CHECK(st.text.at(0) == j["choices"][0]["text"].get<std::string>());
+  CHECK(st.finish.at(0) == "length");
+
+  // Stop strings, echo and greedy decoding; n = 2 choices are generate()'s streams 0 and 1.
+  std::string stop = "zz";  // a printable byte of the solo text past its start (JSON carries UTF-8 only)
+  for (size_t i = 8; i < solo.text.size(); ++i)
+    if (solo.text[i] >= 0x21 && solo.text[i] < 0x7f) {
+      stop = solo.text.substr(i, 1);
+      break;
+    }
+  json stop_req = req;
+  stop_req["stop"] = json::array({stop, "never-there"});
+  stop_req["echo"] = true;
+  dew::SamplingParams ps = p;
+  ps.stop = {stop, "never-there"};
+  const dew::Generation solo_stop = s.solo("Hello, ", ps);
+  auto rs = post(c, stop_req);
+  REQUIRE(rs);
+  REQUIRE(rs->status == 200);
+  const json js = json::parse(rs->body);
+  REQUIRE(solo_stop.finish_reason == "stop");
+  CHECK(js["choices"][0]["text"].get<std::string>() == wire("Hello, " + solo_stop.text));
+  CHECK(js["choices"][0]["finish_reason"] == "stop");
+  stop_req["stream"] = true;
+  auto rss = post(c, stop_req);
+  REQUIRE(rss);
+  const Stream sts = parse_sse(rss->body);
+  CHECK(sts.text.at(0) == js["choices"][0]["text"].get<std::string>());
+  CHECK(sts.finish.at(0) == "stop");
+
+  json nreq{{"prompt", "abc"}, {"max_tokens", 12}, {"seed", 7}, {"n", 2}};
+  auto rn = post(c, nreq);
+  REQUIRE(rn);
+  REQUIRE(rn->status == 200);
+  const json jn = json::parse(rn->body);
+  REQUIRE(jn["choices"].size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    const dew::Generation g = s.solo("abc", params(12, 1.0f, 7), uint64_t(i));
+    CHECK(jn["choices"][i]["index"] == i);
+    CHECK(jn["choices"][i]["text"].get<std::string>() == wire(g.text));
+  }
+  CHECK(jn["choices"][0]["text"] != jn["choices"][1]["text"]);
+  nreq["stream"] = true;
+  auto rns = post(c, nreq);
+  REQUIRE(rns);
+  const Stream sn = parse_sse(rns->body);
+  CHECK(sn.done);
+  CHECK(sn.text.at(0) == jn["choices"][0]["text"].get<std::string>());
+  CHECK(sn.text.at(1) == jn["choices"][1]["text"].get<std::string>());
+
+  // Token-id prompts.
+  auto rt = post(c, json{{"prompt", {72, 105}}, {"max_tokens", 5}, {"temperature", 0}});
+  REQUIRE(rt);
+  CHECK(rt->status == 200);
+  CHECK(json::parse(rt->body)["choices"][0]["text"].get<std::string>() == wire(s.solo("Hi", params(5, 0.0f, 0)).text));
+}
+
+TEST_CASE("http: concurrent clients with mixed lengths and budgets each get their solo result") {
+  Server s(3, 32);
+  const int n = 8;
+  std::vector<json> bodies(n);
+  std::vector<std::string> texts(n);
+  std::vector<int> status(n, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    bodies[i] = json{{"prompt", std::string(size_t(1 + 3 * i), char('a' + i))},
+                     {"max_tokens", 5 + 7 * (i % 4)},
+                     {"temperature", 0.5 + 0.1 * i},
+                     {"seed", 100 + i},
+                     {"stream", i % 2 == 1}};
+    threads.emplace_back([&, i] {
+      auto c = s.client();
+      auto r = post(c, bodies[i]);
+      if (!r) return;
+      status[i] = r->status;
+      texts[i] = bodies[i]["stream"].get<bool>() ? parse_sse(r->body).text[0]
+                                                 : json::parse(r->body)["choices"][0]["text"].get<std::string>();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(status[i] == 200);
+    const dew::Generation g = s.solo(bodies[i]["prompt"].get<std::string>(),
+                                     params(bodies[i]["max_tokens"].get<int64_t>(),
+                                            bodies[i]["temperature"].get<float>(), bodies[i]["seed"].get<uint64_t>()));
+    CHECK(texts[i] == wire(g.text));
+  }
+  CHECK(s.sched->stats().decode_rows > s.sched->stats().iterations);  // some iterations decoded several rows
+}
+
+TEST_CASE("http: 400 for malformed JSON, unknown fields, wrong types and out-of-range values; 404s") {
+  Server s;
+  auto c = s.client();
+  expect_error(post_raw(c, "{\"prompt\": \"x\""), 400);
+  expect_error(post_raw(c, "[1, 2]"), 400);
+  expect_error(post_raw(c, ""), 400);
+  expect_error(post(c, json{{"prompt", "x"}, {"max_token", 5}}), 400, "max_token");
+  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 2}}), 400, "logprobs");
+  expect_error(post(c, json{{"max_tokens", 5}}), 400, "prompt");
+  expect_error(post(c, json{{"prompt", 5}}), 400, "prompt");
+  expect_error(post(c, json{{"prompt", json::array()}}), 400, "prompt");
+  expect_error(post(c, json{{"prompt", {1, 256}}}), 400, "prompt");
+  expect_error(post(c, json{{"prompt", "x"}, {"max_tokens", "5"}}), 400, "max_tokens");
+  expect_error(post(c, json{{"prompt", "x"}, {"max_tokens", -1}}), 400, "max_tokens");
+  expect_error(post(c, json{{"prompt", "x"}, {"max_tokens", 1.5}}), 400, "max_tokens");
+  expect_error(post(c, json{{"prompt", "x"}, {"max_tokens", 300000}}), 400, "max_tokens");
+  expect_error(post(c, json{{"prompt", "x"}, {"temperature", -0.5}}), 400, "temperature");
+  expect_error(post(c, json{{"prompt", "x"}, {"top_p", 0}}), 400, "top_p");
+  expect_error(post(c, json{{"prompt", "x"}, {"top_p", 1.5}}), 400, "top_p");
+  expect_error(post(c, json{{"prompt", "x"}, {"top_k", -2}}), 400, "top_k");
+  expect_error(post(c, json{{"prompt", "x"}, {"min_p", 2}}), 400, "min_p");
+  expect_error(post(c, json{{"prompt", "x"}, {"repetition_penalty", 0}}), 400, "repetition_penalty");
+  expect_error(post(c, json{{"prompt", "x"}, {"seed", -1}}), 400, "seed");
+  expect_error(post(c, json{{"prompt", "x"}, {"stop", ""}}), 400, "stop");
+  expect_error(post(c, json{{"prompt", "x"}, {"stop", {1}}}), 400, "stop");
+  expect_error(post(c, json{{"prompt", "x"}, {"stream", "yes"}}), 400, "stream");
+  expect_error(post(c, json{{"prompt", "x"}, {"n", 0}}), 400, "n");
+  expect_error(post(c, json{{"prompt", ""}}), 400, "prompt");  // the byte tokenizer has no EOS to start from
+  expect_error(post(c, json{{"prompt", "x"}, {"model", "other"}}), 404, "model");
+  expect_error(c.Get("/v1/nothing"), 404);
+  expect_error(c.Post("/v1/chat/completions", "{}", "application/json"), 404);
+  // The server still answers after all of that.
+  auto ok = post(c, json{{"prompt", "x"}, {"max_tokens", 2}, {"model", "tiny"}, {"user", "me"}, {"stop", nullptr}});
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+  CHECK(s.sched->stats().completed == 1);
+}
+
+TEST_CASE("http: 429 when every slot and queue place is taken; a dropped stream frees its slot") {
+  Server s(1, 1);
+  // A: a long streamed request holds the only slot until its client goes away.
+  std::atomic<bool> first{false}, drop{false};
+  std::thread a([&] {
+    auto c = s.client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "long"}, {"max_tokens", 150000}, {"stream", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      first = true;
+      return !drop.load();
+    };
+    c.send(req);
+  });
+  while (!first) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // B waits for the slot.
+  int b_status = 0;
+  std::string b_text;
+  std::thread b([&] {
+    auto c = s.client();
+    auto r = post(c, json{{"prompt", "next"}, {"max_tokens", 4}, {"seed", 3}});
+    if (r) {
+      b_status = r->status;
+      b_text = r->body;
+    }
+  });
+  for (int i = 0; i < 5000 && s.sched->stats().queued < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(s.sched->stats().queued == 1);
+  auto c = s.client();
+  auto full = post(c, json{{"prompt", "third"}, {"max_tokens", 4}});
+  expect_error(full, 429);
+  CHECK(full->get_header_value("Retry-After") == "1");
+  auto h = c.Get("/health");
+  REQUIRE(h);
+  CHECK(json::parse(h->body)["active"] == 1);
+  // A's client goes away: A is cancelled, B gets the slot and its solo result.
+  drop = true;
+  a.join();
+  b.join();
+  CHECK(b_status == 200);
+  CHECK(json::parse(b_text)["choices"][0]["text"].get<std::string>() == wire(s.solo("next", params(4, 1.0f, 3)).text));
+  CHECK(s.sched->stats().active == 0);
+}
+
+// ---------------------------------------------------------------- dew-run serve, as a child process
+
+TEST_CASE("dew-run serve: a freshly trained run (EMA weights), solo-equal completions, SIGTERM drains") {
+  backend("ref");
+  auto& reg = dew::Registry::global();
+  if (!reg.contains("objective", "lm")) reg.discover(dew::Registry::default_plugin_dirs(), {"lm", "tokens"});
+  const fs::path dir = fs::temp_directory_path() / ("dew_test_serve_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto tok = dew::make_byte_tokenizer();
+  std::vector<std::string> docs;
+  for (int i = 0; i < 40; ++i) docs.push_back("The quick brown fox jumps over the lazy dog. ");
+  dew::write_token_corpus(*tok, docs, (dir / "data").string(), 0.1);
+  const fs::path run = dir / "run";
+  dew::Config cfg = dew::Config::parse_ini(
+      "[run]\nname = tiny-serve\nbackend = ref\nseed = 1\n[model]\nplugin = causal_transformer\ndim = 16\n"
+      "n_layers = 1\nn_heads = 2\n[objective]\nplugin = lm\nsample_tokens = 0\n[data]\nsource = tokens\npath = " +
+      (dir / "data").string() +
+      "\nseq_len = 16\nbatch_size = 4\n[optim]\nname = adamw\nlr = 0.01\n[trainer]\nsteps = 4\nlog_every = 2\n"
+      "ema_decay = 0.5\n");
+  dew::TrainOptions to;
+  to.run_dir = run.string();
+  REQUIRE(dew::train(cfg, to) == 0);
+
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::close(out[0]);
+    ::close(out[1]);
+    const std::string rd = run.string();
+    execl(DEW_RUN_PATH, DEW_RUN_PATH, "serve", "--run-dir", rd.c_str(), "--port", "0", "--slots", "2", "--backend",
+          "ref", (char*)nullptr);
+    _exit(127);
+  }
+  ::close(out[1]);
+  std::string line;
+  char ch;
+  while (::read(out[0], &ch, 1) == 1 && ch != '\n') line += ch;
+  INFO("first line: ", line);
+  const size_t at = line.find("http://127.0.0.1:");
+  REQUIRE(at != std::string::npos);
+  const int port = std::atoi(line.c_str() + at + 17);
+  REQUIRE(port > 0);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(std::chrono::seconds(60));
+
+  auto models = c.Get("/v1/models");
+  REQUIRE(models);
+  const json m = json::parse(models->body)["data"][0];
+  CHECK(m["id"] == "tiny-serve");
+  CHECK(m["dew"]["step"] == 4);
+  CHECK(m["dew"]["ema"] == true);
+
+  // The served text equals generate_text() on the same run loaded here (EMA weights).
+  auto loaded = dew::load_inference_run(run.string(), "latest", true, "ref");
+  auto* dec = dynamic_cast<dew::CausalDecoder*>(loaded->objective->main_model());
+  REQUIRE(dec);
+  dew::SamplingParams p = params(20, 0.8f, 5);
+  const std::string want = dew::generate_text(*dec, *loaded->objective->tokenizer(), {"The quick"}, p)[0].text;
+  auto r = post(c, json{{"prompt", "The quick"}, {"max_tokens", 20}, {"temperature", 0.8}, {"seed", 5}});
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  CHECK(json::parse(r->body)["choices"][0]["text"].get<std::string>() == wire(want));
+
+  // SIGTERM while a stream is in flight: the stream completes, new requests are refused, exit status 0.
+  std::string body;
+  std::atomic<bool> started{false};
+  std::thread streamer([&] {
+    httplib::Client sc("127.0.0.1", port);
+    sc.set_read_timeout(std::chrono::seconds(60));
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "fox"}, {"max_tokens", 600}, {"stream", true}, {"seed", 1}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      body.append(d, n);
+      started = true;
+      return true;
+    };
+    sc.send(req);
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto late = post(c, json{{"prompt", "x"}, {"max_tokens", 2}});
+  CHECK((!late || late->status == 503));  // refused while draining, or the listener is already closed
+  streamer.join();
+  const Stream st = parse_sse(body);
+  CHECK(st.done);
+  CHECK(st.finish.at(0) == "length");
+  CHECK(st.text.at(0) ==
+        wire(dew::generate_text(*dec, *loaded->objective->tokenizer(), {"fox"}, params(600, 1.0f, 1))[0].text));
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  ::close(out[0]);
+  fs::remove_all(dir);
+}

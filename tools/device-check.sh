@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# tools/device-check.sh [BUILD_DIR] — everything the cuda backend must show on a GPU machine, in one run
+# that prints all its output and ends within 8 minutes (one overall `timeout`; each step's status is
+# printed and a failing step does not stop the next):
+#   1. the GPU and driver (nvidia-smi), configure + build in Release (the binaries and every plugin);
+#   2. the GPU unit tests (test_backend_cuda_gpu) and dew-conformance --backend cuda against ref and cpu;
+#   3. dew-bench: the kernel shapes, the char-small and DiT training steps on cuda;
+#   4. a 200-step char-small training run on cpu and on cuda (f32): the loss curves must agree within 1e-3
+#      relative at step 200; the same on cuda with TF32 (matmul_precision = high) within 5e-2.
+# Environment: DEW_CHECK_SECONDS (480), CUDA_ARCHS (CMake's CUDA architectures; default the project's
+# 80;90), JOBS (build parallelism; nproc), DEW_CHECK_STEPS (200).
+# Exit status: 0 when every step passed, 1 otherwise (124 when the overall time ran out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-device}
+if [ -z "${DEW_DEVICE_CHECK_INNER:-}" ]; then
+  export DEW_DEVICE_CHECK_INNER=1
+  exec timeout --foreground -k 10 "${DEW_CHECK_SECONDS:-480}" bash "$0" "$@"
+fi
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+jobs=${JOBS:-$(nproc)}
+steps=${DEW_CHECK_STEPS:-200}
+work=$build/device-check
+failed=()
+t_start=$(date +%s)
+
+step() {  # step NAME COMMAND...: runs it, prints its output and status
+  local name=$1
+  shift
+  echo
+  echo "=== [$(($(date +%s) - t_start)) s] $name"
+  echo "+ $*"
+  "$@"
+  local rc=$?
+  if [ $rc -eq 0 ]; then
+    echo "=== $name: ok"
+  elif [ $rc -eq 77 ]; then
+    echo "=== $name: SKIPPED (exit 77)"
+    failed+=("$name (skipped)")
+  else
+    echo "=== $name: FAILED (exit $rc)"
+    failed+=("$name")
+  fi
+  return 0
+}
+
+gpu_info() {
+  if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi; else echo "(no nvidia-smi)"; fi
+  nvcc --version | tail -n 2
+}
+
+configure() {
+  local archs=()
+  [ -n "${CUDA_ARCHS:-}" ] && archs=(-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS")
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEW_BUILD_TESTS=ON "${archs[@]}"
+}
+
+build_all() {
+  # The tools, the GPU test and every plugin (not the whole test suite: minutes saved).
+  local plugins
+  plugins=$(ninja -C "$build" -t targets all | sed -n 's|^\(lib/dew/plugins/[^:]*\.so\):.*|\1|p' | sort -u)
+  ninja -C "$build" -j"$jobs" dew-run dew-conformance dew-bench dew-tokenize test_backend_cuda_gpu $plugins
+}
+
+# A byte-level token corpus: the fortunes when present, else this repository's text (any text will do to
+# compare two backends' loss curves).
+make_corpus() {
+  mkdir -p "$work"
+  local src=/usr/share/games/fortunes
+  if [ ! -d "$src" ]; then
+    src=$work/text
+    mkdir -p "$src"
+    cat docs/*.md README.md sdk/include/dew/*.hpp core/*/*.cpp >"$src/corpus.txt" 2>/dev/null
+  fi
+  "$build/bin/dew-tokenize" --input "$src" --out "$work/corpus" --tokenizer byte
+}
+
+train_run() {  # train_run NAME BACKEND [extra overrides...]
+  local name=$1 be=$2
+  shift 2
+  rm -rf "$work/$name"
+  "$build/bin/dew-run" train --config configs/char-small.ini --run-dir "$work/$name" --backend "$be" \
+    --data.path "$work/corpus" --trainer.steps "$steps" --trainer.log_every 10 --trainer.eval_every 100000 \
+    --trainer.checkpoint_every 100000 "$@"
+}
+
+compare_curves() {  # compare_curves A B TOL: loss at every common logged step; judged at the last one
+  python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        if "loss" in r and "step" in r: out[int(r["step"])] = float(r["loss"])
+    return out
+a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+steps = sorted(set(a) & set(b))
+if not steps: sys.exit("no common logged steps")
+print(f"{'step':>6} {'A':>10} {'B':>10} {'rel diff':>9}")
+for s in steps:
+    print(f"{s:>6} {a[s]:>10.6f} {b[s]:>10.6f} {abs(a[s] - b[s]) / max(abs(a[s]), 1e-9):>9.2e}")
+last = steps[-1]
+rel = abs(a[last] - b[last]) / max(abs(a[last]), 1e-9)
+print(f"step {last}: relative difference {rel:.3e} (tolerance {tol:g})")
+sys.exit(0 if rel <= tol else 1)
+PY
+}
+
+step "gpu" gpu_info
+step "configure" configure
+step "build" build_all
+step "plugins" "$build/bin/dew-run" plugins
+step "gpu unit tests" "$build/bin/test_backend_cuda_gpu"
+step "conformance cuda vs ref" "$build/bin/dew-conformance" --backend cuda --against ref
+step "conformance cuda vs cpu" "$build/bin/dew-conformance" --backend cuda --against cpu
+step "bench kernels" "$build/bin/dew-bench" kernels --backend cuda
+step "bench train char-small" "$build/bin/dew-bench" train --config char-small --backend cuda --steps 20
+step "bench train dit" "$build/bin/dew-bench" train --config dit --backend cuda --steps 20
+step "corpus" make_corpus
+step "train char-small cpu" train_run cpu cpu --run.threads "$jobs"
+step "train char-small cuda f32" train_run cuda cuda
+step "loss curve cuda f32 vs cpu (1e-3 at step $steps)" compare_curves cpu cuda 1e-3
+step "train char-small cuda tf32" train_run cuda-tf32 cuda --run.matmul_precision high
+step "loss curve cuda tf32 vs cpu (5e-2 at step $steps)" compare_curves cpu cuda-tf32 5e-2
+
+echo
+echo "=== device check done in $(($(date +%s) - t_start)) s"
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "=== all steps passed"
+  exit 0
+fi
+printf '=== not passed: %s\n' "${failed[@]}"
+exit 1

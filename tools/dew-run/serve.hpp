@@ -1,0 +1,65 @@
+// tools/dew-run/serve.hpp — `dew-run serve`: an HTTP/JSON front (cpp-httplib) over dew::serve::Scheduler.
+//
+// Endpoints (docs/serving.md): POST /v1/completions (the OpenAI subset, `stream` as server-sent events),
+// GET /v1/models, GET /health. Request errors are JSON {"error": {message, type, param, code}}: 400 for
+// malformed JSON, unknown fields, wrong types and out-of-range values; 404 for an unknown model or path;
+// 429 when every slot and queue place is taken; 503 while draining. shutdown() (SIGTERM/SIGINT in
+// `dew-run serve`) refuses new requests, lets the queued and running ones finish and be written, then
+// stops the listener.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dew/serve.hpp"
+
+namespace httplib {
+class Server;
+}
+
+namespace dew_run {
+
+struct ServeOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port
+  dew::serve::SchedulerOptions scheduler;
+  int64_t max_tokens = 4096;  // the most tokens one request may ask for
+  int64_t max_n = 16;         // the most choices (`n`) one request may ask for
+  std::string model_name;     // the id /v1/models reports (default: the run's name)
+  bool access_log = false;    // one line per request on stderr
+};
+
+// What /v1/models reports besides the id.
+struct ModelInfo {
+  std::string id;
+  int64_t step = 0, vocab_size = 0, context = 0;
+  bool ema = false;
+  std::string checkpoint, tokenizer;
+};
+
+class HttpServer {
+ public:
+  HttpServer(dew::serve::Scheduler& scheduler, ModelInfo info, const ServeOptions& options);
+  ~HttpServer();
+  // Binds options.host:options.port (0: a free port) and returns the port.
+  int bind();
+  // Serves until shutdown() (call bind() first). Returns false when the listener failed.
+  bool listen();
+  // Drains (new requests get 503; queued and running ones finish and are written) and stops listen().
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `dew-run serve`: loads the run (EMA weights unless use_ema is false), starts the scheduler and serves
+// until SIGTERM or SIGINT, then drains. Returns the exit status.
+int serve(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend,
+          const ServeOptions& options);
+
+}  // namespace dew_run
