@@ -272,74 +272,83 @@ bool Scheduler::step() {
     for (int64_t i = 0; i < n; ++i)
       rows.emplace_back(slots[size_t(i)], std::vector<float>(all.begin() + i * v, all.begin() + (i + 1) * v));
   };
+  // ---- one draw per row; rows end on EOS, a stop string or their budget ----
+  int64_t drawn_rows = 0;
+  auto draw = [&] {
+    const Clock::time_point now = Clock::now();
+    drawn_rows += int64_t(rows.size());
+    for (auto& [s, logits] : rows) {
+      Active& a = *active_[size_t(s)];
+      const SamplingParams& sp = a.req.params;
+      const uint64_t drawn = a.tokens.size();
+      const int32_t tok = sample_token(logits.data(), vocab_, sp, a.history, drawn, a.req.stream);
+      if (drawn == 0) {
+        std::lock_guard<std::mutex> lk(a.ticket->mu_);
+        a.ticket->first_token = now;
+      }
+      if (sp.eos_id >= 0 && tok == sp.eos_id) {
+        finish(a, "eos");
+        continue;
+      }
+      a.tokens.push_back(tok);
+      a.history.push_back(tok);
+      size_t stop_at = std::string::npos;
+      if (tokenizer_) {
+        a.text += tokenizer_->token_bytes(tok);
+        a.ends.push_back(a.text.size());
+        if (!sp.stop.empty()) {
+          const size_t from = a.checked > a.longest_stop ? a.checked - a.longest_stop : 0;
+          stop_at = find_stop(a.text, sp.stop, from);
+          a.checked = a.text.size();
+        }
+      }
+      if (stop_at != std::string::npos) {
+        // The shortest token prefix whose text covers everything before the stop string (generate()'s cut).
+        size_t keep = 0;
+        while (keep < a.tokens.size() && (keep == 0 ? 0 : a.ends[keep - 1]) < stop_at) ++keep;
+        a.tokens.resize(keep);
+        a.text.resize(stop_at);
+        finish(a, "stop");
+        continue;
+      }
+      if (int64_t(a.tokens.size()) >= sp.max_new_tokens) {
+        finish(a, "length");
+        continue;
+      }
+      a.pending.assign(1, tok);
+      {
+        std::lock_guard<std::mutex> lk(a.ticket->mu_);
+        Ticket& t = *a.ticket;
+        t.text_.append(a.text, t.text_.size(), std::string::npos);  // text only grows until the end
+        const size_t hold = a.longest_stop > 0 ? a.longest_stop - 1 : 0;
+        const size_t limit = a.text.size() > hold ? a.text.size() - hold : 0;
+        t.safe_ = std::max(t.safe_, utf8_boundary(a.text, limit));
+      }
+      a.ticket->cv_.notify_all();
+    }
+    rows.clear();
+  };
+  // Each prefill's first token is published as soon as it is drawn (time to first token), then the rows
+  // of the batched decode.
   int64_t prefill_tokens = 0;
   for (int64_t s : prefill_slots) {
     const std::vector<int32_t>& p = active_[size_t(s)]->pending;
     prefill_tokens += int64_t(p.size());
     last_rows(model_.forward_slots(Tensor::from_ints(p, {1, int64_t(p.size())}, backend_), {s}, *cache_), {s});
+    draw();
   }
-  if (!decode_slots.empty())
+  if (!decode_slots.empty()) {
     last_rows(model_.forward_slots(Tensor::from_ints(decode_tokens, {int64_t(decode_tokens.size()), 1}, backend_),
                                    decode_slots, *cache_),
               decode_slots);
-
-  // ---- one draw per row; rows end on EOS, a stop string or their budget ----
-  const Clock::time_point now = Clock::now();
-  for (auto& [s, logits] : rows) {
-    Active& a = *active_[size_t(s)];
-    const SamplingParams& sp = a.req.params;
-    const uint64_t drawn = a.tokens.size();
-    const int32_t tok = sample_token(logits.data(), vocab_, sp, a.history, drawn, a.req.stream);
-    if (drawn == 0) {
-      std::lock_guard<std::mutex> lk(a.ticket->mu_);
-      a.ticket->first_token = now;
-    }
-    if (sp.eos_id >= 0 && tok == sp.eos_id) {
-      finish(a, "eos");
-      continue;
-    }
-    a.tokens.push_back(tok);
-    a.history.push_back(tok);
-    size_t stop_at = std::string::npos;
-    if (tokenizer_) {
-      a.text += tokenizer_->token_bytes(tok);
-      a.ends.push_back(a.text.size());
-      if (!sp.stop.empty()) {
-        const size_t from = a.checked > a.longest_stop ? a.checked - a.longest_stop : 0;
-        stop_at = find_stop(a.text, sp.stop, from);
-        a.checked = a.text.size();
-      }
-    }
-    if (stop_at != std::string::npos) {
-      // The shortest token prefix whose text covers everything before the stop string (generate()'s cut).
-      size_t keep = 0;
-      while (keep < a.tokens.size() && (keep == 0 ? 0 : a.ends[keep - 1]) < stop_at) ++keep;
-      a.tokens.resize(keep);
-      a.text.resize(stop_at);
-      finish(a, "stop");
-      continue;
-    }
-    if (int64_t(a.tokens.size()) >= sp.max_new_tokens) {
-      finish(a, "length");
-      continue;
-    }
-    a.pending.assign(1, tok);
-    {
-      std::lock_guard<std::mutex> lk(a.ticket->mu_);
-      Ticket& t = *a.ticket;
-      t.text_.append(a.text, t.text_.size(), std::string::npos);  // text only grows until the end
-      const size_t hold = a.longest_stop > 0 ? a.longest_stop - 1 : 0;
-      const size_t limit = a.text.size() > hold ? a.text.size() - hold : 0;
-      t.safe_ = std::max(t.safe_, utf8_boundary(a.text, limit));
-    }
-    a.ticket->cv_.notify_all();
+    draw();
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++counters_.iterations;
     counters_.decode_rows += int64_t(decode_slots.size());
     counters_.prefill_tokens += prefill_tokens;
-    counters_.generated_tokens += int64_t(rows.size());
+    counters_.generated_tokens += drawn_rows;
   }
   return true;
 }

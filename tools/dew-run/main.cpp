@@ -14,13 +14,13 @@
 #include <vector>
 
 #include "demo.hpp"
-#include "serve.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
 #include "dew/interop.hpp"
 #include "dew/registry.hpp"
 #include "dew/safetensors.hpp"
 #include "dew/train.hpp"
+#include "serve.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -259,8 +259,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   d.add_options()("port", po::value(&so.port)->default_value(8000), "TCP port (0: any free port)")(
       "host", po::value(&so.host)->default_value("127.0.0.1"), "address to listen on")(
       "slots", po::value(&so.scheduler.slots)->default_value(8), "sequences decoded together")(
-      "queue", po::value(&so.scheduler.max_queue)->default_value(64), "requests that may wait for a slot (429 past it)")(
-      "context", po::value(&so.scheduler.context)->default_value(0), "tokens per slot (0: the model's context)")(
+      "queue", po::value(&so.scheduler.max_queue)->default_value(64),
+      "requests that may wait for a slot (429 past it)")("context", po::value(&so.scheduler.context)->default_value(0),
+                                                         "tokens per slot (0: the model's context)")(
       "max-tokens", po::value(&so.max_tokens)->default_value(4096), "the most max_tokens a request may ask")(
       "model-name", po::value(&so.model_name), "model id reported and accepted (default: the run's name)")(
       "access-log", po::bool_switch(&so.access_log), "one line per request on stderr");

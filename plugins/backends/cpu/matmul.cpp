@@ -182,8 +182,8 @@ inline void column_block(const float* x, const float* w, const float* bias, floa
 // matrix-vector products on one core here, and decoding is nothing but them.
 constexpr int64_t kRowwiseMaxM = 32;
 
-void rowwise_matmul(const float* x, const float* w, const float* bias, float alpha, Activation act, float* y,
-                    int64_t m, int64_t n, int64_t k) {
+void rowwise_matmul(const float* x, const float* w, const float* bias, float alpha, Activation act, float* y, int64_t m,
+                    int64_t n, int64_t k) {
   const int64_t blocks = n / 4;
 #pragma omp parallel for schedule(static) if (m * n * k >= (int64_t(1) << 16))
   for (int64_t b = 0; b < blocks; ++b) column_block<4>(x, w, bias, alpha, act, y, m, n, k, b * 4);

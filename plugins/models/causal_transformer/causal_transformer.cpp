@@ -450,8 +450,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       for (size_t j = 0; j < i; ++j)
         DEW_CHECK(slots[j] != slots[i], "causal_transformer: slot ", slots[i], " fed twice in one step");
       const int64_t len = kv->lengths[size_t(slots[i])];
-      DEW_CHECK(len + t <= kv->capacity_, "causal_transformer: slot ", slots[i], " holds ", kv->capacity_,
-                " tokens; ", len, " are in it and ", t, " more were fed");
+      DEW_CHECK(len + t <= kv->capacity_, "causal_transformer: slot ", slots[i], " holds ", kv->capacity_, " tokens; ",
+                len, " are in it and ", t, " more were fed");
       rows.positions.push_back(len);
     }
     Tensor logits;

@@ -74,9 +74,9 @@ class SlotCache {
  public:
   virtual ~SlotCache() = default;
   virtual int64_t slots() const = 0;
-  virtual int64_t capacity() const = 0;             // the most tokens one slot holds
-  virtual int64_t length(int64_t slot) const = 0;   // tokens the slot holds (its next token's position)
-  virtual void clear(int64_t slot) = 0;             // empties the slot (O(1): nothing is zeroed)
+  virtual int64_t capacity() const = 0;            // the most tokens one slot holds
+  virtual int64_t length(int64_t slot) const = 0;  // tokens the slot holds (its next token's position)
+  virtual void clear(int64_t slot) = 0;            // empties the slot (O(1): nothing is zeroed)
 };
 
 // Implemented by backbones that decode incrementally (causal_transformer).
