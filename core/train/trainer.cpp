@@ -755,3 +755,8 @@ dew::ValidationResult dew::Objective::evaluate(DataLoader& loader, Options&, con
 void dew::Objective::sample(Options&) {
   DEW_USAGE_CHECK(false, "this objective has no sampler (sampling comes with the lm and diffusion objectives)");
 }
+
+std::vector<dew::GeneratedImage> dew::Objective::generate_images(Options&, int64_t) {
+  DEW_USAGE_CHECK(false, "this objective does not generate images (the diffusion objective does)");
+  return {};
+}

@@ -13,6 +13,9 @@
 //    out-of-range values; 404 for an unknown model or path; 429 (Retry-After) when slots and queue are
 //    full; SSE chunks whose text concatenates to the non-streaming text; concurrent clients and `n`
 //    choices equal their solo results; a dropped stream frees its slot.
+//  * images (a tiny diffusion run trained in the test): POST /v1/images returns one PNG per asked image,
+//    byte-equal to the objective's generate_images() for the same keys, seeded, with the [sampler]
+//    section's defaults; 400s for unknown fields, labels outside the classes, too many images or steps.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <httplib.h>
@@ -877,5 +880,132 @@ TEST_CASE("dew-run serve: a freshly trained run (EMA weights), solo-equal comple
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   ::close(out[0]);
+  fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------- images (POST /v1/images)
+
+namespace {
+
+std::vector<unsigned char> unbase64(const std::string& s) {
+  std::vector<unsigned char> out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : s) {
+    int v = -1;
+    if (ch >= 'A' && ch <= 'Z') v = ch - 'A';
+    if (ch >= 'a' && ch <= 'z') v = ch - 'a' + 26;
+    if (ch >= '0' && ch <= '9') v = ch - '0' + 52;
+    if (ch == '+') v = 62;
+    if (ch == '/') v = 63;
+    if (v < 0) continue;  // '=' padding
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back((unsigned char)((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("http images: a tiny diffusion run's PNGs by label equal the objective's, seeded; bad requests 400") {
+  backend("ref");
+  auto& reg = dew::Registry::global();
+  if (!reg.contains("objective", "diffusion"))
+    reg.discover(dew::Registry::default_plugin_dirs(), {"dit", "diffusion", "diffusion_samplers", "synthetic"});
+  const fs::path dir = fs::temp_directory_path() / ("dew_test_serve_images_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  dew::Config cfg = dew::Config::parse_ini(
+      "[run]\nname = tiny-images\nbackend = ref\nseed = 1\n[model]\nplugin = dit\npatch = 4\ndim = 16\ndepth = 1\n"
+      "heads = 2\n[objective]\nplugin = diffusion\npreset = edm\nregime = pixel\nval_records = 8\n"
+      "val_grid_rows = 0\n[sampler]\nplugin = heun\nsteps = 3\nguidance = 2\n[data]\nsource = synthetic\n"
+      "size = 32\nimage_size = 8\nnum_classes = 4\nbatch_size = 8\n[optim]\nname = adamw\nlr = 0.01\n"
+      "[trainer]\nsteps = 3\nlog_every = 3\nema_decay = 0.5\n");
+  dew::TrainOptions to;
+  to.run_dir = (dir / "run").string();
+  REQUIRE(dew::train(cfg, to) == 0);
+  std::unique_ptr<dew::InferenceRun> run = dew::load_inference_run(to.run_dir, "latest", true, "");
+  REQUIRE(run->objective->generates_images());
+
+  dew_run::ImageService images(run->objective);
+  dew_run::ModelInfo info;
+  info.id = "tiny-images";
+  info.kind = "images";
+  info.details = run->objective->main_model()->describe();
+  dew_run::ServeOptions o;
+  o.port = 0;
+  o.max_images = 8;
+  o.max_steps = 10;
+  auto http = std::make_unique<dew_run::HttpServer>(images, info, o);
+  const int port = http->bind();
+  std::thread thread([&] { http->listen(); });
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(std::chrono::seconds(60));
+  auto post_images = [&](const json& body) { return c.Post("/v1/images", body.dump(), "application/json"); };
+  auto pngs = [](const httplib::Result& r) {
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const json j = json::parse(r->body);
+    std::vector<std::vector<unsigned char>> out;
+    for (const json& d : j["data"]) out.push_back(unbase64(d["b64_json"].get<std::string>()));
+    return out;
+  };
+
+  const json ask{{"labels", {2, 0}}, {"n", 2}, {"seed", 5}, {"steps", 2}};
+  auto r = post_images(ask);
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  const json j = json::parse(r->body);
+  CHECK(j["seed"] == 5);
+  REQUIRE(j["data"].size() == 4);
+  std::vector<int> labels;
+  for (const json& d : j["data"]) labels.push_back(d["label"].get<int>());
+  CHECK(labels == std::vector<int>{2, 0, 2, 0});  // n rows of one column per label
+  const auto got = pngs(r);
+  for (const auto& png : got) {
+    REQUIRE(png.size() > 33);
+    CHECK(std::memcmp(png.data(), "\x89PNG\r\n\x1a\n", 8) == 0);
+    CHECK(png[19] == 8);  // width 8
+    CHECK(png[23] == 8);  // height 8
+    CHECK(png[25] == 0);  // greyscale: the run's one channel
+  }
+  // The server passes the request through unchanged: the objective's own images for the same keys.
+  dew::Options direct({{"labels", "2,0"}, {"n", "2"}, {"seed", "5"}, {"steps", "2"}}, "test");
+  const std::vector<dew::GeneratedImage> want = run->objective->generate_images(direct, 8);
+  REQUIRE(want.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(got[i] == want[i].png);
+  CHECK(pngs(post_images(ask)) == got);  // the same seed: the same bytes
+  json other = ask;
+  other["seed"] = 6;
+  CHECK(pngs(post_images(other)) != got);
+  // Absent keys take the run's [sampler] section (heun, 3 steps, guidance 2).
+  json three = ask;
+  three["steps"] = 3;
+  json defaults = ask;
+  defaults.erase("steps");
+  CHECK(pngs(post_images(three)) == pngs(post_images(defaults)));
+  json eta{{"labels", {1}}, {"seed", 1}, {"steps", 2}, {"sampler", "ddim"}, {"sampler_options", {{"eta", 0.5}}}};
+  CHECK(pngs(post_images(eta)).size() == 1);
+
+  expect_error(post_images({{"labels", {1}}, {"size", "8x8"}}), 400, "size");
+  expect_error(post_images({{"labels", {4}}}), 400);                  // not a class
+  expect_error(post_images({{"labels", "1"}}), 400, "labels");        // not an array
+  expect_error(post_images({{"labels", {0, 1, 2}}, {"n", 3}}), 400);  // 9 images > max_images 8
+  expect_error(post_images({{"labels", {1}}, {"steps", 11}}), 400, "steps");
+  expect_error(post_images({{"labels", {1}}, {"response_format", "url"}}), 400, "response_format");
+  expect_error(post_images({{"labels", {1}}, {"sampler", "ddim"}, {"sampler_options", {{"s_churn", 1}}}}), 400);
+  expect_error(post_images({{"labels", {1}}, {"model", "other"}}), 404, "model");
+  expect_error(c.Post("/v1/completions", json{{"prompt", "x"}}.dump(), "application/json"), 404);
+  auto m = c.Get("/v1/models");
+  REQUIRE(m);
+  const json mj = json::parse(m->body);
+  CHECK(mj["data"][0]["dew"]["kind"] == "images");
+  CHECK(mj["data"][0]["dew"]["image_size"] == "8");
+
+  http->shutdown();
+  thread.join();
   fs::remove_all(dir);
 }

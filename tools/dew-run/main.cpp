@@ -37,7 +37,8 @@ const char* kUsage =
     "  sample    generate from a run (objectives with a sampler):  --run-dir D [...]\n"
     "  export    write model.safetensors + config.json:  --run-dir D --format safetensors|hf --out DIR\n"
     "  import    a Hugging Face decoder (config.json + safetensors) as a run directory:  --from DIR --run-dir D\n"
-    "  serve     HTTP/JSON text generation (OpenAI-style /v1/completions):  --run-dir D --port P [--slots N]\n"
+    "  serve     HTTP/JSON inference (OpenAI-style /v1/completions for text, /v1/images for diffusion):  --run-dir D "
+    "--port P [--slots N]\n"
     "  plugins   list the plugins found, their components, and whether backends can run here\n"
     "  demo      fit a small two-layer network on a synthetic task with --backend (cpu|ref)\n"
     "Run `dew-run <command> --help` for a command's options.\n";
@@ -174,7 +175,13 @@ void add_run_args(po::options_description& d, RunArgs& r) {
 // Parses the run arguments of eval/sample and collects every other --key value pair as the objective's
 // request (--max-new-tokens and --max_new_tokens both name the key max_new_tokens).
 std::map<std::string, std::string> parse_run_request(const std::vector<std::string>& raw, po::options_description& d) {
-  auto parsed = po::command_line_parser(raw).options(d).allow_unregistered().run();
+  // No prefix guessing: the objective's keys must not be taken for abbreviations of the run arguments
+  // (`--n 2` would otherwise become --no-ema and leave a stray "2").
+  auto parsed = po::command_line_parser(raw)
+                    .options(d)
+                    .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+                    .allow_unregistered()
+                    .run();
   po::variables_map vm;
   po::store(parsed, vm);
   po::notify(vm);
@@ -263,6 +270,9 @@ int cmd_serve(const std::vector<std::string>& args) {
       "requests that may wait for a slot (429 past it)")("context", po::value(&so.scheduler.context)->default_value(0),
                                                          "tokens per slot (0: the model's context)")(
       "max-tokens", po::value(&so.max_tokens)->default_value(4096), "the most max_tokens a request may ask")(
+      "max-images", po::value(&so.max_images)->default_value(64), "image runs: the most images a request may ask")(
+      "max-steps", po::value(&so.max_steps)->default_value(1000),
+      "image runs: the most sampling steps a request may ask")(
       "model-name", po::value(&so.model_name), "model id reported and accepted (default: the run's name)")(
       "access-log", po::bool_switch(&so.access_log), "one line per request on stderr");
   parse(args, d);

@@ -6,6 +6,8 @@
 // runs the model. A streaming client that goes away cancels its requests (their slots free at the next
 // iteration). Every response is counted in flight from routing until httplib has written it (the
 // logger callback), so shutdown() can wait for the last byte before it stops the listener.
+// An image run has no scheduler: POST /v1/images handlers take turns on the ImageService (one request
+// at a time), and past `--queue` waiting requests the server answers 429.
 #include "serve.hpp"
 
 #include <httplib.h>
@@ -115,7 +117,8 @@ struct Completion {
 }  // namespace
 
 struct HttpServer::Impl {
-  Scheduler& sched;
+  Scheduler* sched = nullptr;      // a text run
+  ImageService* images = nullptr;  // an image run
   ModelInfo info;
   ServeOptions options;
   httplib::Server svr;
@@ -127,7 +130,8 @@ struct HttpServer::Impl {
   int listen_fd = -1;
   std::string id_prefix;
 
-  Impl(Scheduler& s, ModelInfo i, const ServeOptions& o) : sched(s), info(std::move(i)), options(o) {
+  Impl(Scheduler* s, ImageService* im, ModelInfo i, const ServeOptions& o)
+      : sched(s), images(im), info(std::move(i)), options(o) {
     std::random_device rd;
     char buf[16];
     std::snprintf(buf, sizeof buf, "%08x", rd());
@@ -173,7 +177,16 @@ struct HttpServer::Impl {
       send_error(res, {500, "server_error", what, ""});
     });
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      const dew::serve::SchedulerStats s = sched.stats();
+      if (!sched) {
+        json j{{"status", draining ? "draining" : "ok"},
+               {"kind", "images"},
+               {"queued", images->waiting()},
+               {"completed", images->served()}};
+        res.status = draining ? 503 : 200;
+        res.set_content(dump(j), "application/json");
+        return;
+      }
+      const dew::serve::SchedulerStats s = sched->stats();
       json j{{"status", draining ? "draining" : "ok"},
              {"slots", s.slots},
              {"active", s.active},
@@ -197,11 +210,32 @@ struct HttpServer::Impl {
                {"vocab_size", info.vocab_size},
                {"context_length", info.context},
                {"tokenizer", info.tokenizer},
-               {"slots", options.scheduler.slots}}}};
+               {"slots", options.scheduler.slots},
+               {"kind", info.kind}}}};
+      for (const auto& [k, v] : info.details) m["dew"][k] = v;
       res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
     });
+    auto image_route = [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        if (!images)
+          throw HttpError{404, "invalid_request_error", "this server serves a text model: use POST /v1/completions",
+                          ""};
+        generate_images(req, res);
+      } catch (const HttpError& e) {
+        send_error(res, e);
+      } catch (const dew::Error& e) {  // the objective's checks of the request (labels, sampler, ...)
+        send_error(
+            res, e.kind() == dew::ErrorKind::usage ? bad(e.what()) : HttpError{500, "server_error", e.describe(), ""});
+      } catch (const std::exception& e) {
+        send_error(res, {500, "server_error", e.what(), ""});
+      }
+    };
+    svr.Post("/v1/images", image_route);
+    svr.Post("/v1/images/generations", image_route);
     svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       try {
+        if (!sched)
+          throw HttpError{404, "invalid_request_error", "this server serves an image model: use POST /v1/images", ""};
         completions(req, res);
       } catch (const HttpError& e) {
         send_error(res, e);
@@ -231,7 +265,7 @@ struct HttpServer::Impl {
                       "model"};
     if (body.contains("user") && !body["user"].is_string()) throw bad("'user' must be a string", "user");
     Completion c;
-    const dew::Tokenizer* tok = sched.tokenizer();
+    const dew::Tokenizer* tok = sched->tokenizer();
     if (!body.contains("prompt")) throw bad("'prompt' is required", "prompt");
     json prompt = body["prompt"];
     if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) prompt = prompt[0];
@@ -332,12 +366,12 @@ struct HttpServer::Impl {
     std::vector<std::shared_ptr<Ticket>> tickets;
     for (int64_t i = 0; i < c.n; ++i) {
       dew::serve::Request r{c.prompt, c.params, uint64_t(i)};
-      const Scheduler::Submitted s = sched.submit(std::move(r));
+      const Scheduler::Submitted s = sched->submit(std::move(r));
       if (s.status != Scheduler::Admission::accepted) {
         for (auto& t : tickets) t->cancel();
         if (s.status == Scheduler::Admission::draining)
           throw HttpError{503, "server_error", "the server is shutting down", ""};
-        const auto st = sched.stats();
+        const auto st = sched->stats();
         res.set_header("Retry-After", "1");
         throw HttpError{429, "rate_limit_error",
                         "the server is full: " + std::to_string(st.slots) + " slots busy and " +
@@ -434,10 +468,155 @@ struct HttpServer::Impl {
           for (auto& t : tickets) t->cancel();  // a no-op for finished ones; frees slots of abandoned ones
         });
   }
+
+  // POST /v1/images: {labels, n, steps, sampler, guidance, guidance_interval, guidance_rescale, seed,
+  // sampler_options, response_format, model, user} -> the objective's request keys (dew-run sample's).
+  void generate_images(const httplib::Request& req, httplib::Response& res) {
+    auto flight = std::make_shared<Flight>(*this);
+    if (draining) throw HttpError{503, "server_error", "the server is shutting down", ""};
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+      throw bad(std::string("malformed JSON: ") + e.what());
+    }
+    if (!body.is_object()) throw bad("the request body must be a JSON object");
+    static const std::set<std::string> fields = {"model",
+                                                 "labels",
+                                                 "n",
+                                                 "steps",
+                                                 "sampler",
+                                                 "guidance",
+                                                 "seed",
+                                                 "guidance_interval",
+                                                 "guidance_rescale",
+                                                 "sampler_options",
+                                                 "response_format",
+                                                 "user"};
+    for (auto it = body.begin(); it != body.end(); ++it)
+      if (!fields.count(it.key())) {
+        std::string known;
+        for (const std::string& f : fields) known += (known.empty() ? "" : ", ") + f;
+        throw bad("unknown field '" + it.key() + "' (known: " + known + ")", it.key());
+      }
+    if (body.contains("model") && (!body["model"].is_string() || body["model"].get<std::string>() != info.id))
+      throw HttpError{404, "invalid_request_error",
+                      "model " + body["model"].dump() + " is not served here (this server serves '" + info.id + "')",
+                      "model"};
+    if (body.contains("user") && !body["user"].is_string()) throw bad("'user' must be a string", "user");
+    if (body.contains("response_format") &&
+        (!body["response_format"].is_string() || body["response_format"].get<std::string>() != "b64_json"))
+      throw bad("'response_format' must be \"b64_json\" (no URLs are served)", "response_format");
+    std::map<std::string, std::string> request;
+    if (body.contains("labels")) {
+      const json& l = body["labels"];
+      if (!l.is_array() || l.empty()) throw bad("'labels' must be a non-empty array of class ids", "labels");
+      std::string list;
+      for (const json& v : l) {
+        if (!v.is_number_integer()) throw bad("'labels' must be a non-empty array of class ids", "labels");
+        list += (list.empty() ? "" : ",") + std::to_string(v.get<int64_t>());
+      }
+      request["labels"] = list;
+    }
+    request["n"] = std::to_string(integer(body, "n", 1, 1, options.max_n));
+    if (body.contains("steps")) request["steps"] = std::to_string(integer(body, "steps", 0, 1, options.max_steps));
+    if (body.contains("sampler")) {
+      if (!body["sampler"].is_string()) throw bad("'sampler' must be a string", "sampler");
+      request["sampler"] = body["sampler"].get<std::string>();
+    }
+    auto num = [](double x) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.17g", x);
+      return std::string(b);
+    };
+    if (body.contains("guidance")) request["guidance"] = num(number(body, "guidance", 1.0, 0.0, 1e3));
+    if (body.contains("guidance_rescale"))
+      request["guidance_rescale"] = num(number(body, "guidance_rescale", 0.0, 0.0, 1.0));
+    if (body.contains("guidance_interval")) {
+      const json& g = body["guidance_interval"];
+      if (!g.is_array() || g.size() != 2 || !g[0].is_number() || !g[1].is_number())
+        throw bad("'guidance_interval' must be [start, stop] in [0, 1]", "guidance_interval");
+      request["guidance_interval"] = num(g[0].get<double>()) + "," + num(g[1].get<double>());
+    }
+    uint64_t seed = 0;
+    if (body.contains("seed")) {
+      seed = uint64_t(integer(body, "seed", 0, 0, (int64_t(1) << 40)));
+    } else {
+      std::random_device rd;
+      seed = ((uint64_t(rd()) << 32) ^ rd()) & ((uint64_t(1) << 40) - 1);
+    }
+    request["seed"] = std::to_string(seed);
+    if (body.contains("sampler_options")) {  // the solver's own keys: {"eta": 0.5, "s_churn": 10}
+      const json& so = body["sampler_options"];
+      if (!so.is_object()) throw bad("'sampler_options' must be an object of solver keys", "sampler_options");
+      for (auto it = so.begin(); it != so.end(); ++it) {
+        if (fields.count(it.key()) || it.key() == "out" || it.key() == "batch")
+          throw bad("'sampler_options' may not set '" + it.key() + "'", "sampler_options");
+        const json& v = it.value();
+        if (v.is_number())
+          request[it.key()] = num(v.get<double>());
+        else if (v.is_string())
+          request[it.key()] = v.get<std::string>();
+        else if (v.is_boolean())
+          request[it.key()] = v.get<bool>() ? "true" : "false";
+        else
+          throw bad("'sampler_options." + it.key() + "' must be a number, string or boolean", "sampler_options");
+      }
+    }
+    if (images->waiting() >= options.scheduler.max_queue) {
+      res.set_header("Retry-After", "1");
+      throw HttpError{
+          429, "rate_limit_error",
+          "the server is full: " + std::to_string(images->waiting()) + " image requests waiting; retry later", ""};
+    }
+    dew::Options opts(request, "images");
+    const std::vector<dew::GeneratedImage> made = images->generate(opts, options.max_images);
+    json data = json::array();
+    for (size_t i = 0; i < made.size(); ++i) {
+      json d{{"index", i}, {"b64_json", base64(made[i].png)}};
+      d["label"] = made[i].label >= 0 ? json(made[i].label) : json(nullptr);
+      data.push_back(d);
+    }
+    json out{{"created", int64_t(std::time(nullptr))}, {"model", info.id}, {"seed", seed}, {"data", data}};
+    auto text = std::make_shared<std::string>(dump(out));
+    res.set_content_provider(
+        text->size(), "application/json",
+        [text, flight](size_t offset, size_t length, httplib::DataSink& sink) {
+          return sink.write(text->data() + offset, length);
+        },
+        [](bool) {});
+  }
+
+  static std::string base64(const std::vector<unsigned char>& in) {
+    static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((in.size() + 2) / 3 * 4);
+    for (size_t i = 0; i < in.size(); i += 3) {
+      const uint32_t b = uint32_t(in[i]) << 16 | (i + 1 < in.size() ? uint32_t(in[i + 1]) << 8 : 0u) |
+                         (i + 2 < in.size() ? uint32_t(in[i + 2]) : 0u);
+      out += a[(b >> 18) & 63];
+      out += a[(b >> 12) & 63];
+      out += i + 1 < in.size() ? a[(b >> 6) & 63] : '=';
+      out += i + 2 < in.size() ? a[b & 63] : '=';
+    }
+    return out;
+  }
 };
 
 HttpServer::HttpServer(Scheduler& scheduler, ModelInfo info, const ServeOptions& options)
-    : impl_(std::make_unique<Impl>(scheduler, std::move(info), options)) {}
+    : impl_(std::make_unique<Impl>(&scheduler, nullptr, std::move(info), options)) {}
+
+HttpServer::HttpServer(ImageService& images, ModelInfo info, const ServeOptions& options)
+    : impl_(std::make_unique<Impl>(nullptr, &images, std::move(info), options)) {}
+
+std::vector<dew::GeneratedImage> ImageService::generate(dew::Options& request, int64_t max_images) {
+  ++waiting_;
+  std::unique_lock<std::mutex> lk(mu_);
+  --waiting_;
+  std::vector<dew::GeneratedImage> out = objective_->generate_images(request, max_images);
+  ++served_;
+  return out;
+}
 
 HttpServer::~HttpServer() = default;
 
@@ -458,7 +637,7 @@ bool HttpServer::listen() { return impl_->svr.listen_after_bind(); }
 
 void HttpServer::shutdown() {
   impl_->draining = true;
-  impl_->sched.drain();  // every accepted request finishes
+  if (impl_->sched) impl_->sched->drain();  // every accepted request finishes (image requests: in_flight)
   {
     std::unique_lock<std::mutex> lk(impl_->mu);  // ... and its response is written
     impl_->cv.wait_for(lk, std::chrono::seconds(30), [&] { return impl_->in_flight == 0; });
@@ -479,12 +658,15 @@ int serve(const std::string& run_dir, const std::string& step, bool use_ema, con
   std::unique_ptr<dew::InferenceRun> run = dew::load_inference_run(run_dir, step, use_ema, backend);
   dew::Model* model = run->objective->main_model();
   auto* decoder = dynamic_cast<dew::CausalDecoder*>(model);
-  DEW_USAGE_CHECK(decoder != nullptr, "serve: the run's model (objective '",
+  const bool image_run = decoder == nullptr && run->objective->generates_images();
+  DEW_USAGE_CHECK(decoder != nullptr || image_run, "serve: the run's model (objective '",
                   run->config.section("objective").get_string("plugin", ""),
-                  "') does not generate text: serving needs a causal decoder (lm objective)");
-  model->set_training(false);
-  std::shared_ptr<const dew::Tokenizer> tokenizer = run->objective->tokenizer();
-  Scheduler sched(*decoder, tokenizer, options.scheduler);
+                  "') generates neither text nor images: serving needs a causal decoder (lm objective) or an "
+                  "image objective (diffusion)");
+  if (model) model->set_training(false);
+  std::shared_ptr<const dew::Tokenizer> tokenizer;
+  std::unique_ptr<Scheduler> sched;
+  std::unique_ptr<ImageService> image_service;
 
   ModelInfo info;
   info.id = options.model_name;
@@ -493,13 +675,23 @@ int serve(const std::string& run_dir, const std::string& step, bool use_ema, con
   info.step = run->updates;
   info.ema = run->ema;
   info.checkpoint = run->checkpoint;
-  info.vocab_size = decoder->vocab_size();
-  info.context = sched.context();
-  info.tokenizer = tokenizer ? tokenizer->name() : "";
+  if (decoder) {
+    tokenizer = run->objective->tokenizer();
+    sched = std::make_unique<Scheduler>(*decoder, tokenizer, options.scheduler);
+    info.vocab_size = decoder->vocab_size();
+    info.context = sched->context();
+    info.tokenizer = tokenizer ? tokenizer->name() : "";
+  } else {
+    image_service = std::make_unique<ImageService>(run->objective);
+    info.kind = "images";
+    if (model) info.details = model->describe();
+  }
 
-  HttpServer server(sched, info, options);
+  std::unique_ptr<HttpServer> server_ptr = sched ? std::make_unique<HttpServer>(*sched, info, options)
+                                                 : std::make_unique<HttpServer>(*image_service, info, options);
+  HttpServer& server = *server_ptr;
   const int port = server.bind();
-  sched.start();
+  if (sched) sched->start();
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
@@ -513,9 +705,13 @@ int serve(const std::string& run_dir, const std::string& step, bool use_ema, con
     second.detach();
     server.shutdown();
   });
-  std::printf("dew-run serve: listening on http://%s:%d  (model '%s', step %lld%s, %lld slots, context %lld)\n",
-              options.host.c_str(), port, info.id.c_str(), (long long)info.step, info.ema ? ", EMA weights" : "",
-              (long long)options.scheduler.slots, (long long)info.context);
+  if (sched)
+    std::printf("dew-run serve: listening on http://%s:%d  (model '%s', step %lld%s, %lld slots, context %lld)\n",
+                options.host.c_str(), port, info.id.c_str(), (long long)info.step, info.ema ? ", EMA weights" : "",
+                (long long)options.scheduler.slots, (long long)info.context);
+  else
+    std::printf("dew-run serve: listening on http://%s:%d  (model '%s', step %lld%s, images: POST /v1/images)\n",
+                options.host.c_str(), port, info.id.c_str(), (long long)info.step, info.ema ? ", EMA weights" : "");
   std::fflush(stdout);
   const bool ok = server.listen();
   if (!waiter.joinable()) return ok ? 0 : 1;

@@ -1,20 +1,24 @@
 // tools/dew-run/serve.hpp — `dew-run serve`: an HTTP/JSON front (cpp-httplib) over dew::serve::Scheduler.
 //
-// Endpoints (docs/serving.md): POST /v1/completions (the OpenAI subset, `stream` as server-sent events),
-// GET /v1/models, GET /health. Request errors are JSON {"error": {message, type, param, code}}: 400 for
-// malformed JSON, unknown fields, wrong types and out-of-range values; 404 for an unknown model or path;
-// 429 when every slot and queue place is taken; 503 while draining. shutdown() (SIGTERM/SIGINT in
-// `dew-run serve`) refuses new requests, lets the queued and running ones finish and be written, then
-// stops the listener.
+// Endpoints (docs/serving.md): POST /v1/completions (the OpenAI subset, `stream` as server-sent events)
+// for a text run, POST /v1/images (alias /v1/images/generations: PNGs as base64 in OpenAI's
+// {"data": [{"b64_json": ...}]}) for an image run (diffusion), GET /v1/models, GET /health. Request errors are JSON
+// {"error": {message, type, param, code}}: 400 for malformed JSON, unknown fields, wrong types and out-of-range values;
+// 404 for an unknown model or path; 429 when every slot and queue place is taken; 503 while draining. shutdown()
+// (SIGTERM/SIGINT in `dew-run serve`) refuses new requests, lets the queued and running ones finish and be written,
+// then stops the listener.
 #pragma once
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "dew/objective.hpp"
+#include "dew/options.hpp"
 #include "dew/serve.hpp"
 
 namespace httplib {
@@ -29,6 +33,8 @@ struct ServeOptions {
   dew::serve::SchedulerOptions scheduler;
   int64_t max_tokens = 4096;  // the most tokens one request may ask for
   int64_t max_n = 16;         // the most choices (`n`) one request may ask for
+  int64_t max_images = 64;    // image runs: the most images one request may ask for
+  int64_t max_steps = 1000;   // image runs: the most sampling steps one request may ask for
   std::string model_name;     // the id /v1/models reports (default: the run's name)
   bool access_log = false;    // one line per request on stderr
 };
@@ -39,11 +45,30 @@ struct ModelInfo {
   int64_t step = 0, vocab_size = 0, context = 0;
   bool ema = false;
   std::string checkpoint, tokenizer;
+  std::string kind = "text";                   // "text" | "images"
+  std::map<std::string, std::string> details;  // image runs: the model's describe() (image_size, ...)
+};
+
+// The image side of the server (an objective whose generates_images() is true): one request at a time
+// on the objective (the model is not thread-safe); waiting() counts the requests queued behind it.
+class ImageService {
+ public:
+  explicit ImageService(std::shared_ptr<dew::Objective> objective) : objective_(std::move(objective)) {}
+  // The images of one request (the keys of `dew-run sample` minus --out); UsageError for a bad request.
+  std::vector<dew::GeneratedImage> generate(dew::Options& request, int64_t max_images);
+  int64_t waiting() const { return waiting_; }
+  int64_t served() const { return served_; }
+
+ private:
+  std::shared_ptr<dew::Objective> objective_;
+  std::mutex mu_;
+  std::atomic<int64_t> waiting_{0}, served_{0};
 };
 
 class HttpServer {
  public:
   HttpServer(dew::serve::Scheduler& scheduler, ModelInfo info, const ServeOptions& options);
+  HttpServer(ImageService& images, ModelInfo info, const ServeOptions& options);  // an image run
   ~HttpServer();
   // Binds options.host:options.port (0: a free port) and returns the port.
   int bind();

@@ -8,12 +8,23 @@
 // x_t = alpha x0 + sigma eps; the backbone sees {"x": c_in x_t, "t": model_time(t) f32 [B],
 // "label": i32 [B]} with each row's label replaced by the null label (= num_classes) with probability
 // unconditional_prob; loss = mean over elements of w(t) * 0.5 * (prediction - target)^2.
-// Every random draw is Philox keyed by (run seed, a named stream, the update and micro-batch index), so
-// a resumed run draws the same times, noise and label drops as an uninterrupted one.
-// validate(): the weighted loss on up to val_records records of the split (times and noise keyed by the
-// record's position, so values are comparable across steps) and, when val_grid_rows > 0, a PNG grid of
-// samples (one column per class) from the current (EMA) weights with the [sampler] section's solver.
+// Every random draw is Philox keyed by (run seed, a named stream, the record's global stream position):
+// row j of a batch whose first record is at position p draws its time from stream "diffusion.t" + p + j,
+// its noise as elements [(p + j) * D, (p + j + 1) * D) of "diffusion.eps" (D = C*H*W) and its label drop
+// as element p + j of "diffusion.drop". A resumed run therefore draws what an uninterrupted one does, and
+// N data-parallel ranks with batch B draw what one process with batch N*B draws (no two ranks share noise).
+// validate(): the weighted loss on up to val_records records of the split (the same per-record keying on
+// the "diffusion.val.*" streams with the record's index in the split, so values are comparable across
+// steps and batch sizes) and, when val_grid_rows > 0, a PNG grid of samples (one column per class, the
+// first 16 classes at most) from the current (EMA) weights with the [sampler] section's solver.
+// The [sampler] section (plugin, steps, guidance, guidance_interval, guidance_rescale, seed, batch and the
+// solver's own keys) sets the validation grids and the defaults of sample/eval/serve requests; a request's
+// solver keys (--eta ...) override the section's, whose solver keys apply only when the request keeps the
+// section's solver.
 // sample(): `dew-run sample --run-dir D --sampler heun --steps 30 --guidance 3 --labels 0,1,2 --out g.png`.
+// Row i of a sampling request starts from the prior keyed by (seed, i) whatever the batch size; stochastic
+// solvers (ddpm, ddim eta > 0, euler_ancestral, heun with churn) also draw per-step noise per batch, so
+// their images depend on --batch; deterministic ones do not (up to float rounding).
 // evaluate(): `dew-run eval --run-dir D --classifier RUN [--samples 500 --steps 30 --guidance 3]`:
 // the judge's accuracy on the asked classes of the generated images, and the Fréchet distance between
 // generated and test images on the judge's penultimate features (plus the same distance for as many
@@ -22,6 +33,7 @@
 #include <cmath>
 #include <cstring>
 #include <dew/autograd.hpp>
+#include <dew/backend.hpp>
 #include <dew/diffusion.hpp>
 #include <dew/error.hpp>
 #include <dew/image.hpp>
@@ -94,13 +106,28 @@ class DiffusionObjective final : public dew::Objective {
     if (!model.has("image_size"))
       model.set("image_size",
                 height_ == width_ ? std::to_string(height_) : std::to_string(height_) + "," + std::to_string(width_));
-    if (!model.has("num_classes")) model.set("num_classes", std::to_string(conditional_ ? num_classes_ : 0));
+    // The backbone's label embedding has num_classes + 1 rows (the last is the null label of guidance).
+    const int64_t model_classes = conditional_ ? num_classes_ : 0;
+    if (model.has("num_classes")) {
+      const int64_t set = model.get_int("num_classes", 0);
+      DEW_USAGE_CHECK(set == model_classes, "diffusion: 'model.num_classes' = ", set, " but the objective ",
+                      conditional_ ? "has " + std::to_string(num_classes_) + " classes"
+                                   : std::string("is unconditional (objective.conditional = false)"),
+                      "; leave model.num_classes out (the objective sets it) or set objective.num_classes");
+    } else {
+      model.set("num_classes", std::to_string(model_classes));
+    }
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
 
     // The validation sampler: the [sampler] section (plugin = heun, steps = 30, guidance = 3, ...).
+    // It also gives the defaults of sample/eval/serve requests (request_solver()).
     dew::Options& sampler = ctx.config->section("sampler");
-    val_sampling_ = read_sampling(sampler, "plugin", default_sampler());
+    SamplingRequest defaults;
+    defaults.sampler = default_sampler();
+    defaults.guidance.scale = conditional_ ? 3.0 : 1.0;
+    val_sampling_ = read_sampling(sampler, "plugin", defaults);
+    sampler_values_ = sampler.values();
     train_data_ = ctx.config->section("data");
     val_solver_ = make_solver(val_sampling_.sampler, sampler);
   }
@@ -122,11 +149,13 @@ class DiffusionObjective final : public dew::Objective {
     model_->set_training(true);
     const Tensor x0 = preprocess(field(batch, image_field_));
     const int64_t b = x0.shape()[0];
-    const uint64_t offset = uint64_t(info.step) * 1024u + uint64_t(info.micro);
-    const std::vector<double> t = process_.train->sample_t(seed_, stream("diffusion.t") + offset, b);
-    Tensor eps = Tensor::normal(x0.shape(), 0.0f, 1.0f, seed_, stream("diffusion.eps") + offset, backend_);
+    // Randomness keyed by the record position; without one (tests, tools) by the update and micro-batch.
+    const uint64_t first =
+        info.position >= 0 ? uint64_t(info.position) : (uint64_t(info.step) * 64 + uint64_t(info.micro)) * uint64_t(b);
+    const std::vector<double> t = row_times(stream("diffusion.t"), first, b);
+    const Tensor eps = row_noise(x0.shape(), stream("diffusion.eps"), first);
     Tensor labels;
-    if (conditional_) labels = drop_labels(field(batch, label_field_), b, stream("diffusion.drop") + offset);
+    if (conditional_) labels = drop_labels(field(batch, label_field_), b, stream("diffusion.drop"), first);
     dew::StepResult r;
     double mse = 0.0;
     r.loss = loss(x0, eps, t, labels, &mse);
@@ -141,13 +170,13 @@ class DiffusionObjective final : public dew::Objective {
     const bool was_training = model_->training();
     model_->set_training(false);
     dew::ValidationResult r;
-    r.metrics["loss"] = validation_loss(loader, val_records_);
+    if (val_records_ > 0) r.metrics["loss"] = validation_loss(loader, val_records_);
     if (val_grid_rows_ > 0) {
       const std::vector<int32_t> labels = grid_labels(val_grid_rows_);
       const Tensor images = generate(labels, val_sampling_, *val_solver_);
       std::ostringstream name;
       name << "grid-" << std::setw(7) << std::setfill('0') << info.step << ".png";
-      r.artifacts.push_back({name.str(), grid_png(images, conditional_ ? num_classes_ : 8)});
+      r.artifacts.push_back({name.str(), grid_png(images, grid_columns())});
     }
     model_->set_training(was_training);
     return r;
@@ -157,63 +186,76 @@ class DiffusionObjective final : public dew::Objective {
     DEW_CHECK(model_, "diffusion: sample() before build()");
     dew::NoGradGuard no_grad;
     model_->set_training(false);
-    SamplingRequest s = read_sampling(request, "sampler", val_sampling_.sampler);
-    auto solver = make_solver(s.sampler, request);
     const std::string out = request.get_string("out", "samples.png");
-    std::vector<int32_t> labels;
-    const int64_t per_label = request.get_int("n", conditional_ ? 4 : 16);
-    DEW_USAGE_CHECK(per_label > 0, "--n must be positive, got ", per_label);
-    if (conditional_) {
-      std::vector<double> asked = request.get_doubles("labels", {});
-      if (asked.empty())
-        for (int64_t c = 0; c < num_classes_; ++c) asked.push_back(double(c));
-      for (double v : asked)
-        DEW_USAGE_CHECK(v == std::floor(v) && v >= 0 && v < double(num_classes_), "--labels: ", v,
-                        " is not a class in [0, ", num_classes_, ")");
-      // Row-major grid: one column per asked label, `n` rows.
-      for (int64_t row = 0; row < per_label; ++row)
-        for (double v : asked) labels.push_back(int32_t(v));
-      const Tensor images = generate(labels, s, *solver);
-      write_file(out, grid_png(images, int64_t(asked.size())));
-    } else {
-      DEW_USAGE_CHECK(!request.has("labels"), "--labels: this run is unconditional");
-      labels.assign(size_t(per_label), 0);
-      const Tensor images = generate(labels, s, *solver);
-      write_file(out, grid_png(images, std::min<int64_t>(per_label, 8)));
+    const Prepared p = prepare(request);
+    request.check_all_used();  // before the work: a misspelt key is refused at once
+    const Tensor images = generate(p.labels, p.sampling, *p.solver);
+    write_file(out, grid_png(images, p.columns));
+    std::cout << "wrote " << p.labels.size() << " samples (" << p.sampling.sampler << ", " << p.sampling.steps
+              << " steps, guidance " << p.sampling.guidance.scale << ", seed " << p.sampling.seed << ") to " << out
+              << "\n";
+  }
+
+  bool generates_images() const override { return true; }
+
+  // `dew-run serve`'s POST /v1/images: the images of a sample() request, one PNG each, in request order.
+  std::vector<dew::GeneratedImage> generate_images(dew::Options& request, int64_t max_images) override {
+    DEW_CHECK(model_, "diffusion: generate_images() before build()");
+    dew::NoGradGuard no_grad;
+    model_->set_training(false);
+    const Prepared p = prepare(request);
+    request.check_all_used();
+    DEW_USAGE_CHECK(int64_t(p.labels.size()) <= max_images, "the request asks for ", p.labels.size(),
+                    " images; this server makes at most ", max_images, " per request");
+    const Tensor bytes = to_bytes(generate(p.labels, p.sampling, *p.solver));  // u8 [N, C, H, W]
+    std::vector<uint8_t> chw(static_cast<size_t>(bytes.numel()));
+    bytes.copy_to_host(chw.data());
+    const int64_t plane = height_ * width_, per_image = plane * channels_;
+    std::vector<dew::GeneratedImage> out(p.labels.size());
+    std::vector<uint8_t> hwc(static_cast<size_t>(per_image));
+    for (size_t i = 0; i < out.size(); ++i) {
+      for (int64_t c = 0; c < channels_; ++c)
+        for (int64_t k = 0; k < plane; ++k)
+          hwc[size_t(k * channels_ + c)] = chw[size_t(int64_t(i) * per_image + c * plane + k)];
+      out[i].png = dew::encode_png(hwc.data(), int(height_), int(width_), int(channels_));
+      out[i].label = conditional_ ? p.labels[i] : -1;
+      out[i].seed = p.sampling.seed;
     }
-    std::cout << "wrote " << labels.size() << " samples (" << s.sampler << ", " << s.steps << " steps, guidance "
-              << s.guidance.scale << ") to " << out << "\n";
+    return out;
   }
 
   dew::ValidationResult evaluate(dew::DataLoader& loader, dew::Options& request, const dew::StepInfo&) override {
     DEW_CHECK(model_, "diffusion: evaluate() before build()");
     dew::NoGradGuard no_grad;
     model_->set_training(false);
-    SamplingRequest s = read_sampling(request, "sampler", default_sampler());
-    auto solver = make_solver(s.sampler, request);
+    const SamplingRequest s = read_sampling(request, "sampler", val_sampling_);
+    auto solver = request_solver(s.sampler, request);
     const int64_t n = request.get_int("samples", 500);
     DEW_USAGE_CHECK(n >= 2, "--samples must be at least 2, got ", n);
     const std::string judge_dir = request.get_string("classifier", judge_);
     const bool with_loss = request.get_bool("loss", false);
-    dew::ValidationResult r;
-    if (with_loss) r.metrics["loss"] = validation_loss(loader, val_records_);
+    request.check_all_used();  // before the work: a misspelt key is refused at once
     DEW_USAGE_CHECK(!judge_dir.empty(),
                     "diffusion eval needs a judge: --classifier RUN_DIR (a classify run on the same data, "
                     "e.g. runs/fmnist-classifier) or 'objective.judge' in the config");
 
+    // The judge (loaded first, so a wrong --classifier fails before the sampling): its backbone's logits
+    // and penultimate features on u8-quantised images.
+    dew::LoadedObjective judge = dew::load_objective(judge_dir, "latest", true, "");
+    dew::set_default_backend(backend_);  // loading the judge may have changed it
+    dew::Model* classifier = judge.objective->main_model();
+    DEW_USAGE_CHECK(classifier != nullptr, "diffusion eval: the run in '", judge_dir, "' has no model to judge with");
+    check_judge(*classifier, judge_dir);
+    classifier->set_training(false);
+
+    dew::ValidationResult r;
+    if (with_loss) r.metrics["loss"] = validation_loss(loader, val_records_);
     // Generated images, labels round-robin over the classes.
     std::vector<int32_t> labels(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) labels[size_t(i)] = conditional_ ? int32_t(i % num_classes_) : 0;
     const Tensor generated = generate(labels, s, *solver);
     r.artifacts.push_back(
         {"generated.png", grid_png(generated.slice0(0, std::min<int64_t>(n, 100)), conditional_ ? num_classes_ : 10)});
-
-    // The judge: its backbone's logits and penultimate features on u8-quantised images.
-    dew::LoadedObjective judge = dew::load_objective(judge_dir, "latest", true, "");
-    dew::set_default_backend(backend_);  // loading the judge may have changed it
-    dew::Model* classifier = judge.objective->main_model();
-    DEW_USAGE_CHECK(classifier != nullptr, "diffusion eval: the run in '", judge_dir, "' has no model to judge with");
-    classifier->set_training(false);
     const double mean = opt_double(judge.objective_options, "mean", 0.5);
     const double stdev = opt_double(judge.objective_options, "std", 0.5);
 
@@ -244,6 +286,7 @@ class DiffusionObjective final : public dew::Objective {
     r.metrics["samples"] = double(n);
     r.metrics["steps"] = double(s.steps);
     r.metrics["guidance"] = s.guidance.scale;
+    r.metrics["seed"] = double(s.seed);
     r.metrics["test_images"] = double(test_n);
     return r;
   }
@@ -276,26 +319,97 @@ class DiffusionObjective final : public dew::Objective {
   }
 
   // Reads sampler/steps/guidance/guidance_interval/guidance_rescale/seed/batch from a section or a
-  // command-line request ("plugin" in a [sampler] section, "sampler" on the command line).
-  SamplingRequest read_sampling(dew::Options& o, const std::string& name_key, const std::string& fallback) const {
+  // request ("plugin" in a [sampler] section, "sampler" on the command line); absent keys keep `d`'s.
+  SamplingRequest read_sampling(dew::Options& o, const std::string& name_key, const SamplingRequest& d) const {
     SamplingRequest s;
-    s.sampler = o.get_string(name_key, fallback);
-    s.steps = o.get_int("steps", 30);
+    s.sampler = o.get_string(name_key, d.sampler);
+    s.steps = o.get_int("steps", d.steps);
     DEW_USAGE_CHECK(s.steps >= 1, "sampling steps must be at least 1, got ", s.steps);
-    s.guidance.scale = o.get_double("guidance", conditional_ ? 3.0 : 1.0);
-    const std::vector<double> interval = o.get_doubles("guidance_interval", {0.0, 1.0});
+    s.guidance.scale = o.get_double("guidance", d.guidance.scale);
+    const std::vector<double> interval = o.get_doubles("guidance_interval", {d.guidance.start, d.guidance.stop});
     DEW_USAGE_CHECK(interval.size() == 2, "guidance_interval must be two numbers 'start,stop' in [0, 1]");
     s.guidance.start = interval[0];
     s.guidance.stop = interval[1];
-    s.guidance.rescale = o.get_double("guidance_rescale", 0.0);
+    s.guidance.rescale = o.get_double("guidance_rescale", d.guidance.rescale);
     s.guidance.check();
-    DEW_USAGE_CHECK(conditional_ || s.guidance.scale == 1.0, "guidance needs a class-conditional run");
-    const int64_t seed = o.get_int("seed", 0);
-    DEW_USAGE_CHECK(seed >= 0, "the sampling seed must not be negative");
+    DEW_USAGE_CHECK(conditional_ || s.guidance.scale == 1.0, "guidance ", s.guidance.scale,
+                    " needs a class-conditional run; this one is unconditional (use guidance 1)");
+    const int64_t seed = o.get_int("seed", int64_t(d.seed));
+    DEW_USAGE_CHECK(seed >= 0, "the sampling seed must not be negative, got ", seed);
     s.seed = uint64_t(seed);
-    s.batch = o.get_int("batch", 64);
+    s.batch = o.get_int("batch", d.batch);
     DEW_USAGE_CHECK(s.batch >= 1, "the sampling batch must be positive, got ", s.batch);
     return s;
+  }
+
+  // The solver of a request: its own keys (--eta ...) over the [sampler] section's when it is the
+  // section's solver. Created once from the request alone too, which marks (and checks) the request's
+  // solver keys whichever solver it names.
+  std::shared_ptr<dd::Sampler> request_solver(const std::string& name, dew::Options& request) const {
+    auto solver = make_solver(name, request);
+    if (name != val_sampling_.sampler) return solver;
+    std::map<std::string, std::string> merged = sampler_values_;
+    for (const auto& [k, v] : request.values()) merged[k] = v;
+    dew::Options o(merged, "sampler");
+    return make_solver(name, o);
+  }
+
+  // A sampling request (sample(), generate_images()): its settings, solver and labels, row-major in a
+  // grid of `columns` (conditional: one column per asked label (--labels, default every class), `n`
+  // rows; unconditional: n images). Reads every key it uses.
+  struct Prepared {
+    SamplingRequest sampling;
+    std::shared_ptr<dd::Sampler> solver;
+    std::vector<int32_t> labels;
+    int64_t columns = 1;
+  };
+  Prepared prepare(dew::Options& request) const {
+    Prepared p;
+    p.sampling = read_sampling(request, "sampler", val_sampling_);
+    p.solver = request_solver(p.sampling.sampler, request);
+    const int64_t per_label = request.get_int("n", conditional_ ? 4 : 16);
+    DEW_USAGE_CHECK(per_label > 0, "--n must be positive, got ", per_label);
+    if (!conditional_) {
+      DEW_USAGE_CHECK(!request.has("labels"), "--labels: this run is unconditional");
+      p.labels.assign(size_t(per_label), 0);
+      p.columns = std::min<int64_t>(per_label, 8);
+    } else {
+      std::vector<double> asked = request.get_doubles("labels", {});
+      if (asked.empty())
+        for (int64_t c = 0; c < num_classes_; ++c) asked.push_back(double(c));
+      for (double v : asked)
+        DEW_USAGE_CHECK(v == std::floor(v) && v >= 0 && v < double(num_classes_), "--labels: ", v,
+                        " is not a class in [0, ", num_classes_, ")");
+      for (int64_t row = 0; row < per_label; ++row)
+        for (double v : asked) p.labels.push_back(int32_t(v));
+      p.columns = int64_t(asked.size());
+    }
+    DEW_USAGE_CHECK(int64_t(p.labels.size()) <= 100000, "a sampling request may ask for at most 100000 images, got ",
+                    p.labels.size());
+    return p;
+  }
+
+  // Refuses a judge trained on other images (size, channels) or, for a conditional run, other classes.
+  void check_judge(const dew::Model& classifier, const std::string& dir) const {
+    const std::map<std::string, std::string> d = classifier.describe();
+    const std::string ours = std::to_string(height_) + "x" + std::to_string(width_) + "x" + std::to_string(channels_);
+    auto number = [&](const char* key) { return std::stoll(d.at(key)); };
+    if (d.count("in_channels"))
+      DEW_USAGE_CHECK(number("in_channels") == channels_, "diffusion eval: the judge in '", dir, "' reads ",
+                      d.at("in_channels"), "-channel images; this run makes ", ours);
+    if (d.count("image_size")) {
+      const std::vector<int64_t> size =
+          dew::Options({{"image_size", d.at("image_size")}}).get_positive_ints("image_size", {});
+      const int64_t h = size.empty() ? 0 : size[0], w = size.size() > 1 ? size[1] : h;
+      DEW_USAGE_CHECK(h == height_ && w == width_, "diffusion eval: the judge in '", dir, "' was trained on ", h, "x",
+                      w, " images; this run makes ", ours);
+    }
+    if (d.count("in_features"))
+      DEW_USAGE_CHECK(number("in_features") == height_ * width_ * channels_, "diffusion eval: the judge in '", dir,
+                      "' reads ", d.at("in_features"), " features; this run makes ", ours, " images");
+    if (conditional_ && d.count("num_classes"))
+      DEW_USAGE_CHECK(number("num_classes") == num_classes_, "diffusion eval: the judge in '", dir, "' knows ",
+                      d.at("num_classes"), " classes; this run has ", num_classes_);
   }
 
   // The solver plugin, created with `options` (its own keys: eta, s_churn, ...).
@@ -323,18 +437,47 @@ class DiffusionObjective final : public dew::Objective {
     return dew::add_scalar(dew::scale(x, float(2.0 / 255.0)), -1.0f);
   }
 
-  // The training labels with each row dropped to the null label with probability unconditional_prob.
-  Tensor drop_labels(const Tensor& label, int64_t b, uint64_t drop_stream) const {
-    DEW_CHECK(label.numel() == b, "diffusion: '", label_field_, "' has ", label.numel(), " entries for ", b, " images");
+  // The first b labels of a batch field as host ints, each checked to be a class.
+  std::vector<int32_t> checked_labels(const Tensor& label, int64_t b) const {
+    DEW_CHECK(label.numel() >= b, "diffusion: '", label_field_, "' has ", label.numel(), " entries for ", b, " images");
     Tensor l = label.dtype() == dew::DType::i32 ? label : dew::cast(label, dew::DType::i32);
     std::vector<int32_t> v = l.to_ints();
-    for (int64_t i = 0; i < b; ++i) {
-      DEW_CHECK(v[size_t(i)] >= 0 && v[size_t(i)] < num_classes_, "diffusion: label ", v[size_t(i)], " is outside [0, ",
-                num_classes_, "); set 'objective.num_classes' to cover every label");
-      if (dew::philox::uniform(seed_, drop_stream, uint64_t(i)) < float(unconditional_prob_))
-        v[size_t(i)] = int32_t(num_classes_);
-    }
+    v.resize(size_t(b));
+    for (int32_t x : v)
+      DEW_USAGE_CHECK(x >= 0 && x < num_classes_, "diffusion: label ", x, " is outside [0, ", num_classes_,
+                      "); set 'objective.num_classes' to cover every label");
+    return v;
+  }
+
+  // The training labels with row j (record first + j) dropped to the null label with probability
+  // unconditional_prob.
+  Tensor drop_labels(const Tensor& label, int64_t b, uint64_t drop_stream, uint64_t first) const {
+    std::vector<int32_t> v = checked_labels(label, b);
+    for (int64_t j = 0; j < b; ++j)
+      if (dew::philox::uniform(seed_, drop_stream, first + uint64_t(j)) < float(unconditional_prob_))
+        v[size_t(j)] = int32_t(num_classes_);
     return Tensor::from_ints(v, {b}, backend_);
+  }
+
+  // Training times of b rows whose first record is at position `first`: row j from stream s + first + j.
+  std::vector<double> row_times(uint64_t s, uint64_t first, int64_t b) const {
+    std::vector<double> t(static_cast<size_t>(b));
+    for (int64_t j = 0; j < b; ++j) t[size_t(j)] = process_.train->sample_t(seed_, s + first + uint64_t(j), 1)[0];
+    return t;
+  }
+
+  // N(0, I) f32 of `shape` [B, ...] whose row j is elements [(first + j) D, (first + j + 1) D) of stream s.
+  Tensor row_noise(const dew::Shape& shape, uint64_t s, uint64_t first) const {
+    Tensor eps = Tensor::empty(shape, dew::DType::f32, backend_);
+    dew::RandomParams p;
+    p.dist = dew::Distribution::normal;
+    p.seed = seed_;
+    p.stream = s;
+    p.offset = first * uint64_t(dew::numel_of(shape) / shape[0]);
+    p.a = 0.0f;
+    p.b = 1.0f;
+    backend_->random(eps, p);
+    return eps;
   }
 
   // The weighted denoising loss of one batch; *mse receives the unweighted mean squared error.
@@ -375,33 +518,29 @@ class DiffusionObjective final : public dew::Objective {
       Tensor image = field(b, image_field_);
       if (use < image.shape()[0]) image = image.slice0(0, use);
       const Tensor x0 = preprocess(image);
-      const uint64_t offset = uint64_t(first);
-      const std::vector<double> t = process_.train->sample_t(seed_, stream("diffusion.val.t"), first + use);
-      const std::vector<double> tb(t.begin() + first, t.end());
-      Tensor eps = Tensor::normal(x0.shape(), 0.0f, 1.0f, seed_, stream("diffusion.val.eps") + offset, backend_);
+      const std::vector<double> t = row_times(stream("diffusion.val.t"), uint64_t(first), use);
+      const Tensor eps = row_noise(x0.shape(), stream("diffusion.val.eps"), uint64_t(first));
       Tensor labels;
-      if (conditional_) {
-        Tensor l = field(b, label_field_);
-        if (use < l.shape()[0]) l = l.slice0(0, use);
-        labels = l.dtype() == dew::DType::i32 ? l : dew::cast(l, dew::DType::i32);
-        labels = dew::reshape(labels, {use});
-      }
-      sum += loss(x0, eps, tb, labels, nullptr).item() * double(use);
+      if (conditional_) labels = Tensor::from_ints(checked_labels(field(b, label_field_), use), {use}, backend_);
+      sum += loss(x0, eps, t, labels, nullptr).item() * double(use);
       seen += use;
     }
     return seen > 0 ? sum / double(seen) : 0.0;
   }
 
+  // Validation grids: one column per class (the first 16 at most), or 8 columns when unconditional.
+  int64_t grid_columns() const { return conditional_ ? std::min<int64_t>(num_classes_, 16) : 8; }
   std::vector<int32_t> grid_labels(int64_t rows) const {
     std::vector<int32_t> labels;
-    const int64_t columns = conditional_ ? num_classes_ : 8;
+    const int64_t columns = grid_columns();
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < columns; ++c) labels.push_back(conditional_ ? int32_t(c) : 0);
     return labels;
   }
 
   // Samples f32 [N, C, H, W] for the given labels (ignored when unconditional), in batches; row i's
-  // prior noise is keyed by (seed, i) whatever the batching.
+  // prior is keyed by (seed * 1000003 + i) whatever the batching; the batch starting at row i integrates
+  // with solver seed seed * 1000003 + i (other Philox streams than the priors').
   Tensor generate(const std::vector<int32_t>& labels, const SamplingRequest& s, const dd::Sampler& solver) const {
     const int64_t n = int64_t(labels.size());
     std::vector<Tensor> parts;
@@ -409,8 +548,8 @@ class DiffusionObjective final : public dew::Objective {
       const int64_t m = std::min(s.batch, n - i);
       std::vector<Tensor> priors;
       for (int64_t j = i; j < i + m; ++j)
-        priors.push_back(process_.noise({1, channels_, height_, width_}, dew::DType::f32, backend_,
-                                        s.seed * 1000003u + uint64_t(j)));
+        priors.push_back(
+            process_.noise({1, channels_, height_, width_}, dew::DType::f32, backend_, row_seed(s.seed, j)));
       const Tensor x_T = m == 1 ? priors[0] : dew::concat(priors, 0);
       Tensor lab;
       if (conditional_)
@@ -422,10 +561,12 @@ class DiffusionObjective final : public dew::Objective {
       };
       const dd::Denoiser denoise = dd::make_denoiser(raw, process_, lab, conditional_ ? s.guidance : dd::Guidance{},
                                                      conditional_ ? int32_t(num_classes_) : -1);
-      parts.push_back(solver.sample(denoise, x_T, process_, s.steps, s.seed + uint64_t(i)));
+      parts.push_back(solver.sample(denoise, x_T, process_, s.steps, row_seed(s.seed, i)));
     }
     return parts.size() == 1 ? parts[0] : dew::concat(parts, 0);
   }
+
+  static uint64_t row_seed(uint64_t seed, int64_t row) { return seed * 1000003u + uint64_t(row); }
 
   // f32 [N, C, H, W] in [-1, 1] -> u8 [N, C, H, W] (clipped, rounded) on the same backend.
   static Tensor to_bytes(const Tensor& x) {
@@ -539,7 +680,8 @@ class DiffusionObjective final : public dew::Objective {
   double unconditional_prob_ = 0.12;
   std::string image_field_ = "image", label_field_ = "label", judge_;
   int64_t val_records_ = 1024, val_grid_rows_ = 2;
-  SamplingRequest val_sampling_;
+  SamplingRequest val_sampling_;  // the [sampler] section: validation grids, and the requests' defaults
+  std::map<std::string, std::string> sampler_values_;
   std::shared_ptr<dd::Sampler> val_solver_;
   dew::Options train_data_;
 };

@@ -51,6 +51,13 @@ struct Artifact {
   std::vector<unsigned char> bytes;
 };
 
+// One generated image (Objective::generate_images).
+struct GeneratedImage {
+  std::vector<unsigned char> png;
+  int64_t label = -1;  // the class it was asked for (-1: unconditional)
+  uint64_t seed = 0;   // the request's seed (row i of a request is keyed by (seed, i))
+};
+
 struct ValidationResult {
   std::map<std::string, double> metrics;
   std::vector<Artifact> artifacts;
@@ -92,6 +99,12 @@ class Objective {
   // its own request keys from `request` (--prompt, --steps, --out, ...). Objectives without a sampler
   // keep this default, which refuses with a clear usage error.
   virtual void sample(Options& request);
+  // Image generation for `dew-run serve` (POST /v1/images): whether this objective makes images, and
+  // the images of one request (the keys of sample() without --out: labels, n, steps, sampler, guidance,
+  // seed, solver keys; every key must be read), one PNG per image in request order. A request for more
+  // than max_images images is a usage error. The default refuses (objectives without images).
+  virtual bool generates_images() const { return false; }
+  virtual std::vector<GeneratedImage> generate_images(Options& request, int64_t max_images);
   // `dew-run eval`: scores the loaded weights on `loader` (the val/test split). `request` holds the
   // extra --key value pairs of the command line (e.g. --samples 500 --steps 30 for diffusion, --task
   // for the LM harness); every key must be read or the command refuses it. The default runs
