@@ -17,7 +17,9 @@
 // and val_probe_test_samples records of the split. evaluate() (`dew-run eval`): the same probes on
 // larger subsets for the trained encoder and, with --baselines (default true), for a freshly initialised
 // encoder of the same shape (the run's step-0 weights) and for raw pixels, as one flat map
-// ("trained.knn_accuracy", "random.linear_accuracy", "pixels.knn_accuracy", ...).
+// ("trained.knn_accuracy", "random.linear_accuracy", "pixels.knn_accuracy", ...). Probe defaults: k-NN on
+// standardised features (k 20, exp(sim / 0.07) votes); linear = L-BFGS softmax regression with its L2
+// chosen on held-out training records (dew/probes.hpp).
 // Export writes the probe encoder alone, under the backbone's own parameter names.
 #include <algorithm>
 #include <cmath>
@@ -228,6 +230,12 @@ class Jepa final : public dew::Objective {
     ps.knn.weighted = request.get_bool("knn_weighted", ps.knn.weighted);
     ps.linear.epochs = request.get_int("probe_epochs", ps.linear.epochs);
     ps.linear.lr = request.get_double("probe_lr", ps.linear.lr);
+    ps.knn.normalize = request.get_string("knn_normalize", ps.knn.normalize);
+    ps.linear.max_iterations = request.get_int("probe_max_iterations", ps.linear.max_iterations);
+    if (request.has("probe_solver") || request.has("probe_weight_decay")) {
+      ps.linear.solver = request.get_string("probe_solver", ps.linear.solver);
+      read_weight_decay(ps, request.get_string("probe_weight_decay", "auto"), "eval --");
+    }
     const bool baselines = request.get_bool("baselines", true);
     check_probe_settings(ps, "eval --");
     dew::ValidationResult vr;
@@ -298,14 +306,48 @@ class Jepa final : public dew::Objective {
     probes_.linear.epochs = o.get_int("probe_epochs", 20);
     probes_.linear.lr = o.get_double("probe_lr", 0.01);
     probes_.linear.batch_size = o.get_int("probe_batch_size", 256);
-    probes_.linear.weight_decay = o.get_double("probe_weight_decay", 1e-4);
+    probes_.knn.normalize = o.get_string("knn_normalize", "standardize");
+    probes_.linear.solver = o.get_string("probe_solver", "lbfgs");
+    probes_.linear.max_iterations = o.get_int("probe_max_iterations", probes_.linear.max_iterations);
+    read_weight_decay(probes_, o.get_string("probe_weight_decay", "auto"), "objective.");
     check_probe_settings(probes_, "objective.");
     DEW_USAGE_CHECK(
         val_probe_train_ > 0 && val_probe_test_ > 0,
         "options 'objective.val_probe_train_samples' and 'objective.val_probe_test_samples' must be positive");
   }
 
+  // "auto": lbfgs chooses among its default grid on held-out data, adamw uses 1e-4; otherwise one value
+  // (fixed) or a comma list (lbfgs chooses among them).
+  static void read_weight_decay(ProbeSettings& p, const std::string& text, const std::string& prefix) {
+    const dew::probes::LinearProbeOptions defaults;
+    if (text == "auto") {
+      p.linear.weight_decays = p.linear.solver == "lbfgs" ? defaults.weight_decays : std::vector<double>{};
+      p.linear.weight_decay = p.linear.solver == "lbfgs" ? defaults.weight_decays.back() : 1e-4;
+      return;
+    }
+    dew::Options one({{"v", text}}, "");
+    std::vector<double> v;
+    try {
+      v = one.get_doubles("v", {});
+    } catch (const dew::Error&) {
+      DEW_USAGE_CHECK(false, "option '", prefix, "probe_weight_decay' must be auto, a number or a comma list, got '",
+                      text, "'");
+    }
+    DEW_USAGE_CHECK(!v.empty(), "option '", prefix, "probe_weight_decay' is empty");
+    for (double x : v) DEW_USAGE_CHECK(x >= 0, "option '", prefix, "probe_weight_decay' must be >= 0, got ", x);
+    DEW_USAGE_CHECK(v.size() == 1 || p.linear.solver == "lbfgs", "option '", prefix,
+                    "probe_weight_decay': a list needs probe_solver = lbfgs (adamw takes one value)");
+    p.linear.weight_decay = v[0];
+    p.linear.weight_decays = v.size() > 1 ? v : std::vector<double>{};
+  }
+
   static void check_probe_settings(const ProbeSettings& p, const std::string& prefix) {
+    DEW_USAGE_CHECK(p.linear.solver == "lbfgs" || p.linear.solver == "adamw", "option '", prefix,
+                    "probe_solver' must be lbfgs or adamw, got '", p.linear.solver, "'");
+    DEW_USAGE_CHECK(p.knn.normalize == "none" || p.knn.normalize == "center" || p.knn.normalize == "standardize",
+                    "option '", prefix, "knn_normalize' must be none, center or standardize, got '", p.knn.normalize,
+                    "'");
+    DEW_USAGE_CHECK(p.linear.max_iterations >= 1, "option '", prefix, "probe_max_iterations' must be at least 1");
     DEW_USAGE_CHECK(p.train_samples > 0 && p.test_samples > 0, "options '", prefix, "probe_train_samples' and '",
                     prefix, "probe_test_samples' must be positive");
     DEW_USAGE_CHECK(p.knn.k >= 1, "option '", prefix, "knn_k' must be at least 1, got ", p.knn.k);
@@ -404,6 +446,7 @@ class Jepa final : public dew::Objective {
       const auto lr = dew::probes::linear_probe(a, b, ps.linear);
       out[name + ".linear_accuracy"] = lr.test_accuracy;
       out[name + ".linear_train_accuracy"] = lr.train_accuracy;
+      out[name + ".linear_weight_decay"] = lr.weight_decay;
     };
     score("trained", 0, embed_dim_);
     if (fresh) {
@@ -461,9 +504,16 @@ DEW_PLUGIN("jepa", "0.1.0") {
                   {"knn_k", "20", "neighbours of the k-NN probe"},
                   {"knn_temperature", "0.07", "k-NN vote weight exp(similarity / temperature)"},
                   {"knn_weighted", "true", "weighted (true) or majority (false) k-NN vote"},
-                  {"probe_epochs", "20", "linear probe epochs"},
-                  {"probe_lr", "0.01", "linear probe peak AdamW learning rate (cosine)"},
-                  {"probe_batch_size", "256", "linear probe mini-batch"},
-                  {"probe_weight_decay", "1e-4", "linear probe decoupled weight decay"}},
+                  {"knn_normalize", "standardize",
+                   "features before the k-NN cosine: none, center or standardize (training-split statistics)"},
+                  {"probe_solver", "lbfgs",
+                   "linear probe: lbfgs (full-batch softmax regression to convergence) or adamw (fixed epochs)"},
+                  {"probe_weight_decay", "auto",
+                   "linear probe L2: auto (lbfgs: chosen among 1e-1..1e-7 on a held-out fifth of the training "
+                   "records; adamw: 1e-4), a value, or a comma list to choose from (lbfgs)"},
+                  {"probe_max_iterations", "1000", "linear probe (lbfgs): iterations per fit"},
+                  {"probe_epochs", "20", "linear probe (adamw): epochs"},
+                  {"probe_lr", "0.01", "linear probe (adamw): peak learning rate (cosine)"},
+                  {"probe_batch_size", "256", "linear probe (adamw): mini-batch"}},
   });
 }
