@@ -220,7 +220,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& run_dir, con
   config.set("trainer.steps", "100");
   config.set("trainer.log_every", "10");
 
-  // The tokenizer, when dew reads it (byte-level BPE tokenizer.json), as a token folder's meta.json.
+  // The tokenizer, when dew reads it (load_hf_tokenizer_json), as a token folder's meta.json.
   std::string tokenizer_note;
   fs::create_directories(run, ec);
   if (fs::exists(hf / "tokenizer.json", ec)) {

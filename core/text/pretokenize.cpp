@@ -4,6 +4,7 @@
 // tried in that order at each position (the first alternative that matches wins; each is greedy).
 // \s is the Unicode White_Space property; the optional prefix is the ASCII space only. A byte that is
 // not part of valid UTF-8 is a character of its own, of class "other".
+// Also Llama 3's / Qwen2's Split pattern (pretokenize_llama3, below), the same way.
 #include <algorithm>
 
 #include "dew/error.hpp"
@@ -224,6 +225,107 @@ std::vector<std::string_view> pretokenize_gpt2(std::string_view s) {
     // '\s+(?!\S)' | '\s+'
     j = k;
     while (j < n && cls[j] == CharClass::space) ++j;
+    if (j < n && j - 1 > k) j -= 1;  // leave the last space to prefix the next word
+    emit(k, j);
+    k = j;
+  }
+  return out;
+}
+
+// Llama 3 (max_digits 3) and Qwen2 (max_digits 1):
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+// tried in that order at each position, as the regex engine does (leftmost alternative, greedy with
+// backtracking): every character is matched by some alternative, so the pieces cover the text.
+std::vector<std::string_view> pretokenize_llama3(std::string_view s, int max_digits) {
+  using text::CharClass;
+  DEW_CHECK(max_digits >= 1, "pretokenize_llama3: max_digits must be >= 1, got ", max_digits);
+  DEW_CHECK(s.size() < (size_t(1) << 32), "pretokenize_llama3: a text of ", s.size(),
+            " bytes is too long (4 GiB at most)");
+  std::vector<uint32_t> off, cps;
+  std::vector<CharClass> cls;
+  off.reserve(s.size() + 1);
+  cls.reserve(s.size());
+  cps.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    bool valid;
+    const int len = text::utf8_decode(s, i, &cp, &valid);
+    off.push_back(uint32_t(i));
+    cls.push_back(valid ? text::class_of(cp) : CharClass::other);
+    cps.push_back(valid ? cp : 0xFFFFFFFFu);
+    i += size_t(len);
+  }
+  const size_t n = cls.size();
+  off.push_back(uint32_t(s.size()));
+  auto crlf = [&](size_t k) { return cps[k] == '\r' || cps[k] == '\n'; };
+  // (?i:...): the letters, case-folded (U+017F LATIN SMALL LETTER LONG S folds to 's').
+  auto is = [&](size_t k, char lower) {
+    const uint32_t c = cps[k];
+    return c == uint32_t(lower) || c == uint32_t(lower - 'a' + 'A') || (lower == 's' && c == 0x17F);
+  };
+
+  std::vector<std::string_view> out;
+  out.reserve(n / 4 + 1);
+  auto emit = [&](size_t a, size_t b) { out.push_back(s.substr(off[a], off[b] - off[a])); };
+  size_t k = 0;
+  while (k < n) {
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if (cps[k] == '\'' && k + 1 < n) {
+      if (is(k + 1, 's') || is(k + 1, 't') || is(k + 1, 'm') || is(k + 1, 'd')) {
+        emit(k, k + 2);
+        k += 2;
+        continue;
+      }
+      if (k + 2 < n && ((is(k + 1, 'r') && is(k + 2, 'e')) || (is(k + 1, 'v') && is(k + 2, 'e')) ||
+                        (is(k + 1, 'l') && is(k + 2, 'l')))) {
+        emit(k, k + 3);
+        k += 3;
+        continue;
+      }
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    size_t j = k;
+    if (cls[k] != CharClass::letter && cls[k] != CharClass::number && !crlf(k) && k + 1 < n &&
+        cls[k + 1] == CharClass::letter)
+      j = k + 1;
+    if (cls[j] == CharClass::letter) {
+      while (j < n && cls[j] == CharClass::letter) ++j;
+      emit(k, j);
+      k = j;
+      continue;
+    }
+    // \p{N}{1,max_digits}
+    if (cls[k] == CharClass::number) {
+      j = k;
+      while (j < n && j - k < size_t(max_digits) && cls[j] == CharClass::number) ++j;
+      emit(k, j);
+      k = j;
+      continue;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+    j = k;
+    if (cps[k] == ' ' && k + 1 < n && cls[k + 1] == CharClass::other) j = k + 1;
+    if (cls[j] == CharClass::other) {
+      while (j < n && cls[j] == CharClass::other) ++j;
+      while (j < n && crlf(j)) ++j;
+      emit(k, j);
+      k = j;
+      continue;
+    }
+    // Here cls[k] is space. '\s*[\r\n]+': up to the last CR/LF of the run of white space.
+    size_t run = k;
+    while (run < n && cls[run] == CharClass::space) ++run;
+    size_t last = run;
+    for (size_t q = k; q < run; ++q)
+      if (crlf(q)) last = q;
+    if (last < run) {
+      emit(k, last + 1);
+      k = last + 1;
+      continue;
+    }
+    // '\s+(?!\S)' | '\s+'
+    j = run;
     if (j < n && j - 1 > k) j -= 1;  // leave the last space to prefix the next word
     emit(k, j);
     k = j;

@@ -62,13 +62,31 @@ struct AddedToken {
   bool special = true;
 };
 
+// How a tokenizer.json cuts and normalizes text, beyond GPT-2's byte-level BPE (the default).
+enum class PreTok : uint8_t { gpt2, llama3, qwen2, none, metaspace_split };
+enum class Prepend : uint8_t { never, first, always };
+struct BpeStyle {
+  PreTok pretok = PreTok::gpt2;
+  bool nfc = false;  // NFC normalizer, per segment between added tokens
+  // SentencePiece (byte_fallback): the BPE runs over the characters of the text with " " -> "▁";
+  // a character without a vocab entry becomes its UTF-8 bytes' <0xNN> tokens.
+  bool sentencepiece = false;
+  Prepend sp_prepend = Prepend::never;                // "▁" before a segment (first: the one at offset 0)
+  bool sp_prepend_unless_marked = false;              // Metaspace: not when the segment already starts with "▁"
+  int sp_strip = 0;                                   // decode: up to this many leading spaces dropped
+  std::unordered_map<std::string, int32_t> sp_chars;  // single-character pieces (the file's spelling) -> id
+  std::array<int32_t, 256> byte_fallback{};           // <0xNN> ids
+  int32_t bos = -1;                                   // encode() starts with it (TemplateProcessing)
+  std::string source_json;  // non-GPT-2 styles: the file, which save_tokenizer_json writes back
+};
+
 class BpeTokenizer final : public Tokenizer {
  public:
   // tokens: id -> bytes (ids without a token: empty and absent from `present`); merges in rank order
   // as (left id, right id, merged id); added tokens are also in `tokens`.
   BpeTokenizer(std::vector<std::string> tokens, std::vector<bool> present, std::vector<std::array<int32_t, 3>> merges,
                std::vector<AddedToken> added, int32_t eos, bool add_prefix_space, bool ignore_merges,
-               const std::string& origin);
+               const std::string& origin, BpeStyle style = {});
 
   std::string name() const override { return "bpe"; }
   int64_t vocab_size() const override { return int64_t(tokens_.size()); }
@@ -83,10 +101,13 @@ class BpeTokenizer final : public Tokenizer {
   const std::vector<AddedToken>& added() const { return added_; }
   bool add_prefix_space() const { return add_prefix_space_; }
   bool ignore_merges() const { return ignore_merges_; }
+  const BpeStyle& style() const { return style_; }
 
  private:
-  void encode_segment(std::string_view text, std::vector<int32_t>& out) const;
+  void encode_segment(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  // Merges adjacent symbols by rank (lowest first, leftmost first); appends the result.
+  void merge_symbols(const std::vector<int32_t>& ids, std::vector<int32_t>& out) const;
 
   std::vector<std::string> tokens_;
   std::vector<bool> present_;
@@ -97,6 +118,7 @@ class BpeTokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_id_{};
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> rank_;  // (left, right) -> (rank, merged)
   std::unordered_map<std::string, int32_t> ids_;                    // bytes -> id (ignore_merges only)
+  BpeStyle style_;
   // Per-word cache: pre-token bytes -> ids (bounded; cleared when full).
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;

@@ -446,8 +446,8 @@ TEST_CASE("GPT-2 vocab.json + merges.txt and tokenizer.json give GPT-2's ids") {
   CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("wp.json")); }), "WordPiece"));
   write_file(dir.path / "ms.json", fixture_tokenizer_json(R"({"type": "Metaspace", "replacement": "▁"})"));
   CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("ms.json")); }), "Metaspace"));
-  write_file(dir.path / "nfc.json", fixture_tokenizer_json(R"({"type": "ByteLevel"})", R"({"type": "NFC"})"));
-  CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("nfc.json")); }), "NFC"));
+  write_file(dir.path / "nfkc.json", fixture_tokenizer_json(R"({"type": "ByteLevel"})", R"({"type": "NFKC"})"));
+  CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("nfkc.json")); }), "NFKC"));
   write_file(dir.path / "bad.json", "{\"model\": ");
   CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("bad.json")); }), "not valid JSON"));
   CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("none.json")); }), "does not exist"));

@@ -1,7 +1,8 @@
 // dew/tokenizer.hpp — tokenizers (byte, byte-level BPE) and the token-file layout dew-tokenize writes.
 //
 // Tokenizers map text (bytes; UTF-8 expected but not required) to ids and back, losslessly:
-// decode(encode(x)) == x for every byte string x, invalid UTF-8 included.
+// decode(encode(x)) == x for every byte string x, invalid UTF-8 included (tokenizer.json normalizers
+// aside: see load_hf_tokenizer_json).
 //  * byte: id = byte value, vocab 256, no end-of-text token (eos_id() == -1).
 //  * bpe: byte-level BPE as in GPT-2. Text is cut into pre-tokens by GPT-2's pattern
 //      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -10,9 +11,10 @@
 //    Hugging Face `tokenizers` does. Added tokens (e.g. "<|endoftext|>") are matched literally in the
 //    text before pre-tokenization. A trained tokenizer has ids 0..255 = the bytes, then the merged
 //    tokens, then "<|endoftext|>" (its eos) as the last id.
-// Files: Hugging Face tokenizer.json (model BPE + ByteLevel pre-tokenizer; other models, normalizers
-// and pre-tokenizers are refused by name) and GPT-2's vocab.json + merges.txt are read; tokenizer.json
-// is written (it loads back to the same tokenizer, and into Hugging Face `tokenizers`).
+// Files: Hugging Face tokenizer.json (BPE in GPT-2's, Llama 3's / Qwen2's and Llama 2's / Mistral's
+// styles, see load_hf_tokenizer_json; anything else is refused by field) and GPT-2's vocab.json +
+// merges.txt are read; tokenizer.json is written (it loads back to the same tokenizer, and into
+// Hugging Face `tokenizers`).
 //
 // Token files (a folder, the nanoGPT layout): train.bin, val.bin (token ids, little-endian, dtype the
 // smallest of uint8/uint16/uint32 holding the vocab; the validation split is the HEAD of the stream),
@@ -37,8 +39,8 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eos_id() const = 0;  // -1 when none
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
-  // Concatenates token_bytes of the ids: invalid UTF-8 stays as bytes. An id outside [0, vocab_size())
-  // throws dew::Error naming it.
+  // Concatenates token_bytes of the ids: invalid UTF-8 stays as bytes (a tokenizer.json that adds a
+  // BOS: see load_hf_tokenizer_json). An id outside [0, vocab_size()) throws dew::Error naming it.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // The raw bytes of one token (an added token: its content, e.g. "<|endoftext|>"; an id the vocab
   // skips: ""). Throws for an id outside [0, vocab_size()).
@@ -52,7 +54,18 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer();  // vocab 256, eos -1
 // Pair counts over word frequencies with incremental updates: a few MB train in about a second.
 std::unique_ptr<Tokenizer> train_bpe(const std::vector<std::string>& texts, int64_t vocab_size);
 
-// Hugging Face tokenizer.json with model.type BPE and a ByteLevel pre-tokenizer.
+// Hugging Face tokenizer.json, model.type BPE, in one of three styles (anything else is refused,
+// naming the field):
+//  * GPT-2: ByteLevel pre-tokenizer (GPT-2's pattern), no normalizer.
+//  * Llama 3 / Qwen2 / Qwen3: Sequence[Split(Llama 3's or Qwen2's pattern, see pretokenize_llama3),
+//    ByteLevel(use_regex false)], normalizer null or NFC.
+//  * Llama 2 / Mistral (SentencePiece converted): byte_fallback BPE over characters, normalizer
+//    Sequence[Prepend("▁"), Replace(" ", "▁")] or pre-tokenizer Metaspace; "▁" decodes to " ",
+//    "<0xNN>" to the byte NN; characters outside the vocab are encoded as their <0xNN> bytes.
+// A TemplateProcessing post-processor "<bos> $A" makes encode() start with that token, and decode()
+// drop it when the ids start with it (then, for SentencePiece, the space the normalizer put before
+// the text is dropped too, the Strip decoder). decode(encode(x)) == x for every x, except that an
+// NFC normalizer gives NFC(x), and a SentencePiece one turns "▁" in the text into " ".
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
 // GPT-2's vocab.json + merges.txt ("#version" line optional); eos: "<|endoftext|>" when in the vocab.
 std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const std::string& merges_txt);
@@ -61,6 +74,12 @@ void save_tokenizer_json(const Tokenizer& bpe, const std::string& path);
 
 // GPT-2's pre-tokenizer: the pieces (views into text) BPE merges within. Concatenated they are text.
 std::vector<std::string_view> pretokenize_gpt2(std::string_view text);
+// Llama 3's (max_digits 3: \p{N}{1,3}) and Qwen2's (max_digits 1: \p{N}) Split pattern
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with the classes of pretokenize_gpt2. Concatenated, the pieces are text.
+std::vector<std::string_view> pretokenize_llama3(std::string_view text, int max_digits = 3);
+// Unicode NFC (Unicode 14 tables); a byte that is not valid UTF-8 stays as it is.
+std::string normalize_nfc(std::string_view text);
 // True when the bytes are valid UTF-8 (no overlongs, surrogates or code points above U+10FFFF).
 bool is_valid_utf8(std::string_view bytes);
 
