@@ -63,10 +63,18 @@ void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<T
 }
 
 // Pending gradients of non-leaves: out of place, since an op's backward may return aliases of its
-// incoming gradient (add returns g for both inputs).
+// incoming gradient (add returns g for both inputs); in place only when the pending sum is visible to
+// nothing else (its impl and storage referenced only by this slot, not a view), which saves a buffer
+// and keeps the sum in the lines just read.
 static void accumulate(std::shared_ptr<TensorImpl>& slot, const Tensor& g) {
   if (!slot) {
     slot = g.impl_ptr();
+    return;
+  }
+  if (slot.use_count() == 1 && slot->storage && slot->storage.use_count() == 1 && slot->offset == 0) {
+    Tensor existing(slot);
+    DEW_INTERNAL_ASSERT(existing.shape() == g.shape());
+    g.backend().binary(existing, g, existing, BinaryOp::add);
     return;
   }
   Tensor existing(slot);
@@ -76,10 +84,16 @@ static void accumulate(std::shared_ptr<TensorImpl>& slot, const Tensor& g) {
   slot = sum.impl_ptr();
 }
 
-// A leaf's .grad is owned by the leaf (cloned on first arrival), so it is accumulated in place.
+// A leaf's .grad is owned by the leaf, so it is accumulated in place. On first arrival the gradient is
+// adopted as is when nothing else can see it (the only reference to its impl and to its storage, not a
+// view: typically the fresh dW of a matmul), as PyTorch's AccumulateGrad steals an unshared gradient;
+// otherwise (an alias of another gradient, a view, a tensor the caller keeps) it is cloned.
 static void accumulate_leaf(TensorImpl* leaf, const Tensor& g) {
   if (!leaf->grad) {
-    leaf->grad = g.clone().impl_ptr();
+    const std::shared_ptr<TensorImpl>& gi = g.impl_ptr();
+    const bool unshared =
+        gi.use_count() == 1 && gi->storage && gi->storage.use_count() == 1 && gi->offset == 0 && !gi->grad_fn;
+    leaf->grad = unshared ? gi : g.clone().impl_ptr();
     return;
   }
   Tensor existing(leaf->grad);

@@ -148,6 +148,21 @@ TEST_CASE("leaf gradients are never aliased with op outputs or with each other")
   check_values(g1, {1, 2}, 0, "seed untouched");
 }
 
+TEST_CASE("adopted leaf gradients and in-place pending sums stay exact") {
+  // dW of a matmul is fresh and unshared: the leaf adopts it; the next backward accumulates into it.
+  Tensor w = leaf({1, 2, 3, 4}, {2, 2});
+  const Tensor x = f64({1, 2, 3, 4}, {2, 2});
+  dew::sum(dew::matmul(x, w)).backward();
+  check_values(w.grad(), {4, 4, 6, 6}, 0, "x^T 1");
+  dew::sum(dew::matmul(x, w)).backward();
+  check_values(w.grad(), {8, 8, 12, 12}, 0, "accumulated");
+  // y has three consumers with fresh gradients: the pending sum is formed in place, exactly once each.
+  Tensor a = leaf({1, -2}, {2});
+  Tensor y = a * 2.0f;
+  dew::sum(y * 3.0f + y * 5.0f + y * y).backward();  // d/dy = 3 + 5 + 2y, dy/da = 2
+  check_values(a.grad(), {2 * (8 + 4), 2 * (8 - 8)}, 0, "three paths");
+}
+
 TEST_CASE("gradients do not reach inputs that do not require them and non-leaves keep no .grad") {
   Tensor x = leaf({1, 2}, {2});
   Tensor c = f64({3, 4}, {2});

@@ -205,7 +205,9 @@ TEST_CASE("cpu: binary with broadcasting, every op") {
 
 TEST_CASE("cpu: reduce [outer, reduce, inner], every op, serial and split paths") {
   const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::min, ReduceOp::sumsq};
-  const int64_t dims[][3] = {{7, 33, 1}, {3, 50, 17}, {1, 100000, 1}, {2, 40, 700}, {64, 512, 1}};
+  // {1, 40, 1000}: one row of column blocks (a bias gradient); {1, 30, 9000}: wider than one block (8192).
+  const int64_t dims[][3] = {{7, 33, 1},   {3, 50, 17},   {1, 100000, 1}, {2, 40, 700},
+                             {64, 512, 1}, {1, 40, 1000}, {1, 30, 9000}};
   uint64_t seed = 300;
   for (const auto& d : dims) {
     Pair x = rnd({d[0], d[1], d[2]}, seed++);

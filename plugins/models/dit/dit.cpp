@@ -114,7 +114,7 @@ class DitBlock final : public dew::nn::Module {
     auto chunk = [&](int i) { return dew::slice(m, 1, i * d, (i + 1) * d); };
     auto gate = [&](const Tensor& g) { return dew::reshape(g, {b, 1, d}); };
     Tensor h = dew_diffusion::modulated_layer_norm(x0, chunk(0), chunk(1));
-    h = proj->forward(dew_diffusion::packed_attention(qkv->forward(h), c_.heads));
+    h = proj->forward(dew_diffusion::qkv_attention(h, qkv->weight, qkv->bias, c_.heads));
     Tensor x = dew::add(x0, dew::mul(h, gate(chunk(2))));
     h = dew_diffusion::modulated_layer_norm(x, chunk(3), chunk(4));
     h = fc2->forward(fc1->forward(h, dew::Activation::gelu_tanh));

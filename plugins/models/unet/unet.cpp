@@ -103,7 +103,7 @@ class AttnBlock final : public dew::nn::Module {
   Tensor forward(const Tensor& x) const {
     const int64_t b = x.shape()[0], c = x.shape()[1], hh = x.shape()[2], ww = x.shape()[3];
     Tensor tok = dew::transpose(dew::reshape(norm->forward(x), {b, c, hh * ww}), 1, 2);  // [B, HW, C]
-    tok = proj->forward(dew_diffusion::packed_attention(qkv->forward(tok), heads_));
+    tok = proj->forward(dew_diffusion::qkv_attention(tok, qkv->weight, qkv->bias, heads_));
     return dew::add(x, dew::reshape(dew::transpose(tok, 1, 2), {b, c, hh, ww}));
   }
   double flops(int64_t hh, int64_t ww) const {
