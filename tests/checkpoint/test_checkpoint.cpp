@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dew/backend.hpp"
+#include "dew/plugin.h"  // DEW_SDK_VERSION
 #include "dew/checkpoint.hpp"
 #include "dew/error.hpp"
 #include "dew/registry.hpp"
@@ -209,7 +210,7 @@ TEST_CASE("round trip is bit-exact for every dtype, EMA, optimizer slots, counte
 
   CheckpointData out = read_checkpoint(path, ref());
   CHECK(out.format_version == kCheckpointFormatVersion);
-  CHECK(out.dew_version == "0.1.0");
+  CHECK(out.dew_version == DEW_SDK_VERSION);
   CHECK(out.created.size() == 20);  // 2026-12-01T10:20:30Z
   CHECK(out.attributes == in.attributes);
   check_same(in.params, out.params, "params");
@@ -337,7 +338,7 @@ print(" ".join(repr(float(x)) for x in bf))
   std::getline(is, line1);
   std::getline(is, line2);
   std::getline(is, line3);
-  CHECK(line1 == "1 0.1.0 f32 bf16 (2, 3) 7");
+  CHECK(line1 == "1 " DEW_SDK_VERSION " f32 bf16 (2, 3) 7");
   std::istringstream ws(line2);
   for (float x : w) {
     double got = 0;

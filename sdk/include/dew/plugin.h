@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #define DEW_PLUGIN_ABI_VERSION 1u
-#define DEW_SDK_VERSION "0.1.0"
+#define DEW_SDK_VERSION "0.2.0"
 #define DEW_PLUGIN_ENTRY_SYMBOL "dew_plugin_entry"
 
 #define DEW_STR_(x) #x
