@@ -33,30 +33,35 @@ constexpr float kGeluC = 0.044715f;
 //   silu(v) = v s with z = v;  d/dv = s (1 + v (1 - s)) = s + v (e s) s
 // (1 - s) is formed as e s, so there is no cancellation where s -> 1. Elementwise: results do not depend
 // on the slice or the thread count (the two clones compile the same expressions).
-#define DEW_CPU_ACT_KERNELS(SUF, ATTR)                                                          \
-  ATTR void gelu_tanh_fwd_##SUF(const float* x, float* o, int64_t n) {                          \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                       \
-      const float v = x[i];                                                                     \
-      o[i] = v / (1.0f + fast_exp(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));            \
-    }                                                                                           \
-  }                                                                                             \
-  ATTR void gelu_tanh_bwd_##SUF(const float* x, const float* dy, float* o, int64_t n) {         \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                       \
-      const float v = x[i];                                                                     \
-      const float e = fast_exp(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v));                \
-      const float s = 1.0f / (1.0f + e);                                                        \
-      const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);                   \
-      o[i] = dy[i] * (s + v * ((e * s) * s) * du2);                                             \
-    }                                                                                           \
-  }                                                                                             \
-  ATTR void silu_fwd_##SUF(const float* x, float* o, int64_t n) {                               \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) o[i] = x[i] / (1.0f + fast_exp(-x[i])); \
-  }                                                                                             \
-  ATTR void silu_bwd_##SUF(const float* x, const float* dy, float* o, int64_t n) {              \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                       \
-      const float v = x[i], e = fast_exp(-v), s = 1.0f / (1.0f + e);                            \
-      o[i] = dy[i] * (s + v * ((e * s) * s));                                                   \
-    }                                                                                           \
+// e = exp(z) is capped at exp(80) (~5.5e34): past that s = 1/(1+e) and the activation are 0 to float
+// precision anyway, while an overflowing e = inf would turn (e s) into inf * 0 = NaN in the backward
+// (pre-activations below about -10 for GELU-tanh, -88 for SiLU). NaN stays NaN.
+[[gnu::always_inline]] inline float act_arg(float z) { return z < 80.0f ? z : 80.0f; }
+
+#define DEW_CPU_ACT_KERNELS(SUF, ATTR)                                                                   \
+  ATTR void gelu_tanh_fwd_##SUF(const float* x, float* o, int64_t n) {                                   \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                                \
+      const float v = x[i];                                                                              \
+      o[i] = v / (1.0f + fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v))));            \
+    }                                                                                                    \
+  }                                                                                                      \
+  ATTR void gelu_tanh_bwd_##SUF(const float* x, const float* dy, float* o, int64_t n) {                  \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                                \
+      const float v = x[i];                                                                              \
+      const float e = fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));                \
+      const float s = 1.0f / (1.0f + e);                                                                 \
+      const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);                            \
+      o[i] = dy[i] * (s + v * ((e * s) * s) * du2);                                                      \
+    }                                                                                                    \
+  }                                                                                                      \
+  ATTR void silu_fwd_##SUF(const float* x, float* o, int64_t n) {                                        \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) o[i] = x[i] / (1.0f + fast_exp(act_arg(-x[i]))); \
+  }                                                                                                      \
+  ATTR void silu_bwd_##SUF(const float* x, const float* dy, float* o, int64_t n) {                       \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                                \
+      const float v = x[i], e = fast_exp(act_arg(-v)), s = 1.0f / (1.0f + e);                            \
+      o[i] = dy[i] * (s + v * ((e * s) * s));                                                            \
+    }                                                                                                    \
   }
 
 DEW_CPU_ACT_KERNELS(base, )
