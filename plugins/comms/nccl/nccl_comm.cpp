@@ -256,15 +256,7 @@ class NcclRequest final : public dew::CommRequest {
 class NcclCommunicator final : public dew::Communicator {
  public:
   explicit NcclCommunicator(const dew::Options& o) {
-    double fallback = 60.0;
-    if (const char* env = std::getenv("DEW_DIST_TIMEOUT"); env && *env) {
-      char* end = nullptr;
-      fallback = std::strtod(env, &end);
-      DEW_USAGE_CHECK(end && *end == '\0' && fallback >= 0, "DEW_DIST_TIMEOUT must be a number of seconds >= 0, got '",
-                      env, "'");
-    }
-    timeout_ = o.get_double("timeout", fallback);
-    DEW_USAGE_CHECK(timeout_ >= 0, "nccl: option 'timeout' must be >= 0 seconds (0 = no limit), got ", timeout_);
+    timeout_ = dew::communicator_timeout(o, "nccl");
     init(timeout_);
   }
 

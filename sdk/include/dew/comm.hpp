@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "dew/options.hpp"
 #include "dew/tensor.hpp"
 
 namespace dew {
@@ -59,5 +60,9 @@ class Communicator {
   // Ends every process of the job with exit status `code` after printing `message` (when not empty).
   [[noreturn]] virtual void abort(int code, const std::string& message) = 0;
 };
+
+// A communicator's collective timeout in seconds (0 = no limit): option 'timeout', else the
+// DEW_DIST_TIMEOUT environment variable, else 60. Bad values are usage errors naming `plugin`.
+double communicator_timeout(const Options& options, const std::string& plugin);
 
 }  // namespace dew
