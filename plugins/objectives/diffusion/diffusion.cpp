@@ -618,24 +618,11 @@ class DiffusionObjective final : public dew::Objective {
     out.insert(out.end(), v.begin(), v.end());
   }
 
-  // A PNG of f32 [N, C, H, W] images in [-1, 1], `columns` per row, 2-pixel gaps.
+  // A PNG of f32 [N, C, H, W] images in [-1, 1], `columns` per row, 2-pixel gaps (dew/image.hpp).
   std::vector<unsigned char> grid_png(const Tensor& images, int64_t columns) const {
-    const Tensor bytes = to_bytes(images);
-    const int64_t n = bytes.shape()[0], c = bytes.shape()[1], h = bytes.shape()[2], w = bytes.shape()[3];
-    std::vector<uint8_t> chw(static_cast<size_t>(bytes.numel()));
-    bytes.copy_to_host(chw.data());
-    columns = std::max<int64_t>(1, std::min(columns, n));
-    const int64_t grid_rows = (n + columns - 1) / columns, pad = 2;
-    const int64_t gh = grid_rows * (h + pad) + pad, gw = columns * (w + pad) + pad;
-    std::vector<uint8_t> grid(static_cast<size_t>(gh * gw * c), 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t oy = pad + (i / columns) * (h + pad), ox = pad + (i % columns) * (w + pad);
-      for (int64_t y = 0; y < h; ++y)
-        for (int64_t x = 0; x < w; ++x)
-          for (int64_t ch = 0; ch < c; ++ch)
-            grid[size_t(((oy + y) * gw + ox + x) * c + ch)] = chw[size_t(((i * c + ch) * h + y) * w + x)];
-    }
-    return dew::encode_png(grid.data(), int(gh), int(gw), int(c));
+    const dew::Shape& s = images.shape();
+    const std::vector<uint8_t> hwc = dew::tensor_to_images(images);
+    return dew::encode_png_grid(hwc.data(), s[0], s[2], s[3], s[1], std::max<int64_t>(1, std::min(columns, s[0])), 2);
   }
 
   static void write_file(const std::string& path, const std::vector<unsigned char>& bytes) {
