@@ -1,5 +1,5 @@
 // core/diffusion/sampler.cpp — the SDK side of samplers: Sampler::sample (grid, integration, final denoise),
-// the per-step Philox noise, classifier-free guidance and make_denoiser.
+// the per-step Philox noise (row b of a batch keyed by seed + b), classifier-free guidance and make_denoiser.
 // Invariants: everything runs under NoGradGuard; guidance runs the network ONCE per call (on the doubled
 // batch where the scale differs from 1, on the conditional rows elsewhere) and converts to (x0, eps) once.
 #include "dew/sampler.hpp"
@@ -17,7 +17,22 @@ namespace dew::diffusion {
 uint64_t step_stream(int64_t step) { return philox::stream_of("dew.diffusion.step") + uint64_t(step); }
 
 Tensor step_noise(const Tensor& like, uint64_t seed, int64_t step) {
-  return Tensor::normal(like.shape(), 0.0f, 1.0f, seed, step_stream(step), like.backend_ptr(), like.dtype());
+  const uint64_t stream = step_stream(step);
+  if (like.ndim() == 0 || like.shape()[0] <= 1)
+    return Tensor::normal(like.shape(), 0.0f, 1.0f, seed, stream, like.backend_ptr(), like.dtype());
+  // Row b draws what a batch of one seeded seed + b would: a sample's noise never depends on its batch.
+  Tensor z = Tensor::empty(like.shape(), like.dtype(), like.backend_ptr());
+  RandomParams p;
+  p.dist = Distribution::normal;
+  p.stream = stream;
+  p.a = 0.0f;
+  p.b = 1.0f;
+  for (int64_t b = 0; b < like.shape()[0]; ++b) {
+    Tensor row = z.slice0(b, b + 1);
+    p.seed = seed + uint64_t(b);
+    like.backend().random(row, p);
+  }
+  return z;
 }
 
 void require_sigma_schedule(const Process& process, const std::string& sampler) {

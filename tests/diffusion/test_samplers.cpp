@@ -5,7 +5,8 @@
 //  * on the closed-form ODE x(sigma) = x(sigma_max) sqrt(s^2 + sigma^2)/sqrt(s^2 + sigma_max^2) (ve) the
 //    20-step errors order rk4 < heun < euler (and dpmpp_2m < euler); the same on flow;
 //  * one ddpm step is the DDPM posterior (mean and variance, Ho et al. eq. 6-7) on a linear table;
-//  * a seed reproduces a trajectory (bit-exact on one backend, close across ref and cpu);
+//  * a seed reproduces a trajectory (bit-exact on one backend, close across ref and cpu), and a sample's
+//    trajectory does not depend on the batch it is in (row b of a batch seeded s = a batch of one seeded s + b);
 //  * sigma integrators refuse vp schedules;
 //  * guidance: scale 1 is the conditional output, outside the interval the network sees only the B
 //    conditional rows, inside it one doubled batch whose combination u + s (c - u) is converted once;
@@ -208,6 +209,30 @@ TEST_CASE("a seed reproduces a trajectory; another seed does not; ref and cpu ag
     CHECK(max_abs_diff(a, on_cpu) < 1e-4);
     // The prior itself is keyed by the seed.
     CHECK(max_abs_diff(p.noise({16}, dew::DType::f32, ref, 1), p.noise({16}, dew::DType::f32, cpu, 1)) == 0.0);
+  }
+}
+
+TEST_CASE(
+    "a sample's trajectory does not depend on its batch: row b of a batch seeded s is a batch of one seeded s + b") {
+  const Process p = process({{"preset", "karras"}});
+  for (const auto& [name, kv] : std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+           {"ddpm", {}}, {"euler_ancestral", {}}, {"heun", {{"s_churn", "10"}}}, {"ddim", {{"eta", "1"}}}}) {
+    INFO(name);
+    auto smp = sampler(name, kv);
+    for (const std::string be : {"ref", "cpu"}) {
+      INFO(be);
+      const Tensor x_T = p.noise({4, 3, 4, 4}, dew::DType::f32, backend(be), 8);
+      const Tensor whole = smp->sample(analytic(p, 0.3), x_T, p, 12, 7);
+      // The same four rows as batches {0}, {1, 2}, {3}, each seeded 7 + its first row.
+      const Tensor a = smp->sample(analytic(p, 0.3), x_T.slice0(0, 1), p, 12, 7);
+      const Tensor b = smp->sample(analytic(p, 0.3), x_T.slice0(1, 3), p, 12, 8);
+      const Tensor c = smp->sample(analytic(p, 0.3), x_T.slice0(3, 4), p, 12, 10);
+      CHECK(max_abs_diff(whole.slice0(0, 1), a) < 1e-6);
+      CHECK(max_abs_diff(whole.slice0(1, 3), b) < 1e-6);
+      CHECK(max_abs_diff(whole.slice0(3, 4), c) < 1e-6);
+      // A wrong row seed gives another trajectory (the check above can fail).
+      CHECK(max_abs_diff(whole.slice0(3, 4), smp->sample(analytic(p, 0.3), x_T.slice0(3, 4), p, 12, 9)) > 1e-2);
+    }
   }
 }
 

@@ -22,9 +22,9 @@
 // solver keys (--eta ...) override the section's, whose solver keys apply only when the request keeps the
 // section's solver.
 // sample(): `dew-run sample --run-dir D --sampler heun --steps 30 --guidance 3 --labels 0,1,2 --out g.png`.
-// Row i of a sampling request starts from the prior keyed by (seed, i) whatever the batch size; stochastic
-// solvers (ddpm, ddim eta > 0, euler_ancestral, heun with churn) also draw per-step noise per batch, so
-// their images depend on --batch; deterministic ones do not (up to float rounding).
+// Row i of a sampling request starts from the prior keyed by (seed, i) and, with stochastic solvers (ddpm,
+// ddim eta > 0, euler_ancestral, heun with churn), draws its per-step noise keyed by (seed, i) too
+// (dew::diffusion::step_noise), so an image does not depend on --batch (up to float rounding).
 // evaluate(): `dew-run eval --run-dir D --classifier RUN [--samples 500 --steps 30 --guidance 3]`:
 // the judge's accuracy on the asked classes of the generated images, and the Fréchet distance between
 // generated and test images on the judge's penultimate features (plus the same distance for as many
@@ -540,7 +540,8 @@ class DiffusionObjective final : public dew::Objective {
 
   // Samples f32 [N, C, H, W] for the given labels (ignored when unconditional), in batches; row i's
   // prior is keyed by (seed * 1000003 + i) whatever the batching; the batch starting at row i integrates
-  // with solver seed seed * 1000003 + i (other Philox streams than the priors').
+  // with solver seed seed * 1000003 + i, whose step noise gives its row r the seed of row i + r (other
+  // Philox streams than the priors').
   Tensor generate(const std::vector<int32_t>& labels, const SamplingRequest& s, const dd::Sampler& solver) const {
     const int64_t n = int64_t(labels.size());
     std::vector<Tensor> parts;

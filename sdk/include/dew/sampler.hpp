@@ -82,8 +82,11 @@ class Sampler {
 };
 
 // ---- helpers for solver authors ----
-uint64_t step_stream(int64_t step);                                  // Philox stream of step i's noise
-Tensor step_noise(const Tensor& like, uint64_t seed, int64_t step);  // N(0, I) shaped like `like`
+uint64_t step_stream(int64_t step);  // Philox stream of step i's noise
+// N(0, I) shaped like `like`; row b (the leading axis) is drawn with seed + b, exactly what a batch of one
+// with that seed draws, so a caller that gives the batch starting at sample i the seed base + i makes every
+// sample's noise independent of how the samples were batched.
+Tensor step_noise(const Tensor& like, uint64_t seed, int64_t step);
 // Refuses a vp sampling schedule (sigma integrators).
 void require_sigma_schedule(const Process& process, const std::string& sampler);
 // dx/dsigma of the probability-flow ODE: eps (ve), eps - x0 (flow).
