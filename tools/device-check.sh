@@ -9,6 +9,10 @@
 #      relative at step 200; the same on cuda with TF32 (matmul_precision = high) within 5e-2.
 # Environment: DEW_CHECK_SECONDS (480), CUDA_ARCHS (CMake's CUDA architectures; default the project's
 # 80;90), JOBS (build parallelism; nproc), DEW_CHECK_STEPS (200).
+# DEW_PREBUILT=DIR: use the binaries of a bundle made here by tools/device-bundle.sh instead of configuring
+# and building (for GPU machines without dew's Debian packages); DIR/lib, DIR/lib/sys and the machine's own
+# CUDA 13 / cuDNN 9 libraries (found under /usr/local, /usr/lib, /opt) go on LD_LIBRARY_PATH, and DIR/lib/fallback
+# too when the machine's libstdc++ is older than the bundle's.
 # Exit status: 0 when every step passed, 1 otherwise (124 when the overall time ran out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +23,20 @@ if [ -z "${DEW_DEVICE_CHECK_INNER:-}" ]; then
 fi
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 jobs=${JOBS:-$(nproc)}
+prebuilt=${DEW_PREBUILT:-}
+if [ -n "$prebuilt" ]; then
+  build=$(realpath "$prebuilt")
+  [ -x "$build/bin/dew-run" ] || { echo "DEW_PREBUILT=$prebuilt: no bin/dew-run there (tools/device-bundle.sh)"; exit 1; }
+  cuda_dirs=$(find /usr/local /usr/lib /usr/lib64 /opt -xdev \( -name 'libcudart.so.13' -o -name 'libcublasLt.so.13' \
+    -o -name 'libcudnn.so.9' -o -name 'libnccl.so.2' \) -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
+  ld="$build/lib:$build/lib/sys:$cuda_dirs"
+  # The bundle's libstdc++ only when the machine's lacks this compiler's newest symbol version.
+  # (grep -a on the binaries, not strings: binutils may be missing; no grep -q in a pipe under pipefail.)
+  want=$(grep -ao 'GLIBCXX_[0-9.]*[0-9]' "$build/lib/fallback/libstdc++.so.6" | sort -uV | tail -n 1)
+  have=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+  if [ -z "$have" ] || [ "$(grep -ao 'GLIBCXX_[0-9.]*[0-9]' "$have" 2>/dev/null | sort -u | grep -cx "$want" || true)" = 0 ]; then ld="$ld:$build/lib/fallback"; fi
+  export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 steps=${DEW_CHECK_STEPS:-200}
 work=$build/device-check
 failed=()
@@ -107,8 +125,13 @@ PY
 }
 
 step "gpu" gpu_info
-step "configure" configure
-step "build" build_all
+if [ -n "$prebuilt" ]; then
+  echo "prebuilt: $build; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  work=$(mktemp -d)/device-check
+else
+  step "configure" configure
+  step "build" build_all
+fi
 step "plugins" "$build/bin/dew-run" plugins
 step "gpu unit tests" "$build/bin/test_backend_cuda_gpu"
 step "conformance cuda vs ref" "$build/bin/dew-conformance" --backend cuda --against ref
