@@ -20,6 +20,7 @@
 #include "dew/registry.hpp"
 #include "dew/safetensors.hpp"
 #include "dew/train.hpp"
+#include "openmp_setup.hpp"
 #include "serve.hpp"
 
 namespace po = boost::program_options;
@@ -351,15 +352,25 @@ int cmd_demo(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenMP threads that spin while idle steal the cores from each other on a shared or oversubscribed
-  // machine (3-5x slower steps measured on 2 busy cores); passive waiting costs little when idle. Set
-  // before any plugin loads libgomp; a user's own setting wins.
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  // OpenMP threads and waiting from how busy the machine is now (openmp_setup.hpp), before any plugin loads
+  // libgomp; the user's OMP_NUM_THREADS / OMP_WAIT_POLICY / GOMP_SPINCOUNT win, [run] threads sets the count.
+  const bool computes =
+      command == "train" || command == "eval" || command == "sample" || command == "serve" || command == "demo";
+  if (computes) {
+    const dew_run::OpenMPChoice omp = dew_run::apply_openmp_defaults();
+    if (omp.threads > 0)
+      std::fprintf(stderr,
+                   "dew-run: %.1f of %d cores busy with other work: %d OpenMP thread%s, waiting passively "
+                   "(set [run] threads or OMP_NUM_THREADS to choose)\n",
+                   omp.busy_cores, omp.usable_cores, omp.threads, omp.threads == 1 ? "" : "s");
+  } else {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  }
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (command == "train") return cmd_train(args);
