@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""tools/bench/probe-curve.py RUN_DIR [METRIC ...] — a run's validation metrics over wall-clock time.
+"""tools/bench/probe-curve.py RUN_DIR [--pause "YYYY-MM-DD HH:MM:SS" SECONDS] [METRIC ...] — a run's validation
+metrics over wall-clock time.
 
 Reads RUN_DIR/log.txt (the trainer's timestamped log: the first line is the start, every validation is a
 "step N:  val KEY VALUE ..." line) and prints one markdown table row per validation: the update, the minutes
 since the run started, and the asked metrics (default: the JEPA probes knn_accuracy and linear_accuracy, as
 percentages, then loss and repr_std). Used for the two-hour JEPA curve in docs/benchmarks.md; any objective's
-validation keys work (e.g. `probe-curve.py runs/diffusion-fmnist loss`).
+validation keys work (e.g. `probe-curve.py runs/diffusion-fmnist loss`). --pause (repeatable): the run was
+stopped (SIGSTOP) for SECONDS from that time on; later rows do not count it.
 """
 import datetime
 import re
@@ -19,7 +21,15 @@ def main() -> int:
         print(__doc__.strip())
         return 2 if len(sys.argv) < 2 else 0
     run_dir = sys.argv[1]
-    metrics = sys.argv[2:] or ["knn_accuracy", "linear_accuracy", "loss", "repr_std"]
+    args = sys.argv[2:]
+    pauses = []
+    while args and args[0] == "--pause":
+        if len(args) < 3:
+            print("probe-curve: --pause needs a time and a number of seconds", file=sys.stderr)
+            return 2
+        pauses.append((datetime.datetime.strptime(args[1], "%Y-%m-%d %H:%M:%S"), float(args[2])))
+        args = args[3:]
+    metrics = args or ["knn_accuracy", "linear_accuracy", "loss", "repr_std"]
     stamp = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (.*)$")
     start = None
     rows = []
@@ -39,7 +49,8 @@ def main() -> int:
         if not v:
             continue
         vals = dict(re.findall(r"val (\S+) (\S+)", v.group(2)))
-        rows.append((int(v.group(1)), (t - start).total_seconds() / 60.0, vals))
+        paused = sum(sec for at, sec in pauses if t > at)
+        rows.append((int(v.group(1)), ((t - start).total_seconds() - paused) / 60.0, vals))
     if not rows:
         print(f"probe-curve: no validation lines in {run_dir}/log.txt", file=sys.stderr)
         return 1
