@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -435,6 +436,9 @@ int train_process(Config& config, const TrainOptions& options) {
   for (auto& [k, t] : run.params) num_params += t.numel();
   log->info("training {} parameters on the {} backend (measured matmul peak {:.0f} GFLOP/s) to update {} -> {}",
             num_params, run.backend->name(), peak, steps, run_dir);
+  // dew-run's OpenMP choice when it made one (tools/dew-run/openmp_setup.hpp sets DEW_OPENMP_CHOICE).
+  if (const char* omp = std::getenv("DEW_OPENMP_CHOICE"); omp && *omp && run.backend->name() == "cpu")
+    log->info("openmp: {} (run.threads, when set, overrides the count)", omp);
 
   g_interrupts = 0;
   auto previous_handler = std::signal(SIGINT, on_sigint);

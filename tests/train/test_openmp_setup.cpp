@@ -53,6 +53,8 @@ TEST_CASE("the choice: idle -> every core, short spinning; busy -> the idle core
   CHECK(c.threads == 1);
   c = choose_openmp(2, 0.0, false, false, 3);  // more ranks than cores: still one thread each
   CHECK(c.threads == 1);
+  CHECK(dew_run::describe(choose_openmp(2, 1.0, false, false)) ==
+        "1.0 of 2 usable cores busy at start: 1 thread, waiting passively");
   c = choose_openmp(2, -1.0, false, false);  // /proc/stat unreadable: cautious
   CHECK(c.threads == 0);
   CHECK(c.policy == "passive");

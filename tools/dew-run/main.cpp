@@ -362,12 +362,9 @@ int main(int argc, char** argv) {
   const bool computes =
       command == "train" || command == "eval" || command == "sample" || command == "serve" || command == "demo";
   if (computes) {
-    const dew_run::OpenMPChoice omp = dew_run::apply_openmp_defaults();
-    if (omp.threads > 0)
-      std::fprintf(stderr,
-                   "dew-run: %.1f of %d cores busy with other work: %d OpenMP thread%s, waiting passively "
-                   "(set [run] threads or OMP_NUM_THREADS to choose)\n",
-                   omp.busy_cores, omp.usable_cores, omp.threads, omp.threads == 1 ? "" : "s");
+    // No line of its own on stderr (a bad command's output stays its one error line): the trainer logs
+    // DEW_OPENMP_CHOICE next to its start line.
+    setenv("DEW_OPENMP_CHOICE", dew_run::describe(dew_run::apply_openmp_defaults()).c_str(), 1);
   } else {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   }

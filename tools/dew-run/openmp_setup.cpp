@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -108,6 +109,22 @@ OpenMPChoice apply_openmp_defaults(int sample_ms) {
   if (c.policy == "spin") setenv("GOMP_SPINCOUNT", "10000", 0);
   if (c.policy == "passive") setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   return c;
+}
+
+std::string describe(const OpenMPChoice& c) {
+  char busy[64];
+  if (c.busy_cores >= 0)
+    std::snprintf(busy, sizeof busy, "%.1f of %d usable cores busy at start", c.busy_cores, c.usable_cores);
+  else
+    std::snprintf(busy, sizeof busy, "load unknown (no /proc/stat), %d usable cores", c.usable_cores);
+  std::string s = busy;
+  s += c.threads > 0                    ? ": " + std::to_string(c.threads) + (c.threads == 1 ? " thread" : " threads")
+       : std::getenv("OMP_NUM_THREADS") ? ": OMP_NUM_THREADS=" + std::string(std::getenv("OMP_NUM_THREADS"))
+                                        : ": every core";
+  if (c.policy == "spin") s += ", spinning briefly (GOMP_SPINCOUNT=10000)";
+  if (c.policy == "passive") s += ", waiting passively";
+  if (c.policy.empty()) s += ", the user's OMP_WAIT_POLICY / GOMP_SPINCOUNT";
+  return s;
 }
 
 }  // namespace dew_run

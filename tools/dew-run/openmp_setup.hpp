@@ -37,4 +37,8 @@ int local_rank_count();
 // Measures, chooses and setenv()s; returns the choice (for the log line).
 OpenMPChoice apply_openmp_defaults(int sample_ms = 100);
 
+// One line for the log: "2 of 2 cores idle at start: every core, spinning briefly (GOMP_SPINCOUNT=10000)",
+// "1.0 of 2 cores busy at start: 1 thread, waiting passively", or what the user's variables left alone.
+std::string describe(const OpenMPChoice& c);
+
 }  // namespace dew_run
