@@ -81,6 +81,14 @@ inline std::vector<dew::OptionSpec> time_option_specs() {
           {"time_fourier_scale", "16", "fourier: std of the random frequencies"}};
 }
 
+// The image keys both backbones read (the diffusion objective fills the first three from the data).
+inline std::vector<dew::OptionSpec> image_option_specs() {
+  return {{"image_size", "32", "image side or 'height,width' (set by the diffusion objective from the data)"},
+          {"in_channels", "3", "image channels (set by the diffusion objective)"},
+          {"out_channels", "", "output channels (default in_channels; 2 x in_channels for a learned variance)"},
+          {"num_classes", "0", "classes for label conditioning (0 = unconditional); label num_classes = null class"}};
+}
+
 inline std::map<std::string, std::string> describe_time(const TimeConfig& c) {
   return {{"time_embedding", c.kind},
           {"time_freq_dim", std::to_string(c.freq_dim)},

@@ -234,16 +234,13 @@ class Dit final : public dew::Model {
 }  // namespace
 
 DEW_PLUGIN("dit", "0.1.0") {
-  std::vector<dew::OptionSpec> opts = {
-      {"image_size", "32", "image side or 'height,width' (set by the diffusion objective from the data)"},
-      {"in_channels", "3", "image channels (set by the diffusion objective)"},
-      {"out_channels", "", "output channels (default in_channels; 2 x in_channels for a learned variance)"},
-      {"num_classes", "0", "classes for label conditioning (0 = unconditional); label num_classes = null class"},
-      {"patch", "4", "patch side"},
-      {"dim", "256", "transformer width"},
-      {"depth", "6", "number of DiT blocks"},
-      {"heads", "4", "attention heads"},
-      {"mlp_ratio", "4", "MLP hidden width / dim"}};
+  std::vector<dew::OptionSpec> opts = dew_diffusion::image_option_specs();
+  for (dew::OptionSpec s : std::vector<dew::OptionSpec>{{"patch", "4", "patch side"},
+                                                        {"dim", "256", "transformer width"},
+                                                        {"depth", "6", "number of DiT blocks"},
+                                                        {"heads", "4", "attention heads"},
+                                                        {"mlp_ratio", "4", "MLP hidden width / dim"}})
+    opts.push_back(s);
   for (auto& s : dew_diffusion::time_option_specs()) opts.push_back(s);
   registrar.add<dew::Model>({
       .name = "dit",

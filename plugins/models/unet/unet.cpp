@@ -328,16 +328,14 @@ class UNet final : public dew::Model {
 }  // namespace
 
 DEW_PLUGIN("unet", "0.1.0") {
-  std::vector<dew::OptionSpec> opts = {
-      {"image_size", "32", "image side or 'height,width' (set by the diffusion objective from the data)"},
-      {"in_channels", "3", "image channels (set by the diffusion objective)"},
-      {"out_channels", "", "output channels (default in_channels)"},
-      {"num_classes", "0", "classes for label conditioning (0 = unconditional); label num_classes = null class"},
-      {"channels", "64,128,256", "width of each resolution level"},
-      {"res_blocks", "2", "residual blocks per level on the way down (one more on the way up)"},
-      {"attention_levels", "1", "levels (0-based) with self-attention after each residual block; empty: none"},
-      {"groups", "8", "GroupNorm groups (capped at the width)"},
-      {"heads", "4", "attention heads"}};
+  std::vector<dew::OptionSpec> opts = dew_diffusion::image_option_specs();
+  for (dew::OptionSpec s : std::vector<dew::OptionSpec>{
+           {"channels", "64,128,256", "width of each resolution level"},
+           {"res_blocks", "2", "residual blocks per level on the way down (one more on the way up)"},
+           {"attention_levels", "1", "levels (0-based) with self-attention after each residual block; empty: none"},
+           {"groups", "8", "GroupNorm groups (capped at the width)"},
+           {"heads", "4", "attention heads"}})
+    opts.push_back(s);
   for (auto& s : dew_diffusion::time_option_specs()) opts.push_back(s);
   registrar.add<dew::Model>({
       .name = "unet",
