@@ -76,10 +76,11 @@ OpenMPChoice choose_openmp(int usable, double busy, bool user_threads, bool user
   local_ranks = std::max(1, local_ranks);
   // Cores another job keeps busy, rounded: a core counts as taken from 0.5 of it on.
   const int taken = known ? int(std::lround(busy)) : 0;
-  const int idle = std::clamp(c.usable_cores - taken, 1, c.usable_cores);
-  const int share = std::max(1, idle / local_ranks);
+  // The count never follows the load (a run and its resume must use the same count to stay bit for bit:
+  // reductions split over threads); only ranks sharing one machine divide it.
+  const int share = std::max(1, c.usable_cores / local_ranks);
   const bool machine_idle = known && taken == 0 && local_ranks == 1;
-  if (!user_threads && (known || local_ranks > 1) && share < c.usable_cores) c.threads = share;
+  if (!user_threads && local_ranks > 1) c.threads = share;
   if (!user_policy) c.policy = machine_idle ? "spin" : "passive";
   return c;
 }

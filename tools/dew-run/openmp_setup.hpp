@@ -4,12 +4,13 @@
 // threads that sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE) are slower than one thread (every
 // region pays a futex wake of the other vCPU), while two spinning briefly (GOMP_SPINCOUNT=10000, ~0.1 ms)
 // run 1.7x one; with one core busy, spinning threads fight the other job (4.5x slower) and one thread is
-// best. So, unless the user set them (their OMP_NUM_THREADS, OMP_WAIT_POLICY, GOMP_SPINCOUNT always win):
-//   * the cores idle now (from /proc/stat over `sample_ms`) decide the thread count: all usable cores when
-//     idle, else the idle ones (at least 1);
-//   * an idle machine gets short spinning (GOMP_SPINCOUNT=10000), a busy one passive waiting.
-// Several ranks on one machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS or LOCAL_WORLD_SIZE > 1) share
-// the idle cores evenly and wait passively (they start together, so none sees the others' load yet).
+// best. So, unless the user set them (their OMP_NUM_THREADS, OMP_WAIT_POLICY, GOMP_SPINCOUNT always win),
+// the load now (from /proc/stat over `sample_ms`) decides the waiting: an idle machine gets short spinning
+// (GOMP_SPINCOUNT=10000), a busy one passive waiting. The thread count does not follow the load (OpenMP's
+// default, every usable core): the cpu backend's reductions split over threads, so a run resumed with
+// another count would not continue bit for bit; on a busy machine set [run] threads yourself (one thread
+// beat two passive ones by ~10 % there). Several ranks on one machine (OMPI_COMM_WORLD_LOCAL_SIZE,
+// MPI_LOCALNRANKS or LOCAL_WORLD_SIZE > 1) share the cores evenly and wait passively.
 // A config's [run] threads still overrides the count (omp_set_num_threads). Must run before any plugin
 // loads libgomp (libgomp reads its environment once, when loaded).
 #pragma once
@@ -37,8 +38,8 @@ int local_rank_count();
 // Measures, chooses and setenv()s; returns the choice (for the log line).
 OpenMPChoice apply_openmp_defaults(int sample_ms = 100);
 
-// One line for the log: "2 of 2 cores idle at start: every core, spinning briefly (GOMP_SPINCOUNT=10000)",
-// "1.0 of 2 cores busy at start: 1 thread, waiting passively", or what the user's variables left alone.
+// One line for the log: "0.0 of 2 usable cores busy at start: every core, spinning briefly (GOMP_SPINCOUNT=10000)",
+// "1.0 of 2 usable cores busy at start: every core, waiting passively", or what the user's variables left.
 std::string describe(const OpenMPChoice& c);
 
 }  // namespace dew_run
