@@ -357,8 +357,9 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
-  // OpenMP threads and waiting from how busy the machine is now (openmp_setup.hpp), before any plugin loads
-  // libgomp; the user's OMP_NUM_THREADS / OMP_WAIT_POLICY / GOMP_SPINCOUNT win, [run] threads sets the count.
+  // OpenMP waiting from how busy the machine is now, threads divided among ranks on one machine
+  // (openmp_setup.hpp), before any plugin loads libgomp; the user's OMP_NUM_THREADS / OMP_WAIT_POLICY /
+  // GOMP_SPINCOUNT win, [run] threads sets the count.
   const bool computes =
       command == "train" || command == "eval" || command == "sample" || command == "serve" || command == "demo";
   if (computes) {
