@@ -1,6 +1,7 @@
 // tools/dew-run/openmp_setup.cpp — see openmp_setup.hpp. Invariants: never overrides a variable the user
-// set; never picks fewer than 1 or more than the usable cores; a failed measurement (no /proc) keeps the
-// cautious choice (passive waiting, the OpenMP default thread count).
+// set; never picks fewer than 1 or more than the usable cores; samples /proc/stat only when the load decides
+// something (a lone process whose waiting the user left open); a failed measurement keeps the cautious
+// choice (passive waiting, the OpenMP default thread count).
 #include "openmp_setup.hpp"
 
 #include <sched.h>
@@ -97,15 +98,17 @@ int local_rank_count() {
 OpenMPChoice apply_openmp_defaults(int sample_ms) {
   const bool user_threads = std::getenv("OMP_NUM_THREADS") != nullptr;
   const bool user_policy = std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr;
+  const int ranks = local_rank_count();
+  // The load only decides the waiting of a lone process: no 100 ms sample when the user or the ranks decide it.
   double busy = -1.0;
-  if (!(user_threads && user_policy)) {
+  if (!user_policy && ranks == 1) {
     int n0 = 0, n1 = 0;
     const std::string a = read_cpu_line(&n0);
     std::this_thread::sleep_for(std::chrono::milliseconds(sample_ms));
     const std::string b = read_cpu_line(&n1);
     if (n0 == n1) busy = busy_cores_between(a, b, n0);
   }
-  const OpenMPChoice c = choose_openmp(usable_cores(), busy, user_threads, user_policy, local_rank_count());
+  const OpenMPChoice c = choose_openmp(usable_cores(), busy, user_threads, user_policy, ranks);
   if (c.threads > 0) setenv("OMP_NUM_THREADS", std::to_string(c.threads).c_str(), 0);
   if (c.policy == "spin") setenv("GOMP_SPINCOUNT", "10000", 0);
   if (c.policy == "passive") setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
@@ -117,7 +120,7 @@ std::string describe(const OpenMPChoice& c) {
   if (c.busy_cores >= 0)
     std::snprintf(busy, sizeof busy, "%.1f of %d usable cores busy at start", c.busy_cores, c.usable_cores);
   else
-    std::snprintf(busy, sizeof busy, "load unknown (no /proc/stat), %d usable cores", c.usable_cores);
+    std::snprintf(busy, sizeof busy, "load not measured, %d usable cores", c.usable_cores);
   std::string s = busy;
   s += c.threads > 0                    ? ": " + std::to_string(c.threads) + (c.threads == 1 ? " thread" : " threads")
        : std::getenv("OMP_NUM_THREADS") ? ": OMP_NUM_THREADS=" + std::string(std::getenv("OMP_NUM_THREADS"))

@@ -20,7 +20,7 @@ namespace dew_run {
 
 struct OpenMPChoice {
   int usable_cores = 1;     // this process's CPU affinity
-  double busy_cores = 0.0;  // other work measured over the sample (-1: /proc/stat unreadable)
+  double busy_cores = 0.0;  // other work measured over the sample (-1: not measured, or /proc/stat unreadable)
   int threads = 0;          // the OMP_NUM_THREADS set (0: left alone)
   std::string policy;       // "spin", "passive", or "" (left alone)
 };
