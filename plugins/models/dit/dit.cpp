@@ -235,12 +235,11 @@ class Dit final : public dew::Model {
 
 DEW_PLUGIN("dit", "0.1.0") {
   std::vector<dew::OptionSpec> opts = dew_diffusion::image_option_specs();
-  for (dew::OptionSpec s : std::vector<dew::OptionSpec>{{"patch", "4", "patch side"},
-                                                        {"dim", "256", "transformer width"},
-                                                        {"depth", "6", "number of DiT blocks"},
-                                                        {"heads", "4", "attention heads"},
-                                                        {"mlp_ratio", "4", "MLP hidden width / dim"}})
-    opts.push_back(s);
+  opts.insert(opts.end(), {{"patch", "4", "patch side"},
+                           {"dim", "256", "transformer width"},
+                           {"depth", "6", "number of DiT blocks"},
+                           {"heads", "4", "attention heads"},
+                           {"mlp_ratio", "4", "MLP hidden width / dim"}});
   for (auto& s : dew_diffusion::time_option_specs()) opts.push_back(s);
   registrar.add<dew::Model>({
       .name = "dit",

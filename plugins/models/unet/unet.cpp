@@ -329,13 +329,12 @@ class UNet final : public dew::Model {
 
 DEW_PLUGIN("unet", "0.1.0") {
   std::vector<dew::OptionSpec> opts = dew_diffusion::image_option_specs();
-  for (dew::OptionSpec s : std::vector<dew::OptionSpec>{
-           {"channels", "64,128,256", "width of each resolution level"},
-           {"res_blocks", "2", "residual blocks per level on the way down (one more on the way up)"},
-           {"attention_levels", "1", "levels (0-based) with self-attention after each residual block; empty: none"},
-           {"groups", "8", "GroupNorm groups (capped at the width)"},
-           {"heads", "4", "attention heads"}})
-    opts.push_back(s);
+  opts.insert(opts.end(),
+              {{"channels", "64,128,256", "width of each resolution level"},
+               {"res_blocks", "2", "residual blocks per level on the way down (one more on the way up)"},
+               {"attention_levels", "1", "levels (0-based) with self-attention after each residual block; empty: none"},
+               {"groups", "8", "GroupNorm groups (capped at the width)"},
+               {"heads", "4", "attention heads"}});
   for (auto& s : dew_diffusion::time_option_specs()) opts.push_back(s);
   registrar.add<dew::Model>({
       .name = "unet",
