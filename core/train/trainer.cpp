@@ -186,7 +186,8 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   if (!backend_override.empty()) rs.get_string("backend", "");
   const int64_t threads = rs.get_int("threads", 0);
   // [run] matmul_precision (PyTorch's float32 matmul precision): highest = f32, high = TF32, medium = bf16
-  // inputs with f32 accumulation. A permission, not a demand: backends without such modes (cpu, ref) run f32.
+  // inputs with f32 accumulation. A permission, not a demand: a backend without such a mode runs f32 (ref
+  // always; cpu has no TF32, and bf16 only on CPUs with AVX512-BF16).
   Options backend_options;
   if (rs.has("matmul_precision")) {
     const std::string prec = rs.get_string("matmul_precision", "highest");
@@ -436,6 +437,9 @@ int train_process(Config& config, const TrainOptions& options) {
   for (auto& [k, t] : run.params) num_params += t.numel();
   log->info("training {} parameters on the {} backend (measured matmul peak {:.0f} GFLOP/s) to update {} -> {}",
             num_params, run.backend->name(), peak, steps, run_dir);
+  if (const Options& rs = config.section("run"); rs.has("matmul_precision"))
+    log->info("matmul_precision = {} (a permission: cuda and cpu take it where the hardware has the mode)",
+              rs.get_string("matmul_precision", "highest"));
   // dew-run's OpenMP choice when it made one (tools/dew-run/openmp_setup.hpp sets DEW_OPENMP_CHOICE).
   if (const char* omp = std::getenv("DEW_OPENMP_CHOICE"); omp && *omp && run.backend->name() == "cpu")
     log->info("openmp: {} (run.threads, when set, overrides the count)", omp);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "dew/backend.hpp"
@@ -136,6 +137,87 @@ TEST_CASE("cpu: matmul (transposes, batch broadcast, bias, alpha/beta, activatio
     ref()->matmul(a.r, b.r, bias.r, out.r, p);
     check_close(out, 1e-5, 4 * kEps * double(c.k), "matmul");
   }
+}
+
+// x rounded to the nearest bf16 (ties to even), as vcvtneps2bf16 does.
+float round_to_bf16(float x) {
+  if (std::isnan(x)) return x;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumulates in f32") {
+  cpu();  // loads the plugin
+  BackendPtr medium = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
+  __builtin_cpu_init();
+  const bool native_bf16 =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  struct Case {
+    int64_t batch, m, n, k;
+    bool ta, tb, bias;
+    float alpha, beta;
+    Activation act;
+  };
+  // oneDNN paths (plain, transposed A as in weight gradients, batched, alpha/beta, gelu epilogue, a k that
+  // is not a multiple of 32 so the conversion's tail runs), then the row-wise decode path (m <= 32,
+  // trans_b, beta 0), which stays f32.
+  const Case cases[] = {
+      {1, 96, 80, 77, false, true, true, 1.0f, 0.0f, Activation::none},
+      {1, 64, 48, 200, true, false, false, 1.0f, 1.0f, Activation::none},
+      {3, 40, 24, 33, false, false, true, 0.5f, 0.0f, Activation::gelu},
+      {1, 8, 40, 64, false, true, true, 1.0f, 0.0f, Activation::none},
+  };
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    CAPTURE(c.m);
+    const bool rowwise = c.batch == 1 && c.m <= 32 && c.tb && !c.ta && c.beta == 0.0f;
+    MatmulParams p;
+    p.batch = c.batch;
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.trans_a = c.ta;
+    p.trans_b = c.tb;
+    p.alpha = c.alpha;
+    p.beta = c.beta;
+    p.act = c.act;
+    p.a_batch_stride = c.m * c.k;
+    p.b_batch_stride = c.k * c.n;
+    const Shape a_shape{c.batch, c.ta ? c.k : c.m, c.ta ? c.m : c.k},
+        b_shape{c.batch, c.tb ? c.n : c.k, c.tb ? c.k : c.n};
+    const std::vector<float> a = host_uniform(numel_of(a_shape), seed++, -1.0f, 1.0f);
+    const std::vector<float> b = host_uniform(numel_of(b_shape), seed++, -1.0f, 1.0f);
+    const std::vector<float> bias = host_uniform(c.n, seed++, -1.0f, 1.0f);
+    const std::vector<float> out0 = host_uniform(c.batch * c.m * c.n, seed++, -1.0f, 1.0f);
+    const bool rounds = native_bf16 && !rowwise;
+    std::vector<float> a_used = a, b_used = b;
+    if (rounds)
+      for (auto* v : {&a_used, &b_used})
+        for (float& x : *v) x = round_to_bf16(x);
+    // medium on cpu, f32 (highest) on cpu, and ref on the operands medium is expected to use
+    Tensor bias_c = c.bias ? Tensor::from_vector(bias, {c.n}, cpu()) : Tensor();
+    Tensor got = Tensor::from_vector(out0, {c.batch, c.m, c.n}, cpu());
+    medium->matmul(Tensor::from_vector(a, a_shape, cpu()), Tensor::from_vector(b, b_shape, cpu()), bias_c, got, p);
+    Tensor f32 = Tensor::from_vector(out0, {c.batch, c.m, c.n}, cpu());
+    cpu()->matmul(Tensor::from_vector(a, a_shape, cpu()), Tensor::from_vector(b, b_shape, cpu()), bias_c, f32, p);
+    Tensor want = Tensor::from_vector(out0, {c.batch, c.m, c.n}, ref());
+    ref()->matmul(Tensor::from_vector(a_used, a_shape, ref()), Tensor::from_vector(b_used, b_shape, ref()),
+                  c.bias ? Tensor::from_vector(bias, {c.n}, ref()) : Tensor(), want, p);
+    check_close({got, want}, 1e-5, 4 * kEps * double(c.k), "medium matmul vs ref on bf16-rounded operands");
+    // Rounding the operands moves results by ~2^-9 relative: far outside f32 matmul's tolerance.
+    const std::vector<double> g = got.to_doubles(), f = f32.to_doubles();
+    double max_diff = 0;
+    for (size_t i = 0; i < g.size(); ++i) max_diff = std::max(max_diff, std::fabs(g[i] - f[i]));
+    if (rounds)
+      CHECK(max_diff > 1e-3);
+    else
+      CHECK(max_diff == 0.0);  // f32 (no native bf16, or the row-wise path): the f32 result bit for bit
+  }
+  CHECK_THROWS_AS(create_backend("cpu", Options({{"matmul_precision", "fast"}}, "test")), Error);
 }
 
 TEST_CASE("cpu: unary and unary_backward, every op") {

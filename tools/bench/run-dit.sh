@@ -1,40 +1,60 @@
 #!/usr/bin/env bash
 # tools/bench/run-dit.sh [ROUNDS] [BUILD_DIR] — `dew-bench train --config dit` next to the PyTorch peer
-# torch_dit_train.py (same DiT step: 32x32x3, patch 4, d 256, 6 layers, 4 heads, batch 16, AdamW, fp32) at 1 and
-# 2 threads, alternating dew and torch runs in the same minutes (the machine is shared). Prints each JSON line
-# and the load average after it, then per thread count the medians of images/s and of the per-round ratios.
-# Needs `apt-get install python3-torch python3-numpy libopenblas0-openmp` for the peer.
+# torch_dit_train.py (same DiT step: 32x32x3, patch 4, d 256, 6 layers, 4 heads, batch 16, AdamW) at 1 and
+# 2 threads, in two precisions, alternating dew and torch runs in the same minutes (the machine is shared):
+#   f32:  dew --matmul-precision highest  vs  the peer as it is (fp32);
+#   bf16: dew --matmul-precision medium (bf16 matmul operands, f32 accumulation; cpu: AVX512-BF16 CPUs)
+#         vs  the peer under bf16 autocast (tools/bench/torch_dit_autocast.py).
+# Prints each JSON line and the load average after it, then per thread count the medians of images/s and
+# of the per-round ratios: each precision against its own peer, and bf16 dew against the fp32 peer.
+# DEW_DIT_PRECISIONS="highest" skips the bf16 rounds. Needs `apt-get install python3-torch python3-numpy
+# libopenblas0-openmp` for the peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
 build=${2:-build}
 peers=${DEW_PEERS:-../shared/peers}
+precisions=${DEW_DIT_PRECISIONS:-highest medium}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 load() { echo "# load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"; }
 for r in $(seq "$rounds"); do
   for t in 1 2; do
-    echo "# round $r threads $t" | tee -a "$log"
-    OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config dit --threads "$t" | tee -a "$log"
-    load
-    "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peers/torch_dit_train.py" --threads "$t" 2>/dev/null |
-      tail -n 1 | tee -a "$log"
-    load
+    for p in $precisions; do
+      echo "# round $r threads $t precision $p" | tee -a "$log"
+      OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config dit --threads "$t" \
+        --matmul-precision "$p" | tee -a "$log"
+      load
+      peer="$peers/torch_dit_train.py"
+      [ "$p" = medium ] && peer=tools/bench/torch_dit_autocast.py
+      DEW_PEERS="$peers" "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peer" --threads "$t" 2>/dev/null |
+        tail -n 1 | tee -a "$log"
+      load
+    done
   done
 done
 python3 - "$log" <<'PY'
 import json, statistics, sys
-runs = {}  # (threads, who) -> [images/s] in round order
+runs = {}  # (threads, who, precision) -> [images/s] in round order
 for line in open(sys.argv[1]):
     if not line.startswith("{"):
         continue
     d = json.loads(line)
-    who = "dew" if "cpu_ms_per_step_median" in d or d.get("backend") == "cpu" else "torch"
+    if d.get("backend") == "cpu":
+        who, prec = "dew", "bf16" if d.get("matmul_precision") == "medium" else "f32"
+    else:
+        who, prec = "torch", "bf16" if d.get("dtype") == "bf16-autocast" else "f32"
     t = d.get("threads", d.get("threads_requested"))
-    runs.setdefault((t, who), []).append(d["images_per_sec"])
+    runs.setdefault((t, who, prec), []).append(d["images_per_sec"])
+def line(t, a, b, label):
+    x, y = runs.get((t,) + a, []), runs.get((t,) + b, [])
+    if not x or not y:
+        return
+    ratios = [p / q for p, q in zip(x, y)]
+    print(f"# threads {t} {label}: dew {statistics.median(x):.1f} img/s, torch {statistics.median(y):.1f} img/s, "
+          f"median ratio {statistics.median(ratios):.2f}x (rounds: {', '.join(f'{v:.2f}' for v in ratios)})")
 for t in sorted({k[0] for k in runs}):
-    dew, torch = runs.get((t, "dew"), []), runs.get((t, "torch"), [])
-    ratios = [a / b for a, b in zip(dew, torch)]
-    print(f"# threads {t}: dew {statistics.median(dew):.1f} img/s, torch {statistics.median(torch):.1f} img/s, "
-          f"median ratio {statistics.median(ratios):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    line(t, ("dew", "f32"), ("torch", "f32"), "f32 vs f32")
+    line(t, ("dew", "bf16"), ("torch", "bf16"), "bf16 vs bf16-autocast")
+    line(t, ("dew", "bf16"), ("torch", "f32"), "bf16 vs f32 peer")
 PY

@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace dew {
+class Backend;
+}
 
 namespace dew_bench {
 
@@ -13,6 +18,7 @@ struct BenchOptions {
   std::string backend = "cpu";
   double seconds = 0.3;  // per repeat
   int repeats = 5;
+  std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
 };
 
 // Runs fn in repeats of ~opt.seconds each; returns the median seconds per call. `sync` (when given)
@@ -55,6 +61,9 @@ struct LmOptions {
   int gen_warmup = 1, repeats = 5;
   bool verbose = false;  // per-step lines on stderr
 };
+
+// The backend opt names, with its matmul_precision when it is not the default (main.cpp).
+std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt);
 
 int run_kernels(const BenchOptions& opt);
 // serve (serve.cpp): TTFT and tokens/s of a running `dew-run serve` at several client counts; parses its

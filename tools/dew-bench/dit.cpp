@@ -63,7 +63,7 @@ std::vector<double> cosine_alpha_bar(int T, double s = 0.008) {
 int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   const int64_t B = 16, C = 3, S = 32, T = 1000;
   omp_set_num_threads(opt.threads);
-  dew::BackendPtr be = dew::create_backend(opt.backend);
+  dew::BackendPtr be = make_backend(opt);
   be->set_threads(opt.threads);
   dew::set_default_backend(be);
   dew::Options mo(
@@ -122,14 +122,15 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   std::sort(cpu_times.begin(), cpu_times.end());
   const double flops = 3.0 * model->flops_per_sample() * double(B);
   std::printf(
-      "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"threads\":%d,\"images_per_sec\":%.2f,"
+      "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"matmul_precision\":\"%s\","
+      "\"threads\":%d,\"images_per_sec\":%.2f,"
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"ms_per_step_min\":%.2f,\"cpu_ms_per_step_median\":%.2f,"
       "\"gflops\":%.1f,"
       "\"mfu_fma\":%.4f,\"params\":%lld,\"flops_per_step\":%.0f,"
       "\"flop_formula\":\"6*(N_tok*B*N + N_img*B) + 12*L*d*N^2*B\",\"batch\":%lld,\"warmup\":%d,\"steps\":%d,"
       "\"loss_first\":%.4f,\"loss_last\":%.4f}\n",
-      opt.backend.c_str(), opt.threads, double(B) / mean, mean * 1e3, sorted[sorted.size() / 2] * 1e3,
-      sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
+      opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, double(B) / mean, mean * 1e3,
+      sorted[sorted.size() / 2] * 1e3, sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
       flops / mean * 1e-9 / (173.0 * opt.threads), (long long)model->num_parameters(), flops, (long long)B, lo.warmup,
       lo.steps, loss_first, loss_last);
   std::fflush(stdout);

@@ -40,7 +40,7 @@ double onednn_matmul_seconds(int64_t m, int64_t n, int64_t k, const BenchOptions
 int run_kernels(const BenchOptions& opt) {
   using namespace dew;
   omp_set_num_threads(opt.threads);
-  BackendPtr be = create_backend(opt.backend);
+  BackendPtr be = make_backend(opt);
   be->set_threads(opt.threads);
   NoGradGuard no_grad;
 

@@ -109,7 +109,7 @@ Built build(const LmOptions& lo, const BenchOptions& opt) {
   Built b;
   b.config = dew::Config::load_ini(resolve_config(lo.config));
   omp_set_num_threads(opt.threads);
-  b.backend = dew::create_backend(opt.backend);
+  b.backend = make_backend(opt);
   b.backend->set_threads(opt.threads);
   dew::set_default_backend(b.backend);
   dew::Options& data = b.config.section("data");
@@ -199,15 +199,17 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const double gflops = flops / mean * 1e-9;
   const double fma_peak = 173.0 * opt.threads;
   std::printf(
-      "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"tokens_per_sec\":%.1f,"
+      "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"matmul_precision\":\"%s\",\"threads\":%d,"
+      "\"tokens_per_sec\":%.1f,"
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
       "\"peak\":\"measured dew matmul 512^3\",\"mfu_fma\":%.4f,\"fma_peak_gflops\":%.0f,\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"loss_first\":%.4f,"
       "\"loss_last\":%.4f}\n",
-      config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, tokens / mean, mean * 1e3, median * 1e3,
-      gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm, flops, (long long)b.batch,
-      (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false", loss_first, loss_last);
+      config_label(lo.config).c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean,
+      mean * 1e3, median * 1e3, gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm,
+      flops, (long long)b.batch, (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false", loss_first,
+      loss_last);
   std::fflush(stdout);
   return 0;
 }

@@ -13,14 +13,22 @@ namespace po = boost::program_options;
 
 namespace {
 const char* kUsage =
-    "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--seconds S] [--repeats R]\n"
-    "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] [--steps S] "
-    "[--warmup W] [--grad-norm] [-v]\n"
+    "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--matmul-precision P] [--seconds S] [--repeats R]\n"
+    "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
+    "[--matmul-precision highest|high|medium] [--steps S] [--warmup W] [--grad-norm] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
     "[--repeats 5] [-v]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
     "[--prompt-len 16] [--config LABEL]\n";
 }
+
+namespace dew_bench {
+std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
+  dew::Options options;
+  if (opt.matmul_precision != "highest") options.set("matmul_precision", opt.matmul_precision);
+  return dew::create_backend(opt.backend, options);
+}
+}  // namespace dew_bench
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -42,6 +50,8 @@ int main(int argc, char** argv) {
   po::options_description d("dew-bench");
   d.add_options()("threads", po::value(&opt.threads)->default_value(1), "threads")(
       "backend", po::value(&opt.backend)->default_value("cpu"), "backend")(
+      "matmul-precision", po::value(&opt.matmul_precision)->default_value("highest"),
+      "highest | high | medium ([run] matmul_precision; cpu: medium = bf16 operands on AVX512-BF16 CPUs)")(
       "seconds", po::value(&opt.seconds)->default_value(0.3), "kernels: seconds per repeat")(
       "repeats", po::value<int>(), "kernels: repeats (the median is printed; 5); generate: timed generations (5)")(
       "config", po::value(&lm.config)->default_value("char-small"), "train/generate: config name or .ini path")(

@@ -13,6 +13,8 @@
 //  * kernels are deterministic for a given thread count (no atomics; reductions combine per-thread
 //    partials in a fixed order).
 // Built with -mavx2 -mfma; the registration probe refuses CPUs without AVX2/FMA.
+// The one exception to "f32 in, f32 out at f32 precision": with matmul_precision = medium (PyTorch's
+// float32 matmul precision), matmuls on CPUs with AVX512-BF16 round A and B to bf16 and accumulate in f32.
 #pragma once
 #include <omp.h>
 
@@ -151,6 +153,8 @@ inline bool parallel_worth(int64_t work) { return work >= kParallelGrain && omp_
 // Throws unless t is defined and f32 (the dtype every compute kernel of this backend takes).
 void require_f32(const Tensor& t, const char* kernel, const char* arg);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);
+// True on CPUs whose AVX512-BF16 dot products make bf16 matmuls faster than f32 ones.
+bool cpu_has_bf16_dot();
 // Product of the leading dims ("rows") and the last dim of t.
 inline int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
 inline int64_t rows_of(const Tensor& t) {
@@ -297,9 +301,13 @@ class CpuBackend final : public Backend {
   void argmax(const Tensor& x, Tensor& out) override;
 
   Dnnl& dnnl() { return *dnnl_; }
+  // True when matmuls round their operands to bf16 ([run] matmul_precision = medium on a CPU with
+  // AVX512-BF16; see matmul.cpp).
+  bool bf16_matmul() const { return bf16_matmul_; }
 
  private:
   std::unique_ptr<Dnnl> dnnl_;
+  bool bf16_matmul_ = false;
   std::unique_ptr<BlockCache> blocks_;
   RopeTables rope_tables_;
 };

@@ -16,6 +16,11 @@ void require_f32(const Tensor& t, const char* kernel, const char* arg) {
   DEW_CHECK(t.dtype() == DType::f32, "cpu ", kernel, ": ", arg, " is ", dtype_name(t.dtype()),
             "; the cpu backend computes in f32 only (use the ref backend for f64)");
 }
+bool cpu_has_bf16_dot() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
 void require_i32(const Tensor& t, const char* kernel, const char* arg) {
   DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
   DEW_CHECK(t.dtype() == DType::i32, "cpu ", kernel, ": ", arg, " must be i32, got ", dtype_name(t.dtype()));
@@ -28,6 +33,13 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   const int64_t cache_mb = options.get_int("cache_mb", 1024);
   DEW_USAGE_CHECK(cache_mb >= 0, "cpu backend: cache_mb = ", cache_mb, " must be >= 0 (0 = no block cache)");
   blocks_ = std::make_unique<BlockCache>(size_t(cache_mb) << 20);
+  const std::string precision = options.get_string("matmul_precision", "highest");
+  DEW_USAGE_CHECK(precision == "highest" || precision == "high" || precision == "medium",
+                  "cpu backend: option 'matmul_precision' = '", precision, "' is not one of highest, high, medium");
+  // high (TF32) has no CPU counterpart: f32. medium is a permission: bf16 operands only where the CPU
+  // multiplies bf16 natively (AVX512-BF16 doubles the f32 rate); elsewhere oneDNN would emulate it slower
+  // than f32, so it stays f32.
+  bf16_matmul_ = precision == "medium" && cpu_has_bf16_dot();
 }
 CpuBackend::~CpuBackend() = default;
 
@@ -49,9 +61,9 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
   if (dtype == DType::f32) return Support::yes();
   if (!is_floating(dtype))
     return Support::no(std::string(kernel_name(k)) + " takes floating tensors; got " + dtype_name(dtype));
-  return Support::no(std::string("cpu computes ") + kernel_name(k) + " in f32 only (got " + dtype_name(dtype) +
-                     "): on this class of CPU bf16 arithmetic runs at half the f32 rate and oneDNN 2.6 has no f16 "
-                     "CPU kernels; cast to f32, or use the ref backend for f64 gradient checks");
+  return Support::no(std::string("cpu computes ") + kernel_name(k) + " on f32 tensors only (got " + dtype_name(dtype) +
+                     "); cast to f32 ([run] matmul_precision = medium rounds matmul operands to bf16 on CPUs with "
+                     "AVX512-BF16), or use the ref backend for f64 gradient checks");
 }
 
 // ---- attention: implemented in attention.cpp ----
@@ -83,6 +95,9 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
         return dew::Support::yes();
       },
       .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"},
-                  {"cache_mb", "1024", "MiB of freed blocks (>= 64 KiB) kept for reuse by size (0 = none)"}},
+                  {"cache_mb", "1024", "MiB of freed blocks (>= 64 KiB) kept for reuse by size (0 = none)"},
+                  {"matmul_precision", "highest",
+                   "f32 matmul precision: highest and high = f32; medium = operands rounded to bf16, f32 "
+                   "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"}},
   });
 }
