@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# tests/train/resume.sh BIN_DIR BACKEND WORK_DIR — resume is bit-exact.
+# tests/train/resume.sh BIN_DIR BACKEND WORK_DIR [OVERRIDE...] — resume is bit-exact.
 # Run A trains 40 updates straight. Run B stops at 20 (trainer.stop_at: same schedule), then a new
 # process resumes it to 40. Their per-step losses in metrics.jsonl and their final parameters and EMA
-# weights (exported to safetensors) must be identical, byte for byte.
+# weights (exported to safetensors) must be identical, byte for byte. OVERRIDEs (e.g.
+# --run.matmul_precision medium) go to the first two runs; the resume reads them from B's config.ini.
 set -euo pipefail
 bin=$1 backend=$2 work=$3
+shift 3
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
 run() { "$bin/dew-run" "$@" > "$work/last.log" 2>&1 || { cat "$work/last.log"; exit 1; }; }
-run train --config "$here/tiny.ini" --backend "$backend" --run-dir "$work/A"
-run train --config "$here/tiny.ini" --backend "$backend" --run-dir "$work/B" --trainer.stop_at 20
+run train --config "$here/tiny.ini" --backend "$backend" --run-dir "$work/A" "$@"
+run train --config "$here/tiny.ini" --backend "$backend" --run-dir "$work/B" --trainer.stop_at 20 "$@"
 test -f "$work/B/checkpoints/step-00000020.h5" || { echo "no checkpoint at the pause"; exit 1; }
 run train --run-dir "$work/B" --resume --backend "$backend" --trainer.stop_at 40
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
@@ -22,4 +24,4 @@ for ema in "" "--no-ema"; do
   run export --run-dir "$work/B" --out "$work/B.export" $ema --backend "$backend"
   cmp "$work/A.export/model.safetensors" "$work/B.export/model.safetensors" || { echo "parameters differ ($ema)"; exit 1; }
 done
-echo "resume on $backend is bit-exact: 40 losses and the final weights match"
+echo "resume on $backend $* is bit-exact: 40 losses and the final weights match"
