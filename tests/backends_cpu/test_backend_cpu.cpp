@@ -481,6 +481,66 @@ TEST_CASE("cpu: conv2d forward, backward data, backward weight (+bias grad)") {
   check_close(dx, 1e-5, 1e-5, "conv_transpose2d");
 }
 
+TEST_CASE("cpu: conv2d with matmul_precision = medium rounds its inputs to bf16 (f32 outputs)") {
+  cpu();  // loads the plugin
+  BackendPtr medium = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
+  __builtin_cpu_init();
+  const bool native_bf16 =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  Conv2dParams strided;
+  strided.stride_h = strided.stride_w = 2;
+  strided.pad_h = strided.pad_w = 1;
+  Conv2dParams grouped;
+  grouped.pad_h = 1;
+  grouped.groups = 2;
+  struct Case {
+    Shape x, w;
+    Conv2dParams p;
+  };
+  // plain layouts (3 input channels; 1x1), blocked (>= 16 channels), grouped
+  const Case cases[] = {{{2, 3, 9, 9}, {8, 3, 3, 3}, Conv2dParams{}},
+                        {{2, 20, 9, 9}, {24, 20, 3, 3}, strided},
+                        {{1, 32, 8, 8}, {32, 16, 3, 3}, grouped},
+                        {{2, 32, 6, 6}, {16, 32, 1, 1}, Conv2dParams{}}};
+  uint64_t seed = 760;
+  for (const Case& c : cases) {
+    CAPTURE(c.x[1]);
+    const Conv2dParams& p = c.p;
+    const int64_t oh = (c.x[2] + 2 * p.pad_h - p.dilation_h * (c.w[2] - 1) - 1) / p.stride_h + 1;
+    const int64_t ow = (c.x[3] + 2 * p.pad_w - p.dilation_w * (c.w[3] - 1) - 1) / p.stride_w + 1;
+    const Shape ys = {c.x[0], c.w[0], oh, ow};
+    // (medium on the values, ref on the values medium is expected to use)
+    auto pair = [&](const Shape& shape) {
+      std::vector<float> v = host_uniform(numel_of(shape), seed++, -1.0f, 1.0f), used = v;
+      if (native_bf16)
+        for (float& x : used) x = round_to_bf16(x);
+      return Pair{Tensor::from_vector(v, shape, cpu()), Tensor::from_vector(used, shape, ref())};
+    };
+    Pair x = pair(c.x), w = pair(c.w), dy = pair(ys);
+    const std::vector<float> bias_values = host_uniform(c.w[0], seed++, -1.0f, 1.0f);
+    Pair bias{Tensor::from_vector(bias_values, {c.w[0]}, cpu()), Tensor::from_vector(bias_values, {c.w[0]}, ref())};
+    Pair y = empty(ys), dx = empty(c.x), dw = empty(c.w), db = empty({c.w[0]});
+    medium->conv2d(x.c, w.c, bias.c, y.c, p);
+    ref()->conv2d(x.r, w.r, bias.r, y.r, p);
+    check_close(y, 1e-5, 1e-5, "medium conv2d");
+    medium->conv2d_backward_data(dy.c, w.c, dx.c, p);
+    ref()->conv2d_backward_data(dy.r, w.r, dx.r, p);
+    check_close(dx, 1e-5, 1e-5, "medium conv2d_backward_data");
+    medium->conv2d_backward_weight(x.c, dy.c, dw.c, db.c, p);
+    ref()->conv2d_backward_weight(x.r, dy.r, dw.r, db.r, p);
+    check_close(dw, 1e-5, 1e-4, "medium conv2d_backward_weight");
+    check_close(db, 1e-5, 1e-4, "medium conv2d dbias");
+    if (native_bf16) {  // and not what f32 gives
+      Tensor y32 = Tensor::empty(ys, DType::f32, cpu());
+      cpu()->conv2d(x.c, w.c, bias.c, y32, p);
+      const std::vector<double> a = y.c.to_doubles(), b = y32.to_doubles();
+      double max_diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
+      CHECK(max_diff > 1e-3);
+    }
+  }
+}
+
 TEST_CASE("cpu: cross_entropy forward and backward, with ignored rows") {
   const int64_t N = 40, V = 1000;
   Pair logits = rnd({N, V}, 800, -8.0f, 8.0f);

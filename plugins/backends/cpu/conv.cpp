@@ -11,6 +11,10 @@
 // dx's shape names the input size: right padding is implied by oneDNN's floor division, which is what
 // conv_transpose2d (the data-gradient of a convolution, possibly with output padding) relies on.
 // oneDNN dilation counts the gaps (d - 1).
+// With bf16_matmul() (matmul_precision = medium on an AVX512-BF16 CPU) the inputs of each direction
+// (x and w forward, dy and w backward-data, x and dy backward-weights) are taken as bf16 by the
+// primitive: the reorders into its layouts round them (nearest even), 1x1 kernels get a plain-layout
+// rounding reorder; outputs, bias and accumulation stay f32 — PyTorch autocast's convolution.
 #include "cpu_backend.hpp"
 
 namespace dew::cpu {
@@ -26,8 +30,30 @@ struct ConvGeometry {
   dims strides, dilates, pad_l, pad_r;
 };
 
-// x [N, C, H, W], w [O, C/g, KH, KW], y [N, O, OH, OW].
-ConvGeometry geometry(const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, bool blocked) {
+// The data types a direction's primitive takes for x, w and y: f32 throughout, or bf16 inputs with f32
+// outputs (see the top of the file).
+struct ConvTypes {
+  memory::data_type x = memory::data_type::f32, w = memory::data_type::f32, y = memory::data_type::f32;
+};
+enum class ConvDirection { forward, backward_data, backward_weights };
+ConvTypes conv_types(ConvDirection dir, bool bf16) {
+  const memory::data_type f32 = memory::data_type::f32, b16 = memory::data_type::bf16;
+  if (!bf16) return {};
+  switch (dir) {
+    case ConvDirection::forward:
+      return {b16, b16, f32};
+    case ConvDirection::backward_data:
+      return {f32, b16, b16};
+    case ConvDirection::backward_weights:
+      return {b16, f32, b16};
+  }
+  return {};
+}
+
+// x [N, C, H, W], w [O, C/g, KH, KW], y [N, O, OH, OW]. The caller's layouts are f32; the primitive's
+// (xa, wa, ya) have the types t.
+ConvGeometry geometry(const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, bool blocked,
+                      ConvTypes t = {}) {
   DEW_CHECK(xs.size() == 4 && ws.size() == 4 && ys.size() == 4, "cpu conv2d: x ", shape_str(xs), ", w ", shape_str(ws),
             " and y ", shape_str(ys), " must all be 4-d");
   DEW_CHECK(p.groups > 0 && xs[1] == ws[1] * p.groups && ws[0] % p.groups == 0 && ys[1] == ws[0] && xs[0] == ys[0],
@@ -45,9 +71,15 @@ ConvGeometry geometry(const Shape& xs, const Shape& ws, const Shape& ys, const C
     g.w_md = memory::desc({p.groups, ws[0] / p.groups, ws[1], ws[2], ws[3]}, f32, memory::format_tag::goihw);
   }
   g.b_md = memory::desc({ws[0]}, f32, memory::format_tag::a);
-  g.xa_md = blocked ? memory::desc(g.x_md.dims(), f32, memory::format_tag::any) : g.x_md;
-  g.wa_md = blocked ? memory::desc(g.w_md.dims(), f32, memory::format_tag::any) : g.w_md;
-  g.ya_md = blocked ? memory::desc(g.y_md.dims(), f32, memory::format_tag::any) : g.y_md;
+  auto primitive_md = [&](const memory::desc& user, memory::data_type type) {
+    if (blocked) return memory::desc(user.dims(), type, memory::format_tag::any);
+    if (type == f32) return user;
+    return memory::desc(user.dims(), type,
+                        user.dims().size() == 5 ? memory::format_tag::goihw : memory::format_tag::abcd);
+  };
+  g.xa_md = primitive_md(g.x_md, t.x);
+  g.wa_md = primitive_md(g.w_md, t.w);
+  g.ya_md = primitive_md(g.y_md, t.y);
   g.strides = {p.stride_h, p.stride_w};
   g.dilates = {p.dilation_h - 1, p.dilation_w - 1};
   g.pad_l = {p.pad_h, p.pad_w};
@@ -71,9 +103,10 @@ ConvGeometry geometry(const Shape& xs, const Shape& ws, const Shape& ys, const C
 
 bool is_1x1(const Shape& ws) { return ws[2] == 1 && ws[3] == 1; }
 
-Key conv_key(Family f, const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, bool bias) {
+Key conv_key(Family f, const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, bool bias, bool bf16) {
   Key k(f);
-  k.add(xs)
+  k.add(int64_t(bf16))
+      .add(xs)
       .add(ws)
       .add(ys)
       .add(p.stride_h)
@@ -159,9 +192,11 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Te
   }
   if (y.numel() == 0) return;
   Dnnl& d = *dnnl_;
-  auto e = d.cache.get<ConvEntry>(conv_key(kConvFwd, x.shape(), w.shape(), y.shape(), p, has_bias), [&] {
+  const bool bf16 = bf16_matmul_;
+  auto e = d.cache.get<ConvEntry>(conv_key(kConvFwd, x.shape(), w.shape(), y.shape(), p, has_bias, bf16), [&] {
     auto en = std::make_shared<ConvEntry>();
-    const ConvGeometry g = geometry(x.shape(), w.shape(), y.shape(), p, !is_1x1(w.shape()));
+    const ConvGeometry g =
+        geometry(x.shape(), w.shape(), y.shape(), p, !is_1x1(w.shape()), conv_types(ConvDirection::forward, bf16));
     const auto pd = fwd_pd(d, g, has_bias);
     en->prim = dnnl::convolution_forward(pd);
     en->add(d, DNNL_ARG_SRC, false, g.x_md, pd.src_desc());
@@ -180,11 +215,15 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
   check_conv_tensors("conv2d_backward_data", {{&dy, "dy"}, {&w, "w"}, {&dx, "dx"}});
   if (dx.numel() == 0) return;
   Dnnl& d = *dnnl_;
-  auto e = d.cache.get<ConvEntry>(conv_key(kConvBwdData, dx.shape(), w.shape(), dy.shape(), p, false), [&] {
+  const bool bf16 = bf16_matmul_;
+  auto e = d.cache.get<ConvEntry>(conv_key(kConvBwdData, dx.shape(), w.shape(), dy.shape(), p, false, bf16), [&] {
     auto en = std::make_shared<ConvEntry>();
     const bool blocked = w.shape()[1] >= 16 && !is_1x1(w.shape());  // see the top of the file
-    const ConvGeometry g = geometry(dx.shape(), w.shape(), dy.shape(), p, blocked);
-    auto hint = fwd_pd(d, g, false);
+    const ConvGeometry g =
+        geometry(dx.shape(), w.shape(), dy.shape(), p, blocked, conv_types(ConvDirection::backward_data, bf16));
+    // the forward hint with forward types (bf16 in, f32 out when bf16)
+    auto hint = fwd_pd(
+        d, geometry(dx.shape(), w.shape(), dy.shape(), p, blocked, conv_types(ConvDirection::forward, bf16)), false);
     dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, g.xa_md, g.wa_md, g.ya_md,
                                                g.strides, g.dilates, g.pad_l, g.pad_r);
     const dnnl::convolution_backward_data::primitive_desc pd(desc, d.eng, hint);
@@ -217,10 +256,14 @@ void CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tenso
     return;
   }
   Dnnl& d = *dnnl_;
-  auto e = d.cache.get<ConvEntry>(conv_key(kConvBwdWeight, x.shape(), dw.shape(), dy.shape(), p, has_bias), [&] {
+  const bool bf16 = bf16_matmul_;
+  auto e = d.cache.get<ConvEntry>(conv_key(kConvBwdWeight, x.shape(), dw.shape(), dy.shape(), p, has_bias, bf16), [&] {
     auto en = std::make_shared<ConvEntry>();
-    const ConvGeometry g = geometry(x.shape(), dw.shape(), dy.shape(), p, !is_1x1(dw.shape()));
-    auto hint = fwd_pd(d, g, has_bias);
+    const bool blocked = !is_1x1(dw.shape());
+    const ConvGeometry g =
+        geometry(x.shape(), dw.shape(), dy.shape(), p, blocked, conv_types(ConvDirection::backward_weights, bf16));
+    auto hint = fwd_pd(
+        d, geometry(x.shape(), dw.shape(), dy.shape(), p, blocked, conv_types(ConvDirection::forward, bf16)), has_bias);
     const auto alg = dnnl::algorithm::convolution_direct;
     auto desc = has_bias ? dnnl::convolution_backward_weights::desc(alg, g.xa_md, g.wa_md, g.b_md, g.ya_md, g.strides,
                                                                     g.dilates, g.pad_l, g.pad_r)

@@ -14,7 +14,8 @@
 //    partials in a fixed order).
 // Built with -mavx2 -mfma; the registration probe refuses CPUs without AVX2/FMA.
 // The one exception to "f32 in, f32 out at f32 precision": with matmul_precision = medium (PyTorch's
-// float32 matmul precision), matmuls on CPUs with AVX512-BF16 round A and B to bf16 and accumulate in f32.
+// float32 matmul precision), matmuls and convolutions on CPUs with AVX512-BF16 round their inputs to bf16
+// and accumulate in f32.
 #pragma once
 #include <omp.h>
 
@@ -301,8 +302,8 @@ class CpuBackend final : public Backend {
   void argmax(const Tensor& x, Tensor& out) override;
 
   Dnnl& dnnl() { return *dnnl_; }
-  // True when matmuls round their operands to bf16 ([run] matmul_precision = medium on a CPU with
-  // AVX512-BF16; see matmul.cpp).
+  // True when matmuls and convolutions round their inputs to bf16 ([run] matmul_precision = medium on a
+  // CPU with AVX512-BF16; see matmul.cpp, conv.cpp).
   bool bf16_matmul() const { return bf16_matmul_; }
 
  private:
