@@ -13,8 +13,8 @@
 // oneDNN dilation counts the gaps (d - 1).
 // With bf16_matmul() (matmul_precision = medium on an AVX512-BF16 CPU) the inputs of each direction
 // (x and w forward, dy and w backward-data, x and dy backward-weights) are taken as bf16 by the
-// primitive: the reorders into its layouts round them (nearest even), 1x1 kernels get a plain-layout
-// rounding reorder; outputs, bias and accumulation stay f32 — PyTorch autocast's convolution.
+// primitive: the reorders into its layouts round them (nearest even); the plain-layout cases get a
+// rounding reorder to plain bf16. Outputs, bias and accumulation stay f32 (PyTorch autocast's conv).
 #include "cpu_backend.hpp"
 
 namespace dew::cpu {
