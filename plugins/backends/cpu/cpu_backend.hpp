@@ -150,6 +150,25 @@ class RopeTables {
 // Work (in elements) below which a kernel stays on one thread: a parallel region costs ~1-5 us.
 inline constexpr int64_t kParallelGrain = 1 << 14;
 inline bool parallel_worth(int64_t work) { return work >= kParallelGrain && omp_get_max_threads() > 1; }
+// Calls body(lo, hi) over [0, n): on one contiguous block per OpenMP thread when `parallel` (blocks start
+// at multiples of 16 elements), else once on the caller's thread. The body's loop carries its own
+// `#pragma omp simd`. Use it instead of `#pragma omp parallel for simd if (...)`: GCC 12 leaves that
+// construct's serial path scalar, which made AdamW 2.5x slower on one thread (17.6 vs 7 ms for the DiT's
+// 7.4 M parameters).
+template <class F>
+inline void for_blocks(int64_t n, bool parallel, F&& body) {
+  if (!parallel || omp_get_max_threads() == 1) {
+    body(int64_t(0), n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lo = t == 0 ? 0 : (n * t / nt) & ~int64_t(15);
+    const int64_t hi = t == nt - 1 ? n : (n * (t + 1) / nt) & ~int64_t(15);
+    if (lo < hi) body(lo, hi);
+  }
+}
 
 // Throws unless t is defined and f32 (the dtype every compute kernel of this backend takes).
 void require_f32(const Tensor& t, const char* kernel, const char* arg);

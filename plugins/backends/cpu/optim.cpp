@@ -20,6 +20,39 @@ void check_state(const Tensor& param, const Tensor& t, const char* kernel, const
             shape_str(param.shape()));
 }
 
+// The elementwise updates over [lo, hi), with every pointer and scalar a by-value parameter: in a lambda
+// that for_blocks also hands to a parallel region, captured floats are address-taken and may alias the
+// float stores, and GCC then leaves the loop scalar.
+struct AdamWScalars {
+  float b1, b2, c1, c2, eps, scale, step_size, inv_sqrt_bc2, decay;
+};
+void adamw_range(float* w, const float* g, float* m, float* v, int64_t lo, int64_t hi, AdamWScalars c) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    const float gi = g[i] * c.scale;
+    const float mi = c.b1 * m[i] + c.c1 * gi;
+    const float vi = c.b2 * v[i] + c.c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps;
+    w[i] = w[i] * c.decay - c.step_size * mi / denom;
+  }
+}
+void sgd_plain_range(float* w, const float* g, int64_t lo, int64_t hi, float lr, float wd, float scale) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) w[i] -= lr * (g[i] * scale + wd * w[i]);
+}
+void sgd_momentum_range(float* w, const float* g, float* buf, int64_t lo, int64_t hi, float lr, float wd, float scale,
+                        float mom, float damp, bool first, bool nesterov) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    const float gi = g[i] * scale + wd * w[i];
+    const float bi = first ? gi : mom * buf[i] + damp * gi;
+    buf[i] = bi;
+    w[i] -= lr * (nesterov ? gi + mom * bi : bi);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
@@ -38,17 +71,9 @@ void CpuBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tens
   const float step_size = float(double(p.lr) / bc1);
   const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
   const float decay = 1.0f - p.lr * p.weight_decay;
-  const float b1 = p.beta1, b2 = p.beta2, c1 = 1.0f - p.beta1, c2 = 1.0f - p.beta2, eps = p.eps, scale = p.grad_scale;
-#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    const float mi = b1 * ms[i] + c1 * gi;
-    const float vi = b2 * vs[i] + c2 * gi * gi;
-    ms[i] = mi;
-    vs[i] = vi;
-    const float denom = std::sqrt(vi) * inv_sqrt_bc2 + eps;
-    w[i] = w[i] * decay - step_size * mi / denom;
-  }
+  const AdamWScalars c{p.beta1,      p.beta2,   1.0f - p.beta1, 1.0f - p.beta2, p.eps,
+                       p.grad_scale, step_size, inv_sqrt_bc2,   decay};
+  for_blocks(n, parallel_worth(n), [&](int64_t lo, int64_t hi) { adamw_range(w, g, ms, vs, lo, hi, c); });
 }
 
 void CpuBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
@@ -59,20 +84,15 @@ void CpuBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_
   const float* g = grad.data_as<float>();
   const float lr = p.lr, wd = p.weight_decay, scale = p.grad_scale, mom = p.momentum, damp = 1.0f - p.dampening;
   if (p.momentum == 0.0f) {
-#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
-    for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] * scale + wd * w[i]);
+    for_blocks(n, parallel_worth(n), [&](int64_t lo, int64_t hi) { sgd_plain_range(w, g, lo, hi, lr, wd, scale); });
     return;
   }
   check_state(param, momentum_buf, "sgd_update", "momentum_buf");
   float* buf = momentum_buf.data_as<float>();
   const bool first = p.step == 1, nesterov = p.nesterov;
-#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale + wd * w[i];
-    const float bi = first ? gi : mom * buf[i] + damp * gi;
-    buf[i] = bi;
-    w[i] -= lr * (nesterov ? gi + mom * bi : bi);
-  }
+  for_blocks(n, parallel_worth(n), [&](int64_t lo, int64_t hi) {
+    sgd_momentum_range(w, g, buf, lo, hi, lr, wd, scale, mom, damp, first, nesterov);
+  });
 }
 
 void CpuBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) {
