@@ -98,19 +98,10 @@ inline void map2_slice(const float* x, const float* y, float* o, int64_t n, Op o
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) o[i] = op(x[i], y[i]);
 }
+// Contiguous slices over the team when n is large (for_blocks, cpu_backend.hpp).
 template <class Slice>
 inline void split(int64_t n, Slice&& slice) {
-  if (!parallel_worth(n)) {
-    slice(int64_t(0), n);
-    return;
-  }
-#pragma omp parallel
-  {
-    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t lo = t == 0 ? 0 : (n * t / nt) & ~int64_t(15),
-                  hi = t == nt - 1 ? n : (n * (t + 1) / nt) & ~int64_t(15);
-    if (lo < hi) slice(lo, hi);
-  }
+  for_blocks(n, parallel_worth(n), slice);
 }
 template <class Op>
 void map1(const float* x, float* o, int64_t n, Op op) {
