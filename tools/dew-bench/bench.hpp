@@ -19,6 +19,7 @@ struct BenchOptions {
   double seconds = 0.3;  // per repeat
   int repeats = 5;
   std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
+  bool profile = false;                      // train: time every kernel (profile.hpp) and print a table
 };
 
 // Runs fn in repeats of ~opt.seconds each; returns the median seconds per call. `sync` (when given)
@@ -62,8 +63,14 @@ struct LmOptions {
   bool verbose = false;  // per-step lines on stderr
 };
 
-// The backend opt names, with its matmul_precision when it is not the default (main.cpp).
+// The backend opt names, with its matmul_precision when it is not the default, wrapped in a
+// ProfilingBackend when opt.profile (main.cpp).
 std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt);
+
+// After the warm-up steps: restarts the profile of `be` when it is a ProfilingBackend (no-op otherwise);
+// at the end, prints it (profile.cpp's report).
+void profile_reset(const std::shared_ptr<dew::Backend>& be);
+void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms);
 
 int run_kernels(const BenchOptions& opt);
 // serve (serve.cpp): TTFT and tokens/s of a running `dew-run serve` at several client counts; parses its

@@ -84,6 +84,7 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   std::vector<double> times, cpu_times;
   double loss_first = 0, loss_last = 0;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
+    if (i == lo.warmup) profile_reset(be);
     const auto t0 = clock_type::now();
     const double c0 = process_cpu_seconds();
     std::vector<float> t(static_cast<size_t>(B)), a(static_cast<size_t>(B)), s(static_cast<size_t>(B));
@@ -121,6 +122,7 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   const double mean = total / double(times.size());
   std::sort(cpu_times.begin(), cpu_times.end());
   const double flops = 3.0 * model->flops_per_sample() * double(B);
+  profile_report(be, int(times.size()), mean * 1e3);
   std::printf(
       "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"matmul_precision\":\"%s\","
       "\"threads\":%d,\"images_per_sec\":%.2f,"

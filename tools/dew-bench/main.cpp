@@ -8,6 +8,7 @@
 #include "bench.hpp"
 #include "dew/error.hpp"
 #include "dew/registry.hpp"
+#include "profile.hpp"
 
 namespace po = boost::program_options;
 
@@ -15,7 +16,7 @@ namespace {
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--matmul-precision P] [--seconds S] [--repeats R]\n"
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
-    "[--matmul-precision highest|high|medium] [--steps S] [--warmup W] [--grad-norm] [-v]\n"
+    "[--matmul-precision highest|high|medium] [--steps S] [--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
     "[--repeats 5] [-v]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -26,7 +27,15 @@ namespace dew_bench {
 std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
   dew::Options options;
   if (opt.matmul_precision != "highest") options.set("matmul_precision", opt.matmul_precision);
-  return dew::create_backend(opt.backend, options);
+  dew::BackendPtr be = dew::create_backend(opt.backend, options);
+  if (opt.profile) return std::make_shared<ProfilingBackend>(be);
+  return be;
+}
+void profile_reset(const std::shared_ptr<dew::Backend>& be) {
+  if (auto* p = dynamic_cast<ProfilingBackend*>(be.get())) p->reset();
+}
+void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms) {
+  if (auto* p = dynamic_cast<ProfilingBackend*>(be.get())) p->report(steps, step_ms);
 }
 }  // namespace dew_bench
 
@@ -59,6 +68,7 @@ int main(int argc, char** argv) {
       "warmup", po::value<int>(), "train: untimed steps (3); generate: untimed generations (1)")(
       "batches", po::value(&lm.batches)->default_value(4), "train: synthetic batches cycled")(
       "grad-norm", po::bool_switch(&lm.grad_norm), "train: also compute the global grad norm (clipping)")(
+      "profile", po::bool_switch(&opt.profile), "train: time every kernel call and print where a step goes")(
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
       "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
