@@ -34,6 +34,7 @@
 #include "dew/error.hpp"
 #include "dew/interop.hpp"
 #include "dew/ops.hpp"
+#include "dew/profile.hpp"
 #include "dew/registry.hpp"
 #include "dew/safetensors.hpp"
 #include "dew/train.hpp"
@@ -156,7 +157,7 @@ std::string plugins_line() {
   return s;
 }
 
-Run build_run(Config& config, const std::string& backend_override, bool with_train_data) {
+Run build_run(Config& config, const std::string& backend_override, bool with_train_data, bool profile = false) {
   Run run;
   Options& rs = config.section("run");
   rs.get_string("name", "");
@@ -197,6 +198,8 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   }
   run.backend = create_backend(backend_name, backend_options);
   if (threads > 0) run.backend->set_threads(int(threads));
+  // [trainer] profile: every tensor of the run is allocated through the wrapper, so every kernel reaches it.
+  if (profile) run.backend = std::make_shared<ProfilingBackend>(run.backend);
   set_default_backend(run.backend);
 
   Options& data = config.section("data");
@@ -302,6 +305,10 @@ int train_process(Config& config, const TrainOptions& options) {
   DEW_USAGE_CHECK(eval_every >= 0 && checkpoint_every >= 0,
                   "trainer.eval_every and trainer.checkpoint_every must be >= 0");
   DEW_USAGE_CHECK(keep >= 1, "option 'trainer.keep' must be at least 1");
+  // Kernel-by-kernel timing of `profile` updates after 3 warm-up updates of this process (dew/profile.hpp):
+  // the table goes to the log and to RUN_DIR/profile.txt. Results are unchanged.
+  const int64_t profile_steps = ts.get_int("profile", 0);
+  DEW_USAGE_CHECK(profile_steps >= 0, "option 'trainer.profile' must be >= 0 updates (0 = off)");
 
   std::string run_dir = options.run_dir;
   if (run_dir.empty()) {
@@ -314,7 +321,11 @@ int train_process(Config& config, const TrainOptions& options) {
                   "' already holds checkpoints; pass --resume to continue it or choose another --run-dir");
   DEW_USAGE_CHECK(!options.resume || !latest.empty(), "--resume: no checkpoint to resume in '", ckpt_dir.string(), "'");
 
-  Run run = build_run(config, options.backend_name, true);
+  Run run = build_run(config, options.backend_name, true, profile_steps > 0);
+  auto* profiler = dynamic_cast<ProfilingBackend*>(run.backend.get());
+  constexpr int64_t kProfileWarmup = 3;
+  int64_t profiled = 0;
+  double profiled_seconds = 0;
   if (!init_from.empty() && !options.resume) load_weights(init_from, run.params);  // before the EMA copies them
   // ---- dist ----
   const bool leader = run.rank == 0;
@@ -465,6 +476,9 @@ int train_process(Config& config, const TrainOptions& options) {
       exit_code = 130;
       break;
     }
+    // Profiling covers whole updates only (validation and checkpoints stay out of it).
+    const bool profiling = profiler && profiled < profile_steps && st.updates - start_updates >= kProfileWarmup;
+    if (profiling) profiled == 0 ? profiler->start() : profiler->resume();
     const auto t0 = std::chrono::steady_clock::now();
     double loss_value = 0;
     bool finite = true;
@@ -535,6 +549,17 @@ int train_process(Config& config, const TrainOptions& options) {
     }
     run.backend->synchronize();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (profiling) {
+      profiler->stop();
+      profiled_seconds += dt;
+      if (++profiled == profile_steps) {
+        const std::string table = profiler->report(profiled, profiled_seconds / double(profiled) * 1e3);
+        if (tty) std::fputc('\n', stderr);
+        std::istringstream lines(table);
+        for (std::string l; std::getline(lines, l);) log->info("{}", l);
+        if (leader) std::ofstream(fs::path(run_dir) / "profile.txt") << table;
+      }
+    }
 
     window_time += dt;
     window_loss += loss_value;

@@ -23,6 +23,7 @@ expect "trainer.steps" --trainer.steps 0                 # bad value
 expect "unknown objective 'nope'" --objective.plugin nope  # unknown plugin
 expect "unknown model 'resnet999'" --model.plugin resnet999
 expect "unknown optimizer" --optim.name adam2
+expect "trainer.profile" --trainer.profile -1   # bad value
 expect "run.matmul_precision' = 'bf16x'" --run.matmul_precision bf16x --backend cpu   # bad precision
 expect "/no/such/folder" --data.source idx --data.path /no/such/folder   # missing data file
 # an existing run directory is never trained over without --resume

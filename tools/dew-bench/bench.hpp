@@ -19,7 +19,7 @@ struct BenchOptions {
   double seconds = 0.3;  // per repeat
   int repeats = 5;
   std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
-  bool profile = false;                      // train: time every kernel (profile.hpp) and print a table
+  bool profile = false;                      // train: time every kernel (dew/profile.hpp) and print a table
 };
 
 // Runs fn in repeats of ~opt.seconds each; returns the median seconds per call. `sync` (when given)
@@ -68,7 +68,7 @@ struct LmOptions {
 std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt);
 
 // After the warm-up steps: restarts the profile of `be` when it is a ProfilingBackend (no-op otherwise);
-// at the end, prints it (profile.cpp's report).
+// at the end, prints its report to stderr.
 void profile_reset(const std::shared_ptr<dew::Backend>& be);
 void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms);
 

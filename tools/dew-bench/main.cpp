@@ -3,12 +3,14 @@
 // train (a language-model training step on a named config, lm.cpp), generate (KV-cached greedy decoding),
 // serve (a load generator for `dew-run serve`, serve.cpp).
 #include <boost/program_options.hpp>
+#include <cstdio>
 #include <iostream>
+#include <sstream>
 
 #include "bench.hpp"
 #include "dew/error.hpp"
+#include "dew/profile.hpp"
 #include "dew/registry.hpp"
-#include "profile.hpp"
 
 namespace po = boost::program_options;
 
@@ -28,14 +30,18 @@ std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
   dew::Options options;
   if (opt.matmul_precision != "highest") options.set("matmul_precision", opt.matmul_precision);
   dew::BackendPtr be = dew::create_backend(opt.backend, options);
-  if (opt.profile) return std::make_shared<ProfilingBackend>(be);
+  if (opt.profile) return std::make_shared<dew::ProfilingBackend>(be);
   return be;
 }
 void profile_reset(const std::shared_ptr<dew::Backend>& be) {
-  if (auto* p = dynamic_cast<ProfilingBackend*>(be.get())) p->reset();
+  if (auto* p = dynamic_cast<dew::ProfilingBackend*>(be.get())) p->start();
 }
 void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms) {
-  if (auto* p = dynamic_cast<ProfilingBackend*>(be.get())) p->report(steps, step_ms);
+  auto* p = dynamic_cast<dew::ProfilingBackend*>(be.get());
+  if (!p) return;
+  p->stop();
+  std::istringstream lines(p->report(steps, step_ms));
+  for (std::string line; std::getline(lines, line);) std::fprintf(stderr, "# %s\n", line.c_str());
 }
 }  // namespace dew_bench
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# tests/train/profile.sh BIN_DIR WORK_DIR — [trainer] profile times every kernel without changing a result.
+# Two cpu runs of tiny.ini, one with --trainer.profile 5: the per-step losses must be identical, and the
+# profiled run's log and RUN_DIR/profile.txt must hold the table (the optimizer and matmul lines, the
+# share outside the kernels).
+set -euo pipefail
+bin=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work" && mkdir -p "$work"
+run() { "$bin/dew-run" "$@" > "$work/last.log" 2>&1 || { cat "$work/last.log"; exit 1; }; }
+run train --config "$here/tiny.ini" --backend cpu --run-dir "$work/plain" --data.batch_size 48
+run train --config "$here/tiny.ini" --backend cpu --run-dir "$work/profiled" --data.batch_size 48 --trainer.profile 5
+losses() { grep '"loss"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
+diff <(losses "$work/plain") <(losses "$work/profiled") || { echo "profiling changed the losses"; exit 1; }
+table="$work/profiled/profile.txt"
+test -f "$table" || { echo "no profile.txt"; exit 1; }
+for want in "profile: 5 steps" "adamw_update" "matmul 48x64x32 Bt +bias" "outside the kernels"; do
+  grep -qF -- "$want" "$table" || { echo "profile.txt lacks '$want':"; cat "$table"; exit 1; }
+  grep -qF -- "$want" "$work/profiled/log.txt" || { echo "the log lacks '$want'"; exit 1; }
+done
+# 5 profiled steps of 4 AdamW updates each (two weights, two biases): 4.0 calls per step
+grep -E '^ +[0-9.]+ +4\.0 +[0-9.]+%  adamw_update$' "$table" > /dev/null || { echo "adamw_update is not 4 calls per step:"; cat "$table"; exit 1; }
+test ! -f "$work/plain/profile.txt" || { echo "an unprofiled run wrote profile.txt"; exit 1; }
+echo "profiling leaves the losses unchanged and writes the table"
