@@ -1,4 +1,5 @@
-// core/tensor/kernels.cpp — names of the kernel algebra (for supports() reports and the conformance tool).
+// core/tensor/kernels.cpp — names of the kernel algebra and its ops (supports() reports, the conformance tool,
+// the profiler).
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
 
@@ -40,9 +41,27 @@ constexpr const char* kKernelNames[] = {"fill",
                                         "dropout",
                                         "argmax"};
 static_assert(sizeof(kKernelNames) / sizeof(kKernelNames[0]) == size_t(Kernel::count_), "every Kernel needs a name");
+constexpr const char* kUnaryNames[] = {"neg",  "exp",        "log",    "sqrt", "rsqrt",     "square", "abs",
+                                       "tanh", "sigmoid",    "relu",   "gelu", "gelu_tanh", "silu",   "sin",
+                                       "cos",  "reciprocal", "affine", "pow",  "clamp",     "softcap"};
+static_assert(sizeof(kUnaryNames) / sizeof(kUnaryNames[0]) == size_t(UnaryOp::softcap) + 1,
+              "every UnaryOp needs a name");
+constexpr const char* kBinaryNames[] = {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "gt", "lt"};
+static_assert(sizeof(kBinaryNames) / sizeof(kBinaryNames[0]) == size_t(BinaryOp::lt) + 1,
+              "every BinaryOp needs a name");
+constexpr const char* kReduceNames[] = {"sum", "mean", "max", "min", "sumsq"};
+static_assert(sizeof(kReduceNames) / sizeof(kReduceNames[0]) == size_t(ReduceOp::sumsq) + 1,
+              "every ReduceOp needs a name");
+template <size_t N>
+const char* name_of(const char* const (&names)[N], size_t i) {
+  return i < N ? names[i] : "?";
+}
 }  // namespace
 
 const char* kernel_name(Kernel k) { return kKernelNames[size_t(k)]; }
+const char* unary_op_name(UnaryOp op) { return name_of(kUnaryNames, size_t(op)); }
+const char* binary_op_name(BinaryOp op) { return name_of(kBinaryNames, size_t(op)); }
+const char* reduce_op_name(ReduceOp op) { return name_of(kReduceNames, size_t(op)); }
 
 Kernel kernel_from_name(const std::string& name) {
   std::string known;

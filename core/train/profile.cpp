@@ -11,23 +11,6 @@ namespace dew {
 
 namespace {
 
-const char* unary_name(UnaryOp op) {
-  static const char* names[] = {"neg",  "exp",        "log",    "sqrt", "rsqrt",     "square", "abs",
-                                "tanh", "sigmoid",    "relu",   "gelu", "gelu_tanh", "silu",   "sin",
-                                "cos",  "reciprocal", "affine", "pow",  "clamp",     "softcap"};
-  const size_t i = size_t(op);
-  return i < sizeof names / sizeof *names ? names[i] : "?";
-}
-const char* binary_name(BinaryOp op) {
-  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "gt", "lt"};
-  const size_t i = size_t(op);
-  return i < sizeof names / sizeof *names ? names[i] : "?";
-}
-const char* reduce_name(ReduceOp op) {
-  static const char* names[] = {"sum", "mean", "max", "min", "sumsq"};
-  const size_t i = size_t(op);
-  return i < sizeof names / sizeof *names ? names[i] : "?";
-}
 std::string matmul_label(const MatmulParams& p, bool bias) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "matmul %lldx%lldx%lld%s%s%s%s", (long long)p.m, (long long)p.k, (long long)p.n,
@@ -84,22 +67,22 @@ void ProfilingBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bi
   timed([&] { return matmul_label(p, bias.defined()); }, [&] { inner_->matmul(a, b, bias, out, p); });
 }
 void ProfilingBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
-  timed([&] { return std::string("unary ") + unary_name(p.op); }, [&] { inner_->unary(x, out, p); });
+  timed([&] { return std::string("unary ") + unary_op_name(p.op); }, [&] { inner_->unary(x, out, p); });
 }
 void ProfilingBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
-  timed([&] { return std::string("unary_backward ") + unary_name(p.op); },
+  timed([&] { return std::string("unary_backward ") + unary_op_name(p.op); },
         [&] { inner_->unary_backward(x, dy, dx, p); });
 }
 void ProfilingBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
   timed(
       [&] {
         const bool broadcast = a.numel() != out.numel() || b.numel() != out.numel();
-        return std::string("binary ") + binary_name(op) + (broadcast ? " (broadcast)" : "");
+        return std::string("binary ") + binary_op_name(op) + (broadcast ? " (broadcast)" : "");
       },
       [&] { inner_->binary(a, b, out, op); });
 }
 void ProfilingBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
-  timed([&] { return std::string("reduce ") + reduce_name(p.op); }, [&] { inner_->reduce(x, out, p); });
+  timed([&] { return std::string("reduce ") + reduce_op_name(p.op); }, [&] { inner_->reduce(x, out, p); });
 }
 void ProfilingBackend::softmax(const Tensor& x, Tensor& y) {
   timed("softmax", [&] { inner_->softmax(x, y); });

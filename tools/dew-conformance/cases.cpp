@@ -102,21 +102,6 @@ const char* act_name(Activation a) {
   }
   return "?";
 }
-const char* unary_name(UnaryOp op) {
-  static const char* names[] = {"neg",  "exp",        "log",    "sqrt", "rsqrt",     "square", "abs",
-                                "tanh", "sigmoid",    "relu",   "gelu", "gelu_tanh", "silu",   "sin",
-                                "cos",  "reciprocal", "affine", "pow",  "clamp",     "softcap"};
-  return names[size_t(op)];
-}
-const char* binary_name(BinaryOp op) {
-  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "gt", "lt"};
-  return names[size_t(op)];
-}
-const char* reduce_name(ReduceOp op) {
-  static const char* names[] = {"sum", "mean", "max", "min", "sumsq"};
-  return names[size_t(op)];
-}
-
 OutSpec out(std::string name, Shape shape, DT dt, Check c, int init_from = -1) {
   OutSpec o;
   o.name = std::move(name);
@@ -446,7 +431,7 @@ std::vector<UnarySpec> unary_specs() {
 void add_unary(Table& t) {
   for (const UnarySpec& s : unary_specs()) {
     const UnaryParams p{s.op, s.alpha, s.beta};
-    const std::string name = std::string(unary_name(s.op)) + (s.tag.empty() ? "" : "_" + s.tag);
+    const std::string name = std::string(unary_op_name(s.op)) + (s.tag.empty() ? "" : "_" + s.tag);
     Check c = tol(8);
     Check cb = tol(8);
     // relu zeroes half of its inputs; clamp's and relu's backward zero the gradient outside the linear part.
@@ -468,17 +453,17 @@ void add_unary(Table& t) {
   for (UnaryOp op : {UnaryOp::exp, UnaryOp::gelu, UnaryOp::silu}) {
     const UnaryParams p{op, 1, 0};
     t.add(
-        std::string("unary/") + unary_name(op) + "_7x37/f32", Kernel::unary, {DT::f32},
+        std::string("unary/") + unary_op_name(op) + "_7x37/f32", Kernel::unary, {DT::f32},
         [](Gen& g) {
           return In{g.uniform({7, 37}, -3, 3)};
         },
         {out("out", {7, 37}, DT::f32, tol(8))}, [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
     t.add(
-        std::string("unary/") + unary_name(op) + "_inplace_1031/f32", Kernel::unary, {DT::f32},
+        std::string("unary/") + unary_op_name(op) + "_inplace_1031/f32", Kernel::unary, {DT::f32},
         [](Gen& g) { return In{g.uniform({1031}, -3, 3)}; }, {out("out", {1031}, DT::f32, tol(8), 0)},
         [p](Backend& be, In&, Out& o) { be.unary(o[0], o[0], p); });
     t.add(
-        std::string("unary/") + unary_name(op) + "_1031/bf16", Kernel::unary, {DT::bf16},
+        std::string("unary/") + unary_op_name(op) + "_1031/bf16", Kernel::unary, {DT::bf16},
         [](Gen& g) { return In{g.uniform({1031}, -3, 3, DT::bf16)}; }, {out("out", {1031}, DT::bf16, tol(8))},
         [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
   }
@@ -508,7 +493,7 @@ void add_binary(Table& t) {
       Check c = tol(0);
       c.zeros_ok = cmp;
       t.add(
-          std::string("binary/") + binary_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/f32",
+          std::string("binary/") + binary_op_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/f32",
           Kernel::binary, {DT::f32},
           [l, op, cmp](Gen& g) {
             // Comparisons and max/min get quantized inputs so that ties occur.
@@ -523,7 +508,7 @@ void add_binary(Table& t) {
   // In place: out aliases a (same shape).
   for (BinaryOp op : {BinaryOp::add, BinaryOp::mul}) {
     t.add(
-        std::string("binary/") + binary_name(op) + "_inplace_row_13x64_64/f32", Kernel::binary, {DT::f32},
+        std::string("binary/") + binary_op_name(op) + "_inplace_row_13x64_64/f32", Kernel::binary, {DT::f32},
         [](Gen& g) {
           return In{g.uniform({13, 64}, -2, 2), g.uniform({64}, -2, 2)};
         },
@@ -533,7 +518,7 @@ void add_binary(Table& t) {
   for (BinaryOp op : {BinaryOp::add, BinaryOp::mul}) {
     for (const Layout& l : {layouts[0], layouts[1]}) {
       t.add(
-          std::string("binary/") + binary_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/bf16",
+          std::string("binary/") + binary_op_name(op) + "_" + l.name + "_" + dims(l.a) + "_" + dims(l.b) + "/bf16",
           Kernel::binary, {DT::bf16},
           [l](Gen& g) {
             return In{g.uniform(l.a, -2, 2, DT::bf16), g.uniform(l.b, -2, 2, DT::bf16)};
@@ -554,7 +539,7 @@ void add_reduce(Table& t) {
     for (const L& l : ls) {
       const ReduceParams p{op, l.outer, l.reduce, l.inner};
       const Check c = (op == ReduceOp::max || op == ReduceOp::min) ? exact() : tol(4, double(l.reduce));
-      const std::string id = std::string("reduce/") + reduce_name(op) + "_o" + std::to_string(l.outer) + "r" +
+      const std::string id = std::string("reduce/") + reduce_op_name(op) + "_o" + std::to_string(l.outer) + "r" +
                              std::to_string(l.reduce) + "i" + std::to_string(l.inner) + "/f32";
       t.add(
           id, Kernel::reduce, {DT::f32},
@@ -568,7 +553,7 @@ void add_reduce(Table& t) {
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
     const ReduceParams p{op, 3, 300, 64};
     t.add(
-        std::string("reduce/") + reduce_name(op) + "_o3r300i64/bf16", Kernel::reduce, {DT::bf16},
+        std::string("reduce/") + reduce_op_name(op) + "_o3r300i64/bf16", Kernel::reduce, {DT::bf16},
         [](Gen& g) {
           return In{g.uniform({3, 300, 64}, -1, 1, DT::bf16)};
         },
@@ -1189,11 +1174,11 @@ void add_large(Table& t) {
   for (UnaryOp op : {UnaryOp::exp, UnaryOp::gelu, UnaryOp::tanh}) {
     const UnaryParams p{op, 1, 0};
     t.add(
-        std::string("unary/") + unary_name(op) + "_large_" + std::to_string(n) + "/f32", Kernel::unary, {DT::f32},
+        std::string("unary/") + unary_op_name(op) + "_large_" + std::to_string(n) + "/f32", Kernel::unary, {DT::f32},
         [n](Gen& g) { return In{g.uniform({n}, -4, 4)}; }, {out("out", {n}, DT::f32, tol(8))},
         [p](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], p); });
     t.add(
-        std::string("unary_backward/") + unary_name(op) + "_large_" + std::to_string(n) + "/f32",
+        std::string("unary_backward/") + unary_op_name(op) + "_large_" + std::to_string(n) + "/f32",
         Kernel::unary_backward, {DT::f32},
         [n](Gen& g) {
           return In{g.uniform({n}, -4, 4), g.uniform({n}, -1, 1)};
@@ -1203,14 +1188,14 @@ void add_large(Table& t) {
   }
   for (BinaryOp op : {BinaryOp::add, BinaryOp::mul, BinaryOp::div}) {
     t.add(
-        std::string("binary/") + binary_name(op) + "_large_row_1031x257_257/f32", Kernel::binary, {DT::f32},
+        std::string("binary/") + binary_op_name(op) + "_large_row_1031x257_257/f32", Kernel::binary, {DT::f32},
         [](Gen& g) {
           return In{g.uniform({1031, 257}, -2, 2), g.uniform({257}, 0.5f, 2)};
         },
         {out("out", {1031, 257}, DT::f32, tol(0))},
         [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
     t.add(
-        std::string("binary/") + binary_name(op) + "_large_b1d_bt1_8x1x1031_8x67x1/f32", Kernel::binary, {DT::f32},
+        std::string("binary/") + binary_op_name(op) + "_large_b1d_bt1_8x1x1031_8x67x1/f32", Kernel::binary, {DT::f32},
         [](Gen& g) {
           return In{g.uniform({8, 1, 1031}, -2, 2), g.uniform({8, 67, 1}, 0.5f, 2)};
         },
@@ -1224,7 +1209,7 @@ void add_large(Table& t) {
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::sumsq}) {
       const ReduceParams p{op, l.outer, l.reduce, l.inner};
       t.add(
-          std::string("reduce/") + reduce_name(op) + "_large_o" + std::to_string(l.outer) + "r" +
+          std::string("reduce/") + reduce_op_name(op) + "_large_o" + std::to_string(l.outer) + "r" +
               std::to_string(l.reduce) + "i" + std::to_string(l.inner) + "/f32",
           Kernel::reduce, {DT::f32},
           [l](Gen& g) {

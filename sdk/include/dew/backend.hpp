@@ -124,6 +124,11 @@ struct ReduceParams {
   ReduceOp op = ReduceOp::sum;
   int64_t outer = 1, reduce = 1, inner = 1;
 };
+// The ops' names as the conformance tool and the profiler print them ("gelu_tanh", "maximum", "sumsq"; "?"
+// for a value outside the enum).
+const char* unary_op_name(UnaryOp op);
+const char* binary_op_name(BinaryOp op);
+const char* reduce_op_name(ReduceOp op);
 
 // A general strided copy between two buffers of the same dtype: for every index tuple of `shape`,
 // dst[dst_offset + sum(idx*dst_strides)] = src[src_offset + sum(idx*src_strides)]. Covers permute,
