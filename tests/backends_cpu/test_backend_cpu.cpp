@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "dew/backend.hpp"
@@ -82,6 +81,49 @@ void check_close(const Pair& p, double rtol, double atol, const std::string& wha
 }
 void check_equal(const Pair& p, const std::string& what) { check_close(p, 0.0, 0.0, what); }
 
+MatmulParams matmul_params(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha, float beta,
+                           Activation act, bool bcast_a = false, bool bcast_b = false) {
+  MatmulParams p;
+  p.batch = batch;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.trans_a = ta;
+  p.trans_b = tb;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.act = act;
+  p.a_batch_stride = bcast_a ? 0 : m * k;
+  p.b_batch_stride = bcast_b ? 0 : k * n;
+  return p;
+}
+// y's shape for x [N, C, H, W] and w [O, C/g, KH, KW] under p.
+Shape conv_output_shape(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  const int64_t oh = (x[2] + 2 * p.pad_h - p.dilation_h * (w[2] - 1) - 1) / p.stride_h + 1;
+  const int64_t ow = (x[3] + 2 * p.pad_w - p.dilation_w * (w[3] - 1) - 1) / p.stride_w + 1;
+  return {x[0], w[0], oh, ow};
+}
+
+// matmul_precision = medium: a second cpu backend; it rounds to bf16 only on CPUs with AVX512-BF16.
+BackendPtr cpu_medium() {
+  cpu();  // loads the plugin
+  static BackendPtr b = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
+  return b;
+}
+bool native_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+// x rounded to the nearest bf16 (ties to even), as vcvtneps2bf16 and oneDNN's reorders do.
+float round_to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  double d = 0;
+  for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::fabs(x[i] - y[i]));
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("cpu: identity and supports()") {
@@ -117,18 +159,8 @@ TEST_CASE("cpu: matmul (transposes, batch broadcast, bias, alpha/beta, activatio
   for (const Case& c : cases) {
     CAPTURE(c.batch);
     CAPTURE(c.m);
-    MatmulParams p;
-    p.batch = c.batch;
-    p.m = c.m;
-    p.n = c.n;
-    p.k = c.k;
-    p.trans_a = c.ta;
-    p.trans_b = c.tb;
-    p.alpha = c.alpha;
-    p.beta = c.beta;
-    p.act = c.act;
-    p.a_batch_stride = c.bcast_a ? 0 : c.m * c.k;
-    p.b_batch_stride = c.bcast_b ? 0 : c.k * c.n;
+    const MatmulParams p =
+        matmul_params(c.batch, c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta, c.act, c.bcast_a, c.bcast_b);
     Pair a = rnd({c.bcast_a ? 1 : c.batch, c.ta ? c.k : c.m, c.ta ? c.m : c.k}, seed++);
     Pair b = rnd({c.bcast_b ? 1 : c.batch, c.tb ? c.n : c.k, c.tb ? c.k : c.n}, seed++);
     Pair bias = c.bias ? rnd({c.n}, seed++) : Pair{};
@@ -139,23 +171,9 @@ TEST_CASE("cpu: matmul (transposes, batch broadcast, bias, alpha/beta, activatio
   }
 }
 
-// x rounded to the nearest bf16 (ties to even), as vcvtneps2bf16 does.
-float round_to_bf16(float x) {
-  if (std::isnan(x)) return x;
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumulates in f32") {
-  cpu();  // loads the plugin
-  BackendPtr medium = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
-  __builtin_cpu_init();
-  const bool native_bf16 =
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  const BackendPtr medium = cpu_medium();
+  const bool rounds_to_bf16 = native_bf16();
   struct Case {
     int64_t batch, m, n, k;
     bool ta, tb, bias;
@@ -175,25 +193,14 @@ TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumu
   for (const Case& c : cases) {
     CAPTURE(c.m);
     const bool rowwise = c.batch == 1 && c.m <= 32 && c.tb && !c.ta && c.beta == 0.0f;
-    MatmulParams p;
-    p.batch = c.batch;
-    p.m = c.m;
-    p.n = c.n;
-    p.k = c.k;
-    p.trans_a = c.ta;
-    p.trans_b = c.tb;
-    p.alpha = c.alpha;
-    p.beta = c.beta;
-    p.act = c.act;
-    p.a_batch_stride = c.m * c.k;
-    p.b_batch_stride = c.k * c.n;
+    const MatmulParams p = matmul_params(c.batch, c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta, c.act);
     const Shape a_shape{c.batch, c.ta ? c.k : c.m, c.ta ? c.m : c.k},
         b_shape{c.batch, c.tb ? c.n : c.k, c.tb ? c.k : c.n};
     const std::vector<float> a = host_uniform(numel_of(a_shape), seed++, -1.0f, 1.0f);
     const std::vector<float> b = host_uniform(numel_of(b_shape), seed++, -1.0f, 1.0f);
     const std::vector<float> bias = host_uniform(c.n, seed++, -1.0f, 1.0f);
     const std::vector<float> out0 = host_uniform(c.batch * c.m * c.n, seed++, -1.0f, 1.0f);
-    const bool rounds = native_bf16 && !rowwise;
+    const bool rounds = rounds_to_bf16 && !rowwise;
     std::vector<float> a_used = a, b_used = b;
     if (rounds)
       for (auto* v : {&a_used, &b_used})
@@ -209,9 +216,7 @@ TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumu
                   c.bias ? Tensor::from_vector(bias, {c.n}, ref()) : Tensor(), want, p);
     check_close({got, want}, 1e-5, 4 * kEps * double(c.k), "medium matmul vs ref on bf16-rounded operands");
     // Rounding the operands moves results by ~2^-9 relative: far outside f32 matmul's tolerance.
-    const std::vector<double> g = got.to_doubles(), f = f32.to_doubles();
-    double max_diff = 0;
-    for (size_t i = 0; i < g.size(); ++i) max_diff = std::max(max_diff, std::fabs(g[i] - f[i]));
+    const double max_diff = max_abs_diff(got, f32);
     if (rounds)
       CHECK(max_diff > 1e-3);
     else
@@ -458,9 +463,7 @@ TEST_CASE("cpu: conv2d forward, backward data, backward weight (+bias grad)") {
   uint64_t seed = 700;
   for (const Case& c : cases) {
     const Conv2dParams& p = c.p;
-    const int64_t oh = (c.x[2] + 2 * p.pad_h - p.dilation_h * (c.w[2] - 1) - 1) / p.stride_h + 1;
-    const int64_t ow = (c.x[3] + 2 * p.pad_w - p.dilation_w * (c.w[3] - 1) - 1) / p.stride_w + 1;
-    const Shape ys = {c.x[0], c.w[0], oh, ow};
+    const Shape ys = conv_output_shape(c.x, c.w, p);
     Pair x = rnd(c.x, seed++), w = rnd(c.w, seed++), bias = rnd({c.w[0]}, seed++), dy = rnd(ys, seed++);
     Pair y = empty(ys), dx = empty(c.x), dw = empty(c.w), db = empty({c.w[0]});
     cpu()->conv2d(x.c, w.c, bias.c, y.c, p);
@@ -482,11 +485,8 @@ TEST_CASE("cpu: conv2d forward, backward data, backward weight (+bias grad)") {
 }
 
 TEST_CASE("cpu: conv2d with matmul_precision = medium rounds its inputs to bf16 (f32 outputs)") {
-  cpu();  // loads the plugin
-  BackendPtr medium = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
-  __builtin_cpu_init();
-  const bool native_bf16 =
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  const BackendPtr medium = cpu_medium();
+  const bool rounds_to_bf16 = native_bf16();
   Conv2dParams strided;
   strided.stride_h = strided.stride_w = 2;
   strided.pad_h = strided.pad_w = 1;
@@ -506,13 +506,11 @@ TEST_CASE("cpu: conv2d with matmul_precision = medium rounds its inputs to bf16 
   for (const Case& c : cases) {
     CAPTURE(c.x[1]);
     const Conv2dParams& p = c.p;
-    const int64_t oh = (c.x[2] + 2 * p.pad_h - p.dilation_h * (c.w[2] - 1) - 1) / p.stride_h + 1;
-    const int64_t ow = (c.x[3] + 2 * p.pad_w - p.dilation_w * (c.w[3] - 1) - 1) / p.stride_w + 1;
-    const Shape ys = {c.x[0], c.w[0], oh, ow};
+    const Shape ys = conv_output_shape(c.x, c.w, p);
     // (medium on the values, ref on the values medium is expected to use)
     auto pair = [&](const Shape& shape) {
       std::vector<float> v = host_uniform(numel_of(shape), seed++, -1.0f, 1.0f), used = v;
-      if (native_bf16)
+      if (rounds_to_bf16)
         for (float& x : used) x = round_to_bf16(x);
       return Pair{Tensor::from_vector(v, shape, cpu()), Tensor::from_vector(used, shape, ref())};
     };
@@ -530,13 +528,10 @@ TEST_CASE("cpu: conv2d with matmul_precision = medium rounds its inputs to bf16 
     ref()->conv2d_backward_weight(x.r, dy.r, dw.r, db.r, p);
     check_close(dw, 1e-5, 1e-4, "medium conv2d_backward_weight");
     check_close(db, 1e-5, 1e-4, "medium conv2d dbias");
-    if (native_bf16) {  // and not what f32 gives
+    if (rounds_to_bf16) {  // and not what f32 gives
       Tensor y32 = Tensor::empty(ys, DType::f32, cpu());
       cpu()->conv2d(x.c, w.c, bias.c, y32, p);
-      const std::vector<double> a = y.c.to_doubles(), b = y32.to_doubles();
-      double max_diff = 0;
-      for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
-      CHECK(max_diff > 1e-3);
+      CHECK(max_abs_diff(y.c, y32) > 1e-3);
     }
   }
 }
