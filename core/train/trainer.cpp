@@ -140,6 +140,7 @@ struct RunState {
 // Everything a run is made of, built from the config (shared by train and eval).
 struct Run {
   BackendPtr backend;
+  std::string matmul_precision;  // [run] matmul_precision when set, else empty
   uint64_t seed = 0;
   std::shared_ptr<Objective> objective;
   std::unique_ptr<DataLoader> train_loader;
@@ -195,6 +196,7 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
     DEW_USAGE_CHECK(prec == "highest" || prec == "high" || prec == "medium", "option 'run.matmul_precision' = '", prec,
                     "' is not one of highest, high, medium");
     backend_options.set("matmul_precision", prec);
+    run.matmul_precision = prec;
   }
   run.backend = create_backend(backend_name, backend_options);
   if (threads > 0) run.backend->set_threads(int(threads));
@@ -448,9 +450,9 @@ int train_process(Config& config, const TrainOptions& options) {
   for (auto& [k, t] : run.params) num_params += t.numel();
   log->info("training {} parameters on the {} backend (measured matmul peak {:.0f} GFLOP/s) to update {} -> {}",
             num_params, run.backend->name(), peak, steps, run_dir);
-  if (const Options& rs = config.section("run"); rs.has("matmul_precision"))
+  if (!run.matmul_precision.empty())
     log->info("matmul_precision = {} (a permission: cuda and cpu take it where the hardware has the mode)",
-              rs.get_string("matmul_precision", "highest"));
+              run.matmul_precision);
   // dew-run's OpenMP choice when it made one (tools/dew-run/openmp_setup.hpp sets DEW_OPENMP_CHOICE).
   if (const char* omp = std::getenv("DEW_OPENMP_CHOICE"); omp && *omp && run.backend->name() == "cpu")
     log->info("openmp: {} (run.threads, when set, overrides the count)", omp);
