@@ -119,7 +119,8 @@ float activate(float v, Activation act) {
   }
 }
 
-// dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN), i < n.
+// dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN; f32 denormals become 0, as vcvtneps2bf16
+// does — unlike dew::f32_to_bf16, which keeps them), i < n.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_range(const float* src, uint16_t* dst,
                                                                                    int64_t n) {
   int64_t i = 0;
