@@ -39,6 +39,7 @@
 #include "dew/safetensors.hpp"
 #include "dew/train.hpp"
 #include "dist/data_parallel.hpp"  // dist
+#include "train/watchers.hpp"
 
 namespace dew {
 
@@ -311,6 +312,7 @@ int train_process(Config& config, const TrainOptions& options) {
   // the table goes to the log and to RUN_DIR/profile.txt. Results are unchanged.
   const int64_t profile_steps = ts.get_int("profile", 0);
   DEW_USAGE_CHECK(profile_steps >= 0, "option 'trainer.profile' must be >= 0 updates (0 = off)");
+  const WatchOptions watch_options = read_watch_options(ts);  // tensorboard, report_every
 
   std::string run_dir = options.run_dir;
   if (run_dir.empty()) {
@@ -411,6 +413,9 @@ int train_process(Config& config, const TrainOptions& options) {
   // ---- end dist ----
   std::ofstream metrics;
   if (leader) metrics.open(fs::path(run_dir) / "metrics.jsonl", std::ios::app);  // dist: rank 0 alone
+  // TensorBoard event files and the HTML report (core/train/watchers.hpp); rank 0 alone writes them.
+  RunWatchers watch(run_dir, watch_options, leader, [&](const std::string& m) { log->warn("{}", m); });
+  watch.start(st.updates, config.to_ini());
 
   std::unique_ptr<DataLoader> val_loader;
   auto validate = [&](int64_t at) -> std::map<std::string, double> {
@@ -431,6 +436,7 @@ int train_process(Config& config, const TrainOptions& options) {
         std::ofstream f(fs::path(run_dir) / "samples" / a.file_name, std::ios::binary | std::ios::trunc);
         f.write(reinterpret_cast<const char*>(a.bytes.data()), std::streamsize(a.bytes.size()));
       }
+    watch.on_artifacts(at, vr.artifacts);
     return vr.metrics;
   };
 
@@ -582,11 +588,13 @@ int train_process(Config& config, const TrainOptions& options) {
          << ",\"samples_per_sec\":" << json_number(sps);
       if (window_tokens > 0) js << ",\"tokens_per_sec\":" << json_number(tps);
       js << ",\"mfu\":" << json_number(mfu) << ",\"skipped\":" << st.skipped;
+      js << ",\"rss_mb\":" << json_number(resident_memory_mb());
       if (dp) js << ",\"allreduce_ms\":" << json_number(window_sync_ms / double(window_n));  // dist
       for (const auto& [k, v] : window_metrics) js << ",\"" << k << "\":" << json_number(v / double(window_n));
       js << "}";
       metrics << js.str() << "\n";
       metrics.flush();
+      watch.on_metrics_line(js.str());
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       const double eta = elapsed / double(st.updates - start_updates) * double(steps - st.updates);
       char line[512];
@@ -621,6 +629,7 @@ int train_process(Config& config, const TrainOptions& options) {
       js << "}";
       metrics << js.str() << "\n";
       metrics.flush();
+      watch.on_metrics_line(js.str());
       if (tty) std::fputc('\n', stderr);
       log->info("step {}:{}", st.updates, text);
       const std::string key = run.objective->primary_metric();
@@ -634,6 +643,7 @@ int train_process(Config& config, const TrainOptions& options) {
       }
     }
     if (is_best || last || (checkpoint_every > 0 && st.updates % checkpoint_every == 0)) save(is_best);
+    watch.after_update(st.updates);
   }
   std::signal(SIGINT, previous_handler);
   if (dp) std::signal(SIGUSR1, previous_usr1);  // dist
@@ -643,6 +653,7 @@ int train_process(Config& config, const TrainOptions& options) {
     log->info("done: {} updates in {} ({} skipped); run directory {}", st.updates, format_duration(total), st.skipped,
               run_dir);
   }
+  if (const std::string report = watch.finish(); !report.empty()) log->info("report: {}", report);
   spdlog::drop("dew");
   return exit_code;
 }
