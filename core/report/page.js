@@ -35,11 +35,12 @@
   function fmt(v) {
     if (v === null || v === undefined || !isFinite(v)) return '—';
     const a = Math.abs(v);
-    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+    if (a !== 0 && (a >= 1e5 || a < 1e-4)) return v.toExponential(2);
     if (Number.isInteger(v)) return String(v);
     return String(Number(v.toPrecision(4)));
   }
   function finite(y) { return y !== null && y !== undefined && isFinite(y); }
+  function utf8(b64) { return new TextDecoder('utf-8').decode(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0))); }
 
   // ---- which metrics go to which chart ----
   const LOSS_KEYS = ['loss', 'val/loss', 'val/ce'];
@@ -355,9 +356,9 @@
       for (const tag of ttags) {
         const ts = r.texts.filter((t) => t.tag === tag);
         col.append(el('div', { class: 'muted', text: tag + ' at step ' + ts[0].step + ' (' + ts[0].file + ')' }));
-        col.append(el('pre', { class: 'sample-text', text: ts[0].text }));
+        col.append(el('pre', { class: 'sample-text', text: utf8(ts[0].base64) }));
         for (const t of ts.slice(1))
-          col.append(el('details', {}, [el('summary', { text: tag + ' at step ' + t.step }), el('pre', { text: t.text })]));
+          col.append(el('details', {}, [el('summary', { text: tag + ' at step ' + t.step }), el('pre', { text: utf8(t.base64) })]));
       }
       if (!r.images.length && !r.texts.length) col.append(el('div', { class: 'muted', text: 'no samples' }));
       wrap.append(col);

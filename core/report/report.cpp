@@ -3,7 +3,9 @@
 //
 // The C++ side only gathers: each run's config.ini (text and section.key values), metrics.jsonl (a series
 // per key: [step, value], null for a non-finite value) and the latest artifacts of samples/ per tag (PNG
-// grids as data: URIs, text samples), as one JSON document placed in a <script type="application/json">.
+// grids as data: URIs; text samples as base64 of their bytes, which the page decodes as UTF-8 with the
+// browser's replacement of bad bytes: a byte-level model's sample need not be UTF-8), as one JSON document
+// placed in a <script type="application/json">.
 // Everything shown is drawn in the browser by page.js (inline SVG), styled by page.css; both are compiled
 // in (core/CMakeLists.txt turns them into page_assets.inc), so the file needs no network and no other file.
 // Every '<' of the JSON is written as \u003c, so no text of a run can close the script element.
@@ -160,7 +162,7 @@ json read_samples(const fs::path& dir) {
   for (auto& [tag, entries] : txt) {
     newest(entries, kTextsPerTag);
     for (const auto& en : entries)
-      texts.push_back({{"tag", tag}, {"step", en.step}, {"file", en.file}, {"text", read_file(dir / en.file)}});
+      texts.push_back({{"tag", tag}, {"step", en.step}, {"file", en.file}, {"base64", base64(read_file(dir / en.file))}});
   }
   return json{{"images", images}, {"texts", texts}};
 }
