@@ -49,10 +49,9 @@ void RunWatchers::start(int64_t step, const std::string& config_ini) {
   events_->flush();
 }
 
-void RunWatchers::on_metrics_line(const std::string& json_line) {
+void RunWatchers::write(const training::MetricsLine& line) {
   if (!events_) return;
-  const MetricsRecord r = parse_metrics_line(json_line);
-  events_->add_scalars(r.step, r.values);
+  events_->add_scalars(line.step, line.values);
   events_->flush();
 }
 

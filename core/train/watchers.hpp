@@ -1,11 +1,11 @@
 // core/train/watchers.hpp — what lets a person watch a training run from outside: TensorBoard event files
 // ([trainer] tensorboard = true, RUN_DIR/tb/) and the HTML report (RUN_DIR/report.html, written at the end
-// and every [trainer] report_every updates). The trainer calls it at four points: start, each line it
-// writes to metrics.jsonl, each validation's artifacts, and the end of each update; nothing else.
+// and every [trainer] report_every updates). The trainer calls it at its start, with each validation's
+// artifacts, after each update and at its end; it receives every metrics.jsonl line as a MetricsSink.
 //
 // Invariants: only the rank that writes the run directory (rank 0) writes here (others get a
-// RunWatchers that does nothing); the event file receives exactly the numbers of metrics.jsonl, parsed
-// from the very lines the trainer wrote, at their steps, and is flushed with them.
+// RunWatchers that does nothing); the event file receives exactly the numbers of metrics.jsonl (the same
+// MetricsLine the log writes, stored as float32) at their steps, and is flushed with each line.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,6 +15,7 @@
 
 #include "dew/objective.hpp"
 #include "dew/options.hpp"
+#include "train/run_log.hpp"
 
 namespace dew {
 
@@ -29,15 +30,15 @@ struct WatchOptions {
 // Reads (and validates) the keys above from the [trainer] section.
 WatchOptions read_watch_options(Options& trainer);
 
-class RunWatchers {
+class RunWatchers : public training::MetricsSink {
  public:
   // `warn` receives the failures that must not stop a run (a report that cannot be written).
   RunWatchers(std::string run_dir, WatchOptions options, bool writer, std::function<void(const std::string&)> warn);
-  ~RunWatchers();
+  ~RunWatchers() override;
   // The run (re)starts at update `step`: the event file is rewound to it and gets the config as text.
   void start(int64_t step, const std::string& config_ini);
   // A line just appended to metrics.jsonl: its numbers become scalars at its step.
-  void on_metrics_line(const std::string& json_line);
+  void write(const training::MetricsLine& line) override;
   // A validation's artifacts (written to RUN_DIR/samples/): PNGs as images, text as text.
   void on_artifacts(int64_t step, const std::vector<Artifact>& artifacts);
   // After update `step`: rewrites the report every report_every updates.

@@ -1,5 +1,5 @@
 // dew/report.hpp — looking at runs: the HTML run report (`dew-run report`) and the reading of a run
-// directory's metrics.jsonl that it and the TensorBoard writer share.
+// directory's metrics.jsonl lines.
 //
 // The report is one self-contained HTML file (no network: the plots are inline SVG drawn by an inline
 // script, images are data: URIs): training and validation curves (smoothing, log scale), learning rate,
