@@ -299,7 +299,7 @@
       ...valKeys.map((k) => { const v = lastValue(r, k); return el('td', { class: 'num', text: v ? fmt(v[1]) + ' @ ' + v[0] : '—' }); }),
     ]);
   });
-  root.append(el('table', { id: 'runs' }, [head, ...rows]));
+  root.append(el('div', { class: 'wide' }, [el('table', { id: 'runs' }, [head, ...rows])]));
 
   // controls
   const slider = el('input', { type: 'range', min: '0', max: '0.99', step: '0.01', value: String(state.smoothing), id: 'smoothing' });
@@ -376,7 +376,7 @@
       const th = el('tr', {}, [el('th', { text: 'key' }), ...runs.map((r) => el('th', { text: r.name }))]);
       const trs = differ.map((k) => el('tr', { class: 'differs' }, [el('td', { text: k }),
         ...runs.map((r) => el('td', { text: k in r.config ? r.config[k] : '(absent)' }))]));
-      root.append(el('table', { id: 'config-diff' }, [th, ...trs]));
+      root.append(el('div', { class: 'wide' }, [el('table', { id: 'config-diff' }, [th, ...trs])]));
     }
   }
   runs.forEach((r, i) => {

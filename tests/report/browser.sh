@@ -60,6 +60,23 @@ grep -q 'id="config-diff"' compare.dom || fail "compare: no config differences t
 grep -q '<td>model.plugin</td><td>causal_transformer</td><td>dit</td>' compare.dom ||
   fail "compare: model.plugin is not listed as a difference"
 
+# The controls redraw the charts (smoothing 0.9, linear scale) and the pointer shows values, with no error.
+cat > interact.js <<'JS'
+<script>
+const s = document.getElementById('smoothing'); s.value = '0.9'; s.dispatchEvent(new Event('input'));
+const l = document.getElementById('logscale'); l.checked = false; l.dispatchEvent(new Event('change'));
+const svg = document.querySelector('.chart svg'), r = svg.getBoundingClientRect();
+svg.dispatchEvent(new MouseEvent('mousemove', { clientX: r.left + r.width * 0.6, clientY: r.top + r.height / 2 }));
+const tip = document.querySelector('.tip');
+document.body.setAttribute('data-tip', tip.style.display + ': ' + tip.textContent);
+</script>
+JS
+sed '/^<\/body>$/e cat interact.js' lm.html > interact.html
+render interact.html interact
+check interact 8
+grep -q 'data-tip="block: loss: [0-9.]* (smoothed [0-9.]*) @ [0-9]*' interact.dom ||
+  { grep -o 'data-tip="[^"]*"' interact.dom; fail "no values under the pointer"; }
+
 # The checks catch a page whose script fails half-way (nothing is drawn) ...
 sed 's/^  drawAll();$/  drawAll(); notDefinedAnywhere();/' lm.html > broken.html
 cmp -s lm.html broken.html && fail "could not break the page"
