@@ -4,8 +4,8 @@
 // Summary.Image, the text plugin's SummaryMetadata + TensorProto) with fixed field numbers, which a page of
 // wire-format code writes, where Debian's libprotobuf would need TensorFlow's .proto files (packaged by no
 // Debian package) and a protoc step in the build. Field numbers are those of tensorboard/compat/proto/
-// event.proto, summary.proto, tensor.proto and tensor_shape.proto; the text summary is laid out as
-// tensorboard's text plugin (and PyTorch's SummaryWriter.add_text) writes it.
+// event.proto, summary.proto and tensor.proto; a text summary is a rank-0 DT_STRING tensor with the "text"
+// plugin's metadata, as tf.summary.text writes it.
 //
 // CRC-32C is written by hand too (a 256-entry table, byte at a time): no Debian library dew links has it,
 // and the event files are small. tests/report/read_events.py checks both against an independent decoder.
@@ -91,8 +91,8 @@ constexpr int kSummaryValue = 1, kValueTag = 1, kValueSimple = 2, kValueImage = 
 constexpr int kImageHeight = 1, kImageWidth = 2, kImageColorspace = 3, kImageEncoded = 4;
 // SummaryMetadata.plugin_data = 1; PluginData.plugin_name = 1.
 constexpr int kMetadataPluginData = 1, kPluginName = 1;
-// TensorProto: dtype 1 (DT_STRING = 7), tensor_shape 2, string_val 8; TensorShapeProto.dim 2; Dim.size 1.
-constexpr int kTensorDtype = 1, kTensorShape = 2, kTensorStringVal = 8, kShapeDim = 2, kDimSize = 1;
+// TensorProto: dtype 1 (DT_STRING = 7), tensor_shape 2 (a TensorShapeProto; empty: rank 0), string_val 8.
+constexpr int kTensorDtype = 1, kTensorShape = 2, kTensorStringVal = 8;
 constexpr uint64_t kDtString = 7;
 
 Proto event_header(int64_t step) {
@@ -294,10 +294,7 @@ void EventWriter::add_text(int64_t step, const std::string& tag, const std::stri
   plugin.bytes(kPluginName, std::string("text"));
   Proto metadata;
   metadata.message(kMetadataPluginData, plugin);
-  Proto dim;
-  dim.varint(kDimSize, 1);
-  Proto shape;
-  shape.message(kShapeDim, dim);
+  Proto shape;  // no dimension: a rank-0 tensor, which the text plugin renders as Markdown (not as a table)
   Proto tensor;
   tensor.varint(kTensorDtype, kDtString).message(kTensorShape, shape).bytes(kTensorStringVal, markdown);
   Proto value;

@@ -10,13 +10,13 @@
 # The screenshots stay in WORK_DIR (lm.png, diffusion.png, compare.png) to be looked at.
 set -euo pipefail
 bin=$1 work=$2
-here=$(cd "$(dirname "$0")" && pwd)
-PY=${PYTHON:-/usr/bin/python3}
 browser=$(command -v chromium || command -v chromium-browser || true)
 if [ -z "$browser" ]; then
   echo "SKIP: no chromium (tools/setup.sh installs Debian's chromium)"
   exit 77
 fi
+here=$(cd "$(dirname "$0")" && pwd)
+PY=${PYTHON:-/usr/bin/python3}
 rm -rf "$work" && mkdir -p "$work"
 cd "$work"
 fail() { echo "FAIL: $*"; exit 1; }

@@ -122,6 +122,7 @@ def parse_event(body):
                 meta = fields(first(vf, 9, b""))
                 plugin = fields(first(meta, 1, b""))
                 value["text"] = {"dtype": first(t, 1), "plugin": (first(plugin, 1) or b"").decode(),
+                                 "rank": len([d for d, _ in fields(first(t, 2, b"")) if d == 2]),
                                  "strings": [v for f2, v in t if f2 == 8]}
             event["values"].append(value)
     return event
@@ -191,8 +192,8 @@ def check(run_dir):
         for v in e["values"]:
             if "text" in v:
                 t = v["text"]
-                if t["dtype"] != 7 or t["plugin"] != "text" or len(t["strings"]) != 1:
-                    raise SystemExit(f"text {v['tag']}: not a text-plugin DT_STRING tensor: {t}")
+                if t["dtype"] != 7 or t["plugin"] != "text" or t["rank"] != 0 or len(t["strings"]) != 1:
+                    raise SystemExit(f"text {v['tag']}: not a text-plugin rank-0 DT_STRING tensor: {t}")
                 texts[(e["step"], v["tag"])] = dedent(t["strings"][0].decode("utf-8", "replace"))
     samples = os.path.join(run_dir, "samples")
     n_images = n_texts = 0
