@@ -9,7 +9,7 @@
 // Everything shown is drawn in the browser by page.js (inline SVG), styled by page.css; both are compiled
 // in (core/CMakeLists.txt turns them into page_assets.inc), so the file needs no network and no other file.
 // Every '<' of the JSON is written as \u003c, so no text of a run can close the script element.
-#include <nlohmann/json.hpp>
+#include "dew/report.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -22,11 +22,11 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dew/config.hpp"
 #include "dew/error.hpp"
-#include "dew/report.hpp"
 #include "report/page_assets.inc"
 #include "report/run_files.hpp"
 
@@ -68,8 +68,10 @@ std::string quote_non_finite(const std::string& line) {
     const char c = line[i];
     if (in_string) {
       out += c;
-      if (c == '\\' && i + 1 < line.size()) out += line[++i];
-      else if (c == '"') in_string = false;
+      if (c == '\\' && i + 1 < line.size())
+        out += line[++i];
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     if (c == '"') in_string = true;
@@ -97,10 +99,14 @@ bool number_of(const Json& v, double& out) {
   }
   if (v.is_string()) {
     const std::string& s = v.template get_ref<const std::string&>();
-    if (s == "NaN") out = std::numeric_limits<double>::quiet_NaN();
-    else if (s == "Infinity") out = std::numeric_limits<double>::infinity();
-    else if (s == "-Infinity") out = -std::numeric_limits<double>::infinity();
-    else return false;
+    if (s == "NaN")
+      out = std::numeric_limits<double>::quiet_NaN();
+    else if (s == "Infinity")
+      out = std::numeric_limits<double>::infinity();
+    else if (s == "-Infinity")
+      out = -std::numeric_limits<double>::infinity();
+    else
+      return false;
     return true;
   }
   return false;
@@ -147,9 +153,8 @@ json read_samples(const fs::path& dir) {
     (ext == ".png" ? png : txt)[run_files::artifact_tag(name)].push_back({run_files::artifact_step(name), name});
   }
   auto newest = [](std::vector<Entry>& v, size_t n) {
-    std::sort(v.begin(), v.end(), [](const Entry& a, const Entry& b) {
-      return a.step != b.step ? a.step > b.step : a.file > b.file;
-    });
+    std::sort(v.begin(), v.end(),
+              [](const Entry& a, const Entry& b) { return a.step != b.step ? a.step > b.step : a.file > b.file; });
     if (v.size() > n) v.resize(n);
   };
   for (auto& [tag, entries] : png) {
@@ -163,7 +168,8 @@ json read_samples(const fs::path& dir) {
   for (auto& [tag, entries] : txt) {
     newest(entries, kTextsPerTag);
     for (const auto& en : entries)
-      texts.push_back({{"tag", tag}, {"step", en.step}, {"file", en.file}, {"base64", base64(read_file(dir / en.file))}});
+      texts.push_back(
+          {{"tag", tag}, {"step", en.step}, {"file", en.file}, {"base64", base64(read_file(dir / en.file))}});
   }
   return json{{"images", images}, {"texts", texts}};
 }
@@ -217,11 +223,20 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (const char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -263,8 +278,10 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
   std::string safe;
   safe.reserve(payload.size() + 64);
   for (const char c : payload) {
-    if (c == '<') safe += "\\u003c";
-    else safe += c;
+    if (c == '<')
+      safe += "\\u003c";
+    else
+      safe += c;
   }
   std::string title;
   for (const auto& r : data["runs"]) title += (title.empty() ? "" : " vs ") + r["name"].get<std::string>();
@@ -273,7 +290,8 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
   html << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
        << "<meta name=\"generator\" content=\"dew-run report\">\n"
        << "<title>dew report: " << html_escape(title) << "</title>\n<style>\n"
-       << kReportCss << "</style>\n</head>\n<body>\n"
+       << kReportCss
+       << "</style>\n</head>\n<body>\n"
        // Script errors are shown on the page (and counted in data-errors) before anything else runs.
        << "<script>window.dewErrors=[];window.addEventListener('error',function(e){window.dewErrors.push(String("
           "e.message));var p=document.getElementById('dew-errors');if(p){p.hidden=false;p.textContent+="

@@ -85,8 +85,7 @@ class Proto {
 // Event fields (event.proto).
 constexpr int kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5;
 // Summary.value = 1; Summary.Value: tag 1, simple_value 2, image 4, tensor 8, metadata 9.
-constexpr int kSummaryValue = 1, kValueTag = 1, kValueSimple = 2, kValueImage = 4, kValueTensor = 8,
-              kValueMetadata = 9;
+constexpr int kSummaryValue = 1, kValueTag = 1, kValueSimple = 2, kValueImage = 4, kValueTensor = 8, kValueMetadata = 9;
 // Summary.Image: height 1, width 2, colorspace 3, encoded_image_string 4.
 constexpr int kImageHeight = 1, kImageWidth = 2, kImageColorspace = 3, kImageEncoded = 4;
 // SummaryMetadata.plugin_data = 1; PluginData.plugin_name = 1.
@@ -96,8 +95,7 @@ constexpr int kTensorDtype = 1, kTensorShape = 2, kTensorStringVal = 8;
 constexpr uint64_t kDtString = 7;
 
 Proto event_header(int64_t step) {
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   Proto e;
   e.f64(kEventWallTime, now).varint(kEventStep, uint64_t(step));
   return e;
@@ -182,9 +180,8 @@ std::string new_file_name() {
   char host[256] = "localhost";
   if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
   host[sizeof host - 1] = '\0';
-  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+  const auto secs =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   char name[400];
   std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d.0", (long long)secs, host, int(getpid()));
   return name;

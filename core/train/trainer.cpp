@@ -266,7 +266,8 @@ void Trainer::start() {
     cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config_.to_ini();
   }
   metrics_ = std::make_unique<MetricsLog>(run_dir_, leader_, options_.resume ? st_.updates : -1);
-  watch_ = std::make_shared<RunWatchers>(run_dir_, o_.watch, leader_, [this](const std::string& m) { log_->warn("{}", m); });
+  watch_ = std::make_shared<RunWatchers>(run_dir_, o_.watch, leader_,
+                                         [this](const std::string& m) { log_->warn("{}", m); });
   watch_->start(st_.updates, config_.to_ini());
   if (leader_) metrics_->add_sink(watch_);
   // Every rank starts from rank 0's weights, EMA and optimizer state, at rank 0's position.

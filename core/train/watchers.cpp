@@ -60,8 +60,10 @@ void RunWatchers::on_artifacts(int64_t step, const std::vector<Artifact>& artifa
   for (const Artifact& a : artifacts) {
     const std::string ext = fs::path(a.file_name).extension().string();
     const std::string tag = "val/" + run_files::artifact_tag(a.file_name);
-    if (ext == ".png") events_->add_image(step, tag, a.bytes);
-    else if (ext == ".txt") events_->add_text(step, tag, as_code_block(std::string(a.bytes.begin(), a.bytes.end())));
+    if (ext == ".png")
+      events_->add_image(step, tag, a.bytes);
+    else if (ext == ".txt")
+      events_->add_text(step, tag, as_code_block(std::string(a.bytes.begin(), a.bytes.end())));
   }
   events_->flush();
 }

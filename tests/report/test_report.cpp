@@ -3,12 +3,12 @@
 // CRC-32C (the check value of the standard, and TFRecord's masking of it).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "dew/error.hpp"
 #include "dew/report.hpp"

@@ -1,7 +1,7 @@
 // tools/dew-run/main.cpp — the launcher: `dew-run <command> [options]`.
 //
-// Commands: train, eval, sample, export, import, serve, report, plugins, demo. Every [section] key of a config can be given
-// on the command line as --section.key VALUE (or --section.key=VALUE), which wins over the file.
+// Commands: train, eval, sample, export, import, serve, report, plugins, demo. Every [section] key of a config can
+// be given on the command line as --section.key VALUE (or --section.key=VALUE), which wins over the file.
 // Exit status: 0 success, 2 usage/config error, 1 runtime error, 130 interrupted (after a checkpoint).
 // Plugins are found in --plugin-dir folders, DEW_PLUGIN_PATH, then next to this executable; [run]
 // plugins or --plugins restrict which are loaded.
