@@ -195,34 +195,24 @@ class LanguageModel final : public dew::Objective {
     dew::NoGradGuard no_grad;
     const bool was_training = model_->training();
     model_->set_training(false);
-    const dew::LoaderConfig& lc = loader.config();
-    const int64_t n = loader.source().size();
-    const int64_t rows = lc.batch_size, global = rows * int64_t(lc.world);
-    DEW_CHECK(rows > 0, "lm: validation batch size must be positive");
     // One pass = the next n stream indices (the split is read in order): rows at or past n are dropped.
-    int64_t batches = (n + global - 1) / global;
-    if (eval_batches_ > 0) batches = std::min(batches, eval_batches_);
     double nats = 0.0;
     int64_t hits = 0, counted = 0;
     std::vector<int32_t> first_row;
-    for (int64_t j = 0; j < batches; ++j) {
-      const dew::HostBatch hb = loader.next();
-      const int64_t first = j * global + int64_t(lc.rank) * rows;
-      const int64_t valid = std::clamp<int64_t>(n - first, 0, rows);
-      if (valid == 0) continue;
-      dew::Batch bt = dew::to_device(hb, backend_);
-      Tensor text = text_of(bt);
-      if (valid < text.shape()[0]) text = text.slice0(0, valid);
-      if (first_row.empty()) first_row = text.slice0(0, 1).to_ints();
-      const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
-      const Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
-      Tensor logits = flat_logits(model_->forward({{"tokens", dew::slice(text, 1, 0, s)}}), b * s);
-      int64_t h = 0, c = 0;
-      score(logits, targets, h, c);
-      if (c > 0) nats += dew::cross_entropy(logits, targets, ignore_index()).item() * double(c);
-      hits += h;
-      counted += c;
-    }
+    dew::for_each_pass_batch(loader, loader.source().size(), eval_batches_, backend_,
+                             [&](const dew::Batch& bt, int64_t, int64_t) {
+                               const Tensor text = text_of(bt);
+                               if (first_row.empty()) first_row = text.slice0(0, 1).to_ints();
+                               const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
+                               const Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
+                               Tensor logits =
+                                   flat_logits(model_->forward({{"tokens", dew::slice(text, 1, 0, s)}}), b * s);
+                               int64_t h = 0, c = 0;
+                               score(logits, targets, h, c);
+                               if (c > 0) nats += dew::cross_entropy(logits, targets, ignore_index()).item() * double(c);
+                               hits += h;
+                               counted += c;
+                             });
     dew::ValidationResult r;
     const double ce = counted > 0 ? nats / double(counted) : 0.0;
     r.metrics["ce"] = ce;
