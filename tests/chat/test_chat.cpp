@@ -177,7 +177,7 @@ TEST_CASE("chat_jsonl: spans from prefix renderings (the Llama 3 template, no ge
   check_masks(byte_folder(d.path), std::string(DEW_CHAT_FIXTURES) + "/llama3", true);
 }
 
-TEST_CASE("chat_jsonl: refusals name the line, val_count splits the head") {
+TEST_CASE("chat_jsonl: refusals name the line and val_count splits the head") {
   TempDir d("bad");
   const std::string bytes = byte_folder(d.path);
   const std::string path = write_conversations(d.path, kConversations);
