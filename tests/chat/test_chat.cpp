@@ -200,8 +200,10 @@ TEST_CASE("chat_jsonl: refusals name the line and val_count splits the head") {
             .find("noassistant.jsonl:1: the conversation has no assistant token") != std::string::npos);
   CHECK(err({{"path", path}, {"tokenizer", bytes}, {"seq_len", "100"}, {"split", "val"}}).find("val_count") !=
         std::string::npos);
-  // Truncation on request: the first 21 tokens.
-  auto cut = source({{"path", path}, {"tokenizer", bytes}, {"seq_len", "40"}, {"truncate", "true"}});
+  // Conversation 2 is longer than 121 bytes: refused, or cut on request.
+  CHECK(err({{"path", path}, {"tokenizer", bytes}, {"seq_len", "120"}}).find("chat.jsonl:2: the conversation is") !=
+        std::string::npos);
+  auto cut = source({{"path", path}, {"tokenizer", bytes}, {"seq_len", "120"}, {"truncate", "true"}});
   CHECK(cut->size() == 4);
   auto val = source({{"path", path}, {"tokenizer", bytes}, {"seq_len", "400"}, {"val_count", "1"}, {"split", "val"}});
   auto train = source({{"path", path}, {"tokenizer", bytes}, {"seq_len", "400"}, {"val_count", "1"}});
