@@ -26,3 +26,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "setup: all packages present"
 fi
+# The OpenAI client test of `dew-run serve` (tests/serve/openai_client.sh) runs npm's `openai` package on
+# node: Debian's nodejs and npm when neither is there (a NodeSource nodejs brings its own npm).
+node_pkgs=()
+command -v node >/dev/null 2>&1 || node_pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || node_pkgs+=(npm)
+if [ ${#node_pkgs[@]} -gt 0 ]; then
+  echo "setup: installing ${node_pkgs[*]}"
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    --no-install-recommends "${node_pkgs[@]}"
+fi
