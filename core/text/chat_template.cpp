@@ -212,6 +212,30 @@ std::string py_strip(const std::string& s, const std::optional<std::string>& cha
   return encode_utf8(cps, b, e);
 }
 
+// Python's str.splitlines(): breaks at \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029; no
+// empty last piece after a final break.
+std::vector<std::string> py_splitlines(const std::string& s) {
+  std::vector<std::string> out;
+  const std::vector<uint32_t> cps = decode_utf8(s);
+  std::string cur;
+  bool open = false;
+  for (size_t k = 0; k < cps.size(); ++k) {
+    const uint32_t c = cps[k];
+    if (c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e) || c == 0x85 || c == 0x2028 ||
+        c == 0x2029) {
+      out.push_back(cur);
+      cur.clear();
+      open = false;
+      if (c == '\r' && k + 1 < cps.size() && cps[k + 1] == '\n') ++k;
+    } else {
+      append_utf8(cur, c);
+      open = true;
+    }
+  }
+  if (open) out.push_back(cur);
+  return out;
+}
+
 std::string ascii_map(std::string s, int (*f)(int)) {
   for (char& c : s)
     if (static_cast<unsigned char>(c) < 0x80) c = char(f(static_cast<unsigned char>(c)));
@@ -702,23 +726,24 @@ struct Lexer {
     const int start = line;
     tokens.push_back({variable ? Tok::var_begin : Tok::block_begin, "", start});
     const char* close = variable ? "}}" : "%}";
+    int depth = 0;  // open ( [ {: the tag cannot end inside them (jinja2's balancing stack)
     for (;;) {
       if (pos >= src.size()) error(start, std::string("the tag is not closed (no '") + close + "')");
       // The tag end first, as jinja2 tries it before the expression tokens.
-      if (src.compare(pos, 3, std::string("-") + close) == 0) {
+      if (depth == 0 && src.compare(pos, 3, std::string("-") + close) == 0) {
         size_t end = skip_ws(pos + 3);
         tokens.push_back({variable ? Tok::var_end : Tok::block_end, "", line});
         advance_to(end);
         line_starting = end > 0 && src[end - 1] == '\n';
         return;
       }
-      if (!variable && src.compare(pos, 3, "+%}") == 0) {
+      if (depth == 0 && !variable && src.compare(pos, 3, "+%}") == 0) {
         tokens.push_back({Tok::block_end, "", line});
         advance_to(pos + 3);
         line_starting = false;
         return;
       }
-      if (src.compare(pos, 2, close) == 0) {
+      if (depth == 0 && src.compare(pos, 2, close) == 0) {
         size_t end = pos + 2;
         if (!variable && end < src.size() && src[end] == '\n') ++end;
         tokens.push_back({variable ? Tok::var_end : Tok::block_end, "", line});
@@ -752,6 +777,11 @@ struct Lexer {
       for (const char* op : ops) {
         const size_t n = std::strlen(op);
         if (src.compare(pos, n, op) == 0) {
+          if (n == 1 && (*op == '(' || *op == '[' || *op == '{')) ++depth;
+          if (n == 1 && (*op == ')' || *op == ']' || *op == '}')) {
+            if (depth == 0) error(line, std::string("unexpected '") + op + "'");
+            --depth;
+          }
           tokens.push_back({Tok::op, op, line});
           advance_to(pos + n);
           matched = true;
@@ -930,7 +960,7 @@ const std::set<std::string>& known_filters() {
       "int",    "items",      "join",   "last",   "length",    "list",   "lower",  "map",   "max",
       "min",    "reject",     "rejectattr", "replace", "reverse", "round", "safe",  "select", "selectattr",
       "sort",   "string",     "sum",    "title",  "tojson",    "trim",   "unique", "upper", "indent",
-      "wordcount", "dictsort"};
+      "dictsort"};
   return f;
 }
 
@@ -1764,17 +1794,7 @@ Value method(const Value& obj, const std::string& name) {
       }
       // splitlines
       List out;
-      std::string curline;
-      for (size_t k = 0; k < s.size(); ++k) {
-        if (s[k] == '\n' || s[k] == '\r') {
-          out.push_back(Value::string(curline));
-          curline.clear();
-          if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
-        } else {
-          curline += s[k];
-        }
-      }
-      if (!curline.empty()) out.push_back(Value::string(curline));
+      for (const std::string& l : py_splitlines(s)) out.push_back(Value::string(l));
       return Value::make_list(out);
     });
   }
@@ -2285,28 +2305,22 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     }
     return best;
   }
-  if (name == "wordcount") return Value::integer(int64_t(py_split(to_str(v), std::nullopt, -1, line).size()));
   if (name == "indent") {
+    // jinja2's do_indent: the text + "\n" split with splitlines(), rejoined with "\n" + the indent.
     const Value* w = arg(0, "width");
     const Value* first = arg(1, "first");
     const Value* blank = arg(2, "blank");
     const std::string pad = w ? (w->kind == Kind::string ? w->s : std::string(size_t(std::max<int64_t>(0, as_int(*w))), ' '))
                               : std::string(4, ' ');
-    std::string text = to_str(v);
+    const std::vector<std::string> lines = py_splitlines(to_str(v) + "\n");
     std::string out;
-    std::vector<std::string> lines;
-    size_t start = 0;
-    for (;;) {
-      const size_t nl = text.find('\n', start);
-      lines.push_back(text.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
-      if (nl == std::string::npos) break;
-      start = nl + 1;
+    if (blank && truthy(*blank)) {
+      for (size_t k = 0; k < lines.size(); ++k) out += (k ? "\n" + pad : "") + lines[k];
+    } else {
+      out = lines.empty() ? "" : lines[0];
+      for (size_t k = 1; k < lines.size(); ++k) out += "\n" + (lines[k].empty() ? "" : pad) + lines[k];
     }
-    for (size_t k = 0; k < lines.size(); ++k) {
-      if (k) out += "\n";
-      const bool indent_it = k == 0 ? (first && truthy(*first)) : (!lines[k].empty() || (blank && truthy(*blank)));
-      out += (indent_it ? pad : "") + lines[k];
-    }
+    if (first && truthy(*first)) out = pad + out;
     return Value::string(out);
   }
   if (name == "map") {

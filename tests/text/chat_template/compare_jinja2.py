@@ -8,7 +8,7 @@
 # style of Llama 3 / 3.1, Qwen2 / Qwen3, Mistral and Gemma; dew_default: dew's default template, read
 # back with --show-template) it generates --count conversations the family accepts (seeded: system
 # prompts, multi-turn, tool calls and tool results, empty contents, unicode and whitespace at the edges,
-# reasoning blocks, content parts), renders them with jinja2 set up as transformers' apply_chat_template
+# reasoning blocks, content parts; syntax: a template of the subset's other constructs), renders them with jinja2 set up as transformers' apply_chat_template
 # does (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, the {% generation %}
 # tracker, json.dumps-based tojson, raise_exception) and requires dew's output to be equal byte for byte,
 # with and without the generation prompt. Then: assistant spans (--spans) against an independent Python
@@ -268,6 +268,7 @@ def gen_default(rng):
 GENERATORS = {
     "llama3": gen_llama3, "llama3_1": gen_llama3_1, "qwen2": lambda r: gen_qwen(r, False),
     "qwen3": lambda r: gen_qwen(r, True), "mistral": gen_mistral, "gemma": gen_gemma, "dew_default": gen_default,
+    "syntax": gen_default,
 }
 
 # Conversations each family's template rejects with raise_exception (the message must come back).
@@ -289,6 +290,7 @@ UNSUPPORTED = [
     ("a\nb\n{% call f() %}x{% endcall %}", 3),
     ("{% for m in messages %}\n{% filter upper %}x{% endfilter %}\n{% endfor %}", 2),
     ("{{ messages | wordwrap(5) }}", 1),
+    ("a\n{{ 'a b' | wordcount }}", 2),
     ("{% raw %}{{ x }}{% endraw %}", 1),
     ("{% if x is divisible %}{% endif %}", 1),
     ("\n\n\n{% for x in y recursive %}{% endfor %}", 4),
