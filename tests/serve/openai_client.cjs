@@ -10,7 +10,7 @@
 const assert = require("node:assert/strict");
 const path = require("node:path");
 
-const [moduleDir, baseURL, model] = process.argv.slice(2);
+const [moduleDir, baseURL, model, mode] = process.argv.slice(2);
 const { OpenAI, BadRequestError, NotFoundError } = require(path.join(moduleDir, "node_modules", "openai"));
 const client = new OpenAI({ apiKey: "unused", baseURL, maxRetries: 0, timeout: 120000 });
 
@@ -52,7 +52,24 @@ async function expectError(type, fn, param) {
   assert.fail(`expected ${type.name}`);
 }
 
+// `gemma`: the server renders with the Gemma fixture template (--chat-template): the prompt is exactly its
+// rendering (a byte tokenizer: one token per byte) and a conversation it rejects is a BadRequestError
+// carrying the template's message.
+async function gemma() {
+  const msgs = [{ role: "user", content: "hi" }];
+  const r = await client.chat.completions.create({ model, messages: msgs, max_tokens: 8, seed: 3 });
+  const rendering = "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n";
+  assert.equal(r.usage.prompt_tokens, Buffer.byteLength(rendering));
+  assert.ok(!r.choices[0].message.content.includes("<end_of_turn>"), "the end of turn is a stop string");
+  const e = await expectError(BadRequestError, () =>
+    client.chat.completions.create({ model, messages: [{ role: "user", content: "a" }, { role: "user", content: "b" }] }),
+    "messages");
+  assert.ok(e.message.includes("Conversation roles must alternate user/assistant/user/assistant/..."), e.message);
+  console.log("openai_client: the run's template (gemma): prompt = rendering, the template's refusal as BadRequestError: ok");
+}
+
 async function main() {
+  if (mode === "gemma") return gemma();
   const params = { model, messages, seed: 7, max_tokens: 24, temperature: 0.9, top_p: 0.95, top_k: 40 };
   const r = await client.chat.completions.create(params);
   assert.equal(r.object, "chat.completion");
@@ -61,7 +78,11 @@ async function main() {
   assert.equal(r.choices[0].message.role, "assistant");
   assert.equal(typeof r.choices[0].message.content, "string");
   assert.ok(["stop", "length"].includes(r.choices[0].finish_reason), r.choices[0].finish_reason);
-  assert.ok(r.usage.prompt_tokens > 0);
+  // The prompt is dew's default (ChatML) rendering with its generation prompt, one byte per token.
+  const chatml = "<|im_start|>system\nYou answer in riddles.<|im_end|>\n<|im_start|>user\nThe quick brown fox?<|im_end|>\n" +
+    "<|im_start|>assistant\n";
+  assert.equal(r.usage.prompt_tokens, Buffer.byteLength(chatml));
+  assert.ok(!r.choices[0].message.content.includes("<|im_end|>"), "the end of turn is a stop string");
   assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
   assert.equal(r.seed, 7);
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/serve/openai_client.sh — trains a tiny byte-level run, serves it with `dew-run serve` and runs
-# openai_client.cjs (the official `openai` npm package) against it.
+# openai_client.cjs (the official `openai` npm package) against it: with the run's own template (dew's
+# default), then with --chat-template pointing at the Gemma fixture.
 #   openai_client.sh DEW_RUN DEW_TOKENIZE WORK_DIR
 # The package is installed into WORK_DIR/npm with `npm install --prefix` when it is not there yet (the
 # npm registry must be reachable; CI installs it here, on a fresh machine).
@@ -54,3 +55,17 @@ for _ in $(seq 1 300); do
 done
 [ -n "$PORT" ] || { echo "openai_client.sh: the server did not start"; cat "$WORK/serve.err"; exit 1; }
 node "$HERE/openai_client.cjs" "$WORK/npm" "http://127.0.0.1:$PORT/v1" tiny-chat
+kill $SERVER; wait $SERVER 2>/dev/null || true
+# Again with another template (--chat-template): the Gemma fixture.
+"$DEW_RUN" serve --run-dir "$WORK/run" --port 0 --slots 2 --backend ref \
+  --chat-template "$HERE/../text/chat_template/gemma" > "$WORK/serve2.out" 2> "$WORK/serve2.err" &
+SERVER=$!
+PORT=""
+for _ in $(seq 1 300); do
+  PORT=$(sed -n 's|.*http://127.0.0.1:\([0-9]*\).*|\1|p' "$WORK/serve2.out" | head -1)
+  [ -n "$PORT" ] && break
+  kill -0 $SERVER 2>/dev/null || { cat "$WORK/serve2.err"; exit 1; }
+  sleep 0.1
+done
+[ -n "$PORT" ] || { echo "openai_client.sh: the second server did not start"; cat "$WORK/serve2.err"; exit 1; }
+node "$HERE/openai_client.cjs" "$WORK/npm" "http://127.0.0.1:$PORT/v1" tiny-chat gemma
