@@ -164,6 +164,53 @@ std::string bpe_folder(const fs::path& dir) {
   return (dir / "bpe").string();
 }
 
+
+// A Llama 3 style tokenizer.json: the 256 bytes (GPT-2's byte-to-unicode spelling), no merges, the
+// header and turn tokens as added tokens (256..259), and a TemplateProcessing post-processor that
+// starts every encode() with <|begin_of_text|> (256).
+std::string mapped_byte(unsigned char b) {
+  uint32_t cp = b;
+  auto printable = [](int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE; };
+  if (!printable(b)) {
+    uint32_t n = 256;
+    for (int c = 0; c < b; ++c) n += !printable(c);
+    cp = n;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out += char(cp);
+  } else {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+std::string llama3_folder(const fs::path& dir) {
+  std::string vocab;
+  for (int b = 0; b < 256; ++b) vocab += (b ? ", " : "") + quote(mapped_byte((unsigned char)b)) + ": " + std::to_string(b);
+  const char* added[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+  std::string at;
+  for (int i = 0; i < 4; ++i)
+    at += std::string(i ? ", " : "") + R"({"id": )" + std::to_string(256 + i) + R"(, "content": ")" + added[i] +
+          R"(", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})";
+  const std::string json =
+      R"({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [)" + at +
+      R"(], "normalizer": null, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": )" +
+      quote(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)") +
+      R"(}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}, )"
+      R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [256], "tokens": ["<|begin_of_text|>"]}}}, )"
+      R"("decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true, "vocab": {)" +
+      vocab + R"(}, "merges": []}})";
+  const fs::path raw = dir / "llama3-tokenizer.json";
+  {
+    std::ofstream(raw) << json;
+  }
+  auto tok = dew::load_hf_tokenizer_json(raw.string());
+  dew::write_token_corpus(*tok, {"placeholder"}, (dir / "llama3tok").string(), 0.0);
+  return (dir / "llama3tok").string();
+}
+
 }  // namespace
 
 TEST_CASE("chat_jsonl: only assistant tokens carry mask 1 (default template, byte and BPE tokenizers)") {
@@ -263,4 +310,30 @@ TEST_CASE("lm objective on chat data: the loss is the cross-entropy of the assis
   CHECK(r.device_tokens.item() == double(counted));
   unmasked_loss_differs = std::fabs(all_nats / 480.0 - nats / double(counted)) > 1e-4;
   CHECK(unmasked_loss_differs);  // the mask changes the loss: the check above can fail
+}
+
+TEST_CASE("chat_jsonl: a post-processor BOS is not doubled when the template writes bos_token") {
+  TempDir d("bos");
+  const std::string tok_dir = llama3_folder(d.path);
+  auto tok = dew::load_tokenizer(tok_dir);
+  REQUIRE(tok->encode("") == std::vector<int32_t>{256});
+  const std::string path = write_conversations(d.path, kConversations);
+  // The Llama 3 template writes "<|begin_of_text|>" itself: one 256, from the text, and the turn markers
+  // as single added tokens. Masked tokens decode to the trimmed contents and "<|eot_id|>".
+  const std::string llama3 = std::string(DEW_CHAT_FIXTURES) + "/llama3";
+  check_masks(tok_dir, llama3, true);
+  auto src = source({{"path", path}, {"tokenizer", tok_dir}, {"template", llama3}, {"seq_len", "400"}});
+  const dew::Record r = src->get(0);
+  const int32_t* ids = r.at("text").as<int32_t>();
+  CHECK(ids[0] == 256);
+  CHECK(ids[1] == 257);  // <|start_header_id|>
+  int64_t bos = 0;
+  for (int64_t j = 0; j < 401; ++j) bos += ids[j] == 256;
+  CHECK(bos == 1);
+  // dew's default template writes no BOS: the post-processor's comes first, once.
+  auto plain = source({{"path", path}, {"tokenizer", tok_dir}, {"template", d.path.string()}, {"seq_len", "400"}});
+  const dew::Record p = plain->get(0);
+  CHECK(p.at("text").as<int32_t>()[0] == 256);
+  CHECK(p.at("text").as<int32_t>()[1] == int32_t('<'));
+  CHECK(p.at("loss_mask").as<int32_t>()[0] == 0);
 }
