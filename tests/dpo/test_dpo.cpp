@@ -221,6 +221,23 @@ TEST_CASE("dpo loss with precomputed reference log-probs equals a double-precisi
   CHECK(std::fabs(e.loss - std::log(2.0)) > 0.01);  // the references are not the policy's: a real check
   r.loss.backward();
   for (auto& [n, t] : obj->parameters()) REQUIRE(t.grad().defined());
+
+  // The SFT term: + sft_weight * (the chosen tokens' summed NLL / their count).
+  dew::Config cfg2 = tiny_config(bytes, pairs);
+  cfg2.section("objective").set("sft_weight", "0.5");
+  auto obj2 = build_dpo(cfg2, *src);
+  const dew::StepResult r2 = obj2->step(b.batch(true), {0, 0, 5});
+  dew::Model& m2 = *obj2->main_model();
+  const auto pc2 = logps(logits_of(m2, b.c, 4, b.n), b.c, b.cm, 4, b.n - 1, 256);
+  const auto pr2 = logps(logits_of(m2, b.r, 4, b.n), b.r, b.rm, 4, b.n - 1, 256);
+  const Expected e2 = expected(pc2, pr2, std::vector<double>(b.rc.begin(), b.rc.end()), std::vector<double>(b.rr.begin(), b.rr.end()));
+  double nll = 0, count = 0;
+  for (int64_t i = 0; i < 4; ++i) {
+    nll -= pc2[size_t(i)];
+    for (int64_t j = 1; j < b.n; ++j) count += b.cm[size_t(i * b.n + j)];
+  }
+  CHECK(r2.metrics.at("sft_nll") == doctest::Approx(nll / count).epsilon(1e-5));
+  CHECK(r2.loss.item() == doctest::Approx(e2.loss + 0.5 * nll / count).epsilon(1e-5));
 }
 
 TEST_CASE("dpo with the starting weights as reference: log 2 first, then the double-precision loss") {
