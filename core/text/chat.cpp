@@ -157,7 +157,8 @@ RenderedChat render_chat_with_spans(const ChatTemplate& tmpl, const ChatConfig& 
       before = render_prefix(i, true);
     } catch (const Error& e) {
       throw UsageError(tmpl.name() + ": cannot find assistant turn " + std::to_string(i) +
-                       ": rendering the messages before it failed (" + e.what() + "); give the template "
+                       ": rendering the messages before it failed (" + e.what() +
+                       "); give the template "
                        "{% generation %} blocks");
     }
     upto = render_prefix(i + 1, false);

@@ -40,11 +40,11 @@ enum class Kind { undefined, none, boolean, integer, floating, string, list, dic
 struct Value {
   Kind kind = Kind::undefined;
   bool b = false;
-  bool tuple = false;      // a list printed as (a, b)
-  bool ns = false;         // a namespace() object (its dict is mutable through set)
+  bool tuple = false;  // a list printed as (a, b)
+  bool ns = false;     // a namespace() object (its dict is mutable through set)
   int64_t i = 0;
   double f = 0;
-  std::string s;           // string; for undefined: what was looked up (for messages)
+  std::string s;  // string; for undefined: what was looked up (for messages)
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Callable> fn;
@@ -201,9 +201,7 @@ std::string py_strip(const std::string& s, const std::optional<std::string>& cha
   const std::vector<uint32_t> cps = decode_utf8(s);
   std::vector<uint32_t> set;
   if (chars) set = decode_utf8(*chars);
-  auto strip_it = [&](uint32_t c) {
-    return chars ? std::find(set.begin(), set.end(), c) != set.end() : py_isspace(c);
-  };
+  auto strip_it = [&](uint32_t c) { return chars ? std::find(set.begin(), set.end(), c) != set.end() : py_isspace(c); };
   size_t b = 0, e = cps.size();
   if (left)
     while (b < e && strip_it(cps[b])) ++b;
@@ -542,9 +540,12 @@ void to_json(std::string& out, const Value& v, const JsonStyle& st, int depth, i
       out += std::to_string(v.i);
       return;
     case Kind::floating:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
-      else out += py_float(v.f);
+      if (std::isnan(v.f))
+        out += "NaN";
+      else if (std::isinf(v.f))
+        out += v.f > 0 ? "Infinity" : "-Infinity";
+      else
+        out += py_float(v.f);
       return;
     case Kind::string:
       json_string(out, v.s);
@@ -771,8 +772,8 @@ struct Lexer {
         lex_string();
         continue;
       }
-      static const char* ops[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "/", "*", "%", "~", "[", "]",
-                                  "(",  ")",  "{",  "}",  "<",  ">",  "=", ".", ":", "|", ",", ";"};
+      static const char* ops[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "/", "*", "%", "~", "[",
+                                  "]",  "(",  ")",  "{",  "}",  "<",  ">", "=", ".", ":", "|", ",", ";"};
       bool matched = false;
       for (const char* op : ops) {
         const size_t n = std::strlen(op);
@@ -796,8 +797,9 @@ struct Lexer {
     size_t e = pos;
     auto digits = [&]() {
       const size_t s = e;
-      while (e < src.size() && (std::isdigit(static_cast<unsigned char>(src[e])) ||
-                                (src[e] == '_' && e + 1 < src.size() && std::isdigit(static_cast<unsigned char>(src[e + 1])))))
+      while (e < src.size() &&
+             (std::isdigit(static_cast<unsigned char>(src[e])) ||
+              (src[e] == '_' && e + 1 < src.size() && std::isdigit(static_cast<unsigned char>(src[e + 1])))))
         ++e;
       return e > s;
     };
@@ -849,7 +851,7 @@ struct Lexer {
           if (e >= src.size() || !std::isxdigit(static_cast<unsigned char>(src[e])))
             error(start, "a truncated \\x, \\u or \\U escape in a string literal");
           v = v * 16 + uint32_t(std::isdigit(static_cast<unsigned char>(src[e])) ? src[e] - '0'
-                                                                                  : (std::tolower(src[e]) - 'a' + 10));
+                                                                                 : (std::tolower(src[e]) - 'a' + 10));
           ++e;
         }
         return v;
@@ -901,7 +903,8 @@ struct Lexer {
         default:
           if (n >= '0' && n <= '7') {
             uint32_t v = uint32_t(n - '0');
-            for (int k = 0; k < 2 && e < src.size() && src[e] >= '0' && src[e] <= '7'; ++k) v = v * 8 + uint32_t(src[e++] - '0');
+            for (int k = 0; k < 2 && e < src.size() && src[e] >= '0' && src[e] <= '7'; ++k)
+              v = v * 8 + uint32_t(src[e++] - '0');
             append_utf8(out, v);
           } else {
             out += '\\';
@@ -920,17 +923,31 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
 enum class ExprKind {
-  literal, name, list, tuple, dict, attr, item, slice, call, filter, test, unary, binary, conditional, logic
+  literal,
+  name,
+  list,
+  tuple,
+  dict,
+  attr,
+  item,
+  slice,
+  call,
+  filter,
+  test,
+  unary,
+  binary,
+  conditional,
+  logic
 };
 
 struct Expr {
   ExprKind kind;
   int line = 0;
   Value literal;
-  std::string name;  // name / attribute / filter / test / operator
-  std::vector<ExprPtr> children;  // operands, list items, dict keys+values alternating, call args
+  std::string name;                                     // name / attribute / filter / test / operator
+  std::vector<ExprPtr> children;                        // operands, list items, dict keys+values alternating, call args
   std::vector<std::pair<std::string, ExprPtr>> kwargs;  // call / filter / test named arguments
-  bool negated = false;  // "is not"
+  bool negated = false;                                 // "is not"
 };
 
 struct Node;
@@ -956,20 +973,21 @@ struct Node {
 
 const std::set<std::string>& known_filters() {
   static const std::set<std::string> f = {
-      "abs",    "capitalize", "count",  "d",      "default",   "e",      "escape", "first", "float",
-      "int",    "items",      "join",   "last",   "length",    "list",   "lower",  "map",   "max",
-      "min",    "reject",     "rejectattr", "replace", "reverse", "round", "safe",  "select", "selectattr",
-      "sort",   "string",     "sum",    "title",  "tojson",    "trim",   "unique", "upper", "indent",
-      "dictsort"};
+      "abs",        "capitalize", "count",   "d",      "default", "e",      "escape",     "first", "float",  "int",
+      "items",      "join",       "last",    "length", "list",    "lower",  "map",        "max",   "min",    "reject",
+      "rejectattr", "replace",    "reverse", "round",  "safe",    "select", "selectattr", "sort",  "string", "sum",
+      "title",      "tojson",     "trim",    "unique", "upper",   "indent", "dictsort"};
   return f;
 }
 
 const std::set<std::string>& known_tests() {
-  static const std::set<std::string> t = {
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even", "false", "float",
-      "ge", "gt", "greaterthan", "in", "integer", "iterable", "le", "lower", "lt", "lessthan", "mapping", "ne",
-      "none", "number", "odd", "sameas", "sequence", "string", "true", "undefined", "upper", "==", "!=", "<",
-      "<=", ">", ">="};
+  static const std::set<std::string> t = {"boolean",     "callable", "defined",  "divisibleby", "eq",   "equalto",
+                                          "escaped",     "even",     "false",    "float",       "ge",   "gt",
+                                          "greaterthan", "in",       "integer",  "iterable",    "le",   "lower",
+                                          "lt",          "lessthan", "mapping",  "ne",          "none", "number",
+                                          "odd",         "sameas",   "sequence", "string",      "true", "undefined",
+                                          "upper",       "==",       "!=",       "<",           "<=",   ">",
+                                          ">="};
   return t;
 }
 
@@ -1185,11 +1203,12 @@ struct Parser {
       ++p;
       expect_block_end();
     } else {
-      static const std::set<std::string> closers = {"endif", "endfor", "endset", "endmacro", "endgeneration",
-                                                    "elif",  "else"};
+      static const std::set<std::string> closers = {"endif",         "endfor", "endset", "endmacro",
+                                                    "endgeneration", "elif",   "else"};
       if (closers.count(kw)) error(line, "{% " + kw + " %} without its opening tag");
-      error(line, "the {% " + kw + " %} statement is not supported by dew's chat templates (supported: if, for, "
-                  "set, macro, break, continue, generation)");
+      error(line, "the {% " + kw +
+                      " %} statement is not supported by dew's chat templates (supported: if, for, "
+                      "set, macro, break, continue, generation)");
     }
     return n;
   }
@@ -1279,9 +1298,8 @@ struct Parser {
     for (;;) {
       const int line = cur().line;
       std::string op;
-      if (cur().type == Tok::op &&
-          (cur().text == "==" || cur().text == "!=" || cur().text == "<" || cur().text == ">" ||
-           cur().text == "<=" || cur().text == ">=")) {
+      if (cur().type == Tok::op && (cur().text == "==" || cur().text == "!=" || cur().text == "<" ||
+                                    cur().text == ">" || cur().text == "<=" || cur().text == ">=")) {
         op = cur().text;
         ++p;
       } else if (is_name("in")) {
@@ -1731,9 +1749,9 @@ std::string py_title(const std::string& s) {
 Value method(const Value& obj, const std::string& name) {
   if (obj.kind == Kind::string) {
     const std::string s = obj.s;
-    static const std::set<std::string> names = {"strip", "lstrip", "rstrip", "split", "startswith", "endswith",
-                                                "upper", "lower", "title", "capitalize", "replace", "find",
-                                                "count", "join", "rfind", "isdigit", "isspace", "splitlines"};
+    static const std::set<std::string> names = {"strip", "lstrip", "rstrip", "split",      "startswith", "endswith",
+                                                "upper", "lower",  "title",  "capitalize", "replace",    "find",
+                                                "count", "join",   "rfind",  "isdigit",    "isspace",    "splitlines"};
     if (!names.count(name)) return Value::undefined();
     return make_builtin("str." + name, [s, name](const Args& a, Renderer&, int line) -> Value {
       if (name == "strip" || name == "lstrip" || name == "rstrip")
@@ -1759,7 +1777,8 @@ Value method(const Value& obj, const std::string& name) {
       if (name == "title") return Value::string(py_title(s));
       if (name == "capitalize") {
         std::string r = ascii_map(s, ::tolower);
-        if (!r.empty() && static_cast<unsigned char>(r[0]) < 0x80) r[0] = char(std::toupper(static_cast<unsigned char>(r[0])));
+        if (!r.empty() && static_cast<unsigned char>(r[0]) < 0x80)
+          r[0] = char(std::toupper(static_cast<unsigned char>(r[0])));
         return Value::string(r);
       }
       if (name == "replace") {
@@ -1786,7 +1805,8 @@ Value method(const Value& obj, const std::string& name) {
         return Value::string(out);
       }
       if (name == "isdigit") {
-        return Value::boolean(!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }));
+        return Value::boolean(!s.empty() &&
+                              std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }));
       }
       if (name == "isspace") {
         const auto cps = decode_utf8(s);
@@ -1830,7 +1850,8 @@ Value method(const Value& obj, const std::string& name) {
 }
 
 Value Renderer::get_attr(const Value& obj, const std::string& name, int line) {
-  if (obj.is_undefined()) fail(line, (obj.s.empty() ? std::string("a value") : obj.s) + " is undefined (reading ." + name + ")");
+  if (obj.is_undefined())
+    fail(line, (obj.s.empty() ? std::string("a value") : obj.s) + " is undefined (reading ." + name + ")");
   if (obj.kind == Kind::dict) {
     if (obj.ns) {
       const Value* v = obj.dict->find(name);
@@ -1847,7 +1868,8 @@ Value Renderer::get_attr(const Value& obj, const std::string& name, int line) {
 }
 
 Value Renderer::get_item(const Value& obj, const Value& key, int line) {
-  if (obj.is_undefined()) fail(line, (obj.s.empty() ? std::string("a value") : obj.s) + " is undefined (reading [" + repr(key) + "])");
+  if (obj.is_undefined())
+    fail(line, (obj.s.empty() ? std::string("a value") : obj.s) + " is undefined (reading [" + repr(key) + "])");
   if (obj.kind == Kind::dict) {
     if (key.kind == Kind::string) {
       const Value* v = obj.dict->find(key.s);
@@ -1926,14 +1948,16 @@ Value arith(const std::string& op, const Value& a, const Value& b, int line) {
       return Value::make_list(std::move(l), a.tuple);
     }
     if (a.kind == Kind::string || b.kind == Kind::string)
-      fail(line, std::string("can only concatenate str (not \"") + type_name(a.kind == Kind::string ? b : a) +
-                     "\") to str");
+      fail(line,
+           std::string("can only concatenate str (not \"") + type_name(a.kind == Kind::string ? b : a) + "\") to str");
     if (!num) return type_err();
     return flt ? Value::floating(as_double(a) + as_double(b))
                : Value::integer(checked(__int128(as_int(a)) + as_int(b), line));
   }
   if (op == "*") {
-    const Value* seq = a.kind == Kind::string || a.kind == Kind::list ? &a : b.kind == Kind::string || b.kind == Kind::list ? &b : nullptr;
+    const Value* seq = a.kind == Kind::string || a.kind == Kind::list   ? &a
+                       : b.kind == Kind::string || b.kind == Kind::list ? &b
+                                                                        : nullptr;
     const Value* cnt = seq == &a ? &b : &a;
     if (seq && (cnt->kind == Kind::integer || cnt->kind == Kind::boolean)) {
       const int64_t n = std::max<int64_t>(0, as_int(*cnt));
@@ -1991,7 +2015,8 @@ Value arith(const std::string& op, const Value& a, const Value& b, int line) {
 
 bool contains(const Value& container, const Value& item, int line) {
   if (container.kind == Kind::string) {
-    if (item.kind != Kind::string) fail(line, std::string("'in <string>' requires string as left operand, not ") + type_name(item));
+    if (item.kind != Kind::string)
+      fail(line, std::string("'in <string>' requires string as left operand, not ") + type_name(item));
     return container.s.find(item.s) != std::string::npos;
   }
   if (container.kind == Kind::list) {
@@ -2076,7 +2101,8 @@ Value Renderer::eval(const Expr& e, Scope& s) {
       const Value v = eval(*e.children[0], s);
       if (e.name == "not") return Value::boolean(!truthy(v));
       if (v.is_undefined()) undefined_error(v, e.line);
-      if (!v.is_number()) fail(e.line, std::string("bad operand type for unary ") + e.name + ": '" + type_name(v) + "'");
+      if (!v.is_number())
+        fail(e.line, std::string("bad operand type for unary ") + e.name + ": '" + type_name(v) + "'");
       if (e.name == "+") return v.kind == Kind::boolean ? Value::integer(as_int(v)) : v;
       return v.kind == Kind::floating ? Value::floating(-v.f) : Value::integer(checked(-__int128(as_int(v)), e.line));
     }
@@ -2124,7 +2150,8 @@ Value attribute_of(Renderer& r, const Value& item, const std::string& path, int 
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     bool all_digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    v = all_digits ? r.get_item(v, Value::integer(std::atoll(part.c_str())), line) : r.get_item(v, Value::string(part), line);
+    v = all_digits ? r.get_item(v, Value::integer(std::atoll(part.c_str())), line)
+                   : r.get_item(v, Value::string(part), line);
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -2164,7 +2191,8 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
       st.key_sep = need_string((*sep->list)[1], line, "separators");
     }
     if (const Value* sk = arg(2, "sort_keys")) st.sort_keys = truthy(*sk);
-    if (const Value* ea = arg(3, "ensure_ascii"); ea && truthy(*ea)) fail(line, "tojson: ensure_ascii=True is not supported");
+    if (const Value* ea = arg(3, "ensure_ascii"); ea && truthy(*ea))
+      fail(line, "tojson: ensure_ascii=True is not supported");
     std::string out;
     to_json(out, v, st, 0, line);
     return Value::string(out);
@@ -2209,7 +2237,8 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     List out;
     for (const auto& kv : v.dict->items) out.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
     if (name == "dictsort")
-      std::stable_sort(out.begin(), out.end(), [](const Value& x, const Value& y) { return (*x.list)[0].s < (*y.list)[0].s; });
+      std::stable_sort(out.begin(), out.end(),
+                       [](const Value& x, const Value& y) { return (*x.list)[0].s < (*y.list)[0].s; });
     return Value::make_list(out);
   }
   if (name == "reverse") {
@@ -2290,7 +2319,8 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     Value total = Value::integer(0);
     if (const Value* st = arg(1, "start")) total = *st;
     const Value* attr = arg(0, "attribute");
-    for (const Value& x : need_iterable(v)) total = arith("+", total, attr ? attribute_of(*this, x, to_str(*attr), line) : x, line);
+    for (const Value& x : need_iterable(v))
+      total = arith("+", total, attr ? attribute_of(*this, x, to_str(*attr), line) : x, line);
     return total;
   }
   if (name == "max" || name == "min") {
@@ -2310,8 +2340,9 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     const Value* w = arg(0, "width");
     const Value* first = arg(1, "first");
     const Value* blank = arg(2, "blank");
-    const std::string pad = w ? (w->kind == Kind::string ? w->s : std::string(size_t(std::max<int64_t>(0, as_int(*w))), ' '))
-                              : std::string(4, ' ');
+    const std::string pad =
+        w ? (w->kind == Kind::string ? w->s : std::string(size_t(std::max<int64_t>(0, as_int(*w))), ' '))
+          : std::string(4, ' ');
     const std::vector<std::string> lines = py_splitlines(to_str(v) + "\n");
     std::string out;
     if (blank && truthy(*blank)) {
@@ -2389,8 +2420,10 @@ bool Renderer::apply_test(const std::string& name, const Value& v, const Args& a
   if (name == "sequence") return v.kind == Kind::string || v.kind == Kind::list || (v.kind == Kind::dict && !v.ns);
   if (name == "callable") return v.kind == Kind::callable;
   if (name == "escaped") return false;
-  if (name == "lower") return v.kind == Kind::string && ascii_map(v.s, ::tolower) == v.s && v.s != ascii_map(v.s, ::toupper);
-  if (name == "upper") return v.kind == Kind::string && ascii_map(v.s, ::toupper) == v.s && v.s != ascii_map(v.s, ::tolower);
+  if (name == "lower")
+    return v.kind == Kind::string && ascii_map(v.s, ::tolower) == v.s && v.s != ascii_map(v.s, ::toupper);
+  if (name == "upper")
+    return v.kind == Kind::string && ascii_map(v.s, ::toupper) == v.s && v.s != ascii_map(v.s, ::tolower);
   if (name == "odd" || name == "even") {
     if (v.kind != Kind::integer && v.kind != Kind::boolean) fail(line, "the test '" + name + "' needs an integer");
     const int64_t x = as_int(v);
@@ -2428,7 +2461,8 @@ void assign(Scope& s, const std::vector<std::string>& names, const Value& v, int
   }
   const List items = iterate(v, line);
   if (items.size() != names.size())
-    fail(line, "cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(names.size()) + " names");
+    fail(line,
+         "cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(names.size()) + " names");
   for (size_t k = 0; k < names.size(); ++k) s.vars[names[k]] = items[k];
 }
 

@@ -75,13 +75,17 @@ std::string quote(const std::string& s) {
 std::string line_of(const std::vector<Turn>& turns) {
   std::string s = "{\"messages\": [";
   for (size_t i = 0; i < turns.size(); ++i)
-    s += (i ? ", " : "") + std::string("{\"role\": ") + quote(turns[i].role) + ", \"content\": " + quote(turns[i].content) + "}";
+    s += (i ? ", " : "") + std::string("{\"role\": ") + quote(turns[i].role) +
+         ", \"content\": " + quote(turns[i].content) + "}";
   return s + "]}";
 }
 
 const std::vector<std::vector<Turn>> kConversations = {
     {{"user", "Tell me a fortune."}, {"assistant", "You will meet a tall stranger."}},
-    {{"system", "Be terse."}, {"user", "héllo 日本語"}, {"assistant", "  Bonjour 🎉 "}, {"user", "again?"},
+    {{"system", "Be terse."},
+     {"user", "héllo 日本語"},
+     {"assistant", "  Bonjour 🎉 "},
+     {"user", "again?"},
      {"assistant", "Yes.\nTwice."}},
     {{"user", ""}, {"assistant", "Nothing asked, nothing said."}, {"user", "ok"}},
     {{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d e f"}},
@@ -125,14 +129,13 @@ void check_masks(const std::string& tok_dir, const std::string& template_arg, bo
   auto src = source(kv);
   REQUIRE(src->size() == int64_t(kConversations.size()));
   auto tok = dew::load_tokenizer(tok_dir);
-  const dew::ChatConfig cfg = template_arg.empty() ? dew::chat_config_of_folder(tok_dir)
-                                                   : dew::chat_config_of_folder(template_arg);
+  const dew::ChatConfig cfg =
+      template_arg.empty() ? dew::chat_config_of_folder(tok_dir) : dew::chat_config_of_folder(template_arg);
   const dew::ChatTemplate tmpl(cfg.chat_template);
   for (size_t i = 0; i < kConversations.size(); ++i) {
     const dew::Record r = src->get(int64_t(i));
     CHECK(r.at("text").shape == dew::Shape{401});
-    const std::string rendering =
-        tmpl.render(dew::chat_context_json(cfg, line_of(kConversations[i]), false)).text;
+    const std::string rendering = tmpl.render(dew::chat_context_json(cfg, line_of(kConversations[i]), false)).text;
     std::string want;
     for (const Turn& t : kConversations[i])
       if (t.role == "assistant") want += llama3 ? trim(t.content) + "<|eot_id|>" : t.content + "<|im_end|>";
@@ -164,7 +167,6 @@ std::string bpe_folder(const fs::path& dir) {
   return (dir / "bpe").string();
 }
 
-
 // A Llama 3 style tokenizer.json: the 256 bytes (GPT-2's byte-to-unicode spelling), no merges, the
 // header and turn tokens as added tokens (256..259), and a TemplateProcessing post-processor that
 // starts every encode() with <|begin_of_text|> (256).
@@ -188,7 +190,8 @@ std::string mapped_byte(unsigned char b) {
 
 std::string llama3_folder(const fs::path& dir) {
   std::string vocab;
-  for (int b = 0; b < 256; ++b) vocab += (b ? ", " : "") + quote(mapped_byte((unsigned char)b)) + ": " + std::to_string(b);
+  for (int b = 0; b < 256; ++b)
+    vocab += (b ? ", " : "") + quote(mapped_byte((unsigned char)b)) + ": " + std::to_string(b);
   const char* added[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
   std::string at;
   for (int i = 0; i < 4; ++i)
@@ -197,15 +200,14 @@ std::string llama3_folder(const fs::path& dir) {
   const std::string json =
       R"({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [)" + at +
       R"(], "normalizer": null, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": )" +
-      quote(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)") +
+      quote(
+          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)") +
       R"(}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}, )"
       R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [256], "tokens": ["<|begin_of_text|>"]}}}, )"
       R"("decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true, "vocab": {)" +
       vocab + R"(}, "merges": []}})";
   const fs::path raw = dir / "llama3-tokenizer.json";
-  {
-    std::ofstream(raw) << json;
-  }
+  { std::ofstream(raw) << json; }
   auto tok = dew::load_hf_tokenizer_json(raw.string());
   dew::write_token_corpus(*tok, {"placeholder"}, (dir / "llama3tok").string(), 0.0);
   return (dir / "llama3tok").string();
@@ -240,9 +242,7 @@ TEST_CASE("chat_jsonl: refusals name the line and val_count splits the head") {
   };
   CHECK(err({{"path", path}, {"tokenizer", bytes}, {"seq_len", "20"}}).find("chat.jsonl:1: the conversation is") !=
         std::string::npos);
-  {
-    std::ofstream(d.path / "noassistant.jsonl") << line_of({{"user", "hi"}}) << "\n";
-  }
+  { std::ofstream(d.path / "noassistant.jsonl") << line_of({{"user", "hi"}}) << "\n"; }
   CHECK(err({{"path", (d.path / "noassistant.jsonl").string()}, {"tokenizer", bytes}, {"seq_len", "100"}})
             .find("noassistant.jsonl:1: the conversation has no assistant token") != std::string::npos);
   CHECK(err({{"path", path}, {"tokenizer", bytes}, {"seq_len", "100"}, {"split", "val"}}).find("val_count") !=
@@ -263,10 +263,11 @@ TEST_CASE("lm objective on chat data: the loss is the cross-entropy of the assis
   TempDir d("lm");
   const std::string bytes = byte_folder(d.path);
   const std::string path = write_conversations(d.path, kConversations);
-  dew::Config cfg = dew::Config::parse_ini("[objective]\nplugin = lm\nsample_tokens = 0\n"
-                                           "[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 1\nn_heads = 2\n"
-                                           "[data]\nsource = chat_jsonl\nseq_len = 120\nbatch_size = 4\npath = " +
-                                           path + "\ntokenizer = " + bytes + "\ntruncate = true\n");
+  dew::Config cfg = dew::Config::parse_ini(
+      "[objective]\nplugin = lm\nsample_tokens = 0\n"
+      "[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 1\nn_heads = 2\n"
+      "[data]\nsource = chat_jsonl\nseq_len = 120\nbatch_size = 4\npath = " +
+      path + "\ntokenizer = " + bytes + "\ntruncate = true\n");
   auto src = source({{"path", path}, {"tokenizer", bytes}, {"seq_len", "120"}, {"truncate", "true"}});
   auto obj = dew::Registry::global().create<dew::Objective>("lm", cfg.section("objective"));
   dew::ObjectiveContext ctx{&cfg, ref(), 3, src.get()};

@@ -36,7 +36,8 @@ const dew::BackendPtr& ref() {
   static dew::BackendPtr be = [] {
     auto& reg = dew::Registry::global();
     if (!reg.contains("backend", "ref"))
-      reg.discover(dew::Registry::default_plugin_dirs(), {"ref", "cpu", "causal_transformer", "dpo", "preference_jsonl"});
+      reg.discover(dew::Registry::default_plugin_dirs(),
+                   {"ref", "cpu", "causal_transformer", "dpo", "preference_jsonl"});
     return dew::create_backend("ref");
   }();
   dew::set_default_backend(be);
@@ -182,7 +183,8 @@ TEST_CASE("preference_jsonl: prompt then response tokens, masks on the response"
   TempDir d("src");
   const std::string bytes = byte_folder(d.path);
   auto src = dew::Registry::global().create<dew::DataSource>(
-      "preference_jsonl", dew::Options({{"path", write_pairs(d.path, true)}, {"tokenizer", bytes}, {"seq_len", "24"}}, "data"));
+      "preference_jsonl",
+      dew::Options({{"path", write_pairs(d.path, true)}, {"tokenizer", bytes}, {"seq_len", "24"}}, "data"));
   REQUIRE(src->size() == 4);
   const dew::Record r = src->get(0);
   const std::string prompt = "Q: ab\nA:";
@@ -195,10 +197,11 @@ TEST_CASE("preference_jsonl: prompt then response tokens, masks on the response"
   CHECK(*r.at("ref_chosen_logp").as<float>() == -20.0f);
   CHECK(*r.at("ref_rejected_logp").as<float>() == -15.5f);
   // Too long: refused naming the line.
-  CHECK_THROWS_WITH_AS(dew::Registry::global().create<dew::DataSource>(
-                           "preference_jsonl",
-                           dew::Options({{"path", write_pairs(d.path, false)}, {"tokenizer", bytes}, {"seq_len", "10"}}, "data")),
-                       doctest::Contains("pairs.jsonl:1: prompt + chosen is 12 tokens"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(
+      dew::Registry::global().create<dew::DataSource>(
+          "preference_jsonl",
+          dew::Options({{"path", write_pairs(d.path, false)}, {"tokenizer", bytes}, {"seq_len", "10"}}, "data")),
+      doctest::Contains("pairs.jsonl:1: prompt + chosen is 12 tokens"), dew::UsageError);
 }
 
 TEST_CASE("dpo loss with precomputed reference log-probs equals a double-precision computation") {
@@ -214,7 +217,8 @@ TEST_CASE("dpo loss with precomputed reference log-probs equals a double-precisi
   dew::Model& m = *obj->main_model();
   const auto pc = logps(logits_of(m, b.c, 4, b.n), b.c, b.cm, 4, b.n - 1, 256);
   const auto pr = logps(logits_of(m, b.r, 4, b.n), b.r, b.rm, 4, b.n - 1, 256);
-  const Expected e = expected(pc, pr, std::vector<double>(b.rc.begin(), b.rc.end()), std::vector<double>(b.rr.begin(), b.rr.end()));
+  const Expected e =
+      expected(pc, pr, std::vector<double>(b.rc.begin(), b.rc.end()), std::vector<double>(b.rr.begin(), b.rr.end()));
   CHECK(r.loss.item() == doctest::Approx(e.loss).epsilon(1e-5));
   CHECK(r.metrics.at("reward_accuracy") == doctest::Approx(e.accuracy));
   CHECK(r.metrics.at("reward_margin") == doctest::Approx(e.margin).epsilon(1e-5));
@@ -230,7 +234,8 @@ TEST_CASE("dpo loss with precomputed reference log-probs equals a double-precisi
   dew::Model& m2 = *obj2->main_model();
   const auto pc2 = logps(logits_of(m2, b.c, 4, b.n), b.c, b.cm, 4, b.n - 1, 256);
   const auto pr2 = logps(logits_of(m2, b.r, 4, b.n), b.r, b.rm, 4, b.n - 1, 256);
-  const Expected e2 = expected(pc2, pr2, std::vector<double>(b.rc.begin(), b.rc.end()), std::vector<double>(b.rr.begin(), b.rr.end()));
+  const Expected e2 =
+      expected(pc2, pr2, std::vector<double>(b.rc.begin(), b.rc.end()), std::vector<double>(b.rr.begin(), b.rr.end()));
   double nll = 0, count = 0;
   for (int64_t i = 0; i < 4; ++i) {
     nll -= pc2[size_t(i)];

@@ -27,10 +27,14 @@ std::string trim_ws(const std::string& s) {
 
 // What the template writes after an assistant turn's content: render a probe turn and read past it.
 std::string end_of_turn(const ChatSetup& s) {
-  static const std::string probe = "\x1d" "dew-end-of-turn-probe" "\x1d";
-  const std::string conv = json{{"messages", json::array({json{{"role", "user"}, {"content", "x"}},
-                                                          json{{"role", "assistant"}, {"content", probe}}})}}
-                               .dump();
+  static const std::string probe =
+      "\x1d"
+      "dew-end-of-turn-probe"
+      "\x1d";
+  const std::string conv =
+      json{{"messages",
+            json::array({json{{"role", "user"}, {"content", "x"}}, json{{"role", "assistant"}, {"content", probe}}})}}
+          .dump();
   try {
     const dew::ChatRendering r = s.tmpl->render(dew::chat_context_json(s.config, conv, false));
     const size_t at = r.text.find(probe);
@@ -69,16 +73,29 @@ ChatSetup setup_from_folder_or_file(const std::string& path) {
 }
 
 json to_completion_body(const json& body, const ChatSetup& setup) {
-  static const std::set<std::string> passed = {"model", "temperature", "top_p", "top_k", "min_p", "seed", "n",
-                                               "stream", "user", "repetition_penalty", "max_tokens"};
-  static const std::set<std::string> known = {"messages", "model", "temperature", "top_p", "top_k", "min_p",
-                                              "seed", "n", "stream", "user", "repetition_penalty", "max_tokens",
-                                              "max_completion_tokens", "stop", "stream_options",
+  static const std::set<std::string> passed = {"model",     "temperature", "top_p",  "top_k", "min_p",
+                                               "seed",      "n",           "stream", "user",  "repetition_penalty",
+                                               "max_tokens"};
+  static const std::set<std::string> known = {"messages",
+                                              "model",
+                                              "temperature",
+                                              "top_p",
+                                              "top_k",
+                                              "min_p",
+                                              "seed",
+                                              "n",
+                                              "stream",
+                                              "user",
+                                              "repetition_penalty",
+                                              "max_tokens",
+                                              "max_completion_tokens",
+                                              "stop",
+                                              "stream_options",
                                               "chat_template_kwargs"};
-  static const std::set<std::string> unsupported = {"tools", "tool_choice", "functions", "function_call",
-                                                    "logprobs", "top_logprobs", "response_format",
-                                                    "parallel_tool_calls", "logit_bias", "frequency_penalty",
-                                                    "presence_penalty", "audio", "modalities", "prediction"};
+  static const std::set<std::string> unsupported = {
+      "tools",           "tool_choice",         "functions",  "function_call",     "logprobs",         "top_logprobs",
+      "response_format", "parallel_tool_calls", "logit_bias", "frequency_penalty", "presence_penalty", "audio",
+      "modalities",      "prediction"};
   if (!body.is_object()) refuse("", "the request body must be a JSON object");
   for (auto it = body.begin(); it != body.end(); ++it) {
     if (unsupported.count(it.key())) refuse(it.key(), "'" + it.key() + "' is not supported by dew-run serve");
@@ -99,7 +116,8 @@ json to_completion_body(const json& body, const ChatSetup& setup) {
     if (m.contains("content") && m["content"].is_array()) {  // content parts: the text ones, joined
       std::string text;
       for (const json& part : m["content"]) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
           refuse("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
         text += part["text"].get<std::string>();
       }
@@ -132,7 +150,8 @@ json to_completion_body(const json& body, const ChatSetup& setup) {
   for (const std::string& k : passed)
     if (body.contains(k)) out[k] = body[k];
   if (body.contains("max_completion_tokens")) {
-    if (body.contains("max_tokens")) refuse("max_completion_tokens", "give max_tokens or max_completion_tokens, not both");
+    if (body.contains("max_tokens"))
+      refuse("max_completion_tokens", "give max_tokens or max_completion_tokens, not both");
     out["max_tokens"] = body["max_completion_tokens"];
   }
   out["prompt"] = prompt;
@@ -147,7 +166,8 @@ json to_completion_body(const json& body, const ChatSetup& setup) {
     } else if (!st.is_null()) {
       refuse("stop", "'stop' must be a string or an array of strings");
     }
-    if (stops.size() > 15) refuse("stop", "'stop' holds at most 15 strings (the chat template's end of turn is one more)");
+    if (stops.size() > 15)
+      refuse("stop", "'stop' holds at most 15 strings (the chat template's end of turn is one more)");
   }
   if (!setup.end_of_turn.empty()) stops.push_back(setup.end_of_turn);
   if (!stops.empty()) out["stop"] = stops;

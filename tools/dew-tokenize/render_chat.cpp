@@ -25,8 +25,8 @@ namespace {
 dew::ChatConfig resolve(const std::string& config_path) {
   DEW_USAGE_CHECK(!config_path.empty(), "render-chat: --tokenizer-config is required");
   DEW_USAGE_CHECK(fs::exists(config_path), "render-chat: --tokenizer-config '", config_path, "' does not exist");
-  dew::ChatConfig config = fs::is_directory(config_path) ? dew::chat_config_of_folder(config_path)
-                                                         : dew::read_chat_config(config_path);
+  dew::ChatConfig config =
+      fs::is_directory(config_path) ? dew::chat_config_of_folder(config_path) : dew::read_chat_config(config_path);
   DEW_USAGE_CHECK(!config.chat_template.empty(), "render-chat: '", config_path,
                   "' has no chat_template (and no chat_template.jinja beside it)");
   return config;

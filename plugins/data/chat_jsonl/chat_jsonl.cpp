@@ -110,8 +110,8 @@ class ChatJsonlSource final : public dew::DataSource {
       tokens_.push_back(std::move(ids));
       masks_.push_back(std::move(mask));
     }
-    identity_ = "chat_jsonl:" + fs::weakly_canonical(path).string() + "#" + split + "?seq_len=" +
-                std::to_string(seq_len_) + "&val_count=" + std::to_string(val_count) +
+    identity_ = "chat_jsonl:" + fs::weakly_canonical(path).string() + "#" + split +
+                "?seq_len=" + std::to_string(seq_len_) + "&val_count=" + std::to_string(val_count) +
                 "&template=" + config_.template_origin;
   }
 
@@ -192,12 +192,14 @@ DEW_PLUGIN("chat_jsonl", "0.1.0") {
                       "loss_mask i32 [seq_len + 1] (1 on assistant tokens), padded",
        .factory = [](const dew::Options& o) { return std::make_shared<ChatJsonlSource>(o); },
        .probe = {},
-       .options = {{"path", "", "a .jsonl file, one {\"messages\": [...]} per line; required"},
-                   {"tokenizer", "", "folder with meta.json (+ tokenizer.json) from dew-tokenize or an import; required"},
-                   {"template", "", "tokenizer_config.json, chat_template.jinja or folder (default: the tokenizer "
-                                    "folder's, else dew's default template)"},
-                   {"seq_len", "", "tokens per row (the record holds seq_len + 1); required"},
-                   {"val_count", "0", "the first val_count conversations are the val split"},
-                   {"truncate", "false", "cut conversations longer than seq_len + 1 tokens (else refused)"},
-                   {"split", "train", "train or val; set by the loader"}}});
+       .options = {
+           {"path", "", "a .jsonl file, one {\"messages\": [...]} per line; required"},
+           {"tokenizer", "", "folder with meta.json (+ tokenizer.json) from dew-tokenize or an import; required"},
+           {"template", "",
+            "tokenizer_config.json, chat_template.jinja or folder (default: the tokenizer "
+            "folder's, else dew's default template)"},
+           {"seq_len", "", "tokens per row (the record holds seq_len + 1); required"},
+           {"val_count", "0", "the first val_count conversations are the val split"},
+           {"truncate", "false", "cut conversations longer than seq_len + 1 tokens (else refused)"},
+           {"split", "train", "train or val; set by the loader"}}});
 }

@@ -104,7 +104,8 @@ class PreferenceJsonlSource final : public dew::DataSource {
         prompt = j["prompt"].get<std::string>();
       } else {
         try {
-          prompt = tmpl.render(dew::chat_context_json(config_, nlohmann::json{{"messages", j["prompt"]}}.dump(), true)).text;
+          prompt =
+              tmpl.render(dew::chat_context_json(config_, nlohmann::json{{"messages", j["prompt"]}}.dump(), true)).text;
         } catch (const dew::Error& e) {
           throw dew::UsageError("preference_jsonl: " + where + e.what());
         }
@@ -148,8 +149,8 @@ class PreferenceJsonlSource final : public dew::DataSource {
       pairs_.push_back(std::move(pair));
     }
     with_ref_ = with_ref == 1;
-    identity_ = "preference_jsonl:" + fs::weakly_canonical(path).string() + "#" + split + "?seq_len=" +
-                std::to_string(seq_len_) + "&val_count=" + std::to_string(val_count);
+    identity_ = "preference_jsonl:" + fs::weakly_canonical(path).string() + "#" + split +
+                "?seq_len=" + std::to_string(seq_len_) + "&val_count=" + std::to_string(val_count);
   }
 
   int64_t size() const override { return int64_t(pairs_.size()); }

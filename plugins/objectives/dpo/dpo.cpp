@@ -50,8 +50,9 @@ class Dpo final : public dew::Objective {
       if (!model.has("vocab_size")) model.set("vocab_size", std::to_string(dew::read_token_meta(dir).vocab_size));
     }
     if (!model.has("vocab_size") && vocab_size_ > 0) model.set("vocab_size", std::to_string(vocab_size_));
-    DEW_USAGE_CHECK(model.has("vocab_size"), "dpo: the vocabulary size is unknown: set [data] tokenizer (a folder "
-                                             "with meta.json) or objective.vocab_size");
+    DEW_USAGE_CHECK(model.has("vocab_size"),
+                    "dpo: the vocabulary size is unknown: set [data] tokenizer (a folder "
+                    "with meta.json) or objective.vocab_size");
     if (ctx.train_source && ctx.train_source->size() > 0) {
       const dew::Record r = ctx.train_source->get(0);
       for (const char* f : {"chosen", "rejected", "chosen_mask", "rejected_mask"})

@@ -63,8 +63,8 @@ class ChatTemplate {
 // same folder, as transformers writes it) and the special tokens the template sees (bos_token,
 // eos_token, unk_token, pad_token; a string or an {"content": ...} object).
 struct ChatConfig {
-  std::string chat_template;  // "" when the file has none
-  std::string template_origin;  // the file it came from, for messages
+  std::string chat_template;                                        // "" when the file has none
+  std::string template_origin;                                      // the file it came from, for messages
   std::vector<std::pair<std::string, std::string>> special_tokens;  // name -> text, e.g. {"bos_token", "<s>"}
 };
 ChatConfig read_chat_config(const std::string& tokenizer_config_path);
