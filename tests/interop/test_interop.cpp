@@ -469,12 +469,12 @@ TEST_CASE("import keeps the chat template and special tokens (tokenizer_config.j
   const fs::path hf = d / "hf";
   fs::create_directories(hf);
   for (const auto& e : fs::directory_iterator(fixture("qwen2"))) fs::copy_file(e.path(), hf / e.path().filename());
-  const std::string tmpl = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                           "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-  nlohmann::json cfg = {{"chat_template", tmpl}, {"eos_token", "<|im_end|>"}, {"pad_token", {{"content", "<|endoftext|>"}}}};
-  {
-    std::ofstream(hf / "tokenizer_config.json") << cfg.dump();
-  }
+  const std::string tmpl =
+      "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  nlohmann::json cfg = {
+      {"chat_template", tmpl}, {"eos_token", "<|im_end|>"}, {"pad_token", {{"content", "<|endoftext|>"}}}};
+  { std::ofstream(hf / "tokenizer_config.json") << cfg.dump(); }
   dew::ImportOptions o;
   o.backend = "ref";
   const std::string summary = dew::import_hf(hf.string(), (d / "run").string(), o);
@@ -482,8 +482,8 @@ TEST_CASE("import keeps the chat template and special tokens (tokenizer_config.j
   REQUIRE(fs::exists(d / "run" / "tokenizer" / "tokenizer_config.json"));
   const dew::ChatConfig c = dew::chat_config_of_folder((d / "run" / "tokenizer").string());
   CHECK(c.chat_template == tmpl);
-  CHECK(c.special_tokens == std::vector<std::pair<std::string, std::string>>{{"eos_token", "<|im_end|>"},
-                                                                            {"pad_token", "<|endoftext|>"}});
+  CHECK(c.special_tokens ==
+        std::vector<std::pair<std::string, std::string>>{{"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}});
   const dew::ChatTemplate t(c.chat_template);
   CHECK(t.render(dew::chat_context_json(c, R"({"messages": [{"role": "user", "content": "hi"}]})", true)).text ==
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
@@ -493,9 +493,7 @@ TEST_CASE("import keeps the chat template and special tokens (tokenizer_config.j
   const fs::path hf2 = d / "hf2";
   fs::create_directories(hf2);
   for (const auto& e : fs::directory_iterator(fixture("qwen2"))) fs::copy_file(e.path(), hf2 / e.path().filename());
-  {
-    std::ofstream(hf2 / "chat_template.jinja") << "line one\n{% include 'x' %}";
-  }
+  { std::ofstream(hf2 / "chat_template.jinja") << "line one\n{% include 'x' %}"; }
   const std::string s2 = dew::import_hf(hf2.string(), (d / "run2").string(), o);
   CHECK(s2.find("chat_template.jinja:2") != std::string::npos);
   CHECK(fs::exists(d / "run2" / "tokenizer" / "chat_template.jinja"));

@@ -10,8 +10,6 @@
 // at a time), and past `--queue` waiting requests the server answers 429.
 #include "serve.hpp"
 
-#include "chat_completions.hpp"
-
 #include <httplib.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -30,6 +28,7 @@
 #include <set>
 #include <thread>
 
+#include "chat_completions.hpp"
 #include "dew/error.hpp"
 #include "dew/objective.hpp"
 #include "dew/tokenizer.hpp"
@@ -386,7 +385,8 @@ struct HttpServer::Impl {
 
   // A /v1/chat/completions body as the /v1/completions body it renders to.
   std::string chat_body(const std::string& text) const {
-    if (!chat_error.empty()) throw HttpError{400, "invalid_request_error", "this run's chat template cannot be used: " + chat_error, ""};
+    if (!chat_error.empty())
+      throw HttpError{400, "invalid_request_error", "this run's chat template cannot be used: " + chat_error, ""};
     json body;
     try {
       body = json::parse(text);

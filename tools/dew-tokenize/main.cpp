@@ -31,7 +31,7 @@ namespace po = boost::program_options;
 
 int render_chat_main(const std::string& config_path, const std::string& input, const std::string& out,
                      bool add_generation_prompt, bool spans);  // render_chat.cpp
-int show_chat_template(const std::string& config_path);         // render_chat.cpp
+int show_chat_template(const std::string& config_path);        // render_chat.cpp
 namespace fs = std::filesystem;
 
 namespace {
