@@ -12,7 +12,7 @@ mkdir -p "$WORK"
 if [ ! -f "$WORK/npm/node_modules/openai/package.json" ]; then
   npm install --prefix "$WORK/npm" --no-audit --no-fund --loglevel=error openai@6 >/dev/null
 fi
-rm -rf "$WORK/data" "$WORK/run" "$WORK/text"
+rm -rf "$WORK/data" "$WORK/run" "$WORK/text" "$WORK"/serve*.out "$WORK"/serve*.err  # no stale port from a previous run
 mkdir -p "$WORK/text"
 for i in $(seq 1 60); do echo "The quick brown fox jumps over the lazy dog. A riddle: what has keys but no locks?"; done \
   > "$WORK/text/corpus.txt"
