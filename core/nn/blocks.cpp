@@ -47,15 +47,16 @@ GroupNorm::GroupNorm(int64_t g, int64_t channels, float e) : groups(g), eps(e) {
 }
 Tensor GroupNorm::forward(const Tensor& x) const { return group_norm(x, groups, weight, bias, eps); }
 
-Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, int64_t groups,
-               bool has_bias, Init weight_init, Init bias_init) {
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, int64_t groups, bool has_bias,
+               Init weight_init, Init bias_init) {
   DEW_CHECK(in % groups == 0 && out % groups == 0, "Conv2d: channels ", in, "->", out, " do not split into ", groups,
             " groups");
   params.stride_h = params.stride_w = stride;
   params.pad_h = params.pad_w = padding;
   params.groups = groups;
   const float bound = 1.0f / std::sqrt(float(in / groups * kernel * kernel));
-  weight = register_parameter("weight", {out, in / groups, kernel, kernel}, or_default(weight_init, Init::Uniform(bound)));
+  weight =
+      register_parameter("weight", {out, in / groups, kernel, kernel}, or_default(weight_init, Init::Uniform(bound)));
   if (has_bias) bias = register_parameter("bias", {out}, or_default(bias_init, Init::Uniform(bound)));
 }
 Tensor Conv2d::forward(const Tensor& x) const { return conv2d(x, weight, bias, params); }
@@ -211,8 +212,8 @@ Tensor GatedMLP::forward(const Tensor& x) const {
 
 MLP::MLP(int64_t dim, int64_t hidden, int64_t out, Activation a, bool bias, ProjectionInit init) : act(a) {
   fc1 = register_module("fc1", std::make_shared<Linear>(dim, hidden, bias, init.weight, init.bias));
-  fc2 = register_module("fc2", std::make_shared<Linear>(hidden, out == 0 ? dim : out, bias, init.out_weight,
-                                                        init.out_bias));
+  fc2 = register_module("fc2",
+                        std::make_shared<Linear>(hidden, out == 0 ? dim : out, bias, init.out_weight, init.out_bias));
 }
 Tensor MLP::forward(const Tensor& x) const { return fc2->forward(fc1->forward(x, act)); }
 

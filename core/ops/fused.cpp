@@ -19,8 +19,9 @@ Tensor row(const Tensor& t, int64_t b, const Shape& shape) {
 Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps) {
   DEW_CHECK(x.ndim() == 3, "modulated_layer_norm: x must be [B, N, D], got ", shape_str(x.shape()));
   const int64_t b = x.shape()[0], n = x.shape()[1], d = x.shape()[2];
-  DEW_CHECK(shift.shape() == Shape({b, d}) && scale.shape() == Shape({b, d}), "modulated_layer_norm: shift and scale must be [",
-            b, ", ", d, "], got ", shape_str(shift.shape()), " and ", shape_str(scale.shape()));
+  DEW_CHECK(shift.shape() == Shape({b, d}) && scale.shape() == Shape({b, d}),
+            "modulated_layer_norm: shift and scale must be [", b, ", ", d, "], got ", shape_str(shift.shape()), " and ",
+            shape_str(scale.shape()));
   detail::check_same_backend(x, shift, "modulated_layer_norm");
   detail::check_same_backend(x, scale, "modulated_layer_norm");
   Backend& be = x.backend();
@@ -55,8 +56,8 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
 }
 
 Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p) {
-  DEW_CHECK(heads > 0 && qkv.ndim() == 3 && qkv.shape()[2] % (3 * heads) == 0, "packed_attention: qkv must be [B, T, 3 * ",
-            heads, " * head_dim], got ", shape_str(qkv.shape()));
+  DEW_CHECK(heads > 0 && qkv.ndim() == 3 && qkv.shape()[2] % (3 * heads) == 0,
+            "packed_attention: qkv must be [B, T, 3 * ", heads, " * head_dim], got ", shape_str(qkv.shape()));
   const int64_t b = qkv.shape()[0], t = qkv.shape()[1], dm = qkv.shape()[2] / 3, hd = dm / heads;
   Backend& be = qkv.backend();
   const Tensor src = qkv.detach();

@@ -436,7 +436,7 @@ TEST_CASE("nn::Attention: the fused layout equals the separate one; gradcheck wi
     CHECK(names == std::vector<std::string>{"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"});
     const int64_t dkv = c.num_kv_heads * 4;
     CHECK(fus.qkv->weight.shape() == dew::Shape{8 + 2 * dkv, 8});
-    V w = {like(sep.q_proj->weight, 71), like(sep.q_proj->bias, 72), like(sep.k_proj->weight, 73),
+    V w = {like(sep.q_proj->weight, 71), like(sep.q_proj->bias, 72),   like(sep.k_proj->weight, 73),
            like(sep.k_proj->bias, 74),   like(sep.v_proj->weight, 75), like(sep.v_proj->bias, 76),
            like(sep.o_proj->weight, 77), like(sep.o_proj->bias, 78)};
     sep.q_proj->weight = w[0], sep.q_proj->bias = w[1], sep.k_proj->weight = w[2], sep.k_proj->bias = w[3];
@@ -484,7 +484,8 @@ TEST_CASE("nn::Attention: the KV-cache and slot-cache paths equal the full forwa
     // batch 2 through one cache: a prefill of 4, then one token at a time
     Tensor kc = Tensor::zeros({2, t, 2, 2}, DType::f32, ref()), vc = Tensor::zeros({2, t, 2, 2}, DType::f32, ref());
     std::vector<Tensor> steps{a.forward_cached(dew::slice(x, 1, 0, 4), ints({0, 1, 2, 3}, {4}), kc, vc, 0)};
-    for (int32_t i = 4; i < t; ++i) steps.push_back(a.forward_cached(dew::slice(x, 1, i, i + 1), ints({i}, {1}), kc, vc, i));
+    for (int32_t i = 4; i < t; ++i)
+      steps.push_back(a.forward_cached(dew::slice(x, 1, i, i + 1), ints({i}, {1}), kc, vc, i));
     check_close(dew::concat(steps, 1), full, 1e-6, 1e-5, "forward_cached vs forward");
     // slots: row 0 in slot 1 and row 1 in slot 0 after prefills of different lengths, then one step each
     Tensor ks = Tensor::zeros({3, t, 2, 2}, DType::f32, ref()), vs = Tensor::zeros({3, t, 2, 2}, DType::f32, ref());
@@ -493,7 +494,8 @@ TEST_CASE("nn::Attention: the KV-cache and slot-cache paths equal the full forwa
     a.forward_cached(dew::slice(x.slice0(1, 2), 1, 0, 5), ints({0, 1, 2, 3, 4}, {5}), k0, v0, 0);
     const Tensor xs = dew::concat({dew::slice(x.slice0(0, 1), 1, 3, 4), dew::slice(x.slice0(1, 2), 1, 5, 6)}, 0);
     const Tensor got = a.forward_slots(xs, ints({3, 5}, {2, 1}), ks, vs, {1, 0}, {3, 5});
-    const Tensor want = dew::concat({dew::slice(full.slice0(0, 1), 1, 3, 4), dew::slice(full.slice0(1, 2), 1, 5, 6)}, 0);
+    const Tensor want =
+        dew::concat({dew::slice(full.slice0(0, 1), 1, 3, 4), dew::slice(full.slice0(1, 2), 1, 5, 6)}, 0);
     check_close(got, want, 1e-6, 1e-5, "forward_slots vs forward");
     CHECK_THROWS_WITH_AS(a.forward_cached(dew::slice(x, 1, 0, 2), ints({5, 6}, {2}), kc, vc, 5),
                          doctest::Contains("cannot take 2 positions at 5"), dew::Error);

@@ -36,8 +36,7 @@ int main(int argc, char** argv) {
       d.state_values["flops_per_sample"] = r.flops;
       const std::string path = std::string(argv[1]) + "/" + c.name + ".h5";
       dew::write_checkpoint(path, d);
-      std::cout << path << ": " << m->named_parameters().size() << " parameters, " << r.outputs.size()
-                << " outputs\n";
+      std::cout << path << ": " << m->named_parameters().size() << " parameters, " << r.outputs.size() << " outputs\n";
     }
   } catch (const std::exception& e) {
     std::cerr << "make_backbone_fixtures: " << e.what() << "\n";

@@ -98,8 +98,8 @@ TEST_CASE("backbone fixtures: names, initial values, outputs and gradients bit f
 
 TEST_CASE("backbone fixtures: a changed weight is noticed (the comparison can fail)") {
   const bf::Case c = bf::cases()[0];
-  const dew::CheckpointData d = dew::read_checkpoint(std::string(DEW_BACKBONE_FIXTURES) + "/" + c.name + ".h5",
-                                                     bf::ref());
+  const dew::CheckpointData d =
+      dew::read_checkpoint(std::string(DEW_BACKBONE_FIXTURES) + "/" + c.name + ".h5", bf::ref());
   auto m = bf::make_model(c);
   dew::load_into(d.params, "params", m->named_parameters());
   Tensor w = m->named_parameters()[1].second;  // a q_proj weight

@@ -228,7 +228,7 @@ class DecoderLayer final : public dew::nn::Module {
     self_attn = register_module("self_attn", make_attention(c, c.local[size_t(index)]));
     const Activation act = c.mlp == "swiglu" ? Activation::silu : Activation::gelu_tanh;
     mlp = register_module("mlp", std::make_shared<dew::nn::GatedMLP>(c.dim, c.hidden, act, c.mlp_bias,
-                                                                      projection_init(c), c.mlp != "gelu"));
+                                                                     projection_init(c), c.mlp != "gelu"));
     input_layernorm =
         register_module("input_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
     post_attention_layernorm = register_module(
@@ -473,8 +473,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       Tensor* kc = cache ? &cache->k[size_t(i)] : nullptr;
       Tensor* vc = cache ? &cache->v[size_t(i)] : nullptr;
       const Tensor h = l.input_layernorm->forward(x);
-      Tensor a = rows    ? l.self_attn->forward_slots(h, positions, rows->cache->k[size_t(i)], rows->cache->v[size_t(i)],
-                                                      rows->slots, rows->positions)
+      Tensor a = rows ? l.self_attn->forward_slots(h, positions, rows->cache->k[size_t(i)], rows->cache->v[size_t(i)],
+                                                   rows->slots, rows->positions)
                  : cache ? l.self_attn->forward_cached(h, positions, *kc, *vc, past)
                          : l.self_attn->forward(h, positions);
       x = dew::add(x, drop(a, i, "attn", seed, step));

@@ -20,8 +20,9 @@
 // Options ([model]): image_size (32; "H" or "H,W"), in_channels (3), out_channels (= in_channels),
 //   num_classes (0 = unconditional), patch (4), dim (256), depth (6), heads (4), mlp_ratio (4), plus the
 //   time-embedding keys of nn::TimeEmbeddingConfig. Built from the SDK blocks (dew/nn.hpp): nn::Attention
-//   (fused layout), nn::MLP, nn::AdaLNModulation, nn::TimestepEmbedder, and dew::modulated_layer_norm. With the defaults and the DiT time embedding
-//   (time_max_freq = 1) this is exactly ../shared/peers/torch_dit_train.py's model (same parameters).
+//   (fused layout), nn::MLP, nn::AdaLNModulation, nn::TimestepEmbedder, and dew::modulated_layer_norm. With the
+//   defaults and the DiT time embedding (time_max_freq = 1) this is exactly ../shared/peers/torch_dit_train.py's model
+//   (same parameters).
 // FLOPs per sample (forward): 2 * (N * per-token matmul weights + per-image matmul weights)
 //   + 4 * N^2 * D per block (q.k and p.v), N = (H/p)(W/p) — the peer's convention.
 #include <dew/diffusion.hpp>
@@ -92,10 +93,9 @@ class DitBlock final : public dew::nn::Module {
     a.init = {Init::XavierUniform(c.dim, 3 * c.dim), Init::Zeros(), Init::XavierUniform(c.dim, c.dim), Init::Zeros()};
     attn = register_module("attn", std::make_shared<dew::nn::Attention>(a));
     const Init xavier = Init::XavierUniform(c.dim, c.hidden);  // symmetric in the fans: fc1 and fc2
-    mlp = register_module("mlp", std::make_shared<dew::nn::MLP>(c.dim, c.hidden, c.dim, dew::Activation::gelu_tanh,
-                                                                true,
-                                                                dew::nn::ProjectionInit{xavier, Init::Zeros(), xavier,
-                                                                                        Init::Zeros()}));
+    mlp = register_module(
+        "mlp", std::make_shared<dew::nn::MLP>(c.dim, c.hidden, c.dim, dew::Activation::gelu_tanh, true,
+                                              dew::nn::ProjectionInit{xavier, Init::Zeros(), xavier, Init::Zeros()}));
     ada = register_module("adaLN_modulation", std::make_shared<dew::nn::AdaLNModulation>(c.dim, c.dim, 6));
   }
 
@@ -176,9 +176,9 @@ class Dit final : public dew::Model {
     const double d = double(c_.dim), n = double((c_.height / c_.patch) * (c_.width / c_.patch));
     const double per_token = double(patch_->weight.numel() + final_->weight.numel()) +
                              double(c_.depth) * (4.0 * d * d + 2.0 * d * double(c_.hidden));
-    const double per_image =
-        double(t_embedder_->fc1->weight.numel() + t_embedder_->fc2->weight.numel() + final_ada_->linear->weight.numel()) +
-        double(c_.depth) * 6.0 * d * d;
+    const double per_image = double(t_embedder_->fc1->weight.numel() + t_embedder_->fc2->weight.numel() +
+                                    final_ada_->linear->weight.numel()) +
+                             double(c_.depth) * 6.0 * d * d;
     return 2.0 * (per_token * n + per_image) + double(c_.depth) * 4.0 * n * n * d;
   }
 

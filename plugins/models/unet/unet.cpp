@@ -23,8 +23,8 @@
 //   channels ("64,128,256"; one width per level), res_blocks (2), attention_levels ("1": level indices,
 //   0-based, empty for none; the middle always has attention), groups (GroupNorm groups, 8, capped at the
 //   width), heads (4), plus the time-embedding keys of nn::TimeEmbeddingConfig. Built from the SDK blocks
-//   (dew/nn.hpp): nn::Conv2d, nn::GroupNorm, nn::Attention (fused layout), nn::TimestepEmbedder. H and W must be multiples of
-//   2^(levels - 1).
+//   (dew/nn.hpp): nn::Conv2d, nn::GroupNorm, nn::Attention (fused layout), nn::TimestepEmbedder. H and W must be
+//   multiples of 2^(levels - 1).
 // FLOPs per sample (forward): 2 * MACs of every conv and linear at its resolution + 4 * (HW)^2 * C per
 //   attention block (q.k and p.v).
 #include <algorithm>

@@ -2,8 +2,9 @@
 //
 // Both stack the same pre-norm ViT block: x += attn(LN(x)); x += MLP(LN(x)) (GELU, hidden mlp_ratio*dim),
 // bidirectional multi-head attention through the fused attention op (no mask: a subset of tokens is a
-// gather, not a mask); built from the SDK blocks nn::Attention, nn::MLP, nn::LayerNorm, nn::PatchEmbed. Positions are fixed 2-D sin-cos embeddings (MAE layout) that are added to each
-// token before any subset is taken, so a position travels with its token: permuting the token indices
+// gather, not a mask), built from the SDK blocks nn::Attention, nn::MLP, nn::LayerNorm, nn::PatchEmbed.
+// Positions are fixed 2-D sin-cos embeddings (MAE layout) that are added to each token before any
+// subset is taken, so a position travels with its token: permuting the token indices
 // permutes the output rows and nothing else. Linear weights start as N(0, 0.02) with zero biases; the
 // residual output projections (attn.o_proj, mlp.fc2) of layer l are scaled by 1/sqrt(2(l+1)) (I-JEPA).
 //
