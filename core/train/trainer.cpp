@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "dew/autograd.hpp"
 #include "dew/checkpoint.hpp"
@@ -187,6 +188,9 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   const std::string backend_name = backend_override.empty() ? rs.get_string("backend", "cpu") : backend_override;
   if (!backend_override.empty()) rs.get_string("backend", "");
   const int64_t threads = rs.get_int("threads", 0);
+  const int64_t max_threads = std::max<int64_t>(64, 8 * int64_t(std::thread::hardware_concurrency()));
+  DEW_USAGE_CHECK(threads >= 0 && threads <= max_threads, "option 'run.threads' = ", threads,
+                  " is out of range: 0 (all cores) up to ", max_threads, " (8 per core of this machine)");
   // [run] matmul_precision (PyTorch's float32 matmul precision): highest = f32, high = TF32, medium = bf16
   // inputs with f32 accumulation. A permission, not a demand: a backend without such a mode runs f32 (ref
   // always; cpu has no TF32, and bf16 only on CPUs with AVX512-BF16).
@@ -250,6 +254,146 @@ void load_objective_state(const CheckpointData& c, const std::string& file, Obje
   DEW_CHECK(!saved.empty(), "checkpoint ", file, " holds no objective state (state/", kObjectiveState,
             "*) but the objective keeps ", targets.size(), " state tensors (e.g. ", targets.front().first, ")");
   load_into(saved, "state/" + kObjectiveState, targets);
+}
+
+// The read options of a run's checkpoints: non-finite weights only with DEW_ALLOW_NONFINITE_WEIGHTS=1.
+CheckpointReadOptions run_read_options() {
+  CheckpointReadOptions o;
+  const char* env = std::getenv("DEW_ALLOW_NONFINITE_WEIGHTS");
+  o.allow_nonfinite = env && std::string(env) == "1";
+  return o;
+}
+
+// Reads one of a run's checkpoints; a damaged one is refused with, as the hint, the newest older
+// checkpoint of the same folder that is intact (train --resume, eval, sample, serve and export all take
+// --step N).
+CheckpointData read_run_checkpoint(const std::string& file, const BackendPtr& backend) {
+  const CheckpointReadOptions opt = run_read_options();
+  try {
+    return read_checkpoint(file, backend, opt);
+  } catch (const Error& e) {
+    const int64_t step = checkpoint_step(file);
+    if (e.kind() != ErrorKind::runtime || step < 0) throw;
+    const fs::path dir = fs::path(file).parent_path();
+    const std::string intact = find_intact_checkpoint(dir.string(), step, opt);
+    std::string hint = e.hint().empty() ? "" : e.hint() + "; ";
+    hint += intact.empty() ? "no older checkpoint in " + dir.string() + " is intact"
+                           : fs::path(intact).filename().string() + " is intact: pass --step " +
+                                 std::to_string(checkpoint_step(intact)) + " to use it";
+    throw Error(ErrorKind::runtime, e.what(), e.file(), e.line(), hint);
+  }
+}
+
+// A step counter of a checkpoint's state/, refused clearly when missing or negative.
+int64_t saved_counter(const CheckpointData& c, const std::string& file, const std::string& name) {
+  auto it = c.counters.find(name);
+  DEW_CHECK(it != c.counters.end(), "checkpoint ", file, " has no counter state/@", name,
+            " (not written by dew's trainer, or damaged)");
+  DEW_CHECK(it->second >= 0, "checkpoint ", file, " has a negative counter state/@", name, " = ", it->second);
+  return it->second;
+}
+
+// What --resume restores, read and checked before anything in the run directory changes.
+struct ResumePoint {
+  std::string file;             // the checkpoint resumed
+  std::vector<std::string> newer;  // checkpoints after it (--step N): set aside once the run starts
+  RunState state;
+  DataPosition position;
+};
+
+// Picks the checkpoint (--step, else the latest), loads weights, EMA, optimizer and objective state into
+// the run, and checks the counters and the data position against this run: every step and position must
+// be one this config could have reached (`records_per_attempt` = world x batch x grad_accum).
+ResumePoint read_resume_point(const std::string& run_dir, const std::string& step, const BackendPtr& backend,
+                              const NamedTensors& params, Ema* ema, Optimizer& optimizer, Objective& objective,
+                              int64_t steps, int64_t records_per_attempt) {
+  ResumePoint r;
+  r.file = resolve_checkpoint(run_dir, step.empty() ? "latest" : step, backend);
+  const int64_t file_step = checkpoint_step(r.file);
+  const fs::path ckpt_dir = fs::path(run_dir) / "checkpoints";
+  for (const auto& [s_, f] : [&] {
+         std::vector<std::pair<int64_t, std::string>> later;
+         std::error_code ec;
+         for (const auto& e : fs::directory_iterator(ckpt_dir, ec)) {
+           const int64_t s = checkpoint_step(e.path().filename().string());
+           if (s > file_step && e.is_regular_file(ec)) later.emplace_back(s, e.path().string());
+         }
+         std::sort(later.begin(), later.end());
+         return later;
+       }())
+    r.newer.push_back(f);
+  CheckpointData c = read_run_checkpoint(r.file, backend);
+  load_into(c.params, "params", params);
+  if (ema) {
+    DEW_CHECK(!c.ema.empty(), "checkpoint ", r.file, " holds no EMA weights but trainer.ema_decay > 0");
+    load_into(c.ema, "ema", ema->tensors());
+  }
+  for (const auto& [slot, tensors] : optimizer.state()) {
+    auto it = c.optim.find(slot);
+    DEW_CHECK(it != c.optim.end(), "checkpoint ", r.file, " has no optimizer slot '", slot, "' (optimizer ",
+              optimizer.name(), ")");
+    load_into(it->second, "optim/" + slot, tensors);
+  }
+  load_objective_state(c, r.file, objective);
+  RunState& st = r.state;
+  st.updates = saved_counter(c, r.file, "updates");
+  st.attempts = saved_counter(c, r.file, "attempts");
+  st.skipped = saved_counter(c, r.file, "skipped");
+  st.streak = saved_counter(c, r.file, "nonfinite_streak");
+  const int64_t next = saved_counter(c, r.file, "data.next");
+  DEW_CHECK(st.updates + st.skipped == st.attempts && st.streak <= st.skipped, "checkpoint ", r.file,
+            " has inconsistent counters (updates ", st.updates, " + skipped ", st.skipped, " != attempts ",
+            st.attempts, ", or a non-finite streak of ", st.streak, "): damaged or not written by dew's trainer");
+  DEW_CHECK(file_step < 0 || st.updates == file_step, "checkpoint ", r.file, " holds update ", st.updates,
+            " but its name says step ", file_step);
+  DEW_USAGE_CHECK(st.updates <= steps, "checkpoint ", r.file, " is at update ", st.updates,
+                  ", past trainer.steps = ", steps, "; raise --trainer.steps to train further");
+  DEW_CHECK(records_per_attempt > 0 && next <= st.attempts * records_per_attempt, "checkpoint ", r.file,
+            " has data position ", next, ", more than the ", st.attempts, " attempts x ", records_per_attempt,
+            " records this config reads per attempt could have consumed (damaged, or the batch was larger before)");
+  auto text = c.state_text.find("data.order");
+  DEW_CHECK(text != c.state_text.end(), "checkpoint ", r.file, " has no data order state/@data.order");
+  r.position = DataPosition{next, text->second};
+  if (c.state_values.count("best_metric")) st.best = c.state_values.at("best_metric");
+  st.best_file = c.state_text.count("best_file") ? c.state_text.at("best_file") : "";
+  return r;
+}
+
+// MemAvailable of /proc/meminfo in bytes (-1 when unknown).
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+// Checks, before the first update, what later stages of the run read: the validation split (built now,
+// so a missing or mismatched split fails here, and handed back for validate()), the objective's view of
+// it (Objective::check_validation_data: labels, shapes, token ids, sampling options), and the batch
+// against the training split and the memory of this machine.
+std::unique_ptr<DataLoader> validate_before_training(Config& config, Run& run) {
+  const DataLoader& train = *run.train_loader;
+  const int64_t batch = train.config().batch_size, world = run.world;
+  const int64_t records = train.source().size();
+  DEW_USAGE_CHECK(batch * world <= records, "option 'data.batch_size' = ", batch,
+                  world > 1 ? " x " + std::to_string(world) + " ranks" : std::string(), " is larger than the ",
+                  records, " records of the training split (", train.source().identity(), ")");
+  // The host batches in flight (prefetch + the one being assembled + the one in use) and the f32 copy
+  // the objective makes of it: a lower bound of what an update needs, so a batch that cannot fit is
+  // refused now instead of running the machine out of memory.
+  int64_t record_bytes = 0;  // also an upper bound of a record's elements (u8 images are the largest case)
+  for (const auto& [name, a] : train.source().get(0)) record_bytes += int64_t(a.bytes.size());
+  const double need = double(record_bytes) * double(batch) * double(train.config().prefetch + 2 + 4);
+  const int64_t avail = available_memory_bytes();
+  DEW_USAGE_CHECK(avail < 0 || need < double(avail), "option 'data.batch_size' = ", batch, " needs at least ",
+                  int64_t(need / (1 << 20)), " MiB for its batches alone, more than the ", avail / (1 << 20),
+                  " MiB this machine has available");
+  auto val = make_loader(config.section("data"), "val", run.seed);
+  run.objective->check_validation_data(*val);
+  return val;
 }
 
 }  // namespace
@@ -322,6 +466,7 @@ int train_process(Config& config, const TrainOptions& options) {
   DEW_USAGE_CHECK(options.resume || latest.empty(), "run directory '", run_dir,
                   "' already holds checkpoints; pass --resume to continue it or choose another --run-dir");
   DEW_USAGE_CHECK(!options.resume || !latest.empty(), "--resume: no checkpoint to resume in '", ckpt_dir.string(), "'");
+  DEW_USAGE_CHECK(options.resume || options.step.empty(), "--step ", options.step, " needs --resume");
 
   Run run = build_run(config, options.backend_name, true, profile_steps > 0);
   auto* profiler = dynamic_cast<ProfilingBackend*>(run.backend.get());
@@ -349,6 +494,20 @@ int train_process(Config& config, const TrainOptions& options) {
   }
   config.check_all_used();  // every key was read by someone: the rest are typos
 
+  // Everything a resume restores is read and checked before the run directory changes: a failed
+  // --resume (another model's config, a wrong override, a damaged checkpoint) leaves it untouched.
+  RunState st;
+  ResumePoint resumed;
+  if (options.resume) {
+    const int64_t per_attempt = int64_t(run.world) * run.train_loader->config().batch_size * grad_accum;
+    resumed = read_resume_point(run_dir, options.step, run.backend, run.params, ema.get(), *optimizer, *run.objective,
+                                steps, per_attempt);
+    run.train_loader->seek(resumed.position);
+    st = resumed.state;
+  }
+  // what later stages read, checked before the first update
+  std::unique_ptr<DataLoader> val_loader = validate_before_training(config, run);
+
   if (leader) {  // dist: rank 0 alone writes into the run directory
     fs::create_directories(ckpt_dir);
     remove_stale_temporaries(ckpt_dir.string());
@@ -359,31 +518,16 @@ int train_process(Config& config, const TrainOptions& options) {
     cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config.to_ini();
   }
 
-  RunState st;
   if (options.resume) {
-    CheckpointData c = read_checkpoint(latest, run.backend);
-    load_into(c.params, "params", run.params);
-    if (ema) {
-      DEW_CHECK(!c.ema.empty(), "checkpoint ", latest, " holds no EMA weights but trainer.ema_decay > 0");
-      load_into(c.ema, "ema", ema->tensors());
+    if (leader) {  // dist: rank 0's files
+      // --step N: the later checkpoints belong to the future this resume replaces; kept, renamed aside.
+      for (const std::string& f : resumed.newer) {
+        fs::rename(f, f + ".discarded");
+        log->info("set aside {} (after the resumed step) as {}.discarded", f, fs::path(f).filename().string());
+      }
+      rewind_metrics(fs::path(run_dir) / "metrics.jsonl", st.updates);
     }
-    const auto state = optimizer->state();
-    for (const auto& [slot, tensors] : state) {
-      auto it = c.optim.find(slot);
-      DEW_CHECK(it != c.optim.end(), "checkpoint ", latest, " has no optimizer slot '", slot, "' (optimizer ",
-                optimizer->name(), ")");
-      load_into(it->second, "optim/" + slot, tensors);
-    }
-    load_objective_state(c, latest, *run.objective);
-    st.updates = c.counters.at("updates");
-    st.attempts = c.counters.at("attempts");
-    st.skipped = c.counters.at("skipped");
-    st.streak = c.counters.at("nonfinite_streak");
-    if (c.state_values.count("best_metric")) st.best = c.state_values.at("best_metric");
-    st.best_file = c.state_text.count("best_file") ? c.state_text.at("best_file") : "";
-    run.train_loader->seek(DataPosition{c.counters.at("data.next"), c.state_text.at("data.order")});
-    if (leader) rewind_metrics(fs::path(run_dir) / "metrics.jsonl", st.updates);  // dist: rank 0's file
-    log->info("resumed {} at update {} of {}", latest, st.updates, steps);
+    log->info("resumed {} at update {} of {}", resumed.file, st.updates, steps);
   }
   // ---- dist: every rank starts from rank 0's weights, EMA and optimizer state, at rank 0's position ----
   if (dp) {
@@ -412,7 +556,6 @@ int train_process(Config& config, const TrainOptions& options) {
   std::ofstream metrics;
   if (leader) metrics.open(fs::path(run_dir) / "metrics.jsonl", std::ios::app);  // dist: rank 0 alone
 
-  std::unique_ptr<DataLoader> val_loader;
   auto validate = [&](int64_t at) -> std::map<std::string, double> {
     if (!val_loader) val_loader = make_loader(config.section("data"), "val", run.seed);
     val_loader->seek(DataPosition{0, val_loader->position().order});
@@ -665,12 +808,13 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
   lr.config = Config::load_ini(cfg_path.string());
   lr.run = build_run(lr.config, backend_name, false);
   const std::string file = resolve_checkpoint(run_dir, step, lr.run.backend);
-  CheckpointData c = read_checkpoint(file, lr.run.backend);
+  CheckpointData c = read_run_checkpoint(file, lr.run.backend);
   load_into(c.params, "params", lr.run.params);
   lr.ema = use_ema && !c.ema.empty();
   if (lr.ema) load_into(c.ema, "ema", lr.run.objective->ema_parameters());  // EMA covers ema_parameters()
   load_objective_state(c, file, *lr.run.objective);
   lr.updates = c.counters.count("updates") ? c.counters.at("updates") : 0;
+  DEW_CHECK(lr.updates >= 0, "checkpoint ", file, " has a negative update counter ", lr.updates);
   return lr;
 }
 
@@ -695,7 +839,7 @@ std::string resolve_checkpoint(const std::string& run_dir, const std::string& st
   std::string file = latest;
   if (step == "best") {
     // The best file's name is recorded in the latest checkpoint's state.
-    CheckpointData last = read_checkpoint(latest, backend);
+    CheckpointData last = read_run_checkpoint(latest, backend);
     const std::string best = last.state_text.count("best_file") ? last.state_text.at("best_file") : "";
     if (!best.empty()) file = (ckpt_dir / best).string();
   } else if (step != "latest") {
