@@ -90,6 +90,16 @@ std::vector<std::string> take_overrides(const std::vector<std::string>& args,
   return rest;
 }
 
+// `--help` / `-h` anywhere among a command's arguments: print its options (the usage line promises it).
+bool print_help(const std::vector<std::string>& args, const po::options_description& d, const char* more = nullptr) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << d << (more ? more : "");
+      return true;
+    }
+  return false;
+}
+
 po::variables_map parse(const std::vector<std::string>& args, const po::options_description& d) {
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(d).run(), vm);
@@ -123,13 +133,14 @@ int cmd_train(const std::vector<std::string>& raw) {
   std::vector<std::pair<std::string, std::string>> overrides;
   std::vector<std::string> args = take_overrides(raw, overrides);
   Common c;
-  std::string config_path, run_dir, backend;
+  std::string config_path, run_dir, backend, step;
   bool resume = false, help = false;
   po::options_description d("dew-run train");
   d.add_options()("config", po::value(&config_path),
                   "config file (.ini); defaults to RUN_DIR/config.ini with --resume")(
       "run-dir", po::value(&run_dir), "run directory (default runs/<run.name>)")(
       "resume", po::bool_switch(&resume), "continue the run in --run-dir from its latest checkpoint")(
+      "step", po::value(&step), "with --resume: the checkpoint to continue from (an update number, latest or best)")(
       "backend", po::value(&backend), "backend (overrides run.backend): cpu, ref, cuda")(
       "help", po::bool_switch(&help), "show the options, with those of the plugins the config names");
   add_common(d, c);
@@ -155,6 +166,7 @@ int cmd_train(const std::vector<std::string>& raw) {
   dew::TrainOptions to;
   to.run_dir = run_dir;
   to.resume = resume;
+  to.step = step;
   to.backend_name = backend;
   return dew::train(config, to);
 }
@@ -210,6 +222,7 @@ int cmd_eval(const std::vector<std::string>& raw) {
   RunArgs r;
   po::options_description d("dew-run eval");
   add_run_args(d, r);
+  if (print_help(raw, d, "Other --key value pairs go to the run's objective (e.g. --samples N, --task T).\n")) return 0;
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "eval");
@@ -226,6 +239,8 @@ int cmd_sample(const std::vector<std::string>& raw) {
   RunArgs r;
   po::options_description d("dew-run sample");
   add_run_args(d, r);
+  if (print_help(raw, d, "Other --key value pairs go to the run's objective's sampler (e.g. --prompt, --max_new_tokens).\n"))
+    return 0;
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "sample");
@@ -244,6 +259,7 @@ int cmd_export(const std::vector<std::string>& args) {
       "out", po::value(&out)->required(), "output folder")(
       "max-shard-size", po::value(&max_shard)->default_value("5GB"), "hf: shard the weights above this size")(
       "dtype", po::value(&dtype), "hf: write floating weights as f32, bf16 or f16 (default: as trained)");
+  if (print_help(args, d)) return 0;
   parse(args, d);
   DEW_USAGE_CHECK(format == "safetensors" || format == "hf", "--format ", format,
                   " is not supported; known: safetensors, hf");
@@ -276,6 +292,7 @@ int cmd_serve(const std::vector<std::string>& args) {
       "image runs: the most sampling steps a request may ask")(
       "model-name", po::value(&so.model_name), "model id reported and accepted (default: the run's name)")(
       "access-log", po::bool_switch(&so.access_log), "one line per request on stderr");
+  if (print_help(args, d)) return 0;
   parse(args, d);
   load_plugins(r.common);
   return dew_run::serve(r.run_dir, r.step, !r.no_ema, r.backend, so);
@@ -293,6 +310,7 @@ int cmd_import(const std::vector<std::string>& raw) {
       "run-dir", po::value(&run_dir)->required(), "run directory to create")(
       "backend", po::value(&backend)->default_value("cpu"), "backend of the run (cpu, ref, cuda)");
   add_common(d, c);
+  if (print_help(args, d, "Every config key can be overridden as --section.key VALUE.\n")) return 0;
   parse(args, d);
   load_plugins(c);
   dew::ImportOptions o;
@@ -306,6 +324,7 @@ int cmd_plugins(const std::vector<std::string>& args) {
   Common c;
   po::options_description d("dew-run plugins");
   add_common(d, c);
+  if (print_help(args, d)) return 0;
   parse(args, d);
   load_plugins(c);
   auto& reg = dew::Registry::global();
@@ -343,6 +362,7 @@ int cmd_demo(const std::vector<std::string>& args) {
   d.add_options()("backend", po::value(&opt.backend)->default_value("cpu"), "backend: cpu or ref")(
       "steps", po::value(&opt.steps)->default_value(300), "optimizer steps")(
       "seed", po::value(&opt.seed)->default_value(0), "seed");
+  if (print_help(args, d)) return 0;
   parse(args, d);
   DEW_USAGE_CHECK(opt.steps > 0, "--steps must be positive");
   load_plugins(c);
@@ -362,6 +382,14 @@ int main(int argc, char** argv) {
   // GOMP_SPINCOUNT win, [run] threads sets the count.
   const bool computes =
       command == "train" || command == "eval" || command == "sample" || command == "serve" || command == "demo";
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp && *omp) {
+    // libgomp crashes on absurd counts (OMP_NUM_THREADS=100000 segfaults): refuse them before it loads.
+    const std::string e = dew_run::check_omp_num_threads(omp);
+    if (!e.empty()) {
+      std::cerr << "dew-run " << command << ": " << e << "\n";
+      return 2;
+    }
+  }
   if (computes) {
     // No line of its own on stderr (a bad command's output stays its one error line): the trainer logs
     // DEW_OPENMP_CHOICE next to its start line.

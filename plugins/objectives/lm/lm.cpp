@@ -378,7 +378,9 @@ class LanguageModel final : public dew::Objective {
     try {
       dew::validate(sp);
     } catch (const dew::Error& e) {
-      DEW_USAGE_CHECK(false, "option 'objective.sample_", std::string(e.what()).substr(std::string("sampling: ").size()));
+      const std::string what = std::string(e.what()).substr(std::string("sampling: ").size());  // "temperature must ..."
+      const size_t space = what.find(' ');
+      DEW_USAGE_CHECK(false, "option 'objective.sample_", what.substr(0, space), "'", what.substr(space));
     }
   }
 
