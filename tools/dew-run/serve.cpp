@@ -53,6 +53,83 @@ HttpError bad(const std::string& message, const std::string& param = "") {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// ---- request hardening (issue 20): limits checked before a body becomes a json value ----
+constexpr int kMaxJsonDepth = 32;                    // nesting of arrays/objects in one request body
+constexpr size_t kMaxJsonString = size_t(4) << 20;   // bytes of one JSON string (a prompt)
+constexpr size_t kMaxJsonElements = size_t(1) << 20;  // values in one body (token-id prompts included)
+
+// One linear pass over a request body: refuses nesting deeper than kMaxJsonDepth (a million nested
+// arrays overflowed the stack when the parsed value was copied or destroyed), strings longer than
+// kMaxJsonString and more than kMaxJsonElements values, before nlohmann::json builds anything.
+void check_json_limits(const std::string& text) {
+  int depth = 0;
+  size_t elements = 0, string_start = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+        if (i - string_start > kMaxJsonString)
+          throw bad("a JSON string of " + std::to_string(i - string_start) + " bytes is longer than the " +
+                    std::to_string(kMaxJsonString) + " allowed");
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      string_start = i;
+      ++elements;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        throw bad("the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      ++elements;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    } else if (c == ',') {
+      ++elements;
+    }
+    if (elements > kMaxJsonElements)
+      throw bad("the JSON body holds more than " + std::to_string(kMaxJsonElements) + " values");
+  }
+}
+
+// The body of a POST as a JSON object, or a 400 naming what is wrong (malformed, too deep, too large,
+// numbers out of range such as 1e999 — nlohmann reports those as out_of_range, not parse_error).
+json parse_request_json(const std::string& text) {
+  check_json_limits(text);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw bad(std::string("malformed JSON: ") + e.what());
+  }
+}
+
+// Listening-socket options: SO_REUSEADDR (a restart binds at once after TIME_WAIT) but not httplib's
+// default SO_REUSEPORT, with which a second server on a busy port started and the two split the traffic.
+void listen_socket_options(socket_t sock) {
+  int yes = 1;
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+}
+
+// Connection handling that stalled clients cannot exhaust: many spare workers beyond those a request
+// can block (slots + queue), short read timeouts (a client that stops sending is dropped after
+// kReadTimeoutSeconds), and a short keep-alive so idle connections give their worker back.
+constexpr size_t kSpareWorkers = 256;
+constexpr int kReadTimeoutSeconds = 2;
+constexpr int kKeepAliveSeconds = 2;
+
+void harden_connections(httplib::Server& svr, size_t request_workers) {
+  const size_t workers = request_workers + kSpareWorkers;
+  svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+  svr.set_read_timeout(kReadTimeoutSeconds, 0);
+  svr.set_keep_alive_timeout(kKeepAliveSeconds);
+}
+
 void send_error(httplib::Response& res, const HttpError& e) {
   json err{{"message", e.message}, {"type", e.type}, {"code", nullptr}};
   err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
@@ -142,12 +219,11 @@ struct HttpServer::Impl {
   void routes() {
     // Enough workers for every slot, every queue place and a few health probes: a handler blocks while
     // its request waits or runs.
-    const size_t workers = size_t(options.scheduler.slots + options.scheduler.max_queue + 4);
-    svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+    harden_connections(svr, size_t(options.scheduler.slots + options.scheduler.max_queue + 4));
     // Debian's libcpp-httplib is built with a listen backlog of 5: a burst of new connections past it
     // waits for a SYN retransmission (1 s). Keep the listening socket to widen its backlog after bind().
     svr.set_socket_options([this](socket_t sock) {
-      httplib::default_socket_options(sock);
+      listen_socket_options(sock);
       listen_fd = sock;
     });
     svr.set_keep_alive_max_count(1000);
@@ -249,12 +325,7 @@ struct HttpServer::Impl {
   }
 
   Completion parse(const std::string& text) const {
-    json body;
-    try {
-      body = json::parse(text);
-    } catch (const json::parse_error& e) {
-      throw bad(std::string("malformed JSON: ") + e.what());
-    }
+    json body = parse_request_json(text);
     if (!body.is_object()) throw bad("the request body must be a JSON object");
     for (auto it = body.begin(); it != body.end(); ++it)
       if (!kCompletionFields.count(it.key()))
@@ -474,12 +545,7 @@ struct HttpServer::Impl {
   void generate_images(const httplib::Request& req, httplib::Response& res) {
     auto flight = std::make_shared<Flight>(*this);
     if (draining) throw HttpError{503, "server_error", "the server is shutting down", ""};
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      throw bad(std::string("malformed JSON: ") + e.what());
-    }
+    json body = parse_request_json(req.body);
     if (!body.is_object()) throw bad("the request body must be a JSON object");
     static const std::set<std::string> fields = {"model",
                                                  "labels",
@@ -622,6 +688,7 @@ HttpServer::~HttpServer() = default;
 
 int HttpServer::bind() {
   int port = impl_->options.port;
+  DEW_USAGE_CHECK(port >= 0 && port <= 65535, "serve: --port ", port, " is not a TCP port (0 to 65535; 0: any free one)");
   if (port == 0) {
     port = impl_->svr.bind_to_any_port(impl_->options.host);
   } else if (!impl_->svr.bind_to_port(impl_->options.host, port)) {
