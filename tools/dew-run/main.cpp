@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -416,6 +417,11 @@ int main(int argc, char** argv) {
     std::cerr << "dew-run " << command << ": " << (e.kind() == dew::ErrorKind::usage ? "" : "error: ") << e.describe()
               << "\n";
     return e.kind() == dew::ErrorKind::usage ? 2 : 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "dew-run " << command
+              << ": error: out of memory (the model, batch or request needs more memory than this machine has "
+                 "free; try a smaller data.batch_size or model)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "dew-run " << command << ": error: " << e.what() << "\n";
     return 1;

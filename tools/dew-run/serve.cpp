@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "dew/error.hpp"
+#include "request_limits.hpp"
 #include "dew/objective.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
@@ -53,59 +54,12 @@ HttpError bad(const std::string& message, const std::string& param = "") {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// ---- request hardening (issue 20): limits checked before a body becomes a json value ----
-constexpr int kMaxJsonDepth = 32;                    // nesting of arrays/objects in one request body
-constexpr size_t kMaxJsonString = size_t(4) << 20;   // bytes of one JSON string (a prompt)
-constexpr size_t kMaxJsonElements = size_t(1) << 20;  // values in one body (token-id prompts included)
-
-// One linear pass over a request body: refuses nesting deeper than kMaxJsonDepth (a million nested
-// arrays overflowed the stack when the parsed value was copied or destroyed), strings longer than
-// kMaxJsonString and more than kMaxJsonElements values, before nlohmann::json builds anything.
-void check_json_limits(const std::string& text) {
-  int depth = 0;
-  size_t elements = 0, string_start = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-        if (i - string_start > kMaxJsonString)
-          throw bad("a JSON string of " + std::to_string(i - string_start) + " bytes is longer than the " +
-                    std::to_string(kMaxJsonString) + " allowed");
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-      string_start = i;
-      ++elements;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        throw bad("the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-      ++elements;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    } else if (c == ',') {
-      ++elements;
-    }
-    if (elements > kMaxJsonElements)
-      throw bad("the JSON body holds more than " + std::to_string(kMaxJsonElements) + " values");
-  }
-}
-
-// The body of a POST as a JSON object, or a 400 naming what is wrong (malformed, too deep, too large,
-// numbers out of range such as 1e999 — nlohmann reports those as out_of_range, not parse_error).
-json parse_request_json(const std::string& text) {
-  check_json_limits(text);
+// The body of a POST as JSON (request_limits.hpp), a 400 naming what is wrong otherwise.
+json parse_json_body(const std::string& text) {
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw bad(std::string("malformed JSON: ") + e.what());
+    return parse_request_json(text);
+  } catch (const RequestRejected& e) {
+    throw bad(e.what());
   }
 }
 
@@ -325,7 +279,7 @@ struct HttpServer::Impl {
   }
 
   Completion parse(const std::string& text) const {
-    json body = parse_request_json(text);
+    json body = parse_json_body(text);
     if (!body.is_object()) throw bad("the request body must be a JSON object");
     for (auto it = body.begin(); it != body.end(); ++it)
       if (!kCompletionFields.count(it.key()))
@@ -545,7 +499,7 @@ struct HttpServer::Impl {
   void generate_images(const httplib::Request& req, httplib::Response& res) {
     auto flight = std::make_shared<Flight>(*this);
     if (draining) throw HttpError{503, "server_error", "the server is shutting down", ""};
-    json body = parse_request_json(req.body);
+    json body = parse_json_body(req.body);
     if (!body.is_object()) throw bad("the request body must be a JSON object");
     static const std::set<std::string> fields = {"model",
                                                  "labels",
