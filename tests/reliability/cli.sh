@@ -141,6 +141,9 @@ no_ckpt "$work/r-ids" "out-of-range id in val.bin"
 "$bin/dew-run" train --config "$work/lm.ini" --run-dir "$work/lm" >/dev/null 2>&1 || fail "training the lm run"
 expect "sample --max_new_tokens 99999999999" 2 "max_new_tokens must be in [0, 16777216]" "$bin/dew-run" sample --run-dir "$work/lm" --max_new_tokens 99999999999
 
+# an override config.ini could not read back as given (found by fuzz/config_ini.cpp): refused, not mangled
+expect "an override value with ' #'" 2 "would be read back from config.ini as a comment" "$bin/dew-run" train --config "$tiny" --run-dir "$work/r-hash" --data.path "/data/my #1"
+
 # ---- dew-tokenize never replaces an existing token folder silently ----
 expect "dew-tokenize over an existing --out" 2 "pass --force" "$bin/dew-tokenize" --input "$work/corpus.txt" --out "$work/tokens" --tokenizer byte
 expect "dew-tokenize --force" 0 "" "$bin/dew-tokenize" --input "$work/corpus.txt" --out "$work/tokens" --tokenizer byte --force
