@@ -18,14 +18,19 @@ declare -A sources=(
   [config_ini]="fuzz/config_ini.cpp core/config/config.cpp core/registry/options.cpp core/error.cpp"
   [checkpoint_block]="fuzz/checkpoint_block.cpp core/checkpoint/integrity.cpp -lz"
   [http_body]="fuzz/http_body.cpp tools/dew-run/request_limits.cpp"
+  [token_files]="fuzz/token_files.cpp $(ls core/text/*.cpp | tr '\n' ' ') core/error.cpp"
 )
-targets=(config_ini checkpoint_block http_body)
+targets=(config_ini checkpoint_block http_body token_files)
 status=0
 printf '%-18s %12s %10s %s\n' target executions findings note
 for t in "${targets[@]}"; do
   bin="$out/$t"
   # shellcheck disable=SC2086
-  if ! "$cxx" "${flags[@]}" ${sources[$t]} -o "$bin" 2>"$out/$t.build.log"; then
+  srcs=$(printf '%s\n' ${sources[$t]} | grep -v '^-')
+  fresh=1
+  [ -x "$bin" ] && [ -z "$(find $srcs sdk/include core/checkpoint/integrity.h tools/dew-run/request_limits.hpp -newer "$bin" -name '*' -type f 2>/dev/null | head -1)" ] && fresh=0
+  # shellcheck disable=SC2086
+  if [ "$fresh" -eq 1 ] && ! "$cxx" "${flags[@]}" ${sources[$t]} -o "$bin" 2>"$out/$t.build.log"; then
     printf '%-18s %12s %10s %s\n' "$t" - - "BUILD FAILED (see $out/$t.build.log)"; status=1; continue
   fi
   # Past findings first (fuzz/regressions/<target>/): each must now run clean.

@@ -144,6 +144,11 @@ expect "sample --max_new_tokens 99999999999" 2 "max_new_tokens must be in [0, 16
 # an override config.ini could not read back as given (found by fuzz/config_ini.cpp): refused, not mangled
 expect "an override value with ' #'" 2 "would be read back from config.ini as a comment" "$bin/dew-run" train --config "$tiny" --run-dir "$work/r-hash" --data.path "/data/my #1"
 
+# an export over an earlier one: the earlier export's model files go (a stale shard index sent import to old shards)
+mkdir -p "$work/export" && echo '{"weight_map": {}}' > "$work/export/model.safetensors.index.json"
+expect "export over an earlier export" 0 "" "$bin/dew-run" export --run-dir "$work/b" --out "$work/export"
+[ ! -f "$work/export/model.safetensors.index.json" ] && [ -f "$work/export/model.safetensors" ] && ok "the stale shard index is gone" || fail "export kept the stale shard index"
+
 # ---- dew-tokenize never replaces an existing token folder silently ----
 expect "dew-tokenize over an existing --out" 2 "pass --force" "$bin/dew-tokenize" --input "$work/corpus.txt" --out "$work/tokens" --tokenizer byte
 expect "dew-tokenize --force" 0 "" "$bin/dew-tokenize" --input "$work/corpus.txt" --out "$work/tokens" --tokenizer byte --force

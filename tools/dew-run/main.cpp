@@ -250,6 +250,27 @@ int cmd_sample(const std::vector<std::string>& raw) {
   return 0;
 }
 
+// An export never mixes with an earlier one: the model files of a previous export in --out (safetensors,
+// shards, a shard index, config.json, generation_config.json) are deleted first, as Transformers'
+// save_pretrained deletes stale shards — a stale index would otherwise send `dew-run import` to old shards.
+void prepare_export_folder(const std::string& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  DEW_USAGE_CHECK(fs::is_directory(out, ec), "--out '", out, "' exists and is not a folder");
+  std::vector<fs::path> old;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string f = e.path().filename().string();
+    if (e.path().extension() == ".safetensors" || f == "config.json" || f == "generation_config.json" ||
+        f.find(".safetensors.index.json") != std::string::npos)
+      old.push_back(e.path());
+  }
+  for (const auto& p : old) {
+    fs::remove(p, ec);
+    DEW_USAGE_CHECK(!ec, "--out '", out, "': cannot delete the earlier export's ", p.filename().string(), ": ",
+                    ec.message());
+  }
+}
+
 int cmd_export(const std::vector<std::string>& args) {
   RunArgs r;
   std::string format, out, max_shard, dtype;
@@ -262,6 +283,7 @@ int cmd_export(const std::vector<std::string>& args) {
       "dtype", po::value(&dtype), "hf: write floating weights as f32, bf16 or f16 (default: as trained)");
   if (print_help(args, d)) return 0;
   parse(args, d);
+  prepare_export_folder(out);
   DEW_USAGE_CHECK(format == "safetensors" || format == "hf", "--format ", format,
                   " is not supported; known: safetensors, hf");
   load_plugins(r.common);
