@@ -13,6 +13,7 @@ PKGS=(
   libcpp-httplib-dev
   clang-14 libclang-rt-14-dev
   dataset-fashion-mnist fortunes
+  chromium
 )
 missing=()
 for p in "${PKGS[@]}"; do
