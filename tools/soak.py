@@ -2,7 +2,9 @@
 # tools/soak.py — a bounded soak of `dew-run serve` on 127.0.0.1 (issue 20): N concurrent clients for a
 # duration, each looping over a mix of valid, streaming, malformed, cancelled and stalled requests; reports
 # p50/p99 latency of the valid ones, responses by status code, transport errors, and the server's resident
-# memory before and after (from /proc/PID/status). Standard library only.
+# memory at the start, after a warm-up (--warmup seconds: thread stacks and malloc arenas of the workers
+# first touched) and at the end (from /proc/PID/status); growth is counted from the warm-up point.
+# Standard library only.
 #
 #   tools/soak.py --port P --pid SERVER_PID [--clients 64] [--seconds 600] [--json out.json]
 #
@@ -51,6 +53,7 @@ def main():
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--warmup", type=float, default=30, help="seconds before the memory baseline")
     ap.add_argument("--json")
     a = ap.parse_args()
     assert 1 <= a.clients <= 512 and 0 < a.seconds <= 7200, "bounded: 1-512 clients, up to 2 hours"
@@ -107,9 +110,11 @@ def main():
             health_worst[0] = max(health_worst[0], time.time() - t0)
             time.sleep(0.5)
 
-    rss0 = rss_kib(a.pid)
+    rss_cold = rss_kib(a.pid)
     threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)] + [threading.Thread(target=health)]
     for t in threads: t.start()
+    time.sleep(min(a.warmup, a.seconds / 2))
+    rss0 = rss_kib(a.pid)
     for t in threads: t.join()
     rss1 = rss_kib(a.pid)
     alive = os.path.exists(f"/proc/{a.pid}")
@@ -117,7 +122,8 @@ def main():
     q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
     out = {"clients": a.clients, "seconds": a.seconds, "valid_ok": len(lat), "p50_ms": q(0.50), "p99_ms": q(0.99),
            "codes": {str(k): v for k, v in sorted(codes.items(), key=lambda kv: str(kv[0]))}, "errors": errors,
-           "health_worst_s": round(health_worst[0], 3), "rss_kib_before": rss0, "rss_kib_after": rss1,
+           "health_worst_s": round(health_worst[0], 3), "rss_kib_start": rss_cold, "rss_kib_after_warmup": rss0,
+           "rss_kib_end": rss1,
            "rss_growth_pct": round(100.0 * (rss1 - rss0) / rss0, 2) if rss0 > 0 else None, "server_alive": alive}
     print(json.dumps(out, indent=1))
     if a.json:
