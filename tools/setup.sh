@@ -12,6 +12,7 @@ PKGS=(
   libspdlog-dev libfmt-dev doctest-dev zlib1g-dev nlohmann-json3-dev libpng-dev
   libopenmpi-dev openmpi-bin
   libcpp-httplib-dev
+  clang-14 libclang-rt-14-dev
   dataset-fashion-mnist fortunes
   chromium
 )

@@ -50,6 +50,11 @@ inline constexpr const char* kFormatVersionAttr = "dew.format_version";
 inline constexpr const char* kVersionAttr = "dew.version";
 inline constexpr const char* kCreatedAttr = "dew.created";
 inline constexpr const char* kDtypeAttr = "dtype";
+// Since checksums: each dataset's CRC-32 (u32) and the root marker saying the file has them (and a
+// checksum block, core/checkpoint/integrity.h). A file with the marker must have both.
+inline constexpr const char* kCrcAttr = "crc32";
+inline constexpr const char* kChecksumsAttr = "dew.checksums";
+inline constexpr const char* kChecksumsValue = "crc32";
 
 inline constexpr const char* kParamsGroup = "params";
 inline constexpr const char* kEmaGroup = "ema";

@@ -60,7 +60,23 @@ void Config::set(const std::string& dotted_key, const std::string& value) {
   const auto dot = dotted_key.find('.');
   DEW_USAGE_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < dotted_key.size(), "override '", dotted_key,
                   "' must be --section.key");
-  section(dotted_key.substr(0, dot)).set(dotted_key.substr(dot + 1), value);
+  // The override must read back from config.ini as given (a resume re-reads it): names without the INI
+  // syntax characters, values without line breaks, comment marks or surrounding blanks. Found by fuzzing
+  // (fuzz/config_ini.cpp): `--data.path "/d/my #1"` was written as-is and re-read as "/d/my".
+  const std::string sec = dotted_key.substr(0, dot), key = dotted_key.substr(dot + 1);
+  for (const std::string* name : {&sec, &key})
+    DEW_USAGE_CHECK(name->find_first_of(" \t\r\n=[]#;") == std::string::npos, "override '--", dotted_key,
+                    "': a section or key name cannot hold blanks or any of = [ ] # ;");
+  DEW_USAGE_CHECK(value.find_first_of("\r\n") == std::string::npos, "override '--", dotted_key,
+                  "': the value holds a line break, which config.ini cannot keep");
+  DEW_USAGE_CHECK(value.find(" #") == std::string::npos && value.find(" ;") == std::string::npos,
+                  "override '--", dotted_key, "' = '", value,
+                  "': a blank followed by # or ; would be read back from config.ini as a comment");
+  DEW_USAGE_CHECK(value.empty() || (value.front() != ' ' && value.front() != '\t' && value.back() != ' ' &&
+                                    value.back() != '\t'),
+                  "override '--", dotted_key, "' = '", value,
+                  "': leading or trailing blanks would be lost in config.ini (quote the value if the objective unquotes it)");
+  section(sec).set(key, value);
 }
 
 bool Config::has(const std::string& dotted_key) const {

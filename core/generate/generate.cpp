@@ -113,7 +113,10 @@ void validate(const SamplingParams& p) {
   DEW_USAGE_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f,
                   "sampling: repetition_penalty must be positive (1 = off), got ", p.repetition_penalty);
   DEW_USAGE_CHECK(p.top_k >= 0, "sampling: top_k must be >= 0 (0 = off), got ", p.top_k);
-  DEW_USAGE_CHECK(p.max_new_tokens >= 0, "sampling: max_new_tokens must be >= 0, got ", p.max_new_tokens);
+  // An upper bound so a typo cannot run unbounded (2^24 tokens: days of decoding; their ids alone 64 MiB).
+  constexpr int64_t kMaxNewTokens = int64_t(1) << 24;
+  DEW_USAGE_CHECK(p.max_new_tokens >= 0 && p.max_new_tokens <= kMaxNewTokens,
+                  "sampling: max_new_tokens must be in [0, ", kMaxNewTokens, "], got ", p.max_new_tokens);
   for (const std::string& s : p.stop) DEW_USAGE_CHECK(!s.empty(), "sampling: a stop string is empty");
 }
 

@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
+#include <elf.h>
+
+#include <fstream>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -69,6 +72,36 @@ class RegistryImpl final : public Registry {
  public:
   RegistryImpl() : builtin_(*this) {}
 
+  // Why `file` cannot be a loadable 64-bit ELF shared object, or "" when its headers and every loadable
+  // segment lie inside the file. dlopen maps segments past the end of a truncated file, and touching
+  // them ends the process with SIGBUS: such files are refused before dlopen.
+  static std::string elf_problem(const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return "cannot be opened for reading";
+    in.seekg(0, std::ios::end);
+    const uint64_t size = uint64_t(in.tellg());
+    in.seekg(0);
+    Elf64_Ehdr eh{};
+    if (size < sizeof eh || !in.read(reinterpret_cast<char*>(&eh), sizeof eh))
+      return "not a shared library (" + std::to_string(size) + " bytes, shorter than an ELF header)";
+    if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return "not a shared library (no ELF signature)";
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_type != ET_DYN) return "not a 64-bit ELF shared library";
+    if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phoff > size ||
+        uint64_t(eh.e_phnum) * sizeof(Elf64_Phdr) > size - eh.e_phoff)
+      return "truncated or damaged (its program headers lie past its " + std::to_string(size) + " bytes)";
+    if (eh.e_shoff > size || uint64_t(eh.e_shnum) * eh.e_shentsize > size - eh.e_shoff)
+      return "truncated or damaged (its section headers lie past its " + std::to_string(size) + " bytes)";
+    in.seekg(std::streamoff(eh.e_phoff));
+    for (unsigned i = 0; i < eh.e_phnum; ++i) {
+      Elf64_Phdr ph{};
+      if (!in.read(reinterpret_cast<char*>(&ph), sizeof ph)) return "truncated (program header unreadable)";
+      if (ph.p_type == PT_LOAD && (ph.p_offset > size || ph.p_filesz > size - ph.p_offset))
+        return "truncated or damaged: a segment needs bytes up to " + std::to_string(ph.p_offset + ph.p_filesz) +
+               " but the file has " + std::to_string(size);
+    }
+    return {};
+  }
+
   void load(const std::string& path) override {
     std::lock_guard lock(mutex_);
     std::error_code ec;
@@ -77,6 +110,7 @@ class RegistryImpl final : public Registry {
     if (loaded_files_.count(file)) return;
     DEW_CHECK(fs::exists(file, ec), "plugin ", file, ": no such file");
 
+    if (const std::string why = elf_problem(file); !why.empty()) DEW_CHECK(false, "plugin ", file, ": cannot be loaded: ", why);
     auto loaded = std::make_shared<LoadedLibrary>();
     try {
       loaded->lib.load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);

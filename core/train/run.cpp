@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
@@ -39,6 +40,34 @@ std::string plugins_line() {
 void set_active_comm(std::shared_ptr<Communicator> comm) { g_active_comm = std::move(comm); }
 std::shared_ptr<Communicator> active_comm() { return g_active_comm; }
 
+// The read options of a run's checkpoints: non-finite weights only with DEW_ALLOW_NONFINITE_WEIGHTS=1.
+CheckpointReadOptions run_read_options() {
+  CheckpointReadOptions o;
+  const char* env = std::getenv("DEW_ALLOW_NONFINITE_WEIGHTS");
+  o.allow_nonfinite = env && std::string(env) == "1";
+  return o;
+}
+
+// Reads one of a run's checkpoints; a damaged one is refused with, as the hint, the newest older
+// checkpoint of the same folder that is intact (train --resume, eval, sample, serve and export all take
+// --step N).
+CheckpointData read_run_checkpoint(const std::string& file, const BackendPtr& backend) {
+  const CheckpointReadOptions opt = run_read_options();
+  try {
+    return read_checkpoint(file, backend, opt);
+  } catch (const Error& e) {
+    const int64_t step = checkpoint_step(file);
+    if (e.kind() != ErrorKind::runtime || step < 0) throw;
+    const fs::path dir = fs::path(file).parent_path();
+    const std::string intact = find_intact_checkpoint(dir.string(), step, opt);
+    std::string hint = e.hint().empty() ? "" : e.hint() + "; ";
+    hint += intact.empty() ? "no older checkpoint in " + dir.string() + " is intact"
+                           : fs::path(intact).filename().string() + " is intact: pass --step " +
+                                 std::to_string(checkpoint_step(intact)) + " to use it";
+    throw Error(ErrorKind::runtime, e.what(), e.file(), e.line(), hint);
+  }
+}
+
 Run build_run(Config& config, const std::string& backend_override, bool with_train_data, bool profile) {
   Run run;
   Options& rs = config.section("run");
@@ -68,6 +97,9 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   const std::string backend_name = backend_override.empty() ? rs.get_string("backend", "cpu") : backend_override;
   if (!backend_override.empty()) rs.get_string("backend", "");
   const int64_t threads = rs.get_int("threads", 0);
+  const int64_t max_threads = std::max<int64_t>(64, 8 * int64_t(std::thread::hardware_concurrency()));
+  DEW_USAGE_CHECK(threads >= 0 && threads <= max_threads, "option 'run.threads' = ", threads,
+                  " is out of range: 0 (all cores) up to ", max_threads, " (8 per core of this machine)");
   // [run] matmul_precision (PyTorch's float32 matmul precision): highest = f32, high = TF32, medium = bf16
   // inputs with f32 accumulation. A permission, not a demand: a backend without such a mode runs f32 (ref
   // always; cpu has no TF32, and bf16 only on CPUs with AVX512-BF16).
@@ -159,12 +191,13 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
   lr.config = Config::load_ini(cfg_path.string());
   lr.run = build_run(lr.config, backend_name, false);
   const std::string file = resolve_checkpoint(run_dir, step, lr.run.backend);
-  CheckpointData c = read_checkpoint(file, lr.run.backend);
+  CheckpointData c = training::read_run_checkpoint(file, lr.run.backend);
   load_into(c.params, "params", lr.run.params);
   lr.ema = use_ema && !c.ema.empty();
   if (lr.ema) load_into(c.ema, "ema", lr.run.objective->ema_parameters());  // EMA covers ema_parameters()
   load_objective_state(c, file, *lr.run.objective);
   lr.updates = c.counters.count("updates") ? c.counters.at("updates") : 0;
+  DEW_CHECK(lr.updates >= 0, "checkpoint ", file, " has a negative update counter ", lr.updates);
   return lr;
 }
 
@@ -189,7 +222,7 @@ std::string resolve_checkpoint(const std::string& run_dir, const std::string& st
   std::string file = latest;
   if (step == "best") {
     // The best file's name is recorded in the latest checkpoint's state.
-    CheckpointData last = read_checkpoint(latest, backend);
+    CheckpointData last = training::read_run_checkpoint(latest, backend);
     const std::string best = last.state_text.count("best_file") ? last.state_text.at("best_file") : "";
     if (!best.empty()) file = (ckpt_dir / best).string();
   } else if (step != "latest") {

@@ -47,6 +47,13 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
 CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* opt, const Ema* ema,
                                const RunCounters& counters, const DataPosition& pos);
 
+// The read options of a run's checkpoints (non-finite weights only with DEW_ALLOW_NONFINITE_WEIGHTS=1).
+CheckpointReadOptions run_read_options();
+
+// Reads one of a run's checkpoints; a damaged one is refused with the newest intact older checkpoint of
+// the same folder as the hint ("step-00000010.h5 is intact: pass --step 10 to use it").
+CheckpointData read_run_checkpoint(const std::string& file, const BackendPtr& backend);
+
 // Loads the objective's state tensors (Objective::state()) from a checkpoint's state/objective.* datasets.
 void load_objective_state(const CheckpointData& c, const std::string& file, Objective& objective);
 

@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "dew/autograd.hpp"
 #include "dew/checkpoint.hpp"
@@ -83,6 +84,52 @@ double measure_peak_gflops(const BackendPtr& be) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A step counter of a checkpoint's state/, refused clearly when missing or negative.
+int64_t saved_counter(const CheckpointData& c, const std::string& file, const std::string& name) {
+  auto it = c.counters.find(name);
+  DEW_CHECK(it != c.counters.end(), "checkpoint ", file, " has no counter state/@", name,
+            " (not written by dew's trainer, or damaged)");
+  DEW_CHECK(it->second >= 0, "checkpoint ", file, " has a negative counter state/@", name, " = ", it->second);
+  return it->second;
+}
+
+// MemAvailable of /proc/meminfo in bytes (-1 when unknown).
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+// Checks, before the first update, what later stages of the run read: the validation split (built now,
+// so a missing or mismatched split fails here, and handed back for validate()), the objective's view of
+// it (Objective::check_validation_data: labels, shapes, token ids, sampling options), and the batch
+// against the training split and the memory of this machine.
+std::unique_ptr<DataLoader> validate_before_training(Config& config, Run& run) {
+  const DataLoader& train = *run.train_loader;
+  const int64_t batch = train.config().batch_size, world = run.world;
+  const int64_t records = train.source().size();
+  DEW_USAGE_CHECK(batch * world <= records, "option 'data.batch_size' = ", batch,
+                  world > 1 ? " x " + std::to_string(world) + " ranks" : std::string(), " is larger than the ",
+                  records, " records of the training split (", train.source().identity(), ")");
+  // The host batches in flight (prefetch + the one being assembled + the one in use) and the f32 copy
+  // the objective makes of it: a lower bound of what an update needs, so a batch that cannot fit is
+  // refused now instead of running the machine out of memory.
+  int64_t record_bytes = 0;  // also an upper bound of a record's elements (u8 images are the largest case)
+  for (const auto& [name, a] : train.source().get(0)) record_bytes += int64_t(a.bytes.size());
+  const double need = double(record_bytes) * double(batch) * double(train.config().prefetch + 2 + 4);
+  const int64_t avail = available_memory_bytes();
+  DEW_USAGE_CHECK(avail < 0 || need < double(avail), "option 'data.batch_size' = ", batch, " needs at least ",
+                  int64_t(need / (1 << 20)), " MiB for its batches alone, more than the ", avail / (1 << 20),
+                  " MiB this machine has available");
+  auto val = make_loader(config.section("data"), "val", run.seed);
+  run.objective->check_validation_data(*val);
+  return val;
 }
 
 // ---- stage: reading options ----
@@ -171,7 +218,8 @@ class Trainer {
   TrainerOptions o_;
   std::string run_dir_;
   fs::path ckpt_dir_;
-  std::string latest_;  // the checkpoint to resume from
+  std::string latest_;  // the latest checkpoint; resume() picks the one to continue from (--step)
+  std::vector<std::string> newer_;  // --resume --step N: the later checkpoints, set aside by start()
   Run run_;
   ProfilingBackend* profiler_ = nullptr;
   std::unique_ptr<dist::DataParallel> dp_;
@@ -207,6 +255,7 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
                   "' already holds checkpoints; pass --resume to continue it or choose another --run-dir");
   DEW_USAGE_CHECK(!options.resume || !latest_.empty(), "--resume: no checkpoint to resume in '", ckpt_dir_.string(),
                   "'");
+  DEW_USAGE_CHECK(options.resume || options.step.empty(), "--step ", options.step, " needs --resume");
 
   run_ = build_run(config, options.backend_name, true, o_.profile_steps > 0);
   profiler_ = dynamic_cast<ProfilingBackend*>(run_.backend.get());
@@ -235,28 +284,57 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
 }
 
 // ---- stage: resume ----
+// Picks the checkpoint (--step, else the latest), loads weights, EMA, optimizer and objective state, and
+// checks the counters and the data position against this run: every step and position must be one this
+// config could have reached. Nothing in the run directory changes here (start() writes).
 void Trainer::resume() {
-  CheckpointData c = read_checkpoint(latest_, run_.backend);
+  const std::string file = resolve_checkpoint(run_dir_, options_.step.empty() ? "latest" : options_.step, run_.backend);
+  const int64_t file_step = checkpoint_step(file);
+  {
+    std::vector<std::pair<int64_t, std::string>> later;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpt_dir_, ec)) {
+      const int64_t s = checkpoint_step(e.path().filename().string());
+      if (s > file_step && e.is_regular_file(ec)) later.emplace_back(s, e.path().string());
+    }
+    std::sort(later.begin(), later.end());
+    for (auto& [s, f] : later) newer_.push_back(f);
+  }
+  CheckpointData c = read_run_checkpoint(file, run_.backend);
   load_into(c.params, "params", run_.params);
   if (ema_) {
-    DEW_CHECK(!c.ema.empty(), "checkpoint ", latest_, " holds no EMA weights but trainer.ema_decay > 0");
+    DEW_CHECK(!c.ema.empty(), "checkpoint ", file, " holds no EMA weights but trainer.ema_decay > 0");
     load_into(c.ema, "ema", ema_->tensors());
   }
   for (const auto& [slot, tensors] : optimizer_->state()) {
     auto it = c.optim.find(slot);
-    DEW_CHECK(it != c.optim.end(), "checkpoint ", latest_, " has no optimizer slot '", slot, "' (optimizer ",
+    DEW_CHECK(it != c.optim.end(), "checkpoint ", file, " has no optimizer slot '", slot, "' (optimizer ",
               optimizer_->name(), ")");
     load_into(it->second, "optim/" + slot, tensors);
   }
-  load_objective_state(c, latest_, *run_.objective);
-  st_.updates = c.counters.at("updates");
-  st_.attempts = c.counters.at("attempts");
-  st_.skipped = c.counters.at("skipped");
-  st_.streak = c.counters.at("nonfinite_streak");
+  load_objective_state(c, file, *run_.objective);
+  st_.updates = saved_counter(c, file, "updates");
+  st_.attempts = saved_counter(c, file, "attempts");
+  st_.skipped = saved_counter(c, file, "skipped");
+  st_.streak = saved_counter(c, file, "nonfinite_streak");
+  const int64_t next = saved_counter(c, file, "data.next");
+  DEW_CHECK(st_.updates + st_.skipped == st_.attempts && st_.streak <= st_.skipped, "checkpoint ", file,
+            " has inconsistent counters (updates ", st_.updates, " + skipped ", st_.skipped, " != attempts ",
+            st_.attempts, ", or a non-finite streak of ", st_.streak, "): damaged or not written by dew's trainer");
+  DEW_CHECK(file_step < 0 || st_.updates == file_step, "checkpoint ", file, " holds update ", st_.updates,
+            " but its name says step ", file_step);
+  DEW_USAGE_CHECK(st_.updates <= o_.steps, "checkpoint ", file, " is at update ", st_.updates,
+                  ", past trainer.steps = ", o_.steps, "; raise --trainer.steps to train further");
+  const int64_t per_attempt = int64_t(run_.world) * run_.train_loader->config().batch_size * o_.grad_accum;
+  DEW_CHECK(next <= st_.attempts * per_attempt, "checkpoint ", file, " has data position ", next, ", more than the ",
+            st_.attempts, " attempts x ", per_attempt,
+            " records this config reads per attempt could have consumed (damaged, or the batch was larger before)");
+  auto order = c.state_text.find("data.order");
+  DEW_CHECK(order != c.state_text.end(), "checkpoint ", file, " has no data order state/@data.order");
   if (c.state_values.count("best_metric")) st_.best = c.state_values.at("best_metric");
   st_.best_file = c.state_text.count("best_file") ? c.state_text.at("best_file") : "";
-  run_.train_loader->seek(DataPosition{c.counters.at("data.next"), c.state_text.at("data.order")});
-  log_->info("resumed {} at update {} of {}", latest_, st_.updates, o_.steps);
+  run_.train_loader->seek(DataPosition{next, order->second});
+  latest_ = file;
 }
 
 // ---- stage: start (after the checkpoint checks passed: a failed resume leaves config.ini as it was) ----
@@ -264,7 +342,13 @@ void Trainer::start() {
   if (leader_) {
     std::ofstream cfg(fs::path(run_dir_) / "config.ini", std::ios::trunc);
     cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config_.to_ini();
+    // --resume --step N: the later checkpoints belong to the future this run replaces; kept, renamed aside.
+    for (const std::string& f : newer_) {
+      fs::rename(f, f + ".discarded");
+      log_->info("set aside {} (after the resumed step) as {}.discarded", f, fs::path(f).filename().string());
+    }
   }
+  if (options_.resume) log_->info("resumed {} at update {} of {}", latest_, st_.updates, o_.steps);
   metrics_ = std::make_unique<MetricsLog>(run_dir_, leader_, options_.resume ? st_.updates : -1);
   watch_ = std::make_shared<RunWatchers>(run_dir_, o_.watch, leader_,
                                          [this](const std::string& m) { log_->warn("{}", m); });
@@ -491,6 +575,7 @@ void Trainer::save(bool best) {
 // ---- the loop ----
 int Trainer::run() {
   if (options_.resume) resume();
+  val_loader_ = validate_before_training(config_, run_);  // what later stages read, before the first update
   start();
   g_interrupts = 0;
   auto previous_handler = std::signal(SIGINT, on_sigint);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,16 @@ std::vector<std::string> take_overrides(const std::vector<std::string>& args,
   return rest;
 }
 
+// `--help` / `-h` anywhere among a command's arguments: print its options (the usage line promises it).
+bool print_help(const std::vector<std::string>& args, const po::options_description& d, const char* more = nullptr) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << d << (more ? more : "");
+      return true;
+    }
+  return false;
+}
+
 po::variables_map parse(const std::vector<std::string>& args, const po::options_description& d) {
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(d).run(), vm);
@@ -126,13 +137,14 @@ int cmd_train(const std::vector<std::string>& raw) {
   std::vector<std::pair<std::string, std::string>> overrides;
   std::vector<std::string> args = take_overrides(raw, overrides);
   Common c;
-  std::string config_path, run_dir, backend;
+  std::string config_path, run_dir, backend, step;
   bool resume = false, help = false;
   po::options_description d("dew-run train");
   d.add_options()("config", po::value(&config_path),
                   "config file (.ini); defaults to RUN_DIR/config.ini with --resume")(
       "run-dir", po::value(&run_dir), "run directory (default runs/<run.name>)")(
       "resume", po::bool_switch(&resume), "continue the run in --run-dir from its latest checkpoint")(
+      "step", po::value(&step), "with --resume: the checkpoint to continue from (an update number, latest or best)")(
       "backend", po::value(&backend), "backend (overrides run.backend): cpu, ref, cuda")(
       "help", po::bool_switch(&help), "show the options, with those of the plugins the config names");
   add_common(d, c);
@@ -158,6 +170,7 @@ int cmd_train(const std::vector<std::string>& raw) {
   dew::TrainOptions to;
   to.run_dir = run_dir;
   to.resume = resume;
+  to.step = step;
   to.backend_name = backend;
   return dew::train(config, to);
 }
@@ -213,6 +226,7 @@ int cmd_eval(const std::vector<std::string>& raw) {
   RunArgs r;
   po::options_description d("dew-run eval");
   add_run_args(d, r);
+  if (print_help(raw, d, "Other --key value pairs go to the run's objective (e.g. --samples N, --task T).\n")) return 0;
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "eval");
@@ -229,12 +243,35 @@ int cmd_sample(const std::vector<std::string>& raw) {
   RunArgs r;
   po::options_description d("dew-run sample");
   add_run_args(d, r);
+  if (print_help(raw, d, "Other --key value pairs go to the run's objective's sampler (e.g. --prompt, --max_new_tokens).\n"))
+    return 0;
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "sample");
   dew::sample(r.run_dir, r.step, !r.no_ema, r.backend, req);
   req.check_all_used();
   return 0;
+}
+
+// An export never mixes with an earlier one: the model files of a previous export in --out (safetensors,
+// shards, a shard index, config.json, generation_config.json) are deleted first, as Transformers'
+// save_pretrained deletes stale shards — a stale index would otherwise send `dew-run import` to old shards.
+void prepare_export_folder(const std::string& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  DEW_USAGE_CHECK(fs::is_directory(out, ec), "--out '", out, "' exists and is not a folder");
+  std::vector<fs::path> old;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string f = e.path().filename().string();
+    if (e.path().extension() == ".safetensors" || f == "config.json" || f == "generation_config.json" ||
+        f.find(".safetensors.index.json") != std::string::npos)
+      old.push_back(e.path());
+  }
+  for (const auto& p : old) {
+    fs::remove(p, ec);
+    DEW_USAGE_CHECK(!ec, "--out '", out, "': cannot delete the earlier export's ", p.filename().string(), ": ",
+                    ec.message());
+  }
 }
 
 int cmd_export(const std::vector<std::string>& args) {
@@ -247,7 +284,9 @@ int cmd_export(const std::vector<std::string>& args) {
       "out", po::value(&out)->required(), "output folder")(
       "max-shard-size", po::value(&max_shard)->default_value("5GB"), "hf: shard the weights above this size")(
       "dtype", po::value(&dtype), "hf: write floating weights as f32, bf16 or f16 (default: as trained)");
+  if (print_help(args, d)) return 0;
   parse(args, d);
+  prepare_export_folder(out);
   DEW_USAGE_CHECK(format == "safetensors" || format == "hf", "--format ", format,
                   " is not supported; known: safetensors, hf");
   load_plugins(r.common);
@@ -281,6 +320,7 @@ int cmd_serve(const std::vector<std::string>& args) {
       "access-log", po::bool_switch(&so.access_log), "one line per request on stderr")(
       "chat-template", po::value(&so.chat_template),
       "tokenizer_config.json / chat_template.jinja / folder for /v1/chat/completions (default: the run's)");
+  if (print_help(args, d)) return 0;
   parse(args, d);
   load_plugins(r.common);
   return dew_run::serve(r.run_dir, r.step, !r.no_ema, r.backend, so);
@@ -298,6 +338,7 @@ int cmd_import(const std::vector<std::string>& raw) {
       "run-dir", po::value(&run_dir)->required(), "run directory to create")(
       "backend", po::value(&backend)->default_value("cpu"), "backend of the run (cpu, ref, cuda)");
   add_common(d, c);
+  if (print_help(args, d, "Every config key can be overridden as --section.key VALUE.\n")) return 0;
   parse(args, d);
   load_plugins(c);
   dew::ImportOptions o;
@@ -331,6 +372,7 @@ int cmd_plugins(const std::vector<std::string>& args) {
   Common c;
   po::options_description d("dew-run plugins");
   add_common(d, c);
+  if (print_help(args, d)) return 0;
   parse(args, d);
   load_plugins(c);
   auto& reg = dew::Registry::global();
@@ -368,6 +410,7 @@ int cmd_demo(const std::vector<std::string>& args) {
   d.add_options()("backend", po::value(&opt.backend)->default_value("cpu"), "backend: cpu or ref")(
       "steps", po::value(&opt.steps)->default_value(300), "optimizer steps")(
       "seed", po::value(&opt.seed)->default_value(0), "seed");
+  if (print_help(args, d)) return 0;
   parse(args, d);
   DEW_USAGE_CHECK(opt.steps > 0, "--steps must be positive");
   load_plugins(c);
@@ -387,6 +430,14 @@ int main(int argc, char** argv) {
   // GOMP_SPINCOUNT win, [run] threads sets the count.
   const bool computes =
       command == "train" || command == "eval" || command == "sample" || command == "serve" || command == "demo";
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp && *omp) {
+    // libgomp crashes on absurd counts (OMP_NUM_THREADS=100000 segfaults): refuse them before it loads.
+    const std::string e = dew_run::check_omp_num_threads(omp);
+    if (!e.empty()) {
+      std::cerr << "dew-run " << command << ": " << e << "\n";
+      return 2;
+    }
+  }
   if (computes) {
     // No line of its own on stderr (a bad command's output stays its one error line): the trainer logs
     // DEW_OPENMP_CHOICE next to its start line.
@@ -414,6 +465,11 @@ int main(int argc, char** argv) {
     std::cerr << "dew-run " << command << ": " << (e.kind() == dew::ErrorKind::usage ? "" : "error: ") << e.describe()
               << "\n";
     return e.kind() == dew::ErrorKind::usage ? 2 : 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "dew-run " << command
+              << ": error: out of memory (the model, batch or request needs more memory than this machine has "
+                 "free; try a smaller data.batch_size or model)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "dew-run " << command << ": error: " << e.what() << "\n";
     return 1;

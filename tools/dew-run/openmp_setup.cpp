@@ -7,6 +7,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -129,6 +130,24 @@ std::string describe(const OpenMPChoice& c) {
   if (c.policy == "passive") s += ", waiting passively";
   if (c.policy.empty()) s += ", the user's OMP_WAIT_POLICY / GOMP_SPINCOUNT";
   return s;
+}
+
+std::string check_omp_num_threads(const std::string& v) {
+  const long limit = std::max<long>(64, 8 * long(std::thread::hardware_concurrency()));
+  size_t at = 0;
+  while (at <= v.size()) {
+    const size_t comma = v.find(',', at);
+    const std::string item = v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || n < 1 || n > limit)
+      return "OMP_NUM_THREADS=" + v + " is not a thread count from 1 to " + std::to_string(limit) +
+             " (8 per core of this machine)";
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return {};
 }
 
 }  // namespace dew_run

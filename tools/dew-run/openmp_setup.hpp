@@ -35,6 +35,10 @@ OpenMPChoice choose_openmp(int usable, double busy, bool user_threads, bool user
 // Ranks of this job on this machine, from the launcher's environment (1 when not launched as ranks).
 int local_rank_count();
 
+// "" when the OMP_NUM_THREADS value `v` is a list of positive counts of at most 8 per core of this
+// machine (at least 64), else the one-line reason it is refused.
+std::string check_omp_num_threads(const std::string& v);
+
 // Measures, chooses and setenv()s; returns the choice (for the log line).
 OpenMPChoice apply_openmp_defaults(int sample_ms = 100);
 

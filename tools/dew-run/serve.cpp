@@ -30,6 +30,7 @@
 
 #include "chat_completions.hpp"
 #include "dew/error.hpp"
+#include "request_limits.hpp"
 #include "dew/objective.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
@@ -53,6 +54,36 @@ HttpError bad(const std::string& message, const std::string& param = "") {
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// The body of a POST as JSON (request_limits.hpp), a 400 naming what is wrong otherwise.
+json parse_json_body(const std::string& text) {
+  try {
+    return parse_request_json(text);
+  } catch (const RequestRejected& e) {
+    throw bad(e.what());
+  }
+}
+
+// Listening-socket options: SO_REUSEADDR (a restart binds at once after TIME_WAIT) but not httplib's
+// default SO_REUSEPORT, with which a second server on a busy port started and the two split the traffic.
+void listen_socket_options(socket_t sock) {
+  int yes = 1;
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+}
+
+// Connection handling that stalled clients cannot exhaust: many spare workers beyond those a request
+// can block (slots + queue), short read timeouts (a client that stops sending is dropped after
+// kReadTimeoutSeconds), and a short keep-alive so idle connections give their worker back.
+constexpr size_t kSpareWorkers = 256;
+constexpr int kReadTimeoutSeconds = 2;
+constexpr int kKeepAliveSeconds = 2;
+
+void harden_connections(httplib::Server& svr, size_t request_workers) {
+  const size_t workers = request_workers + kSpareWorkers;
+  svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+  svr.set_read_timeout(kReadTimeoutSeconds, 0);
+  svr.set_keep_alive_timeout(kKeepAliveSeconds);
+}
 
 void send_error(httplib::Response& res, const HttpError& e) {
   json err{{"message", e.message}, {"type", e.type}, {"code", nullptr}};
@@ -152,12 +183,11 @@ struct HttpServer::Impl {
   void routes() {
     // Enough workers for every slot, every queue place and a few health probes: a handler blocks while
     // its request waits or runs.
-    const size_t workers = size_t(options.scheduler.slots + options.scheduler.max_queue + 4);
-    svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+    harden_connections(svr, size_t(options.scheduler.slots + options.scheduler.max_queue + 4));
     // Debian's libcpp-httplib is built with a listen backlog of 5: a burst of new connections past it
     // waits for a SYN retransmission (1 s). Keep the listening socket to widen its backlog after bind().
     svr.set_socket_options([this](socket_t sock) {
-      httplib::default_socket_options(sock);
+      listen_socket_options(sock);
       listen_fd = sock;
     });
     svr.set_keep_alive_max_count(1000);
@@ -273,12 +303,7 @@ struct HttpServer::Impl {
   }
 
   Completion parse(const std::string& text) const {
-    json body;
-    try {
-      body = json::parse(text);
-    } catch (const json::parse_error& e) {
-      throw bad(std::string("malformed JSON: ") + e.what());
-    }
+    json body = parse_json_body(text);
     if (!body.is_object()) throw bad("the request body must be a JSON object");
     for (auto it = body.begin(); it != body.end(); ++it)
       if (!kCompletionFields.count(it.key()))
@@ -387,12 +412,7 @@ struct HttpServer::Impl {
   std::string chat_body(const std::string& text) const {
     if (!chat_error.empty())
       throw HttpError{400, "invalid_request_error", "this run's chat template cannot be used: " + chat_error, ""};
-    json body;
-    try {
-      body = json::parse(text);
-    } catch (const json::parse_error& e) {
-      throw bad(std::string("malformed JSON: ") + e.what());
-    }
+    json body = parse_json_body(text);  // the request limits (request_limits.hpp) hold for chat bodies too
     try {
       return dump(chat::to_completion_body(body, chat_setup));
     } catch (const std::invalid_argument& e) {
@@ -524,12 +544,7 @@ struct HttpServer::Impl {
   void generate_images(const httplib::Request& req, httplib::Response& res) {
     auto flight = std::make_shared<Flight>(*this);
     if (draining) throw HttpError{503, "server_error", "the server is shutting down", ""};
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      throw bad(std::string("malformed JSON: ") + e.what());
-    }
+    json body = parse_json_body(req.body);
     if (!body.is_object()) throw bad("the request body must be a JSON object");
     static const std::set<std::string> fields = {"model",
                                                  "labels",
@@ -672,6 +687,7 @@ HttpServer::~HttpServer() = default;
 
 int HttpServer::bind() {
   int port = impl_->options.port;
+  DEW_USAGE_CHECK(port >= 0 && port <= 65535, "serve: --port ", port, " is not a TCP port (0 to 65535; 0: any free one)");
   if (port == 0) {
     port = impl_->svr.bind_to_any_port(impl_->options.host);
   } else if (!impl_->svr.bind_to_port(impl_->options.host, port)) {

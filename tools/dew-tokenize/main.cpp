@@ -37,7 +37,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kUsage =
-    "usage: dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--tokenizer byte|bpe] [--vocab-size N]\n"
+    "usage: dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--force] [--tokenizer byte|bpe] [--vocab-size N]\n"
     "                    [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]\n"
     "       dew-tokenize render-chat --tokenizer-config F --input conversations.jsonl --out rendered.jsonl\n"
     "                    [--add-generation-prompt] [--spans]\n";
@@ -95,7 +95,8 @@ int run(int argc, char** argv) {
       "vocab", po::value(&vocab), "GPT-2 vocab.json (with --merges)")("merges", po::value(&merges),
                                                                       "GPT-2 merges.txt (with --vocab)")(
       "val-fraction", po::value(&val_fraction), "share of the tokens, from the head, for val.bin (default 0.05)")(
-      "eos-between-files", "separate the files by the tokenizer's eos token");
+      "eos-between-files", "separate the files by the tokenizer's eos token")(
+      "force", "replace an existing --out folder's token files (refused otherwise)");
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(d).run(), vm);
   po::notify(vm);
@@ -105,6 +106,14 @@ int run(int argc, char** argv) {
   }
   DEW_USAGE_CHECK(!inputs.empty(), "--input is required");
   DEW_USAGE_CHECK(!out.empty(), "--out is required");
+  {
+    std::error_code ec;
+    const bool exists = fs::exists(out, ec);
+    DEW_USAGE_CHECK(!exists || fs::is_directory(out, ec), "--out '", out, "' exists and is not a folder");
+    const bool holds = exists && !fs::is_empty(out, ec);
+    DEW_USAGE_CHECK(!holds || vm.count("force"), "--out '", out,
+                    "' already exists and is not empty; pass --force to replace its token files, or choose another folder");
+  }
   DEW_USAGE_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
   const bool from_file = !tokenizer_json.empty() || !vocab.empty() || !merges.empty();
   DEW_USAGE_CHECK(vocab.empty() == merges.empty(), "--vocab and --merges go together");

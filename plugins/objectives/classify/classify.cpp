@@ -63,6 +63,40 @@ class Classify final : public dew::Objective {
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
     num_classes_ = std::stoll(model.values().at("num_classes"));
+    if (ctx.train_source && ctx.train_source->size() > 0) train_image_ = ctx.train_source->get(0).at("image").shape;
+  }
+
+  // Every validation record has a label in [0, num_classes) and an image of the training shape (checked
+  // when the run starts, not at its first validation).
+  void check_validation_data(dew::DataLoader& loader) override {
+    const dew::DataSource& src = loader.source();
+    for (int64_t i = 0, n = src.size(); i < n; ++i) {
+      const dew::Record r = src.get(i);
+      auto label = r.find("label");
+      auto image = r.find("image");
+      DEW_USAGE_CHECK(label != r.end() && image != r.end(), "classify: validation record ", i, " of ", src.identity(),
+                      " lacks an 'image' or 'label' field");
+      const dew::HostArray& a = label->second;
+      DEW_USAGE_CHECK(a.numel() == 1 && a.dtype == dew::DType::i32, "classify: validation label ", i, " of ",
+                      src.identity(), " is not one i32");
+      const int64_t v = a.as<int32_t>()[0];
+      DEW_USAGE_CHECK(v >= 0 && v < num_classes_, "classify: validation label ", v, " (record ", i, " of ",
+                      src.identity(), ") is outside [0, ", num_classes_, "); set 'model.num_classes' to cover it");
+    }
+    // One validation batch through the model (as validate() will send it, after the loader's transforms):
+    // images of another shape fail here. validate() seeks the loader back to its start.
+    dew::NoGradGuard no_grad;
+    const bool was_training = model_->training();
+    model_->set_training(false);
+    try {
+      dew::Batch b = dew::to_device(loader.next(), backend_);
+      model_->forward({{"image", preprocess(field(b, "image"))}});
+    } catch (const dew::Error& e) {
+      model_->set_training(was_training);
+      DEW_USAGE_CHECK(false, "classify: the validation split ", src.identity(), " does not fit the model (training images ",
+                      dew::shape_str(train_image_), "): ", e.what());
+    }
+    model_->set_training(was_training);
   }
 
   std::vector<std::string> batch_fields() const override { return {"image", "label"}; }
@@ -187,6 +221,7 @@ class Classify final : public dew::Objective {
   std::shared_ptr<dew::Model> model_;
   dew::BackendPtr backend_;
   int64_t num_classes_ = 0;
+  dew::Shape train_image_;  // the first training record's image shape
   double mean_ = 0.5, std_ = 0.5;
 };
 

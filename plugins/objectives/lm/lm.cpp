@@ -375,7 +375,44 @@ class LanguageModel final : public dew::Objective {
     DEW_USAGE_CHECK(sample_tokens_ >= 0, "option 'objective.sample_tokens' must be >= 0, got ", sample_tokens_);
     DEW_USAGE_CHECK(eval_batches_ >= 0, "option 'objective.eval_batches' must be >= 0, got ", eval_batches_);
     DEW_USAGE_CHECK(sample_seed_ >= 0, "option 'objective.sample_seed' must be >= 0, got ", sample_seed_);
+    // The validation sample's options are checked now, not when the first validation samples.
+    dew::SamplingParams sp;
+    sp.max_new_tokens = sample_tokens_;
+    sp.temperature = float(sample_temperature_);
+    sp.top_k = sample_top_k_;
+    sp.top_p = float(sample_top_p_);
+    try {
+      dew::validate(sp);
+    } catch (const dew::Error& e) {
+      const std::string what = std::string(e.what()).substr(std::string("sampling: ").size());  // "temperature must ..."
+      const size_t space = what.find(' ');
+      DEW_USAGE_CHECK(false, "option 'objective.sample_", what.substr(0, space), "'", what.substr(space));
+    }
   }
+
+ public:
+  // Every token id validate() will read is below the model's vocabulary (an id out of range late in
+  // val.bin would otherwise end the run at its first validation, after the updates).
+  void check_validation_data(dew::DataLoader& loader) override {
+    const dew::DataSource& src = loader.source();
+    const dew::LoaderConfig& lc = loader.config();
+    int64_t n = src.size();
+    if (eval_batches_ > 0) n = std::min<int64_t>(n, eval_batches_ * lc.batch_size * int64_t(lc.world));
+    for (int64_t i = 0; i < n; ++i) {
+      const dew::Record r = src.get(i);  // the tokens source refuses ids beyond meta.json's vocab_size
+      auto it = r.find("text");
+      DEW_USAGE_CHECK(it != r.end(), "lm: the validation source ", src.identity(), " has no 'text' field");
+      const dew::HostArray& a = it->second;
+      if (a.dtype != dew::DType::i32) continue;
+      const int32_t* ids = a.as<int32_t>();
+      for (int64_t k = 0; k < a.numel(); ++k)
+        DEW_USAGE_CHECK((ids[k] >= 0 && ids[k] < vocab_) || (pad_id_ >= 0 && ids[k] == pad_id_),
+                        "lm: the validation split ", src.identity(), " holds token id ", ids[k], " (record ", i,
+                        "), outside the model's vocabulary [0, ", vocab_, ")");
+    }
+  }
+
+ private:
 
   int64_t ignore_index() const { return pad_id_ >= 0 ? pad_id_ : -100; }
 

@@ -14,6 +14,11 @@
 //    written (the groups track link creation order).
 //  * Every read error is a dew::Error naming the file (missing, not HDF5, corrupt or truncated, newer
 //    format, unknown dtype); load_into lists every name, shape and dtype mismatch in one error.
+//  * Integrity: every dataset has @crc32 and the file starts with a checksum block (an
+//    HDF5 user block) with the CRC-32 of the rest of the file and of every tensor. read_checkpoint checks
+//    the bytes before libhdf5 parses them and refuses a damaged file naming the damaged tensor, so no
+//    damaged dew-written file reaches HDF5's parser. Files from before checksums load unverified.
+//  * Non-finite values in params/, ema/ or optim/ are refused unless CheckpointReadOptions says otherwise.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -45,6 +50,7 @@ struct CheckpointData {
 
   // Filled by read_checkpoint (ignored by write_checkpoint, which writes its own).
   int64_t format_version = 0;
+  bool checksummed = false;  // the file carried checksums (all verified); false for older files
   std::string dew_version;
   std::string created;  // UTC, ISO 8601
 };
@@ -53,8 +59,21 @@ struct CheckpointData {
 // are copied to the host. Refuses empty names, names containing '/', "." and "..", and duplicates.
 void write_checkpoint(const std::string& path, const CheckpointData& data);
 
-// Reads a whole checkpoint; tensors are created on `backend`.
-CheckpointData read_checkpoint(const std::string& path, const BackendPtr& backend);
+struct CheckpointReadOptions {
+  // Load params/ema/optim tensors holding NaN or infinity (refused by default: a run that diverged).
+  bool allow_nonfinite = false;
+};
+
+// Reads a whole checkpoint; tensors are created on `backend`. Verifies checksums (see above).
+CheckpointData read_checkpoint(const std::string& path, const BackendPtr& backend,
+                               const CheckpointReadOptions& options = {});
+
+// Checks a checkpoint as read_checkpoint would, creating no tensors: "" when it is intact, else why not.
+std::string verify_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
+
+// The highest-step "step-*.h5" in `dir` below `below_step` that verify_checkpoint finds intact, or "".
+std::string find_intact_checkpoint(const std::string& dir, int64_t below_step,
+                                   const CheckpointReadOptions& options = {});
 
 // Copies `checkpoint` tensors into `targets` (existing tensors, e.g. Module::named_parameters(), on any
 // backend) by name. Nothing is copied unless everything matches; otherwise one dew::Error lists the

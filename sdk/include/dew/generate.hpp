@@ -45,7 +45,7 @@ struct SamplingParams {
 };
 
 // Checks the ranges (temperature >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty > 0,
-// top_k >= 0, max_new_tokens >= 0); throws a UsageError naming the field.
+// top_k >= 0, 0 <= max_new_tokens <= 2^24); throws a UsageError naming the field.
 void validate(const SamplingParams& params);
 
 // One token from `logits` [vocab] (host floats). `history`: the tokens the repetition penalty applies to

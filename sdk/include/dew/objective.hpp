@@ -115,6 +115,11 @@ class Objective {
   // for the LM harness); every key must be read or the command refuses it. The default runs
   // validate() and reads no keys.
   virtual ValidationResult evaluate(DataLoader& loader, Options& request, const StepInfo& info);
+  // Called by the trainer before the first update with the validation loader validate() will read:
+  // checks what validate() depends on (labels in range, image shapes, token ids, sampling options) so a
+  // bad validation split is refused when the run starts, not after every update is done. Reads records
+  // through loader.source() (the loader's position is left alone). The default checks nothing.
+  virtual void check_validation_data(DataLoader& loader) { (void)loader; }
 };
 
 }  // namespace dew

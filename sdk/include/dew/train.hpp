@@ -57,6 +57,7 @@ double global_grad_norm(const NamedTensors& params);
 struct TrainOptions {
   std::string run_dir;
   bool resume = false;
+  std::string step;          // with resume: the checkpoint to resume ("latest", "best" or N; "" = latest)
   std::string backend_name;  // overrides [run] backend when not empty
 };
 
