@@ -339,7 +339,7 @@ int train_process(Config& config, const TrainOptions& options) {
   const double clip = optim_section.get_double("clip_grad_norm", 0.0);
   DEW_USAGE_CHECK(lr > 0, "option 'optim.lr' must be positive");
   DEW_USAGE_CHECK(clip >= 0, "option 'optim.clip_grad_norm' must be >= 0");
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(optim_section, run.params);
+  std::shared_ptr<Optimizer> optimizer = make_optimizer(optim_section, run.params);
   auto schedule = make_schedule(config.section("schedule"), lr, steps);
   std::unique_ptr<Ema> ema;
   NamedTensors ema_params;
@@ -541,7 +541,7 @@ int train_process(Config& config, const TrainOptions& options) {
     st.streak = 0;
     const float grad_scale = clip > 0 && gnorm > clip ? float(clip / (gnorm + 1e-6)) : 1.0f;
     const double lr_now = schedule(st.updates);
-    optimizer->update(run.params, float(lr_now), grad_scale, st.updates + 1);
+    optimizer->update(float(lr_now), grad_scale, st.updates + 1);
     for (auto& [k, p] : run.params) p.zero_grad();
     ++st.updates;
     if (ema) ema->update(ema_params, st.updates);
