@@ -15,7 +15,7 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb)
     : comm_(std::move(comm)), params_(params) {
-  DEW_CHECK(comm_, "data-parallel training needs a communicator");
+  if (!comm_) return;  // one process
   DEW_USAGE_CHECK(bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", bucket_mb);
   const double cap = bucket_mb * 1024.0 * 1024.0;
   bucket_of_.resize(params_.size());
@@ -58,6 +58,30 @@ void DataParallel::broadcast(const NamedTensors& tensors) {
     Tensor handle = t;
     comm_->broadcast(handle, 0);
   }
+}
+
+void DataParallel::start_from_rank0(const std::vector<NamedTensors>& groups, const std::vector<int64_t>& counters) {
+  if (!comm_) return;
+  for (const NamedTensors& g : groups) broadcast(g);
+  Tensor at = Tensor::from_host(counters.data(), {int64_t(counters.size())}, DType::i64, params_.front().second.backend_ptr());
+  comm_->broadcast(at, 0);
+  std::vector<int64_t> root(counters.size());
+  at.copy_to_host(root.data());
+  DEW_CHECK(root == counters, "rank ", rank(), " starts at update ", counters[0], " (data position ", counters.back(),
+            ") but rank 0 at update ", root[0], " (data position ", root.back(),
+            "): every rank must see the same run directory (a shared filesystem)");
+}
+
+void DataParallel::backward(const Tensor& loss, bool last_micro) {
+  if (!comm_ || !last_micro) {
+    loss.backward();
+    return;
+  }
+  run_backward(loss, Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.backend_ptr()), begin_sync());
+}
+
+void DataParallel::barrier() {
+  if (comm_) comm_->barrier();
 }
 
 LeafReadyHook DataParallel::begin_sync() {
@@ -121,6 +145,7 @@ void DataParallel::progress() {
 }
 
 void DataParallel::finish_sync() {
+  if (!comm_) return;
   const auto t0 = Clock::now();
   NoGradGuard no_grad;
   for (size_t k = params_.size(); k-- > 0;)  // parameters this backward pass did not reach
@@ -153,7 +178,7 @@ void DataParallel::finish_sync() {
 }
 
 void DataParallel::sum(std::vector<double>& values) {
-  if (values.empty()) return;
+  if (!comm_ || values.empty()) return;
   const auto t0 = Clock::now();
   const BackendPtr& be = params_.front().second.backend_ptr();
   Tensor t = Tensor::from_host(values.data(), {int64_t(values.size())}, DType::f64, be);

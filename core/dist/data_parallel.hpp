@@ -11,6 +11,10 @@
 // .grad a view of the averaged gradient in its bucket (a parameter no rank had a gradient for keeps
 // none, as in a single process). Those views stay valid until the next sync; accumulating into them
 // (gradient accumulation) is fine, since the next sync copies them back in place.
+//
+// The trainer talks to every run through this class: with a null communicator it is one process, and
+// each method is the local equivalent (backward() is a plain backward, sum() the identity, no buffers),
+// so the training loop has no data-parallel branches of its own.
 #pragma once
 #include <memory>
 #include <unordered_map>
@@ -24,17 +28,26 @@ namespace dew::dist {
 
 class DataParallel {
  public:
+  // `comm` null: one process (no buckets are allocated).
   DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb);
 
+  bool distributed() const { return comm_ != nullptr; }
   Communicator& comm() { return *comm_; }
-  int rank() const { return comm_->rank(); }
-  int world() const { return comm_->size(); }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int world() const { return comm_ ? comm_->size() : 1; }
   size_t num_buckets() const { return buckets_.size(); }
   // Parameter indices of each bucket (for tests and the log).
   std::vector<std::vector<size_t>> bucket_members() const;
 
   // Overwrites `tensors` on every rank with rank 0's values (start of a run: weights, EMA, optimizer state).
   void broadcast(const NamedTensors& tensors);
+  // Start of a run: every group of tensors takes rank 0's values, and every rank must be at rank 0's
+  // `counters` (update, attempt, data position): one line naming both otherwise. No-op in one process.
+  void start_from_rank0(const std::vector<NamedTensors>& groups, const std::vector<int64_t>& counters);
+
+  // The backward pass of one micro-batch's (already scaled) loss; the last micro-batch of an update
+  // all-reduces in buckets overlapped with it, and finish_sync() completes it.
+  void backward(const Tensor& loss, bool last_micro);
 
   // Before the backward pass of an update's last micro-batch: the hook to hand to run_backward.
   LeafReadyHook begin_sync();
@@ -43,6 +56,7 @@ class DataParallel {
 
   // Sums `values` over the ranks (in place): the logged loss, sample counts and metrics.
   void sum(std::vector<double>& values);
+  void barrier();
 
   // Milliseconds this rank spent on synchronisation since the last call: copies into buckets, MPI calls,
   // waiting for buckets and averaging (the communication not hidden behind compute).

@@ -270,8 +270,7 @@ TEST_CASE("causal_transformer: GQA, sliding window, softcaps, dropout: a gradien
     auto m = make_model(tiny(extra), 11);
     m->set_training(true);
     dew::Batch in{{"tokens", tokens({3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, 2)}};
-    in["dropout_seed"] = Tensor::from_ints({7}, {1}, ref());
-    in["dropout_step"] = Tensor::from_ints({1}, {1}, ref());
+    m->set_random_key({7, 1});
     Tensor logits = m->forward(in);
     Tensor loss = dew::cross_entropy(dew::reshape(logits, {10, 13}),
                                      Tensor::from_ints({1, 4, 1, 5, 9, 6, 5, 3, 5, 8}, {10}, ref()));
@@ -506,9 +505,13 @@ TEST_CASE("lm objective: build fills the model keys, step and validate") {
   }
   dew::Batch batch{{"text", Tensor::from_ints(text, {4, 9}, ref())}};
   dew::StepResult r = obj->step(batch, {0, 0, 1});
-  CHECK(r.tokens == 32);
+  // The trained-token count, ce and token accuracy stay on the device (the trainer's one transfer).
+  CHECK(r.device_tokens.item() == 32);
   CHECK(r.samples == 4);
-  CHECK(r.metrics.at("ce") == doctest::Approx(std::log(7.0)).epsilon(0.05));  // near-uniform at init
+  CHECK(r.device_metrics.at("ce").item() == doctest::Approx(std::log(7.0)).epsilon(0.05));  // near-uniform at init
+  CHECK(r.device_metrics.at("ce").item() == doctest::Approx(r.loss.item()));
+  const double accuracy = r.device_metrics.at("token_accuracy").item();
+  CHECK((accuracy >= 0 && accuracy <= 1));
   r.loss.backward();
 
   auto shared = std::shared_ptr<dew::DataSource>(&src, [](dew::DataSource*) {});
@@ -533,7 +536,7 @@ TEST_CASE("lm objective: build fills the model keys, step and validate") {
   int64_t zeros = 0;
   for (size_t i = 0; i < text.size(); ++i)
     if (i % 9 != 0 && text[i] == 0) ++zeros;
-  CHECK(r.tokens == 32 - zeros);
+  CHECK(r.device_tokens.item() == 32 - zeros);
 }
 
 TEST_CASE("lm objective: a tokens folder (byte tokenizer) gives vocab 256, bits per byte and text samples") {

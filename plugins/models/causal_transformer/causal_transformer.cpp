@@ -1,9 +1,9 @@
 // causal_transformer.cpp — the `causal_transformer` backbone: a Llama-style decoder-only transformer
 // (Llama / Qwen3 / Gemma options), with Hugging Face parameter names and a KV-cached decode path.
 //
-// forward({"tokens": i32 [B, T]}) -> logits f32 [B, T, V]. Optional inputs for dropout (only read when
-// dropout > 0 and the module is training): "dropout_seed" and "dropout_step" (one-element integer
-// tensors); the mask of site s in layer i is philox(seed, stream_of("dropout.<i>.<s>") + step * golden, k).
+// forward({"tokens": i32 [B, T]}) -> logits f32 [B, T, V]. Dropout (when dropout > 0 and the module is
+// training) is keyed by the Model's random_key() (seed, step), which the objective sets: the mask of site s
+// in layer i is philox(seed, stream_of("dropout.<i>.<s>") + step * golden, k).
 //
 // Block (pre-norm):  x = x + drop(self_attn(input_layernorm(x)));  x = x + drop(mlp(post_attention_layernorm(x)))
 // Head: norm(x) @ embed_tokens^T (tied) or lm_head(norm(x)); optional final logit softcap
@@ -386,8 +386,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     check_tokens(tokens);
     uint64_t seed = 0, step = 0;
     if (c_.dropout > 0 && training()) {
-      if (auto s = inputs.find("dropout_seed"); s != inputs.end()) seed = uint64_t(s->second.item());
-      if (auto s = inputs.find("dropout_step"); s != inputs.end()) step = uint64_t(s->second.item());
+      seed = random_key().seed;
+      step = random_key().step;
     }
     return run(tokens, nullptr, seed, step);
   }

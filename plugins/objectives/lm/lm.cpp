@@ -164,20 +164,29 @@ class LanguageModel final : public dew::Objective {
     const Tensor text = text_of(batch);
     const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
     dew::Batch in{{"tokens", dew::slice(text, 1, 0, s)}};
-    if (dropout_) {
-      in["dropout_seed"] = Tensor::from_ints({int32_t(info.seed & 0x7fffffffu)}, {1}, backend_);
-      in["dropout_step"] = Tensor::from_ints({int32_t((info.step * 1024 + info.micro) & 0x7fffffff)}, {1}, backend_);
-    }
+    if (dropout_)
+      model_->set_random_key({info.seed & 0x7fffffffu, uint64_t(info.step * 1024 + info.micro) & 0x7fffffffu});
     const Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
     Tensor logits = flat_logits(model_->forward(in), b * s);
     dew::StepResult r;
     r.loss = dew::cross_entropy(logits, targets, ignore_index());
-    int64_t hits = 0, counted = 0;
-    score(logits, targets, hits, counted);
     r.samples = b;
-    r.tokens = counted;
-    r.metrics["ce"] = r.loss.item();
-    r.metrics["token_accuracy"] = counted > 0 ? double(hits) / double(counted) : 0.0;
+    // Token accuracy and the trained-token count stay on the device (the trainer reads them with the loss).
+    dew::NoGradGuard no_grad;
+    const Tensor truth = dew::cast(targets, dew::DType::f32);  // ids < 2^24: exact in f32
+    Tensor hits = dew::compare(dew::cast(dew::argmax(logits.detach()), dew::DType::f32), truth, dew::BinaryOp::eq);
+    Tensor counted;
+    if (pad_id_ >= 0) {
+      const Tensor pad = Tensor::full({1}, double(pad_id_), dew::DType::f32, backend_);
+      const Tensor valid = dew::add_scalar(dew::neg(dew::compare(truth, pad, dew::BinaryOp::eq)), 1.0f);
+      hits = hits * valid;
+      counted = dew::sum(valid);
+    } else {
+      counted = Tensor::full({1}, double(b * s), dew::DType::f32, backend_);
+    }
+    r.device_tokens = counted;
+    r.device_metrics["ce"] = dew::reshape(r.loss.detach(), {1});
+    r.device_metrics["token_accuracy"] = dew::sum(hits) / dew::maximum(counted, Tensor::full({1}, 1.0, dew::DType::f32, backend_));
     return r;
   }
 

@@ -31,6 +31,18 @@ class Model : public nn::Module {
   virtual double flops_per_sample() const { return 0.0; }
   // The model's hyper-parameters as key/value pairs (written as config.json on export).
   virtual std::map<std::string, std::string> describe() const { return {}; }
+
+  // The key of the training randomness of the next forward passes (dropout masks): the objective sets it
+  // from its StepInfo before each training forward, as host integers (no device tensor to read back).
+  struct RandomKey {
+    uint64_t seed = 0;  // the run seed (31 bits)
+    uint64_t step = 0;  // the micro-batch's position in the run (31 bits: update * 1024 + micro)
+  };
+  void set_random_key(const RandomKey& key) { random_key_ = key; }
+  const RandomKey& random_key() const { return random_key_; }
+
+ private:
+  RandomKey random_key_;
 };
 
 // Creates the model named by `section`'s "plugin" key with the rest of the section as its options.

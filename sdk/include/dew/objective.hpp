@@ -44,6 +44,11 @@ struct StepResult {
   std::map<std::string, double> metrics;  // per-batch metrics (accuracy, ...)
   int64_t samples = 0;                    // rows in the batch
   int64_t tokens = 0;                     // tokens trained on (language models), else 0
+  // What the objective leaves on the device, so the trainer reads it with the loss in the update's one
+  // host transfer: one-element f32 metrics (averaged over micro-batches like `metrics`), and, when
+  // defined, the count of tokens trained on (used instead of `tokens`).
+  std::map<std::string, Tensor> device_metrics;
+  Tensor device_tokens;
 };
 
 struct Artifact {

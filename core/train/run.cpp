@@ -1,0 +1,292 @@
+// core/train/run.cpp — building a run from its config, its checkpoint, and the entry points that load
+// a trained run: `dew-run eval`, `sample`, `serve` (load_inference_run), `export`, and load_objective.
+//
+// A loaded run is rebuilt from RUN_DIR/config.ini (the effective config the trainer wrote) and given a
+// checkpoint's weights; eval/sample/serve/export never write into the run's checkpoints.
+#include "train/run.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "dew/autograd.hpp"
+#include "dew/error.hpp"
+#include "dew/ops.hpp"
+#include "dew/profile.hpp"
+#include "dew/registry.hpp"
+#include "dew/safetensors.hpp"
+
+namespace dew::training {
+
+namespace fs = std::filesystem;
+
+namespace {
+// The communicator of the training run in progress (an error on one rank ends the job).
+std::shared_ptr<Communicator> g_active_comm;
+
+// Prefix of the objective's state tensors (Objective::state()) in a checkpoint's state/ group.
+const std::string kObjectiveState = "objective.";
+
+std::string plugins_line() {
+  std::string s;
+  for (const auto& p : Registry::global().plugins()) s += (s.empty() ? "" : "; ") + p.name + " " + p.version;
+  return s;
+}
+
+}  // namespace
+
+void set_active_comm(std::shared_ptr<Communicator> comm) { g_active_comm = std::move(comm); }
+std::shared_ptr<Communicator> active_comm() { return g_active_comm; }
+
+Run build_run(Config& config, const std::string& backend_override, bool with_train_data, bool profile) {
+  Run run;
+  Options& rs = config.section("run");
+  rs.get_string("name", "");
+  rs.get_strings("plugins", {});  // read by the launcher before loading plugins
+  // ---- dist: [run] dist = none | <communicator> (mpi), dist_timeout (s), bucket_mb ----
+  const std::string dist = rs.get_string("dist", "none");
+  run.bucket_mb = rs.get_double("bucket_mb", 25.0);
+  DEW_USAGE_CHECK(run.bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", run.bucket_mb);
+  Options comm_options;
+  if (rs.has("dist_timeout")) {
+    const double timeout = rs.get_double("dist_timeout", 60.0);
+    DEW_USAGE_CHECK(timeout >= 0, "option 'run.dist_timeout' must be >= 0 seconds (0 = no limit), got ", timeout);
+    comm_options.set("timeout", rs.get_string("dist_timeout", ""));
+  }
+  if (dist != "none" && with_train_data) {  // eval, sample and export run in one process
+    DEW_USAGE_CHECK(Registry::global().contains(Communicator::kind, dist), "run.dist = ", dist,
+                    ": no communicator of that name is loaded (none, or mpi when dew was built with MPI)");
+    run.comm = Registry::global().create<Communicator>(dist, comm_options);
+    g_active_comm = run.comm;
+    run.rank = run.comm->rank();
+    run.world = run.comm->size();
+    run.comm->barrier();  // every rank has read its config (--resume: RUN_DIR/config.ini) before rank 0 rewrites it
+  }
+  // ---- end dist ----
+  run.seed = uint64_t(rs.get_int("seed", 0));
+  const std::string backend_name = backend_override.empty() ? rs.get_string("backend", "cpu") : backend_override;
+  if (!backend_override.empty()) rs.get_string("backend", "");
+  const int64_t threads = rs.get_int("threads", 0);
+  // [run] matmul_precision (PyTorch's float32 matmul precision): highest = f32, high = TF32, medium = bf16
+  // inputs with f32 accumulation. A permission, not a demand: a backend without such a mode runs f32 (ref
+  // always; cpu has no TF32, and bf16 only on CPUs with AVX512-BF16).
+  Options backend_options;
+  if (rs.has("matmul_precision")) {
+    const std::string prec = rs.get_string("matmul_precision", "highest");
+    DEW_USAGE_CHECK(prec == "highest" || prec == "high" || prec == "medium", "option 'run.matmul_precision' = '", prec,
+                    "' is not one of highest, high, medium");
+    backend_options.set("matmul_precision", prec);
+    run.matmul_precision = prec;
+  }
+  run.backend = create_backend(backend_name, backend_options);
+  if (threads > 0) run.backend->set_threads(int(threads));
+  // [trainer] profile: every tensor of the run is allocated through the wrapper, so every kernel reaches it.
+  if (profile) run.backend = std::make_shared<ProfilingBackend>(run.backend);
+  set_default_backend(run.backend);
+
+  Options& data = config.section("data");
+  if (with_train_data) run.train_loader = make_loader(data, "train", run.seed, run.rank, run.world);  // dist: shard
+  Options& os = config.section("objective");
+  const std::string objective = os.get_string("plugin", "");
+  DEW_USAGE_CHECK(!objective.empty(), "missing [objective] plugin = ... (e.g. classify, lm, diffusion, jepa)");
+  run.objective = Registry::global().create<Objective>(objective, os);
+  ObjectiveContext ctx;
+  ctx.config = &config;
+  ctx.backend = run.backend;
+  ctx.seed = run.seed;
+  ctx.train_source = run.train_loader ? &run.train_loader->source() : nullptr;
+  run.objective->build(ctx);
+  run.params = run.objective->parameters();
+  DEW_CHECK(!run.params.empty(), "objective '", objective, "' has no parameters to train");
+  return run;
+}
+
+CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* opt, const Ema* ema, const RunCounters& st,
+                               const DataPosition& pos) {
+  CheckpointData c;
+  c.attributes["dew.config"] = config.to_ini();
+  c.attributes["dew.plugins"] = plugins_line();
+  c.params = run.params;
+  if (ema) c.ema = ema->tensors();
+  if (opt) c.optim = opt->state();
+  c.counters = {{"updates", st.updates},
+                {"attempts", st.attempts},
+                {"skipped", st.skipped},
+                {"nonfinite_streak", st.streak},
+                {"data.next", pos.next}};
+  c.state_text = {{"data.order", pos.order}, {"best_file", st.best_file}};
+  if (!std::isnan(st.best)) c.state_values["best_metric"] = st.best;
+  for (auto& [name, t] : run.objective->state()) c.state_tensors.emplace_back(kObjectiveState + name, t);
+  return c;
+}
+
+// Loads the objective's state tensors (Objective::state()) from a checkpoint's state/objective.* datasets.
+void load_objective_state(const CheckpointData& c, const std::string& file, Objective& objective) {
+  const NamedTensors targets = objective.state();
+  if (targets.empty()) return;
+  NamedTensors saved;
+  for (const auto& [name, t] : c.state_tensors)
+    if (name.rfind(kObjectiveState, 0) == 0) saved.emplace_back(name.substr(kObjectiveState.size()), t);
+  DEW_CHECK(!saved.empty(), "checkpoint ", file, " holds no objective state (state/", kObjectiveState,
+            "*) but the objective keeps ", targets.size(), " state tensors (e.g. ", targets.front().first, ")");
+  load_into(saved, "state/" + kObjectiveState, targets);
+}
+
+
+}  // namespace dew::training
+
+namespace dew {
+using training::Run;
+using training::build_run;
+using training::load_objective_state;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A built run with a checkpoint's weights loaded (EMA weights when asked and present).
+struct LoadedRun {
+  Config config;
+  Run run;
+  int64_t updates = 0;
+  bool ema = false;
+};
+
+LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name) {
+  LoadedRun lr;
+  const fs::path cfg_path = fs::path(run_dir) / "config.ini";
+  DEW_USAGE_CHECK(fs::exists(cfg_path), "'", run_dir, "' is not a run directory (no config.ini)");
+  lr.config = Config::load_ini(cfg_path.string());
+  lr.run = build_run(lr.config, backend_name, false);
+  const std::string file = resolve_checkpoint(run_dir, step, lr.run.backend);
+  CheckpointData c = read_checkpoint(file, lr.run.backend);
+  load_into(c.params, "params", lr.run.params);
+  lr.ema = use_ema && !c.ema.empty();
+  if (lr.ema) load_into(c.ema, "ema", lr.run.objective->ema_parameters());  // EMA covers ema_parameters()
+  load_objective_state(c, file, *lr.run.objective);
+  lr.updates = c.counters.count("updates") ? c.counters.at("updates") : 0;
+  return lr;
+}
+
+}  // namespace
+
+LoadedObjective load_objective(const std::string& run_dir, const std::string& step, bool use_ema,
+                               const std::string& backend_name) {
+  LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  LoadedObjective out;
+  out.objective = lr.run.objective;
+  out.backend = lr.run.backend;
+  out.updates = lr.updates;
+  out.ema = lr.ema;
+  out.objective_options = lr.config.section("objective").values();
+  return out;
+}
+
+std::string resolve_checkpoint(const std::string& run_dir, const std::string& step, const BackendPtr& backend) {
+  const fs::path ckpt_dir = fs::path(run_dir) / "checkpoints";
+  const std::string latest = find_latest_checkpoint(ckpt_dir.string());
+  DEW_USAGE_CHECK(!latest.empty(), "no checkpoint in '", ckpt_dir.string(), "'");
+  std::string file = latest;
+  if (step == "best") {
+    // The best file's name is recorded in the latest checkpoint's state.
+    CheckpointData last = read_checkpoint(latest, backend);
+    const std::string best = last.state_text.count("best_file") ? last.state_text.at("best_file") : "";
+    if (!best.empty()) file = (ckpt_dir / best).string();
+  } else if (step != "latest") {
+    char* end = nullptr;
+    const long long n = std::strtoll(step.c_str(), &end, 10);
+    DEW_USAGE_CHECK(end && *end == '\0' && n >= 0, "--step must be latest, best or a number, got '", step, "'");
+    file = (ckpt_dir / checkpoint_name(n)).string();
+  }
+  DEW_USAGE_CHECK(fs::exists(file), "no checkpoint for step '", step, "' in '", ckpt_dir.string(), "'");
+  return file;
+}
+
+std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
+                                       const std::string& backend_name, Options& request) {
+  LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  NoGradGuard no_grad;
+  auto loader = make_loader(lr.config.section("data"), "val", lr.run.seed);
+  ValidationResult vr = lr.run.objective->evaluate(*loader, request, StepInfo{lr.updates, 0, lr.run.seed});
+  request.check_all_used();
+  if (!vr.artifacts.empty()) {
+    const fs::path dir = fs::path(run_dir) / "eval";
+    fs::create_directories(dir);
+    for (const auto& a : vr.artifacts) {
+      std::ofstream f(dir / a.file_name, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(a.bytes.data()), std::streamsize(a.bytes.size()));
+      DEW_CHECK(f.good(), "cannot write ", (dir / a.file_name).string());
+    }
+  }
+  vr.metrics["step"] = double(lr.updates);
+  vr.metrics["ema"] = lr.ema ? 1.0 : 0.0;
+  return vr.metrics;
+}
+
+void sample(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name,
+            Options& request) {
+  LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  NoGradGuard no_grad;
+  lr.run.objective->sample(request);
+}
+
+std::unique_ptr<InferenceRun> load_inference_run(const std::string& run_dir, const std::string& step, bool use_ema,
+                                                 const std::string& backend_name) {
+  LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  auto r = std::make_unique<InferenceRun>();
+  r->checkpoint = resolve_checkpoint(run_dir, step, lr.run.backend);
+  r->config = std::move(lr.config);
+  r->objective = lr.run.objective;
+  r->backend = lr.run.backend;
+  r->updates = lr.updates;
+  r->ema = lr.ema;
+  return r;
+}
+
+void export_safetensors(const std::string& run_dir, const std::string& step, bool use_ema,
+                        const std::string& backend_name, const std::string& out_dir) {
+  LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  fs::create_directories(out_dir);
+  std::map<std::string, std::string> meta{{"format", "pt"},
+                                          {"dew.version", DEW_SDK_VERSION},
+                                          {"dew.step", std::to_string(lr.updates)},
+                                          {"dew.ema", lr.ema ? "1" : "0"}};
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), lr.run.objective->export_parameters(), meta);
+  // config.json: the [model] section (numbers unquoted), plus what the model reports about itself.
+  std::map<std::string, std::string> fields = lr.config.section("model").values();
+  if (Model* m = lr.run.objective->main_model())
+    for (const auto& [k, v] : m->describe()) fields[k] = v;
+  fields["dew_objective"] = lr.config.section("objective").get_string("plugin", "");
+  std::ofstream f(fs::path(out_dir) / "config.json", std::ios::trunc);
+  f << "{\n";
+  size_t i = 0;
+  for (const auto& [k, v] : fields) {
+    char* end = nullptr;
+    std::strtod(v.c_str(), &end);
+    const bool literal = (!v.empty() && end && *end == '\0') || v == "true" || v == "false";
+    f << "  \"" << k << "\": " << (literal ? v : "\"" + v + "\"") << (++i < fields.size() ? ",\n" : "\n");
+  }
+  f << "}\n";
+}
+
+}  // namespace dew
+
+std::map<std::string, double> dew::evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
+                                            const std::string& backend_name) {
+  Options none(std::map<std::string, std::string>{}, "eval");
+  return evaluate(run_dir, step, use_ema, backend_name, none);
+}
+
+dew::ValidationResult dew::Objective::evaluate(DataLoader& loader, Options&, const StepInfo& info) {
+  return validate(loader, info);
+}
+
+void dew::Objective::sample(Options&) {
+  DEW_USAGE_CHECK(false, "this objective has no sampler (sampling comes with the lm and diffusion objectives)");
+}
+
+std::vector<dew::GeneratedImage> dew::Objective::generate_images(Options&, int64_t) {
+  DEW_USAGE_CHECK(false, "this objective does not generate images (the diffusion objective does)");
+  return {};
+}
+
