@@ -8,6 +8,7 @@ namespace dew {
 void register_builtins(Registrar& registrar) {
   register_sgd_optimizer(registrar);
   register_adamw_optimizers(registrar);
+  register_muon_optimizer(registrar);
   register_schedules(registrar);
 }
 

@@ -94,7 +94,7 @@ std::vector<OptimParam> optim_params(const Options& o, const NamedTensors& param
     DEW_USAGE_CHECK(s >= 0, "option 'optim.lr_scale.", role, "' must be >= 0");
     lr_scale[size_t(r)] = float(s);
   }
-  for (const std::string& r : o.get_strings("no_decay", {})) {
+  for (const std::string& r : o.get_strings("no_decay", {"norm", "bias", "embedding"})) {
     if (r == "none") continue;
     no_decay[size_t(role_from_name(r))] = true;
   }

@@ -103,15 +103,15 @@ TEST_CASE("global gradient norm over every parameter with a gradient") {
 
 TEST_CASE("optimizers and schedules are registry kinds; the core's are built in") {
   auto& reg = dew::Registry::global();
-  for (const char* name : {"adamw", "lamb", "sgd"}) {
+  for (const char* name : {"adamw", "lamb", "muon", "sgd"}) {
     CHECK(reg.contains(dew::Optimizer::kind, name));
     CHECK(reg.find(dew::Optimizer::kind, name).origin.plugin == "core");
   }
-  for (const char* name : {"constant", "cosine", "linear"}) CHECK(reg.contains(dew::Schedule::kind, name));
+  for (const char* name : {"constant", "cosine", "linear", "wsd", "exponential", "power", "one_cycle"}) CHECK(reg.contains(dew::Schedule::kind, name));
   auto be = ref();
   dew::NamedTensors params{{"w", dew::Tensor::zeros({2, 2}, dew::DType::f32, be)}};
   CHECK_THROWS_WITH_AS(dew::make_optimizer(dew::Options({{"name", "nope"}}, "optim"), params),
-                       doctest::Contains("unknown optimizer 'nope'; known: adamw (core), lamb (core), sgd (core)"),
+                       doctest::Contains("unknown optimizer 'nope'; known: adamw (core), lamb (core), muon (core), sgd (core)"),
                        dew::UsageError);
   // A second registration of a built-in name is refused, naming both origins.
   CHECK_THROWS_WITH_AS(reg.builtin_registrar().add<dew::Optimizer>(

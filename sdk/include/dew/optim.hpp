@@ -1,8 +1,8 @@
 // dew/optim.hpp — optimizers (registry kind "optimizer") and learning-rate schedules (kind "schedule").
 //
-// The core registers sgd, adamw and lamb and the schedules constant, cosine and linear through its built-in
-// registrar (core/train/); a plugin adds more the same way a sampler is added, and `dew-run train --help`
-// shows the options the registration declares.
+// The core registers the optimizers sgd, adamw, lamb and muon and the schedules constant, cosine, linear,
+// wsd, exponential, one_cycle and power through its built-in registrar (core/train/); a plugin adds more
+// the same way a sampler is added, and `dew-run train --help` shows the options the registration declares.
 //
 // Optimizer contract:
 //  * the factory reads its options (the [optim] section) and refuses bad ones with a UsageError;
@@ -73,7 +73,7 @@ struct OptimParam {
 
 // Parameters with their roles and group scales from the [optim] section:
 //   roles.<role> = glob, glob   (names matching a pattern get that role; first listed role wins)
-//   no_decay = role, role       (roles without weight decay; default: none; "none" for none)
+//   no_decay = role, role       (roles without weight decay; default: norm, bias, embedding; "none")
 //   lr_scale.<role> = x         (default 1)
 // Patterns are shell globs over the whole name (`*` any run, `?` one character).
 std::vector<OptimParam> optim_params(const Options& optim, const NamedTensors& params);
@@ -113,5 +113,12 @@ std::function<double(int64_t)> make_schedule(const Options& schedule, double bas
 // ---- helpers for optimizer authors ----
 // Zero tensors shaped like each parameter, named like it (a state slot).
 NamedTensors zeros_like(const std::vector<OptimParam>& params);
+
+// Muon's orthogonalisation (Jordan et al. 2024): X = G / (||G||_F + 1e-7), then `steps` quintic
+// Newton-Schulz iterations X <- a X + (b A + c A^2) X with A = X X^T (on the smaller side of G [rows, cols]),
+// (a, b, c) = (3.4445, -4.7750, 2.0315). The result approximates U V^T of G = U S V^T, not exactly:
+// after 5 steps the singular values s of G / ||G||_F with s >= 0.01 land in [0.68, 1.14] (in [0.68, 1.21]
+// for s >= 0.003; smaller ones stay below). Matmul, unary, binary and reduce kernels only: any backend.
+Tensor newton_schulz5(const Tensor& g, int64_t steps = 5);
 
 }  // namespace dew
