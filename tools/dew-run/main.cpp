@@ -129,6 +129,11 @@ void print_plugin_options(dew::Config& config) {
     return v.count("name") ? v.at("name") : std::string(fallback);
   };
   print_component_options("optim", dew::Optimizer::kind, name_in("optim", "adamw"));
+  std::cout << "\n[optim] parameter groups, for every optimizer (roles: matrix, embedding, head, norm, bias):\n"
+               "  --optim.no_decay (default norm, bias, embedding)  roles without weight decay (none: every role "
+               "decays)\n"
+               "  --optim.lr_scale.<role> (default 1)  multiplies the scheduled learning rate of the role\n"
+               "  --optim.roles.<role> PATTERNS  names (shell globs) that get the role instead of the inferred one\n";
   print_component_options("schedule", dew::Schedule::kind, name_in("schedule", "constant"));
 }
 
