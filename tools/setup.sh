@@ -12,6 +12,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin
   libcpp-httplib-dev
   dataset-fashion-mnist fortunes
+  chromium
 )
 missing=()
 for p in "${PKGS[@]}"; do

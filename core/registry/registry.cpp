@@ -38,6 +38,15 @@ std::string Origin::describe() const {
 
 namespace {
 
+// "N" of the "kernel-algebra N" field of a build fingerprint; empty when it has none (a foreign or old build).
+std::string kernel_algebra_of(const std::string& fingerprint) {
+  const std::string key = "kernel-algebra ";
+  const size_t at = fingerprint.find(key);
+  if (at == std::string::npos) return "";
+  const size_t end = fingerprint.find(';', at);
+  return fingerprint.substr(at + key.size(), end == std::string::npos ? std::string::npos : end - at - key.size());
+}
+
 struct LoadedLibrary {
   boost::dll::shared_library lib;
   PluginRecord record;
@@ -89,6 +98,11 @@ class RegistryImpl final : public Registry {
                    "plugin ", file, ": built for plugin ABI ", info->abi_version, ", this dew expects ABI ",
                    DEW_PLUGIN_ABI_VERSION);
     const std::string fingerprint = info->fingerprint ? info->fingerprint : "";
+    // The kernel table's version first: a backend built on another table has another vtable.
+    const std::string algebra = kernel_algebra_of(fingerprint);
+    DEW_CHECK_HINT(algebra.empty() || algebra == DEW_STR(DEW_KERNEL_ALGEBRA_VERSION),
+                   "rebuild the plugin against dew SDK " DEW_SDK_VERSION, "plugin ", file, ": built for kernel algebra ",
+                   algebra, ", this dew has kernel algebra ", DEW_KERNEL_ALGEBRA_VERSION);
     DEW_CHECK_HINT(fingerprint == DEW_BUILD_FINGERPRINT,
                    "rebuild the plugin with the same compiler and dew SDK as the host", "plugin ", file,
                    ": build fingerprint '", fingerprint, "' does not match the host's '", DEW_BUILD_FINGERPRINT, "'");

@@ -6,40 +6,11 @@
 namespace dew {
 
 namespace {
-constexpr const char* kKernelNames[] = {"fill",
-                                        "cast",
-                                        "strided_copy",
-                                        "matmul",
-                                        "unary",
-                                        "unary_backward",
-                                        "binary",
-                                        "reduce",
-                                        "softmax",
-                                        "softmax_backward",
-                                        "log_softmax",
-                                        "log_softmax_backward",
-                                        "layer_norm",
-                                        "layer_norm_backward",
-                                        "rms_norm",
-                                        "rms_norm_backward",
-                                        "group_norm",
-                                        "group_norm_backward",
-                                        "gather_rows",
-                                        "scatter_add_rows",
-                                        "rope",
-                                        "attention",
-                                        "attention_backward",
-                                        "conv2d",
-                                        "conv2d_backward_data",
-                                        "conv2d_backward_weight",
-                                        "cross_entropy",
-                                        "cross_entropy_backward",
-                                        "adamw_update",
-                                        "sgd_update",
-                                        "lamb_update",
-                                        "random",
-                                        "dropout",
-                                        "argmax"};
+constexpr const char* kKernelNames[] = {
+#define DEW_KERNEL_NAME_(name, params, args) #name,
+    DEW_KERNEL_TABLE(DEW_KERNEL_NAME_)
+#undef DEW_KERNEL_NAME_
+};
 static_assert(sizeof(kKernelNames) / sizeof(kKernelNames[0]) == size_t(Kernel::count_), "every Kernel needs a name");
 constexpr const char* kUnaryNames[] = {"neg",  "exp",        "log",    "sqrt", "rsqrt",     "square", "abs",
                                        "tanh", "sigmoid",    "relu",   "gelu", "gelu_tanh", "silu",   "sin",

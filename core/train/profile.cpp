@@ -53,129 +53,22 @@ void ProfilingBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 void ProfilingBackend::copy_device(void* dst, const void* src, size_t bytes) {
   timed("copy_device", [&] { inner_->copy_device(dst, src, bytes); });
 }
-void ProfilingBackend::fill(Tensor& out, double value) {
-  timed("fill", [&] { inner_->fill(out, value); });
+std::string ProfilingBackend::kernel_label(Kernel, const Tensor&, const Tensor&, const Tensor& bias, const Tensor&,
+                                           const MatmulParams& p) {
+  return matmul_label(p, bias.defined());
 }
-void ProfilingBackend::cast(const Tensor& x, Tensor& out) {
-  timed("cast", [&] { inner_->cast(x, out); });
+std::string ProfilingBackend::kernel_label(Kernel k, const Tensor&, const Tensor&, const UnaryParams& p) {
+  return std::string(kernel_name(k)) + " " + unary_op_name(p.op);
 }
-void ProfilingBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) {
-  timed("strided_copy", [&] { inner_->strided_copy(src, dst, p); });
+std::string ProfilingBackend::kernel_label(Kernel k, const Tensor&, const Tensor&, const Tensor&, const UnaryParams& p) {
+  return std::string(kernel_name(k)) + " " + unary_op_name(p.op);
 }
-void ProfilingBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
-                              const MatmulParams& p) {
-  timed([&] { return matmul_label(p, bias.defined()); }, [&] { inner_->matmul(a, b, bias, out, p); });
+std::string ProfilingBackend::kernel_label(Kernel k, const Tensor& a, const Tensor& b, const Tensor& out, BinaryOp op) {
+  const bool broadcast = a.numel() != out.numel() || b.numel() != out.numel();
+  return std::string(kernel_name(k)) + " " + binary_op_name(op) + (broadcast ? " (broadcast)" : "");
 }
-void ProfilingBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
-  timed([&] { return std::string("unary ") + unary_op_name(p.op); }, [&] { inner_->unary(x, out, p); });
-}
-void ProfilingBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
-  timed([&] { return std::string("unary_backward ") + unary_op_name(p.op); },
-        [&] { inner_->unary_backward(x, dy, dx, p); });
-}
-void ProfilingBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
-  timed(
-      [&] {
-        const bool broadcast = a.numel() != out.numel() || b.numel() != out.numel();
-        return std::string("binary ") + binary_op_name(op) + (broadcast ? " (broadcast)" : "");
-      },
-      [&] { inner_->binary(a, b, out, op); });
-}
-void ProfilingBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
-  timed([&] { return std::string("reduce ") + reduce_op_name(p.op); }, [&] { inner_->reduce(x, out, p); });
-}
-void ProfilingBackend::softmax(const Tensor& x, Tensor& y) {
-  timed("softmax", [&] { inner_->softmax(x, y); });
-}
-void ProfilingBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  timed("softmax_backward", [&] { inner_->softmax_backward(y, dy, dx); });
-}
-void ProfilingBackend::log_softmax(const Tensor& x, Tensor& y) {
-  timed("log_softmax", [&] { inner_->log_softmax(x, y); });
-}
-void ProfilingBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  timed("log_softmax_backward", [&] { inner_->log_softmax_backward(y, dy, dx); });
-}
-void ProfilingBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
-                                  Tensor& rstd, float eps) {
-  timed("layer_norm", [&] { inner_->layer_norm(x, weight, bias, y, mean, rstd, eps); });
-}
-void ProfilingBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                                           Tensor& dbias) {
-  timed("layer_norm_backward", [&] { inner_->layer_norm_backward(x, weight, mean, rstd, dy, dx, dweight, dbias); });
-}
-void ProfilingBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
-                                float weight_offset) {
-  timed("rms_norm", [&] { inner_->rms_norm(x, weight, y, rstd, eps, weight_offset); });
-}
-void ProfilingBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                                         Tensor& dx, Tensor& dweight, float weight_offset) {
-  timed("rms_norm_backward", [&] { inner_->rms_norm_backward(x, weight, rstd, dy, dx, dweight, weight_offset); });
-}
-void ProfilingBackend::group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
-                                  Tensor& rstd, int64_t groups, float eps) {
-  timed("group_norm", [&] { inner_->group_norm(x, weight, bias, y, mean, rstd, groups, eps); });
-}
-void ProfilingBackend::group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                                           Tensor& dbias, int64_t groups) {
-  timed("group_norm_backward",
-        [&] { inner_->group_norm_backward(x, weight, mean, rstd, dy, dx, dweight, dbias, groups); });
-}
-void ProfilingBackend::gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) {
-  timed("gather_rows", [&] { inner_->gather_rows(src, idx, out); });
-}
-void ProfilingBackend::scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) {
-  timed("scatter_add_rows", [&] { inner_->scatter_add_rows(dout, idx, dsrc); });
-}
-void ProfilingBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
-  timed("rope", [&] { inner_->rope(x, positions, out, p); });
-}
-void ProfilingBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                                 const AttentionParams& p) {
-  timed("attention", [&] { inner_->attention(q, k, v, out, lse, p); });
-}
-void ProfilingBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                          const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                          const AttentionParams& p) {
-  timed("attention_backward", [&] { inner_->attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); });
-}
-void ProfilingBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) {
-  timed("conv2d", [&] { inner_->conv2d(x, w, bias, y, p); });
-}
-void ProfilingBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) {
-  timed("conv2d_backward_data", [&] { inner_->conv2d_backward_data(dy, w, dx, p); });
-}
-void ProfilingBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
-                                              const Conv2dParams& p) {
-  timed("conv2d_backward_weight", [&] { inner_->conv2d_backward_weight(x, dy, dw, dbias, p); });
-}
-void ProfilingBackend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
-                                     const CrossEntropyParams& p) {
-  timed("cross_entropy", [&] { inner_->cross_entropy(logits, targets, loss, lse, p); });
-}
-void ProfilingBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                                              const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p) {
-  timed("cross_entropy_backward", [&] { inner_->cross_entropy_backward(logits, targets, lse, dloss, dlogits, p); });
-}
-void ProfilingBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
-  timed("adamw_update", [&] { inner_->adamw_update(param, grad, m, v, p); });
-}
-void ProfilingBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
-  timed("sgd_update", [&] { inner_->sgd_update(param, grad, momentum_buf, p); });
-}
-void ProfilingBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) {
-  timed("lamb_update", [&] { inner_->lamb_update(param, grad, m, v, p); });
-}
-void ProfilingBackend::random(Tensor& out, const RandomParams& p) {
-  timed("random", [&] { inner_->random(out, p); });
-}
-void ProfilingBackend::dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) {
-  timed("dropout", [&] { inner_->dropout(x, y, mask, p); });
-}
-void ProfilingBackend::argmax(const Tensor& x, Tensor& out) {
-  timed("argmax", [&] { inner_->argmax(x, out); });
+std::string ProfilingBackend::kernel_label(Kernel k, const Tensor&, const Tensor&, const ReduceParams& p) {
+  return std::string(kernel_name(k)) + " " + reduce_op_name(p.op);
 }
 
 }  // namespace dew

@@ -47,6 +47,7 @@
 #include "dist/data_parallel.hpp"
 #include "train/run.hpp"
 #include "train/run_log.hpp"
+#include "train/watchers.hpp"
 
 namespace dew {
 
@@ -99,6 +100,7 @@ struct TrainerOptions {
   // Kernel-by-kernel timing of `profile` updates after 3 warm-up updates of this process (dew/profile.hpp):
   // the table goes to the log and to RUN_DIR/profile.txt. Results are unchanged.
   int64_t profile_steps = 0;
+  WatchOptions watch;  // tensorboard, report_every (core/train/watchers.hpp)
 
   static TrainerOptions read(Options& ts) {
     TrainerOptions o;
@@ -122,6 +124,7 @@ struct TrainerOptions {
     DEW_USAGE_CHECK(o.keep >= 1, "option 'trainer.keep' must be at least 1");
     o.profile_steps = ts.get_int("profile", 0);
     DEW_USAGE_CHECK(o.profile_steps >= 0, "option 'trainer.profile' must be >= 0 updates (0 = off)");
+    o.watch = read_watch_options(ts);
     return o;
   }
 };
@@ -180,6 +183,7 @@ class Trainer {
   NamedTensors ema_params_;
   std::shared_ptr<spdlog::logger> log_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::shared_ptr<RunWatchers> watch_;  // TensorBoard event files and the HTML report (a metrics sink)
   std::unique_ptr<DataLoader> val_loader_;
   RunCounters st_;
   MetricsWindow window_;
@@ -262,6 +266,10 @@ void Trainer::start() {
     cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config_.to_ini();
   }
   metrics_ = std::make_unique<MetricsLog>(run_dir_, leader_, options_.resume ? st_.updates : -1);
+  watch_ = std::make_shared<RunWatchers>(run_dir_, o_.watch, leader_,
+                                         [this](const std::string& m) { log_->warn("{}", m); });
+  watch_->start(st_.updates, config_.to_ini());
+  if (leader_) metrics_->add_sink(watch_);
   // Every rank starts from rank 0's weights, EMA and optimizer state, at rank 0's position.
   std::vector<NamedTensors> groups{run_.params};
   if (ema_) groups.push_back(ema_->tensors());
@@ -410,6 +418,7 @@ void Trainer::log_update(const UpdateResult& u) {
   if (w.tokens > 0) line.add("tokens_per_sec", tps);
   line.add("mfu", mfu);
   line.add("skipped", double(st_.skipped));
+  line.add("rss_mb", resident_memory_mb());
   if (dp_->distributed()) line.add("allreduce_ms", w.sync_ms / n);
   for (const auto& [k, v] : w.metrics) line.add(k, v / n);
   metrics_->write(line);
@@ -449,6 +458,7 @@ bool Trainer::validate() {
       std::ofstream f(fs::path(run_dir_) / "samples" / a.file_name, std::ios::binary | std::ios::trunc);
       f.write(reinterpret_cast<const char*>(a.bytes.data()), std::streamsize(a.bytes.size()));
     }
+  watch_->on_artifacts(st_.updates, vr.artifacts);
   MetricsLine line;
   line.step = st_.updates;
   std::string text;
@@ -521,6 +531,7 @@ int Trainer::run() {
     const bool last = st_.updates == o_.stop_at;
     const bool is_best = ((o_.eval_every > 0 && st_.updates % o_.eval_every == 0) || st_.updates == o_.steps) && validate();
     if (is_best || last || (o_.checkpoint_every > 0 && st_.updates % o_.checkpoint_every == 0)) save(is_best);
+    watch_->after_update(st_.updates);
   }
   std::signal(SIGINT, previous_handler);
   if (dp_->distributed()) std::signal(SIGUSR1, previous_usr1);
@@ -529,6 +540,7 @@ int Trainer::run() {
     log_->info("done: {} updates in {} ({} skipped); run directory {}", st_.updates,
                format_duration(seconds_since(run_start_)), st_.skipped, run_dir_);
   }
+  if (const std::string report = watch_->finish(); !report.empty()) log_->info("report: {}", report);
   spdlog::drop("dew");
   return exit_code;
 }

@@ -131,6 +131,16 @@ TEST_CASE("fingerprint mismatch: refused naming both fingerprints") {
   host_still_works();
 }
 
+TEST_CASE("kernel algebra mismatch: refused with one line naming both versions") {
+  const dew::Error e = load_failure(DEW_TEST_WRONG_ALGEBRA);
+  const std::string msg = e.what();
+  CHECK(contains(msg, "dew_wrong_algebra.so: built for kernel algebra 999, this dew has kernel algebra " +
+                          std::to_string(DEW_KERNEL_ALGEBRA_VERSION)));
+  CHECK(msg.find('\n') == std::string::npos);
+  CHECK(contains(e.hint(), "rebuild"));
+  host_still_works();
+}
+
 TEST_CASE("a library without dew_plugin_entry: refused as not a dew plugin") {
   const dew::Error e = load_failure(DEW_TEST_NO_ENTRY);
   const std::string msg = e.what();

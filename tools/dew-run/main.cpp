@@ -1,7 +1,7 @@
 // tools/dew-run/main.cpp — the launcher: `dew-run <command> [options]`.
 //
-// Commands: train, eval, sample, export, import, serve, plugins, demo. Every [section] key of a config can be given
-// on the command line as --section.key VALUE (or --section.key=VALUE), which wins over the file.
+// Commands: train, eval, sample, export, import, serve, report, plugins, demo. Every [section] key of a config can
+// be given on the command line as --section.key VALUE (or --section.key=VALUE), which wins over the file.
 // Exit status: 0 success, 2 usage/config error, 1 runtime error, 130 interrupted (after a checkpoint).
 // Plugins are found in --plugin-dir folders, DEW_PLUGIN_PATH, then next to this executable; [run]
 // plugins or --plugins restrict which are loaded.
@@ -19,6 +19,7 @@
 #include "dew/interop.hpp"
 #include "dew/optim.hpp"
 #include "dew/registry.hpp"
+#include "dew/report.hpp"
 #include "dew/safetensors.hpp"
 #include "dew/train.hpp"
 #include "openmp_setup.hpp"
@@ -41,6 +42,8 @@ const char* kUsage =
     "  import    a Hugging Face decoder (config.json + safetensors) as a run directory:  --from DIR --run-dir D\n"
     "  serve     HTTP/JSON inference (OpenAI-style /v1/completions for text, /v1/images for diffusion):  --run-dir D "
     "--port P [--slots N]\n"
+    "  report    one self-contained HTML page of curves, samples and config; several --run-dir overlay the runs:  "
+    "--run-dir D [--run-dir E ...] [--out FILE]\n"
     "  plugins   list the plugins found, their components, and whether backends can run here\n"
     "  demo      fit a small two-layer network on a synthetic task with --backend (cpu|ref)\n"
     "Run `dew-run <command> --help` for a command's options.\n";
@@ -320,6 +323,26 @@ int cmd_import(const std::vector<std::string>& raw) {
   return 0;
 }
 
+// `dew-run report --run-dir D [--run-dir E ...] [--out FILE]` (dew/report.hpp): prints the page's path.
+int cmd_report(const std::vector<std::string>& args) {
+  std::vector<std::string> run_dirs;
+  std::string out;
+  bool help = false;
+  po::options_description d("dew-run report");
+  d.add_options()("run-dir", po::value(&run_dirs)->composing(), "run directory (repeat it to compare runs)")(
+      "out", po::value(&out), "the HTML file (default: RUN_DIR/report.html for one run, report.html for several)")(
+      "help", po::bool_switch(&help), "show these options");
+  parse(args, d);
+  if (help) {
+    std::cout << d;
+    return 0;
+  }
+  DEW_USAGE_CHECK(!run_dirs.empty(), "report needs --run-dir D (repeat it to compare runs)");
+  if (out.empty()) out = run_dirs.size() == 1 ? (fs::path(run_dirs[0]) / "report.html").string() : "report.html";
+  std::cout << dew::write_report(run_dirs, out) << "\n";
+  return 0;
+}
+
 void print_components(const dew::Registry& reg, const std::vector<std::string>& components) {
   for (const auto& comp : components) {
     const auto slash = comp.find('/');
@@ -407,6 +430,7 @@ int main(int argc, char** argv) {
     if (command == "export") return cmd_export(args);
     if (command == "import") return cmd_import(args);
     if (command == "serve") return cmd_serve(args);
+    if (command == "report") return cmd_report(args);
     if (command == "plugins") return cmd_plugins(args);
     if (command == "demo") return cmd_demo(args);
     std::cerr << "dew-run: unknown command '" << command << "'\n" << kUsage;

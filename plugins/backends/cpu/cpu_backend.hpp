@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "dew/backend.hpp"
+#include "dew/kernel_contracts.hpp"
 #include "dew/dtype.hpp"
 #include "dew/error.hpp"
 #include "dew/options.hpp"
@@ -176,12 +177,9 @@ void require_f32(const Tensor& t, const char* kernel, const char* arg);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);
 // True on CPUs whose AVX512-BF16 dot products make bf16 matmuls faster than f32 ones.
 bool cpu_has_bf16_dot();
-// Product of the leading dims ("rows") and the last dim of t.
-inline int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
-inline int64_t rows_of(const Tensor& t) {
-  const int64_t d = last_dim(t);
-  return d == 0 ? 0 : t.numel() / d;
-}
+// Product of the leading dims ("rows") and the last dim of t (dew/kernel_contracts.hpp).
+using contracts::last_dim;
+using contracts::rows_of;
 
 // exp(x) for f32 that vectorises under `omp simd` (Cephes-style range reduction + degree-6 polynomial,
 // ~1-2 ulp); overflow -> inf, gradual underflow to denormals and 0, NaN -> NaN. Branch-free.
@@ -265,61 +263,8 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
 
-  void fill(Tensor& out, double value) override;
-  void cast(const Tensor& x, Tensor& out) override;
-  void strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) override;
-
-  void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) override;
-
-  void unary(const Tensor& x, Tensor& out, const UnaryParams& p) override;
-  void unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) override;
-  void binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) override;
-  void reduce(const Tensor& x, Tensor& out, const ReduceParams& p) override;
-
-  void softmax(const Tensor& x, Tensor& y) override;
-  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  void log_softmax(const Tensor& x, Tensor& y) override;
-  void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-
-  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
-                  float eps) override;
-  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) override;
-  void rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
-                float weight_offset) override;
-  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                         Tensor& dweight, float weight_offset) override;
-  void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
-                  int64_t groups, float eps) override;
-  void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) override;
-
-  void gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) override;
-  void scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) override;
-  void rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) override;
-
-  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                 const AttentionParams& p) override;
-  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) override;
-
-  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) override;
-  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) override;
-  void conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
-                              const Conv2dParams& p) override;
-
-  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
-                     const CrossEntropyParams& p) override;
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
-                              Tensor& dlogits, const CrossEntropyParams& p) override;
-
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) override;
-  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) override;
-  void lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) override;
-
-  void random(Tensor& out, const RandomParams& p) override;
-  void dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) override;
-  void argmax(const Tensor& x, Tensor& out) override;
+  // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
+  DEW_KERNEL_OVERRIDES
 
   Dnnl& dnnl() { return *dnnl_; }
   // True when matmuls and convolutions round their inputs to bf16 ([run] matmul_precision = medium on a

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "cpu_backend.hpp"
+#include "dew/kernel_contracts.hpp"
 
 namespace dew::cpu {
 
@@ -393,38 +394,9 @@ void binary_impl(const Tensor& a, const Tensor& b, Tensor& out) {
   // General broadcasting: right-align, zero the strides of broadcast dims, coalesce.
   const Shape& os = out.shape();
   const int nd = int(os.size());
-  auto strides_of = [&](const Shape& s) {
-    DEW_CHECK(int(s.size()) <= nd, "cpu binary: ", shape_str(s), " does not broadcast to ", shape_str(os));
-    std::vector<int64_t> st(size_t(nd), 0);
-    int64_t acc = 1;
-    for (int i = int(s.size()) - 1, d = nd - 1; i >= 0; --i, --d) {
-      DEW_CHECK(s[size_t(i)] == os[size_t(d)] || s[size_t(i)] == 1, "cpu binary: ", shape_str(s),
-                " does not broadcast to ", shape_str(os));
-      st[size_t(d)] = s[size_t(i)] == 1 ? 0 : acc;
-      acc *= s[size_t(i)];
-    }
-    return st;
-  };
-  const std::vector<int64_t> sa0 = strides_of(a.shape()), sb0 = strides_of(b.shape());
-  std::vector<int64_t> shape, sa, sb;
-  for (int d = 0; d < nd; ++d) {
-    const int64_t len = os[size_t(d)];
-    if (len == 1) continue;
-    if (!shape.empty() && sa.back() == sa0[size_t(d)] * len && sb.back() == sb0[size_t(d)] * len) {
-      shape.back() *= len;
-      sa.back() = sa0[size_t(d)];
-      sb.back() = sb0[size_t(d)];
-    } else {
-      shape.push_back(len);
-      sa.push_back(sa0[size_t(d)]);
-      sb.push_back(sb0[size_t(d)]);
-    }
-  }
-  if (shape.empty()) {
-    shape = {1};
-    sa = {0};
-    sb = {0};
-  }
+  const contracts::StridedPair plan = contracts::coalesce(os, contracts::broadcast_strides("cpu.binary", a.shape(), os),
+                                                           contracts::broadcast_strides("cpu.binary", b.shape(), os));
+  const std::vector<int64_t>&shape = plan.shape, &sa = plan.a, &sb = plan.b;
   const int m = int(shape.size());
   const int64_t inner = shape.back(), isa = sa.back(), isb = sb.back();
   const int64_t outer = n / inner;

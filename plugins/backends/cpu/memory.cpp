@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "cpu_backend.hpp"
+#include "dew/kernel_contracts.hpp"
 
 namespace dew::cpu {
 
@@ -271,45 +272,11 @@ void CpuBackend::cast(const Tensor& x, Tensor& out) {
 // ---------------------------------------------------------------- strided_copy
 
 void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) {
-  DEW_CHECK(src.dtype() == dst.dtype(), "cpu strided_copy: dtypes differ (", dtype_name(src.dtype()), " vs ",
-            dtype_name(dst.dtype()), ")");
-  const size_t nd = p.shape.size();
-  DEW_CHECK(p.src_strides.size() == nd && p.dst_strides.size() == nd, "cpu strided_copy: shape ", shape_str(p.shape),
-            " with ", p.src_strides.size(), " source and ", p.dst_strides.size(), " destination strides");
+  // Checks, then unit dims dropped and contiguous neighbours merged (dew/kernel_contracts.hpp).
+  const contracts::StridedPair plan = contracts::check_strided_copy("cpu.strided_copy", src, dst, p);
+  if (plan.shape.empty()) return;
   const int64_t total = numel_of(p.shape);
-  if (total == 0) return;
-  // Bounds: the extreme offsets must land inside both buffers.
-  auto check_bounds = [&](const std::vector<int64_t>& st, int64_t off, int64_t limit, const char* what) {
-    int64_t lo = off, hi = off;
-    for (size_t i = 0; i < nd; ++i) {
-      const int64_t span = (p.shape[i] - 1) * st[i];
-      (span < 0 ? lo : hi) += span;
-    }
-    DEW_CHECK(lo >= 0 && hi < limit, "cpu strided_copy: ", what, " offsets [", lo, ", ", hi, "] fall outside its ",
-              limit, " elements");
-  };
-  check_bounds(p.src_strides, p.src_offset, src.numel(), "source");
-  check_bounds(p.dst_strides, p.dst_offset, dst.numel(), "destination");
-
-  // Drop unit dims, then merge dim i into i+1 when both sides are contiguous across them.
-  std::vector<int64_t> shape, ss, ds;
-  for (size_t i = 0; i < nd; ++i) {
-    if (p.shape[i] == 1) continue;
-    if (!shape.empty() && ss.back() == p.src_strides[i] * p.shape[i] && ds.back() == p.dst_strides[i] * p.shape[i]) {
-      shape.back() *= p.shape[i];
-      ss.back() = p.src_strides[i];
-      ds.back() = p.dst_strides[i];
-    } else {
-      shape.push_back(p.shape[i]);
-      ss.push_back(p.src_strides[i]);
-      ds.push_back(p.dst_strides[i]);
-    }
-  }
-  if (shape.empty()) {
-    shape = {1};
-    ss = {1};
-    ds = {1};
-  }
+  const std::vector<int64_t>&shape = plan.shape, &ss = plan.a, &ds = plan.b;
   const size_t es = dtype_size(src.dtype());
   const char* sbase = static_cast<const char*>(src.data()) + p.src_offset * int64_t(es);
   char* dbase = static_cast<char*>(dst.data()) + p.dst_offset * int64_t(es);

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "cuda_backend.hpp"
+#include "dew/kernel_contracts.hpp"
 
 namespace dew::cuda {
 
@@ -140,96 +141,32 @@ void check_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Te
   if (bias.defined()) expect_same(bias, a, p.n, K, "bias");
 }
 
-StridedDesc coalesce_copy(const StridedCopyParams& p, int64_t src_numel, int64_t dst_numel) {
-  const size_t nd = p.shape.size();
-  DEW_CHECK(p.src_strides.size() == nd && p.dst_strides.size() == nd, "cuda.strided_copy: shape ", shape_str(p.shape),
-            " needs ", nd, " strides per side, got ", p.src_strides.size(), " and ", p.dst_strides.size());
-  auto check_range = [&](const std::vector<int64_t>& strides, int64_t offset, int64_t numel, const char* side) {
-    int64_t lo = offset, hi = offset;
-    for (size_t i = 0; i < nd; ++i) {
-      const int64_t span = strides[i] * (p.shape[i] - 1);
-      (span < 0 ? lo : hi) += span;
-    }
-    DEW_CHECK(lo >= 0 && hi < numel, "cuda.strided_copy: ", side, " addresses [", lo, ", ", hi, "] fall outside its ",
-              numel, " elements");
-  };
-  StridedDesc d{};
-  if (numel_of(p.shape) == 0) return d;
-  check_range(p.src_strides, p.src_offset, src_numel, "src");
-  check_range(p.dst_strides, p.dst_offset, dst_numel, "dst");
-  std::vector<int64_t> shape, ss, ds;
-  for (size_t i = 0; i < nd; ++i) {
-    if (p.shape[i] == 1) continue;
-    if (!shape.empty() && ss.back() == p.src_strides[i] * p.shape[i] && ds.back() == p.dst_strides[i] * p.shape[i]) {
-      shape.back() *= p.shape[i];
-      ss.back() = p.src_strides[i];
-      ds.back() = p.dst_strides[i];
-    } else {
-      shape.push_back(p.shape[i]);
-      ss.push_back(p.src_strides[i]);
-      ds.push_back(p.dst_strides[i]);
-    }
-  }
-  if (shape.empty()) {
-    shape = {1};
-    ss = {1};
-    ds = {1};
-  }
-  DEW_CHECK(shape.size() <= size_t(kMaxRank), "cuda.strided_copy: ", shape.size(), " non-mergeable axes (at most ",
+namespace {
+// A coalesced two-operand iteration as the device kernels take it (at most kMaxRank axes).
+StridedDesc to_desc(const contracts::StridedPair& plan, const char* who) {
+  DEW_CHECK(plan.shape.size() <= size_t(kMaxRank), who, ": ", plan.shape.size(), " non-mergeable axes (at most ",
             kMaxRank, ")");
-  d.rank = int(shape.size());
+  StridedDesc d{};
+  d.rank = int(plan.shape.size());
   for (int i = 0; i < d.rank; ++i) {
-    d.shape[i] = shape[size_t(i)];
-    d.a[i] = ss[size_t(i)];
-    d.b[i] = ds[size_t(i)];
+    d.shape[i] = plan.shape[size_t(i)];
+    d.a[i] = plan.a[size_t(i)];
+    d.b[i] = plan.b[size_t(i)];
   }
   return d;
 }
+}  // namespace
+
+StridedDesc coalesce_copy(const StridedCopyParams& p, int64_t src_numel, int64_t dst_numel) {
+  const contracts::StridedPair plan = contracts::check_strided_copy("cuda.strided_copy", p, src_numel, dst_numel);
+  if (plan.shape.empty()) return StridedDesc{};
+  return to_desc(plan, "cuda.strided_copy");
+}
 
 StridedDesc broadcast_desc(const Shape& a, const Shape& b, const Shape& out) {
-  const size_t r = out.size();
-  auto strides_of = [&](const Shape& in, const char* what) {
-    DEW_CHECK(in.size() <= r, "cuda.binary: ", what, " ", shape_str(in), " has more axes than out ", shape_str(out));
-    std::vector<int64_t> st(r, 0);
-    int64_t stride = 1;
-    for (size_t i = 0; i < in.size(); ++i) {
-      const size_t ia = in.size() - 1 - i, oa = r - 1 - i;
-      DEW_CHECK(in[ia] == out[oa] || in[ia] == 1, "cuda.binary: ", what, " ", shape_str(in), " does not broadcast to ",
-                shape_str(out));
-      st[oa] = in[ia] == 1 ? 0 : stride;
-      stride *= in[ia];
-    }
-    return st;
-  };
-  const std::vector<int64_t> sa = strides_of(a, "a"), sb = strides_of(b, "b");
-  std::vector<int64_t> shape, xa, xb;
-  for (size_t i = 0; i < r; ++i) {
-    if (out[i] == 1) continue;
-    if (!shape.empty() && xa.back() == sa[i] * out[i] && xb.back() == sb[i] * out[i]) {
-      shape.back() *= out[i];
-      xa.back() = sa[i];
-      xb.back() = sb[i];
-    } else {
-      shape.push_back(out[i]);
-      xa.push_back(sa[i]);
-      xb.push_back(sb[i]);
-    }
-  }
-  if (shape.empty()) {
-    shape = {1};
-    xa = {0};
-    xb = {0};
-  }
-  DEW_CHECK(shape.size() <= size_t(kMaxRank), "cuda.binary: out ", shape_str(out), " has ", shape.size(),
-            " non-mergeable broadcast axes (at most ", kMaxRank, ")");
-  StridedDesc d{};
-  d.rank = int(shape.size());
-  for (int i = 0; i < d.rank; ++i) {
-    d.shape[i] = shape[size_t(i)];
-    d.a[i] = xa[size_t(i)];
-    d.b[i] = xb[size_t(i)];
-  }
-  return d;
+  return to_desc(contracts::coalesce(out, contracts::broadcast_strides("cuda.binary", a, out),
+                                     contracts::broadcast_strides("cuda.binary", b, out)),
+                 "cuda.binary");
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numbers>
 
+#include "dew/kernel_contracts.hpp"
 #include "ref_backend.hpp"
 
 namespace dew::ref {
@@ -157,21 +158,6 @@ double binary_value(BinaryOp op, double a, double b) {
   return 0;
 }
 
-// Element strides of `in` broadcast (numpy, right-aligned) to `out_shape`: 0 along broadcast axes.
-std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out_shape, const char* what) {
-  const size_t r = out_shape.size();
-  DEW_CHECK(in.size() <= r, "ref.binary: ", what, " ", shape_str(in), " has more axes than out ", shape_str(out_shape));
-  std::vector<int64_t> strides(r, 0);
-  int64_t stride = 1;
-  for (size_t i = 0; i < in.size(); ++i) {
-    const size_t ia = in.size() - 1 - i, oa = r - 1 - i;
-    DEW_CHECK(in[ia] == out_shape[oa] || in[ia] == 1, "ref.binary: ", what, " ", shape_str(in),
-              " does not broadcast to ", shape_str(out_shape));
-    strides[oa] = in[ia] == 1 ? 0 : stride;
-    stride *= in[ia];
-  }
-  return strides;
-}
 
 }  // namespace
 
@@ -211,8 +197,8 @@ void RefBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp 
               ", inputs are ", dtype_name(a.dtype()));
     const Shape& shape = out.shape();
     DEW_CHECK(shape.size() <= 8, "ref.binary: out ", shape_str(shape), " has more than 8 axes");
-    const std::vector<int64_t> sa = broadcast_strides(a.shape(), shape, "a");
-    const std::vector<int64_t> sb = broadcast_strides(b.shape(), shape, "b");
+    const std::vector<int64_t> sa = contracts::broadcast_strides("ref.binary", a.shape(), shape);
+    const std::vector<int64_t> sb = contracts::broadcast_strides("ref.binary", b.shape(), shape);
     const T* pa = a.data_as<T>();
     const T* pb = b.data_as<T>();
     const size_t r = shape.size();

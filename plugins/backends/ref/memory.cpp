@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "dew/kernel_contracts.hpp"
 #include "ref_backend.hpp"
 
 namespace dew::ref {
@@ -170,27 +171,10 @@ void RefBackend::cast(const Tensor& x, Tensor& out) {
 }
 
 void RefBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) {
-  DEW_CHECK(src.dtype() == dst.dtype(), "ref.strided_copy: src is ", dtype_name(src.dtype()), ", dst is ",
-            dtype_name(dst.dtype()));
+  // Every address the copy touches must lie inside its tensor (dew/kernel_contracts.hpp).
+  if (contracts::check_strided_copy("ref.strided_copy", src, dst, p).shape.empty()) return;
   const size_t rank = p.shape.size();
-  DEW_CHECK(p.src_strides.size() == rank && p.dst_strides.size() == rank, "ref.strided_copy: shape ",
-            shape_str(p.shape), " needs ", rank, " strides per side, got ", p.src_strides.size(), " and ",
-            p.dst_strides.size());
   const int64_t count = numel_of(p.shape);
-  if (count == 0) return;
-
-  // Every address the copy touches must lie inside its tensor.
-  auto check_range = [&](const std::vector<int64_t>& strides, int64_t offset, int64_t numel, const char* side) {
-    int64_t lo = offset, hi = offset;
-    for (size_t d = 0; d < rank; ++d) {
-      const int64_t span = strides[d] * (p.shape[d] - 1);
-      (span < 0 ? lo : hi) += span;
-    }
-    DEW_CHECK(lo >= 0 && hi < numel, "ref.strided_copy: ", side, " addresses [", lo, ", ", hi, "] fall outside its ",
-              numel, " elements");
-  };
-  check_range(p.src_strides, p.src_offset, src.numel(), "src");
-  check_range(p.dst_strides, p.dst_offset, dst.numel(), "dst");
 
   const size_t es = dtype_size(src.dtype());
   const char* s = static_cast<const char*>(src.data());

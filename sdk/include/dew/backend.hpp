@@ -1,4 +1,5 @@
-// dew/backend.hpp — the Backend interface: memory and the kernel algebra (version DEW_KERNEL_ALGEBRA_VERSION).
+// dew/backend.hpp — the Backend interface: memory and the kernel algebra (the table in dew/kernel_table.hpp,
+// version DEW_KERNEL_ALGEBRA_VERSION in dew/plugin.h, part of every plugin's build fingerprint).
 //
 // A backend is a device plugin. The core allocates every output before calling a kernel, so kernels
 // never allocate tensors; all tensors handed to a kernel are contiguous row-major (data() already
@@ -16,47 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "dew/kernel_table.hpp"
+#include "dew/plugin.h"  // DEW_KERNEL_ALGEBRA_VERSION
 #include "dew/tensor.hpp"
-
-#define DEW_KERNEL_ALGEBRA_VERSION 1
 
 namespace dew {
 
+// The kernels of the algebra, in table order (dew/kernel_table.hpp), then count_.
 enum class Kernel : uint16_t {
-  fill,
-  cast,
-  strided_copy,
-  matmul,
-  unary,
-  unary_backward,
-  binary,
-  reduce,
-  softmax,
-  softmax_backward,
-  log_softmax,
-  log_softmax_backward,
-  layer_norm,
-  layer_norm_backward,
-  rms_norm,
-  rms_norm_backward,
-  group_norm,
-  group_norm_backward,
-  gather_rows,
-  scatter_add_rows,
-  rope,
-  attention,
-  attention_backward,
-  conv2d,
-  conv2d_backward_data,
-  conv2d_backward_weight,
-  cross_entropy,
-  cross_entropy_backward,
-  adamw_update,
-  sgd_update,
-  lamb_update,
-  random,
-  dropout,
-  argmax,
+#define DEW_KERNEL_ENUM_ENTRY_(name, params, args) name,
+  DEW_KERNEL_TABLE(DEW_KERNEL_ENUM_ENTRY_)
+#undef DEW_KERNEL_ENUM_ENTRY_
   count_
 };
 const char* kernel_name(Kernel k);
@@ -229,78 +200,10 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
 
-  // ---- kernel algebra ----
-  virtual void fill(Tensor& out, double value) = 0;
-  virtual void cast(const Tensor& x, Tensor& out) = 0;  // any dtype -> any dtype, same numel
-  virtual void strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) = 0;
-
-  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) = 0;
-
-  virtual void unary(const Tensor& x, Tensor& out, const UnaryParams& p) = 0;
-  // dx = dy * d op(x) / dx
-  virtual void unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) = 0;
-  virtual void binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) = 0;
-  virtual void reduce(const Tensor& x, Tensor& out, const ReduceParams& p) = 0;
-
-  // Along the last axis; rows = numel / last.
-  virtual void softmax(const Tensor& x, Tensor& y) = 0;
-  virtual void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
-  virtual void log_softmax(const Tensor& x, Tensor& y) = 0;
-  virtual void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
-
-  // x [rows, D] (any leading shape); weight, bias [D] or undefined; mean, rstd f32 [rows].
-  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
-                          Tensor& rstd, float eps) = 0;
-  // dweight/dbias (when defined) are overwritten with this call's gradient.
-  virtual void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) = 0;
-  // y = x * rstd * (weight + weight_offset); rstd f32 [rows] = 1 / sqrt(mean(x^2) + eps).
-  virtual void rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
-                        float weight_offset) = 0;
-  virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                                 Tensor& dx, Tensor& dweight, float weight_offset) = 0;
-  // x [N, C, *spatial] (NCHW); statistics over (C/groups, spatial) per (n, group); weight, bias [C]; mean, rstd [N,
-  // groups].
-  virtual void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
-                          Tensor& rstd, int64_t groups, float eps) = 0;
-  virtual void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) = 0;
-
-  // src [Bs, R, D] with Bs in {1, B}; idx i32 [B, K]; out [B, K, D] = src[b or 0, idx[b, k], :].
-  // An index outside [0, R) throws. scatter_add_rows accumulates (+=) dout rows into dsrc.
-  virtual void gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) = 0;
-  virtual void scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) = 0;
-
-  virtual void rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) = 0;
-
-  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                         const AttentionParams& p) = 0;
-  // dq, dk, dv are overwritten.
-  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                  const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                  const AttentionParams& p) = 0;
-
-  virtual void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) = 0;
-  // dx's shape names the input size (it disambiguates strided convolutions).
-  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) = 0;
-  // dbias (when defined) [O] = sum of dy over N, OH, OW.
-  virtual void conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
-                                      const Conv2dParams& p) = 0;
-
-  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
-                             const CrossEntropyParams& p) = 0;
-  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                                      const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p) = 0;
-
-  virtual void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) = 0;
-  // momentum_buf is undefined when p.momentum == 0.
-  virtual void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) = 0;
-  virtual void lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) = 0;
-
-  virtual void random(Tensor& out, const RandomParams& p) = 0;
-  virtual void dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) = 0;
-  // x [rows, D] -> out i32 [rows]: the first index of the largest value.
-  virtual void argmax(const Tensor& x, Tensor& out) = 0;
+  // ---- kernel algebra: one pure virtual per entry of dew/kernel_table.hpp (contracts there) ----
+#define DEW_KERNEL_PURE_VIRTUAL_(name, params, args) virtual void name params = 0;
+  DEW_KERNEL_TABLE(DEW_KERNEL_PURE_VIRTUAL_)
+#undef DEW_KERNEL_PURE_VIRTUAL_
 };
 
 }  // namespace dew

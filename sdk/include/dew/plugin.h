@@ -12,6 +12,9 @@
 
 #define DEW_PLUGIN_ABI_VERSION 1u
 #define DEW_SDK_VERSION "0.2.0"
+/* The version of the kernel table (dew/kernel_table.hpp): bumped whenever a kernel is added, removed or
+ * changes its parameters, since a backend's vtable and every caller depend on it. */
+#define DEW_KERNEL_ALGEBRA_VERSION 1
 #define DEW_PLUGIN_ENTRY_SYMBOL "dew_plugin_entry"
 
 #define DEW_STR_(x) #x
@@ -29,7 +32,8 @@
 #define DEW_CXX_ABI_ID "c-only"
 #endif
 /* What host and plugin must agree on, because C++ objects cross the boundary past the handshake. */
-#define DEW_BUILD_FINGERPRINT "dew-sdk " DEW_SDK_VERSION "; " DEW_COMPILER_ID "; " DEW_CXX_ABI_ID
+#define DEW_BUILD_FINGERPRINT \
+  "dew-sdk " DEW_SDK_VERSION "; kernel-algebra " DEW_STR(DEW_KERNEL_ALGEBRA_VERSION) "; " DEW_COMPILER_ID "; " DEW_CXX_ABI_ID
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,6 +49,19 @@ typedef struct dew_plugin_v1 {
 } dew_plugin_v1;
 
 typedef const dew_plugin_v1* (*dew_plugin_entry_fn)(void);
+
+/* The frozen layout of the handshake (LP64): fields are only ever appended, so these never change. */
+#ifdef __cplusplus
+#define DEW_STATIC_ASSERT_ static_assert
+#else
+#define DEW_STATIC_ASSERT_ _Static_assert
+#endif
+DEW_STATIC_ASSERT_(offsetof(dew_plugin_v1, abi_version) == 0, "dew_plugin_v1: abi_version is the first field");
+DEW_STATIC_ASSERT_(offsetof(dew_plugin_v1, name) == 8 && offsetof(dew_plugin_v1, version) == 16 &&
+                       offsetof(dew_plugin_v1, fingerprint) == 24 && offsetof(dew_plugin_v1, build_notes) == 32 &&
+                       offsetof(dew_plugin_v1, register_all) == 40 && sizeof(dew_plugin_v1) == 48,
+                   "dew_plugin_v1: the handshake layout is frozen");
+#undef DEW_STATIC_ASSERT_
 
 #ifdef __cplusplus
 }

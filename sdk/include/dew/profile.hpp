@@ -50,53 +50,30 @@ class ProfilingBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
 
-  void fill(Tensor& out, double value) override;
-  void cast(const Tensor& x, Tensor& out) override;
-  void strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) override;
-  void matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) override;
-  void unary(const Tensor& x, Tensor& out, const UnaryParams& p) override;
-  void unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) override;
-  void binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) override;
-  void reduce(const Tensor& x, Tensor& out, const ReduceParams& p) override;
-  void softmax(const Tensor& x, Tensor& y) override;
-  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  void log_softmax(const Tensor& x, Tensor& y) override;
-  void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
-                  float eps) override;
-  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) override;
-  void rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
-                float weight_offset) override;
-  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                         Tensor& dweight, float weight_offset) override;
-  void group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd,
-                  int64_t groups, float eps) override;
-  void group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) override;
-  void gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) override;
-  void scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) override;
-  void rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) override;
-  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                 const AttentionParams& p) override;
-  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) override;
-  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) override;
-  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) override;
-  void conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
-                              const Conv2dParams& p) override;
-  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
-                     const CrossEntropyParams& p) override;
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
-                              Tensor& dlogits, const CrossEntropyParams& p) override;
-  void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) override;
-  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) override;
-  void lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) override;
-  void random(Tensor& out, const RandomParams& p) override;
-  void dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) override;
-  void argmax(const Tensor& x, Tensor& out) override;
+  // Every kernel of the table (dew/kernel_table.hpp): forwarded, and timed under kernel_label(...).
+#define DEW_PROFILE_FORWARD_(name, params, args)                                             \
+  void name params override {                                                               \
+    timed([&] { return kernel_label(Kernel::name, DEW_PROFILE_UNPAREN_ args); }, [&] { inner_->name args; }); \
+  }
+#define DEW_PROFILE_UNPAREN_(...) __VA_ARGS__
+  DEW_KERNEL_TABLE(DEW_PROFILE_FORWARD_)
+#undef DEW_PROFILE_FORWARD_
+#undef DEW_PROFILE_UNPAREN_
 
  private:
+  // The label a kernel call is aggregated under: the kernel's name, refined for the kernels whose cost
+  // depends on what they compute (matmul by shape, unary / binary / reduce by op).
+  template <class... Args>
+  static std::string kernel_label(Kernel k, const Args&...) {
+    return kernel_name(k);
+  }
+  static std::string kernel_label(Kernel, const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
+                                  const MatmulParams& p);
+  static std::string kernel_label(Kernel k, const Tensor& x, const Tensor& out, const UnaryParams& p);
+  static std::string kernel_label(Kernel k, const Tensor& x, const Tensor& dy, const Tensor& dx, const UnaryParams& p);
+  static std::string kernel_label(Kernel k, const Tensor& a, const Tensor& b, const Tensor& out, BinaryOp op);
+  static std::string kernel_label(Kernel k, const Tensor& x, const Tensor& out, const ReduceParams& p);
+
   struct Stat {
     int64_t calls = 0;
     double seconds = 0;

@@ -1,0 +1,46 @@
+// dew/kernel_contracts.hpp — the device-independent half of the kernels: argument checks and the
+// strided-iteration plans that every backend (ref, cpu, cuda, a third party's) needs, written once.
+//
+// Each check throws dew::Error naming the caller (`who`, e.g. "cpu.strided_copy") and what is wrong;
+// a backend calls them before touching memory, so every backend refuses the same bad arguments with the
+// same words. Plans are pure functions of shapes and strides (no device memory is read).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dew/backend.hpp"
+
+namespace dew::contracts {
+
+// A tensor seen as [rows, last]: the last dimension (1 for a 0-d tensor) and the product of the others.
+inline int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
+inline int64_t rows_of(const Tensor& t) {
+  const int64_t d = last_dim(t);
+  return d == 0 ? 0 : t.numel() / d;
+}
+
+// A strided iteration over `shape` reading two operands with element strides a and b.
+struct StridedPair {
+  Shape shape;
+  std::vector<int64_t> a, b;
+};
+// Drops unit axes and merges each axis into the next when both operands are contiguous across them
+// (stride[i] == stride[i+1] * shape[i+1]); at least one axis remains (shape {1}, strides {1} when all
+// axes were units). The iteration visits the same elements in the same order.
+StridedPair coalesce(const Shape& shape, const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+
+// Element strides of `in` broadcast (numpy rules, right-aligned) to `out`: 0 along broadcast axes.
+// Throws when `in` has more axes than `out` or an axis that is neither equal nor 1.
+std::vector<int64_t> broadcast_strides(const std::string& who, const Shape& in, const Shape& out);
+
+// strided_copy: equal dtypes, one stride per axis on each side, and every address the copy touches
+// inside its tensor (negative strides allowed). Returns the coalesced plan (src = a, dst = b); its
+// shape is empty when there is nothing to copy.
+StridedPair check_strided_copy(const std::string& who, const Tensor& src, const Tensor& dst,
+                               const StridedCopyParams& p);
+// The same without the dtype check, for buffers of src_numel and dst_numel elements.
+StridedPair check_strided_copy(const std::string& who, const StridedCopyParams& p, int64_t src_numel,
+                               int64_t dst_numel);
+
+}  // namespace dew::contracts

@@ -1,0 +1,94 @@
+// dew/kernel_table.hpp — the kernel algebra as one table: every kernel a backend implements, with its
+// parameters, in one place (version DEW_KERNEL_ALGEBRA_VERSION, dew/plugin.h).
+//
+// DEW_KERNEL_TABLE(X) calls X(name, (parameter list), (argument names)) once per kernel, in the order of
+// the Kernel enum. Everything that lists kernels is generated from it (dew/backend.hpp):
+//   * the Kernel enum and kernel_name()                  (core/tensor/kernels.cpp)
+//   * Backend's pure virtual kernels                     (dew/backend.hpp)
+//   * DEW_KERNEL_OVERRIDES: a backend's declarations    (plugins/backends/*/…_backend.hpp)
+//   * ProfilingBackend's timed forwarding                (dew/profile.hpp)
+//   * the conformance suite's coverage check             (tools/dew-conformance: a case per Kernel)
+// Adding a kernel: an entry here (with its contract in the comment above it), one definition per backend
+// (ref, cpu, cuda), a conformance case, and the differentiable op in core/ops; bump
+// DEW_KERNEL_ALGEBRA_VERSION in dew/plugin.h (plugins built on another table are refused at load).
+//
+// Kernel parameter structs (MatmulParams, ...) and the general rules (contiguous tensors, outputs
+// allocated by the core, no aliasing but for elementwise kernels) are in dew/backend.hpp.
+#pragma once
+
+// clang-format off
+#define DEW_KERNEL_TABLE(X)                                                                                      \
+  /* out = value (any dtype) */                                                                                  \
+  X(fill, (Tensor& out, double value), (out, value))                                                             \
+  /* any dtype -> any dtype, same numel */                                                                       \
+  X(cast, (const Tensor& x, Tensor& out), (x, out))                                                              \
+  X(strided_copy, (const Tensor& src, Tensor& dst, const StridedCopyParams& p), (src, dst, p))                   \
+  X(matmul, (const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p),          \
+    (a, b, bias, out, p))                                                                                        \
+  X(unary, (const Tensor& x, Tensor& out, const UnaryParams& p), (x, out, p))                                    \
+  /* dx = dy * d op(x) / dx */                                                                                   \
+  X(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))       \
+  X(binary, (const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op), (a, b, out, op))                       \
+  X(reduce, (const Tensor& x, Tensor& out, const ReduceParams& p), (x, out, p))                                  \
+  /* along the last axis; rows = numel / last */                                                                 \
+  X(softmax, (const Tensor& x, Tensor& y), (x, y))                                                               \
+  X(softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))                              \
+  X(log_softmax, (const Tensor& x, Tensor& y), (x, y))                                                           \
+  X(log_softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))                          \
+  /* x [rows, D] (any leading shape); weight, bias [D] or undefined; mean, rstd f32 [rows] */                    \
+  X(layer_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,             \
+                 Tensor& rstd, float eps), (x, weight, bias, y, mean, rstd, eps))                                \
+  /* dweight / dbias (when defined) are overwritten with this call's gradient */                                 \
+  X(layer_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,         \
+                          const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias),                         \
+    (x, weight, mean, rstd, dy, dx, dweight, dbias))                                                             \
+  /* y = x * rstd * (weight + weight_offset); rstd f32 [rows] = 1 / sqrt(mean(x^2) + eps) */                     \
+  X(rms_norm, (const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps, float weight_offset),  \
+    (x, weight, y, rstd, eps, weight_offset))                                                                    \
+  X(rms_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx, \
+                        Tensor& dweight, float weight_offset), (x, weight, rstd, dy, dx, dweight, weight_offset)) \
+  /* x [N, C, *spatial] (NCHW); statistics over (C/groups, spatial) per (n, group); weight, bias [C];         */ \
+  /* mean, rstd [N, groups]                                                                                   */ \
+  X(group_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,             \
+                 Tensor& rstd, int64_t groups, float eps), (x, weight, bias, y, mean, rstd, groups, eps))        \
+  X(group_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,         \
+                          const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups),         \
+    (x, weight, mean, rstd, dy, dx, dweight, dbias, groups))                                                     \
+  /* src [Bs, R, D] with Bs in {1, B}; idx i32 [B, K]; out [B, K, D] = src[b or 0, idx[b, k], :]; an index    */ \
+  /* outside [0, R) throws. scatter_add_rows accumulates (+=) dout rows into dsrc.                            */ \
+  X(gather_rows, (const Tensor& src, const Tensor& idx, Tensor& out), (src, idx, out))                           \
+  X(scatter_add_rows, (const Tensor& dout, const Tensor& idx, Tensor& dsrc), (dout, idx, dsrc))                  \
+  X(rope, (const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p), (x, positions, out, p))   \
+  X(attention, (const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,                     \
+                const AttentionParams& p), (q, k, v, out, lse, p))                                               \
+  /* dq, dk, dv are overwritten */                                                                               \
+  X(attention_backward, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, \
+                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p),      \
+    (q, k, v, out, lse, dout, dq, dk, dv, p))                                                                    \
+  X(conv2d, (const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p),            \
+    (x, w, bias, y, p))                                                                                          \
+  /* dx's shape names the input size (it disambiguates strided convolutions) */                                  \
+  X(conv2d_backward_data, (const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p), (dy, w, dx, p)) \
+  /* dbias (when defined) [O] = sum of dy over N, OH, OW */                                                      \
+  X(conv2d_backward_weight, (const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias, const Conv2dParams& p), \
+    (x, dy, dw, dbias, p))                                                                                       \
+  X(cross_entropy, (const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,                      \
+                    const CrossEntropyParams& p), (logits, targets, loss, lse, p))                               \
+  X(cross_entropy_backward, (const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss, \
+                             Tensor& dlogits, const CrossEntropyParams& p), (logits, targets, lse, dloss, dlogits, p)) \
+  X(adamw_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p),               \
+    (param, grad, m, v, p))                                                                                      \
+  /* momentum_buf is undefined when p.momentum == 0 */                                                           \
+  X(sgd_update, (Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p),                   \
+    (param, grad, momentum_buf, p))                                                                              \
+  X(lamb_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p),                 \
+    (param, grad, m, v, p))                                                                                      \
+  X(random, (Tensor& out, const RandomParams& p), (out, p))                                                      \
+  X(dropout, (const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p), (x, y, mask, p))                \
+  /* x [rows, D] -> out i32 [rows]: the first index of the largest value */                                      \
+  X(argmax, (const Tensor& x, Tensor& out), (x, out))
+// clang-format on
+
+// Inside a backend class: `void <kernel>(...) override;` for every kernel of the table.
+#define DEW_KERNEL_OVERRIDE_DECLARATION_(name, params, args) void name params override;
+#define DEW_KERNEL_OVERRIDES DEW_KERNEL_TABLE(DEW_KERNEL_OVERRIDE_DECLARATION_)
