@@ -3,6 +3,8 @@
 // optimizers themselves are in optim_<family>.cpp, the schedules in schedules.cpp.
 // Invariants: roles and groups depend only on names, shapes and [optim] keys (the same on every rank
 // and on resume); the EMA and the norm change nothing but their own outputs.
+#include "dew/optim.hpp"
+
 #include <fnmatch.h>
 
 #include <cctype>
@@ -13,7 +15,6 @@
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
 #include "dew/ops.hpp"
-#include "dew/optim.hpp"
 #include "dew/registry.hpp"
 #include "dew/train.hpp"
 #include "optim_common.hpp"
@@ -44,11 +45,16 @@ constexpr ParamRole kRoles[] = {ParamRole::matrix, ParamRole::embedding, ParamRo
 
 const char* role_name(ParamRole role) {
   switch (role) {
-    case ParamRole::matrix: return "matrix";
-    case ParamRole::embedding: return "embedding";
-    case ParamRole::head: return "head";
-    case ParamRole::norm: return "norm";
-    case ParamRole::bias: return "bias";
+    case ParamRole::matrix:
+      return "matrix";
+    case ParamRole::embedding:
+      return "embedding";
+    case ParamRole::head:
+      return "head";
+    case ParamRole::norm:
+      return "norm";
+    case ParamRole::bias:
+      return "bias";
   }
   return "?";
 }

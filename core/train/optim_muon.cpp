@@ -100,8 +100,7 @@ class Muon final : public Optimizer {
     params_ = params;
     for (const OptimParam& p : params) {
       const bool muon = p.role == ParamRole::matrix;
-      DEW_USAGE_CHECK(!muon || p.tensor.ndim() >= 2, "muon: parameter '", p.name, "' ",
-                      shape_str(p.tensor.shape()),
+      DEW_USAGE_CHECK(!muon || p.tensor.ndim() >= 2, "muon: parameter '", p.name, "' ", shape_str(p.tensor.shape()),
                       " has the role matrix but is not a matrix; give it another role (optim.roles.<role>)");
       muon_.push_back(muon);
       const BackendPtr& be = p.tensor.backend_ptr();
@@ -172,7 +171,8 @@ void register_muon_optimizer(Registrar& registrar) {
       .options = {{"momentum", "0.95", "Muon's momentum on the matrices"},
                   {"nesterov", "true", "Nesterov momentum: orthogonalise g + momentum * buf"},
                   {"ns_steps", "5", "quintic Newton-Schulz iterations"},
-                  {"rms_scale", "0.2", "step RMS per unit lr (Moonlight: AdamW's), via lr * rms_scale * sqrt(max(A, B))"},
+                  {"rms_scale", "0.2",
+                   "step RMS per unit lr (Moonlight: AdamW's), via lr * rms_scale * sqrt(max(A, B))"},
                   {"weight_decay", "0.01", "decoupled weight decay of every group (times lr), as adamw"},
                   {"betas", "0.9, 0.999", "the AdamW part's moment decay rates"},
                   {"eps", "1e-8", "the AdamW part's eps"}},

@@ -31,8 +31,8 @@ class Sgd final : public Optimizer {
       Tensor p = op.tensor;
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      SgdParams sp{lr * op.lr_scale, momentum_, dampening_, weight_decay_ * op.weight_decay_scale, grad_scale,
-                   nesterov_,        step};
+      SgdParams sp{lr * op.lr_scale, momentum_, dampening_, weight_decay_ * op.weight_decay_scale,
+                   grad_scale,       nesterov_, step};
       Tensor none;
       p.backend().sgd_update(p, g, momentum_ > 0 ? buf_[i].second : none, sp);
     }

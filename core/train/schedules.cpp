@@ -83,8 +83,8 @@ class Wsd final : public WarmupSchedule {
   }
   void check() override {
     if (decay_steps_ == 0) decay_steps_ = std::max<int64_t>(1, std::llround(decay_fraction_ * double(total_)));
-    DEW_USAGE_CHECK(decay_steps_ <= total_ - warmup_, "schedule wsd: decay_steps (", decay_steps_,
-                    ") + warmup_steps (", warmup_, ") exceed trainer.steps (", total_, ")");
+    DEW_USAGE_CHECK(decay_steps_ <= total_ - warmup_, "schedule wsd: decay_steps (", decay_steps_, ") + warmup_steps (",
+                    warmup_, ") exceed trainer.steps (", total_, ")");
   }
   double after_warmup(int64_t s) const override {
     const int64_t into = s - (span_ - decay_steps_);  // updates into the decay
@@ -202,10 +202,11 @@ void register_schedules(Registrar& registrar) {
                        kWarmupOptions);
   add_schedule<Linear>(registrar, "linear", "a straight line from optim.lr down to min_lr at trainer.steps",
                        kWarmupOptions);
-  add_schedule<Wsd>(registrar, "wsd", "warmup-stable-decay: optim.lr, then a short decay to min_lr at the end",
-                    with_warmup({{"decay_steps", "0", "updates of the decay at the end (0: decay_fraction of trainer.steps)"},
-                                 {"decay_fraction", "0.2", "the decay's share of trainer.steps when decay_steps = 0"},
-                                 {"decay", "sqrt", "the decay's shape: sqrt (1 - sqrt(t)), linear or cosine"}}));
+  add_schedule<Wsd>(
+      registrar, "wsd", "warmup-stable-decay: optim.lr, then a short decay to min_lr at the end",
+      with_warmup({{"decay_steps", "0", "updates of the decay at the end (0: decay_fraction of trainer.steps)"},
+                   {"decay_fraction", "0.2", "the decay's share of trainer.steps when decay_steps = 0"},
+                   {"decay", "sqrt", "the decay's shape: sqrt (1 - sqrt(t)), linear or cosine"}}));
   add_schedule<Exponential>(
       registrar, "exponential", "optim.lr * decay_rate ^ (updates / transition_steps), floored at min_lr",
       with_warmup({{"decay_rate", "0.1", "the factor per transition_steps updates, in (0, 1]"},

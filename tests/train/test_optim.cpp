@@ -115,8 +115,8 @@ TEST_CASE("newton_schulz5 equals the double-precision iteration and pushes the s
     CAPTURE(rows);
     CAPTURE(cols);
     const auto ref = backend("ref");
-    const dew::Tensor g64 = dew::Tensor::normal({rows, cols}, 0.0f, 1.0f, 7, uint64_t(rows * 1000 + cols), ref,
-                                                dew::DType::f64);
+    const dew::Tensor g64 =
+        dew::Tensor::normal({rows, cols}, 0.0f, 1.0f, 7, uint64_t(rows * 1000 + cols), ref, dew::DType::f64);
     const Matrix g = g64.to_doubles();
     const Matrix want = newton_schulz_reference(g, rows, cols, 5);
 
@@ -134,8 +134,8 @@ TEST_CASE("newton_schulz5 equals the double-precision iteration and pushes the s
     // ref and cpu in f32: the same up to f32 rounding through five iterations.
     for (const char* be : {"ref", "cpu"}) {
       CAPTURE(be);
-      const dew::Tensor g32 = dew::Tensor::from_vector(std::vector<float>(g.begin(), g.end()), {rows, cols},
-                                                       backend(be));
+      const dew::Tensor g32 =
+          dew::Tensor::from_vector(std::vector<float>(g.begin(), g.end()), {rows, cols}, backend(be));
       const std::vector<float> got32 = dew::newton_schulz5(g32, 5).to_floats();
       const Matrix got(got32.begin(), got32.end());
       CHECK(max_abs_diff(got, want) < 5e-6);
@@ -162,12 +162,9 @@ struct Net {
 // A small "model": an embedding, a hidden matrix, a conv filter, a bias, a norm gain and a head.
 Net make_net(const dew::BackendPtr& be, dew::DType dt) {
   Net n;
-  const std::vector<std::pair<std::string, dew::Shape>> shapes = {{"tok_emb.weight", {16, 8}},
-                                                                  {"layers.0.weight", {12, 8}},
-                                                                  {"layers.0.bias", {12}},
-                                                                  {"conv.weight", {6, 2, 3, 3}},
-                                                                  {"norm.weight", {8}},
-                                                                  {"lm_head.weight", {16, 8}}};
+  const std::vector<std::pair<std::string, dew::Shape>> shapes = {
+      {"tok_emb.weight", {16, 8}},   {"layers.0.weight", {12, 8}}, {"layers.0.bias", {12}},
+      {"conv.weight", {6, 2, 3, 3}}, {"norm.weight", {8}},         {"lm_head.weight", {16, 8}}};
   uint64_t stream = 1;
   for (const auto& [name, shape] : shapes) {
     dew::Tensor p = dew::Tensor::normal(shape, 0.0f, 0.5f, 3, stream++, be, dt);
@@ -268,7 +265,8 @@ TEST_CASE("muon: a step's RMS is about rms_scale * lr, the RMS of a typical Adam
   }
 }
 
-TEST_CASE("parameter groups: adamw and sgd use each group's lr scale and no weight decay on norms, biases, embeddings") {
+TEST_CASE(
+    "parameter groups: adamw and sgd use each group's lr scale and no weight decay on norms, biases, embeddings") {
   const auto ref = backend("ref");
   for (const char* name : {"adamw", "sgd"}) {
     CAPTURE(name);

@@ -39,26 +39,32 @@ TEST_CASE("wsd: warm-up, optim.lr, then the decay shape down to min_lr over the 
     if (s < total - decay) return lr;
     return lr + (lo - lr) * std::min(1.0, double(s - (total - decay)) / decay);
   };
-  check_all(schedule({{"name", "wsd"}, {"warmup_steps", "10"}, {"min_lr", "0.001"}, {"decay_steps", "20"},
-                      {"decay", "linear"}},
-                     lr, total),
-            linear_decay, total);
-  check_all(schedule({{"name", "wsd"}, {"warmup_steps", "10"}, {"min_lr", "0.001"}, {"decay_fraction", "0.2"},
-                      {"decay", "cosine"}},
-                     lr, total),
-            [&](int64_t s) {
-              if (s < total - decay) return linear_decay(s);
-              const double t = double(s - 80) / 20;
-              return lo + (lr - lo) * (1 + std::cos(M_PI * t)) / 2;
-            },
-            total);
+  check_all(
+      schedule(
+          {{"name", "wsd"}, {"warmup_steps", "10"}, {"min_lr", "0.001"}, {"decay_steps", "20"}, {"decay", "linear"}},
+          lr, total),
+      linear_decay, total);
+  check_all(
+      schedule({{"name", "wsd"},
+                {"warmup_steps", "10"},
+                {"min_lr", "0.001"},
+                {"decay_fraction", "0.2"},
+                {"decay", "cosine"}},
+               lr, total),
+      [&](int64_t s) {
+        if (s < total - decay) return linear_decay(s);
+        const double t = double(s - 80) / 20;
+        return lo + (lr - lo) * (1 + std::cos(M_PI * t)) / 2;
+      },
+      total);
   auto sqrt_shape = schedule({{"name", "wsd"}, {"warmup_steps", "10"}, {"min_lr", "0.001"}}, lr, total);  // defaults
-  check_all(sqrt_shape,
-            [&](int64_t s) {
-              if (s < total - decay) return linear_decay(s);
-              return lo + (lr - lo) * (1 - std::sqrt(double(s - 80) / 20));
-            },
-            total);
+  check_all(
+      sqrt_shape,
+      [&](int64_t s) {
+        if (s < total - decay) return linear_decay(s);
+        return lo + (lr - lo) * (1 - std::sqrt(double(s - 80) / 20));
+      },
+      total);
   CHECK(sqrt_shape(79) == lr);  // still stable
   CHECK(sqrt_shape(100) == doctest::Approx(lo));
   CHECK_THROWS_WITH_AS(schedule({{"name", "wsd"}, {"decay", "step"}}, lr, total),
@@ -69,38 +75,44 @@ TEST_CASE("wsd: warm-up, optim.lr, then the decay shape down to min_lr over the 
 
 TEST_CASE("exponential: optim.lr * decay_rate^(s / transition_steps), staircase, floored at min_lr") {
   const double lr = 0.1;
-  check_all(schedule({{"name", "exponential"}, {"warmup_steps", "5"}, {"decay_rate", "0.01"}}, lr, 105),
-            [&](int64_t s) { return s < 5 ? lr * double(s + 1) / 5 : lr * std::pow(0.01, double(s - 5) / 100); },
-            105);
-  check_all(schedule({{"name", "exponential"}, {"decay_rate", "0.5"}, {"transition_steps", "10"},
-                      {"staircase", "true"}, {"min_lr", "0.01"}},
-                     lr, 100),
-            [&](int64_t s) { return std::max(0.01, lr * std::pow(0.5, std::floor(double(s) / 10))); }, 100);
+  check_all(
+      schedule({{"name", "exponential"}, {"warmup_steps", "5"}, {"decay_rate", "0.01"}}, lr, 105),
+      [&](int64_t s) { return s < 5 ? lr * double(s + 1) / 5 : lr * std::pow(0.01, double(s - 5) / 100); }, 105);
+  check_all(
+      schedule({{"name", "exponential"},
+                {"decay_rate", "0.5"},
+                {"transition_steps", "10"},
+                {"staircase", "true"},
+                {"min_lr", "0.01"}},
+               lr, 100),
+      [&](int64_t s) { return std::max(0.01, lr * std::pow(0.5, std::floor(double(s) / 10))); }, 100);
   CHECK_THROWS_WITH_AS(schedule({{"name", "exponential"}, {"decay_rate", "1.5"}}, lr, 10),
                        doctest::Contains("'schedule.decay_rate' must be in (0, 1]"), dew::UsageError);
 }
 
 TEST_CASE("power: (optim.lr - min_lr) (1 - t)^power + min_lr after the warm-up") {
-  check_all(schedule({{"name", "power"}, {"warmup_steps", "4"}, {"min_lr", "0.02"}, {"power", "2"}}, 0.2, 54),
-            [](int64_t s) {
-              if (s < 4) return 0.2 * double(s + 1) / 4;
-              const double t = std::min(1.0, double(s - 4) / 50);
-              return (0.2 - 0.02) * (1 - t) * (1 - t) + 0.02;
-            },
-            54);
+  check_all(
+      schedule({{"name", "power"}, {"warmup_steps", "4"}, {"min_lr", "0.02"}, {"power", "2"}}, 0.2, 54),
+      [](int64_t s) {
+        if (s < 4) return 0.2 * double(s + 1) / 4;
+        const double t = std::min(1.0, double(s - 4) / 50);
+        return (0.2 - 0.02) * (1 - t) * (1 - t) + 0.02;
+      },
+      54);
   CHECK_THROWS_AS(schedule({{"name", "power"}, {"power", "0"}}, 0.1, 10), dew::UsageError);
 }
 
 TEST_CASE("one_cycle: half cosines from lr / div_factor up to lr, then down to lr / (div_factor * final_div_factor)") {
   const double peak = 0.04;
   const int64_t total = 100;
-  check_all(schedule({{"name", "one_cycle"}}, peak, total),
-            [&](int64_t s) {
-              const double start = peak / 25, end = start / 1e4;
-              if (s < 30) return start + (peak - start) * (1 - std::cos(M_PI * double(s) / 30)) / 2;
-              return end + (peak - end) * (1 + std::cos(M_PI * std::min(1.0, double(s - 30) / 70))) / 2;
-            },
-            total);
+  check_all(
+      schedule({{"name", "one_cycle"}}, peak, total),
+      [&](int64_t s) {
+        const double start = peak / 25, end = start / 1e4;
+        if (s < 30) return start + (peak - start) * (1 - std::cos(M_PI * double(s) / 30)) / 2;
+        return end + (peak - end) * (1 + std::cos(M_PI * std::min(1.0, double(s - 30) / 70))) / 2;
+      },
+      total);
   auto f = schedule({{"name", "one_cycle"}, {"pct_start", "0.25"}, {"div_factor", "10"}, {"final_div_factor", "100"}},
                     peak, total);
   CHECK(f(0) == doctest::Approx(peak / 10));
@@ -112,11 +124,13 @@ TEST_CASE("one_cycle: half cosines from lr / div_factor up to lr, then down to l
 }
 
 TEST_CASE("cosine and linear keep their closed forms") {
-  check_all(schedule({{"name", "cosine"}, {"warmup_steps", "10"}, {"min_lr", "0.1"}}, 1.0, 110),
-            [](int64_t s) {
-              if (s < 10) return double(s + 1) / 10;
-              return 0.1 + 0.45 * (1 + std::cos(M_PI * std::min(1.0, double(s - 10) / 100)));
-            },
-            110);
-  check_all(schedule({{"name", "linear"}}, 2.0, 100), [](int64_t s) { return 2.0 - 2.0 * double(s) / 100; }, 100);
+  check_all(
+      schedule({{"name", "cosine"}, {"warmup_steps", "10"}, {"min_lr", "0.1"}}, 1.0, 110),
+      [](int64_t s) {
+        if (s < 10) return double(s + 1) / 10;
+        return 0.1 + 0.45 * (1 + std::cos(M_PI * std::min(1.0, double(s - 10) / 100)));
+      },
+      110);
+  check_all(
+      schedule({{"name", "linear"}}, 2.0, 100), [](int64_t s) { return 2.0 - 2.0 * double(s) / 100; }, 100);
 }

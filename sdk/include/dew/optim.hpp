@@ -53,7 +53,7 @@ enum class ParamRole : uint8_t {
   norm,       // a gain or scale vector (norm weights; every 0-D/1-D tensor not named bias)
   bias,       // a bias vector
 };
-const char* role_name(ParamRole role);        // "matrix", "embedding", ...
+const char* role_name(ParamRole role);         // "matrix", "embedding", ...
 ParamRole role_from_name(const std::string&);  // UsageError listing the roles
 
 // The default role from a parameter's name (its dot-separated components, compared in lower case) and
