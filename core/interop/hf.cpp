@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "dew/autograd.hpp"
+#include "dew/chat_template.hpp"
 #include "dew/checkpoint.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
@@ -179,6 +180,28 @@ std::string load_weights(const std::string& path, const NamedTensors& targets,
   return what;
 }
 
+// Keeps the model's chat template and special tokens (tokenizer_config.json, chat_template.jinja) in the
+// run's tokenizer folder, where serving and chat data find them (dew/chat_template.hpp); a template dew's
+// Jinja subset refuses is kept too, and the note says why it cannot be used.
+std::string import_chat_config(const fs::path& hf, const fs::path& tdir) {
+  std::error_code ec;
+  bool any = false;
+  for (const char* f : {"tokenizer_config.json", "chat_template.jinja"})
+    if (fs::exists(hf / f, ec)) {
+      fs::create_directories(tdir);
+      fs::copy_file(hf / f, tdir / f, fs::copy_options::overwrite_existing);
+      any = true;
+    }
+  if (!any) return "; no chat template (dew's default is used)";
+  try {
+    const ChatConfig c = chat_config_of_folder(tdir.string());
+    ChatTemplate parsed(c.chat_template, c.template_origin);
+    return "; chat template from " + c.template_origin;
+  } catch (const Error& e) {
+    return std::string("; the chat template is kept but dew cannot render it: ") + e.what();
+  }
+}
+
 std::string import_hf(const std::string& hf_dir, const std::string& run_dir, const ImportOptions& options) {
   const fs::path hf(hf_dir), run(run_dir);
   std::error_code ec;
@@ -237,6 +260,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& run_dir, con
       write_token_meta(meta, tdir.string());
       config.set("data.path", fs::absolute(tdir).lexically_normal().string());
       tokenizer_note = "tokenizer.json (" + std::to_string(meta.vocab_size) + " tokens)";
+
     } catch (const Error& e) {
       tokenizer_note = std::string("tokenizer.json not imported (") + e.what() +
                        "): sample with --prompt_ids, evaluate with token-id requests";
@@ -244,6 +268,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& run_dir, con
   } else {
     tokenizer_note = "no tokenizer.json: sample with --prompt_ids, evaluate with token-id requests";
   }
+  tokenizer_note += import_chat_config(hf, run / "tokenizer");
   if (fs::exists(hf / "generation_config.json", ec))
     fs::copy_file(hf / "generation_config.json", run / "generation_config.json", fs::copy_options::overwrite_existing);
   for (const auto& [k, v] : options.overrides) config.set(k, v);
@@ -324,6 +349,9 @@ void export_hf(const std::string& run_dir, const std::string& step, bool use_ema
   const std::string data_path = config.section("data").get_string("path", "");
   if (!data_path.empty() && fs::exists(fs::path(data_path) / "tokenizer.json", ec))
     fs::copy_file(fs::path(data_path) / "tokenizer.json", out / "tokenizer.json", fs::copy_options::overwrite_existing);
+  for (const char* chat_file : {"tokenizer_config.json", "chat_template.jinja"})  // the chat template an import kept
+    if (!data_path.empty() && fs::exists(fs::path(data_path) / chat_file, ec))
+      fs::copy_file(fs::path(data_path) / chat_file, out / chat_file, fs::copy_options::overwrite_existing);
   if (fs::exists(run / "generation_config.json", ec))
     fs::copy_file(run / "generation_config.json", out / "generation_config.json", fs::copy_options::overwrite_existing);
 }

@@ -12,9 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dew/autograd.hpp"
+#include "dew/chat_template.hpp"
 #include "dew/checkpoint.hpp"
 #include "dew/error.hpp"
 #include "dew/generate.hpp"
@@ -458,5 +460,42 @@ TEST_CASE("dew::train with trainer.init_from starts from the imported weights (f
   dew::SafetensorsCheckpoint src(fixture("qwen2"));
   REQUIRE(c.params.size() == src.names().size());
   for (const auto& [n, t] : c.params) CHECK(t.to_floats() == src.load(n, be, dew::DType::f32).to_floats());
+  fs::remove_all(d);
+}
+
+TEST_CASE("import keeps the chat template and special tokens (tokenizer_config.json, chat_template.jinja)") {
+  ref();
+  const fs::path d = tmpdir("chat");
+  const fs::path hf = d / "hf";
+  fs::create_directories(hf);
+  for (const auto& e : fs::directory_iterator(fixture("qwen2"))) fs::copy_file(e.path(), hf / e.path().filename());
+  const std::string tmpl =
+      "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  nlohmann::json cfg = {
+      {"chat_template", tmpl}, {"eos_token", "<|im_end|>"}, {"pad_token", {{"content", "<|endoftext|>"}}}};
+  { std::ofstream(hf / "tokenizer_config.json") << cfg.dump(); }
+  dew::ImportOptions o;
+  o.backend = "ref";
+  const std::string summary = dew::import_hf(hf.string(), (d / "run").string(), o);
+  CHECK(summary.find("chat template from") != std::string::npos);
+  REQUIRE(fs::exists(d / "run" / "tokenizer" / "tokenizer_config.json"));
+  const dew::ChatConfig c = dew::chat_config_of_folder((d / "run" / "tokenizer").string());
+  CHECK(c.chat_template == tmpl);
+  CHECK(c.special_tokens ==
+        std::vector<std::pair<std::string, std::string>>{{"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}});
+  const dew::ChatTemplate t(c.chat_template);
+  CHECK(t.render(dew::chat_context_json(c, R"({"messages": [{"role": "user", "content": "hi"}]})", true)).text ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  // A model folder without a template: the run renders with dew's default.
+  CHECK(dew::chat_config_of_folder((d / "nowhere").string()).chat_template == dew::default_chat_template());
+  // A template outside dew's subset is kept, and the import says why it cannot render it.
+  const fs::path hf2 = d / "hf2";
+  fs::create_directories(hf2);
+  for (const auto& e : fs::directory_iterator(fixture("qwen2"))) fs::copy_file(e.path(), hf2 / e.path().filename());
+  { std::ofstream(hf2 / "chat_template.jinja") << "line one\n{% include 'x' %}"; }
+  const std::string s2 = dew::import_hf(hf2.string(), (d / "run2").string(), o);
+  CHECK(s2.find("chat_template.jinja:2") != std::string::npos);
+  CHECK(fs::exists(d / "run2" / "tokenizer" / "chat_template.jinja"));
   fs::remove_all(d);
 }

@@ -296,7 +296,9 @@ int cmd_serve(const std::vector<std::string>& args) {
       "max-steps", po::value(&so.max_steps)->default_value(1000),
       "image runs: the most sampling steps a request may ask")(
       "model-name", po::value(&so.model_name), "model id reported and accepted (default: the run's name)")(
-      "access-log", po::bool_switch(&so.access_log), "one line per request on stderr");
+      "access-log", po::bool_switch(&so.access_log), "one line per request on stderr")(
+      "chat-template", po::value(&so.chat_template),
+      "tokenizer_config.json / chat_template.jinja / folder for /v1/chat/completions (default: the run's)");
   parse(args, d);
   load_plugins(r.common);
   return dew_run::serve(r.run_dir, r.step, !r.no_ema, r.backend, so);

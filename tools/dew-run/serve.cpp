@@ -28,6 +28,7 @@
 #include <set>
 #include <thread>
 
+#include "chat_completions.hpp"
 #include "dew/error.hpp"
 #include "dew/objective.hpp"
 #include "dew/tokenizer.hpp"
@@ -129,6 +130,8 @@ struct HttpServer::Impl {
   std::atomic<uint64_t> next_id{0};
   int listen_fd = -1;
   std::string id_prefix;
+  chat::ChatSetup chat_setup;  // the template /v1/chat/completions renders with (chat_completions.hpp)
+  std::string chat_error;      // why the run's template cannot be used, when it cannot
 
   Impl(Scheduler* s, ImageService* im, ModelInfo i, const ServeOptions& o)
       : sched(s), images(im), info(std::move(i)), options(o) {
@@ -136,6 +139,13 @@ struct HttpServer::Impl {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%08x", rd());
     id_prefix = buf;
+    if (sched) {
+      try {
+        chat_setup = chat::setup_from_folder_or_file(options.chat_template);
+      } catch (const dew::Error& e) {
+        chat_error = e.what();
+      }
+    }
     routes();
   }
 
@@ -232,6 +242,20 @@ struct HttpServer::Impl {
     };
     svr.Post("/v1/images", image_route);
     svr.Post("/v1/images/generations", image_route);
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        if (!sched)
+          throw HttpError{404, "invalid_request_error", "this server serves an image model: use POST /v1/images", ""};
+        completions(req, res, true);
+      } catch (const HttpError& e) {
+        send_error(res, e);
+      } catch (const dew::Error& e) {
+        send_error(
+            res, e.kind() == dew::ErrorKind::usage ? bad(e.what()) : HttpError{500, "server_error", e.describe(), ""});
+      } catch (const std::exception& e) {
+        send_error(res, {500, "server_error", e.what(), ""});
+      }
+    });
     svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       try {
         if (!sched)
@@ -302,9 +326,9 @@ struct HttpServer::Impl {
     sp.repetition_penalty = float(number(body, "repetition_penalty", 1.0, 0.0, 1e6, true));
     if (body.contains("seed")) {
       sp.seed = uint64_t(integer(body, "seed", 0, 0, std::numeric_limits<int64_t>::max()));
-    } else {
+    } else {  // drawn: at most 2^53 - 1, so a JSON client (JavaScript numbers) replays it exactly
       std::random_device rd;
-      sp.seed = (uint64_t(rd()) << 31) ^ rd();
+      sp.seed = ((uint64_t(rd()) << 32) ^ rd()) & ((uint64_t(1) << 53) - 1);
     }
     if (body.contains("stop")) {
       const json& st = body["stop"];
@@ -359,10 +383,29 @@ struct HttpServer::Impl {
     Impl& self;
   };
 
-  void completions(const httplib::Request& req, httplib::Response& res) {
+  // A /v1/chat/completions body as the /v1/completions body it renders to.
+  std::string chat_body(const std::string& text) const {
+    if (!chat_error.empty())
+      throw HttpError{400, "invalid_request_error", "this run's chat template cannot be used: " + chat_error, ""};
+    json body;
+    try {
+      body = json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw bad(std::string("malformed JSON: ") + e.what());
+    }
+    try {
+      return dump(chat::to_completion_body(body, chat_setup));
+    } catch (const std::invalid_argument& e) {
+      const std::string w = e.what();
+      const size_t tab = w.find('\t');
+      throw bad(w.substr(tab + 1), w.substr(0, tab));
+    }
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat = false) {
     auto flight = std::make_shared<Flight>(*this);
     if (draining) throw HttpError{503, "server_error", "the server is shutting down", ""};
-    Completion c = parse(req.body);
+    Completion c = parse(chat ? chat_body(req.body) : req.body);
     std::vector<std::shared_ptr<Ticket>> tickets;
     for (int64_t i = 0; i < c.n; ++i) {
       dew::serve::Request r{c.prompt, c.params, uint64_t(i)};
@@ -380,9 +423,12 @@ struct HttpServer::Impl {
       }
       tickets.push_back(s.ticket);
     }
-    const std::string id = "cmpl-" + id_prefix + "-" + std::to_string(next_id++);
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + id_prefix + "-" + std::to_string(next_id++);
     const int64_t created = int64_t(std::time(nullptr));
-    json base{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", info.id}};
+    json base{{"id", id},
+              {"object", chat ? (c.stream ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+              {"created", created},
+              {"model", info.id}};
     const std::string echo = c.echo ? c.prompt_text : std::string();
     if (!c.stream) {
       json choices = json::array();
@@ -394,7 +440,8 @@ struct HttpServer::Impl {
           throw HttpError{500, "server_error", "generation failed: " + (why.empty() ? g.finish_reason : why), ""};
         }
         completion_tokens += int64_t(g.tokens.size());
-        choices.push_back(choice_json(int64_t(i), echo + g.text, finish_json(g.finish_reason)));
+        choices.push_back(chat ? chat::message_choice(int64_t(i), g.text, finish_json(g.finish_reason))
+                               : choice_json(int64_t(i), echo + g.text, finish_json(g.finish_reason)));
       }
       json body = base;
       body["choices"] = choices;
@@ -416,10 +463,11 @@ struct HttpServer::Impl {
     // finish_reason, then `data: [DONE]`.
     auto state = std::make_shared<std::vector<bool>>(tickets.size(), false);  // choice finished
     auto echoed = std::make_shared<std::vector<bool>>(tickets.size(), echo.empty());
+    auto started = std::make_shared<std::vector<bool>>(tickets.size(), false);  // chat: role sent
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [tickets, state, echoed, base, echo, flight, prompt_tokens = int64_t(c.prompt.size())](
+        [tickets, state, echoed, started, chat, base, echo, flight, prompt_tokens = int64_t(c.prompt.size())](
             size_t, httplib::DataSink& sink) {
           auto event = [&](const json& chunk) {
             const std::string line = "data: " + dump(chunk) + "\n\n";
@@ -443,7 +491,9 @@ struct HttpServer::Impl {
                 finish = finish_json(g.finish_reason);
                 (*state)[i] = true;
               }
-              chunk["choices"] = json::array({choice_json(int64_t(i), u.text, finish)});
+              chunk["choices"] = json::array({chat ? chat::delta_choice(int64_t(i), u.text, finish, !(*started)[i])
+                                                   : choice_json(int64_t(i), u.text, finish)});
+              (*started)[i] = true;
               if (!event(chunk)) return false;
             }
             all_done = all_done && (*state)[i];
@@ -687,8 +737,18 @@ int serve(const std::string& run_dir, const std::string& step, bool use_ema, con
     if (model) info.details = model->describe();
   }
 
-  std::unique_ptr<HttpServer> server_ptr = sched ? std::make_unique<HttpServer>(*sched, info, options)
-                                                 : std::make_unique<HttpServer>(*image_service, info, options);
+  // The chat template: --chat-template, else the run's ([data] template, tokenizer or path; chat_completions.hpp).
+  ServeOptions opts = options;
+  if (opts.chat_template.empty()) {
+    const auto& data = run->config.section("data").values();
+    for (const char* key : {"template", "tokenizer", "path"})
+      if (auto it = data.find(key); it != data.end() && !it->second.empty()) {
+        opts.chat_template = it->second;
+        break;
+      }
+  }
+  std::unique_ptr<HttpServer> server_ptr = sched ? std::make_unique<HttpServer>(*sched, info, opts)
+                                                 : std::make_unique<HttpServer>(*image_service, info, opts);
   HttpServer& server = *server_ptr;
   const int port = server.bind();
   if (sched) sched->start();

@@ -37,6 +37,9 @@ struct ServeOptions {
   int64_t max_steps = 1000;   // image runs: the most sampling steps one request may ask for
   std::string model_name;     // the id /v1/models reports (default: the run's name)
   bool access_log = false;    // one line per request on stderr
+  // The chat template of POST /v1/chat/completions: a tokenizer_config.json, chat_template.jinja or a
+  // folder holding one; "" (or a folder without one): dew's default template (dew/chat_template.hpp).
+  std::string chat_template;
 };
 
 // What /v1/models reports besides the id.

@@ -2,6 +2,8 @@
 //
 //   dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--tokenizer byte|bpe] [--vocab-size N]
 //                [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]
+//   dew-tokenize render-chat --tokenizer-config F --input conversations.jsonl --out rendered.jsonl
+//                [--add-generation-prompt] [--spans]          (render_chat.cpp)
 //
 // A folder input contributes every regular file in it (not symlinks, not subfolders), sorted by name;
 // files that are not UTF-8 text (invalid UTF-8 or a NUL byte, e.g. fortune's *.dat) are skipped with a
@@ -26,13 +28,19 @@
 #include "dew/tokenizer.hpp"
 
 namespace po = boost::program_options;
+
+int render_chat_main(const std::string& config_path, const std::string& input, const std::string& out,
+                     bool add_generation_prompt, bool spans);  // render_chat.cpp
+int show_chat_template(const std::string& config_path);        // render_chat.cpp
 namespace fs = std::filesystem;
 
 namespace {
 
 const char* kUsage =
     "usage: dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--tokenizer byte|bpe] [--vocab-size N]\n"
-    "                    [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]\n";
+    "                    [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]\n"
+    "       dew-tokenize render-chat --tokenizer-config F --input conversations.jsonl --out rendered.jsonl\n"
+    "                    [--add-generation-prompt] [--spans]\n";
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -45,11 +53,35 @@ std::string read_file(const fs::path& p) {
 
 bool is_text(const std::string& s) { return s.find('\0') == std::string::npos && dew::is_valid_utf8(s); }
 
+int run_render_chat(int argc, char** argv) {
+  std::string config, input, out;
+  po::options_description d("render-chat options");
+  d.add_options()("help,h", "show this help")("tokenizer-config", po::value(&config),
+                                              "tokenizer_config.json (chat_template + special tokens) or a folder")(
+      "input", po::value(&input), "conversations, one JSON object with \"messages\" per line")(
+      "out", po::value(&out), "rendered.jsonl: one {\"text\": ...} per conversation")(
+      "add-generation-prompt", "end each rendering with the assistant's turn opening")(
+      "spans", "also write assistant_spans (byte ranges of the assistant turns)")(
+      "show-template", "print the template --tokenizer-config resolves to, and exit");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc - 1, argv + 1).options(d).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << d;
+    return 0;
+  }
+  if (vm.count("show-template")) return show_chat_template(config);
+  DEW_USAGE_CHECK(!(vm.count("spans") && vm.count("add-generation-prompt")),
+                  "render-chat: --spans renders whole conversations; it takes no --add-generation-prompt");
+  return render_chat_main(config, input, out, vm.count("add-generation-prompt") > 0, vm.count("spans") > 0);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int run(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "render-chat") return run_render_chat(argc, argv);
   std::vector<std::string> inputs;
   std::string out, tokenizer_name, tokenizer_json, vocab, merges;
   int64_t vocab_size = 4096;

@@ -1,7 +1,7 @@
 // cuda/backend.cpp — the cuda backend's construction, memory (caching allocator, pinned staging,
 // copies), synchronisation and device-side error reporting, and the host side of every kernel that runs
 // on the CUDA kernels of kernels.cuh: validate on the host, then enqueue on the one stream.
-// (matmul: blas.cpp; convolution: conv.cpp.)
+// (matmul: matmul.cpp; convolution: conv.cpp.)
 #include <algorithm>
 #include <bit>
 #include <cstring>

@@ -143,7 +143,7 @@ class CudaBackend final : public Backend {
   std::mutex staging_mu_;
   std::vector<Staging> staging_;
 
-  // ---- matmul (blas.cpp) and convolution (conv.cpp) plans ----
+  // ---- matmul (matmul.cpp) and convolution (conv.cpp) plans ----
   struct MatmulPlan;
   struct ConvPlan;
   std::mutex plan_mu_;

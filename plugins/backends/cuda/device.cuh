@@ -41,6 +41,8 @@ inline unsigned blocks_for(int64_t n, int threads = 256, int64_t cap = 65535 * 8
   return unsigned(b);
 }
 inline unsigned grid_rows(int64_t rows) { return unsigned(rows < 1 ? 1 : (rows > 2147483647 ? 2147483647 : rows)); }
+// Blocks for a one-block-per-row kernel (softmax, the norms): rows, at most 65535 * 8 (grid-stride past that).
+inline unsigned row_grid(int64_t rows) { return grid_rows(rows > 65535 * 8 ? 65535 * 8 : rows); }
 
 #define DEW_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)

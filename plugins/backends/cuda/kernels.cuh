@@ -61,10 +61,12 @@ void launch_channel_bias_add(cudaStream_t s, ST t, void* y, const void* bias, in
 // dbias[o] = sum over n, hw of dy[n, o, hw]
 void launch_channel_bias_grad(cudaStream_t s, ST t, const void* dy, void* dbias, int64_t N, int64_t O, int64_t HW);
 
-// ---- norm.cu ----
+// ---- softmax.cu ----
 void launch_softmax(cudaStream_t s, ST t, const void* x, void* y, int64_t rows, int64_t D, bool log);
 void launch_softmax_backward(cudaStream_t s, ST t, const void* y, const void* dy, void* dx, int64_t rows, int64_t D,
                              bool log);
+
+// ---- norm.cu ----
 // Scratch for the weight/bias gradients: norm_scratch_floats(rows, D) floats.
 int64_t norm_scratch_floats(int64_t rows, int64_t D);
 void launch_layer_norm(cudaStream_t s, ST t, const void* x, const void* w, const void* b, void* y, float* mean,
@@ -83,7 +85,7 @@ void launch_group_norm_backward(cudaStream_t s, ST t, const void* x, const void*
                                 const float* rstd, const void* dy, void* dx, void* dw, void* db, int64_t N, int64_t C,
                                 int64_t HW, int64_t G, float* scratch);
 
-// ---- embed.cu ----
+// ---- embedding_rope.cu ----
 void launch_gather_rows(cudaStream_t s, const void* src, const int32_t* idx, void* out, int64_t Bs, int64_t R,
                         int64_t D, int64_t B, int64_t K, int elem_size, ErrWord* err);
 // f32: atomics straight into dsrc. bf16: into `acc` (f32, Bs * R * D, zeroed here), then added to dsrc.
@@ -104,7 +106,7 @@ void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* 
                                const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
                                const AttentionParams& p, float* scratch);
 
-// ---- loss_optim.cu ----
+// ---- loss.cu, optim.cu ----
 void launch_cross_entropy(cudaStream_t s, ST t, const void* logits, const int32_t* targets, float* loss, float* lse,
                           int64_t N, int64_t V, int64_t ignore_index, ErrWord* err);
 void launch_cross_entropy_backward(cudaStream_t s, ST t, const void* logits, const int32_t* targets, const float* lse,

@@ -8,7 +8,7 @@
 //    which may be f32 or f64, so f64 inputs keep f64 statistics end to end;
 //  * every kernel validates shapes and dtypes first and throws dew::Error naming the kernel.
 // The kernels are split by family: memory.cpp, elementwise.cpp, matmul.cpp, softmax_norm.cpp,
-// indexing.cpp (gather/scatter/rope), attention.cpp, conv.cpp, loss_optim.cpp, random.cpp, entry.cpp.
+// embedding_rope.cpp (gather/scatter/rope), attention.cpp, conv.cpp, loss.cpp, optim.cpp, random.cpp, entry.cpp.
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -93,36 +93,19 @@ class Classify final : public dew::Objective {
     dew::NoGradGuard no_grad;
     const bool was_training = model_->training();
     model_->set_training(false);
-    const dew::LoaderConfig& lc = loader.config();
-    const int64_t n = loader.source().size();
-    const int64_t rows = lc.batch_size, global = rows * int64_t(lc.world);
-    DEW_CHECK(rows > 0, "classify: validation batch size must be positive");
     // One epoch = the next n stream indices (the split is read in order, so any n consecutive indices
-    // are every record once): this rank's rows of the j-th global batch from here are j*G + rank*B +
-    // [0, B) relative to the current position; rows at or past n belong to the next epoch: dropped.
-    const int64_t batches = (n + global - 1) / global;
+    // are every record once); rows at or past n belong to the next epoch: dropped (dew/data.hpp).
+    const int64_t n = loader.source().size();
     double loss_sum = 0.0;
     int64_t hits = 0, seen = 0;
-    for (int64_t j = 0; j < batches; ++j) {
-      const dew::HostBatch hb = loader.next();
-      const int64_t first = j * global + int64_t(lc.rank) * rows;  // relative to the current position
-      const int64_t valid = std::clamp<int64_t>(n - first, 0, rows);
-      if (valid == 0) continue;
-      dew::Batch b = dew::to_device(hb, backend_);
-      Tensor image = field(b, "image"), label = field(b, "label");
-      const int64_t got = image.shape()[0];
-      const int64_t use = std::min(valid, got);
-      if (use < got) {
-        image = image.slice0(0, use);
-        label = label.slice0(0, use);
-      }
-      Tensor logits = model_->forward({{"image", preprocess(image)}});
+    dew::for_each_pass_batch(loader, n, 0, backend_, [&](const dew::Batch& b, int64_t, int64_t use) {
+      Tensor logits = model_->forward({{"image", preprocess(field(b, "image"))}});
       std::vector<int32_t> truth;
-      const Tensor target = targets(label, logits, truth);
+      const Tensor target = targets(field(b, "label"), logits, truth);
       loss_sum += dew::cross_entropy(logits, target).item() * double(use);
       hits += correct(logits, truth);
       seen += use;
-    }
+    });
     model_->set_training(was_training);
     dew::ValidationResult r;
     r.metrics["loss"] = seen > 0 ? loss_sum / double(seen) : 0.0;

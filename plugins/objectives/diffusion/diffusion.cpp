@@ -503,28 +503,19 @@ class DiffusionObjective final : public dew::Objective {
   // The weighted loss over the first `records` records of a split (0: none), with times and noise keyed
   // by record position so the value is comparable between validations.
   double validation_loss(dew::DataLoader& loader, int64_t records) const {
-    const dew::LoaderConfig& lc = loader.config();
     const int64_t n = std::min(records, loader.source().size());
     if (n <= 0) return 0.0;
-    const int64_t rows = lc.batch_size, global = rows * int64_t(lc.world);
     double sum = 0.0;
     int64_t seen = 0;
-    for (int64_t j = 0; j * global < n; ++j) {
-      const dew::HostBatch hb = loader.next();
-      const int64_t first = j * global + int64_t(lc.rank) * rows;
-      const int64_t use = std::clamp<int64_t>(n - first, 0, rows);
-      if (use == 0) continue;
-      dew::Batch b = dew::to_device(hb, backend_);
-      Tensor image = field(b, image_field_);
-      if (use < image.shape()[0]) image = image.slice0(0, use);
-      const Tensor x0 = preprocess(image);
+    dew::for_each_pass_batch(loader, n, 0, backend_, [&](const dew::Batch& b, int64_t first, int64_t use) {
+      const Tensor x0 = preprocess(field(b, image_field_));
       const std::vector<double> t = row_times(stream("diffusion.val.t"), uint64_t(first), use);
       const Tensor eps = row_noise(x0.shape(), stream("diffusion.val.eps"), uint64_t(first));
       Tensor labels;
       if (conditional_) labels = Tensor::from_ints(checked_labels(field(b, label_field_), use), {use}, backend_);
       sum += loss(x0, eps, t, labels, nullptr).item() * double(use);
       seen += use;
-    }
+    });
     return seen > 0 ? sum / double(seen) : 0.0;
   }
 
@@ -589,24 +580,15 @@ class DiffusionObjective final : public dew::Objective {
   int64_t features_of_split(dew::DataLoader& loader, dew::Model* classifier, double mean, double stdev,
                             const dew::BackendPtr& backend, std::vector<float>& out, int64_t& dim,
                             int64_t limit) const {
-    const dew::LoaderConfig& lc = loader.config();
     int64_t n = loader.source().size();
     if (limit >= 0) n = std::min(n, limit);
-    const int64_t rows = lc.batch_size, global = rows * int64_t(lc.world);
-    int64_t seen = 0;
-    for (int64_t j = 0; j * global < n; ++j) {
-      const dew::HostBatch hb = loader.next();
-      const int64_t first = j * global + int64_t(lc.rank) * rows;
-      const int64_t use = std::clamp<int64_t>(n - first, 0, rows);
-      if (use == 0) continue;
-      dew::Batch b = dew::to_device(hb, backend_);
-      Tensor image = field(b, image_field_);
-      if (use < image.shape()[0]) image = image.slice0(0, use);
-      if (image.ndim() == 3) image = dew::reshape(image, {use, image.shape()[1], image.shape()[2], 1});
-      const Tensor chw = dew::permute(image, {0, 3, 1, 2});
-      append(out, classifier->features({{"image", judge_input(chw, mean, stdev, backend)}}), dim);
-      seen += use;
-    }
+    const int64_t seen =
+        dew::for_each_pass_batch(loader, n, 0, backend_, [&](const dew::Batch& b, int64_t, int64_t use) {
+          Tensor image = field(b, image_field_);
+          if (image.ndim() == 3) image = dew::reshape(image, {use, image.shape()[1], image.shape()[2], 1});
+          const Tensor chw = dew::permute(image, {0, 3, 1, 2});
+          append(out, classifier->features({{"image", judge_input(chw, mean, stdev, backend)}}), dim);
+        });
     return seen;
   }
 

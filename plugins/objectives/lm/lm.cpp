@@ -2,7 +2,9 @@
 //
 // Batch field "text" i32 [B, S + 1] (the tokens source; synthetic kind = tokens). The model sees
 // text[:, :-1] as {"tokens"} and predicts text[:, 1:]; the loss is the mean cross-entropy in fp32 over
-// the targets that are not pad_id. Metrics: ce (the loss, nats per token) and token_accuracy.
+// the targets that are not pad_id. SFT: with a "loss_mask" field i32 [B, S + 1] (the chat_jsonl source:
+// 1 on assistant tokens) only the targets j with loss_mask[:, j] = 1 count, in the loss and the metrics;
+// the tokenizer then comes from [data] tokenizer. Metrics: ce (the loss, nats per token) and token_accuracy.
 // validate() reads every record of the split exactly once (as classify does) and returns ce,
 // perplexity = exp(ce), bits_per_byte = ce / ln 2 * tokens / bytes (byte tokenizer: 1 byte per token;
 // otherwise meta.json's val_bytes / val_tokens) and token_accuracy, plus an artifact
@@ -100,7 +102,10 @@ class LanguageModel final : public dew::Objective {
     seed_ = ctx.seed;
 
     dew::Options& data = ctx.config->section("data");
-    const std::string dir = data.get_string("path", "");  // the tokens source reads it too
+    // The token folder: [data] path (tokens), or [data] tokenizer (chat_jsonl, whose path is the .jsonl);
+    // read without marking: the source owns both keys.
+    std::string dir = data.get_string("path", "");  // the tokens source reads it too
+    if (auto t = data.values().find("tokenizer"); t != data.values().end()) dir = t->second;
     data_path_ = dir;
     namespace fs = std::filesystem;
     if (!dir.empty() && fs::exists(fs::path(dir) / "meta.json")) {
@@ -166,7 +171,8 @@ class LanguageModel final : public dew::Objective {
     dew::Batch in{{"tokens", dew::slice(text, 1, 0, s)}};
     if (dropout_)
       model_->set_random_key({info.seed & 0x7fffffffu, uint64_t(info.step * 1024 + info.micro) & 0x7fffffffu});
-    const Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
+    Tensor mask;  // f32 [b * s], 1 where a target counts (chat data: the assistant tokens)
+    const Tensor targets = masked_targets(batch, text, mask);
     Tensor logits = flat_logits(model_->forward(in), b * s);
     dew::StepResult r;
     r.loss = dew::cross_entropy(logits, targets, ignore_index());
@@ -176,9 +182,9 @@ class LanguageModel final : public dew::Objective {
     const Tensor truth = dew::cast(targets, dew::DType::f32);  // ids < 2^24: exact in f32
     Tensor hits = dew::compare(dew::cast(dew::argmax(logits.detach()), dew::DType::f32), truth, dew::BinaryOp::eq);
     Tensor counted;
-    if (pad_id_ >= 0) {
-      const Tensor pad = Tensor::full({1}, double(pad_id_), dew::DType::f32, backend_);
-      const Tensor valid = dew::add_scalar(dew::neg(dew::compare(truth, pad, dew::BinaryOp::eq)), 1.0f);
+    if (pad_id_ >= 0 || mask.defined()) {
+      const Tensor ign = Tensor::full({1}, double(ignore_index()), dew::DType::f32, backend_);
+      const Tensor valid = dew::add_scalar(dew::neg(dew::compare(truth, ign, dew::BinaryOp::eq)), 1.0f);
       hits = hits * valid;
       counted = dew::sum(valid);
     } else {
@@ -195,34 +201,25 @@ class LanguageModel final : public dew::Objective {
     dew::NoGradGuard no_grad;
     const bool was_training = model_->training();
     model_->set_training(false);
-    const dew::LoaderConfig& lc = loader.config();
-    const int64_t n = loader.source().size();
-    const int64_t rows = lc.batch_size, global = rows * int64_t(lc.world);
-    DEW_CHECK(rows > 0, "lm: validation batch size must be positive");
     // One pass = the next n stream indices (the split is read in order): rows at or past n are dropped.
-    int64_t batches = (n + global - 1) / global;
-    if (eval_batches_ > 0) batches = std::min(batches, eval_batches_);
     double nats = 0.0;
     int64_t hits = 0, counted = 0;
     std::vector<int32_t> first_row;
-    for (int64_t j = 0; j < batches; ++j) {
-      const dew::HostBatch hb = loader.next();
-      const int64_t first = j * global + int64_t(lc.rank) * rows;
-      const int64_t valid = std::clamp<int64_t>(n - first, 0, rows);
-      if (valid == 0) continue;
-      dew::Batch bt = dew::to_device(hb, backend_);
-      Tensor text = text_of(bt);
-      if (valid < text.shape()[0]) text = text.slice0(0, valid);
-      if (first_row.empty()) first_row = text.slice0(0, 1).to_ints();
-      const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
-      const Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
-      Tensor logits = flat_logits(model_->forward({{"tokens", dew::slice(text, 1, 0, s)}}), b * s);
-      int64_t h = 0, c = 0;
-      score(logits, targets, h, c);
-      if (c > 0) nats += dew::cross_entropy(logits, targets, ignore_index()).item() * double(c);
-      hits += h;
-      counted += c;
-    }
+    dew::for_each_pass_batch(loader, loader.source().size(), eval_batches_, backend_,
+                             [&](const dew::Batch& bt, int64_t, int64_t) {
+                               const Tensor text = text_of(bt);
+                               if (first_row.empty()) first_row = text.slice0(0, 1).to_ints();
+                               const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
+                               Tensor mask;
+                               const Tensor targets = masked_targets(bt, text, mask);
+                               Tensor logits =
+                                   flat_logits(model_->forward({{"tokens", dew::slice(text, 1, 0, s)}}), b * s);
+                               int64_t h = 0, c = 0;
+                               score(logits, targets, h, c);
+                               if (c > 0) nats += dew::cross_entropy(logits, targets, ignore_index()).item() * double(c);
+                               hits += h;
+                               counted += c;
+                             });
     dew::ValidationResult r;
     const double ce = counted > 0 ? nats / double(counted) : 0.0;
     r.metrics["ce"] = ce;
@@ -382,6 +379,22 @@ class LanguageModel final : public dew::Objective {
 
   int64_t ignore_index() const { return pad_id_ >= 0 ? pad_id_ : -100; }
 
+  // text[:, 1:] flattened; with a "loss_mask" field (chat_jsonl: 1 on assistant tokens) the targets whose
+  // mask is 0 become ignore_index(), and `mask` is set to the mask as f32 [B * S].
+  Tensor masked_targets(const dew::Batch& batch, const Tensor& text, Tensor& mask) const {
+    const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
+    Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
+    auto it = batch.find("loss_mask");
+    if (it == batch.end()) return targets;
+    DEW_CHECK(it->second.shape() == text.shape(), "lm: 'loss_mask' ", dew::shape_str(it->second.shape()),
+              " must have the shape of 'text' ", dew::shape_str(text.shape()));
+    dew::NoGradGuard no_grad;
+    mask = dew::cast(dew::reshape(dew::slice(it->second, 1, 1, s + 1), {b * s}), dew::DType::f32);
+    const Tensor kept = dew::cast(targets, dew::DType::f32) * mask;  // ids < 2^24: exact in f32
+    const Tensor dropped = dew::add_scalar(dew::neg(mask), 1.0f) * float(ignore_index());
+    return dew::cast(kept + dropped, dew::DType::i32);
+  }
+
   double bytes_per_token() const {
     if (has_meta_ && meta_.tokenizer != "byte" && meta_.val_tokens > 0 && meta_.val_bytes > 0)
       return double(meta_.val_bytes) / double(meta_.val_tokens);
@@ -412,7 +425,7 @@ class LanguageModel final : public dew::Objective {
     const std::vector<int32_t> pred = dew::argmax(logits.detach()).to_ints();
     const int64_t v = logits.shape()[1];
     for (size_t i = 0; i < truth.size(); ++i) {
-      if (pad_id_ >= 0 && truth[i] == pad_id_) continue;
+      if (truth[i] == ignore_index()) continue;  // pad_id, or a masked target
       DEW_CHECK(truth[i] >= 0 && truth[i] < v, "lm: token id ", truth[i], " is outside the model's vocabulary [0, ", v,
                 ")");
       ++counted;

@@ -122,4 +122,15 @@ std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string
 // Moves a host batch onto a backend as tensors of the same dtypes and shapes.
 std::map<std::string, Tensor> to_device(const HostBatch& batch, const BackendPtr& backend);
 
+// One pass over the next `records` stream indices of a loader that reads its split in order (validation,
+// evaluation): every record exactly once across the ranks. For each global batch, fn(batch, first, use)
+// gets this rank's rows on `backend`, sliced to the `use` (> 0) rows that belong to the pass (rows past
+// `records` are the next epoch's: dropped); `first` is the stream index of the batch's first row relative
+// to the start of the pass (for randomness keyed by record). Batches in which this rank has no rows are
+// read (every rank advances alike) but not handed over. max_batches > 0 stops after that many global
+// batches. Returns the rows handed over.
+int64_t for_each_pass_batch(DataLoader& loader, int64_t records, int64_t max_batches, const BackendPtr& backend,
+                            const std::function<void(const std::map<std::string, Tensor>& batch, int64_t first,
+                                                     int64_t use)>& fn);
+
 }  // namespace dew

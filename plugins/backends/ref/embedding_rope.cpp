@@ -1,4 +1,4 @@
-// indexing.cpp — row gather (embedding lookup), its scatter-add, and rotary position embedding.
+// embedding_rope.cpp — row gather (embedding lookup), its scatter-add, and rotary position embedding.
 // Invariants: indices are i32 and must lie in [0, R) — checked for every index before anything is
 // written, so a bad index throws and leaves the output untouched; gather copies bytes (any dtype);
 // scatter_add accumulates (+=) in double on top of dsrc's values; rope angles are computed in double.

@@ -1,4 +1,4 @@
-// cuda/embed.cu — row gather (embedding lookup), its scatter-add, and rotary position embedding.
+// cuda/embedding_rope.cu — row gather (embedding lookup), its scatter-add, and rotary position embedding.
 // Invariants: indices are i32 and checked on the device: a row whose index is outside [0, R) is not
 // written (gather) or not added (scatter), and the first such index is recorded in the error word, which
 // the host raises at the next synchronisation. scatter_add_rows accumulates (+=) with f32 atomics (the

@@ -1,4 +1,4 @@
-// cuda/blas.cpp — matmul on cuBLASLt: batched, transposes, alpha/beta, bias and relu fused in the
+// cuda/matmul.cpp — matmul on cuBLASLt: batched, transposes, alpha/beta, bias and relu fused in the
 // epilogue; gelu (erf), gelu_tanh and silu applied by a small kernel after (cuBLASLt's GELU epilogue is
 // its own approximation, not dew's contract).
 // Row-major dew operands are read as column-major cuBLASLt matrices: out^T [n, m] = op(B)^T op(A)^T, so

@@ -1,0 +1,264 @@
+// dpo.cpp — the `dpo` objective: Direct Preference Optimization (Rafailov et al. 2023) of a causal
+// decoder on preference pairs (the preference_jsonl source; docs/training.md).
+//
+// For a pair (x, y_w, y_l) with policy log-probabilities log pi(y|x) (the sum over the response's
+// tokens, the response_mask of the record) and reference ones log ref(y|x):
+//   r_w = beta * (log pi(y_w|x) - log ref(y_w|x)),  r_l = beta * (log pi(y_l|x) - log ref(y_l|x)),
+//   loss = mean over the batch of -log sigmoid(r_w - r_l)  [+ sft_weight * the mean NLL per chosen token].
+// The reference is either the starting weights (a frozen copy of the model, made at the first step,
+// i.e. after [trainer] init_from loaded the SFT weights; kept in checkpoints as state, so resume and
+// eval see the same reference) or, when the records carry ref_chosen_logp / ref_rejected_logp, those
+// precomputed numbers (the frozen copy is then never run). -log sigmoid(d) is computed as
+// log(1 + exp(-|d|)) - min(d, 0), finite for every d.
+// Metrics (training and validation): loss, dpo_loss, reward_accuracy (the share of pairs with
+// r_w > r_l; ties count as wrong), reward_margin (mean r_w - r_l), chosen_reward, rejected_reward (means),
+// and sft_nll when sft_weight > 0. The primary metric is reward_accuracy (higher is better).
+// Options ([objective]): beta (0.1), sft_weight (0), vocab_size (0: from the tokenizer's meta.json, the
+// [data] tokenizer folder). Parameters: the model's, unprefixed (so init_from an lm run loads by name).
+#include <algorithm>
+#include <cmath>
+#include <dew/autograd.hpp>
+#include <dew/error.hpp>
+#include <dew/generate.hpp>
+#include <dew/objective.hpp>
+#include <dew/ops.hpp>
+#include <dew/registry.hpp>
+#include <dew/tokenizer.hpp>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+using dew::Tensor;
+
+class Dpo final : public dew::Objective {
+ public:
+  explicit Dpo(const dew::Options& o) { read_options(o); }
+
+  void build(dew::ObjectiveContext& ctx) override {
+    DEW_CHECK(ctx.config != nullptr, "dpo: build() needs the run config");
+    read_options(ctx.config->section("objective"));
+    backend_ = ctx.backend ? ctx.backend : dew::default_backend();
+    dew::set_default_backend(backend_);
+    dew::Options& data = ctx.config->section("data");
+    std::string dir;
+    if (auto t = data.values().find("tokenizer"); t != data.values().end()) dir = t->second;
+    namespace fs = std::filesystem;
+    dew::Options& model = ctx.config->section("model");
+    if (!dir.empty() && fs::exists(fs::path(dir) / "meta.json")) {
+      tokenizer_ = dew::load_tokenizer(dir);
+      if (!model.has("vocab_size")) model.set("vocab_size", std::to_string(dew::read_token_meta(dir).vocab_size));
+    }
+    if (!model.has("vocab_size") && vocab_size_ > 0) model.set("vocab_size", std::to_string(vocab_size_));
+    DEW_USAGE_CHECK(model.has("vocab_size"),
+                    "dpo: the vocabulary size is unknown: set [data] tokenizer (a folder "
+                    "with meta.json) or objective.vocab_size");
+    if (ctx.train_source && ctx.train_source->size() > 0) {
+      const dew::Record r = ctx.train_source->get(0);
+      for (const char* f : {"chosen", "rejected", "chosen_mask", "rejected_mask"})
+        DEW_USAGE_CHECK(r.count(f), "dpo: the training source ", ctx.train_source->identity(), " has no '", f,
+                        "' field (use source = preference_jsonl)");
+      if (!model.has("max_seq_len")) model.set("max_seq_len", std::to_string(r.at("chosen").shape[0] - 1));
+    }
+    model_ = dew::create_model(model);
+    model_->initialize(ctx.seed);
+    reference_ = dew::create_model(model);  // overwritten by the starting weights at the first step
+    reference_->initialize(ctx.seed);
+    reference_->set_training(false);
+    vocab_ = std::atoll(model.values().at("vocab_size").c_str());
+    reference_ready_ = Tensor::full({1}, 0.0, dew::DType::f32, backend_);
+  }
+
+  std::vector<std::string> batch_fields() const override {
+    return {"chosen", "rejected", "chosen_mask", "rejected_mask"};
+  }
+  dew::NamedTensors parameters() override { return model_->named_parameters(); }
+  dew::NamedTensors state() override {
+    dew::NamedTensors s;
+    for (auto& [n, t] : reference_->named_parameters()) s.emplace_back("reference." + n, t);
+    s.emplace_back("reference_ready", reference_ready_);
+    return s;
+  }
+  dew::Model* main_model() override { return model_.get(); }
+  std::shared_ptr<const dew::Tokenizer> tokenizer() const override { return tokenizer_; }
+  std::string primary_metric() const override { return "reward_accuracy"; }
+  bool higher_is_better() const override { return true; }
+
+  dew::StepResult step(const dew::Batch& batch, const dew::StepInfo&) override {
+    model_->set_training(true);
+    freeze_reference();
+    Parts p = forward(batch);
+    dew::StepResult r;
+    r.loss = p.loss;
+    r.metrics = p.metrics;
+    r.samples = p.rows;
+    r.tokens = p.tokens;
+    return r;
+  }
+
+  dew::ValidationResult validate(dew::DataLoader& loader, const dew::StepInfo&) override {
+    dew::NoGradGuard no_grad;
+    const bool was = model_->training();
+    model_->set_training(false);
+    freeze_reference();
+    const int64_t n = loader.source().size();
+    const int64_t rows = loader.config().batch_size, global = rows * int64_t(loader.config().world);
+    const int64_t batches = (n + global - 1) / global;
+    std::map<std::string, double> sums;
+    int64_t counted = 0;
+    for (int64_t j = 0; j < batches; ++j) {
+      const dew::HostBatch hb = loader.next();
+      const int64_t first = j * global + int64_t(loader.config().rank) * rows;
+      const int64_t valid = std::clamp<int64_t>(n - first, 0, rows);
+      if (valid == 0) continue;
+      dew::Batch bt = dew::to_device(hb, backend_);
+      for (auto& [k, t] : bt)
+        if (valid < t.shape()[0]) t = t.slice0(0, valid);
+      const Parts p = forward(bt);
+      for (const auto& [k, v] : p.metrics) sums[k] += v * double(valid);
+      counted += valid;
+    }
+    dew::ValidationResult out;
+    for (const auto& [k, v] : sums) out.metrics[k] = counted ? v / double(counted) : 0.0;
+    out.metrics["pairs"] = double(counted);
+    model_->set_training(was);
+    return out;
+  }
+
+ private:
+  struct Parts {
+    Tensor loss;
+    std::map<std::string, double> metrics;
+    int64_t rows = 0, tokens = 0;
+  };
+
+  void read_options(const dew::Options& o) {
+    beta_ = o.get_double("beta", 0.1);
+    sft_weight_ = o.get_double("sft_weight", 0.0);
+    vocab_size_ = o.get_int("vocab_size", 0);
+    DEW_USAGE_CHECK(beta_ > 0 && std::isfinite(beta_), "option 'objective.beta' must be positive, got ", beta_);
+    DEW_USAGE_CHECK(sft_weight_ >= 0, "option 'objective.sft_weight' must be >= 0, got ", sft_weight_);
+  }
+
+  // The reference = the starting weights: copied once, before the first update (and never again: the
+  // flag travels in checkpoints with the copy).
+  void freeze_reference() {
+    if (reference_ready_.item() != 0.0) return;
+    dew::NoGradGuard no_grad;
+    const dew::NamedTensors src = model_->named_parameters();
+    dew::NamedTensors dst = reference_->named_parameters();
+    DEW_INTERNAL_ASSERT(src.size() == dst.size());
+    for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+    reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
+  }
+
+  // Summed log-probabilities of the masked targets: ids, mask [R, S + 1] -> [R].
+  Tensor sequence_logp(dew::Model& m, const Tensor& ids, const Tensor& mask) const {
+    const int64_t rows = ids.shape()[0], s = ids.shape()[1] - 1;
+    const Tensor inputs = dew::slice(ids, 1, 0, s);
+    Tensor logits = m.forward({{"tokens", inputs}});
+    DEW_CHECK(logits.ndim() == 3 && logits.shape()[2] == vocab_, "dpo: the model returned logits ",
+              dew::shape_str(logits.shape()), "; expected [R, S, ", vocab_, "]");
+    logits = dew::reshape(logits, {rows * s, vocab_});
+    if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);
+    const std::vector<int32_t> targets = dew::slice(ids, 1, 1, s + 1).to_ints();
+    std::vector<float> onehot(size_t(rows * s * vocab_), 0.0f);
+    for (size_t i = 0; i < targets.size(); ++i) {
+      DEW_CHECK(targets[i] >= 0 && targets[i] < vocab_, "dpo: token id ", targets[i], " is outside the vocabulary");
+      onehot[i * size_t(vocab_) + size_t(targets[i])] = 1.0f;
+    }
+    const Tensor picked =
+        dew::sum(dew::log_softmax(logits) * Tensor::from_vector(onehot, {rows * s, vocab_}, backend_), 1);  // [R*S]
+    const Tensor m_f = dew::cast(dew::reshape(dew::slice(mask, 1, 1, s + 1), {rows * s}), dew::DType::f32);
+    return dew::sum(dew::reshape(picked * m_f, {rows, s}), 1);
+  }
+
+  Tensor field(const dew::Batch& b, const char* name) const {
+    auto it = b.find(name);
+    DEW_CHECK(it != b.end(), "dpo: the batch has no '", name, "' field (use source = preference_jsonl)");
+    return it->second.dtype() == dew::DType::i32 || it->second.dtype() == dew::DType::f32
+               ? it->second
+               : dew::cast(it->second, dew::DType::i32);
+  }
+
+  Parts forward(const dew::Batch& batch) {
+    const Tensor chosen = field(batch, "chosen"), rejected = field(batch, "rejected");
+    const Tensor cmask = field(batch, "chosen_mask"), rmask = field(batch, "rejected_mask");
+    DEW_CHECK(chosen.shape() == rejected.shape() && chosen.shape() == cmask.shape() && chosen.shape() == rmask.shape(),
+              "dpo: chosen, rejected and their masks must have one shape [B, S + 1]");
+    const int64_t b = chosen.shape()[0];
+    // One forward over both: rows [0, b) chosen, [b, 2b) rejected.
+    const Tensor ids = dew::concat({chosen, rejected}, 0), masks = dew::concat({cmask, rmask}, 0);
+    const Tensor logp = sequence_logp(*model_, ids, masks);
+    const Tensor pc = dew::slice(logp, 0, 0, b), pr = dew::slice(logp, 0, b, 2 * b);
+    Tensor rc, rr;
+    if (batch.count("ref_chosen_logp") && batch.count("ref_rejected_logp")) {
+      rc = dew::reshape(dew::cast(batch.at("ref_chosen_logp"), dew::DType::f32), {b});
+      rr = dew::reshape(dew::cast(batch.at("ref_rejected_logp"), dew::DType::f32), {b});
+    } else {
+      dew::NoGradGuard no_grad;
+      const Tensor ref = sequence_logp(*reference_, ids, masks);
+      rc = dew::slice(ref, 0, 0, b);
+      rr = dew::slice(ref, 0, b, 2 * b);
+    }
+    const Tensor reward_w = (pc - rc) * float(beta_), reward_l = (pr - rr) * float(beta_);
+    const Tensor d = reward_w - reward_l;
+    // -log sigmoid(d) = log(1 + exp(-|d|)) - min(d, 0)
+    const Tensor zero = Tensor::full({b}, 0.0, dew::DType::f32, backend_);
+    const Tensor nls = dew::log(dew::exp(-dew::abs(d)) + 1.0f) - dew::minimum(d, zero);
+    const Tensor dpo = dew::mean(nls);
+    Parts p;
+    p.rows = b;
+    p.loss = dpo;
+    const std::vector<int32_t> cm = cmask.to_ints(), rm = rmask.to_ints();
+    const int64_t s = chosen.shape()[1] - 1;
+    double chosen_tokens = 0, all_tokens = 0;
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = 1; j <= s; ++j) {
+        chosen_tokens += cm[size_t(r * (s + 1) + j)];
+        all_tokens += cm[size_t(r * (s + 1) + j)] + rm[size_t(r * (s + 1) + j)];
+      }
+    p.tokens = int64_t(all_tokens);
+    if (sft_weight_ > 0) {
+      const Tensor nll = dew::sum(pc) * float(-1.0 / std::max(1.0, chosen_tokens));
+      p.loss = dpo + nll * float(sft_weight_);
+      p.metrics["sft_nll"] = nll.item();
+    }
+    const std::vector<float> w = reward_w.detach().to_floats(), l = reward_l.detach().to_floats();
+    double acc = 0, margin = 0, mw = 0, ml = 0;
+    for (int64_t r = 0; r < b; ++r) {
+      acc += w[size_t(r)] > l[size_t(r)];
+      margin += double(w[size_t(r)]) - double(l[size_t(r)]);
+      mw += w[size_t(r)];
+      ml += l[size_t(r)];
+    }
+    p.metrics["loss"] = p.loss.item();
+    p.metrics["dpo_loss"] = dpo.item();
+    p.metrics["reward_accuracy"] = acc / double(b);
+    p.metrics["reward_margin"] = margin / double(b);
+    p.metrics["chosen_reward"] = mw / double(b);
+    p.metrics["rejected_reward"] = ml / double(b);
+    return p;
+  }
+
+  std::shared_ptr<dew::Model> model_, reference_;
+  std::shared_ptr<dew::Tokenizer> tokenizer_;
+  Tensor reference_ready_;
+  dew::BackendPtr backend_;
+  double beta_ = 0.1, sft_weight_ = 0.0;
+  int64_t vocab_size_ = 0, vocab_ = 0;
+};
+
+}  // namespace
+
+DEW_PLUGIN("dpo", "0.1.0") {
+  registrar.add<dew::Objective>({
+      .name = "dpo",
+      .description = "Direct Preference Optimization on preference pairs (preference_jsonl): sigmoid loss against a "
+                     "frozen reference (the starting weights or precomputed log-probs); reward accuracy and margin",
+      .factory = [](const dew::Options& o) { return std::make_shared<Dpo>(o); },
+      .options = {{"beta", "0.1", "the DPO temperature beta"},
+                  {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
+                  {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"}},
+  });
+}
