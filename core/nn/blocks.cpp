@@ -1,5 +1,8 @@
-// core/nn/blocks.cpp — the standard blocks (Linear, Embedding, norms, Conv2d, attention, MLPs,
-// adaLN-Zero, patch embedding, positional embeddings). Shapes are documented in dew/nn.hpp.
+// core/nn/blocks.cpp — the standard blocks (Linear, Embedding, norms, Conv2d, attention with its KV-cache
+// and slot-cache paths, MLPs, adaLN-Zero, patch embedding, the time embedding, positional embeddings).
+// Shapes are documented in dew/nn.hpp. The bundled backbones are built from these, and the backbone
+// fixtures (tests/models) hold them to the bits those backbones produced before: keep the op sequence
+// of a forward when changing one.
 #include <cmath>
 
 #include "dew/autograd.hpp"
@@ -44,16 +47,17 @@ GroupNorm::GroupNorm(int64_t g, int64_t channels, float e) : groups(g), eps(e) {
 }
 Tensor GroupNorm::forward(const Tensor& x) const { return group_norm(x, groups, weight, bias, eps); }
 
-Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, int64_t groups,
-               bool has_bias) {
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, int64_t groups, bool has_bias,
+               Init weight_init, Init bias_init) {
   DEW_CHECK(in % groups == 0 && out % groups == 0, "Conv2d: channels ", in, "->", out, " do not split into ", groups,
             " groups");
   params.stride_h = params.stride_w = stride;
   params.pad_h = params.pad_w = padding;
   params.groups = groups;
   const float bound = 1.0f / std::sqrt(float(in / groups * kernel * kernel));
-  weight = register_parameter("weight", {out, in / groups, kernel, kernel}, Init::Uniform(bound));
-  if (has_bias) bias = register_parameter("bias", {out}, Init::Uniform(bound));
+  weight =
+      register_parameter("weight", {out, in / groups, kernel, kernel}, or_default(weight_init, Init::Uniform(bound)));
+  if (has_bias) bias = register_parameter("bias", {out}, or_default(bias_init, Init::Uniform(bound)));
 }
 Tensor Conv2d::forward(const Tensor& x) const { return conv2d(x, weight, bias, params); }
 
@@ -70,64 +74,157 @@ Attention::Attention(const AttentionConfig& c) : cfg(c) {
   DEW_CHECK(cfg.num_heads % cfg.num_kv_heads == 0, "Attention: ", cfg.num_heads, " heads do not group over ",
             cfg.num_kv_heads, " key/value heads");
   if (cfg.scale == 0.0f) cfg.scale = 1.0f / std::sqrt(float(cfg.head_dim));
-  q_proj = register_module("q_proj", std::make_shared<Linear>(cfg.dim, cfg.num_heads * cfg.head_dim, cfg.bias));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(cfg.dim, cfg.num_kv_heads * cfg.head_dim, cfg.bias));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(cfg.dim, cfg.num_kv_heads * cfg.head_dim, cfg.bias));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(cfg.num_heads * cfg.head_dim, cfg.dim, false));
+  const int64_t dq = cfg.num_heads * cfg.head_dim, dkv = cfg.num_kv_heads * cfg.head_dim;
+  const ProjectionInit& in = cfg.init;
+  if (cfg.layout == AttentionLayout::fused) {
+    qkv = register_module("qkv", std::make_shared<Linear>(cfg.dim, dq + 2 * dkv, cfg.bias, in.weight, in.bias));
+    o_proj = register_module("proj", std::make_shared<Linear>(dq, cfg.dim, cfg.o_bias, in.out_weight, in.out_bias));
+  } else {
+    q_proj = register_module("q_proj", std::make_shared<Linear>(cfg.dim, dq, cfg.bias, in.weight, in.bias));
+    k_proj = register_module("k_proj", std::make_shared<Linear>(cfg.dim, dkv, cfg.bias, in.weight, in.bias));
+    v_proj = register_module("v_proj", std::make_shared<Linear>(cfg.dim, dkv, cfg.bias, in.weight, in.bias));
+    o_proj = register_module("o_proj", std::make_shared<Linear>(dq, cfg.dim, cfg.o_bias, in.out_weight, in.out_bias));
+  }
   if (cfg.qk_norm) {
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(cfg.head_dim));
-    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(cfg.head_dim));
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(cfg.head_dim, cfg.norm_eps, cfg.norm_offset));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(cfg.head_dim, cfg.norm_eps, cfg.norm_offset));
   }
 }
 
-Tensor Attention::forward(const Tensor& x, const Tensor& positions) const {
-  DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
-            shape_str(x.shape()));
-  const int64_t b = x.shape()[0], t = x.shape()[1];
-  Tensor q = reshape(q_proj->forward(x), {b, t, cfg.num_heads, cfg.head_dim});
-  Tensor k = reshape(k_proj->forward(x), {b, t, cfg.num_kv_heads, cfg.head_dim});
-  Tensor v = reshape(v_proj->forward(x), {b, t, cfg.num_kv_heads, cfg.head_dim});
-  if (q_norm) {
-    q = q_norm->forward(q);
-    k = k_norm->forward(k);
-  }
-  if (cfg.rotary_dim >= 0) {
-    q = rope(q, positions, cfg.rope_theta, cfg.rotary_dim);
-    k = rope(k, positions, cfg.rope_theta, cfg.rotary_dim);
-  }
+AttentionParams Attention::params() const {
   AttentionParams p;
   p.scale = cfg.scale;
   p.causal = cfg.causal;
   p.window = cfg.window;
   p.softcap = cfg.softcap;
-  Tensor o = attention(q, k, v, p);
+  return p;
+}
+
+std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Tensor& positions) const {
+  DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
+            shape_str(x.shape()));
+  const int64_t b = x.shape()[0], t = x.shape()[1], hd = cfg.head_dim;
+  const int64_t dq = cfg.num_heads * hd, dkv = cfg.num_kv_heads * hd;
+  Tensor q, k, v;
+  if (qkv) {
+    const Tensor y = qkv->forward(x);
+    q = reshape(slice(y, -1, 0, dq), {b, t, cfg.num_heads, hd});
+    k = reshape(slice(y, -1, dq, dq + dkv), {b, t, cfg.num_kv_heads, hd});
+    v = reshape(slice(y, -1, dq + dkv, dq + 2 * dkv), {b, t, cfg.num_kv_heads, hd});
+  } else {
+    q = reshape(q_proj->forward(x), {b, t, cfg.num_heads, hd});
+    k = reshape(k_proj->forward(x), {b, t, cfg.num_kv_heads, hd});
+    v = reshape(v_proj->forward(x), {b, t, cfg.num_kv_heads, hd});
+  }
+  if (q_norm) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  if (cfg.rotary_dim >= 0) {
+    DEW_CHECK(positions.defined(), "Attention: rotary positions need the tokens' positions");
+    q = rope(q, positions, cfg.rope_theta, cfg.rotary_dim);
+    k = rope(k, positions, cfg.rope_theta, cfg.rotary_dim);
+  }
+  return {q, k, v};
+}
+
+Tensor Attention::forward(const Tensor& x, const Tensor& positions) const {
+  if (qkv && !q_norm && cfg.rotary_dim < 0 && cfg.num_kv_heads == cfg.num_heads) {  // projection fused in
+    DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
+              shape_str(x.shape()));
+    return o_proj->forward(qkv_attention(x, qkv->weight, qkv->bias, cfg.num_heads, params()));
+  }
+  const int64_t b = x.ndim() == 3 ? x.shape()[0] : 0, t = x.ndim() == 3 ? x.shape()[1] : 0;
+  auto [q, k, v] = project(x, positions);
+  return o_proj->forward(reshape(attention(q, k, v, params()), {b, t, cfg.num_heads * cfg.head_dim}));
+}
+
+namespace {
+// Writes src [B, T, Hkv, D] into dst [B, S, Hkv, D] at sequence position `at` (no autograd: a cache).
+void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
+  const int64_t b = src.shape()[0], t = src.shape()[1], row = src.shape()[2] * src.shape()[3];
+  const int64_t s = dst.shape()[1];
+  DEW_CHECK(dst.ndim() == 4 && dst.shape()[0] == b && dst.shape()[2] * dst.shape()[3] == row && at >= 0 && at + t <= s,
+            "Attention: a cache ", shape_str(dst.shape()), " cannot take ", t, " positions at ", at, " of ",
+            shape_str(src.shape()));
+  StridedCopyParams p;
+  p.shape = {b, t, row};
+  p.src_strides = {t * row, row, 1};
+  p.dst_strides = {s * row, row, 1};
+  p.dst_offset = at * row;
+  dst.backend().strided_copy(src, dst, p);
+}
+
+// The first n positions of a cache tensor [B, S, Hkv, D]: a view when B == 1, else a copy.
+Tensor prefix(const Tensor& cache, int64_t n) {
+  const Shape& s = cache.shape();
+  if (n == s[1]) return cache;
+  if (s[0] == 1) return reshape(reshape(cache, {s[1], s[2], s[3]}).slice0(0, n), {1, n, s[2], s[3]});
+  return slice(cache, 1, 0, n);
+}
+}  // namespace
+
+Tensor Attention::forward_cached(const Tensor& x, const Tensor& positions, Tensor& k_cache, Tensor& v_cache,
+                                 int64_t past) const {
+  auto [q, k, v] = project(x, positions);
+  const int64_t b = x.shape()[0], t = x.shape()[1];
+  write_rows(k, k_cache, past);
+  write_rows(v, v_cache, past);
+  AttentionParams p = params();
+  p.q_offset = past;
+  const Tensor o = attention(q, prefix(k_cache, past + t), prefix(v_cache, past + t), p);
   return o_proj->forward(reshape(o, {b, t, cfg.num_heads * cfg.head_dim}));
+}
+
+Tensor Attention::forward_slots(const Tensor& x, const Tensor& positions, Tensor& k_slots, Tensor& v_slots,
+                                const std::vector<int64_t>& slots, const std::vector<int64_t>& pasts) const {
+  const int64_t n = x.shape()[0];
+  DEW_CHECK(x.ndim() == 3 && x.shape()[1] == 1 && int64_t(slots.size()) == n && int64_t(pasts.size()) == n,
+            "Attention: a slot step takes x [N, 1, dim] and N slots and positions, got ", shape_str(x.shape()), ", ",
+            slots.size(), " slots and ", pasts.size(), " positions");
+  auto [q, k, v] = project(x, positions);
+  std::vector<Tensor> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = slots[size_t(i)], past = pasts[size_t(i)];
+    Tensor kc = k_slots.slice0(slot, slot + 1), vc = v_slots.slice0(slot, slot + 1);
+    write_rows(k.slice0(i, i + 1), kc, past);
+    write_rows(v.slice0(i, i + 1), vc, past);
+    AttentionParams p = params();
+    p.q_offset = past;
+    out.push_back(attention(q.slice0(i, i + 1), prefix(kc, past + 1), prefix(vc, past + 1), p));
+  }
+  const Tensor o = n == 1 ? out[0] : concat(out, 0);
+  return o_proj->forward(reshape(o, {n, 1, cfg.num_heads * cfg.head_dim}));
 }
 
 // ---------------------------------------------------------------- MLPs
 
-GatedMLP::GatedMLP(int64_t dim, int64_t hidden, Activation a, bool bias) : act(a) {
-  gate_proj = register_module("gate_proj", std::make_shared<Linear>(dim, hidden, bias));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(dim, hidden, bias));
-  down_proj = register_module("down_proj", std::make_shared<Linear>(hidden, dim, bias));
+GatedMLP::GatedMLP(int64_t dim, int64_t hidden, Activation a, bool bias, ProjectionInit init, bool gated) : act(a) {
+  if (gated)
+    gate_proj = register_module("gate_proj", std::make_shared<Linear>(dim, hidden, bias, init.weight, init.bias));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(dim, hidden, bias, init.weight, init.bias));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(hidden, dim, bias, init.out_weight, init.out_bias));
 }
 Tensor GatedMLP::forward(const Tensor& x) const {
+  if (!gate_proj) return down_proj->forward(up_proj->forward(x, act));
   return down_proj->forward(mul(gate_proj->forward(x, act), up_proj->forward(x)));
 }
 
-MLP::MLP(int64_t dim, int64_t hidden, int64_t out, Activation a, bool bias) : act(a) {
-  fc1 = register_module("fc1", std::make_shared<Linear>(dim, hidden, bias));
-  fc2 = register_module("fc2", std::make_shared<Linear>(hidden, out == 0 ? dim : out, bias));
+MLP::MLP(int64_t dim, int64_t hidden, int64_t out, Activation a, bool bias, ProjectionInit init) : act(a) {
+  fc1 = register_module("fc1", std::make_shared<Linear>(dim, hidden, bias, init.weight, init.bias));
+  fc2 = register_module("fc2",
+                        std::make_shared<Linear>(hidden, out == 0 ? dim : out, bias, init.out_weight, init.out_bias));
 }
 Tensor MLP::forward(const Tensor& x) const { return fc2->forward(fc1->forward(x, act)); }
 
 // ---------------------------------------------------------------- DiT pieces
 
 AdaLNModulation::AdaLNModulation(int64_t cond_dim, int64_t d, int64_t n) : dim(d), chunks(n) {
-  linear = register_module("linear", std::make_shared<Linear>(cond_dim, n * d, true, Init::Zeros(), Init::Zeros()));
+  linear = register_module("1", std::make_shared<Linear>(cond_dim, n * d, true, Init::Zeros(), Init::Zeros()));
 }
-std::vector<Tensor> AdaLNModulation::forward(const Tensor& c) const {
-  Tensor m = linear->forward(silu(c));
+std::vector<Tensor> AdaLNModulation::forward(const Tensor& c) const { return forward_activated(silu(c)); }
+std::vector<Tensor> AdaLNModulation::forward_activated(const Tensor& silu_c) const {
+  Tensor m = linear->forward(silu_c);
   std::vector<Tensor> out;
   for (int64_t i = 0; i < chunks; ++i) out.push_back(slice(m, -1, i * dim, (i + 1) * dim));
   return out;
@@ -158,23 +255,99 @@ Tensor unpatchify(const Tensor& x, int64_t c, int64_t p, int64_t h, int64_t w) {
   return reshape(y, {b, c, h * p, w * p});
 }
 
+// ---------------------------------------------------------------- the time embedding
+
+TimeEmbeddingConfig TimeEmbeddingConfig::from_options(const Options& o) {
+  TimeEmbeddingConfig c;
+  c.kind = o.get_string("time_embedding", c.kind);
+  DEW_USAGE_CHECK(c.kind == "sinusoidal" || c.kind == "fourier",
+                  "option 'model.time_embedding' must be sinusoidal or fourier, got '", c.kind, "'");
+  c.freq_dim = o.get_int("time_freq_dim", c.freq_dim);
+  DEW_USAGE_CHECK(c.freq_dim >= 2 && c.freq_dim % 2 == 0, "option 'model.time_freq_dim' must be even and >= 2, got ",
+                  c.freq_dim);
+  c.min_freq = o.get_double("time_min_freq", c.min_freq);
+  c.max_freq = o.get_double("time_max_freq", c.max_freq);
+  DEW_USAGE_CHECK(c.min_freq > 0 && c.max_freq >= c.min_freq,
+                  "options 'model.time_min_freq' and 'model.time_max_freq' must satisfy 0 < min <= max, got ",
+                  c.min_freq, " and ", c.max_freq);
+  c.fourier_scale = o.get_double("time_fourier_scale", c.fourier_scale);
+  DEW_USAGE_CHECK(c.fourier_scale > 0, "option 'model.time_fourier_scale' must be positive, got ", c.fourier_scale);
+  return c;
+}
+
+std::vector<OptionSpec> TimeEmbeddingConfig::option_specs() {
+  return {{"time_embedding", "sinusoidal", "time features: sinusoidal (log-spaced frequencies) or fourier (random)"},
+          {"time_freq_dim", "256", "number of time features fed to the time MLP (even)"},
+          {"time_min_freq", "1e-4", "sinusoidal: lowest frequency (DiT: 1e-4)"},
+          {"time_max_freq", "1000", "sinusoidal: highest frequency (DiT: 1; 1000 also resolves t in [0, 1])"},
+          {"time_fourier_scale", "16", "fourier: std of the random frequencies"}};
+}
+
+std::map<std::string, std::string> TimeEmbeddingConfig::describe() const {
+  return {{"time_embedding", kind},
+          {"time_freq_dim", std::to_string(freq_dim)},
+          {"time_min_freq", std::to_string(min_freq)},
+          {"time_max_freq", std::to_string(max_freq)},
+          {"time_fourier_scale", std::to_string(fourier_scale)}};
+}
+
+std::vector<float> TimeEmbeddingConfig::frequencies() const {
+  const int64_t half = freq_dim / 2;
+  std::vector<float> f(static_cast<size_t>(half));
+  if (kind == "fourier") {
+    const uint64_t stream = philox::stream_of("time_embedding.fourier");
+    for (int64_t i = 0; i < half; ++i)
+      f[size_t(i)] = float(6.283185307179586 * fourier_scale * philox::normal(seed, stream, uint64_t(i)));
+  } else {
+    const double lo = std::log(min_freq), hi = std::log(max_freq);
+    for (int64_t i = 0; i < half; ++i)
+      f[size_t(i)] = float(std::exp(hi - (hi - lo) * double(i) / double(half)));  // DiT: exp(-ln(1e4) i / half)
+  }
+  return f;
+}
+
+Tensor time_features(const Tensor& t, const std::vector<float>& freqs, DType dtype) {
+  DEW_CHECK(t.ndim() == 1, "time features: 't' must be [B], got ", shape_str(t.shape()));
+  const int64_t half = int64_t(freqs.size());
+  Tensor tf = cast(t, dtype);
+  Tensor f = Tensor::from_vector(freqs, {1, half}, t.backend_ptr(), dtype);
+  Tensor args = mul(reshape(tf, {-1, 1}), f);
+  return concat({cos(args), sin(args)}, 1);
+}
+
+TimestepEmbedder::TimestepEmbedder(const TimeEmbeddingConfig& c, int64_t hidden, int64_t out)
+    : cfg(c), freqs(c.frequencies()) {
+  auto mlp = register_module("mlp", std::make_shared<ModuleDict>());
+  const Init w = Init::Normal(0.02f);
+  fc1 = mlp->add("0", std::make_shared<Linear>(c.freq_dim, hidden, true, w, Init::Zeros()));
+  fc2 = mlp->add("2", std::make_shared<Linear>(hidden, out, true, w, Init::Zeros()));
+}
+Tensor TimestepEmbedder::forward(const Tensor& t) const {
+  return fc2->forward(fc1->forward(time_features(t.detach(), freqs, fc1->weight.dtype()), Activation::silu));
+}
+int64_t TimestepEmbedder::flops() const { return 2 * (fc1->weight.numel() + fc2->weight.numel()); }
+
 Tensor timestep_embedding(const Tensor& t, int64_t dim, float max_period) {
   DEW_CHECK(t.ndim() == 1, "timestep_embedding: t must be [B]");
-  const int64_t half = dim / 2;
-  std::vector<float> freqs(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) freqs[size_t(i)] = std::exp(-std::log(max_period) * float(i) / float(half));
-  Tensor f = Tensor::from_vector(freqs, {1, half}, t.backend_ptr(), t.dtype());
-  Tensor args = mul(reshape(t, {-1, 1}), f);
-  Tensor emb = concat({cos(args), sin(args)}, 1);
+  DEW_CHECK(dim >= 2 && max_period > 0, "timestep_embedding: dim ", dim, " must be >= 2 and max_period ", max_period,
+            " positive");
+  TimeEmbeddingConfig c;
+  c.freq_dim = dim / 2 * 2;
+  c.min_freq = 1.0 / double(max_period);
+  c.max_freq = 1.0;
+  Tensor emb = time_features(t, c.frequencies(), t.dtype());
   if (dim % 2) emb = concat({emb, Tensor::zeros({t.shape()[0], 1}, t.dtype(), t.backend_ptr())}, 1);
   return emb;
 }
 
 Tensor fourier_features(const Tensor& t, int64_t n, float scale_, uint64_t seed) {
-  Tensor bfreq = Tensor::normal({1, n}, 0.0f, scale_ * 6.283185307f, seed, philox::stream_of("fourier_features"),
-                                t.backend_ptr(), t.dtype());
-  Tensor args = mul(reshape(t, {-1, 1}), bfreq);
-  return concat({cos(args), sin(args)}, 1);
+  DEW_CHECK(n > 0 && scale_ > 0, "fourier_features: n ", n, " and scale ", scale_, " must be positive");
+  TimeEmbeddingConfig c;
+  c.kind = "fourier";
+  c.freq_dim = 2 * n;
+  c.fourier_scale = scale_;
+  c.seed = seed;
+  return time_features(t, c.frequencies(), t.dtype());
 }
 
 Tensor sincos_2d_positions(int64_t h, int64_t w, int64_t dim, const BackendPtr& backend) {

@@ -31,8 +31,17 @@ void init_tensor(Tensor& t, const Init& init, uint64_t seed, uint64_t stream) {
   }
 }
 
+Module::Module() {
+  if (has_default_backend()) backend_ = default_backend();
+}
+
+const BackendPtr& Module::backend() const {
+  // No backend at construction: default_backend() gives the error and its hint.
+  return backend_ ? backend_ : default_backend();
+}
+
 Tensor Module::register_parameter(const std::string& name, const Shape& shape, Init init) {
-  if (!backend_) backend_ = default_backend();
+  if (!backend_) backend_ = default_backend();  // made before any default backend was set
   DEW_CHECK(init.kind != Init::automatic, "internal: parameter '", name, "' has no init rule");
   Tensor t = Tensor::empty(shape, dtype_, backend_);
   init_tensor(t, init, 0, philox::stream_of(name.c_str()));
@@ -44,13 +53,13 @@ Tensor Module::register_parameter(const std::string& name, const Shape& shape, I
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
   for (const Param& p : params_) out.emplace_back(prefix + p.name, p.tensor);
   for (const auto& [name, child] : children_)
-    if (child) child->collect(prefix + name + ".", out);
+    if (child) child->collect(name.empty() ? prefix : prefix + name + ".", out);
 }
 
 void Module::collect_params(const std::string& prefix, std::vector<std::pair<std::string, const Param*>>& out) const {
   for (const Param& p : params_) out.emplace_back(prefix + p.name, &p);
   for (const auto& [name, child] : children_)
-    if (child) child->collect_params(prefix + name + ".", out);
+    if (child) child->collect_params(name.empty() ? prefix : prefix + name + ".", out);
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {

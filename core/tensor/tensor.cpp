@@ -279,6 +279,7 @@ BackendPtr& default_backend_slot() {
 }
 }  // namespace
 void set_default_backend(BackendPtr backend) { default_backend_slot() = std::move(backend); }
+bool has_default_backend() { return default_backend_slot() != nullptr; }
 const BackendPtr& default_backend() {
   const BackendPtr& b = default_backend_slot();
   DEW_CHECK_HINT(b != nullptr, "load a backend with dew::create_backend(\"cpu\") and set_default_backend()",

@@ -8,8 +8,11 @@
 // forward() reads those members, so swapping them is enough; named_parameters() still lists the
 // original f32 tensors, which the naming tests use.
 #include <cmath>
+#include <map>
 #include <set>
 
+#include "dew/options.hpp"
+#include "dew/random.hpp"
 #include "gradcheck.hpp"
 
 using namespace gc;
@@ -301,4 +304,279 @@ TEST_CASE("Module::initialize is deterministic and independent of creation order
   const auto before = a1.named_parameters()[2].second.to_doubles();
   a1.initialize(5);
   CHECK(a1.named_parameters()[2].second.to_doubles() == before);
+}
+
+namespace {
+// A third-party style module: its constructor makes a buffer before its first parameter.
+class BufferFirst : public nn::Module {
+ public:
+  BufferFirst() {
+    positions = Tensor::zeros({4}, dtype_, backend_);  // a buffer, made before any parameter
+    weight = register_parameter("weight", {4}, nn::Init::Ones());
+  }
+  Tensor positions, weight;
+};
+struct RestoreDefault {
+  ~RestoreDefault() { dew::set_default_backend(ref()); }
+};
+}  // namespace
+
+TEST_CASE("Module: the backend is known from construction (a buffer before the first parameter)") {
+  UseRef use;
+  BufferFirst m;
+  CHECK(m.backend() == ref());
+  CHECK(m.positions.backend_ptr() == ref());
+  CHECK(m.weight.backend_ptr() == ref());
+  // Without a default backend a module still constructs when it makes no tensor, and refuses with the
+  // hint as soon as it needs one.
+  RestoreDefault restore;
+  dew::set_default_backend(nullptr);
+  CHECK_FALSE(dew::has_default_backend());
+  nn::ModuleDict empty;
+  CHECK_THROWS_WITH_AS(empty.backend(), doctest::Contains("no default backend is set"), dew::Error);
+  CHECK_THROWS_WITH_AS(nn::Linear(2, 2), doctest::Contains("no default backend is set"), dew::Error);
+  // A module keeps the backend it was made with when the default changes afterwards.
+  dew::set_default_backend(ref());
+  BufferFirst kept;
+  const BackendPtr other = dew::create_backend("ref");
+  dew::set_default_backend(other);
+  CHECK(kept.backend() == ref());
+  BufferFirst fresh;
+  CHECK(fresh.backend() == other);
+  CHECK(fresh.positions.backend_ptr() == other);
+}
+
+TEST_CASE("Module: a child registered without a name joins its parent's namespace") {
+  UseRef use;
+  struct Block : nn::Module {
+    Block() {
+      register_module("norm", std::make_shared<nn::LayerNorm>(4));
+      register_module("", std::make_shared<nn::MLP>(4, 8));
+    }
+  };
+  struct Outer : nn::Module {
+    Outer() { register_module("blocks.0", std::make_shared<Block>()); }
+  } outer;
+  std::vector<std::string> names;
+  for (auto& [n, t] : outer.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"blocks.0.norm.weight", "blocks.0.norm.bias", "blocks.0.fc1.weight",
+                                          "blocks.0.fc1.bias", "blocks.0.fc2.weight", "blocks.0.fc2.bias"});
+  // initialize() hashes the full names: fc1.weight here draws like a top-level "blocks.0.fc1.weight"
+  outer.initialize(3);
+  struct Named : nn::Module {
+    explicit Named(std::shared_ptr<nn::Linear> l) { register_module("blocks.0.fc1", std::move(l)); }
+  };
+  auto l = std::make_shared<nn::Linear>(4, 8);
+  Named named(l);
+  named.initialize(3);
+  CHECK(outer.named_parameters()[2].second.to_doubles() == l->weight.to_doubles());
+}
+
+TEST_CASE("nn::Attention: per-projection init rules, output bias, norm eps and offset") {
+  UseRef use;
+  nn::AttentionConfig c;
+  c.dim = 8;
+  c.num_heads = 2;
+  c.qk_norm = true;
+  c.norm_eps = 1e-5f;
+  c.norm_offset = 1.0f;
+  c.bias = true;
+  c.o_bias = true;
+  c.init = {nn::Init::Constant(0.5f), nn::Init::Constant(-1.0f), nn::Init::Constant(2.0f), nn::Init::Constant(3.0f)};
+  nn::Attention a(c);
+  a.initialize(7);
+  std::map<std::string, Tensor> p;
+  for (auto& [n, t] : a.named_parameters()) p[n] = t;
+  CHECK(p.size() == 10);
+  for (const char* n : {"q_proj.weight", "k_proj.weight", "v_proj.weight"})
+    for (double v : p.at(n).to_doubles()) CHECK(v == 0.5);
+  for (const char* n : {"q_proj.bias", "k_proj.bias", "v_proj.bias"})
+    for (double v : p.at(n).to_doubles()) CHECK(v == -1.0);
+  for (double v : p.at("o_proj.weight").to_doubles()) CHECK(v == 2.0);
+  for (double v : p.at("o_proj.bias").to_doubles()) CHECK(v == 3.0);
+  for (double v : p.at("q_norm.weight").to_doubles()) CHECK(v == 0.0);  // offset 1: w starts at 0
+  CHECK(a.q_norm->eps == 1e-5f);
+  CHECK(a.k_norm->weight_offset == 1.0f);
+  // the output bias is applied: the block equals its composition with ops
+  Tensor x = rnd({2, 3, 8}, 60);
+  Tensor pos = ints({0, 1, 2}, {3});
+  V w = {like(a.q_proj->weight, 61), like(a.q_proj->bias, 62), like(a.k_proj->weight, 63), like(a.k_proj->bias, 64),
+         like(a.v_proj->weight, 65), like(a.v_proj->bias, 66), like(a.o_proj->weight, 67), like(a.o_proj->bias, 68),
+         rnd({4}, 69, -0.5, 0.5),    rnd({4}, 70, -0.5, 0.5)};
+  a.q_proj->weight = w[0], a.q_proj->bias = w[1], a.k_proj->weight = w[2], a.k_proj->bias = w[3];
+  a.v_proj->weight = w[4], a.v_proj->bias = w[5], a.o_proj->weight = w[6], a.o_proj->bias = w[7];
+  a.q_norm->weight = w[8], a.k_norm->weight = w[9];
+  Tensor q = dew::reshape(dew::linear(x, w[0], w[1]), {2, 3, 2, 4});
+  Tensor k = dew::reshape(dew::linear(x, w[2], w[3]), {2, 3, 2, 4});
+  Tensor v = dew::reshape(dew::linear(x, w[4], w[5]), {2, 3, 2, 4});
+  q = dew::rope(dew::rms_norm(q, w[8], 1e-5f, 1.0f), pos, c.rope_theta);
+  k = dew::rope(dew::rms_norm(k, w[9], 1e-5f, 1.0f), pos, c.rope_theta);
+  dew::AttentionParams ap;
+  ap.scale = 0.5f;
+  Tensor o = dew::linear(dew::reshape(dew::attention(q, k, v, ap), {2, 3, 8}), w[6], w[7]);
+  check_close(a.forward(x, pos), o, 1e-13, 1e-12, "nn::Attention with o_bias vs ops");
+}
+
+TEST_CASE("nn::Attention: the fused layout equals the separate one; gradcheck with rope and GQA") {
+  UseRef use;
+  for (bool gqa : {false, true}) {
+    CAPTURE(gqa);
+    nn::AttentionConfig c;
+    c.dim = 8;
+    c.num_heads = 2;
+    c.num_kv_heads = gqa ? 1 : 2;
+    c.causal = false;
+    c.rotary_dim = gqa ? 0 : -1;  // no rope and equal heads: the projection runs inside qkv_attention
+    c.bias = c.o_bias = true;
+    nn::Attention sep(c);
+    c.layout = nn::AttentionLayout::fused;
+    nn::Attention fus(c);
+    std::vector<std::string> names;
+    for (auto& [n, t] : fus.named_parameters()) names.push_back(n);
+    CHECK(names == std::vector<std::string>{"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"});
+    const int64_t dkv = c.num_kv_heads * 4;
+    CHECK(fus.qkv->weight.shape() == dew::Shape{8 + 2 * dkv, 8});
+    V w = {like(sep.q_proj->weight, 71), like(sep.q_proj->bias, 72),   like(sep.k_proj->weight, 73),
+           like(sep.k_proj->bias, 74),   like(sep.v_proj->weight, 75), like(sep.v_proj->bias, 76),
+           like(sep.o_proj->weight, 77), like(sep.o_proj->bias, 78)};
+    sep.q_proj->weight = w[0], sep.q_proj->bias = w[1], sep.k_proj->weight = w[2], sep.k_proj->bias = w[3];
+    sep.v_proj->weight = w[4], sep.v_proj->bias = w[5], sep.o_proj->weight = w[6], sep.o_proj->bias = w[7];
+    fus.qkv->weight = dew::concat({w[0], w[2], w[4]}, 0);
+    fus.qkv->bias = dew::concat({w[1], w[3], w[5]}, 0);
+    fus.o_proj->weight = w[6];
+    fus.o_proj->bias = w[7];
+    Tensor x = rnd({2, 5, 8}, 79);
+    Tensor pos = ints({0, 1, 2, 3, 4}, {5});
+    check_close(fus.forward(x, pos), sep.forward(x, pos), 1e-13, 1e-12, "fused vs separate layout");
+    gradcheck(
+        [&fus, pos](const V& in) {
+          fus.qkv->weight = in[1];
+          fus.qkv->bias = in[2];
+          fus.o_proj->weight = in[3];
+          fus.o_proj->bias = in[4];
+          return fus.forward(in[0], pos);
+        },
+        {x, like(fus.qkv->weight, 80), like(fus.qkv->bias, 81), like(fus.o_proj->weight, 82),
+         like(fus.o_proj->bias, 83)},
+        "nn::Attention fused layout");
+  }
+}
+
+TEST_CASE("nn::Attention: the KV-cache and slot-cache paths equal the full forward (q_offset)") {
+  UseRef use;
+  for (auto layout : {nn::AttentionLayout::separate, nn::AttentionLayout::fused}) {
+    nn::AttentionConfig c;
+    c.dim = 8;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.qk_norm = true;
+    c.window = 3;
+    c.softcap = 4.0f;
+    c.layout = layout;
+    nn::Attention a(c);
+    a.initialize(11);
+    dew::NoGradGuard ng;
+    const int64_t t = 6;
+    Tensor x = dew::cast(rnd({2, t, 8}, 84), DType::f32);
+    std::vector<int32_t> pv;
+    for (int32_t i = 0; i < t; ++i) pv.push_back(i);
+    const Tensor full = a.forward(x, ints(pv, {t}));
+    // batch 2 through one cache: a prefill of 4, then one token at a time
+    Tensor kc = Tensor::zeros({2, t, 2, 2}, DType::f32, ref()), vc = Tensor::zeros({2, t, 2, 2}, DType::f32, ref());
+    std::vector<Tensor> steps{a.forward_cached(dew::slice(x, 1, 0, 4), ints({0, 1, 2, 3}, {4}), kc, vc, 0)};
+    for (int32_t i = 4; i < t; ++i)
+      steps.push_back(a.forward_cached(dew::slice(x, 1, i, i + 1), ints({i}, {1}), kc, vc, i));
+    check_close(dew::concat(steps, 1), full, 1e-6, 1e-5, "forward_cached vs forward");
+    // slots: row 0 in slot 1 and row 1 in slot 0 after prefills of different lengths, then one step each
+    Tensor ks = Tensor::zeros({3, t, 2, 2}, DType::f32, ref()), vs = Tensor::zeros({3, t, 2, 2}, DType::f32, ref());
+    Tensor k1 = ks.slice0(1, 2), v1 = vs.slice0(1, 2), k0 = ks.slice0(0, 1), v0 = vs.slice0(0, 1);
+    a.forward_cached(dew::slice(x.slice0(0, 1), 1, 0, 3), ints({0, 1, 2}, {3}), k1, v1, 0);
+    a.forward_cached(dew::slice(x.slice0(1, 2), 1, 0, 5), ints({0, 1, 2, 3, 4}, {5}), k0, v0, 0);
+    const Tensor xs = dew::concat({dew::slice(x.slice0(0, 1), 1, 3, 4), dew::slice(x.slice0(1, 2), 1, 5, 6)}, 0);
+    const Tensor got = a.forward_slots(xs, ints({3, 5}, {2, 1}), ks, vs, {1, 0}, {3, 5});
+    const Tensor want =
+        dew::concat({dew::slice(full.slice0(0, 1), 1, 3, 4), dew::slice(full.slice0(1, 2), 1, 5, 6)}, 0);
+    check_close(got, want, 1e-6, 1e-5, "forward_slots vs forward");
+    CHECK_THROWS_WITH_AS(a.forward_cached(dew::slice(x, 1, 0, 2), ints({5, 6}, {2}), kc, vc, 5),
+                         doctest::Contains("cannot take 2 positions at 5"), dew::Error);
+  }
+}
+
+TEST_CASE("nn::GatedMLP and nn::MLP: init rules; gated = false is down(act(up(x)))") {
+  UseRef use;
+  nn::ProjectionInit init{nn::Init::Constant(0.25f), nn::Init::Constant(1.0f), nn::Init::Constant(-0.5f),
+                          nn::Init::Constant(2.0f)};
+  nn::GatedMLP plain(4, 6, dew::Activation::gelu_tanh, true, init, false);
+  std::vector<std::string> names;
+  for (auto& [n, t] : plain.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias"});
+  plain.initialize(1);
+  for (double v : plain.up_proj->weight.to_doubles()) CHECK(v == 0.25);
+  for (double v : plain.down_proj->bias.to_doubles()) CHECK(v == 2.0);
+  V p = {like(plain.up_proj->weight, 90), like(plain.up_proj->bias, 91), like(plain.down_proj->weight, 92),
+         like(plain.down_proj->bias, 93)};
+  Tensor x = rnd({2, 3, 4}, 94);
+  gradcheck(
+      [&plain](const V& in) {
+        plain.up_proj->weight = in[1];
+        plain.up_proj->bias = in[2];
+        plain.down_proj->weight = in[3];
+        plain.down_proj->bias = in[4];
+        return plain.forward(in[0]);
+      },
+      {x, p[0], p[1], p[2], p[3]}, "GatedMLP gated = false");
+  check_close(plain.forward(x),
+              dew::linear(dew::activation(dew::linear(x, p[0], p[1]), dew::Activation::gelu_tanh), p[2], p[3]), 1e-13,
+              1e-12, "GatedMLP gated = false vs ops");
+  nn::MLP mlp(4, 6, 3, dew::Activation::silu, true, init);
+  mlp.initialize(1);
+  for (double v : mlp.fc1->bias.to_doubles()) CHECK(v == 1.0);
+  for (double v : mlp.fc2->weight.to_doubles()) CHECK(v == -0.5);
+  CHECK(mlp.fc2->weight.shape() == dew::Shape{3, 6});
+  // Init::XavierUniform is U(+-sqrt(6 / (fan_in + fan_out)))
+  nn::Linear xl(40, 10, false, nn::Init::XavierUniform(40, 10));
+  xl.initialize(2);
+  double m = 0;
+  for (double v : xl.weight.to_doubles()) m = std::max(m, std::fabs(v));
+  CHECK(m <= std::sqrt(6.0 / 50.0));
+  CHECK(m > 0.9 * std::sqrt(6.0 / 50.0));
+}
+
+TEST_CASE("nn::TimestepEmbedder and the time features: DiT's names, frequencies, options") {
+  UseRef use;
+  nn::TimeEmbeddingConfig c;
+  c.freq_dim = 8;
+  c.min_freq = 1e-4;
+  c.max_freq = 1.0;
+  const std::vector<float> f = c.frequencies();
+  REQUIRE(f.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(f[i] == float(std::exp(-std::log(1e4) * double(i) / 4.0)));
+  nn::TimestepEmbedder te(c, 6, 5);
+  std::vector<std::string> names;
+  for (auto& [n, t] : te.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"});
+  CHECK(te.flops() == 2 * (8 * 6 + 6 * 5));
+  const Tensor t = Tensor::from_vector({0.5f, 250.0f}, {2}, ref());
+  CHECK(te.forward(t).shape() == dew::Shape{2, 5});
+  // fourier: 2 pi scale N(0, 1) frequencies, fixed by the seed
+  nn::TimeEmbeddingConfig fc;
+  fc.kind = "fourier";
+  fc.freq_dim = 6;
+  fc.fourier_scale = 3.0;
+  const std::vector<float> ff = fc.frequencies();
+  const uint64_t stream = dew::philox::stream_of("time_embedding.fourier");
+  for (size_t i = 0; i < ff.size(); ++i)
+    CHECK(ff[i] == float(6.283185307179586 * 3.0 * dew::philox::normal(0, stream, i)));
+  fc.seed = 1;
+  CHECK(fc.frequencies() != ff);
+  check_close(nn::fourier_features(t, 3, 3.0f, 0), nn::time_features(t, ff, DType::f32), 0, 0, "fourier_features");
+  // options
+  dew::Options o({{"time_embedding", "fourier"}, {"time_freq_dim", "12"}}, "model");
+  const nn::TimeEmbeddingConfig oc = nn::TimeEmbeddingConfig::from_options(o);
+  CHECK(oc.kind == "fourier");
+  CHECK(oc.freq_dim == 12);
+  CHECK(oc.describe().at("time_freq_dim") == "12");
+  CHECK(nn::TimeEmbeddingConfig::option_specs().size() == 5);
+  dew::Options bad({{"time_freq_dim", "7"}}, "model");
+  CHECK_THROWS_WITH_AS(nn::TimeEmbeddingConfig::from_options(bad), doctest::Contains("time_freq_dim"), dew::UsageError);
 }

@@ -1,6 +1,5 @@
-// tests/diffusion_models/test_diffusion_models.cpp — the `dit` and `unet` backbones and the fused ops
-// they share (plugins/models/common/diffusion_blocks.hpp):
-//  * the fused ops' gradients against central finite differences in double on `ref`;
+// tests/diffusion_models/test_diffusion_models.cpp — the `dit` and `unet` backbones (their fused ops,
+// dew::modulated_layer_norm and dew::qkv_attention, are checked in tests/autograd/test_fused_ops.cpp):
 //  * the DiT benchmark configuration has exactly the PyTorch peer's parameter count and FLOPs;
 //  * untrained models output exactly 0 (zero-initialised outputs);
 //  * `cpu` matches `ref` forward and backward (the gradient of every parameter) with random weights;
@@ -14,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "../../plugins/models/common/diffusion_blocks.hpp"
 #include "dew/autograd.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
@@ -152,90 +150,7 @@ void overfit(const std::string& plugin, const std::map<std::string, std::string>
   CHECK(loss < first / factor);
 }
 
-// Central finite differences in double of loss = sum(f(inputs) * R) for each input, on ref.
-template <class F>
-void gradcheck(F f, std::vector<Tensor> xs, uint64_t seed) {
-  for (Tensor& x : xs) x.set_requires_grad(true);
-  const Tensor y0 = f(xs);
-  const Tensor r = Tensor::normal(y0.shape(), 0.0f, 1.0f, seed, 99, ref(), dew::DType::f64);
-  dew::sum(dew::mul(y0, r)).backward();
-  for (size_t k = 0; k < xs.size(); ++k) {
-    const std::vector<double> g = xs[k].grad().to_doubles();
-    std::vector<double> v = xs[k].to_doubles();
-    double worst = 0, gmax = 0;
-    for (size_t i = 0; i < v.size(); i += 1 + v.size() / 23) {
-      const double h = 1e-6, keep = v[i];
-      auto eval = [&](double val) {
-        v[i] = val;
-        std::vector<Tensor> in = xs;
-        in[k] = Tensor::from_host(v.data(), xs[k].shape(), dew::DType::f64, ref());
-        dew::NoGradGuard ng;
-        return dew::sum(dew::mul(f(in), r)).item();
-      };
-      const double fd = (eval(keep + h) - eval(keep - h)) / (2 * h);
-      v[i] = keep;
-      worst = std::max(worst, std::fabs(fd - g[i]));
-      gmax = std::max(gmax, std::fabs(g[i]));
-    }
-    CHECK_MESSAGE(worst <= 1e-6 * std::max(1.0, gmax), "input ", k, ": max |fd - analytic| = ", worst);
-  }
-}
-
 }  // namespace
-
-TEST_CASE("fused ops: modulated_layer_norm and packed_attention gradients match finite differences (f64, ref)") {
-  auto rnd = [](const dew::Shape& s, uint64_t stream) {
-    return Tensor::normal(s, 0.0f, 1.0f, 21, stream, ref(), dew::DType::f64);
-  };
-  gradcheck(
-      [](const std::vector<Tensor>& in) { return dew_diffusion::modulated_layer_norm(in[0], in[1], in[2], 1e-6f); },
-      {rnd({2, 5, 8}, 1), rnd({2, 8}, 2), rnd({2, 8}, 3)}, 4);
-  gradcheck([](const std::vector<Tensor>& in) { return dew_diffusion::packed_attention(in[0], 2); },
-            {rnd({2, 5, 3 * 2 * 4}, 5)}, 6);
-  gradcheck([](const std::vector<Tensor>& in) { return dew_diffusion::qkv_attention(in[0], in[1], in[2], 2); },
-            {rnd({2, 5, 6}, 10), rnd({3 * 2 * 4, 6}, 11), rnd({3 * 2 * 4}, 12)}, 13);
-
-  // modulated_layer_norm is LN(x) * (1 + scale) + shift
-  const Tensor x = rnd({3, 4, 8}, 7), sh = rnd({3, 8}, 8), sc = rnd({3, 8}, 9);
-  const Tensor want =
-      dew::add(dew::mul(dew::layer_norm(x, {}, {}, 1e-6f), dew::reshape(dew::add_scalar(sc, 1), {3, 1, 8})),
-               dew::reshape(sh, {3, 1, 8}));
-  const std::vector<double> a = dew_diffusion::modulated_layer_norm(x, sh, sc).to_doubles(), b = want.to_doubles();
-  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-10));
-}
-
-TEST_CASE("fused ops: qkv_attention equals packed_attention(linear) on cpu, values and gradients") {
-  // rows = 2 * 40 > 32, so linear takes oneDNN like the three block matmuls; with and without a bias.
-  for (bool with_bias : {true, false}) {
-    auto rnd = [](const dew::Shape& s, uint64_t stream) { return Tensor::normal(s, 0.0f, 0.5f, 5, stream, cpu()); };
-    const Tensor x0 = rnd({2, 40, 24}, 1), w0 = rnd({3 * 32, 24}, 2), b0 = rnd({3 * 32}, 3), r = rnd({2, 40, 32}, 4);
-    std::vector<std::vector<float>> got[2];
-    for (int fused = 0; fused < 2; ++fused) {
-      Tensor x = x0.detach(), w = w0.detach(), b = with_bias ? b0.detach() : Tensor();
-      x.set_requires_grad(true);
-      w.set_requires_grad(true);
-      if (with_bias) b.set_requires_grad(true);
-      const Tensor y =
-          fused ? dew_diffusion::qkv_attention(x, w, b, 4) : dew_diffusion::packed_attention(dew::linear(x, w, b), 4);
-      dew::sum(dew::mul(y, r)).backward();
-      got[fused] = {y.to_floats(), x.grad().to_floats(), w.grad().to_floats()};
-      if (with_bias) got[fused].push_back(b.grad().to_floats());
-    }
-    for (size_t t = 0; t < got[0].size(); ++t) {
-      double worst = 0, scale = 0;
-      for (size_t i = 0; i < got[0][t].size(); ++i) {
-        worst = std::max(worst, double(std::fabs(got[0][t][i] - got[1][t][i])));
-        scale = std::max(scale, double(std::fabs(got[0][t][i])));
-      }
-      CHECK_MESSAGE(scale > 0.1, "tensor ", t, " is degenerate");
-      CHECK_MESSAGE(worst <= 1e-5 * std::max(1.0, scale), "bias ", with_bias, " tensor ", t, " differs by ", worst);
-    }
-  }
-  // shapes are checked
-  CHECK_THROWS_WITH_AS(dew_diffusion::qkv_attention(Tensor::zeros({2, 4, 8}, dew::DType::f32, cpu()),
-                                                    Tensor::zeros({3 * 8, 6}, dew::DType::f32, cpu()), Tensor(), 2),
-                       doctest::Contains("qkv_attention: weight must be"), dew::Error);
-}
 
 TEST_CASE("dit: the benchmark configuration has the PyTorch peer's parameter count and FLOPs") {
   // ../shared/peers/torch_dit_train.py: img 32, channels 3, patch 4, d 256, 6 layers, 4 heads.

@@ -10,7 +10,8 @@
 // cap * tanh(z / cap). Embeddings optionally scaled by sqrt(dim) (Gemma). Attention: q/k/v projections,
 // optional RMSNorm over head_dim on q and k (before RoPE), rotary positions in the rotate-half pairing on
 // the first partial_rotary * head_dim features, GQA, a causal mask, a sliding window on "local" layers,
-// optional attention-logit softcap.
+// optional attention-logit softcap. Built from the SDK blocks (dew/nn.hpp): nn::Attention (its KV-cache
+// and slot-cache paths serve forward_cached and forward_slots), nn::GatedMLP, nn::RMSNorm, nn::Embedding.
 //
 // Parameter names (exactly the Hugging Face Llama/Qwen3 layout):
 //   model.embed_tokens.weight [V, D]
@@ -159,6 +160,14 @@ Config read_config(const Options& o) {
   return c;
 }
 
+// Every matrix N(0, init_std); the output projections N(0, init_std / sqrt(2 L)); biases 0 (Hugging
+// Face's _init_weights).
+dew::nn::ProjectionInit projection_init(const Config& c) {
+  const Init w = Init::Normal(float(c.init_std));
+  const Init wo = Init::Normal(float(c.init_std / std::sqrt(2.0 * double(c.layers))));
+  return {w, Init::Zeros(), wo, Init::Zeros()};
+}
+
 // Per-layer K/V of a batch: [B, capacity, Hkv, D] each, filled up to `length`.
 class KVCache final : public dew::DecodeCache {
  public:
@@ -192,157 +201,41 @@ struct SlotRows {
   std::vector<int64_t> slots, positions;
 };
 
-// Writes src [B, T, Hkv, D] into dst [B, S, Hkv, D] at sequence position `at`.
-void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
-  const int64_t b = src.shape()[0], t = src.shape()[1], row = src.shape()[2] * src.shape()[3];
-  const int64_t s = dst.shape()[1];
-  dew::StridedCopyParams p;
-  p.shape = {b, t, row};
-  p.src_strides = {t * row, row, 1};
-  p.dst_strides = {s * row, row, 1};
-  p.dst_offset = at * row;
-  dst.backend().strided_copy(src, dst, p);
+// One layer's attention: the SDK block with this model's options (window on local layers).
+std::shared_ptr<dew::nn::Attention> make_attention(const Config& c, bool local) {
+  dew::nn::AttentionConfig a;
+  a.dim = c.dim;
+  a.num_heads = c.heads;
+  a.num_kv_heads = c.kv_heads;
+  a.head_dim = c.head_dim;
+  a.rope_theta = float(c.rope_theta);
+  a.rotary_dim = c.rotary_dim;
+  a.qk_norm = c.qk_norm;
+  a.norm_eps = float(c.norm_eps);
+  a.norm_offset = c.norm_offset;
+  a.causal = true;
+  a.window = local ? c.window : 0;
+  a.softcap = float(c.attn_softcap);
+  a.bias = c.qkv_bias;
+  a.o_bias = c.o_bias;
+  a.init = projection_init(c);
+  return std::make_shared<dew::nn::Attention>(a);
 }
-
-// The first n positions of a cache tensor [B, S, Hkv, D]: a view when B == 1, else a copy.
-Tensor prefix(const Tensor& cache, int64_t n) {
-  const dew::Shape& s = cache.shape();
-  if (n == s[1]) return cache;
-  if (s[0] == 1) return dew::reshape(dew::reshape(cache, {s[1], s[2], s[3]}).slice0(0, n), {1, n, s[2], s[3]});
-  return dew::slice(cache, 1, 0, n);
-}
-
-class SelfAttention final : public dew::nn::Module {
- public:
-  SelfAttention(const Config& c, bool local) : c_(c), local_(local) {
-    const Init w = Init::Normal(float(c.init_std));
-    const Init wo = Init::Normal(float(c.init_std / std::sqrt(2.0 * double(c.layers))));
-    const Init zero = Init::Zeros();  // biases start at 0 (Hugging Face's _init_weights)
-    q_proj =
-        register_module("q_proj", std::make_shared<dew::nn::Linear>(c.dim, c.heads * c.head_dim, c.qkv_bias, w, zero));
-    k_proj = register_module("k_proj",
-                             std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, w, zero));
-    v_proj = register_module("v_proj",
-                             std::make_shared<dew::nn::Linear>(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, w, zero));
-    o_proj =
-        register_module("o_proj", std::make_shared<dew::nn::Linear>(c.heads * c.head_dim, c.dim, c.o_bias, wo, zero));
-    if (c.qk_norm) {
-      q_norm =
-          register_module("q_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
-      k_norm =
-          register_module("k_norm", std::make_shared<dew::nn::RMSNorm>(c.head_dim, float(c.norm_eps), c.norm_offset));
-    }
-  }
-
-  // x [B, T, D]; positions i32 [T]. With a cache (k_cache, v_cache [B, S, Hkv, Dh]), the new keys and
-  // values are written at `past` and the queries attend over the first past + T keys.
-  Tensor forward(const Tensor& x, const Tensor& positions, Tensor* k_cache, Tensor* v_cache, int64_t past) const {
-    const int64_t b = x.shape()[0], t = x.shape()[1];
-    auto [q, k, v] = project(x, positions);
-    dew::AttentionParams p = params();
-    Tensor o;
-    if (k_cache) {
-      write_rows(k, *k_cache, past);
-      write_rows(v, *v_cache, past);
-      p.q_offset = past;
-      o = dew::attention(q, prefix(*k_cache, past + t), prefix(*v_cache, past + t), p);
-    } else {
-      o = dew::attention(q, k, v, p);
-    }
-    return o_proj->forward(dew::reshape(o, {b, t, c_.heads * c_.head_dim}));
-  }
-
-  // One decode step of N slots: x [N, 1, D], positions i32 [N, 1] (each row's own). Row i's key/value go
-  // into slot rows.slots[i] of this layer's slot cache at its position, and its query attends over that
-  // slot alone, exactly as the sequence's batch-1 decode step does (one attention call per row).
-  Tensor forward_rows(const Tensor& x, const Tensor& positions, Tensor& k_slots, Tensor& v_slots,
-                      const SlotRows& rows) const {
-    const int64_t n = x.shape()[0];
-    auto [q, k, v] = project(x, positions);
-    std::vector<Tensor> out;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t slot = rows.slots[size_t(i)], past = rows.positions[size_t(i)];
-      Tensor kc = k_slots.slice0(slot, slot + 1), vc = v_slots.slice0(slot, slot + 1);
-      write_rows(k.slice0(i, i + 1), kc, past);
-      write_rows(v.slice0(i, i + 1), vc, past);
-      dew::AttentionParams p = params();
-      p.q_offset = past;
-      out.push_back(dew::attention(q.slice0(i, i + 1), prefix(kc, past + 1), prefix(vc, past + 1), p));
-    }
-    const Tensor o = n == 1 ? out[0] : dew::concat(out, 0);
-    return o_proj->forward(dew::reshape(o, {n, 1, c_.heads * c_.head_dim}));
-  }
-
-  std::shared_ptr<dew::nn::Linear> q_proj, k_proj, v_proj, o_proj;
-  std::shared_ptr<dew::nn::RMSNorm> q_norm, k_norm;
-
- private:
-  // q [B, T, H, Dh], k and v [B, T, Hkv, Dh] of x [B, T, D]: projections, qk-norm, rotary positions.
-  std::tuple<Tensor, Tensor, Tensor> project(const Tensor& x, const Tensor& positions) const {
-    const int64_t b = x.shape()[0], t = x.shape()[1];
-    Tensor q = dew::reshape(q_proj->forward(x), {b, t, c_.heads, c_.head_dim});
-    Tensor k = dew::reshape(k_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
-    Tensor v = dew::reshape(v_proj->forward(x), {b, t, c_.kv_heads, c_.head_dim});
-    if (q_norm) {
-      q = q_norm->forward(q);
-      k = k_norm->forward(k);
-    }
-    if (c_.rotary_dim >= 0) {
-      q = dew::rope(q, positions, float(c_.rope_theta), c_.rotary_dim);
-      k = dew::rope(k, positions, float(c_.rope_theta), c_.rotary_dim);
-    }
-    return {q, k, v};
-  }
-
-  dew::AttentionParams params() const {
-    dew::AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(c_.head_dim));
-    p.causal = true;
-    p.window = local_ ? c_.window : 0;
-    p.softcap = float(c_.attn_softcap);
-    return p;
-  }
-
-  Config c_;
-  bool local_;
-};
-
-class FeedForward final : public dew::nn::Module {
- public:
-  explicit FeedForward(const Config& c) {
-    const Init w = Init::Normal(float(c.init_std));
-    const Init wo = Init::Normal(float(c.init_std / std::sqrt(2.0 * double(c.layers))));
-    gated_ = c.mlp != "gelu";
-    act_ = c.mlp == "swiglu" ? Activation::silu : Activation::gelu_tanh;
-    const Init zero = Init::Zeros();
-    if (gated_)
-      gate_proj = register_module("gate_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, c.mlp_bias, w, zero));
-    up_proj = register_module("up_proj", std::make_shared<dew::nn::Linear>(c.dim, c.hidden, c.mlp_bias, w, zero));
-    down_proj = register_module("down_proj", std::make_shared<dew::nn::Linear>(c.hidden, c.dim, c.mlp_bias, wo, zero));
-  }
-  Tensor forward(const Tensor& x) const {
-    if (!gated_) return down_proj->forward(up_proj->forward(x, act_));
-    return down_proj->forward(dew::mul(gate_proj->forward(x, act_), up_proj->forward(x)));
-  }
-  std::shared_ptr<dew::nn::Linear> gate_proj, up_proj, down_proj;
-
- private:
-  bool gated_ = true;
-  Activation act_ = Activation::silu;
-};
 
 class DecoderLayer final : public dew::nn::Module {
  public:
   DecoderLayer(const Config& c, int64_t index) {
-    self_attn = register_module("self_attn", std::make_shared<SelfAttention>(c, c.local[size_t(index)]));
-    mlp = register_module("mlp", std::make_shared<FeedForward>(c));
+    self_attn = register_module("self_attn", make_attention(c, c.local[size_t(index)]));
+    const Activation act = c.mlp == "swiglu" ? Activation::silu : Activation::gelu_tanh;
+    mlp = register_module("mlp", std::make_shared<dew::nn::GatedMLP>(c.dim, c.hidden, act, c.mlp_bias,
+                                                                     projection_init(c), c.mlp != "gelu"));
     input_layernorm =
         register_module("input_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
     post_attention_layernorm = register_module(
         "post_attention_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
   }
-  std::shared_ptr<SelfAttention> self_attn;
-  std::shared_ptr<FeedForward> mlp;
+  std::shared_ptr<dew::nn::Attention> self_attn;
+  std::shared_ptr<dew::nn::GatedMLP> mlp;
   std::shared_ptr<dew::nn::RMSNorm> input_layernorm, post_attention_layernorm;
 };
 
@@ -579,9 +472,11 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       const DecoderLayer& l = *model_->layers->items[size_t(i)];
       Tensor* kc = cache ? &cache->k[size_t(i)] : nullptr;
       Tensor* vc = cache ? &cache->v[size_t(i)] : nullptr;
-      Tensor a = rows ? l.self_attn->forward_rows(l.input_layernorm->forward(x), positions, rows->cache->k[size_t(i)],
-                                                  rows->cache->v[size_t(i)], *rows)
-                      : l.self_attn->forward(l.input_layernorm->forward(x), positions, kc, vc, past);
+      const Tensor h = l.input_layernorm->forward(x);
+      Tensor a = rows ? l.self_attn->forward_slots(h, positions, rows->cache->k[size_t(i)], rows->cache->v[size_t(i)],
+                                                   rows->slots, rows->positions)
+                 : cache ? l.self_attn->forward_cached(h, positions, *kc, *vc, past)
+                         : l.self_attn->forward(h, positions);
       x = dew::add(x, drop(a, i, "attn", seed, step));
       Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
       x = dew::add(x, drop(m, i, "mlp", seed, step));

@@ -2,7 +2,7 @@
 //
 // forward({"x": f32 [B, C, H, W], "t": f32 [B], "label": i32 [B] (optional)}) -> f32 [B, out_channels, H, W].
 //   x is the noisy input as the objective feeds it (already scaled by c_in); t the schedule's model time
-//   (any range: see plugins/models/common/diffusion_blocks.hpp); label in [0, num_classes], where
+//   (any range: see nn::TimeEmbeddingConfig in dew/nn.hpp); label in [0, num_classes], where
 //   num_classes is the learned null class for classifier-free guidance (a missing label = null).
 // Body: patchify (p x p, as one matmul with the Conv2d(C, D, p, stride p) weight) + fixed 2-D sin-cos
 //   positions -> c = TimeMLP(t) [+ LabelEmbedding(label)] -> depth x block -> final layer -> unpatchify:
@@ -19,16 +19,17 @@
 //   table N(0, 0.02), adaLN and final layer zeros.
 // Options ([model]): image_size (32; "H" or "H,W"), in_channels (3), out_channels (= in_channels),
 //   num_classes (0 = unconditional), patch (4), dim (256), depth (6), heads (4), mlp_ratio (4), plus the
-//   time-embedding keys of diffusion_blocks.hpp. With the defaults and the DiT time embedding
-//   (time_max_freq = 1) this is exactly ../shared/peers/torch_dit_train.py's model (same parameters).
+//   time-embedding keys of nn::TimeEmbeddingConfig. Built from the SDK blocks (dew/nn.hpp): nn::Attention
+//   (fused layout), nn::MLP, nn::AdaLNModulation, nn::TimestepEmbedder, and dew::modulated_layer_norm. With the
+//   defaults and the DiT time embedding (time_max_freq = 1) this is exactly ../shared/peers/torch_dit_train.py's model
+//   (same parameters).
 // FLOPs per sample (forward): 2 * (N * per-token matmul weights + per-image matmul weights)
 //   + 4 * N^2 * D per block (q.k and p.v), N = (H/p)(W/p) — the peer's convention.
+#include <dew/diffusion.hpp>
 #include <dew/error.hpp>
 #include <dew/model.hpp>
 #include <dew/registry.hpp>
 #include <mutex>
-
-#include "../common/diffusion_blocks.hpp"
 
 namespace {
 
@@ -36,19 +37,13 @@ using dew::Options;
 using dew::Tensor;
 using dew::nn::Init;
 using dew::nn::Linear;
-using dew_diffusion::Named;
-
-Init xavier(int64_t fan_in, int64_t fan_out) { return Init::Uniform(std::sqrt(6.0f / float(fan_in + fan_out))); }
-
-std::shared_ptr<Linear> xavier_linear(int64_t in, int64_t out) {
-  return std::make_shared<Linear>(in, out, true, xavier(in, out), Init::Zeros());
-}
+using dew::nn::ModuleDict;
 
 struct DitConfig {
   int64_t height = 32, width = 32, in_channels = 3, out_channels = 3, num_classes = 0;
   int64_t patch = 4, dim = 256, depth = 6, heads = 4, hidden = 1024;
   double mlp_ratio = 4.0;
-  dew_diffusion::TimeConfig time;
+  dew::nn::TimeEmbeddingConfig time;
 };
 
 DitConfig read_config(const Options& o) {
@@ -79,71 +74,66 @@ DitConfig read_config(const Options& o) {
   c.mlp_ratio = o.get_double("mlp_ratio", 4.0);
   c.hidden = int64_t(double(c.dim) * c.mlp_ratio);
   DEW_USAGE_CHECK(c.hidden > 0, "option 'model.mlp_ratio' gives no hidden units: ", c.mlp_ratio);
-  c.time = dew_diffusion::read_time_config(o);
+  c.time = dew::nn::TimeEmbeddingConfig::from_options(o);
   return c;
 }
 
-// The Conv2d(C, D, p, stride p) parameters of the patch embedding, initialised as DiT does: xavier-uniform
-// over the flattened [D, C p p] kernel, zero bias. Applied as a matmul on patchified input.
-class PatchProj final : public dew::nn::Module {
- public:
-  PatchProj(int64_t cin, int64_t d, int64_t p) {
-    weight = register_parameter("weight", {d, cin, p, p}, xavier(cin * p * p, d));
-    bias = register_parameter("bias", {d}, Init::Zeros());
-  }
-  Tensor weight, bias;
-};
-
+// adaLN-Zero block from the SDK pieces: nn::AdaLNModulation (6 chunks), the fused modulated_layer_norm
+// op, nn::Attention in the fused (timm) layout and nn::MLP; xavier-uniform weights, zero biases.
 class DitBlock final : public dew::nn::Module {
  public:
-  explicit DitBlock(const DitConfig& c) : c_(c) {
-    auto attn = register_module("attn", std::make_shared<Named>());
-    qkv = attn->add("qkv", xavier_linear(c.dim, 3 * c.dim));
-    proj = attn->add("proj", xavier_linear(c.dim, c.dim));
-    auto mlp = register_module("mlp", std::make_shared<Named>());
-    fc1 = mlp->add("fc1", xavier_linear(c.dim, c.hidden));
-    fc2 = mlp->add("fc2", xavier_linear(c.hidden, c.dim));
-    auto ada = register_module("adaLN_modulation", std::make_shared<Named>());
-    ada_lin = ada->add("1", std::make_shared<Linear>(c.dim, 6 * c.dim, true, Init::Zeros(), Init::Zeros()));
+  explicit DitBlock(const DitConfig& c) {
+    dew::nn::AttentionConfig a;
+    a.dim = c.dim;
+    a.num_heads = c.heads;
+    a.rotary_dim = -1;
+    a.causal = false;
+    a.bias = a.o_bias = true;
+    a.layout = dew::nn::AttentionLayout::fused;
+    a.init = {Init::XavierUniform(c.dim, 3 * c.dim), Init::Zeros(), Init::XavierUniform(c.dim, c.dim), Init::Zeros()};
+    attn = register_module("attn", std::make_shared<dew::nn::Attention>(a));
+    const Init xavier = Init::XavierUniform(c.dim, c.hidden);  // symmetric in the fans: fc1 and fc2
+    mlp = register_module(
+        "mlp", std::make_shared<dew::nn::MLP>(c.dim, c.hidden, c.dim, dew::Activation::gelu_tanh, true,
+                                              dew::nn::ProjectionInit{xavier, Init::Zeros(), xavier, Init::Zeros()}));
+    ada = register_module("adaLN_modulation", std::make_shared<dew::nn::AdaLNModulation>(c.dim, c.dim, 6));
   }
 
   // x [B, N, D]; sc = SiLU(c) [B, D].
   Tensor forward(const Tensor& x0, const Tensor& sc) const {
-    const int64_t d = c_.dim, b = x0.shape()[0];
-    const Tensor m = ada_lin->forward(sc);  // [B, 6D]
-    auto chunk = [&](int i) { return dew::slice(m, 1, i * d, (i + 1) * d); };
+    const int64_t d = ada->dim, b = x0.shape()[0];
+    const std::vector<Tensor> m = ada->forward_activated(sc);  // 6 x [B, D]
     auto gate = [&](const Tensor& g) { return dew::reshape(g, {b, 1, d}); };
-    Tensor h = dew_diffusion::modulated_layer_norm(x0, chunk(0), chunk(1));
-    h = proj->forward(dew_diffusion::qkv_attention(h, qkv->weight, qkv->bias, c_.heads));
-    Tensor x = dew::add(x0, dew::mul(h, gate(chunk(2))));
-    h = dew_diffusion::modulated_layer_norm(x, chunk(3), chunk(4));
-    h = fc2->forward(fc1->forward(h, dew::Activation::gelu_tanh));
-    return dew::add(x, dew::mul(h, gate(chunk(5))));
+    Tensor h = dew::modulated_layer_norm(x0, m[0], m[1]);
+    Tensor x = dew::add(x0, dew::mul(attn->forward(h, Tensor()), gate(m[2])));
+    h = dew::modulated_layer_norm(x, m[3], m[4]);
+    return dew::add(x, dew::mul(mlp->forward(h), gate(m[5])));
   }
 
-  std::shared_ptr<Linear> qkv, proj, fc1, fc2, ada_lin;
-
- private:
-  DitConfig c_;
+  std::shared_ptr<dew::nn::Attention> attn;
+  std::shared_ptr<dew::nn::MLP> mlp;
+  std::shared_ptr<dew::nn::AdaLNModulation> ada;
 };
 
 class Dit final : public dew::Model {
  public:
   explicit Dit(const Options& o) : c_(read_config(o)) {
     const int64_t d = c_.dim, p = c_.patch, cin = c_.in_channels;
-    auto xe = register_module("x_embedder", std::make_shared<Named>());
-    patch_ = xe->add("proj", std::make_shared<PatchProj>(cin, d, p));
-    t_embedder_ = register_module("t_embedder", std::make_shared<dew_diffusion::TimeEmbedder>(c_.time, d, d));
+    // The Conv2d(C, D, p, stride p) of the patch embedding (DiT's names and xavier init over the
+    // flattened [D, C p p] kernel), applied as one matmul on the patchified input.
+    auto xe = register_module("x_embedder", std::make_shared<ModuleDict>());
+    patch_ = xe->add("proj", std::make_shared<dew::nn::Conv2d>(cin, d, p, p, 0, 1, true,
+                                                               Init::XavierUniform(cin * p * p, d), Init::Zeros()));
+    t_embedder_ = register_module("t_embedder", std::make_shared<dew::nn::TimestepEmbedder>(c_.time, d, d));
     if (c_.num_classes > 0) {
-      auto ye = register_module("y_embedder", std::make_shared<Named>());
+      auto ye = register_module("y_embedder", std::make_shared<ModuleDict>());
       y_table_ =
           ye->add("embedding_table", std::make_shared<dew::nn::Embedding>(c_.num_classes + 1, d, Init::Normal(0.02f)));
     }
     for (int64_t i = 0; i < c_.depth; ++i)
       blocks_.push_back(register_module("blocks." + std::to_string(i), std::make_shared<DitBlock>(c_)));
-    auto fl = register_module("final_layer", std::make_shared<Named>());
-    auto fada = fl->add("adaLN_modulation", std::make_shared<Named>());
-    final_ada_ = fada->add("1", std::make_shared<Linear>(d, 2 * d, true, Init::Zeros(), Init::Zeros()));
+    auto fl = register_module("final_layer", std::make_shared<ModuleDict>());
+    final_ada_ = fl->add("adaLN_modulation", std::make_shared<dew::nn::AdaLNModulation>(d, d, 2));
     final_ =
         fl->add("linear", std::make_shared<Linear>(d, p * p * c_.out_channels, true, Init::Zeros(), Init::Zeros()));
   }
@@ -168,7 +158,7 @@ class Dit final : public dew::Model {
     h = dew::add(h, positions(gh, gw, x));
 
     Tensor c = t_embedder_->forward(dew::reshape(ti->second, {b}));
-    const Tensor label = dew_diffusion::checked_label(in, b, c_.num_classes, "dit");
+    const Tensor label = dew::diffusion::checked_label(in, b, c_.num_classes, "dit");
     if (y_table_) {
       Tensor l = label.defined() ? label : Tensor::full({b}, double(c_.num_classes), dew::DType::i32, x.backend_ptr());
       c = dew::add(c, y_table_->forward(l));
@@ -176,8 +166,8 @@ class Dit final : public dew::Model {
     const Tensor sc = dew::silu(c);
     for (const auto& blk : blocks_) h = blk->forward(h, sc);
 
-    const Tensor m = final_ada_->forward(sc);
-    h = dew_diffusion::modulated_layer_norm(h, dew::slice(m, 1, 0, d), dew::slice(m, 1, d, 2 * d));
+    const std::vector<Tensor> m = final_ada_->forward_activated(sc);
+    h = dew::modulated_layer_norm(h, m[0], m[1]);
     h = final_->forward(h);  // [B, N, p p out]
     return dew::nn::unpatchify(h, c_.out_channels, p, gh, gw);
   }
@@ -186,14 +176,14 @@ class Dit final : public dew::Model {
     const double d = double(c_.dim), n = double((c_.height / c_.patch) * (c_.width / c_.patch));
     const double per_token = double(patch_->weight.numel() + final_->weight.numel()) +
                              double(c_.depth) * (4.0 * d * d + 2.0 * d * double(c_.hidden));
-    const double per_image =
-        double(t_embedder_->fc1->weight.numel() + t_embedder_->fc2->weight.numel() + final_ada_->weight.numel()) +
-        double(c_.depth) * 6.0 * d * d;
+    const double per_image = double(t_embedder_->fc1->weight.numel() + t_embedder_->fc2->weight.numel() +
+                                    final_ada_->linear->weight.numel()) +
+                             double(c_.depth) * 6.0 * d * d;
     return 2.0 * (per_token * n + per_image) + double(c_.depth) * 4.0 * n * n * d;
   }
 
   std::map<std::string, std::string> describe() const override {
-    auto r = dew_diffusion::describe_time(c_.time);
+    auto r = c_.time.describe();
     r.insert({{"model_type", "dit"},
               {"image_size", c_.height == c_.width ? std::to_string(c_.height)
                                                    : std::to_string(c_.height) + "," + std::to_string(c_.width)},
@@ -222,11 +212,12 @@ class Dit final : public dew::Model {
   }
 
   DitConfig c_;
-  std::shared_ptr<PatchProj> patch_;
-  std::shared_ptr<dew_diffusion::TimeEmbedder> t_embedder_;
+  std::shared_ptr<dew::nn::Conv2d> patch_;
+  std::shared_ptr<dew::nn::TimestepEmbedder> t_embedder_;
   std::shared_ptr<dew::nn::Embedding> y_table_;
   std::vector<std::shared_ptr<DitBlock>> blocks_;
-  std::shared_ptr<Linear> final_ada_, final_;
+  std::shared_ptr<dew::nn::AdaLNModulation> final_ada_;
+  std::shared_ptr<Linear> final_;
   std::mutex mu_;
   std::map<std::pair<int64_t, int64_t>, Tensor> pos_;
 };
@@ -234,13 +225,13 @@ class Dit final : public dew::Model {
 }  // namespace
 
 DEW_PLUGIN("dit", "0.1.0") {
-  std::vector<dew::OptionSpec> opts = dew_diffusion::image_option_specs();
+  std::vector<dew::OptionSpec> opts = dew::diffusion::backbone_image_option_specs();
   opts.insert(opts.end(), {{"patch", "4", "patch side"},
                            {"dim", "256", "transformer width"},
                            {"depth", "6", "number of DiT blocks"},
                            {"heads", "4", "attention heads"},
                            {"mlp_ratio", "4", "MLP hidden width / dim"}});
-  for (auto& s : dew_diffusion::time_option_specs()) opts.push_back(s);
+  for (auto& s : dew::nn::TimeEmbeddingConfig::option_specs()) opts.push_back(s);
   registrar.add<dew::Model>({
       .name = "dit",
       .description = "Diffusion Transformer: patch embedding, 2-D sin-cos positions, adaLN-Zero blocks "

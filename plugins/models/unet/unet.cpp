@@ -22,42 +22,33 @@
 // Options ([model]): image_size (32), in_channels (3), out_channels (= in_channels), num_classes (0),
 //   channels ("64,128,256"; one width per level), res_blocks (2), attention_levels ("1": level indices,
 //   0-based, empty for none; the middle always has attention), groups (GroupNorm groups, 8, capped at the
-//   width), heads (4), plus the time-embedding keys of diffusion_blocks.hpp. H and W must be multiples of
-//   2^(levels - 1).
+//   width), heads (4), plus the time-embedding keys of nn::TimeEmbeddingConfig. Built from the SDK blocks
+//   (dew/nn.hpp): nn::Conv2d, nn::GroupNorm, nn::Attention (fused layout), nn::TimestepEmbedder. H and W must be
+//   multiples of 2^(levels - 1).
 // FLOPs per sample (forward): 2 * MACs of every conv and linear at its resolution + 4 * (HW)^2 * C per
 //   attention block (q.k and p.v).
 #include <algorithm>
+#include <dew/diffusion.hpp>
 #include <dew/error.hpp>
 #include <dew/model.hpp>
 #include <dew/registry.hpp>
 #include <set>
 
-#include "../common/diffusion_blocks.hpp"
-
 namespace {
 
 using dew::Options;
 using dew::Tensor;
+using dew::nn::Conv2d;
 using dew::nn::Init;
 using dew::nn::Linear;
-using dew_diffusion::Named;
 
-// Conv2d with a choice of initialisation (PyTorch's default, or zeros for the residual outputs).
-class Conv final : public dew::nn::Module {
- public:
-  Conv(int64_t in, int64_t out, int64_t k, int64_t stride, bool zero) {
-    p.stride_h = p.stride_w = stride;
-    p.pad_h = p.pad_w = k / 2;
-    const float bound = 1.0f / std::sqrt(float(in * k * k));
-    weight = register_parameter("weight", {out, in, k, k}, zero ? Init::Zeros() : Init::Uniform(bound));
-    bias = register_parameter("bias", {out}, zero ? Init::Zeros() : Init::Uniform(bound));
-  }
-  Tensor forward(const Tensor& x) const { return dew::conv2d(x, weight, bias, p); }
-  // MACs x 2 at output size oh x ow.
-  double flops(int64_t oh, int64_t ow) const { return 2.0 * double(weight.numel()) * double(oh * ow); }
-  Tensor weight, bias;
-  dew::Conv2dParams p;
-};
+// A k x k convolution with "same" padding: PyTorch's default init, or zeros for the residual outputs.
+std::shared_ptr<Conv2d> make_conv(int64_t in, int64_t out, int64_t k, int64_t stride, bool zero) {
+  const Init init = zero ? Init::Zeros() : Init{};
+  return std::make_shared<Conv2d>(in, out, k, stride, k / 2, 1, true, init, init);
+}
+// MACs x 2 of a convolution at output size oh x ow.
+double conv_flops(const Conv2d& c, int64_t oh, int64_t ow) { return 2.0 * double(c.weight.numel()) * double(oh * ow); }
 
 int64_t groups_for(int64_t want, int64_t ch) {
   const int64_t g = std::min(want, ch);
@@ -70,11 +61,11 @@ class ResBlock final : public dew::nn::Module {
  public:
   ResBlock(int64_t in, int64_t out, int64_t emb, int64_t groups) {
     norm1 = register_module("norm1", std::make_shared<dew::nn::GroupNorm>(groups_for(groups, in), in));
-    conv1 = register_module("conv1", std::make_shared<Conv>(in, out, 3, 1, false));
+    conv1 = register_module("conv1", make_conv(in, out, 3, 1, false));
     time_proj = register_module("time_proj", std::make_shared<Linear>(emb, out));
     norm2 = register_module("norm2", std::make_shared<dew::nn::GroupNorm>(groups_for(groups, out), out));
-    conv2 = register_module("conv2", std::make_shared<Conv>(out, out, 3, 1, true));
-    if (in != out) skip = register_module("skip", std::make_shared<Conv>(in, out, 1, 1, false));
+    conv2 = register_module("conv2", make_conv(out, out, 3, 1, true));
+    if (in != out) skip = register_module("skip", make_conv(in, out, 1, 1, false));
   }
   Tensor forward(const Tensor& x, const Tensor& semb) const {
     const int64_t b = x.shape()[0], out = conv1->weight.shape()[0];
@@ -84,55 +75,61 @@ class ResBlock final : public dew::nn::Module {
     return dew::add(skip ? skip->forward(x) : x, h);
   }
   double flops(int64_t hh, int64_t ww) const {
-    return conv1->flops(hh, ww) + conv2->flops(hh, ww) + (skip ? skip->flops(hh, ww) : 0.0) +
+    return conv_flops(*conv1, hh, ww) + conv_flops(*conv2, hh, ww) + (skip ? conv_flops(*skip, hh, ww) : 0.0) +
            2.0 * double(time_proj->weight.numel());
   }
   std::shared_ptr<dew::nn::GroupNorm> norm1, norm2;
-  std::shared_ptr<Conv> conv1, conv2, skip;
+  std::shared_ptr<Conv2d> conv1, conv2, skip;
   std::shared_ptr<Linear> time_proj;
 };
 
+// GroupNorm then the SDK attention (fused qkv layout, bidirectional, proj zero-initialised), registered
+// without a name level so the block's names stay norm.*, qkv.*, proj.*.
 class AttnBlock final : public dew::nn::Module {
  public:
-  AttnBlock(int64_t ch, int64_t heads, int64_t groups) : heads_(heads) {
+  AttnBlock(int64_t ch, int64_t heads, int64_t groups) {
     DEW_USAGE_CHECK(ch % heads == 0, "unet: width ", ch, " is not a multiple of model.heads = ", heads);
     norm = register_module("norm", std::make_shared<dew::nn::GroupNorm>(groups_for(groups, ch), ch));
-    qkv = register_module("qkv", std::make_shared<Linear>(ch, 3 * ch));
-    proj = register_module("proj", std::make_shared<Linear>(ch, ch, true, Init::Zeros(), Init::Zeros()));
+    dew::nn::AttentionConfig a;
+    a.dim = ch;
+    a.num_heads = heads;
+    a.rotary_dim = -1;
+    a.causal = false;
+    a.bias = a.o_bias = true;
+    a.layout = dew::nn::AttentionLayout::fused;
+    a.init = {Init{}, Init{}, Init::Zeros(), Init::Zeros()};
+    attn = register_module("", std::make_shared<dew::nn::Attention>(a));
   }
   Tensor forward(const Tensor& x) const {
     const int64_t b = x.shape()[0], c = x.shape()[1], hh = x.shape()[2], ww = x.shape()[3];
     Tensor tok = dew::transpose(dew::reshape(norm->forward(x), {b, c, hh * ww}), 1, 2);  // [B, HW, C]
-    tok = proj->forward(dew_diffusion::qkv_attention(tok, qkv->weight, qkv->bias, heads_));
+    tok = attn->forward(tok, Tensor());
     return dew::add(x, dew::reshape(dew::transpose(tok, 1, 2), {b, c, hh, ww}));
   }
   double flops(int64_t hh, int64_t ww) const {
-    const double n = double(hh * ww), c = double(proj->weight.shape()[0]);
-    return 2.0 * n * double(qkv->weight.numel() + proj->weight.numel()) + 4.0 * n * n * c;
+    const double n = double(hh * ww), c = double(attn->o_proj->weight.shape()[0]);
+    return 2.0 * n * double(attn->qkv->weight.numel() + attn->o_proj->weight.numel()) + 4.0 * n * n * c;
   }
   std::shared_ptr<dew::nn::GroupNorm> norm;
-  std::shared_ptr<Linear> qkv, proj;
-
- private:
-  int64_t heads_;
+  std::shared_ptr<dew::nn::Attention> attn;
 };
 
 // Nearest-neighbour 2x upsampling (a broadcast; its backward sums the 2x2 cells) then conv 3x3.
 class Upsample final : public dew::nn::Module {
  public:
-  explicit Upsample(int64_t ch) { conv = register_module("conv", std::make_shared<Conv>(ch, ch, 3, 1, false)); }
+  explicit Upsample(int64_t ch) { conv = register_module("conv", make_conv(ch, ch, 3, 1, false)); }
   Tensor forward(const Tensor& x) const {
     const int64_t b = x.shape()[0], c = x.shape()[1], hh = x.shape()[2], ww = x.shape()[3];
     Tensor u = dew::broadcast_to(dew::reshape(x, {b, c, hh, 1, ww, 1}), {b, c, hh, 2, ww, 2});
     return conv->forward(dew::reshape(u, {b, c, 2 * hh, 2 * ww}));
   }
-  std::shared_ptr<Conv> conv;
+  std::shared_ptr<Conv2d> conv;
 };
 
 struct Level {
   std::vector<std::shared_ptr<ResBlock>> res;
   std::vector<std::shared_ptr<AttnBlock>> attn;  // null where the level has none
-  std::shared_ptr<Conv> down;
+  std::shared_ptr<Conv2d> down;
   std::shared_ptr<Upsample> up;
 };
 
@@ -168,20 +165,20 @@ class UNet final : public dew::Model {
     DEW_USAGE_CHECK(groups_ > 0, "option 'model.groups' must be positive, got ", groups_);
     heads_ = o.get_int("heads", 4);
     DEW_USAGE_CHECK(heads_ > 0, "option 'model.heads' must be positive, got ", heads_);
-    time_ = dew_diffusion::read_time_config(o);
+    time_ = dew::nn::TimeEmbeddingConfig::from_options(o);
     const int64_t levels = int64_t(channels_.size()), factor = int64_t(1) << (levels - 1);
     DEW_USAGE_CHECK(height_ % factor == 0 && width_ % factor == 0, "unet: image size ", height_, "x", width_,
                     " must be a multiple of 2^(levels - 1) = ", factor, " for ", levels, " levels");
 
     const int64_t c0 = channels_[0], emb = 4 * c0;
-    time_embed_ = register_module("time_embed", std::make_shared<dew_diffusion::TimeEmbedder>(time_, emb, emb));
+    time_embed_ = register_module("time_embed", std::make_shared<dew::nn::TimestepEmbedder>(time_, emb, emb));
     flops_ += double(time_embed_->flops());
     if (num_classes_ > 0)
       label_embed_ = register_module("label_embed",
                                      std::make_shared<dew::nn::Embedding>(num_classes_ + 1, emb, Init::Normal(0.02f)));
-    conv_in_ = register_module("conv_in", std::make_shared<Conv>(in_channels_, c0, 3, 1, false));
+    conv_in_ = register_module("conv_in", make_conv(in_channels_, c0, 3, 1, false));
     int64_t hh = height_, ww = width_;
-    flops_ += conv_in_->flops(hh, ww);
+    flops_ += conv_flops(*conv_in_, hh, ww);
 
     std::vector<int64_t> skips = {c0};
     int64_t ch = c0;
@@ -200,9 +197,9 @@ class UNet final : public dew::Model {
         skips.push_back(ch);
       }
       if (i + 1 < levels) {
-        lv.down = register_module(at + ".downsample", std::make_shared<Conv>(ch, ch, 3, 2, false));
+        lv.down = register_module(at + ".downsample", make_conv(ch, ch, 3, 2, false));
         hh /= 2, ww /= 2;
-        flops_ += lv.down->flops(hh, ww);
+        flops_ += conv_flops(*lv.down, hh, ww);
         skips.push_back(ch);
       }
       down_.push_back(std::move(lv));
@@ -230,12 +227,12 @@ class UNet final : public dew::Model {
       if (i > 0) {
         lv.up = register_module(at + ".upsample", std::make_shared<Upsample>(ch));
         hh *= 2, ww *= 2;
-        flops_ += lv.up->conv->flops(hh, ww);
+        flops_ += conv_flops(*lv.up->conv, hh, ww);
       }
     }
     norm_out_ = register_module("norm_out", std::make_shared<dew::nn::GroupNorm>(groups_for(groups_, ch), ch));
-    conv_out_ = register_module("conv_out", std::make_shared<Conv>(ch, out_channels_, 3, 1, true));
-    flops_ += conv_out_->flops(hh, ww);
+    conv_out_ = register_module("conv_out", make_conv(ch, out_channels_, 3, 1, true));
+    flops_ += conv_flops(*conv_out_, hh, ww);
   }
 
   Tensor forward(const dew::Batch& in) override {
@@ -252,7 +249,7 @@ class UNet final : public dew::Model {
     DEW_CHECK(ti->second.numel() == b, "unet: 't' has ", ti->second.numel(), " entries for a batch of ", b);
 
     Tensor emb = time_embed_->forward(dew::reshape(ti->second, {b}));
-    const Tensor label = dew_diffusion::checked_label(in, b, num_classes_, "unet");
+    const Tensor label = dew::diffusion::checked_label(in, b, num_classes_, "unet");
     if (label_embed_) {
       Tensor l = label.defined() ? label : Tensor::full({b}, double(num_classes_), dew::DType::i32, x.backend_ptr());
       emb = dew::add(emb, label_embed_->forward(l));
@@ -293,7 +290,7 @@ class UNet final : public dew::Model {
       for (int64_t c : v) s += (s.empty() ? "" : ",") + std::to_string(c);
       return s;
     };
-    auto r = dew_diffusion::describe_time(time_);
+    auto r = time_.describe();
     r.insert({{"model_type", "unet"},
               {"image_size",
                height_ == width_ ? std::to_string(height_) : std::to_string(height_) + "," + std::to_string(width_)},
@@ -314,10 +311,10 @@ class UNet final : public dew::Model {
   int64_t res_blocks_ = 2, groups_ = 8, heads_ = 4;
   std::vector<int64_t> channels_;
   std::set<int64_t> attention_levels_;
-  dew_diffusion::TimeConfig time_;
-  std::shared_ptr<dew_diffusion::TimeEmbedder> time_embed_;
+  dew::nn::TimeEmbeddingConfig time_;
+  std::shared_ptr<dew::nn::TimestepEmbedder> time_embed_;
   std::shared_ptr<dew::nn::Embedding> label_embed_;
-  std::shared_ptr<Conv> conv_in_, conv_out_;
+  std::shared_ptr<Conv2d> conv_in_, conv_out_;
   std::vector<Level> down_, up_;
   std::shared_ptr<ResBlock> mid_res0_, mid_res1_;
   std::shared_ptr<AttnBlock> mid_attn_;
@@ -328,14 +325,14 @@ class UNet final : public dew::Model {
 }  // namespace
 
 DEW_PLUGIN("unet", "0.1.0") {
-  std::vector<dew::OptionSpec> opts = dew_diffusion::image_option_specs();
+  std::vector<dew::OptionSpec> opts = dew::diffusion::backbone_image_option_specs();
   opts.insert(opts.end(),
               {{"channels", "64,128,256", "width of each resolution level"},
                {"res_blocks", "2", "residual blocks per level on the way down (one more on the way up)"},
                {"attention_levels", "1", "levels (0-based) with self-attention after each residual block; empty: none"},
                {"groups", "8", "GroupNorm groups (capped at the width)"},
                {"heads", "4", "attention heads"}});
-  for (auto& s : dew_diffusion::time_option_specs()) opts.push_back(s);
+  for (auto& s : dew::nn::TimeEmbeddingConfig::option_specs()) opts.push_back(s);
   registrar.add<dew::Model>({
       .name = "unet",
       .description = "ADM-style U-Net: time-conditioned GroupNorm residual blocks, self-attention at chosen "

@@ -2,8 +2,9 @@
 //
 // Both stack the same pre-norm ViT block: x += attn(LN(x)); x += MLP(LN(x)) (GELU, hidden mlp_ratio*dim),
 // bidirectional multi-head attention through the fused attention op (no mask: a subset of tokens is a
-// gather, not a mask). Positions are fixed 2-D sin-cos embeddings (MAE layout) that are added to each
-// token before any subset is taken, so a position travels with its token: permuting the token indices
+// gather, not a mask), built from the SDK blocks nn::Attention, nn::MLP, nn::LayerNorm, nn::PatchEmbed.
+// Positions are fixed 2-D sin-cos embeddings (MAE layout) that are added to each token before any
+// subset is taken, so a position travels with its token: permuting the token indices
 // permutes the output rows and nothing else. Linear weights start as N(0, 0.02) with zero biases; the
 // residual output projections (attn.o_proj, mlp.fc2) of layer l are scaled by 1/sqrt(2(l+1)) (I-JEPA).
 //
@@ -46,48 +47,34 @@ std::shared_ptr<dew::nn::Linear> linear_layer(int64_t in, int64_t out, float std
   return std::make_shared<dew::nn::Linear>(in, out, true, Init::Normal(std), Init::Zeros());
 }
 
-class SelfAttention final : public dew::nn::Module {
- public:
-  SelfAttention(int64_t dim, int64_t heads, float out_std) : dim_(dim), heads_(heads) {
-    DEW_USAGE_CHECK(heads > 0 && dim % heads == 0, "vit: width ", dim, " is not a multiple of ", heads, " heads");
-    q_proj = register_module("q_proj", linear_layer(dim, dim));
-    k_proj = register_module("k_proj", linear_layer(dim, dim));
-    v_proj = register_module("v_proj", linear_layer(dim, dim));
-    o_proj = register_module("o_proj", linear_layer(dim, dim, out_std));
-  }
-  Tensor forward(const Tensor& x) const {
-    const int64_t b = x.shape()[0], t = x.shape()[1], hd = dim_ / heads_;
-    Tensor q = dew::reshape(q_proj->forward(x), {b, t, heads_, hd});
-    Tensor k = dew::reshape(k_proj->forward(x), {b, t, heads_, hd});
-    Tensor v = dew::reshape(v_proj->forward(x), {b, t, heads_, hd});
-    dew::AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(hd));
-    p.causal = false;
-    return o_proj->forward(dew::reshape(dew::attention(q, k, v, p), {b, t, dim_}));
-  }
-  std::shared_ptr<dew::nn::Linear> q_proj, k_proj, v_proj, o_proj;
-
- private:
-  int64_t dim_, heads_;
-};
-
+// The pre-norm block from the SDK's attention and MLP: bidirectional, no rotary positions, biases
+// everywhere; weights N(0, 0.02), the residual outputs N(0, out_std), biases 0.
 class Block final : public dew::nn::Module {
  public:
   Block(int64_t dim, int64_t heads, int64_t hidden, int64_t layer) {
+    DEW_USAGE_CHECK(heads > 0 && dim % heads == 0, "vit: width ", dim, " is not a multiple of ", heads, " heads");
     const float out_std = kInitStd / std::sqrt(2.0f * float(layer + 1));
+    const dew::nn::ProjectionInit init{Init::Normal(kInitStd), Init::Zeros(), Init::Normal(out_std), Init::Zeros()};
+    dew::nn::AttentionConfig a;
+    a.dim = dim;
+    a.num_heads = heads;
+    a.rotary_dim = -1;
+    a.causal = false;
+    a.bias = a.o_bias = true;
+    a.init = init;
     norm1 = register_module("norm1", std::make_shared<dew::nn::LayerNorm>(dim, 1e-6f));
-    attn = register_module("attn", std::make_shared<SelfAttention>(dim, heads, out_std));
+    attn = register_module("attn", std::make_shared<dew::nn::Attention>(a));
     norm2 = register_module("norm2", std::make_shared<dew::nn::LayerNorm>(dim, 1e-6f));
-    fc1 = register_module("mlp.fc1", linear_layer(dim, hidden));
-    fc2 = register_module("mlp.fc2", linear_layer(hidden, dim, out_std));
+    mlp = register_module("mlp",
+                          std::make_shared<dew::nn::MLP>(dim, hidden, dim, dew::Activation::gelu_tanh, true, init));
   }
   Tensor forward(const Tensor& x0) const {
-    Tensor x = dew::add(x0, attn->forward(norm1->forward(x0)));
-    return dew::add(x, fc2->forward(fc1->forward(norm2->forward(x), dew::Activation::gelu_tanh)));
+    Tensor x = dew::add(x0, attn->forward(norm1->forward(x0), Tensor()));
+    return dew::add(x, mlp->forward(norm2->forward(x)));
   }
   std::shared_ptr<dew::nn::LayerNorm> norm1, norm2;
-  std::shared_ptr<SelfAttention> attn;
-  std::shared_ptr<dew::nn::Linear> fc1, fc2;
+  std::shared_ptr<dew::nn::Attention> attn;
+  std::shared_ptr<dew::nn::MLP> mlp;
 };
 
 // FLOPs (2 x multiply-adds) of one block over t tokens.

@@ -20,6 +20,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -359,6 +360,24 @@ struct Process {
 Process make_process(const Options& options);
 // The keys make_process reads, for a component's `.options` list (dew-run train --help).
 std::vector<OptionSpec> process_option_specs();
+
+// ---------------------------------------------------------------- the backbone contract
+//
+// A diffusion backbone (dit, unet, or a plugin's) reads forward({"x": [B, C, H, W] (c_in * x_t as the
+// objective feeds it), "t": f32 [B] (the schedule's model time, any range), "label": i32 [B] (optional)})
+// and returns [B, out_channels, H, W]. Labels are in [0, num_classes]: num_classes is the learned null
+// class of classifier-free guidance and a missing label means null. Its time embedding is
+// nn::TimestepEmbedder over nn::TimeEmbeddingConfig (dew/nn.hpp), so every backbone reads the same
+// time_* keys.
+
+// The image keys every diffusion backbone reads (the diffusion objective fills the first three from the
+// data), for a backbone's `.options` list.
+std::vector<OptionSpec> backbone_image_option_specs();
+// Reads and checks the optional "label" input: [B] in [0, num_classes] (num_classes = null), as i32.
+// Returns an undefined tensor when there is no label. An unconditional model (num_classes 0) accepts only
+// the null label 0. Anything else is refused, naming `model`, before a kernel reads it.
+Tensor checked_label(const std::map<std::string, Tensor>& inputs, int64_t batch, int64_t num_classes,
+                     const char* model);
 
 // ---------------------------------------------------------------- tensor helpers
 

@@ -115,6 +115,7 @@ class Tensor {
 
 // The backend new parameters and host-made tensors go to when none is given.
 void set_default_backend(BackendPtr backend);
-const BackendPtr& default_backend();
+const BackendPtr& default_backend();  // refuses with a hint when none is set
+bool has_default_backend();
 
 }  // namespace dew

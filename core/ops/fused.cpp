@@ -1,0 +1,190 @@
+// core/ops/fused.cpp — fused differentiable blocks (dew/ops.hpp): modulated_layer_norm, packed_attention,
+// qkv_attention. Each is the composition its comment names, computed with fewer passes over memory (the
+// training step is memory-bound on CPUs); the gradient checks against finite differences and the
+// equality with the unfused composition are in tests/autograd/test_fused_ops.cpp.
+#include <cmath>
+
+#include "op_util.hpp"
+
+namespace dew {
+
+using detail::stat_dtype;
+
+namespace {
+Tensor row(const Tensor& t, int64_t b, const Shape& shape) {
+  return t.slice0(b, b + 1).reshape(shape);  // a view (t is detached: no graph)
+}
+}  // namespace
+
+Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps) {
+  DEW_CHECK(x.ndim() == 3, "modulated_layer_norm: x must be [B, N, D], got ", shape_str(x.shape()));
+  const int64_t b = x.shape()[0], n = x.shape()[1], d = x.shape()[2];
+  DEW_CHECK(shift.shape() == Shape({b, d}) && scale.shape() == Shape({b, d}),
+            "modulated_layer_norm: shift and scale must be [", b, ", ", d, "], got ", shape_str(shift.shape()), " and ",
+            shape_str(scale.shape()));
+  detail::check_same_backend(x, shift, "modulated_layer_norm");
+  detail::check_same_backend(x, scale, "modulated_layer_norm");
+  Backend& be = x.backend();
+  const Tensor xd = x.detach(), sd = shift.detach();
+  Tensor w = Tensor::empty({b, d}, x.dtype(), x.backend_ptr());
+  be.unary(scale.detach(), w, UnaryParams{UnaryOp::affine, 1.0f, 1.0f});  // 1 + scale
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.backend_ptr());
+  Tensor mean = Tensor::empty({b, n}, stat_dtype(x), x.backend_ptr());
+  Tensor rstd = Tensor::empty({b, n}, stat_dtype(x), x.backend_ptr());
+  for (int64_t i = 0; i < b; ++i) {
+    Tensor yi = row(y, i, {n, d}), mi = row(mean, i, {n}), ri = row(rstd, i, {n});
+    be.layer_norm(row(xd, i, {n, d}), row(w, i, {d}), row(sd, i, {d}), yi, mi, ri, eps);
+  }
+  if (needs_grad({&x, &shift, &scale})) {
+    record(
+        y, {x, shift, scale},
+        [xd, w, mean, rstd, b, n, d](const Tensor& g) {
+          Backend& bk = xd.backend();
+          Tensor dx = Tensor::empty(xd.shape(), xd.dtype(), xd.backend_ptr());
+          Tensor dscale = Tensor::empty({b, d}, xd.dtype(), xd.backend_ptr());
+          Tensor dshift = Tensor::empty({b, d}, xd.dtype(), xd.backend_ptr());
+          for (int64_t i = 0; i < b; ++i) {
+            Tensor dxi = row(dx, i, {n, d}), dwi = row(dscale, i, {d}), dbi = row(dshift, i, {d});
+            bk.layer_norm_backward(row(xd, i, {n, d}), row(w, i, {d}), row(mean, i, {n}), row(rstd, i, {n}),
+                                   row(g, i, {n, d}), dxi, dwi, dbi);
+          }
+          return std::vector<Tensor>{dx, dshift, dscale};
+        },
+        "modulated_layer_norm");
+  }
+  return y;
+}
+
+Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p) {
+  DEW_CHECK(heads > 0 && qkv.ndim() == 3 && qkv.shape()[2] % (3 * heads) == 0,
+            "packed_attention: qkv must be [B, T, 3 * ", heads, " * head_dim], got ", shape_str(qkv.shape()));
+  const int64_t b = qkv.shape()[0], t = qkv.shape()[1], dm = qkv.shape()[2] / 3, hd = dm / heads;
+  Backend& be = qkv.backend();
+  const Tensor src = qkv.detach();
+  auto part = [&](int j) {
+    Tensor out = Tensor::empty({b, t, heads, hd}, qkv.dtype(), qkv.backend_ptr());
+    StridedCopyParams c;
+    c.shape = {b, t, dm};
+    c.src_strides = {t * 3 * dm, 3 * dm, 1};
+    c.dst_strides = {t * dm, dm, 1};
+    c.src_offset = j * dm;
+    be.strided_copy(src, out, c);
+    return out;
+  };
+  const Tensor q = part(0), k = part(1), v = part(2);
+  Tensor out = Tensor::empty({b, t, heads, hd}, qkv.dtype(), qkv.backend_ptr());
+  Tensor lse = Tensor::empty({b, heads, t}, stat_dtype(qkv), qkv.backend_ptr());
+  be.attention(q, k, v, out, lse, p);
+  Tensor y = out.reshape({b, t, dm});
+  if (needs_grad({&qkv})) {
+    const Tensor od = out;
+    record(
+        y, {qkv},
+        [q, k, v, od, lse, p, b, t, dm, heads, hd](const Tensor& g) {
+          Backend& bk = q.backend();
+          Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
+          Tensor dk = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
+          Tensor dv = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
+          bk.attention_backward(q, k, v, od, lse, g.reshape({b, t, heads, hd}), dq, dk, dv, p);
+          Tensor dqkv = Tensor::empty({b, t, 3 * dm}, q.dtype(), q.backend_ptr());
+          const Tensor* parts[3] = {&dq, &dk, &dv};
+          for (int j = 0; j < 3; ++j) {
+            StridedCopyParams c;
+            c.shape = {b, t, dm};
+            c.src_strides = {t * dm, dm, 1};
+            c.dst_strides = {t * 3 * dm, 3 * dm, 1};
+            c.dst_offset = j * dm;
+            bk.strided_copy(*parts[j], dqkv, c);
+          }
+          return std::vector<Tensor>{dqkv};
+        },
+        "packed_attention");
+  }
+  return y;
+}
+
+Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p) {
+  DEW_CHECK(x.ndim() == 3, "qkv_attention: x must be [B, T, D], got ", shape_str(x.shape()));
+  const int64_t b = x.shape()[0], t = x.shape()[1], din = x.shape()[2], rows = b * t;
+  DEW_CHECK(heads > 0 && w.ndim() == 2 && w.shape()[1] == din && w.shape()[0] % (3 * heads) == 0,
+            "qkv_attention: weight must be [3 * ", heads, " * head_dim, ", din, "], got ", shape_str(w.shape()));
+  const int64_t dm = w.shape()[0] / 3, hd = dm / heads;
+  DEW_CHECK(!bias.defined() || bias.shape() == Shape({3 * dm}), "qkv_attention: bias must be [", 3 * dm, "], got ",
+            shape_str(bias.defined() ? bias.shape() : Shape{}));
+  DEW_CHECK(w.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
+            "qkv_attention: x, weight and bias must have one dtype");
+  detail::check_same_backend(x, w, "qkv_attention");
+  if (bias.defined()) detail::check_same_backend(x, bias, "qkv_attention");
+  Backend& be = x.backend();
+  const Tensor xd = x.detach().reshape({rows, din}), wd = w.detach(), bd = bias.defined() ? bias.detach() : Tensor();
+  Tensor parts[3];
+  for (int j = 0; j < 3; ++j) {
+    parts[j] = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
+    MatmulParams mp;
+    mp.m = rows;
+    mp.n = dm;
+    mp.k = din;
+    mp.trans_b = true;
+    be.matmul(xd, wd.slice0(j * dm, (j + 1) * dm), bd.defined() ? bd.slice0(j * dm, (j + 1) * dm) : Tensor(), parts[j],
+              mp);
+  }
+  Tensor out = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
+  Tensor lse = Tensor::empty({b, heads, t}, stat_dtype(x), x.backend_ptr());
+  be.attention(parts[0], parts[1], parts[2], out, lse, p);
+  Tensor y = out.reshape({b, t, dm});
+  if (needs_grad({&x, &w, &bias})) {
+    const Tensor q = parts[0], k = parts[1], v = parts[2], od = out;
+    const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gb = needs_grad({&bias});
+    const Shape xs = x.shape();
+    record(
+        y, {x, w, bias},
+        [xd, wd, q, k, v, od, lse, p, xs, rows, din, dm, gx, gw, gb](const Tensor& g) {
+          Backend& bk = xd.backend();
+          Tensor dparts[3];
+          for (int j = 0; j < 3; ++j) dparts[j] = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
+          bk.attention_backward(q, k, v, od, lse, g.reshape(q.shape()), dparts[0], dparts[1], dparts[2], p);
+          Tensor dx, dw, db;
+          if (gx) {
+            dx = Tensor::empty({rows, din}, xd.dtype(), xd.backend_ptr());
+            for (int j = 0; j < 3; ++j) {  // dx = dq Wq + dk Wk + dv Wv
+              MatmulParams mp;
+              mp.m = rows;
+              mp.n = din;
+              mp.k = dm;
+              mp.beta = j == 0 ? 0.0f : 1.0f;
+              bk.matmul(dparts[j].reshape({rows, dm}), wd.slice0(j * dm, (j + 1) * dm), Tensor(), dx, mp);
+            }
+            dx = dx.reshape(xs);
+          }
+          if (gw) {
+            dw = Tensor::empty(wd.shape(), wd.dtype(), wd.backend_ptr());
+            for (int j = 0; j < 3; ++j) {  // dW_j = d_j^T x
+              Tensor block = dw.slice0(j * dm, (j + 1) * dm);
+              MatmulParams mp;
+              mp.m = dm;
+              mp.n = din;
+              mp.k = rows;
+              mp.trans_a = true;
+              bk.matmul(dparts[j].reshape({rows, dm}), xd, Tensor(), block, mp);
+            }
+          }
+          if (gb) {
+            db = Tensor::empty({3 * dm}, xd.dtype(), xd.backend_ptr());
+            for (int j = 0; j < 3; ++j) {  // db_j = column sums of d_j
+              Tensor block = db.slice0(j * dm, (j + 1) * dm);
+              ReduceParams rp;
+              rp.op = ReduceOp::sum;
+              rp.outer = 1;
+              rp.reduce = rows;
+              rp.inner = dm;
+              bk.reduce(dparts[j], block, rp);
+            }
+          }
+          return std::vector<Tensor>{dx, dw, db};
+        },
+        "qkv_attention");
+  }
+  return y;
+}
+
+}  // namespace dew
