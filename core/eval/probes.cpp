@@ -185,7 +185,7 @@ LinearProbeResult fit_adamw(const Features& train, const Features& test, const L
       const double lr = 0.5 * o.lr * (1.0 + std::cos(M_PI * double(step) / double(total)));
       {
         NoGradGuard no_grad;
-        opt->update(params, float(lr), 1.0f, step + 1);
+        opt->update(float(lr), 1.0f, step + 1);
       }
       w.zero_grad();
       b.zero_grad();

@@ -7,6 +7,8 @@
 //    the registry as it was.
 //  * Loaded libraries are never closed: the registry is leaked at exit, and every component (and so
 //    every product, see Registry::create) holds a reference to its library.
+//  * The core's own components (registry/builtins.cpp) are registered when the registry is first used,
+//    before any plugin, with origin "core".
 #include "dew/registry.hpp"
 
 #include <algorithm>
@@ -21,6 +23,8 @@
 #include <map>
 #include <mutex>
 #include <set>
+
+#include "registry/builtins.hpp"
 
 namespace dew {
 
@@ -273,7 +277,11 @@ void BuiltinRegistrar::add_erased(ErasedComponent c) { registry_.add_builtin(std
 }  // namespace
 
 Registry& Registry::global() {
-  static RegistryImpl* instance = new RegistryImpl();  // leaked on purpose: plugins are never unloaded
+  static RegistryImpl* instance = [] {
+    auto* r = new RegistryImpl();  // leaked on purpose: plugins are never unloaded
+    register_builtins(r->builtin_registrar());
+    return r;
+  }();
   return *instance;
 }
 

@@ -1,130 +1,154 @@
-// core/train/optim.cpp — SGD / AdamW / LAMB over the backend's fused update kernels, LR schedules,
-// the EMA, and the global gradient norm.
-// Invariants: optimizer state is zero-initialised and named like its parameter; updates are in place;
-// schedules depend only on the update count, so a resumed run sees the same learning rates.
+// core/train/optim.cpp — what every optimizer and schedule shares: parameter roles and groups, creating
+// them from the registry (make_optimizer, make_schedule), the EMA and the global gradient norm. The
+// optimizers themselves are in optim_<family>.cpp, the schedules in schedules.cpp.
+// Invariants: roles and groups depend only on names, shapes and [optim] keys (the same on every rank
+// and on resume); the EMA and the norm change nothing but their own outputs.
+#include "dew/optim.hpp"
+
+#include <fnmatch.h>
+
+#include <cctype>
 #include <cmath>
+#include <iterator>
 
 #include "dew/autograd.hpp"
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
 #include "dew/ops.hpp"
+#include "dew/registry.hpp"
 #include "dew/train.hpp"
+#include "optim_common.hpp"
 
 namespace dew {
 
 namespace {
 
-NamedTensors zeros_like_all(const NamedTensors& params) {
-  NamedTensors out;
-  for (const auto& [name, p] : params) out.emplace_back(name, Tensor::zeros(p.shape(), p.dtype(), p.backend_ptr()));
+bool matches_any(const std::string& name, const std::vector<std::string>& patterns) {
+  for (const std::string& p : patterns)
+    if (fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
+  return false;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+constexpr ParamRole kRoles[] = {ParamRole::matrix, ParamRole::embedding, ParamRole::head, ParamRole::norm,
+                                ParamRole::bias};
+
+}  // namespace
+
+const char* role_name(ParamRole role) {
+  switch (role) {
+    case ParamRole::matrix:
+      return "matrix";
+    case ParamRole::embedding:
+      return "embedding";
+    case ParamRole::head:
+      return "head";
+    case ParamRole::norm:
+      return "norm";
+    case ParamRole::bias:
+      return "bias";
+  }
+  return "?";
+}
+
+ParamRole role_from_name(const std::string& name) {
+  for (ParamRole r : kRoles)
+    if (name == role_name(r)) return r;
+  DEW_USAGE_CHECK(false, "unknown parameter role '", name, "'; known: matrix, embedding, head, norm, bias");
+  return ParamRole::matrix;
+}
+
+ParamRole param_role(const std::string& name, const Shape& shape) {
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t dot = name.find('.', start);
+    parts.push_back(lower(name.substr(start, dot == std::string::npos ? std::string::npos : dot - start)));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  const std::string& own = parts.back();
+  if (shape.size() < 2) {
+    const bool bias = own == "bias" || ends_with(own, "_bias");
+    return bias ? ParamRole::bias : ParamRole::norm;
+  }
+  for (const std::string& p : parts)
+    if (p.find("embed") != std::string::npos || p == "emb" || p.rfind("emb_", 0) == 0 || ends_with(p, "_emb") ||
+        p == "wte" || p == "wpe")
+      return ParamRole::embedding;
+  for (const std::string& p : parts)
+    if (p.find("head") != std::string::npos || p == "output" || p == "classifier") return ParamRole::head;
+  if (parts.size() >= 2 && parts[0] == "final_layer" && parts[1] == "linear") return ParamRole::head;
+  return ParamRole::matrix;
+}
+
+std::vector<OptimParam> optim_params(const Options& o, const NamedTensors& params) {
+  std::vector<std::pair<ParamRole, std::vector<std::string>>> overrides;
+  std::vector<bool> no_decay(std::size(kRoles), false);
+  std::vector<float> lr_scale(std::size(kRoles), 1.0f);
+  for (ParamRole r : kRoles) {
+    const std::string role = role_name(r);
+    if (o.has("roles." + role)) overrides.emplace_back(r, o.get_strings("roles." + role, {}));
+    const double s = o.get_double("lr_scale." + role, 1.0);
+    DEW_USAGE_CHECK(s >= 0, "option 'optim.lr_scale.", role, "' must be >= 0");
+    lr_scale[size_t(r)] = float(s);
+  }
+  for (const std::string& r : o.get_strings("no_decay", {"norm", "bias", "embedding"})) {
+    if (r == "none") continue;
+    no_decay[size_t(role_from_name(r))] = true;
+  }
+  std::vector<OptimParam> out;
+  out.reserve(params.size());
+  for (const auto& [name, t] : params) {
+    OptimParam p;
+    p.name = name;
+    p.tensor = t;
+    p.role = param_role(name, t.shape());
+    for (const auto& [role, patterns] : overrides)
+      if (matches_any(name, patterns)) {
+        p.role = role;
+        break;
+      }
+    p.lr_scale = lr_scale[size_t(p.role)];
+    p.weight_decay_scale = no_decay[size_t(p.role)] ? 0.0f : 1.0f;
+    out.push_back(std::move(p));
+  }
   return out;
 }
 
-std::pair<float, float> read_betas(Options& o, double b1, double b2) {
+NamedTensors zeros_like(const std::vector<OptimParam>& params) {
+  NamedTensors out;
+  for (const OptimParam& p : params)
+    out.emplace_back(p.name, Tensor::zeros(p.tensor.shape(), p.tensor.dtype(), p.tensor.backend_ptr()));
+  return out;
+}
+
+std::pair<float, float> read_betas(const Options& o, double b1, double b2) {
   const std::vector<double> betas = o.get_doubles("betas", {b1, b2});
   DEW_USAGE_CHECK(betas.size() == 2 && betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1,
                   "option 'optim.betas' must be two numbers in [0, 1), e.g. 0.9, 0.999");
   return {float(betas[0]), float(betas[1])};
 }
 
-class AdamLike final : public Optimizer {
- public:
-  AdamLike(bool lamb, Options& o, const NamedTensors& params) : lamb_(lamb) {
-    auto [b1, b2] = read_betas(o, 0.9, lamb ? 0.999 : 0.999);
-    beta1_ = b1;
-    beta2_ = b2;
-    eps_ = float(o.get_double("eps", lamb ? 1e-6 : 1e-8));
-    weight_decay_ = float(o.get_double("weight_decay", lamb ? 0.0 : 0.01));
-    DEW_USAGE_CHECK(eps_ > 0, "option 'optim.eps' must be positive");
-    DEW_USAGE_CHECK(weight_decay_ >= 0, "option 'optim.weight_decay' must be >= 0");
-    m_ = zeros_like_all(params);
-    v_ = zeros_like_all(params);
-  }
-  void update(const NamedTensors& params, float lr, float grad_scale, int64_t step) override {
-    DEW_INTERNAL_ASSERT(params.size() == m_.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      Tensor p = params[i].second;
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      if (lamb_) {
-        LambParams lp{lr, beta1_, beta2_, eps_, weight_decay_, grad_scale, step};
-        p.backend().lamb_update(p, g, m_[i].second, v_[i].second, lp);
-      } else {
-        AdamWParams ap{lr, beta1_, beta2_, eps_, weight_decay_, grad_scale, step};
-        p.backend().adamw_update(p, g, m_[i].second, v_[i].second, ap);
-      }
-    }
-  }
-  std::map<std::string, NamedTensors> state() const override { return {{"m", m_}, {"v", v_}}; }
-  std::string name() const override { return lamb_ ? "lamb" : "adamw"; }
-
- private:
-  bool lamb_;
-  float beta1_, beta2_, eps_, weight_decay_;
-  NamedTensors m_, v_;
-};
-
-class Sgd final : public Optimizer {
- public:
-  Sgd(Options& o, const NamedTensors& params) {
-    momentum_ = float(o.get_double("momentum", 0.0));
-    dampening_ = float(o.get_double("dampening", 0.0));
-    weight_decay_ = float(o.get_double("weight_decay", 0.0));
-    nesterov_ = o.get_bool("nesterov", false);
-    DEW_USAGE_CHECK(momentum_ >= 0 && momentum_ < 1, "option 'optim.momentum' must be in [0, 1)");
-    DEW_USAGE_CHECK(!nesterov_ || (momentum_ > 0 && dampening_ == 0),
-                    "optim.nesterov needs momentum > 0 and dampening = 0");
-    if (momentum_ > 0) buf_ = zeros_like_all(params);
-  }
-  void update(const NamedTensors& params, float lr, float grad_scale, int64_t step) override {
-    for (size_t i = 0; i < params.size(); ++i) {
-      Tensor p = params[i].second;
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      SgdParams sp{lr, momentum_, dampening_, weight_decay_, grad_scale, nesterov_, step};
-      Tensor none;
-      p.backend().sgd_update(p, g, momentum_ > 0 ? buf_[i].second : none, sp);
-    }
-  }
-  std::map<std::string, NamedTensors> state() const override {
-    if (momentum_ > 0) return {{"momentum", buf_}};
-    return {};
-  }
-  std::string name() const override { return "sgd"; }
-
- private:
-  float momentum_, dampening_, weight_decay_;
-  bool nesterov_;
-  NamedTensors buf_;
-};
-
-}  // namespace
-
-std::unique_ptr<Optimizer> make_optimizer(Options& o, const NamedTensors& params) {
+std::shared_ptr<Optimizer> make_optimizer(const Options& o, const NamedTensors& params) {
   const std::string name = o.get_string("name", "adamw");
-  if (name == "adamw") return std::make_unique<AdamLike>(false, o, params);
-  if (name == "lamb") return std::make_unique<AdamLike>(true, o, params);
-  if (name == "sgd") return std::make_unique<Sgd>(o, params);
-  DEW_USAGE_CHECK(false, "unknown optimizer 'optim.name = ", name, "'; known: sgd, adamw, lamb");
-  return nullptr;
+  std::shared_ptr<Optimizer> opt = Registry::global().create<Optimizer>(name, o);
+  opt->init(optim_params(o, params));
+  return opt;
 }
 
-std::function<double(int64_t)> make_schedule(Options& o, double base_lr, int64_t total) {
+std::function<double(int64_t)> make_schedule(const Options& o, double base_lr, int64_t total) {
   const std::string name = o.get_string("name", "constant");
-  const int64_t warmup = o.get_int("warmup_steps", 0);
-  const double min_lr = o.get_double("min_lr", 0.0);
-  DEW_USAGE_CHECK(warmup >= 0, "option 'schedule.warmup_steps' must be >= 0");
-  DEW_USAGE_CHECK(min_lr >= 0 && min_lr <= base_lr, "option 'schedule.min_lr' must be in [0, optim.lr]");
-  DEW_USAGE_CHECK(name == "constant" || name == "cosine" || name == "linear",
-                  "unknown schedule 'schedule.name = ", name, "'; known: constant, cosine, linear");
-  return [=](int64_t step) -> double {
-    if (warmup > 0 && step < warmup) return base_lr * double(step + 1) / double(warmup);
-    if (name == "constant") return base_lr;
-    const double span = double(std::max<int64_t>(total - warmup, 1));
-    const double t = std::min(1.0, double(step - warmup) / span);
-    if (name == "cosine") return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(M_PI * t));
-    return base_lr + (min_lr - base_lr) * t;  // linear decay
-  };
+  std::shared_ptr<Schedule> s = Registry::global().create<Schedule>(name, o);
+  s->init(base_lr, total);
+  return [s](int64_t step) { return s->lr(step); };
 }
 
 // ---------------------------------------------------------------- EMA

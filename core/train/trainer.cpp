@@ -225,7 +225,7 @@ class Trainer {
   std::unique_ptr<dist::DataParallel> dp_;
   bool leader_ = true;
   double clip_ = 0;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::shared_ptr<Optimizer> optimizer_;
   std::function<double(int64_t)> schedule_;
   std::unique_ptr<Ema> ema_;
   NamedTensors ema_params_;
@@ -470,7 +470,7 @@ UpdateResult Trainer::one_update() {
   st_.streak = 0;
   const float grad_scale = clip_ > 0 && u.grad_norm > clip_ ? float(clip_ / (u.grad_norm + 1e-6)) : 1.0f;
   u.lr = schedule_(st_.updates);
-  optimizer_->update(run_.params, float(u.lr), grad_scale, st_.updates + 1);
+  optimizer_->update(float(u.lr), grad_scale, st_.updates + 1);
   for (auto& [k, p] : run_.params) p.zero_grad();
   ++st_.updates;
   if (ema_) ema_->update(ema_params_, st_.updates);

@@ -142,7 +142,7 @@ void overfit(const std::string& plugin, const std::map<std::string, std::string>
     loss = l.item();
     if (first < 0) first = loss;
     l.backward();
-    opt->update(params, 3e-3f, 1.0f, s + 1);
+    opt->update(3e-3f, 1.0f, s + 1);
     for (auto& [k, p] : params) p.zero_grad();
   }
   MESSAGE(plugin << " overfit: loss " << first << " -> " << loss << " in " << steps << " AdamW steps");

@@ -452,7 +452,7 @@ TEST_CASE("jepa: the loss of a fresh model falls by more than 10% in 20 AdamW st
     r.loss.backward();
     {
       dew::NoGradGuard g;
-      opt->update(params, 2e-3f, 1.0f, s + 1);
+      opt->update(2e-3f, 1.0f, s + 1);
     }
     for (auto& [n, p] : params) {
       Tensor t = p;

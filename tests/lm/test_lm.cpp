@@ -701,7 +701,7 @@ TEST_CASE("lm overfit: a tiny causal_transformer memorises one fixed batch (loss
     if (first < 0) first = loss;
     if (loss < 0.05) break;
     r.loss.backward();
-    opt->update(params, 0.01f, 1.0f, steps + 1);
+    opt->update(0.01f, 1.0f, steps + 1);
     for (auto& [k, p] : params) p.zero_grad();
   }
   MESSAGE("overfit: loss " << first << " -> " << loss << " in " << steps << " AdamW steps");

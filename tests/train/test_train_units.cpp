@@ -100,3 +100,64 @@ TEST_CASE("global gradient norm over every parameter with a gradient") {
   // d/da = 4, d/db = 0: norm 4
   CHECK(dew::global_grad_norm({{"a", a}, {"b", b}, {"c", c}}) == doctest::Approx(4.0));
 }
+
+TEST_CASE("optimizers and schedules are registry kinds; the core's are built in") {
+  auto& reg = dew::Registry::global();
+  for (const char* name : {"adamw", "lamb", "muon", "sgd"}) {
+    CHECK(reg.contains(dew::Optimizer::kind, name));
+    CHECK(reg.find(dew::Optimizer::kind, name).origin.plugin == "core");
+  }
+  for (const char* name : {"constant", "cosine", "linear", "wsd", "exponential", "power", "one_cycle"}) CHECK(reg.contains(dew::Schedule::kind, name));
+  auto be = ref();
+  dew::NamedTensors params{{"w", dew::Tensor::zeros({2, 2}, dew::DType::f32, be)}};
+  CHECK_THROWS_WITH_AS(dew::make_optimizer(dew::Options({{"name", "nope"}}, "optim"), params),
+                       doctest::Contains("unknown optimizer 'nope'; known: adamw (core), lamb (core), muon (core), sgd (core)"),
+                       dew::UsageError);
+  // A second registration of a built-in name is refused, naming both origins.
+  CHECK_THROWS_WITH_AS(reg.builtin_registrar().add<dew::Optimizer>(
+                           {.name = "adamw", .factory = [](const dew::Options&) -> std::shared_ptr<dew::Optimizer> {
+                              return nullptr;
+                            }}),
+                       doctest::Contains("duplicate optimizer 'adamw'"), dew::Error);
+}
+
+TEST_CASE("parameter roles from names and shapes, overridden by patterns; groups scale lr and weight decay") {
+  using R = dew::ParamRole;
+  CHECK(dew::param_role("model.embed_tokens.weight", {256, 64}) == R::embedding);
+  CHECK(dew::param_role("tok_emb.weight", {256, 64}) == R::embedding);
+  CHECK(dew::param_role("pos_embed", {1, 16, 64}) == R::embedding);
+  CHECK(dew::param_role("x_embedder.proj.weight", {64, 3, 2, 2}) == R::embedding);
+  CHECK(dew::param_role("lm_head.weight", {256, 64}) == R::head);
+  CHECK(dew::param_role("head.weight", {10, 64}) == R::head);
+  CHECK(dew::param_role("final_layer.linear.weight", {64, 16}) == R::head);
+  CHECK(dew::param_role("model.layers.0.self_attn.q_proj.weight", {64, 64}) == R::matrix);
+  CHECK(dew::param_role("blocks.0.conv.weight", {8, 4, 3, 3}) == R::matrix);
+  CHECK(dew::param_role("members.0.weight", {8, 8}) == R::matrix);  // "emb" inside a word is not an embedding
+  CHECK(dew::param_role("model.layers.0.input_layernorm.weight", {64}) == R::norm);
+  CHECK(dew::param_role("layers.0.bias", {64}) == R::bias);
+  CHECK(dew::param_role("head.bias", {10}) == R::bias);
+  CHECK(dew::param_role("attn.q_bias", {64}) == R::bias);
+
+  auto be = ref();
+  auto t = [&](const dew::Shape& s) { return dew::Tensor::zeros(s, dew::DType::f32, be); };
+  dew::NamedTensors params{{"layers.0.weight", t({8, 4})},
+                           {"layers.0.bias", t({8})},
+                           {"layers.1.weight", t({3, 8})},
+                           {"norm.weight", t({8})}};
+  dew::Options o({{"roles.head", "layers.1.*"}, {"no_decay", "bias, norm"}, {"lr_scale.head", "0.5"}}, "optim");
+  const auto ps = dew::optim_params(o, params);
+  REQUIRE(ps.size() == 4);
+  CHECK(ps[0].role == R::matrix);
+  CHECK(ps[1].role == R::bias);
+  CHECK(ps[2].role == R::head);  // the pattern wins over the name
+  CHECK(ps[3].role == R::norm);
+  CHECK(ps[0].weight_decay_scale == 1.0f);
+  CHECK(ps[1].weight_decay_scale == 0.0f);
+  CHECK(ps[3].weight_decay_scale == 0.0f);
+  CHECK(ps[2].lr_scale == 0.5f);
+  CHECK(ps[0].lr_scale == 1.0f);
+  CHECK_THROWS_WITH_AS(dew::optim_params(dew::Options({{"no_decay", "gains"}}, "optim"), params),
+                       doctest::Contains("unknown parameter role 'gains'"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(dew::optim_params(dew::Options({{"lr_scale.head", "-1"}}, "optim"), params),
+                       doctest::Contains("'optim.lr_scale.head' must be >= 0"), dew::UsageError);
+}

@@ -100,7 +100,7 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
                               dew::mul(eps, dew::Tensor::from_vector(s, {B, 1, 1, 1}, be)));
     dew::Tensor loss = dew::mse(model->forward({{"x", xt}, {"t", dew::Tensor::from_vector(t, {B}, be)}}), eps);
     loss.backward();
-    optimizer->update(params, 1e-4f, 1.0f, i + 1);
+    optimizer->update(1e-4f, 1.0f, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
     const double lv = loss.item();
     be->synchronize();

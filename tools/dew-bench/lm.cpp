@@ -150,7 +150,7 @@ double matmul_params(const dew::NamedTensors& params, int64_t vocab, int64_t dim
 int run_train(const LmOptions& lo, const BenchOptions& opt) {
   Built b = build(lo, opt);
   dew::NamedTensors params = b.objective->parameters();
-  std::unique_ptr<dew::Optimizer> optimizer = dew::make_optimizer(b.config.section("optim"), params);
+  std::shared_ptr<dew::Optimizer> optimizer = dew::make_optimizer(b.config.section("optim"), params);
   const double lr = b.config.section("optim").get_double("lr", 1e-3);
 
   // Synthetic data like the peer's: uniform random ids [B, T + 1], a few batches made once and cycled.
@@ -172,7 +172,7 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
     const double lv = r.loss.item();
     r.loss.backward();
     if (lo.grad_norm) (void)dew::global_grad_norm(params);
-    optimizer->update(params, float(lr), 1.0f, i + 1);
+    optimizer->update(float(lr), 1.0f, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
     b.backend->synchronize();
     const double dt = seconds_since(t0);

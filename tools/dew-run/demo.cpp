@@ -40,7 +40,7 @@ int run_demo(const DemoOptions& opt) {
   for (auto& [name, t] : l1.named_parameters()) params.emplace_back("l1." + name, t);
   for (auto& [name, t] : l2.named_parameters()) params.emplace_back("l2." + name, t);
   Options optim({{"name", "adamw"}, {"weight_decay", "0"}}, "optim");
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(optim, params);
+  std::shared_ptr<Optimizer> optimizer = make_optimizer(optim, params);
 
   std::printf("dew demo: %s backend, MLP %lld-%lld-%lld on %lld teacher-labelled points, AdamW\n", be->name().c_str(),
               (long long)in, (long long)hidden, (long long)classes, (long long)n);
@@ -50,7 +50,7 @@ int run_demo(const DemoOptions& opt) {
     Tensor logits = l2.forward(l1.forward(x, Activation::relu));
     Tensor loss = cross_entropy(logits, labels);
     loss.backward();
-    optimizer->update(params, 1e-2f, 1.0f, step);
+    optimizer->update(1e-2f, 1.0f, step);
     for (auto& [name, p] : params) p.zero_grad();
     if (step == 1 || step % 50 == 0 || step == opt.steps) {
       loss_value = loss.item();

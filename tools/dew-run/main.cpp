@@ -18,6 +18,7 @@
 #include "dew/config.hpp"
 #include "dew/error.hpp"
 #include "dew/interop.hpp"
+#include "dew/optim.hpp"
 #include "dew/registry.hpp"
 #include "dew/report.hpp"
 #include "dew/safetensors.hpp"
@@ -111,6 +112,17 @@ po::variables_map parse(const std::vector<std::string>& args, const po::options_
   return vm;
 }
 
+void print_component_options(const std::string& section, const char* kind, const std::string& name) {
+  if (!dew::Registry::global().contains(kind, name)) return;
+  const auto& c = dew::Registry::global().find(kind, name);
+  std::cout << "\n[" << section << "] options of " << kind << " '" << name << "' (" << c.origin.describe() << "):\n";
+  if (c.options.empty()) std::cout << "  (none declared)\n";
+  for (const auto& spec : c.options)
+    std::cout << "  --" << section << "." << spec.key
+              << (spec.default_value.empty() ? "" : " (default " + spec.default_value + ")") << "  " << spec.help
+              << "\n";
+}
+
 void print_plugin_options(dew::Config& config) {
   // [predictor]: the second backbone of objectives that own two (jepa).
   for (const char* section : {"model", "predictor", "objective", "data"}) {
@@ -122,15 +134,21 @@ void print_plugin_options(dew::Config& config) {
     const char* kind = sec == "model" || sec == "predictor" ? "model"
                        : sec == "objective"                 ? "objective"
                                                             : "data_source";
-    if (!dew::Registry::global().contains(kind, name)) continue;
-    const auto& c = dew::Registry::global().find(kind, name);
-    std::cout << "\n[" << section << "] options of " << kind << " '" << name << "' (" << c.origin.describe() << "):\n";
-    if (c.options.empty()) std::cout << "  (none declared)\n";
-    for (const auto& spec : c.options)
-      std::cout << "  --" << section << "." << spec.key
-                << (spec.default_value.empty() ? "" : " (default " + spec.default_value + ")") << "  " << spec.help
-                << "\n";
+    print_component_options(section, kind, name);
   }
+  // The optimizer and the schedule: built-in or a plugin's, named by `name` (the trainer's defaults otherwise).
+  auto name_in = [&](const char* section, const char* fallback) {
+    if (!config.has_section(section)) return std::string(fallback);
+    const auto& v = config.section(section).values();
+    return v.count("name") ? v.at("name") : std::string(fallback);
+  };
+  print_component_options("optim", dew::Optimizer::kind, name_in("optim", "adamw"));
+  std::cout << "\n[optim] parameter groups, for every optimizer (roles: matrix, embedding, head, norm, bias):\n"
+               "  --optim.no_decay (default norm, bias, embedding)  roles without weight decay (none: every role "
+               "decays)\n"
+               "  --optim.lr_scale.<role> (default 1)  multiplies the scheduled learning rate of the role\n"
+               "  --optim.roles.<role> PATTERNS  names (shell globs) that get the role instead of the inferred one\n";
+  print_component_options("schedule", dew::Schedule::kind, name_in("schedule", "constant"));
 }
 
 int cmd_train(const std::vector<std::string>& raw) {
@@ -368,6 +386,23 @@ int cmd_report(const std::vector<std::string>& args) {
   return 0;
 }
 
+void print_components(const dew::Registry& reg, const std::vector<std::string>& components) {
+  for (const auto& comp : components) {
+    const auto slash = comp.find('/');
+    const std::string kind = comp.substr(0, slash), name = comp.substr(slash + 1);
+    const auto& e = reg.find(kind, name);
+    std::cout << "    " << kind << " " << name;
+    if (e.probe) {
+      const dew::Support s = e.probe();
+      std::cout << (s.ok ? "  [can run here]" : "  [cannot run here: " + s.reason + "]");
+    } else if (kind == dew::Backend::kind) {
+      std::cout << "  [can run here]";
+    }
+    if (!e.description.empty()) std::cout << "  — " << e.description;
+    std::cout << "\n";
+  }
+}
+
 int cmd_plugins(const std::vector<std::string>& args) {
   Common c;
   po::options_description d("dew-run plugins");
@@ -376,6 +411,14 @@ int cmd_plugins(const std::vector<std::string>& args) {
   parse(args, d);
   load_plugins(c);
   auto& reg = dew::Registry::global();
+  // The built-ins first (libdew's own optimizers, schedules, ...), listed like a plugin's components.
+  std::vector<std::string> builtin;
+  for (const dew::ErasedComponent* e : reg.components())
+    if (e->origin.plugin == "core") builtin.push_back(e->kind + "/" + e->name);
+  if (!builtin.empty()) {
+    std::cout << "core  version " << DEW_SDK_VERSION << "  (built into libdew)\n";
+    print_components(reg, builtin);
+  }
   const auto plugins = reg.plugins();
   if (plugins.empty()) {
     std::cout << "no plugins found (searched --plugin-dir, DEW_PLUGIN_PATH and next to dew-run)\n";
@@ -384,20 +427,7 @@ int cmd_plugins(const std::vector<std::string>& args) {
   for (const auto& p : plugins) {
     std::cout << p.name << "  version " << p.version << "  abi " << p.abi_version << "  " << p.file << "\n";
     if (!p.build_notes.empty()) std::cout << "    built with: " << p.build_notes << "\n";
-    for (const auto& comp : p.components) {
-      const auto slash = comp.find('/');
-      const std::string kind = comp.substr(0, slash), name = comp.substr(slash + 1);
-      const auto& e = reg.find(kind, name);
-      std::cout << "    " << kind << " " << name;
-      if (e.probe) {
-        const dew::Support s = e.probe();
-        std::cout << (s.ok ? "  [can run here]" : "  [cannot run here: " + s.reason + "]");
-      } else if (kind == dew::Backend::kind) {
-        std::cout << "  [can run here]";
-      }
-      if (!e.description.empty()) std::cout << "  — " << e.description;
-      std::cout << "\n";
-    }
+    print_components(reg, p.components);
   }
   return 0;
 }

@@ -1,8 +1,7 @@
-// dew/train.hpp — optimizers, learning-rate schedules, EMA and the Trainer.
+// dew/train.hpp — EMA, the global gradient norm and the Trainer (`dew-run train`, eval, sample, export).
 //
-// Optimizers run the backend's fused update kernels in place; their state (moments, momentum) is
-// named per parameter so checkpoints hold it as optim/<slot>/<param name>. Schedules are pure
-// functions of the update count. The Trainer runs `dew-run train`: see docs/training.md.
+// Optimizers and learning-rate schedules are registry kinds: dew/optim.hpp. The Trainer runs
+// `dew-run train`: see docs/training.md.
 #pragma once
 #include <functional>
 #include <map>
@@ -12,27 +11,9 @@
 
 #include "dew/config.hpp"
 #include "dew/objective.hpp"
+#include "dew/optim.hpp"
 
 namespace dew {
-
-class Optimizer {
- public:
-  virtual ~Optimizer() = default;
-  // One update of every parameter from its .grad (parameters without a gradient are skipped).
-  // `step` counts updates from 1; grad_scale multiplies the gradients (global-norm clipping).
-  virtual void update(const NamedTensors& params, float lr, float grad_scale, int64_t step) = 0;
-  // Named state tensors by slot ("m", "v", "momentum"), in parameter order.
-  virtual std::map<std::string, NamedTensors> state() const = 0;
-  virtual std::string name() const = 0;
-};
-
-// From the [optim] section: name = sgd | adamw | lamb; lr; weight_decay; betas = b1, b2; eps; momentum;
-// nesterov; dampening. State is allocated for `params` (zeros).
-std::unique_ptr<Optimizer> make_optimizer(Options& optim, const NamedTensors& params);
-
-// From the [schedule] section: name = constant | cosine | linear; warmup_steps; min_lr (absolute) —
-// lr(step) for step = updates done (0-based), total = trainer.steps.
-std::function<double(int64_t)> make_schedule(Options& schedule, double base_lr, int64_t total_steps);
 
 // EMA with a warm-up decay: decay(t) = min(max_decay, (1 + t) / (10 + t)) when warmup is on, else
 // max_decay. update(): ema = decay * ema + (1 - decay) * param.
