@@ -4,11 +4,14 @@
 //   Trainer::Trainer       the run (run.cpp), optimizer, schedule, EMA, run directory and logger
 //   Trainer::resume        a checkpoint's weights, EMA, optimizer state, counters and data position
 //   Trainer::start         config.ini, every rank on rank 0's state (dist::DataParallel), the start line
+//   validate_before_training   what later stages read (validation split, sampling options) is checked
+//                          before the first update, so a late error never throws updates away
 //   Trainer::one_update    grad_accum micro-batches (forward, loss / grad_accum, backward) -> the update's
 //                          one host transfer (losses, gradient square sums, device metrics) -> non-finite
 //                          guard (skip and count; stop after a streak) -> clip factor folded into the fused
 //                          update -> LR from the schedule -> optimizer update -> EMA
-//   Trainer::log_update    the metrics window: metrics.jsonl and the progress line every log_every updates
+//   Trainer::log_update    the metrics window: metrics.jsonl (and its sinks: TensorBoard, the report)
+//                          and the progress line every log_every updates
 //   Trainer::validate, save    at their cadences (and at the end)
 //   Trainer::run           the loop, interrupts (Ctrl-C / SIGUSR1: a checkpoint, exit 130) and the end line
 //
