@@ -63,4 +63,24 @@ StridedPair check_strided_copy(const std::string& who, const StridedCopyParams& 
   return coalesce(p.shape, p.src_strides, p.dst_strides);
 }
 
+RowsShape check_rows(const std::string& who, const Tensor& table, const Tensor& idx, const Tensor& rows) {
+  DEW_CHECK(table.defined() && idx.defined() && rows.defined(), who, ": undefined argument");
+  DEW_CHECK(table.ndim() == 2 || table.ndim() == 3, who, ": the table ", shape_str(table.shape()),
+            " is not [R, D] or [Bs, R, D]");
+  DEW_CHECK(idx.dtype() == DType::i32, who, ": indices must be i32, got ", dtype_name(idx.dtype()));
+  DEW_CHECK(idx.ndim() == 1 || idx.ndim() == 2, who, ": indices ", shape_str(idx.shape()), " are not [K] or [B, K]");
+  RowsShape s{};
+  s.Bs = table.ndim() == 3 ? table.size(0) : 1;
+  s.R = table.size(-2);
+  s.D = table.size(-1);
+  s.B = idx.ndim() == 2 ? idx.size(0) : 1;
+  s.K = idx.size(-1);
+  DEW_CHECK(s.Bs == 1 || s.Bs == s.B, who, ": table batch ", s.Bs, " is neither 1 nor the index batch ", s.B);
+  DEW_CHECK(rows.dtype() == table.dtype(), who, ": rows has dtype ", dtype_name(rows.dtype()), ", expected ",
+            dtype_name(table.dtype()));
+  DEW_CHECK(rows.numel() == s.B * s.K * s.D, who, ": rows has shape ", shape_str(rows.shape()), " (", rows.numel(),
+            " elements), expected ", s.B * s.K * s.D, " elements");
+  return s;
+}
+
 }  // namespace dew::contracts

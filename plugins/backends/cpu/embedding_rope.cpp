@@ -18,21 +18,9 @@ namespace dew::cpu {
 
 namespace {
 
-struct RowsShape {
-  int64_t bs, r, d, b, k;
-};
-// table [Bs, R, D] (or [R, D]), idx [B, K] (or [K]), rows [B, K, D] (any shape with B*K*D elements).
+using contracts::RowsShape;  // table [Bs, R, D] (or [R, D]), idx [B, K] (or [K]), rows [B, K, D]
 RowsShape rows_shape(const Tensor& table, const Tensor& idx, const Tensor& rows, const char* kernel) {
-  require_i32(idx, kernel, "idx");
-  DEW_CHECK((table.ndim() == 2 || table.ndim() == 3) && (idx.ndim() == 1 || idx.ndim() == 2), "cpu ", kernel,
-            ": expected table [Bs, R, D] and idx [B, K]; got ", shape_str(table.shape()), " and ",
-            shape_str(idx.shape()));
-  RowsShape s{table.ndim() == 3 ? table.shape()[0] : 1, table.size(-2), table.size(-1),
-              idx.ndim() == 2 ? idx.shape()[0] : 1, idx.size(-1)};
-  DEW_CHECK((s.bs == 1 || s.bs == s.b) && rows.numel() == s.b * s.k * s.d, "cpu ", kernel, ": table ",
-            shape_str(table.shape()), ", idx ", shape_str(idx.shape()), " and rows ", shape_str(rows.shape()),
-            " do not fit together");
-  return s;
+  return contracts::check_rows(std::string("cpu ") + kernel, table, idx, rows);
 }
 
 void check_indices(const int32_t* ix, int64_t n, int64_t rows, const char* kernel) {
@@ -53,15 +41,15 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) 
   DEW_CHECK(src.dtype() == out.dtype(), "cpu gather_rows: src is ", dtype_name(src.dtype()), ", out ",
             dtype_name(out.dtype()));
   const int32_t* ix = idx.data_as<int32_t>();
-  check_indices(ix, s.b * s.k, s.r, "gather_rows");
-  const size_t row_bytes = size_t(s.d) * dtype_size(src.dtype());
+  check_indices(ix, s.B * s.K, s.R, "gather_rows");
+  const size_t row_bytes = size_t(s.D) * dtype_size(src.dtype());
   const char* sp = static_cast<const char*>(src.data());
   char* op = static_cast<char*>(out.data());
-  const int64_t n = s.b * s.k;
+  const int64_t n = s.B * s.K;
 #pragma omp parallel for schedule(static) if (parallel_worth(out.numel()))
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = s.bs == 1 ? 0 : i / s.k;
-    std::memcpy(op + size_t(i) * row_bytes, sp + size_t(b * s.r + ix[i]) * row_bytes, row_bytes);
+    const int64_t b = s.Bs == 1 ? 0 : i / s.K;
+    std::memcpy(op + size_t(i) * row_bytes, sp + size_t(b * s.R + ix[i]) * row_bytes, row_bytes);
   }
 }
 
@@ -70,12 +58,12 @@ void CpuBackend::scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor&
   require_f32(dsrc, "scatter_add_rows", "dsrc");
   const RowsShape s = rows_shape(dsrc, idx, dout, "scatter_add_rows");
   const int32_t* ix = idx.data_as<int32_t>();
-  const int64_t n = s.b * s.k;
-  check_indices(ix, n, s.r, "scatter_add_rows");
+  const int64_t n = s.B * s.K;
+  check_indices(ix, n, s.R, "scatter_add_rows");
   const float* g = dout.data_as<float>();
   float* d = dsrc.data_as<float>();
-  const int64_t dim = s.d;
-  auto target = [&](int64_t i) { return (s.bs == 1 ? 0 : i / s.k) * s.r + ix[i]; };
+  const int64_t dim = s.D;
+  auto target = [&](int64_t i) { return (s.Bs == 1 ? 0 : i / s.K) * s.R + ix[i]; };
   if (!parallel_worth(dout.numel())) {
     for (int64_t i = 0; i < n; ++i) {
       float* dr = d + target(i) * dim;
@@ -86,7 +74,7 @@ void CpuBackend::scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor&
     return;
   }
   // Counting sort of the sources by target row (stable: (b, k) order within a row).
-  const int64_t targets = s.bs * s.r;
+  const int64_t targets = s.Bs * s.R;
   std::vector<int64_t> start(size_t(targets) + 1, 0);
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) ++start[size_t(target(i)) + 1];

@@ -68,22 +68,7 @@ void expect_i32(const Tensor& t, int64_t numel, Kernel k, const char* what) {
 }
 
 RowsDims check_rows(const Tensor& table, const Tensor& idx, const Tensor& rows, Kernel k) {
-  DEW_CHECK(table.defined() && idx.defined() && rows.defined(), "cuda.", kernel_name(k), ": undefined argument");
-  DEW_CHECK(table.ndim() == 2 || table.ndim() == 3, "cuda.", kernel_name(k), ": the table ", shape_str(table.shape()),
-            " is not [R, D] or [Bs, R, D]");
-  DEW_CHECK(idx.dtype() == DType::i32, "cuda.", kernel_name(k), ": indices must be i32, got ", dtype_name(idx.dtype()));
-  DEW_CHECK(idx.ndim() == 1 || idx.ndim() == 2, "cuda.", kernel_name(k), ": indices ", shape_str(idx.shape()),
-            " are not [K] or [B, K]");
-  RowsDims s{};
-  s.Bs = table.ndim() == 3 ? table.size(0) : 1;
-  s.R = table.size(-2);
-  s.D = table.size(-1);
-  s.B = idx.ndim() == 2 ? idx.size(0) : 1;
-  s.K = idx.size(-1);
-  DEW_CHECK(s.Bs == 1 || s.Bs == s.B, "cuda.", kernel_name(k), ": table batch ", s.Bs,
-            " is neither 1 nor the index batch ", s.B);
-  expect_same(rows, table, s.B * s.K * s.D, k, "rows");
-  return s;
+  return contracts::check_rows(std::string("cuda.") + kernel_name(k), table, idx, rows);
 }
 
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kernel kern) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dew/backend.hpp"
+#include "dew/kernel_contracts.hpp"
 #include "dew/error.hpp"
 #include "dew/options.hpp"
 #include "dew/tensor.hpp"
@@ -66,9 +67,7 @@ void expect_f32(const Tensor& t, int64_t numel, Kernel k, const char* what);
 void expect_i32(const Tensor& t, int64_t numel, Kernel k, const char* what);
 Support support_of(Kernel k, DType dtype);
 
-struct RowsDims {
-  int64_t Bs, R, D, B, K;
-};
+using RowsDims = contracts::RowsShape;  // dew/kernel_contracts.hpp
 RowsDims check_rows(const Tensor& table, const Tensor& idx, const Tensor& rows, Kernel k);
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kernel kern);
 struct ConvDims {

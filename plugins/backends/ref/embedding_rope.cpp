@@ -4,6 +4,7 @@
 // scatter_add accumulates (+=) in double on top of dsrc's values; rope angles are computed in double.
 #include <vector>
 
+#include "dew/kernel_contracts.hpp"
 #include "ref_backend.hpp"
 
 namespace dew::ref {
@@ -11,25 +12,11 @@ namespace dew::ref {
 namespace {
 
 // src/dsrc [Bs, R, D] (or [R, D]) with Bs in {1, B}; idx [B, K] (or [K], B = 1); rows [B, K, D].
-struct RowsShape {
-  int64_t Bs, R, D, B, K;
-};
+using contracts::RowsShape;
 
+// The shared shape contract (dew/kernel_contracts.hpp), then every index value, before anything is written.
 RowsShape rows_shape(const Tensor& table, const Tensor& idx, const Tensor& rows, Kernel k) {
-  DEW_CHECK(table.ndim() == 2 || table.ndim() == 3, "ref.", kernel_name(k), ": the table ", shape_str(table.shape()),
-            " is not [R, D] or [Bs, R, D]");
-  DEW_CHECK(idx.dtype() == DType::i32, "ref.", kernel_name(k), ": indices must be i32, got ", dtype_name(idx.dtype()));
-  DEW_CHECK(idx.ndim() == 1 || idx.ndim() == 2, "ref.", kernel_name(k), ": indices ", shape_str(idx.shape()),
-            " are not [K] or [B, K]");
-  RowsShape s{};
-  s.Bs = table.ndim() == 3 ? table.size(0) : 1;
-  s.R = table.size(-2);
-  s.D = table.size(-1);
-  s.B = idx.ndim() == 2 ? idx.size(0) : 1;
-  s.K = idx.size(-1);
-  DEW_CHECK(s.Bs == 1 || s.Bs == s.B, "ref.", kernel_name(k), ": table batch ", s.Bs,
-            " is neither 1 nor the index batch ", s.B);
-  expect(rows, table.dtype(), s.B * s.K * s.D, k, "rows");
+  const RowsShape s = contracts::check_rows(std::string("ref.") + kernel_name(k), table, idx, rows);
   const int32_t* ix = idx.data_as<int32_t>();
   for (int64_t i = 0; i < s.B * s.K; ++i)
     DEW_CHECK(ix[i] >= 0 && ix[i] < s.R, "ref.", kernel_name(k), ": index ", ix[i], " at [", i / s.K, ", ", i % s.K,

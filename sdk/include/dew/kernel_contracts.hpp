@@ -43,4 +43,12 @@ StridedPair check_strided_copy(const std::string& who, const Tensor& src, const 
 StridedPair check_strided_copy(const std::string& who, const StridedCopyParams& p, int64_t src_numel,
                                int64_t dst_numel);
 
+// gather_rows / scatter_add_rows: table [R, D] or [Bs, R, D] with Bs in {1, B}, idx i32 [K] or [B, K],
+// rows (out / dout) of the table's dtype with B * K * D elements. The index values are checked by each
+// backend where the indices live (host loop, device error word).
+struct RowsShape {
+  int64_t Bs, R, D, B, K;
+};
+RowsShape check_rows(const std::string& who, const Tensor& table, const Tensor& idx, const Tensor& rows);
+
 }  // namespace dew::contracts
