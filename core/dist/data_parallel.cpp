@@ -44,6 +44,7 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensor
   if (!comm_) return;  // one process
   DEW_USAGE_CHECK(bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", bucket_mb);
   for (size_t k = 0; k < params_.size(); ++k) index_[params_[k].second.impl()] = k;
+  dropped_.assign(params_.size(), 0);
   if (sharded()) {
     // Contiguous runs of whole parameters, balanced by bytes: a parameter goes to the rank whose
     // 1/world of the total holds its midpoint.
@@ -121,11 +122,13 @@ void DataParallel::gather_parameters() {
   if (!released_) return;
   const auto t0 = Clock::now();
   for (size_t k = 0; k < params_.size(); ++k) {
-    if (owns(k)) continue;
+    if (!dropped_[k]) continue;
     TensorImpl& impl = *params_[k].second.impl();
     impl.storage = std::make_shared<Storage>(impl.storage->backend, params_[k].second.nbytes());
     impl.offset = 0;
+    dropped_[k] = 0;
   }
+  // Every rank broadcasts every parameter from its owner: the same sequence of collectives everywhere.
   std::vector<std::shared_ptr<CommRequest>> pending;
   for (size_t k = 0; k < params_.size(); ++k) pending.push_back(comm_->broadcast_async(params_[k].second, owner(k)));
   for (auto& r : pending) r->wait();
@@ -133,18 +136,21 @@ void DataParallel::gather_parameters() {
   sync_ms_ += ms_since(t0);
 }
 
+void DataParallel::drop_storage(size_t k) {
+  if (dropped_[k] || owns(k)) return;
+  Tensor& p = params_[k].second;
+  TensorImpl& impl = *p.impl();
+  DEW_CHECK(impl.offset == 0 && impl.storage->bytes == p.nbytes(), "run.shard = parameters: parameter '",
+            params_[k].first, "' is a view into a larger buffer; its storage cannot be released");
+  p.zero_grad();
+  impl.storage = std::make_shared<Storage>(impl.storage->backend, 0);
+  dropped_[k] = 1;
+}
+
 void DataParallel::release_parameters() {
   if (!sharded() || shard_ != ShardMode::parameters || released_) return;
   params_.front().second.backend().synchronize();
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (owns(k)) continue;
-    Tensor& p = params_[k].second;
-    TensorImpl& impl = *p.impl();
-    DEW_CHECK(impl.offset == 0 && impl.storage->bytes == p.nbytes(), "run.shard = parameters: parameter '",
-              params_[k].first, "' is a view into a larger buffer; its storage cannot be released");
-    p.zero_grad();
-    impl.storage = std::make_shared<Storage>(impl.storage->backend, 0);
-  }
+  for (size_t k = 0; k < params_.size(); ++k) drop_storage(k);
   released_ = true;
 }
 
@@ -196,6 +202,7 @@ LeafReadyHook DataParallel::begin_sync() {
   return [this](const Tensor& leaf) { on_leaf_ready(leaf); };
 }
 
+
 void DataParallel::on_leaf_ready(const Tensor& leaf) {
   const auto t0 = Clock::now();
   auto it = index_.find(leaf.impl());
@@ -227,7 +234,13 @@ void DataParallel::stage(size_t k) {
     b.flat.backend().fill(flag, 0.0);
   }
   // Sharded gradients: the bucket holds the copy now; the owner gets the reduced one back in finish_sync.
+  // Under shard = parameters a parameter whose gradient is complete is not read again in this backward
+  // pass (every node that uses it has an edge to it and has run): its storage goes now, not at the end.
   if (shards_gradients()) Tensor(p).zero_grad();
+  if (shard_ == ShardMode::parameters) {
+    b.flat.backend().synchronize();  // the copy out of the gradient, and kernels reading the parameter, are done
+    drop_storage(k);
+  }
   --b.pending;
 }
 

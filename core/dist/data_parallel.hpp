@@ -25,7 +25,8 @@
 //               staged, and keep no .grad for parameters they do not own.
 //   parameters  ZeRO-3: as gradients, and between updates a rank keeps only the storage of the
 //               parameters it owns (release_parameters: the others keep their shape, not their bytes);
-//               gather_parameters re-creates and broadcasts them before the forward pass.
+//               gather_parameters re-creates and broadcasts them before the forward pass, and the last
+//               backward pass of an update drops each one as soon as its gradient is complete.
 // With one rank every mode reduces to none; with a null communicator the mode is ignored.
 //
 // The trainer talks to every run through this class: with a null communicator it is one process, and
@@ -122,10 +123,12 @@ class DataParallel {
   void progress();
 
   void ensure_flat(Bucket& b);
+  void drop_storage(size_t k);  // shard = parameters: parameter k (not owned here) keeps its shape only
   std::shared_ptr<Communicator> comm_;
   ShardMode shard_ = ShardMode::none;
   std::vector<int> owner_;  // per parameter (sharded runs only)
-  bool released_ = false;
+  bool released_ = false;      // between release_parameters and gather_parameters (the same on every rank)
+  std::vector<char> dropped_;  // per parameter: its storage is released here
   NamedTensors params_;
   std::unordered_map<const TensorImpl*, size_t> index_;
   std::vector<size_t> bucket_of_;
