@@ -24,6 +24,9 @@
 // from rank 0's weights/EMA/optimizer state, and all-reduces its gradients in buckets overlapped with the
 // last micro-batch's backward. Rank 0 alone logs and writes metrics, config.ini and checkpoints; every
 // rank validates on the whole split (identical weights, identical results), so no rank waits on another.
+// [run] shard (ZeRO-1/2/3): each rank's optimizer and EMA cover the parameters it owns, DataParallel
+// reduces gradients onto owners and broadcasts or releases/gathers parameters around the update, and
+// save_sharded writes the usual checkpoint one tensor at a time from its owner (docs/distributed.md).
 //
 // Host-device transfers on the step path: one per update (plus the data-parallel sum across ranks): the
 // micro-batch losses, each gradient's sum of squares and the objective's device metrics are concatenated
