@@ -5,7 +5,10 @@
 #    from LION_DIR) gives the per-step losses of shard = none within 1e-6 relative over 6 updates, and
 #    the same parameters, EMA and optimizer state in the checkpoint (read with h5py) within 1e-6.
 # 2. The same with grad_accum 2 and tiny buckets (several buckets, owners changing between them).
-# 3. One rank (dist = mpi without mpirun): every shard mode is a no-op, bit for bit.
+# 3. Other objectives: JEPA (vit encoder + predictor, the target encoder updated in after_update, EMA on)
+#    and a byte-level LM (causal_transformer on a fortune file), shard = gradients and parameters, bit
+#    for bit against none (same arithmetic) within the 1e-6 checks.
+# 4. One rank (dist = mpi without mpirun): every shard mode is a no-op, bit for bit.
 # The log must say the run is sharded (a silently ignored option fails here).
 set -euo pipefail
 bin=$1 backend=$2 work=$3 lion=$4
@@ -39,6 +42,21 @@ for mode in optimizer gradients parameters; do
   echo "== accum-$mode"
   check "accum-$mode" accum-none 1e-6
 done
+"$bin/dew-tokenize" --input /usr/share/games/fortunes/magic --out "$work/magic" > "$work/tok.log" 2>&1 ||
+  { cat "$work/tok.log"; exit 1; }
+objective_runs() {  # NAME CONFIG ARGS...
+  local name=$1 config=$2; shift 2
+  local args=(train --config "$config" --backend "$backend" --trainer.steps 6 --trainer.eval_every 3
+              --trainer.checkpoint_every 0 --run.dist mpi "$@")
+  run_mpi 2 "$work/$name-none.log" "${args[@]}" --run-dir "$work/$name-none"
+  for mode in gradients parameters; do
+    run_mpi 2 "$work/$name-$mode.log" "${args[@]}" --run-dir "$work/$name-$mode" --run.shard $mode
+    echo "== $name-$mode"
+    check "$name-$mode" "$name-none" 1e-6
+  done
+}
+objective_runs jepa "$here/../jepa/tiny.ini" --data.batch_size 4 --trainer.ema_decay 0.9
+objective_runs lm "$here/../report/lm-tiny.ini" --data.batch_size 4 --data.path "$work/magic"
 run "$work/one-none.log" "${common[@]}" --run-dir "$work/one-none" --data.batch_size 16
 for mode in optimizer gradients parameters; do
   run "$work/one-$mode.log" "${common[@]}" --run-dir "$work/one-$mode" --data.batch_size 16 --run.shard $mode
