@@ -11,6 +11,17 @@ namespace dew::dist {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// Frees or re-creates a storage's memory in place (as FSDP resizes a storage to 0): every tensor that
+// shares it (the parameter, views of it saved by autograd nodes) sees the change, so dropping a
+// parameter really returns its bytes, and re-gathering it is what the saved views read in the backward.
+// Storage's invariant is kept: `data` is an allocation of max(bytes, 1) bytes.
+void resize_storage(Storage& s, size_t bytes) {
+  void* fresh = s.backend->allocate(bytes == 0 ? 1 : bytes);
+  s.backend->deallocate(s.data, s.bytes == 0 ? 1 : s.bytes);
+  s.data = fresh;
+  s.bytes = bytes;
+}
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 }  // namespace
 
@@ -45,6 +56,8 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensor
   DEW_USAGE_CHECK(bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", bucket_mb);
   for (size_t k = 0; k < params_.size(); ++k) index_[params_[k].second.impl()] = k;
   dropped_.assign(params_.size(), 0);
+  resident_.assign(params_.size(), 1);
+  block_managed_.assign(params_.size(), 0);
   if (sharded()) {
     // Contiguous runs of whole parameters, balanced by bytes: a parameter goes to the rank whose
     // 1/world of the total holds its midpoint.
@@ -118,40 +131,72 @@ void DataParallel::distribute_parameters() {
   sync_ms_ += ms_since(t0);
 }
 
-void DataParallel::gather_parameters() {
-  if (!released_) return;
+// Broadcasts parameters `ks` from their owners (re-creating the storage of those dropped here); every
+// rank passes the same list, decided from the state every rank shares (resident_), never from dropped_.
+void DataParallel::fetch_parameters(const std::vector<size_t>& ks) {
+  if (ks.empty()) return;
   const auto t0 = Clock::now();
-  for (size_t k = 0; k < params_.size(); ++k) {
+  for (size_t k : ks) {
     if (!dropped_[k]) continue;
-    TensorImpl& impl = *params_[k].second.impl();
-    impl.storage = std::make_shared<Storage>(impl.storage->backend, params_[k].second.nbytes());
-    impl.offset = 0;
+    resize_storage(*params_[k].second.impl()->storage, params_[k].second.nbytes());
     dropped_[k] = 0;
   }
-  // Every rank broadcasts every parameter from its owner: the same sequence of collectives everywhere.
   std::vector<std::shared_ptr<CommRequest>> pending;
-  for (size_t k = 0; k < params_.size(); ++k) pending.push_back(comm_->broadcast_async(params_[k].second, owner(k)));
+  for (size_t k : ks) pending.push_back(comm_->broadcast_async(params_[k].second, owner(k)));
   for (auto& r : pending) r->wait();
-  released_ = false;
+  for (size_t k : ks) resident_[k] = 1;
   sync_ms_ += ms_since(t0);
+}
+
+void DataParallel::gather_parameters(bool whole) {
+  if (!shards_parameters()) return;
+  std::vector<size_t> ks;
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (!resident_[k] && (whole || !block_managed_[k])) ks.push_back(k);
+  fetch_parameters(ks);
+}
+
+void DataParallel::acquire(const std::vector<Tensor>& params) {
+  std::vector<size_t> ks;
+  for (const Tensor& t : params) {
+    auto it = index_.find(t.impl());
+    if (it == index_.end()) continue;  // not a trained parameter: every rank holds it
+    block_managed_[it->second] = 1;
+    if (!resident_[it->second]) ks.push_back(it->second);
+  }
+  fetch_parameters(ks);
+}
+
+void DataParallel::release(const std::vector<Tensor>& params) {
+  for (const Tensor& t : params) {
+    auto it = index_.find(t.impl());
+    if (it == index_.end()) continue;
+    resident_[it->second] = 0;
+    drop_storage(it->second);
+  }
+}
+
+BlockParameterHooks* DataParallel::block_hooks() {
+  return shards_parameters() ? this : nullptr;
 }
 
 void DataParallel::drop_storage(size_t k) {
   if (dropped_[k] || owns(k)) return;
   Tensor& p = params_[k].second;
+  p.backend().synchronize();  // no kernel still reads it
   TensorImpl& impl = *p.impl();
   DEW_CHECK(impl.offset == 0 && impl.storage->bytes == p.nbytes(), "run.shard = parameters: parameter '",
             params_[k].first, "' is a view into a larger buffer; its storage cannot be released");
-  p.zero_grad();
-  impl.storage = std::make_shared<Storage>(impl.storage->backend, 0);
+  resize_storage(*impl.storage, 0);
   dropped_[k] = 1;
 }
 
 void DataParallel::release_parameters() {
-  if (!sharded() || shard_ != ShardMode::parameters || released_) return;
-  params_.front().second.backend().synchronize();
-  for (size_t k = 0; k < params_.size(); ++k) drop_storage(k);
-  released_ = true;
+  if (!shards_parameters()) return;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    resident_[k] = 0;
+    drop_storage(k);
+  }
 }
 
 std::vector<std::vector<size_t>> DataParallel::bucket_members() const {
@@ -180,11 +225,18 @@ void DataParallel::start_from_rank0(const std::vector<NamedTensors>& groups, con
 }
 
 void DataParallel::backward(const Tensor& loss, bool last_micro) {
+  const Tensor seed = Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.backend_ptr());
+  if (comm_ && !last_micro && block_hooks()) {  // shard = parameters: free each one once its gradient is in
+    run_backward(loss, seed, [this](const Tensor& leaf) {
+      if (auto it = index_.find(leaf.impl()); it != index_.end()) drop_storage(it->second);
+    });
+    return;
+  }
   if (!comm_ || !last_micro) {
     loss.backward();
     return;
   }
-  run_backward(loss, Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.backend_ptr()), begin_sync());
+  run_backward(loss, seed, begin_sync());
 }
 
 void DataParallel::barrier() {
@@ -237,10 +289,7 @@ void DataParallel::stage(size_t k) {
   // Under shard = parameters a parameter whose gradient is complete is not read again in this backward
   // pass (every node that uses it has an edge to it and has run): its storage goes now, not at the end.
   if (shards_gradients()) Tensor(p).zero_grad();
-  if (shard_ == ShardMode::parameters) {
-    b.flat.backend().synchronize();  // the copy out of the gradient, and kernels reading the parameter, are done
-    drop_storage(k);
-  }
+  if (shard_ == ShardMode::parameters) drop_storage(k);
   --b.pending;
 }
 

@@ -25,8 +25,10 @@
 //               staged, and keep no .grad for parameters they do not own.
 //   parameters  ZeRO-3: as gradients, and between updates a rank keeps only the storage of the
 //               parameters it owns (release_parameters: the others keep their shape, not their bytes);
-//               gather_parameters re-creates and broadcasts them before the forward pass, and the last
-//               backward pass of an update drops each one as soon as its gradient is complete.
+//               a block's are broadcast from their owners just before its forward (run_block,
+//               dew/block_params.hpp), dropped after it, broadcast again before its backward and
+//               dropped once their gradients are complete; the others (embeddings, final norm, head)
+//               are gathered at the start of an update (gather_parameters) and dropped likewise.
 // With one rank every mode reduces to none; with a null communicator the mode is ignored.
 //
 // The trainer talks to every run through this class: with a null communicator it is one process, and
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "dew/autograd.hpp"
+#include "dew/block_params.hpp"
 #include "dew/comm.hpp"
 #include "dew/objective.hpp"
 
@@ -48,7 +51,7 @@ enum class ShardMode { none, optimizer, gradients, parameters };
 ShardMode shard_mode_from_name(const std::string& name);  // UsageError listing the modes
 const char* shard_mode_name(ShardMode mode);
 
-class DataParallel {
+class DataParallel final : public BlockParameterHooks {
  public:
   // `comm` null: one process (no buckets are allocated).
   DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb,
@@ -70,9 +73,17 @@ class DataParallel {
   void distribute_parameters();
   // parameters: re-creates the storage of the parameters this rank does not own and fills it from their
   // owners (before a forward pass, validation); release_parameters drops it again. No-ops otherwise.
-  void gather_parameters();
+  // `whole` false (an update's start): only the parameters outside blocks; a block's come with its
+  // forward (block_hooks). The first update learns which those are, so it gathers everything.
+  void gather_parameters(bool whole = true);
   void release_parameters();
-  bool parameters_released() const { return released_; }
+  // True under shard = parameters in a distributed run: parameters may be released between passes.
+  bool shards_parameters() const { return sharded() && shard_ == ShardMode::parameters; }
+  // shard = parameters: the hooks to install around an update's passes (dew/block_params.hpp), else null.
+  BlockParameterHooks* block_hooks();
+  // BlockParameterHooks: a block's parameters broadcast from their owners / dropped after its forward.
+  void acquire(const std::vector<Tensor>& params) override;
+  void release(const std::vector<Tensor>& params) override;
 
   bool distributed() const { return comm_ != nullptr; }
   Communicator& comm() { return *comm_; }
@@ -124,11 +135,14 @@ class DataParallel {
 
   void ensure_flat(Bucket& b);
   void drop_storage(size_t k);  // shard = parameters: parameter k (not owned here) keeps its shape only
+  void fetch_parameters(const std::vector<size_t>& ks);
   std::shared_ptr<Communicator> comm_;
   ShardMode shard_ = ShardMode::none;
   std::vector<int> owner_;  // per parameter (sharded runs only)
-  bool released_ = false;      // between release_parameters and gather_parameters (the same on every rank)
-  std::vector<char> dropped_;  // per parameter: its storage is released here
+  std::vector<char> dropped_;  // per parameter: its storage is released here (local)
+  // Per parameter, the same on every rank (changed only at points every rank passes): resident_ = it
+  // was gathered since it was last released; block_managed_ = a block's forward acquires it.
+  std::vector<char> resident_, block_managed_;
   NamedTensors params_;
   std::unordered_map<const TensorImpl*, size_t> index_;
   std::vector<size_t> bucket_of_;

@@ -45,6 +45,7 @@
 #include <thread>
 
 #include "dew/autograd.hpp"
+#include "dew/block_params.hpp"
 #include "dew/checkpoint.hpp"
 #include "dew/error.hpp"
 #include "dew/interop.hpp"
@@ -427,11 +428,14 @@ UpdateResult Trainer::one_update() {
   std::vector<int> has_device_tokens;
   int64_t host_tokens = 0;
   auto one = [](const Tensor& t) { return reshape(t.dtype() == DType::f32 ? t.detach() : cast(t.detach(), DType::f32), {1}); };
-  dp_->gather_parameters();  // shard = parameters: every parameter whole for this update's passes
+  // shard = parameters: each micro-batch gathers the parameters outside blocks at its start, each block's
+  // come around its forward and backward (dew/block_params.hpp), and all are released after its backward.
+  BlockParameterHooksGuard block_hooks(dp_->block_hooks());
   for (int64_t micro = 0; micro < accum; ++micro) {
     // The stream index of this rank's first row (see dew/data.hpp), read before next() advances it.
     const int64_t position = run_.train_loader->position().next + int64_t(run_.rank) * run_.train_loader->config().batch_size;
     Batch batch = to_device(run_.train_loader->next(), run_.backend);
+    dp_->gather_parameters(false);
     StepResult r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
     u.samples += r.samples;
     for (const auto& [k, v] : r.metrics) u.metrics[k] += v / double(accum);
@@ -449,6 +453,7 @@ UpdateResult Trainer::one_update() {
     // Every micro-batch runs its backward (a non-finite loss is found at the update's one transfer and
     // skips the whole update; data-parallel collectives must match on every rank anyway).
     dp_->backward(accum == 1 ? r.loss : scale(r.loss, 1.0f / float(accum)), micro == accum - 1);
+    if (micro < accum - 1) dp_->release_parameters();
   }
   dp_->finish_sync();
   dp_->release_parameters();  // shard = parameters: the optimizer updates only this rank's own
@@ -526,8 +531,8 @@ UpdateResult Trainer::one_update() {
   {
     NoGradGuard no_grad;
     // An objective with state of its own (JEPA's target encoder) reads the whole model after the update.
-    const bool whole = dp_->parameters_released() && !run_.objective->state().empty();
-    if (whole) dp_->gather_parameters();
+    const bool whole = dp_->shards_parameters() && !run_.objective->state().empty();
+    if (whole) dp_->gather_parameters(true);
     run_.objective->after_update(StepInfo{st_.updates, 0, run_.seed});
     if (whole) dp_->release_parameters();
   }
@@ -583,11 +588,11 @@ bool Trainer::validate() {
   // Sharded: the EMA swap covers this rank's own parameters; the others come from their owners
   // (gathered whole under shard = parameters, released again after).
   auto whole_model = [this] {
-    if (dp_->parameters_released()) dp_->gather_parameters();
+    if (dp_->shards_parameters()) dp_->gather_parameters(true);
     else if (ema_) dp_->distribute_parameters();
   };
   auto after_validation = [this] {
-    if (dp_->shard() == dist::ShardMode::parameters) dp_->release_parameters();
+    if (dp_->shards_parameters()) dp_->release_parameters();
     else if (ema_) dp_->distribute_parameters();
   };
   if (ema_) ema_->swap_into(ema_params_);
