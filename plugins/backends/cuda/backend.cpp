@@ -128,16 +128,25 @@ void* CudaBackend::allocate(size_t bytes) {
       void* p = it->second.back();
       it->second.pop_back();
       cached_bytes_ -= n;
+      memory_.allocated(n);
       return p;
     }
   }
-  return raw_alloc(n);
+  void* p = raw_alloc(n);
+  memory_.allocated(n);
+  return p;
+}
+
+MemoryStats CudaBackend::memory_stats() const {
+  std::lock_guard lock(alloc_mu_);
+  return memory_.stats(int64_t(cached_bytes_));
 }
 
 void CudaBackend::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
   const size_t n = round_bytes(bytes);
   std::lock_guard lock(alloc_mu_);
+  memory_.freed(n);
   if (opt_.caching_allocator) {
     free_blocks_[n].push_back(ptr);
     cached_bytes_ += n;

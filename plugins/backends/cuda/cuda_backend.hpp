@@ -99,6 +99,10 @@ class CudaBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
+  // In use: blocks handed out by allocate() (at their rounded size, scratch buffers included); reserved
+  // adds the caching allocator's free blocks. cuBLASLt's fixed workspace and the pinned staging are not counted.
+  MemoryStats memory_stats() const override;
+  void reset_memory_peak() override { memory_.reset_peak(); }
 
   // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
   DEW_KERNEL_OVERRIDES
@@ -128,9 +132,10 @@ class CudaBackend final : public Backend {
   // ---- caching allocator ----
   void* raw_alloc(size_t bytes);
   void release_cache();
-  std::mutex alloc_mu_;
+  mutable std::mutex alloc_mu_;
   std::unordered_map<size_t, std::vector<void*>> free_blocks_;
   size_t cached_bytes_ = 0;
+  MemoryCounter memory_;
 
   // ---- pinned staging for host -> device copies ----
   struct Staging {

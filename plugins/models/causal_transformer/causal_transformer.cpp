@@ -6,6 +6,8 @@
 // in layer i is philox(seed, stream_of("dropout.<i>.<s>") + step * golden, k).
 //
 // Block (pre-norm):  x = x + drop(self_attn(input_layernorm(x)));  x = x + drop(mlp(post_attention_layernorm(x)))
+// With [trainer] recompute = blocks each block of a training forward goes through dew::recompute_block
+// (dew/autograd.hpp): only its input is kept and it runs again, with the same dropout masks, in the backward.
 // Head: norm(x) @ embed_tokens^T (tied) or lm_head(norm(x)); optional final logit softcap
 // cap * tanh(z / cap). Embeddings optionally scaled by sqrt(dim) (Gemma). Attention: q/k/v projections,
 // optional RMSNorm over head_dim on q and k (before RoPE), rotary positions in the rotate-half pairing on
@@ -456,6 +458,16 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     return dew::dropout(x, float(c_.dropout), seed, stream, 0);
   }
 
+  // One pre-norm layer without a cache: a pure function of x and (positions, seed, step), so it can be
+  // recomputed in the backward with the same dropout masks.
+  Tensor layer_forward(const DecoderLayer& l, int64_t i, const Tensor& x0, const Tensor& positions, uint64_t seed,
+                       uint64_t step) const {
+    const Tensor a = l.self_attn->forward(l.input_layernorm->forward(x0), positions);
+    const Tensor x = dew::add(x0, drop(a, i, "attn", seed, step));
+    const Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
+    return dew::add(x, drop(m, i, "mlp", seed, step));
+  }
+
   // `rows` (slot decoding, T == 1): row i is a slot at its own position (positions [N, 1]).
   Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step, const SlotRows* rows = nullptr) const {
     const int64_t t = tokens.shape()[1];
@@ -470,13 +482,21 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     x = drop(x, -1, "embed", seed, step);
     for (int64_t i = 0; i < c_.layers; ++i) {
       const DecoderLayer& l = *model_->layers->items[size_t(i)];
+      if (!cache && !rows) {  // training / full forward: each layer may be recomputed ([trainer] recompute)
+        const DecoderLayer* lp = &l;
+        x = dew::recompute_block(
+            [this, lp, i, positions, seed, step](const std::vector<Tensor>& in) {
+              return layer_forward(*lp, i, in[0], positions, seed, step);
+            },
+            {x}, l.parameters());
+        continue;
+      }
       Tensor* kc = cache ? &cache->k[size_t(i)] : nullptr;
       Tensor* vc = cache ? &cache->v[size_t(i)] : nullptr;
       const Tensor h = l.input_layernorm->forward(x);
       Tensor a = rows ? l.self_attn->forward_slots(h, positions, rows->cache->k[size_t(i)], rows->cache->v[size_t(i)],
                                                    rows->slots, rows->positions)
-                 : cache ? l.self_attn->forward_cached(h, positions, *kc, *vc, past)
-                         : l.self_attn->forward(h, positions);
+                 : l.self_attn->forward_cached(h, positions, *kc, *vc, past);
       x = dew::add(x, drop(a, i, "attn", seed, step));
       Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
       x = dew::add(x, drop(m, i, "mlp", seed, step));
