@@ -223,8 +223,8 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
     Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, Hq, T}, DType::f32, be);
     Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
     Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-    be->attention(q, k, v, o, lse, p);
-    be->attention_backward(q, k, v, o, lse, g, dq, dk, dv, p);
+    be->attention(q, k, v, Tensor(), o, lse, p);
+    be->attention_backward(q, k, v, Tensor(), o, lse, g, dq, dk, dv, p);
     return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
   };
   const Out c = run(g_cuda), r = run(g_ref);

@@ -70,6 +70,8 @@ Support support_of(Kernel k, DType dtype);
 using RowsDims = contracts::RowsShape;  // dew/kernel_contracts.hpp
 RowsDims check_rows(const Tensor& table, const Tensor& idx, const Tensor& rows, Kernel k);
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kernel kern);
+// segment_ids' device pointer (i32 [B, S], contracts::check_attention_segments), or nullptr when undefined.
+const int32_t* attention_segments(const Tensor& segment_ids, const AttnDims& d, const AttentionParams& p, Kernel kern);
 struct ConvDims {
   int64_t N, C, H, W, O, Cg, KH, KW, OH, OW;
 };

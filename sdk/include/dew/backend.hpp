@@ -127,6 +127,10 @@ struct RopeParams {
 // Query t sits at absolute position q_offset + t; key s at position s. Key s is visible to query t when
 // (!causal || s <= pos(t)) && (window == 0 || pos(t) - s < window). score = scale * q.k, then
 // softcap * tanh(score / softcap) when softcap > 0. A row with no visible key outputs zeros, lse -inf.
+// Document masking (packed rows): segment_ids, when defined, is i32 [B, S] (contiguous; q_offset + T <= S)
+// giving each key's document; query t belongs to segment_ids[b, q_offset + t], and key s is visible to it
+// only when, besides the rule above, seg(s) == seg(t) and seg(t) != 0 (0 = padding, which sees nothing and
+// is seen by nothing). Undefined segment_ids = one document. Checked by contracts::check_attention_segments.
 struct AttentionParams {
   float scale = 1.0f;
   bool causal = true;
