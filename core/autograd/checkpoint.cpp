@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "dew/autograd.hpp"
+#include "dew/block_params.hpp"
 #include "dew/error.hpp"
 
 namespace dew {
@@ -108,8 +109,14 @@ Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const std:
 }
 
 Tensor recompute_block(const CheckpointFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& params) {
-  if (g_recompute == Recompute::blocks && grad_enabled()) return checkpoint(fn, inputs, params, "recompute_block");
-  return fn(inputs);
+  // Under sharded parameters (run.shard = parameters) run_block gathers the block's parameters around its
+  // forward and again before its backward (dew/block_params.hpp); otherwise it is just the call.
+  return run_block(
+      [&] {
+        if (g_recompute == Recompute::blocks && grad_enabled()) return checkpoint(fn, inputs, params, "recompute_block");
+        return fn(inputs);
+      },
+      params);
 }
 
 }  // namespace dew

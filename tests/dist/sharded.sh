@@ -56,7 +56,42 @@ objective_runs() {  # NAME CONFIG ARGS...
   done
 }
 objective_runs jepa "$here/../jepa/tiny.ini" --data.batch_size 4 --trainer.ema_decay 0.9
-objective_runs lm "$here/../report/lm-tiny.ini" --data.batch_size 4 --data.path "$work/magic"
+# The LM: 4 layers (balanced shares), also with every block recomputed and with gradient accumulation.
+lm=(--data.batch_size 4 --data.path "$work/magic" --model.n_layers 4)
+objective_runs lm "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.log_every 1
+objective_runs lm-recompute "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.recompute blocks --trainer.grad_accum 2 \
+  --data.batch_size 2
+run_mpi 2 "$work/lm-optimizer.log" train --config "$here/../report/lm-tiny.ini" --backend "$backend" --trainer.steps 6 \
+  --trainer.eval_every 3 --trainer.checkpoint_every 0 --run.dist mpi "${lm[@]}" --trainer.log_every 1 \
+  --run-dir "$work/lm-optimizer" --run.shard optimizer
+check lm-optimizer lm-none 1e-6
+# What rank 0 holds (memory accounting, the first logged line): optimizer state halves under optimizer,
+# gradients too under gradients, and parameters + gradients + optimizer state under parameters.
+"$PYTHON" - "$work" << 'PY'
+import json, sys
+work = sys.argv[1]
+def mem(run):
+    with open(f"{work}/{run}/metrics.jsonl") as f:
+        first = next(json.loads(l) for l in f if '"mem_params_mb"' in l)
+    return {k: first[k] for k in ("mem_params_mb", "mem_grads_mb", "mem_optim_mb")}
+none = mem("lm-none")
+ok = True
+def ratio(run, key, lo, hi):
+    global ok
+    m = mem(run)
+    value = sum(m.values()) / sum(none.values()) if key == "total" else m[key] / none[key]
+    good = lo <= value <= hi
+    ok = ok and good
+    print(f"{run}: {key} {value:.3f} of shard = none ({'ok' if good else f'outside [{lo}, {hi}]'})  {m}")
+print("lm-none:", none)
+ratio("lm-optimizer", "mem_optim_mb", 0.4, 0.6)
+ratio("lm-optimizer", "mem_params_mb", 1.0, 1.0)
+ratio("lm-gradients", "mem_optim_mb", 0.4, 0.6)
+ratio("lm-gradients", "mem_grads_mb", 0.4, 0.6)
+ratio("lm-parameters", "total", 0.4, 0.6)
+ratio("lm-parameters", "mem_params_mb", 0.4, 0.6)
+sys.exit(0 if ok else 1)
+PY
 run "$work/one-none.log" "${common[@]}" --run-dir "$work/one-none" --data.batch_size 16
 for mode in optimizer gradients parameters; do
   run "$work/one-$mode.log" "${common[@]}" --run-dir "$work/one-$mode" --data.batch_size 16 --run.shard $mode

@@ -114,6 +114,8 @@ class RecomputeGuard {
 // A block's forward under the thread's mode: checkpoint(fn, inputs, params) when the mode is blocks and
 // gradients are being recorded, else fn(inputs). This is what a backbone (in tree or a plugin) calls per
 // block: x = recompute_block([=](const auto& in) { return layer->forward(in[0]); }, {x}, layer->parameters());
+// It goes through run_block (dew/block_params.hpp), so under run.shard = parameters the block's
+// parameters are gathered for its forward and its backward and freed in between: `params` must list them.
 Tensor recompute_block(const CheckpointFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& params);
 // ---- end activation recomputation ----
 
