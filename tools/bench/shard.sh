@@ -6,7 +6,8 @@
 # holds (mem_params_mb + mem_grads_mb + mem_optim_mb), its peak (mem_peak_mb at the last update) and the
 # ratios to shard = none, and checks every mode's losses against none's (1e-6 relative).
 # Needs data/fortunes (build/bin/dew-tokenize --input /usr/share/games/fortunes --out data/fortunes
-# --tokenizer byte). Run directories go to ${SHARD_BENCH_DIR:-/tmp/dew-shard-bench}.
+# --tokenizer byte). Run directories go to ${SHARD_BENCH_DIR:-/tmp/dew-shard-bench}; SHARD_BENCH_ARGS adds
+# dew-run options to every run (e.g. "--model.n_layers 4" for a shorter sitting).
 set -euo pipefail
 build=${1:-build}
 updates=${2:-3}
@@ -23,7 +24,7 @@ for m in "${modes[@]}"; do
   mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$build/bin/dew-run" train \
     --config configs/llama-150m.ini --run-dir "$work/$m" --run.dist mpi --run.threads 1 --run.shard "$shard" \
     --trainer.steps 1000 --trainer.stop_at "$updates" --trainer.eval_every 0 --trainer.checkpoint_every 0 \
-    --trainer.log_every 1 "${extra[@]}" > "$work/$m.log" 2>&1 || { echo "$m failed"; tail -20 "$work/$m.log"; exit 1; }
+    --trainer.log_every 1 "${extra[@]}" ${SHARD_BENCH_ARGS:-} > "$work/$m.log" 2>&1 || { echo "$m failed"; tail -20 "$work/$m.log"; exit 1; }
   echo "done: $m"
 done
 /usr/bin/python3 - "$work" "${modes[@]}" << 'PY'
