@@ -1,7 +1,8 @@
 // tools/dew-bench/main.cpp — `dew-bench <suite> [options]`: prints one JSON line per measurement.
 // Suites: kernels (matmul through dew's API next to oneDNN called directly; fused attention fwd+bwd),
 // train (a language-model training step on a named config, lm.cpp), generate (KV-cached greedy decoding),
-// serve (a load generator for `dew-run serve`, serve.cpp).
+// roofline (this machine's matmul peak and read bandwidth, and each workload's fraction of them,
+// roofline.cpp), serve (a load generator for `dew-run serve`, serve.cpp).
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -21,6 +22,8 @@ const char* kUsage =
     "[--matmul-precision highest|high|medium] [--steps S] [--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
     "[--repeats 5] [-v]\n"
+    "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
+    "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
     "[--prompt-len 16] [--config LABEL]\n";
 }
@@ -91,7 +94,9 @@ int main(int argc, char** argv) {
     if (suite == "train" && lm.config == "dit") return dew_bench::run_dit_train(lm, opt);
     if (suite == "train") return dew_bench::run_train(lm, opt);
     if (suite == "generate") return dew_bench::run_generate(lm, opt);
-    std::cerr << "dew-bench: unknown suite '" << suite << "' (known: kernels, train, generate)\n" << kUsage;
+    if (suite == "roofline") return dew_bench::run_roofline(lm, opt);
+    std::cerr << "dew-bench: unknown suite '" << suite << "' (known: kernels, train, generate, roofline, serve)\n"
+              << kUsage;
     return 2;
   } catch (const po::error& e) {
     std::cerr << "dew-bench: " << e.what() << "\n";
