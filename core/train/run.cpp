@@ -184,11 +184,14 @@ struct LoadedRun {
   bool ema = false;
 };
 
+int g_inference_threads = 0;  // set_inference_threads(): 0 = the run's stored [run] threads
+
 LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name) {
   LoadedRun lr;
   const fs::path cfg_path = fs::path(run_dir) / "config.ini";
   DEW_USAGE_CHECK(fs::exists(cfg_path), "'", run_dir, "' is not a run directory (no config.ini)");
   lr.config = Config::load_ini(cfg_path.string());
+  if (g_inference_threads > 0) lr.config.set("run.threads", std::to_string(g_inference_threads));
   lr.run = build_run(lr.config, backend_name, false);
   const std::string file = resolve_checkpoint(run_dir, step, lr.run.backend);
   CheckpointData c = training::read_run_checkpoint(file, lr.run.backend);
@@ -202,6 +205,11 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
 }
 
 }  // namespace
+
+void set_inference_threads(int threads) {
+  DEW_USAGE_CHECK(threads >= 0, "--threads ", threads, " must be >= 1 (or 0: the run's stored [run] threads)");
+  g_inference_threads = threads;
+}
 
 LoadedObjective load_objective(const std::string& run_dir, const std::string& step, bool use_ema,
                                const std::string& backend_name) {

@@ -197,13 +197,15 @@ struct RunArgs {
   Common common;
   std::string run_dir, step = "latest", backend;
   bool no_ema = false;
+  int threads = 0;  // 0: the run's stored [run] threads
 };
 
 void add_run_args(po::options_description& d, RunArgs& r) {
   d.add_options()("run-dir", po::value(&r.run_dir)->required(), "run directory")(
       "step", po::value(&r.step)->default_value("latest"), "checkpoint: latest, best or an update number")(
       "no-ema", po::bool_switch(&r.no_ema), "use the raw parameters even when EMA weights exist")(
-      "backend", po::value(&r.backend), "backend (overrides the run's)");
+      "backend", po::value(&r.backend), "backend (overrides the run's)")(
+      "threads", po::value(&r.threads)->default_value(0), "threads (overrides the run's [run] threads; 0: keep it)");
   add_common(d, r.common);
 }
 
@@ -248,6 +250,7 @@ int cmd_eval(const std::vector<std::string>& raw) {
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "eval");
+  dew::set_inference_threads(r.threads);
   const auto metrics = dew::evaluate(r.run_dir, r.step, !r.no_ema, r.backend, req);
   std::cout << "{";
   size_t i = 0;
@@ -266,6 +269,7 @@ int cmd_sample(const std::vector<std::string>& raw) {
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "sample");
+  dew::set_inference_threads(r.threads);
   dew::sample(r.run_dir, r.step, !r.no_ema, r.backend, req);
   req.check_all_used();
   return 0;
@@ -308,6 +312,7 @@ int cmd_export(const std::vector<std::string>& args) {
   DEW_USAGE_CHECK(format == "safetensors" || format == "hf", "--format ", format,
                   " is not supported; known: safetensors, hf");
   load_plugins(r.common);
+  dew::set_inference_threads(r.threads);
   if (format == "hf") {
     dew::export_hf(r.run_dir, r.step, !r.no_ema, r.backend, out, dew::parse_byte_size(max_shard, "--max-shard-size"),
                    dtype);
@@ -341,6 +346,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (print_help(args, d)) return 0;
   parse(args, d);
   load_plugins(r.common);
+  dew::set_inference_threads(r.threads);
   return dew_run::serve(r.run_dir, r.step, !r.no_ema, r.backend, so);
 }
 
