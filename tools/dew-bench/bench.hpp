@@ -62,6 +62,7 @@ struct LmOptions {
   bool grad_norm = false;                   // train: also the global grad norm (the peer does not clip)
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
+  std::string weights = "f32";  // generate: the decode weights' storage (f32 | bf16, dew/generate.hpp)
   bool verbose = false;  // per-step lines on stderr
 };
 
@@ -87,6 +88,8 @@ struct DecodeFigures {
   std::string label;
   double ms_per_token = 0, ms_min = 0, ms_max = 0, prefill_ms = 0, flops_per_token = 0, n_mm = 0;
   int64_t prompt_len = 0, new_tokens = 0, layers = 0, kv_dim = 0;  // kv_dim: n_kv_heads * head_dim
+  std::string weights = "f32";
+  double weight_bytes = 0;  // the bytes of N_mm's matrices as stored (a tied head stays f32)
 };
 TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt);
 DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt);

@@ -255,6 +255,8 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   DEW_USAGE_CHECK(decoder != nullptr, "dew-bench generate: the config's model has no KV-cached decode path");
   model->set_training(false);
   dew::NoGradGuard no_grad;
+  const dew::NamedTensors params = b.objective->parameters();
+  dew::store_matmul_weights_as(params, dew::weights_dtype_from_name(lo.weights, "--weights"));
   const int64_t P = lo.prompt_len, N = lo.tokens, V = decoder->vocab_size();
   DEW_USAGE_CHECK(P > 0 && N > 1, "dew-bench generate: --prompt-len must be >= 1 and --tokens >= 2");
   std::mt19937 rng(1337);
@@ -296,7 +298,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     return v[v.size() / 2];
   };
   const double dmed = med(dec), pmed = med(pre);
-  const double n_mm = matmul_params(b.objective->parameters(), b.vocab, b.dim);
+  const double n_mm = matmul_params(params, b.vocab, b.dim);
   double dec_flops = 0;
   for (int64_t pos = P; pos < P + N - 1; ++pos)
     dec_flops += 2 * n_mm + 4.0 * double(b.layers * b.dim) * double(pos + 1);
@@ -316,6 +318,16 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   const int64_t kv_heads = mv.count("n_kv_heads") ? std::atoll(mv.at("n_kv_heads").c_str()) : heads;
   const int64_t head_dim = mv.count("head_dim") ? std::atoll(mv.at("head_dim").c_str()) : b.dim / heads;
   f.kv_dim = kv_heads * head_dim;
+  f.weights = lo.weights;
+  bool untied = false;
+  for (const auto& [name, p] : params) {
+    if (name == "lm_head.weight") untied = true;
+    if (p.ndim() == 2 && name != "model.embed_tokens.weight")
+      f.weight_bytes += double(p.numel()) * double(dew::dtype_size(p.dtype()));
+  }
+  if (!untied)  // the tied head: the embedding as stored
+    for (const auto& [name, p] : params)
+      if (name == "model.embed_tokens.weight") f.weight_bytes += double(p.numel()) * double(dew::dtype_size(p.dtype()));
   return f;
 }
 
@@ -325,10 +337,10 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
       "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
       "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
       "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
-      "\"repeats\":%d,\"cpu\":\"%s\"}\n",
+      "\"repeats\":%d,\"weights\":\"%s\",\"weight_mb\":%.1f,\"cpu\":\"%s\"}\n",
       f.label.c_str(), opt.backend.c_str(), opt.threads, f.ms_per_token, f.ms_min, f.ms_max, f.prefill_ms,
       1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len,
-      (long long)f.new_tokens, lo.repeats, cpu_model().c_str());
+      (long long)f.new_tokens, lo.repeats, f.weights.c_str(), f.weight_bytes / 1e6, cpu_model().c_str());
   std::fflush(stdout);
   return 0;
 }

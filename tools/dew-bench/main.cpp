@@ -21,7 +21,7 @@ const char* kUsage =
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
     "[--matmul-precision highest|high|medium] [--steps S] [--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [-v]\n"
+    "[--repeats 5] [--weights f32|bf16] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
       "profile", po::bool_switch(&opt.profile), "train: time every kernel call and print where a step goes")(
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
+      "weights", po::value(&lm.weights)->default_value("f32"),
+      "generate: decode weights stored as f32 | bf16 (f32 activations and accumulation)")(
       "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {

@@ -15,9 +15,10 @@
 //   and zeroing writes g: 32 B per parameter) at the bandwidth of that working set: roofline_ms. The
 //   phases do not overlap, hence the sum. matmul_ms: the step's products at the rate oneDNN reaches on
 //   each one's own shape, the attention FLOPs at the peak: what the matmuls alone allow.
-// * roofline_decode: the bytes one decode token must read (every N_mm weight once in f32, and the K/V
-//   cache at the mean position of the run) at the bandwidth of that working set, against the FLOPs at
-//   the peak; the larger is the roofline (both happen in the same streaming loops).
+// * roofline_decode (weights f32, then bf16 as `generate --weights bf16` keeps them): the bytes one decode
+//   token must read (every N_mm weight once as stored, and the f32 K/V cache at the mean position of the
+//   run) at the bandwidth of that working set, against the FLOPs at the f32 peak; the larger is the
+//   roofline (both happen in the same streaming loops).
 // fraction = roofline_ms / measured_ms (1 = at the limit). The figures are lower bounds: activations'
 // traffic is not counted, so a fraction near 1 is the best this accounting allows.
 #include <immintrin.h>
@@ -242,9 +243,13 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   // The workloads first (measured as `train` and `generate` measure them), then the limits.
   const TrainFigures tf = measure_train(lo, opt);
   bool has_decode = true;
-  DecodeFigures df;
+  DecodeFigures df, df_bf16;
   try {
-    df = measure_generate(lo, opt);
+    LmOptions f32 = lo, bf16 = lo;
+    f32.weights = "f32";
+    bf16.weights = "bf16";
+    df = measure_generate(f32, opt);
+    df_bf16 = measure_generate(bf16, opt);
   } catch (const dew::Error& e) {
     has_decode = false;  // a model without a KV-cached decode path: the training line only
     std::fprintf(stderr, "# roofline: no decode workload (%s)\n", e.what());
@@ -281,9 +286,10 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   };
   const double train_bytes = 32.0 * double(tf.n_params);
   const Bw train_bw = bandwidth(16.0 * double(tf.n_params));  // p, g, m, v
-  const double decode_bytes = has_decode ? 4.0 * df.n_mm + mean_kv_bytes(df) : 0;
+  const double decode_bytes = has_decode ? df.weight_bytes + mean_kv_bytes(df) : 0;
+  const double decode_bytes_bf16 = has_decode ? df_bf16.weight_bytes + mean_kv_bytes(df_bf16) : 0;
   const Bw decode_bw = has_decode ? bandwidth(decode_bytes) : Bw{0, 0, 0};
-  const Bw decode_bw_bf16 = has_decode ? bandwidth(2.0 * df.n_mm) : Bw{0, 0, 0};
+  const Bw decode_bw_bf16 = has_decode ? bandwidth(decode_bytes_bf16) : Bw{0, 0, 0};
 
   std::printf(
       "{\"bench\":\"roofline_machine\",\"cpu\":\"%s\",\"cores\":%d,\"threads\":%d,\"f32_peak_gflops\":%.1f,"
@@ -295,9 +301,9 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   if (has_decode)
     std::printf(
         ",{\"what\":\"decode f32 weights + kv\",\"mb\":%.1f,\"threads_1\":%.1f,\"threads_run\":%.1f,"
-        "\"threads_all\":%.1f},{\"what\":\"decode bf16 weights\",\"mb\":%.1f,\"threads_1\":%.1f,"
+        "\"threads_all\":%.1f},{\"what\":\"decode bf16 weights + kv\",\"mb\":%.1f,\"threads_1\":%.1f,"
         "\"threads_run\":%.1f,\"threads_all\":%.1f}",
-        decode_bytes / 1e6, decode_bw.one, decode_bw.run, decode_bw.all, 2.0 * df.n_mm / 1e6, decode_bw_bf16.one,
+        decode_bytes / 1e6, decode_bw.one, decode_bw.run, decode_bw.all, decode_bytes_bf16 / 1e6, decode_bw_bf16.one,
         decode_bw_bf16.run, decode_bw_bf16.all);
   std::printf("]}\n");
 
@@ -311,17 +317,20 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
       tf.label.c_str(), cpu.c_str(), opt.threads, opt.matmul_precision.c_str(), tf.flops, train_bytes, run_peak,
       train_bw.run, t_compute * 1e3, t_memory * 1e3, t_roof * 1e3, matmul_s * 1e3, tf.mean_s * 1e3,
       tf.median_s * 1e3, t_roof / tf.mean_s, matmul_s / tf.mean_s);
-  if (has_decode) {
-    const double d_memory = decode_bytes / (decode_bw.run * 1e9), d_compute = df.flops_per_token / (peak[0] * 1e9);
-    const double d_roof = std::max(d_memory, d_compute), measured = df.ms_per_token * 1e-3;
+  auto decode_line = [&](const DecodeFigures& d, double bytes, const Bw& bw) {
+    const double d_memory = bytes / (bw.run * 1e9), d_compute = d.flops_per_token / (peak[0] * 1e9);
+    const double d_roof = std::max(d_memory, d_compute), measured = d.ms_per_token * 1e-3;
     std::printf(
-        "{\"bench\":\"roofline_decode\",\"config\":\"%s\",\"cpu\":\"%s\",\"threads\":%d,\"weights\":\"f32\","
+        "{\"bench\":\"roofline_decode\",\"config\":\"%s\",\"cpu\":\"%s\",\"threads\":%d,\"weights\":\"%s\","
         "\"bytes_per_token\":%.0f,\"flops_per_token\":%.0f,\"bandwidth_gbs\":%.1f,\"peak_gflops\":%.1f,"
         "\"memory_ms\":%.3f,\"compute_ms\":%.3f,\"roofline_ms\":%.3f,\"measured_ms\":%.3f,\"fraction\":%.3f,"
         "\"achieved_gbs\":%.1f}\n",
-        df.label.c_str(), cpu.c_str(), opt.threads, decode_bytes, df.flops_per_token, decode_bw.run, peak[0],
-        d_memory * 1e3, d_compute * 1e3, d_roof * 1e3, measured * 1e3, d_roof / measured,
-        decode_bytes / measured * 1e-9);
+        d.label.c_str(), cpu.c_str(), opt.threads, d.weights.c_str(), bytes, d.flops_per_token, bw.run, peak[0],
+        d_memory * 1e3, d_compute * 1e3, d_roof * 1e3, measured * 1e3, d_roof / measured, bytes / measured * 1e-9);
+  };
+  if (has_decode) {
+    decode_line(df, decode_bytes, decode_bw);
+    decode_line(df_bf16, decode_bytes_bf16, decode_bw_bf16);
   }
   std::fflush(stdout);
   return 0;

@@ -172,7 +172,43 @@ void rowwise_epilogue(const float* bias, float alpha, Activation act, float* y, 
 
 }  // namespace
 
+namespace {
+
+// Weight-only storage (dew/generate.hpp): f32 x [m, k] against a bf16 weight [n, k] (linear: batch 1,
+// trans_b, beta 0), f32 accumulation and output. Every row takes the row-wise kernel, 32 rows per pass over
+// the weight (a prompt's prefill as well as each decode step), so a token's logits are the same whether it
+// came in a prompt, alone or batched. Why not oneDNN: 2.6 multiplies bf16 only by bf16, which would round
+// the activations too.
+void matmul_bf16_weights(Isa isa, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+                         const MatmulParams& p) {
+  require_f32(a, "matmul", "a");
+  require_f32(out, "matmul", "out");
+  DEW_CHECK(p.batch == 1 && p.trans_b && !p.trans_a && p.beta == 0.0f,
+            "cpu matmul: a bf16 weight against f32 activations takes linear()'s product only (batch 1, B "
+            "transposed, beta 0)");
+  DEW_CHECK(out.numel() == p.m * p.n && a.numel() >= p.m * p.k && b.numel() >= p.n * p.k,
+            "cpu matmul: shapes do not match [", p.m, ", ", p.k, "] x [", p.n, ", ", p.k, "]^T");
+  const float* bp = nullptr;
+  if (bias.defined()) {
+    require_f32(bias, "matmul", "bias");
+    DEW_CHECK(bias.numel() == p.n, "cpu matmul: bias has ", bias.numel(), " elements for n = ", p.n);
+    bp = bias.data_as<float>();
+  }
+  const float* x = a.data_as<float>();
+  const uint16_t* w = static_cast<const uint16_t*>(b.data());
+  float* y = out.data_as<float>();
+  for (int64_t r = 0; r < p.m; r += kRowwiseMaxM) {
+    const int64_t rows = std::min(kRowwiseMaxM, p.m - r);
+    rowwise_dot_bf16(isa, x + r * p.k, w, y + r * p.n, rows, p.n, p.k);
+    rowwise_epilogue(bp, p.alpha, p.act, y + r * p.n, rows, p.n);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16 && p.k > 0)
+    return matmul_bf16_weights(isa_, a, b, bias, out, p);
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");
   require_f32(out, "matmul", "out");
