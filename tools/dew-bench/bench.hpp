@@ -2,6 +2,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <cstdint>
@@ -64,6 +65,17 @@ struct LmOptions {
   int gen_warmup = 1, repeats = 5;
   std::string weights = "f32";  // generate: the decode weights' storage (f32 | bf16, dew/generate.hpp)
   bool verbose = false;  // per-step lines on stderr
+  std::string recompute = "none";  // train: activation recomputation of the blocks (none | blocks)
+};
+
+// Memory accounting of a train benchmark (lm.cpp): the training state measured once (after the first timed
+// backward, gradients in place) and the backend's high-water mark over the timed steps (reset after the
+// warm-up). json() gives the fields mem_params_mb, mem_grads_mb, mem_optim_mb, mem_peak_mb and
+// mem_activations_mb (peak minus the three states), with a leading comma; nothing for an untracked backend.
+struct BenchMemory {
+  int64_t params = 0, grads = 0, optim = 0, peak = 0;
+  bool measured = false, tracked = false;
+  std::string json() const;
 };
 
 // The backend opt names, with its matmul_precision when it is not the default, wrapped in a
@@ -83,6 +95,7 @@ struct TrainFigures {
   int64_t n_params = 0, batch = 0, seq_len = 0, vocab = 0, dim = 0, layers = 0;
   std::vector<std::pair<int64_t, int64_t>> matmul_weights;  // [out, in], the tied head included once
   double loss_first = 0, loss_last = 0;
+  BenchMemory mem;
 };
 struct DecodeFigures {
   std::string label;

@@ -160,6 +160,18 @@ std::vector<std::pair<int64_t, int64_t>> matmul_weights(const dew::NamedTensors&
 
 }  // namespace
 
+std::string BenchMemory::json() const {
+  if (!tracked) return "";
+  const int64_t state = params + grads + optim;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                ",\"mem_params_mb\":%.2f,\"mem_grads_mb\":%.2f,\"mem_optim_mb\":%.2f,\"mem_peak_mb\":%.2f,"
+                "\"mem_activations_mb\":%.2f",
+                dew::mebibytes(params), dew::mebibytes(grads), dew::mebibytes(optim), dew::mebibytes(peak),
+                dew::mebibytes(peak - state));
+  return buf;
+}
+
 TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   Built b = build(lo, opt);
   dew::NamedTensors params = b.objective->parameters();
@@ -178,12 +190,21 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
 
   std::vector<double> times;
   double loss_first = 0, loss_last = 0;
+  const dew::RecomputeGuard recompute(dew::recompute_from_name(lo.recompute));
+  BenchMemory mem;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
-    if (i == lo.warmup) profile_reset(b.backend);
+    if (i == lo.warmup) {
+      profile_reset(b.backend);
+      b.backend->reset_memory_peak();
+    }
     const auto t0 = clock_type::now();
     dew::StepResult r = b.objective->step(batches[size_t(i) % batches.size()], dew::StepInfo{i, 0, 0});
     const double lv = r.loss.item();
     r.loss.backward();
+    if (i >= lo.warmup && !mem.measured) {
+      const dew::TrainingStateMemory s = dew::training_state_memory(params, optimizer.get());
+      mem.params = s.params, mem.grads = s.grads, mem.optim = s.optim, mem.measured = true;
+    }
     if (lo.grad_norm) (void)dew::global_grad_norm(params);
     optimizer->update(float(lr), 1.0f, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
@@ -193,7 +214,7 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
     loss_last = lv;
     if (i >= lo.warmup) times.push_back(dt);
     if (lo.verbose)
-      std::fprintf(stderr, "# step %3d %s %9.1f ms loss %.4f\n", i, i < lo.warmup ? "warm" : "time", dt * 1e3, lv);
+      std::fprintf(stderr, "# step %3d %s %9.1f ms loss %.9g\n", i, i < lo.warmup ? "warm" : "time", dt * 1e3, lv);
   }
   DEW_USAGE_CHECK(!times.empty(), "dew-bench train: --steps must be positive");
 
@@ -219,6 +240,10 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   f.loss_first = loss_first;
   f.loss_last = loss_last;
   profile_report(b.backend, int(times.size()), f.mean_s * 1e3);  // before the peak measurement's matmuls
+  const dew::MemoryStats ms = b.backend->memory_stats();  // before the matmul-rate measurement allocates
+  mem.tracked = ms.tracked;
+  mem.peak = ms.peak;
+  f.mem = mem;
   return f;
 }
 
@@ -238,12 +263,12 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"peak\":\"measured dew matmul 512^3\",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,"
       "\"onednn_peak\":\"oneDNN direct, best of the step's product shapes\",\"cpu\":\"%s\",\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
-      "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"loss_first\":%.4f,"
-      "\"loss_last\":%.4f}\n",
+      "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
+      "\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
       f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean, mean * 1e3,
       median * 1e3, gflops / peak, gflops, peak, gflops / machine_peak, machine_peak, cpu_model().c_str(),
       (long long)f.n_params, n_mm, flops, (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps,
-      lo.grad_norm ? "true" : "false", f.loss_first, f.loss_last);
+      lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, f.mem.json().c_str());
   std::fflush(stdout);
   return 0;
 }
