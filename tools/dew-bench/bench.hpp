@@ -100,6 +100,7 @@ struct TrainFigures {
 struct DecodeFigures {
   std::string label;
   double ms_per_token = 0, ms_min = 0, ms_max = 0, prefill_ms = 0, flops_per_token = 0, n_mm = 0;
+  double cpu_ms_per_token = 0;  // process CPU time of the decode loop per token (median)
   int64_t prompt_len = 0, new_tokens = 0, layers = 0, kv_dim = 0;  // kv_dim: n_kv_heads * head_dim
   std::string weights = "f32";
   double weight_bytes = 0;  // the bytes of N_mm's matrices as stored (a tied head stays f32)
