@@ -50,9 +50,13 @@ MatmulShape plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return r;
 }
 
+// Weight-only storage (dew/generate.hpp, store_matmul_weights_as): f32 activations against a bf16 weight,
+// f32 accumulation and output; linear() lets it through for inference only.
+bool weight_only(const Tensor& a, const Tensor& b) { return a.dtype() == DType::f32 && b.dtype() == DType::bf16; }
+
 Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias, Activation act) {
   check_same_backend(a, b, "matmul");
-  check_same_dtype(a, b, "matmul");
+  if (!weight_only(a, b)) check_same_dtype(a, b, "matmul");
   MatmulShape plan = plan_matmul(a, b, ta, tb);
   plan.p.act = act;
   Tensor out = empty_as(a, plan.out_shape);
@@ -107,6 +111,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   DEW_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.shape()[0] == w.shape()[0]), "linear: bias ",
             shape_str(bias.defined() ? bias.shape() : Shape{}), " does not match weight ", shape_str(w.shape()));
   const bool grad = needs_grad({&x, &w, &bias});
+  DEW_CHECK(!grad || !weight_only(x, w), "linear: f32 input against a ", dtype_name(w.dtype()),
+            " weight is the decoding path (weight-only storage) and records no gradient");
   if (grad && act != Activation::none) return activation(linear(x, w, bias, Activation::none), act);
 
   Shape out_shape = x.shape();

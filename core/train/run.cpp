@@ -13,6 +13,7 @@
 
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
+#include "dew/generate.hpp"
 #include "dew/ops.hpp"
 #include "dew/profile.hpp"
 #include "dew/registry.hpp"
@@ -185,11 +186,20 @@ struct LoadedRun {
   bool ema = false;
 };
 
+int g_inference_threads = 0;  // set_inference_threads(): 0 = the run's stored [run] threads
+DType g_inference_weights = DType::f32;  // set_inference_weights()
+
+// The weights of an inference command (eval, sample, serve) in the storage --weights asked for.
+void store_inference_weights(const LoadedRun& lr) {
+  if (g_inference_weights != DType::f32) store_matmul_weights_as(lr.run.objective->parameters(), g_inference_weights);
+}
+
 LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name) {
   LoadedRun lr;
   const fs::path cfg_path = fs::path(run_dir) / "config.ini";
   DEW_USAGE_CHECK(fs::exists(cfg_path), "'", run_dir, "' is not a run directory (no config.ini)");
   lr.config = Config::load_ini(cfg_path.string());
+  if (g_inference_threads > 0) lr.config.set("run.threads", std::to_string(g_inference_threads));
   lr.run = build_run(lr.config, backend_name, false);
   const std::string file = resolve_checkpoint(run_dir, step, lr.run.backend);
   CheckpointData c = training::read_run_checkpoint(file, lr.run.backend);
@@ -203,6 +213,17 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
 }
 
 }  // namespace
+
+void set_inference_weights(DType dtype) {
+  DEW_USAGE_CHECK(dtype == DType::f32 || dtype == DType::bf16, "--weights ", dtype_name(dtype),
+                  ": decode weights are f32 or bf16");
+  g_inference_weights = dtype;
+}
+
+void set_inference_threads(int threads) {
+  DEW_USAGE_CHECK(threads >= 0, "--threads ", threads, " must be >= 1 (or 0: the run's stored [run] threads)");
+  g_inference_threads = threads;
+}
 
 LoadedObjective load_objective(const std::string& run_dir, const std::string& step, bool use_ema,
                                const std::string& backend_name) {
@@ -239,6 +260,7 @@ std::string resolve_checkpoint(const std::string& run_dir, const std::string& st
 std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
                                        const std::string& backend_name, Options& request) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  store_inference_weights(lr);
   NoGradGuard no_grad;
   auto loader = make_loader(lr.config.section("data"), "val", lr.run.seed);
   ValidationResult vr = lr.run.objective->evaluate(*loader, request, StepInfo{lr.updates, 0, lr.run.seed});
@@ -260,6 +282,7 @@ std::map<std::string, double> evaluate(const std::string& run_dir, const std::st
 void sample(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name,
             Options& request) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  store_inference_weights(lr);
   NoGradGuard no_grad;
   lr.run.objective->sample(request);
 }
@@ -267,6 +290,7 @@ void sample(const std::string& run_dir, const std::string& step, bool use_ema, c
 std::unique_ptr<InferenceRun> load_inference_run(const std::string& run_dir, const std::string& step, bool use_ema,
                                                  const std::string& backend_name) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
+  store_inference_weights(lr);
   auto r = std::make_unique<InferenceRun>();
   r->checkpoint = resolve_checkpoint(run_dir, step, lr.run.backend);
   r->config = std::move(lr.config);

@@ -7,8 +7,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "dew/backend.hpp"
@@ -655,4 +657,120 @@ TEST_CASE("cpu: attention is wired to attention.cpp (forward and backward, GQA, 
   check_close(dq, 1e-4, 1e-5, "attention dq");
   check_close(dk, 1e-4, 1e-5, "attention dk");
   check_close(dv, 1e-4, 1e-5, "attention dv");
+}
+
+// The row-wise decode path (m <= 32, trans_b, batch 1, beta 0) in each ISA path the CPU runs (the `isa`
+// option caps the run-time choice): avx512 and avx2 agree bit for bit, every path is close to ref, and a
+// row's result does not depend on the rows batched with it or on the thread count (served = solo).
+TEST_CASE("cpu: row-wise matmul, every ISA path: bit-equal across avx512/avx2, batch- and thread-invariant") {
+  cpu();
+  std::vector<std::string> paths = {"portable"};
+  __builtin_cpu_init();
+  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  if (has_avx2) paths.push_back("avx2");
+  if (has_avx512) paths.push_back("avx512");
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+    float alpha;
+    Activation act;
+  };
+  // k = 384, 1024: decode shapes; 77 and 13: tails past the last block of 16; n = 37: columns past every
+  // block width and the threads' 8-column granule; m = 1, 2, 3, 17, 32: the m == 1 and paired row blocks.
+  const Case cases[] = {{1, 384, 384, false, 1.0f, Activation::none},   {1, 1024, 384, true, 1.0f, Activation::silu},
+                        {3, 37, 77, true, 0.5f, Activation::gelu},      {2, 256, 1024, false, 1.0f, Activation::none},
+                        {17, 96, 13, true, 1.0f, Activation::gelu_tanh}, {32, 40, 384, false, 1.0f, Activation::relu}};
+  uint64_t seed = 4242;
+  for (const Case& c : cases) {
+    CAPTURE(c.m);
+    CAPTURE(c.n);
+    CAPTURE(c.k);
+    const MatmulParams p = matmul_params(1, c.m, c.n, c.k, false, true, c.alpha, 0.0f, c.act);
+    const std::vector<float> x = host_uniform(c.m * c.k, seed++, -1.0f, 1.0f);
+    const std::vector<float> w = host_uniform(c.n * c.k, seed++, -1.0f, 1.0f);
+    const std::vector<float> bias = host_uniform(c.n, seed++, -1.0f, 1.0f);
+    Tensor want = Tensor::empty({1, c.m, c.n}, DType::f32, ref());
+    ref()->matmul(Tensor::from_vector(x, {1, c.m, c.k}, ref()), Tensor::from_vector(w, {1, c.n, c.k}, ref()),
+                  c.bias ? Tensor::from_vector(bias, {c.n}, ref()) : Tensor(), want, p);
+    std::vector<std::vector<float>> results;
+    for (const std::string& isa : paths) {
+      CAPTURE(isa);
+      BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+      const Tensor xc = Tensor::from_vector(x, {1, c.m, c.k}, be), wc = Tensor::from_vector(w, {1, c.n, c.k}, be);
+      const Tensor bc = c.bias ? Tensor::from_vector(bias, {c.n}, be) : Tensor();
+      std::vector<float> by_threads[2];
+      for (int threads : {1, 2}) {
+        be->set_threads(threads);
+        Tensor got = Tensor::empty({1, c.m, c.n}, DType::f32, be);
+        be->matmul(xc, wc, bc, got, p);
+        by_threads[threads - 1] = got.to_floats();
+        check_close({got, want}, 1e-5, 4 * kEps * double(c.k), "row-wise matmul " + isa);
+      }
+      be->set_threads(1);
+      CHECK(by_threads[0] == by_threads[1]);  // the thread split only moves columns between threads
+      // Each row alone (m = 1: the decode path's own block shape) equals that row of the batch.
+      const MatmulParams p1 = matmul_params(1, 1, c.n, c.k, false, true, c.alpha, 0.0f, c.act);
+      for (int64_t r = 0; r < c.m; ++r) {
+        const std::vector<float> xr(x.begin() + r * c.k, x.begin() + (r + 1) * c.k);
+        Tensor solo = Tensor::empty({1, 1, c.n}, DType::f32, be);
+        be->matmul(Tensor::from_vector(xr, {1, 1, c.k}, be), wc, bc, solo, p1);
+        const std::vector<float> s = solo.to_floats();
+        CHECK(std::equal(s.begin(), s.end(), by_threads[0].begin() + r * c.n));
+      }
+      results.push_back(by_threads[0]);
+    }
+    if (has_avx512) CHECK(results[1] == results[2]);  // avx2 and avx512: the same arithmetic
+  }
+  CHECK_THROWS_AS(create_backend("cpu", Options({{"isa", "sse9"}}, "test")), Error);
+}
+
+// Weight-only bf16 (f32 x against a bf16 weight, linear's product): every row goes through the row-wise
+// kernel, so it is bit-equal to the f32 row-wise product on the widened weight, in 32-row passes past 32
+// rows (m = 40: a prefill), on every ISA path; and close to ref on the widened weight.
+TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the widened weight") {
+  cpu();
+  std::vector<std::string> paths = {"portable", "best"};
+  const int64_t n = 45, k = 83;
+  const std::vector<float> w = host_uniform(n * k, 77, -1.0f, 1.0f), bias = host_uniform(n, 78, -1.0f, 1.0f);
+  std::vector<uint16_t> w16(w.size());
+  std::vector<float> widened(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    w16[i] = f32_to_bf16(w[i]).bits;
+    widened[i] = bf16_to_f32(f32_to_bf16(w[i]));
+  }
+  for (const std::string& isa : paths)
+    for (int64_t m : {1, 3, 40}) {
+      CAPTURE(isa);
+      CAPTURE(m);
+      BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+      const std::vector<float> x = host_uniform(m * k, 79 + uint64_t(m), -1.0f, 1.0f);
+      const MatmulParams p = matmul_params(1, m, n, k, false, true, 1.0f, 0.0f, Activation::silu);
+      Tensor wb = Tensor::empty({n, k}, DType::bf16, be);
+      wb.copy_from_host(w16.data());
+      Tensor got = Tensor::empty({1, m, n}, DType::f32, be);
+      be->matmul(Tensor::from_vector(x, {1, m, k}, be), wb, Tensor::from_vector(bias, {n}, be), got, p);
+      const std::vector<float> g = got.to_floats();
+      // the f32 row-wise path, 32 rows at a time
+      for (int64_t r0 = 0; r0 < m; r0 += 32) {
+        const int64_t rows = std::min<int64_t>(32, m - r0);
+        const std::vector<float> xr(x.begin() + r0 * k, x.begin() + (r0 + rows) * k);
+        Tensor want = Tensor::empty({1, rows, n}, DType::f32, be);
+        be->matmul(Tensor::from_vector(xr, {1, rows, k}, be), Tensor::from_vector(widened, {n, k}, be),
+                   Tensor::from_vector(bias, {n}, be), want,
+                   matmul_params(1, rows, n, k, false, true, 1.0f, 0.0f, Activation::silu));
+        const std::vector<float> wv = want.to_floats();
+        CHECK(std::equal(wv.begin(), wv.end(), g.begin() + r0 * n));
+      }
+      Tensor r = Tensor::empty({1, m, n}, DType::f32, ref());
+      ref()->matmul(Tensor::from_vector(x, {1, m, k}, ref()), Tensor::from_vector(widened, {n, k}, ref()),
+                    Tensor::from_vector(bias, {n}, ref()), r, p);
+      check_close({got, r}, 1e-5, 4 * kEps * double(k), "bf16-weight matmul vs ref on the widened weight");
+    }
+  // Anything but linear's product is refused with a message.
+  Tensor wb = Tensor::zeros({8, 8}, DType::bf16, cpu()), out = Tensor::empty({1, 8, 8}, DType::f32, cpu());
+  CHECK_THROWS_AS(cpu()->matmul(Tensor::zeros({1, 8, 8}, DType::f32, cpu()), wb, Tensor(), out,
+                                matmul_params(1, 8, 8, 8, false, false, 1.0f, 0.0f, Activation::none)),
+                  Error);
 }

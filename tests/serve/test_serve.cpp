@@ -23,8 +23,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -219,6 +221,41 @@ TEST_CASE("slot decoding: batched rows equal solo decoding bit for bit (ref, cpu
   CHECK_THROWS_AS(
       decoder_of(m).forward_slots(Tensor::from_ints(std::vector<int32_t>(9, 1), {1, 9}, backend("ref")), {0}, *cache),
       dew::Error);
+}
+
+// Weight-only bf16 storage (dew::store_matmul_weights_as, `--weights bf16`): the matmul weights become
+// bf16 in place, the logits stay f32 and close to the f32 model's (the weights' rounding only), and a
+// sequence batched with others still decodes bit-equal to itself alone.
+TEST_CASE("slot decoding with bf16 weights: served rows equal solo bit for bit, logits near the f32 model's") {
+  auto f32_model = tiny_model("cpu", 64, 64), m = tiny_model("cpu", 64, 64);
+  const dew::NamedTensors params = m->named_parameters();
+  const int64_t changed = dew::store_matmul_weights_as(params, dew::DType::bf16);
+  int64_t matrices = 0;
+  for (const auto& [name, p] : params)
+    if (p.ndim() == 2 && name.find("embed") == std::string::npos) {
+      ++matrices;
+      CHECK_MESSAGE(p.dtype() == dew::DType::bf16, name);
+    } else {
+      CHECK_MESSAGE(p.dtype() == dew::DType::f32, name);  // embeddings (a tied head), norms stay f32
+    }
+  CHECK(changed == matrices);
+  CHECK(changed >= 2 * 7);  // q, k, v, o, gate, up, down per layer
+  dew::NoGradGuard ng;
+  const Tensor prompt = Tensor::from_ints(random_tokens(9, 5), {1, 9}, backend("cpu"));
+  auto c16 = decoder_of(m).make_cache(1, 32), c32 = decoder_of(f32_model).make_cache(1, 32);
+  const std::vector<float> l16 = decoder_of(m).forward_cached(prompt, *c16).to_floats();
+  const std::vector<float> l32 = decoder_of(f32_model).forward_cached(prompt, *c32).to_floats();
+  REQUIRE(l16.size() == l32.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < l16.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(l16[i] - l32[i])));
+    scale = std::max(scale, double(std::fabs(l32[i])));
+  }
+  CHECK(diff > 0);             // the weights really are rounded
+  CHECK(diff < 0.05 * scale);  // ... and only they are: bf16 keeps 8 bits of mantissa
+  check_slot_rows(decoder_of(m), backend("cpu"), 3);
+  check_slot_rows(decoder_of(m), backend("cpu"), 7);
+  CHECK_THROWS_AS(dew::weights_dtype_from_name("int4", "--weights"), dew::Error);
 }
 
 namespace {

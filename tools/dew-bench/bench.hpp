@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dew {
@@ -61,6 +63,7 @@ struct LmOptions {
   bool grad_norm = false;                   // train: also the global grad norm (the peer does not clip)
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
+  std::string weights = "f32";  // generate: the decode weights' storage (f32 | bf16, dew/generate.hpp)
   bool verbose = false;  // per-step lines on stderr
   std::string recompute = "none";  // train: activation recomputation of the blocks (none | blocks)
 };
@@ -84,7 +87,44 @@ std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt);
 void profile_reset(const std::shared_ptr<dew::Backend>& be);
 void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms);
 
+// What one `train` / `generate` run measured, for the roofline suite (roofline.cpp) to set against the
+// machine's limits. Shapes are [rows, cols] of the 2-D weights each step multiplies (N_mm's matrices).
+struct TrainFigures {
+  std::string label;
+  double mean_s = 0, median_s = 0, flops = 0, n_mm = 0, attn_flops = 0;
+  int64_t n_params = 0, batch = 0, seq_len = 0, vocab = 0, dim = 0, layers = 0;
+  std::vector<std::pair<int64_t, int64_t>> matmul_weights;  // [out, in], the tied head included once
+  double loss_first = 0, loss_last = 0;
+  BenchMemory mem;
+};
+struct DecodeFigures {
+  std::string label;
+  double ms_per_token = 0, ms_min = 0, ms_max = 0, prefill_ms = 0, flops_per_token = 0, n_mm = 0;
+  double cpu_ms_per_token = 0;  // process CPU time of the decode loop per token (median)
+  int64_t prompt_len = 0, new_tokens = 0, layers = 0, kv_dim = 0;  // kv_dim: n_kv_heads * head_dim
+  std::string weights = "f32";
+  double weight_bytes = 0;  // the bytes of N_mm's matrices as stored (a tied head stays f32)
+};
+TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt);
+DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt);
+
+// Machine limits (roofline.cpp), measured at opt.threads: oneDNN 2.6 called directly on plain row-major
+// memory (f32, or bf16 operands with f32 accumulation), and a streaming read of a buffer.
+double onednn_matmul_gflops(int64_t m, int64_t k, int64_t n, bool bf16, const BenchOptions& opt);
+// The best oneDNN rate over the products a training step makes with these [out, in] weights on `rows`
+// rows (forward x W^T, dx = dy W, dW = dy^T x); bf16 = bf16 operands.
+double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weights, int64_t rows, bool bf16,
+                          const BenchOptions& opt);
+// GB/s reading `bytes` (split over `threads` threads, each its own contiguous part) again and again;
+// isa names the read loop taken (avx512 | avx2 | sse2).
+double read_bandwidth_gbs(size_t bytes, int threads, const char** isa = nullptr);
+// "model name" of /proc/cpuinfo (empty when unknown).
+std::string cpu_model();
+
 int run_kernels(const BenchOptions& opt);
+// roofline (roofline.cpp): the machine's limits and, per workload of the config (training step, decode
+// token), the roofline time, the measured time and their ratio.
+int run_roofline(const LmOptions& lo, const BenchOptions& opt);
 // serve (serve.cpp): TTFT and tokens/s of a running `dew-run serve` at several client counts; parses its
 // own options.
 int run_serve(const std::vector<std::string>& args);

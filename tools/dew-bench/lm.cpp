@@ -12,8 +12,9 @@
 // ones; ms_per_step and tokens_per_sec are over the mean step (as the peer's), ms_per_step_median too.
 // FLOPs per step (the peer's formula): 6 * N_mm * B * T + 12 * L * d * T^2 * B, N_mm = every matmul weight
 // with the tied head counted once. mfu = achieved / the measured dew fp32 matmul rate (512^3 through
-// dew::matmul at the same thread count, as the trainer's MFU); mfu_fma = achieved / 173 GFLOP/s per
-// thread (one core's AVX-512 FMA peak, build notes).
+// dew::matmul at the same thread count, as the trainer's MFU); mfu_onednn = achieved / the best rate oneDNN
+// reaches when called directly on the step's own product shapes at the same thread count and precision
+// (measured on this machine, every run: no CPU's peak is written in).
 //
 // generate: greedy decoding with the KV cache (CausalDecoder::forward_cached), the peer's protocol:
 // a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -55,6 +57,13 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+// CPU seconds of the whole process (all threads): on a shared machine, decode CPU time per token is the
+// figure that starvation does not inflate (the wall time does).
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 // A config name (char-small, gpt-mini) or a path to an .ini.
@@ -145,6 +154,18 @@ double matmul_params(const dew::NamedTensors& params, int64_t vocab, int64_t dim
   return n;
 }
 
+// The [out, in] shapes behind N_mm: every 2-D parameter but the embedding, and the head once when tied.
+std::vector<std::pair<int64_t, int64_t>> matmul_weights(const dew::NamedTensors& params, int64_t vocab, int64_t dim) {
+  std::vector<std::pair<int64_t, int64_t>> w;
+  bool untied = false;
+  for (const auto& [name, p] : params) {
+    if (name == "lm_head.weight") untied = true;
+    if (p.ndim() == 2 && name != "model.embed_tokens.weight") w.emplace_back(p.shape()[0], p.shape()[1]);
+  }
+  if (!untied) w.emplace_back(vocab, dim);
+  return w;
+}
+
 }  // namespace
 
 std::string BenchMemory::json() const {
@@ -159,7 +180,7 @@ std::string BenchMemory::json() const {
   return buf;
 }
 
-int run_train(const LmOptions& lo, const BenchOptions& opt) {
+TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   Built b = build(lo, opt);
   dew::NamedTensors params = b.objective->parameters();
   std::shared_ptr<dew::Optimizer> optimizer = dew::make_optimizer(b.config.section("optim"), params);
@@ -205,48 +226,70 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   }
   DEW_USAGE_CHECK(!times.empty(), "dew-bench train: --steps must be positive");
 
-  int64_t n_params = 0;
-  for (const auto& [k, p] : params) n_params += p.numel();
-  const double n_mm = matmul_params(params, b.vocab, b.dim);
+  TrainFigures f;
+  f.label = config_label(lo.config);
+  for (const auto& [k, p] : params) f.n_params += p.numel();
+  f.n_mm = matmul_params(params, b.vocab, b.dim);
+  f.matmul_weights = matmul_weights(params, b.vocab, b.dim);
   const double tokens = double(b.batch * b.seq_len);
-  const double attn = 12.0 * double(b.layers) * double(b.dim) * double(b.seq_len) * double(b.seq_len) * double(b.batch);
-  const double flops = 6.0 * n_mm * tokens + attn;
+  f.attn_flops = 12.0 * double(b.layers) * double(b.dim) * double(b.seq_len) * double(b.seq_len) * double(b.batch);
+  f.flops = 6.0 * f.n_mm * tokens + f.attn_flops;
   double total = 0;
   for (double t : times) total += t;
-  const double mean = total / double(times.size());
+  f.mean_s = total / double(times.size());
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  profile_report(b.backend, int(times.size()), mean * 1e3);  // before the peak measurement's matmuls
+  f.median_s = sorted[sorted.size() / 2];
+  f.batch = b.batch;
+  f.seq_len = b.seq_len;
+  f.vocab = b.vocab;
+  f.dim = b.dim;
+  f.layers = b.layers;
+  f.loss_first = loss_first;
+  f.loss_last = loss_last;
+  profile_report(b.backend, int(times.size()), f.mean_s * 1e3);  // before the peak measurement's matmuls
   const dew::MemoryStats ms = b.backend->memory_stats();  // before the matmul-rate measurement allocates
   mem.tracked = ms.tracked;
   mem.peak = ms.peak;
-  const double peak = measure_peak_gflops(b.backend);
+  f.mem = mem;
+  return f;
+}
+
+int run_train(const LmOptions& lo, const BenchOptions& opt) {
+  const TrainFigures f = measure_train(lo, opt);
+  const double mean = f.mean_s, median = f.median_s, flops = f.flops, n_mm = f.n_mm;
+  const double tokens = double(f.batch * f.seq_len);
+  const double peak = measure_peak_gflops(dew::default_backend());
   const double gflops = flops / mean * 1e-9;
-  const double fma_peak = 173.0 * opt.threads;
+  // The machine's matmul peak as measured now: oneDNN directly at the step's own product shapes.
+  const double machine_peak =
+      onednn_peak_gflops(f.matmul_weights, f.batch * f.seq_len, opt.matmul_precision == "medium", opt);
   std::printf(
       "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"matmul_precision\":\"%s\",\"threads\":%d,"
       "\"tokens_per_sec\":%.1f,"
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-      "\"peak\":\"measured dew matmul 512^3\",\"mfu_fma\":%.4f,\"fma_peak_gflops\":%.0f,\"params\":%lld,"
+      "\"peak\":\"measured dew matmul 512^3\",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,"
+      "\"onednn_peak\":\"oneDNN direct, best of the step's product shapes\",\"cpu\":\"%s\",\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
       "\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
-      config_label(lo.config).c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean,
-      mean * 1e3, median * 1e3, gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm,
-      flops, (long long)b.batch, (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false",
-      lo.recompute.c_str(), loss_first, loss_last, mem.json().c_str());
+      f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean, mean * 1e3,
+      median * 1e3, gflops / peak, gflops, peak, gflops / machine_peak, machine_peak, cpu_model().c_str(),
+      (long long)f.n_params, n_mm, flops, (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps,
+      lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, f.mem.json().c_str());
   std::fflush(stdout);
   return 0;
 }
 
-int run_generate(const LmOptions& lo, const BenchOptions& opt) {
+DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   Built b = build(lo, opt);
   dew::Model* model = b.objective->main_model();
   auto* decoder = dynamic_cast<dew::CausalDecoder*>(model);
   DEW_USAGE_CHECK(decoder != nullptr, "dew-bench generate: the config's model has no KV-cached decode path");
   model->set_training(false);
   dew::NoGradGuard no_grad;
+  const dew::NamedTensors params = b.objective->parameters();
+  dew::store_matmul_weights_as(params, dew::weights_dtype_from_name(lo.weights, "--weights"));
   const int64_t P = lo.prompt_len, N = lo.tokens, V = decoder->vocab_size();
   DEW_USAGE_CHECK(P > 0 && N > 1, "dew-bench generate: --prompt-len must be >= 1 and --tokens >= 2");
   std::mt19937 rng(1337);
@@ -259,7 +302,7 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
     const std::vector<float> row = dew::reshape(logits, {t, V}).slice0(t - 1, t).to_floats();
     return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
   };
-  std::vector<double> pre, dec;
+  std::vector<double> pre, dec, dec_cpu;
   std::vector<int32_t> reference;
   for (int r = 0; r < lo.gen_warmup + lo.repeats; ++r) {
     auto cache = decoder->make_cache(1, P + N);
@@ -267,11 +310,13 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
     const auto t0 = clock_type::now();
     out.push_back(argmax_last(decoder->forward_cached(dew::Tensor::from_ints(prompt, {1, P}, b.backend), *cache)));
     const auto t1 = clock_type::now();
+    const double c1 = process_cpu_seconds();
     for (int64_t i = 1; i < N; ++i)
       out.push_back(
           argmax_last(decoder->forward_cached(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend), *cache)));
     b.backend->synchronize();
     const double tp = std::chrono::duration<double>(t1 - t0).count(), td = seconds_since(t1);
+    const double cd = process_cpu_seconds() - c1;
     if (reference.empty()) reference = out;
     DEW_CHECK(out == reference, "dew-bench generate: greedy generation is not deterministic");
     if (lo.verbose)
@@ -280,6 +325,7 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
     if (r >= lo.gen_warmup) {
       pre.push_back(tp);
       dec.push_back(td);
+      dec_cpu.push_back(cd);
     }
   }
   DEW_USAGE_CHECK(!dec.empty(), "dew-bench generate: --repeats must be positive");
@@ -288,19 +334,51 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
     return v[v.size() / 2];
   };
   const double dmed = med(dec), pmed = med(pre);
-  const double n_mm = matmul_params(b.objective->parameters(), b.vocab, b.dim);
+  const double n_mm = matmul_params(params, b.vocab, b.dim);
   double dec_flops = 0;
   for (int64_t pos = P; pos < P + N - 1; ++pos)
     dec_flops += 2 * n_mm + 4.0 * double(b.layers * b.dim) * double(pos + 1);
+  DecodeFigures f;
+  f.label = config_label(lo.config);
+  f.ms_per_token = dmed / double(N - 1) * 1e3;
+  f.ms_min = *std::min_element(dec.begin(), dec.end()) / double(N - 1) * 1e3;
+  f.ms_max = *std::max_element(dec.begin(), dec.end()) / double(N - 1) * 1e3;
+  f.prefill_ms = pmed * 1e3;
+  f.cpu_ms_per_token = med(dec_cpu) / double(N - 1) * 1e3;
+  f.flops_per_token = dec_flops / double(N - 1);
+  f.n_mm = n_mm;
+  f.prompt_len = P;
+  f.new_tokens = N;
+  f.layers = b.layers;
+  const auto& mv = b.config.section("model").values();
+  const int64_t heads = mv.count("n_heads") ? std::atoll(mv.at("n_heads").c_str()) : 8;
+  const int64_t kv_heads = mv.count("n_kv_heads") ? std::atoll(mv.at("n_kv_heads").c_str()) : heads;
+  const int64_t head_dim = mv.count("head_dim") ? std::atoll(mv.at("head_dim").c_str()) : b.dim / heads;
+  f.kv_dim = kv_heads * head_dim;
+  f.weights = lo.weights;
+  bool untied = false;
+  for (const auto& [name, p] : params) {
+    if (name == "lm_head.weight") untied = true;
+    if (p.ndim() == 2 && name != "model.embed_tokens.weight")
+      f.weight_bytes += double(p.numel()) * double(dew::dtype_size(p.dtype()));
+  }
+  if (!untied)  // the tied head: the embedding as stored
+    for (const auto& [name, p] : params)
+      if (name == "model.embed_tokens.weight") f.weight_bytes += double(p.numel()) * double(dew::dtype_size(p.dtype()));
+  return f;
+}
+
+int run_generate(const LmOptions& lo, const BenchOptions& opt) {
+  const DecodeFigures f = measure_generate(lo, opt);
   std::printf(
       "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
       "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
       "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
-      "\"repeats\":%d}\n",
-      config_label(lo.config).c_str(), opt.backend.c_str(), opt.threads, dmed / double(N - 1) * 1e3,
-      *std::min_element(dec.begin(), dec.end()) / double(N - 1) * 1e3,
-      *std::max_element(dec.begin(), dec.end()) / double(N - 1) * 1e3, pmed * 1e3, double(N - 1) / dmed,
-      dec_flops / dmed * 1e-9, (long long)P, (long long)N, lo.repeats);
+      "\"repeats\":%d,\"weights\":\"%s\",\"weight_mb\":%.1f,\"cpu_ms_per_token\":%.3f,\"cpu\":\"%s\"}\n",
+      f.label.c_str(), opt.backend.c_str(), opt.threads, f.ms_per_token, f.ms_min, f.ms_max, f.prefill_ms,
+      1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len,
+      (long long)f.new_tokens, lo.repeats, f.weights.c_str(), f.weight_bytes / 1e6, f.cpu_ms_per_token,
+      cpu_model().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -1,7 +1,8 @@
 // tools/dew-bench/main.cpp — `dew-bench <suite> [options]`: prints one JSON line per measurement.
 // Suites: kernels (matmul through dew's API next to oneDNN called directly; fused attention fwd+bwd),
 // train (a language-model training step on a named config, lm.cpp), generate (KV-cached greedy decoding),
-// serve (a load generator for `dew-run serve`, serve.cpp).
+// roofline (this machine's matmul peak and read bandwidth, and each workload's fraction of them,
+// roofline.cpp), serve (a load generator for `dew-run serve`, serve.cpp).
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -20,7 +21,9 @@ const char* kUsage =
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
     "[--matmul-precision highest|high|medium] [--steps S] [--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [-v]\n"
+    "[--repeats 5] [--weights f32|bf16] [-v]\n"
+    "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
+    "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
     "[--prompt-len 16] [--config LABEL]\n";
 }
@@ -79,6 +82,8 @@ int main(int argc, char** argv) {
       "train: none | blocks (recompute each block in the backward, [trainer] recompute)")(
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
+      "weights", po::value(&lm.weights)->default_value("f32"),
+      "generate: decode weights stored as f32 | bf16 (f32 activations and accumulation)")(
       "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {
@@ -93,7 +98,9 @@ int main(int argc, char** argv) {
     if (suite == "train" && lm.config == "dit") return dew_bench::run_dit_train(lm, opt);
     if (suite == "train") return dew_bench::run_train(lm, opt);
     if (suite == "generate") return dew_bench::run_generate(lm, opt);
-    std::cerr << "dew-bench: unknown suite '" << suite << "' (known: kernels, train, generate)\n" << kUsage;
+    if (suite == "roofline") return dew_bench::run_roofline(lm, opt);
+    std::cerr << "dew-bench: unknown suite '" << suite << "' (known: kernels, train, generate, roofline, serve)\n"
+              << kUsage;
     return 2;
   } catch (const po::error& e) {
     std::cerr << "dew-bench: " << e.what() << "\n";

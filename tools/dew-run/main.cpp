@@ -17,6 +17,7 @@
 #include "demo.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
+#include "dew/generate.hpp"
 #include "dew/interop.hpp"
 #include "dew/optim.hpp"
 #include "dew/registry.hpp"
@@ -197,13 +198,27 @@ struct RunArgs {
   Common common;
   std::string run_dir, step = "latest", backend;
   bool no_ema = false;
+  int threads = 0;  // 0: the run's stored [run] threads
+  std::string weights = "f32";  // eval/sample/serve: the matmul weights' storage (dew/generate.hpp)
 };
+
+// eval, sample and serve: --weights f32|bf16 (the exports always write the weights as trained).
+void add_weights_arg(po::options_description& d, RunArgs& r) {
+  d.add_options()("weights", po::value(&r.weights)->default_value("f32"),
+                  "keep the matmul weights as f32 or bf16 (f32 activations and accumulation; bf16 halves the "
+                  "bytes each decoded token reads)");
+}
+void apply_run_args(const RunArgs& r) {
+  dew::set_inference_threads(r.threads);
+  dew::set_inference_weights(dew::weights_dtype_from_name(r.weights, "--weights"));
+}
 
 void add_run_args(po::options_description& d, RunArgs& r) {
   d.add_options()("run-dir", po::value(&r.run_dir)->required(), "run directory")(
       "step", po::value(&r.step)->default_value("latest"), "checkpoint: latest, best or an update number")(
       "no-ema", po::bool_switch(&r.no_ema), "use the raw parameters even when EMA weights exist")(
-      "backend", po::value(&r.backend), "backend (overrides the run's)");
+      "backend", po::value(&r.backend), "backend (overrides the run's)")(
+      "threads", po::value(&r.threads)->default_value(0), "threads (overrides the run's [run] threads; 0: keep it)");
   add_common(d, r.common);
 }
 
@@ -244,10 +259,12 @@ int cmd_eval(const std::vector<std::string>& raw) {
   RunArgs r;
   po::options_description d("dew-run eval");
   add_run_args(d, r);
+  add_weights_arg(d, r);
   if (print_help(raw, d, "Other --key value pairs go to the run's objective (e.g. --samples N, --task T).\n")) return 0;
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "eval");
+  apply_run_args(r);
   const auto metrics = dew::evaluate(r.run_dir, r.step, !r.no_ema, r.backend, req);
   std::cout << "{";
   size_t i = 0;
@@ -261,11 +278,13 @@ int cmd_sample(const std::vector<std::string>& raw) {
   RunArgs r;
   po::options_description d("dew-run sample");
   add_run_args(d, r);
+  add_weights_arg(d, r);
   if (print_help(raw, d, "Other --key value pairs go to the run's objective's sampler (e.g. --prompt, --max_new_tokens).\n"))
     return 0;
   auto request = parse_run_request(raw, d);
   load_plugins(r.common);
   dew::Options req(request, "sample");
+  apply_run_args(r);
   dew::sample(r.run_dir, r.step, !r.no_ema, r.backend, req);
   req.check_all_used();
   return 0;
@@ -308,6 +327,7 @@ int cmd_export(const std::vector<std::string>& args) {
   DEW_USAGE_CHECK(format == "safetensors" || format == "hf", "--format ", format,
                   " is not supported; known: safetensors, hf");
   load_plugins(r.common);
+  dew::set_inference_threads(r.threads);
   if (format == "hf") {
     dew::export_hf(r.run_dir, r.step, !r.no_ema, r.backend, out, dew::parse_byte_size(max_shard, "--max-shard-size"),
                    dtype);
@@ -324,6 +344,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   dew_run::ServeOptions so;
   po::options_description d("dew-run serve");
   add_run_args(d, r);
+  add_weights_arg(d, r);
   d.add_options()("port", po::value(&so.port)->default_value(8000), "TCP port (0: any free port)")(
       "host", po::value(&so.host)->default_value("127.0.0.1"), "address to listen on")(
       "slots", po::value(&so.scheduler.slots)->default_value(8), "sequences decoded together")(
@@ -341,6 +362,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (print_help(args, d)) return 0;
   parse(args, d);
   load_plugins(r.common);
+  apply_run_args(r);
   return dew_run::serve(r.run_dir, r.step, !r.no_ema, r.backend, so);
 }
 

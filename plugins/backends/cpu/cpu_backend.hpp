@@ -37,6 +37,7 @@
 #include "dew/error.hpp"
 #include "dew/options.hpp"
 #include "dew/tensor.hpp"
+#include "isa.hpp"
 
 namespace dew::cpu {
 
@@ -177,6 +178,8 @@ void require_f32(const Tensor& t, const char* kernel, const char* arg);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);
 // True on CPUs whose AVX512-BF16 dot products make bf16 matmuls faster than f32 ones.
 bool cpu_has_bf16_dot();
+// One line naming the ISA path each kernel family takes on this CPU (entry.cpp; `dew-run plugins`).
+std::string kernel_paths();
 // Product of the leading dims ("rows") and the last dim of t (dew/kernel_contracts.hpp).
 using contracts::last_dim;
 using contracts::rows_of;
@@ -276,10 +279,14 @@ class CpuBackend final : public Backend {
   // True when matmuls and convolutions round their inputs to bf16 ([run] matmul_precision = medium on a
   // CPU with AVX512-BF16; see matmul.cpp, conv.cpp).
   bool bf16_matmul() const { return bf16_matmul_; }
+  // The instruction-set path of the kernels that dispatch per backend (the row-wise matmul): the widest
+  // this CPU runs, capped by the `isa` option (isa.hpp).
+  Isa isa() const { return isa_; }
 
  private:
   std::unique_ptr<Dnnl> dnnl_;
   bool bf16_matmul_ = false;
+  Isa isa_ = Isa::portable;
   std::unique_ptr<BlockCache> blocks_;
   MemoryCounter memory_;
   RopeTables rope_tables_;

@@ -40,6 +40,9 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   // multiplies bf16 natively (AVX512-BF16 doubles the f32 rate); elsewhere oneDNN would emulate it slower
   // than f32, so it stays f32.
   bf16_matmul_ = precision == "medium" && cpu_has_bf16_dot();
+  const std::string isa = options.get_string("isa", "best");
+  DEW_USAGE_CHECK(parse_isa_cap(isa, isa_), "cpu backend: option 'isa' = '", isa,
+                  "' is not one of best, avx512, avx2, portable");
 }
 CpuBackend::~CpuBackend() = default;
 
@@ -77,6 +80,17 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
 }
 
+// Which instruction-set path each kernel family takes on this CPU, for `dew-run plugins`. The row-wise
+// matmul follows isa.hpp (per backend, capped by the `isa` option); attention.cpp and elementwise.cpp's
+// activations pick their AVX-512 clones by the same features (else the plugin's AVX2 code); every other
+// family is compiled for the plugin's flags (AVX2 + FMA).
+std::string kernel_paths() {
+  const Isa best = best_isa();
+  const char* wide = best == Isa::avx512 ? "avx512" : "avx2";
+  return std::string("kernel paths on this CPU: matmul_rowwise ") + isa_name(best) + ", attention " + wide +
+         ", activations " + wide + ", other families avx2 (compile flags)";
+}
+
 }  // namespace dew::cpu
 
 #define DEW_CPU_ONEDNN_VERSION \
@@ -86,7 +100,8 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
   registrar.add<dew::Backend>({
       .name = "cpu",
       .description = "host backend: oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(
-          DNNL_VERSION_MINOR) " matmul/conv/norm/softmax + OpenMP kernels (f32)",
+                         DNNL_VERSION_MINOR) " matmul/conv/norm/softmax + OpenMP kernels (f32); " +
+                     dew::cpu::kernel_paths(),
       .factory = [](const dew::Options& o) { return std::make_shared<dew::cpu::CpuBackend>(o); },
       .probe = []() -> dew::Support {
         __builtin_cpu_init();
@@ -98,6 +113,9 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
                   {"cache_mb", "1024", "MiB of freed blocks (>= 64 KiB) kept for reuse by size (0 = none)"},
                   {"matmul_precision", "highest",
                    "f32 matmul/conv precision: highest and high = f32; medium = inputs rounded to bf16, f32 "
-                   "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"}},
+                   "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"},
+                  {"isa", "best",
+                   "widest instruction set of the run-time dispatched kernels (row-wise matmul): best | avx512 | "
+                   "avx2 | portable; never wider than the CPU runs"}},
   });
 }

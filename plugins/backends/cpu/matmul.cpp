@@ -18,12 +18,13 @@
 // because it sits on every matmul's path.
 // Products of at most 32 rows against a [n, k] weight (trans_b, batch 1, beta 0: Linear layers while
 // decoding) take a hand-written row-wise path instead, whose rows do not depend on each other
-// (rowwise_matmul below), in f32 whatever the precision.
+// (matmul_rowwise.cpp, dispatched by ISA at run time), in f32 whatever the precision.
 #include <immintrin.h>
 
 #include <cstring>
 
 #include "cpu_backend.hpp"
+#include "matmul_rowwise.hpp"
 
 namespace dew::cpu {
 
@@ -153,87 +154,61 @@ const uint16_t* to_bf16(const float* src, int64_t n, std::vector<uint16_t>& scra
 
 namespace {
 
-typedef float v8 __attribute__((vector_size(32)));
-
-inline v8 load8(const float* ptr) {
-  v8 v;
-  std::memcpy(&v, ptr, sizeof v);
-  return v;
-}
-
-// acc[r][j] = dot(x[r, :], w[j, :]) for R rows of x and J rows of w (both row-major with k columns).
-// Each sum is formed the same way whatever R and J are: one 8-wide accumulator over blocks of 8 (FMA),
-// then its 8 lanes in order, then the tail in order. R and J only decide how many products share a
-// load, never a sum's arithmetic.
-template <int R, int J>
-inline void dot_block(const float* x, const float* w, int64_t k, float (&acc)[R][J]) {
-  v8 s[R][J] = {};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    v8 wv[J];
-    for (int j = 0; j < J; ++j) wv[j] = load8(w + j * k + i);
-    for (int r = 0; r < R; ++r) {
-      const v8 xv = load8(x + r * k + i);
-      for (int j = 0; j < J; ++j) s[r][j] += xv * wv[j];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) {
-      float a = 0.0f;
-      for (int lane = 0; lane < 8; ++lane) a += s[r][j][lane];
-      for (int64_t t = i; t < k; ++t) a += x[r * k + t] * w[j * k + t];
-      acc[r][j] = a;
-    }
-}
-
-// y[r, j0 .. j0 + J) for all m rows: rows in blocks of 3, then the 1-2 left.
-template <int J>
-inline void column_block(const float* x, const float* w, const float* bias, float alpha, Activation act, float* y,
-                         int64_t m, int64_t n, int64_t k, int64_t j0) {
-  auto store = [&](int64_t r0, auto& acc, int rows) {
-    for (int r = 0; r < rows; ++r)
-      for (int j = 0; j < J; ++j)
-        y[(r0 + r) * n + j0 + j] = activate(alpha * acc[r][j] + (bias ? bias[j0 + j] : 0.0f), act);
-  };
-  const float* wj = w + j0 * k;
-  int64_t r = 0;
-  for (; r + 3 <= m; r += 3) {
-    float acc[3][J];
-    dot_block<3, J>(x + r * k, wj, k, acc);
-    store(r, acc, 3);
-  }
-  if (m - r == 2) {
-    float acc[2][J];
-    dot_block<2, J>(x + r * k, wj, k, acc);
-    store(r, acc, 2);
-  } else if (m - r == 1) {
-    float acc[1][J];
-    dot_block<1, J>(x + r * k, wj, k, acc);
-    store(r, acc, 1);
-  }
-}
-
-// The row-wise path: y[r, j] = act(alpha * dot(x[r, :], w[j, :]) + bias[j]) for m <= kRowwiseMaxM rows
-// of x [m, k] against a row-major [n, k] weight (a Linear layer on a few tokens: decoding one token, or
-// one token of each of a server's active sequences). It streams the weight once for all m rows (blocks
-// of 4 weight rows x 3 rows of x share their loads), parallel over blocks of output columns. Every
-// y[r, j] is computed by one thread with arithmetic that depends on neither m, nor r's place in a block,
-// nor the thread count, so a row's result is bit-equal whether it is decoded alone or batched with
-// others (continuous batching relies on it). Why hand-written: oneDNN 2.6 reaches ~13 GB/s on
-// matrix-vector products on one core here, and decoding is nothing but them.
+// The row-wise path (matmul_rowwise.cpp): y[r, j] = act(alpha * dot(x[r, :], w[j, :]) + bias[j]) for
+// m <= kRowwiseMaxM rows of x [m, k] against a row-major [n, k] weight (a Linear layer on a few tokens:
+// decoding one token, or one token of each of a server's active sequences). The weight streams once for
+// all m rows; every y[r, j] is computed with arithmetic that depends on neither m, nor r, nor the thread
+// count, so a row's result is bit-equal whether it is decoded alone or batched with others (continuous
+// batching relies on it). The dot products take the backend's ISA path (isa.hpp), the epilogue follows
+// per element. Why hand-written: oneDNN 2.6 reaches ~13 GB/s on matrix-vector products on one core, and
+// decoding is nothing but them.
 constexpr int64_t kRowwiseMaxM = 32;
 
-void rowwise_matmul(const float* x, const float* w, const float* bias, float alpha, Activation act, float* y, int64_t m,
-                    int64_t n, int64_t k) {
-  const int64_t blocks = n / 4;
-#pragma omp parallel for schedule(static) if (m * n * k >= (int64_t(1) << 16))
-  for (int64_t b = 0; b < blocks; ++b) column_block<4>(x, w, bias, alpha, act, y, m, n, k, b * 4);
-  for (int64_t j = blocks * 4; j < n; ++j) column_block<1>(x, w, bias, alpha, act, y, m, n, k, j);
+void rowwise_epilogue(const float* bias, float alpha, Activation act, float* y, int64_t m, int64_t n) {
+  if (alpha == 1.0f && bias == nullptr && act == Activation::none) return;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = activate(alpha * y[r * n + j] + (bias ? bias[j] : 0.0f), act);
+}
+
+}  // namespace
+
+namespace {
+
+// Weight-only storage (dew/generate.hpp): f32 x [m, k] against a bf16 weight [n, k] (linear: batch 1,
+// trans_b, beta 0), f32 accumulation and output. Every row takes the row-wise kernel, 32 rows per pass over
+// the weight (a prompt's prefill as well as each decode step), so a token's logits are the same whether it
+// came in a prompt, alone or batched. Why not oneDNN: 2.6 multiplies bf16 only by bf16, which would round
+// the activations too.
+void matmul_bf16_weights(Isa isa, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+                         const MatmulParams& p) {
+  require_f32(a, "matmul", "a");
+  require_f32(out, "matmul", "out");
+  DEW_CHECK(p.batch == 1 && p.trans_b && !p.trans_a && p.beta == 0.0f,
+            "cpu matmul: a bf16 weight against f32 activations takes linear()'s product only (batch 1, B "
+            "transposed, beta 0)");
+  DEW_CHECK(out.numel() == p.m * p.n && a.numel() >= p.m * p.k && b.numel() >= p.n * p.k,
+            "cpu matmul: shapes do not match [", p.m, ", ", p.k, "] x [", p.n, ", ", p.k, "]^T");
+  const float* bp = nullptr;
+  if (bias.defined()) {
+    require_f32(bias, "matmul", "bias");
+    DEW_CHECK(bias.numel() == p.n, "cpu matmul: bias has ", bias.numel(), " elements for n = ", p.n);
+    bp = bias.data_as<float>();
+  }
+  const float* x = a.data_as<float>();
+  const uint16_t* w = static_cast<const uint16_t*>(b.data());
+  float* y = out.data_as<float>();
+  for (int64_t r = 0; r < p.m; r += kRowwiseMaxM) {
+    const int64_t rows = std::min(kRowwiseMaxM, p.m - r);
+    rowwise_dot_bf16(isa, x + r * p.k, w, y + r * p.n, rows, p.n, p.k);
+    rowwise_epilogue(bp, p.alpha, p.act, y + r * p.n, rows, p.n);
+  }
 }
 
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16 && p.k > 0)
+    return matmul_bf16_weights(isa_, a, b, bias, out, p);
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");
   require_f32(out, "matmul", "out");
@@ -262,8 +237,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
     return;
   }
   if (p.batch == 1 && p.m <= kRowwiseMaxM && p.trans_b && !p.trans_a && p.beta == 0.0f) {
-    rowwise_matmul(a.data_as<float>(), b.data_as<float>(), has_bias ? bias.data_as<float>() : nullptr, p.alpha, p.act,
-                   o, p.m, p.n, p.k);
+    rowwise_dot_f32(isa_, a.data_as<float>(), b.data_as<float>(), o, p.m, p.n, p.k);
+    rowwise_epilogue(has_bias ? bias.data_as<float>() : nullptr, p.alpha, p.act, o, p.m, p.n);
     return;
   }
   const bool bf16 = bf16_matmul_;

@@ -133,6 +133,16 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
 std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tokenizer,
                                       const std::vector<std::string>& prompts, const SamplingParams& params);
 
+// ---- weight-only storage for decoding (core/generate/weights.cpp) ----
+// Stores the matmul weights of `params` in `dtype`, in place: every 2-D parameter whose name has no
+// "embed" (token and position embeddings are lookups and stay as they are; a head tied to the embedding
+// therefore stays f32). The modules holding them see the new dtype, and linear() then multiplies f32
+// activations by the bf16 weight with f32 accumulation: the weights are rounded once, nothing else is
+// (inference only: such a linear records no gradient). f32 changes nothing. Returns the tensors changed.
+int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype);
+// "f32" | "bf16" -> the dtype of --weights; anything else is one usage error naming `what`.
+DType weights_dtype_from_name(const std::string& name, const char* what);
+
 // The position of the first stop string in `text` at or after `from` (npos when none); `which` gets its index.
 size_t find_stop(const std::string& text, const std::vector<std::string>& stop, size_t from = 0,
                  size_t* which = nullptr);

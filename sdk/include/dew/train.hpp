@@ -71,6 +71,15 @@ std::map<std::string, double> evaluate(const std::string& run_dir, const std::st
 std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
                                        const std::string& backend_name);
 
+// The thread count evaluate(), sample(), load_inference_run() and the exports build their run with, in
+// place of the run's stored [run] threads (`dew-run eval|sample|serve --threads N`); 0 (the default)
+// keeps the stored count. Process-wide: set it before loading a run.
+void set_inference_threads(int threads);
+// The dtype evaluate(), sample() and load_inference_run() keep the matmul weights in after loading them
+// (`--weights bf16`: store_matmul_weights_as, dew/generate.hpp); f32 (the default) leaves them. The
+// exports always write the weights as trained.
+void set_inference_weights(DType dtype);
+
 // `dew-run sample`: loads the run like evaluate() and hands `request` to the objective's sampler.
 void sample(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name,
             Options& request);

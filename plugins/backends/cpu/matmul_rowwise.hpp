@@ -1,0 +1,19 @@
+// cpu/matmul_rowwise.hpp — the row-wise products of the decode path (matmul_rowwise.cpp): y = x W^T for a
+// few rows of x against a row-major weight, f32 or bf16 weights, f32 accumulation, one ISA path per call.
+#pragma once
+
+#include <cstdint>
+
+#include "isa.hpp"
+
+namespace dew::cpu {
+
+// y[r * n + j] = dot(x[r, :], w[j, :]) for r < m, j < n; x [m, k] f32, w [n, k] (f32, or bf16 bits widened
+// exactly to f32), y [m, n]. Every y[r, j] is summed the same way whatever m, r, the thread count and the
+// column blocking are (so a row decoded alone equals the same row batched with others, bit for bit), and
+// the same way on the avx512 and avx2 paths (16-lane FMA accumulator over blocks of 16, a fixed tree over
+// its lanes, then the k % 16 tail in order). OpenMP over blocks of output columns when the product is big.
+void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k);
+void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k);
+
+}  // namespace dew::cpu
