@@ -20,6 +20,7 @@ struct BenchOptions {
   int repeats = 5;
   std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
   bool profile = false;                      // train: time every kernel (dew/profile.hpp) and print a table
+  bool no_block_cache = false;               // cpu: cache_mb = 0 (train --activation-memory)
 };
 
 // Runs fn in repeats of ~opt.seconds each; returns the median seconds per call. `sync` (when given)
@@ -61,6 +62,8 @@ struct LmOptions {
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
   bool verbose = false;  // per-step lines on stderr
+  std::string precision = "f32";  // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
+  bool activation_memory = false; // train: the RSS the first forward adds (cpu with cache_mb = 0)
 };
 
 // The backend opt names, with its matmul_precision when it is not the default, wrapped in a

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
@@ -96,6 +97,16 @@ double measure_peak_gflops(const dew::BackendPtr& be) {
     secs = seconds_since(t0);
   } while (secs < 0.3 && iters < 2000);
   return 2.0 * double(n * n * n) * iters / secs * 1e-9;
+}
+
+// Resident memory of this process (MiB), from /proc/self/statm.
+double resident_mb() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? double(resident) * double(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0) : 0;
 }
 
 struct Built {
@@ -163,16 +174,26 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
     batches.push_back({{"text", dew::Tensor::from_ints(ids, {b.batch, b.seq_len + 1}, b.backend)}});
   }
 
+  // --precision: the step's forward and loss under autocast, as the trainer runs them; f16-mixed scales
+  // the loss by a fixed 2^16 (the trainer's dynamic scale starts there) and divides it out in the update.
+  const dew::Precision precision = dew::precision_from_name(lo.precision);
+  const float loss_scale = precision == dew::Precision::f16_mixed ? 65536.0f : 1.0f;
   std::vector<double> times;
-  double loss_first = 0, loss_last = 0;
+  double loss_first = 0, loss_last = 0, activation_mb = 0;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
     if (i == lo.warmup) profile_reset(b.backend);
     const auto t0 = clock_type::now();
-    dew::StepResult r = b.objective->step(batches[size_t(i) % batches.size()], dew::StepInfo{i, 0, 0});
+    const double rss_before = i == 0 && lo.activation_memory ? resident_mb() : 0;
+    dew::StepResult r;
+    {
+      dew::AutocastGuard autocast(dew::compute_dtype(precision));
+      r = b.objective->step(batches[size_t(i) % batches.size()], dew::StepInfo{i, 0, 0});
+    }
+    if (i == 0 && lo.activation_memory) activation_mb = resident_mb() - rss_before;
     const double lv = r.loss.item();
-    r.loss.backward();
+    (loss_scale == 1.0f ? r.loss : dew::scale(r.loss, loss_scale)).backward();
     if (lo.grad_norm) (void)dew::global_grad_norm(params);
-    optimizer->update(float(lr), 1.0f, i + 1);
+    optimizer->update(float(lr), 1.0f / loss_scale, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
     b.backend->synchronize();
     const double dt = seconds_since(t0);
@@ -207,11 +228,12 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"peak\":\"measured dew matmul 512^3\",\"mfu_fma\":%.4f,\"fma_peak_gflops\":%.0f,\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"loss_first\":%.4f,"
-      "\"loss_last\":%.4f}\n",
+      "\"loss_last\":%.4f,\"precision\":\"%s\"%s}\n",
       config_label(lo.config).c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean,
       mean * 1e3, median * 1e3, gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm,
       flops, (long long)b.batch, (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false", loss_first,
-      loss_last);
+      loss_last, lo.precision.c_str(),
+      lo.activation_memory ? (",\"activation_rss_mb\":" + std::to_string(activation_mb)).c_str() : "");
   std::fflush(stdout);
   return 0;
 }
