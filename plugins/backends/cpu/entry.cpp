@@ -59,6 +59,7 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
       break;
   }
   if (dtype == DType::f32) return Support::yes();
+  if (dtype == DType::bf16) return bf16_support(k);  // half.cpp
   if (!is_floating(dtype))
     return Support::no(std::string(kernel_name(k)) + " takes floating tensors; got " + dtype_name(dtype));
   return Support::no(std::string("cpu computes ") + kernel_name(k) + " on f32 tensors only (got " + dtype_name(dtype) +
@@ -69,11 +70,13 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 // ---- attention: implemented in attention.cpp ----
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                            const AttentionParams& p) {
+  if (is_bf16_call(q)) return attention_bf16(q, k, v, out, lse, p);  // half.cpp
   attention_forward(q, k, v, out, lse, p);
 }
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                                     const AttentionParams& p) {
+  if (is_bf16_call(q)) return attention_backward_bf16(q, k, v, out, lse, dout, dq, dk, dv, p);  // half.cpp
   cpu::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
 }
 

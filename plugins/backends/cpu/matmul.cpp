@@ -234,6 +234,7 @@ void rowwise_matmul(const float* x, const float* w, const float* bias, float alp
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+  if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*dnnl_, a, b, bias, out, p);  // half.cpp
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");
   require_f32(out, "matmul", "out");
