@@ -2,7 +2,8 @@
 //
 // The plugin registers one Backend, "cpu", whose probe refuses CPUs without AVX2+FMA (the kernels are
 // compiled for them). supports() says yes to f32 for every kernel, to every dtype for the memory
-// kernels (fill, cast, strided_copy, gather_rows), and no with a reason for the rest.
+// kernels (fill, cast, strided_copy, gather_rows), bf16 for the kernels half.cpp implements (matmul only
+// on CPUs with AVX512-BF16, checked at run time), and no with a reason for the rest.
 // Threads: OpenMP's team size; oneDNN (built on the OpenMP runtime) follows it.
 #include <dew/registry.hpp>
 
@@ -60,6 +61,10 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
   }
   if (dtype == DType::f32) return Support::yes();
   if (dtype == DType::bf16) return bf16_support(k);  // half.cpp
+  if (dtype == DType::f16)
+    return Support::no(std::string("cpu has no f16 ") + kernel_name(k) +
+                       " kernel; f16-mixed runs it through the core's conversion around the f32 kernel "
+                       "(core/ops/kernel_call.hpp); bf16 has native cpu kernels");
   if (!is_floating(dtype))
     return Support::no(std::string(kernel_name(k)) + " takes floating tensors; got " + dtype_name(dtype));
   return Support::no(std::string("cpu computes ") + kernel_name(k) + " on f32 tensors only (got " + dtype_name(dtype) +
