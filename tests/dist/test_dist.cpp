@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,23 @@ class FakeComm final : public dew::Communicator {
     return r;
   }
   void broadcast(Tensor&, int) override { ++broadcasts; }
+  std::shared_ptr<dew::CommRequest> broadcast_async(Tensor& t, int) override {
+    ++broadcasts;
+    auto r = std::make_shared<Request>();
+    r->comm = this;
+    r->done = true;
+    r->t = t;
+    return r;
+  }
   void all_gather(const Tensor&, Tensor&) override {}
+  // The sharded collectives are tested between real processes (tests/dist/collectives.cpp).
+  std::shared_ptr<dew::CommRequest> all_gather_async(const Tensor&, Tensor&, const std::vector<int64_t>&) override {
+    throw std::logic_error("FakeComm: all_gather_async is not faked");
+  }
+  std::shared_ptr<dew::CommRequest> reduce_scatter_sum_async(const Tensor&, Tensor&,
+                                                            const std::vector<int64_t>&) override {
+    throw std::logic_error("FakeComm: reduce_scatter_sum_async is not faked");
+  }
   void barrier() override {}
   [[noreturn]] void abort(int code, const std::string&) override { std::exit(code); }
 
