@@ -285,6 +285,8 @@ class CpuBackend final : public Backend {
 Support bf16_support(Kernel k);
 // cast between f32 and bf16, vectorised (convert.cpp); false for other dtype pairs.
 bool cast_bf16_fast(const Tensor& x, Tensor& out);
+// out = a (add | sub | mul) b for bf16 tensors of one size, in f32 per element (convert.cpp); false otherwise.
+bool binary_bf16_same_shape(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
 void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p);
 
 // The memory-bound kernels in bf16: blocks of rows widened around this backend's f32 kernels (half.cpp).

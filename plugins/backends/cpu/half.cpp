@@ -258,6 +258,7 @@ void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tens
 
 void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
   require_all_bf16({&a, &b, &out}, Kernel::binary);
+  if (binary_bf16_same_shape(a, b, out, op)) return;  // convert.cpp
   const int64_t n = out.numel();
   // Blocks of rows when each operand is either out's size or one row of it ([D] against [N, D], or a
   // scalar); any other broadcast runs the f32 kernel on whole widened tensors.
