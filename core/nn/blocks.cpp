@@ -128,15 +128,16 @@ std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Ten
   return {q, k, v};
 }
 
-Tensor Attention::forward(const Tensor& x, const Tensor& positions) const {
+Tensor Attention::forward(const Tensor& x, const Tensor& positions, const Tensor& segment_ids) const {
   if (qkv && !q_norm && cfg.rotary_dim < 0 && cfg.num_kv_heads == cfg.num_heads) {  // projection fused in
     DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
               shape_str(x.shape()));
-    return o_proj->forward(qkv_attention(x, qkv->weight, qkv->bias, cfg.num_heads, params()));
+    return o_proj->forward(qkv_attention(x, qkv->weight, qkv->bias, cfg.num_heads, params(), segment_ids));
   }
   const int64_t b = x.ndim() == 3 ? x.shape()[0] : 0, t = x.ndim() == 3 ? x.shape()[1] : 0;
   auto [q, k, v] = project(x, positions);
-  return o_proj->forward(reshape(attention(q, k, v, params()), {b, t, cfg.num_heads * cfg.head_dim}));
+  return o_proj->forward(
+      reshape(attention(q, k, v, params(), segment_ids), {b, t, cfg.num_heads * cfg.head_dim}));
 }
 
 namespace {

@@ -182,8 +182,9 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
   return out;
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
-  if (autocast_lowers({&q, &k, &v})) return attention(autocast_lower(q), autocast_lower(k), autocast_lower(v), p);
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& segment_ids) {
+  if (autocast_lowers({&q, &k, &v}))
+    return attention(autocast_lower(q), autocast_lower(k), autocast_lower(v), p, segment_ids);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q, k, v must be [B, T, H, D]");
   const int64_t b = q.shape()[0], t = q.shape()[1], hq = q.shape()[2], d = q.shape()[3];
   const int64_t s = k.shape()[1], hkv = k.shape()[2];
@@ -193,15 +194,17 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   check_same_backend(q, k, "attention");
   check_same_backend(q, v, "attention");
   (void)s;
+  const Tensor seg = segment_ids.defined() ? segment_ids.detach() : Tensor();
+  if (seg.defined()) check_same_backend(q, seg, "attention");
   Tensor out = empty_like(q), lse = stats(q, {b, hq, t});
-  if (out.numel() > 0) kernels(q).attention(q.detach(), k.detach(), v.detach(), out, lse, p);
+  if (out.numel() > 0) kernels(q).attention(q.detach(), k.detach(), v.detach(), seg, out, lse, p);
   if (needs_grad({&q, &k, &v})) {
     Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
     record(
         out, {q, k, v},
-        [qd, kd, vd, od, lse, p](const Tensor& g) {
+        [qd, kd, vd, seg, od, lse, p](const Tensor& g) {
           Tensor dq = empty_like(qd), dk = empty_like(kd), dv = empty_like(vd);
-          kernels(qd).attention_backward(qd, kd, vd, od, lse, g, dq, dk, dv, p);
+          kernels(qd).attention_backward(qd, kd, vd, seg, od, lse, g, dq, dk, dv, p);
           return std::vector<Tensor>{dq, dk, dv};
         },
         "attention");

@@ -11,7 +11,9 @@
 //                          guard (skip and count; stop after a streak) -> clip factor folded into the fused
 //                          update -> LR from the schedule -> optimizer update -> EMA
 //   Trainer::log_update    the metrics window: metrics.jsonl (and its sinks: TensorBoard, the report)
-//                          and the progress line every log_every updates
+//                          and the progress line every log_every updates; memory accounting:
+//                          mem_params_mb / mem_grads_mb / mem_optim_mb (training_state_memory, measured
+//                          at the first update's gradients) in the first line, mem_peak_mb in every line
 //   Trainer::validate, save    at their cadences (and at the end)
 //   Trainer::run           the loop, interrupts (Ctrl-C / SIGUSR1: a checkpoint, exit 130) and the end line
 //
@@ -37,6 +39,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -151,6 +154,10 @@ struct TrainerOptions {
   // Kernel-by-kernel timing of `profile` updates after 3 warm-up updates of this process (dew/profile.hpp):
   // the table goes to the log and to RUN_DIR/profile.txt. Results are unchanged.
   int64_t profile_steps = 0;
+  // Activation recomputation of the backbones' blocks during the updates (dew/autograd.hpp
+  // recompute_block): none keeps every activation; blocks keeps each block's input and recomputes it in
+  // the backward (same losses and gradients bit for bit, less memory, one more forward).
+  Recompute recompute = Recompute::none;
   WatchOptions watch;  // tensorboard, report_every (core/train/watchers.hpp)
 
   static TrainerOptions read(Options& ts) {
@@ -175,6 +182,7 @@ struct TrainerOptions {
     DEW_USAGE_CHECK(o.keep >= 1, "option 'trainer.keep' must be at least 1");
     o.profile_steps = ts.get_int("profile", 0);
     DEW_USAGE_CHECK(o.profile_steps >= 0, "option 'trainer.profile' must be >= 0 updates (0 = off)");
+    o.recompute = recompute_from_name(ts.get_string("recompute", "none"));
     o.watch = read_watch_options(ts);
     return o;
   }
@@ -248,6 +256,10 @@ class Trainer {
   std::chrono::steady_clock::time_point run_start_;
   int64_t start_updates_ = 0, profiled_ = 0;
   double profiled_seconds_ = 0;
+  // Memory accounting: the training state this rank holds, measured once (the first update's gradients in
+  // place, before the optimizer step) and written into the first logged line of this process.
+  std::optional<TrainingStateMemory> state_memory_;
+  bool state_memory_logged_ = false;
   static constexpr int64_t kProfileWarmup = 3;
 };
 
@@ -409,6 +421,7 @@ void Trainer::start() {
   }
 
   peak_ = measure_peak_gflops(run_.backend);
+  run_.backend->reset_memory_peak();  // mem_peak_mb covers the training, not the matmul-rate probe above
   flops_per_sample_ = run_.objective->train_flops_per_sample();
   tty_ = leader_ && isatty(STDERR_FILENO);
   int64_t num_params = 0;
@@ -431,6 +444,7 @@ void Trainer::start() {
 // ---- stage: one update ----
 UpdateResult Trainer::one_update() {
   UpdateResult u;
+  RecomputeGuard recompute(o_.recompute);  // the backbones' blocks ask recompute_block() during the steps
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t accum = o_.grad_accum;
   std::vector<Tensor> on_device;  // [micro losses..., device metrics..., device tokens..., grad sums of squares...]
@@ -470,6 +484,8 @@ UpdateResult Trainer::one_update() {
   }
   dp_->finish_sync();
   dp_->release_parameters();  // shard = parameters: the optimizer updates only this rank's own
+  if (!state_memory_)  // every gradient of the update exists now (sharded or not: what this rank holds)
+    state_memory_ = training_state_memory(run_.params, optimizer_.get(), ema_ ? ema_->tensors() : NamedTensors{});
   // The update's one host transfer.
   const size_t head = on_device.size();
   std::vector<size_t> with_grad;
@@ -592,6 +608,14 @@ void Trainer::log_update(const UpdateResult& u) {
     line.add("overflows", double(st_.loss_scale.overflows()));
   }
   line.add("rss_mb", resident_memory_mb());
+  if (state_memory_ && !state_memory_logged_) {  // once per process: the training state this rank holds
+    line.add("mem_params_mb", mebibytes(state_memory_->params));
+    line.add("mem_grads_mb", mebibytes(state_memory_->grads));
+    line.add("mem_optim_mb", mebibytes(state_memory_->optim));
+    state_memory_logged_ = true;
+  }
+  if (const MemoryStats mem = run_.backend->memory_stats(); mem.tracked)
+    line.add("mem_peak_mb", mebibytes(mem.peak));  // the backend's high-water mark so far
   if (dp_->distributed()) line.add("allreduce_ms", w.sync_ms / n);
   for (const auto& [k, v] : w.metrics) line.add(k, v / n);
   metrics_->write(line);

@@ -2,6 +2,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -64,6 +65,17 @@ struct LmOptions {
   bool verbose = false;  // per-step lines on stderr
   std::string precision = "f32";  // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
   bool activation_memory = false; // train: the RSS the first forward adds (cpu with cache_mb = 0)
+  std::string recompute = "none";  // train: activation recomputation of the blocks (none | blocks)
+};
+
+// Memory accounting of a train benchmark (lm.cpp): the training state measured once (after the first timed
+// backward, gradients in place) and the backend's high-water mark over the timed steps (reset after the
+// warm-up). json() gives the fields mem_params_mb, mem_grads_mb, mem_optim_mb, mem_peak_mb and
+// mem_activations_mb (peak minus the three states), with a leading comma; nothing for an untracked backend.
+struct BenchMemory {
+  int64_t params = 0, grads = 0, optim = 0, peak = 0;
+  bool measured = false, tracked = false;
+  std::string json() const;
 };
 
 // The backend opt names, with its matmul_precision when it is not the default, wrapped in a

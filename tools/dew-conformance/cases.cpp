@@ -858,7 +858,30 @@ struct Att {
   float scale = 0.0f;  // 0: 1/sqrt(D)
   float range = 1.0f;  // q, k uniform in [-range, range]
   bool empty_rows = false;
+  int64_t doc_len = 0;  // > 0: segment ids [B, S] of packed documents of about this many tokens (1 to 2 doc_len - 1)
+  bool pad = false;     // with doc_len: the last S / 8 keys are padding (segment 0)
 };
+
+// Segment ids of packed rows: runs of lengths drawn in [1, 2 doc_len), numbered from 1 per row; with pad the
+// tail is segment 0. Deterministic in the generator's seed.
+Tensor packed_segments(Gen& g, const Att& a) {
+  std::vector<int32_t> seg(size_t(a.B * a.S));
+  const std::vector<float> u = g.uniform_host(a.B * a.S, 0.0f, 1.0f);
+  for (int64_t b = 0; b < a.B; ++b) {
+    int32_t id = 1;
+    int64_t left = 0;
+    const int64_t real = a.pad ? a.S - a.S / 8 : a.S;
+    for (int64_t s = 0; s < a.S; ++s) {
+      if (left == 0) {
+        left = 1 + int64_t(u[size_t(b * a.S + s)] * float(2 * a.doc_len - 1));
+        if (s > 0) ++id;
+      }
+      seg[size_t(b * a.S + s)] = s < real ? id : 0;
+      --left;
+    }
+  }
+  return g.from_ints(seg, {a.B, a.S});
+}
 
 void add_attention(Table& t) {
   const std::vector<Att> as = {
@@ -877,6 +900,15 @@ void add_attention(Table& t) {
       {"empty_rows", 1, 8, 8, 2, 2, 16, true, 4, 0.0f, 5, 0.0f, 1.0f, true},
       {"gpt_mini", 2, 128, 128, 4, 4, 32},
       {"char_small", 1, 256, 256, 6, 6, 64},
+      // document masking (segment ids): short and long documents, padding, grouped heads, decoding rows,
+      // a window, and rows long enough that most 64 x 64 tiles are skipped
+      {"segments", 2, 40, 40, 4, 4, 16, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 6},
+      {"segments_noncausal_pad", 2, 33, 33, 2, 2, 16, false, 0, 0.0f, 0, 0.0f, 1.0f, false, 5, true},
+      {"segments_gqa_pad", 2, 150, 150, 4, 2, 32, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 20, true},
+      {"segments_window_softcap", 1, 70, 70, 2, 2, 16, true, 12, 3.0f, 0, 0.0f, 1.5f, false, 15},
+      {"segments_decode", 2, 3, 40, 4, 2, 16, true, 0, 0.0f, 37, 0.0f, 1.0f, false, 8},
+      {"segments_long", 1, 320, 320, 2, 2, 64, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 40},
+      {"segments_one_doc", 1, 130, 130, 2, 2, 16, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 1000},
   };
   for (const Att& a : as) {
     AttentionParams p;
@@ -892,19 +924,24 @@ void add_attention(Table& t) {
     const double group = double(a.Hq / a.Hkv);
     Check ckv = tol(16, double(a.T) * group + double(a.D));
     // With a window or a query block at the end of a longer key range, most keys are seen by no query.
-    ckv.zeros_ok = a.window > 0 || a.T < a.S || a.empty_rows;
+    ckv.zeros_ok = a.window > 0 || a.T < a.S || a.empty_rows || a.pad;
+    Check co_seg = co;
+    co_seg.zeros_ok = co.zeros_ok || a.pad;
+    // q, k, v and the segment ids (undefined without documents)
     auto make_qkv = [a, qs, ks](Gen& g) {
-      return In{g.uniform(qs, -a.range, a.range), g.uniform(ks, -a.range, a.range), g.uniform(ks, -1, 1)};
+      In in{g.uniform(qs, -a.range, a.range), g.uniform(ks, -a.range, a.range), g.uniform(ks, -1, 1)};
+      in.push_back(a.doc_len > 0 ? packed_segments(g, a) : Tensor());
+      return in;
     };
     t.add("attention/" + sh + "/f32", Kernel::attention, {DT::f32}, make_qkv,
-          {out("out", qs, DT::f32, co), out("lse", ls, DT::f32, cl)},
-          [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
+          {out("out", qs, DT::f32, co_seg), out("lse", ls, DT::f32, cl)},
+          [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], in[3], o[0], o[1], p); });
     t.add(
         "attention_backward/" + sh + "/f32", Kernel::attention_backward, {DT::f32},
         [make_qkv, qs, ls, p](Gen& g) {
           In in = make_qkv(g);
           Tensor o = Tensor::empty(qs, DT::f32, g.backend()), lse = Tensor::empty(ls, DT::f32, g.backend());
-          g.backend()->attention(in[0], in[1], in[2], o, lse, p);
+          g.backend()->attention(in[0], in[1], in[2], in[3], o, lse, p);
           in.push_back(o);
           in.push_back(lse);
           in.push_back(g.uniform(qs, -1, 1));
@@ -912,7 +949,7 @@ void add_attention(Table& t) {
         },
         {out("dq", qs, DT::f32, tol(16, double(a.S + a.D))), out("dk", ks, DT::f32, ckv), out("dv", ks, DT::f32, ckv)},
         [p](Backend& be, In& in, Out& o) {
-          be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], o[0], o[1], o[2], p);
+          be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], in[6], o[0], o[1], o[2], p);
         });
   }
   {
@@ -925,7 +962,7 @@ void add_attention(Table& t) {
           return In{g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16)};
         },
         {out("out", qs, DT::bf16, tol(16, 32)), out("lse", ls, DT::f32, tol(16, 32))},
-        [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
+        [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], Tensor(), o[0], o[1], p); });
   }
 }
 
@@ -1422,31 +1459,45 @@ void add_half(Table& t) {
     struct A {
       std::string what;
       int64_t B, T, H, Hkv, D;
+      bool packed;  // segment ids: documents of 20 tokens (packed rows)
     };
-    for (const A& a : {A{"causal", 2, 16, 4, 4, 16}, A{"causal_gqa", 2, 64, 4, 2, 32}}) {
+    // Undefined, or i32 [B, T] with a new document every 20 positions.
+    auto segments = [](Gen& g, int64_t B, int64_t T, bool packed) {
+      if (!packed) return Tensor();
+      std::vector<int32_t> v(size_t(B * T));
+      for (int64_t i = 0; i < B * T; ++i) v[size_t(i)] = int32_t((i % T) / 20);
+      return g.from_ints(v, {B, T});
+    };
+    for (const A& a : {A{"causal", 2, 16, 4, 4, 16, false}, A{"causal_gqa", 2, 64, 4, 2, 32, false},
+                       A{"causal_packed", 2, 64, 4, 2, 32, true}}) {
       AttentionParams p;
       p.scale = 1.0f / std::sqrt(float(a.D));
       const Shape qs{a.B, a.T, a.H, a.D}, ks{a.B, a.T, a.Hkv, a.D}, ls{a.B, a.H, a.T};
       const std::string sh = a.what + "_B" + std::to_string(a.B) + "T" + std::to_string(a.T) + "H" + std::to_string(a.H) +
                              "kv" + std::to_string(a.Hkv) + "D" + std::to_string(a.D);
       const double K = double(a.T + a.D), Kkv = double(a.T * (a.H / a.Hkv) + a.D);
-      if (a.what != "causal")
+      if (a.what != "causal")  // the plain causal forward has its bf16 case in add_attention
         t.add(
             "attention/" + sh + tag, Kernel::attention, {dt},
-            [qs, ks, dt](Gen& g) { return In{g.uniform(qs, -1, 1, dt), g.uniform(ks, -1, 1, dt), g.uniform(ks, -1, 1, dt)}; },
+            [qs, ks, dt, a, segments](Gen& g) {
+              return In{g.uniform(qs, -1, 1, dt), g.uniform(ks, -1, 1, dt), g.uniform(ks, -1, 1, dt),
+                        segments(g, a.B, a.T, a.packed)};
+            },
             {out("out", qs, dt, tol(16, K)), out("lse", ls, DT::f32, tol(16, K))},
-            [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
+            [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], in[3], o[0], o[1], p); });
       t.add(
           "attention_backward/" + sh + tag, Kernel::attention_backward, {dt},
-          [qs, ks, ls, dt, p](Gen& g) {
+          [qs, ks, ls, dt, p, a, segments](Gen& g) {
             Tensor q = g.uniform(qs, -1, 1, dt), k = g.uniform(ks, -1, 1, dt), v = g.uniform(ks, -1, 1, dt);
+            Tensor seg = segments(g, a.B, a.T, a.packed);
             Tensor o = Tensor::empty(qs, DT::f32, g.backend()), lse = Tensor::empty(ls, DT::f32, g.backend());
-            g.backend()->attention(to_dtype(g, q, DT::f32), to_dtype(g, k, DT::f32), to_dtype(g, v, DT::f32), o, lse, p);
-            return In{q, k, v, to_dtype(g, o, dt), lse, g.uniform(qs, -1, 1, dt)};
+            g.backend()->attention(to_dtype(g, q, DT::f32), to_dtype(g, k, DT::f32), to_dtype(g, v, DT::f32), seg, o, lse,
+                                   p);
+            return In{q, k, v, seg, to_dtype(g, o, dt), lse, g.uniform(qs, -1, 1, dt)};
           },
           {out("dq", qs, dt, tol(16, K)), out("dk", ks, dt, tol(16, Kkv)), out("dv", ks, dt, tol(16, Kkv))},
           [p](Backend& be, In& in, Out& o) {
-            be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], o[0], o[1], o[2], p);
+            be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], in[6], o[0], o[1], o[2], p);
           });
     }
     // Cross-entropy over 300 rows of a 256-token vocabulary (two blocks on cpu), a few rows ignored.

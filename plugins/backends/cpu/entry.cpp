@@ -73,16 +73,16 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 }
 
 // ---- attention: implemented in attention.cpp ----
-void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                           const AttentionParams& p) {
-  if (is_bf16_call(q)) return attention_bf16(q, k, v, out, lse, p);  // half.cpp
-  attention_forward(q, k, v, out, lse, p);
+void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                           Tensor& out, Tensor& lse, const AttentionParams& p) {
+  if (is_bf16_call(q)) return attention_bf16(q, k, v, segment_ids, out, lse, p);  // half.cpp
+  attention_forward(q, k, v, segment_ids, out, lse, p);
 }
-void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                    const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                    const AttentionParams& p) {
-  if (is_bf16_call(q)) return attention_backward_bf16(q, k, v, out, lse, dout, dq, dk, dv, p);  // half.cpp
-  cpu::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                                    const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                                    Tensor& dv, const AttentionParams& p) {
+  if (is_bf16_call(q)) return attention_backward_bf16(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);  // half.cpp
+  cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
 }
 
 }  // namespace dew::cpu

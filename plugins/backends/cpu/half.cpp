@@ -407,28 +407,31 @@ void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Ten
   });
 }
 
-// One sample at a time: q, k, v, out [B, ...] and lse [B, H, T] all split on the batch axis.
-void attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                    const AttentionParams& p) {
+// One sample at a time: q, k, v, out [B, ...], segment_ids [B, S] and lse [B, H, T] all split on the
+// batch axis.
+void attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
+                    Tensor& lse, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out}, Kernel::attention);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention: q, k, v must be [B, T, H, D]");
   for (int64_t b = 0; b < q.shape()[0]; ++b) {
     Tensor wq = widen(q.slice0(b, b + 1)), wk = widen(k.slice0(b, b + 1)), wv = widen(v.slice0(b, b + 1));
     Tensor o = scratch_like(wq), l = lse.slice0(b, b + 1);
-    attention_forward(wq, wk, wv, o, l, p);
+    attention_forward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), o, l, p);
     narrow_into(o, out.reshape(q.shape()).slice0(b, b + 1));
   }
 }
 
-void attention_backward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) {
+void attention_backward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                             const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                             Tensor& dv, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, Kernel::attention_backward);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention_backward: q, k, v must be [B, T, H, D]");
   for (int64_t b = 0; b < q.shape()[0]; ++b) {
     Tensor wq = widen(q.slice0(b, b + 1)), wk = widen(k.slice0(b, b + 1)), wv = widen(v.slice0(b, b + 1));
     Tensor wo = widen(out.slice0(b, b + 1)), wd = widen(dout.slice0(b, b + 1));
     Tensor gq = scratch_like(wq), gk = scratch_like(wk), gv = scratch_like(wv);
-    cpu::attention_backward(wq, wk, wv, wo, lse.slice0(b, b + 1), wd, gq, gk, gv, p);
+    cpu::attention_backward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), wo,
+                            lse.slice0(b, b + 1), wd, gq, gk, gv, p);
     narrow_into(gq, dq.reshape(q.shape()).slice0(b, b + 1));
     narrow_into(gk, dk.reshape(k.shape()).slice0(b, b + 1));
     narrow_into(gv, dv.reshape(v.shape()).slice0(b, b + 1));

@@ -59,12 +59,14 @@
   X(gather_rows, (const Tensor& src, const Tensor& idx, Tensor& out), (src, idx, out))                           \
   X(scatter_add_rows, (const Tensor& dout, const Tensor& idx, Tensor& dsrc), (dout, idx, dsrc))                  \
   X(rope, (const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p), (x, positions, out, p))   \
-  X(attention, (const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,                     \
-                const AttentionParams& p), (q, k, v, out, lse, p))                                               \
+  /* segment_ids: undefined (one document) or i32 [B, S], document masking (AttentionParams, dew/backend.hpp) */ \
+  X(attention, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,       \
+                Tensor& lse, const AttentionParams& p), (q, k, v, segment_ids, out, lse, p))                     \
   /* dq, dk, dv are overwritten */                                                                               \
-  X(attention_backward, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, \
-                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p),      \
-    (q, k, v, out, lse, dout, dq, dk, dv, p))                                                                    \
+  X(attention_backward, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,          \
+                         const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,       \
+                         Tensor& dv, const AttentionParams& p),                                                  \
+    (q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p))                                                       \
   X(conv2d, (const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p),            \
     (x, w, bias, y, p))                                                                                          \
   /* dx's shape names the input size (it disambiguates strided convolutions) */                                  \
