@@ -13,6 +13,7 @@
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
 #include "dew/ops.hpp"
+#include "ops/kernel_call.hpp"
 
 namespace dew {
 
@@ -74,13 +75,13 @@ static void accumulate(std::shared_ptr<TensorImpl>& slot, const Tensor& g) {
   if (slot.use_count() == 1 && slot->storage && slot->storage.use_count() == 1 && slot->offset == 0) {
     Tensor existing(slot);
     DEW_INTERNAL_ASSERT(existing.shape() == g.shape());
-    g.backend().binary(existing, g, existing, BinaryOp::add);
+    detail::kernels(g).binary(existing, g, existing, BinaryOp::add);
     return;
   }
   Tensor existing(slot);
   DEW_INTERNAL_ASSERT(existing.shape() == g.shape());
   Tensor sum = Tensor::empty(g.shape(), g.dtype(), g.backend_ptr());
-  g.backend().binary(existing, g, sum, BinaryOp::add);
+  detail::kernels(g).binary(existing, g, sum, BinaryOp::add);
   slot = sum.impl_ptr();
 }
 
@@ -97,7 +98,7 @@ static void accumulate_leaf(TensorImpl* leaf, const Tensor& g) {
     return;
   }
   Tensor existing(leaf->grad);
-  existing.backend().binary(existing, g, existing, BinaryOp::add);
+  detail::kernels(existing).binary(existing, g, existing, BinaryOp::add);
 }
 
 void run_backward(const Tensor& root, const Tensor& seed) { run_backward(root, seed, LeafReadyHook{}); }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
 #include "dew/ops.hpp"
@@ -166,6 +167,8 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
   DEW_USAGE_CHECK(params.stop.empty() || tokenizer, "sampling: stop strings need a tokenizer to decode the text");
   DEW_USAGE_CHECK(context >= 0, "generate: the context length must be >= 0 (0 = unlimited), got ", context);
   NoGradGuard no_grad;
+  AutocastGuard f32(DType::f32);  // decoding runs in f32 (its KV caches take the weights' dtype), also inside a
+                                  // bf16-mixed validation (docs/precision.md)
   size_t longest_stop = 0;
   for (const std::string& s : params.stop) longest_stop = std::max(longest_stop, s.size());
   std::vector<Generation> out(prompts.size());

@@ -23,11 +23,12 @@ static Tensor binary_forward(const Tensor& a, const Tensor& b, BinaryOp op, cons
   check_same_backend(a, b, name);
   check_same_dtype(a, b, name);
   Tensor out = empty_as(a, broadcast_shapes(a.shape(), b.shape(), name));
-  if (out.numel() > 0) a.backend().binary(a, b, out, op);
+  if (out.numel() > 0) kernels(a).binary(a, b, out, op);
   return out;
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (autocast_differs(a, b)) return add(autocast_widen(a, b), autocast_widen(b, a));
   Tensor out = binary_forward(a, b, BinaryOp::add, "add");
   if (needs_grad({&a, &b})) {
     Shape sa = a.shape(), sb = b.shape();
@@ -42,6 +43,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (autocast_differs(a, b)) return sub(autocast_widen(a, b), autocast_widen(b, a));
   Tensor out = binary_forward(a, b, BinaryOp::sub, "sub");
   if (needs_grad({&a, &b})) {
     Shape sa = a.shape(), sb = b.shape();
@@ -56,6 +58,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (autocast_differs(a, b)) return mul(autocast_widen(a, b), autocast_widen(b, a));
   Tensor out = binary_forward(a, b, BinaryOp::mul, "mul");
   if (needs_grad({&a, &b})) {
     const bool ga = needs_grad({&a}), gb = needs_grad({&b});
@@ -72,6 +75,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (autocast_differs(a, b)) return div(autocast_widen(a, b), autocast_widen(b, a));
   Tensor out = binary_forward(a, b, BinaryOp::div, "div");
   if (needs_grad({&a, &b})) {
     const bool gb = needs_grad({&b});
@@ -89,6 +93,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 static Tensor extremum(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
+  if (autocast_differs(a, b)) return extremum(autocast_widen(a, b), autocast_widen(b, a), op, name);
   Tensor out = binary_forward(a, b, op, name);
   if (needs_grad({&a, &b})) {
     Tensor ad = a.detach(), bd = b.detach();
@@ -109,20 +114,21 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(a, b, BinaryO
 
 Tensor compare(const Tensor& a, const Tensor& b, BinaryOp op) {
   DEW_CHECK(op == BinaryOp::eq || op == BinaryOp::gt || op == BinaryOp::lt, "compare takes eq, gt or lt");
+  if (autocast_differs(a, b)) return compare(autocast_widen(a, b), autocast_widen(b, a), op);
   return binary_forward(a.detach(), b.detach(), op, "compare");
 }
 
 Tensor unary(const Tensor& x, UnaryOp op, float alpha, float beta) {
   UnaryParams p{op, alpha, beta};
   Tensor out = empty_like(x);
-  if (out.numel() > 0) x.backend().unary(x, out, p);
+  if (out.numel() > 0) kernels(x).unary(x, out, p);
   if (needs_grad({&x})) {
     Tensor xd = x.detach();
     record(
         out, {x},
         [xd, p](const Tensor& g) {
           Tensor dx = empty_like(xd);
-          if (dx.numel() > 0) xd.backend().unary_backward(xd, g, dx, p);
+          if (dx.numel() > 0) kernels(xd).unary_backward(xd, g, dx, p);
           return std::vector<Tensor>{dx};
         },
         "unary");
@@ -177,6 +183,11 @@ Tensor operator*(float s, const Tensor& a) { return scale(a, s); }
 Tensor operator+(const Tensor& a, float c) { return add_scalar(a, c); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 
-Tensor mse(const Tensor& a, const Tensor& b) { return mean(square(sub(a, b))); }
+// Under autocast the loss is computed in f32 (both operands widened).
+Tensor mse(const Tensor& a, const Tensor& b) {
+  if (autocast_enabled() && (a.dtype() != DType::f32 || b.dtype() != DType::f32) && a.dtype() != DType::f64)
+    return mse(cast(a, DType::f32), cast(b, DType::f32));
+  return mean(square(sub(a, b)));
+}
 
 }  // namespace dew

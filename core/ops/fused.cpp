@@ -17,6 +17,8 @@ Tensor row(const Tensor& t, int64_t b, const Shape& shape) {
 }  // namespace
 
 Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps) {
+  if (detail::autocast_differs(shift, x) || detail::autocast_differs(scale, x))
+    return modulated_layer_norm(x, detail::autocast_like(shift, x), detail::autocast_like(scale, x), eps);
   DEW_CHECK(x.ndim() == 3, "modulated_layer_norm: x must be [B, N, D], got ", shape_str(x.shape()));
   const int64_t b = x.shape()[0], n = x.shape()[1], d = x.shape()[2];
   DEW_CHECK(shift.shape() == Shape({b, d}) && scale.shape() == Shape({b, d}),
@@ -24,7 +26,7 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
             shape_str(scale.shape()));
   detail::check_same_backend(x, shift, "modulated_layer_norm");
   detail::check_same_backend(x, scale, "modulated_layer_norm");
-  Backend& be = x.backend();
+  detail::KernelCall be = detail::kernels(x);
   const Tensor xd = x.detach(), sd = shift.detach();
   Tensor w = Tensor::empty({b, d}, x.dtype(), x.backend_ptr());
   be.unary(scale.detach(), w, UnaryParams{UnaryOp::affine, 1.0f, 1.0f});  // 1 + scale
@@ -39,7 +41,7 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
     record(
         y, {x, shift, scale},
         [xd, w, mean, rstd, b, n, d](const Tensor& g) {
-          Backend& bk = xd.backend();
+          detail::KernelCall bk = detail::kernels(xd);
           Tensor dx = Tensor::empty(xd.shape(), xd.dtype(), xd.backend_ptr());
           Tensor dscale = Tensor::empty({b, d}, xd.dtype(), xd.backend_ptr());
           Tensor dshift = Tensor::empty({b, d}, xd.dtype(), xd.backend_ptr());
@@ -56,10 +58,11 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
 }
 
 Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p, const Tensor& segment_ids) {
+  if (detail::autocast_lowers({&qkv})) return packed_attention(detail::autocast_lower(qkv), heads, p, segment_ids);
   DEW_CHECK(heads > 0 && qkv.ndim() == 3 && qkv.shape()[2] % (3 * heads) == 0,
             "packed_attention: qkv must be [B, T, 3 * ", heads, " * head_dim], got ", shape_str(qkv.shape()));
   const int64_t b = qkv.shape()[0], t = qkv.shape()[1], dm = qkv.shape()[2] / 3, hd = dm / heads;
-  Backend& be = qkv.backend();
+  detail::KernelCall be = detail::kernels(qkv);
   const Tensor src = qkv.detach();
   auto part = [&](int j) {
     Tensor out = Tensor::empty({b, t, heads, hd}, qkv.dtype(), qkv.backend_ptr());
@@ -82,7 +85,7 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams&
     record(
         y, {qkv},
         [q, k, v, seg, od, lse, p, b, t, dm, heads, hd](const Tensor& g) {
-          Backend& bk = q.backend();
+          detail::KernelCall bk = detail::kernels(q);
           Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
           Tensor dk = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
           Tensor dv = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
@@ -106,6 +109,9 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams&
 
 Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
                      const Tensor& segment_ids) {
+  if (detail::autocast_lowers({&x, &w, &bias}))
+    return qkv_attention(detail::autocast_lower(x), detail::autocast_lower(w), detail::autocast_lower(bias), heads, p,
+                         segment_ids);
   DEW_CHECK(x.ndim() == 3, "qkv_attention: x must be [B, T, D], got ", shape_str(x.shape()));
   const int64_t b = x.shape()[0], t = x.shape()[1], din = x.shape()[2], rows = b * t;
   DEW_CHECK(heads > 0 && w.ndim() == 2 && w.shape()[1] == din && w.shape()[0] % (3 * heads) == 0,
@@ -117,7 +123,7 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
             "qkv_attention: x, weight and bias must have one dtype");
   detail::check_same_backend(x, w, "qkv_attention");
   if (bias.defined()) detail::check_same_backend(x, bias, "qkv_attention");
-  Backend& be = x.backend();
+  detail::KernelCall be = detail::kernels(x);
   const Tensor xd = x.detach().reshape({rows, din}), wd = w.detach(), bd = bias.defined() ? bias.detach() : Tensor();
   Tensor parts[3];
   for (int j = 0; j < 3; ++j) {
@@ -142,7 +148,7 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
     record(
         y, {x, w, bias},
         [xd, wd, q, k, v, seg, od, lse, p, xs, rows, din, dm, gx, gw, gb](const Tensor& g) {
-          Backend& bk = xd.backend();
+          detail::KernelCall bk = detail::kernels(xd);
           Tensor dparts[3];
           for (int j = 0; j < 3; ++j) dparts[j] = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
           bk.attention_backward(q, k, v, seg, od, lse, g.reshape(q.shape()), dparts[0], dparts[1], dparts[2], p);

@@ -62,16 +62,17 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
   Tensor out = empty_as(a, plan.out_shape);
   if (out.numel() == 0) return out;
   if (plan.p.k == 0) {
-    a.backend().fill(out, 0.0);
+    kernels(a).fill(out, 0.0);
     return out;
   }
-  a.backend().matmul(a, b, bias, out, plan.p);
+  kernels(a).matmul(a, b, bias, out, plan.p);
   return out;
 }
 
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  if (autocast_lowers({&a, &b})) return matmul(autocast_lower(a), autocast_lower(b), ta, tb);
   Tensor out = matmul_raw(a.detach(), b.detach(), ta, tb, Tensor(), Activation::none);
   if (needs_grad({&a, &b})) {
     Tensor ad = a.detach(), bd = b.detach();
@@ -105,6 +106,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+  if (autocast_lowers({&x, &w, &bias})) return linear(autocast_lower(x), autocast_lower(w), autocast_lower(bias), act);
   DEW_CHECK(w.ndim() == 2, "linear: weight must be [out, in], got ", shape_str(w.shape()));
   DEW_CHECK(x.ndim() >= 1 && x.shape().back() == w.shape()[1], "linear: input ", shape_str(x.shape()),
             " does not match weight ", shape_str(w.shape()));

@@ -22,7 +22,7 @@ void check_vector(const Tensor& t, int64_t n, const char* op, const char* what) 
 
 static Tensor softmax_like(const Tensor& x, bool log) {
   Tensor y = empty_like(x);
-  if (y.numel() > 0) log ? x.backend().log_softmax(x, y) : x.backend().softmax(x, y);
+  if (y.numel() > 0) log ? kernels(x).log_softmax(x, y) : kernels(x).softmax(x, y);
   if (needs_grad({&x})) {
     Tensor yd = y.detach();
     record(
@@ -30,7 +30,7 @@ static Tensor softmax_like(const Tensor& x, bool log) {
         [yd, log](const Tensor& g) {
           Tensor dx = empty_like(yd);
           if (dx.numel() > 0)
-            log ? yd.backend().log_softmax_backward(yd, g, dx) : yd.backend().softmax_backward(yd, g, dx);
+            log ? kernels(yd).log_softmax_backward(yd, g, dx) : kernels(yd).softmax_backward(yd, g, dx);
           return std::vector<Tensor>{dx};
         },
         log ? "log_softmax" : "softmax");
@@ -43,11 +43,13 @@ Tensor log_softmax(const Tensor& x) { return softmax_like(x, true); }
 // ---------------------------------------------------------------- norms
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  if (autocast_differs(weight, x) || autocast_differs(bias, x))
+    return layer_norm(x, autocast_like(weight, x), autocast_like(bias, x), eps);
   const int64_t d = x.shape().back();
   check_vector(weight, d, "layer_norm", "weight");
   check_vector(bias, d, "layer_norm", "bias");
   Tensor y = empty_like(x), mu = stats(x, row_stats_shape(x)), rstd = stats(x, row_stats_shape(x));
-  x.backend().layer_norm(x, weight.defined() ? weight.detach() : Tensor(), bias.defined() ? bias.detach() : Tensor(), y,
+  kernels(x).layer_norm(x, weight.defined() ? weight.detach() : Tensor(), bias.defined() ? bias.detach() : Tensor(), y,
                          mu, rstd, eps);
   if (needs_grad({&x, &weight, &bias})) {
     Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
@@ -59,7 +61,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
           Tensor dx = empty_like(xd);
           Tensor dw = maybe_empty_like(wd, gw);
           Tensor db = gb && has_bias ? empty_as(xd, {xd.shape().back()}) : Tensor();
-          xd.backend().layer_norm_backward(xd, wd, mu, rstd, g, dx, dw, db);
+          kernels(xd).layer_norm_backward(xd, wd, mu, rstd, g, dx, dw, db);
           return std::vector<Tensor>{dx, dw, db};
         },
         "layer_norm");
@@ -68,9 +70,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset) {
+  if (autocast_differs(weight, x)) return rms_norm(x, autocast_like(weight, x), eps, weight_offset);
   check_vector(weight, x.shape().back(), "rms_norm", "weight");
   Tensor y = empty_like(x), rstd = stats(x, row_stats_shape(x));
-  x.backend().rms_norm(x, weight.defined() ? weight.detach() : Tensor(), y, rstd, eps, weight_offset);
+  kernels(x).rms_norm(x, weight.defined() ? weight.detach() : Tensor(), y, rstd, eps, weight_offset);
   if (needs_grad({&x, &weight})) {
     Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
     const bool gw = needs_grad({&weight});
@@ -79,7 +82,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_o
         [xd, wd, rstd, gw, weight_offset](const Tensor& g) {
           Tensor dx = empty_like(xd);
           Tensor dw = maybe_empty_like(wd, gw);
-          xd.backend().rms_norm_backward(xd, wd, rstd, g, dx, dw, weight_offset);
+          kernels(xd).rms_norm_backward(xd, wd, rstd, g, dx, dw, weight_offset);
           return std::vector<Tensor>{dx, dw};
         },
         "rms_norm");
@@ -88,13 +91,15 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_o
 }
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, float eps) {
+  if (autocast_differs(weight, x) || autocast_differs(bias, x))
+    return group_norm(x, groups, autocast_like(weight, x), autocast_like(bias, x), eps);
   DEW_CHECK(x.ndim() >= 2, "group_norm: input must be [N, C, ...], got ", shape_str(x.shape()));
   const int64_t c = x.shape()[1];
   DEW_CHECK(groups > 0 && c % groups == 0, "group_norm: ", c, " channels do not split into ", groups, " groups");
   check_vector(weight, c, "group_norm", "weight");
   check_vector(bias, c, "group_norm", "bias");
   Tensor y = empty_like(x), mu = stats(x, {x.shape()[0], groups}), rstd = stats(x, {x.shape()[0], groups});
-  x.backend().group_norm(x, weight.defined() ? weight.detach() : Tensor(), bias.defined() ? bias.detach() : Tensor(), y,
+  kernels(x).group_norm(x, weight.defined() ? weight.detach() : Tensor(), bias.defined() ? bias.detach() : Tensor(), y,
                          mu, rstd, groups, eps);
   if (needs_grad({&x, &weight, &bias})) {
     Tensor xd = x.detach(), wd = weight.defined() ? weight.detach() : Tensor();
@@ -106,7 +111,7 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
           Tensor dx = empty_like(xd);
           Tensor dw = maybe_empty_like(wd, gw);
           Tensor db = gb && has_bias ? empty_as(xd, {c}) : Tensor();
-          xd.backend().group_norm_backward(xd, wd, mu, rstd, g, dx, dw, db, groups);
+          kernels(xd).group_norm_backward(xd, wd, mu, rstd, g, dx, dw, db, groups);
           return std::vector<Tensor>{dx, dw, db};
         },
         "group_norm");
@@ -124,14 +129,14 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx) {
   DEW_CHECK(x.shape()[0] == b || x.shape()[0] == 1, "gather_rows: batch of x ", shape_str(x.shape()),
             " does not match idx ", shape_str(idx.shape()));
   Tensor out = empty_as(x, {b, idx.shape()[1], x.shape()[2]});
-  if (out.numel() > 0) x.backend().gather_rows(x.detach(), idx, out);
+  if (out.numel() > 0) kernels(x).gather_rows(x.detach(), idx, out);
   if (needs_grad({&x})) {
     Tensor xd = x.detach();
     record(
         out, {x},
         [xd, idx](const Tensor& g) {
           Tensor dx = Tensor::zeros(xd.shape(), xd.dtype(), xd.backend_ptr());
-          if (g.numel() > 0) xd.backend().scatter_add_rows(g, idx, dx);
+          if (g.numel() > 0) kernels(xd).scatter_add_rows(g, idx, dx);
           return std::vector<Tensor>{dx};
         },
         "gather_rows");
@@ -144,7 +149,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   Shape out_shape = ids.shape();
   out_shape.push_back(table.shape()[1]);
   Tensor rows = gather_rows(reshape(table, {1, table.shape()[0], table.shape()[1]}), reshape(ids, {1, ids.numel()}));
-  return reshape(rows, out_shape);
+  return autocast_lower(reshape(rows, out_shape));  // autocast: the rows in the half dtype
 }
 
 // ---------------------------------------------------------------- transformer pieces
@@ -161,7 +166,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
             "rope: positions ", shape_str(positions.shape()), " do not match x ", shape_str(x.shape()));
   RopeParams p{theta, rd, false};
   Tensor out = empty_like(x);
-  if (out.numel() > 0) x.backend().rope(x.detach(), positions, out, p);
+  if (out.numel() > 0) kernels(x).rope(x.detach(), positions, out, p);
   if (needs_grad({&x})) {
     record(
         out, {x},
@@ -169,7 +174,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
           RopeParams inv = p;
           inv.inverse = true;
           Tensor dx = empty_like(g);
-          if (dx.numel() > 0) g.backend().rope(g, positions, dx, inv);
+          if (dx.numel() > 0) kernels(g).rope(g, positions, dx, inv);
           return std::vector<Tensor>{dx};
         },
         "rope");
@@ -178,6 +183,8 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& segment_ids) {
+  if (autocast_lowers({&q, &k, &v}))
+    return attention(autocast_lower(q), autocast_lower(k), autocast_lower(v), p, segment_ids);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q, k, v must be [B, T, H, D]");
   const int64_t b = q.shape()[0], t = q.shape()[1], hq = q.shape()[2], d = q.shape()[3];
   const int64_t s = k.shape()[1], hkv = k.shape()[2];
@@ -190,14 +197,14 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   const Tensor seg = segment_ids.defined() ? segment_ids.detach() : Tensor();
   if (seg.defined()) check_same_backend(q, seg, "attention");
   Tensor out = empty_like(q), lse = stats(q, {b, hq, t});
-  if (out.numel() > 0) q.backend().attention(q.detach(), k.detach(), v.detach(), seg, out, lse, p);
+  if (out.numel() > 0) kernels(q).attention(q.detach(), k.detach(), v.detach(), seg, out, lse, p);
   if (needs_grad({&q, &k, &v})) {
     Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
     record(
         out, {q, k, v},
         [qd, kd, vd, seg, od, lse, p](const Tensor& g) {
           Tensor dq = empty_like(qd), dk = empty_like(kd), dv = empty_like(vd);
-          qd.backend().attention_backward(qd, kd, vd, seg, od, lse, g, dq, dk, dv, p);
+          kernels(qd).attention_backward(qd, kd, vd, seg, od, lse, g, dq, dk, dv, p);
           return std::vector<Tensor>{dq, dk, dv};
         },
         "attention");
@@ -209,7 +216,7 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_
   DEW_CHECK(p >= 0.0f && p < 1.0f, "dropout: p = ", p, " must be in [0, 1)");
   if (p == 0.0f) return x;
   Tensor y = empty_like(x), mask = empty_like(x);
-  if (y.numel() > 0) x.backend().dropout(x.detach(), y, mask, DropoutParams{p, seed, stream, offset});
+  if (y.numel() > 0) kernels(x).dropout(x.detach(), y, mask, DropoutParams{p, seed, stream, offset});
   if (needs_grad({&x})) {
     record(
         y, {x}, [mask](const Tensor& g) { return std::vector<Tensor>{mul(g, mask)}; }, "dropout");
@@ -224,6 +231,7 @@ static int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t d
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  if (autocast_lowers({&x, &w, &bias})) return conv2d(autocast_lower(x), autocast_lower(w), autocast_lower(bias), p);
   DEW_CHECK(x.ndim() == 4 && w.ndim() == 4, "conv2d: x must be [N, C, H, W] and w [O, C/groups, KH, KW]; got ",
             shape_str(x.shape()), " and ", shape_str(w.shape()));
   const int64_t n = x.shape()[0], c = x.shape()[1], o = w.shape()[0];
@@ -235,7 +243,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
   DEW_CHECK(oh > 0 && ow > 0, "conv2d: kernel ", shape_str(w.shape()), " larger than padded input ",
             shape_str(x.shape()));
   Tensor y = empty_as(x, {n, o, oh, ow});
-  x.backend().conv2d(x.detach(), w.detach(), bias.defined() ? bias.detach() : Tensor(), y, p);
+  kernels(x).conv2d(x.detach(), w.detach(), bias.defined() ? bias.detach() : Tensor(), y, p);
   if (needs_grad({&x, &w, &bias})) {
     Tensor xd = x.detach(), wd = w.detach();
     const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gb = needs_grad({&bias});
@@ -245,12 +253,12 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
           Tensor dx, dw, db;
           if (gx) {
             dx = empty_like(xd);
-            xd.backend().conv2d_backward_data(g, wd, dx, p);
+            kernels(xd).conv2d_backward_data(g, wd, dx, p);
           }
           if (gw || gb) {
             Tensor dw_buf = empty_like(wd);
             db = gb ? empty_as(xd, {o}) : Tensor();
-            xd.backend().conv2d_backward_weight(xd, g, dw_buf, db, p);
+            kernels(xd).conv2d_backward_weight(xd, g, dw_buf, db, p);
             if (gw) dw = dw_buf;
           }
           return std::vector<Tensor>{dx, dw, db};
@@ -262,6 +270,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
 
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, int64_t oph,
                         int64_t opw) {
+  if (autocast_lowers({&x, &w, &bias}))
+    return conv_transpose2d(autocast_lower(x), autocast_lower(w), autocast_lower(bias), p, oph, opw);
   DEW_CHECK(x.ndim() == 4 && w.ndim() == 4, "conv_transpose2d: x must be [N, C, H, W] and w [C, O/groups, KH, KW]");
   const int64_t n = x.shape()[0], c = x.shape()[1];
   DEW_CHECK(w.shape()[0] == c && c % p.groups == 0, "conv_transpose2d: weight ", shape_str(w.shape()),
@@ -272,7 +282,7 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
   DEW_CHECK(oh > 0 && ow > 0, "conv_transpose2d: empty output");
   // The transposed convolution is the data-gradient of the convolution that maps [N, O, oh, ow] to x.
   Tensor y = empty_as(x, {n, o, oh, ow});
-  x.backend().conv2d_backward_data(x.detach(), w.detach(), y, p);
+  kernels(x).conv2d_backward_data(x.detach(), w.detach(), y, p);
   if (needs_grad({&x, &w})) {
     Tensor xd = x.detach(), wd = w.detach();
     const bool gx = needs_grad({&x}), gw = needs_grad({&w});
@@ -282,12 +292,12 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
           Tensor dx, dw;
           if (gx) {
             dx = empty_like(xd);
-            xd.backend().conv2d(g, wd, Tensor(), dx, p);
+            kernels(xd).conv2d(g, wd, Tensor(), dx, p);
           }
           if (gw) {
             dw = empty_like(wd);
             Tensor no_bias;
-            xd.backend().conv2d_backward_weight(g, xd, dw, no_bias, p);
+            kernels(xd).conv2d_backward_weight(g, xd, dw, no_bias, p);
           }
           return std::vector<Tensor>{dx, dw};
         },
@@ -310,12 +320,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   const int64_t n = logits.shape()[0];
   const CrossEntropyParams p{ignore_index};
   Tensor loss = stats(logits, {n}), lse = stats(logits, {n});
-  if (n > 0) logits.backend().cross_entropy(logits.detach(), targets, loss, lse, p);
+  if (n > 0) kernels(logits).cross_entropy(logits.detach(), targets, loss, lse, p);
   int64_t valid = 0;
   for (int32_t t : targets.to_ints()) valid += (t != ignore_index);
   Tensor total = sum(loss);
   Tensor out = valid > 0 ? div_scalar(total, double(valid)) : scale(total, 0.0f);
-  if (out.dtype() != logits.dtype()) out = cast(out, logits.dtype());
+  if (out.dtype() != logits.dtype() && !autocast_enabled()) out = cast(out, logits.dtype());  // autocast: f32 loss
   if (needs_grad({&logits})) {
     Tensor ld = logits.detach();
     Tensor result = out.detach();
@@ -326,7 +336,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
           Tensor mean_g = valid > 0 ? div_scalar(gs, double(valid)) : scale(gs, 0.0f);  // exact in f64 (see div_scalar)
           Tensor dloss = broadcast_to(reshape(mean_g, {1}), {n});
           Tensor dlogits = empty_like(ld);
-          if (n > 0) ld.backend().cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
+          if (n > 0) kernels(ld).cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
           return std::vector<Tensor>{dlogits};
         },
         "cross_entropy");

@@ -1,9 +1,11 @@
 // core/ops/op_util.hpp — private helpers shared by the op implementations (not part of the SDK).
 #pragma once
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
 #include "dew/ops.hpp"
+#include "kernel_call.hpp"
 
 namespace dew::detail {
 
@@ -33,5 +35,32 @@ inline std::vector<int64_t> contiguous_strides(const Shape& s) {
   return st;
 }
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+// ---- autocast (dew/autocast.hpp): an op that casts calls itself again with the cast operands ----
+// True when autocast is on and one of the defined tensors is f32 (a matmul-class op then casts them).
+inline bool autocast_lowers(std::initializer_list<const Tensor*> ts) {
+  if (!autocast_enabled()) return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && t->dtype() == DType::f32) return true;
+  return false;
+}
+// x cast to the autocast dtype when it is f32 and autocast is on (differentiable); otherwise x.
+inline Tensor autocast_lower(const Tensor& x) {
+  return autocast_enabled() && x.defined() && x.dtype() == DType::f32 ? cast(x, autocast_dtype()) : x;
+}
+// True when autocast is on and p (a weight, bias or modulation) is defined in another dtype than x.
+inline bool autocast_differs(const Tensor& p, const Tensor& x) {
+  return autocast_enabled() && p.defined() && p.dtype() != x.dtype() && p.dtype() != DType::f64 &&
+         x.dtype() != DType::f64;
+}
+// p in x's dtype when autocast_differs(p, x); otherwise p.
+inline Tensor autocast_like(const Tensor& p, const Tensor& x) {
+  return autocast_differs(p, x) ? cast(p, x.dtype()) : p;
+}
+// Elementwise type promotion under autocast: a half operand meeting an f32 one is widened to f32.
+inline Tensor autocast_widen(const Tensor& x, const Tensor& other) {
+  return autocast_differs(x, other) && x.dtype() != DType::f32 && other.dtype() == DType::f32 ? cast(x, DType::f32)
+                                                                                             : x;
+}
 
 }  // namespace dew::detail

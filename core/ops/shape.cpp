@@ -58,7 +58,7 @@ static Tensor embed_slice(const Tensor& g, const Shape& shape, int axis, int64_t
   p.src_strides = contiguous_strides(g.shape());
   p.dst_strides = contiguous_strides(shape);
   p.dst_offset = begin * p.dst_strides[size_t(axis)];
-  g.backend().strided_copy(g, out, p);
+  kernels(g).strided_copy(g, out, p);
   return out;
 }
 
@@ -110,7 +110,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& dims) {
   p.shape = out_shape;
   p.dst_strides = contiguous_strides(out_shape);
   Tensor out = empty_as(x, out_shape);
-  if (out.numel() > 0) x.backend().strided_copy(x, out, p);
+  if (out.numel() > 0) kernels(x).strided_copy(x, out, p);
   if (needs_grad({&x})) {
     record(
         out, {x}, [inverse](const Tensor& g) { return std::vector<Tensor>{permute(g, inverse)}; }, "permute");
@@ -139,7 +139,7 @@ Tensor slice(const Tensor& x, int axis, int64_t begin, int64_t end) {
   p.dst_strides = contiguous_strides(out_shape);
   p.src_offset = begin * p.src_strides[size_t(ax)];
   Tensor out = empty_as(x, out_shape);
-  if (out.numel() > 0) x.backend().strided_copy(x, out, p);
+  if (out.numel() > 0) kernels(x).strided_copy(x, out, p);
   if (needs_grad({&x})) {
     Shape original = x.shape();
     record(
@@ -178,7 +178,7 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
       p.src_strides = contiguous_strides(t.shape());
       p.dst_strides = dst_st;
       p.dst_offset = at * dst_st[size_t(ax)];
-      t.backend().strided_copy(t, out, p);
+      kernels(t).strided_copy(t, out, p);
     }
     at += t.shape()[size_t(ax)];
   }
@@ -214,7 +214,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   }
   p.dst_strides = contiguous_strides(shape);
   Tensor out = empty_as(x, shape);
-  if (out.numel() > 0) x.backend().strided_copy(x, out, p);
+  if (out.numel() > 0) kernels(x).strided_copy(x, out, p);
   if (needs_grad({&x})) {
     Shape original = x.shape();
     record(
@@ -228,10 +228,10 @@ static Tensor reduce_raw(const Tensor& x, ReduceOp op, int64_t outer, int64_t r,
   Tensor out = empty_as(x, out_shape);
   if (out.numel() == 0) return out;
   if (r == 0) {
-    x.backend().fill(out, 0.0);
+    kernels(x).fill(out, 0.0);
     return out;
   }
-  x.backend().reduce(x, out, ReduceParams{op, outer, r, inner});
+  kernels(x).reduce(x, out, ReduceParams{op, outer, r, inner});
   return out;
 }
 
@@ -269,7 +269,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 Tensor cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   Tensor out = Tensor::empty(x.shape(), dtype, x.backend_ptr());
-  if (out.numel() > 0) x.backend().cast(x, out);
+  if (out.numel() > 0) kernels(x).cast(x, out);
   if (needs_grad({&x}) && is_floating(dtype)) {
     const DType from = x.dtype();
     record(
@@ -320,7 +320,7 @@ Tensor argmax(const Tensor& x) {
   DEW_CHECK(x.ndim() >= 1, "argmax of a scalar");
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   Tensor out = Tensor::empty(out_shape, DType::i32, x.backend_ptr());
-  if (out.numel() > 0) x.backend().argmax(x, out);
+  if (out.numel() > 0) kernels(x).argmax(x, out);
   return out;
 }
 

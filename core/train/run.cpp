@@ -113,6 +113,10 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
     backend_options.set("matmul_precision", prec);
     run.matmul_precision = prec;
   }
+  // [run] precision: f32, or bf16/f16 activations and matmul operands around f32 master weights
+  // (dew/autocast.hpp); f16-mixed scales the loss dynamically ([run] loss_scale_*, train/loss_scale.hpp).
+  run.precision = precision_from_name(rs.get_string("precision", "f32"));
+  run.loss_scale = LossScaleOptions::read(rs);
   run.backend = create_backend(backend_name, backend_options);
   if (threads > 0) run.backend->set_threads(int(threads));
   // [trainer] profile: every tensor of the run is allocated through the wrapper, so every kernel reaches it.
@@ -149,6 +153,11 @@ CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* 
                 {"skipped", st.skipped},
                 {"nonfinite_streak", st.streak},
                 {"data.next", pos.next}};
+  if (run.precision == Precision::f16_mixed) {
+    c.state_values["loss_scale"] = st.loss_scale.scale();
+    c.counters["loss_scale.good_steps"] = st.loss_scale.good_steps();
+    c.counters["loss_scale.overflows"] = st.loss_scale.overflows();
+  }
   c.state_text = {{"data.order", pos.order}, {"best_file", st.best_file}};
   if (!std::isnan(st.best)) c.state_values["best_metric"] = st.best;
   for (auto& [name, t] : run.objective->state()) c.state_tensors.emplace_back(kObjectiveState + name, t);

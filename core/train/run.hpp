@@ -9,12 +9,14 @@
 #include <memory>
 #include <string>
 
+#include "dew/autocast.hpp"
 #include "dew/checkpoint.hpp"
 #include "dew/comm.hpp"
 #include "dew/config.hpp"
 #include "dew/data.hpp"
 #include "dew/objective.hpp"
 #include "dew/train.hpp"
+#include "train/loss_scale.hpp"
 
 namespace dew::training {
 
@@ -22,6 +24,8 @@ namespace dew::training {
 struct Run {
   BackendPtr backend;
   std::string matmul_precision;  // [run] matmul_precision when set, else empty
+  Precision precision = Precision::f32;  // [run] precision (dew/autocast.hpp, docs/precision.md)
+  LossScaleOptions loss_scale;           // [run] loss_scale_*: used by f16-mixed
   uint64_t seed = 0;
   std::shared_ptr<Objective> objective;
   std::unique_ptr<DataLoader> train_loader;  // train only
@@ -36,6 +40,7 @@ struct Run {
 // The counters a checkpoint's state/ group holds besides tensors.
 struct RunCounters {
   int64_t updates = 0, attempts = 0, skipped = 0, streak = 0;
+  DynamicLossScale loss_scale;  // f16-mixed only (its scale, good-attempt count and overflows are saved)
   double best = NAN;
   std::string best_file;
 };

@@ -225,6 +225,8 @@ class Trainer {
   void resume();
   void start();
   UpdateResult one_update();
+  bool scaling_loss() const { return run_.precision == Precision::f16_mixed; }
+  double loss_scale() const { return scaling_loss() ? st_.loss_scale.scale() : 1.0; }
   void log_update(const UpdateResult& u);
   bool validate();  // true: a new best primary metric
   void save(bool best);
@@ -279,6 +281,7 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   DEW_USAGE_CHECK(options.resume || options.step.empty(), "--step ", options.step, " needs --resume");
 
   run_ = build_run(config, options.backend_name, true, o_.profile_steps > 0);
+  if (scaling_loss()) st_.loss_scale = DynamicLossScale(run_.loss_scale);
   profiler_ = dynamic_cast<ProfilingBackend*>(run_.backend.get());
   if (!o_.init_from.empty() && !options.resume) load_weights(o_.init_from, run_.params);  // before the EMA copies
   leader_ = run_.rank == 0;
@@ -354,6 +357,13 @@ void Trainer::resume() {
   st_.attempts = saved_counter(c, file, "attempts");
   st_.skipped = saved_counter(c, file, "skipped");
   st_.streak = saved_counter(c, file, "nonfinite_streak");
+  if (scaling_loss()) {
+    DEW_CHECK(c.state_values.count("loss_scale"), "checkpoint ", file,
+              " has no loss scale (state/@loss_scale) but run.precision = f16-mixed; it was written by a run in ",
+              "another precision");
+    st_.loss_scale.restore(c.state_values.at("loss_scale"), saved_counter(c, file, "loss_scale.good_steps"),
+                           saved_counter(c, file, "loss_scale.overflows"));
+  }
   const int64_t next = saved_counter(c, file, "data.next");
   DEW_CHECK(st_.updates + st_.skipped == st_.attempts && st_.streak <= st_.skipped, "checkpoint ", file,
             " has inconsistent counters (updates ", st_.updates, " + skipped ", st_.skipped, " != attempts ",
@@ -422,6 +432,10 @@ void Trainer::start() {
   for (auto& [k, t] : run_.params) num_params += t.numel();
   log_->info("training {} parameters on the {} backend (measured matmul peak {:.0f} GFLOP/s) to update {} -> {}",
              num_params, run_.backend->name(), peak_, o_.steps, run_dir_);
+  if (run_.precision != Precision::f32)
+    log_->info("precision = {}: {} activations and matmul operands, f32 master weights, optimizer state and loss{}",
+               precision_name(run_.precision), dtype_name(compute_dtype(run_.precision)),
+               scaling_loss() ? " (dynamic loss scale from " + json_number(loss_scale()) + ")" : std::string());
   if (!run_.matmul_precision.empty())
     log_->info("matmul_precision = {} (a permission: cuda and cpu take it where the hardware has the mode)",
                run_.matmul_precision);
@@ -450,7 +464,11 @@ UpdateResult Trainer::one_update() {
     const int64_t position = run_.train_loader->position().next + int64_t(run_.rank) * run_.train_loader->config().batch_size;
     Batch batch = to_device(run_.train_loader->next(), run_.backend);
     dp_->gather_parameters(false);
-    StepResult r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
+    StepResult r;
+    {
+      AutocastGuard autocast(compute_dtype(run_.precision));  // the forward and the loss (dew/autocast.hpp)
+      r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
+    }
     u.samples += r.samples;
     for (const auto& [k, v] : r.metrics) u.metrics[k] += v / double(accum);
     {
@@ -466,7 +484,10 @@ UpdateResult Trainer::one_update() {
     }
     // Every micro-batch runs its backward (a non-finite loss is found at the update's one transfer and
     // skips the whole update; data-parallel collectives must match on every rank anyway).
-    dp_->backward(accum == 1 ? r.loss : scale(r.loss, 1.0f / float(accum)), micro == accum - 1);
+    // f16-mixed: the loss times the dynamic loss scale (in f32), divided out of the gradients below.
+    const Tensor loss = r.loss.dtype() == DType::f32 || r.loss.dtype() == DType::f64 ? r.loss : cast(r.loss, DType::f32);
+    const float factor = float(loss_scale()) / float(accum);
+    dp_->backward(factor == 1.0f ? loss : scale(loss, factor), micro == accum - 1);
     if (micro < accum - 1) dp_->release_parameters();
   }
   dp_->finish_sync();
@@ -502,6 +523,7 @@ UpdateResult Trainer::one_update() {
   }
   u.tokens += host_tokens;
   for (size_t i = head; i < host.size(); ++i) gsq += host[i];
+  gsq /= loss_scale() * loss_scale();  // the unscaled gradients' norm
   bool finite = std::isfinite(u.loss);
   if (dp_->distributed()) {  // the logged figures cover the global batch
     std::vector<double> v = {u.loss, double(u.samples), double(u.tokens), finite ? 0.0 : 1.0,
@@ -525,6 +547,17 @@ UpdateResult Trainer::one_update() {
   }
   ++st_.attempts;
   u.grad_norm = finite ? std::sqrt(gsq) : NAN;
+  if (finite && !std::isfinite(u.grad_norm) && scaling_loss()) {  // an f16 overflow: back off, no streak
+    for (auto& [k, p] : run_.params) p.zero_grad();
+    ++st_.skipped;
+    const double was = loss_scale();
+    DEW_CHECK_HINT(st_.loss_scale.update(false), "check the data and optim.lr, or train in bf16-mixed",
+                   "stopping: the f16 loss scale fell to ", st_.loss_scale.scale(), " at update ", st_.updates + 1,
+                   " and the gradients still overflow");
+    log_->info("update {}: f16 gradients overflowed at loss scale {}; skipped, scale now {} ({} overflows)",
+               st_.updates + 1, was, loss_scale(), st_.loss_scale.overflows());
+    return u;
+  }
   if (!finite || !std::isfinite(u.grad_norm)) {
     for (auto& [k, p] : run_.params) p.zero_grad();
     ++st_.skipped;
@@ -537,12 +570,14 @@ UpdateResult Trainer::one_update() {
     return u;
   }
   st_.streak = 0;
-  const float grad_scale = clip_ > 0 && u.grad_norm > clip_ ? float(clip_ / (u.grad_norm + 1e-6)) : 1.0f;
+  const double clip_factor = clip_ > 0 && u.grad_norm > clip_ ? clip_ / (u.grad_norm + 1e-6) : 1.0;
+  const float grad_scale = float(clip_factor / loss_scale());  // 1 / scale unscales f16-mixed gradients
   u.lr = schedule_(st_.updates);
   optimizer_->update(float(u.lr), grad_scale, st_.updates + 1);
   for (auto& [k, p] : run_.params) p.zero_grad();
   dp_->distribute_parameters();  // shard = optimizer / gradients: every rank takes the owners' new values
   ++st_.updates;
+  if (scaling_loss()) st_.loss_scale.update(true);
   if (ema_) ema_->update(ema_params_, st_.updates);
   {
     NoGradGuard no_grad;
@@ -576,6 +611,10 @@ void Trainer::log_update(const UpdateResult& u) {
   if (w.tokens > 0) line.add("tokens_per_sec", tps);
   line.add("mfu", mfu);
   line.add("skipped", double(st_.skipped));
+  if (scaling_loss()) {
+    line.add("loss_scale", loss_scale());
+    line.add("overflows", double(st_.loss_scale.overflows()));
+  }
   line.add("rss_mb", resident_memory_mb());
   if (state_memory_ && !state_memory_logged_) {  // once per process: the training state this rank holds
     line.add("mem_params_mb", mebibytes(state_memory_->params));
@@ -623,6 +662,7 @@ bool Trainer::validate() {
   whole_model();
   ValidationResult vr;
   try {
+    AutocastGuard autocast(compute_dtype(run_.precision));
     vr = run_.objective->validate(*val_loader_, StepInfo{st_.updates, 0, run_.seed});
   } catch (...) {
     if (ema_) ema_->swap_into(ema_params_);

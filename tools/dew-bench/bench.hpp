@@ -23,6 +23,7 @@ struct BenchOptions {
   int repeats = 5;
   std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
   bool profile = false;                      // train: time every kernel (dew/profile.hpp) and print a table
+  bool no_block_cache = false;               // cpu: cache_mb = 0 (train --activation-memory)
 };
 
 // Runs fn in repeats of ~opt.seconds each; returns the median seconds per call. `sync` (when given)
@@ -65,6 +66,8 @@ struct LmOptions {
   int gen_warmup = 1, repeats = 5;
   std::string weights = "f32";  // generate: the decode weights' storage (f32 | bf16, dew/generate.hpp)
   bool verbose = false;  // per-step lines on stderr
+  std::string precision = "f32";  // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
+  bool activation_memory = false; // train: the RSS the first forward adds (cpu with cache_mb = 0)
   std::string recompute = "none";  // train: activation recomputation of the blocks (none | blocks)
 };
 
@@ -95,6 +98,7 @@ struct TrainFigures {
   int64_t n_params = 0, batch = 0, seq_len = 0, vocab = 0, dim = 0, layers = 0;
   std::vector<std::pair<int64_t, int64_t>> matmul_weights;  // [out, in], the tied head included once
   double loss_first = 0, loss_last = 0;
+  double activation_rss_mb = 0;  // --activation-memory: RSS added by the first step's forward
   BenchMemory mem;
 };
 struct DecodeFigures {

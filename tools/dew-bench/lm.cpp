@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
@@ -105,6 +106,16 @@ double measure_peak_gflops(const dew::BackendPtr& be) {
     secs = seconds_since(t0);
   } while (secs < 0.3 && iters < 2000);
   return 2.0 * double(n * n * n) * iters / secs * 1e-9;
+}
+
+// Resident memory of this process (MiB), from /proc/self/statm.
+double resident_mb() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? double(resident) * double(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0) : 0;
 }
 
 struct Built {
@@ -196,8 +207,12 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
     batches.push_back({{"text", dew::Tensor::from_ints(ids, {b.batch, b.seq_len + 1}, b.backend)}});
   }
 
+  // --precision: the step's forward and loss under autocast, as the trainer runs them; f16-mixed scales
+  // the loss by a fixed 2^16 (the trainer's dynamic scale starts there) and divides it out in the update.
+  const dew::Precision precision = dew::precision_from_name(lo.precision);
+  const float loss_scale = precision == dew::Precision::f16_mixed ? 65536.0f : 1.0f;
   std::vector<double> times;
-  double loss_first = 0, loss_last = 0;
+  double loss_first = 0, loss_last = 0, activation_mb = 0;
   const dew::RecomputeGuard recompute(dew::recompute_from_name(lo.recompute));
   BenchMemory mem;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
@@ -206,15 +221,21 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
       b.backend->reset_memory_peak();
     }
     const auto t0 = clock_type::now();
-    dew::StepResult r = b.objective->step(batches[size_t(i) % batches.size()], dew::StepInfo{i, 0, 0});
+    const double rss_before = i == 0 && lo.activation_memory ? resident_mb() : 0;
+    dew::StepResult r;
+    {
+      dew::AutocastGuard autocast(dew::compute_dtype(precision));
+      r = b.objective->step(batches[size_t(i) % batches.size()], dew::StepInfo{i, 0, 0});
+    }
+    if (i == 0 && lo.activation_memory) activation_mb = resident_mb() - rss_before;
     const double lv = r.loss.item();
-    r.loss.backward();
+    (loss_scale == 1.0f ? r.loss : dew::scale(r.loss, loss_scale)).backward();
     if (i >= lo.warmup && !mem.measured) {
       const dew::TrainingStateMemory s = dew::training_state_memory(params, optimizer.get());
       mem.params = s.params, mem.grads = s.grads, mem.optim = s.optim, mem.measured = true;
     }
     if (lo.grad_norm) (void)dew::global_grad_norm(params);
-    optimizer->update(float(lr), 1.0f, i + 1);
+    optimizer->update(float(lr), 1.0f / loss_scale, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
     b.backend->synchronize();
     const double dt = seconds_since(t0);
@@ -247,6 +268,7 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   f.layers = b.layers;
   f.loss_first = loss_first;
   f.loss_last = loss_last;
+  f.activation_rss_mb = activation_mb;
   profile_report(b.backend, int(times.size()), f.mean_s * 1e3);  // before the peak measurement's matmuls
   const dew::MemoryStats ms = b.backend->memory_stats();  // before the matmul-rate measurement allocates
   mem.tracked = ms.tracked;
@@ -263,7 +285,7 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const double gflops = flops / mean * 1e-9;
   // The machine's matmul peak as measured now: oneDNN directly at the step's own product shapes.
   const double machine_peak =
-      onednn_peak_gflops(f.matmul_weights, f.batch * f.seq_len, opt.matmul_precision == "medium", opt);
+      onednn_peak_gflops(f.matmul_weights, f.batch * f.seq_len, opt.matmul_precision == "medium" || lo.precision != "f32", opt);
   std::printf(
       "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"matmul_precision\":\"%s\",\"threads\":%d,"
       "\"tokens_per_sec\":%.1f,"
@@ -272,11 +294,13 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"onednn_peak\":\"oneDNN direct, best of the step's product shapes\",\"cpu\":\"%s\",\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
-      "\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
+      "\"loss_first\":%.9g,\"loss_last\":%.9g,\"precision\":\"%s\"%s%s}\n",
       f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean, mean * 1e3,
       median * 1e3, gflops / peak, gflops, peak, gflops / machine_peak, machine_peak, cpu_model().c_str(),
       (long long)f.n_params, n_mm, flops, (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps,
-      lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, f.mem.json().c_str());
+      lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, lo.precision.c_str(),
+      f.mem.json().c_str(),
+      lo.activation_memory ? (",\"activation_rss_mb\":" + std::to_string(f.activation_rss_mb)).c_str() : "");
   std::fflush(stdout);
   return 0;
 }

@@ -19,7 +19,8 @@ namespace {
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--matmul-precision P] [--seconds S] [--repeats R]\n"
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
-    "[--matmul-precision highest|high|medium] [--steps S] [--warmup W] [--grad-norm] [--profile] [-v]\n"
+    "[--matmul-precision highest|high|medium] [--precision f32|bf16-mixed|f16-mixed] [--activation-memory] [--steps S] "
+    "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
     "[--repeats 5] [--weights f32|bf16] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
@@ -32,6 +33,7 @@ namespace dew_bench {
 std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
   dew::Options options;
   if (opt.matmul_precision != "highest") options.set("matmul_precision", opt.matmul_precision);
+  if (opt.no_block_cache && opt.backend == "cpu") options.set("cache_mb", "0");
   dew::BackendPtr be = dew::create_backend(opt.backend, options);
   if (opt.profile) return std::make_shared<dew::ProfilingBackend>(be);
   return be;
@@ -76,6 +78,10 @@ int main(int argc, char** argv) {
       "steps", po::value(&lm.steps)->default_value(10), "train: timed steps")(
       "warmup", po::value<int>(), "train: untimed steps (3); generate: untimed generations (1)")(
       "batches", po::value(&lm.batches)->default_value(4), "train: synthetic batches cycled")(
+      "precision", po::value(&lm.precision)->default_value("f32"),
+      "train: f32 | bf16-mixed | f16-mixed ([run] precision: half activations and matmul operands, f32 master weights)")(
+      "activation-memory", po::bool_switch(&lm.activation_memory),
+      "train: print the resident memory the first forward adds (cpu backend without its block cache)")(
       "grad-norm", po::bool_switch(&lm.grad_norm), "train: also compute the global grad norm (clipping)")(
       "profile", po::bool_switch(&opt.profile), "train: time every kernel call and print where a step goes")(
       "recompute", po::value(&lm.recompute)->default_value("none"),
@@ -92,6 +98,7 @@ int main(int argc, char** argv) {
     po::notify(vm);
     if (vm.count("repeats")) opt.repeats = lm.repeats = vm["repeats"].as<int>();
     if (vm.count("warmup")) lm.warmup = lm.gen_warmup = vm["warmup"].as<int>();
+    opt.no_block_cache = lm.activation_memory;
     for (const auto& p : dew::Registry::default_plugin_dirs()) plugin_dirs.push_back(p);
     dew::Registry::global().discover(plugin_dirs);
     if (suite == "kernels") return dew_bench::run_kernels(opt);

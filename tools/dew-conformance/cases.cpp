@@ -389,6 +389,14 @@ void add_matmul(Table& t) {
       {"scores", 12, 128, 128, 64, false, true},
       {"bf16", 1, 64, 64, 64, false, false, false, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
       {"bf16", 2, 37, 53, 29, false, true, true, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
+      // Mixed precision (docs/precision.md): the products of a bf16 / f16 training step.
+      {"linear", 1, 512, 1152, 384, false, true, true, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
+      {"dweight", 1, 384, 1152, 256, true, false, false, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
+      {"act", 1, 33, 65, 47, false, true, true, false, false, 1.0f, 0.0f, Activation::silu, DT::bf16},
+      {"accumulate", 2, 37, 53, 29, true, false, false, false, false, 1.0f, 1.0f, Activation::none, DT::bf16},
+      {"scores", 12, 128, 128, 64, false, true, false, false, false, 0.125f, 0.0f, Activation::none, DT::bf16},
+      {"f16", 1, 64, 64, 64, false, false, false, false, false, 1.0f, 0.0f, Activation::none, DT::f16},
+      {"f16", 2, 37, 53, 29, false, true, true, false, false, 1.0f, 0.0f, Activation::none, DT::f16},
   };
   for (const MM& c : cs) add_matmul_case(t, c);
 }
@@ -1347,6 +1355,179 @@ void add_large(Table& t) {
 
 }  // namespace
 
+// ---------------------------------------------------------------- bf16 / f16 (mixed precision)
+
+// The half-precision variants of the kernels a bf16-mixed / f16-mixed step calls (docs/precision.md),
+// backward passes included. Inputs are drawn in the half dtype; saved statistics (mean, rstd, lse) and
+// forward outputs a backward reads come from the oracle's f32 forward on the exactly widened inputs
+// (then rounded to the half dtype where the kernel takes them in it). The driver compares against the
+// oracle in f32 on the same widened inputs (ref runs no half arithmetic) at the half dtype's tolerance:
+// rtol = k_store * eps(bf16 or f16) + k * eps(f32) * sqrt(K), i.e. about two half ulps. The shapes reach
+// past 2^16 elements where cpu works in blocks of rows, so block edges and the blocks' summed norm weight
+// gradients are checked too.
+Tensor to_dtype(Gen& g, const Tensor& x, DT dt) {
+  if (x.dtype() == dt) return x;
+  Tensor y = Tensor::empty(x.shape(), dt, g.backend());
+  g.backend()->cast(x, y);
+  return y;
+}
+
+void add_half(Table& t) {
+  for (DT dt : {DT::bf16, DT::f16}) {
+    const std::string tag = std::string("/") + dtype_name(dt);
+    for (UnaryOp op : {UnaryOp::exp, UnaryOp::silu, UnaryOp::gelu_tanh, UnaryOp::gelu}) {
+      const UnaryParams p{op, 1, 0};
+      t.add(
+          std::string("unary_backward/") + unary_op_name(op) + "_1031" + tag, Kernel::unary_backward, {dt},
+          [dt](Gen& g) { return In{g.uniform({1031}, -3, 3, dt), g.uniform({1031}, -1, 1, dt)}; },
+          {out("dx", {1031}, dt, tol(8))}, [p](Backend& be, In& in, Out& o) { be.unary_backward(in[0], in[1], o[0], p); });
+    }
+    t.add(
+        "unary/silu_100003" + tag, Kernel::unary, {dt}, [dt](Gen& g) { return In{g.uniform({100003}, -4, 4, dt)}; },
+        {out("out", {100003}, dt, tol(8))},
+        [](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], UnaryParams{UnaryOp::silu, 1, 0}); });
+    for (BinaryOp op : {BinaryOp::add, BinaryOp::mul}) {
+      t.add(
+          std::string("binary/") + binary_op_name(op) + "_300x384" + tag, Kernel::binary, {dt},
+          [dt](Gen& g) { return In{g.uniform({300, 384}, -2, 2, dt), g.uniform({300, 384}, -2, 2, dt)}; },
+          {out("out", {300, 384}, dt, tol(0))}, [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
+      t.add(
+          std::string("binary/") + binary_op_name(op) + "_row_300x384_384" + tag, Kernel::binary, {dt},
+          [dt](Gen& g) { return In{g.uniform({300, 384}, -2, 2, dt), g.uniform({384}, -2, 2, dt)}; },
+          {out("out", {300, 384}, dt, tol(0))}, [op](Backend& be, In& in, Out& o) { be.binary(in[0], in[1], o[0], op); });
+    }
+    for (Kernel k : {Kernel::softmax_backward, Kernel::log_softmax_backward}) {
+      const bool lg = k == Kernel::log_softmax_backward;
+      t.add(
+          std::string(kernel_name(k)) + "/8x1000" + tag, k, {dt},
+          [dt, lg](Gen& g) {
+            Tensor x = g.uniform({8, 1000}, -5, 5), y = Tensor::empty({8, 1000}, DT::f32, g.backend());
+            lg ? g.backend()->log_softmax(x, y) : g.backend()->softmax(x, y);
+            return In{to_dtype(g, y, dt), g.uniform({8, 1000}, -1, 1, dt)};
+          },
+          {out("dx", {8, 1000}, dt, tol(8, 1000))},
+          [lg](Backend& be, In& in, Out& o) {
+            lg ? be.log_softmax_backward(in[0], in[1], o[0]) : be.softmax_backward(in[0], in[1], o[0]);
+          });
+    }
+    // Norms: a small shape and one of 300 rows of 384 (two blocks on cpu).
+    for (const Shape& sh : {Shape{4, 7, 96}, Shape{300, 384}}) {
+      const int64_t D = sh.back(), rows = numel_of(sh) / D;
+      const float eps = 1e-5f;
+      t.add(
+          "layer_norm_backward/" + dims(sh) + "_w_b" + tag, Kernel::layer_norm_backward, {dt},
+          [sh, D, rows, dt, eps](Gen& g) {
+            Tensor x = g.uniform(sh, -1, 1, dt), w = g.uniform({D}, 0.5f, 1.5f, dt), b = g.uniform({D}, -0.5f, 0.5f, dt);
+            Tensor y = Tensor::empty(sh, DT::f32, g.backend());
+            Tensor mean = Tensor::empty({rows}, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
+            g.backend()->layer_norm(to_dtype(g, x, DT::f32), to_dtype(g, w, DT::f32), to_dtype(g, b, DT::f32), y, mean,
+                                    rstd, eps);
+            return In{x, w, mean, rstd, g.uniform(sh, -1, 1, dt)};
+          },
+          {out("dx", sh, dt, tol(16, double(D))), out("dweight", {D}, dt, tol(16, double(rows))),
+           out("dbias", {D}, dt, tol(16, double(rows)))},
+          [](Backend& be, In& in, Out& o) { be.layer_norm_backward(in[0], in[1], in[2], in[3], in[4], o[0], o[1], o[2]); });
+      t.add(
+          "rms_norm/" + dims(sh) + "_w_blocks" + tag, Kernel::rms_norm, {dt},
+          [sh, D, dt](Gen& g) { return In{g.uniform(sh, -1, 1, dt), g.uniform({D}, 0.5f, 1.5f, dt)}; },
+          {out("y", sh, dt, tol(16, double(D))), out("rstd", {rows}, DT::f32, tol(16, double(D)))},
+          [](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], 1e-6f, 0.0f); });
+      t.add(
+          "rms_norm_backward/" + dims(sh) + "_w" + tag, Kernel::rms_norm_backward, {dt},
+          [sh, D, rows, dt](Gen& g) {
+            Tensor x = g.uniform(sh, -1, 1, dt), w = g.uniform({D}, 0.5f, 1.5f, dt);
+            Tensor y = Tensor::empty(sh, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
+            g.backend()->rms_norm(to_dtype(g, x, DT::f32), to_dtype(g, w, DT::f32), y, rstd, 1e-6f, 0.0f);
+            return In{x, w, rstd, g.uniform(sh, -1, 1, dt)};
+          },
+          {out("dx", sh, dt, tol(16, double(D))), out("dweight", {D}, dt, tol(16, double(rows)))},
+          [](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], 0.0f); });
+    }
+    for (bool batch_pos : {false, true}) {
+      const Shape xs{2, 16, 4, 32};
+      RopeParams p{10000.0f, 0, false};
+      Check c;
+      c.rtol_override = 2 * dtype_epsilon(dt) + dtype_epsilon(DT::f32) * (2.0 + 4.0 * 63);
+      t.add(
+          std::string("rope/") + (batch_pos ? "batchpos" : "full") + "_" + dims(xs) + tag, Kernel::rope, {dt},
+          [xs, dt, batch_pos](Gen& g) {
+            return In{g.uniform(xs, -1, 1, dt), batch_pos ? g.ints({2, 16}, 0, 64) : g.from_ints(arange(16), {16})};
+          },
+          {out("out", xs, dt, c)}, [p](Backend& be, In& in, Out& o) { be.rope(in[0], in[1], o[0], p); });
+    }
+    // Attention: causal MHA and a grouped-query shape, forward and backward.
+    struct A {
+      std::string what;
+      int64_t B, T, H, Hkv, D;
+      bool packed;  // segment ids: documents of 20 tokens (packed rows)
+    };
+    // Undefined, or i32 [B, T] with a new document every 20 positions.
+    auto segments = [](Gen& g, int64_t B, int64_t T, bool packed) {
+      if (!packed) return Tensor();
+      std::vector<int32_t> v(size_t(B * T));
+      for (int64_t i = 0; i < B * T; ++i) v[size_t(i)] = int32_t((i % T) / 20);
+      return g.from_ints(v, {B, T});
+    };
+    for (const A& a : {A{"causal", 2, 16, 4, 4, 16, false}, A{"causal_gqa", 2, 64, 4, 2, 32, false},
+                       A{"causal_packed", 2, 64, 4, 2, 32, true}}) {
+      AttentionParams p;
+      p.scale = 1.0f / std::sqrt(float(a.D));
+      const Shape qs{a.B, a.T, a.H, a.D}, ks{a.B, a.T, a.Hkv, a.D}, ls{a.B, a.H, a.T};
+      const std::string sh = a.what + "_B" + std::to_string(a.B) + "T" + std::to_string(a.T) + "H" + std::to_string(a.H) +
+                             "kv" + std::to_string(a.Hkv) + "D" + std::to_string(a.D);
+      const double K = double(a.T + a.D), Kkv = double(a.T * (a.H / a.Hkv) + a.D);
+      if (a.what != "causal")  // the plain causal forward has its bf16 case in add_attention
+        t.add(
+            "attention/" + sh + tag, Kernel::attention, {dt},
+            [qs, ks, dt, a, segments](Gen& g) {
+              return In{g.uniform(qs, -1, 1, dt), g.uniform(ks, -1, 1, dt), g.uniform(ks, -1, 1, dt),
+                        segments(g, a.B, a.T, a.packed)};
+            },
+            {out("out", qs, dt, tol(16, K)), out("lse", ls, DT::f32, tol(16, K))},
+            [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], in[3], o[0], o[1], p); });
+      t.add(
+          "attention_backward/" + sh + tag, Kernel::attention_backward, {dt},
+          [qs, ks, ls, dt, p, a, segments](Gen& g) {
+            Tensor q = g.uniform(qs, -1, 1, dt), k = g.uniform(ks, -1, 1, dt), v = g.uniform(ks, -1, 1, dt);
+            Tensor seg = segments(g, a.B, a.T, a.packed);
+            Tensor o = Tensor::empty(qs, DT::f32, g.backend()), lse = Tensor::empty(ls, DT::f32, g.backend());
+            g.backend()->attention(to_dtype(g, q, DT::f32), to_dtype(g, k, DT::f32), to_dtype(g, v, DT::f32), seg, o, lse,
+                                   p);
+            return In{q, k, v, seg, to_dtype(g, o, dt), lse, g.uniform(qs, -1, 1, dt)};
+          },
+          {out("dq", qs, dt, tol(16, K)), out("dk", ks, dt, tol(16, Kkv)), out("dv", ks, dt, tol(16, Kkv))},
+          [p](Backend& be, In& in, Out& o) {
+            be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], in[6], o[0], o[1], o[2], p);
+          });
+    }
+    // Cross-entropy over 300 rows of a 256-token vocabulary (two blocks on cpu), a few rows ignored.
+    {
+      const int64_t N = 300, V = 256;
+      const CrossEntropyParams p{-100};
+      auto make = [dt](Gen& g) {
+        std::vector<int32_t> tg = g.ints({N}, 0, int32_t(V)).to_ints();
+        for (int i = 0; i < 7; ++i) tg[size_t(i * 41 + 3)] = -100;
+        return In{g.uniform({N, V}, -5, 5, dt), g.from_ints(tg, {N})};
+      };
+      t.add("cross_entropy/300x256_ignore-100x7" + tag, Kernel::cross_entropy, {dt}, make,
+            {out("loss", {N}, DT::f32, tol(8, double(V))), out("lse", {N}, DT::f32, tol(8, double(V)))},
+            [p](Backend& be, In& in, Out& o) { be.cross_entropy(in[0], in[1], o[0], o[1], p); });
+      t.add(
+          "cross_entropy_backward/300x256_ignore-100x7" + tag, Kernel::cross_entropy_backward, {dt},
+          [make, p](Gen& g) {
+            In in = make(g);
+            Tensor loss = Tensor::empty({N}, DT::f32, g.backend()), lse = Tensor::empty({N}, DT::f32, g.backend());
+            g.backend()->cross_entropy(to_dtype(g, in[0], DT::f32), in[1], loss, lse, p);
+            in.push_back(lse);
+            in.push_back(g.uniform({N}, 0.1f, 1));
+            return in;
+          },
+          {out("dlogits", {N, V}, dt, tol(8, double(V)))},
+          [p](Backend& be, In& in, Out& o) { be.cross_entropy_backward(in[0], in[1], in[2], in[3], o[0], p); });
+    }
+  }
+}
+
 std::vector<Case> all_cases() {
   Table t;
   add_fill(t);
@@ -1370,6 +1551,7 @@ std::vector<Case> all_cases() {
   add_dropout(t);
   add_argmax(t);
   add_large(t);
+  add_half(t);
   return std::move(t.cases);
 }
 

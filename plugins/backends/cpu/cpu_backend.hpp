@@ -79,6 +79,8 @@ struct KeyHash {
   }
 };
 enum Family : int64_t { kMatmul = 1, kConvFwd, kConvBwdData, kConvBwdWeight, kLnFwd, kLnBwd, kSoftmaxFwd, kSoftmaxBwd };
+// Families of the bf16 kernels (half.cpp), numbered apart so the f32 list can grow.
+enum HalfFamily : int64_t { kMatmulBf16 = 1001 };
 
 // Type-erased, thread-safe map from Key to a cached entry (a struct holding primitives and descs).
 // Entries are never evicted: a training run uses a fixed, small set of shapes.
@@ -291,6 +293,42 @@ class CpuBackend final : public Backend {
   MemoryCounter memory_;
   RopeTables rope_tables_;
 };
+
+// ---------------------------------------------------------------- bf16 kernels (half.cpp)
+// What cpu runs natively in bf16 (decided at run time by the CPU's features); supports() answers with it.
+Support bf16_support(Kernel k);
+// cast between f32 and bf16, vectorised (convert.cpp); false for other dtype pairs.
+bool cast_bf16_fast(const Tensor& x, Tensor& out);
+// out = a (add | sub | mul) b for bf16 tensors of one size, in f32 per element (convert.cpp); false otherwise.
+bool binary_bf16_same_shape(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
+void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p);
+
+// The memory-bound kernels in bf16: blocks of rows widened around this backend's f32 kernels (half.cpp).
+class CpuBackend;
+bool is_bf16_call(const Tensor& t);  // t is defined and bf16: the kernel forwards to its *_bf16 variant
+void unary_bf16(CpuBackend& be, const Tensor& x, Tensor& out, const UnaryParams& p);
+void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p);
+void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
+void softmax_like_bf16(CpuBackend& be, const Tensor& x, Tensor& y, bool log);
+void softmax_like_backward_bf16(CpuBackend& be, const Tensor& y, const Tensor& dy, Tensor& dx, bool log);
+void layer_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                     Tensor& rstd, float eps);
+void layer_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias);
+void rms_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                   float weight_offset);
+void rms_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                            Tensor& dx, Tensor& dweight, float weight_offset);
+void rope_bf16(CpuBackend& be, const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p);
+void cross_entropy_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                        const CrossEntropyParams& p);
+void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                 const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p);
+void attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
+                    Tensor& lse, const AttentionParams& p);
+void attention_backward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                             const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                             Tensor& dv, const AttentionParams& p);
 
 // Called by softmax.cpp for both softmax and log-softmax.
 void dnnl_softmax_forward(Dnnl& d, const Tensor& x, Tensor& y, bool log);

@@ -123,6 +123,7 @@ void check_same_numel(const Tensor& a, const Tensor& b, const char* kernel) {
 // ---------------------------------------------------------------- unary
 
 void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
+  if (is_bf16_call(x)) return unary_bf16(*this, x, out, p);  // half.cpp
   require_f32(x, "unary", "x");
   require_f32(out, "unary", "out");
   check_same_numel(x, out, "unary");
@@ -213,6 +214,7 @@ void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
 }
 
 void CpuBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
+  if (is_bf16_call(x)) return unary_backward_bf16(*this, x, dy, dx, p);  // half.cpp
   require_f32(x, "unary_backward", "x");
   require_f32(dy, "unary_backward", "dy");
   require_f32(dx, "unary_backward", "dx");
@@ -432,6 +434,7 @@ void binary_impl(const Tensor& a, const Tensor& b, Tensor& out) {
 }  // namespace
 
 void CpuBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
+  if (is_bf16_call(a)) return binary_bf16(*this, a, b, out, op);  // half.cpp
   require_f32(a, "binary", "a");
   require_f32(b, "binary", "b");
   require_f32(out, "binary", "out");

@@ -135,6 +135,7 @@ std::shared_ptr<const RopeTable> RopeTables::get(float theta, int64_t rotary_dim
 }
 
 void CpuBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
+  if (is_bf16_call(x)) return rope_bf16(*this, x, positions, out, p);  // half.cpp
   require_f32(x, "rope", "x");
   require_f32(out, "rope", "out");
   require_i32(positions, "rope", "positions");

@@ -2,7 +2,8 @@
 //
 // The plugin registers one Backend, "cpu", whose probe refuses CPUs without AVX2+FMA (the kernels are
 // compiled for them). supports() says yes to f32 for every kernel, to every dtype for the memory
-// kernels (fill, cast, strided_copy, gather_rows), and no with a reason for the rest.
+// kernels (fill, cast, strided_copy, gather_rows), bf16 for the kernels half.cpp implements (matmul only
+// on CPUs with AVX512-BF16, checked at run time), and no with a reason for the rest.
 // Threads: OpenMP's team size; oneDNN (built on the OpenMP runtime) follows it.
 #include <dew/registry.hpp>
 
@@ -62,6 +63,11 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
       break;
   }
   if (dtype == DType::f32) return Support::yes();
+  if (dtype == DType::bf16) return bf16_support(k);  // half.cpp
+  if (dtype == DType::f16)
+    return Support::no(std::string("cpu has no f16 ") + kernel_name(k) +
+                       " kernel; f16-mixed runs it through the core's conversion around the f32 kernel "
+                       "(core/ops/kernel_call.hpp); bf16 has native cpu kernels");
   if (!is_floating(dtype))
     return Support::no(std::string(kernel_name(k)) + " takes floating tensors; got " + dtype_name(dtype));
   return Support::no(std::string("cpu computes ") + kernel_name(k) + " on f32 tensors only (got " + dtype_name(dtype) +
@@ -72,11 +78,13 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 // ---- attention: implemented in attention.cpp ----
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                            Tensor& out, Tensor& lse, const AttentionParams& p) {
+  if (is_bf16_call(q)) return attention_bf16(q, k, v, segment_ids, out, lse, p);  // half.cpp
   attention_forward(q, k, v, segment_ids, out, lse, p);
 }
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                     Tensor& dv, const AttentionParams& p) {
+  if (is_bf16_call(q)) return attention_backward_bf16(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);  // half.cpp
   cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
 }
 

@@ -51,6 +51,7 @@ inline float row_lse(const float* x, int64_t v) {
 
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
                                const CrossEntropyParams& p) {
+  if (is_bf16_call(logits)) return cross_entropy_bf16(*this, logits, targets, loss, lse, p);  // half.cpp
   require_f32(logits, "cross_entropy", "logits");
   require_i32(targets, "cross_entropy", "targets");
   require_f32(loss, "cross_entropy", "loss");
@@ -78,6 +79,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& targets, Tens
 
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                         const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p) {
+  if (is_bf16_call(logits)) return cross_entropy_backward_bf16(*this, logits, targets, lse, dloss, dlogits, p);  // half.cpp
   require_f32(logits, "cross_entropy_backward", "logits");
   require_i32(targets, "cross_entropy_backward", "targets");
   require_f32(lse, "cross_entropy_backward", "lse");

@@ -58,6 +58,7 @@ void ln_mds(LnEntry& e, int64_t rows, int64_t dim) {
 
 void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                             Tensor& rstd, float eps) {
+  if (is_bf16_call(x)) return layer_norm_bf16(*this, x, weight, bias, y, mean, rstd, eps);  // half.cpp
   require_f32(x, "layer_norm", "x");
   require_f32(y, "layer_norm", "y");
   require_f32(mean, "layer_norm", "mean");
@@ -98,6 +99,7 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
 
 void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                                      const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  if (is_bf16_call(x)) return layer_norm_backward_bf16(*this, x, weight, mean, rstd, dy, dx, dweight, dbias);  // half.cpp
   require_f32(x, "layer_norm_backward", "x");
   require_f32(dy, "layer_norm_backward", "dy");
   require_f32(dx, "layer_norm_backward", "dx");
@@ -170,6 +172,7 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, cons
 
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
                           float weight_offset) {
+  if (is_bf16_call(x)) return rms_norm_bf16(*this, x, weight, y, rstd, eps, weight_offset);  // half.cpp
   require_f32(x, "rms_norm", "x");
   require_f32(y, "rms_norm", "y");
   require_f32(rstd, "rms_norm", "rstd");
@@ -204,6 +207,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tens
 
 void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                                    Tensor& dx, Tensor& dweight, float weight_offset) {
+  if (is_bf16_call(x)) return rms_norm_backward_bf16(*this, x, weight, rstd, dy, dx, dweight, weight_offset);  // half.cpp
   require_f32(x, "rms_norm_backward", "x");
   require_f32(dy, "rms_norm_backward", "dy");
   require_f32(dx, "rms_norm_backward", "dx");

@@ -90,8 +90,12 @@ void dnnl_softmax_backward(Dnnl& d, const Tensor& y, const Tensor& dy, Tensor& d
   e->run(d, {{DNNL_ARG_DST, y.data()}, {DNNL_ARG_DIFF_DST, dy.data()}, {DNNL_ARG_DIFF_SRC, dx.data()}});
 }
 
-void CpuBackend::softmax(const Tensor& x, Tensor& y) { dnnl_softmax_forward(*dnnl_, x, y, false); }
+void CpuBackend::softmax(const Tensor& x, Tensor& y) {
+  if (is_bf16_call(x)) return softmax_like_bf16(*this, x, y, false);  // half.cpp
+  dnnl_softmax_forward(*dnnl_, x, y, false);
+}
 void CpuBackend::log_softmax(const Tensor& x, Tensor& y) {
+  if (is_bf16_call(x)) return softmax_like_bf16(*this, x, y, true);  // half.cpp
   require_f32(x, "log_softmax", "x");
   require_f32(y, "log_softmax", "y");
   check_pair(x, y, "log_softmax");
@@ -114,9 +118,11 @@ void CpuBackend::log_softmax(const Tensor& x, Tensor& y) {
   }
 }
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (is_bf16_call(y)) return softmax_like_backward_bf16(*this, y, dy, dx, false);  // half.cpp
   dnnl_softmax_backward(*dnnl_, y, dy, dx, false);
 }
 void CpuBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (is_bf16_call(y)) return softmax_like_backward_bf16(*this, y, dy, dx, true);  // half.cpp
   dnnl_softmax_backward(*dnnl_, y, dy, dx, true);
 }
 

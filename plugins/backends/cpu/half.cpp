@@ -1,0 +1,441 @@
+// cpu/half.cpp — the cpu backend's bf16 kernels (mixed precision, docs/precision.md), apart from the f32
+// kernel files so those stay as they are.
+//
+// Which kernels run natively in bf16 is decided at run time by the CPU's features (cpu_has_bf16_dot:
+// AVX512-BF16), never by the build machine's flags: supports(k, bf16) says yes only there, and for every
+// other kernel or CPU the core converts around the f32 kernel (core/ops/kernel_call.hpp), so results
+// never depend on which path ran beyond the rounding the conformance suite bounds.
+// Contract of a bf16 call (as cuda's): every data tensor (a, b, bias, out) is bf16; the statistics
+// (mean, rstd, lse, losses) stay f32; arithmetic is f32 and each output is rounded once (nearest even).
+//  * matmul: oneDNN's bf16 matmul (AVX512-BF16 / AMX), bf16 src / weights / bias / dst, f32 accumulation,
+//    the same fused epilogue (alpha, beta as a sum post-op, activation) as the f32 path in matmul.cpp.
+//  * the memory-bound kernels (unary, binary, norms, softmax, rope, cross-entropy, attention): the f32
+//    kernel of this backend on blocks of rows (a sample for attention and rope) widened into f32
+//    scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the
+//    bf16 bytes; outputs are rounded once. Norm weight / bias gradients (sums over rows) add the blocks'
+//    f32 partials in f32 and round once at the end. Each block's result is the f32 kernel's result on
+//    those rows, so a bf16 kernel is exactly "widen, run the f32 kernel, round" (conformance bounds it).
+#include "cpu_backend.hpp"
+#include "attention.hpp"
+
+namespace dew::cpu {
+
+Support bf16_support(Kernel k) {
+  switch (k) {
+    case Kernel::matmul:
+      if (cpu_has_bf16_dot()) return Support::yes();
+      return Support::no("cpu runs bf16 matmuls natively only on CPUs with AVX512-BF16; elsewhere the core converts "
+                         "around the f32 kernel");
+    case Kernel::unary:
+    case Kernel::unary_backward:
+    case Kernel::binary:
+    case Kernel::softmax:
+    case Kernel::softmax_backward:
+    case Kernel::log_softmax:
+    case Kernel::log_softmax_backward:
+    case Kernel::layer_norm:
+    case Kernel::layer_norm_backward:
+    case Kernel::rms_norm:
+    case Kernel::rms_norm_backward:
+    case Kernel::rope:
+    case Kernel::attention:
+    case Kernel::attention_backward:
+    case Kernel::cross_entropy:
+    case Kernel::cross_entropy_backward:
+      return Support::yes();
+    default:
+      return Support::no(std::string("cpu has no bf16 ") + kernel_name(k) +
+                         " kernel; the core converts around the f32 one (core/ops/kernel_call.hpp)");
+  }
+}
+
+namespace {
+
+using dnnl::memory;
+using dims = memory::dims;
+
+struct Bf16MatmulEntry : BoundPrimitive {
+  int bias_arg = 0;
+};
+
+dnnl::algorithm eltwise_for(Activation act) {
+  switch (act) {
+    case Activation::relu:
+      return dnnl::algorithm::eltwise_relu;
+    case Activation::gelu:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::gelu_tanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::silu:
+      return dnnl::algorithm::eltwise_swish;
+    default:
+      break;
+  }
+  DEW_CHECK(false, "cpu matmul: unknown activation ", int(act));
+  return dnnl::algorithm::undef;
+}
+
+std::shared_ptr<Bf16MatmulEntry> make_bf16_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias) {
+  auto e = std::make_shared<Bf16MatmulEntry>();
+  const memory::data_type bf = memory::data_type::bf16;
+  const int64_t m = p.m, n = p.n, k = p.k;
+  const dims a_inner = p.trans_a ? dims{1, m} : dims{k, 1};
+  const dims b_inner = p.trans_b ? dims{1, k} : dims{n, 1};
+  memory::desc a_md, b_md, c_md, bias_md;
+  if (p.batch == 1) {
+    a_md = memory::desc({m, k}, bf, a_inner);
+    b_md = memory::desc({k, n}, bf, b_inner);
+    c_md = memory::desc({m, n}, bf, dims{n, 1});
+    if (has_bias) bias_md = memory::desc({1, n}, bf, dims{n, 1});
+  } else {
+    const int64_t ab = p.a_batch_stride == 0 ? 1 : p.batch, bb = p.b_batch_stride == 0 ? 1 : p.batch;
+    a_md = memory::desc({ab, m, k}, bf, dims{p.a_batch_stride == 0 ? m * k : p.a_batch_stride, a_inner[0], a_inner[1]});
+    b_md = memory::desc({bb, k, n}, bf, dims{p.b_batch_stride == 0 ? k * n : p.b_batch_stride, b_inner[0], b_inner[1]});
+    c_md = memory::desc({p.batch, m, n}, bf, dims{m * n, n, 1});
+    if (has_bias) bias_md = memory::desc({1, 1, n}, bf, dims{n, n, 1});
+  }
+  // As matmul.cpp: alpha is the output scale, which oneDNN 2.x applies after the bias, so with alpha != 1
+  // the bias becomes a binary_add post-op.
+  const bool bias_as_post_op = has_bias && p.alpha != 1.0f;
+  dnnl::primitive_attr attr;
+  if (p.alpha != 1.0f) attr.set_output_scales(0, {p.alpha});
+  dnnl::post_ops po;
+  if (p.beta != 0.0f) po.append_sum(p.beta);
+  if (bias_as_post_op) po.append_binary(dnnl::algorithm::binary_add, bias_md);
+  if (p.act != Activation::none)
+    po.append_eltwise(1.0f, eltwise_for(p.act), p.act == Activation::silu ? 1.0f : 0.0f, 0.0f);
+  attr.set_post_ops(po);
+  const dnnl::matmul::desc desc = has_bias && !bias_as_post_op ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                                               : dnnl::matmul::desc(a_md, b_md, c_md);
+  e->prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, d.eng));
+  e->arg(d, DNNL_ARG_SRC, a_md);
+  e->arg(d, DNNL_ARG_WEIGHTS, b_md);
+  e->arg(d, DNNL_ARG_DST, c_md);
+  if (has_bias) {
+    e->bias_arg =
+        bias_as_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.beta != 0.0f ? 1 : 0) | DNNL_ARG_SRC_1) : DNNL_ARG_BIAS;
+    e->arg(d, e->bias_arg, bias_md);
+  }
+  return e;
+}
+
+void require_bf16(const Tensor& t, const char* kernel, const char* arg) {
+  DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
+  DEW_CHECK(t.dtype() == DType::bf16, "cpu ", kernel, " (bf16): ", arg, " is ", dtype_name(t.dtype()),
+            "; a bf16 call takes every data tensor in bf16");
+}
+
+}  // namespace
+
+void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+  DEW_CHECK(cpu_has_bf16_dot(), "cpu matmul: bf16 operands need a CPU with AVX512-BF16 (",
+            bf16_support(Kernel::matmul).reason, ")");
+  require_bf16(a, "matmul", "a");
+  require_bf16(b, "matmul", "b");
+  require_bf16(out, "matmul", "out");
+  const bool has_bias = bias.defined();
+  if (has_bias) {
+    require_bf16(bias, "matmul", "bias");
+    DEW_CHECK(bias.numel() == p.n, "cpu matmul: bias has ", bias.numel(), " elements for n = ", p.n);
+  }
+  DEW_CHECK(p.batch >= 0 && p.m >= 0 && p.n >= 0 && p.k >= 0, "cpu matmul: negative dimension");
+  DEW_CHECK(p.act == Activation::none || p.beta == 0.0f, "cpu matmul: an activation epilogue requires beta == 0");
+  DEW_CHECK(out.numel() == p.batch * p.m * p.n, "cpu matmul: out ", shape_str(out.shape()), " is not [", p.batch, ", ",
+            p.m, ", ", p.n, "]");
+  auto span = [](int64_t batch, int64_t bs, int64_t mat) { return (batch - 1) * bs + mat; };
+  DEW_CHECK(p.batch == 0 || span(p.batch, p.a_batch_stride, p.m * p.k) <= a.numel(), "cpu matmul: a ",
+            shape_str(a.shape()), " is too small for the batch");
+  DEW_CHECK(p.batch == 0 || span(p.batch, p.b_batch_stride, p.k * p.n) <= b.numel(), "cpu matmul: b ",
+            shape_str(b.shape()), " is too small for the batch");
+  if (out.numel() == 0) return;
+  if (p.k == 0) {  // empty inner product: out = beta * out + act(bias), through f32
+    uint16_t* o = out.data_as<uint16_t>();
+    const uint16_t* bp = has_bias ? bias.data_as<uint16_t>() : nullptr;
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      float v = bp ? bf16_to_f32(bf16_t{bp[i % p.n]}) : 0.0f;
+      switch (p.act) {
+        case Activation::relu:
+          v = v < 0 ? 0 : v;
+          break;
+        case Activation::gelu:
+          v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+          break;
+        case Activation::gelu_tanh:
+          v = 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+          break;
+        case Activation::silu:
+          v = v / (1.0f + std::exp(-v));
+          break;
+        default:
+          break;
+      }
+      o[i] = f32_to_bf16(p.beta == 0.0f ? v : p.beta * bf16_to_f32(bf16_t{o[i]}) + v).bits;
+    }
+    return;
+  }
+  Key key(kMatmulBf16);
+  key.add(p.batch)
+      .add(p.m)
+      .add(p.n)
+      .add(p.k)
+      .add(p.batch > 1 ? p.a_batch_stride : 0)
+      .add(p.batch > 1 ? p.b_batch_stride : 0)
+      .add(int64_t(p.trans_a) | int64_t(p.trans_b) << 1 | int64_t(has_bias) << 2)
+      .add(p.alpha)
+      .add(p.beta)
+      .add(int64_t(p.act));
+  auto e = d.cache.get<Bf16MatmulEntry>(key, [&] { return make_bf16_matmul(d, p, has_bias); });
+  e->run(d, {{DNNL_ARG_SRC, a.data()},
+             {DNNL_ARG_WEIGHTS, b.data()},
+             {DNNL_ARG_DST, out.data()},
+             {e->bias_arg, has_bias ? bias.data() : nullptr}});
+}
+
+// ---------------------------------------------------------------- blocked bf16 around the f32 kernels
+
+namespace {
+
+bool bf(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
+
+// An f32 copy of a bf16 tensor (a view is fine: cast reads its elements).
+Tensor widen(const Tensor& h) {
+  Tensor w = Tensor::empty(h.shape(), DType::f32, h.backend_ptr());
+  DEW_INTERNAL_ASSERT(cast_bf16_fast(h, w));
+  return w;
+}
+Tensor widen_opt(const Tensor& h) { return h.defined() ? widen(h) : Tensor(); }
+Tensor scratch_like(const Tensor& h) { return Tensor::empty(h.shape(), DType::f32, h.backend_ptr()); }
+void narrow_into(const Tensor& w, const Tensor& h) {
+  Tensor out = h;
+  DEW_INTERNAL_ASSERT(cast_bf16_fast(w, out));
+}
+// Rows [lo, hi) of t seen as [numel / width, width] (a view).
+Tensor rows(const Tensor& t, int64_t width, int64_t lo, int64_t hi) {
+  return t.reshape({t.numel() / width, width}).slice0(lo, hi);
+}
+Tensor elems(const Tensor& t, int64_t lo, int64_t hi) { return t.reshape({t.numel()}).slice0(lo, hi); }
+
+constexpr int64_t kBlockElems = int64_t(1) << 16;  // 256 KiB of f32 per tensor and block
+int64_t block_rows(int64_t width) { return std::max<int64_t>(1, kBlockElems / std::max<int64_t>(width, 1)); }
+template <class F>
+void for_row_blocks(int64_t n_rows, int64_t width, F&& body) {
+  const int64_t step = block_rows(width);
+  for (int64_t lo = 0; lo < n_rows; lo += step) body(lo, std::min(n_rows, lo + step));
+}
+
+void require_all_bf16(std::initializer_list<const Tensor*> ts, Kernel k) {
+  for (const Tensor* t : ts)
+    DEW_CHECK(!t->defined() || t->dtype() == DType::bf16, "cpu ", kernel_name(k), " (bf16): a data tensor is ",
+              dtype_name(t->dtype()), "; a bf16 call takes every data tensor in bf16 (statistics in f32)");
+}
+
+// acc (f32) += part (f32), both [D].
+void accumulate(CpuBackend& be, Tensor& acc, const Tensor& part) { be.binary(acc, part, acc, BinaryOp::add); }
+
+}  // namespace
+
+bool is_bf16_call(const Tensor& t) { return bf(t); }
+
+void unary_bf16(CpuBackend& be, const Tensor& x, Tensor& out, const UnaryParams& p) {
+  require_all_bf16({&x, &out}, Kernel::unary);
+  DEW_CHECK(x.numel() == out.numel(), "cpu unary: x and out differ in size");
+  for_row_blocks(x.numel(), 1, [&](int64_t lo, int64_t hi) {
+    Tensor w = widen(elems(x, lo, hi));
+    be.unary(w, w, p);
+    narrow_into(w, elems(out, lo, hi));
+  });
+}
+
+void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
+  require_all_bf16({&x, &dy, &dx}, Kernel::unary_backward);
+  DEW_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), "cpu unary_backward: x, dy and dx differ in size");
+  for_row_blocks(x.numel(), 1, [&](int64_t lo, int64_t hi) {
+    Tensor wx = widen(elems(x, lo, hi)), wd = widen(elems(dy, lo, hi));
+    be.unary_backward(wx, wd, wd, p);
+    narrow_into(wd, elems(dx, lo, hi));
+  });
+}
+
+void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
+  require_all_bf16({&a, &b, &out}, Kernel::binary);
+  if (binary_bf16_same_shape(a, b, out, op)) return;  // convert.cpp
+  const int64_t n = out.numel();
+  // Blocks of rows when each operand is either out's size or one row of it ([D] against [N, D], or a
+  // scalar); any other broadcast runs the f32 kernel on whole widened tensors.
+  auto row_operand = [&](const Tensor& t, int64_t width) {
+    if (t.numel() == n) return 0;
+    if (t.numel() == 1) return 1;
+    if (t.numel() == width && t.ndim() <= out.ndim()) {
+      for (int i = 0; i < t.ndim(); ++i)
+        if (t.shape()[size_t(t.ndim() - 1 - i)] != out.shape()[size_t(out.ndim() - 1 - i)]) return -1;
+      return 1;
+    }
+    return -1;
+  };
+  const int64_t width = out.ndim() == 0 ? 1 : std::max<int64_t>(a.numel() == n ? b.numel() : a.numel(), 1);
+  const int ka = row_operand(a, width), kb = row_operand(b, width);
+  if (ka < 0 || kb < 0 || n % width != 0) {
+    Tensor wa = widen(a), wb = widen(b), wo = scratch_like(out);
+    be.binary(wa, wb, wo, op);
+    narrow_into(wo, out);
+    return;
+  }
+  const Tensor fa = ka ? widen(a) : Tensor(), fb = kb ? widen(b) : Tensor();
+  const int64_t w = ka || kb ? width : 1;
+  for_row_blocks(n / w, w, [&](int64_t lo, int64_t hi) {
+    const Tensor wa = ka ? fa : widen(rows(a, w, lo, hi)).reshape({hi - lo, w});
+    const Tensor wb = kb ? fb : widen(rows(b, w, lo, hi)).reshape({hi - lo, w});
+    Tensor wo = Tensor::empty({hi - lo, w}, DType::f32, out.backend_ptr());
+    be.binary(ka ? wa.reshape(a.numel() == 1 ? Shape{1} : Shape{w}) : wa,
+              kb ? wb.reshape(b.numel() == 1 ? Shape{1} : Shape{w}) : wb, wo, op);
+    narrow_into(wo, rows(out, w, lo, hi));
+  });
+}
+
+void softmax_like_bf16(CpuBackend& be, const Tensor& x, Tensor& y, bool log) {
+  require_all_bf16({&x, &y}, log ? Kernel::log_softmax : Kernel::softmax);
+  const int64_t d = x.ndim() == 0 ? 1 : x.shape().back();
+  for_row_blocks(x.numel() / std::max<int64_t>(d, 1), d, [&](int64_t lo, int64_t hi) {
+    Tensor w = widen(rows(x, d, lo, hi)), o = scratch_like(w);
+    log ? be.log_softmax(w, o) : be.softmax(w, o);
+    narrow_into(o, rows(y, d, lo, hi));
+  });
+}
+
+void softmax_like_backward_bf16(CpuBackend& be, const Tensor& y, const Tensor& dy, Tensor& dx, bool log) {
+  require_all_bf16({&y, &dy, &dx}, log ? Kernel::log_softmax_backward : Kernel::softmax_backward);
+  const int64_t d = y.ndim() == 0 ? 1 : y.shape().back();
+  for_row_blocks(y.numel() / std::max<int64_t>(d, 1), d, [&](int64_t lo, int64_t hi) {
+    Tensor wy = widen(rows(y, d, lo, hi)), wd = widen(rows(dy, d, lo, hi)), o = scratch_like(wy);
+    log ? be.log_softmax_backward(wy, wd, o) : be.softmax_backward(wy, wd, o);
+    narrow_into(o, rows(dx, d, lo, hi));
+  });
+}
+
+void layer_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                     Tensor& rstd, float eps) {
+  require_all_bf16({&x, &weight, &bias, &y}, Kernel::layer_norm);
+  const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
+  const Tensor w = widen_opt(weight), b = widen_opt(bias);
+  for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
+    Tensor wx = widen(rows(x, d, lo, hi)), o = scratch_like(wx);
+    Tensor m = mean.slice0(lo, hi), r = rstd.slice0(lo, hi);
+    be.layer_norm(wx, w, b, o, m, r, eps);
+    narrow_into(o, rows(y, d, lo, hi));
+  });
+}
+
+void layer_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  require_all_bf16({&x, &weight, &dy, &dx, &dweight, &dbias}, Kernel::layer_norm_backward);
+  const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
+  const Tensor w = widen_opt(weight);
+  Tensor dw_sum = dweight.defined() ? Tensor::zeros({d}, DType::f32, x.backend_ptr()) : Tensor();
+  Tensor db_sum = dbias.defined() ? Tensor::zeros({d}, DType::f32, x.backend_ptr()) : Tensor();
+  for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
+    Tensor wx = widen(rows(x, d, lo, hi)), wd = widen(rows(dy, d, lo, hi)), o = scratch_like(wx);
+    Tensor dw = dweight.defined() ? scratch_like(dw_sum) : Tensor(), db = dbias.defined() ? scratch_like(db_sum) : Tensor();
+    be.layer_norm_backward(wx, w, mean.slice0(lo, hi), rstd.slice0(lo, hi), wd, o, dw, db);
+    narrow_into(o, rows(dx, d, lo, hi));
+    if (dw.defined()) accumulate(be, dw_sum, dw);
+    if (db.defined()) accumulate(be, db_sum, db);
+  });
+  if (dweight.defined()) narrow_into(dw_sum, dweight);
+  if (dbias.defined()) narrow_into(db_sum, dbias);
+}
+
+void rms_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                   float weight_offset) {
+  require_all_bf16({&x, &weight, &y}, Kernel::rms_norm);
+  const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
+  const Tensor w = widen_opt(weight);
+  for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
+    Tensor wx = widen(rows(x, d, lo, hi)), o = scratch_like(wx);
+    Tensor r = rstd.slice0(lo, hi);
+    be.rms_norm(wx, w, o, r, eps, weight_offset);
+    narrow_into(o, rows(y, d, lo, hi));
+  });
+}
+
+void rms_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                            Tensor& dx, Tensor& dweight, float weight_offset) {
+  require_all_bf16({&x, &weight, &dy, &dx, &dweight}, Kernel::rms_norm_backward);
+  const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
+  const Tensor w = widen_opt(weight);
+  Tensor dw_sum = dweight.defined() ? Tensor::zeros({d}, DType::f32, x.backend_ptr()) : Tensor();
+  for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
+    Tensor wx = widen(rows(x, d, lo, hi)), wd = widen(rows(dy, d, lo, hi)), o = scratch_like(wx);
+    Tensor dw = dweight.defined() ? scratch_like(dw_sum) : Tensor();
+    be.rms_norm_backward(wx, w, rstd.slice0(lo, hi), wd, o, dw, weight_offset);
+    narrow_into(o, rows(dx, d, lo, hi));
+    if (dw.defined()) accumulate(be, dw_sum, dw);
+  });
+  if (dweight.defined()) narrow_into(dw_sum, dweight);
+}
+
+void rope_bf16(CpuBackend& be, const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
+  require_all_bf16({&x, &out}, Kernel::rope);
+  DEW_CHECK(x.ndim() == 4 && out.numel() == x.numel(), "cpu rope: x ", shape_str(x.shape()), " is not [B, T, H, D]");
+  const bool per_batch = positions.ndim() == 2;
+  for (int64_t b = 0; b < x.shape()[0]; ++b) {
+    Tensor w = widen(x.slice0(b, b + 1)), o = scratch_like(w);
+    be.rope(w, per_batch ? positions.slice0(b, b + 1) : positions, o, p);
+    narrow_into(o, out.reshape(x.shape()).slice0(b, b + 1));
+  }
+}
+
+void cross_entropy_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                        const CrossEntropyParams& p) {
+  require_all_bf16({&logits}, Kernel::cross_entropy);
+  DEW_CHECK(logits.ndim() == 2, "cpu cross_entropy: logits ", shape_str(logits.shape()), " are not [N, V]");
+  const int64_t v = logits.shape()[1];
+  for_row_blocks(logits.shape()[0], v, [&](int64_t lo, int64_t hi) {
+    Tensor l = loss.slice0(lo, hi), s = lse.slice0(lo, hi);
+    be.cross_entropy(widen(logits.slice0(lo, hi)), targets.slice0(lo, hi), l, s, p);
+  });
+}
+
+void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                 const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p) {
+  require_all_bf16({&logits, &dlogits}, Kernel::cross_entropy_backward);
+  DEW_CHECK(logits.ndim() == 2, "cpu cross_entropy_backward: logits ", shape_str(logits.shape()), " are not [N, V]");
+  const int64_t v = logits.shape()[1];
+  for_row_blocks(logits.shape()[0], v, [&](int64_t lo, int64_t hi) {
+    Tensor wl = widen(logits.slice0(lo, hi)), o = scratch_like(wl);
+    be.cross_entropy_backward(wl, targets.slice0(lo, hi), lse.slice0(lo, hi), dloss.slice0(lo, hi), o, p);
+    narrow_into(o, dlogits.reshape(logits.shape()).slice0(lo, hi));
+  });
+}
+
+// One sample at a time: q, k, v, out [B, ...], segment_ids [B, S] and lse [B, H, T] all split on the
+// batch axis.
+void attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
+                    Tensor& lse, const AttentionParams& p) {
+  require_all_bf16({&q, &k, &v, &out}, Kernel::attention);
+  DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention: q, k, v must be [B, T, H, D]");
+  for (int64_t b = 0; b < q.shape()[0]; ++b) {
+    Tensor wq = widen(q.slice0(b, b + 1)), wk = widen(k.slice0(b, b + 1)), wv = widen(v.slice0(b, b + 1));
+    Tensor o = scratch_like(wq), l = lse.slice0(b, b + 1);
+    attention_forward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), o, l, p);
+    narrow_into(o, out.reshape(q.shape()).slice0(b, b + 1));
+  }
+}
+
+void attention_backward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                             const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                             Tensor& dv, const AttentionParams& p) {
+  require_all_bf16({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, Kernel::attention_backward);
+  DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention_backward: q, k, v must be [B, T, H, D]");
+  for (int64_t b = 0; b < q.shape()[0]; ++b) {
+    Tensor wq = widen(q.slice0(b, b + 1)), wk = widen(k.slice0(b, b + 1)), wv = widen(v.slice0(b, b + 1));
+    Tensor wo = widen(out.slice0(b, b + 1)), wd = widen(dout.slice0(b, b + 1));
+    Tensor gq = scratch_like(wq), gk = scratch_like(wk), gv = scratch_like(wv);
+    cpu::attention_backward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), wo,
+                            lse.slice0(b, b + 1), wd, gq, gk, gv, p);
+    narrow_into(gq, dq.reshape(q.shape()).slice0(b, b + 1));
+    narrow_into(gk, dk.reshape(k.shape()).slice0(b, b + 1));
+    narrow_into(gv, dv.reshape(v.shape()).slice0(b, b + 1));
+  }
+}
+
+}  // namespace dew::cpu
