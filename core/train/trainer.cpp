@@ -9,7 +9,11 @@
 //   Trainer::one_update    grad_accum micro-batches (forward, loss / grad_accum, backward) -> the update's
 //                          one host transfer (losses, gradient square sums, device metrics) -> non-finite
 //                          guard (skip and count; stop after a streak) -> clip factor folded into the fused
-//                          update -> LR from the schedule -> optimizer update -> EMA
+//                          update -> LR from the schedule -> optimizer update -> QK-Clip -> EMA
+//   QkClipStage            muonclip (Optimizer::qk_clip_tau() > 0): the attention blocks' max logits recorded
+//                          during the update's forwards (dew/qk_clip.hpp), read with the update's one transfer
+//                          (the max over ranks when data parallel), then the q/k rows of the groups above tau
+//                          rescaled; metrics max_logit (the largest over every block and head) and qk_clipped
 //   Trainer::log_update    the metrics window: metrics.jsonl (and its sinks: TensorBoard, the report)
 //                          and the progress line every log_every updates
 //   Trainer::validate, save    at their cadences (and at the end)
@@ -47,6 +51,7 @@
 #include "dew/ops.hpp"
 #include "dew/plugin.h"
 #include "dew/profile.hpp"
+#include "dew/qk_clip.hpp"
 #include "dew/train.hpp"
 #include "dist/data_parallel.hpp"
 #include "train/run.hpp"
@@ -203,6 +208,66 @@ struct MetricsWindow {
   }
 };
 
+// ---- stage: QK-Clip (muonclip) ----
+// The recorder every trained attention block reports to during the update's forwards; the blocks it saw
+// (sites) are matched to the trained parameters once (a frozen copy, e.g. DPO's reference model, records
+// no gradients and is never a site) and checked (no q/k norm) when first seen, before any update.
+class QkClipStage {
+ public:
+  QkClipStage(double tau, const NamedTensors& params) : tau_(tau), params_(params) {}
+  bool on() const { return tau_ > 0; }
+  MaxLogitRecorder* recorder() { return on() ? &recorder_ : nullptr; }
+
+  // Appends the recorded [Hq] max logits (f32) to the update's transfer; remembers which were read.
+  void append(std::vector<Tensor>& on_device) {
+    read_.clear();
+    const auto& sites = recorder_.sites();
+    for (size_t i = 0; i < sites.size(); ++i) {
+      if (i >= trained_.size()) trained_.push_back(check_site(*sites[i].attention));
+      const Tensor& m = sites[i].max_logit;
+      if (!trained_[i] || !m.defined()) continue;
+      on_device.push_back(reshape(m.dtype() == DType::f32 ? m : cast(m, DType::f32), {m.numel()}));
+      read_.push_back(i);
+    }
+  }
+  // After the optimizer's update: the rescale, from the values read (host[at...]); the metrics.
+  void apply(const std::vector<double>& values, std::map<std::string, double>& metrics) {
+    size_t at = 0;
+    double largest = -INFINITY;
+    int64_t clipped = 0;
+    for (size_t i : read_) {
+      const nn::Attention& a = *recorder_.sites()[i].attention;
+      const std::vector<double> head(values.begin() + long(at), values.begin() + long(at) + a.cfg.num_heads);
+      at += size_t(a.cfg.num_heads);
+      for (double v : head) largest = std::max(largest, v);
+      clipped += qk_clip(a, head, tau_);
+    }
+    if (!read_.empty()) {
+      metrics["max_logit"] = largest;
+      metrics["qk_clipped"] = double(clipped);
+    }
+    recorder_.reset();
+  }
+  void discard() { recorder_.reset(); }
+
+ private:
+  bool check_site(const nn::Attention& a) const {
+    const Tensor& w = a.qkv ? a.qkv->weight : a.q_proj->weight;
+    for (const auto& [name, t] : params_)
+      if (t.same(w)) {
+        DEW_USAGE_CHECK(!a.q_norm, "optim.name = muonclip: attention block '", name,
+                        "' has q/k norm, which undoes QK-Clip's rescaled projections; use optim.name = muon");
+        return true;
+      }
+    return false;  // not trained by this run
+  }
+  double tau_;
+  const NamedTensors& params_;
+  MaxLogitRecorder recorder_;
+  std::vector<bool> trained_;  // per site
+  std::vector<size_t> read_;   // the sites read in this update, in order
+};
+
 class Trainer {
  public:
   Trainer(Config& config, const TrainOptions& options);
@@ -229,6 +294,7 @@ class Trainer {
   bool leader_ = true;
   double clip_ = 0;
   std::shared_ptr<Optimizer> optimizer_;
+  std::unique_ptr<QkClipStage> qk_clip_;
   std::function<double(int64_t)> schedule_;
   std::unique_ptr<Ema> ema_;
   NamedTensors ema_params_;
@@ -272,6 +338,7 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   DEW_USAGE_CHECK(lr > 0, "option 'optim.lr' must be positive");
   DEW_USAGE_CHECK(clip_ >= 0, "option 'optim.clip_grad_norm' must be >= 0");
   optimizer_ = make_optimizer(optim_section, run_.params);
+  qk_clip_ = std::make_unique<QkClipStage>(optimizer_->qk_clip_tau(), run_.params);
   schedule_ = make_schedule(config.section("schedule"), lr, o_.steps);
   if (o_.ema_decay > 0) {
     ema_params_ = run_.objective->ema_parameters();
@@ -402,7 +469,11 @@ UpdateResult Trainer::one_update() {
     // The stream index of this rank's first row (see dew/data.hpp), read before next() advances it.
     const int64_t position = run_.train_loader->position().next + int64_t(run_.rank) * run_.train_loader->config().batch_size;
     Batch batch = to_device(run_.train_loader->next(), run_.backend);
-    StepResult r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
+    StepResult r;
+    {
+      MaxLogitRecorder::Scope record_max_logits(qk_clip_->recorder());  // null (nothing recorded) unless muonclip
+      r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
+    }
     u.samples += r.samples;
     for (const auto& [k, v] : r.metrics) u.metrics[k] += v / double(accum);
     {
@@ -421,8 +492,12 @@ UpdateResult Trainer::one_update() {
     dp_->backward(accum == 1 ? r.loss : scale(r.loss, 1.0f / float(accum)), micro == accum - 1);
   }
   dp_->finish_sync();
-  // The update's one host transfer.
-  const size_t head = on_device.size();
+  // The update's one host transfer: [micro losses, metrics, tokens (one value each) | QK-Clip's max logits
+  // (Hq values per block) | gradient sums of squares].
+  const size_t qk_at = on_device.size();
+  qk_clip_->append(on_device);
+  size_t head = qk_at;  // in values: where the gradient sums start
+  for (size_t i = qk_at; i < on_device.size(); ++i) head += size_t(on_device[i].numel());
   std::vector<size_t> with_grad;
   {
     NoGradGuard no_grad;
@@ -442,6 +517,7 @@ UpdateResult Trainer::one_update() {
   }
   u.tokens += host_tokens;
   for (size_t i = head; i < host.size(); ++i) gsq += host[i];
+  std::vector<double> qk_values(host.begin() + long(qk_at), host.begin() + long(head));
   bool finite = std::isfinite(u.loss);
   if (dp_->distributed()) {  // the logged figures cover the global batch
     std::vector<double> v = {u.loss, double(u.samples), double(u.tokens), finite ? 0.0 : 1.0,
@@ -456,11 +532,20 @@ UpdateResult Trainer::one_update() {
     size_t i = 5;
     for (auto& [k, x] : u.metrics) x = v[i++] / double(run_.world);
     u.sync_ms = dp_->take_sync_ms();
+    if (!qk_values.empty()) {  // every rank applies the same clip: the max over the ranks, by a sum of slots
+      const size_t n = qk_values.size();
+      std::vector<double> slots(n * size_t(run_.world), 0.0);
+      std::copy(qk_values.begin(), qk_values.end(), slots.begin() + long(n * size_t(run_.rank)));
+      dp_->sum(slots);
+      for (size_t i = 0; i < n; ++i)
+        for (int r = 0; r < run_.world; ++r) qk_values[i] = std::max(qk_values[i], slots[size_t(r) * n + i]);
+    }
   }
   ++st_.attempts;
   u.grad_norm = finite ? std::sqrt(gsq) : NAN;
   if (!finite || !std::isfinite(u.grad_norm)) {
     for (auto& [k, p] : run_.params) p.zero_grad();
+    qk_clip_->discard();
     ++st_.skipped;
     ++st_.streak;
     log_->warn("update {}: non-finite {} ({}); skipped ({} in a row, {} in total)", st_.updates + 1,
@@ -474,6 +559,7 @@ UpdateResult Trainer::one_update() {
   const float grad_scale = clip_ > 0 && u.grad_norm > clip_ ? float(clip_ / (u.grad_norm + 1e-6)) : 1.0f;
   u.lr = schedule_(st_.updates);
   optimizer_->update(float(u.lr), grad_scale, st_.updates + 1);
+  if (qk_clip_->on()) qk_clip_->apply(qk_values, u.metrics);
   for (auto& [k, p] : run_.params) p.zero_grad();
   ++st_.updates;
   if (ema_) ema_->update(ema_params_, st_.updates);

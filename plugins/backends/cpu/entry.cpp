@@ -76,6 +76,9 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
                                     const AttentionParams& p) {
   cpu::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
 }
+void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, Tensor& out, const AttentionParams& p) {
+  cpu::attention_max_logit(q, k, out, p);
+}
 
 }  // namespace dew::cpu
 

@@ -93,6 +93,9 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx);    // x [B, T, D], idx i
 Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0);     // x [B, T, H, D]
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p);  // [B,T,H,D] layout
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset);
+// QK-Clip's statistic, not differentiable: per query head the largest raw score scale * q.k that attention(q,
+// k, v, p) would see (before softcap) -> [Hq] (f32; f64 for f64 inputs). Kernel attention_max_logit.
+Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p);
 
 // ---- fused blocks: one kernel call where the composition would take extra passes ----
 // LN(x) * (1 + scale) + shift, LN without affine: x [B, N, D], shift and scale [B, D] (adaLN, DiT). One
