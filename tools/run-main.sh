@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main command: installs the packages, builds, tokenizes the fortune-cookie corpus that
-# Debian's `fortunes` package installs (first run only), trains the byte-level language model of
+# Debian's `fortunes` package installs (first run only; one document per fortune), trains the byte-level language model of
 # configs/lm-fortunes.ini on the cpu backend with live progress, then prints generated text.
 # Extra arguments go to `dew-run train` (e.g. --trainer.steps 100).
 set -euo pipefail
@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 tools/build.sh
 build/bin/dew-run plugins
-if [ ! -f data/fortunes/meta.json ]; then
-  build/bin/dew-tokenize --input /usr/share/games/fortunes --out data/fortunes --tokenizer byte
+# One document per fortune (the files' "%" lines), each ended by the byte tokenizer's document token, so
+# --data.pack true works on it; a folder written before dew-tokenize recorded documents is written again.
+if [ ! -f data/fortunes/meta.json ] || ! grep -q '"documents"' data/fortunes/meta.json; then
+  build/bin/dew-tokenize --input /usr/share/games/fortunes --out data/fortunes --tokenizer byte --separator % --force
 fi
 run_dir="runs/lm-fortunes-$(date +%Y%m%d-%H%M%S)"
 build/bin/dew-run train --config configs/lm-fortunes.ini --run-dir "$run_dir" "$@"

@@ -256,7 +256,13 @@ void write_u32_attr(hid_t obj, const std::string& name, uint32_t value) {
   h5(H5Awrite(attr, H5T_NATIVE_UINT32, &value), "write attribute " + name);
 }
 
-void write_tensor(hid_t group, const std::string& name, const Tensor& t, const std::string& where, Entries& entries) {
+using Fetch = std::function<Tensor(const std::string&, const Tensor&)>;
+
+void write_tensor(hid_t group, const std::string& name, const Tensor& listed, const std::string& where,
+                  Entries& entries, const Fetch& fetch) {
+  const Tensor t = fetch ? fetch(where, listed) : listed;
+  DEW_CHECK(t.defined() && t.shape() == listed.shape() && t.dtype() == listed.dtype(), "checkpoint: the tensor fetched for ",
+            where, " does not match its listed shape ", shape_str(listed.shape()), " and dtype ", dtype_name(listed.dtype()));
   const DType dt = t.dtype();
   const Shape& shape = t.shape();
   Hid space;
@@ -283,9 +289,9 @@ void write_tensor(hid_t group, const std::string& name, const Tensor& t, const s
 }
 
 void write_tensor_group(hid_t parent, const std::string& name, const NamedTensors& tensors, const std::string& where,
-                        Entries& entries) {
+                        Entries& entries, const Fetch& fetch) {
   Hid g = make_group(parent, name, where);
-  for (const auto& [n, t] : tensors) write_tensor(g, n, t, where + "/" + n, entries);
+  for (const auto& [n, t] : tensors) write_tensor(g, n, t, where + "/" + n, entries, fetch);
 }
 
 std::string utc_now() {
@@ -367,12 +373,12 @@ void write_file(const std::string& tmp, const CheckpointData& data) {
     write_string_attr(root, fmt::kChecksumsAttr, fmt::kChecksumsValue);
     for (const auto& [k, v] : data.attributes) write_string_attr(root, k, v);
 
-    write_tensor_group(file, fmt::kParamsGroup, data.params, fmt::kParamsGroup, entries);
-    write_tensor_group(file, fmt::kEmaGroup, data.ema, fmt::kEmaGroup, entries);
+    write_tensor_group(file, fmt::kParamsGroup, data.params, fmt::kParamsGroup, entries, data.fetch);
+    write_tensor_group(file, fmt::kEmaGroup, data.ema, fmt::kEmaGroup, entries, data.fetch);
     {
       Hid optim = make_group(file, fmt::kOptimGroup, fmt::kOptimGroup);
       for (const auto& [slot, tensors] : data.optim)
-        write_tensor_group(optim, slot, tensors, std::string(fmt::kOptimGroup) + "/" + slot, entries);
+        write_tensor_group(optim, slot, tensors, std::string(fmt::kOptimGroup) + "/" + slot, entries, data.fetch);
     }
     {
       Hid state = make_group(file, fmt::kStateGroup, fmt::kStateGroup);
@@ -380,7 +386,7 @@ void write_file(const std::string& tmp, const CheckpointData& data) {
       for (const auto& [k, v] : data.state_values) write_double_attr(state, k, v);
       for (const auto& [k, v] : data.state_text) write_string_attr(state, k, v);
       for (const auto& [n, t] : data.state_tensors)
-        write_tensor(state, n, t, std::string(fmt::kStateGroup) + "/" + n, entries);
+        write_tensor(state, n, t, std::string(fmt::kStateGroup) + "/" + n, entries, data.fetch);
     }
   }
   h5(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush file");
@@ -862,6 +868,24 @@ CheckpointData read_verified(const std::string& path, const BackendPtr& backend,
 
 // =============================================================================================
 // public API
+
+void for_each_checkpoint_tensor(const CheckpointData& data,
+                                const std::function<void(const std::string& where, const Tensor& t)>& f) {
+  auto walk = [&](const std::string& group, const NamedTensors& ts) {
+    for (const auto& [n, t] : ts) f(group + "/" + n, t);
+  };
+  walk(fmt::kParamsGroup, data.params);
+  walk(fmt::kEmaGroup, data.ema);
+  for (const auto& [slot, ts] : data.optim) walk(std::string(fmt::kOptimGroup) + "/" + slot, ts);
+  walk(fmt::kStateGroup, data.state_tensors);
+}
+
+Tensor checkpoint_placeholder(const Shape& shape, DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
 
 void write_checkpoint(const std::string& path, const CheckpointData& data) {
   DEW_CHECK(!path.empty(), "write_checkpoint: empty path");

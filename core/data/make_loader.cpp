@@ -5,6 +5,8 @@
 // of the section goes to the source plugin as its Options, with "split" added. The section marks the
 // forwarded keys used; the source's Options refuse, after the source is built, every key the source did
 // not read, so a misspelt source key is an error naming it ("unknown option 'data.pth'").
+// pack (false): packed rows with document segments; forwarded to the source as "pack" when true, and a
+// source that does not read it (it has no document boundaries: every one but tokens) is refused.
 // source = none: an empty loader for evaluation of runs without data (imports); refused for training.
 #include "dew/data.hpp"
 #include "dew/error.hpp"
@@ -21,7 +23,7 @@ std::string key_name(const Options& o, const std::string& key) {
 std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string& split, uint64_t seed, int rank,
                                         int world) {
   static const char* const kLoaderKeys[] = {"source", "batch_size", "workers", "prefetch", "shuffle", "seed",
-                                            "transforms"};
+                                            "transforms", "pack"};
   Options& d = data_section;
   const std::string source_name = d.require_string("source");
   if (source_name == "none") {
@@ -80,6 +82,8 @@ std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string
     if (!mine) forwarded[key] = d.get_string(key, value);
   }
   forwarded["split"] = split;
+  const bool pack = d.get_bool("pack", false);
+  if (pack) forwarded["pack"] = "true";
   bool fixes_size = false;
   std::vector<RecordTransform> transforms =
       make_transforms(d.get_strings("transforms", {}), &fixes_size, /*evaluation=*/split != "train");
@@ -88,6 +92,9 @@ std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string
   std::shared_ptr<DataSource> source = Registry::global().create<DataSource>(source_name, source_options);
   source_options.get_string("split", split);  // a source without splits need not read it
   source_options.get_string("mixed_sizes_ok", "");
+  DEW_USAGE_CHECK(!pack || source_options.was_read("pack"), "option ", key_name(d, "pack"), " = true: the ",
+                  source_name, " source has no document boundaries to pack (packing reads a tokens folder written by "
+                  "dew-tokenize)");
   source_options.check_all_used();
   return std::make_unique<DataLoader>(std::move(source), cfg, std::move(transforms));
 }

@@ -1,6 +1,7 @@
 // core/dist/data_parallel.cpp — bucketed, overlapped gradient all-reduce (see data_parallel.hpp).
 #include "dist/data_parallel.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include "dew/backend.hpp"
@@ -13,10 +14,49 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 }  // namespace
 
-DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb)
-    : comm_(std::move(comm)), params_(params) {
+ShardMode shard_mode_from_name(const std::string& name) {
+  if (name == "none") return ShardMode::none;
+  if (name == "optimizer") return ShardMode::optimizer;
+  if (name == "gradients") return ShardMode::gradients;
+  if (name == "parameters") return ShardMode::parameters;
+  throw Error(ErrorKind::usage,
+              "option 'run.shard' = '" + name + "' is not one of none, optimizer, gradients, parameters", __FILE__,
+              __LINE__);
+}
+
+const char* shard_mode_name(ShardMode mode) {
+  switch (mode) {
+    case ShardMode::none:
+      return "none";
+    case ShardMode::optimizer:
+      return "optimizer";
+    case ShardMode::gradients:
+      return "gradients";
+    case ShardMode::parameters:
+      return "parameters";
+  }
+  return "?";
+}
+
+DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb,
+                           ShardMode shard)
+    : comm_(std::move(comm)), shard_(shard), params_(params) {
   if (!comm_) return;  // one process
   DEW_USAGE_CHECK(bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", bucket_mb);
+  for (size_t k = 0; k < params_.size(); ++k) index_[params_[k].second.impl()] = k;
+  if (sharded()) {
+    // Contiguous runs of whole parameters, balanced by bytes: a parameter goes to the rank whose
+    // 1/world of the total holds its midpoint.
+    double total = 0, before = 0;
+    for (const auto& [n, p] : params_) total += double(p.nbytes());
+    const int world = comm_->size();
+    owner_.resize(params_.size());
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const double mid = before + 0.5 * double(params_[k].second.nbytes());
+      owner_[k] = total > 0 ? std::min(world - 1, int(mid * world / total)) : 0;
+      before += double(params_[k].second.nbytes());
+    }
+  }
   const double cap = bucket_mb * 1024.0 * 1024.0;
   bucket_of_.resize(params_.size());
   slot_of_.resize(params_.size());
@@ -26,11 +66,11 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensor
     const Tensor& p = params_[k].second;
     DEW_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "data-parallel training: parameter '",
               params_[k].first, "' is ", dtype_name(p.dtype()), "; gradients are all-reduced in f32 or f64");
-    index_[p.impl()] = k;
     const bool fresh = buckets_.empty() || params_[buckets_.back().members.front()].second.dtype() != p.dtype() ||
-                       (bytes > 0 && bytes + double(p.nbytes()) > cap);
+                       buckets_.back().owner != owner(k) || (bytes > 0 && bytes + double(p.nbytes()) > cap);
     if (fresh) {
       buckets_.emplace_back();
+      buckets_.back().owner = owner(k);
       bytes = 0;
     }
     Bucket& b = buckets_.back();
@@ -41,10 +81,71 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensor
     b.numel += p.numel();
     bytes += double(p.nbytes());
   }
-  for (Bucket& b : buckets_) {
-    const Tensor& first = params_[b.members.front()].second;
-    b.flat = Tensor::zeros({b.numel + int64_t(b.members.size())}, first.dtype(), first.backend_ptr());
+  // Sharded gradients allocate a bucket's buffer when its first gradient arrives and free it once reduced.
+  if (!shards_gradients())
+    for (Bucket& b : buckets_) ensure_flat(b);
+}
+
+void DataParallel::ensure_flat(Bucket& b) {
+  if (b.flat.defined()) return;
+  const Tensor& first = params_[b.members.front()].second;
+  b.flat = Tensor::zeros({b.numel + int64_t(b.members.size())}, first.dtype(), first.backend_ptr());
+}
+
+int DataParallel::owner_of(const Tensor& t) const {
+  auto it = index_.find(t.impl());
+  return it == index_.end() ? -1 : owner(it->second);
+}
+
+NamedTensors DataParallel::owned(const NamedTensors& tensors) const {
+  if (!sharded()) return tensors;
+  NamedTensors out;
+  for (const auto& [name, t] : tensors) {
+    const int o = owner_of(t);
+    if (o < 0 || o == rank()) out.emplace_back(name, t);  // not a parameter: every rank keeps its own
   }
+  return out;
+}
+
+void DataParallel::distribute_parameters() {
+  if (!sharded() || shard_ == ShardMode::parameters) return;
+  const auto t0 = Clock::now();
+  params_.front().second.backend().synchronize();
+  std::vector<std::shared_ptr<CommRequest>> pending;
+  for (size_t k = 0; k < params_.size(); ++k) pending.push_back(comm_->broadcast_async(params_[k].second, owner(k)));
+  for (auto& r : pending) r->wait();
+  sync_ms_ += ms_since(t0);
+}
+
+void DataParallel::gather_parameters() {
+  if (!released_) return;
+  const auto t0 = Clock::now();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (owns(k)) continue;
+    TensorImpl& impl = *params_[k].second.impl();
+    impl.storage = std::make_shared<Storage>(impl.storage->backend, params_[k].second.nbytes());
+    impl.offset = 0;
+  }
+  std::vector<std::shared_ptr<CommRequest>> pending;
+  for (size_t k = 0; k < params_.size(); ++k) pending.push_back(comm_->broadcast_async(params_[k].second, owner(k)));
+  for (auto& r : pending) r->wait();
+  released_ = false;
+  sync_ms_ += ms_since(t0);
+}
+
+void DataParallel::release_parameters() {
+  if (!sharded() || shard_ != ShardMode::parameters || released_) return;
+  params_.front().second.backend().synchronize();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (owns(k)) continue;
+    Tensor& p = params_[k].second;
+    TensorImpl& impl = *p.impl();
+    DEW_CHECK(impl.offset == 0 && impl.storage->bytes == p.nbytes(), "run.shard = parameters: parameter '",
+              params_[k].first, "' is a view into a larger buffer; its storage cannot be released");
+    p.zero_grad();
+    impl.storage = std::make_shared<Storage>(impl.storage->backend, 0);
+  }
+  released_ = true;
 }
 
 std::vector<std::vector<size_t>> DataParallel::bucket_members() const {
@@ -111,6 +212,7 @@ void DataParallel::stage(size_t k) {
   NoGradGuard no_grad;
   staged_[k] = true;
   Bucket& b = buckets_[bucket_of_[k]];
+  ensure_flat(b);
   const size_t slot = slot_of_[k];
   const Tensor& p = params_[k].second;
   Tensor view = b.flat.slice0(b.offsets[slot], b.offsets[slot] + p.numel());
@@ -124,6 +226,8 @@ void DataParallel::stage(size_t k) {
     b.flat.backend().fill(view, 0.0);
     b.flat.backend().fill(flag, 0.0);
   }
+  // Sharded gradients: the bucket holds the copy now; the owner gets the reduced one back in finish_sync.
+  if (shards_gradients()) Tensor(p).zero_grad();
   --b.pending;
 }
 
@@ -132,7 +236,18 @@ void DataParallel::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
     b.flat.backend().synchronize();
-    b.request = comm_->all_reduce_sum_async(b.flat);
+    if (shards_gradients()) {
+      std::vector<int64_t> counts(size_t(comm_->size()), 0);
+      counts[size_t(b.owner)] = b.flat.numel();
+      if (b.owner == rank()) {
+        if (!b.shard.defined()) b.shard = Tensor::empty(b.flat.shape(), b.flat.dtype(), b.flat.backend_ptr());
+      } else {
+        b.shard = Tensor::empty({0}, b.flat.dtype(), b.flat.backend_ptr());
+      }
+      b.request = comm_->reduce_scatter_sum_async(b.flat, b.shard, counts);
+    } else {
+      b.request = comm_->all_reduce_sum_async(b.flat);
+    }
   }
 }
 
@@ -156,19 +271,28 @@ void DataParallel::finish_sync() {
   for (Bucket& b : buckets_) {
     b.request->wait();
     b.complete = true;
-    Backend& be = b.flat.backend();
+    if (shards_gradients()) {
+      b.flat = Tensor();  // the staged copy: freed on every rank
+      if (b.owner != rank()) {
+        b.shard = Tensor();
+        for (size_t m : b.members) params_[m].second.zero_grad();
+        continue;
+      }
+    }
+    Tensor& reduced = shards_gradients() ? b.shard : b.flat;
+    Backend& be = reduced.backend();
     if (comm_->size() > 1) {
       UnaryParams scale;
       scale.op = UnaryOp::affine;
       scale.alpha = float(inv_world);
       scale.beta = 0.0f;
-      be.unary(b.flat, b.flat, scale);
+      be.unary(reduced, reduced, scale);
     }
-    const std::vector<double> flags = b.flat.slice0(b.numel, b.numel + int64_t(b.members.size())).to_doubles();
+    const std::vector<double> flags = reduced.slice0(b.numel, b.numel + int64_t(b.members.size())).to_doubles();
     for (size_t slot = 0; slot < b.members.size(); ++slot) {
       Tensor& p = params_[b.members[slot]].second;
       if (flags[slot] > 0) {
-        p.set_grad(b.flat.slice0(b.offsets[slot], b.offsets[slot] + p.numel()).reshape(p.shape()));
+        p.set_grad(reduced.slice0(b.offsets[slot], b.offsets[slot] + p.numel()).reshape(p.shape()));
       } else {
         p.zero_grad();  // no rank had a gradient for it
       }

@@ -55,7 +55,7 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
   return y;
 }
 
-Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p) {
+Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p, const Tensor& segment_ids) {
   DEW_CHECK(heads > 0 && qkv.ndim() == 3 && qkv.shape()[2] % (3 * heads) == 0,
             "packed_attention: qkv must be [B, T, 3 * ", heads, " * head_dim], got ", shape_str(qkv.shape()));
   const int64_t b = qkv.shape()[0], t = qkv.shape()[1], dm = qkv.shape()[2] / 3, hd = dm / heads;
@@ -74,18 +74,19 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams&
   const Tensor q = part(0), k = part(1), v = part(2);
   Tensor out = Tensor::empty({b, t, heads, hd}, qkv.dtype(), qkv.backend_ptr());
   Tensor lse = Tensor::empty({b, heads, t}, stat_dtype(qkv), qkv.backend_ptr());
-  be.attention(q, k, v, out, lse, p);
+  const Tensor seg = segment_ids.defined() ? segment_ids.detach() : Tensor();
+  be.attention(q, k, v, seg, out, lse, p);
   Tensor y = out.reshape({b, t, dm});
   if (needs_grad({&qkv})) {
     const Tensor od = out;
     record(
         y, {qkv},
-        [q, k, v, od, lse, p, b, t, dm, heads, hd](const Tensor& g) {
+        [q, k, v, seg, od, lse, p, b, t, dm, heads, hd](const Tensor& g) {
           Backend& bk = q.backend();
           Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
           Tensor dk = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
           Tensor dv = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
-          bk.attention_backward(q, k, v, od, lse, g.reshape({b, t, heads, hd}), dq, dk, dv, p);
+          bk.attention_backward(q, k, v, seg, od, lse, g.reshape({b, t, heads, hd}), dq, dk, dv, p);
           Tensor dqkv = Tensor::empty({b, t, 3 * dm}, q.dtype(), q.backend_ptr());
           const Tensor* parts[3] = {&dq, &dk, &dv};
           for (int j = 0; j < 3; ++j) {
@@ -103,7 +104,8 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams&
   return y;
 }
 
-Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p) {
+Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
+                     const Tensor& segment_ids) {
   DEW_CHECK(x.ndim() == 3, "qkv_attention: x must be [B, T, D], got ", shape_str(x.shape()));
   const int64_t b = x.shape()[0], t = x.shape()[1], din = x.shape()[2], rows = b * t;
   DEW_CHECK(heads > 0 && w.ndim() == 2 && w.shape()[1] == din && w.shape()[0] % (3 * heads) == 0,
@@ -130,7 +132,8 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
   }
   Tensor out = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
   Tensor lse = Tensor::empty({b, heads, t}, stat_dtype(x), x.backend_ptr());
-  be.attention(parts[0], parts[1], parts[2], out, lse, p);
+  const Tensor seg = segment_ids.defined() ? segment_ids.detach() : Tensor();
+  be.attention(parts[0], parts[1], parts[2], seg, out, lse, p);
   Tensor y = out.reshape({b, t, dm});
   if (needs_grad({&x, &w, &bias})) {
     const Tensor q = parts[0], k = parts[1], v = parts[2], od = out;
@@ -138,11 +141,11 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
     const Shape xs = x.shape();
     record(
         y, {x, w, bias},
-        [xd, wd, q, k, v, od, lse, p, xs, rows, din, dm, gx, gw, gb](const Tensor& g) {
+        [xd, wd, q, k, v, seg, od, lse, p, xs, rows, din, dm, gx, gw, gb](const Tensor& g) {
           Backend& bk = xd.backend();
           Tensor dparts[3];
           for (int j = 0; j < 3; ++j) dparts[j] = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
-          bk.attention_backward(q, k, v, od, lse, g.reshape(q.shape()), dparts[0], dparts[1], dparts[2], p);
+          bk.attention_backward(q, k, v, seg, od, lse, g.reshape(q.shape()), dparts[0], dparts[1], dparts[2], p);
           Tensor dx, dw, db;
           if (gx) {
             dx = Tensor::empty({rows, din}, xd.dtype(), xd.backend_ptr());

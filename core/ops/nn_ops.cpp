@@ -177,7 +177,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
   return out;
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& segment_ids) {
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q, k, v must be [B, T, H, D]");
   const int64_t b = q.shape()[0], t = q.shape()[1], hq = q.shape()[2], d = q.shape()[3];
   const int64_t s = k.shape()[1], hkv = k.shape()[2];
@@ -187,15 +187,17 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   check_same_backend(q, k, "attention");
   check_same_backend(q, v, "attention");
   (void)s;
+  const Tensor seg = segment_ids.defined() ? segment_ids.detach() : Tensor();
+  if (seg.defined()) check_same_backend(q, seg, "attention");
   Tensor out = empty_like(q), lse = stats(q, {b, hq, t});
-  if (out.numel() > 0) q.backend().attention(q.detach(), k.detach(), v.detach(), out, lse, p);
+  if (out.numel() > 0) q.backend().attention(q.detach(), k.detach(), v.detach(), seg, out, lse, p);
   if (needs_grad({&q, &k, &v})) {
     Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
     record(
         out, {q, k, v},
-        [qd, kd, vd, od, lse, p](const Tensor& g) {
+        [qd, kd, vd, seg, od, lse, p](const Tensor& g) {
           Tensor dq = empty_like(qd), dk = empty_like(kd), dv = empty_like(vd);
-          qd.backend().attention_backward(qd, kd, vd, od, lse, g, dq, dk, dv, p);
+          qd.backend().attention_backward(qd, kd, vd, seg, od, lse, g, dq, dk, dv, p);
           return std::vector<Tensor>{dq, dk, dv};
         },
         "attention");
@@ -215,7 +217,7 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_
   return y;
 }
 
-Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p) {
+Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p, const Tensor& segment_ids) {
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4, "attention_max_logit: q and k must be [B, T, H, D]");
   DEW_CHECK(k.shape()[0] == q.shape()[0] && k.shape()[3] == q.shape()[3], "attention_max_logit: k ",
             shape_str(k.shape()), " does not match q ", shape_str(q.shape()));
@@ -223,7 +225,9 @@ Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionPara
             " query heads do not group over ", k.shape()[2], " key/value heads");
   check_same_backend(q, k, "attention_max_logit");
   Tensor out = stats(q, {q.shape()[2]});
-  q.backend().attention_max_logit(q.detach(), k.detach(), out, p);
+  if (segment_ids.defined()) check_same_backend(q, segment_ids, "attention_max_logit");
+  q.backend().attention_max_logit(q.detach(), k.detach(), segment_ids.defined() ? segment_ids.detach() : Tensor(), out,
+                                  p);
   return out;
 }
 

@@ -1,4 +1,5 @@
-// core/text/byte_tokenizer.cpp — the byte tokenizer: id = byte value, vocab 256, no eos.
+// core/text/byte_tokenizer.cpp — the byte tokenizer: id = byte value, vocab 256, eos (the document token) 255: byte
+// 0xFF never occurs in UTF-8 text; it still encodes and decodes as the byte.
 #include "dew/error.hpp"
 #include "text/text_internal.hpp"
 
@@ -10,7 +11,7 @@ class ByteTokenizer final : public Tokenizer {
  public:
   std::string name() const override { return "byte"; }
   int64_t vocab_size() const override { return 256; }
-  int32_t eos_id() const override { return -1; }
+  int32_t eos_id() const override { return 255; }
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> ids(text.size());
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -101,6 +102,7 @@ TokenMeta read_token_meta(const std::string& dir) {
   m.train_bytes = integer("train_bytes", false, 0);
   m.val_bytes = integer("val_bytes", false, 0);
   const int64_t eos = integer("eos_id", false, -1);
+  m.documents = integer("documents", false, 0);
   DEW_USAGE_CHECK(j.contains("dtype") && j["dtype"].is_string(), "'", path, "' lacks the string field \"dtype\"");
   m.dtype = j["dtype"].get<std::string>();
   if (j.contains("tokenizer")) {
@@ -116,6 +118,8 @@ TokenMeta read_token_meta(const std::string& dir) {
                   "': token and byte counts must not be negative");
   DEW_USAGE_CHECK(eos >= -1 && eos < m.vocab_size, "'", path, "': eos_id ", eos, " is outside [-1, vocab_size)");
   m.eos_id = int32_t(eos);
+  DEW_USAGE_CHECK(m.documents >= 0 && (m.documents == 0 || m.eos_id >= 0), "'", path, "': documents ", m.documents,
+                  " needs a non-negative count and an eos_id that marks their ends");
   return m;
 }
 
@@ -124,6 +128,7 @@ void write_token_meta(const TokenMeta& m, const std::string& dir) {
                               {"dtype", m.dtype},           {"train_tokens", m.train_tokens},
                               {"val_tokens", m.val_tokens}, {"train_bytes", m.train_bytes},
                               {"val_bytes", m.val_bytes},   {"eos_id", m.eos_id}};
+  if (m.documents > 0) j["documents"] = m.documents;
   const std::string s = j.dump(2) + "\n";
   text::write_file_atomic((fs::path(dir) / "meta.json").string(), s.data(), s.size());
 }
@@ -164,27 +169,48 @@ std::vector<unsigned char> pack(const int32_t* ids, size_t n, int64_t width) {
 
 TokenMeta write_token_corpus(const Tokenizer& tokenizer, const std::vector<std::string>& documents,
                              const std::string& dir, double val_fraction, bool eos_between_documents) {
+  return write_token_corpus(tokenizer, documents, dir, val_fraction,
+                            eos_between_documents ? DocumentMarks::between : DocumentMarks::none);
+}
+
+TokenMeta write_token_corpus(const Tokenizer& tokenizer, const std::vector<std::string>& documents,
+                             const std::string& dir, double val_fraction, DocumentMarks marks) {
   DEW_USAGE_CHECK(val_fraction >= 0 && val_fraction < 1, "val_fraction must be in [0, 1), got ", val_fraction);
   std::error_code ec;
   fs::create_directories(dir, ec);
   DEW_USAGE_CHECK(fs::is_directory(dir, ec), "cannot create the output folder '", dir, "'");
 
   const int32_t eos = tokenizer.eos_id();
-  const bool separate = eos_between_documents && eos >= 0;
-  std::vector<int32_t> ids;
-  std::vector<size_t> separators;  // positions of the eos tokens put between documents (no text)
-  for (size_t d = 0; d < documents.size(); ++d) {
-    if (separate && d > 0) {
-      separators.push_back(ids.size());
-      ids.push_back(eos);
-    }
-    std::vector<int32_t> e = tokenizer.encode(documents[d]);
-    ids.insert(ids.end(), e.begin(), e.end());
-  }
-
+  const bool marked = marks != DocumentMarks::none && eos >= 0;
   const int64_t vocab = tokenizer.vocab_size();
   std::vector<int64_t> len(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) len[size_t(i)] = int64_t(tokenizer.token_bytes(int32_t(i)).size());
+
+  // Byte counts are those of the documents' text: a document token dew puts in carries no text, and
+  // what the tokenizer adds to a document (a start-of-text token, SentencePiece's leading "▁") is taken
+  // off at the document's first token, so each document counts exactly its own bytes.
+  std::vector<int32_t> ids;
+  std::vector<std::pair<size_t, int64_t>> byte_fixes;  // (token position, bytes to add there)
+  for (size_t d = 0; d < documents.size(); ++d) {
+    if (marked && marks == DocumentMarks::between && d > 0) {
+      byte_fixes.emplace_back(ids.size(), -len[size_t(eos)]);
+      ids.push_back(eos);
+    }
+    const std::vector<int32_t> e = tokenizer.encode(documents[d]);
+    int64_t token_bytes = 0;
+    for (int32_t id : e) {
+      DEW_INTERNAL_ASSERT(id >= 0 && id < vocab);
+      token_bytes += len[size_t(id)];
+    }
+    if (!e.empty() && token_bytes != int64_t(documents[d].size()))
+      byte_fixes.emplace_back(ids.size(), int64_t(documents[d].size()) - token_bytes);
+    ids.insert(ids.end(), e.begin(), e.end());
+    if (marked && marks == DocumentMarks::end) {
+      byte_fixes.emplace_back(ids.size(), -len[size_t(eos)]);
+      ids.push_back(eos);
+    }
+  }
+
   const auto total = int64_t(ids.size());
   const auto nval = int64_t(std::floor(val_fraction * double(total)));
   TokenMeta m;
@@ -192,14 +218,13 @@ TokenMeta write_token_corpus(const Tokenizer& tokenizer, const std::vector<std::
   m.vocab_size = vocab;
   m.dtype = token_dtype_for(vocab);
   m.eos_id = eos;
+  m.documents = marked ? int64_t(documents.size()) : 0;
   m.val_tokens = nval;
   m.train_tokens = total - nval;
-  for (int64_t i = 0; i < total; ++i) {
-    const int32_t id = ids[size_t(i)];
-    DEW_INTERNAL_ASSERT(id >= 0 && id < vocab);
-    (i < nval ? m.val_bytes : m.train_bytes) += len[size_t(id)];
-  }
-  for (size_t p : separators) (int64_t(p) < nval ? m.val_bytes : m.train_bytes) -= len[size_t(eos)];
+  for (int64_t i = 0; i < total; ++i) (i < nval ? m.val_bytes : m.train_bytes) += len[size_t(ids[size_t(i)])];
+  for (const auto& [p, add] : byte_fixes) (int64_t(p) < nval ? m.val_bytes : m.train_bytes) += add;
+  m.val_bytes = std::max<int64_t>(m.val_bytes, 0);
+  m.train_bytes = std::max<int64_t>(m.train_bytes, 0);
 
   const int64_t width = token_dtype_size(m.dtype);
   const fs::path out(dir);

@@ -31,9 +31,10 @@ MaxLogitRecorder* MaxLogitRecorder::active() { return g_active; }
 MaxLogitRecorder::Scope::Scope(MaxLogitRecorder* r) : previous_(g_active) { g_active = r; }
 MaxLogitRecorder::Scope::~Scope() { g_active = previous_; }
 
-void MaxLogitRecorder::record(const nn::Attention& block, const Tensor& q, const Tensor& k, const AttentionParams& p) {
+void MaxLogitRecorder::record(const nn::Attention& block, const Tensor& q, const Tensor& k, const AttentionParams& p,
+                              const Tensor& segment_ids) {
   NoGradGuard no_grad;
-  const Tensor m = attention_max_logit(q, k, p);
+  const Tensor m = attention_max_logit(q, k, p, segment_ids);
   for (Site& s : sites_)
     if (s.attention == &block) {
       s.max_logit = s.max_logit.defined() ? maximum(s.max_logit, m) : m;
@@ -61,7 +62,8 @@ std::vector<double> qk_group_max(const std::vector<double>& head_max, int64_t kv
   return g;
 }
 
-int64_t qk_clip(const nn::Attention& block, const std::vector<double>& head_max, double tau) {
+int64_t qk_clip(const nn::Attention& block, const std::vector<double>& head_max, double tau,
+                const std::function<bool(const Tensor&)>& rescale) {
   const nn::AttentionConfig& c = block.cfg;
   DEW_USAGE_CHECK(tau > 0 && std::isfinite(tau), "qk_clip: tau = ", tau, " must be a positive number");
   DEW_USAGE_CHECK(!block.q_norm && !block.k_norm,
@@ -84,17 +86,20 @@ int64_t qk_clip(const nn::Attention& block, const std::vector<double>& head_max,
   }
   if (clipped == 0) return 0;
   NoGradGuard no_grad;
+  auto scale = [&](const Tensor& w, const std::vector<float>& f) {
+    if (w.defined() && (!rescale || rescale(w))) scale_rows(w, f);
+  };
   if (block.qkv) {  // fused layout: rows [q (Hq Dh) | k (Hkv Dh) | v (Hkv Dh)]
     std::vector<float> f = fq;
     f.insert(f.end(), fk.begin(), fk.end());
     f.resize(size_t((hq + 2 * hkv) * hd), 1.0f);
-    scale_rows(block.qkv->weight, f);
-    if (block.qkv->bias.defined()) scale_rows(block.qkv->bias, f);
+    scale(block.qkv->weight, f);
+    scale(block.qkv->bias, f);
   } else {
-    scale_rows(block.q_proj->weight, fq);
-    scale_rows(block.k_proj->weight, fk);
-    if (block.q_proj->bias.defined()) scale_rows(block.q_proj->bias, fq);
-    if (block.k_proj->bias.defined()) scale_rows(block.k_proj->bias, fk);
+    scale(block.q_proj->weight, fq);
+    scale(block.k_proj->weight, fk);
+    scale(block.q_proj->bias, fq);
+    scale(block.k_proj->bias, fk);
   }
   return clipped;
 }

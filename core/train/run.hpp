@@ -30,6 +30,7 @@ struct Run {
   std::shared_ptr<Communicator> comm;
   int rank = 0, world = 1;
   double bucket_mb = 25;
+  std::string shard = "none";  // [run] shard: none | optimizer | gradients | parameters (dist/data_parallel.hpp)
 };
 
 // The counters a checkpoint's state/ group holds besides tensors.

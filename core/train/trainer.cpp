@@ -15,7 +15,9 @@
 //                          (the max over ranks when data parallel), then the q/k rows of the groups above tau
 //                          rescaled; metrics max_logit (the largest over every block and head) and qk_clipped
 //   Trainer::log_update    the metrics window: metrics.jsonl (and its sinks: TensorBoard, the report)
-//                          and the progress line every log_every updates
+//                          and the progress line every log_every updates; memory accounting:
+//                          mem_params_mb / mem_grads_mb / mem_optim_mb (training_state_memory, measured
+//                          at the first update's gradients) in the first line, mem_peak_mb in every line
 //   Trainer::validate, save    at their cadences (and at the end)
 //   Trainer::run           the loop, interrupts (Ctrl-C / SIGUSR1: a checkpoint, exit 130) and the end line
 //
@@ -41,6 +43,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -155,6 +159,10 @@ struct TrainerOptions {
   // Kernel-by-kernel timing of `profile` updates after 3 warm-up updates of this process (dew/profile.hpp):
   // the table goes to the log and to RUN_DIR/profile.txt. Results are unchanged.
   int64_t profile_steps = 0;
+  // Activation recomputation of the backbones' blocks during the updates (dew/autograd.hpp
+  // recompute_block): none keeps every activation; blocks keeps each block's input and recomputes it in
+  // the backward (same losses and gradients bit for bit, less memory, one more forward).
+  Recompute recompute = Recompute::none;
   WatchOptions watch;  // tensorboard, report_every (core/train/watchers.hpp)
 
   static TrainerOptions read(Options& ts) {
@@ -179,6 +187,7 @@ struct TrainerOptions {
     DEW_USAGE_CHECK(o.keep >= 1, "option 'trainer.keep' must be at least 1");
     o.profile_steps = ts.get_int("profile", 0);
     DEW_USAGE_CHECK(o.profile_steps >= 0, "option 'trainer.profile' must be >= 0 updates (0 = off)");
+    o.recompute = recompute_from_name(ts.get_string("recompute", "none"));
     o.watch = read_watch_options(ts);
     return o;
   }
@@ -214,7 +223,9 @@ struct MetricsWindow {
 // no gradients and is never a site) and checked (no q/k norm) when first seen, before any update.
 class QkClipStage {
  public:
-  QkClipStage(double tau, const NamedTensors& params) : tau_(tau), params_(params) {}
+  // params: every trained parameter (which blocks are sites); owned: those this rank updates (and rescales).
+  QkClipStage(double tau, const NamedTensors& params, const NamedTensors& owned)
+      : tau_(tau), params_(params), owned_(owned) {}
   bool on() const { return tau_ > 0; }
   MaxLogitRecorder* recorder() { return on() ? &recorder_ : nullptr; }
 
@@ -240,7 +251,11 @@ class QkClipStage {
       const std::vector<double> head(values.begin() + long(at), values.begin() + long(at) + a.cfg.num_heads);
       at += size_t(a.cfg.num_heads);
       for (double v : head) largest = std::max(largest, v);
-      clipped += qk_clip(a, head, tau_);
+      clipped += qk_clip(a, head, tau_, [this](const Tensor& t) {
+        for (const auto& [name, o] : owned_)
+          if (o.same(t)) return true;
+        return false;
+      });
     }
     if (!read_.empty()) {
       metrics["max_logit"] = largest;
@@ -262,7 +277,7 @@ class QkClipStage {
     return false;  // not trained by this run
   }
   double tau_;
-  const NamedTensors& params_;
+  const NamedTensors params_, owned_;
   MaxLogitRecorder recorder_;
   std::vector<bool> trained_;  // per site
   std::vector<size_t> read_;   // the sites read in this update, in order
@@ -280,6 +295,7 @@ class Trainer {
   void log_update(const UpdateResult& u);
   bool validate();  // true: a new best primary metric
   void save(bool best);
+  void save_sharded(const std::string& path);
 
   Config& config_;
   const TrainOptions& options_;
@@ -310,6 +326,10 @@ class Trainer {
   std::chrono::steady_clock::time_point run_start_;
   int64_t start_updates_ = 0, profiled_ = 0;
   double profiled_seconds_ = 0;
+  // Memory accounting: the training state this rank holds, measured once (the first update's gradients in
+  // place, before the optimizer step) and written into the first logged line of this process.
+  std::optional<TrainingStateMemory> state_memory_;
+  bool state_memory_logged_ = false;
   static constexpr int64_t kProfileWarmup = 3;
 };
 
@@ -330,18 +350,24 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   profiler_ = dynamic_cast<ProfilingBackend*>(run_.backend.get());
   if (!o_.init_from.empty() && !options.resume) load_weights(o_.init_from, run_.params);  // before the EMA copies
   leader_ = run_.rank == 0;
-  dp_ = std::make_unique<dist::DataParallel>(run_.comm, run_.params, run_.bucket_mb);
+  dp_ = std::make_unique<dist::DataParallel>(run_.comm, run_.params, run_.bucket_mb,
+                                             dist::shard_mode_from_name(run_.shard));
+  // Sharded runs: this rank's optimizer and EMA cover the parameters it owns (dist/data_parallel.hpp).
+  const NamedTensors optimized = dp_->owned(run_.params);
+  DEW_USAGE_CHECK(!optimized.empty(), "run.shard = ", run_.shard, ": rank ", run_.rank, " of ", run_.world,
+                  " owns none of the ", run_.params.size(), " parameters; use fewer ranks or run.shard = none");
 
   Options& optim_section = config.section("optim");
   const double lr = optim_section.get_double("lr", 1e-3);
   clip_ = optim_section.get_double("clip_grad_norm", 0.0);
   DEW_USAGE_CHECK(lr > 0, "option 'optim.lr' must be positive");
   DEW_USAGE_CHECK(clip_ >= 0, "option 'optim.clip_grad_norm' must be >= 0");
-  optimizer_ = make_optimizer(optim_section, run_.params);
-  qk_clip_ = std::make_unique<QkClipStage>(optimizer_->qk_clip_tau(), run_.params);
+  optimizer_ = make_optimizer(optim_section, optimized);
+  // QK-Clip sees every trained block (the same sites on every rank) and rescales the tensors this rank owns.
+  qk_clip_ = std::make_unique<QkClipStage>(optimizer_->qk_clip_tau(), run_.params, optimized);
   schedule_ = make_schedule(config.section("schedule"), lr, o_.steps);
   if (o_.ema_decay > 0) {
-    ema_params_ = run_.objective->ema_parameters();
+    ema_params_ = dp_->owned(run_.objective->ema_parameters());
     ema_ = std::make_unique<Ema>(ema_params_, o_.ema_decay, o_.ema_warmup);
   }
   config.check_all_used();  // every key was read by someone: the rest are typos
@@ -372,15 +398,26 @@ void Trainer::resume() {
   }
   CheckpointData c = read_run_checkpoint(file, run_.backend);
   load_into(c.params, "params", run_.params);
+  // A checkpoint holds every tensor whole (any rank count and shard mode wrote it); a sharded rank takes
+  // the entries of its own share, and load_into still reports any of them missing.
+  auto share = [this](const NamedTensors& saved, const NamedTensors& mine) {
+    if (!dp_->sharded()) return saved;
+    std::set<std::string> names;
+    for (const auto& [n, t] : mine) names.insert(n);
+    NamedTensors out;
+    for (const auto& [n, t] : saved)
+      if (names.count(n)) out.emplace_back(n, t);
+    return out.empty() ? saved : out;  // nothing in common: let load_into list the mismatch
+  };
   if (ema_) {
     DEW_CHECK(!c.ema.empty(), "checkpoint ", file, " holds no EMA weights but trainer.ema_decay > 0");
-    load_into(c.ema, "ema", ema_->tensors());
+    load_into(share(c.ema, ema_->tensors()), "ema", ema_->tensors());
   }
   for (const auto& [slot, tensors] : optimizer_->state()) {
     auto it = c.optim.find(slot);
     DEW_CHECK(it != c.optim.end(), "checkpoint ", file, " has no optimizer slot '", slot, "' (optimizer ",
               optimizer_->name(), ")");
-    load_into(it->second, "optim/" + slot, tensors);
+    load_into(share(it->second, tensors), "optim/" + slot, tensors);
   }
   load_objective_state(c, file, *run_.objective);
   st_.updates = saved_counter(c, file, "updates");
@@ -425,22 +462,30 @@ void Trainer::start() {
   watch_->start(st_.updates, config_.to_ini());
   if (leader_) metrics_->add_sink(watch_);
   // Every rank starts from rank 0's weights, EMA and optimizer state, at rank 0's position.
+  // Sharded: EMA and optimizer state are this rank's own share (zeros or its part of the checkpoint).
   std::vector<NamedTensors> groups{run_.params};
-  if (ema_) groups.push_back(ema_->tensors());
+  if (ema_ && !dp_->sharded()) groups.push_back(ema_->tensors());
   if (NamedTensors os = run_.objective->state(); !os.empty()) groups.push_back(os);
-  for (const auto& [slot, tensors] : optimizer_->state()) groups.push_back(tensors);
+  if (!dp_->sharded())
+    for (const auto& [slot, tensors] : optimizer_->state()) groups.push_back(tensors);
   dp_->start_from_rank0(groups, {st_.updates, st_.attempts, run_.train_loader->position().next});
+  if (ema_ && dp_->sharded() && !options_.resume)  // a fresh EMA starts from rank 0's weights, as they now are
+    ema_ = std::make_unique<Ema>(ema_params_, o_.ema_decay, o_.ema_warmup);
+  if (dp_->sharded())
+    log_->info("sharded data parallel: run.shard = {} over {} ranks (this rank owns {} of {} parameters)", run_.shard,
+               run_.world, dp_->owned(run_.params).size(), run_.params.size());
   if (dp_->distributed()) {
     const int64_t batch = run_.train_loader->config().batch_size;
     const std::string micro = o_.grad_accum > 1 ? " x " + std::to_string(o_.grad_accum) + " micro-batches" : "";
     log_->info(
-        "data parallel: {} ranks x batch {}{} = {} samples per update; gradients all-reduced ({}) in {} buckets "
-        "of <= {} MiB",
-        run_.world, batch, micro, run_.world * batch * o_.grad_accum, run_.comm->name(), dp_->num_buckets(),
-        run_.bucket_mb);
+        "data parallel: {} ranks x batch {}{} = {} samples per update; gradients {} ({}) in {} buckets of <= {} MiB",
+        run_.world, batch, micro, run_.world * batch * o_.grad_accum,
+        dp_->shards_gradients() ? "reduce-scattered to their owners" : "all-reduced", run_.comm->name(),
+        dp_->num_buckets(), run_.bucket_mb);
   }
 
   peak_ = measure_peak_gflops(run_.backend);
+  run_.backend->reset_memory_peak();  // mem_peak_mb covers the training, not the matmul-rate probe above
   flops_per_sample_ = run_.objective->train_flops_per_sample();
   tty_ = leader_ && isatty(STDERR_FILENO);
   int64_t num_params = 0;
@@ -453,11 +498,13 @@ void Trainer::start() {
   // dew-run's OpenMP choice when it made one (tools/dew-run/openmp_setup.hpp sets DEW_OPENMP_CHOICE).
   if (const char* omp = std::getenv("DEW_OPENMP_CHOICE"); omp && *omp && run_.backend->name() == "cpu")
     log_->info("openmp: {} (run.threads, when set, overrides the count)", omp);
+  dp_->release_parameters();  // shard = parameters: from here on a rank keeps only its own parameters
 }
 
 // ---- stage: one update ----
 UpdateResult Trainer::one_update() {
   UpdateResult u;
+  RecomputeGuard recompute(o_.recompute);  // the backbones' blocks ask recompute_block() during the steps
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t accum = o_.grad_accum;
   std::vector<Tensor> on_device;  // [micro losses..., device metrics..., device tokens..., grad sums of squares...]
@@ -465,6 +512,7 @@ UpdateResult Trainer::one_update() {
   std::vector<int> has_device_tokens;
   int64_t host_tokens = 0;
   auto one = [](const Tensor& t) { return reshape(t.dtype() == DType::f32 ? t.detach() : cast(t.detach(), DType::f32), {1}); };
+  dp_->gather_parameters();  // shard = parameters: every parameter whole for this update's passes
   for (int64_t micro = 0; micro < accum; ++micro) {
     // The stream index of this rank's first row (see dew/data.hpp), read before next() advances it.
     const int64_t position = run_.train_loader->position().next + int64_t(run_.rank) * run_.train_loader->config().batch_size;
@@ -492,6 +540,9 @@ UpdateResult Trainer::one_update() {
     dp_->backward(accum == 1 ? r.loss : scale(r.loss, 1.0f / float(accum)), micro == accum - 1);
   }
   dp_->finish_sync();
+  dp_->release_parameters();  // shard = parameters: the optimizer updates only this rank's own
+  if (!state_memory_)  // every gradient of the update exists now (sharded or not: what this rank holds)
+    state_memory_ = training_state_memory(run_.params, optimizer_.get(), ema_ ? ema_->tensors() : NamedTensors{});
   // The update's one host transfer: [micro losses, metrics, tokens (one value each) | QK-Clip's max logits
   // (Hq values per block) | gradient sums of squares].
   const size_t qk_at = on_device.size();
@@ -508,6 +559,14 @@ UpdateResult Trainer::one_update() {
       }
   }
   const std::vector<double> host = concat(on_device, 0).to_doubles();
+  // Sharded gradients: each rank has the squares of its own parameters' gradients; they travel with the
+  // summed figures below, one slot per parameter (zeros elsewhere), and are added in parameter order as
+  // in an unsharded run, so the global norm (and the clip factor) is the same to the bit.
+  std::vector<double> param_sq;
+  if (dp_->shards_gradients()) {
+    param_sq.assign(run_.params.size(), 0.0);
+    for (size_t j = 0; j < with_grad.size(); ++j) param_sq[with_grad[j]] = host[head + j];
+  }
   size_t at = 0;
   double gsq = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
@@ -523,7 +582,13 @@ UpdateResult Trainer::one_update() {
     std::vector<double> v = {u.loss, double(u.samples), double(u.tokens), finite ? 0.0 : 1.0,
                              g_interrupts > 0 ? 1.0 : 0.0};
     for (const auto& [k, x] : u.metrics) v.push_back(x);
+    const size_t sq_at = v.size();
+    v.insert(v.end(), param_sq.begin(), param_sq.end());
     dp_->sum(v);
+    if (!param_sq.empty()) {
+      gsq = 0;
+      for (size_t k = 0; k < param_sq.size(); ++k) gsq += v[sq_at + k];
+    }
     u.loss = v[0] / double(run_.world);
     u.samples = int64_t(v[1]);
     u.tokens = int64_t(v[2]);
@@ -561,11 +626,16 @@ UpdateResult Trainer::one_update() {
   optimizer_->update(float(u.lr), grad_scale, st_.updates + 1);
   if (qk_clip_->on()) qk_clip_->apply(qk_values, u.metrics);
   for (auto& [k, p] : run_.params) p.zero_grad();
+  dp_->distribute_parameters();  // shard = optimizer / gradients: every rank takes the owners' new values
   ++st_.updates;
   if (ema_) ema_->update(ema_params_, st_.updates);
   {
     NoGradGuard no_grad;
+    // An objective with state of its own (JEPA's target encoder) reads the whole model after the update.
+    const bool whole = dp_->parameters_released() && !run_.objective->state().empty();
+    if (whole) dp_->gather_parameters();
     run_.objective->after_update(StepInfo{st_.updates, 0, run_.seed});
+    if (whole) dp_->release_parameters();
   }
   run_.backend->synchronize();
   u.applied = true;
@@ -592,6 +662,14 @@ void Trainer::log_update(const UpdateResult& u) {
   line.add("mfu", mfu);
   line.add("skipped", double(st_.skipped));
   line.add("rss_mb", resident_memory_mb());
+  if (state_memory_ && !state_memory_logged_) {  // once per process: the training state this rank holds
+    line.add("mem_params_mb", mebibytes(state_memory_->params));
+    line.add("mem_grads_mb", mebibytes(state_memory_->grads));
+    line.add("mem_optim_mb", mebibytes(state_memory_->optim));
+    state_memory_logged_ = true;
+  }
+  if (const MemoryStats mem = run_.backend->memory_stats(); mem.tracked)
+    line.add("mem_peak_mb", mebibytes(mem.peak));  // the backend's high-water mark so far
   if (dp_->distributed()) line.add("allreduce_ms", w.sync_ms / n);
   for (const auto& [k, v] : w.metrics) line.add(k, v / n);
   metrics_->write(line);
@@ -616,7 +694,18 @@ void Trainer::log_update(const UpdateResult& u) {
 bool Trainer::validate() {
   if (!val_loader_) val_loader_ = make_loader(config_.section("data"), "val", run_.seed);
   val_loader_->seek(DataPosition{0, val_loader_->position().order});
+  // Sharded: the EMA swap covers this rank's own parameters; the others come from their owners
+  // (gathered whole under shard = parameters, released again after).
+  auto whole_model = [this] {
+    if (dp_->parameters_released()) dp_->gather_parameters();
+    else if (ema_) dp_->distribute_parameters();
+  };
+  auto after_validation = [this] {
+    if (dp_->shard() == dist::ShardMode::parameters) dp_->release_parameters();
+    else if (ema_) dp_->distribute_parameters();
+  };
   if (ema_) ema_->swap_into(ema_params_);
+  whole_model();
   ValidationResult vr;
   try {
     vr = run_.objective->validate(*val_loader_, StepInfo{st_.updates, 0, run_.seed});
@@ -625,6 +714,7 @@ bool Trainer::validate() {
     throw;
   }
   if (ema_) ema_->swap_into(ema_params_);
+  after_validation();
   if (leader_)
     for (const Artifact& a : vr.artifacts) {
       fs::create_directories(fs::path(run_dir_) / "samples");
@@ -655,10 +745,105 @@ bool Trainer::validate() {
 void Trainer::save(bool best) {
   const std::string name = checkpoint_name(st_.updates);
   if (best) st_.best_file = name;
-  if (!leader_) return;  // rank 0 writes the checkpoints
-  write_checkpoint((ckpt_dir_ / name).string(),
-                   make_checkpoint(config_, run_, optimizer_.get(), ema_.get(), st_, run_.train_loader->position()));
-  prune_checkpoints(ckpt_dir_.string(), int(o_.keep), st_.best_file);
+  if (dp_->sharded()) {
+    save_sharded((ckpt_dir_ / name).string());
+  } else {
+    if (!leader_) return;  // rank 0 writes the checkpoints
+    write_checkpoint((ckpt_dir_ / name).string(),
+                     make_checkpoint(config_, run_, optimizer_.get(), ema_.get(), st_, run_.train_loader->position()));
+  }
+  if (leader_) prune_checkpoints(ckpt_dir_.string(), int(o_.keep), st_.best_file);
+}
+
+// A sharded run's checkpoint: the same file as an unsharded run's (every tensor whole, by name), written
+// by rank 0 one tensor at a time. The ranks first agree on the full list (each one's EMA and optimizer
+// entries, exchanged with all_gather), then walk it in write order: a tensor rank 0 does not hold is
+// broadcast by its owner just before rank 0 writes it and dropped after, so no rank ever holds more
+// than its share plus one tensor. The file goes to its name only when complete (write_checkpoint), so a
+// rank killed mid-save leaves the previous checkpoint as the latest.
+void Trainer::save_sharded(const std::string& path) {
+  Communicator& comm = dp_->comm();
+  const int me = run_.rank;
+  CheckpointData c = make_checkpoint(config_, run_, optimizer_.get(), ema_.get(), st_, run_.train_loader->position());
+  // This rank's sharded entries, one line each: group \t name \t dtype \t dims...
+  std::ostringstream mine;
+  auto describe = [&](const std::string& group, const NamedTensors& ts) {
+    for (const auto& [n, t] : ts) {
+      mine << group << '\t' << n << '\t' << dtype_name(t.dtype());
+      for (int64_t d : t.shape()) mine << '\t' << d;
+      mine << '\n';
+    }
+  };
+  describe("ema", c.ema);
+  for (const auto& [slot, ts] : c.optim) describe("optim/" + slot, ts);
+  const std::string text = mine.str();
+  const BackendPtr host = run_.backend;
+  Tensor len = Tensor::from_host(std::vector<int64_t>{int64_t(text.size())}.data(), {1}, DType::i64, host);
+  Tensor lens = Tensor::zeros({int64_t(run_.world)}, DType::i64, host);
+  comm.all_gather(len, lens);
+  std::vector<int64_t> counts(size_t(run_.world));
+  lens.copy_to_host(counts.data());
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  Tensor bytes = Tensor::from_host(text.data(), {int64_t(text.size())}, DType::u8, host);
+  Tensor all = Tensor::zeros({total}, DType::u8, host);
+  comm.all_gather_async(bytes, all, counts)->wait();
+  std::string every(size_t(total), '\0');
+  all.copy_to_host(every.data());
+
+  // The full lists in rank order (contiguous ownership: parameter order), own tensors or placeholders.
+  std::map<std::string, int> owner_of;  // "group/name" -> the rank that holds it
+  std::map<std::string, Tensor> own;
+  for (const auto& [n, t] : c.ema) own["ema/" + n] = t;
+  for (const auto& [slot, ts] : c.optim)
+    for (const auto& [n, t] : ts) own["optim/" + slot + "/" + n] = t;
+  NamedTensors ema;
+  std::map<std::string, NamedTensors> optim;
+  size_t at = 0;
+  for (int r = 0; r < run_.world; ++r) {
+    std::istringstream in(every.substr(at, size_t(counts[size_t(r)])));
+    at += size_t(counts[size_t(r)]);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream f(line);
+      std::string group, name, dt, d;
+      std::getline(f, group, '\t');
+      std::getline(f, name, '\t');
+      std::getline(f, dt, '\t');
+      Shape shape;
+      while (std::getline(f, d, '\t')) shape.push_back(std::stoll(d));
+      const DType dtype = dtype_from_name(dt);
+      const std::string where = group + "/" + name;
+      owner_of[where] = r;
+      Tensor t = r == me ? own.at(where) : checkpoint_placeholder(shape, dtype);
+      if (group == "ema") ema.emplace_back(name, t);
+      else optim[group.substr(6)].emplace_back(name, t);
+    }
+  }
+  c.ema = ema;
+  c.optim = optim;
+  if (dp_->shard() == dist::ShardMode::parameters)  // parameters live with their owners too
+    for (size_t k = 0; k < run_.params.size(); ++k) owner_of["params/" + run_.params[k].first] = dp_->owner(k);
+  const bool slow = std::getenv("DEW_TEST_SLOW_SAVE") != nullptr;  // tests/dist/sharded.sh kills a rank mid-save
+  c.fetch = [&](const std::string& where, const Tensor& listed) -> Tensor {
+    auto it = owner_of.find(where);
+    const int o = it == owner_of.end() ? 0 : it->second;  // not sharded: rank 0 holds it
+    if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (o == 0) return listed;
+    if (o == me) {
+      Tensor t = listed;
+      comm.broadcast(t, o);
+      return listed;
+    }
+    Tensor t = Tensor::empty(listed.shape(), listed.dtype(), host);
+    comm.broadcast(t, o);
+    return t;
+  };
+  if (leader_) {
+    write_checkpoint(path, c);
+  } else {
+    for_each_checkpoint_tensor(c, [&](const std::string& where, const Tensor& t) { c.fetch(where, t); });
+  }
+  comm.barrier();  // the file is complete before any rank goes on (the next save, the end of the job)
 }
 
 // ---- the loop ----

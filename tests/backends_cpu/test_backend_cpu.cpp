@@ -645,13 +645,13 @@ TEST_CASE("cpu: attention is wired to attention.cpp (forward and backward, GQA, 
   AttentionParams p;
   p.scale = 0.25f;
   Pair out = empty({B, T, Hq, D}), lse = empty({B, Hq, T});
-  cpu()->attention(q.c, k.c, v.c, out.c, lse.c, p);
-  ref()->attention(q.r, k.r, v.r, out.r, lse.r, p);
+  cpu()->attention(q.c, k.c, v.c, Tensor(), out.c, lse.c, p);
+  ref()->attention(q.r, k.r, v.r, Tensor(), out.r, lse.r, p);
   check_close(out, 1e-5, 1e-6, "attention out");
   check_close(lse, 1e-5, 1e-6, "attention lse");
   Pair dq = empty(q.c.shape()), dk = empty(k.c.shape()), dv = empty(v.c.shape());
-  cpu()->attention_backward(q.c, k.c, v.c, out.r.to(cpu()), lse.r.to(cpu()), dout.c, dq.c, dk.c, dv.c, p);
-  ref()->attention_backward(q.r, k.r, v.r, out.r, lse.r, dout.r, dq.r, dk.r, dv.r, p);
+  cpu()->attention_backward(q.c, k.c, v.c, Tensor(), out.r.to(cpu()), lse.r.to(cpu()), dout.c, dq.c, dk.c, dv.c, p);
+  ref()->attention_backward(q.r, k.r, v.r, Tensor(), out.r, lse.r, dout.r, dq.r, dk.r, dv.r, p);
   check_close(dq, 1e-4, 1e-5, "attention dq");
   check_close(dk, 1e-4, 1e-5, "attention dk");
   check_close(dv, 1e-4, 1e-5, "attention dv");

@@ -154,8 +154,8 @@ void run(const Config& c) {
     Tensor out = Tensor::empty(qs, DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
     Tensor dq = Tensor::full(qs, 7.0, DType::f32, be), dk = Tensor::full(ks, 7.0, DType::f32, be),
            dv = Tensor::full(ks, 7.0, DType::f32, be);  // poisoned: the kernel must overwrite
-    cpu::attention_forward(q, k, v, out, lse, p);
-    cpu::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+    cpu::attention_forward(q, k, v, Tensor(), out, lse, p);
+    cpu::attention_backward(q, k, v, Tensor(), out, lse, dout, dq, dk, dv, p);
     INFO(c.name, " threads=", threads);
     CHECK(max_err(out, want.out) < 1e-4);
     CHECK(max_err(lse, want.lse) < 1e-4);
@@ -214,8 +214,8 @@ TEST_CASE("cpu attention: refuses non-f32 and mismatched shapes") {
   AttentionParams p;
   Tensor q = Tensor::zeros({1, 4, 2, 8}, DType::f64, be), k = Tensor::zeros({1, 4, 2, 8}, DType::f64, be);
   Tensor out = Tensor::empty({1, 4, 2, 8}, DType::f64, be), lse = Tensor::empty({1, 2, 4}, DType::f32, be);
-  CHECK_THROWS_AS(cpu::attention_forward(q, k, k, out, lse, p), Error);
+  CHECK_THROWS_AS(cpu::attention_forward(q, k, k, Tensor(), out, lse, p), Error);
   Tensor qf = Tensor::zeros({1, 4, 3, 8}, DType::f32, be), kf = Tensor::zeros({1, 4, 2, 8}, DType::f32, be);
   Tensor outf = Tensor::empty({1, 4, 3, 8}, DType::f32, be), lsef = Tensor::empty({1, 3, 4}, DType::f32, be);
-  CHECK_THROWS_AS(cpu::attention_forward(qf, kf, kf, outf, lsef, p), Error);  // 3 heads over 2 kv heads
+  CHECK_THROWS_AS(cpu::attention_forward(qf, kf, kf, Tensor(), outf, lsef, p), Error);  // 3 heads over 2 kv heads
 }

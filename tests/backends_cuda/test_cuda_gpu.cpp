@@ -172,6 +172,22 @@ TEST_CASE("allocator: a freed block is reused for the same size; staged copies s
   }
 }
 
+TEST_CASE("memory accounting: bytes in use at the allocator's rounded size, the high-water mark, the cache") {
+  const dew::MemoryStats start = g_cuda->memory_stats();
+  REQUIRE(start.tracked);
+  g_cuda->reset_memory_peak();
+  {
+    Tensor small = Tensor::empty({1000}, DType::f32, g_cuda);  // 4000 bytes -> a 4096-byte class (512-byte steps)
+    CHECK(g_cuda->memory_stats().in_use - start.in_use == 4096);
+    Tensor big = Tensor::empty({3 << 20}, DType::f32, g_cuda);  // 12 MiB -> 12 MiB (2 MiB classes)
+    CHECK(g_cuda->memory_stats().in_use - start.in_use == 4096 + (12 << 20));
+  }
+  const dew::MemoryStats after = g_cuda->memory_stats();
+  CHECK(after.in_use == start.in_use);
+  CHECK(after.peak - start.in_use == 4096 + (12 << 20));
+  CHECK(after.reserved - after.in_use >= (12 << 20));  // the freed blocks stay cached
+}
+
 TEST_CASE("an index out of range is raised at the next synchronisation, naming the kernel") {
   Tensor table = Tensor::from_vector(host_uniform(40, 3), {10, 4}, g_cuda);
   Tensor idx = Tensor::from_ints({1, 2, 10, 3}, {4}, g_cuda);
@@ -207,8 +223,8 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
     Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, Hq, T}, DType::f32, be);
     Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
     Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-    be->attention(q, k, v, o, lse, p);
-    be->attention_backward(q, k, v, o, lse, g, dq, dk, dv, p);
+    be->attention(q, k, v, Tensor(), o, lse, p);
+    be->attention_backward(q, k, v, Tensor(), o, lse, g, dq, dk, dv, p);
     return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
   };
   const Out c = run(g_cuda), r = run(g_ref);

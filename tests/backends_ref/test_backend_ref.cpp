@@ -401,7 +401,7 @@ struct Attn {
 Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
   const Shape& qs = q.shape();
   Attn r{empty({qs[0], qs[1], qs[2], v.size(3)}, q.dtype()), empty({qs[0], qs[2], qs[1]}, q.dtype())};
-  ref()->attention(q, k, v, r.out, r.lse, p);
+  ref()->attention(q, k, v, Tensor(), r.out, r.lse, p);
   return r;
 }
 }  // namespace
@@ -418,7 +418,7 @@ TEST_CASE("ref: attention with one key returns v") {
   Tensor dout = make({1, 3}, {1, 1, 1, 2}, DType::f64);
   Tensor dq = empty({1, 1, 1, 2}, DType::f64), dk = empty({1, 1, 1, 2}, DType::f64),
          dv = empty({1, 1, 1, 2}, DType::f64);
-  ref()->attention_backward(q, k, v, r.out, r.lse, dout, dq, dk, dv, p);
+  ref()->attention_backward(q, k, v, Tensor(), r.out, r.lse, dout, dq, dk, dv, p);
   check_close(dv, {1, 3}, 1e-14);
   check_close(dq, {0, 0}, 1e-14);
   check_close(dk, {0, 0}, 1e-14);
@@ -438,7 +438,7 @@ TEST_CASE("ref: causal attention T = S = 2 by hand, and its backward") {
   Tensor dout = make({0, 1}, {1, 2, 1, 1}, DType::f64);
   Tensor dq = empty({1, 2, 1, 1}, DType::f64), dk = empty({1, 2, 1, 1}, DType::f64),
          dv = empty({1, 2, 1, 1}, DType::f64);
-  ref()->attention_backward(q, k, v, r.out, r.lse, dout, dq, dk, dv, p);
+  ref()->attention_backward(q, k, v, Tensor(), r.out, r.lse, dout, dq, dk, dv, p);
   check_close(dv, {0.25, 0.75}, 1e-14);
   check_close(dq, {0, 15.0 / 8 * l3}, 1e-13);
   check_close(dk, {-15.0 / 8, 15.0 / 8}, 1e-13);

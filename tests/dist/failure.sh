@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# tests/dist/failure.sh BIN_DIR WORK_DIR MODE — a rank that loses its peer stops with an error, never hangs.
+# tests/dist/failure.sh BIN_DIR WORK_DIR MODE [ARGS...] — a rank that loses its peer stops with an error, never hangs.
 # Two ranks train (an endless schedule); once a few updates are logged, rank 1 is
 #   kill:  killed (SIGKILL): mpirun notices and ends rank 0, which says so on stderr;
 #   stop:  stopped (SIGSTOP), alive but silent, which mpirun cannot notice: rank 0's collective times out
 #          (run.dist_timeout = 5 here) and it stops the job with "did not complete within 5 s".
+# ARGS go to dew-run (e.g. --run.shard parameters: the same with sharded data parallel).
 # Either way the job must end with a non-zero status and a clear message within 60 s of the fault.
 set -euo pipefail
 bin=$1 work=$2 mode=$3
+shift 3
 source "$(dirname "$0")/common.sh"
 rm -rf "$work" && mkdir -p "$work"
 tag=dew-dist-failure-$$-$RANDOM
 "$MPIRUN" "${mpi_flags[@]}" -x DEW_TEST_TAG=$tag -np 2 "$bin/dew-run" train --config "$here/tiny.ini" --backend cpu \
   --run-dir "$work/run" --data.batch_size 8 --run.dist mpi --run.dist_timeout 5 --trainer.steps 100000000 \
-  --trainer.eval_every 0 --trainer.checkpoint_every 0 --trainer.log_every 50 > "$work/log" 2>&1 < /dev/null &
+  --trainer.eval_every 0 --trainer.checkpoint_every 0 --trainer.log_every 50 "$@" > "$work/log" 2>&1 < /dev/null &
 launcher=$!
 cleanup() { kill -9 "$launcher" 2> /dev/null || true; }
 trap cleanup EXIT

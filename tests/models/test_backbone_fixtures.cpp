@@ -4,7 +4,8 @@
 //  * the fixture's checkpoint loads (dew::load_into) and reproduces the recorded outputs (forward;
 //    for the causal_transformer also the KV-cached and slot-cache decodes and a dropout forward) and
 //    every parameter's gradient exactly, on ref;
-//  * num_parameters and flops_per_sample are unchanged.
+//  * num_parameters and flops_per_sample are unchanged;
+//  * with [trainer] recompute = blocks (activation recomputation) the outputs and gradients are the same bits.
 // The fixtures were written before the backbones were rebuilt on the SDK blocks (dew/nn.hpp).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -85,13 +86,20 @@ TEST_CASE("backbone fixtures: names, initial values, outputs and gradients bit f
     for (const auto& [k, v] : d.state_tensors)
       if (k.rfind("input.", 0) == 0) inputs.push_back({k.substr(6), v});
     REQUIRE(!inputs.empty());
-    const bf::Results r = bf::run_model(c, *m, inputs);
-    for (const auto& [k, v] : r.outputs) check_bits(v, find(d.state_tensors, k), c.name + " " + k);
-    REQUIRE(r.grads.size() == params.size());
-    for (const auto& [k, v] : r.grads) {
-      auto it = d.state_text.find(k);
-      REQUIRE_MESSAGE(it != d.state_text.end(), "fixture has no ", k);
-      CHECK_MESSAGE(bf::fnv1a_hex(v) == it->second, c.name, " ", k, " differs from the fixture's");
+    // recompute = blocks (dew/autograd.hpp recompute_block) must give the same outputs and gradients bit
+    // for bit: the blocks that recompute in the backward (causal_transformer with dropout, vit, dit) and
+    // those that do not (unet) alike.
+    for (const dew::Recompute mode : {dew::Recompute::none, dew::Recompute::blocks}) {
+      CAPTURE(dew::recompute_name(mode));
+      dew::RecomputeGuard recompute(mode);
+      const bf::Results r = bf::run_model(c, *m, inputs);
+      for (const auto& [k, v] : r.outputs) check_bits(v, find(d.state_tensors, k), c.name + " " + k);
+      REQUIRE(r.grads.size() == params.size());
+      for (const auto& [k, v] : r.grads) {
+        auto it = d.state_text.find(k);
+        REQUIRE_MESSAGE(it != d.state_text.end(), "fixture has no ", k);
+        CHECK_MESSAGE(bf::fnv1a_hex(v) == it->second, c.name, " ", k, " differs from the fixture's");
+      }
     }
   }
 }

@@ -396,3 +396,27 @@ TEST_CASE("tokenizer.json: what dew does not implement is refused by field") {
       refused(sp_json("null", R"({"type": "Metaspace", "replacement": "_", "prepend_scheme": "first"})", kStrip)),
       "pre_tokenizer.Metaspace.replacement"));
 }
+
+// meta.json's byte counts (bits per byte) are the documents' own bytes: not the start-of-text token a
+// tokenizer.json's TemplateProcessing adds to every document (17 bytes of "<|begin_of_text|>" each), nor
+// SentencePiece's leading "▁", nor the document token dew puts after each document.
+TEST_CASE("write_token_corpus: byte counts are the text's, whatever the tokenizer adds to a document") {
+  TempDir d;
+  const std::vector<std::string> docs = {"the cat's 123\n", "café ca\n\n", "x", "the the the the the\n"};
+  int64_t text_bytes = 0;
+  for (const auto& s : docs) text_bytes += int64_t(s.size());
+  auto llama3 = load_hf_tokenizer_json(write(d, "llama3.json", byte_level_json(kLlama3Re, "null", kLlama3Post)));
+  REQUIRE(llama3->encode("x").front() == 266);  // the fixture adds <|begin_of_text|>
+  auto llama2 = load_hf_tokenizer_json(write(d, "llama2.json", sp_json(kLegacyNormalizer, "null", kStrip)));
+  for (const Tokenizer* t : {llama3.get(), llama2.get()}) {
+    for (DocumentMarks marks : {DocumentMarks::none, DocumentMarks::between, DocumentMarks::end}) {
+      const TokenMeta m = write_token_corpus(*t, docs, (d.path / "corpus").string(), 0.0, marks);
+      CHECK(m.train_bytes == text_bytes);
+      CHECK(m.val_bytes == 0);
+    }
+    // With a validation split the two halves still add up to the text.
+    const TokenMeta m = write_token_corpus(*t, docs, (d.path / "corpus").string(), 0.5, DocumentMarks::end);
+    CHECK(m.train_bytes + m.val_bytes == text_bytes);
+    CHECK(m.val_bytes > 0);
+  }
+}

@@ -289,7 +289,7 @@ TEST_CASE("byte tokenizer: ids are the bytes, every byte string round-trips") {
   auto t = make_byte_tokenizer();
   CHECK(t->name() == "byte");
   CHECK(t->vocab_size() == 256);
-  CHECK(t->eos_id() == -1);
+  CHECK(t->eos_id() == 255);  // the document token: a byte UTF-8 text never holds
   std::string all;
   for (int b = 0; b < 256; ++b) all += char(b);
   const auto ids = t->encode(all);
@@ -573,8 +573,9 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
   fs::create_symlink(dir.path / "in" / "a.txt", dir.path / "in" / "e.u8");
   std::string out;
 
-  // byte: the files in name order, val = the first 10% of the bytes.
-  REQUIRE(run_tool("--input " + dir.str("in") + " --out " + dir.str("byte") + " --val-fraction 0.1", &out) == 0);
+  // byte: the files in name order, val = the first 10% of the bytes (no document tokens here).
+  REQUIRE(run_tool("--input " + dir.str("in") + " --out " + dir.str("byte") + " --val-fraction 0.1 --document-token none",
+                   &out) == 0);
   CHECK(contains(out, "skipping"));
   CHECK(contains(out, "c.dat"));
   CHECK(contains(out, "d.txt"));
@@ -585,7 +586,8 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
     CHECK(m.tokenizer == "byte");
     CHECK(m.vocab_size == 256);
     CHECK(m.dtype == "uint8");
-    CHECK(m.eos_id == -1);
+    CHECK(m.eos_id == 255);
+    CHECK(m.documents == 0);
     CHECK(m.val_tokens == int64_t(std::floor(0.1 * double(all.size()))));
     CHECK(m.train_tokens + m.val_tokens == int64_t(all.size()));
     CHECK(m.val_bytes == m.val_tokens);
@@ -625,7 +627,7 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
 
   // The saved tokenizer.json used on its own: the same ids, without eos this time.
   REQUIRE(run_tool("--input " + dir.str("in/a.txt") + " --input " + dir.str("in/b.txt") + " --out " + dir.str("json") +
-                       " --tokenizer-json " + dir.str("bpe/tokenizer.json") + " --val-fraction 0",
+                       " --tokenizer-json " + dir.str("bpe/tokenizer.json") + " --val-fraction 0 --document-token none",
                    &out) == 0);
   {
     const TokenMeta m = read_token_meta(dir.str("json"));
@@ -651,6 +653,48 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
   CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --vocab " + dir.str("v.json"), &out) == 2);
   CHECK(run_tool("--bogus", &out) == 2);
   CHECK(run_tool("--help", &out) == 0);
+}
+
+// Document boundaries: one document per file, per .jsonl line, or per --separator run (the fortune files'
+// "%" lines), each ended by the document token and counted in meta.json; byte counts exclude the tokens.
+TEST_CASE("dew-tokenize records documents: files, .jsonl lines, separator lines; the document token ends each") {
+  TempDir dir("docs");
+  fs::create_directories(dir.path / "in");
+  write_file(dir.path / "in" / "a.txt", "first fortune\n%\nsecond one\nhas two lines\n%\n%\nthird\n");
+  write_file(dir.path / "in" / "b.jsonl",
+             "{\"text\": \"json one\"}\n\n{\"text\": \"json \\u00e9 two\", \"id\": 7}\n{\"text\": \"%\"}\n");
+  std::string out;
+  REQUIRE(run_tool("--input " + dir.str("in") + " --out " + dir.str("byte") + " --val-fraction 0 --separator %", &out) ==
+          0);
+  const std::vector<std::string> docs = {"first fortune\n", "second one\nhas two lines\n", "third\n", "json one",
+                                         "json \xC3\xA9 two", "%"};
+  std::string stream;
+  int64_t text_bytes = 0;
+  for (const auto& d : docs) stream += d + "\xff", text_bytes += int64_t(d.size());
+  {
+    const TokenMeta m = read_token_meta(dir.str("byte"));
+    CHECK(m.eos_id == 255);
+    CHECK(m.documents == 6);
+    CHECK(m.train_tokens == int64_t(stream.size()));
+    CHECK(m.train_bytes == text_bytes);  // the document tokens carry no text
+    CHECK(read_file(dir.path / "byte" / "train.bin") == stream);
+    CHECK(contains(out, "6 document(s) (6 marked)"));
+  }
+  // between: separators only; none: no boundaries recorded.
+  REQUIRE(run_tool("--input " + dir.str("in/a.txt") + " --out " + dir.str("between") +
+                       " --val-fraction 0 --separator % --eos-between-files",
+                   &out) == 0);
+  CHECK(read_file(dir.path / "between" / "train.bin") == "first fortune\n\xffsecond one\nhas two lines\n\xffthird\n");
+  CHECK(read_token_meta(dir.str("between")).documents == 3);
+  REQUIRE(run_tool("--input " + dir.str("in/a.txt") + " --out " + dir.str("none") + " --val-fraction 0 --document-token none",
+                   &out) == 0);
+  CHECK(read_token_meta(dir.str("none")).documents == 0);
+  CHECK(read_file(dir.path / "none" / "train.bin") == read_file(dir.path / "in" / "a.txt"));
+  // A bad .jsonl line is one usage error naming the line.
+  write_file(dir.path / "bad.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n");
+  CHECK(run_tool("--input " + dir.str("bad.jsonl") + " --out " + dir.str("bad"), &out) == 2);
+  CHECK(contains(out, "line 2"));
+  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("bad2") + " --document-token sometimes", &out) == 2);
 }
 #endif
 
@@ -756,6 +800,48 @@ TEST_CASE("tokens source refuses files that disagree with meta.json") {
   write_bin(file, std::vector<uint32_t>(100, 1000), 2);
   auto s = tokens_source({{"path", dir.str()}, {"seq_len", "8"}});
   CHECK(contains(error_of([&] { s->get(0); }, ErrorKind::runtime), "vocab_size 1000"));
+}
+
+// pack = true: the same windows, with the documents each row cuts as segment ids (1, 2, ... per row) and
+// positions restarting at each document (and at the row start). Checked against the documents' own
+// offsets in the stream, not against the source's scan for the document token.
+TEST_CASE("tokens source pack = true: segment ids and positions of the documents each row cuts") {
+  TempDir dir("pack");
+  std::vector<std::string> docs;
+  for (int i = 0; i < 40; ++i) docs.push_back(std::string(size_t(1 + (i * 7) % 23), char('a' + i % 26)));
+  auto tok = make_byte_tokenizer();
+  write_token_corpus(*tok, docs, dir.str("c"), 0.0, DocumentMarks::end);
+  std::vector<int64_t> doc_of;  // the document of every stream token (each ends with its 0xFF)
+  std::vector<int64_t> start_of;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    start_of.push_back(int64_t(doc_of.size()));
+    doc_of.insert(doc_of.end(), docs[d].size() + 1, int64_t(d));
+  }
+  const int64_t seq = 16;
+  auto plain = tokens_source({{"path", dir.str("c")}, {"seq_len", "16"}});
+  auto packed = tokens_source({{"path", dir.str("c")}, {"seq_len", "16"}, {"pack", "true"}});
+  REQUIRE(packed->size() == plain->size());
+  for (int64_t i = 0; i < packed->size(); ++i) {
+    const Record r = packed->get(i);
+    CHECK(text_of(r) == text_of(plain->get(i)));  // the same rows: nothing padded or dropped
+    REQUIRE(r.count("text_segment_ids") == 1);
+    const HostArray& seg = r.at("text_segment_ids");
+    const HostArray& pos = r.at("text_positions");
+    REQUIRE(seg.shape == Shape{seq + 1});
+    REQUIRE(pos.shape == Shape{seq + 1});
+    const int64_t row = i * seq;
+    for (int64_t k = 0; k <= seq; ++k) {
+      const int64_t j = row + k, d = doc_of[size_t(j)];
+      CHECK(seg.as<int32_t>()[k] == int32_t(d - doc_of[size_t(row)] + 1));
+      CHECK(pos.as<int32_t>()[k] == int32_t(j - std::max(start_of[size_t(d)], row)));
+    }
+  }
+  CHECK(plain->get(0).count("text_segment_ids") == 0);
+  // A folder without document boundaries refuses pack, in one line.
+  write_token_corpus(*tok, docs, dir.str("plain"), 0.0, DocumentMarks::none);
+  const std::string e = error_of([&] { tokens_source({{"path", dir.str("plain")}, {"seq_len", "8"}, {"pack", "true"}}); });
+  CHECK(contains(e, "needs document boundaries"));
+  CHECK(e.find('\n') == std::string::npos);
 }
 #endif
 

@@ -2,7 +2,7 @@
 // host computations:
 //   * the kernel's per-head max logit equals max over visible (b, t, s) of scale * q.k computed in double,
 //     on every backend that loads here (ref, cpu; cuda where a GPU is present), for causal, windowed,
-//     offset, grouped-query and softcapped (the raw score counts) attention;
+//     offset, grouped-query, softcapped (the raw score counts) and document-masked (segment ids) attention;
 //   * an attention block's forward inside a recorder scope reports exactly that of its own q and k (after
 //     rotary positions; both projection layouts), keeps the max over several forwards, and records nothing
 //     without gradients or without a scope;
@@ -45,9 +45,11 @@ const std::vector<std::pair<std::string, dew::BackendPtr>>& backends() {
   return all;
 }
 
-// max over b, t and visible s of scale * q.k (q [B, T, Hq, D], k [B, S, Hkv, D] as host doubles).
+// max over b, t and visible s of scale * q.k (q [B, T, Hq, D], k [B, S, Hkv, D] as host doubles; seg [B, S]
+// the documents, or empty for one).
 std::vector<double> host_max_logit(const std::vector<double>& q, const std::vector<double>& k, int64_t B, int64_t T,
-                                   int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const dew::AttentionParams& p) {
+                                   int64_t S, int64_t Hq, int64_t Hkv, int64_t D, const dew::AttentionParams& p,
+                                   const std::vector<int32_t>& seg = {}) {
   std::vector<double> m(size_t(Hq), -std::numeric_limits<double>::infinity());
   for (int64_t h = 0; h < Hq; ++h)
     for (int64_t b = 0; b < B; ++b)
@@ -55,6 +57,8 @@ std::vector<double> host_max_logit(const std::vector<double>& q, const std::vect
         for (int64_t s = 0; s < S; ++s) {
           const int64_t pos = p.q_offset + t;
           if ((p.causal && s > pos) || (p.window > 0 && pos - s >= p.window)) continue;
+          if (!seg.empty() && (seg[size_t(b * S + pos)] == 0 || seg[size_t(b * S + s)] != seg[size_t(b * S + pos)]))
+            continue;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d)
             dot += q[size_t(((b * T + t) * Hq + h) * D + d)] * k[size_t(((b * S + s) * Hkv + h / (Hq / Hkv)) * D + d)];
@@ -96,6 +100,7 @@ TEST_CASE("attention_max_logit equals max scale * q.k over the visible pairs, co
     bool causal;
     int64_t window, q_offset;
     float softcap;
+    int64_t doc = 0;  // > 0: packed documents of this many tokens, the last S / 8 keys padding (segment 0)
   };
   const Case cases[] = {
       {"causal, 2 query blocks", 2, 70, 70, 4, 4, 16, true, 0, 0, 0.0f},
@@ -105,6 +110,8 @@ TEST_CASE("attention_max_logit equals max scale * q.k over the visible pairs, co
       {"q_offset", 2, 5, 37, 4, 2, 16, true, 0, 32, 0.0f},
       {"softcap is not applied to the statistic", 1, 20, 20, 2, 2, 16, true, 0, 0, 1.5f},
       {"nothing visible", 1, 3, 8, 2, 2, 16, true, 0, -5, 0.0f},
+      {"documents of a packed row, padding", 2, 80, 80, 4, 2, 16, true, 0, 0, 0.0f, 7},
+      {"documents, non-causal", 1, 40, 40, 2, 2, 16, false, 0, 0, 0.0f, 9},
   };
   for (const auto& [name, be] : backends())
     for (const Case& c : cases) {
@@ -118,13 +125,27 @@ TEST_CASE("attention_max_logit equals max scale * q.k over the visible pairs, co
       p.softcap = c.softcap;
       const dew::Tensor q = dew::Tensor::uniform({c.B, c.T, c.Hq, c.D}, -2, 2, 11, 1, be);
       const dew::Tensor k = dew::Tensor::uniform({c.B, c.S, c.Hkv, c.D}, -2, 2, 11, 2, be);
+      std::vector<int32_t> seg;
+      dew::Tensor segment_ids;
+      if (c.doc > 0) {
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t s = 0; s < c.S; ++s) seg.push_back(s >= c.S - c.S / 8 ? 0 : int32_t(1 + (s + 3 * b) / c.doc));
+        segment_ids = dew::Tensor::from_ints(seg, {c.B, c.S}, be);
+      }
       const std::vector<double> want =
-          host_max_logit(q.to_doubles(), k.to_doubles(), c.B, c.T, c.S, c.Hq, c.Hkv, c.D, p);
-      const dew::Tensor got = dew::attention_max_logit(q, k, p);
+          host_max_logit(q.to_doubles(), k.to_doubles(), c.B, c.T, c.S, c.Hq, c.Hkv, c.D, p, seg);
+      const dew::Tensor got = dew::attention_max_logit(q, k, p, segment_ids);
       CHECK(got.shape() == dew::Shape{c.Hq});
       check_close(got.to_doubles(), want, 2e-6);
       // The heads differ (a kernel that mixed heads up or reduced over the wrong axis would show it).
       if (!std::isinf(want[0])) CHECK(want[0] != want[1]);
+      // Documents matter: the unsegmented maxima are larger for some head (keys of other documents count).
+      if (c.doc > 0) {
+        const std::vector<double> all = host_max_logit(q.to_doubles(), k.to_doubles(), c.B, c.T, c.S, c.Hq, c.Hkv, c.D, p);
+        bool larger = false;
+        for (size_t h = 0; h < all.size(); ++h) larger = larger || all[h] > want[h];
+        CHECK(larger);
+      }
     }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,6 +62,17 @@ struct LmOptions {
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
   bool verbose = false;  // per-step lines on stderr
+  std::string recompute = "none";  // train: activation recomputation of the blocks (none | blocks)
+};
+
+// Memory accounting of a train benchmark (lm.cpp): the training state measured once (after the first timed
+// backward, gradients in place) and the backend's high-water mark over the timed steps (reset after the
+// warm-up). json() gives the fields mem_params_mb, mem_grads_mb, mem_optim_mb, mem_peak_mb and
+// mem_activations_mb (peak minus the three states), with a leading comma; nothing for an untracked backend.
+struct BenchMemory {
+  int64_t params = 0, grads = 0, optim = 0, peak = 0;
+  bool measured = false, tracked = false;
+  std::string json() const;
 };
 
 // The backend opt names, with its matmul_precision when it is not the default, wrapped in a

@@ -83,8 +83,13 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
 
   std::vector<double> times, cpu_times;
   double loss_first = 0, loss_last = 0;
+  const dew::RecomputeGuard recompute(dew::recompute_from_name(lo.recompute));
+  BenchMemory mem;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
-    if (i == lo.warmup) profile_reset(be);
+    if (i == lo.warmup) {
+      profile_reset(be);
+      be->reset_memory_peak();
+    }
     const auto t0 = clock_type::now();
     const double c0 = process_cpu_seconds();
     std::vector<float> t(static_cast<size_t>(B)), a(static_cast<size_t>(B)), s(static_cast<size_t>(B));
@@ -100,6 +105,10 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
                               dew::mul(eps, dew::Tensor::from_vector(s, {B, 1, 1, 1}, be)));
     dew::Tensor loss = dew::mse(model->forward({{"x", xt}, {"t", dew::Tensor::from_vector(t, {B}, be)}}), eps);
     loss.backward();
+    if (i >= lo.warmup && !mem.measured) {
+      const dew::TrainingStateMemory st = dew::training_state_memory(params, optimizer.get());
+      mem.params = st.params, mem.grads = st.grads, mem.optim = st.optim, mem.measured = true;
+    }
     optimizer->update(1e-4f, 1.0f, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
     const double lv = loss.item();
@@ -123,6 +132,9 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   std::sort(cpu_times.begin(), cpu_times.end());
   const double flops = 3.0 * model->flops_per_sample() * double(B);
   profile_report(be, int(times.size()), mean * 1e3);
+  const dew::MemoryStats ms = be->memory_stats();
+  mem.tracked = ms.tracked;
+  mem.peak = ms.peak;
   std::printf(
       "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"matmul_precision\":\"%s\","
       "\"threads\":%d,\"images_per_sec\":%.2f,"
@@ -130,11 +142,11 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"gflops\":%.1f,"
       "\"mfu_fma\":%.4f,\"params\":%lld,\"flops_per_step\":%.0f,"
       "\"flop_formula\":\"6*(N_tok*B*N + N_img*B) + 12*L*d*N^2*B\",\"batch\":%lld,\"warmup\":%d,\"steps\":%d,"
-      "\"loss_first\":%.4f,\"loss_last\":%.4f}\n",
+      "\"recompute\":\"%s\",\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
       opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, double(B) / mean, mean * 1e3,
       sorted[sorted.size() / 2] * 1e3, sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
       flops / mean * 1e-9 / (173.0 * opt.threads), (long long)model->num_parameters(), flops, (long long)B, lo.warmup,
-      lo.steps, loss_first, loss_last);
+      lo.steps, lo.recompute.c_str(), loss_first, loss_last, mem.json().c_str());
   std::fflush(stdout);
   return 0;
 }

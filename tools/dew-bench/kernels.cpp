@@ -88,11 +88,11 @@ int run_kernels(const BenchOptions& opt) {
     Tensor out = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, H, T}, DType::f32, be);
     Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
     Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-    const double fwd = median_seconds([&] { be->attention(q, k, v, out, lse, p); }, opt, [&] { be->synchronize(); });
+    const double fwd = median_seconds([&] { be->attention(q, k, v, Tensor(), out, lse, p); }, opt, [&] { be->synchronize(); });
     const double fwd_bwd = median_seconds(
         [&] {
-          be->attention(q, k, v, out, lse, p);
-          be->attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+          be->attention(q, k, v, Tensor(), out, lse, p);
+          be->attention_backward(q, k, v, Tensor(), out, lse, dout, dq, dk, dv, p);
         },
         opt, [&] { be->synchronize(); });
     std::printf(

@@ -147,6 +147,18 @@ double matmul_params(const dew::NamedTensors& params, int64_t vocab, int64_t dim
 
 }  // namespace
 
+std::string BenchMemory::json() const {
+  if (!tracked) return "";
+  const int64_t state = params + grads + optim;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                ",\"mem_params_mb\":%.2f,\"mem_grads_mb\":%.2f,\"mem_optim_mb\":%.2f,\"mem_peak_mb\":%.2f,"
+                "\"mem_activations_mb\":%.2f",
+                dew::mebibytes(params), dew::mebibytes(grads), dew::mebibytes(optim), dew::mebibytes(peak),
+                dew::mebibytes(peak - state));
+  return buf;
+}
+
 int run_train(const LmOptions& lo, const BenchOptions& opt) {
   Built b = build(lo, opt);
   dew::NamedTensors params = b.objective->parameters();
@@ -165,12 +177,21 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
 
   std::vector<double> times;
   double loss_first = 0, loss_last = 0;
+  const dew::RecomputeGuard recompute(dew::recompute_from_name(lo.recompute));
+  BenchMemory mem;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
-    if (i == lo.warmup) profile_reset(b.backend);
+    if (i == lo.warmup) {
+      profile_reset(b.backend);
+      b.backend->reset_memory_peak();
+    }
     const auto t0 = clock_type::now();
     dew::StepResult r = b.objective->step(batches[size_t(i) % batches.size()], dew::StepInfo{i, 0, 0});
     const double lv = r.loss.item();
     r.loss.backward();
+    if (i >= lo.warmup && !mem.measured) {
+      const dew::TrainingStateMemory s = dew::training_state_memory(params, optimizer.get());
+      mem.params = s.params, mem.grads = s.grads, mem.optim = s.optim, mem.measured = true;
+    }
     if (lo.grad_norm) (void)dew::global_grad_norm(params);
     optimizer->update(float(lr), 1.0f, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
@@ -180,7 +201,7 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
     loss_last = lv;
     if (i >= lo.warmup) times.push_back(dt);
     if (lo.verbose)
-      std::fprintf(stderr, "# step %3d %s %9.1f ms loss %.4f\n", i, i < lo.warmup ? "warm" : "time", dt * 1e3, lv);
+      std::fprintf(stderr, "# step %3d %s %9.1f ms loss %.9g\n", i, i < lo.warmup ? "warm" : "time", dt * 1e3, lv);
   }
   DEW_USAGE_CHECK(!times.empty(), "dew-bench train: --steps must be positive");
 
@@ -197,6 +218,9 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
   profile_report(b.backend, int(times.size()), mean * 1e3);  // before the peak measurement's matmuls
+  const dew::MemoryStats ms = b.backend->memory_stats();  // before the matmul-rate measurement allocates
+  mem.tracked = ms.tracked;
+  mem.peak = ms.peak;
   const double peak = measure_peak_gflops(b.backend);
   const double gflops = flops / mean * 1e-9;
   const double fma_peak = 173.0 * opt.threads;
@@ -206,12 +230,12 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
       "\"peak\":\"measured dew matmul 512^3\",\"mfu_fma\":%.4f,\"fma_peak_gflops\":%.0f,\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
-      "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"loss_first\":%.4f,"
-      "\"loss_last\":%.4f}\n",
+      "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
+      "\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
       config_label(lo.config).c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean,
       mean * 1e3, median * 1e3, gflops / peak, gflops, peak, gflops / fma_peak, fma_peak, (long long)n_params, n_mm,
-      flops, (long long)b.batch, (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false", loss_first,
-      loss_last);
+      flops, (long long)b.batch, (long long)b.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false",
+      lo.recompute.c_str(), loss_first, loss_last, mem.json().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
       "batches", po::value(&lm.batches)->default_value(4), "train: synthetic batches cycled")(
       "grad-norm", po::bool_switch(&lm.grad_norm), "train: also compute the global grad norm (clipping)")(
       "profile", po::bool_switch(&opt.profile), "train: time every kernel call and print where a step goes")(
+      "recompute", po::value(&lm.recompute)->default_value("none"),
+      "train: none | blocks (recompute each block in the backward, [trainer] recompute)")(
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
       "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(

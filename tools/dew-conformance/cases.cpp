@@ -850,7 +850,30 @@ struct Att {
   float scale = 0.0f;  // 0: 1/sqrt(D)
   float range = 1.0f;  // q, k uniform in [-range, range]
   bool empty_rows = false;
+  int64_t doc_len = 0;  // > 0: segment ids [B, S] of packed documents of about this many tokens (1 to 2 doc_len - 1)
+  bool pad = false;     // with doc_len: the last S / 8 keys are padding (segment 0)
 };
+
+// Segment ids of packed rows: runs of lengths drawn in [1, 2 doc_len), numbered from 1 per row; with pad the
+// tail is segment 0. Deterministic in the generator's seed.
+Tensor packed_segments(Gen& g, const Att& a) {
+  std::vector<int32_t> seg(size_t(a.B * a.S));
+  const std::vector<float> u = g.uniform_host(a.B * a.S, 0.0f, 1.0f);
+  for (int64_t b = 0; b < a.B; ++b) {
+    int32_t id = 1;
+    int64_t left = 0;
+    const int64_t real = a.pad ? a.S - a.S / 8 : a.S;
+    for (int64_t s = 0; s < a.S; ++s) {
+      if (left == 0) {
+        left = 1 + int64_t(u[size_t(b * a.S + s)] * float(2 * a.doc_len - 1));
+        if (s > 0) ++id;
+      }
+      seg[size_t(b * a.S + s)] = s < real ? id : 0;
+      --left;
+    }
+  }
+  return g.from_ints(seg, {a.B, a.S});
+}
 
 void add_attention(Table& t) {
   const std::vector<Att> as = {
@@ -869,6 +892,15 @@ void add_attention(Table& t) {
       {"empty_rows", 1, 8, 8, 2, 2, 16, true, 4, 0.0f, 5, 0.0f, 1.0f, true},
       {"gpt_mini", 2, 128, 128, 4, 4, 32},
       {"char_small", 1, 256, 256, 6, 6, 64},
+      // document masking (segment ids): short and long documents, padding, grouped heads, decoding rows,
+      // a window, and rows long enough that most 64 x 64 tiles are skipped
+      {"segments", 2, 40, 40, 4, 4, 16, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 6},
+      {"segments_noncausal_pad", 2, 33, 33, 2, 2, 16, false, 0, 0.0f, 0, 0.0f, 1.0f, false, 5, true},
+      {"segments_gqa_pad", 2, 150, 150, 4, 2, 32, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 20, true},
+      {"segments_window_softcap", 1, 70, 70, 2, 2, 16, true, 12, 3.0f, 0, 0.0f, 1.5f, false, 15},
+      {"segments_decode", 2, 3, 40, 4, 2, 16, true, 0, 0.0f, 37, 0.0f, 1.0f, false, 8},
+      {"segments_long", 1, 320, 320, 2, 2, 64, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 40},
+      {"segments_one_doc", 1, 130, 130, 2, 2, 16, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 1000},
   };
   for (const Att& a : as) {
     AttentionParams p;
@@ -884,19 +916,24 @@ void add_attention(Table& t) {
     const double group = double(a.Hq / a.Hkv);
     Check ckv = tol(16, double(a.T) * group + double(a.D));
     // With a window or a query block at the end of a longer key range, most keys are seen by no query.
-    ckv.zeros_ok = a.window > 0 || a.T < a.S || a.empty_rows;
+    ckv.zeros_ok = a.window > 0 || a.T < a.S || a.empty_rows || a.pad;
+    Check co_seg = co;
+    co_seg.zeros_ok = co.zeros_ok || a.pad;
+    // q, k, v and the segment ids (undefined without documents)
     auto make_qkv = [a, qs, ks](Gen& g) {
-      return In{g.uniform(qs, -a.range, a.range), g.uniform(ks, -a.range, a.range), g.uniform(ks, -1, 1)};
+      In in{g.uniform(qs, -a.range, a.range), g.uniform(ks, -a.range, a.range), g.uniform(ks, -1, 1)};
+      in.push_back(a.doc_len > 0 ? packed_segments(g, a) : Tensor());
+      return in;
     };
     t.add("attention/" + sh + "/f32", Kernel::attention, {DT::f32}, make_qkv,
-          {out("out", qs, DT::f32, co), out("lse", ls, DT::f32, cl)},
-          [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
+          {out("out", qs, DT::f32, co_seg), out("lse", ls, DT::f32, cl)},
+          [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], in[3], o[0], o[1], p); });
     t.add(
         "attention_backward/" + sh + "/f32", Kernel::attention_backward, {DT::f32},
         [make_qkv, qs, ls, p](Gen& g) {
           In in = make_qkv(g);
           Tensor o = Tensor::empty(qs, DT::f32, g.backend()), lse = Tensor::empty(ls, DT::f32, g.backend());
-          g.backend()->attention(in[0], in[1], in[2], o, lse, p);
+          g.backend()->attention(in[0], in[1], in[2], in[3], o, lse, p);
           in.push_back(o);
           in.push_back(lse);
           in.push_back(g.uniform(qs, -1, 1));
@@ -904,7 +941,7 @@ void add_attention(Table& t) {
         },
         {out("dq", qs, DT::f32, tol(16, double(a.S + a.D))), out("dk", ks, DT::f32, ckv), out("dv", ks, DT::f32, ckv)},
         [p](Backend& be, In& in, Out& o) {
-          be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], o[0], o[1], o[2], p);
+          be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], in[6], o[0], o[1], o[2], p);
         });
   }
   {
@@ -917,7 +954,7 @@ void add_attention(Table& t) {
           return In{g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16), g.uniform(qs, -1, 1, DT::bf16)};
         },
         {out("out", qs, DT::bf16, tol(16, 32)), out("lse", ls, DT::f32, tol(16, 32))},
-        [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], o[0], o[1], p); });
+        [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], Tensor(), o[0], o[1], p); });
   }
 }
 
@@ -925,17 +962,10 @@ void add_attention(Table& t) {
 // QK-Clip's statistic: per query head the largest visible raw score (a dot product of D terms: k = 8, K = D).
 // q and k span [-range, range] so that the maxima differ clearly between heads; the shapes cross the cpu
 // kernel's 64-query blocks and 16-key sub-tiles (causal diagonal, windows, q_offset, grouped heads, a head
-// width that is not a multiple of 16), and "hidden" has no visible key at all (-inf everywhere).
+// width that is not a multiple of 16), documents of packed rows (segment ids, padding), and "hidden" has no
+// visible key at all (-inf everywhere).
 void add_attention_max_logit(Table& t) {
-  struct M {
-    std::string what;
-    int64_t B, T, S, Hq, Hkv, D;
-    bool causal = true;
-    int64_t window = 0;
-    float softcap = 0.0f;
-    int64_t q_offset = 0;
-  };
-  const std::vector<M> ms = {
+  const std::vector<Att> ms = {
       {"causal", 2, 16, 16, 4, 4, 16},
       {"noncausal", 2, 12, 20, 2, 2, 16, false},
       {"gqa", 2, 80, 80, 8, 2, 32},
@@ -945,8 +975,12 @@ void add_attention_max_logit(Table& t) {
       {"odd_headdim", 1, 70, 70, 3, 1, 13},
       {"hidden", 1, 4, 8, 2, 2, 16, true, 0, 0.0f, -10},
       {"gpt_mini", 2, 128, 128, 4, 4, 32},
+      {"segments", 2, 40, 40, 4, 4, 16, true, 0, 0.0f, 0, 0.0f, 2.0f, false, 6},
+      {"segments_gqa_pad", 2, 150, 150, 4, 2, 32, true, 0, 0.0f, 0, 0.0f, 2.0f, false, 20, true},
+      {"segments_noncausal_pad", 2, 33, 33, 2, 2, 16, false, 0, 0.0f, 0, 0.0f, 2.0f, false, 5, true},
+      {"segments_window", 1, 70, 70, 2, 2, 16, true, 12, 0.0f, 0, 0.0f, 2.0f, false, 15},
   };
-  for (const M& m : ms) {
+  for (const Att& m : ms) {
     AttentionParams p;
     p.scale = float(1.0 / std::sqrt(double(m.D)));
     p.causal = m.causal;
@@ -956,10 +990,15 @@ void add_attention_max_logit(Table& t) {
     const Shape qs{m.B, m.T, m.Hq, m.D}, ks{m.B, m.S, m.Hkv, m.D};
     const std::string sh = m.what + "_B" + std::to_string(m.B) + "T" + std::to_string(m.T) + "S" + std::to_string(m.S) +
                            "H" + std::to_string(m.Hq) + "kv" + std::to_string(m.Hkv) + "D" + std::to_string(m.D);
+    const float r = m.doc_len > 0 ? m.range : 2.0f;
     t.add("attention_max_logit/" + sh + "/f32", Kernel::attention_max_logit, {DT::f32},
-          [qs, ks](Gen& g) { return In{g.uniform(qs, -2, 2), g.uniform(ks, -2, 2)}; },
+          [m, qs, ks, r](Gen& g) {
+            In in{g.uniform(qs, -r, r), g.uniform(ks, -r, r)};
+            in.push_back(m.doc_len > 0 ? packed_segments(g, m) : Tensor());
+            return in;
+          },
           {out("out", {m.Hq}, DT::f32, tol(8, double(m.D)))},
-          [p](Backend& be, In& in, Out& o) { be.attention_max_logit(in[0], in[1], o[0], p); });
+          [p](Backend& be, In& in, Out& o) { be.attention_max_logit(in[0], in[1], in[2], o[0], p); });
   }
 }
 

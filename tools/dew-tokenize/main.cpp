@@ -1,14 +1,20 @@
 // tools/dew-tokenize/main.cpp — text files -> token files for the `tokens` data source.
 //
 //   dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--tokenizer byte|bpe] [--vocab-size N]
-//                [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]
+//                [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05]
+//                [--separator LINE] [--text-field text] [--document-token end|between|none]
 //   dew-tokenize render-chat --tokenizer-config F --input conversations.jsonl --out rendered.jsonl
 //                [--add-generation-prompt] [--spans]          (render_chat.cpp)
 //
 // A folder input contributes every regular file in it (not symlinks, not subfolders), sorted by name;
 // files that are not UTF-8 text (invalid UTF-8 or a NUL byte, e.g. fortune's *.dat) are skipped with a
-// note. A file named directly must be UTF-8 text. Every file is one document; with --eos-between-files
-// documents are separated by the tokenizer's eos token (a tokenizer without one: plainly concatenated).
+// note. A file named directly must be UTF-8 text. Documents: every file is one, except that a file whose
+// name ends in .jsonl holds one per line (the string field --text-field of the JSON object on the line;
+// blank lines skipped), and that with --separator LINE a line that is exactly LINE (e.g. "%", the fortune
+// files' separator) ends a document (the separator lines are dropped; empty documents are skipped).
+// Document boundaries are recorded in the stream: every document ends with the tokenizer's document token
+// (its eos; the byte tokenizer's is 255) and meta.json counts them (--document-token between only separates
+// them, --eos-between-files is that; none concatenates them plainly and records no boundaries).
 // --tokenizer bpe trains a BPE of --vocab-size tokens on all the inputs, unless --tokenizer-json or
 // --vocab/--merges name an existing one (then bpe is implied). Writes DIR/train.bin, DIR/val.bin (the
 // first --val-fraction of the tokens), DIR/meta.json and, for bpe, DIR/tokenizer.json, each atomically
@@ -24,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dew/error.hpp"
 #include "dew/tokenizer.hpp"
 
@@ -38,7 +46,8 @@ namespace {
 
 const char* kUsage =
     "usage: dew-tokenize --input FILE_OR_DIR [--input ...] --out DIR [--force] [--tokenizer byte|bpe] [--vocab-size N]\n"
-    "                    [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05] [--eos-between-files]\n"
+    "                    [--tokenizer-json F | --vocab V --merges M] [--val-fraction 0.05]\n"
+    "                    [--separator LINE] [--text-field text] [--document-token end|between|none]\n"
     "       dew-tokenize render-chat --tokenizer-config F --input conversations.jsonl --out rendered.jsonl\n"
     "                    [--add-generation-prompt] [--spans]\n";
 
@@ -52,6 +61,51 @@ std::string read_file(const fs::path& p) {
 }
 
 bool is_text(const std::string& s) { return s.find('\0') == std::string::npos && dew::is_valid_utf8(s); }
+
+// The documents of one file's text (see the top comment); `name` is for errors.
+std::vector<std::string> split_documents(const std::string& text, const std::string& name,
+                                         const std::string& separator, const std::string& text_field) {
+  std::vector<std::string> docs;
+  const bool jsonl = name.size() >= 6 && name.compare(name.size() - 6, 6, ".jsonl") == 0;
+  if (!jsonl && separator.empty()) {
+    docs.push_back(text);
+    return docs;
+  }
+  std::string cur;
+  size_t at = 0;
+  int64_t line_no = 0;
+  while (at < text.size()) {
+    size_t nl = text.find('\n', at);
+    const size_t end = nl == std::string::npos ? text.size() : nl + 1;
+    const std::string line = text.substr(at, end - at);
+    at = end;
+    ++line_no;
+    std::string bare = line;
+    while (!bare.empty() && (bare.back() == '\n' || bare.back() == '\r')) bare.pop_back();
+    if (jsonl) {
+      if (bare.find_first_not_of(" \t") == std::string::npos) continue;
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(bare);
+      } catch (const nlohmann::json::parse_error& e) {
+        throw dew::UsageError("'" + name + "' line " + std::to_string(line_no) + " is not JSON: " + e.what());
+      }
+      DEW_USAGE_CHECK(j.is_object() && j.contains(text_field) && j[text_field].is_string(), "'", name, "' line ",
+                      line_no, " has no string field \"", text_field, "\" (--text-field)");
+      std::string doc = j[text_field].get<std::string>();
+      DEW_USAGE_CHECK(dew::is_valid_utf8(doc) && doc.find('\0') == std::string::npos, "'", name, "' line ", line_no,
+                      ": the \"", text_field, "\" field is not UTF-8 text");
+      if (!doc.empty()) docs.push_back(std::move(doc));
+    } else if (bare == separator) {
+      if (!cur.empty()) docs.push_back(std::move(cur));
+      cur.clear();
+    } else {
+      cur += line;
+    }
+  }
+  if (!cur.empty()) docs.push_back(std::move(cur));
+  return docs;
+}
 
 int run_render_chat(int argc, char** argv) {
   std::string config, input, out;
@@ -83,7 +137,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "render-chat") return run_render_chat(argc, argv);
   std::vector<std::string> inputs;
-  std::string out, tokenizer_name, tokenizer_json, vocab, merges;
+  std::string out, tokenizer_name, tokenizer_json, vocab, merges, separator, text_field = "text",
+      document_token = "end";
   int64_t vocab_size = 4096;
   double val_fraction = 0.05;
   po::options_description d("options");
@@ -95,7 +150,11 @@ int run(int argc, char** argv) {
       "vocab", po::value(&vocab), "GPT-2 vocab.json (with --merges)")("merges", po::value(&merges),
                                                                       "GPT-2 merges.txt (with --vocab)")(
       "val-fraction", po::value(&val_fraction), "share of the tokens, from the head, for val.bin (default 0.05)")(
-      "eos-between-files", "separate the files by the tokenizer's eos token")(
+      "separator", po::value(&separator), "a line that ends a document (e.g. %, as in the fortune files)")(
+      "text-field", po::value(&text_field), "the field of a .jsonl line that holds its document (default text)")(
+      "document-token", po::value(&document_token),
+      "end (default): every document ends with the tokenizer's document token; between; none")(
+      "eos-between-files", "the same as --document-token between")(
       "force", "replace an existing --out folder's token files (refused otherwise)");
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(d).run(), vm);
@@ -115,6 +174,12 @@ int run(int argc, char** argv) {
                     "' already exists and is not empty; pass --force to replace its token files, or choose another folder");
   }
   DEW_USAGE_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ", val_fraction);
+  DEW_USAGE_CHECK(document_token == "end" || document_token == "between" || document_token == "none",
+                  "--document-token must be end, between or none, got '", document_token, "'");
+  DEW_USAGE_CHECK(!vm.count("eos-between-files") || !vm.count("document-token") || document_token == "between",
+                  "--eos-between-files is --document-token between; it contradicts --document-token ", document_token);
+  if (vm.count("eos-between-files")) document_token = "between";
+  DEW_USAGE_CHECK(!vm.count("separator") || !separator.empty(), "--separator must not be empty");
   const bool from_file = !tokenizer_json.empty() || !vocab.empty() || !merges.empty();
   DEW_USAGE_CHECK(vocab.empty() == merges.empty(), "--vocab and --merges go together");
   DEW_USAGE_CHECK(tokenizer_json.empty() || vocab.empty(), "give --tokenizer-json or --vocab/--merges, not both");
@@ -128,8 +193,14 @@ int run(int argc, char** argv) {
 
   // ---- the documents ----
   std::vector<std::string> documents;
-  std::vector<std::string> names;
-  int64_t skipped = 0, total_bytes = 0;
+  int64_t skipped = 0, total_bytes = 0, files = 0;
+  auto add_file = [&](const std::string& text, const std::string& name) {
+    ++files;
+    for (std::string& doc : split_documents(text, name, separator, text_field)) {
+      total_bytes += int64_t(doc.size());
+      documents.push_back(std::move(doc));
+    }
+  };
   for (const std::string& in : inputs) {
     std::error_code ec;
     DEW_USAGE_CHECK(fs::exists(in, ec), "--input '", in, "' does not exist");
@@ -145,19 +216,15 @@ int run(int argc, char** argv) {
           ++skipped;
           continue;
         }
-        total_bytes += int64_t(s.size());
-        documents.push_back(std::move(s));
-        names.push_back(f.string());
+        add_file(s, f.string());
       }
     } else {
       std::string s = read_file(in);
       DEW_USAGE_CHECK(is_text(s), "--input '", in, "' is not UTF-8 text (invalid UTF-8 or a NUL byte)");
-      total_bytes += int64_t(s.size());
-      documents.push_back(std::move(s));
-      names.push_back(in);
+      add_file(s, in);
     }
   }
-  DEW_USAGE_CHECK(!documents.empty(), "no text files in the inputs");
+  DEW_USAGE_CHECK(!documents.empty(), "no documents in the inputs (no text files, or only empty ones)");
 
   // ---- the tokenizer ----
   const auto t0 = std::chrono::steady_clock::now();
@@ -173,17 +240,23 @@ int run(int argc, char** argv) {
     std::printf("dew-tokenize: trained a BPE of %lld tokens on %.2f MB in %.2f s\n",
                 static_cast<long long>(tok->vocab_size()), double(total_bytes) / 1e6, seconds_since(t0));
   }
-  if (vm.count("eos-between-files") && tok->eos_id() < 0)
-    std::cerr << "dew-tokenize: the " << tok->name() << " tokenizer has no eos token; files are concatenated\n";
+  if (document_token != "none" && tok->eos_id() < 0)
+    std::cerr << "dew-tokenize: the " << tok->name()
+              << " tokenizer has no document (eos) token; documents are concatenated and no boundaries recorded\n";
 
   // ---- encode and write ----
   const auto t1 = std::chrono::steady_clock::now();
   const dew::TokenMeta m =
-      dew::write_token_corpus(*tok, documents, out, val_fraction, vm.count("eos-between-files") > 0);
+      dew::write_token_corpus(*tok, documents, out, val_fraction,
+                              document_token == "end"       ? dew::DocumentMarks::end
+                              : document_token == "between" ? dew::DocumentMarks::between
+                                                            : dew::DocumentMarks::none);
   std::printf(
-      "dew-tokenize: %zu file(s) (%lld skipped), %lld bytes -> train %lld tokens (%lld bytes), val %lld tokens "
-      "(%lld bytes); tokenizer %s, vocab %lld, %s, eos %d; encoded in %.2f s; wrote %s\n",
-      documents.size(), static_cast<long long>(skipped), static_cast<long long>(total_bytes),
+      "dew-tokenize: %lld file(s) (%lld skipped), %zu document(s) (%lld marked), %lld bytes -> train %lld tokens "
+      "(%lld bytes), val %lld tokens (%lld bytes); tokenizer %s, vocab %lld, %s, eos %d; encoded in %.2f s; "
+      "wrote %s\n",
+      static_cast<long long>(files), static_cast<long long>(skipped), documents.size(),
+      static_cast<long long>(m.documents), static_cast<long long>(total_bytes),
       static_cast<long long>(m.train_tokens), static_cast<long long>(m.train_bytes),
       static_cast<long long>(m.val_tokens), static_cast<long long>(m.val_bytes), m.tokenizer.c_str(),
       static_cast<long long>(m.vocab_size), m.dtype.c_str(), m.eos_id, seconds_since(t1), out.c_str());

@@ -20,10 +20,15 @@
 //   a private buffer; the buffers are added at the end (still race-free).
 // Masking: key blocks hidden by causality or the window are never visited, fully visible blocks skip the mask,
 //   and inside a block on the causal diagonal the 16 x 16 sub-tiles above the diagonal are not computed.
+// Documents (segment_ids [B, S], packed rows): a key is also hidden unless its segment equals the query's and
+//   that is not 0. A tile pair whose query and key segment ranges do not meet is skipped like a causally hidden
+//   one, a pair inside one document is treated as unsegmented, and only pairs that straddle a boundary apply
+//   the segment mask, so a long row of short documents does the work of its block-diagonal part.
 // Softcap c: s' = c tanh(s / c); its backward multiplies dS by (1 - tanh^2).
 // attention_max_logit (QK-Clip's statistic) — the forward's tasks, key blocks, S^T products and masks, reduced
-//   to the largest raw score of the block (before softcap; padding lanes excluded) instead of a softmax; the
-//   per-task maxima are then reduced per head in task order (a max: exact, thread-count independent).
+//   to the largest raw score of the block (before softcap; padding lanes excluded; documents as the forward's)
+//   instead of a softmax; the per-task maxima are then reduced per head in task order (a max: exact, thread-count
+//   independent).
 //
 // Invariants: every tensor is contiguous f32 (checked); tiles are 64 wide (4 vectors of 16); lanes past the
 // valid query/key count compute on zero padding and are never stored; a masked score is -inf or its P is
@@ -49,6 +54,7 @@
 #include <vector>
 
 #include "dew/error.hpp"
+#include "dew/kernel_contracts.hpp"
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector arguments: everything below is inlined
 
@@ -313,6 +319,7 @@ struct Geo {
   bool causal;
   int64_t window;  // 0 = none (also when larger than any distance)
   int64_t qoff;
+  const int32_t* seg;  // segment ids [B, S], or nullptr (one document)
 };
 
 struct Ptrs {
@@ -329,6 +336,29 @@ DEW_AI Vis classify(const Geo& g, int64_t pmin, int64_t pmax, int64_t s0, int64_
   if (g.window && pmin - (s1 - 1) >= g.window) return kNone;
   const bool full = (!g.causal || s1 - 1 <= pmin) && (!g.window || pmax - s0 < g.window);
   return full ? kFull : kPartial;
+}
+
+// Segment visibility of keys [s0, s1) to queries at positions [pmin, pmax] of batch row b: kNone when their
+// segment ranges do not meet (or every query is padding), kFull when all are one nonzero segment.
+DEW_AI Vis classify_segments(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1) {
+  if (!g.seg) return kFull;
+  const int32_t* row = g.seg + b * g.S;
+  int32_t qlo = row[pmin], qhi = row[pmin], klo = row[s0], khi = row[s0];
+  for (int64_t i = pmin + 1; i <= pmax; ++i) qlo = std::min(qlo, row[i]), qhi = std::max(qhi, row[i]);
+  for (int64_t i = s0 + 1; i < s1; ++i) klo = std::min(klo, row[i]), khi = std::max(khi, row[i]);
+  if (qhi == 0 || qhi < klo || khi < qlo) return kNone;
+  return qlo == qhi && klo == khi && qlo == klo ? kFull : kPartial;
+}
+
+// Both rules at once; *seg_mask tells whether the segment mask must be applied inside the pair.
+DEW_AI Vis classify_all(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1, bool* seg_mask) {
+  const Vis pv = classify(g, pmin, pmax, s0, s1);
+  *seg_mask = false;
+  if (pv == kNone) return kNone;
+  const Vis sv = classify_segments(g, b, pmin, pmax, s0, s1);
+  if (sv == kNone) return kNone;
+  *seg_mask = sv == kPartial;
+  return pv == kFull && sv == kFull ? kFull : kPartial;
 }
 
 // ---------------------------------------------------------------- forward
@@ -363,10 +393,14 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
   const float* kb = P.k + b * g.S * g.krs + hk * D;
   const float* vb = P.v + b * g.S * g.krs + hk * D;
   const float inv_cap = g.cap > 0 ? 1.0f / g.cap : 0.0f;
+  const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
+  alignas(64) int32_t qseg[TILE];  // the query lanes' segments (-1 past nq: those lanes are never stored)
+  for (int64_t i = 0; i < TILE; ++i) qseg[i] = segrow && i < nq ? segrow[pmin + i] : -1;
 
   for (int64_t s0 = slo; s0 < shi; s0 += FWD_BK) {
     const int64_t s1 = std::min(s0 + FWD_BK, shi), nk = s1 - s0;
-    const Vis vis = classify(g, pmin, pmax, s0, s1);
+    bool seg_mask = false;
+    const Vis vis = classify_all(g, b, pmin, pmax, s0, s1, &seg_mask);
     if (vis == kNone) continue;
     // Causal triangle: key rows [16c, 16c + 16) are hidden from the query vectors below first[c], so those
     // products are skipped (their S^T entries stay unset and the mask below turns them into -inf).
@@ -402,6 +436,12 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
           vf x = vload(s);
           if (g.causal) x = sv <= pos ? x : vset(kNegInf);
           if (g.window) x = (pos - sv) < viset(int32_t(g.window)) ? x : vset(kNegInf);
+          if (seg_mask) {
+            vi qs;
+            __builtin_memcpy(&qs, qseg + v * L, sizeof qs);
+            x = qs == viset(segrow[s0 + j]) ? x : vset(kNegInf);
+            x = qs != vi{} ? x : vset(kNegInf);
+          }
           vstore(s, x);
         }
       }
@@ -463,7 +503,8 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   const int64_t hi = g.causal ? std::min<int64_t>(g.S, pos + 1) : g.S;
   float* o = P.out + ((b * g.T + t) * g.Hq + h) * D;
   float* lse = P.lse_out + (b * g.Hq + h) * g.T + t;
-  if (lo >= hi) {
+  const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
+  if (lo >= hi || (segrow && segrow[pos] == 0)) {
     std::memset(o, 0, size_t(D) * sizeof(float));
     *lse = kNegInf;
     return;
@@ -482,8 +523,16 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     const float inv_cap = 1.0f / g.cap;
     for (int64_t j = 0; j < npad; j += L) vstore(sc + j, vtanh(vload(sc + j) * inv_cap) * g.cap);
   }
+  if (segrow)
+    for (int64_t j = 0; j < n; ++j)
+      if (segrow[lo + j] != segrow[pos]) sc[j] = kNegInf;
   float m = kNegInf;
   for (int64_t j = 0; j < n; ++j) m = std::max(m, sc[j]);
+  if (m == kNegInf) {  // every key in reach belongs to another document
+    std::memset(o, 0, size_t(D) * sizeof(float));
+    *lse = kNegInf;
+    return;
+  }
   vf lsum = {};
   for (int64_t j = 0; j < npad; j += L) {
     const vf p = vexp_upto88(vload(sc + j) - m);
@@ -518,9 +567,13 @@ DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws,
   const int64_t slo = g.window ? std::max<int64_t>(0, pmin - g.window + 1) : 0;
   const int64_t shi = g.causal ? std::min<int64_t>(g.S, pmax + 1) : g.S;
   const float* kb = P.k + b * g.S * g.krs + hk * D;
+  const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
+  alignas(64) int32_t qseg[TILE];  // the query lanes' segments (-1 past nq: excluded below anyway)
+  for (int64_t i = 0; i < TILE; ++i) qseg[i] = segrow && i < nq ? segrow[pmin + i] : -1;
   for (int64_t s0 = slo; s0 < shi; s0 += FWD_BK) {
     const int64_t s1 = std::min(s0 + FWD_BK, shi), nk = s1 - s0;
-    const Vis vis = classify(g, pmin, pmax, s0, s1);
+    bool seg_mask = false;
+    const Vis vis = classify_all(g, b, pmin, pmax, s0, s1, &seg_mask);
     if (vis == kNone) continue;
     int first[4] = {0, 0, 0, 0};  // as in fwd_lane_task: the skipped sub-tiles are masked below
     const int nch = int((nk + L - 1) / L);
@@ -543,6 +596,12 @@ DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws,
         vf x = vload(ST + j * TILE + v * L);
         if (vis == kPartial && g.causal) x = sv <= pos ? x : vset(kNegInf);
         if (vis == kPartial && g.window) x = (pos - sv) < viset(int32_t(g.window)) ? x : vset(kNegInf);
+        if (seg_mask) {  // as in fwd_lane_task: another document's key, or a padding query, sees nothing
+          vi qs;
+          __builtin_memcpy(&qs, qseg + v * L, sizeof qs);
+          x = qs == viset(segrow[s0 + j]) ? x : vset(kNegInf);
+          x = qs != vi{} ? x : vset(kNegInf);
+        }
         mv[v] = vmax(mv[v], x);
       }
     }
@@ -603,8 +662,24 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
   float one_row[TILE];
   for (int64_t i = 0; i < TILE; ++i) one_row[i] = 1.0f;
 
+  const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
   for (int64_t jb = jb0; jb < jb1; ++jb) {
     const int64_t s0 = jb * TILE, s1 = std::min(s0 + TILE, g.S), nk = s1 - s0;
+    // query blocks that see nothing of this key block, segment-wise too, are skipped before any packing
+    if (segrow) {
+      const int64_t tq_lo = g.causal ? std::clamp<int64_t>(s0 - g.qoff, 0, T) : 0;
+      bool any = false;
+      for (int64_t t0 = tq_lo; t0 < T && !any; t0 += BWD_BQ)
+        any = classify_segments(g, b, g.qoff + t0, g.qoff + std::min(t0 + BWD_BQ, T) - 1, s0, s1) != kNone;
+      if (!any) {
+        std::memset(dKT, 0, size_t(2 * D * TILE) * sizeof(float));
+        unpack_t(dKT, TILE, D, nk, one_row, P.dk + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
+        unpack_t(dVT, TILE, D, nk, one_row, P.dv + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
+        continue;
+      }
+    }
+    alignas(64) int32_t kseg[TILE];  // the key lanes' segments (-2 past nk: masked by the lane count anyway)
+    for (int64_t j = 0; j < TILE; ++j) kseg[j] = segrow && j < nk ? segrow[s0 + j] : -2;
     pack_t(kb + s0 * g.krs, g.krs, nk, D, KT, TILE, TILE, 1.0f);
     pack_t(vb + s0 * g.krs, g.krs, nk, D, VT, TILE, TILE, 1.0f);
     for (int64_t j = 0; j < nk; ++j) {
@@ -627,7 +702,8 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
       for (int64_t t0 = t_lo; t0 < t_hi; t0 += BWD_BQ) {
         const int64_t t1 = std::min(t0 + BWD_BQ, t_hi), nq = t1 - t0;
         const int64_t pmin = g.qoff + t0, pmax = g.qoff + t1 - 1;
-        const Vis vis = classify(g, pmin, pmax, s0, s1);
+        bool seg_mask = false;
+        const Vis vis = classify_all(g, b, pmin, pmax, s0, s1, &seg_mask);
         if (vis == kNone) continue;
         const bool mask = vis == kPartial || nk < TILE;
         // Causal triangle: query rows [16c, 16c + 16) can only see the first lanes[c] keys of the block (lanes
@@ -666,6 +742,7 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
             continue;
           }
           const vi pos = viset(int32_t(g.qoff + t0 + i));
+          const int32_t qs = segrow ? segrow[g.qoff + t0 + i] : 0;
           for (int v = 0; v < nv; ++v) {
             vf x = vload(prow + v * L) * g.scale;
             if (g.cap > 0) {
@@ -680,6 +757,11 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
               p = jl < nkv ? p : vf{};
               if (g.causal) p = sv <= pos ? p : vf{};
               if (g.window) p = (pos - sv) < viset(int32_t(g.window)) ? p : vf{};
+              if (seg_mask) {
+                vi ks;
+                __builtin_memcpy(&ks, kseg + v * L, sizeof ks);
+                p = ks == viset(qs) && qs != 0 ? p : vf{};
+              }
             }
             vstore(prow + v * L, p);
           }
@@ -804,7 +886,7 @@ void check_shape(const Tensor& t, const Shape& want, const char* what) {
             shape_str(want));
 }
 
-Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, const AttentionParams& p) {
   check_tensor(q, "q");
   check_tensor(k, "k");
   check_tensor(v, "v");
@@ -832,6 +914,9 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   g.causal = p.causal;
   g.window = p.window >= kMaxPos ? 0 : p.window;
   g.qoff = p.q_offset;
+  g.seg = contracts::check_attention_segments("cpu attention", segment_ids, g.B, g.T, g.S, p.q_offset)
+              ? segment_ids.data_as<const int32_t>()
+              : nullptr;
   return g;
 }
 
@@ -839,9 +924,9 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
 
 // ---------------------------------------------------------------- entry points
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       const AttentionParams& p) {
-  const Geo g = make_geo(q, k, v, p);
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
+                       Tensor& lse, const AttentionParams& p) {
+  const Geo g = make_geo(q, k, v, segment_ids, p);
   check_shape(out, q.shape(), "out");
   check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
   if (g.B == 0 || g.T == 0 || g.Hq == 0) return;
@@ -865,9 +950,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   }
 }
 
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) {
-  const Geo g = make_geo(q, k, v, p);
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionParams& p) {
+  const Geo g = make_geo(q, k, v, segment_ids, p);
   check_shape(out, q.shape(), "out");
   check_shape(dout, q.shape(), "dout");
   check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
@@ -942,8 +1028,9 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   }
 }
 
-void attention_max_logit(const Tensor& q, const Tensor& k, Tensor& out, const AttentionParams& p) {
-  const Geo g = make_geo(q, k, k, p);  // k stands in for v (unused)
+void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                         const AttentionParams& p) {
+  const Geo g = make_geo(q, k, k, segment_ids, p);  // k stands in for v (unused)
   check_shape(out, Shape{g.Hq}, "out");
   float* o = out.data_as<float>();
   for (int64_t h = 0; h < g.Hq; ++h) o[h] = kNegInf;

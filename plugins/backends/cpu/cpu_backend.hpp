@@ -238,10 +238,13 @@ class BlockCache {
   BlockCache& operator=(const BlockCache&) = delete;
   void* take(size_t rounded);          // nullptr when none is cached
   bool give(void* p, size_t rounded);  // false: not cached, the caller frees it
-  size_t cached_bytes() const { return cached_; }
+  size_t cached_bytes() const {
+    std::lock_guard lock(mutex_);
+    return cached_;
+  }
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_ = 0, limit_;
 };
@@ -262,6 +265,9 @@ class CpuBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
+  // In use: blocks handed out (at their rounded size); reserved adds the blocks the BlockCache keeps.
+  MemoryStats memory_stats() const override { return memory_.stats(int64_t(blocks_->cached_bytes())); }
+  void reset_memory_peak() override { memory_.reset_peak(); }
 
   // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
   DEW_KERNEL_OVERRIDES
@@ -275,6 +281,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Dnnl> dnnl_;
   bool bf16_matmul_ = false;
   std::unique_ptr<BlockCache> blocks_;
+  MemoryCounter memory_;
   RopeTables rope_tables_;
 };
 

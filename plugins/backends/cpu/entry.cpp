@@ -67,17 +67,18 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 }
 
 // ---- attention: implemented in attention.cpp ----
-void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                           const AttentionParams& p) {
-  attention_forward(q, k, v, out, lse, p);
+void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                           Tensor& out, Tensor& lse, const AttentionParams& p) {
+  attention_forward(q, k, v, segment_ids, out, lse, p);
 }
-void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                    const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                    const AttentionParams& p) {
-  cpu::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                                    const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                                    Tensor& dv, const AttentionParams& p) {
+  cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
 }
-void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, Tensor& out, const AttentionParams& p) {
-  cpu::attention_max_logit(q, k, out, p);
+void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                                     const AttentionParams& p) {
+  cpu::attention_max_logit(q, k, segment_ids, out, p);
 }
 
 }  // namespace dew::cpu

@@ -86,13 +86,15 @@ bool BlockCache::give(void* p, size_t rounded) {
 
 void* CpuBackend::allocate(size_t bytes) {
   const size_t n = round_block(bytes);
-  if (void* p = blocks_->take(n)) return p;
-  void* p = new_block(n);
+  void* p = blocks_->take(n);
+  if (!p) p = new_block(n);
   DEW_CHECK(p != nullptr, "cpu backend: out of host memory allocating ", bytes, " bytes");
+  memory_.allocated(n);  // memory_stats(): counted at the block size, cached or fresh
   return p;
 }
 void CpuBackend::deallocate(void* ptr, size_t bytes) {
   const size_t n = round_block(bytes);
+  memory_.freed(n);
   if (!blocks_->give(ptr, n)) free_block(ptr, n);
 }
 

@@ -9,6 +9,9 @@
 //   kernel 1, one warp per query row: Di, and dQ = scale * sum_s dS_s K_s;
 //   kernel 2, one warp per key row: dV = sum_{t, h in group} P dO_t, dK = scale * sum dS Q_t;
 //   dS = P (dO . V_s - Di), times 1 - tanh^2(r / c) under a softcap c (r the raw scaled score).
+// Documents (seg, segment ids [B, S], or nullptr): key s is also hidden from query t unless
+// seg[s] == seg[q_offset + t] != 0; every key of the causal / window range is tested (this kernel has no
+// tiles to skip), so any segment layout is exact.
 // Max logit (QK-Clip): one warp per query row writes the row's largest visible raw score (before softcap) to
 //   scratch, then one thread per query head takes the max over its B * T rows, in order.
 // Every output row is written by exactly one warp (deterministic, no atomics). This is the "one correct
@@ -31,6 +34,11 @@ __device__ __forceinline__ Vis visible_keys(const AttentionParams& p, int64_t t,
   if (p.causal && pos < hi) hi = pos;
   if (p.window > 0 && pos - p.window + 1 > lo) lo = pos - p.window + 1;
   return {lo, hi};
+}
+
+// Whether key s is in query position pos's document (always, without segment ids).
+__device__ __forceinline__ bool same_doc(const int32_t* seg_row, int64_t pos, int64_t s) {
+  return seg_row == nullptr || (seg_row[pos] != 0 && seg_row[s] == seg_row[pos]);
 }
 
 template <class T>
@@ -68,8 +76,8 @@ __device__ __forceinline__ float cap(float r, float softcap) {
 
 // Query rows are numbered r = (b * Hq + h) * T + t (the lse layout), so the warps of a block share K/V.
 template <class T>
-__global__ void attention_kernel(const T* q, const T* k, const T* v, T* out, float* lse, AttnDims d,
-                                 AttentionParams p) {
+__global__ void attention_kernel(const T* q, const T* k, const T* v, const int32_t* seg, T* out, float* lse,
+                                 AttnDims d, AttentionParams p) {
   const int64_t rows = d.B * d.Hq * d.T;
   const int64_t group = d.Hq / d.Hkv;
   for (int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < rows; r += int64_t(gridDim.x) * kWarps) {
@@ -79,8 +87,12 @@ __global__ void attention_kernel(const T* q, const T* k, const T* v, T* out, flo
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) acc[c] = 0.0f;
     const Vis vis = visible_keys(p, t, d.S);
+    const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
     float m = -INFINITY, l = 0.0f;
+    bool any = false;
     for (int64_t s = vis.lo; s <= vis.hi; ++s) {
+      if (!same_doc(seg_row, p.q_offset + t, s)) continue;
+      any = true;
       const int64_t kv = (b * d.S + s) * d.Hkv + hk;
       const float sc = cap(p.scale * dot_row(qr, k + kv * d.Dk, d.Dk), p.softcap);
       const float m_new = fmaxf(m, sc);
@@ -95,15 +107,15 @@ __global__ void attention_kernel(const T* q, const T* k, const T* v, T* out, flo
       }
       m = m_new;
     }
-    const bool any = vis.lo <= vis.hi;
     store_row(out + ((b * d.T + t) * d.Hq + h) * d.Dv, d.Dv, acc, any ? 1.0f / l : 0.0f);
     if ((threadIdx.x & 31) == 0) lse[r] = any ? m + logf(l) : -INFINITY;
   }
 }
 
 template <class T>
-__global__ void attention_dq_kernel(const T* q, const T* k, const T* v, const T* out, const float* lse, const T* dout,
-                                    T* dq, float* Di_out, AttnDims d, AttentionParams p) {
+__global__ void attention_dq_kernel(const T* q, const T* k, const T* v, const int32_t* seg, const T* out,
+                                    const float* lse, const T* dout, T* dq, float* Di_out, AttnDims d,
+                                    AttentionParams p) {
   const int64_t rows = d.B * d.Hq * d.T;
   const int64_t group = d.Hq / d.Hkv;
   const int lane = threadIdx.x & 31;
@@ -119,7 +131,9 @@ __global__ void attention_dq_kernel(const T* q, const T* k, const T* v, const T*
     for (int c = 0; c < kChunks; ++c) dqr[c] = 0.0f;
     const float L = lse[r];
     const Vis vis = visible_keys(p, t, d.S);
+    const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
     for (int64_t s = vis.lo; s <= vis.hi; ++s) {
+      if (!same_doc(seg_row, p.q_offset + t, s)) continue;
       const int64_t kv = (b * d.S + s) * d.Hkv + hk;
       const T* kr = k + kv * d.Dk;
       const float raw = p.scale * dot_row(qr, kr, d.Dk);
@@ -143,8 +157,8 @@ __global__ void attention_dq_kernel(const T* q, const T* k, const T* v, const T*
 
 // Key rows are numbered r = (b * Hkv + hk) * S + s.
 template <class T>
-__global__ void attention_dkdv_kernel(const T* q, const T* k, const T* v, const float* lse, const T* dout,
-                                      const float* Di, T* dk, T* dv, AttnDims d, AttentionParams p) {
+__global__ void attention_dkdv_kernel(const T* q, const T* k, const T* v, const int32_t* seg, const float* lse,
+                                      const T* dout, const float* Di, T* dk, T* dv, AttnDims d, AttentionParams p) {
   const int64_t rows = d.B * d.Hkv * d.S;
   const int64_t group = d.Hq / d.Hkv;
   const int lane = threadIdx.x & 31;
@@ -160,9 +174,11 @@ __global__ void attention_dkdv_kernel(const T* q, const T* k, const T* v, const 
     int64_t t_lo = 0, t_hi = d.T - 1;
     if (p.causal && s - p.q_offset > t_lo) t_lo = s - p.q_offset;
     if (p.window > 0 && s + p.window - 1 - p.q_offset < t_hi) t_hi = s + p.window - 1 - p.q_offset;
+    const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
     for (int64_t gi = 0; gi < group; ++gi) {
       const int64_t h = hk * group + gi;
       for (int64_t t = t_lo; t <= t_hi; ++t) {
+        if (!same_doc(seg_row, p.q_offset + t, s)) continue;
         const int64_t qrow = (b * d.T + t) * d.Hq + h;
         const int64_t lrow = (b * d.Hq + h) * d.T + t;
         const T* qv = q + qrow * d.Dk;
@@ -191,7 +207,8 @@ __global__ void attention_dkdv_kernel(const T* q, const T* k, const T* v, const 
 
 // Rows r = (b * Hq + h) * T + t as in attention_kernel: rowmax[r] = max over visible s of scale * q.k.
 template <class T>
-__global__ void attention_row_max_kernel(const T* q, const T* k, float* rowmax, AttnDims d, AttentionParams p) {
+__global__ void attention_row_max_kernel(const T* q, const T* k, const int32_t* seg, float* rowmax, AttnDims d,
+                                         AttentionParams p) {
   const int64_t rows = d.B * d.Hq * d.T;
   const int64_t group = d.Hq / d.Hkv;
   for (int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < rows; r += int64_t(gridDim.x) * kWarps) {
@@ -199,9 +216,12 @@ __global__ void attention_row_max_kernel(const T* q, const T* k, float* rowmax, 
     float qr[kChunks];
     load_row(q + ((b * d.T + t) * d.Hq + h) * d.Dk, d.Dk, qr);
     const Vis vis = visible_keys(p, t, d.S);
+    const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
     float m = -INFINITY;
-    for (int64_t s = vis.lo; s <= vis.hi; ++s)
+    for (int64_t s = vis.lo; s <= vis.hi; ++s) {
+      if (!same_doc(seg_row, p.q_offset + t, s)) continue;  // (uniform across the warp: no divergence)
       m = fmaxf(m, p.scale * dot_row(qr, k + ((b * d.S + s) * d.Hkv + hk) * d.Dk, d.Dk));
+    }
     if ((threadIdx.x & 31) == 0) rowmax[r] = m;
   }
 }
@@ -219,19 +239,19 @@ inline unsigned warp_blocks(int64_t rows) { return blocks_for(rows, kWarps, 6553
 
 }  // namespace
 
-void launch_attention(cudaStream_t s, ST t, const void* q, const void* k, const void* v, void* out, float* lse,
-                      const AttnDims& d, const AttentionParams& p) {
+void launch_attention(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg, void* out,
+                      float* lse, const AttnDims& d, const AttentionParams& p) {
   const int64_t rows = d.B * d.Hq * d.T;
   if (rows == 0) return;
   DEW_CUDA_DISPATCH(t, T,
                     attention_kernel<T><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
-                        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), seg,
                         static_cast<T*>(out), lse, d, p));
   check_launch("attention");
 }
 
-void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const void* out,
-                               const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
+void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg,
+                               const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
                                const AttentionParams& p, float* scratch) {
   const int64_t qrows = d.B * d.Hq * d.T, krows = d.B * d.Hkv * d.S;
   DEW_CUDA_DISPATCH(t, T, {
@@ -240,23 +260,23 @@ void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* 
     const T* vs = static_cast<const T*>(v);
     const T* gs = static_cast<const T*>(dout);
     if (qrows > 0)
-      attention_dq_kernel<T><<<warp_blocks(qrows), 32 * kWarps, 0, s>>>(qs, ks, vs, static_cast<const T*>(out), lse, gs,
+      attention_dq_kernel<T><<<warp_blocks(qrows), 32 * kWarps, 0, s>>>(qs, ks, vs, seg, static_cast<const T*>(out), lse, gs,
                                                                         static_cast<T*>(dq), scratch, d, p);
     if (krows > 0)
       attention_dkdv_kernel<T><<<warp_blocks(krows), 32 * kWarps, 0, s>>>(
-          qs, ks, vs, lse, gs, scratch, static_cast<T*>(dk), static_cast<T*>(dv), d, p);
+          qs, ks, vs, seg, lse, gs, scratch, static_cast<T*>(dk), static_cast<T*>(dv), d, p);
   });
   check_launch("attention_backward");
 }
 
-void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, float* out, const AttnDims& d,
-                                const AttentionParams& p, float* scratch) {
+void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, const int32_t* seg, float* out,
+                                const AttnDims& d, const AttentionParams& p, float* scratch) {
   if (d.Hq == 0) return;
   const int64_t rows = d.B * d.Hq * d.T;
   if (rows > 0)
     DEW_CUDA_DISPATCH(t, T,
                       attention_row_max_kernel<T><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
-                          static_cast<const T*>(q), static_cast<const T*>(k), scratch, d, p));
+                          static_cast<const T*>(q), static_cast<const T*>(k), seg, scratch, d, p));
   head_max_kernel<<<unsigned((d.Hq + 127) / 128), 128, 0, s>>>(scratch, out, d);
   check_launch("attention_max_logit");
 }

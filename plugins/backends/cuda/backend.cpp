@@ -128,16 +128,25 @@ void* CudaBackend::allocate(size_t bytes) {
       void* p = it->second.back();
       it->second.pop_back();
       cached_bytes_ -= n;
+      memory_.allocated(n);
       return p;
     }
   }
-  return raw_alloc(n);
+  void* p = raw_alloc(n);
+  memory_.allocated(n);
+  return p;
+}
+
+MemoryStats CudaBackend::memory_stats() const {
+  std::lock_guard lock(alloc_mu_);
+  return memory_.stats(int64_t(cached_bytes_));
 }
 
 void CudaBackend::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
   const size_t n = round_bytes(bytes);
   std::lock_guard lock(alloc_mu_);
+  memory_.freed(n);
   if (opt_.caching_allocator) {
     free_blocks_[n].push_back(ptr);
     cached_bytes_ += n;
@@ -468,22 +477,24 @@ void CudaBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, co
 
 // ---------------------------------------------------------------- attention
 
-void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                            const AttentionParams& p) {
+void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                            Tensor& out, Tensor& lse, const AttentionParams& p) {
   constexpr Kernel K = Kernel::attention;
   const ST t = compute_type(q, K, "q");
   const AttnDims d = check_attention(q, k, v, K);
+  const int32_t* seg = attention_segments(segment_ids, d, p, K);
   expect_same(out, q, d.B * d.T * d.Hq * d.Dv, K, "out");
   expect_f32(lse, d.B * d.Hq * d.T, K, "lse");
-  launch_attention(stream_, t, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), d, p);
+  launch_attention(stream_, t, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
 }
 
-void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                     const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     const AttentionParams& p) {
+void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                                     Tensor& dv, const AttentionParams& p) {
   constexpr Kernel K = Kernel::attention_backward;
   const ST t = compute_type(q, K, "q");
   const AttnDims d = check_attention(q, k, v, K);
+  const int32_t* seg = attention_segments(segment_ids, d, p, K);
   expect_same(out, q, d.B * d.T * d.Hq * d.Dv, K, "out");
   expect_same(dout, q, out.numel(), K, "dout");
   expect_f32(lse, d.B * d.Hq * d.T, K, "lse");
@@ -491,17 +502,19 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   expect_same(dk, q, k.numel(), K, "dk");
   expect_same(dv, q, v.numel(), K, "dv");
   Scratch s(this, size_t(std::max<int64_t>(d.B * d.Hq * d.T, 1)) * sizeof(float));
-  launch_attention_backward(stream_, t, q.data(), k.data(), v.data(), out.data(), lse.data_as<float>(), dout.data(),
+  launch_attention_backward(stream_, t, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), dout.data(),
                             dq.data(), dk.data(), dv.data(), d, p, s.f32());
 }
 
-void CudaBackend::attention_max_logit(const Tensor& q, const Tensor& k, Tensor& out, const AttentionParams& p) {
+void CudaBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                                      const AttentionParams& p) {
   constexpr Kernel K = Kernel::attention_max_logit;
   const ST t = compute_type(q, K, "q");
   const AttnDims d = check_attention(q, k, k, K);  // k stands in for v (unused)
+  const int32_t* seg = attention_segments(segment_ids, d, p, K);
   expect_f32(out, d.Hq, K, "out");
   Scratch s(this, size_t(std::max<int64_t>(d.B * d.Hq * d.T, 1)) * sizeof(float));
-  launch_attention_max_logit(stream_, t, q.data(), k.data(), out.data_as<float>(), d, p, s.f32());
+  launch_attention_max_logit(stream_, t, q.data(), k.data(), seg, out.data_as<float>(), d, p, s.f32());
 }
 
 // ---------------------------------------------------------------- cross-entropy

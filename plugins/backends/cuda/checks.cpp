@@ -87,6 +87,12 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kern
   return d;
 }
 
+const int32_t* attention_segments(const Tensor& segment_ids, const AttnDims& d, const AttentionParams& p, Kernel kern) {
+  const bool given = contracts::check_attention_segments(std::string("cuda.") + kernel_name(kern), segment_ids, d.B,
+                                                         d.T, d.S, p.q_offset);
+  return given ? segment_ids.data_as<int32_t>() : nullptr;
+}
+
 ConvDims check_conv(const Shape& x, const Tensor& w, const Shape& y, const Conv2dParams& p, Kernel k) {
   DEW_CHECK(w.defined(), "cuda.", kernel_name(k), ": w is undefined");
   DEW_CHECK(x.size() == 4 && w.ndim() == 4 && y.size() == 4, "cuda.", kernel_name(k), ": x ", shape_str(x), ", w ",

@@ -70,6 +70,8 @@ Support support_of(Kernel k, DType dtype);
 using RowsDims = contracts::RowsShape;  // dew/kernel_contracts.hpp
 RowsDims check_rows(const Tensor& table, const Tensor& idx, const Tensor& rows, Kernel k);
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kernel kern);
+// segment_ids' device pointer (i32 [B, S], contracts::check_attention_segments), or nullptr when undefined.
+const int32_t* attention_segments(const Tensor& segment_ids, const AttnDims& d, const AttentionParams& p, Kernel kern);
 struct ConvDims {
   int64_t N, C, H, W, O, Cg, KH, KW, OH, OW;
 };
@@ -99,6 +101,10 @@ class CudaBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
+  // In use: blocks handed out by allocate() (at their rounded size, scratch buffers included); reserved
+  // adds the caching allocator's free blocks. cuBLASLt's fixed workspace and the pinned staging are not counted.
+  MemoryStats memory_stats() const override;
+  void reset_memory_peak() override { memory_.reset_peak(); }
 
   // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
   DEW_KERNEL_OVERRIDES
@@ -128,9 +134,10 @@ class CudaBackend final : public Backend {
   // ---- caching allocator ----
   void* raw_alloc(size_t bytes);
   void release_cache();
-  std::mutex alloc_mu_;
+  mutable std::mutex alloc_mu_;
   std::unordered_map<size_t, std::vector<void*>> free_blocks_;
   size_t cached_bytes_ = 0;
+  MemoryCounter memory_;
 
   // ---- pinned staging for host -> device copies ----
   struct Staging {

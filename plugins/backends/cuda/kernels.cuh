@@ -99,15 +99,16 @@ constexpr int kAttnMaxHeadDim = 256;
 struct AttnDims {
   int64_t B, T, S, Hq, Hkv, Dk, Dv;
 };
-void launch_attention(cudaStream_t s, ST t, const void* q, const void* k, const void* v, void* out, float* lse,
-                      const AttnDims& d, const AttentionParams& p);
+// seg: segment ids [B, S] on the device, or nullptr (one document); see AttentionParams.
+void launch_attention(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg, void* out,
+                      float* lse, const AttnDims& d, const AttentionParams& p);
 // scratch: B * Hq * T floats (rowsum(dO * O)).
-void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const void* out,
-                               const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
+void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg,
+                               const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
                                const AttentionParams& p, float* scratch);
 // out f32 [Hq]: each query head's largest visible raw score; scratch: B * Hq * T floats (the row maxima).
-void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, float* out, const AttnDims& d,
-                                const AttentionParams& p, float* scratch);
+void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, const int32_t* seg, float* out,
+                                const AttnDims& d, const AttentionParams& p, float* scratch);
 
 // ---- loss.cu, optim.cu ----
 void launch_cross_entropy(cudaStream_t s, ST t, const void* logits, const int32_t* targets, float* loss, float* lse,

@@ -2,7 +2,9 @@
 // and its backward.
 // Invariants: one query row at a time, its scores materialised in double; query t sits at position
 // q_offset + t and sees key s when (!causal || s <= pos) && (window == 0 || pos - s < window); query
-// head h reads kv head h / (Hq / Hkv); a row without a visible key outputs zeros and lse = -inf.
+// head h reads kv head h / (Hq / Hkv); with segment_ids [B, S] key s is also hidden unless
+// seg[b, s] == seg[b, q_offset + t] != 0 (documents of a packed row); a row without a visible key outputs
+// zeros and lse = -inf.
 // Backward (per row, P from the saved lse, Di = rowsum(dO * O)):
 //   dV_s += P_s dO;  dP_s = dO . V_s;  dS_s = P_s (dP_s - Di);  with softcap c the raw score r maps to
 //   c tanh(r / c), so dR_s = dS_s (1 - tanh^2(r / c));  dQ += scale dR_s K_s;  dK_s += scale dR_s Q.
@@ -11,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "dew/kernel_contracts.hpp"
 #include "ref_backend.hpp"
 
 namespace dew::ref {
@@ -35,9 +38,17 @@ AttnShape attn_shape(const Tensor& q, const Tensor& k, const Tensor& v, Kernel k
   return s;
 }
 
-bool visible(const AttentionParams& p, int64_t t, int64_t s) {
+// seg: the row's segment ids [S] or nullptr (one document).
+bool visible(const AttentionParams& p, const int32_t* seg, int64_t t, int64_t s) {
   const int64_t pos = p.q_offset + t;
+  if (seg && (seg[pos] == 0 || seg[s] != seg[pos])) return false;
   return (!p.causal || s <= pos) && (p.window == 0 || pos - s < p.window);
+}
+
+const int32_t* segments_of(const Tensor& segment_ids, const AttnShape& s, const AttentionParams& p, Kernel kern) {
+  const bool given = contracts::check_attention_segments(std::string("ref.") + kernel_name(kern), segment_ids, s.B, s.T,
+                                                         s.S, p.q_offset);
+  return given ? segment_ids.data_as<int32_t>() : nullptr;
 }
 
 // Raw score r = scale * q.k and, when softcap > 0, the capped score c * tanh(r / c).
@@ -51,24 +62,26 @@ double capped(double r, double softcap) { return softcap > 0 ? softcap * std::ta
 
 }  // namespace
 
-void RefBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                           const AttentionParams& p) {
+void RefBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                           Tensor& out, Tensor& lse, const AttentionParams& p) {
   constexpr Kernel K = Kernel::attention;
   dispatch_float(q.dtype(), K, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const AttnShape s = attn_shape(q, k, v, K);
     expect(out, q.dtype(), s.B * s.T * s.Hq * s.Dv, K, "out");
     expect_stat(lse, s.B * s.Hq * s.T, K, "lse");
+    const int32_t* segs = segments_of(segment_ids, s, p, K);
     const double scale = p.scale, softcap = p.softcap;
     std::vector<double> score(size_t(s.S)), acc(size_t(s.Dv));
     for (int64_t b = 0; b < s.B; ++b) {
+      const int32_t* seg = segs ? segs + b * s.S : nullptr;
       for (int64_t h = 0; h < s.Hq; ++h) {
         const int64_t hk = h / s.group;
         for (int64_t t = 0; t < s.T; ++t) {
           const T* qv = q.data_as<T>() + ((b * s.T + t) * s.Hq + h) * s.Dk;
           double mx = -std::numeric_limits<double>::infinity();
           for (int64_t j = 0; j < s.S; ++j) {
-            if (!visible(p, t, j)) continue;
+            if (!visible(p, seg, t, j)) continue;
             const T* kv = k.data_as<T>() + ((b * s.S + j) * s.Hkv + hk) * s.Dk;
             score[size_t(j)] = capped(raw_score(qv, kv, s.Dk, scale), softcap);
             mx = std::max(mx, score[size_t(j)]);
@@ -77,7 +90,7 @@ void RefBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Te
           double sum = 0;
           bool any = false;
           for (int64_t j = 0; j < s.S; ++j) {
-            if (!visible(p, t, j)) continue;
+            if (!visible(p, seg, t, j)) continue;
             any = true;
             const double w = std::exp(score[size_t(j)] - mx);
             sum += w;
@@ -94,9 +107,9 @@ void RefBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, Te
   });
 }
 
-void RefBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                    const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                    const AttentionParams& p) {
+void RefBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                                    const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                                    Tensor& dv, const AttentionParams& p) {
   constexpr Kernel K = Kernel::attention_backward;
   dispatch_float(q.dtype(), K, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -107,10 +120,12 @@ void RefBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
     expect(dq, q.dtype(), q.numel(), K, "dq");
     expect(dk, q.dtype(), k.numel(), K, "dk");
     expect(dv, q.dtype(), v.numel(), K, "dv");
+    const int32_t* segs = segments_of(segment_ids, s, p, K);
     const double scale = p.scale, softcap = p.softcap;
     // dk/dv sum over the query heads of a group and over queries: accumulate in double.
     std::vector<double> dk_acc(size_t(k.numel()), 0.0), dv_acc(size_t(v.numel()), 0.0), dq_row(size_t(s.Dk));
     for (int64_t b = 0; b < s.B; ++b) {
+      const int32_t* seg = segs ? segs + b * s.S : nullptr;
       for (int64_t h = 0; h < s.Hq; ++h) {
         const int64_t hk = h / s.group;
         for (int64_t t = 0; t < s.T; ++t) {
@@ -123,7 +138,7 @@ void RefBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
           for (int64_t d = 0; d < s.Dv; ++d) Di += double(gv[d]) * double(ov[d]);
           std::fill(dq_row.begin(), dq_row.end(), 0.0);
           for (int64_t j = 0; j < s.S; ++j) {
-            if (!visible(p, t, j)) continue;
+            if (!visible(p, seg, t, j)) continue;
             const int64_t kv_row = (b * s.S + j) * s.Hkv + hk;
             const T* kv = k.data_as<T>() + kv_row * s.Dk;
             const T* vv = v.data_as<T>() + kv_row * s.Dv;
@@ -154,22 +169,26 @@ void RefBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   });
 }
 
-void RefBackend::attention_max_logit(const Tensor& q, const Tensor& k, Tensor& out, const AttentionParams& p) {
+void RefBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                                     const AttentionParams& p) {
   constexpr Kernel K = Kernel::attention_max_logit;
   dispatch_float(q.dtype(), K, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const AttnShape s = attn_shape(q, k, k, K);
     expect_stat(out, s.Hq, K, "out");
+    const int32_t* segs = segments_of(segment_ids, s, p, K);
     for (int64_t h = 0; h < s.Hq; ++h) {
       const int64_t hk = h / s.group;
       double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t b = 0; b < s.B; ++b) {
+        const int32_t* seg = segs ? segs + b * s.S : nullptr;
         for (int64_t t = 0; t < s.T; ++t) {
           const T* qv = q.data_as<T>() + ((b * s.T + t) * s.Hq + h) * s.Dk;
           for (int64_t j = 0; j < s.S; ++j)
-            if (visible(p, t, j))
+            if (visible(p, seg, t, j))
               mx = std::max(mx, raw_score(qv, k.data_as<T>() + ((b * s.S + j) * s.Hkv + hk) * s.Dk, s.Dk, p.scale));
         }
+      }
       store_stat(out, h, mx);
     }
   });

@@ -1,6 +1,6 @@
 // memory.cpp — host memory, byte copies, fill, cast and strided_copy of the `ref` backend, plus the
 // dtype-generic element access (load_any / store_any) and the shape checks the other files share.
-// Invariants: allocations are 64-byte aligned host memory; fill/cast/strided_copy accept every dtype;
+// Invariants: allocations are 64-byte aligned host memory, counted at their rounded size (memory_stats); fill/cast/strided_copy accept every dtype;
 // cast float -> integer truncates toward zero, saturates at the integer range and maps NaN to 0.
 #include <cstdlib>
 #include <limits>
@@ -12,15 +12,23 @@ namespace dew::ref {
 
 // ---------------------------------------------------------------- memory
 
-void* RefBackend::allocate(size_t bytes) {
+static size_t rounded_size(size_t bytes) {
   constexpr size_t kAlign = 64;
-  const size_t rounded = (bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign);
-  void* p = std::aligned_alloc(kAlign, rounded);
+  return bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+void* RefBackend::allocate(size_t bytes) {
+  const size_t rounded = rounded_size(bytes);
+  void* p = std::aligned_alloc(64, rounded);
   DEW_CHECK(p != nullptr, "ref: out of host memory allocating ", bytes, " bytes");
+  memory_.allocated(rounded);
   return p;
 }
 
-void RefBackend::deallocate(void* ptr, size_t) { std::free(ptr); }
+void RefBackend::deallocate(void* ptr, size_t bytes) {
+  std::free(ptr);
+  memory_.freed(rounded_size(bytes));
+}
 
 void RefBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);

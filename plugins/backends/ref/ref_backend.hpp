@@ -37,9 +37,14 @@ class RefBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
+  MemoryStats memory_stats() const override { return memory_.stats(); }
+  void reset_memory_peak() override { memory_.reset_peak(); }
 
   // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
   DEW_KERNEL_OVERRIDES
+
+ private:
+  MemoryCounter memory_;  // every allocation, at its 64-byte-rounded size
 };
 
 // ---------------------------------------------------------------- helpers shared by the kernel files

@@ -15,7 +15,8 @@
 // usual reaction to a killed process), the survivors get SIGTERM: a handler prints one line saying so
 // before the default action.
 // Memory: tensors on host backends are handed to MPI directly; others are staged through host buffers.
-// all_reduce_sum supports f32 and f64.
+// all_reduce_sum and reduce_scatter_sum support f32 and f64. Uneven pieces map onto MPI_Ireduce_scatter
+// (recvcounts) and MPI_Iallgatherv; a piece (and an all-gather in all) is limited to 2^31 elements/bytes.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 #include <dew/error.hpp>
 #include <dew/registry.hpp>
 #include <string>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -196,10 +198,17 @@ void in_chunks(int64_t count, F&& f) {
   for (int64_t off = 0; off < count; off += max_chunk) f(off, int(std::min(max_chunk, count - off)));
 }
 
+// A launched collective: its requests and the host views of its tensors; completion stores the views
+// that receive a result back into their tensors (staged ones only; host memory already holds it).
 class MpiRequest final : public dew::CommRequest {
  public:
-  MpiRequest(const dew::Tensor& t, const char* op, double timeout) : view_(t, true), pending_(op, timeout) {}
-  HostView& view() { return view_; }
+  MpiRequest(const char* op, double timeout) : pending_(op, timeout) {}
+  // A view of `t`: `load` copies the tensor into a staging buffer first; `result` stores it back after.
+  HostView& view(const dew::Tensor& t, bool load, bool result) {
+    views_.push_back(std::make_unique<HostView>(t, load));
+    if (result) results_.push_back(views_.back().get());
+    return *views_.back();
+  }
   Pending& pending() { return pending_; }
   bool test() override {
     if (!pending_.test()) return false;
@@ -214,13 +223,34 @@ class MpiRequest final : public dew::CommRequest {
  private:
   void finish() {
     if (stored_) return;
-    view_.store();
+    for (HostView* v : results_) v->store();
     stored_ = true;
   }
-  HostView view_;
+  std::vector<std::unique_ptr<HostView>> views_;
+  std::vector<HostView*> results_;
   Pending pending_;
   bool stored_ = false;
 };
+
+// Element counts (and offsets) as MPI's ints, refused clearly beyond them.
+std::vector<int> mpi_counts(const std::vector<int64_t>& counts, int64_t scale, const char* op) {
+  std::vector<int> out;
+  for (int64_t c : counts) {
+    DEW_CHECK(c * scale <= int64_t(INT_MAX), "mpi: ", op, ": a piece of more than 2^31 units is not supported");
+    out.push_back(int(c * scale));
+  }
+  return out;
+}
+std::vector<int> displacements(const std::vector<int>& counts, const char* op) {
+  std::vector<int> d;
+  int64_t at = 0;
+  for (int c : counts) {
+    DEW_CHECK(at <= int64_t(INT_MAX), "mpi: ", op, ": more than 2^31 units in all is not supported");
+    d.push_back(int(at));
+    at += c;
+  }
+  return d;
+}
 
 class MpiCommunicator final : public dew::Communicator {
  public:
@@ -238,28 +268,30 @@ class MpiCommunicator final : public dew::Communicator {
 
   std::shared_ptr<dew::CommRequest> all_reduce_sum_async(dew::Tensor& t) override {
     const MPI_Datatype type = float_type(t.dtype(), "all_reduce_sum");
-    auto req = std::make_shared<MpiRequest>(t, "all_reduce_sum", timeout_);
+    auto req = std::make_shared<MpiRequest>("all_reduce_sum", timeout_);
+    HostView& view = req->view(t, true, true);
     const size_t esize = dew::dtype_size(t.dtype());
     in_chunks(t.numel(), [&](int64_t off, int n) {
       MPI_Request r;
-      unsigned char* data = req->view().data() + off * int64_t(esize);
+      unsigned char* data = view.data() + off * int64_t(esize);
       check_rc(MPI_Iallreduce(MPI_IN_PLACE, data, n, type, MPI_SUM, g_mpi.comm, &r), "MPI_Iallreduce");
       req->pending().requests().push_back(r);
     });
     return req;
   }
 
-  void broadcast(dew::Tensor& t, int root) override {
+  void broadcast(dew::Tensor& t, int root) override { broadcast_async(t, root)->wait(); }
+
+  std::shared_ptr<dew::CommRequest> broadcast_async(dew::Tensor& t, int root) override {
     DEW_CHECK(root >= 0 && root < g_mpi.size, "mpi: broadcast root ", root, " is not a rank of ", g_mpi.size);
-    HostView v(t, g_mpi.rank == root);
-    Pending p("broadcast", timeout_);
+    auto req = std::make_shared<MpiRequest>("broadcast", timeout_);
+    HostView& v = req->view(t, g_mpi.rank == root, g_mpi.rank != root);
     in_chunks(int64_t(t.nbytes()), [&](int64_t off, int n) {
       MPI_Request r;
       check_rc(MPI_Ibcast(v.data() + off, n, MPI_BYTE, root, g_mpi.comm, &r), "MPI_Ibcast");
-      p.requests().push_back(r);
+      req->pending().requests().push_back(r);
     });
-    p.wait();
-    if (g_mpi.rank != root) v.store();
+    return req;
   }
 
   void all_gather(const dew::Tensor& in, dew::Tensor& out) override {
@@ -275,6 +307,44 @@ class MpiCommunicator final : public dew::Communicator {
     p.requests().push_back(r);
     p.wait();
     dst.store();
+  }
+
+  std::shared_ptr<dew::CommRequest> all_gather_async(const dew::Tensor& in, dew::Tensor& out,
+                                                    const std::vector<int64_t>& counts) override {
+    DEW_CHECK(in.dtype() == out.dtype(), "mpi: all_gather needs the same dtype in and out");
+    const std::vector<int64_t> c = dew::collective_counts(counts, out.numel(), g_mpi.size, "all_gather", "mpi");
+    DEW_CHECK(in.numel() == c[size_t(g_mpi.rank)], "mpi: all_gather: rank ", g_mpi.rank, " contributes ",
+              in.numel(), " elements, its count is ", c[size_t(g_mpi.rank)]);
+    const int64_t esize = int64_t(dew::dtype_size(in.dtype()));
+    const std::vector<int> bytes = mpi_counts(c, esize, "all_gather");
+    const std::vector<int> displs = displacements(bytes, "all_gather");
+    auto req = std::make_shared<MpiRequest>("all_gather", timeout_);
+    HostView& src = req->view(in, true, false);
+    HostView& dst = req->view(out, false, true);
+    MPI_Request r;
+    check_rc(MPI_Iallgatherv(src.data(), bytes[size_t(g_mpi.rank)], MPI_BYTE, dst.data(), bytes.data(), displs.data(),
+                             MPI_BYTE, g_mpi.comm, &r),
+             "MPI_Iallgatherv");
+    req->pending().requests().push_back(r);
+    return req;
+  }
+
+  std::shared_ptr<dew::CommRequest> reduce_scatter_sum_async(const dew::Tensor& in, dew::Tensor& out,
+                                                            const std::vector<int64_t>& counts) override {
+    const MPI_Datatype type = float_type(in.dtype(), "reduce_scatter_sum");
+    DEW_CHECK(in.dtype() == out.dtype(), "mpi: reduce_scatter_sum needs the same dtype in and out");
+    const std::vector<int64_t> c = dew::collective_counts(counts, in.numel(), g_mpi.size, "reduce_scatter_sum", "mpi");
+    DEW_CHECK(out.numel() == c[size_t(g_mpi.rank)], "mpi: reduce_scatter_sum: rank ", g_mpi.rank, " receives ",
+              c[size_t(g_mpi.rank)], " elements into a tensor of ", out.numel());
+    const std::vector<int> n = mpi_counts(c, 1, "reduce_scatter_sum");
+    auto req = std::make_shared<MpiRequest>("reduce_scatter_sum", timeout_);
+    HostView& src = req->view(in, true, false);
+    HostView& dst = req->view(out, false, true);
+    MPI_Request r;
+    check_rc(MPI_Ireduce_scatter(src.data(), dst.data(), n.data(), type, MPI_SUM, g_mpi.comm, &r),
+             "MPI_Ireduce_scatter");
+    req->pending().requests().push_back(r);
+    return req;
   }
 
   void barrier() override {

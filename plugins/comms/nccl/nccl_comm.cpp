@@ -16,11 +16,13 @@
 // backend's next kernels see the result. Waiting longer than `timeout` seconds (option, else
 // DEW_DIST_TIMEOUT, else 60; 0 = no limit), or an asynchronous NCCL error, aborts the communicator and
 // ends the job with one line naming the rank and the operation (MPI_Abort under mpirun, else _Exit).
-// Tensors must be device memory (the cuda backend); all_reduce_sum takes f32 and f64.
+// Tensors must be device memory (the cuda backend); all_reduce_sum and reduce_scatter_sum take f32 and
+// f64. Uneven pieces (dew/comm.hpp counts) become grouped ncclReduce / ncclBroadcast calls, one per rank.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -210,7 +212,10 @@ void* device_ptr(const dew::Tensor& t, const char* op) {
 // An enqueued collective: done when its event has fired.
 class NcclRequest final : public dew::CommRequest {
  public:
-  NcclRequest(dew::Tensor keep, const char* op, double timeout) : keep_(std::move(keep)), op_(op), timeout_(timeout) {
+  NcclRequest(dew::Tensor keep, const char* op, double timeout)
+      : NcclRequest(std::vector<dew::Tensor>{std::move(keep)}, op, timeout) {}
+  NcclRequest(std::vector<dew::Tensor> keep, const char* op, double timeout)
+      : keep_(std::move(keep)), op_(op), timeout_(timeout) {
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventRecord(done_, g.stream), "cudaEventRecord");
   }
@@ -246,7 +251,7 @@ class NcclRequest final : public dew::CommRequest {
   }
 
  private:
-  dew::Tensor keep_;
+  std::vector<dew::Tensor> keep_;
   const char* op_;
   double timeout_;
   cudaEvent_t done_ = nullptr;
@@ -274,11 +279,13 @@ class NcclCommunicator final : public dew::Communicator {
     return std::make_shared<NcclRequest>(t, "all_reduce_sum", timeout_);
   }
 
-  void broadcast(dew::Tensor& t, int root) override {
+  void broadcast(dew::Tensor& t, int root) override { broadcast_async(t, root)->wait(); }
+
+  std::shared_ptr<dew::CommRequest> broadcast_async(dew::Tensor& t, int root) override {
     DEW_CHECK(root >= 0 && root < g.size, "nccl: broadcast root ", root, " is not a rank of ", g.size);
     void* p = device_ptr(t, "broadcast");
     check_nccl(ncclBroadcast(p, p, t.nbytes(), ncclUint8, root, g.comm, g.stream), "ncclBroadcast");
-    NcclRequest(t, "broadcast", timeout_).wait();
+    return std::make_shared<NcclRequest>(t, "broadcast", timeout_);
   }
 
   void all_gather(const dew::Tensor& in, dew::Tensor& out) override {
@@ -288,6 +295,62 @@ class NcclCommunicator final : public dew::Communicator {
     void* dst = device_ptr(out, "all_gather");
     check_nccl(ncclAllGather(src, dst, in.nbytes(), ncclUint8, g.comm, g.stream), "ncclAllGather");
     NcclRequest(out, "all_gather", timeout_).wait();
+  }
+
+  // Equal pieces: ncclAllGather. Uneven ones: one ncclBroadcast per rank from its `in` into its place of
+  // `out`, grouped (ncclGroupStart/End) so NCCL schedules them as one operation.
+  std::shared_ptr<dew::CommRequest> all_gather_async(const dew::Tensor& in, dew::Tensor& out,
+                                                    const std::vector<int64_t>& counts) override {
+    DEW_CHECK(in.dtype() == out.dtype(), "nccl: all_gather needs the same dtype in and out");
+    const std::vector<int64_t> c = dew::collective_counts(counts, out.numel(), g.size, "all_gather", "nccl");
+    DEW_CHECK(in.numel() == c[size_t(g.rank)], "nccl: all_gather: rank ", g.rank, " contributes ", in.numel(),
+              " elements, its count is ", c[size_t(g.rank)]);
+    const size_t esize = dew::dtype_size(in.dtype());
+    const void* src = in.numel() > 0 ? device_ptr(in, "all_gather") : nullptr;
+    auto* dst = static_cast<unsigned char*>(out.numel() > 0 ? device_ptr(out, "all_gather") : nullptr);
+    if (std::all_of(c.begin(), c.end(), [&](int64_t n) { return n == c.front(); })) {
+      check_nccl(ncclAllGather(src, dst, size_t(c.front()) * esize, ncclUint8, g.comm, g.stream), "ncclAllGather");
+    } else {
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      size_t at = 0;
+      for (int r = 0; r < g.size; ++r) {
+        const size_t bytes = size_t(c[size_t(r)]) * esize;
+        if (bytes > 0)
+          check_nccl(ncclBroadcast(src, dst + at, bytes, ncclUint8, r, g.comm, g.stream), "ncclBroadcast (all_gather)");
+        at += bytes;
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    return std::make_shared<NcclRequest>(out, "all_gather", timeout_);
+  }
+
+  // Equal pieces: ncclReduceScatter. Uneven ones: one ncclReduce per rank onto that rank, grouped.
+  std::shared_ptr<dew::CommRequest> reduce_scatter_sum_async(const dew::Tensor& in, dew::Tensor& out,
+                                                            const std::vector<int64_t>& counts) override {
+    const ncclDataType_t type = nccl_float_type(in.dtype(), "reduce_scatter_sum");
+    DEW_CHECK(in.dtype() == out.dtype(), "nccl: reduce_scatter_sum needs the same dtype in and out");
+    const std::vector<int64_t> c = dew::collective_counts(counts, in.numel(), g.size, "reduce_scatter_sum", "nccl");
+    DEW_CHECK(out.numel() == c[size_t(g.rank)], "nccl: reduce_scatter_sum: rank ", g.rank, " receives ",
+              c[size_t(g.rank)], " elements into a tensor of ", out.numel());
+    const size_t esize = dew::dtype_size(in.dtype());
+    const auto* src = static_cast<const unsigned char*>(in.numel() > 0 ? device_ptr(in, "reduce_scatter_sum") : nullptr);
+    void* dst = out.numel() > 0 ? device_ptr(out, "reduce_scatter_sum") : nullptr;
+    if (std::all_of(c.begin(), c.end(), [&](int64_t n) { return n == c.front(); })) {
+      check_nccl(ncclReduceScatter(src, dst, size_t(c.front()), type, ncclSum, g.comm, g.stream), "ncclReduceScatter");
+    } else {
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      size_t at = 0;
+      for (int r = 0; r < g.size; ++r) {
+        const size_t n = size_t(c[size_t(r)]);
+        if (n > 0)
+          check_nccl(ncclReduce(src + at * esize, dst, n, type, ncclSum, r, g.comm, g.stream),
+                     "ncclReduce (reduce_scatter_sum)");
+        at += n;
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    // `in` must outlive the collective too: keep both.
+    return std::make_shared<NcclRequest>(std::vector<dew::Tensor>{in, out}, "reduce_scatter_sum", timeout_);
   }
 
   void barrier() override {

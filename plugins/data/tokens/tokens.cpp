@@ -8,6 +8,16 @@
 // for a split of N tokens. Refused (usage errors naming the file): a missing folder, meta.json or split
 // file; a file whose size is not meta.json's token count times the dtype's width (e.g. truncated); a
 // split shorter than one window. An id >= vocab_size met while reading is a runtime error.
+//
+// pack = true (the loader's [data] pack, forwarded here): the windows stay the same rows of the stream
+// (nothing padded, every token trained once per epoch), and each record also holds the documents the row
+// cuts: "text_segment_ids" i32 [seq_len + 1] numbers the document pieces of the row 1, 2, ... (a document
+// ends with meta.json's eos_id, which belongs to it; the row's first piece may be the tail of a document that
+// began in an earlier row) and "text_positions" i32 [seq_len + 1] restarts at 0 with every piece. Attention
+// then stays inside a piece and the objective scores no target across a boundary. A record is still a pure
+// function of its index, so the data position resumes as before. Refused (one usage error): a folder whose
+// meta.json records no document boundaries (documents absent or 0: written before dew-tokenize marked them,
+// or with --document-token none).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -44,6 +54,10 @@ class TokensSource final : public dew::DataSource {
                     split, "'");
 
     const dew::TokenMeta meta = dew::read_token_meta(path);
+    pack_ = o.get_bool("pack", false);
+    DEW_USAGE_CHECK(!pack_ || (meta.documents > 0 && meta.eos_id >= 0), "tokens: ", key("pack"), " = true needs document boundaries, and '",
+                    path, "/meta.json' records none (write the folder again with dew-tokenize, which ends every document with the document token)");
+    eos_ = meta.eos_id;
     vocab_ = meta.vocab_size;
     width_ = dew::token_dtype_size(meta.dtype);
     tokens_ = split == "train" ? meta.train_tokens : meta.val_tokens;
@@ -102,6 +116,20 @@ class TokensSource final : public dew::DataSource {
       out[i] = int32_t(v);
     }
     dew::Record r;
+    if (pack_) {
+      dew::HostArray seg = dew::HostArray::make(dew::DType::i32, {n});
+      dew::HostArray pos = dew::HostArray::make(dew::DType::i32, {n});
+      int32_t* sp = seg.as<int32_t>();
+      int32_t* pp = pos.as<int32_t>();
+      int32_t piece = 1, at = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        sp[i] = piece;
+        pp[i] = at++;
+        if (out[i] == eos_) ++piece, at = 0;  // the document token ends its document
+      }
+      r.emplace("text_segment_ids", std::move(seg));
+      r.emplace("text_positions", std::move(pos));
+    }
     r.emplace("text", std::move(text));
     return r;
   }
@@ -110,6 +138,8 @@ class TokensSource final : public dew::DataSource {
 
  private:
   int64_t seq_len_ = 0, stride_ = 0, vocab_ = 0, width_ = 1, tokens_ = 0, bytes_ = 0, windows_ = 0;
+  bool pack_ = false;
+  int32_t eos_ = -1;
   int fd_ = -1;
   const unsigned char* data_ = nullptr;
   std::string file_, identity_;
@@ -121,11 +151,13 @@ DEW_PLUGIN("tokens", "0.1.0") {
   registrar.add<dew::DataSource>(
       {.name = "tokens",
        .description = "windows of a memory-mapped token file (dew-tokenize's train.bin/val.bin + meta.json): "
-                      "text i32 [seq_len + 1]",
+                      "text i32 [seq_len + 1] (pack: + text_segment_ids, text_positions)",
        .factory = [](const dew::Options& o) { return std::make_shared<TokensSource>(o); },
        .probe = {},
        .options = {{"path", "", "folder written by dew-tokenize (train.bin, val.bin, meta.json); required"},
                    {"seq_len", "", "tokens per window (the record holds seq_len + 1); required"},
                    {"stride", "", "distance between window starts (default seq_len)"},
-                   {"split", "train", "train or val; set by the loader"}}});
+                   {"split", "train", "train or val; set by the loader"},
+                   {"pack", "false", "([data] pack) also emit text_segment_ids and text_positions of the "
+                                     "documents each row cuts (needs meta.json's document boundaries)"}}});
 }

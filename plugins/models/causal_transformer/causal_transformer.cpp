@@ -1,11 +1,15 @@
 // causal_transformer.cpp — the `causal_transformer` backbone: a Llama-style decoder-only transformer
 // (Llama / Qwen3 / Gemma options), with Hugging Face parameter names and a KV-cached decode path.
 //
-// forward({"tokens": i32 [B, T]}) -> logits f32 [B, T, V]. Dropout (when dropout > 0 and the module is
+// forward({"tokens": i32 [B, T]}) -> logits f32 [B, T, V]. Packed rows add "positions" i32 [B, T] (rotary
+// positions, restarting per document) and "segment_ids" i32 [B, T] (attention stays inside each document;
+// dew/backend.hpp AttentionParams); either may come alone. Dropout (when dropout > 0 and the module is
 // training) is keyed by the Model's random_key() (seed, step), which the objective sets: the mask of site s
 // in layer i is philox(seed, stream_of("dropout.<i>.<s>") + step * golden, k).
 //
 // Block (pre-norm):  x = x + drop(self_attn(input_layernorm(x)));  x = x + drop(mlp(post_attention_layernorm(x)))
+// With [trainer] recompute = blocks each block of a training forward goes through dew::recompute_block
+// (dew/autograd.hpp): only its input is kept and it runs again, with the same dropout masks, in the backward.
 // Head: norm(x) @ embed_tokens^T (tied) or lm_head(norm(x)); optional final logit softcap
 // cap * tanh(z / cap). Embeddings optionally scaled by sqrt(dim) (Gemma). Attention: q/k/v projections,
 // optional RMSNorm over head_dim on q and k (before RoPE), rotary positions in the rotate-half pairing on
@@ -277,12 +281,22 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     DEW_CHECK(it != inputs.end(), "causal_transformer: forward needs a 'tokens' input (i32 [B, T])");
     const Tensor& tokens = it->second;
     check_tokens(tokens);
+    // Packed rows: per-document positions and the documents' segment ids, both i32 [B, T].
+    Packing packed;
+    for (auto [name, field] : {std::pair{"positions", &packed.positions}, std::pair{"segment_ids", &packed.segments}}) {
+      auto f = inputs.find(name);
+      if (f == inputs.end()) continue;
+      DEW_CHECK(f->second.shape() == tokens.shape() && f->second.dtype() == dew::DType::i32, "causal_transformer: '",
+                name, "' must be i32 ", dew::shape_str(tokens.shape()), " like the tokens, got ",
+                dew::dtype_name(f->second.dtype()), " ", dew::shape_str(f->second.shape()));
+      *field = f->second;
+    }
     uint64_t seed = 0, step = 0;
     if (c_.dropout > 0 && training()) {
       seed = random_key().seed;
       step = random_key().step;
     }
-    return run(tokens, nullptr, seed, step);
+    return run(tokens, nullptr, seed, step, nullptr, &packed);
   }
 
   // ---- CausalDecoder ----
@@ -456,27 +470,53 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     return dew::dropout(x, float(c_.dropout), seed, stream, 0);
   }
 
+  // Packed training rows (forward's optional inputs): positions restart per document, attention stays in it.
+  struct Packing {
+    Tensor positions, segments;
+  };
+
+  // One pre-norm layer without a cache: a pure function of x and (positions, segments, seed, step), so it
+  // can be recomputed in the backward with the same dropout masks.
+  Tensor layer_forward(const DecoderLayer& l, int64_t i, const Tensor& x0, const Tensor& positions,
+                       const Tensor& segments, uint64_t seed, uint64_t step) const {
+    const Tensor a = l.self_attn->forward(l.input_layernorm->forward(x0), positions, segments);
+    const Tensor x = dew::add(x0, drop(a, i, "attn", seed, step));
+    const Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
+    return dew::add(x, drop(m, i, "mlp", seed, step));
+  }
+
   // `rows` (slot decoding, T == 1): row i is a slot at its own position (positions [N, 1]).
-  Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step, const SlotRows* rows = nullptr) const {
+  Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step, const SlotRows* rows = nullptr,
+             const Packing* packed = nullptr) const {
     const int64_t t = tokens.shape()[1];
     const int64_t past = cache ? cache->length_ : 0;
     std::vector<int32_t> pos(static_cast<size_t>(t));
     for (int64_t i = 0; i < t; ++i) pos[size_t(i)] = int32_t(past + i);
     if (rows) pos.assign(rows->positions.begin(), rows->positions.end());
-    const Tensor positions = rows ? Tensor::from_ints(pos, {int64_t(pos.size()), 1}, tokens.backend_ptr())
-                                  : Tensor::from_ints(pos, {t}, tokens.backend_ptr());
+    const Tensor positions = packed && packed->positions.defined() ? packed->positions
+                             : rows ? Tensor::from_ints(pos, {int64_t(pos.size()), 1}, tokens.backend_ptr())
+                                    : Tensor::from_ints(pos, {t}, tokens.backend_ptr());
+    const Tensor segments = packed ? packed->segments : Tensor();
     Tensor x = model_->embed_tokens->forward(tokens);
     if (c_.embed_scale) x = dew::scale(x, std::sqrt(float(c_.dim)));
     x = drop(x, -1, "embed", seed, step);
     for (int64_t i = 0; i < c_.layers; ++i) {
       const DecoderLayer& l = *model_->layers->items[size_t(i)];
+      if (!cache && !rows) {  // training / full forward: each layer may be recomputed ([trainer] recompute)
+        const DecoderLayer* lp = &l;
+        x = dew::recompute_block(
+            [this, lp, i, positions, segments, seed, step](const std::vector<Tensor>& in) {
+              return layer_forward(*lp, i, in[0], positions, segments, seed, step);
+            },
+            {x}, l.parameters());
+        continue;
+      }
       Tensor* kc = cache ? &cache->k[size_t(i)] : nullptr;
       Tensor* vc = cache ? &cache->v[size_t(i)] : nullptr;
       const Tensor h = l.input_layernorm->forward(x);
       Tensor a = rows ? l.self_attn->forward_slots(h, positions, rows->cache->k[size_t(i)], rows->cache->v[size_t(i)],
                                                    rows->slots, rows->positions)
-                 : cache ? l.self_attn->forward_cached(h, positions, *kc, *vc, past)
-                         : l.self_attn->forward(h, positions);
+                 : l.self_attn->forward_cached(h, positions, *kc, *vc, past);
       x = dew::add(x, drop(a, i, "attn", seed, step));
       Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
       x = dew::add(x, drop(m, i, "mlp", seed, step));

@@ -25,6 +25,9 @@
 //   (same parameters).
 // FLOPs per sample (forward): 2 * (N * per-token matmul weights + per-image matmul weights)
 //   + 4 * N^2 * D per block (q.k and p.v), N = (H/p)(W/p) — the peer's convention.
+// With [trainer] recompute = blocks each DiT block of a recorded forward goes through dew::recompute_block
+// (dew/autograd.hpp): only its inputs (tokens, silu(c)) are kept, and it runs again in the backward.
+#include <dew/autograd.hpp>
 #include <dew/diffusion.hpp>
 #include <dew/error.hpp>
 #include <dew/model.hpp>
@@ -164,7 +167,11 @@ class Dit final : public dew::Model {
       c = dew::add(c, y_table_->forward(l));
     }
     const Tensor sc = dew::silu(c);
-    for (const auto& blk : blocks_) h = blk->forward(h, sc);
+    for (const auto& blk : blocks_) {  // each block may be recomputed in the backward ([trainer] recompute)
+      const DitBlock* block = blk.get();
+      h = dew::recompute_block([block](const std::vector<Tensor>& in) { return block->forward(in[0], in[1]); }, {h, sc},
+                               blk->parameters());
+    }
 
     const std::vector<Tensor> m = final_ada_->forward_activated(sc);
     h = dew::modulated_layer_norm(h, m[0], m[1]);

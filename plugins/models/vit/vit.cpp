@@ -7,6 +7,8 @@
 // subset is taken, so a position travels with its token: permuting the token indices
 // permutes the output rows and nothing else. Linear weights start as N(0, 0.02) with zero biases; the
 // residual output projections (attn.o_proj, mlp.fc2) of layer l are scaled by 1/sqrt(2(l+1)) (I-JEPA).
+// With [trainer] recompute = blocks each block of a recorded forward goes through dew::recompute_block
+// (dew/autograd.hpp): only its input is kept, and it runs again in the backward.
 //
 // vit_encoder
 //   inputs: "image" f32 [B, C, H, W]; optional "token_idx" i32 [B, K] (indices into the raster grid
@@ -29,6 +31,7 @@
 //   parameters: predictor_embed.{weight,bias}, mask_token [dim], blocks.<l>..., norm.{weight,bias},
 //   predictor_proj.{weight,bias}.
 #include <cmath>
+#include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/model.hpp>
 #include <dew/registry.hpp>
@@ -153,7 +156,11 @@ class VitEncoder final : public dew::Model {
       check_indices(idx, n, "vit_encoder", "token_idx");
       x = dew::gather_rows(x, idx);
     }
-    for (const auto& blk : blocks_) x = blk->forward(x);
+    for (const auto& blk : blocks_) {  // each block may be recomputed in the backward ([trainer] recompute)
+      const Block* block = blk.get();
+      x = dew::recompute_block([block](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {x},
+                               blk->parameters());
+    }
     return norm_->forward(x);
   }
 
@@ -235,7 +242,11 @@ class JepaPredictor final : public dew::Model {
     Tensor tp = dew::gather_rows(pos_, dew::reshape(tidx, {b, m * a}));       // [B, M*A, dim]
     Tensor mask = dew::add(dew::reshape(tp, {b * m, a, dim_}), mask_token_);  // + the mask token
     Tensor h = dew::concat({x, mask}, 1);                                     // [B*M, Nc + A, dim]
-    for (const auto& blk : blocks_) h = blk->forward(h);
+    for (const auto& blk : blocks_) {  // each block may be recomputed in the backward ([trainer] recompute)
+      const Block* block = blk.get();
+      h = dew::recompute_block([block](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {h},
+                               blk->parameters());
+    }
     h = norm_->forward(dew::slice(h, 1, nc, nc + a));
     return dew::reshape(proj_->forward(h), {b, m, a, embed_dim_});
   }

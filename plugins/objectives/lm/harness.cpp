@@ -163,8 +163,12 @@ class Harness {
       tok = dew::load_tokenizer(dir);
       t = tok.get();
     }
-    if (t)
-      bytes = double(t->decode(std::vector<int32_t>(ids.begin() + 1, ids.end())).size());
+    if (t) {  // the scored tokens' text: document tokens (eos) carry none
+      std::vector<int32_t> text_ids;
+      for (auto it = ids.begin() + 1; it != ids.end(); ++it)
+        if (meta.documents == 0 || *it != meta.eos_id) text_ids.push_back(*it);
+      bytes = double(t->decode(text_ids).size());
+    }
     else if (meta.tokenizer == "byte")
       bytes = double(tokens);
     else if ((split == "val" ? meta.val_bytes : meta.train_bytes) > 0)

@@ -4,10 +4,14 @@
 // text[:, :-1] as {"tokens"} and predicts text[:, 1:]; the loss is the mean cross-entropy in fp32 over
 // the targets that are not pad_id. SFT: with a "loss_mask" field i32 [B, S + 1] (the chat_jsonl source:
 // 1 on assistant tokens) only the targets j with loss_mask[:, j] = 1 count, in the loss and the metrics;
-// the tokenizer then comes from [data] tokenizer. Metrics: ce (the loss, nats per token) and token_accuracy.
+// the tokenizer then comes from [data] tokenizer. Packed rows ([data] pack = true: "text_segment_ids" and
+// "text_positions" i32 [B, S + 1]): the model also gets positions[:, :-1] and segment_ids[:, :-1], and a
+// target j counts only when segment_ids[:, j + 1] == segment_ids[:, j] != 0 (no loss across a document
+// boundary, none on padding). Metrics: ce (the loss, nats per token) and token_accuracy.
 // validate() reads every record of the split exactly once (as classify does) and returns ce,
-// perplexity = exp(ce), bits_per_byte = ce / ln 2 * tokens / bytes (byte tokenizer: 1 byte per token;
-// otherwise meta.json's val_bytes / val_tokens) and token_accuracy, plus an artifact
+// perplexity = exp(ce), bits_per_byte = ce / ln 2 * tokens / bytes (meta.json's val_bytes / val_tokens: the
+// bytes of the text alone, no document or start-of-text token; 1 byte per token for a byte folder without
+// byte counts) and token_accuracy, plus an artifact
 // samples/sample-step-XXXXXXXX.txt: a continuation of sample_prompt (KV-cached decoding, dew/generate.hpp).
 // sample() (`dew-run sample`) prints continuations of --prompt (or one prompt per line of --prompts_file;
 // --prompt_ids 1,2,3 samples token ids, for runs without a tokenizer).
@@ -168,7 +172,7 @@ class LanguageModel final : public dew::Objective {
     model_->set_training(true);
     const Tensor text = text_of(batch);
     const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
-    dew::Batch in{{"tokens", dew::slice(text, 1, 0, s)}};
+    const dew::Batch in = model_inputs(batch, text);
     if (dropout_)
       model_->set_random_key({info.seed & 0x7fffffffu, uint64_t(info.step * 1024 + info.micro) & 0x7fffffffu});
     Tensor mask;  // f32 [b * s], 1 where a target counts (chat data: the assistant tokens)
@@ -182,7 +186,7 @@ class LanguageModel final : public dew::Objective {
     const Tensor truth = dew::cast(targets, dew::DType::f32);  // ids < 2^24: exact in f32
     Tensor hits = dew::compare(dew::cast(dew::argmax(logits.detach()), dew::DType::f32), truth, dew::BinaryOp::eq);
     Tensor counted;
-    if (pad_id_ >= 0 || mask.defined()) {
+    if (pad_id_ >= 0 || mask.defined()) {  // (packed rows set mask too)
       const Tensor ign = Tensor::full({1}, double(ignore_index()), dew::DType::f32, backend_);
       const Tensor valid = dew::add_scalar(dew::neg(dew::compare(truth, ign, dew::BinaryOp::eq)), 1.0f);
       hits = hits * valid;
@@ -212,8 +216,7 @@ class LanguageModel final : public dew::Objective {
                                const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
                                Tensor mask;
                                const Tensor targets = masked_targets(bt, text, mask);
-                               Tensor logits =
-                                   flat_logits(model_->forward({{"tokens", dew::slice(text, 1, 0, s)}}), b * s);
+                               Tensor logits = flat_logits(model_->forward(model_inputs(bt, text)), b * s);
                                int64_t h = 0, c = 0;
                                score(logits, targets, h, c);
                                if (c > 0) nats += dew::cross_entropy(logits, targets, ignore_index()).item() * double(c);
@@ -418,24 +421,57 @@ class LanguageModel final : public dew::Objective {
 
   // text[:, 1:] flattened; with a "loss_mask" field (chat_jsonl: 1 on assistant tokens) the targets whose
   // mask is 0 become ignore_index(), and `mask` is set to the mask as f32 [B * S].
+  // Packed rows (text_segment_ids) also zero the mask where a target crosses a document boundary or is padding.
   Tensor masked_targets(const dew::Batch& batch, const Tensor& text, Tensor& mask) const {
     const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
     Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
     auto it = batch.find("loss_mask");
-    if (it == batch.end()) return targets;
-    DEW_CHECK(it->second.shape() == text.shape(), "lm: 'loss_mask' ", dew::shape_str(it->second.shape()),
-              " must have the shape of 'text' ", dew::shape_str(text.shape()));
+    const Tensor seg = packed_field(batch, "text_segment_ids", text);
+    if (it == batch.end() && !seg.defined()) return targets;
     dew::NoGradGuard no_grad;
-    mask = dew::cast(dew::reshape(dew::slice(it->second, 1, 1, s + 1), {b * s}), dew::DType::f32);
+    if (it != batch.end()) {
+      DEW_CHECK(it->second.shape() == text.shape(), "lm: 'loss_mask' ", dew::shape_str(it->second.shape()),
+                " must have the shape of 'text' ", dew::shape_str(text.shape()));
+      mask = dew::cast(dew::reshape(dew::slice(it->second, 1, 1, s + 1), {b * s}), dew::DType::f32);
+    }
+    if (seg.defined()) {
+      const Tensor segf = dew::cast(seg, dew::DType::f32);  // segment numbers < 2^24: exact in f32
+      const Tensor next = dew::reshape(dew::slice(segf, 1, 1, s + 1), {b * s});
+      const Tensor here = dew::reshape(dew::slice(segf, 1, 0, s), {b * s});
+      const Tensor zero = Tensor::full({1}, 0.0, dew::DType::f32, backend_);
+      const Tensor same = dew::compare(next, here, dew::BinaryOp::eq) *
+                          dew::add_scalar(dew::neg(dew::compare(next, zero, dew::BinaryOp::eq)), 1.0f);
+      mask = mask.defined() ? mask * same : same;
+    }
     const Tensor kept = dew::cast(targets, dew::DType::f32) * mask;  // ids < 2^24: exact in f32
     const Tensor dropped = dew::add_scalar(dew::neg(mask), 1.0f) * float(ignore_index());
     return dew::cast(kept + dropped, dew::DType::i32);
   }
 
   double bytes_per_token() const {
-    if (has_meta_ && meta_.tokenizer != "byte" && meta_.val_tokens > 0 && meta_.val_bytes > 0)
-      return double(meta_.val_bytes) / double(meta_.val_tokens);
+    if (has_meta_ && meta_.val_tokens > 0 && meta_.val_bytes > 0) return double(meta_.val_bytes) / double(meta_.val_tokens);
     return 1.0;
+  }
+
+  // A packed-row field ("text_segment_ids", "text_positions"): i32 [B, S + 1] like text, or undefined.
+  Tensor packed_field(const dew::Batch& batch, const char* name, const Tensor& text) const {
+    auto it = batch.find(name);
+    if (it == batch.end()) return Tensor();
+    DEW_CHECK(it->second.shape() == text.shape(), "lm: '", name, "' ", dew::shape_str(it->second.shape()),
+              " must have the shape of 'text' ", dew::shape_str(text.shape()));
+    Tensor t = it->second;
+    if (t.dtype() != dew::DType::i32) t = dew::cast(t, dew::DType::i32);
+    return t;
+  }
+
+  // The model's inputs: text[:, :-1] as tokens, and for packed rows their positions and segment ids.
+  dew::Batch model_inputs(const dew::Batch& batch, const Tensor& text) const {
+    const int64_t s = text.shape()[1] - 1;
+    dew::Batch in{{"tokens", dew::slice(text, 1, 0, s)}};
+    if (const Tensor p = packed_field(batch, "text_positions", text); p.defined()) in["positions"] = dew::slice(p, 1, 0, s);
+    if (const Tensor g = packed_field(batch, "text_segment_ids", text); g.defined())
+      in["segment_ids"] = dew::slice(g, 1, 0, s);
+    return in;
   }
 
   Tensor text_of(const dew::Batch& batch) const {

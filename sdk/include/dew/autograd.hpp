@@ -7,8 +7,10 @@
 // of leaf tensors that require gradients. The graph is freed as it is consumed. no_grad scopes
 // (sampling, evaluation, optimizer updates) record nothing.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dew/tensor.hpp"
@@ -69,5 +71,50 @@ void run_backward(const Tensor& root, const Tensor& seed);
 using LeafReadyHook = std::function<void(const Tensor& leaf)>;
 void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& on_leaf_ready);
 // ---- end leaf-ready hook ----
+
+// ---- activation recomputation (checkpointing; [trainer] recompute, docs/training.md) ----
+// checkpoint(fn, inputs, params) returns fn(inputs) but keeps none of fn's intermediates: the forward runs
+// exactly as it would unrecorded-by-checkpoint (in the same grad mode, so every op takes the same path),
+// its graph is dropped at once, and the result gets one node that holds only `inputs`, `params` and fn.
+// Its backward runs fn again on the saved inputs (recording), back-propagates the incoming gradient
+// through that graph, accumulates into the .grad of the parameters it reaches, and hands the inputs'
+// gradients on; the recomputed graph is then freed. Peak activation memory drops from every block's
+// intermediates to the block inputs plus one block's intermediates, for one more forward per block.
+// Contract (what makes the gradients bit-identical to no checkpointing):
+//  * fn is a pure function of `inputs`, the parameters and values it captures by value: randomness
+//    (dropout) keyed by captured (seed, step) integers, as Model::random_key() gives them, never by a
+//    counter that a second call would advance;
+//  * every tensor fn reads that needs a gradient is in `inputs` (activations) or `params` (leaves:
+//    nn::Module::parameters() of the block); captured tensors must not require gradients (positions,
+//    masks). A parameter reached but not listed is refused with an error in the backward, since
+//    data-parallel gradient bucketing learns of a leaf's gradient through the node's edges;
+//  * fn returns one tensor. Without gradient recording (evaluation, no_grad) checkpoint just calls fn.
+using CheckpointFn = std::function<Tensor(const std::vector<Tensor>& inputs)>;
+Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& params,
+                  const char* name = "checkpoint");
+
+// What the blocks of a backbone do with their activations: keep them (none), or recompute each block in
+// the backward (blocks). A thread's mode, like grad mode; the trainer sets it from [trainer] recompute for
+// its updates, and a backbone asks through recompute_block().
+enum class Recompute : uint8_t { none, blocks };
+Recompute recompute_mode();
+const char* recompute_name(Recompute mode);           // "none", "blocks"
+Recompute recompute_from_name(const std::string& s);  // UsageError naming the choices
+// RAII: sets this thread's recompute mode while alive; restores the previous one.
+class RecomputeGuard {
+ public:
+  explicit RecomputeGuard(Recompute mode);
+  ~RecomputeGuard();
+  RecomputeGuard(const RecomputeGuard&) = delete;
+  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
+
+ private:
+  Recompute previous_;
+};
+// A block's forward under the thread's mode: checkpoint(fn, inputs, params) when the mode is blocks and
+// gradients are being recorded, else fn(inputs). This is what a backbone (in tree or a plugin) calls per
+// block: x = recompute_block([=](const auto& in) { return layer->forward(in[0]); }, {x}, layer->parameters());
+Tensor recompute_block(const CheckpointFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& params);
+// ---- end activation recomputation ----
 
 }  // namespace dew

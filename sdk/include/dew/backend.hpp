@@ -13,6 +13,7 @@
 //  * a kernel given a dtype or shape it does not handle throws dew::Error; supports() says so first.
 // Shape comments use B batch, T query length, S key length, H heads, D head/feature width, V vocab.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -126,6 +127,10 @@ struct RopeParams {
 // Query t sits at absolute position q_offset + t; key s at position s. Key s is visible to query t when
 // (!causal || s <= pos(t)) && (window == 0 || pos(t) - s < window). score = scale * q.k, then
 // softcap * tanh(score / softcap) when softcap > 0. A row with no visible key outputs zeros, lse -inf.
+// Document masking (packed rows): segment_ids, when defined, is i32 [B, S] (contiguous; q_offset + T <= S)
+// giving each key's document; query t belongs to segment_ids[b, q_offset + t], and key s is visible to it
+// only when, besides the rule above, seg(s) == seg(t) and seg(t) != 0 (0 = padding, which sees nothing and
+// is seen by nothing). Undefined segment_ids = one document. Checked by contracts::check_attention_segments.
 struct AttentionParams {
   float scale = 1.0f;
   bool causal = true;
@@ -179,6 +184,44 @@ struct DropoutParams {
   uint64_t seed = 0, stream = 0, offset = 0;
 };
 
+// ---------------------------------------------------------------- memory accounting (not kernels)
+
+// What a backend's allocator holds, in bytes as the allocator rounds them (the memory really taken):
+// in_use = handed out by allocate() and not yet deallocated; peak = the high-water mark of in_use since
+// the backend was made or reset_memory_peak(); reserved = in_use plus what the allocator keeps cached for
+// reuse (cpu's block cache, cuda's caching allocator). tracked is false for a backend that does not count
+// (a plugin that leaves memory_stats() at its default): then the other fields are 0.
+struct MemoryStats {
+  bool tracked = false;
+  int64_t in_use = 0, peak = 0, reserved = 0;
+};
+
+// The counter a backend keeps: allocated()/freed() from its allocate()/deallocate() with the rounded
+// sizes; lock-free and thread-safe (data-loader threads may allocate while the step runs).
+class MemoryCounter {
+ public:
+  void allocated(size_t bytes) {
+    const int64_t now = in_use_.fetch_add(int64_t(bytes), std::memory_order_relaxed) + int64_t(bytes);
+    int64_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+  void freed(size_t bytes) { in_use_.fetch_sub(int64_t(bytes), std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(in_use_.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+  // The stats, with `cached` bytes held by the allocator beyond those in use.
+  MemoryStats stats(int64_t cached = 0) const {
+    MemoryStats s;
+    s.tracked = true;
+    s.in_use = in_use_.load(std::memory_order_relaxed);
+    s.peak = peak_.load(std::memory_order_relaxed);
+    s.reserved = s.in_use + cached;
+    return s;
+  }
+
+ private:
+  std::atomic<int64_t> in_use_{0}, peak_{0};
+};
+
 // ---------------------------------------------------------------- the interface
 
 class Backend {
@@ -199,6 +242,10 @@ class Backend {
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;
+  // Memory accounting (above): the in-tree backends count every allocate()/deallocate(); the defaults
+  // say "not tracked", so a backend plugin that predates them still builds and loads.
+  virtual MemoryStats memory_stats() const { return {}; }
+  virtual void reset_memory_peak() {}
 
   // ---- kernel algebra: one pure virtual per entry of dew/kernel_table.hpp (contracts there) ----
 #define DEW_KERNEL_PURE_VIRTUAL_(name, params, args) virtual void name params = 0;

@@ -21,6 +21,7 @@
 //  * Non-finite values in params/, ema/ or optim/ are refused unless CheckpointReadOptions says otherwise.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -47,6 +48,12 @@ struct CheckpointData {
   std::map<std::string, double> state_values;     // state/ f64 attributes: best metric, loss scale...
   std::map<std::string, std::string> state_text;  // state/ string attributes: data position, RNG...
   NamedTensors state_tensors;                     // state/<name> datasets: binary state (u8 blobs, ...)
+  // Optional, for writers that do not hold every tensor (a sharded run): write_checkpoint calls it for
+  // each tensor, in the order of for_each_checkpoint_tensor, just before writing it, with its
+  // "group/name" and the tensor listed above, and writes what it returns (same shape and dtype) instead;
+  // the listed tensor may then be a shape-only placeholder (checkpoint_placeholder). One tensor at a
+  // time: the writer never holds more than the one it writes.
+  std::function<Tensor(const std::string& where, const Tensor& listed)> fetch;
 
   // Filled by read_checkpoint (ignored by write_checkpoint, which writes its own).
   int64_t format_version = 0;
@@ -54,6 +61,15 @@ struct CheckpointData {
   std::string dew_version;
   std::string created;  // UTC, ISO 8601
 };
+
+// Calls f("group/name", tensor) for every tensor of `data` in the order write_checkpoint writes them:
+// params, ema, optim/<slot> (slots in name order), state tensors. A sharded run's other ranks walk the
+// same sequence to answer the writer's fetch.
+void for_each_checkpoint_tensor(const CheckpointData& data,
+                                const std::function<void(const std::string& where, const Tensor& t)>& f);
+
+// A tensor with a shape and a dtype but no storage: a CheckpointData entry that `fetch` provides.
+Tensor checkpoint_placeholder(const Shape& shape, DType dtype);
 
 // Writes `data` to `path` atomically (see the invariants above). Tensors may live on any backend; they
 // are copied to the host. Refuses empty names, names containing '/', "." and "..", and duplicates.

@@ -11,6 +11,11 @@
 //    result on every rank. The summation order is the library's: results are deterministic for a given
 //    world size, not identical across world sizes.
 //  * broadcast / all_gather move raw bytes: any dtype.
+//  * reduce_scatter_sum / all_gather with `counts` (the sharded data parallel of docs/distributed.md):
+//    `counts` has size() entries, in elements, the same on every rank; rank r's piece is counts[r]
+//    elements at offset counts[0] + ... + counts[r-1] of the full tensor. Pieces may be uneven or empty
+//    (a parameter owned by one rank is a piece of its whole size and zeros elsewhere). Empty `counts`
+//    means equal pieces (the full size divisible by size()). Shapes do not matter, element counts do.
 //  * Failure: a peer that died or stopped answering must not hang the job. Waiting on a collective for
 //    longer than the communicator's timeout (its option `timeout`, seconds; counted from the start of
 //    the wait, not the launch) ends the process, and asks the launcher to end the others, with one
@@ -19,6 +24,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dew/options.hpp"
 #include "dew/tensor.hpp"
@@ -54,8 +60,21 @@ class Communicator {
   virtual std::shared_ptr<CommRequest> all_reduce_sum_async(Tensor& t) = 0;
   // t on every rank = t on `root` (same shape and dtype everywhere).
   virtual void broadcast(Tensor& t, int root) = 0;
+  // The same, non-blocking: t must stay alive and untouched until the request's wait() returns.
+  virtual std::shared_ptr<CommRequest> broadcast_async(Tensor& t, int root) = 0;
   // out [size() * n, ...] = the `in` of every rank ([n, ...]) concatenated in rank order.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // out [sum(counts)] = the `in` of every rank (rank r: counts[r] elements) concatenated in rank order;
+  // non-blocking: in and out stay alive and untouched until wait() returns. Any dtype.
+  virtual std::shared_ptr<CommRequest> all_gather_async(const Tensor& in, Tensor& out,
+                                                        const std::vector<int64_t>& counts) = 0;
+  // out (counts[rank()] elements) = the sum over ranks of piece rank() of `in` (sum(counts) elements);
+  // non-blocking, like all_gather_async. Floating dtypes as all_reduce_sum; `in` is left unchanged.
+  virtual std::shared_ptr<CommRequest> reduce_scatter_sum_async(const Tensor& in, Tensor& out,
+                                                                const std::vector<int64_t>& counts) = 0;
+  void reduce_scatter_sum(const Tensor& in, Tensor& out, const std::vector<int64_t>& counts = {}) {
+    reduce_scatter_sum_async(in, out, counts)->wait();
+  }
   virtual void barrier() = 0;
   // Ends every process of the job with exit status `code` after printing `message` (when not empty).
   [[noreturn]] virtual void abort(int code, const std::string& message) = 0;
@@ -64,5 +83,11 @@ class Communicator {
 // A communicator's collective timeout in seconds (0 = no limit): option 'timeout', else the
 // DEW_DIST_TIMEOUT environment variable, else 60. Bad values are usage errors naming `plugin`.
 double communicator_timeout(const Options& options, const std::string& plugin);
+
+// The pieces of a reduce-scatter / all-gather over `world` ranks of a tensor of `total` elements: `counts`
+// when given (checked: `world` non-negative entries summing to `total`), else equal pieces (checked:
+// `total` divisible by `world`). `op` and `plugin` name the call in errors.
+std::vector<int64_t> collective_counts(const std::vector<int64_t>& counts, int64_t total, int world,
+                                       const char* op, const std::string& plugin);
 
 }  // namespace dew

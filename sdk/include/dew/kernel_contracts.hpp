@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dew/backend.hpp"
+#include "dew/error.hpp"
 
 namespace dew::contracts {
 
@@ -50,5 +51,18 @@ struct RowsShape {
   int64_t Bs, R, D, B, K;
 };
 RowsShape check_rows(const std::string& who, const Tensor& table, const Tensor& idx, const Tensor& rows);
+
+// attention's segment_ids (AttentionParams): undefined, or i32 [B, S], contiguous, with q_offset >= 0 and
+// q_offset + T <= S (query t's document is segment_ids[b, q_offset + t]). Returns whether they are given.
+inline bool check_attention_segments(const std::string& who, const Tensor& segment_ids, int64_t B, int64_t T,
+                                     int64_t S, int64_t q_offset) {
+  if (!segment_ids.defined()) return false;
+  DEW_CHECK(segment_ids.dtype() == DType::i32, who, ": segment_ids must be i32, got ", dtype_name(segment_ids.dtype()));
+  DEW_CHECK(segment_ids.ndim() == 2 && segment_ids.size(0) == B && segment_ids.size(1) == S, who, ": segment_ids ",
+            shape_str(segment_ids.shape()), " must be [B, S] = [", B, ", ", S, "]");
+  DEW_CHECK(q_offset >= 0 && q_offset + T <= S, who, ": with segment_ids the queries (q_offset ", q_offset, ", T ", T,
+            ") must lie inside the ", S, " keys");
+  return true;
+}
 
 }  // namespace dew::contracts

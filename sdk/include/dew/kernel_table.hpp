@@ -59,12 +59,14 @@
   X(gather_rows, (const Tensor& src, const Tensor& idx, Tensor& out), (src, idx, out))                           \
   X(scatter_add_rows, (const Tensor& dout, const Tensor& idx, Tensor& dsrc), (dout, idx, dsrc))                  \
   X(rope, (const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p), (x, positions, out, p))   \
-  X(attention, (const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,                     \
-                const AttentionParams& p), (q, k, v, out, lse, p))                                               \
+  /* segment_ids: undefined (one document) or i32 [B, S], document masking (AttentionParams, dew/backend.hpp) */ \
+  X(attention, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,       \
+                Tensor& lse, const AttentionParams& p), (q, k, v, segment_ids, out, lse, p))                     \
   /* dq, dk, dv are overwritten */                                                                               \
-  X(attention_backward, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, \
-                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p),      \
-    (q, k, v, out, lse, dout, dq, dk, dv, p))                                                                    \
+  X(attention_backward, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,          \
+                         const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,       \
+                         Tensor& dv, const AttentionParams& p),                                                  \
+    (q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p))                                                       \
   X(conv2d, (const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p),            \
     (x, w, bias, y, p))                                                                                          \
   /* dx's shape names the input size (it disambiguates strided convolutions) */                                  \
@@ -73,12 +75,13 @@
   X(conv2d_backward_weight, (const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias, const Conv2dParams& p), \
     (x, dy, dw, dbias, p))                                                                                       \
   /* QK-Clip's statistic (placed here, away from the attention entries). q [B, T, Hq, D], k [B, S, Hkv, D]  */ \
-  /* and the visibility of AttentionParams (as `attention`) -> out f32 [Hq] = per query head, the largest raw */ \
-  /* score scale * q.k over every batch row, query and key it sees (before softcap; -inf when it sees none). */ \
-  /* Its own kernel, not an output of `attention`: only QK-Clip runs it, so the forward's signature and hot */ \
-  /* loops stay as they are, and the max of raw scores is independent of softcap and of the online softmax. */ \
-  X(attention_max_logit, (const Tensor& q, const Tensor& k, Tensor& out, const AttentionParams& p),              \
-    (q, k, out, p))                                                                                              \
+  /* and the visibility of AttentionParams and segment_ids (as `attention`: documents of packed rows, or    */ \
+  /* undefined) -> out f32 [Hq] = per query head, the largest raw score scale * q.k over every batch row, query */ \
+  /* and key it sees (before softcap; -inf when it sees none). Its own kernel, not an output of `attention`: */ \
+  /* only QK-Clip runs it, so the forward's signature and hot loops stay as they are, and the max of raw    */ \
+  /* scores is independent of softcap and of the online softmax.                                            */ \
+  X(attention_max_logit, (const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,            \
+                          const AttentionParams& p), (q, k, segment_ids, out, p))                                                                                              \
   X(cross_entropy, (const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,                      \
                     const CrossEntropyParams& p), (logits, targets, loss, lse, p))                               \
   X(cross_entropy_backward, (const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss, \

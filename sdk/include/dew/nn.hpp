@@ -187,8 +187,9 @@ class Attention : public Module {
  public:
   explicit Attention(const AttentionConfig& cfg);
   // x [B, T, dim]; positions i32 [T] or [B, T] (unused, and may be undefined, without rotary
-  // positions). Returns [B, T, dim].
-  Tensor forward(const Tensor& x, const Tensor& positions) const;
+  // positions); segment_ids i32 [B, T] or undefined: packed documents, attention stays inside each
+  // (dew/backend.hpp AttentionParams). Returns [B, T, dim].
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& segment_ids = Tensor()) const;
   // k_cache, v_cache [B, S, Hkv, Dh]: the keys and values of x's T tokens are written at sequence
   // positions past .. past + T - 1 and the queries attend over the first past + T keys (causally, from
   // q_offset = past). positions are the tokens' own (past + i).

@@ -91,11 +91,13 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx);    // x [B, T, D], idx i
 
 // ---- transformer pieces ----
 Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0);     // x [B, T, H, D]
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p);  // [B,T,H,D] layout
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                 const Tensor& segment_ids = Tensor());  // [B,T,H,D] layout; segment_ids i32 [B, S]: documents
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset);
 // QK-Clip's statistic, not differentiable: per query head the largest raw score scale * q.k that attention(q,
-// k, v, p) would see (before softcap) -> [Hq] (f32; f64 for f64 inputs). Kernel attention_max_logit.
-Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p);
+// k, v, p, segment_ids) would see (before softcap) -> [Hq] (f32; f64 for f64 inputs). Kernel attention_max_logit.
+Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p,
+                           const Tensor& segment_ids = Tensor());
 
 // ---- fused blocks: one kernel call where the composition would take extra passes ----
 // LN(x) * (1 + scale) + shift, LN without affine: x [B, N, D], shift and scale [B, D] (adaLN, DiT). One
@@ -105,12 +107,14 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
 // Multi-head attention straight from one packed projection: qkv [B, T, 3 H Dh] (q, k, v each
 // [B, T, H, Dh], in that order along the last axis: the DiT / timm layout) -> [B, T, H Dh]. The
 // backward writes dq, dk, dv into one [B, T, 3 H Dh] gradient, no zero-fill.
-Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p);
+Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p,
+                        const Tensor& segment_ids = Tensor());
 // qkv_attention(x [B, T, Din], w [3 H Dh, Din], bias [3 H Dh] or undefined, heads, p) -> [B, T, H Dh]:
 // exactly packed_attention(linear(x, w, bias), heads, p), without the packed tensor: q, k and v are three
 // matmuls against the row blocks of w written straight into the attention's inputs; the backward writes
 // the row blocks of dw and db in place and sums dx over the three blocks.
-Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p);
+Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
+                     const Tensor& segment_ids = Tensor());
 
 // ---- convolution (NCHW) ----
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);

@@ -37,6 +37,8 @@ class Options {
   // A comma-separated list of positive integers ("32, 64"); the error names the key.
   std::vector<int64_t> get_positive_ints(const std::string& key, const std::vector<int64_t>& fallback) const;
 
+  // Whether a getter read the key (e.g. whether a plugin took an optional key it was handed).
+  bool was_read(const std::string& key) const { return used_.count(key) > 0; }
   // Throws a UsageError naming every key that no getter read.
   void check_all_used() const;
   const std::map<std::string, std::string>& values() const { return values_; }

@@ -49,6 +49,8 @@ class ProfilingBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void copy_device(void* dst, const void* src, size_t bytes) override;
+  MemoryStats memory_stats() const override { return inner_->memory_stats(); }
+  void reset_memory_peak() override { inner_->reset_memory_peak(); }
 
   // Every kernel of the table (dew/kernel_table.hpp): forwarded, and timed under kernel_label(...).
 #define DEW_PROFILE_FORWARD_(name, params, args)                                             \

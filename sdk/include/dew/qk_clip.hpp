@@ -19,6 +19,7 @@
 // the weight's dtype once; the product is one binary mul kernel per tensor, so any backend runs it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,10 @@ class MaxLogitRecorder {
     const nn::Attention* attention = nullptr;
     Tensor max_logit;  // [Hq] f32 (f64 for f64 blocks) on the block's backend; undefined until a forward
   };
-  // Called by nn::Attention::forward with its q [B, T, Hq, D] and k [B, S, Hkv, D].
-  void record(const nn::Attention& block, const Tensor& q, const Tensor& k, const AttentionParams& p);
+  // Called by nn::Attention::forward with its q [B, T, Hq, D], k [B, S, Hkv, D] and segment ids (documents of
+  // packed rows, or undefined): the statistic honours them as the attention does.
+  void record(const nn::Attention& block, const Tensor& q, const Tensor& k, const AttentionParams& p,
+              const Tensor& segment_ids = Tensor());
   const std::vector<Site>& sites() const { return sites_; }
   // Forgets the running maxima (the sites and their order stay).
   void reset();
@@ -63,8 +66,10 @@ class MaxLogitRecorder {
 
 // Rescales `block`'s q and k projection rows from each query head's max logit (head_max, Hq values), as
 // the file comment says; returns the number of query groups clipped. tau must be positive; heads with a
-// non-finite or <= tau max are left alone. Refuses a block with q/k norm (UsageError).
-int64_t qk_clip(const nn::Attention& block, const std::vector<double>& head_max, double tau);
+// non-finite or <= tau max are left alone. Refuses a block with q/k norm (UsageError). `rescale`, when
+// given, says which of the block's tensors this process rescales (a sharded run: the ones it owns).
+int64_t qk_clip(const nn::Attention& block, const std::vector<double>& head_max, double tau,
+                const std::function<bool(const Tensor&)>& rescale = {});
 
 // The per-group maxima of head_max (Hq values, grouped over kv_heads groups of Hq / kv_heads heads).
 std::vector<double> qk_group_max(const std::vector<double>& head_max, int64_t kv_heads);

@@ -3,7 +3,8 @@
 // Tokenizers map text (bytes; UTF-8 expected but not required) to ids and back, losslessly:
 // decode(encode(x)) == x for every byte string x, invalid UTF-8 included (tokenizer.json normalizers
 // aside: see load_hf_tokenizer_json).
-//  * byte: id = byte value, vocab 256, no end-of-text token (eos_id() == -1).
+//  * byte: id = byte value, vocab 256; eos_id() == 255, the document token (byte 0xFF never occurs in
+//    UTF-8 text, so it cannot be confused with text dew-tokenize accepts; it still decodes to 0xFF).
 //  * bpe: byte-level BPE as in GPT-2. Text is cut into pre-tokens by GPT-2's pattern
 //      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //    (Unicode letter/number classes from Unicode 14; a byte that is not part of valid UTF-8 counts as
@@ -18,8 +19,12 @@
 //
 // Token files (a folder, the nanoGPT layout): train.bin, val.bin (token ids, little-endian, dtype the
 // smallest of uint8/uint16/uint32 holding the vocab; the validation split is the HEAD of the stream),
-// meta.json {tokenizer, vocab_size, dtype, train_tokens, val_tokens, train_bytes, val_bytes, eos_id}
-// (bytes: the UTF-8 bytes of text each split covers, for bits per byte), and tokenizer.json for bpe.
+// meta.json {tokenizer, vocab_size, dtype, train_tokens, val_tokens, train_bytes, val_bytes, eos_id,
+// documents} (bytes: the UTF-8 bytes of the documents' text each split covers, for bits per byte: no
+// document token and no start-of-text token a tokenizer adds is counted), and tokenizer.json for bpe.
+// Document boundaries: when meta.json has documents > 0, the stream is that many documents each ended
+// (or, written with DocumentMarks::between, separated) by eos_id, so a document starts after every
+// eos_id token (and at the start of a split); the tokens source's pack = true needs them.
 //
 // Errors: malformed or missing user files are dew::UsageError (exit status 2), naming the file.
 // Tokenizers are immutable after construction; every method is thread-safe.
@@ -88,6 +93,7 @@ struct TokenMeta {
   std::string tokenizer, dtype;
   int64_t vocab_size = 0, train_tokens = 0, val_tokens = 0, train_bytes = 0, val_bytes = 0;
   int32_t eos_id = -1;
+  int64_t documents = 0;  // documents marked by eos_id in the stream; 0 = no document boundaries recorded
 };
 
 // "uint8" (vocab <= 256), "uint16" (<= 65536), else "uint32".
@@ -97,7 +103,7 @@ int64_t token_dtype_size(const std::string& dtype);
 
 // Reads <dir>/meta.json: clear usage errors for a missing or malformed file or field. Required:
 // vocab_size, dtype, train_tokens, val_tokens; optional: tokenizer (""), train_bytes, val_bytes (0),
-// eos_id (-1).
+// eos_id (-1), documents (0).
 TokenMeta read_token_meta(const std::string& dir);
 void write_token_meta(const TokenMeta& meta, const std::string& dir);  // atomic
 
@@ -112,5 +118,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 // Creates dir. Returns what meta.json says.
 TokenMeta write_token_corpus(const Tokenizer& tokenizer, const std::vector<std::string>& documents,
                              const std::string& dir, double val_fraction = 0.05, bool eos_between_documents = false);
+// How the documents are marked in the stream with the tokenizer's eos (its document token): none (plainly
+// concatenated, no boundaries recorded), between (separated), end (every document ends with it: what
+// dew-tokenize writes by default). With between or end and a tokenizer that has an eos, meta.json records
+// documents = documents.size(). eos_between_documents = true above is DocumentMarks::between.
+enum class DocumentMarks { none, between, end };
+TokenMeta write_token_corpus(const Tokenizer& tokenizer, const std::vector<std::string>& documents,
+                             const std::string& dir, double val_fraction, DocumentMarks marks);
 
 }  // namespace dew

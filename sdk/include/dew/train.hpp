@@ -35,6 +35,23 @@ class Ema {
 // Global L2 norm of the gradients of `params` (0 for parameters without a gradient).
 double global_grad_norm(const NamedTensors& params);
 
+// ---- memory accounting (metrics mem_params_mb, mem_grads_mb, mem_optim_mb; core/train/memory.cpp) ----
+// The bytes of training state this process holds, counted from the tensors actually allocated, each
+// storage once and at its allocated size (tied weights, views into one flat buffer, a shard that is a
+// view of a larger buffer all count what is really held): params = the storages of `params`; grads =
+// those of their .grad (where defined: measure after a backward, before zero_grad); optim = those of
+// optimizer->state() (every slot the optimizer reports, whatever it keeps) and of `extra_state` (EMA
+// weights, sharded with the optimizer state). A storage already counted in an earlier category is not
+// counted again. Sharding shows up without change here: a rank that holds a shard holds smaller tensors.
+struct TrainingStateMemory {
+  int64_t params = 0, grads = 0, optim = 0;
+  int64_t total() const { return params + grads + optim; }
+};
+TrainingStateMemory training_state_memory(const NamedTensors& params, const Optimizer* optimizer,
+                                          const NamedTensors& extra_state = {});
+// Bytes as the metrics report them: MiB (2^20 bytes).
+inline double mebibytes(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
 struct TrainOptions {
   std::string run_dir;
   bool resume = false;
