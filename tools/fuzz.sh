@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# tools/fuzz.sh SECONDS — builds the libFuzzer targets of fuzz/ (clang-14, ASan + UBSan, only the parser
-# sources each needs: no libdew, no plugins) into build-fuzz/, runs each for SECONDS on a copy of its
-# committed seed corpus (fuzz/corpus/<target>/), and prints per target its executions and findings.
-# Exit status non-zero on any crash, leak, timeout or sanitizer report. Findings are kept under
-# build-fuzz/findings/<target>/ (add each as a regression test).
+# tools/fuzz.sh SECONDS [TARGET...] — builds the libFuzzer targets of fuzz/ (clang-14, ASan + UBSan) into
+# build-fuzz/, runs each for SECONDS on a copy of its committed seed corpus (fuzz/corpus/<target>/), and
+# prints per target its executions and findings. Exit status non-zero on any crash, leak, timeout or
+# sanitizer report. Findings are kept under build-fuzz/findings/<target>/ (add each as a regression test).
+#
+# Two kinds of target: "parser only" ones compile just the sources they fuzz (no libdew); "with libdew" ones
+# compile the parser's own sources instrumented (coverage, ASan, UBSan) and link the rest (tensors, options,
+# the registry) from build/lib/libdew.so, which tools/build.sh makes first (its copies of the fuzzed
+# functions are not used: the executable's instrumented ones take their place). TARGETs: a subset.
 set -uo pipefail
 seconds=${1:-20}
 cd "$(dirname "$0")/.."
@@ -12,25 +16,75 @@ out=build-fuzz
 cxx=${CXX_FUZZ:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "tools/fuzz.sh: $cxx not found (apt-get install clang-14 libclang-rt-14-dev)"; exit 2; }
 mkdir -p "$out"
-flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$root/sdk/include" -I"$root/core" -I"$root/tools/dew-run")
+flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -I"$root/sdk/include" -I"$root/core" -I"$root/tools/dew-run" -I/usr/include/hdf5/serial)
+h5="-I/usr/include/hdf5/serial -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5"
+libdew="-L$root/build/lib -Wl,-rpath,$root/build/lib -ldew"
 declare -A sources=(
   [config_ini]="fuzz/config_ini.cpp core/config/config.cpp core/registry/options.cpp core/error.cpp"
   [checkpoint_block]="fuzz/checkpoint_block.cpp core/checkpoint/integrity.cpp -lz"
   [http_body]="fuzz/http_body.cpp tools/dew-run/request_limits.cpp"
   [token_files]="fuzz/token_files.cpp $(ls core/text/*.cpp | tr '\n' ' ') core/error.cpp"
+  [chat_template]="fuzz/chat_template.cpp $(ls core/text/*.cpp | tr '\n' ' ') core/error.cpp"
+  [png]="fuzz/png.cpp core/image/png.cpp -lpng $libdew"
+  [safetensors]="fuzz/safetensors.cpp core/checkpoint/safetensors.cpp $libdew"
+  [idx]="fuzz/idx.cpp -lz $libdew"
+  [hf_config]="fuzz/hf_config.cpp $libdew"
+  [checkpoint_hdf5]="fuzz/checkpoint_hdf5.cpp core/checkpoint/checkpoint.cpp core/checkpoint/integrity.cpp $h5 -lz $libdew"
+  [http_routes]="fuzz/http_routes.cpp tools/dew-run/request_limits.cpp tools/dew-run/route_bodies.cpp tools/dew-run/chat_completions.cpp $libdew"
 )
-targets=(config_ini checkpoint_block http_body token_files)
+# Sources a target includes rather than lists (a change rebuilds it).
+declare -A included=([idx]="plugins/data/idx/idx.cpp" [hf_config]="plugins/models/causal_transformer/hf_converter.cpp")
+# Inputs larger than the default 64 KiB: whole checkpoints.
+declare -A max_len=([checkpoint_hdf5]=131072)
+targets=(config_ini checkpoint_block http_body token_files chat_template png safetensors idx hf_config checkpoint_hdf5
+         http_routes)
+[ $# -gt 1 ] && targets=("${@:2}")
 status=0
+# Objects: each source compiled once for every target that lists it (build-fuzz/obj/), in parallel, again
+# when it or any header is newer than its object.
+objects_of() {  # target -> its objects
+  local w
+  for w in ${sources[$1]}; do case "$w" in *.cpp) echo "$out/obj/${w%.cpp}.o" ;; esac; done
+}
+compile_one() {  # source object [a source it includes]
+  if [ -f "$2" ] && [ ! "$1" -nt "$2" ] && { [ -z "${3:-}" ] || [ ! "$3" -nt "$2" ]; } &&
+     [ -z "$(find sdk/include core tools/dew-run fuzz \( -name '*.h' -o -name '*.hpp' -o -name '*.inc' \) \
+             -newer "$2" -type f 2>/dev/null | head -1)" ]; then return 0; fi
+  mkdir -p "$(dirname "$2")"
+  "$cxx" "${flags[@]}" -c "$1" -o "$2" 2>"$2.log" || { echo "$1"; return 1; }
+}
+export -f compile_one
+export cxx out
+export FUZZ_FLAGS="${flags[*]}"
+declare -A wanted=()
+for t in "${targets[@]}"; do
+  for w in ${sources[$t]}; do case "$w" in *.cpp) wanted[$w]=1 ;; esac; done
+done
+# (the included sources of a target: its own .cpp is recompiled when they change)
+failed=$(for w in "${!wanted[@]}"; do
+  inc=""
+  for t in "${!included[@]}"; do [[ " ${sources[$t]} " == *" $w "* ]] && inc=${included[$t]}; done
+  printf '%s\0%s\0%s\0' "$w" "$out/obj/${w%.cpp}.o" "$inc"
+done | xargs -0 -n 3 -P "$(nproc)" bash -c 'flags=($FUZZ_FLAGS); compile_one "$0" "$1" "$2"')
 printf '%-18s %12s %10s %s\n' target executions findings note
 for t in "${targets[@]}"; do
   bin="$out/$t"
+  objs=$(objects_of "$t")
+  libs=$(printf '%s\n' ${sources[$t]} | grep -v '\.cpp$' | tr '\n' ' ')
+  case "$libs" in *-ldew*)
+    [ -f build/lib/libdew.so ] || { printf '%-18s %12s %10s %s\n' "$t" - - "NOT BUILT: needs build/lib/libdew.so (tools/build.sh)"; status=1; continue; } ;;
+  esac
+  broken=""
+  for w in ${sources[$t]}; do case "$w" in *.cpp) grep -qxF "$w" <<<"$failed" && broken="$out/obj/${w%.cpp}.o.log" ;; esac; done
+  if [ -n "$broken" ]; then
+    printf '%-18s %12s %10s %s\n' "$t" - - "BUILD FAILED (see $broken)"; status=1; continue
+  fi
+  relink=1
   # shellcheck disable=SC2086
-  srcs=$(printf '%s\n' ${sources[$t]} | grep -v '^-')
-  fresh=1
-  [ -x "$bin" ] && [ -z "$(find $srcs sdk/include core/checkpoint/integrity.h tools/dew-run/request_limits.hpp -newer "$bin" -name '*' -type f 2>/dev/null | head -1)" ] && fresh=0
+  [ -x "$bin" ] && [ -z "$(find $objs build/lib/libdew.so -newer "$bin" 2>/dev/null | head -1)" ] && relink=0
   # shellcheck disable=SC2086
-  if [ "$fresh" -eq 1 ] && ! "$cxx" "${flags[@]}" ${sources[$t]} -o "$bin" 2>"$out/$t.build.log"; then
+  if [ "$relink" -eq 1 ] && ! "$cxx" "${flags[@]}" $objs $libs -o "$bin" 2>"$out/$t.build.log"; then
     printf '%-18s %12s %10s %s\n' "$t" - - "BUILD FAILED (see $out/$t.build.log)"; status=1; continue
   fi
   # Past findings first (fuzz/regressions/<target>/): each must now run clean.
@@ -43,7 +97,7 @@ for t in "${targets[@]}"; do
   rm -rf "$findings" && mkdir -p "$corpus" "$findings"
   cp -n fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$bin" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    "$bin" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="${max_len[$t]:-65536}" \
     -artifact_prefix="$findings/" -print_final_stats=1 >"$out/$t.log" 2>&1
   rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$t.log" | tail -1)

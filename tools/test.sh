@@ -3,6 +3,9 @@
 # fuzz target for 20 s (tools/fuzz.sh; no finding allowed).
 #   tools/test.sh             the suite (build/) + the fuzz smoke run
 #   tools/test.sh --sanitize  the suite built with ASan + UBSan into build-asan/ (slow: a full rebuild)
+#   tools/test.sh --tsan      ThreadSanitizer over the threaded parts: the loader (data.*), serving (serve.*,
+#                             the HTTP server and the scheduler thread) and data-parallel (dist.*, test_dist)
+#                             tests, built into build-tsan/ (only those tests and what they load)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -18,6 +21,20 @@ if [ "${1:-}" = "--sanitize" ]; then
   cd build-asan
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --output-on-failure -j"$(nproc)" --timeout 1800
+  exit 0
+fi
+if [ "${1:-}" = "--tsan" ]; then
+  # libgomp and oneDNN are not built with TSan: their own synchronisation is invisible to it, so reports
+  # whose every frame is inside them are suppressed (tools/tsan.supp); dew's code is checked in full.
+  tsan="-fsanitize=thread -fno-omit-frame-pointer"
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEW_WITH_CUDA=OFF \
+    -DCMAKE_CXX_FLAGS="$tsan" -DCMAKE_C_FLAGS="$tsan" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
+  ninja -C build-tsan -j"$(nproc)" test_data test_serve test_dist dew-run dew-tokenize
+  cd build-tsan
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tools/tsan.supp" \
+    ctest --output-on-failure -j"$(nproc)" --timeout 1800 \
+    -R '^(data\.|slot decoding|scheduler|http|dew-run serve|serve\.|dist\.|leaf-ready|buckets|broadcast)'
   exit 0
 fi
 tools/build.sh

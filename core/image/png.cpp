@@ -79,6 +79,9 @@ void write_png(const std::string& path, const uint8_t* pixels, int64_t height, i
   DEW_USAGE_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
 }
 
+// 8192 x 8192 RGBA: far above any image a data source or a request holds.
+constexpr uint64_t kMaxDecodedBytes = uint64_t(1) << 28;
+
 Image decode_png(const unsigned char* data, size_t size, int64_t channels, const std::string& what) {
   static const unsigned char kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   DEW_USAGE_CHECK(size >= 8 && std::memcmp(data, kSig, 8) == 0, what, " is not a PNG file (no PNG signature)");
@@ -89,6 +92,12 @@ Image decode_png(const unsigned char* data, size_t size, int64_t channels, const
   const bool alpha = img.format & PNG_FORMAT_FLAG_ALPHA, color = img.format & PNG_FORMAT_FLAG_COLOR;
   Image out;
   out.channels = channels > 0 ? channels : (color ? 3 : 1) + (alpha ? 1 : 0);
+  // The header's size bounds the allocation below: a few bytes claiming 60000 x 60000 asked for 14 GB.
+  if (uint64_t(img.width) * img.height * uint64_t(out.channels) > kMaxDecodedBytes) {
+    png_image_free(&img);
+    DEW_USAGE_CHECK(false, what, " is ", img.width, " x ", img.height, " pixels: larger than the ",
+                    kMaxDecodedBytes >> 20, " MiB of decoded pixels dew reads from one image");
+  }
   out.height = img.height;
   out.width = img.width;
   img.format = format_of(out.channels);

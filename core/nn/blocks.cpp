@@ -8,6 +8,7 @@
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
 #include "dew/nn.hpp"
+#include "dew/qk_clip.hpp"
 #include "dew/random.hpp"
 
 namespace dew::nn {
@@ -129,13 +130,16 @@ std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Ten
 }
 
 Tensor Attention::forward(const Tensor& x, const Tensor& positions, const Tensor& segment_ids) const {
-  if (qkv && !q_norm && cfg.rotary_dim < 0 && cfg.num_kv_heads == cfg.num_heads) {  // projection fused in
+  // QK-Clip's statistic (dew/qk_clip.hpp) needs q and k: a recorded training forward takes project().
+  MaxLogitRecorder* const recorder = grad_enabled() ? MaxLogitRecorder::active() : nullptr;
+  if (!recorder && qkv && !q_norm && cfg.rotary_dim < 0 && cfg.num_kv_heads == cfg.num_heads) {  // fused in
     DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
               shape_str(x.shape()));
     return o_proj->forward(qkv_attention(x, qkv->weight, qkv->bias, cfg.num_heads, params(), segment_ids));
   }
   const int64_t b = x.ndim() == 3 ? x.shape()[0] : 0, t = x.ndim() == 3 ? x.shape()[1] : 0;
   auto [q, k, v] = project(x, positions);
+  if (recorder) recorder->record(*this, q, k, params(), segment_ids);
   return o_proj->forward(
       reshape(attention(q, k, v, params(), segment_ids), {b, t, cfg.num_heads * cfg.head_dim}));
 }

@@ -224,6 +224,20 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_
   return y;
 }
 
+Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p, const Tensor& segment_ids) {
+  DEW_CHECK(q.ndim() == 4 && k.ndim() == 4, "attention_max_logit: q and k must be [B, T, H, D]");
+  DEW_CHECK(k.shape()[0] == q.shape()[0] && k.shape()[3] == q.shape()[3], "attention_max_logit: k ",
+            shape_str(k.shape()), " does not match q ", shape_str(q.shape()));
+  DEW_CHECK(k.shape()[2] > 0 && q.shape()[2] % k.shape()[2] == 0, "attention_max_logit: ", q.shape()[2],
+            " query heads do not group over ", k.shape()[2], " key/value heads");
+  check_same_backend(q, k, "attention_max_logit");
+  Tensor out = stats(q, {q.shape()[2]});
+  if (segment_ids.defined()) check_same_backend(q, segment_ids, "attention_max_logit");
+  q.backend().attention_max_logit(q.detach(), k.detach(), segment_ids.defined() ? segment_ids.detach() : Tensor(), out,
+                                  p);
+  return out;
+}
+
 // ---------------------------------------------------------------- convolution
 
 static int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t dil) {

@@ -12,6 +12,9 @@
 // Every other role (embedding, head, norm, bias) gets the adamw_update kernel with the same lr, betas,
 // eps and weight decay as optimizer "adamw" (slots "m", "v"): its update is AdamW's, bit for bit.
 //
+// "muonclip" is the same optimizer with QK-Clip (Kimi K2, dew/qk_clip.hpp): qk_clip_tau() = optim.tau
+// (default 100), which the trainer applies to the attention blocks after every update.
+//
 // Everything is the kernel algebra (matmul with alpha/beta, unary, binary, reduce) on the parameter's
 // backend, so Muon runs on every backend; results are deterministic, so a resume is bit-exact.
 #include <algorithm>
@@ -79,7 +82,11 @@ namespace {
 
 class Muon final : public Optimizer {
  public:
-  explicit Muon(const Options& o) {
+  Muon(const Options& o, bool clip) : clip_(clip) {
+    if (clip_) {
+      tau_ = o.get_double("tau", 100.0);
+      DEW_USAGE_CHECK(std::isfinite(tau_) && tau_ > 0, "option 'optim.tau' must be a positive max logit, got ", tau_);
+    }
     momentum_ = float(o.get_double("momentum", 0.95));
     nesterov_ = o.get_bool("nesterov", true);
     ns_steps_ = o.get_int("ns_steps", 5);
@@ -148,11 +155,13 @@ class Muon final : public Optimizer {
     }
     return s;
   }
-  std::string name() const override { return "muon"; }
+  std::string name() const override { return clip_ ? "muonclip" : "muon"; }
+  double qk_clip_tau() const override { return clip_ ? tau_ : 0.0; }
 
  private:
   float momentum_, rms_scale_, beta1_, beta2_, eps_, weight_decay_;
-  bool nesterov_;
+  bool nesterov_, clip_;
+  double tau_ = 0.0;
   int64_t ns_steps_;
   std::vector<OptimParam> params_;
   std::vector<bool> muon_;
@@ -163,19 +172,30 @@ class Muon final : public Optimizer {
 }  // namespace
 
 void register_muon_optimizer(Registrar& registrar) {
+  const std::vector<OptionSpec> muon_options = {
+      {"momentum", "0.95", "Muon's momentum on the matrices"},
+      {"nesterov", "true", "Nesterov momentum: orthogonalise g + momentum * buf"},
+      {"ns_steps", "5", "quintic Newton-Schulz iterations"},
+      {"rms_scale", "0.2", "step RMS per unit lr (Moonlight: AdamW's), via lr * rms_scale * sqrt(max(A, B))"},
+      {"weight_decay", "0.01", "decoupled weight decay of every group (times lr), as adamw"},
+      {"betas", "0.9, 0.999", "the AdamW part's moment decay rates"},
+      {"eps", "1e-8", "the AdamW part's eps"}};
   registrar.add<Optimizer>({
       .name = "muon",
       .description = "Muon: Newton-Schulz orthogonalised momentum on the hidden matrices (Moonlight scaling), "
                      "AdamW on embeddings, head, norms and biases",
-      .factory = [](const Options& o) { return std::make_shared<Muon>(o); },
-      .options = {{"momentum", "0.95", "Muon's momentum on the matrices"},
-                  {"nesterov", "true", "Nesterov momentum: orthogonalise g + momentum * buf"},
-                  {"ns_steps", "5", "quintic Newton-Schulz iterations"},
-                  {"rms_scale", "0.2",
-                   "step RMS per unit lr (Moonlight: AdamW's), via lr * rms_scale * sqrt(max(A, B))"},
-                  {"weight_decay", "0.01", "decoupled weight decay of every group (times lr), as adamw"},
-                  {"betas", "0.9, 0.999", "the AdamW part's moment decay rates"},
-                  {"eps", "1e-8", "the AdamW part's eps"}},
+      .factory = [](const Options& o) { return std::make_shared<Muon>(o, false); },
+      .options = muon_options,
+  });
+  std::vector<OptionSpec> clip_options = muon_options;
+  clip_options.push_back({"tau", "100",
+                          "QK-Clip threshold: after each update, the q/k projection rows of every attention query "
+                          "group whose max logit s exceeded tau are scaled by sqrt(tau / s)"});
+  registrar.add<Optimizer>({
+      .name = "muonclip",
+      .description = "MuonClip (Kimi K2): muon, plus QK-Clip of the attention heads whose max logit exceeds tau",
+      .factory = [](const Options& o) { return std::make_shared<Muon>(o, true); },
+      .options = clip_options,
   });
 }
 

@@ -9,7 +9,11 @@
 //   Trainer::one_update    grad_accum micro-batches (forward, loss / grad_accum, backward) -> the update's
 //                          one host transfer (losses, gradient square sums, device metrics) -> non-finite
 //                          guard (skip and count; stop after a streak) -> clip factor folded into the fused
-//                          update -> LR from the schedule -> optimizer update -> EMA
+//                          update -> LR from the schedule -> optimizer update -> QK-Clip -> EMA
+//   QkClipStage            muonclip (Optimizer::qk_clip_tau() > 0): the attention blocks' max logits recorded
+//                          during the update's forwards (dew/qk_clip.hpp), read with the update's one transfer
+//                          (the max over ranks when data parallel), then the q/k rows of the groups above tau
+//                          rescaled; metrics max_logit (the largest over every block and head) and qk_clipped
 //   Trainer::log_update    the metrics window: metrics.jsonl (and its sinks: TensorBoard, the report)
 //                          and the progress line every log_every updates; memory accounting:
 //                          mem_params_mb / mem_grads_mb / mem_optim_mb (training_state_memory, measured
@@ -55,6 +59,7 @@
 #include "dew/ops.hpp"
 #include "dew/plugin.h"
 #include "dew/profile.hpp"
+#include "dew/qk_clip.hpp"
 #include "dew/train.hpp"
 #include "dist/data_parallel.hpp"
 #include "train/run.hpp"
@@ -216,6 +221,72 @@ struct MetricsWindow {
   }
 };
 
+// ---- stage: QK-Clip (muonclip) ----
+// The recorder every trained attention block reports to during the update's forwards; the blocks it saw
+// (sites) are matched to the trained parameters once (a frozen copy, e.g. DPO's reference model, records
+// no gradients and is never a site) and checked (no q/k norm) when first seen, before any update.
+class QkClipStage {
+ public:
+  // params: every trained parameter (which blocks are sites); owned: those this rank updates (and rescales).
+  QkClipStage(double tau, const NamedTensors& params, const NamedTensors& owned)
+      : tau_(tau), params_(params), owned_(owned) {}
+  bool on() const { return tau_ > 0; }
+  MaxLogitRecorder* recorder() { return on() ? &recorder_ : nullptr; }
+
+  // Appends the recorded [Hq] max logits (f32) to the update's transfer; remembers which were read.
+  void append(std::vector<Tensor>& on_device) {
+    read_.clear();
+    const auto& sites = recorder_.sites();
+    for (size_t i = 0; i < sites.size(); ++i) {
+      if (i >= trained_.size()) trained_.push_back(check_site(*sites[i].attention));
+      const Tensor& m = sites[i].max_logit;
+      if (!trained_[i] || !m.defined()) continue;
+      on_device.push_back(reshape(m.dtype() == DType::f32 ? m : cast(m, DType::f32), {m.numel()}));
+      read_.push_back(i);
+    }
+  }
+  // After the optimizer's update: the rescale, from the values read (host[at...]); the metrics.
+  void apply(const std::vector<double>& values, std::map<std::string, double>& metrics) {
+    size_t at = 0;
+    double largest = -INFINITY;
+    int64_t clipped = 0;
+    for (size_t i : read_) {
+      const nn::Attention& a = *recorder_.sites()[i].attention;
+      const std::vector<double> head(values.begin() + long(at), values.begin() + long(at) + a.cfg.num_heads);
+      at += size_t(a.cfg.num_heads);
+      for (double v : head) largest = std::max(largest, v);
+      clipped += qk_clip(a, head, tau_, [this](const Tensor& t) {
+        for (const auto& [name, o] : owned_)
+          if (o.same(t)) return true;
+        return false;
+      });
+    }
+    if (!read_.empty()) {
+      metrics["max_logit"] = largest;
+      metrics["qk_clipped"] = double(clipped);
+    }
+    recorder_.reset();
+  }
+  void discard() { recorder_.reset(); }
+
+ private:
+  bool check_site(const nn::Attention& a) const {
+    const Tensor& w = a.qkv ? a.qkv->weight : a.q_proj->weight;
+    for (const auto& [name, t] : params_)
+      if (t.same(w)) {
+        DEW_USAGE_CHECK(!a.q_norm, "optim.name = muonclip: attention block '", name,
+                        "' has q/k norm, which undoes QK-Clip's rescaled projections; use optim.name = muon");
+        return true;
+      }
+    return false;  // not trained by this run
+  }
+  double tau_;
+  const NamedTensors params_, owned_;
+  MaxLogitRecorder recorder_;
+  std::vector<bool> trained_;  // per site
+  std::vector<size_t> read_;   // the sites read in this update, in order
+};
+
 class Trainer {
  public:
   Trainer(Config& config, const TrainOptions& options);
@@ -245,6 +316,7 @@ class Trainer {
   bool leader_ = true;
   double clip_ = 0;
   std::shared_ptr<Optimizer> optimizer_;
+  std::unique_ptr<QkClipStage> qk_clip_;
   std::function<double(int64_t)> schedule_;
   std::unique_ptr<Ema> ema_;
   NamedTensors ema_params_;
@@ -298,6 +370,8 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   DEW_USAGE_CHECK(lr > 0, "option 'optim.lr' must be positive");
   DEW_USAGE_CHECK(clip_ >= 0, "option 'optim.clip_grad_norm' must be >= 0");
   optimizer_ = make_optimizer(optim_section, optimized);
+  // QK-Clip sees every trained block (the same sites on every rank) and rescales the tensors this rank owns.
+  qk_clip_ = std::make_unique<QkClipStage>(optimizer_->qk_clip_tau(), run_.params, optimized);
   schedule_ = make_schedule(config.section("schedule"), lr, o_.steps);
   if (o_.ema_decay > 0) {
     ema_params_ = dp_->owned(run_.objective->ema_parameters());
@@ -467,6 +541,7 @@ UpdateResult Trainer::one_update() {
     StepResult r;
     {
       AutocastGuard autocast(compute_dtype(run_.precision));  // the forward and the loss (dew/autocast.hpp)
+      MaxLogitRecorder::Scope record_max_logits(qk_clip_->recorder());  // null (nothing recorded) unless muonclip
       r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
     }
     u.samples += r.samples;
@@ -494,8 +569,12 @@ UpdateResult Trainer::one_update() {
   dp_->release_parameters();  // shard = parameters: the optimizer updates only this rank's own
   if (!state_memory_)  // every gradient of the update exists now (sharded or not: what this rank holds)
     state_memory_ = training_state_memory(run_.params, optimizer_.get(), ema_ ? ema_->tensors() : NamedTensors{});
-  // The update's one host transfer.
-  const size_t head = on_device.size();
+  // The update's one host transfer: [micro losses, metrics, tokens (one value each) | QK-Clip's max logits
+  // (Hq values per block) | gradient sums of squares].
+  const size_t qk_at = on_device.size();
+  qk_clip_->append(on_device);
+  size_t head = qk_at;  // in values: where the gradient sums start
+  for (size_t i = qk_at; i < on_device.size(); ++i) head += size_t(on_device[i].numel());
   std::vector<size_t> with_grad;
   {
     NoGradGuard no_grad;
@@ -524,6 +603,7 @@ UpdateResult Trainer::one_update() {
   u.tokens += host_tokens;
   for (size_t i = head; i < host.size(); ++i) gsq += host[i];
   gsq /= loss_scale() * loss_scale();  // the unscaled gradients' norm
+  std::vector<double> qk_values(host.begin() + long(qk_at), host.begin() + long(head));
   bool finite = std::isfinite(u.loss);
   if (dp_->distributed()) {  // the logged figures cover the global batch
     std::vector<double> v = {u.loss, double(u.samples), double(u.tokens), finite ? 0.0 : 1.0,
@@ -544,11 +624,20 @@ UpdateResult Trainer::one_update() {
     size_t i = 5;
     for (auto& [k, x] : u.metrics) x = v[i++] / double(run_.world);
     u.sync_ms = dp_->take_sync_ms();
+    if (!qk_values.empty()) {  // every rank applies the same clip: the max over the ranks, by a sum of slots
+      const size_t n = qk_values.size();
+      std::vector<double> slots(n * size_t(run_.world), 0.0);
+      std::copy(qk_values.begin(), qk_values.end(), slots.begin() + long(n * size_t(run_.rank)));
+      dp_->sum(slots);
+      for (size_t i = 0; i < n; ++i)
+        for (int r = 0; r < run_.world; ++r) qk_values[i] = std::max(qk_values[i], slots[size_t(r) * n + i]);
+    }
   }
   ++st_.attempts;
   u.grad_norm = finite ? std::sqrt(gsq) : NAN;
   if (finite && !std::isfinite(u.grad_norm) && scaling_loss()) {  // an f16 overflow: back off, no streak
     for (auto& [k, p] : run_.params) p.zero_grad();
+    qk_clip_->discard();
     ++st_.skipped;
     const double was = loss_scale();
     DEW_CHECK_HINT(st_.loss_scale.update(false), "check the data and optim.lr, or train in bf16-mixed",
@@ -560,6 +649,7 @@ UpdateResult Trainer::one_update() {
   }
   if (!finite || !std::isfinite(u.grad_norm)) {
     for (auto& [k, p] : run_.params) p.zero_grad();
+    qk_clip_->discard();
     ++st_.skipped;
     ++st_.streak;
     log_->warn("update {}: non-finite {} ({}); skipped ({} in a row, {} in total)", st_.updates + 1,
@@ -574,6 +664,7 @@ UpdateResult Trainer::one_update() {
   const float grad_scale = float(clip_factor / loss_scale());  // 1 / scale unscales f16-mixed gradients
   u.lr = schedule_(st_.updates);
   optimizer_->update(float(u.lr), grad_scale, st_.updates + 1);
+  if (qk_clip_->on()) qk_clip_->apply(qk_values, u.metrics);
   for (auto& [k, p] : run_.params) p.zero_grad();
   dp_->distribute_parameters();  // shard = optimizer / gradients: every rank takes the owners' new values
   ++st_.updates;

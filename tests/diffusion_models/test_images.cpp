@@ -122,6 +122,18 @@ TEST_CASE("png: corrupt and foreign files are refused with a clear message") {
   CHECK_THROWS_AS(dew::read_png((d.path / "missing.png").string()), dew::UsageError);
 }
 
+TEST_CASE("png: a header claiming a huge image is refused before any allocation (fuzz/regressions/png)") {
+  // 60000 x 60000 RGBA in a 100-byte file: decoding allocated 14.4 GB (found by fuzz/png.cpp).
+  std::ifstream in(std::string(DEW_SOURCE_DIR) + "/fuzz/regressions/png/huge-dimensions.png", std::ios::binary);
+  REQUIRE(in.good());
+  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THROWS_WITH_AS(dew::decode_png(bytes, 0, "huge.png"),
+                       doctest::Contains("huge.png is 60000 x 60000 pixels"), dew::UsageError);
+  // An ordinary image still decodes.
+  const auto px = pattern(4 * 4 * 3, 3);
+  CHECK(dew::decode_png(dew::encode_png(px.data(), 4, 4, 3)).width == 4);
+}
+
 TEST_CASE("image grid and tensor -> u8 conversion") {
   // three 2x2 gray images 10, 20, 30 on 2 columns, padding 1 (value 0)
   std::vector<uint8_t> imgs;

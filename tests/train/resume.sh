@@ -4,14 +4,16 @@
 # process resumes it to 40. Their per-step losses in metrics.jsonl and their final parameters and EMA
 # weights (exported to safetensors) must be identical, byte for byte. OVERRIDEs (e.g.
 # --run.matmul_precision medium) go to the first two runs; the resume reads them from B's config.ini.
+# DEW_RESUME_CONFIG names another config (default tiny.ini: 40 steps, checkpoints every 10, an EMA).
 set -euo pipefail
 bin=$1 backend=$2 work=$3
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
+config=${DEW_RESUME_CONFIG:-$here/tiny.ini}
 rm -rf "$work" && mkdir -p "$work"
 run() { "$bin/dew-run" "$@" > "$work/last.log" 2>&1 || { cat "$work/last.log"; exit 1; }; }
-run train --config "$here/tiny.ini" --backend "$backend" --run-dir "$work/A" "$@"
-run train --config "$here/tiny.ini" --backend "$backend" --run-dir "$work/B" --trainer.stop_at 20 "$@"
+run train --config "$config" --backend "$backend" --run-dir "$work/A" "$@"
+run train --config "$config" --backend "$backend" --run-dir "$work/B" --trainer.stop_at 20 "$@"
 test -f "$work/B/checkpoints/step-00000020.h5" || { echo "no checkpoint at the pause"; exit 1; }
 run train --run-dir "$work/B" --resume --backend "$backend" --trainer.stop_at 40
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }

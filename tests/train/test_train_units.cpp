@@ -103,7 +103,7 @@ TEST_CASE("global gradient norm over every parameter with a gradient") {
 
 TEST_CASE("optimizers and schedules are registry kinds; the core's are built in") {
   auto& reg = dew::Registry::global();
-  for (const char* name : {"adamw", "lamb", "muon", "sgd"}) {
+  for (const char* name : {"adamw", "lamb", "muon", "muonclip", "sgd"}) {
     CHECK(reg.contains(dew::Optimizer::kind, name));
     CHECK(reg.find(dew::Optimizer::kind, name).origin.plugin == "core");
   }
@@ -111,7 +111,7 @@ TEST_CASE("optimizers and schedules are registry kinds; the core's are built in"
   auto be = ref();
   dew::NamedTensors params{{"w", dew::Tensor::zeros({2, 2}, dew::DType::f32, be)}};
   CHECK_THROWS_WITH_AS(dew::make_optimizer(dew::Options({{"name", "nope"}}, "optim"), params),
-                       doctest::Contains("unknown optimizer 'nope'; known: adamw (core), lamb (core), muon (core), sgd (core)"),
+                       doctest::Contains("unknown optimizer 'nope'; known: adamw (core), lamb (core), muon (core), muonclip (core), sgd (core)"),
                        dew::UsageError);
   // A second registration of a built-in name is refused, naming both origins.
   CHECK_THROWS_WITH_AS(reg.builtin_registrar().add<dew::Optimizer>(

@@ -966,6 +966,50 @@ void add_attention(Table& t) {
   }
 }
 
+// ---------------------------------------------------------------- attention_max_logit
+// QK-Clip's statistic: per query head the largest visible raw score (a dot product of D terms: k = 8, K = D).
+// q and k span [-range, range] so that the maxima differ clearly between heads; the shapes cross the cpu
+// kernel's 64-query blocks and 16-key sub-tiles (causal diagonal, windows, q_offset, grouped heads, a head
+// width that is not a multiple of 16), documents of packed rows (segment ids, padding), and "hidden" has no
+// visible key at all (-inf everywhere).
+void add_attention_max_logit(Table& t) {
+  const std::vector<Att> ms = {
+      {"causal", 2, 16, 16, 4, 4, 16},
+      {"noncausal", 2, 12, 20, 2, 2, 16, false},
+      {"gqa", 2, 80, 80, 8, 2, 32},
+      {"window", 2, 100, 100, 2, 2, 16, true, 7},
+      {"softcap_ignored", 1, 33, 33, 2, 1, 16, true, 0, 2.0f},
+      {"qoffset", 2, 5, 37, 4, 2, 16, true, 0, 0.0f, 32},
+      {"odd_headdim", 1, 70, 70, 3, 1, 13},
+      {"hidden", 1, 4, 8, 2, 2, 16, true, 0, 0.0f, -10},
+      {"gpt_mini", 2, 128, 128, 4, 4, 32},
+      {"segments", 2, 40, 40, 4, 4, 16, true, 0, 0.0f, 0, 0.0f, 2.0f, false, 6},
+      {"segments_gqa_pad", 2, 150, 150, 4, 2, 32, true, 0, 0.0f, 0, 0.0f, 2.0f, false, 20, true},
+      {"segments_noncausal_pad", 2, 33, 33, 2, 2, 16, false, 0, 0.0f, 0, 0.0f, 2.0f, false, 5, true},
+      {"segments_window", 1, 70, 70, 2, 2, 16, true, 12, 0.0f, 0, 0.0f, 2.0f, false, 15},
+  };
+  for (const Att& m : ms) {
+    AttentionParams p;
+    p.scale = float(1.0 / std::sqrt(double(m.D)));
+    p.causal = m.causal;
+    p.window = m.window;
+    p.softcap = m.softcap;
+    p.q_offset = m.q_offset;
+    const Shape qs{m.B, m.T, m.Hq, m.D}, ks{m.B, m.S, m.Hkv, m.D};
+    const std::string sh = m.what + "_B" + std::to_string(m.B) + "T" + std::to_string(m.T) + "S" + std::to_string(m.S) +
+                           "H" + std::to_string(m.Hq) + "kv" + std::to_string(m.Hkv) + "D" + std::to_string(m.D);
+    const float r = m.doc_len > 0 ? m.range : 2.0f;
+    t.add("attention_max_logit/" + sh + "/f32", Kernel::attention_max_logit, {DT::f32},
+          [m, qs, ks, r](Gen& g) {
+            In in{g.uniform(qs, -r, r), g.uniform(ks, -r, r)};
+            in.push_back(m.doc_len > 0 ? packed_segments(g, m) : Tensor());
+            return in;
+          },
+          {out("out", {m.Hq}, DT::f32, tol(8, double(m.D)))},
+          [p](Backend& be, In& in, Out& o) { be.attention_max_logit(in[0], in[1], in[2], o[0], p); });
+  }
+}
+
 // ---------------------------------------------------------------- conv2d
 
 struct Conv {
@@ -1550,6 +1594,7 @@ std::vector<Case> all_cases() {
   add_random(t);
   add_dropout(t);
   add_argmax(t);
+  add_attention_max_logit(t);
   add_large(t);
   add_half(t);
   return std::move(t.cases);

@@ -25,6 +25,10 @@
 //   one, a pair inside one document is treated as unsegmented, and only pairs that straddle a boundary apply
 //   the segment mask, so a long row of short documents does the work of its block-diagonal part.
 // Softcap c: s' = c tanh(s / c); its backward multiplies dS by (1 - tanh^2).
+// attention_max_logit (QK-Clip's statistic) — the forward's tasks, key blocks, S^T products and masks, reduced
+//   to the largest raw score of the block (before softcap; padding lanes excluded; documents as the forward's)
+//   instead of a softmax; the per-task maxima are then reduced per head in task order (a max: exact, thread-count
+//   independent).
 //
 // Invariants: every tensor is contiguous f32 (checked); tiles are 64 wide (4 vectors of 16); lanes past the
 // valid query/key count compute on zero padding and are never stored; a masked score is -inf or its P is
@@ -543,6 +547,72 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   *lse = m + std::log(l);
 }
 
+// ---------------------------------------------------------------- max logit
+
+// One (b, h, query block), numbered as in fwd_lane_task: the largest visible raw score scale * q.k, to *result.
+template <int REGS>
+DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws, float* result) {
+  const int64_t nqb = (g.T + TILE - 1) / TILE;
+  const int64_t bh = task % (g.B * g.Hq), ib = nqb - 1 - task / (g.B * g.Hq);
+  const int64_t b = bh / g.Hq, h = bh % g.Hq, hk = h / g.G, D = g.D;
+  const int64_t t0 = ib * TILE, nq = std::min(TILE, g.T - t0);
+  const int NV = int((nq + L - 1) / L);
+  const int64_t LN = int64_t(NV) * L;
+  float* QT = ws;             // [D][TILE]  scale * Q^T
+  float* ST = QT + D * TILE;  // [FWD_BK][TILE]  S^T
+  pack_t(P.q + ((b * g.T + t0) * g.Hq + h) * D, g.qrs, nq, D, QT, TILE, LN, g.scale);
+  vf mv[4];
+  for (int v = 0; v < 4; ++v) mv[v] = vset(kNegInf);
+  const int64_t pmin = g.qoff + t0, pmax = pmin + nq - 1;
+  const int64_t slo = g.window ? std::max<int64_t>(0, pmin - g.window + 1) : 0;
+  const int64_t shi = g.causal ? std::min<int64_t>(g.S, pmax + 1) : g.S;
+  const float* kb = P.k + b * g.S * g.krs + hk * D;
+  const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
+  alignas(64) int32_t qseg[TILE];  // the query lanes' segments (-1 past nq: excluded below anyway)
+  for (int64_t i = 0; i < TILE; ++i) qseg[i] = segrow && i < nq ? segrow[pmin + i] : -1;
+  for (int64_t s0 = slo; s0 < shi; s0 += FWD_BK) {
+    const int64_t s1 = std::min(s0 + FWD_BK, shi), nk = s1 - s0;
+    bool seg_mask = false;
+    const Vis vis = classify_all(g, b, pmin, pmax, s0, s1, &seg_mask);
+    if (vis == kNone) continue;
+    int first[4] = {0, 0, 0, 0};  // as in fwd_lane_task: the skipped sub-tiles are masked below
+    const int nch = int((nk + L - 1) / L);
+    if (vis == kPartial && g.causal)
+      for (int c = 0; c < nch; ++c) {
+        const int64_t x = s0 + c * L - (pmin + L - 1);
+        first[c] = x <= 0 ? 0 : int(std::min<int64_t>(NV, (x + L - 1) / L));
+      }
+    for (int c0 = 0, c1; c0 < nch; c0 = c1) {
+      for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
+      const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
+      if (l0 < LN)
+        gemm<REGS, kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
+                         LN - l0);
+    }
+    for (int64_t j = 0; j < nk; ++j) {
+      const vi sv = viset(int32_t(s0 + j));
+      for (int v = 0; v < NV; ++v) {
+        const vi pos = viset(int32_t(pmin + v * L)) + iota();
+        vf x = vload(ST + j * TILE + v * L);
+        if (vis == kPartial && g.causal) x = sv <= pos ? x : vset(kNegInf);
+        if (vis == kPartial && g.window) x = (pos - sv) < viset(int32_t(g.window)) ? x : vset(kNegInf);
+        if (seg_mask) {  // as in fwd_lane_task: another document's key, or a padding query, sees nothing
+          vi qs;
+          __builtin_memcpy(&qs, qseg + v * L, sizeof qs);
+          x = qs == viset(segrow[s0 + j]) ? x : vset(kNegInf);
+          x = qs != vi{} ? x : vset(kNegInf);
+        }
+        mv[v] = vmax(mv[v], x);
+      }
+    }
+  }
+  float mf[TILE];
+  for (int v = 0; v < 4; ++v) vstore(mf + v * L, mv[v]);
+  float m = kNegInf;
+  for (int64_t i = 0; i < nq; ++i) m = std::max(m, mf[i]);  // lanes past nq ran on zero padding
+  *result = m;
+}
+
 // ---------------------------------------------------------------- backward
 
 // Where a backward task sums dq = dS K:
@@ -739,9 +809,11 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
 
 using FwdFn = void (*)(const Geo&, const Ptrs&, int64_t, float*);
 using BwdFn = void (*)(const Geo&, const Ptrs&, int64_t, int64_t, int64_t, int64_t, float*, DqMode, float*);
+using MaxFn = void (*)(const Geo&, const Ptrs&, int64_t, float*, float*);
 struct Kernels {
   FwdFn fwd_lane, fwd_row;
   BwdFn bwd;
+  MaxFn max_logit;
 };
 
 #define DEW_ATTN_KERNELS(SUFFIX, ATTR, REGS)                                                           \
@@ -754,6 +826,9 @@ struct Kernels {
   ATTR void bwd_##SUFFIX(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, \
                          float* dq_shared, DqMode mode, float* ws) {                                   \
     bwd_task<REGS>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);                                        \
+  }                                                                                                    \
+  ATTR void max_logit_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws, float* result) {  \
+    max_logit_task<REGS>(g, p, task, ws, result);                                                      \
   }
 
 #if defined(__AVX512F__)
@@ -779,13 +854,13 @@ const Kernels& kernels() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512bw"))
-      return Kernels{fwd_lane_avx512, fwd_row_avx512, bwd_avx512};
+      return Kernels{fwd_lane_avx512, fwd_row_avx512, bwd_avx512, max_logit_avx512};
 #if !defined(__AVX2__)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      return Kernels{fwd_lane_avx2, fwd_row_avx2, bwd_avx2};
+      return Kernels{fwd_lane_avx2, fwd_row_avx2, bwd_avx2, max_logit_avx2};
 #endif
 #endif
-    return Kernels{fwd_lane_native, fwd_row_native, bwd_native};
+    return Kernels{fwd_lane_native, fwd_row_native, bwd_native, max_logit_native};
   }();
   return k;
 }
@@ -950,6 +1025,32 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
       for (int th = 0; th < team; ++th) s += dqbuf[size_t(th) * size_t(per_thread) + off + size_t(d)];
       dst[d] = s;
     }
+  }
+}
+
+void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                         const AttentionParams& p) {
+  const Geo g = make_geo(q, k, k, segment_ids, p);  // k stands in for v (unused)
+  check_shape(out, Shape{g.Hq}, "out");
+  float* o = out.data_as<float>();
+  for (int64_t h = 0; h < g.Hq; ++h) o[h] = kNegInf;
+  if (g.B == 0 || g.T == 0 || g.S == 0 || g.Hq == 0) return;
+  Ptrs P{};
+  P.q = q.data_as<const float>();
+  P.k = k.data_as<const float>();
+  const MaxFn fn = kernels().max_logit;
+  const int64_t ntasks = g.B * g.Hq * ((g.T + TILE - 1) / TILE);
+  std::vector<float> part(size_t(ntasks), kNegInf);
+  const size_t ws_size = size_t(g.D * TILE + FWD_BK * TILE);
+#pragma omp parallel if (ntasks > 1)
+  {
+    float* ws = scratch(ws_size);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws, &part[size_t(task)]);
+  }
+  for (int64_t task = 0; task < ntasks; ++task) {
+    const int64_t h = (task % (g.B * g.Hq)) % g.Hq;
+    o[h] = std::max(o[h], part[size_t(task)]);
   }
 }
 

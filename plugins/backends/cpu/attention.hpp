@@ -15,5 +15,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionParams& p);
+// out f32 [Hq]: the largest visible raw score scale * q.k of each query head (dew/kernel_table.hpp).
+void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                         const AttentionParams& p);
 
 }  // namespace dew::cpu

@@ -87,6 +87,10 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   if (is_bf16_call(q)) return attention_backward_bf16(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);  // half.cpp
   cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
 }
+void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                                     const AttentionParams& p) {
+  cpu::attention_max_logit(q, k, segment_ids, out, p);
+}
 
 // Which instruction-set path each kernel family takes on this CPU, for `dew-run plugins`. The row-wise
 // matmul follows isa.hpp (per backend, capped by the `isa` option); attention.cpp and elementwise.cpp's

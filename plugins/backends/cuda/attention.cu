@@ -12,6 +12,8 @@
 // Documents (seg, segment ids [B, S], or nullptr): key s is also hidden from query t unless
 // seg[s] == seg[q_offset + t] != 0; every key of the causal / window range is tested (this kernel has no
 // tiles to skip), so any segment layout is exact.
+// Max logit (QK-Clip): one warp per query row writes the row's largest visible raw score (before softcap) to
+//   scratch, then one thread per query head takes the max over its B * T rows, in order.
 // Every output row is written by exactly one warp (deterministic, no atomics). This is the "one correct
 // path first" implementation: simple and exact, not yet a tensor-core kernel (see docs/cuda.md).
 #include "device.cuh"
@@ -203,6 +205,36 @@ __global__ void attention_dkdv_kernel(const T* q, const T* k, const T* v, const 
   }
 }
 
+// Rows r = (b * Hq + h) * T + t as in attention_kernel: rowmax[r] = max over visible s of scale * q.k.
+template <class T>
+__global__ void attention_row_max_kernel(const T* q, const T* k, const int32_t* seg, float* rowmax, AttnDims d,
+                                         AttentionParams p) {
+  const int64_t rows = d.B * d.Hq * d.T;
+  const int64_t group = d.Hq / d.Hkv;
+  for (int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < rows; r += int64_t(gridDim.x) * kWarps) {
+    const int64_t t = r % d.T, bh = r / d.T, h = bh % d.Hq, b = bh / d.Hq, hk = h / group;
+    float qr[kChunks];
+    load_row(q + ((b * d.T + t) * d.Hq + h) * d.Dk, d.Dk, qr);
+    const Vis vis = visible_keys(p, t, d.S);
+    const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+    float m = -INFINITY;
+    for (int64_t s = vis.lo; s <= vis.hi; ++s) {
+      if (!same_doc(seg_row, p.q_offset + t, s)) continue;  // (uniform across the warp: no divergence)
+      m = fmaxf(m, p.scale * dot_row(qr, k + ((b * d.S + s) * d.Hkv + hk) * d.Dk, d.Dk));
+    }
+    if ((threadIdx.x & 31) == 0) rowmax[r] = m;
+  }
+}
+
+__global__ void head_max_kernel(const float* rowmax, float* out, AttnDims d) {
+  const int64_t h = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h >= d.Hq) return;
+  float m = -INFINITY;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t t = 0; t < d.T; ++t) m = fmaxf(m, rowmax[(b * d.Hq + h) * d.T + t]);
+  out[h] = m;
+}
+
 inline unsigned warp_blocks(int64_t rows) { return blocks_for(rows, kWarps, 65535LL * 16); }
 
 }  // namespace
@@ -235,6 +267,18 @@ void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* 
           qs, ks, vs, seg, lse, gs, scratch, static_cast<T*>(dk), static_cast<T*>(dv), d, p);
   });
   check_launch("attention_backward");
+}
+
+void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, const int32_t* seg, float* out,
+                                const AttnDims& d, const AttentionParams& p, float* scratch) {
+  if (d.Hq == 0) return;
+  const int64_t rows = d.B * d.Hq * d.T;
+  if (rows > 0)
+    DEW_CUDA_DISPATCH(t, T,
+                      attention_row_max_kernel<T><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
+                          static_cast<const T*>(q), static_cast<const T*>(k), seg, scratch, d, p));
+  head_max_kernel<<<unsigned((d.Hq + 127) / 128), 128, 0, s>>>(scratch, out, d);
+  check_launch("attention_max_logit");
 }
 
 }  // namespace dew::cuda

@@ -506,6 +506,17 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
                             dq.data(), dk.data(), dv.data(), d, p, s.f32());
 }
 
+void CudaBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                                      const AttentionParams& p) {
+  constexpr Kernel K = Kernel::attention_max_logit;
+  const ST t = compute_type(q, K, "q");
+  const AttnDims d = check_attention(q, k, k, K);  // k stands in for v (unused)
+  const int32_t* seg = attention_segments(segment_ids, d, p, K);
+  expect_f32(out, d.Hq, K, "out");
+  Scratch s(this, size_t(std::max<int64_t>(d.B * d.Hq * d.T, 1)) * sizeof(float));
+  launch_attention_max_logit(stream_, t, q.data(), k.data(), seg, out.data_as<float>(), d, p, s.f32());
+}
+
 // ---------------------------------------------------------------- cross-entropy
 
 void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,

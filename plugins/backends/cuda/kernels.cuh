@@ -106,6 +106,9 @@ void launch_attention(cudaStream_t s, ST t, const void* q, const void* k, const 
 void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg,
                                const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
                                const AttentionParams& p, float* scratch);
+// out f32 [Hq]: each query head's largest visible raw score; scratch: B * Hq * T floats (the row maxima).
+void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, const int32_t* seg, float* out,
+                                const AttnDims& d, const AttentionParams& p, float* scratch);
 
 // ---- loss.cu, optim.cu ----
 void launch_cross_entropy(cudaStream_t s, ST t, const void* logits, const int32_t* targets, float* loss, float* lse,

@@ -8,6 +8,7 @@
 // Backward (per row, P from the saved lse, Di = rowsum(dO * O)):
 //   dV_s += P_s dO;  dP_s = dO . V_s;  dS_s = P_s (dP_s - Di);  with softcap c the raw score r maps to
 //   c tanh(r / c), so dR_s = dS_s (1 - tanh^2(r / c));  dQ += scale dR_s K_s;  dK_s += scale dR_s Q.
+// attention_max_logit: the same visibility, the largest raw score (in double, before softcap) per query head.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -165,6 +166,31 @@ void RefBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
     }
     for (int64_t i = 0; i < k.numel(); ++i) dk.data_as<T>()[i] = T(dk_acc[size_t(i)]);
     for (int64_t i = 0; i < v.numel(); ++i) dv.data_as<T>()[i] = T(dv_acc[size_t(i)]);
+  });
+}
+
+void RefBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                                     const AttentionParams& p) {
+  constexpr Kernel K = Kernel::attention_max_logit;
+  dispatch_float(q.dtype(), K, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const AttnShape s = attn_shape(q, k, k, K);
+    expect_stat(out, s.Hq, K, "out");
+    const int32_t* segs = segments_of(segment_ids, s, p, K);
+    for (int64_t h = 0; h < s.Hq; ++h) {
+      const int64_t hk = h / s.group;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t b = 0; b < s.B; ++b) {
+        const int32_t* seg = segs ? segs + b * s.S : nullptr;
+        for (int64_t t = 0; t < s.T; ++t) {
+          const T* qv = q.data_as<T>() + ((b * s.T + t) * s.Hq + h) * s.Dk;
+          for (int64_t j = 0; j < s.S; ++j)
+            if (visible(p, seg, t, j))
+              mx = std::max(mx, raw_score(qv, k.data_as<T>() + ((b * s.S + j) * s.Hkv + hk) * s.Dk, s.Dk, p.scale));
+        }
+      }
+      store_stat(out, h, mx);
+    }
   });
 }
 

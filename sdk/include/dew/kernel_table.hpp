@@ -74,6 +74,14 @@
   /* dbias (when defined) [O] = sum of dy over N, OH, OW */                                                      \
   X(conv2d_backward_weight, (const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias, const Conv2dParams& p), \
     (x, dy, dw, dbias, p))                                                                                       \
+  /* QK-Clip's statistic (placed here, away from the attention entries). q [B, T, Hq, D], k [B, S, Hkv, D]  */ \
+  /* and the visibility of AttentionParams and segment_ids (as `attention`: documents of packed rows, or    */ \
+  /* undefined) -> out f32 [Hq] = per query head, the largest raw score scale * q.k over every batch row, query */ \
+  /* and key it sees (before softcap; -inf when it sees none). Its own kernel, not an output of `attention`: */ \
+  /* only QK-Clip runs it, so the forward's signature and hot loops stay as they are, and the max of raw    */ \
+  /* scores is independent of softcap and of the online softmax.                                            */ \
+  X(attention_max_logit, (const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,            \
+                          const AttentionParams& p), (q, k, segment_ids, out, p))                                                                                              \
   X(cross_entropy, (const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,                      \
                     const CrossEntropyParams& p), (logits, targets, loss, lse, p))                               \
   X(cross_entropy_backward, (const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss, \

@@ -94,6 +94,10 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                  const Tensor& segment_ids = Tensor());  // [B,T,H,D] layout; segment_ids i32 [B, S]: documents
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset);
+// QK-Clip's statistic, not differentiable: per query head the largest raw score scale * q.k that attention(q,
+// k, v, p, segment_ids) would see (before softcap) -> [Hq] (f32; f64 for f64 inputs). Kernel attention_max_logit.
+Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p,
+                           const Tensor& segment_ids = Tensor());
 
 // ---- fused blocks: one kernel call where the composition would take extra passes ----
 // LN(x) * (1 + scale) + shift, LN without affine: x [B, N, D], shift and scale [B, D] (adaLN, DiT). One

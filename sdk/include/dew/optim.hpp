@@ -90,6 +90,10 @@ class Optimizer {
   // Named state tensors by slot ("m", "v", "momentum"), in parameter order.
   virtual std::map<std::string, NamedTensors> state() const = 0;
   virtual std::string name() const = 0;
+  // QK-Clip's threshold (dew/qk_clip.hpp), 0 = off: when positive the trainer records the attention
+  // blocks' max logits during each update's forwards and rescales the q/k rows of the heads above it
+  // right after update() (muonclip).
+  virtual double qk_clip_tau() const { return 0.0; }
 };
 
 class Schedule {
