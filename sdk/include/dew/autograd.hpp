@@ -74,8 +74,8 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& o
 
 // ---- activation recomputation (checkpointing; [trainer] recompute, docs/training.md) ----
 // checkpoint(fn, inputs, params) returns fn(inputs) but keeps none of fn's intermediates: the forward runs
-// exactly as it would unrecorded-by-checkpoint (in the same grad mode, so every op takes the same path),
-// its graph is dropped at once, and the result gets one node that holds only `inputs`, `params` and fn.
+// the same ops in the same grad mode as without checkpointing (so every op takes the same path), its
+// graph is dropped at once, and the result gets one node that holds only `inputs`, `params` and fn.
 // Its backward runs fn again on the saved inputs (recording), back-propagates the incoming gradient
 // through that graph, accumulates into the .grad of the parameters it reaches, and hands the inputs'
 // gradients on; the recomputed graph is then freed. Peak activation memory drops from every block's
