@@ -81,7 +81,7 @@
   /* only QK-Clip runs it, so the forward's signature and hot loops stay as they are, and the max of raw    */ \
   /* scores is independent of softcap and of the online softmax.                                            */ \
   X(attention_max_logit, (const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,            \
-                          const AttentionParams& p), (q, k, segment_ids, out, p))                                                                                              \
+                          const AttentionParams& p), (q, k, segment_ids, out, p))                                \
   X(cross_entropy, (const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,                      \
                     const CrossEntropyParams& p), (logits, targets, loss, lse, p))                               \
   X(cross_entropy_backward, (const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss, \
