@@ -20,7 +20,7 @@ rm -rf "$work" && mkdir -p "$work"
 cd "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 run() { "$bin/dew-run" "$@" > last.log 2>&1 || { cat last.log; fail "dew-run $*"; }; }
-metrics() { grep '"loss"' "$1/metrics.jsonl" | sed -E 's/"step_time_ms":[^,]*,"samples_per_sec":[^,]*,//; s/"mfu":[^,]*,//; s/"rss_mb":[^,}]*,?//'; }
+metrics() { grep '"loss"' "$1/metrics.jsonl" | sed -E 's/"step_time_ms":[^,]*,"samples_per_sec":[^,]*,//; s/"mfu":[^,]*,//; s/"rss_mb":[^,}]*,?//; s/"mem_[a-z]*_mb":[^,}]*,?//g'; }
 # The PNG's width x height from its IHDR chunk (bytes 16..23, big-endian), after checking the signature.
 png_size() {
   [ "$(od -An -tx1 -N8 "$1" | tr -d ' \n')" = "89504e470d0a1a0a" ] || fail "$1 is not a PNG"
