@@ -20,6 +20,8 @@ flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I"$root/sdk/include" -I"$root/core" -I"$root/tools/dew-run" -I/usr/include/hdf5/serial)
 h5="-I/usr/include/hdf5/serial -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5"
 libdew="-L$root/build/lib -Wl,-rpath,$root/build/lib -ldew"
+# Targets that make a backend (checkpoint_hdf5: tensors on ref) find the plugins of build/, not of build-fuzz/.
+export DEW_PLUGIN_PATH="$root/build/lib/dew/plugins"
 declare -A sources=(
   [config_ini]="fuzz/config_ini.cpp core/config/config.cpp core/registry/options.cpp core/error.cpp"
   [checkpoint_block]="fuzz/checkpoint_block.cpp core/checkpoint/integrity.cpp -lz"
