@@ -82,7 +82,7 @@ TokenMeta read_token_meta(const std::string& dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(content);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number such as 1e5003
     throw UsageError("'" + path + "' is not valid JSON: " + e.what());
   }
   DEW_USAGE_CHECK(j.is_object(), "'", path, "' is not a JSON object");

@@ -492,6 +492,9 @@ TEST_CASE("token dtype by vocab size, meta.json reading") {
   CHECK(contains(error_of([&] { read_token_meta(dir.str("empty")); }), "meta.json"));
   write_file(dir.path / "meta.json", "{\"vocab_size\": 5,");
   CHECK(contains(error_of([&] { read_token_meta(dir.str()); }), "not valid JSON"));
+  // A number JSON cannot hold (fuzz/regressions/token_files): one dew error, not nlohmann's out_of_range.
+  write_file(dir.path / "meta.json", R"({"vocab_size": 1e5003, "train_tokens": 5, "val_tokens": 1})");
+  CHECK(contains(error_of([&] { read_token_meta(dir.str()); }), "not valid JSON"));
   write_file(dir.path / "meta.json", R"({"vocab_size": 300, "dtype": "uint16", "train_tokens": 5})");
   CHECK(contains(error_of([&] { read_token_meta(dir.str()); }), "val_tokens"));
   write_file(dir.path / "meta.json", R"({"vocab_size": 300, "dtype": "uint8", "train_tokens": 5, "val_tokens": 1})");

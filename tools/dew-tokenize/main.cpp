@@ -87,7 +87,7 @@ std::vector<std::string> split_documents(const std::string& text, const std::str
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(bare);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number such as 1e5003
         throw dew::UsageError("'" + name + "' line " + std::to_string(line_no) + " is not JSON: " + e.what());
       }
       DEW_USAGE_CHECK(j.is_object() && j.contains(text_field) && j[text_field].is_string(), "'", name, "' line ",
