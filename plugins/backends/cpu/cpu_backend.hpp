@@ -301,6 +301,10 @@ Support bf16_support(Kernel k);
 bool cast_bf16_fast(const Tensor& x, Tensor& out);
 // out = a (add | sub | mul) b for bf16 tensors of one size, in f32 per element (convert.cpp); false otherwise.
 bool binary_bf16_same_shape(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
+// The dtype-independent checks of a matmul call (bias length, dimensions, epilogue, out and batch sizes);
+// the f32 path (matmul.cpp) and the bf16 path (half.cpp) check their dtypes first, then call this.
+void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
+                         const MatmulParams& p);
 void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p);
 
 // The memory-bound kernels in bf16: blocks of rows widened around this backend's f32 kernels (half.cpp).

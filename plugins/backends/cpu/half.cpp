@@ -134,19 +134,8 @@ void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, 
   require_bf16(b, "matmul", "b");
   require_bf16(out, "matmul", "out");
   const bool has_bias = bias.defined();
-  if (has_bias) {
-    require_bf16(bias, "matmul", "bias");
-    DEW_CHECK(bias.numel() == p.n, "cpu matmul: bias has ", bias.numel(), " elements for n = ", p.n);
-  }
-  DEW_CHECK(p.batch >= 0 && p.m >= 0 && p.n >= 0 && p.k >= 0, "cpu matmul: negative dimension");
-  DEW_CHECK(p.act == Activation::none || p.beta == 0.0f, "cpu matmul: an activation epilogue requires beta == 0");
-  DEW_CHECK(out.numel() == p.batch * p.m * p.n, "cpu matmul: out ", shape_str(out.shape()), " is not [", p.batch, ", ",
-            p.m, ", ", p.n, "]");
-  auto span = [](int64_t batch, int64_t bs, int64_t mat) { return (batch - 1) * bs + mat; };
-  DEW_CHECK(p.batch == 0 || span(p.batch, p.a_batch_stride, p.m * p.k) <= a.numel(), "cpu matmul: a ",
-            shape_str(a.shape()), " is too small for the batch");
-  DEW_CHECK(p.batch == 0 || span(p.batch, p.b_batch_stride, p.k * p.n) <= b.numel(), "cpu matmul: b ",
-            shape_str(b.shape()), " is too small for the batch");
+  if (has_bias) require_bf16(bias, "matmul", "bias");
+  check_matmul_shapes(a, b, bias, out, p);
   if (out.numel() == 0) return;
   if (p.k == 0) {  // empty inner product: out = beta * out + act(bias), through f32
     uint16_t* o = out.data_as<uint16_t>();

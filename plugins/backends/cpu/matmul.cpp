@@ -206,18 +206,10 @@ void matmul_bf16_weights(Isa isa, const Tensor& a, const Tensor& b, const Tensor
 
 }  // namespace
 
-void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
-  if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*dnnl_, a, b, bias, out, p);  // half.cpp
-  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16 && p.k > 0)
-    return matmul_bf16_weights(isa_, a, b, bias, out, p);  // bf16 decode weights (matmul_rowwise.cpp)
-  require_f32(a, "matmul", "a");
-  require_f32(b, "matmul", "b");
-  require_f32(out, "matmul", "out");
-  const bool has_bias = bias.defined();
-  if (has_bias) {
-    require_f32(bias, "matmul", "bias");
+void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
+                         const MatmulParams& p) {
+  if (bias.defined())
     DEW_CHECK(bias.numel() == p.n, "cpu matmul: bias has ", bias.numel(), " elements for n = ", p.n);
-  }
   DEW_CHECK(p.batch >= 0 && p.m >= 0 && p.n >= 0 && p.k >= 0, "cpu matmul: negative dimension");
   DEW_CHECK(p.act == Activation::none || p.beta == 0.0f, "cpu matmul: an activation epilogue requires beta == 0");
   DEW_CHECK(out.numel() == p.batch * p.m * p.n, "cpu matmul: out ", shape_str(out.shape()), " is not [", p.batch, ", ",
@@ -227,6 +219,19 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
             shape_str(a.shape()), " is too small for the batch");
   DEW_CHECK(p.batch == 0 || span(p.batch, p.b_batch_stride, p.k * p.n) <= b.numel(), "cpu matmul: b ",
             shape_str(b.shape()), " is too small for the batch");
+}
+
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+  if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*dnnl_, a, b, bias, out, p);  // half.cpp
+  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16 && p.k > 0)
+    return matmul_bf16_weights(isa_, a, b, bias, out, p);  // bf16 decode weights (matmul_rowwise.cpp)
+  require_f32(a, "matmul", "a");
+  require_f32(b, "matmul", "b");
+  require_f32(out, "matmul", "out");
+  const bool has_bias = bias.defined();
+  if (has_bias) require_f32(bias, "matmul", "bias");
+  check_matmul_shapes(a, b, bias, out, p);
+  auto span = [](int64_t batch, int64_t bs, int64_t mat) { return (batch - 1) * bs + mat; };
   if (out.numel() == 0) return;
   float* o = out.data_as<float>();
   if (p.k == 0) {  // empty inner product: out = beta * out + act(bias)
