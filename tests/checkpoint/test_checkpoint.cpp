@@ -769,6 +769,27 @@ TEST_CASE("an old checkpoint whose damage crashes libhdf5 is refused, not a segf
   CHECK(!verify_checkpoint(bad).empty());
 }
 
+TEST_CASE("an old checkpoint whose damage makes libhdf5 loop for ever is refused, not a hang") {
+  // tests/checkpoint/data/legacy-damaged-hangs-hdf5.h5: found by tools/fuzz.sh (checkpoint_hdf5): a legacy
+  // file whose global heap sends H5HG_read round in a loop. The probe child has a deadline.
+  const std::string bad = std::string(DEW_CHECKPOINT_DATA) + "/legacy-damaged-hangs-hdf5.h5";
+  REQUIRE(fs::exists(bad));
+  ::setenv("DEW_CHECKPOINT_PROBE_SECONDS", "1", 1);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { read_checkpoint(bad, ref()); });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string v = verify_checkpoint(bad);
+  ::setenv("DEW_CHECKPOINT_PROBE_SECONDS", "0", 1);
+  const std::string bad_setting = error_of([&] { read_checkpoint(bad, ref()); });
+  ::unsetenv("DEW_CHECKPOINT_PROBE_SECONDS");
+  MESSAGE(e);
+  CHECK(contains(e, bad));
+  CHECK(contains(e, "did not finish reading it in 1 s"));
+  CHECK(took < 10.0);
+  CHECK(contains(v, "did not finish"));
+  CHECK(contains(bad_setting, "DEW_CHECKPOINT_PROBE_SECONDS must be a positive number"));
+}
+
 TEST_CASE("an old checkpoint damaged anywhere in its last 2000 bytes never crashes the reader") {
   TempDir dir;
   const std::vector<unsigned char> good = file_bytes(std::string(DEW_CHECKPOINT_DATA) + "/legacy-step-00000010.h5");
