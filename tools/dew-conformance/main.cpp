@@ -1,7 +1,7 @@
 // tools/dew-conformance/main.cpp — the conformance driver: every device backend must pass it.
 //
 //   dew-conformance --backend cpu [--against ref] [--kernel NAME[,NAME...]] [--filter REGEX] [--verbose]
-//                   [--plugin-dir DIR]... [--plugin FILE]... [--threads N] [--list]
+//                   [--plugin-dir DIR]... [--plugin FILE]... [--threads N] [--option KEY=VALUE]... [--list]
 //                   [--inject-fault KERNEL] [--inject-guard KERNEL]      (debug: prove the driver catches bugs)
 //
 // For every case of the table (cases.cpp) that the filters select: build the inputs (Philox, on the
@@ -68,7 +68,7 @@ uint8_t guard_byte(size_t i) { return uint8_t(0xA5u ^ ((i * 131u) & 0xFFu)); }
 
 struct Args {
   std::string backend, against = "ref", kernels, filter, inject_fault, inject_guard, plugins;
-  std::vector<std::string> plugin_dirs, plugin_files;
+  std::vector<std::string> plugin_dirs, plugin_files, options;  // options: KEY=VALUE of the tested backend
   int threads = 0;
   int64_t misalign = 0;
   bool verbose = false, list = false;
@@ -471,6 +471,7 @@ std::string repro_line(const Args& a, const Case& c) {
   for (const auto& d : a.plugin_dirs) r += " --plugin-dir '" + d + "'";
   for (const auto& f : a.plugin_files) r += " --plugin '" + f + "'";
   if (a.misalign) r += " --misalign " + std::to_string(a.misalign);
+  for (const auto& o : a.options) r += " --option '" + o + "'";
   r += std::string(" --kernel ") + kernel_name(c.kernel) + " --filter '^" + regex_escape(c.id) + "$'";
   if (!a.inject_fault.empty()) r += " --inject-fault " + a.inject_fault;
   if (!a.inject_guard.empty()) r += " --inject-guard " + a.inject_guard;
@@ -532,7 +533,13 @@ int run(const Args& a) {
       }
     }
   }
-  BackendPtr tested = create_backend(a.backend);
+  std::map<std::string, std::string> tested_options;
+  for (const std::string& kv : a.options) {
+    const size_t eq = kv.find('=');
+    DEW_USAGE_CHECK(eq != std::string::npos && eq > 0, "--option '", kv, "': expected KEY=VALUE (e.g. isa=avx2)");
+    tested_options[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  BackendPtr tested = create_backend(a.backend, Options(tested_options, "dew-conformance --option"));
   BackendPtr oracle = create_backend(a.against);
   if (a.threads > 0) tested->set_threads(a.threads);
 
@@ -704,6 +711,7 @@ int main(int argc, char** argv) {
       "plugin", po::value(&a.plugin_files)->composing(), "load this plugin file (repeatable)")(
       "plugins", po::value(&a.plugins), "comma-separated plugin names to load (default: the two backends')")(
       "threads", po::value(&a.threads)->default_value(0), "threads of the tested backend (0: its default)")(
+      "option", po::value(&a.options)->composing(), "KEY=VALUE option of the tested backend (repeatable; e.g. isa=avx2)")(
       "misalign", po::value(&a.misalign)->default_value(0),
       "place every tensor this many elements past an aligned offset")(
       "inject-fault", po::value(&a.inject_fault), "debug: perturb one output element of KERNEL's cases (must fail)")(

@@ -37,9 +37,9 @@
 // lse = -inf (and gets zero gradients). Results are run-to-run deterministic; they do not depend on the thread
 // count either, except dq under the key-block split (a different summation order).
 // ISA: kernels use GCC/Clang vector extensions (no intrinsics). They are compiled for the file's own flags
-// and, where those lack them, also as AVX-512 and AVX2+FMA clones chosen at run time by
-// __builtin_cpu_supports, so the speed does not depend on the plugin's -march (-DDEW_CPU_ATTENTION_NO_DISPATCH
-// builds only the former: how the fallbacks are tested). exp and tanh are vector polynomials (Cephes expf;
+// and, where those lack them (the plugin builds this file at the x86-64 baseline), also as AVX-512 and
+// AVX2+FMA clones; the caller names the path (the backend's `isa`, isa.hpp), so the speed does not depend on
+// the plugin's -march (-DDEW_CPU_ATTENTION_NO_DISPATCH builds only the former). exp and tanh are vector polynomials (Cephes expf;
 // relative error ~1e-7).
 #include "attention.hpp"
 
@@ -848,21 +848,20 @@ DEW_ATTN_KERNELS(avx2, __attribute__((target("avx2,fma"))), 8)
 #endif
 #endif
 
-const Kernels& kernels() {
-  static const Kernels k = [] {
+// The kernels of path `isa` (the backend's `isa` option, isa.hpp): the AVX-512 / AVX2 clones where the file's
+// flags lack them (the plugin builds it at the x86-64 baseline), else the file's own code.
+const Kernels& kernels(Isa isa) {
+  static const Kernels native{fwd_lane_native, fwd_row_native, bwd_native, max_logit_native};
 #ifdef DEW_ATTN_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512bw"))
-      return Kernels{fwd_lane_avx512, fwd_row_avx512, bwd_avx512, max_logit_avx512};
+  static const Kernels wide{fwd_lane_avx512, fwd_row_avx512, bwd_avx512, max_logit_avx512};
+  if (isa == Isa::avx512) return wide;
 #if !defined(__AVX2__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      return Kernels{fwd_lane_avx2, fwd_row_avx2, bwd_avx2, max_logit_avx2};
+  static const Kernels mid{fwd_lane_avx2, fwd_row_avx2, bwd_avx2, max_logit_avx2};
+  if (isa == Isa::avx2) return mid;
 #endif
 #endif
-    return Kernels{fwd_lane_native, fwd_row_native, bwd_native, max_logit_native};
-  }();
-  return k;
+  (void)isa;
+  return native;
 }
 
 // Per-thread scratch kept for the life of the (pooled) OpenMP thread: no allocation or page faults per call.
@@ -925,7 +924,7 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& se
 // ---------------------------------------------------------------- entry points
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
-                       Tensor& lse, const AttentionParams& p) {
+                       Tensor& lse, const AttentionParams& p, Isa isa) {
   const Geo g = make_geo(q, k, v, segment_ids, p);
   check_shape(out, q.shape(), "out");
   check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
@@ -937,7 +936,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   P.out = out.data_as<float>();
   P.lse_out = lse.data_as<float>();
 
-  const Kernels& K = kernels();
+  const Kernels& K = kernels(isa);
   const bool rows = g.T <= ROW_PATH_MAX_T;
   const FwdFn fn = rows ? K.fwd_row : K.fwd_lane;
   const int64_t ntasks = rows ? g.B * g.Hq * g.T : g.B * g.Hq * ((g.T + TILE - 1) / TILE);
@@ -952,7 +951,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                        const AttentionParams& p) {
+                        const AttentionParams& p, Isa isa) {
   const Geo g = make_geo(q, k, v, segment_ids, p);
   check_shape(out, q.shape(), "out");
   check_shape(dout, q.shape(), "dout");
@@ -978,7 +977,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   P.dk = dk.data_as<float>();
   P.dv = dv.data_as<float>();
 
-  const BwdFn fn = kernels().bwd;
+  const BwdFn fn = kernels(isa).bwd;
   const int nth = omp_get_max_threads();
   const int64_t units = g.B * g.Hkv, nkb = (g.S + TILE - 1) / TILE;
   // (batch, kv head) tasks are race-free and need no reduction; use them unless they would leave threads idle.
@@ -1029,7 +1028,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 }
 
 void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
-                         const AttentionParams& p) {
+                         const AttentionParams& p, Isa isa) {
   const Geo g = make_geo(q, k, k, segment_ids, p);  // k stands in for v (unused)
   check_shape(out, Shape{g.Hq}, "out");
   float* o = out.data_as<float>();
@@ -1038,7 +1037,7 @@ void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment
   Ptrs P{};
   P.q = q.data_as<const float>();
   P.k = k.data_as<const float>();
-  const MaxFn fn = kernels().max_logit;
+  const MaxFn fn = kernels(isa).max_logit;
   const int64_t ntasks = g.B * g.Hq * ((g.T + TILE - 1) / TILE);
   std::vector<float> part(size_t(ntasks), kNegInf);
   const size_t ws_size = size_t(g.D * TILE + FWD_BK * TILE);

@@ -3,20 +3,22 @@
 // Semantics are exactly those of dew::AttentionParams (dew/backend.hpp): q [B, T, Hq, D], k, v [B, S, Hkv, D],
 // out [B, T, Hq, D], lse f32 [B, Hq, T]; grouped-query heads, causal with q_offset, sliding window, softcap;
 // segment_ids (undefined or i32 [B, S]) masks across documents; a query row with no visible key gives zeros and
-// lse = -inf. dq, dk, dv are overwritten.
+// lse = -inf. dq, dk, dv are overwritten. `isa`: the instruction-set path (isa.hpp; the cpu backend passes
+// its `isa` option, a test may leave the CPU's widest).
 #pragma once
 #include "dew/backend.hpp"
 #include "dew/tensor.hpp"
+#include "isa.hpp"
 
 namespace dew::cpu {
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
-                       Tensor& lse, const AttentionParams& p);
+                       Tensor& lse, const AttentionParams& p, Isa isa = best_isa());
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                        const AttentionParams& p);
+                        const AttentionParams& p, Isa isa = best_isa());
 // out f32 [Hq]: the largest visible raw score scale * q.k of each query head (dew/kernel_table.hpp).
 void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
-                         const AttentionParams& p);
+                         const AttentionParams& p, Isa isa = best_isa());
 
 }  // namespace dew::cpu

@@ -284,6 +284,7 @@ class CpuBackend final : public Backend {
   // The instruction-set path of the kernels that dispatch per backend (the row-wise matmul): the widest
   // this CPU runs, capped by the `isa` option (isa.hpp).
   Isa isa() const { return isa_; }
+  RopeTables& rope_tables() { return rope_tables_; }
 
  private:
   std::unique_ptr<Dnnl> dnnl_;
@@ -297,10 +298,10 @@ class CpuBackend final : public Backend {
 // ---------------------------------------------------------------- bf16 kernels (half.cpp)
 // What cpu runs natively in bf16 (decided at run time by the CPU's features); supports() answers with it.
 Support bf16_support(Kernel k);
-// cast between f32 and bf16, vectorised (convert.cpp); false for other dtype pairs.
-bool cast_bf16_fast(const Tensor& x, Tensor& out);
+// cast between f32 and bf16, vectorised, on ISA path `isa` (convert.cpp); false for other dtype pairs.
+bool cast_bf16_fast(Isa isa, const Tensor& x, Tensor& out);
 // out = a (add | sub | mul) b for bf16 tensors of one size, in f32 per element (convert.cpp); false otherwise.
-bool binary_bf16_same_shape(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
+bool binary_bf16_same_shape(Isa isa, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
 // The dtype-independent checks of a matmul call (bias length, dimensions, epilogue, out and batch sizes);
 // the f32 path (matmul.cpp) and the bf16 path (half.cpp) check their dtypes first, then call this.
 void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
@@ -328,14 +329,10 @@ void cross_entropy_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targ
                         const CrossEntropyParams& p);
 void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                  const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p);
-void attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
+void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
                     Tensor& lse, const AttentionParams& p);
-void attention_backward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                              const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                              Tensor& dv, const AttentionParams& p);
-
-// Called by softmax.cpp for both softmax and log-softmax.
-void dnnl_softmax_forward(Dnnl& d, const Tensor& x, Tensor& y, bool log);
-void dnnl_softmax_backward(Dnnl& d, const Tensor& y, const Tensor& dy, Tensor& dx, bool log);
 
 }  // namespace dew::cpu

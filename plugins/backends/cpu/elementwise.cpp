@@ -11,13 +11,26 @@
 // * reduce [outer, reduce, inner]: sums accumulate in double; when outer*inner is too small to feed
 //   every thread, the reduce axis is split over threads and the double partials are combined in order.
 // * argmax: the first index of the largest value; the first NaN, if any, wins (as in ref).
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
 #include <cmath>
-
 #include "cpu_backend.hpp"
 #include "dew/kernel_contracts.hpp"
 
+#define DEW_CPU_ISA_SELF "elementwise.cpp"
+#include "isa_clones.hpp"
+
 namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(unary, (const Tensor& x, Tensor& out, const UnaryParams& p), (x, out, p))
+DEW_CPU_ISA_KERNEL(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))
+DEW_CPU_ISA_KERNEL(binary, (const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op), (a, b, out, op))
+DEW_CPU_ISA_KERNEL(reduce, (const Tensor& x, Tensor& out, const ReduceParams& p), (x, out, p))
+DEW_CPU_ISA_KERNEL(argmax, (const Tensor& x, Tensor& out), (x, out))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
 
 namespace {
 
@@ -26,64 +39,45 @@ constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kGeluC = 0.044715f;
 
-// ---- the MLP activations GELU-tanh and SiLU, forward and backward: enough arithmetic per byte that the
-// vector width shows, so they are compiled for the file's flags (AVX2+FMA) and as an AVX-512 clone chosen
-// once at run time (as attention.cpp does). Both are written through e = exp(-z) and s = 1 / (1 + e):
+// ---- the MLP activations GELU-tanh and SiLU, forward and backward (enough arithmetic per byte that the
+// vector width shows). Both are written through e = exp(-z) and s = 1 / (1 + e):
 //   gelu_tanh(v) = 0.5 v (1 + tanh(u)) = v s with z = 2u, u = sqrt(2/pi) (v + c v^3);
 //     d/dv = s + v s (1 - s) 2u' = s + v (e s) s 2u'       (one exp and one division, no tanh)
 //   silu(v) = v s with z = v;  d/dv = s (1 + v (1 - s)) = s + v (e s) s
 // (1 - s) is formed as e s, so there is no cancellation where s -> 1. Elementwise: results do not depend
-// on the slice or the thread count (the two clones compile the same expressions).
+// on the slice or the thread count.
 // e = exp(z) is capped at exp(80) (~5.5e34): past that s = 1/(1+e) and the activation are 0 to float
 // precision anyway, while an overflowing e = inf would turn (e s) into inf * 0 = NaN in the backward
 // (pre-activations below about -10 for GELU-tanh, -88 for SiLU). NaN stays NaN.
 [[gnu::always_inline]] inline float act_arg(float z) { return z < 80.0f ? z : 80.0f; }
 
-#define DEW_CPU_ACT_KERNELS(SUF, ATTR)                                                                   \
-  ATTR void gelu_tanh_fwd_##SUF(const float* x, float* o, int64_t n) {                                   \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                                \
-      const float v = x[i];                                                                              \
-      o[i] = v / (1.0f + fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v))));            \
-    }                                                                                                    \
-  }                                                                                                      \
-  ATTR void gelu_tanh_bwd_##SUF(const float* x, const float* dy, float* o, int64_t n) {                  \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                                \
-      const float v = x[i];                                                                              \
-      const float e = fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));                \
-      const float s = 1.0f / (1.0f + e);                                                                 \
-      const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);                            \
-      o[i] = dy[i] * (s + v * ((e * s) * s) * du2);                                                      \
-    }                                                                                                    \
-  }                                                                                                      \
-  ATTR void silu_fwd_##SUF(const float* x, float* o, int64_t n) {                                        \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) o[i] = x[i] / (1.0f + fast_exp(act_arg(-x[i]))); \
-  }                                                                                                      \
-  ATTR void silu_bwd_##SUF(const float* x, const float* dy, float* o, int64_t n) {                       \
-    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {                                                \
-      const float v = x[i], e = fast_exp(act_arg(-v)), s = 1.0f / (1.0f + e);                            \
-      o[i] = dy[i] * (s + v * ((e * s) * s));                                                            \
-    }                                                                                                    \
+void gelu_tanh_fwd(const float* x, float* o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    o[i] = v / (1.0f + fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v))));
   }
-
-DEW_CPU_ACT_KERNELS(base, )
-DEW_CPU_ACT_KERNELS(avx512, __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma"))))
-#undef DEW_CPU_ACT_KERNELS
-
-struct ActKernels {
-  void (*gelu_tanh_fwd)(const float*, float*, int64_t);
-  void (*gelu_tanh_bwd)(const float*, const float*, float*, int64_t);
-  void (*silu_fwd)(const float*, float*, int64_t);
-  void (*silu_bwd)(const float*, const float*, float*, int64_t);
-};
-const ActKernels& act_kernels() {
-  static const ActKernels k = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512bw"))
-      return ActKernels{gelu_tanh_fwd_avx512, gelu_tanh_bwd_avx512, silu_fwd_avx512, silu_bwd_avx512};
-    return ActKernels{gelu_tanh_fwd_base, gelu_tanh_bwd_base, silu_fwd_base, silu_bwd_base};
-  }();
-  return k;
+}
+void gelu_tanh_bwd(const float* x, const float* dy, float* o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float e = fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));
+    const float s = 1.0f / (1.0f + e);
+    const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
+    o[i] = dy[i] * (s + v * ((e * s) * s) * du2);
+  }
+}
+void silu_fwd(const float* x, float* o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = x[i] / (1.0f + fast_exp(act_arg(-x[i])));
+}
+void silu_bwd(const float* x, const float* dy, float* o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i], e = fast_exp(act_arg(-v)), s = 1.0f / (1.0f + e);
+    o[i] = dy[i] * (s + v * ((e * s) * s));
+  }
 }
 
 // o[i] = op(x[i]) (map1) and o[i] = op(x[i], y[i]) (map2) over [0, n), split over the team in contiguous
@@ -122,8 +116,8 @@ void check_same_numel(const Tensor& a, const Tensor& b, const char* kernel) {
 
 // ---------------------------------------------------------------- unary
 
-void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
-  if (is_bf16_call(x)) return unary_bf16(*this, x, out, p);  // half.cpp
+void unary(CpuBackend& self, const Tensor& x, Tensor& out, const UnaryParams& p) {
+  if (is_bf16_call(x)) return unary_bf16(self, x, out, p);  // half.cpp
   require_f32(x, "unary", "x");
   require_f32(out, "unary", "out");
   check_same_numel(x, out, "unary");
@@ -166,12 +160,12 @@ void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
       map1(xs, o, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); });
       break;
     case UnaryOp::gelu_tanh: {
-      const auto k = act_kernels().gelu_tanh_fwd;
+      const auto k = gelu_tanh_fwd;
       split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, o + lo, hi - lo); });
       break;
     }
     case UnaryOp::silu: {
-      const auto k = act_kernels().silu_fwd;
+      const auto k = silu_fwd;
       split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, o + lo, hi - lo); });
       break;
     }
@@ -213,8 +207,8 @@ void CpuBackend::unary(const Tensor& x, Tensor& out, const UnaryParams& p) {
   }
 }
 
-void CpuBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
-  if (is_bf16_call(x)) return unary_backward_bf16(*this, x, dy, dx, p);  // half.cpp
+void unary_backward(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
+  if (is_bf16_call(x)) return unary_backward_bf16(self, x, dy, dx, p);  // half.cpp
   require_f32(x, "unary_backward", "x");
   require_f32(dy, "unary_backward", "dy");
   require_f32(dx, "unary_backward", "dx");
@@ -274,12 +268,12 @@ void CpuBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, c
       });
       break;
     case UnaryOp::gelu_tanh: {
-      const auto k = act_kernels().gelu_tanh_bwd;
+      const auto k = gelu_tanh_bwd;
       split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, g + lo, o + lo, hi - lo); });
       break;
     }
     case UnaryOp::silu: {
-      const auto k = act_kernels().silu_bwd;
+      const auto k = silu_bwd;
       split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, g + lo, o + lo, hi - lo); });
       break;
     }
@@ -433,8 +427,8 @@ void binary_impl(const Tensor& a, const Tensor& b, Tensor& out) {
 
 }  // namespace
 
-void CpuBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
-  if (is_bf16_call(a)) return binary_bf16(*this, a, b, out, op);  // half.cpp
+void binary(CpuBackend& self, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
+  if (is_bf16_call(a)) return binary_bf16(self, a, b, out, op);  // half.cpp
   require_f32(a, "binary", "a");
   require_f32(b, "binary", "b");
   require_f32(out, "binary", "out");
@@ -585,7 +579,7 @@ void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, i
 
 }  // namespace
 
-void CpuBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
+void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& p) {
   require_f32(x, "reduce", "x");
   require_f32(out, "reduce", "out");
   const int64_t outer = p.outer, red = p.reduce, inner = p.inner;
@@ -655,7 +649,7 @@ void CpuBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
 
 // ---------------------------------------------------------------- argmax
 
-void CpuBackend::argmax(const Tensor& x, Tensor& out) {
+void argmax(CpuBackend& self, const Tensor& x, Tensor& out) {
   require_f32(x, "argmax", "x");
   require_i32(out, "argmax", "out");
   const int64_t d = last_dim(x), rows = rows_of(x);
@@ -677,4 +671,4 @@ void CpuBackend::argmax(const Tensor& x, Tensor& out) {
   }
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

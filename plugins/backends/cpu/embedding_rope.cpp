@@ -9,12 +9,60 @@
 // * rope uses the "rotate half" pairing (i, i + rotary_dim/2) with cos/sin tables computed in double
 //   once per (theta, rotary_dim) and reused across calls (RopeTables); negative positions are computed
 //   directly. inverse rotates by -angle. Features past rotary_dim are copied.
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
 #include <cmath>
-
 #include "cpu_backend.hpp"
 
 namespace dew::cpu {
+
+// The rope angle tables (double libm: the same on every path), built once per (theta, rotary_dim).
+namespace {
+
+void rope_angles_direct(double theta, int64_t rd, int64_t pos, float* cs) {
+  const int64_t half = rd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double a = double(pos) * std::pow(theta, -2.0 * double(i) / double(rd));
+    cs[i] = float(std::cos(a));
+    cs[half + i] = float(std::sin(a));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const RopeTable> RopeTables::get(float theta, int64_t rotary_dim, int64_t max_pos) {
+  Key key(0);
+  key.add(theta).add(rotary_dim);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = tables_[key];
+  if (slot && slot->positions > max_pos) return slot;
+  auto t = std::make_shared<RopeTable>();
+  t->positions = std::max<int64_t>({max_pos + 1, 2 * (slot ? slot->positions : 0), 256});
+  t->half = rotary_dim / 2;
+  t->cs.resize(size_t(t->positions * 2 * t->half));
+  const int64_t np = t->positions;
+  float* cs = t->cs.data();
+  const int64_t stride = 2 * t->half;
+#pragma omp parallel for schedule(static) if (np * t->half >= 4096)
+  for (int64_t pos = 0; pos < np; ++pos) rope_angles_direct(double(theta), rotary_dim, pos, cs + pos * stride);
+  slot = t;
+  return t;
+}
+
+}  // namespace dew::cpu
+
+#define DEW_CPU_ISA_SELF "embedding_rope.cpp"
+#include "isa_clones.hpp"
+
+namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(gather_rows, (const Tensor& src, const Tensor& idx, Tensor& out), (src, idx, out))
+DEW_CPU_ISA_KERNEL(scatter_add_rows, (const Tensor& dout, const Tensor& idx, Tensor& dsrc), (dout, idx, dsrc))
+DEW_CPU_ISA_KERNEL(rope, (const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p), (x, positions, out, p))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
 
 namespace {
 
@@ -36,7 +84,7 @@ void check_indices(const int32_t* ix, int64_t n, int64_t rows, const char* kerne
 
 }  // namespace
 
-void CpuBackend::gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) {
+void gather_rows(CpuBackend& self, const Tensor& src, const Tensor& idx, Tensor& out) {
   const RowsShape s = rows_shape(src, idx, out, "gather_rows");
   DEW_CHECK(src.dtype() == out.dtype(), "cpu gather_rows: src is ", dtype_name(src.dtype()), ", out ",
             dtype_name(out.dtype()));
@@ -53,7 +101,7 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& idx, Tensor& out) 
   }
 }
 
-void CpuBackend::scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor& dsrc) {
+void scatter_add_rows(CpuBackend& self, const Tensor& dout, const Tensor& idx, Tensor& dsrc) {
   require_f32(dout, "scatter_add_rows", "dout");
   require_f32(dsrc, "scatter_add_rows", "dsrc");
   const RowsShape s = rows_shape(dsrc, idx, dout, "scatter_add_rows");
@@ -102,40 +150,8 @@ void CpuBackend::scatter_add_rows(const Tensor& dout, const Tensor& idx, Tensor&
 
 // ---------------------------------------------------------------- rope
 
-namespace {
-
-void rope_angles_direct(double theta, int64_t rd, int64_t pos, float* cs) {
-  const int64_t half = rd / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const double a = double(pos) * std::pow(theta, -2.0 * double(i) / double(rd));
-    cs[i] = float(std::cos(a));
-    cs[half + i] = float(std::sin(a));
-  }
-}
-
-}  // namespace
-
-std::shared_ptr<const RopeTable> RopeTables::get(float theta, int64_t rotary_dim, int64_t max_pos) {
-  Key key(0);
-  key.add(theta).add(rotary_dim);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = tables_[key];
-  if (slot && slot->positions > max_pos) return slot;
-  auto t = std::make_shared<RopeTable>();
-  t->positions = std::max<int64_t>({max_pos + 1, 2 * (slot ? slot->positions : 0), 256});
-  t->half = rotary_dim / 2;
-  t->cs.resize(size_t(t->positions * 2 * t->half));
-  const int64_t np = t->positions;
-  float* cs = t->cs.data();
-  const int64_t stride = 2 * t->half;
-#pragma omp parallel for schedule(static) if (np * t->half >= 4096)
-  for (int64_t pos = 0; pos < np; ++pos) rope_angles_direct(double(theta), rotary_dim, pos, cs + pos * stride);
-  slot = t;
-  return t;
-}
-
-void CpuBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
-  if (is_bf16_call(x)) return rope_bf16(*this, x, positions, out, p);  // half.cpp
+void rope(CpuBackend& self, const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
+  if (is_bf16_call(x)) return rope_bf16(self, x, positions, out, p);  // half.cpp
   require_f32(x, "rope", "x");
   require_f32(out, "rope", "out");
   require_i32(positions, "rope", "positions");
@@ -158,7 +174,7 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, con
   }
   const int64_t half = rd / 2;
   std::shared_ptr<const RopeTable> table;
-  if (!negative) table = rope_tables_.get(p.theta, rd, max_pos);
+  if (!negative) table = self.rope_tables().get(p.theta, rd, max_pos);
   const float sign = p.inverse ? -1.0f : 1.0f;
   const float* xs = x.data_as<float>();
   float* o = out.data_as<float>();
@@ -194,4 +210,4 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, con
   }
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

@@ -1,7 +1,7 @@
 // cpu/entry.cpp — registration of the `cpu` backend, its construction, supports() and threading.
 //
-// The plugin registers one Backend, "cpu", whose probe refuses CPUs without AVX2+FMA (the kernels are
-// compiled for them). supports() says yes to f32 for every kernel, to every dtype for the memory
+// The plugin registers one Backend, "cpu", which runs on any x86-64: its hand-written kernels are compiled
+// per instruction-set path and chosen at construction (isa.hpp, option `isa`). supports() says yes to f32 for every kernel, to every dtype for the memory
 // kernels (fill, cast, strided_copy, gather_rows), bf16 for the kernels half.cpp implements (matmul only
 // on CPUs with AVX512-BF16, checked at run time), and no with a reason for the rest.
 // Threads: OpenMP's team size; oneDNN (built on the OpenMP runtime) follows it.
@@ -42,8 +42,9 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   // than f32, so it stays f32.
   bf16_matmul_ = precision == "medium" && cpu_has_bf16_dot();
   const std::string isa = options.get_string("isa", "best");
-  DEW_USAGE_CHECK(parse_isa_cap(isa, isa_), "cpu backend: option 'isa' = '", isa,
-                  "' is not one of best, avx512, avx2, portable");
+  std::string why = check_max_isa_env();
+  DEW_USAGE_CHECK(why.empty(), "cpu backend: ", why);
+  DEW_USAGE_CHECK(parse_isa(isa, isa_, why), "cpu backend: option 'isa' = ", why);
 }
 CpuBackend::~CpuBackend() = default;
 
@@ -78,29 +79,31 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 // ---- attention: implemented in attention.cpp ----
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                            Tensor& out, Tensor& lse, const AttentionParams& p) {
-  if (is_bf16_call(q)) return attention_bf16(q, k, v, segment_ids, out, lse, p);  // half.cpp
-  attention_forward(q, k, v, segment_ids, out, lse, p);
+  if (is_bf16_call(q)) return attention_bf16(isa_, q, k, v, segment_ids, out, lse, p);  // half.cpp
+  attention_forward(q, k, v, segment_ids, out, lse, p, isa_);
 }
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                     Tensor& dv, const AttentionParams& p) {
-  if (is_bf16_call(q)) return attention_backward_bf16(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);  // half.cpp
-  cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
+  if (is_bf16_call(q)) return attention_backward_bf16(isa_, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
+  cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p, isa_);
 }
 void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
                                      const AttentionParams& p) {
-  cpu::attention_max_logit(q, k, segment_ids, out, p);
+  cpu::attention_max_logit(q, k, segment_ids, out, p, isa_);
 }
 
-// Which instruction-set path each kernel family takes on this CPU, for `dew-run plugins`. The row-wise
-// matmul follows isa.hpp (per backend, capped by the `isa` option); attention.cpp and elementwise.cpp's
-// activations pick their AVX-512 clones by the same features (else the plugin's AVX2 code); every other
-// family is compiled for the plugin's flags (AVX2 + FMA).
+// Which instruction-set path each kernel family takes on this CPU, for `dew-run plugins`: every hand-written
+// family follows isa.hpp (the CPU's widest path by default; a backend's `isa` option can force a narrower
+// one). oneDNN's primitives (matmul, conv, layer norm, softmax) pick their own ISA at run time.
 std::string kernel_paths() {
-  const Isa best = best_isa();
-  const char* wide = best == Isa::avx512 ? "avx512" : "avx2";
-  return std::string("kernel paths on this CPU: matmul_rowwise ") + isa_name(best) + ", attention " + wide +
-         ", activations " + wide + ", other families avx2 (compile flags)";
+  const char* path = isa_name(best_isa());
+  std::string s = "kernel paths on this CPU (option isa = best):";
+  const char* families[] = {"matmul_rowwise", "attention", "elementwise", "activations", "reduce", "norms", "softmax",
+                            "cross_entropy", "optimizers", "rope", "embedding", "casts"};
+  for (size_t i = 0; i < sizeof families / sizeof *families; ++i)
+    s += std::string(i ? ", " : " ") + families[i] + " " + path;
+  return s + "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice";
 }
 
 }  // namespace dew::cpu
@@ -116,10 +119,7 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
                      dew::cpu::kernel_paths(),
       .factory = [](const dew::Options& o) { return std::make_shared<dew::cpu::CpuBackend>(o); },
       .probe = []() -> dew::Support {
-        __builtin_cpu_init();
-        if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-          return dew::Support::no("this CPU lacks AVX2/FMA, which the cpu backend is compiled for; use --backend ref");
-        return dew::Support::yes();
+        return dew::Support::yes();  // any x86-64: the portable path needs nothing past the baseline
       },
       .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"},
                   {"cache_mb", "1024", "MiB of freed blocks (>= 64 KiB) kept for reuse by size (0 = none)"},
@@ -127,7 +127,7 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
                    "f32 matmul/conv precision: highest and high = f32; medium = inputs rounded to bf16, f32 "
                    "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"},
                   {"isa", "best",
-                   "widest instruction set of the run-time dispatched kernels (row-wise matmul): best | avx512 | "
-                   "avx2 | portable; never wider than the CPU runs"}},
+                   "instruction-set path of the hand-written kernels (every family but oneDNN's): best (the CPU's "
+                   "widest) | avx512 | avx2 | portable; a path this CPU cannot run is refused"}},
   });
 }

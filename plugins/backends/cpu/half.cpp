@@ -187,16 +187,16 @@ namespace {
 bool bf(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
 
 // An f32 copy of a bf16 tensor (a view is fine: cast reads its elements).
-Tensor widen(const Tensor& h) {
+Tensor widen(Isa isa, const Tensor& h) {
   Tensor w = Tensor::empty(h.shape(), DType::f32, h.backend_ptr());
-  DEW_INTERNAL_ASSERT(cast_bf16_fast(h, w));
+  DEW_INTERNAL_ASSERT(cast_bf16_fast(isa, h, w));
   return w;
 }
-Tensor widen_opt(const Tensor& h) { return h.defined() ? widen(h) : Tensor(); }
+Tensor widen_opt(Isa isa, const Tensor& h) { return h.defined() ? widen(isa, h) : Tensor(); }
 Tensor scratch_like(const Tensor& h) { return Tensor::empty(h.shape(), DType::f32, h.backend_ptr()); }
-void narrow_into(const Tensor& w, const Tensor& h) {
+void narrow_into(Isa isa, const Tensor& w, const Tensor& h) {
   Tensor out = h;
-  DEW_INTERNAL_ASSERT(cast_bf16_fast(w, out));
+  DEW_INTERNAL_ASSERT(cast_bf16_fast(isa, w, out));
 }
 // Rows [lo, hi) of t seen as [numel / width, width] (a view).
 Tensor rows(const Tensor& t, int64_t width, int64_t lo, int64_t hi) {
@@ -229,9 +229,9 @@ void unary_bf16(CpuBackend& be, const Tensor& x, Tensor& out, const UnaryParams&
   require_all_bf16({&x, &out}, Kernel::unary);
   DEW_CHECK(x.numel() == out.numel(), "cpu unary: x and out differ in size");
   for_row_blocks(x.numel(), 1, [&](int64_t lo, int64_t hi) {
-    Tensor w = widen(elems(x, lo, hi));
+    Tensor w = widen(be.isa(), elems(x, lo, hi));
     be.unary(w, w, p);
-    narrow_into(w, elems(out, lo, hi));
+    narrow_into(be.isa(), w, elems(out, lo, hi));
   });
 }
 
@@ -239,15 +239,15 @@ void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tens
   require_all_bf16({&x, &dy, &dx}, Kernel::unary_backward);
   DEW_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), "cpu unary_backward: x, dy and dx differ in size");
   for_row_blocks(x.numel(), 1, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(elems(x, lo, hi)), wd = widen(elems(dy, lo, hi));
+    Tensor wx = widen(be.isa(), elems(x, lo, hi)), wd = widen(be.isa(), elems(dy, lo, hi));
     be.unary_backward(wx, wd, wd, p);
-    narrow_into(wd, elems(dx, lo, hi));
+    narrow_into(be.isa(), wd, elems(dx, lo, hi));
   });
 }
 
 void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
   require_all_bf16({&a, &b, &out}, Kernel::binary);
-  if (binary_bf16_same_shape(a, b, out, op)) return;  // convert.cpp
+  if (binary_bf16_same_shape(be.isa(), a, b, out, op)) return;  // convert.cpp
   const int64_t n = out.numel();
   // Blocks of rows when each operand is either out's size or one row of it ([D] against [N, D], or a
   // scalar); any other broadcast runs the f32 kernel on whole widened tensors.
@@ -264,20 +264,20 @@ void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, 
   const int64_t width = out.ndim() == 0 ? 1 : std::max<int64_t>(a.numel() == n ? b.numel() : a.numel(), 1);
   const int ka = row_operand(a, width), kb = row_operand(b, width);
   if (ka < 0 || kb < 0 || n % width != 0) {
-    Tensor wa = widen(a), wb = widen(b), wo = scratch_like(out);
+    Tensor wa = widen(be.isa(), a), wb = widen(be.isa(), b), wo = scratch_like(out);
     be.binary(wa, wb, wo, op);
-    narrow_into(wo, out);
+    narrow_into(be.isa(), wo, out);
     return;
   }
-  const Tensor fa = ka ? widen(a) : Tensor(), fb = kb ? widen(b) : Tensor();
+  const Tensor fa = ka ? widen(be.isa(), a) : Tensor(), fb = kb ? widen(be.isa(), b) : Tensor();
   const int64_t w = ka || kb ? width : 1;
   for_row_blocks(n / w, w, [&](int64_t lo, int64_t hi) {
-    const Tensor wa = ka ? fa : widen(rows(a, w, lo, hi)).reshape({hi - lo, w});
-    const Tensor wb = kb ? fb : widen(rows(b, w, lo, hi)).reshape({hi - lo, w});
+    const Tensor wa = ka ? fa : widen(be.isa(), rows(a, w, lo, hi)).reshape({hi - lo, w});
+    const Tensor wb = kb ? fb : widen(be.isa(), rows(b, w, lo, hi)).reshape({hi - lo, w});
     Tensor wo = Tensor::empty({hi - lo, w}, DType::f32, out.backend_ptr());
     be.binary(ka ? wa.reshape(a.numel() == 1 ? Shape{1} : Shape{w}) : wa,
               kb ? wb.reshape(b.numel() == 1 ? Shape{1} : Shape{w}) : wb, wo, op);
-    narrow_into(wo, rows(out, w, lo, hi));
+    narrow_into(be.isa(), wo, rows(out, w, lo, hi));
   });
 }
 
@@ -285,9 +285,9 @@ void softmax_like_bf16(CpuBackend& be, const Tensor& x, Tensor& y, bool log) {
   require_all_bf16({&x, &y}, log ? Kernel::log_softmax : Kernel::softmax);
   const int64_t d = x.ndim() == 0 ? 1 : x.shape().back();
   for_row_blocks(x.numel() / std::max<int64_t>(d, 1), d, [&](int64_t lo, int64_t hi) {
-    Tensor w = widen(rows(x, d, lo, hi)), o = scratch_like(w);
+    Tensor w = widen(be.isa(), rows(x, d, lo, hi)), o = scratch_like(w);
     log ? be.log_softmax(w, o) : be.softmax(w, o);
-    narrow_into(o, rows(y, d, lo, hi));
+    narrow_into(be.isa(), o, rows(y, d, lo, hi));
   });
 }
 
@@ -295,9 +295,9 @@ void softmax_like_backward_bf16(CpuBackend& be, const Tensor& y, const Tensor& d
   require_all_bf16({&y, &dy, &dx}, log ? Kernel::log_softmax_backward : Kernel::softmax_backward);
   const int64_t d = y.ndim() == 0 ? 1 : y.shape().back();
   for_row_blocks(y.numel() / std::max<int64_t>(d, 1), d, [&](int64_t lo, int64_t hi) {
-    Tensor wy = widen(rows(y, d, lo, hi)), wd = widen(rows(dy, d, lo, hi)), o = scratch_like(wy);
+    Tensor wy = widen(be.isa(), rows(y, d, lo, hi)), wd = widen(be.isa(), rows(dy, d, lo, hi)), o = scratch_like(wy);
     log ? be.log_softmax_backward(wy, wd, o) : be.softmax_backward(wy, wd, o);
-    narrow_into(o, rows(dx, d, lo, hi));
+    narrow_into(be.isa(), o, rows(dx, d, lo, hi));
   });
 }
 
@@ -305,12 +305,12 @@ void layer_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, cons
                      Tensor& rstd, float eps) {
   require_all_bf16({&x, &weight, &bias, &y}, Kernel::layer_norm);
   const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
-  const Tensor w = widen_opt(weight), b = widen_opt(bias);
+  const Tensor w = widen_opt(be.isa(), weight), b = widen_opt(be.isa(), bias);
   for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(rows(x, d, lo, hi)), o = scratch_like(wx);
+    Tensor wx = widen(be.isa(), rows(x, d, lo, hi)), o = scratch_like(wx);
     Tensor m = mean.slice0(lo, hi), r = rstd.slice0(lo, hi);
     be.layer_norm(wx, w, b, o, m, r, eps);
-    narrow_into(o, rows(y, d, lo, hi));
+    narrow_into(be.isa(), o, rows(y, d, lo, hi));
   });
 }
 
@@ -318,31 +318,31 @@ void layer_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& wei
                               const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   require_all_bf16({&x, &weight, &dy, &dx, &dweight, &dbias}, Kernel::layer_norm_backward);
   const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
-  const Tensor w = widen_opt(weight);
+  const Tensor w = widen_opt(be.isa(), weight);
   Tensor dw_sum = dweight.defined() ? Tensor::zeros({d}, DType::f32, x.backend_ptr()) : Tensor();
   Tensor db_sum = dbias.defined() ? Tensor::zeros({d}, DType::f32, x.backend_ptr()) : Tensor();
   for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(rows(x, d, lo, hi)), wd = widen(rows(dy, d, lo, hi)), o = scratch_like(wx);
+    Tensor wx = widen(be.isa(), rows(x, d, lo, hi)), wd = widen(be.isa(), rows(dy, d, lo, hi)), o = scratch_like(wx);
     Tensor dw = dweight.defined() ? scratch_like(dw_sum) : Tensor(), db = dbias.defined() ? scratch_like(db_sum) : Tensor();
     be.layer_norm_backward(wx, w, mean.slice0(lo, hi), rstd.slice0(lo, hi), wd, o, dw, db);
-    narrow_into(o, rows(dx, d, lo, hi));
+    narrow_into(be.isa(), o, rows(dx, d, lo, hi));
     if (dw.defined()) accumulate(be, dw_sum, dw);
     if (db.defined()) accumulate(be, db_sum, db);
   });
-  if (dweight.defined()) narrow_into(dw_sum, dweight);
-  if (dbias.defined()) narrow_into(db_sum, dbias);
+  if (dweight.defined()) narrow_into(be.isa(), dw_sum, dweight);
+  if (dbias.defined()) narrow_into(be.isa(), db_sum, dbias);
 }
 
 void rms_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
                    float weight_offset) {
   require_all_bf16({&x, &weight, &y}, Kernel::rms_norm);
   const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
-  const Tensor w = widen_opt(weight);
+  const Tensor w = widen_opt(be.isa(), weight);
   for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(rows(x, d, lo, hi)), o = scratch_like(wx);
+    Tensor wx = widen(be.isa(), rows(x, d, lo, hi)), o = scratch_like(wx);
     Tensor r = rstd.slice0(lo, hi);
     be.rms_norm(wx, w, o, r, eps, weight_offset);
-    narrow_into(o, rows(y, d, lo, hi));
+    narrow_into(be.isa(), o, rows(y, d, lo, hi));
   });
 }
 
@@ -350,16 +350,16 @@ void rms_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weigh
                             Tensor& dx, Tensor& dweight, float weight_offset) {
   require_all_bf16({&x, &weight, &dy, &dx, &dweight}, Kernel::rms_norm_backward);
   const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
-  const Tensor w = widen_opt(weight);
+  const Tensor w = widen_opt(be.isa(), weight);
   Tensor dw_sum = dweight.defined() ? Tensor::zeros({d}, DType::f32, x.backend_ptr()) : Tensor();
   for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(rows(x, d, lo, hi)), wd = widen(rows(dy, d, lo, hi)), o = scratch_like(wx);
+    Tensor wx = widen(be.isa(), rows(x, d, lo, hi)), wd = widen(be.isa(), rows(dy, d, lo, hi)), o = scratch_like(wx);
     Tensor dw = dweight.defined() ? scratch_like(dw_sum) : Tensor();
     be.rms_norm_backward(wx, w, rstd.slice0(lo, hi), wd, o, dw, weight_offset);
-    narrow_into(o, rows(dx, d, lo, hi));
+    narrow_into(be.isa(), o, rows(dx, d, lo, hi));
     if (dw.defined()) accumulate(be, dw_sum, dw);
   });
-  if (dweight.defined()) narrow_into(dw_sum, dweight);
+  if (dweight.defined()) narrow_into(be.isa(), dw_sum, dweight);
 }
 
 void rope_bf16(CpuBackend& be, const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
@@ -367,9 +367,9 @@ void rope_bf16(CpuBackend& be, const Tensor& x, const Tensor& positions, Tensor&
   DEW_CHECK(x.ndim() == 4 && out.numel() == x.numel(), "cpu rope: x ", shape_str(x.shape()), " is not [B, T, H, D]");
   const bool per_batch = positions.ndim() == 2;
   for (int64_t b = 0; b < x.shape()[0]; ++b) {
-    Tensor w = widen(x.slice0(b, b + 1)), o = scratch_like(w);
+    Tensor w = widen(be.isa(), x.slice0(b, b + 1)), o = scratch_like(w);
     be.rope(w, per_batch ? positions.slice0(b, b + 1) : positions, o, p);
-    narrow_into(o, out.reshape(x.shape()).slice0(b, b + 1));
+    narrow_into(be.isa(), o, out.reshape(x.shape()).slice0(b, b + 1));
   }
 }
 
@@ -380,7 +380,7 @@ void cross_entropy_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targ
   const int64_t v = logits.shape()[1];
   for_row_blocks(logits.shape()[0], v, [&](int64_t lo, int64_t hi) {
     Tensor l = loss.slice0(lo, hi), s = lse.slice0(lo, hi);
-    be.cross_entropy(widen(logits.slice0(lo, hi)), targets.slice0(lo, hi), l, s, p);
+    be.cross_entropy(widen(be.isa(), logits.slice0(lo, hi)), targets.slice0(lo, hi), l, s, p);
   });
 }
 
@@ -390,40 +390,40 @@ void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Ten
   DEW_CHECK(logits.ndim() == 2, "cpu cross_entropy_backward: logits ", shape_str(logits.shape()), " are not [N, V]");
   const int64_t v = logits.shape()[1];
   for_row_blocks(logits.shape()[0], v, [&](int64_t lo, int64_t hi) {
-    Tensor wl = widen(logits.slice0(lo, hi)), o = scratch_like(wl);
+    Tensor wl = widen(be.isa(), logits.slice0(lo, hi)), o = scratch_like(wl);
     be.cross_entropy_backward(wl, targets.slice0(lo, hi), lse.slice0(lo, hi), dloss.slice0(lo, hi), o, p);
-    narrow_into(o, dlogits.reshape(logits.shape()).slice0(lo, hi));
+    narrow_into(be.isa(), o, dlogits.reshape(logits.shape()).slice0(lo, hi));
   });
 }
 
 // One sample at a time: q, k, v, out [B, ...], segment_ids [B, S] and lse [B, H, T] all split on the
 // batch axis.
-void attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
+void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
                     Tensor& lse, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out}, Kernel::attention);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention: q, k, v must be [B, T, H, D]");
   for (int64_t b = 0; b < q.shape()[0]; ++b) {
-    Tensor wq = widen(q.slice0(b, b + 1)), wk = widen(k.slice0(b, b + 1)), wv = widen(v.slice0(b, b + 1));
+    Tensor wq = widen(isa, q.slice0(b, b + 1)), wk = widen(isa, k.slice0(b, b + 1)), wv = widen(isa, v.slice0(b, b + 1));
     Tensor o = scratch_like(wq), l = lse.slice0(b, b + 1);
-    attention_forward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), o, l, p);
-    narrow_into(o, out.reshape(q.shape()).slice0(b, b + 1));
+    attention_forward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), o, l, p, isa);
+    narrow_into(isa, o, out.reshape(q.shape()).slice0(b, b + 1));
   }
 }
 
-void attention_backward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                              const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                              Tensor& dv, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, Kernel::attention_backward);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention_backward: q, k, v must be [B, T, H, D]");
   for (int64_t b = 0; b < q.shape()[0]; ++b) {
-    Tensor wq = widen(q.slice0(b, b + 1)), wk = widen(k.slice0(b, b + 1)), wv = widen(v.slice0(b, b + 1));
-    Tensor wo = widen(out.slice0(b, b + 1)), wd = widen(dout.slice0(b, b + 1));
+    Tensor wq = widen(isa, q.slice0(b, b + 1)), wk = widen(isa, k.slice0(b, b + 1)), wv = widen(isa, v.slice0(b, b + 1));
+    Tensor wo = widen(isa, out.slice0(b, b + 1)), wd = widen(isa, dout.slice0(b, b + 1));
     Tensor gq = scratch_like(wq), gk = scratch_like(wk), gv = scratch_like(wv);
     cpu::attention_backward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), wo,
-                            lse.slice0(b, b + 1), wd, gq, gk, gv, p);
-    narrow_into(gq, dq.reshape(q.shape()).slice0(b, b + 1));
-    narrow_into(gk, dk.reshape(k.shape()).slice0(b, b + 1));
-    narrow_into(gv, dv.reshape(v.shape()).slice0(b, b + 1));
+                            lse.slice0(b, b + 1), wd, gq, gk, gv, p, isa);
+    narrow_into(isa, gq, dq.reshape(q.shape()).slice0(b, b + 1));
+    narrow_into(isa, gk, dk.reshape(k.shape()).slice0(b, b + 1));
+    narrow_into(isa, gv, dv.reshape(v.shape()).slice0(b, b + 1));
   }
 }
 

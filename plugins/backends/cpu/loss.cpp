@@ -6,12 +6,22 @@
 // The backward writes dlogits = (exp(logit - lse) - onehot(target)) * dloss[n] in one pass (zero rows
 // where ignored). Sums of exp accumulate in double per row. A target outside [0, V) that is not
 // ignore_index throws before anything is written.
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
 #include <cmath>
-
 #include "cpu_backend.hpp"
 
+#define DEW_CPU_ISA_SELF "loss.cpp"
+#include "isa_clones.hpp"
+
 namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(cross_entropy, (const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse, const CrossEntropyParams& p), (logits, targets, loss, lse, p))
+DEW_CPU_ISA_KERNEL(cross_entropy_backward, (const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p), (logits, targets, lse, dloss, dlogits, p))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
 
 namespace {
 
@@ -49,9 +59,9 @@ inline float row_lse(const float* x, int64_t v) {
 
 }  // namespace
 
-void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+void cross_entropy(CpuBackend& self, const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
                                const CrossEntropyParams& p) {
-  if (is_bf16_call(logits)) return cross_entropy_bf16(*this, logits, targets, loss, lse, p);  // half.cpp
+  if (is_bf16_call(logits)) return cross_entropy_bf16(self, logits, targets, loss, lse, p);  // half.cpp
   require_f32(logits, "cross_entropy", "logits");
   require_i32(targets, "cross_entropy", "targets");
   require_f32(loss, "cross_entropy", "loss");
@@ -77,9 +87,9 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& targets, Tens
   }
 }
 
-void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+void cross_entropy_backward(CpuBackend& self, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                         const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p) {
-  if (is_bf16_call(logits)) return cross_entropy_backward_bf16(*this, logits, targets, lse, dloss, dlogits, p);  // half.cpp
+  if (is_bf16_call(logits)) return cross_entropy_backward_bf16(self, logits, targets, lse, dloss, dlogits, p);  // half.cpp
   require_f32(logits, "cross_entropy_backward", "logits");
   require_i32(targets, "cross_entropy_backward", "targets");
   require_f32(lse, "cross_entropy_backward", "lse");
@@ -112,4 +122,4 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
   }
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

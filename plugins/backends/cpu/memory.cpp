@@ -259,7 +259,7 @@ void CpuBackend::cast(const Tensor& x, Tensor& out) {
     if (x.data() != out.data()) parallel_memcpy(out.data(), x.data(), x.nbytes());
     return;
   }
-  if (cast_bf16_fast(x, out)) return;  // convert.cpp
+  if (cast_bf16_fast(isa_, x, out)) return;  // convert.cpp
   const bool par = n >= (int64_t(1) << 16);
   dispatch_dtype(x.dtype(), [&](auto stag) {
     using S = decltype(stag);

@@ -11,12 +11,26 @@
 // * group_norm (oneDNN 2.6 has none): statistics per (n, group) over the contiguous C/groups * spatial
 //   block, in double; backward dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat)), gy = dy * w[c];
 //   dweight/dbias from per-(n, c) sums reduced over n in order (deterministic, no atomics).
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
 #include <cmath>
-
 #include "cpu_backend.hpp"
 
+#define DEW_CPU_ISA_SELF "norm.cpp"
+#include "isa_clones.hpp"
+
 namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(layer_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd, float eps), (x, weight, bias, y, mean, rstd, eps))
+DEW_CPU_ISA_KERNEL(layer_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias), (x, weight, mean, rstd, dy, dx, dweight, dbias))
+DEW_CPU_ISA_KERNEL(rms_norm, (const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps, float weight_offset), (x, weight, y, rstd, eps, weight_offset))
+DEW_CPU_ISA_KERNEL(rms_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, float weight_offset), (x, weight, rstd, dy, dx, dweight, weight_offset))
+DEW_CPU_ISA_KERNEL(group_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd, int64_t groups, float eps), (x, weight, bias, y, mean, rstd, groups, eps))
+DEW_CPU_ISA_KERNEL(group_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups), (x, weight, mean, rstd, dy, dx, dweight, dbias, groups))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
 
 namespace {
 
@@ -56,9 +70,9 @@ void ln_mds(LnEntry& e, int64_t rows, int64_t dim) {
 
 }  // namespace
 
-void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+void layer_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                             Tensor& rstd, float eps) {
-  if (is_bf16_call(x)) return layer_norm_bf16(*this, x, weight, bias, y, mean, rstd, eps);  // half.cpp
+  if (is_bf16_call(x)) return layer_norm_bf16(self, x, weight, bias, y, mean, rstd, eps);  // half.cpp
   require_f32(x, "layer_norm", "x");
   require_f32(y, "layer_norm", "y");
   require_f32(mean, "layer_norm", "mean");
@@ -71,7 +85,7 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
   if (rows == 0) return;
   DEW_CHECK(dim > 0, "cpu layer_norm: empty feature axis");
   const bool scale = weight.defined(), shift = bias.defined();
-  Dnnl& d = *dnnl_;
+  Dnnl& d = self.dnnl();
   Key key(kLnFwd);
   key.add(rows).add(dim).add(eps).add(int64_t(scale) | int64_t(shift) << 1);
   auto e = d.cache.get<LnEntry>(key, [&] {
@@ -97,9 +111,9 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
   for (int64_t i = 0; i < rows; ++i) r[i] = 1.0f / std::sqrt(r[i] + eps);
 }
 
-void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+void layer_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                                      const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias) {
-  if (is_bf16_call(x)) return layer_norm_backward_bf16(*this, x, weight, mean, rstd, dy, dx, dweight, dbias);  // half.cpp
+  if (is_bf16_call(x)) return layer_norm_backward_bf16(self, x, weight, mean, rstd, dy, dx, dweight, dbias);  // half.cpp
   require_f32(x, "layer_norm_backward", "x");
   require_f32(dy, "layer_norm_backward", "dy");
   require_f32(dx, "layer_norm_backward", "dx");
@@ -112,14 +126,14 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, cons
   DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
             "cpu layer_norm_backward: dy/dx/mean/rstd sizes do not match x ", shape_str(x.shape()));
   if (rows == 0 || dim == 0) {
-    if (dweight.defined()) fill(dweight, 0.0);
-    if (dbias.defined()) fill(dbias, 0.0);
+    if (dweight.defined()) self.fill(dweight, 0.0);
+    if (dbias.defined()) self.fill(dbias, 0.0);
     return;
   }
   // The weight enters dx, so use_scale follows `weight`; shift only matters for its gradient.
   const bool scale = weight.defined(), shift = dbias.defined();
   const bool full = scale || shift;  // prop_kind::backward computes the scale/shift gradients
-  Dnnl& d = *dnnl_;
+  Dnnl& d = self.dnnl();
   Key key(kLnBwd);
   key.add(rows).add(dim).add(int64_t(scale) | int64_t(shift) << 1);
   auto e = d.cache.get<LnEntry>(key, [&] {
@@ -170,9 +184,9 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, cons
 
 // ---------------------------------------------------------------- RMS norm
 
-void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+void rms_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
                           float weight_offset) {
-  if (is_bf16_call(x)) return rms_norm_bf16(*this, x, weight, y, rstd, eps, weight_offset);  // half.cpp
+  if (is_bf16_call(x)) return rms_norm_bf16(self, x, weight, y, rstd, eps, weight_offset);  // half.cpp
   require_f32(x, "rms_norm", "x");
   require_f32(y, "rms_norm", "y");
   require_f32(rstd, "rms_norm", "rstd");
@@ -205,9 +219,9 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tens
   }
 }
 
-void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+void rms_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                                    Tensor& dx, Tensor& dweight, float weight_offset) {
-  if (is_bf16_call(x)) return rms_norm_backward_bf16(*this, x, weight, rstd, dy, dx, dweight, weight_offset);  // half.cpp
+  if (is_bf16_call(x)) return rms_norm_backward_bf16(self, x, weight, rstd, dy, dx, dweight, weight_offset);  // half.cpp
   require_f32(x, "rms_norm_backward", "x");
   require_f32(dy, "rms_norm_backward", "dy");
   require_f32(dx, "rms_norm_backward", "dx");
@@ -291,7 +305,7 @@ GnShape gn_shape(const Tensor& x, int64_t groups, const char* kernel) {
 
 }  // namespace
 
-void CpuBackend::group_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+void group_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                             Tensor& rstd, int64_t groups, float eps) {
   require_f32(x, "group_norm", "x");
   require_f32(y, "group_norm", "y");
@@ -340,7 +354,7 @@ void CpuBackend::group_norm(const Tensor& x, const Tensor& weight, const Tensor&
   }
 }
 
-void CpuBackend::group_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+void group_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                                      const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups) {
   require_f32(x, "group_norm_backward", "x");
   require_f32(dy, "group_norm_backward", "dy");
@@ -418,4 +432,4 @@ void CpuBackend::group_norm_backward(const Tensor& x, const Tensor& weight, cons
   }
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

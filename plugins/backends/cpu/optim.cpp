@@ -6,11 +6,22 @@
 // recomputes r from the new m, v and applies p -= lr * trust_ratio * r.
 // AdamW follows PyTorch: p *= 1 - lr*wd; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps), with the bias
 // corrections bc = 1 - beta^step computed in double.
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <cmath>
-
 #include "cpu_backend.hpp"
 
+#define DEW_CPU_ISA_SELF "optim.cpp"
+#include "isa_clones.hpp"
+
 namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(adamw_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p), (param, grad, m, v, p))
+DEW_CPU_ISA_KERNEL(sgd_update, (Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p), (param, grad, momentum_buf, p))
+DEW_CPU_ISA_KERNEL(lamb_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p), (param, grad, m, v, p))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
 
 namespace {
 
@@ -55,7 +66,7 @@ void sgd_momentum_range(float* w, const float* g, float* buf, int64_t lo, int64_
 
 }  // namespace
 
-void CpuBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
+void adamw_update(CpuBackend& self, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
   require_f32(param, "adamw_update", "param");
   check_state(param, grad, "adamw_update", "grad");
   check_state(param, m, "adamw_update", "m");
@@ -76,7 +87,7 @@ void CpuBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tens
   for_blocks(n, parallel_worth(n), [&](int64_t lo, int64_t hi) { adamw_range(w, g, ms, vs, lo, hi, c); });
 }
 
-void CpuBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
+void sgd_update(CpuBackend& self, Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
   require_f32(param, "sgd_update", "param");
   check_state(param, grad, "sgd_update", "grad");
   const int64_t n = param.numel();
@@ -95,7 +106,7 @@ void CpuBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_
   });
 }
 
-void CpuBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) {
+void lamb_update(CpuBackend& self, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p) {
   require_f32(param, "lamb_update", "param");
   check_state(param, grad, "lamb_update", "grad");
   check_state(param, m, "lamb_update", "m");
@@ -146,4 +157,4 @@ void CpuBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tenso
   }
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

@@ -5,9 +5,22 @@
 // log_softmax forward is hand-written: oneDNN 2.6's logsoftmax is ~1e-6 off near 0 (12 ulps at 1.0: a
 // one-element row gives 1.4e-6, not 0), and cross-entropy-like uses live exactly there. It computes
 // y = (x - max) - log(sum exp(x - max)) with the sum and the log in double, one row per iteration.
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include "cpu_backend.hpp"
 
+#define DEW_CPU_ISA_SELF "softmax.cpp"
+#include "isa_clones.hpp"
+
 namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(softmax, (const Tensor& x, Tensor& y), (x, y))
+DEW_CPU_ISA_KERNEL(log_softmax, (const Tensor& x, Tensor& y), (x, y))
+DEW_CPU_ISA_KERNEL(softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))
+DEW_CPU_ISA_KERNEL(log_softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
 
 namespace {
 
@@ -33,8 +46,6 @@ void check_pair(const Tensor& a, const Tensor& b, const char* kernel) {
   DEW_CHECK(a.numel() == b.numel() && last_dim(a) == last_dim(b), "cpu ", kernel, ": ", shape_str(a.shape()), " vs ",
             shape_str(b.shape()));
 }
-
-}  // namespace
 
 void dnnl_softmax_forward(Dnnl& d, const Tensor& x, Tensor& y, bool log) {
   const char* kernel = log ? "log_softmax" : "softmax";
@@ -90,12 +101,14 @@ void dnnl_softmax_backward(Dnnl& d, const Tensor& y, const Tensor& dy, Tensor& d
   e->run(d, {{DNNL_ARG_DST, y.data()}, {DNNL_ARG_DIFF_DST, dy.data()}, {DNNL_ARG_DIFF_SRC, dx.data()}});
 }
 
-void CpuBackend::softmax(const Tensor& x, Tensor& y) {
-  if (is_bf16_call(x)) return softmax_like_bf16(*this, x, y, false);  // half.cpp
-  dnnl_softmax_forward(*dnnl_, x, y, false);
+}  // namespace
+
+void softmax(CpuBackend& self, const Tensor& x, Tensor& y) {
+  if (is_bf16_call(x)) return softmax_like_bf16(self, x, y, false);  // half.cpp
+  dnnl_softmax_forward(self.dnnl(), x, y, false);
 }
-void CpuBackend::log_softmax(const Tensor& x, Tensor& y) {
-  if (is_bf16_call(x)) return softmax_like_bf16(*this, x, y, true);  // half.cpp
+void log_softmax(CpuBackend& self, const Tensor& x, Tensor& y) {
+  if (is_bf16_call(x)) return softmax_like_bf16(self, x, y, true);  // half.cpp
   require_f32(x, "log_softmax", "x");
   require_f32(y, "log_softmax", "y");
   check_pair(x, y, "log_softmax");
@@ -117,13 +130,13 @@ void CpuBackend::log_softmax(const Tensor& x, Tensor& y) {
     for (int64_t i = 0; i < dim; ++i) yr[i] = (xr[i] - mx) - lse;
   }
 }
-void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  if (is_bf16_call(y)) return softmax_like_backward_bf16(*this, y, dy, dx, false);  // half.cpp
-  dnnl_softmax_backward(*dnnl_, y, dy, dx, false);
+void softmax_backward(CpuBackend& self, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (is_bf16_call(y)) return softmax_like_backward_bf16(self, y, dy, dx, false);  // half.cpp
+  dnnl_softmax_backward(self.dnnl(), y, dy, dx, false);
 }
-void CpuBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  if (is_bf16_call(y)) return softmax_like_backward_bf16(*this, y, dy, dx, true);  // half.cpp
-  dnnl_softmax_backward(*dnnl_, y, dy, dx, true);
+void log_softmax_backward(CpuBackend& self, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (is_bf16_call(y)) return softmax_like_backward_bf16(self, y, dy, dx, true);  // half.cpp
+  dnnl_softmax_backward(self.dnnl(), y, dy, dx, true);
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA
