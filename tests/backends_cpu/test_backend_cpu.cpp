@@ -774,3 +774,150 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
                                 matmul_params(1, 8, 8, 8, false, false, 1.0f, 0.0f, Activation::none)),
                   Error);
 }
+
+// Every hand-written kernel family on each ISA path this CPU runs (the `isa` option; isa_clones.hpp). The
+// elementwise families (unary forward/backward, binary, the AdamW / SGD updates, RoPE, gather / scatter_add,
+// the bf16 casts) compute each element by the same expression on every path, so avx512 and avx2 (both with
+// FMA) agree bit for bit; the reductions (norms, log-softmax, cross-entropy, reduce, LAMB's norms) sum in
+// vector lanes whose count differs per path, and agree within a few ulp. Portable (no FMA) agrees within a
+// few ulp too, and differs from avx2 somewhere (which shows the option really switches the code). A path
+// the CPU lacks is refused with one line (DEW_CPU_MAX_ISA stands in for an older CPU: tests/conformance).
+TEST_CASE("cpu: every hand-written family on each ISA path: avx512 == avx2 bit for bit where elementwise") {
+  cpu();
+  __builtin_cpu_init();
+  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  std::vector<std::string> paths = {"portable"};
+  if (has_avx2) paths.push_back("avx2");
+  if (has_avx512) paths.push_back("avx512");
+  struct Result {
+    std::string what;
+    bool elementwise;
+    std::vector<float> v;
+  };
+  const int64_t n = 4099;  // a tail past every vector width
+  const auto run = [&](const std::string& isa) {
+    BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+    std::vector<Result> r;
+    const auto put = [&](const std::string& what, bool elementwise, const Tensor& t) {
+      r.push_back({what, elementwise, t.to_floats()});
+    };
+    const Tensor x = Tensor::from_vector(host_uniform(n, 900, -4.0f, 4.0f), {n}, be);
+    const Tensor xp = Tensor::from_vector(host_uniform(n, 901, 0.05f, 4.0f), {n}, be);  // log, sqrt, pow
+    const Tensor dy = Tensor::from_vector(host_uniform(n, 902, -1.0f, 1.0f), {n}, be);
+    for (int op = 0; op <= int(UnaryOp::softcap); ++op) {
+      const UnaryOp u = UnaryOp(op);
+      const bool positive = u == UnaryOp::log || u == UnaryOp::sqrt || u == UnaryOp::rsqrt || u == UnaryOp::pow ||
+                            u == UnaryOp::reciprocal;
+      const UnaryParams p{u, u == UnaryOp::pow ? 1.7f : u == UnaryOp::clamp ? -0.5f : u == UnaryOp::softcap ? 3.0f : 1.3f,
+                          u == UnaryOp::clamp ? 0.75f : 0.25f};
+      Tensor out = Tensor::empty({n}, DType::f32, be), dx = Tensor::empty({n}, DType::f32, be);
+      be->unary(positive ? xp : x, out, p);
+      be->unary_backward(positive ? xp : x, dy, dx, p);
+      put("unary " + std::to_string(op), true, out);
+      put("unary_backward " + std::to_string(op), true, dx);
+    }
+    for (int op = 0; op <= int(BinaryOp::lt); ++op) {
+      Tensor out = Tensor::empty({n}, DType::f32, be);
+      be->binary(x, xp, out, BinaryOp(op));
+      put("binary " + std::to_string(op), true, out);
+    }
+    const Tensor rows = Tensor::from_vector(host_uniform(37 * 130, 903, -2.0f, 2.0f), {37, 130}, be);
+    const Tensor vec = Tensor::from_vector(host_uniform(130, 904, 0.5f, 1.5f), {130}, be);
+    Tensor bo = Tensor::empty({37, 130}, DType::f32, be);
+    be->binary(rows, vec, bo, BinaryOp::mul);
+    put("binary broadcast", true, bo);
+    {  // optimizers: a few steps from the same state
+      Tensor w = x.clone(), m = Tensor::zeros({n}, DType::f32, be), v = Tensor::zeros({n}, DType::f32, be);
+      Tensor ws = x.clone(), buf = Tensor::zeros({n}, DType::f32, be), wl = x.clone();
+      Tensor ml = Tensor::zeros({n}, DType::f32, be), vl = Tensor::zeros({n}, DType::f32, be);
+      for (int64_t step = 1; step <= 3; ++step) {
+        AdamWParams a;
+        a.lr = 1e-2f, a.weight_decay = 0.1f, a.grad_scale = 0.5f, a.step = step;
+        be->adamw_update(w, dy, m, v, a);
+        SgdParams s;
+        s.momentum = 0.9f, s.weight_decay = 0.01f, s.nesterov = true, s.step = step;
+        be->sgd_update(ws, dy, buf, s);
+        LambParams l;
+        l.weight_decay = 0.01f, l.step = step;
+        be->lamb_update(wl, dy, ml, vl, l);
+      }
+      put("adamw", true, w);
+      put("sgd", true, ws);
+      put("lamb", false, wl);
+    }
+    {  // rope, embedding rows
+      const int64_t T = 9, H = 3, HD = 32;
+      std::vector<int32_t> pos(size_t(2 * T));
+      for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i * 7 + 3);
+      const Tensor xr = Tensor::from_vector(host_uniform(2 * T * H * HD, 905, -1.0f, 1.0f), {2, T, H, HD}, be);
+      Tensor y = Tensor::empty({2, T, H, HD}, DType::f32, be);
+      be->rope(xr, Tensor::from_ints(pos, {2, T}, be), y, RopeParams{10000.0f, 16, false});
+      put("rope", true, y);
+      const std::vector<int32_t> ix = {3, 0, 3, 5, 1, 3, 2, 5};
+      const Tensor idx = Tensor::from_ints(ix, {1, 8}, be);
+      Tensor g = Tensor::empty({1, 8, 130}, DType::f32, be);
+      be->gather_rows(rows.reshape({1, 37, 130}), idx, g);
+      put("gather_rows", true, g);
+      Tensor dsrc = Tensor::zeros({1, 37, 130}, DType::f32, be);
+      be->scatter_add_rows(g, idx, dsrc);
+      put("scatter_add_rows", true, dsrc);
+    }
+    {  // casts f32 -> bf16 -> f32
+      Tensor h = Tensor::empty({n}, DType::bf16, be), back = Tensor::empty({n}, DType::f32, be);
+      be->cast(x, h);
+      be->cast(h, back);
+      put("cast bf16", true, back);
+    }
+    {  // reductions: norms, log-softmax, cross-entropy, reduce
+      Tensor y = Tensor::empty({37, 130}, DType::f32, be), rstd = Tensor::empty({37}, DType::f32, be);
+      be->rms_norm(rows, vec, y, rstd, 1e-5f, 0.0f);
+      put("rms_norm", false, y);
+      Tensor dx = Tensor::empty({37, 130}, DType::f32, be), dw = Tensor::empty({130}, DType::f32, be);
+      be->rms_norm_backward(rows, vec, rstd, rows, dx, dw, 0.0f);
+      put("rms_norm_backward dx", false, dx);
+      put("rms_norm_backward dweight", false, dw);
+      Tensor ls = Tensor::empty({37, 130}, DType::f32, be);
+      be->log_softmax(rows, ls);
+      put("log_softmax", false, ls);
+      std::vector<int32_t> t(37);
+      for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((i * 31) % 130);
+      const Tensor tg = Tensor::from_ints(t, {37}, be);
+      Tensor loss = Tensor::empty({37}, DType::f32, be), lse = Tensor::empty({37}, DType::f32, be);
+      be->cross_entropy(rows, tg, loss, lse, {});
+      put("cross_entropy", false, loss);
+      Tensor dl = Tensor::empty({37, 130}, DType::f32, be);
+      be->cross_entropy_backward(rows, tg, lse, Tensor::from_vector(std::vector<float>(37, 0.5f), {37}, be), dl, {});
+      put("cross_entropy_backward", false, dl);
+      Tensor red = Tensor::empty({130}, DType::f32, be);
+      be->reduce(rows, red, ReduceParams{ReduceOp::sumsq, 1, 37, 130});
+      put("reduce sumsq", false, red);
+    }
+    return r;
+  };
+  std::vector<std::vector<Result>> all;
+  for (const std::string& isa : paths) all.push_back(run(isa));
+  const std::vector<Result>& base = all.back();  // the widest path
+  bool portable_differs = false;
+  for (size_t p = 0; p + 1 < all.size(); ++p)
+    for (size_t i = 0; i < base.size(); ++i) {
+      CAPTURE(paths[p]);
+      CAPTURE(base[i].what);
+      const std::vector<float>&got = all[p][i].v, &want = base[i].v;
+      REQUIRE(got.size() == want.size());
+      if (paths[p] == "avx2" && base[i].elementwise) {
+        CHECK(got == want);  // the same expression per element, FMA on both: the same bits
+        continue;
+      }
+      if (paths[p] == "portable" && has_avx2 && got != all[1][i].v) portable_differs = true;
+      int bad = 0;
+      for (size_t e = 0; e < got.size(); ++e) {
+        const double g = got[e], w = want[e];
+        if ((std::isnan(g) && std::isnan(w)) || g == w) continue;
+        if (std::fabs(g - w) > 1e-6 + 8 * kEps * std::fabs(w) && bad++ < 3)
+          FAIL_CHECK(base[i].what << " element " << e << ": " << paths[p] << " " << g << ", " << paths.back() << " " << w);
+      }
+    }
+  if (has_avx2) CHECK(portable_differs);  // no FMA on the portable path: some product rounds differently
+}
