@@ -22,6 +22,7 @@ struct BenchOptions {
   double seconds = 0.3;  // per repeat
   int repeats = 5;
   std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
+  std::string isa = "best";                  // cpu: the backend's isa option (path of the hand-written kernels)
   bool profile = false;                      // train: time every kernel (dew/profile.hpp) and print a table
   bool no_block_cache = false;               // cpu: cache_mb = 0 (train --activation-memory)
 };

@@ -287,7 +287,8 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const double machine_peak =
       onednn_peak_gflops(f.matmul_weights, f.batch * f.seq_len, opt.matmul_precision == "medium" || lo.precision != "f32", opt);
   std::printf(
-      "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"matmul_precision\":\"%s\",\"threads\":%d,"
+      "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"matmul_precision\":\"%s\",\"isa\":\"%s\","
+      "\"threads\":%d,"
       "\"tokens_per_sec\":%.1f,"
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
       "\"peak\":\"measured dew matmul 512^3\",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,"
@@ -295,7 +296,8 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
       "\"loss_first\":%.9g,\"loss_last\":%.9g,\"precision\":\"%s\"%s%s}\n",
-      f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, tokens / mean, mean * 1e3,
+      f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.isa.c_str(), opt.threads, tokens / mean,
+      mean * 1e3,
       median * 1e3, gflops / peak, gflops, peak, gflops / machine_peak, machine_peak, cpu_model().c_str(),
       (long long)f.n_params, n_mm, flops, (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps,
       lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, lo.precision.c_str(),

@@ -19,7 +19,7 @@ namespace {
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--matmul-precision P] [--seconds S] [--repeats R]\n"
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
-    "[--matmul-precision highest|high|medium] [--precision f32|bf16-mixed|f16-mixed] [--activation-memory] [--steps S] "
+    "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] [--activation-memory] [--steps S] "
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
     "[--repeats 5] [--weights f32|bf16] [-v]\n"
@@ -34,6 +34,7 @@ std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
   dew::Options options;
   if (opt.matmul_precision != "highest") options.set("matmul_precision", opt.matmul_precision);
   if (opt.no_block_cache && opt.backend == "cpu") options.set("cache_mb", "0");
+  if (opt.isa != "best") options.set("isa", opt.isa);
   dew::BackendPtr be = dew::create_backend(opt.backend, options);
   if (opt.profile) return std::make_shared<dew::ProfilingBackend>(be);
   return be;
@@ -72,6 +73,8 @@ int main(int argc, char** argv) {
       "backend", po::value(&opt.backend)->default_value("cpu"), "backend")(
       "matmul-precision", po::value(&opt.matmul_precision)->default_value("highest"),
       "highest | high | medium ([run] matmul_precision; cpu: medium = bf16 operands on AVX512-BF16 CPUs)")(
+      "isa", po::value(&opt.isa)->default_value("best"),
+      "cpu: path of the hand-written kernels, best | avx512 | avx2 | portable (the backend's isa option)")(
       "seconds", po::value(&opt.seconds)->default_value(0.3), "kernels: seconds per repeat")(
       "repeats", po::value<int>(), "kernels: repeats (the median is printed; 5); generate: timed generations (5)")(
       "config", po::value(&lm.config)->default_value("char-small"), "train/generate: config name or .ini path")(

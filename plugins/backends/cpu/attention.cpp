@@ -36,11 +36,13 @@
 // nothing reads them unmasked); a row with no visible key keeps m = -inf, l = 0 and is written as zeros with
 // lse = -inf (and gets zero gradients). Results are run-to-run deterministic; they do not depend on the thread
 // count either, except dq under the key-block split (a different summation order).
-// ISA: kernels use GCC/Clang vector extensions (no intrinsics). They are compiled for the file's own flags
-// and, where those lack them (the plugin builds this file at the x86-64 baseline), also as AVX-512 and
-// AVX2+FMA clones; the caller names the path (the backend's `isa`, isa.hpp), so the speed does not depend on
-// the plugin's -march (-DDEW_CPU_ATTENTION_NO_DISPATCH builds only the former). exp and tanh are vector polynomials (Cephes expf;
-// relative error ~1e-7).
+// ISA: kernels use GCC/Clang vector extensions (no intrinsics) on 16-lane logical vectors; the file is
+// compiled once per path (isa_clones.hpp: avx512, avx2, portable, each with its own register blocking) and
+// the caller names the path (the backend's `isa`, isa.hpp), so the speed never depends on the plugin's
+// flags. The blocking and the lane-count-dependent reductions differ per path, so paths agree within the
+// tolerance of tests/backends_cpu_attention, not bit for bit. exp and tanh are vector polynomials (Cephes
+// expf; relative error ~1e-7).
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include "attention.hpp"
 
 #include <omp.h>
@@ -58,7 +60,30 @@
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector arguments: everything below is inlined
 
+#define DEW_CPU_ISA_SELF "attention.cpp"
+#include "isa_clones.hpp"
+
 namespace dew::cpu {
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
+                       Tensor& lse, const AttentionParams& p, Isa isa) {
+  DEW_CPU_ISA_CALL(isa, attention_forward, q, k, v, segment_ids, out, lse, p);
+}
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionParams& p, Isa isa) {
+  DEW_CPU_ISA_CALL(isa, attention_backward, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
+}
+void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                         const AttentionParams& p, Isa isa) {
+  DEW_CPU_ISA_CALL(isa, attention_max_logit, q, k, segment_ids, out, p);
+}
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+
+
 namespace {
 
 constexpr int L = 16;           // lanes of one vector
@@ -816,52 +841,21 @@ struct Kernels {
   MaxFn max_logit;
 };
 
-#define DEW_ATTN_KERNELS(SUFFIX, ATTR, REGS)                                                           \
-  ATTR void fwd_lane_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                  \
-    fwd_lane_task<REGS>(g, p, task, ws);                                                               \
-  }                                                                                                    \
-  ATTR void fwd_row_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws) {                   \
-    fwd_row_task<REGS>(g, p, task, ws);                                                                \
-  }                                                                                                    \
-  ATTR void bwd_##SUFFIX(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, \
-                         float* dq_shared, DqMode mode, float* ws) {                                   \
-    bwd_task<REGS>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);                                        \
-  }                                                                                                    \
-  ATTR void max_logit_##SUFFIX(const Geo& g, const Ptrs& p, int64_t task, float* ws, float* result) {  \
-    max_logit_task<REGS>(g, p, task, ws, result);                                                      \
-  }
-
-#if defined(__AVX512F__)
-DEW_ATTN_KERNELS(native, , 32)
-#elif defined(__AVX2__) && defined(__FMA__)
-DEW_ATTN_KERNELS(native, , 8)
-#else
-DEW_ATTN_KERNELS(native, , 4)
-#endif
-
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__AVX512F__) && \
-    !defined(DEW_CPU_ATTENTION_NO_DISPATCH)
-#define DEW_ATTN_DISPATCH 1
-DEW_ATTN_KERNELS(avx512, __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma"))), 32)
-#if !defined(__AVX2__)
-DEW_ATTN_KERNELS(avx2, __attribute__((target("avx2,fma"))), 8)
-#endif
-#endif
-
-// The kernels of path `isa` (the backend's `isa` option, isa.hpp): the AVX-512 / AVX2 clones where the file's
-// flags lack them (the plugin builds it at the x86-64 baseline), else the file's own code.
-const Kernels& kernels(Isa isa) {
-  static const Kernels native{fwd_lane_native, fwd_row_native, bwd_native, max_logit_native};
-#ifdef DEW_ATTN_DISPATCH
-  static const Kernels wide{fwd_lane_avx512, fwd_row_avx512, bwd_avx512, max_logit_avx512};
-  if (isa == Isa::avx512) return wide;
-#if !defined(__AVX2__)
-  static const Kernels mid{fwd_lane_avx2, fwd_row_avx2, bwd_avx2, max_logit_avx2};
-  if (isa == Isa::avx2) return mid;
-#endif
-#endif
-  (void)isa;
-  return native;
+// This path's kernels: register blocking for its register file (32 zmm on avx512, 16 ymm holding 8 vectors
+// of 16 floats on avx2, 16 xmm holding 4 on the portable path).
+constexpr int kRegs = kIsa == Isa::avx512 ? 32 : kIsa == Isa::avx2 ? 8 : 4;
+void fwd_lane_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_lane_task<kRegs>(g, p, task, ws); }
+void fwd_row_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_row_task<kRegs>(g, p, task, ws); }
+void bwd_kernel(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, float* dq_shared,
+                DqMode mode, float* ws) {
+  bwd_task<kRegs>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);
+}
+void max_logit_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws, float* result) {
+  max_logit_task<kRegs>(g, p, task, ws, result);
+}
+const Kernels& kernels() {
+  static const Kernels k{fwd_lane_kernel, fwd_row_kernel, bwd_kernel, max_logit_kernel};
+  return k;
 }
 
 // Per-thread scratch kept for the life of the (pooled) OpenMP thread: no allocation or page faults per call.
@@ -924,7 +918,7 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& se
 // ---------------------------------------------------------------- entry points
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
-                       Tensor& lse, const AttentionParams& p, Isa isa) {
+                       Tensor& lse, const AttentionParams& p) {
   const Geo g = make_geo(q, k, v, segment_ids, p);
   check_shape(out, q.shape(), "out");
   check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
@@ -936,7 +930,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   P.out = out.data_as<float>();
   P.lse_out = lse.data_as<float>();
 
-  const Kernels& K = kernels(isa);
+  const Kernels& K = kernels();
   const bool rows = g.T <= ROW_PATH_MAX_T;
   const FwdFn fn = rows ? K.fwd_row : K.fwd_lane;
   const int64_t ntasks = rows ? g.B * g.Hq * g.T : g.B * g.Hq * ((g.T + TILE - 1) / TILE);
@@ -951,7 +945,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                        const AttentionParams& p, Isa isa) {
+                        const AttentionParams& p) {
   const Geo g = make_geo(q, k, v, segment_ids, p);
   check_shape(out, q.shape(), "out");
   check_shape(dout, q.shape(), "dout");
@@ -977,7 +971,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   P.dk = dk.data_as<float>();
   P.dv = dv.data_as<float>();
 
-  const BwdFn fn = kernels(isa).bwd;
+  const BwdFn fn = kernels().bwd;
   const int nth = omp_get_max_threads();
   const int64_t units = g.B * g.Hkv, nkb = (g.S + TILE - 1) / TILE;
   // (batch, kv head) tasks are race-free and need no reduction; use them unless they would leave threads idle.
@@ -1028,7 +1022,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 }
 
 void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
-                         const AttentionParams& p, Isa isa) {
+                         const AttentionParams& p) {
   const Geo g = make_geo(q, k, k, segment_ids, p);  // k stands in for v (unused)
   check_shape(out, Shape{g.Hq}, "out");
   float* o = out.data_as<float>();
@@ -1037,7 +1031,7 @@ void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment
   Ptrs P{};
   P.q = q.data_as<const float>();
   P.k = k.data_as<const float>();
-  const MaxFn fn = kernels(isa).max_logit;
+  const MaxFn fn = kernels().max_logit;
   const int64_t ntasks = g.B * g.Hq * ((g.T + TILE - 1) / TILE);
   std::vector<float> part(size_t(ntasks), kNegInf);
   const size_t ws_size = size_t(g.D * TILE + FWD_BK * TILE);
@@ -1053,4 +1047,4 @@ void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment
   }
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

@@ -12,7 +12,8 @@
 //    object is created per call); only convolution reorders, into blocked layouts (see conv.cpp);
 //  * kernels are deterministic for a given thread count (no atomics; reductions combine per-thread
 //    partials in a fixed order).
-// Built with -mavx2 -mfma; the registration probe refuses CPUs without AVX2/FMA.
+// Built at the x86-64 baseline (loads on any x86-64); the hand-written families are compiled once more per
+// instruction-set path and chosen per backend by CPU features and the `isa` option (isa.hpp, isa_clones.hpp).
 // The one exception to "f32 in, f32 out at f32 precision": with matmul_precision = medium (PyTorch's
 // float32 matmul precision), matmuls and convolutions on CPUs with AVX512-BF16 round their inputs to bf16
 // and accumulate in f32.

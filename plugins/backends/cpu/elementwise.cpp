@@ -3,7 +3,7 @@
 // Hand-written because oneDNN 2.6 has no backward for binary/reduction and its eltwise set lacks
 // softcap/affine-backward/etc.; these loops are memory-bound, so one fused pass per op is the goal.
 // * unary: one `omp simd` loop per op; exp/tanh/sigmoid/silu/gelu_tanh use fast_exp (<= 2 ulp) so they
-//   vectorise (gelu_tanh and silu, forward and backward, also have an AVX-512 clone: see act_kernels);
+//   vectorise (gelu_tanh and silu share one exp-based form, forward and backward: see gelu_tanh_fwd);
 //   log/sin/cos/pow/erf call libm per element. Output may alias the input.
 // * binary: numpy broadcasting. Fast paths: equal shapes (one flat loop), a scalar operand, and the
 //   general case after coalescing dimensions, whose innermost loop is contiguous for the common
@@ -11,6 +11,11 @@
 // * reduce [outer, reduce, inner]: sums accumulate in double; when outer*inner is too small to feed
 //   every thread, the reduce axis is split over threads and the double partials are combined in order.
 // * argmax: the first index of the largest value; the first NaN, if any, wins (as in ref).
+// ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`. unary (forward, backward) and
+//   binary compute one expression per element, contracted to FMA alike on avx512 and avx2: those two paths
+//   give the same bits (tests/backends_cpu checks it); portable has no FMA and differs by its roundings.
+//   reduce: sums in double over vector lanes whose count differs per path (the float result almost always
+//   agrees, it is not guaranteed); max/min and argmax are exact on every path.
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
 #include <cmath>

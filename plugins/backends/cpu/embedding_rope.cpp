@@ -9,6 +9,9 @@
 // * rope uses the "rotate half" pairing (i, i + rotary_dim/2) with cos/sin tables computed in double
 //   once per (theta, rotary_dim) and reused across calls (RopeTables); negative positions are computed
 //   directly. inverse rotates by -angle. Features past rotary_dim are copied.
+// ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`. gather is a copy and
+//   scatter_add adds rows in index order, RoPE one rotation per pair from the same double-built table: the
+//   same bits on avx512 and avx2 (FMA on both); portable differs in RoPE by FMA roundings.
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
 #include <cmath>

@@ -6,6 +6,10 @@
 // The backward writes dlogits = (exp(logit - lse) - onehot(target)) * dloss[n] in one pass (zero rows
 // where ignored). Sums of exp accumulate in double per row. A target outside [0, V) that is not
 // ignore_index throws before anything is written.
+// ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`. The row max and the sum of
+//   exponentials are f32 lane reductions (16 lanes on avx512, 8 on avx2, 4 portable): loss, lse and dlogits
+//   differ between paths in the last bits (within a few ulp; tests/backends_cpu bounds it), and each path is
+//   run-to-run and resume deterministic.
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
 #include <cmath>

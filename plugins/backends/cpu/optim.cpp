@@ -6,6 +6,10 @@
 // recomputes r from the new m, v and applies p -= lr * trust_ratio * r.
 // AdamW follows PyTorch: p *= 1 - lr*wd; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps), with the bias
 // corrections bc = 1 - beta^step computed in double.
+// ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`. AdamW and SGD are one
+//   expression per element, FMA alike on avx512 and avx2: the same bits on both (resume bit-exactness holds
+//   across them too); portable differs by FMA roundings. LAMB's norms are double lane sums (the trust ratio
+//   agrees in practice, within an ulp by guarantee).
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <cmath>
 #include "cpu_backend.hpp"

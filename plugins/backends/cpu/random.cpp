@@ -6,13 +6,24 @@
 // (b - a) u, a + b z and x * 1/(1-p) run in double and round once, exactly as the ref backend writes them, and this
 // file is compiled with -ffp-contract=off so no FMA contraction changes a rounding: values equal ref's bit for bit,
 // whatever the thread count.
+// ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`; integer Philox and uncontracted
+// double maps (-ffp-contract=off holds inside the target regions too): the same bits on every path.
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include "dew/random.hpp"
-
 #include <algorithm>
-
 #include "cpu_backend.hpp"
 
+#define DEW_CPU_ISA_SELF "random.cpp"
+#include "isa_clones.hpp"
+
 namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(random, (Tensor& out, const RandomParams& p), (out, p))
+DEW_CPU_ISA_KERNEL(dropout, (const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p), (x, y, mask, p))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
 
 namespace {
 
@@ -107,7 +118,7 @@ void parallel_chunks(int64_t n, F&& f) {
 
 }  // namespace
 
-void CpuBackend::random(Tensor& out, const RandomParams& p) {
+void random(CpuBackend& self, Tensor& out, const RandomParams& p) {
   require_f32(out, "random", "out");
   const int64_t n = out.numel();
   float* o = out.data_as<float>();
@@ -124,7 +135,7 @@ void CpuBackend::random(Tensor& out, const RandomParams& p) {
   }
 }
 
-void CpuBackend::dropout(const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) {
+void dropout(CpuBackend& self, const Tensor& x, Tensor& y, Tensor& mask, const DropoutParams& p) {
   require_f32(x, "dropout", "x");
   require_f32(y, "dropout", "y");
   require_f32(mask, "dropout", "mask");
@@ -146,4 +157,4 @@ void CpuBackend::dropout(const Tensor& x, Tensor& y, Tensor& mask, const Dropout
   });
 }
 
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

@@ -5,6 +5,9 @@
 // log_softmax forward is hand-written: oneDNN 2.6's logsoftmax is ~1e-6 off near 0 (12 ulps at 1.0: a
 // one-element row gives 1.4e-6, not 0), and cross-entropy-like uses live exactly there. It computes
 // y = (x - max) - log(sum exp(x - max)) with the sum and the log in double, one row per iteration.
+// ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`. softmax and the backwards are
+//   oneDNN's own choice; log_softmax's sum is in double over vector lanes whose count differs per path
+//   (f32 results agree in practice, within an ulp by guarantee).
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include "cpu_backend.hpp"
 
