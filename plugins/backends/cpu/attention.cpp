@@ -94,30 +94,8 @@ constexpr int64_t ROW_PATH_MAX_T = 4;
 static_assert(FWD_BK <= TILE && BWD_BQ <= TILE, "the causal sub-tile tables hold 4 chunks of 16");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint32_t vu __attribute__((vector_size(64)));
+// ---------------------------------------------------------------- vector helpers (vf, vload, vset, hsum16: isa.hpp)
 
-#define DEW_AI inline __attribute__((always_inline))
-
-// ---------------------------------------------------------------- vector helpers
-
-DEW_AI vf vload(const float* p) {
-  vf v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-DEW_AI void vstore(float* p, const vf& v) { __builtin_memcpy(p, &v, sizeof v); }
-// Broadcasts. Written as a shuffle of lane 0: inside a target("avx512f") function GCC lowers `vf{s, s, ...}`
-// lane by lane, and `vf{} + s` costs an add (0 + s is not an identity for -0.0).
-DEW_AI vf vset(float s) {
-  const vf v = {s};
-  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-}
-DEW_AI vi viset(int32_t s) {
-  const vi v = {s};
-  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-}
 DEW_AI vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
 DEW_AI vf vmax(const vf& a, const vf& b) { return a > b ? a : b; }
 
@@ -152,14 +130,6 @@ DEW_AI vf vtanh(const vf& y) {
   return (vf)((vi)t | sign);
 }
 
-DEW_AI float hsum(const vf& v) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
 
 DEW_AI float dot(const float* a, const float* b, int64_t n) {
   vf acc0 = {}, acc1 = {};
@@ -169,7 +139,7 @@ DEW_AI float dot(const float* a, const float* b, int64_t n) {
     acc1 += vload(a + i + L) * vload(b + i + L);
   }
   for (; i + L <= n; i += L) acc0 += vload(a + i) * vload(b + i);
-  float s = hsum(acc0 + acc1);
+  float s = hsum16(acc0 + acc1);
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -564,7 +534,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     vstore(sc + j, p);
     lsum += j + L <= n ? p : (iota() < viset(int32_t(n - j)) ? p : vf{});
   }
-  const float l = hsum(lsum);
+  const float l = hsum16(lsum);
   std::memset(acc, 0, size_t(D) * sizeof(float));
   for (int64_t j = 0; j < n; ++j) axpy(acc, sc[j], vb + (lo + j) * g.krs, D);
   const float inv = 1.0f / l;

@@ -8,11 +8,13 @@
 // best_isa() is the widest this CPU runs; a backend may be capped lower (the cpu backend's `isa` option),
 // which is how tests run every path on one machine. Kernels written on 16-lane logical vectors with FMA
 // give bit-identical results on avx512 and avx2; portable differs by the FMA roundings only.
-// Header-only and free of inline vector code (isa_vec.hpp has the vector helpers).
+// Header-only. Its vector helpers (16-lane logical vectors, below) are always-inline, so they compile for
+// whichever path's function inlines them.
 // How a family is compiled per path: isa_clones.hpp (the family's source, included once per path under a
 // `#pragma GCC target` region into namespace avx512 / avx2 / portable); DEW_CPU_ISA_CALL picks one.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -108,5 +110,41 @@ inline bool parse_isa(const std::string& name, Isa& out, std::string& why) {
 #define DEW_CPU_ISA_ARGS_(...) __VA_ARGS__
 #define DEW_CPU_ISA_KERNEL(name, params, args) \
   void CpuBackend::name params { DEW_CPU_ISA_CALL(isa_, name, *this, DEW_CPU_ISA_ARGS_ args); }
+
+// ---- 16-lane logical vectors (GCC vector extensions, no intrinsics): one zmm on avx512, two ymm on avx2,
+// four xmm on the portable path; shared by attention.cpp and matmul_rowwise.cpp.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector returns: always inlined, no call ABI involved
+#define DEW_AI inline __attribute__((always_inline))
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+
+DEW_AI vf vload(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+DEW_AI void vstore(float* p, const vf& v) { __builtin_memcpy(p, &v, sizeof v); }
+// Lane broadcasts, written as a shuffle of lane 0: inside a target("avx512f") function GCC lowers
+// `vf{s, s, ...}` lane by lane, and `vf{} + s` costs an add (0 + s is not an identity for -0.0).
+DEW_AI vf vset(float s) {
+  const vf v = {s};
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+DEW_AI vi viset(int32_t s) {
+  const vi v = {s};
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+// The fixed tree over 16 lanes: halves, then quarters, then pairs (the same on every path).
+DEW_AI float hsum16(const vf& v) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+#pragma GCC diagnostic pop
 
 }  // namespace dew::cpu

@@ -12,7 +12,8 @@
 // bit for bit; portable (no FMA) rounds each product separately. bf16 weights widen exactly to f32 (their
 // bits << 16), so the bf16 path is the f32 path on the rounded weight.
 // This file is compiled at the x86-64 baseline (CMakeLists.txt), so its plain code is the portable path and
-// the avx2 / avx512 clones come from target attributes; it includes nothing with inline vector code.
+// the avx2 / avx512 clones come from target attributes (isa.hpp's vector helpers are always-inline: they take
+// the clone's target).
 #include "matmul_rowwise.hpp"
 
 #include <omp.h>
@@ -26,17 +27,9 @@ namespace dew::cpu {
 
 namespace {
 
-typedef float vf __attribute__((vector_size(64)));
-typedef uint32_t vu __attribute__((vector_size(64)));
 typedef uint16_t vh __attribute__((vector_size(32)));
 
-#define DEW_AI inline __attribute__((always_inline))
-
-DEW_AI vf load16(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+DEW_AI vf load16(const float* p) { return vload(p); }  // (vf, vload, hsum16: isa.hpp)
 DEW_AI vf load16(const uint16_t* p) {  // 16 bf16 -> 16 f32, exact
   vh h;
   std::memcpy(&h, p, sizeof h);
@@ -48,16 +41,6 @@ DEW_AI float widen(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
-}
-
-// The fixed tree over 16 lanes: halves, then quarters, then pairs.
-DEW_AI float hsum16(const vf& v) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 // acc[r][j] = dot(x[r, :], w[j, :]) for R rows of x and J rows of w (k columns each). The tail is an
