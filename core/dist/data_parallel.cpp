@@ -98,8 +98,8 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensor
     b.numel += p.numel();
     bytes += double(p.nbytes());
   }
-  // Sharded gradients allocate a bucket's buffer when its first gradient arrives and free it once reduced.
-  if (!shards_gradients())
+  // Sharded runs allocate a bucket's buffer when its first gradient arrives and free it once reduced.
+  if (!reduces_onto_owners())
     for (Bucket& b : buckets_) ensure_flat(b);
 }
 
@@ -423,7 +423,7 @@ void DataParallel::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
     b.flat.backend().synchronize();
-    if (shards_gradients()) {
+    if (reduces_onto_owners()) {
       std::vector<int64_t> counts(size_t(comm_->size()), 0);
       counts[size_t(b.owner)] = b.flat.numel();
       if (b.owner == rank()) {
@@ -458,7 +458,7 @@ void DataParallel::finish_sync() {
   for (Bucket& b : buckets_) {
     b.request->wait();
     b.complete = true;
-    if (shards_gradients()) {
+    if (reduces_onto_owners()) {
       b.flat = Tensor();  // the staged copy: freed on every rank
       if (b.owner != rank()) {
         b.shard = Tensor();
@@ -466,7 +466,7 @@ void DataParallel::finish_sync() {
         continue;
       }
     }
-    Tensor& reduced = shards_gradients() ? b.shard : b.flat;
+    Tensor& reduced = reduces_onto_owners() ? b.shard : b.flat;
     Backend& be = reduced.backend();
     if (comm_->size() > 1) {
       UnaryParams scale;

@@ -18,11 +18,16 @@
 // is by whole parameter, which is what lets every optimizer (Muon's Newton-Schulz on a whole matrix,
 // LAMB's per-tensor trust ratio) run unchanged on its share. Buckets never mix owners.
 //   none        every rank holds everything; gradients all-reduced (the classic data parallel above).
-//   optimizer   ZeRO-1: gradients all-reduced, each rank updates the parameters it owns, and every
-//               parameter is then broadcast from its owner (distribute_parameters).
-//   gradients   ZeRO-2: each bucket is reduce-scattered to its owner (a piece of its whole size there,
-//               empty elsewhere); the other ranks drop their copy of those gradients as soon as they are
-//               staged, and keep no .grad for parameters they do not own.
+//   optimizer   ZeRO-1: each bucket is reduce-scattered to its owner (a piece of its whole size there,
+//               empty elsewhere; the gradients of its parameters stay whole on every rank until the
+//               update's sync), each rank updates the parameters it owns, and every parameter is then
+//               broadcast from its owner (distribute_parameters): the traffic of one all-reduce, as none.
+//               The sum is the same as the all-reduce's to the bit at 2 ranks (a + b commutes); at more
+//               ranks both follow the library's summation order, which may differ between MPI's
+//               all-reduce and reduce-scatter (and between bucket layouts, which already differ from
+//               none's since buckets never mix owners): deterministic, not promised bit-equal to none.
+//   gradients   ZeRO-2: reduced as optimizer; the other ranks drop their copy of a bucket's gradients as
+//               soon as they are staged, and keep no .grad for parameters they do not own.
 //   parameters  ZeRO-3: as gradients, and between updates a rank keeps only the storage of the
 //               parameters it owns (release_parameters: the others keep their shape, not their bytes);
 //               a block's are broadcast from their owners just before its forward (run_block,
@@ -74,8 +79,12 @@ class DataParallel final : public BlockParameterHooks {
   ShardMode shard() const { return shard_; }
   // True when optimizer state and EMA are per-rank shards (shard != none in a distributed run).
   bool sharded() const { return comm_ != nullptr && shard_ != ShardMode::none; }
-  // True when a rank keeps gradients only for the parameters it owns (gradients, parameters).
+  // True when a rank drops the gradients of parameters it does not own as soon as they are staged
+  // (gradients, parameters).
   bool shards_gradients() const { return sharded() && shard_ >= ShardMode::gradients; }
+  // True when each bucket is reduced onto its owner only (every shard mode): after finish_sync a rank
+  // holds .grad only for the parameters it owns.
+  bool reduces_onto_owners() const { return sharded(); }
   // The owner rank of parameter k (0 when not sharded); owns(k): this rank is it.
   int owner(size_t k) const { return owner_.empty() ? 0 : owner_[k]; }
   bool owns(size_t k) const { return !sharded() || owner(k) == rank(); }
@@ -141,8 +150,8 @@ class DataParallel final : public BlockParameterHooks {
 
  private:
   struct Bucket {
-    int owner = 0;  // sharded gradients: the rank the bucket is reduced onto
-    Tensor shard;   // sharded gradients, on the owner: the reduced bucket (.grad views point into it)
+    int owner = 0;  // sharded runs: the rank the bucket is reduced onto
+    Tensor shard;   // sharded runs, on the owner: the reduced bucket (.grad views point into it)
     std::vector<size_t> members;
     std::vector<int64_t> offsets;  // element offset of each member in flat
     int64_t numel = 0;             // gradient elements (the flags follow)

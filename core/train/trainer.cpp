@@ -497,7 +497,7 @@ void Trainer::start() {
     log_->info(
         "data parallel: {} ranks x batch {}{} = {} samples per update; gradients {} ({}) in {} buckets of <= {} MiB",
         run_.world, batch, micro, run_.world * batch * o_.grad_accum,
-        dp_->shards_gradients() ? "reduce-scattered to their owners" : "all-reduced", run_.comm->name(),
+        dp_->reduces_onto_owners() ? "reduce-scattered to their owners" : "all-reduced", run_.comm->name(),
         dp_->num_buckets(), run_.bucket_mb);
   }
 
@@ -588,11 +588,11 @@ UpdateResult Trainer::one_update() {
       }
   }
   const std::vector<double> host = concat(on_device, 0).to_doubles();
-  // Sharded gradients: each rank has the squares of its own parameters' gradients; they travel with the
+  // Sharded runs: each rank has the squares of its own parameters' gradients; they travel with the
   // summed figures below, one slot per parameter (zeros elsewhere), and are added in parameter order as
   // in an unsharded run, so the global norm (and the clip factor) is the same to the bit.
   std::vector<double> param_sq;
-  if (dp_->shards_gradients()) {
+  if (dp_->reduces_onto_owners()) {
     param_sq.assign(run_.params.size(), 0.0);
     for (size_t j = 0; j < with_grad.size(); ++j) param_sq[with_grad[j]] = host[head + j];
   }

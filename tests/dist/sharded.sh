@@ -31,6 +31,8 @@ for optim in adamw sgd lamb muon lion; do
     r=$optim-$mode
     run_mpi 2 "$work/$r.log" "${common[@]}" "${extra[@]}" --run-dir "$work/$r" --data.batch_size 8 --run.shard $mode
     grep -q "run.shard = $mode over 2 ranks" "$work/$r.log" || { echo "$r: not sharded?"; cat "$work/$r.log"; exit 1; }
+    # Every shard mode (optimizer too: ZeRO-1's traffic) reduces each bucket onto its owner only.
+    grep -q "gradients reduce-scattered to their owners" "$work/$r.log" || { echo "$r: all-reduced?"; exit 1; }
     echo "== $r"
     check "$r" "$optim-none" 1e-6
   done
@@ -105,8 +107,8 @@ run_mpi 2 "$work/lm-optimizer.log" train --config "$here/../report/lm-tiny.ini" 
   --trainer.eval_every 3 --trainer.checkpoint_every 0 --run.dist mpi "${lm[@]}" --trainer.log_every 1 \
   --run-dir "$work/lm-optimizer" --run.shard optimizer
 check lm-optimizer lm-none 1e-6
-# What rank 0 holds (memory accounting, the first logged line): optimizer state halves under optimizer,
-# gradients too under gradients, and parameters + gradients + optimizer state under parameters.
+# What rank 0 holds (memory accounting, the first logged line, after the update's sync): optimizer state
+# and gradients halve under optimizer and gradients, and parameters + gradients + optimizer state under parameters.
 "$PYTHON" - "$work" << 'PY'
 import json, sys
 work = sys.argv[1]
@@ -126,6 +128,7 @@ def ratio(run, key, lo, hi):
 print("lm-none:", none)
 ratio("lm-optimizer", "mem_optim_mb", 0.4, 0.6)
 ratio("lm-optimizer", "mem_params_mb", 1.0, 1.0)
+ratio("lm-optimizer", "mem_grads_mb", 0.4, 0.6)  # after the sync: the reduced gradients of its own parameters
 ratio("lm-gradients", "mem_optim_mb", 0.4, 0.6)
 ratio("lm-gradients", "mem_grads_mb", 0.4, 0.6)
 ratio("lm-parameters", "total", 0.4, 0.6)
