@@ -8,6 +8,7 @@
 # compile the parser's own sources instrumented (coverage, ASan, UBSan) and link the rest (tensors, options,
 # the registry) from build/lib/libdew.so, which tools/build.sh makes first (its copies of the fuzzed
 # functions are not used: the executable's instrumented ones take their place). TARGETs: a subset.
+# FUZZ_SEED=N: libFuzzer's -seed (tools/test.sh's smoke run uses 1, so CI's mutations repeat); unset, random.
 set -uo pipefail
 seconds=${1:-20}
 cd "$(dirname "$0")/.."
@@ -115,7 +116,7 @@ for t in "${targets[@]}"; do
   cp -n fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null
   # shellcheck disable=SC2086
   "$bin" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb="${rss_limit[$t]:-2048}" -max_len="${max_len[$t]:-65536}" ${extra[$t]:-} \
-    -artifact_prefix="$findings/" -print_final_stats=1 >"$out/$t.log" 2>&1
+    -artifact_prefix="$findings/" -print_final_stats=1 ${FUZZ_SEED:+-seed=$FUZZ_SEED} >"$out/$t.log" 2>&1
   rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$t.log" | tail -1)
   found=$(find "$findings" -type f | wc -l)
