@@ -414,6 +414,9 @@ void DataParallel::stage(size_t k) {
   // Under shard = parameters a parameter whose gradient is complete is not read again in this backward
   // pass (every node that uses it has an edge to it and has run): its storage goes now, not at the end.
   if (shards_gradients()) Tensor(p).zero_grad();
+  // shard = optimizer (ZeRO-1) keeps every gradient through the backward pass: as a view of its bucket
+  // from here on, so the fresh copy autograd accumulated goes now (the owner's reduced bucket replaces it).
+  else if (reduces_onto_owners() && g.defined() && g.data() != view.data()) Tensor(p).set_grad(view.reshape(p.shape()));
   if (shard_ == ShardMode::parameters) evict(k);
   --b.pending;
 }
