@@ -8,6 +8,7 @@
 # compile the parser's own sources instrumented (coverage, ASan, UBSan) and link the rest (tensors, options,
 # the registry) from build/lib/libdew.so, which tools/build.sh makes first (its copies of the fuzzed
 # functions are not used: the executable's instrumented ones take their place). TARGETs: a subset.
+# FUZZ_JOBS=N: N targets at a time. FUZZ_SEED=N: libFuzzer's -seed (tools/test.sh's smoke run uses 1, so CI's mutations repeat); unset, random.
 set -uo pipefail
 seconds=${1:-20}
 cd "$(dirname "$0")/.."
@@ -83,31 +84,32 @@ failed=$(for w in "${!wanted[@]}"; do
   for t in "${!included[@]}"; do [[ " ${sources[$t]} " == *" $w "* ]] && inc=${included[$t]}; done
   printf '%s\0%s\0%s\0' "$w" "$out/obj/${w%.cpp}.o" "$inc"
 done | xargs -0 -n 3 -P "$(nproc)" bash -c 'flags=($FUZZ_FLAGS); compile_one "$0" "$1" "$2"')
-printf '%-18s %12s %10s %s\n' target executions findings note
-for t in "${targets[@]}"; do
+# One target: link, regressions, fuzzing; prints its row and fails on any problem.
+fuzz_target() {
+  local t=$1 bin objs libs broken relink w corpus findings rc execs found note
   bin="$out/$t"
   objs=$(objects_of "$t")
   libs=$(printf '%s\n' ${sources[$t]} | grep -v '\.cpp$' | tr '\n' ' ')
   case "$libs" in *-ldew*)
-    [ -f build/lib/libdew.so ] || { printf '%-18s %12s %10s %s\n' "$t" - - "NOT BUILT: needs build/lib/libdew.so (tools/build.sh)"; status=1; continue; } ;;
+    [ -f build/lib/libdew.so ] || { printf '%-18s %12s %10s %s\n' "$t" - - "NOT BUILT: needs build/lib/libdew.so (tools/build.sh)"; return 1; } ;;
   esac
   broken=""
   for w in ${sources[$t]}; do case "$w" in *.cpp) grep -qxF "$w" <<<"$failed" && broken="$out/obj/${w%.cpp}.o.log" ;; esac; done
   if [ -n "$broken" ]; then
-    printf '%-18s %12s %10s %s\n' "$t" - - "BUILD FAILED (see $broken)"; status=1; continue
+    printf '%-18s %12s %10s %s\n' "$t" - - "BUILD FAILED (see $broken)"; return 1
   fi
   relink=1
   # shellcheck disable=SC2086
   [ -x "$bin" ] && [ -z "$(find $objs build/lib/libdew.so -newer "$bin" 2>/dev/null | head -1)" ] && relink=0
   # shellcheck disable=SC2086
   if [ "$relink" -eq 1 ] && ! "$cxx" "${flags[@]}" $objs $libs -o "$bin" 2>"$out/$t.build.log"; then
-    printf '%-18s %12s %10s %s\n' "$t" - - "BUILD FAILED (see $out/$t.build.log)"; status=1; continue
+    printf '%-18s %12s %10s %s\n' "$t" - - "BUILD FAILED (see $out/$t.build.log)"; return 1
   fi
   # Past findings first (fuzz/regressions/<target>/): each must now run clean.
   if [ -d "fuzz/regressions/$t" ] && ls fuzz/regressions/"$t"/* >/dev/null 2>&1; then
     # shellcheck disable=SC2086
     if ! "$bin" -rss_limit_mb="${rss_limit[$t]:-2048}" ${extra[$t]:-} fuzz/regressions/"$t"/* >"$out/$t.regressions.log" 2>&1; then
-      printf '%-18s %12s %10s %s\n' "$t" - - "REGRESSION (see $out/$t.regressions.log)"; status=1; continue
+      printf '%-18s %12s %10s %s\n' "$t" - - "REGRESSION (see $out/$t.regressions.log)"; return 1
     fi
   fi
   corpus="$out/corpus/$t" findings="$out/findings/$t"
@@ -115,12 +117,29 @@ for t in "${targets[@]}"; do
   cp -n fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null
   # shellcheck disable=SC2086
   "$bin" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb="${rss_limit[$t]:-2048}" -max_len="${max_len[$t]:-65536}" ${extra[$t]:-} \
-    -artifact_prefix="$findings/" -print_final_stats=1 >"$out/$t.log" 2>&1
+    -artifact_prefix="$findings/" -print_final_stats=1 ${FUZZ_SEED:+-seed=$FUZZ_SEED} >"$out/$t.log" 2>&1
   rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$t.log" | tail -1)
   found=$(find "$findings" -type f | wc -l)
   note=""
-  if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then status=1; note="FINDING (rc $rc; $out/$t.log)"; fi
+  [ "$rc" -ne 0 ] || [ "$found" -ne 0 ] && note="FINDING (rc $rc; $out/$t.log)"
   printf '%-18s %12s %10s %s\n' "$t" "${execs:-?}" "$found" "$note"
-done
+  [ -z "$note" ]
+}
+printf '%-18s %12s %10s %s\n' target executions findings note
+# FUZZ_JOBS=N runs N targets at a time (each is one process: tools/fuzz.sh 600 on 2 cores takes half as
+# long with FUZZ_JOBS=2); their rows print in the order above.
+jobs=${FUZZ_JOBS:-1}
+if [ "$jobs" -le 1 ]; then
+  for t in "${targets[@]}"; do fuzz_target "$t" || status=1; done
+else
+  running=0
+  for t in "${targets[@]}"; do
+    ( fuzz_target "$t" >"$out/$t.row"; echo $? >"$out/$t.rc" ) &
+    running=$((running + 1))
+    if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+  done
+  wait
+  for t in "${targets[@]}"; do cat "$out/$t.row"; [ "$(cat "$out/$t.rc")" = 0 ] || status=1; done
+fi
 exit $status

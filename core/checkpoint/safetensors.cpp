@@ -482,6 +482,12 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
     for (const auto& [name, file] : j["weight_map"].items()) {
       DEW_USAGE_CHECK(file.is_string(), index.string(), ": weight_map[\"", name, "\"] is not a file name");
       const std::string f = file.get<std::string>();
+      // A shard is a file of the index's own folder (as Hugging Face writes them): a path that climbs out
+      // ("../x"), an absolute one or a subfolder would read files the model does not own.
+      DEW_USAGE_CHECK(!f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
+                          f.find('\\') == std::string::npos && f.find('\0') == std::string::npos,
+                      index.string(), ": weight_map[\"", name, "\"] names shard '", f,
+                      "', which is not a file name in the index's folder");
       expected[name] = f;
       if (std::find(shard_names.begin(), shard_names.end(), f) == shard_names.end()) shard_names.push_back(f);
     }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
@@ -50,14 +51,16 @@ const char* shard_mode_name(ShardMode mode) {
 }
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb,
-                           ShardMode shard)
+                           ShardMode shard, bool prefetch)
     : comm_(std::move(comm)), shard_(shard), params_(params) {
+  prefetch_ = prefetch;
   if (!comm_) return;  // one process
   DEW_USAGE_CHECK(bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", bucket_mb);
   for (size_t k = 0; k < params_.size(); ++k) index_[params_[k].second.impl()] = k;
   dropped_.assign(params_.size(), 0);
   resident_.assign(params_.size(), 1);
   block_managed_.assign(params_.size(), 0);
+  inflight_flag_.assign(params_.size(), 0);
   if (sharded()) {
     // Contiguous runs of whole parameters, balanced by bytes: a parameter goes to the rank whose
     // 1/world of the total holds its midpoint.
@@ -95,8 +98,8 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> comm, const NamedTensor
     b.numel += p.numel();
     bytes += double(p.nbytes());
   }
-  // Sharded gradients allocate a bucket's buffer when its first gradient arrives and free it once reduced.
-  if (!shards_gradients())
+  // Sharded runs allocate a bucket's buffer when its first gradient arrives and free it once reduced.
+  if (!reduces_onto_owners())
     for (Bucket& b : buckets_) ensure_flat(b);
 }
 
@@ -150,30 +153,152 @@ void DataParallel::fetch_parameters(const std::vector<size_t>& ks) {
 
 void DataParallel::gather_parameters(bool whole) {
   if (!shards_parameters()) return;
+  settle_prefetch();
   std::vector<size_t> ks;
   for (size_t k = 0; k < params_.size(); ++k)
     if (!resident_[k] && (whole || !block_managed_[k])) ks.push_back(k);
   fetch_parameters(ks);
+  if (!whole) begin_pass();
 }
 
-void DataParallel::acquire(const std::vector<Tensor>& params) {
+std::vector<size_t> DataParallel::block_indices(const std::vector<Tensor>& params) {
   std::vector<size_t> ks;
   for (const Tensor& t : params) {
     auto it = index_.find(t.impl());
     if (it == index_.end()) continue;  // not a trained parameter: every rank holds it
     block_managed_[it->second] = 1;
-    if (!resident_[it->second]) ks.push_back(it->second);
+    ks.push_back(it->second);
   }
-  fetch_parameters(ks);
+  return ks;
+}
+
+void DataParallel::acquire(const std::vector<Tensor>& params) {
+  const std::vector<size_t> ks = block_indices(params);
+  if (ks.empty()) return;
+  const auto in = [&ks](size_t k) { return std::find(ks.begin(), ks.end(), k) != ks.end(); };
+  bool prefetched = false;
+  if (in_pass_) {
+    const size_t at = seen_.size();
+    seen_.push_back(ks);
+    if (on_schedule_ && (at >= schedule_.size() || schedule_[at] != ks)) {
+      on_schedule_ = false;  // the sequence changed: no more prefetching in this pass
+      ++stats_.schedule_misses;
+    }
+    prefetched = on_schedule_ && !inflight_.empty() && inflight_at_ == at;
+    deferred_ = false;  // a prefetch still waiting for the limit is this block's: gathered below instead
+    // What was gathered ahead for a block other than this one (only after a change of sequence) goes again.
+    for (size_t k : settle_prefetch())
+      if (!in(k)) evict(k);
+    for (size_t k : kept_)
+      if (!in(k)) evict(k);
+    kept_.clear();
+  }
+  std::vector<size_t> missing;
+  for (size_t k : ks)
+    if (!resident_[k]) missing.push_back(k);
+  if (!missing.empty()) {
+    fetch_parameters(missing);
+    ++stats_.blocking;
+  } else {
+    ++(prefetched ? stats_.prefetched : stats_.resident);
+  }
+  if (!in_pass_) return;
+  current_ = ks;
+  if (on_schedule_) launch_prefetch(seen_.size());
 }
 
 void DataParallel::release(const std::vector<Tensor>& params) {
-  for (const Tensor& t : params) {
-    auto it = index_.find(t.impl());
-    if (it == index_.end()) continue;
-    resident_[it->second] = 0;
-    drop_storage(it->second);
+  for (size_t k : block_indices(params)) {
+    if (needed_next(k)) {
+      kept_.push_back(k);  // the next acquire is this block's again (forward then backward of the last)
+      continue;
+    }
+    evict(k);
   }
+  current_.clear();
+  launch_deferred();
+}
+
+bool DataParallel::needed_next(size_t k) const {
+  if (!in_pass_ || !on_schedule_ || seen_.size() >= schedule_.size()) return false;
+  const std::vector<size_t>& next = schedule_[seen_.size()];
+  return std::find(next.begin(), next.end(), k) != next.end();
+}
+
+void DataParallel::begin_pass() {
+  settle_prefetch();
+  in_pass_ = true;
+  seen_.clear();
+  current_.clear();
+  kept_.clear();
+  deferred_ = false;
+  on_schedule_ = prefetch_ && !schedule_.empty();
+  if (on_schedule_) launch_prefetch(0);
+}
+
+void DataParallel::end_pass() {
+  settle_prefetch();
+  deferred_ = false;
+  current_.clear();
+  kept_.clear();
+  if (in_pass_) schedule_ = std::move(seen_);  // what the next pass follows
+  seen_.clear();
+  in_pass_ = false;
+  on_schedule_ = false;
+}
+
+void DataParallel::launch_prefetch(size_t position) {
+  deferred_ = false;
+  if (position >= schedule_.size() || !inflight_.empty()) return;
+  const std::vector<size_t>& want = schedule_[position];
+  const auto in = [](const std::vector<size_t>& v, size_t k) { return std::find(v.begin(), v.end(), k) != v.end(); };
+  std::vector<size_t> need;
+  for (size_t k : want)
+    if (!resident_[k]) need.push_back(k);
+  if (need.empty()) return;
+  // The limit: besides the current block (and the wanted one's own), no block's parameters may be whole.
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (resident_[k] && block_managed_[k] && !in(current_, k) && !in(want, k)) {
+      deferred_ = true;
+      deferred_at_ = position;
+      return;
+    }
+  const auto t0 = Clock::now();
+  for (size_t k : need) {
+    if (dropped_[k]) {
+      resize_storage(*params_[k].second.impl()->storage, params_[k].second.nbytes());
+      dropped_[k] = 0;
+    }
+    inflight_flag_[k] = 1;
+    inflight_requests_.push_back(comm_->broadcast_async(params_[k].second, owner(k)));
+  }
+  inflight_ = std::move(need);
+  inflight_at_ = position;
+  sync_ms_ += ms_since(t0);
+}
+
+void DataParallel::launch_deferred() {
+  for (auto& r : inflight_requests_) r->test();  // lets the gather in flight advance (MPI: inside its calls)
+  if (deferred_) launch_prefetch(deferred_at_);
+}
+
+std::vector<size_t> DataParallel::settle_prefetch() {
+  if (inflight_.empty()) return {};
+  const auto t0 = Clock::now();
+  for (auto& r : inflight_requests_) r->wait();
+  inflight_requests_.clear();
+  for (size_t k : inflight_) {
+    resident_[k] = 1;
+    inflight_flag_[k] = 0;
+  }
+  sync_ms_ += ms_since(t0);
+  return std::exchange(inflight_, {});
+}
+
+void DataParallel::evict(size_t k) {
+  if (inflight_flag_[k]) return;  // a prefetch is writing into it (a parameter shared between blocks)
+  resident_[k] = 0;
+  drop_storage(k);
 }
 
 BlockParameterHooks* DataParallel::block_hooks() {
@@ -193,10 +318,8 @@ void DataParallel::drop_storage(size_t k) {
 
 void DataParallel::release_parameters() {
   if (!shards_parameters()) return;
-  for (size_t k = 0; k < params_.size(); ++k) {
-    resident_[k] = 0;
-    drop_storage(k);
-  }
+  end_pass();
+  for (size_t k = 0; k < params_.size(); ++k) evict(k);
 }
 
 std::vector<std::vector<size_t>> DataParallel::bucket_members() const {
@@ -228,7 +351,8 @@ void DataParallel::backward(const Tensor& loss, bool last_micro) {
   const Tensor seed = Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.backend_ptr());
   if (comm_ && !last_micro && block_hooks()) {  // shard = parameters: free each one once its gradient is in
     run_backward(loss, seed, [this](const Tensor& leaf) {
-      if (auto it = index_.find(leaf.impl()); it != index_.end()) drop_storage(it->second);
+      if (auto it = index_.find(leaf.impl()); it != index_.end()) evict(it->second);
+      launch_deferred();
     });
     return;
   }
@@ -264,6 +388,7 @@ void DataParallel::on_leaf_ready(const Tensor& leaf) {
   }
   progress();
   sync_ms_ += ms_since(t0);
+  if (shard_ == ShardMode::parameters) launch_deferred();  // counts its own time
 }
 
 // Copies a parameter's gradient (or zeros) and its flag into the bucket.
@@ -289,7 +414,10 @@ void DataParallel::stage(size_t k) {
   // Under shard = parameters a parameter whose gradient is complete is not read again in this backward
   // pass (every node that uses it has an edge to it and has run): its storage goes now, not at the end.
   if (shards_gradients()) Tensor(p).zero_grad();
-  if (shard_ == ShardMode::parameters) drop_storage(k);
+  // shard = optimizer (ZeRO-1) keeps every gradient through the backward pass: as a view of its bucket
+  // from here on, so the fresh copy autograd accumulated goes now (the owner's reduced bucket replaces it).
+  else if (reduces_onto_owners() && g.defined() && g.data() != view.data()) Tensor(p).set_grad(view.reshape(p.shape()));
+  if (shard_ == ShardMode::parameters) evict(k);
   --b.pending;
 }
 
@@ -298,7 +426,7 @@ void DataParallel::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
     b.flat.backend().synchronize();
-    if (shards_gradients()) {
+    if (reduces_onto_owners()) {
       std::vector<int64_t> counts(size_t(comm_->size()), 0);
       counts[size_t(b.owner)] = b.flat.numel();
       if (b.owner == rank()) {
@@ -333,7 +461,7 @@ void DataParallel::finish_sync() {
   for (Bucket& b : buckets_) {
     b.request->wait();
     b.complete = true;
-    if (shards_gradients()) {
+    if (reduces_onto_owners()) {
       b.flat = Tensor();  // the staged copy: freed on every rank
       if (b.owner != rank()) {
         b.shard = Tensor();
@@ -341,7 +469,7 @@ void DataParallel::finish_sync() {
         continue;
       }
     }
-    Tensor& reduced = shards_gradients() ? b.shard : b.flat;
+    Tensor& reduced = reduces_onto_owners() ? b.shard : b.flat;
     Backend& be = reduced.backend();
     if (comm_->size() > 1) {
       UnaryParams scale;

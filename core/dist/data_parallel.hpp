@@ -18,17 +18,36 @@
 // is by whole parameter, which is what lets every optimizer (Muon's Newton-Schulz on a whole matrix,
 // LAMB's per-tensor trust ratio) run unchanged on its share. Buckets never mix owners.
 //   none        every rank holds everything; gradients all-reduced (the classic data parallel above).
-//   optimizer   ZeRO-1: gradients all-reduced, each rank updates the parameters it owns, and every
-//               parameter is then broadcast from its owner (distribute_parameters).
-//   gradients   ZeRO-2: each bucket is reduce-scattered to its owner (a piece of its whole size there,
-//               empty elsewhere); the other ranks drop their copy of those gradients as soon as they are
-//               staged, and keep no .grad for parameters they do not own.
+//   optimizer   ZeRO-1: each bucket is reduce-scattered to its owner (a piece of its whole size there,
+//               empty elsewhere; the gradients of its parameters stay whole on every rank until the
+//               update's sync), each rank updates the parameters it owns, and every parameter is then
+//               broadcast from its owner (distribute_parameters): the traffic of one all-reduce, as none.
+//               The sum is the same as the all-reduce's to the bit at 2 ranks (a + b commutes); at more
+//               ranks both follow the library's summation order, which may differ between MPI's
+//               all-reduce and reduce-scatter (and between bucket layouts, which already differ from
+//               none's since buckets never mix owners): deterministic, not promised bit-equal to none.
+//   gradients   ZeRO-2: reduced as optimizer; the other ranks drop their copy of a bucket's gradients as
+//               soon as they are staged, and keep no .grad for parameters they do not own.
 //   parameters  ZeRO-3: as gradients, and between updates a rank keeps only the storage of the
 //               parameters it owns (release_parameters: the others keep their shape, not their bytes);
 //               a block's are broadcast from their owners just before its forward (run_block,
 //               dew/block_params.hpp), dropped after it, broadcast again before its backward and
 //               dropped once their gradients are complete; the others (embeddings, final norm, head)
 //               are gathered at the start of an update (gather_parameters) and dropped likewise.
+//               Prefetch ([run] shard_prefetch, default on; FSDP's forward/backward prefetch): a pass is
+//               one micro-batch, from gather_parameters(false) to release_parameters(). Each pass records
+//               its sequence of block acquires (forward order, then backward order); the next pass
+//               follows the previous one's: when block i is acquired, the gather of the block acquired
+//               after it is launched (non-blocking) and waited for only at that block's acquire, so it
+//               runs while block i computes; the pass's start launches its first block's. At most the
+//               current block plus one prefetched block are gathered at a time (like limit_all_gathers:
+//               a prefetch waits until every other block is freed, else its acquire gathers it on the
+//               spot); a block acquired again right after (the last block, forward then backward) is
+//               kept rather than freed and gathered again. An acquire that differs from the recorded
+//               sequence (the contract forbids it) completes the gather in flight, gathers what it needs
+//               on the spot and ends prefetching for that pass; the next pass follows the new sequence.
+//               Every decision reads only state every rank shares, so every rank issues the same
+//               collectives in the same order.
 // With one rank every mode reduces to none; with a null communicator the mode is ignored.
 //
 // The trainer talks to every run through this class: with a null communicator it is one process, and
@@ -55,13 +74,17 @@ class DataParallel final : public BlockParameterHooks {
  public:
   // `comm` null: one process (no buckets are allocated).
   DataParallel(std::shared_ptr<Communicator> comm, const NamedTensors& params, double bucket_mb,
-               ShardMode shard = ShardMode::none);
+               ShardMode shard = ShardMode::none, bool prefetch = true);
 
   ShardMode shard() const { return shard_; }
   // True when optimizer state and EMA are per-rank shards (shard != none in a distributed run).
   bool sharded() const { return comm_ != nullptr && shard_ != ShardMode::none; }
-  // True when a rank keeps gradients only for the parameters it owns (gradients, parameters).
+  // True when a rank drops the gradients of parameters it does not own as soon as they are staged
+  // (gradients, parameters).
   bool shards_gradients() const { return sharded() && shard_ >= ShardMode::gradients; }
+  // True when each bucket is reduced onto its owner only (every shard mode): after finish_sync a rank
+  // holds .grad only for the parameters it owns.
+  bool reduces_onto_owners() const { return sharded(); }
   // The owner rank of parameter k (0 when not sharded); owns(k): this rank is it.
   int owner(size_t k) const { return owner_.empty() ? 0 : owner_[k]; }
   bool owns(size_t k) const { return !sharded() || owner(k) == rank(); }
@@ -84,6 +107,15 @@ class DataParallel final : public BlockParameterHooks {
   // BlockParameterHooks: a block's parameters broadcast from their owners / dropped after its forward.
   void acquire(const std::vector<Tensor>& params) override;
   void release(const std::vector<Tensor>& params) override;
+  // shard = parameters: block acquires since construction, by how their parameters came (the same on every
+  // rank; collectives per acquire, not bytes). prefetched: a gather launched before the acquire supplied
+  // them; resident: nothing to gather (already whole); blocking: gathered on the spot; schedule_misses:
+  // acquires that differed from the recorded sequence (each ends prefetching for its pass).
+  struct GatherStats {
+    int64_t prefetched = 0, resident = 0, blocking = 0, schedule_misses = 0;
+  };
+  const GatherStats& gather_stats() const { return stats_; }
+  bool prefetches() const { return shards_parameters() && prefetch_; }
 
   bool distributed() const { return comm_ != nullptr; }
   Communicator& comm() { return *comm_; }
@@ -118,8 +150,8 @@ class DataParallel final : public BlockParameterHooks {
 
  private:
   struct Bucket {
-    int owner = 0;  // sharded gradients: the rank the bucket is reduced onto
-    Tensor shard;   // sharded gradients, on the owner: the reduced bucket (.grad views point into it)
+    int owner = 0;  // sharded runs: the rank the bucket is reduced onto
+    Tensor shard;   // sharded runs, on the owner: the reduced bucket (.grad views point into it)
     std::vector<size_t> members;
     std::vector<int64_t> offsets;  // element offset of each member in flat
     int64_t numel = 0;             // gradient elements (the flags follow)
@@ -135,7 +167,17 @@ class DataParallel final : public BlockParameterHooks {
 
   void ensure_flat(Bucket& b);
   void drop_storage(size_t k);  // shard = parameters: parameter k (not owned here) keeps its shape only
+  // shard = parameters, called on every rank alike: parameter k is not needed until gathered again.
+  void evict(size_t k);
   void fetch_parameters(const std::vector<size_t>& ks);
+  // Prefetch (see the top of the file).
+  std::vector<size_t> block_indices(const std::vector<Tensor>& params);  // trained parameters, marked managed
+  void begin_pass();
+  void end_pass();
+  void launch_prefetch(size_t position);  // the block at `position` of schedule_, unless over the limit
+  void launch_deferred();                 // a prefetch that waited for the limit, once it allows it
+  std::vector<size_t> settle_prefetch();  // waits for the gather in flight; its parameters (now resident)
+  bool needed_next(size_t k) const;       // k belongs to the block the schedule acquires next
   std::shared_ptr<Communicator> comm_;
   ShardMode shard_ = ShardMode::none;
   std::vector<int> owner_;  // per parameter (sharded runs only)
@@ -143,6 +185,20 @@ class DataParallel final : public BlockParameterHooks {
   // Per parameter, the same on every rank (changed only at points every rank passes): resident_ = it
   // was gathered since it was last released; block_managed_ = a block's forward acquires it.
   std::vector<char> resident_, block_managed_;
+  bool prefetch_ = true;
+  bool in_pass_ = false, on_schedule_ = false;
+  std::vector<std::vector<size_t>> schedule_;  // the previous pass's block acquires (parameter indices)
+  std::vector<std::vector<size_t>> seen_;      // this pass's so far
+  std::vector<size_t> current_;                // the block acquired last (until its release)
+  std::vector<size_t> kept_;                   // released but kept whole: the next acquire's (needed_next)
+  // The one prefetch in flight: schedule_[inflight_at_]'s parameters that were not resident.
+  std::vector<size_t> inflight_;
+  std::vector<std::shared_ptr<CommRequest>> inflight_requests_;
+  std::vector<char> inflight_flag_;  // per parameter
+  size_t inflight_at_ = 0;
+  bool deferred_ = false;  // schedule_[deferred_at_] is to be prefetched once the limit allows it
+  size_t deferred_at_ = 0;
+  GatherStats stats_;
   NamedTensors params_;
   std::unordered_map<const TensorImpl*, size_t> index_;
   std::vector<size_t> bucket_of_;

@@ -74,9 +74,10 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   Options& rs = config.section("run");
   rs.get_string("name", "");
   rs.get_strings("plugins", {});  // read by the launcher before loading plugins
-  // ---- dist: [run] dist = none | <communicator> (mpi), dist_timeout (s), bucket_mb, shard ----
+  // ---- dist: [run] dist = none | <communicator> (mpi), dist_timeout (s), bucket_mb, shard, shard_prefetch ----
   const std::string dist = rs.get_string("dist", "none");
   run.shard = rs.get_string("shard", "none");  // checked by dist::shard_mode_from_name in the trainer
+  run.shard_prefetch = rs.get_bool("shard_prefetch", true);
   run.bucket_mb = rs.get_double("bucket_mb", 25.0);
   DEW_USAGE_CHECK(run.bucket_mb > 0, "option 'run.bucket_mb' must be positive, got ", run.bucket_mb);
   Options comm_options;

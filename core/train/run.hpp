@@ -35,6 +35,7 @@ struct Run {
   int rank = 0, world = 1;
   double bucket_mb = 25;
   std::string shard = "none";  // [run] shard: none | optimizer | gradients | parameters (dist/data_parallel.hpp)
+  bool shard_prefetch = true;  // [run] shard_prefetch: shard = parameters gathers the next block ahead
 };
 
 // The counters a checkpoint's state/ group holds besides tensors.

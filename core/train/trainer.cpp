@@ -358,7 +358,7 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   if (!o_.init_from.empty() && !options.resume) load_weights(o_.init_from, run_.params);  // before the EMA copies
   leader_ = run_.rank == 0;
   dp_ = std::make_unique<dist::DataParallel>(run_.comm, run_.params, run_.bucket_mb,
-                                             dist::shard_mode_from_name(run_.shard));
+                                             dist::shard_mode_from_name(run_.shard), run_.shard_prefetch);
   // Sharded runs: this rank's optimizer and EMA cover the parameters it owns (dist/data_parallel.hpp).
   const NamedTensors optimized = dp_->owned(run_.params);
   DEW_USAGE_CHECK(!optimized.empty(), "run.shard = ", run_.shard, ": rank ", run_.rank, " of ", run_.world,
@@ -486,15 +486,18 @@ void Trainer::start() {
   if (ema_ && dp_->sharded() && !options_.resume)  // a fresh EMA starts from rank 0's weights, as they now are
     ema_ = std::make_unique<Ema>(ema_params_, o_.ema_decay, o_.ema_warmup);
   if (dp_->sharded())
-    log_->info("sharded data parallel: run.shard = {} over {} ranks (this rank owns {} of {} parameters)", run_.shard,
-               run_.world, dp_->owned(run_.params).size(), run_.params.size());
+    log_->info("sharded data parallel: run.shard = {} over {} ranks (this rank owns {} of {} parameters){}", run_.shard,
+               run_.world, dp_->owned(run_.params).size(), run_.params.size(),
+               dp_->shards_parameters() ? (dp_->prefetches() ? "; the next block's gather is prefetched"
+                                                             : "; no prefetch (run.shard_prefetch = false)")
+                                        : "");
   if (dp_->distributed()) {
     const int64_t batch = run_.train_loader->config().batch_size;
     const std::string micro = o_.grad_accum > 1 ? " x " + std::to_string(o_.grad_accum) + " micro-batches" : "";
     log_->info(
         "data parallel: {} ranks x batch {}{} = {} samples per update; gradients {} ({}) in {} buckets of <= {} MiB",
         run_.world, batch, micro, run_.world * batch * o_.grad_accum,
-        dp_->shards_gradients() ? "reduce-scattered to their owners" : "all-reduced", run_.comm->name(),
+        dp_->reduces_onto_owners() ? "reduce-scattered to their owners" : "all-reduced", run_.comm->name(),
         dp_->num_buckets(), run_.bucket_mb);
   }
 
@@ -585,11 +588,11 @@ UpdateResult Trainer::one_update() {
       }
   }
   const std::vector<double> host = concat(on_device, 0).to_doubles();
-  // Sharded gradients: each rank has the squares of its own parameters' gradients; they travel with the
+  // Sharded runs: each rank has the squares of its own parameters' gradients; they travel with the
   // summed figures below, one slot per parameter (zeros elsewhere), and are added in parameter order as
   // in an unsharded run, so the global norm (and the clip factor) is the same to the bit.
   std::vector<double> param_sq;
-  if (dp_->shards_gradients()) {
+  if (dp_->reduces_onto_owners()) {
     param_sq.assign(run_.params.size(), 0.0);
     for (size_t j = 0; j < with_grad.size(); ++j) param_sq[with_grad[j]] = host[head + j];
   }
@@ -716,6 +719,11 @@ void Trainer::log_update(const UpdateResult& u) {
   if (const MemoryStats mem = run_.backend->memory_stats(); mem.tracked)
     line.add("mem_peak_mb", mebibytes(mem.peak));  // the backend's high-water mark so far
   if (dp_->distributed()) line.add("allreduce_ms", w.sync_ms / n);
+  if (dp_->shards_parameters()) {  // block gathers so far (dist/data_parallel.hpp GatherStats), the same on every rank
+    const dist::DataParallel::GatherStats& g = dp_->gather_stats();
+    line.add("gathers_prefetched", double(g.prefetched));
+    line.add("gathers_blocking", double(g.blocking));
+  }
   for (const auto& [k, v] : w.metrics) line.add(k, v / n);
   metrics_->write(line);
   const double eta = seconds_since(run_start_) / double(st_.updates - start_updates_) * double(o_.steps - st_.updates);

@@ -7,7 +7,9 @@
 # 2. The same with grad_accum 2 and tiny buckets (several buckets, owners changing between them).
 # 3. Other objectives: JEPA (vit encoder + predictor, the target encoder updated in after_update, EMA on)
 #    and a byte-level LM (causal_transformer on a fortune file), shard = gradients and parameters, bit
-#    for bit against none (same arithmetic) within the 1e-6 checks.
+#    for bit against none (same arithmetic) within the 1e-6 checks; the LM's shard = parameters also with
+#    gradient accumulation with and without recomputation and with run.shard_prefetch = false, and its
+#    gather counters show the next block's gather was prefetched (none gathered on the spot after update 1).
 # 4. One rank (dist = mpi without mpirun): every shard mode is a no-op, bit for bit.
 # The log must say the run is sharded (a silently ignored option fails here).
 set -euo pipefail
@@ -29,6 +31,8 @@ for optim in adamw sgd lamb muon lion; do
     r=$optim-$mode
     run_mpi 2 "$work/$r.log" "${common[@]}" "${extra[@]}" --run-dir "$work/$r" --data.batch_size 8 --run.shard $mode
     grep -q "run.shard = $mode over 2 ranks" "$work/$r.log" || { echo "$r: not sharded?"; cat "$work/$r.log"; exit 1; }
+    # Every shard mode (optimizer too: ZeRO-1's traffic) reduces each bucket onto its owner only.
+    grep -q "gradients reduce-scattered to their owners" "$work/$r.log" || { echo "$r: all-reduced?"; exit 1; }
     echo "== $r"
     check "$r" "$optim-none" 1e-6
   done
@@ -60,13 +64,51 @@ objective_runs jepa "$here/../jepa/tiny.ini" --data.batch_size 4 --trainer.ema_d
 lm=(--data.batch_size 4 --data.path "$work/magic" --model.n_layers 4)
 objective_runs lm "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.log_every 1
 objective_runs lm-recompute "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.recompute blocks --trainer.grad_accum 2 \
-  --data.batch_size 2
+  --data.batch_size 2 --trainer.log_every 1
+# shard = parameters prefetches the next block's gather (default): gradient accumulation without
+# recomputation, and the same with run.shard_prefetch = false (blocking gathers), both = none.
+lm_accum=(train --config "$here/../report/lm-tiny.ini" --backend "$backend" --trainer.steps 6 --trainer.eval_every 3
+          --trainer.checkpoint_every 0 --run.dist mpi "${lm[@]}" --trainer.log_every 1 --trainer.grad_accum 2
+          --data.batch_size 2)
+run_mpi 2 "$work/lm-accum-none.log" "${lm_accum[@]}" --run-dir "$work/lm-accum-none"
+for prefetch in true false; do
+  run_mpi 2 "$work/lm-accum-prefetch-$prefetch.log" "${lm_accum[@]}" --run-dir "$work/lm-accum-prefetch-$prefetch" \
+    --run.shard parameters --run.shard_prefetch $prefetch
+  echo "== lm-accum-prefetch-$prefetch"
+  check "lm-accum-prefetch-$prefetch" lm-accum-none 1e-6
+done
+# The prefetch happened (gathers_prefetched / gathers_blocking: block acquires so far, metrics.jsonl): the
+# first pass learns the block sequence and gathers on the spot; from the second update on, every pass of
+# the 4 blocks has its 8 acquires (4 forward, 4 backward) served by a gather launched ahead, except the
+# last block's backward (kept whole since its forward): no more blocking gathers, >= 7 prefetched per pass.
+# Without prefetch none is prefetched.
+"$PYTHON" - "$work" << 'PY'
+import json, sys
+work = sys.argv[1]
+def lines(run):
+    with open(f"{work}/{run}/metrics.jsonl") as f:
+        return [json.loads(l) for l in f if '"gathers_blocking"' in l]
+ok = True
+for run, accum in (("lm-parameters", 1), ("lm-recompute-parameters", 2), ("lm-accum-prefetch-true", 2)):
+    ls = lines(run)
+    first, last = ls[0], ls[-1]
+    grew = last["gathers_prefetched"] - first["gathers_prefetched"]
+    good = len(ls) == 6 and last["gathers_blocking"] == first["gathers_blocking"] and grew >= 5 * accum * 7
+    ok = ok and good
+    print(f"{run}: prefetched {[l['gathers_prefetched'] for l in ls]}, blocking {[l['gathers_blocking'] for l in ls]}"
+          f" ({'ok' if good else 'expected no blocking gather after update 1 and >= 7 prefetched per pass'})")
+off = lines("lm-accum-prefetch-false")
+good = all(l["gathers_prefetched"] == 0 for l in off) and off[-1]["gathers_blocking"] > 0
+ok = ok and good
+print(f"lm-accum-prefetch-false: prefetched {[l['gathers_prefetched'] for l in off]} ({'ok' if good else 'expected 0'})")
+sys.exit(0 if ok else 1)
+PY
 run_mpi 2 "$work/lm-optimizer.log" train --config "$here/../report/lm-tiny.ini" --backend "$backend" --trainer.steps 6 \
   --trainer.eval_every 3 --trainer.checkpoint_every 0 --run.dist mpi "${lm[@]}" --trainer.log_every 1 \
   --run-dir "$work/lm-optimizer" --run.shard optimizer
 check lm-optimizer lm-none 1e-6
-# What rank 0 holds (memory accounting, the first logged line): optimizer state halves under optimizer,
-# gradients too under gradients, and parameters + gradients + optimizer state under parameters.
+# What rank 0 holds (memory accounting, the first logged line, after the update's sync): optimizer state
+# and gradients halve under optimizer and gradients, and parameters + gradients + optimizer state under parameters.
 "$PYTHON" - "$work" << 'PY'
 import json, sys
 work = sys.argv[1]
@@ -86,6 +128,7 @@ def ratio(run, key, lo, hi):
 print("lm-none:", none)
 ratio("lm-optimizer", "mem_optim_mb", 0.4, 0.6)
 ratio("lm-optimizer", "mem_params_mb", 1.0, 1.0)
+ratio("lm-optimizer", "mem_grads_mb", 0.4, 0.6)  # after the sync: the reduced gradients of its own parameters
 ratio("lm-gradients", "mem_optim_mb", 0.4, 0.6)
 ratio("lm-gradients", "mem_grads_mb", 0.4, 0.6)
 ratio("lm-parameters", "total", 0.4, 0.6)

@@ -283,6 +283,14 @@ TEST_CASE("safetensors: sharded write and read; broken indexes are refused") {
   std::ofstream(d3 / "model.safetensors.index.json")
       << R"({"metadata": {}, "weight_map": {"w0": "a.safetensors", "w1": "b.safetensors"}})";
   CHECK_THROWS_WITH(dew::SafetensorsCheckpoint(d3.string()), doctest::Contains("'w0' is in two shards"));
+  // Shard names that leave the index's folder are refused before anything is opened.
+  fs::copy_file(d3 / "a.safetensors", d / "outside.safetensors");
+  for (const std::string shard : {"../outside.safetensors", "/etc/passwd", "sub/a.safetensors", ".."}) {
+    std::ofstream(d3 / "model.safetensors.index.json")
+        << R"({"metadata": {}, "weight_map": {"w0": ")" + shard + R"("}})";
+    const std::string expected = "names shard '" + shard + "', which is not a file name in the index's folder";
+    CHECK_THROWS_WITH(dew::SafetensorsCheckpoint(d3.string()), doctest::Contains(expected.c_str()));
+  }
   CHECK(dew::parse_byte_size("5GB", "x") == 5000000000ull);
   CHECK(dew::parse_byte_size("2MiB", "x") == 2097152ull);
   CHECK_THROWS_AS(dew::parse_byte_size("5 parsecs", "x"), dew::UsageError);

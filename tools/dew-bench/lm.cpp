@@ -89,11 +89,18 @@ std::string config_label(const std::string& name) {
   return name;
 }
 
-// The backend's fp32 matmul rate through dew::matmul (512^3), as the trainer's measure_peak_gflops.
-double measure_peak_gflops(const dew::BackendPtr& be) {
+// The backend's matmul rate through dew::matmul (512^3), as the trainer's measure_peak_gflops: in f32, or
+// on bf16 / f16 operands for the mixed precisions (what their steps' matmuls run at), so that `mfu` is a
+// fraction of the rate of the step's own operand dtype.
+double measure_peak_gflops(const dew::BackendPtr& be, const std::string& precision) {
   dew::NoGradGuard no_grad;
   const int64_t n = 512;
   dew::Tensor a = dew::Tensor::uniform({n, n}, -1, 1, 7, 1, be), b = dew::Tensor::uniform({n, n}, -1, 1, 7, 2, be);
+  if (precision != "f32") {
+    const dew::DType h = precision == "f16-mixed" ? dew::DType::f16 : dew::DType::bf16;
+    a = dew::cast(a, h);
+    b = dew::cast(b, h);
+  }
   dew::Tensor c = dew::matmul(a, b);
   be->synchronize();
   int iters = 0;
@@ -281,7 +288,10 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const TrainFigures f = measure_train(lo, opt);
   const double mean = f.mean_s, median = f.median_s, flops = f.flops, n_mm = f.n_mm;
   const double tokens = double(f.batch * f.seq_len);
-  const double peak = measure_peak_gflops(dew::default_backend());
+  const double peak = measure_peak_gflops(dew::default_backend(), lo.precision);
+  const std::string peak_label = lo.precision == "f32"         ? "measured dew matmul 512^3"
+                                 : lo.precision == "f16-mixed" ? "measured dew matmul 512^3, f16 operands"
+                                                               : "measured dew matmul 512^3, bf16 operands";
   const double gflops = flops / mean * 1e-9;
   // The machine's matmul peak as measured now: oneDNN directly at the step's own product shapes.
   const double machine_peak =
@@ -291,14 +301,14 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"threads\":%d,"
       "\"tokens_per_sec\":%.1f,"
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-      "\"peak\":\"measured dew matmul 512^3\",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,"
+      "\"peak\":\"%s\",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,"
       "\"onednn_peak\":\"oneDNN direct, best of the step's product shapes\",\"cpu\":\"%s\",\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
       "\"loss_first\":%.9g,\"loss_last\":%.9g,\"precision\":\"%s\"%s%s}\n",
       f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.isa.c_str(), opt.threads, tokens / mean,
-      mean * 1e3,
-      median * 1e3, gflops / peak, gflops, peak, gflops / machine_peak, machine_peak, cpu_model().c_str(),
+      mean * 1e3, median * 1e3, gflops / peak, gflops, peak, peak_label.c_str(), gflops / machine_peak, machine_peak,
+      cpu_model().c_str(),
       (long long)f.n_params, n_mm, flops, (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps,
       lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, lo.precision.c_str(),
       f.mem.json().c_str(),

@@ -2,6 +2,7 @@
 // Invariants: all optimizer arithmetic runs in double with the f32 hyper-parameters widened once; grad is
 // multiplied by grad_scale before anything else.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -11,6 +12,29 @@ namespace dew::ref {
 
 // ---------------------------------------------------------------- optimizers
 
+namespace {
+// Adam's moment update of one element and its bias-corrected direction m^ / (sqrt(v^) + eps), shared by
+// AdamW and LAMB (bc1, bc2: 1 - beta^step). The direction comes as its two factors so that each caller keeps
+// its own association (AdamW: lr * m^ / d).
+struct AdamDirection {
+  double m_hat, denominator;
+};
+struct AdamMoments {
+  double b1, b2, bc1, bc2, eps;
+  AdamMoments(double beta1, double beta2, double epsilon, int64_t step)
+      : b1(beta1), b2(beta2), bc1(1.0 - std::pow(beta1, double(step))), bc2(1.0 - std::pow(beta2, double(step))),
+        eps(epsilon) {}
+  template <class T>
+  AdamDirection direction(T& m, T& v, double g) const {
+    const double mi = b1 * double(m) + (1.0 - b1) * g;
+    const double vi = b2 * double(v) + (1.0 - b2) * g * g;
+    m = T(mi);
+    v = T(vi);
+    return {mi / bc1, std::sqrt(vi / bc2) + eps};
+  }
+};
+}  // namespace
+
 void RefBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
   constexpr Kernel K = Kernel::adamw_update;
   dispatch_float(param.dtype(), K, [&](auto tag) {
@@ -19,21 +43,17 @@ void RefBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tens
     expect(m, param.dtype(), param.numel(), K, "m");
     expect(v, param.dtype(), param.numel(), K, "v");
     DEW_CHECK(p.step >= 1, "ref.adamw_update: step ", p.step, " must count from 1");
-    const double lr = p.lr, b1 = p.beta1, b2 = p.beta2, eps = p.eps, wd = p.weight_decay, scale = p.grad_scale;
-    const double bc1 = 1.0 - std::pow(b1, double(p.step)), bc2 = 1.0 - std::pow(b2, double(p.step));
+    const double lr = p.lr, wd = p.weight_decay, scale = p.grad_scale;
+    const AdamMoments adam(p.beta1, p.beta2, p.eps, p.step);
     T* w = param.data_as<T>();
     T* ms = m.data_as<T>();
     T* vs = v.data_as<T>();
     const T* gs = grad.data_as<T>();
     for (int64_t i = 0; i < param.numel(); ++i) {
-      const double g = double(gs[i]) * scale;
       double x = double(w[i]);
       x -= lr * wd * x;  // decoupled weight decay
-      const double mi = b1 * double(ms[i]) + (1.0 - b1) * g;
-      const double vi = b2 * double(vs[i]) + (1.0 - b2) * g * g;
-      x -= lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
-      ms[i] = T(mi);
-      vs[i] = T(vi);
+      const AdamDirection d = adam.direction(ms[i], vs[i], double(gs[i]) * scale);
+      x -= lr * d.m_hat / d.denominator;
       w[i] = T(x);
     }
   });
@@ -71,8 +91,8 @@ void RefBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tenso
     expect(m, param.dtype(), param.numel(), K, "m");
     expect(v, param.dtype(), param.numel(), K, "v");
     DEW_CHECK(p.step >= 1, "ref.lamb_update: step ", p.step, " must count from 1");
-    const double lr = p.lr, b1 = p.beta1, b2 = p.beta2, eps = p.eps, wd = p.weight_decay, scale = p.grad_scale;
-    const double bc1 = 1.0 - std::pow(b1, double(p.step)), bc2 = 1.0 - std::pow(b2, double(p.step));
+    const double lr = p.lr, wd = p.weight_decay, scale = p.grad_scale;
+    const AdamMoments adam(p.beta1, p.beta2, p.eps, p.step);
     T* w = param.data_as<T>();
     T* ms = m.data_as<T>();
     T* vs = v.data_as<T>();
@@ -82,12 +102,8 @@ void RefBackend::lamb_update(Tensor& param, const Tensor& grad, Tensor& m, Tenso
     std::vector<double> r(static_cast<size_t>(n));
     double p_sq = 0, r_sq = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const double g = double(gs[i]) * scale;
-      const double mi = b1 * double(ms[i]) + (1.0 - b1) * g;
-      const double vi = b2 * double(vs[i]) + (1.0 - b2) * g * g;
-      ms[i] = T(mi);
-      vs[i] = T(vi);
-      r[size_t(i)] = (mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * double(w[i]);
+      const AdamDirection d = adam.direction(ms[i], vs[i], double(gs[i]) * scale);
+      r[size_t(i)] = d.m_hat / d.denominator + wd * double(w[i]);
       p_sq += double(w[i]) * double(w[i]);
       r_sq += r[size_t(i)] * r[size_t(i)];
     }

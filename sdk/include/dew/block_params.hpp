@@ -14,7 +14,10 @@
 //    they read whole parameters; when to free them in the backward pass is the hooks' business (the
 //    data-parallel hooks free each one once its gradient is complete);
 //  * every process of a job calls run_block in the same order with the same parameters (the hooks
-//    communicate): the blocks' structure must not depend on the data.
+//    communicate): the blocks' structure must not depend on the data. The hooks may also rely on the
+//    order repeating from one pass to the next: the data-parallel hooks gather the block acquired next
+//    (in the previous pass's order) while the current one computes, and fall back to gathering on the
+//    spot when the order changes.
 #pragma once
 #include <functional>
 #include <vector>
