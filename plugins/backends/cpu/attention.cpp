@@ -96,6 +96,16 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------- vector helpers (vf, vload, vset, hsum16: isa.hpp)
 
+// This path's broadcasts (isa.hpp: the shuffle form on avx512, the integer-add form below it).
+DEW_AI vf vset(float s) {
+  if constexpr (kIsa == Isa::avx512) return ::dew::cpu::vset(s);
+  return vset_add(s);
+}
+DEW_AI vi viset(int32_t s) {
+  if constexpr (kIsa == Isa::avx512) return ::dew::cpu::viset(s);
+  return viset_add(s);
+}
+
 DEW_AI vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
 DEW_AI vf vmax(const vf& a, const vf& b) { return a > b ? a : b; }
 

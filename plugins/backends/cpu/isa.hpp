@@ -126,8 +126,11 @@ DEW_AI vf vload(const float* p) {
   return v;
 }
 DEW_AI void vstore(float* p, const vf& v) { __builtin_memcpy(p, &v, sizeof v); }
-// Lane broadcasts, written as a shuffle of lane 0: inside a target("avx512f") function GCC lowers
-// `vf{s, s, ...}` lane by lane, and `vf{} + s` costs an add (0 + s is not an identity for -0.0).
+// Lane broadcasts. vset / viset: a shuffle of lane 0 (inside a target("avx512f") function GCC lowers
+// `vf{s, s, ...}` lane by lane, and `vf{} + s` is not an identity for -0.0). vset_add / viset_add: an integer
+// vector plus the scalar's bits (0 + bits is exact, the same value): below AVX-512, where a 64-byte vector
+// spans several registers, GCC 12 lowered the shuffle through the stack lane by lane in attention.cpp
+// (3.5x its AVX2 backward), while on AVX-512 the add form was the slow one (4.7x): each path takes its own.
 DEW_AI vf vset(float s) {
   const vf v = {s};
   return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -135,6 +138,12 @@ DEW_AI vf vset(float s) {
 DEW_AI vi viset(int32_t s) {
   const vi v = {s};
   return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+DEW_AI vi viset_add(int32_t s) { return vi{} + s; }
+DEW_AI vf vset_add(float s) {
+  int32_t bits;
+  __builtin_memcpy(&bits, &s, sizeof bits);
+  return (vf)viset_add(bits);
 }
 // The fixed tree over 16 lanes: halves, then quarters, then pairs (the same on every path).
 DEW_AI float hsum16(const vf& v) {
