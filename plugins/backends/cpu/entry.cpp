@@ -115,7 +115,7 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
   registrar.add<dew::Backend>({
       .name = "cpu",
       .description = "host backend: oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(
-                         DNNL_VERSION_MINOR) " matmul/conv/norm/softmax + OpenMP kernels (f32); " +
+                         DNNL_VERSION_MINOR) " matmul/conv/norm/softmax + OpenMP kernels (f32; bf16 for mixed precision); " +
                      dew::cpu::kernel_paths(),
       .factory = [](const dew::Options& o) { return std::make_shared<dew::cpu::CpuBackend>(o); },
       .probe = []() -> dew::Support {
