@@ -25,10 +25,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -847,7 +847,7 @@ void probe_unverified_file(const std::string& path, const CheckpointReadOptions&
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
     // The host's crash handlers (a test framework's, a debugger's) are not the child's business. Under a
-    // sanitizer (tools/fuzz.sh, tools/test.sh --asan) the child dying of a report inside libhdf5 is the
+    // sanitizer (tools/fuzz.sh, tools/test.sh --sanitize) the child dying of a report inside libhdf5 is the
     // probe's expected outcome, so the host's death callback (libFuzzer's: it would save the input as a
     // finding) is dropped too; the report still prints and the child still dies by a signal.
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(sig, SIG_DFL);
