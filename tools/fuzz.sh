@@ -8,7 +8,8 @@
 # compile the parser's own sources instrumented (coverage, ASan, UBSan) and link the rest (tensors, options,
 # the registry) from build/lib/libdew.so, which tools/build.sh makes first (its copies of the fuzzed
 # functions are not used: the executable's instrumented ones take their place). TARGETs: a subset.
-# FUZZ_JOBS=N: N targets at a time. FUZZ_SEED=N: libFuzzer's -seed (tools/test.sh's smoke run uses 1, so CI's mutations repeat); unset, random.
+# FUZZ_JOBS=N: N targets at a time. FUZZ_SEED=N: libFuzzer's -seed (tools/test.sh's smoke run uses 1, so
+# CI's mutations repeat); unset, random.
 set -uo pipefail
 seconds=${1:-20}
 cd "$(dirname "$0")/.."
