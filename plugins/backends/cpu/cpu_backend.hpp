@@ -307,6 +307,17 @@ bool binary_bf16_same_shape(Isa isa, const Tensor& a, const Tensor& b, Tensor& o
 // the f32 path (matmul.cpp) and the bf16 path (half.cpp) check their dtypes first, then call this.
 void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
                          const MatmulParams& p);
+// The cached oneDNN matmul primitive with the fused epilogue (matmul.cpp's top comment), for A and B of
+// dtype `operands` and bias and C of dtype `output`: f32 / f32 (the f32 path), bf16 / f32 (matmul_precision
+// = medium), bf16 / bf16 (half.cpp's bf16 kernel).
+struct MatmulEntry : BoundPrimitive {
+  dnnl::memory::desc a_md, b_md, c_md, bias_md;
+  int bias_arg = 0;  // DNNL_ARG_BIAS, or the binary_add post-op's source when alpha != 1
+};
+std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
+                                         dnnl::memory::data_type operands, dnnl::memory::data_type output);
+// The epilogue's activation of one f32 value (the k = 0 paths, which oneDNN does not run).
+float activate(float v, Activation act);
 void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p);
 
 // The memory-bound kernels in bf16: blocks of rows widened around this backend's f32 kernels (half.cpp).

@@ -7,8 +7,9 @@
 // never depend on which path ran beyond the rounding the conformance suite bounds.
 // Contract of a bf16 call (as cuda's): every data tensor (a, b, bias, out) is bf16; the statistics
 // (mean, rstd, lse, losses) stay f32; arithmetic is f32 and each output is rounded once (nearest even).
-//  * matmul: oneDNN's bf16 matmul (AVX512-BF16 / AMX), bf16 src / weights / bias / dst, f32 accumulation,
-//    the same fused epilogue (alpha, beta as a sum post-op, activation) as the f32 path in matmul.cpp.
+//  * matmul: oneDNN's bf16 matmul (AVX512-BF16 / AMX), bf16 src / weights / bias / dst, f32 accumulation:
+//    matmul.cpp's primitive (make_matmul, the same fused epilogue: alpha, beta as a sum post-op, activation)
+//    built for bf16 operands and output.
 //  * the memory-bound kernels (unary, binary, norms, softmax, rope, cross-entropy, attention): the f32
 //    kernel of this backend on blocks of rows (a sample for attention and rope) widened into f32
 //    scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the
@@ -54,71 +55,6 @@ namespace {
 using dnnl::memory;
 using dims = memory::dims;
 
-struct Bf16MatmulEntry : BoundPrimitive {
-  int bias_arg = 0;
-};
-
-dnnl::algorithm eltwise_for(Activation act) {
-  switch (act) {
-    case Activation::relu:
-      return dnnl::algorithm::eltwise_relu;
-    case Activation::gelu:
-      return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::gelu_tanh:
-      return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::silu:
-      return dnnl::algorithm::eltwise_swish;
-    default:
-      break;
-  }
-  DEW_CHECK(false, "cpu matmul: unknown activation ", int(act));
-  return dnnl::algorithm::undef;
-}
-
-std::shared_ptr<Bf16MatmulEntry> make_bf16_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias) {
-  auto e = std::make_shared<Bf16MatmulEntry>();
-  const memory::data_type bf = memory::data_type::bf16;
-  const int64_t m = p.m, n = p.n, k = p.k;
-  const dims a_inner = p.trans_a ? dims{1, m} : dims{k, 1};
-  const dims b_inner = p.trans_b ? dims{1, k} : dims{n, 1};
-  memory::desc a_md, b_md, c_md, bias_md;
-  if (p.batch == 1) {
-    a_md = memory::desc({m, k}, bf, a_inner);
-    b_md = memory::desc({k, n}, bf, b_inner);
-    c_md = memory::desc({m, n}, bf, dims{n, 1});
-    if (has_bias) bias_md = memory::desc({1, n}, bf, dims{n, 1});
-  } else {
-    const int64_t ab = p.a_batch_stride == 0 ? 1 : p.batch, bb = p.b_batch_stride == 0 ? 1 : p.batch;
-    a_md = memory::desc({ab, m, k}, bf, dims{p.a_batch_stride == 0 ? m * k : p.a_batch_stride, a_inner[0], a_inner[1]});
-    b_md = memory::desc({bb, k, n}, bf, dims{p.b_batch_stride == 0 ? k * n : p.b_batch_stride, b_inner[0], b_inner[1]});
-    c_md = memory::desc({p.batch, m, n}, bf, dims{m * n, n, 1});
-    if (has_bias) bias_md = memory::desc({1, 1, n}, bf, dims{n, n, 1});
-  }
-  // As matmul.cpp: alpha is the output scale, which oneDNN 2.x applies after the bias, so with alpha != 1
-  // the bias becomes a binary_add post-op.
-  const bool bias_as_post_op = has_bias && p.alpha != 1.0f;
-  dnnl::primitive_attr attr;
-  if (p.alpha != 1.0f) attr.set_output_scales(0, {p.alpha});
-  dnnl::post_ops po;
-  if (p.beta != 0.0f) po.append_sum(p.beta);
-  if (bias_as_post_op) po.append_binary(dnnl::algorithm::binary_add, bias_md);
-  if (p.act != Activation::none)
-    po.append_eltwise(1.0f, eltwise_for(p.act), p.act == Activation::silu ? 1.0f : 0.0f, 0.0f);
-  attr.set_post_ops(po);
-  const dnnl::matmul::desc desc = has_bias && !bias_as_post_op ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
-                                                               : dnnl::matmul::desc(a_md, b_md, c_md);
-  e->prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, d.eng));
-  e->arg(d, DNNL_ARG_SRC, a_md);
-  e->arg(d, DNNL_ARG_WEIGHTS, b_md);
-  e->arg(d, DNNL_ARG_DST, c_md);
-  if (has_bias) {
-    e->bias_arg =
-        bias_as_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.beta != 0.0f ? 1 : 0) | DNNL_ARG_SRC_1) : DNNL_ARG_BIAS;
-    e->arg(d, e->bias_arg, bias_md);
-  }
-  return e;
-}
-
 void require_bf16(const Tensor& t, const char* kernel, const char* arg) {
   DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
   DEW_CHECK(t.dtype() == DType::bf16, "cpu ", kernel, " (bf16): ", arg, " is ", dtype_name(t.dtype()),
@@ -141,23 +77,7 @@ void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, 
     uint16_t* o = out.data_as<uint16_t>();
     const uint16_t* bp = has_bias ? bias.data_as<uint16_t>() : nullptr;
     for (int64_t i = 0; i < out.numel(); ++i) {
-      float v = bp ? bf16_to_f32(bf16_t{bp[i % p.n]}) : 0.0f;
-      switch (p.act) {
-        case Activation::relu:
-          v = v < 0 ? 0 : v;
-          break;
-        case Activation::gelu:
-          v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
-          break;
-        case Activation::gelu_tanh:
-          v = 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-          break;
-        case Activation::silu:
-          v = v / (1.0f + std::exp(-v));
-          break;
-        default:
-          break;
-      }
+      const float v = activate(bp ? bf16_to_f32(bf16_t{bp[i % p.n]}) : 0.0f, p.act);
       o[i] = f32_to_bf16(p.beta == 0.0f ? v : p.beta * bf16_to_f32(bf16_t{o[i]}) + v).bits;
     }
     return;
@@ -173,7 +93,8 @@ void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, 
       .add(p.alpha)
       .add(p.beta)
       .add(int64_t(p.act));
-  auto e = d.cache.get<Bf16MatmulEntry>(key, [&] { return make_bf16_matmul(d, p, has_bias); });
+  auto e = d.cache.get<MatmulEntry>(
+      key, [&] { return make_matmul(d, p, has_bias, memory::data_type::bf16, memory::data_type::bf16); });
   e->run(d, {{DNNL_ARG_SRC, a.data()},
              {DNNL_ARG_WEIGHTS, b.data()},
              {DNNL_ARG_DST, out.data()},

@@ -33,11 +33,6 @@ namespace {
 using dnnl::memory;
 using dims = memory::dims;
 
-struct MatmulEntry : BoundPrimitive {
-  memory::desc a_md, b_md, c_md, bias_md;
-  int bias_arg = 0;  // DNNL_ARG_BIAS, or the binary_add post-op's source when alpha != 1
-};
-
 dnnl::algorithm eltwise_of(Activation act) {
   switch (act) {
     case Activation::relu:
@@ -55,29 +50,30 @@ dnnl::algorithm eltwise_of(Activation act) {
   return dnnl::algorithm::undef;
 }
 
-// A and B are bf16 (same strides) when `bf16_operands`; the bias and C stay f32.
-std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias, bool bf16_operands) {
+}  // namespace
+
+// A and B of dtype `operands` (same strides either way), bias and C of dtype `output`.
+std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
+                                         memory::data_type operands, memory::data_type output) {
   auto e = std::make_shared<MatmulEntry>();
-  const memory::data_type f32 = memory::data_type::f32;
-  const memory::data_type ab_type = bf16_operands ? memory::data_type::bf16 : f32;
   const int64_t m = p.m, n = p.n, k = p.k;
   const dims a_inner_strides = p.trans_a ? dims{1, m} : dims{k, 1};
   const dims b_inner_strides = p.trans_b ? dims{1, k} : dims{n, 1};
   if (p.batch == 1) {
-    e->a_md = memory::desc({m, k}, ab_type, a_inner_strides);
-    e->b_md = memory::desc({k, n}, ab_type, b_inner_strides);
-    e->c_md = memory::desc({m, n}, f32, dims{n, 1});
-    if (has_bias) e->bias_md = memory::desc({1, n}, f32, dims{n, 1});
+    e->a_md = memory::desc({m, k}, operands, a_inner_strides);
+    e->b_md = memory::desc({k, n}, operands, b_inner_strides);
+    e->c_md = memory::desc({m, n}, output, dims{n, 1});
+    if (has_bias) e->bias_md = memory::desc({1, n}, output, dims{n, 1});
   } else {
     const int64_t ab = p.a_batch_stride == 0 ? 1 : p.batch, bb = p.b_batch_stride == 0 ? 1 : p.batch;
     e->a_md =
-        memory::desc({ab, m, k}, ab_type,
+        memory::desc({ab, m, k}, operands,
                      dims{p.a_batch_stride == 0 ? m * k : p.a_batch_stride, a_inner_strides[0], a_inner_strides[1]});
     e->b_md =
-        memory::desc({bb, k, n}, ab_type,
+        memory::desc({bb, k, n}, operands,
                      dims{p.b_batch_stride == 0 ? k * n : p.b_batch_stride, b_inner_strides[0], b_inner_strides[1]});
-    e->c_md = memory::desc({p.batch, m, n}, f32, dims{m * n, n, 1});
-    if (has_bias) e->bias_md = memory::desc({1, 1, n}, f32, dims{n, n, 1});
+    e->c_md = memory::desc({p.batch, m, n}, output, dims{m * n, n, 1});
+    if (has_bias) e->bias_md = memory::desc({1, 1, n}, output, dims{n, n, 1});
   }
   // oneDNN 2.x applies the output scale after the bias (alpha * (A B + bias)); to get alpha * A B + bias
   // the bias then moves to a binary_add post-op, which runs after the scale (and the sum).
@@ -119,6 +115,8 @@ float activate(float v, Activation act) {
       return v;
   }
 }
+
+namespace {
 
 // dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN; f32 denormals become 0, as vcvtneps2bf16
 // does — unlike dew::f32_to_bf16, which keeps them), i < n.
@@ -261,7 +259,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
       .add(p.beta)
       .add(int64_t(p.act));
   Dnnl& d = *dnnl_;
-  auto e = d.cache.get<MatmulEntry>(key, [&] { return make_matmul(d, p, has_bias, bf16); });
+  const memory::data_type operands = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  auto e = d.cache.get<MatmulEntry>(key, [&] { return make_matmul(d, p, has_bias, operands, memory::data_type::f32); });
   const void* a_data = a.data();
   const void* b_data = b.data();
   if (bf16) {  // the elements A and B cover, rounded into per-thread scratch with the same strides
