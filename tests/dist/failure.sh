@@ -18,13 +18,6 @@ tag=dew-dist-failure-$$-$RANDOM
 launcher=$!
 cleanup() { kill -9 "$launcher" 2> /dev/null || true; }
 trap cleanup EXIT
-# The pid of rank 1 of this job: a dew-run whose environment holds our tag and OMPI_COMM_WORLD_RANK=1.
-rank_pid() {
-  for p in $(pgrep -x dew-run || true); do
-    env=$(tr '\0' '\n' < /proc/$p/environ 2> /dev/null || true)
-    if grep -qx "DEW_TEST_TAG=$tag" <<< "$env" && grep -qx "OMPI_COMM_WORLD_RANK=$1" <<< "$env"; then echo "$p"; return; fi
-  done
-}
 for _ in $(seq 600); do  # up to 60 s for the job to start training
   [ -s "$work/run/metrics.jsonl" ] && [ "$(wc -l < "$work/run/metrics.jsonl")" -ge 3 ] && break
   kill -0 "$launcher" 2> /dev/null || { echo "the job ended before the fault"; cat "$work/log"; exit 1; }

@@ -17,12 +17,6 @@ ck=$work/run/checkpoints
 launcher=$!
 cleanup() { kill -9 "$launcher" 2> /dev/null || true; }
 trap cleanup EXIT
-rank_pid() {
-  for p in $(pgrep -x dew-run || true); do
-    env=$(tr '\0' '\n' < /proc/$p/environ 2> /dev/null || true)
-    if grep -qx "DEW_TEST_TAG=$tag" <<< "$env" && grep -qx "OMPI_COMM_WORLD_RANK=$1" <<< "$env"; then echo "$p"; return; fi
-  done
-}
 in_save=0
 for _ in $(seq 1200); do  # up to 60 s: a first checkpoint, then a later save in progress
   kill -0 "$launcher" 2> /dev/null || { echo "the job ended before the fault"; cat "$work/log"; exit 1; }
