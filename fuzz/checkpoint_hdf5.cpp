@@ -6,28 +6,22 @@
 // is read, one it refuses is refused.
 #include "clang14_compat.hpp"  // first: dew/registry.hpp under clang-14
 
-#include <unistd.h>
-
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "dew/backend.hpp"
 #include "dew/checkpoint.hpp"
 #include "dew/error.hpp"
 #include "dew/registry.hpp"
-
-namespace fs = std::filesystem;
+#include "scratch.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const dew::BackendPtr ref = [] {
     dew::Registry::global().discover(dew::Registry::default_plugin_dirs(), {"ref"});
     return dew::create_backend("ref");
   }();
-  static const std::string path =
-      (fs::temp_directory_path() / ("dew-fuzz-checkpoint-" + std::to_string(::getpid()) + ".h5")).string();
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data), std::streamsize(size));
+  static const std::string path = (fuzz::scratch_dir("checkpoint") / "input.h5").string();
+  fuzz::put_file(path, {reinterpret_cast<const char*>(data), size});
   std::string problem;
   try {
     problem = dew::verify_checkpoint(path);

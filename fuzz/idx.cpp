@@ -6,33 +6,19 @@
 #include "clang14_compat.hpp"  // first: dew/registry.hpp under clang-14
 #include "../plugins/data/idx/idx.cpp"
 
-#include <unistd.h>
-
-#include <fstream>
-
-namespace {
-const fs::path& scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("dew-fuzz-idx-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-void put(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
-}  // namespace
+#include "scratch.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   const size_t cut = body.find("\xff\xfe");
   const std::string images = body.substr(0, cut), labels = cut == std::string::npos ? "" : body.substr(cut + 2);
-  const fs::path dir = scratch();
+  static const fs::path dir = fuzz::scratch_dir("idx");
   for (const char* f : {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte",
                         "train-labels-idx1-ubyte.gz"})
     fs::remove(dir / f);
-  put(dir / (std::string("train-images-idx3-ubyte") + (data[0] & 1 ? ".gz" : "")), images);
-  put(dir / (std::string("train-labels-idx1-ubyte") + (data[0] & 2 ? ".gz" : "")), labels);
+  fuzz::put_file(dir / (std::string("train-images-idx3-ubyte") + (data[0] & 1 ? ".gz" : "")), images);
+  fuzz::put_file(dir / (std::string("train-labels-idx1-ubyte") + (data[0] & 2 ? ".gz" : "")), labels);
   try {
     dew::Options o({{"path", dir.string()}, {"split", "train"}}, "data");
     IdxSource src(o);

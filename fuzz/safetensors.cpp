@@ -6,29 +6,17 @@
 // dew::Error; every accepted entry must have begin <= end inside the data section and exactly
 // numel(shape) * dtype size bytes computed here without overflow (a wrapped product would let a load
 // read past the file), and its bytes are read.
-#include <unistd.h>
-
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "dew/error.hpp"
 #include "dew/safetensors.hpp"
+#include "scratch.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-const fs::path& scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("dew-fuzz-safetensors-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-void put(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
-
 using u128 = unsigned __int128;
 
 // The entry's byte count must equal numel * size, in exact arithmetic.
@@ -57,18 +45,18 @@ void read_all(const dew::SafetensorsFile& f, uint64_t file_size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
-  const fs::path dir = scratch();
+  static const fs::path dir = fuzz::scratch_dir("safetensors");
   try {
     if (data[0] % 2 == 0) {
-      put(dir / "one.safetensors", body);
+      fuzz::put_file(dir / "one.safetensors", body);
       const dew::SafetensorsFile f((dir / "one.safetensors").string());
       read_all(f, body.size());
     } else {
       const fs::path folder = dir / "sharded";
       fs::create_directories(folder);
       const size_t nul = body.find('\0');
-      put(folder / "model.safetensors.index.json", body.substr(0, nul));
-      put(folder / "model-00001-of-00001.safetensors", nul == std::string::npos ? std::string() : body.substr(nul + 1));
+      fuzz::put_file(folder / "model.safetensors.index.json", body.substr(0, nul));
+      fuzz::put_file(folder / "model-00001-of-00001.safetensors", nul == std::string::npos ? std::string() : body.substr(nul + 1));
       const dew::SafetensorsCheckpoint c(folder.string());
       for (const std::string& name : c.names()) check_entry(c.entry(name), body.size());
     }

@@ -3,48 +3,34 @@
 // dew-tokenize read them. The first byte picks the reader; the rest is the file (for vocab + merges, split
 // at the first NUL). Any input must load or raise dew::Error; a loaded tokenizer must encode and decode
 // a short text without crashing.
-#include <unistd.h>
-
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "dew/error.hpp"
 #include "dew/tokenizer.hpp"
+#include "scratch.hpp"
 
 namespace fs = std::filesystem;
-
-namespace {
-const fs::path& scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("dew-fuzz-token-files-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-void put(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const int kind = data[0] % 3;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
-  const fs::path dir = scratch();
+  static const fs::path dir = fuzz::scratch_dir("token-files");
   try {
     std::unique_ptr<dew::Tokenizer> tok;
     if (kind == 0) {
-      put(dir / "meta.json", body);
+      fuzz::put_file(dir / "meta.json", body);
       (void)dew::read_token_meta(dir.string());
       return 0;
     } else if (kind == 1) {
-      put(dir / "tokenizer.json", body);
+      fuzz::put_file(dir / "tokenizer.json", body);
       tok = dew::load_hf_tokenizer_json((dir / "tokenizer.json").string());
     } else {
       const auto nul = body.find('\0');
-      put(dir / "vocab.json", body.substr(0, nul));
-      put(dir / "merges.txt", nul == std::string::npos ? std::string() : body.substr(nul + 1));
+      fuzz::put_file(dir / "vocab.json", body.substr(0, nul));
+      fuzz::put_file(dir / "merges.txt", nul == std::string::npos ? std::string() : body.substr(nul + 1));
       tok = dew::load_gpt2_vocab((dir / "vocab.json").string(), (dir / "merges.txt").string());
     }
     if (tok) {

@@ -1,0 +1,25 @@
+// fuzz/scratch.hpp — for targets whose parser reads files, not bytes: a folder of this process's own under
+// the temp directory (made once, named by target and pid, so parallel targets never share one) and a
+// writer that replaces a file's whole content with the input.
+#pragma once
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+namespace fuzz {
+
+inline std::filesystem::path scratch_dir(const std::string& target) {
+  std::filesystem::path d =
+      std::filesystem::temp_directory_path() / ("dew-fuzz-" + target + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+inline void put_file(const std::filesystem::path& p, std::string_view bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+}  // namespace fuzz
