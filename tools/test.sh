@@ -13,8 +13,10 @@ if [ "${1:-}" = "--sanitize" ]; then
   # ASan + UBSan over everything (libdew, plugins, tools, tests). Leak checking stays on; the CUDA
   # backend is left out (nvcc does not take -fsanitize). ASAN_OPTIONS: libgomp and oneDNN keep
   # thread pools alive at exit, which LeakSanitizer would report as leaks of their own.
-  san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEW_WITH_CUDA=OFF \
+  # -O1 -g1 (line tables): ASan's recommended level, and about a third less compile time than -O2 -g on 2
+  # cores; NDEBUG as in the Release build, so the suite checks the code that ships.
+  san="-O1 -g1 -DNDEBUG -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DDEW_WITH_CUDA=OFF \
     -DCMAKE_CXX_FLAGS="$san" -DCMAKE_C_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
     -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
   ninja -C build-asan -j"$(nproc)"

@@ -32,6 +32,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -833,15 +835,69 @@ double probe_deadline_seconds(const std::string& path) {
 // first read once in a forked child, creating no tensors: a child killed by a signal means the file
 // crashes HDF5, and it is refused. The child only reads (HDF5 and malloc) and leaves with _exit. Errors the
 // child meets are left to the in-process read, which repeats them with their full message.
+//
+// The outcome is kept for the process by the file's identity and contents (device, inode, size,
+// modification time and the CRC-32 of every byte: a file rewritten in place within one timestamp tick still
+// differs), so a command that checks a file and then reads it (train --resume: verify_checkpoint, then
+// read_checkpoint) probes it once: a file that hangs libhdf5 costs one deadline, not two. A timeout is
+// reused only under a deadline no longer than the one it ran out of.
+struct ProbeKey {
+  dev_t device;
+  ino_t inode;
+  off_t size;
+  int64_t mtime_ns;
+  uint32_t crc;
+  auto operator<=>(const ProbeKey&) const = default;
+};
+struct ProbeOutcome {
+  std::string refusal;  // empty: libhdf5 read the file to the end
+  double timed_out_after = 0;  // > 0: the refusal is a timeout at this deadline
+};
+std::mutex probe_memo_mutex;
+std::map<ProbeKey, ProbeOutcome> probe_memo;
+
+ProbeOutcome probe_in_child(const std::string& path, const CheckpointReadOptions& opt, double seconds);
+
 void probe_unverified_file(const std::string& path, const CheckpointReadOptions& opt) {
   // libhdf5 can also loop for ever on damaged metadata (H5HG_read on a global heap that names itself), so
-  // the child gets a deadline: 30 s plus 1 s per 50 MB it reads, or DEW_CHECKPOINT_PROBE_SECONDS. Nothing
-  // between fork and the child's end may throw: the deadline is taken first.
+  // the child gets a deadline: 30 s plus 1 s per 50 MB it reads, or DEW_CHECKPOINT_PROBE_SECONDS.
   const double seconds = probe_deadline_seconds(path);
+  struct stat st {};
+  uint32_t crc = 0;
+  bool known = false;
+  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+    known = ::fstat(fd, &st) == 0 && crc_of_range(fd, 0, uint64_t(st.st_size), crc);
+    ::close(fd);
+  }
+  const ProbeKey key{st.st_dev, st.st_ino, st.st_size, int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                     crc};
+  ProbeOutcome outcome;
+  bool memoised = false;
+  if (known) {
+    std::lock_guard<std::mutex> lock(probe_memo_mutex);
+    const auto it = probe_memo.find(key);
+    if (it != probe_memo.end() && (it->second.timed_out_after == 0 || seconds <= it->second.timed_out_after)) {
+      outcome = it->second;
+      memoised = true;
+    }
+  }
+  if (!memoised) {
+    outcome = probe_in_child(path, opt, seconds);
+    if (known) {
+      std::lock_guard<std::mutex> lock(probe_memo_mutex);
+      probe_memo[key] = outcome;
+    }
+  }
+  if (!outcome.refusal.empty()) fail(path, outcome.refusal);
+}
+
+// Reads the file once in a forked child under the deadline; nothing between fork and the child's end may
+// throw (the deadline was taken first).
+ProbeOutcome probe_in_child(const std::string& path, const CheckpointReadOptions& opt, double seconds) {
   std::fflush(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) return;  // cannot probe: read in process, as before checksums
+  if (pid < 0) return {};  // cannot probe: read in process, as before checksums
   if (pid == 0) {
     // The child dies with its parent (a killed dew-run leaves no libhdf5 spinning on its own).
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -873,14 +929,16 @@ void probe_unverified_file(const std::string& path, const CheckpointReadOptions&
       }
       char shown[32];
       std::snprintf(shown, sizeof shown, "%g", seconds);
-      fail(path, std::string("corrupt: libhdf5 did not finish reading it in ") + shown +
-                     " s (damaged HDF5 metadata in a file written before checksums)");
+      return {std::string("corrupt: libhdf5 did not finish reading it in ") + shown +
+                  " s (damaged HDF5 metadata in a file written before checksums)",
+              seconds};
     }
     std::this_thread::sleep_for(pause);
   }
   if (WIFSIGNALED(status))
-    fail(path, "corrupt: reading it crashes libhdf5 (signal " + std::to_string(WTERMSIG(status)) +
-                   "; damaged HDF5 metadata in a file written before checksums)");
+    return {"corrupt: reading it crashes libhdf5 (signal " + std::to_string(WTERMSIG(status)) +
+            "; damaged HDF5 metadata in a file written before checksums)"};
+  return {};
 }
 
 CheckpointData read_verified(const std::string& path, const BackendPtr& backend, const CheckpointReadOptions& opt) {
