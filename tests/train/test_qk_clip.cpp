@@ -27,13 +27,15 @@
 
 namespace {
 
-// ref and cpu, and cuda where it runs (its probe refuses machines without a GPU).
+// ref and cpu, and cuda where it was built (not in a build without CUDA, such as tools/test.sh --sanitize's)
+// and runs (its probe refuses machines without a GPU).
 const std::vector<std::pair<std::string, dew::BackendPtr>>& backends() {
   static const std::vector<std::pair<std::string, dew::BackendPtr>> all = [] {
-    dew::Registry::global().discover(dew::Registry::default_plugin_dirs(), {"ref", "cpu", "cuda"});
+    dew::Registry::global().discover(dew::Registry::default_plugin_dirs(), {"ref", "cpu"});
     std::vector<std::pair<std::string, dew::BackendPtr>> out;
     for (const char* name : {"ref", "cpu", "cuda"}) {
       try {
+        if (std::string(name) == "cuda") dew::Registry::global().discover(dew::Registry::default_plugin_dirs(), {"cuda"});
         out.emplace_back(name, dew::create_backend(name));
       } catch (const dew::Error& e) {
         if (std::string(name) != "cuda") throw;

@@ -194,6 +194,9 @@ class DecoderConverter final : public dew::HfConverter {
     auto& m = out.model;
     m["plugin"] = "causal_transformer";
     const int64_t layers = r.require_int("num_hidden_layers");
+    // Checked here, not only by the model's options later: the per-layer lists below are sized by it.
+    DEW_USAGE_CHECK(layers >= 1 && layers <= 100000, mt, " config.json: num_hidden_layers must be between 1 and ",
+                    "100000, got ", layers);
     const int64_t heads = r.require_int("num_attention_heads");
     m["vocab_size"] = std::to_string(r.require_int("vocab_size"));
     m["dim"] = std::to_string(r.require_int("hidden_size"));
