@@ -36,7 +36,7 @@ json parse_json_file(const std::string& path, const char* what) {
   const std::string content = text::read_text_file(path, what);
   try {
     return json::parse(content);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 2e2222
     throw UsageError(std::string(what) + " '" + path + "' is not valid JSON: " + e.what());
   }
 }
@@ -179,12 +179,36 @@ struct Reader {
 
 }  // namespace
 
+namespace {
+// A value of the wrong JSON type (a number where a string belongs) reaches nlohmann's accessors as a
+// type_error: one clear refusal naming the file instead.
+template <class F>
+std::unique_ptr<Tokenizer> refusing_wrong_types(const std::string& path, F&& load) {
+  try {
+    return load();
+  } catch (const json::exception& e) {
+    throw UsageError("tokenizer file '" + path + "' has a value of the wrong type: " + e.what());
+  }
+}
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json_unchecked(const std::string& path);
+std::unique_ptr<Tokenizer> load_gpt2_vocab_unchecked(const std::string& vocab_json, const std::string& merges_txt);
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
+  return refusing_wrong_types(path, [&] { return load_hf_tokenizer_json_unchecked(path); });
+}
+
+std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const std::string& merges_txt) {
+  return refusing_wrong_types(vocab_json, [&] { return load_gpt2_vocab_unchecked(vocab_json, merges_txt); });
+}
+
+namespace {
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json_unchecked(const std::string& path) {
   const std::string source = text::read_text_file(path, "tokenizer file");
   json j;
   try {
     j = json::parse(source);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 2e2222
     throw UsageError("tokenizer file '" + path + "' is not valid JSON: " + e.what());
   }
   const std::string origin = "tokenizer.json '" + path + "'";
@@ -469,7 +493,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
                                         origin, std::move(style));
 }
 
-std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const std::string& merges_txt) {
+std::unique_ptr<Tokenizer> load_gpt2_vocab_unchecked(const std::string& vocab_json, const std::string& merges_txt) {
   const json v = parse_json_file(vocab_json, "vocab file");
   const std::string origin = "vocab '" + vocab_json + "'";
   DEW_USAGE_CHECK(v.is_object(), origin, " is not a JSON object of token -> id");
@@ -500,6 +524,8 @@ std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const 
   return std::make_unique<BpeTokenizer>(std::move(vb.tokens), std::move(vb.present), std::move(merges),
                                         std::move(added), eos, false, false, origin);
 }
+
+}  // namespace
 
 void save_tokenizer_json(const Tokenizer& tokenizer, const std::string& path) {
   const auto* bpe = dynamic_cast<const BpeTokenizer*>(&tokenizer);

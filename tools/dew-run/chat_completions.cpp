@@ -116,7 +116,7 @@ json to_completion_body(const json& body, const ChatSetup& setup) {
     if (m.contains("content") && m["content"].is_array()) {  // content parts: the text ones, joined
       std::string text;
       for (const json& part : m["content"]) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
             !part["text"].is_string())
           refuse("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
         text += part["text"].get<std::string>();
