@@ -3,8 +3,9 @@
 # of short documents split at "%" lines, as the fortune files are) resumes bit for bit: run A trains 16
 # updates straight; run B stops at 8 and a new process resumes it to 16. Their per-step losses and
 # validation metrics in metrics.jsonl and their final weights (safetensors export) must be identical.
-# Also: the unpacked run of the same config trains on other losses (packing is in effect), and a corpus
-# written with --document-token none refuses pack = true with one line.
+# Also: the unpacked run of the same config trains on other losses (packing is in effect); on a corpus of
+# one document (nothing to mask) packed and unpacked runs train bit for bit alike (the packing path adds
+# nothing of its own); and a corpus written with --document-token none refuses pack = true with one line.
 set -euo pipefail
 bin=$1 backend=$2 work=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,6 +37,16 @@ cmp "$work/A.export/model.safetensors" "$work/B.export/model.safetensors" || { e
 run train "${common[@]}" --run-dir "$work/U" --data.pack false --trainer.steps 2
 a1=$(grep -o '"step":1,"loss":[^,]*' "$work/A/metrics.jsonl"); u1=$(grep -o '"step":1,"loss":[^,]*' "$work/U/metrics.jsonl")
 [ -n "$a1" ] && [ "$a1" != "$u1" ] || { echo "the packed and unpacked first losses agree ($a1 / $u1)"; exit 1; }
+# the packing path itself costs nothing: on a corpus of one document (the train split holds no boundary, so
+# there is nothing to mask) the packed run's losses and validation are bit for bit the unpacked run's
+tr -d '\n' < "$work/docs.txt" | tr '%' '\n' > "$work/one.txt"
+"$bin/dew-tokenize" --input "$work/one.txt" --out "$work/one" --val-fraction 0.1 > /dev/null
+grep -q '"documents": 1' "$work/one/meta.json" || { cat "$work/one/meta.json"; echo "not one document"; exit 1; }
+run train "${common[@]}" --data.path "$work/one" --trainer.steps 8 --trainer.eval_every 8 --run-dir "$work/O1"
+run train "${common[@]}" --data.path "$work/one" --trainer.steps 8 --trainer.eval_every 8 --data.pack false --run-dir "$work/O0"
+[ "$(losses "$work/O1" | wc -l)" -eq 8 ] || { echo "expected 8 logged steps in O1"; exit 1; }
+diff <(losses "$work/O1"; vals "$work/O1") <(losses "$work/O0"; vals "$work/O0") ||
+  { echo "one document: the packed run trains otherwise than the unpacked one"; exit 1; }
 # a corpus without document boundaries refuses pack = true in one line, exit status 2
 "$bin/dew-tokenize" --input "$work/docs.txt" --out "$work/plain" --document-token none > /dev/null
 set +e

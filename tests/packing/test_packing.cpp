@@ -265,8 +265,10 @@ TEST_CASE("attention with segment ids: gradients pass central finite differences
 }
 
 // The lm objective on packed rows: loss = sum over documents of their next-token cross-entropy / the number
-// of targets inside documents. Each document piece is run alone through the model (its own forward from
-// position 0, no segment ids) and its cross-entropy is summed here in double from the logits.
+// of targets that are not padding (a document's first token is predicted from its start token, the
+// document token that ended the one before, and its end from its own text). Each document piece is run
+// alone through the model (its own forward from position 0, no segment ids) and its cross-entropy is
+// summed here in double from the logits.
 TEST_CASE("lm: the loss of a packed batch is the token-weighted mean of each document's loss alone") {
   for (const char* be_name : {"ref", "cpu"}) {
     const BackendPtr be = backend(be_name);
@@ -279,8 +281,10 @@ TEST_CASE("lm: the loss of a packed batch is the token-weighted mean of each doc
     auto obj = Registry::global().create<Objective>("lm", cfg.section("objective"));
     ObjectiveContext ctx{&cfg, be, 3, nullptr};
     obj->build(ctx);
-    // Two rows of 33 tokens: documents end with token 12 (the document token); row 1 starts mid-document.
-    const int64_t B = 2, N = 33;
+    // Two rows of 33 tokens: documents end with token 12 (the document token), which as an input starts the
+    // next document (its segment, position 0), as the tokens source lays rows out; row 1 starts mid-document
+    // and ends with 3 padding tokens (segment 0).
+    const int64_t B = 2, N = 33, pad = 3;
     std::vector<int32_t> text(size_t(B * N)), seg(size_t(B * N)), pos(size_t(B * N));
     uint64_t x = 99;
     for (int64_t b = 0; b < B; ++b) {
@@ -289,21 +293,22 @@ TEST_CASE("lm: the loss of a packed batch is the token-weighted mean of each doc
       for (int64_t j = 0; j < N; ++j) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         const bool last = --left == 0;
+        if (j > 0 && text[size_t(b * N + j - 1)] == 12) ++id, at = 0;
         text[size_t(b * N + j)] = last ? 12 : int32_t((x >> 33) % 12);
         seg[size_t(b * N + j)] = id;
         pos[size_t(b * N + j)] = at++;
-        if (last) {
-          ++id, at = 0;
-          left = 1 + int64_t((x >> 40) % 11);
-        }
+        if (last) left = 1 + int64_t((x >> 40) % 11);
       }
     }
+    for (int64_t j = N - pad; j < N; ++j) text[size_t(N + j)] = 0, seg[size_t(N + j)] = 0, pos[size_t(N + j)] = 0;
     Batch batch{{"text", Tensor::from_ints(text, {B, N}, be)},
                 {"text_segment_ids", Tensor::from_ints(seg, {B, N}, be)},
                 {"text_positions", Tensor::from_ints(pos, {B, N}, be)}};
     const StepResult r = obj->step(batch, {0, 0, 1});
     const double packed_loss = r.loss.item();
 
+    // Each document alone: its own inputs (from its start token) predict the next token of the row, the
+    // document token that ends it included, unless that next token is padding or past the row.
     Model& model = *obj->main_model();
     double nats = 0;
     int64_t targets = 0, pieces = 0;
@@ -311,31 +316,33 @@ TEST_CASE("lm: the loss of a packed batch is the token-weighted mean of each doc
       for (int64_t s = 0; s < N;) {
         int64_t e = s + 1;
         while (e < N && seg[size_t(b * N + e)] == seg[size_t(b * N + s)]) ++e;
-        const int64_t n = e - s;
-        ++pieces;
-        if (n >= 2) {
-          std::vector<int32_t> in(text.begin() + b * N + s, text.begin() + b * N + e - 1);
+        int64_t m = s;  // inputs [s, m) have a target that is not padding
+        while (m < e && m + 1 < N && seg[size_t(b * N + m + 1)] != 0) ++m;
+        if (seg[size_t(b * N + s)] != 0) ++pieces;
+        if (seg[size_t(b * N + s)] != 0 && m > s) {
+          std::vector<int32_t> in(text.begin() + b * N + s, text.begin() + b * N + m);
           NoGradGuard no_grad;
           const std::vector<double> logits =
-              model.forward({{"tokens", Tensor::from_ints(in, {1, n - 1}, be)}}).to_doubles();
-          for (int64_t t = 0; t + 1 < n; ++t) {
+              model.forward({{"tokens", Tensor::from_ints(in, {1, m - s}, be)}}).to_doubles();
+          for (int64_t t = 0; t < m - s; ++t) {
             const double* z = logits.data() + t * 13;
-            const double m = *std::max_element(z, z + 13);
+            const double mx = *std::max_element(z, z + 13);
             double sum = 0;
-            for (int v = 0; v < 13; ++v) sum += std::exp(z[v] - m);
-            nats += m + std::log(sum) - z[text[size_t(b * N + s + t + 1)]];
+            for (int v = 0; v < 13; ++v) sum += std::exp(z[v] - mx);
+            nats += mx + std::log(sum) - z[text[size_t(b * N + s + t + 1)]];
             ++targets;
           }
         }
         s = e;
       }
     REQUIRE(pieces > 6);
-    CHECK(r.device_tokens.item() == double(targets));  // no target across a boundary is counted
+    CHECK(targets == B * (N - 1) - pad);  // every target but padding: documents' first and last tokens too
+    CHECK(r.device_tokens.item() == double(targets));
     CHECK(packed_loss == doctest::Approx(nats / double(targets)).epsilon(1e-5));
     MESSAGE(std::string(be_name), ": packed loss ", packed_loss, ", per-document mean ", nats / double(targets), " over ", targets,
             " targets in ", pieces, " pieces");
 
-    // The same rows without segment ids attend across documents and score the boundary targets: another loss.
+    // The same rows without segment ids attend across documents (and score the padding): another loss.
     Batch unpacked{{"text", batch.at("text")}};
     const StepResult u = obj->step(unpacked, {0, 0, 1});
     CHECK(u.device_tokens.item() == double(B * (N - 1)));

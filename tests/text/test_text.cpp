@@ -806,27 +806,33 @@ TEST_CASE("tokens source refuses files that disagree with meta.json") {
 }
 
 // pack = true: the same windows, with the documents each row cuts as segment ids (1, 2, ... per row) and
-// positions restarting at each document (and at the row start). Checked against the documents' own
-// offsets in the stream, not against the source's scan for the document token.
+// positions restarting at each document (and at the row start). A document is read as [the document token
+// that ended the previous one, its text], so the token that ends document d opens document d + 1 (the
+// first document has no start token). Checked against the documents' own offsets in the stream, not
+// against the source's scan for the document token.
 TEST_CASE("tokens source pack = true: segment ids and positions of the documents each row cuts") {
   TempDir dir("pack");
   std::vector<std::string> docs;
   for (int i = 0; i < 40; ++i) docs.push_back(std::string(size_t(1 + (i * 7) % 23), char('a' + i % 26)));
   auto tok = make_byte_tokenizer();
   write_token_corpus(*tok, docs, dir.str("c"), 0.0, DocumentMarks::end);
-  std::vector<int64_t> doc_of;  // the document of every stream token (each ends with its 0xFF)
-  std::vector<int64_t> start_of;
+  std::vector<int64_t> doc_of;  // the document each stream token starts or belongs to as an input
+  std::vector<int64_t> start_of;  // where each document (its start token) begins in the stream
   for (size_t d = 0; d < docs.size(); ++d) {
-    start_of.push_back(int64_t(doc_of.size()));
-    doc_of.insert(doc_of.end(), docs[d].size() + 1, int64_t(d));
+    start_of.push_back(d == 0 ? 0 : int64_t(doc_of.size()) - 1);
+    doc_of.insert(doc_of.end(), docs[d].size(), int64_t(d));
+    doc_of.push_back(int64_t(d) + 1);  // the 0xFF that ends document d starts document d + 1
   }
+  start_of.push_back(int64_t(doc_of.size()) - 1);
   const int64_t seq = 16;
   auto plain = tokens_source({{"path", dir.str("c")}, {"seq_len", "16"}});
   auto packed = tokens_source({{"path", dir.str("c")}, {"seq_len", "16"}, {"pack", "true"}});
   REQUIRE(packed->size() == plain->size());
+  int64_t rows_from_a_start_token = 0;  // the case of a row whose first token is a document token
   for (int64_t i = 0; i < packed->size(); ++i) {
     const Record r = packed->get(i);
     CHECK(text_of(r) == text_of(plain->get(i)));  // the same rows: nothing padded or dropped
+    rows_from_a_start_token += i > 0 && text_of(r)[0] == 255;
     REQUIRE(r.count("text_segment_ids") == 1);
     const HostArray& seg = r.at("text_segment_ids");
     const HostArray& pos = r.at("text_positions");
@@ -839,7 +845,23 @@ TEST_CASE("tokens source pack = true: segment ids and positions of the documents
       CHECK(pos.as<int32_t>()[k] == int32_t(j - std::max(start_of[size_t(d)], row)));
     }
   }
+  CHECK(rows_from_a_start_token > 0);
   CHECK(plain->get(0).count("text_segment_ids") == 0);
+  // Through the loader (shuffled, past one epoch: the reshuffle too) packed batches are the unpacked
+  // batches' rows in the same order: packing changes the masks, not the data order.
+  auto loader_of = [&](const char* pack) {
+    Options d({{"source", "tokens"}, {"path", dir.str("c")}, {"seq_len", "16"}, {"batch_size", "3"}, {"pack", pack}},
+              "data");
+    return make_loader(d, "train", 7);
+  };
+  auto ints = [](const HostArray& a) { return std::vector<int32_t>(a.as<int32_t>(), a.as<int32_t>() + a.numel()); };
+  auto lp = loader_of("true"), lu = loader_of("false");
+  for (int64_t k = 0; k < packed->size(); ++k) {
+    const HostBatch bp = lp->next(), bu = lu->next();
+    REQUIRE(bp.count("text_segment_ids") == 1);
+    CHECK(bu.count("text_segment_ids") == 0);
+    CHECK(ints(bp.at("text")) == ints(bu.at("text")));
+  }
   // A folder without document boundaries refuses pack, in one line.
   write_token_corpus(*tok, docs, dir.str("plain"), 0.0, DocumentMarks::none);
   const std::string e = error_of([&] { tokens_source({{"path", dir.str("plain")}, {"seq_len", "8"}, {"pack", "true"}}); });

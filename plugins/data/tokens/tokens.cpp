@@ -11,10 +11,13 @@
 //
 // pack = true (the loader's [data] pack, forwarded here): the windows stay the same rows of the stream
 // (nothing padded, every token trained once per epoch), and each record also holds the documents the row
-// cuts: "text_segment_ids" i32 [seq_len + 1] numbers the document pieces of the row 1, 2, ... (a document
-// ends with meta.json's eos_id, which belongs to it; the row's first piece may be the tail of a document that
-// began in an earlier row) and "text_positions" i32 [seq_len + 1] restarts at 0 with every piece. Attention
-// then stays inside a piece and the objective scores no target across a boundary. A record is still a pure
+// cuts: "text_segment_ids" i32 [seq_len + 1] numbers the document pieces of the row 1, 2, ... and
+// "text_positions" i32 [seq_len + 1] restarts at 0 with every piece. Every document ends with meta.json's
+// eos_id (the document token); that token, as an input, is the next document's start token: it opens the
+// next piece at position 0 (as <|endoftext|> does in GPT-2-style streams), so each document is read as
+// [doc token, text...] and predicts [text..., doc token] — its first token and its end both scored, with
+// no attention outside it. (A doc token at a row's first position opens piece 1; the row's first piece
+// may otherwise be the tail of a document that began in an earlier row.) A record is still a pure
 // function of its index, so the data position resumes as before. Refused (one usage error): a folder whose
 // meta.json records no document boundaries (documents absent or 0: written before dew-tokenize marked them,
 // or with --document-token none).
@@ -123,9 +126,9 @@ class TokensSource final : public dew::DataSource {
       int32_t* pp = pos.as<int32_t>();
       int32_t piece = 1, at = 0;
       for (int64_t i = 0; i < n; ++i) {
+        if (out[i] == eos_ && i > 0) ++piece, at = 0;  // the document token starts the next document
         sp[i] = piece;
         pp[i] = at++;
-        if (out[i] == eos_) ++piece, at = 0;  // the document token ends its document
       }
       r.emplace("text_segment_ids", std::move(seg));
       r.emplace("text_positions", std::move(pos));

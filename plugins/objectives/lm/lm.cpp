@@ -5,9 +5,11 @@
 // the targets that are not pad_id. SFT: with a "loss_mask" field i32 [B, S + 1] (the chat_jsonl source:
 // 1 on assistant tokens) only the targets j with loss_mask[:, j] = 1 count, in the loss and the metrics;
 // the tokenizer then comes from [data] tokenizer. Packed rows ([data] pack = true: "text_segment_ids" and
-// "text_positions" i32 [B, S + 1]): the model also gets positions[:, :-1] and segment_ids[:, :-1], and a
-// target j counts only when segment_ids[:, j + 1] == segment_ids[:, j] != 0 (no loss across a document
-// boundary, none on padding). Metrics: ce (the loss, nats per token) and token_accuracy.
+// "text_positions" i32 [B, S + 1]): the model also gets positions[:, :-1] and segment_ids[:, :-1] (attention
+// stays inside the input's document), and a target j counts when segment_ids[:, j] != 0 and
+// segment_ids[:, j + 1] != 0 (none on padding). A target in another segment than its input is the first
+// token of the next piece: the tokens source makes that the document token, predicted from the end of the
+// document it closes, so every document's end and (from its start token) its first token are scored. Metrics: ce (the loss, nats per token) and token_accuracy.
 // validate() reads every record of the split exactly once (as classify does) and returns ce,
 // perplexity = exp(ce), bits_per_byte = ce / ln 2 * tokens / bytes (meta.json's val_bytes / val_tokens: the
 // bytes of the text alone, no document or start-of-text token; 1 byte per token for a byte folder without
@@ -421,7 +423,7 @@ class LanguageModel final : public dew::Objective {
 
   // text[:, 1:] flattened; with a "loss_mask" field (chat_jsonl: 1 on assistant tokens) the targets whose
   // mask is 0 become ignore_index(), and `mask` is set to the mask as f32 [B * S].
-  // Packed rows (text_segment_ids) also zero the mask where a target crosses a document boundary or is padding.
+  // Packed rows (text_segment_ids) also zero the mask where the input or the target is padding (segment 0).
   Tensor masked_targets(const dew::Batch& batch, const Tensor& text, Tensor& mask) const {
     const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
     Tensor targets = dew::reshape(dew::slice(text, 1, 1, s + 1), {b * s});
@@ -439,9 +441,9 @@ class LanguageModel final : public dew::Objective {
       const Tensor next = dew::reshape(dew::slice(segf, 1, 1, s + 1), {b * s});
       const Tensor here = dew::reshape(dew::slice(segf, 1, 0, s), {b * s});
       const Tensor zero = Tensor::full({1}, 0.0, dew::DType::f32, backend_);
-      const Tensor same = dew::compare(next, here, dew::BinaryOp::eq) *
-                          dew::add_scalar(dew::neg(dew::compare(next, zero, dew::BinaryOp::eq)), 1.0f);
-      mask = mask.defined() ? mask * same : same;
+      auto nonzero = [&](const Tensor& t) { return dew::add_scalar(dew::neg(dew::compare(t, zero, dew::BinaryOp::eq)), 1.0f); };
+      const Tensor real = nonzero(here) * nonzero(next);
+      mask = mask.defined() ? mask * real : real;
     }
     const Tensor kept = dew::cast(targets, dew::DType::f32) * mask;  // ids < 2^24: exact in f32
     const Tensor dropped = dew::add_scalar(dew::neg(mask), 1.0f) * float(ignore_index());
