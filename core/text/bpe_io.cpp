@@ -180,29 +180,6 @@ struct Reader {
 }  // namespace
 
 namespace {
-// A value of the wrong JSON type (a number where a string belongs) reaches nlohmann's accessors as a
-// type_error: one clear refusal naming the file instead.
-template <class F>
-std::unique_ptr<Tokenizer> refusing_wrong_types(const std::string& path, F&& load) {
-  try {
-    return load();
-  } catch (const json::exception& e) {
-    throw UsageError("tokenizer file '" + path + "' has a value of the wrong type: " + e.what());
-  }
-}
-std::unique_ptr<Tokenizer> load_hf_tokenizer_json_unchecked(const std::string& path);
-std::unique_ptr<Tokenizer> load_gpt2_vocab_unchecked(const std::string& vocab_json, const std::string& merges_txt);
-}  // namespace
-
-std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
-  return refusing_wrong_types(path, [&] { return load_hf_tokenizer_json_unchecked(path); });
-}
-
-std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const std::string& merges_txt) {
-  return refusing_wrong_types(vocab_json, [&] { return load_gpt2_vocab_unchecked(vocab_json, merges_txt); });
-}
-
-namespace {
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json_unchecked(const std::string& path) {
   const std::string source = text::read_text_file(path, "tokenizer file");
   json j;
@@ -525,7 +502,26 @@ std::unique_ptr<Tokenizer> load_gpt2_vocab_unchecked(const std::string& vocab_js
                                         std::move(added), eos, false, false, origin);
 }
 
+// A value of the wrong JSON type (a number where a string belongs) reaches nlohmann's accessors as a
+// type_error: one clear refusal naming the file instead.
+template <class F>
+std::unique_ptr<Tokenizer> refusing_wrong_types(const std::string& path, F&& load) {
+  try {
+    return load();
+  } catch (const json::exception& e) {
+    throw UsageError("tokenizer file '" + path + "' has a value of the wrong type: " + e.what());
+  }
+}
+
 }  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
+  return refusing_wrong_types(path, [&] { return load_hf_tokenizer_json_unchecked(path); });
+}
+
+std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const std::string& merges_txt) {
+  return refusing_wrong_types(vocab_json, [&] { return load_gpt2_vocab_unchecked(vocab_json, merges_txt); });
+}
 
 void save_tokenizer_json(const Tokenizer& tokenizer, const std::string& path) {
   const auto* bpe = dynamic_cast<const BpeTokenizer*>(&tokenizer);
