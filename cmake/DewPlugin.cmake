@@ -7,10 +7,12 @@
 #
 # The library is written to OUTPUT_DIR, else to DEW_PLUGIN_OUTPUT_DIR (in-tree: build/lib/dew/plugins,
 # where build/bin/dew-run finds it), else to the current binary folder. Unless NO_INSTALL is given it is
-# installed into <prefix>/lib/dew/plugins, the folder an installed dew-run searches.
+# installed into <prefix>/lib/dew/plugins, the folder an installed dew-run searches. Every plugin is also
+# listed in the global property DEW_PLUGIN_TARGETS (in-tree, the `dew_plugins` target builds them all).
 function(dew_add_plugin target)
   cmake_parse_arguments(ARG "NO_INSTALL" "OUTPUT_DIR" "SOURCES;LIBRARIES" ${ARGN})
   add_library(${target} MODULE ${ARG_SOURCES})
+  set_property(GLOBAL APPEND PROPERTY DEW_PLUGIN_TARGETS ${target})
   set_target_properties(${target} PROPERTIES
     PREFIX ""
     C_VISIBILITY_PRESET hidden

@@ -417,7 +417,7 @@ TEST_CASE("nn::Attention: per-projection init rules, output bias, norm eps and o
   check_close(a.forward(x, pos), o, 1e-13, 1e-12, "nn::Attention with o_bias vs ops");
 }
 
-TEST_CASE("nn::Attention: the fused layout equals the separate one; gradcheck with rope and GQA") {
+TEST_CASE("nn::Attention: the fused layout equals the separate one, gradcheck with rope and GQA") {
   UseRef use;
   for (bool gqa : {false, true}) {
     CAPTURE(gqa);
@@ -502,7 +502,7 @@ TEST_CASE("nn::Attention: the KV-cache and slot-cache paths equal the full forwa
   }
 }
 
-TEST_CASE("nn::GatedMLP and nn::MLP: init rules; gated = false is down(act(up(x)))") {
+TEST_CASE("nn::GatedMLP and nn::MLP: init rules, gated = false is down(act(up(x)))") {
   UseRef use;
   nn::ProjectionInit init{nn::Init::Constant(0.25f), nn::Init::Constant(1.0f), nn::Init::Constant(-0.5f),
                           nn::Init::Constant(2.0f)};

@@ -593,7 +593,7 @@ TEST_CASE("cpu: fused optimizer updates over three steps") {
   check_close(pl, 1e-5, 1e-6, "lamb param");
 }
 
-TEST_CASE("cpu: random and dropout equal ref bit for bit; fill, cast, strided_copy") {
+TEST_CASE("cpu: random and dropout equal ref bit for bit, fill, cast, strided_copy") {
   for (int64_t n : {int64_t(13), int64_t(100003)}) {
     for (Distribution dist : {Distribution::uniform, Distribution::normal}) {
       RandomParams p{dist, 42, 9, 3, -0.5f, 2.0f};

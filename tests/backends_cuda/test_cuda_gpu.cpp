@@ -77,7 +77,7 @@ void matmul_case(const MatmulParams& p, const Shape& as, const Shape& bs, bool w
 
 }  // namespace
 
-TEST_CASE("Philox: uniform streams and dropout masks equal ref's bit for bit; normal within an ulp") {
+TEST_CASE("Philox: uniform streams and dropout masks equal ref's bit for bit, normal within an ulp") {
   for (uint64_t offset : {uint64_t(0), uint64_t(5), (uint64_t(1) << 33) + 3}) {
     RandomParams p;
     p.seed = 0x1234567890abull;
@@ -150,7 +150,7 @@ TEST_CASE("matmul: plain, transposed, batched with a shared b (folded), epilogue
   matmul_case(p, {67, 129}, {129, 45}, true, DType::bf16, 2e-2, "bf16 with f32 accumulation");
 }
 
-TEST_CASE("allocator: a freed block is reused for the same size; staged copies survive the source") {
+TEST_CASE("allocator: a freed block is reused for the same size, staged copies survive the source") {
   void* first = nullptr;
   {
     Tensor a = Tensor::empty({1 << 20}, DType::f32, g_cuda);

@@ -524,7 +524,7 @@ TEST_CASE("ref: conv2d backwards and groups") {
 
 // ---------------------------------------------------------------- loss and optimizers
 
-TEST_CASE("ref: cross_entropy of uniform logits is log V; backward; ignore_index") {
+TEST_CASE("ref: cross_entropy of uniform logits is log V, backward, ignore_index") {
   Tensor logits = make({0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4}, {3, 4}), t = ints({1, -100, 3}, {3});
   Tensor loss = empty({3}), lse = empty({3});
   CrossEntropyParams p;

@@ -258,7 +258,7 @@ TEST_CASE("create_model: the [model] section's plugin, keys marked used in the c
   CHECK_THROWS_WITH(dew::create_model(unknown.section("model")), doctest::Contains("convnet"));  // lists the known
 }
 
-TEST_CASE("classify: build fills the model keys from the data; parameters are prefixed") {
+TEST_CASE("classify: build fills the model keys from the data, parameters are prefixed") {
   BandSource src(30);
   auto b =
       build_objective("[objective]\nplugin = classify\n[model]\nplugin = convnet\nchannels = 8\ngroups = 4\n", &src);

@@ -328,7 +328,7 @@ TEST_CASE("(d) identical batches for any number of workers and any prefetch") {
   }
 }
 
-TEST_CASE("(e) the shuffle is a permutation that differs between epochs and seeds; off means in order") {
+TEST_CASE("(e) the shuffle is a permutation that differs between epochs and seeds, off means in order") {
   const int64_t n = 100;
   auto src = std::make_shared<CountingSource>(n);
   DataLoader a(src, cfg(1, 1)), b(src, cfg(1, 2)), off(src, cfg(1, 1, false));

@@ -118,7 +118,7 @@ TEST_CASE("every schedule: SNR strictly decreases and the family invariant holds
   }
 }
 
-TEST_CASE("beta tables: the cosine table is Nichol & Dhariwal's eq. 17; the last entry is read at t = T") {
+TEST_CASE("beta tables: the cosine table is Nichol & Dhariwal's eq. 17, the last entry is read at t = T") {
   const int T = 1000;
   const double s = 0.008;
   auto f = [&](double t) {
@@ -319,7 +319,7 @@ TEST_CASE("transforms: known coefficients (epsilon, v, flow, Karras)") {
   CHECK_THROWS_AS(EpsilonTransform().x0_from_output({0.0, 1.0}), dew::Error);
 }
 
-TEST_CASE("weightings: min-SNR-gamma over the transform's error scale; the schedule weight otherwise") {
+TEST_CASE("weightings: min-SNR-gamma over the transform's error scale, the schedule weight otherwise") {
   CosineContinuous s;
   const double t = 0.2, snr = s.snr(t);
   REQUIRE(snr > 5);

@@ -192,7 +192,7 @@ TEST_CASE("one ddpm step is the DDPM posterior q(x_s | x_t, x0) on a linear tabl
   }
 }
 
-TEST_CASE("a seed reproduces a trajectory; another seed does not; ref and cpu agree") {
+TEST_CASE("a seed reproduces a trajectory, another seed does not, ref and cpu agree") {
   const Process p = process({{"preset", "karras"}});
   for (const auto& [name, kv] : std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
            {"ddpm", {}}, {"euler_ancestral", {}}, {"heun", {{"s_churn", "10"}}}, {"ddim", {{"eta", "1"}}}}) {
@@ -236,7 +236,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("sigma integrators refuse vp schedules; euler_ancestral and churn refuse flow") {
+TEST_CASE("sigma integrators refuse vp schedules, euler_ancestral and churn refuse flow") {
   const dew::BackendPtr b = backend("ref");
   const Process vp = process({{"preset", "cosine"}});
   const Process flow = process({{"preset", "flow"}});
@@ -269,7 +269,7 @@ TEST_CASE("sigma integrators refuse vp schedules; euler_ancestral and churn refu
     CHECK(dew::Registry::global().contains("sampler", n));
 }
 
-TEST_CASE("guidance: scale 1 is the conditional output; outside the interval the scale is 1; one doubled batch") {
+TEST_CASE("guidance: scale 1 is the conditional output, outside the interval the scale is 1, one doubled batch") {
   const dew::BackendPtr b = backend("ref");
   const Process p = process({{"preset", "karras"}});
   const int64_t B = 3, D = 8;

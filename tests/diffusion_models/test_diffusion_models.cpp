@@ -227,7 +227,7 @@ TEST_CASE("unet: cpu matches ref forward and backward (every parameter's gradien
                   2, 2, 8, 2, 1.0f);
 }
 
-TEST_CASE("labels: num_classes is the null class; anything outside [0, num_classes] is refused") {
+TEST_CASE("labels: num_classes is the null class, anything outside [0, num_classes] is refused") {
   for (const char* plugin : {"dit", "unet"}) {
     CAPTURE(plugin);
     std::map<std::string, std::string> kv =

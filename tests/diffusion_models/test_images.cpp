@@ -161,7 +161,7 @@ TEST_CASE("image grid and tensor -> u8 conversion") {
   CHECK(u == std::vector<uint8_t>{0, 255, 128, 64, 255, 0});  // HWC: (c0, c1) per pixel
 }
 
-TEST_CASE("png_folder: class sub-folders sorted by name give labels; images decode exactly") {
+TEST_CASE("png_folder: class sub-folders sorted by name give labels, images decode exactly") {
   TempDir d;
   const auto b0 = put_png(d.path / "zebra" / "001.png", 6, 5, 3, 1);
   const auto a0 = put_png(d.path / "ant" / "x.png", 6, 5, 3, 2);
@@ -268,7 +268,7 @@ TEST_CASE("transforms: exact pixels of flip, pad and crops") {
   CHECK_THROWS_AS(apply(dew::make_transforms({"random_crop:9"}), r, 0, 0), dew::UsageError);
 }
 
-TEST_CASE("transforms: reproducible from (seed, position); different across records, epochs and seeds") {
+TEST_CASE("transforms: reproducible from (seed, position), different across records, epochs and seeds") {
   const auto ts = dew::make_transforms({"pad:2", "random_crop:8", "flip", "random_resized_crop:6:0.3:1"});
   const dew::Record r = image_record(8, 8, 3, 11);
   std::vector<std::vector<uint8_t>> outs;

@@ -185,7 +185,7 @@ TEST_CASE("diffusion: step()'s loss equals the recomputation through dew/diffusi
   }
 }
 
-TEST_CASE("diffusion: a batch's loss is the mean of its halves' at their positions; validation ignores batching") {
+TEST_CASE("diffusion: a batch's loss is the mean of its halves' at their positions, validation ignores batching") {
   Built b = build("preset = edm\nregime = pixel", 0.3);
   const HostBatch h = records(*b.source, 0, 8);
   HostBatch lo, hi;

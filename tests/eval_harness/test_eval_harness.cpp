@@ -109,7 +109,7 @@ TEST_CASE("plan_windows: every target once, at most max_length inputs, the longe
   CHECK_THROWS(le::plan_windows(1, 3, 4, 5));  // block > max_length
 }
 
-TEST_CASE("loglikelihood by hand: a zero-weight model is uniform, -n ln V; greedy only for token 0") {
+TEST_CASE("loglikelihood by hand: a zero-weight model is uniform, -n ln V, greedy only for token 0") {
   auto m = model(11, 1, true);
   const auto fn = le::model_logits(*m);
   const auto r = le::loglikelihood(fn, {{{3, 4, 5}, {6, 7}}, {{1}, {0, 0, 0}}, {{2, 9}, {0, 4}}}, 64, 2);
@@ -127,7 +127,7 @@ TEST_CASE("loglikelihood by hand: a zero-weight model is uniform, -n ln V; greed
 }
 
 TEST_CASE(
-    "loglikelihood equals an independent full forward; batched with padding equals alone; long "
+    "loglikelihood equals an independent full forward, batched with padding equals alone, long "
     "continuations in blocks") {
   auto m = model(23, 7);
   const auto fn = le::model_logits(*m);

@@ -153,7 +153,7 @@ void check_fixture_logits(const std::string& name, const dew::BackendPtr& be) {
 
 }  // namespace
 
-TEST_CASE("safetensors: every common dtype is read and converted; mmap-backed entries") {
+TEST_CASE("safetensors: every common dtype is read and converted, mmap-backed entries") {
   ref();
   const fs::path d = tmpdir("dtypes");
   const fs::path f = d / "all.safetensors";
@@ -239,7 +239,7 @@ TEST_CASE("safetensors: malformed files are refused naming the problem") {
   fs::remove_all(d);
 }
 
-TEST_CASE("safetensors: sharded write and read; broken indexes are refused") {
+TEST_CASE("safetensors: sharded write and read, broken indexes are refused") {
   auto be = ref();
   const fs::path d = tmpdir("shards");
   std::vector<std::pair<std::string, Tensor>> ts;
@@ -405,7 +405,7 @@ TEST_CASE("import: config fields are mapped, ignored or refused by name") {
   CHECK(sw.model.at("layer_pattern") == "global,local");
 }
 
-TEST_CASE("load_weights (trainer.init_from): by name from a run, a checkpoint or safetensors; mismatches named") {
+TEST_CASE("load_weights (trainer.init_from): by name from a run, a checkpoint or safetensors, mismatches named") {
   auto be = ref();
   const fs::path d = tmpdir("init");
   dew::ImportOptions o;

@@ -137,7 +137,7 @@ TEST_CASE("masks: context and targets are disjoint, blocks within the scale and 
   }
 }
 
-TEST_CASE("masks: the same seed and position give the same masks; others differ") {
+TEST_CASE("masks: the same seed and position give the same masks, others differ") {
   const MaskGeometry g = geometry(14, 14);
   const BatchMasks a = sample_batch_masks(g, 11, 1000, 8), b = sample_batch_masks(g, 11, 1000, 8);
   CHECK(a.context == b.context);
@@ -393,7 +393,7 @@ TEST_CASE("jepa: no gradient reaches the target encoder") {
   CHECK(with_grad == int64_t(params.size()));  // the context encoder and the predictor all learn
 }
 
-TEST_CASE("jepa: targets come from the EMA copy; collapse telemetry flags a constant encoder") {
+TEST_CASE("jepa: targets come from the EMA copy, collapse telemetry flags a constant encoder") {
   const dew::StepInfo info{0, 0, 5, 0};
   Built b = build(ref());
   dew::StepResult fresh = b.objective->step(batch_of(*b.source, 0, 8, ref()), info);

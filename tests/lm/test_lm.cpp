@@ -369,7 +369,8 @@ TEST_CASE("sample_token: greedy, top_k = 1, small top_p, seeds, penalties, min_p
   CHECK_THROWS_AS(dew::validate(bad), dew::UsageError);
 }
 
-TEST_CASE("generate: a scripted decoder; eos, max_new_tokens, stop strings trimmed, KV use") {
+TEST_CASE("generate: a scripted decoder, eos, max_new_tokens, stop strings trimmed, KV use") {
+  ref();  // the default backend, on which generate builds its token tensors (the case runs alone under ctest)
   // The decoder's logits favour the token after the last one fed ("abcdef..." in bytes).
   int64_t fed = 0;
   std::vector<int64_t> calls;
@@ -426,7 +427,7 @@ TEST_CASE("generate: a scripted decoder; eos, max_new_tokens, stop strings trimm
   CHECK_THROWS_AS(dew::generate(start, {{'a'}}, p, nullptr), dew::UsageError);
 }
 
-TEST_CASE("generate_text on the causal_transformer: seeded runs reproduce; greedy equals a full-forward argmax") {
+TEST_CASE("generate_text on the causal_transformer: seeded runs reproduce, greedy equals a full-forward argmax") {
   auto m = make_model({{"vocab_size", "256"}, {"dim", "16"}, {"n_layers", "2"}, {"n_heads", "2"}}, 9);
   auto* dec = dynamic_cast<dew::CausalDecoder*>(m.get());
   REQUIRE(dec);

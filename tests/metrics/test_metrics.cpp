@@ -101,7 +101,7 @@ TEST_CASE("Frechet distance is invariant to a common rotation (non-diagonal cova
         doctest::Approx(expected).epsilon(1e-9));
 }
 
-TEST_CASE("feature statistics match the generating distribution; bad shapes are refused") {
+TEST_CASE("feature statistics match the generating distribution, bad shapes are refused") {
   const int64_t n = 20000, d = 2;
   std::mt19937 gen(11);
   std::normal_distribution<double> n01;

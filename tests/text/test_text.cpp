@@ -660,7 +660,7 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
 
 // Document boundaries: one document per file, per .jsonl line, or per --separator run (the fortune files'
 // "%" lines), each ended by the document token and counted in meta.json; byte counts exclude the tokens.
-TEST_CASE("dew-tokenize records documents: files, .jsonl lines, separator lines; the document token ends each") {
+TEST_CASE("dew-tokenize records documents: files, .jsonl lines, separator lines, the document token ends each") {
   TempDir dir("docs");
   fs::create_directories(dir.path / "in");
   write_file(dir.path / "in" / "a.txt", "first fortune\n%\nsecond one\nhas two lines\n%\n%\nthird\n");

@@ -27,7 +27,7 @@ TEST_CASE("busy cores from two /proc/stat cpu lines") {
   CHECK(busy_cores_between("cpu 10 0 0 90", "cpu 40 0 0 160", 2) == doctest::Approx(0.6));
 }
 
-TEST_CASE("the choice: idle -> short spinning, busy -> passive; the count stays OpenMP's; the user's settings win") {
+TEST_CASE("the choice: idle -> short spinning, busy -> passive, the count stays OpenMP's, the user's settings win") {
   auto c = choose_openmp(2, 0.1, false, false);
   CHECK(c.threads == 0);  // OpenMP's default: every usable core
   CHECK(c.policy == "spin");

@@ -182,7 +182,7 @@ void set_grads(Net& n, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("muon: the AdamW groups get adamw's update bit for bit; the matrices do not") {
+TEST_CASE("muon: the AdamW groups get adamw's update bit for bit, the matrices do not") {
   for (const char* be_name : {"ref", "cpu"}) {
     CAPTURE(be_name);
     const auto be = backend(be_name);

@@ -197,7 +197,7 @@ TEST_CASE("an attention block reports its heads' max logit inside a recorder sco
   }
 }
 
-TEST_CASE("qk_clip scales exactly the q/k rows of the groups above tau by sqrt(tau / s); the rest is untouched") {
+TEST_CASE("qk_clip scales exactly the q/k rows of the groups above tau by sqrt(tau / s), the rest is untouched") {
   using dew::nn::AttentionLayout;
   const double tau = 2.0;
   for (const auto& [name, be] : backends()) {
@@ -261,7 +261,7 @@ TEST_CASE("qk_clip scales exactly the q/k rows of the groups above tau by sqrt(t
   }
 }
 
-TEST_CASE("after qk_clip a clipped group's max logit is tau; the other groups keep theirs") {
+TEST_CASE("after qk_clip a clipped group's max logit is tau, the other groups keep theirs") {
   for (const auto& [name, be] : backends()) {
     CAPTURE(name);
     dew::set_default_backend(be);

@@ -101,7 +101,7 @@ TEST_CASE("global gradient norm over every parameter with a gradient") {
   CHECK(dew::global_grad_norm({{"a", a}, {"b", b}, {"c", c}}) == doctest::Approx(4.0));
 }
 
-TEST_CASE("optimizers and schedules are registry kinds; the core's are built in") {
+TEST_CASE("optimizers and schedules are registry kinds, the core's are built in") {
   auto& reg = dew::Registry::global();
   for (const char* name : {"adamw", "lamb", "muon", "muonclip", "sgd"}) {
     CHECK(reg.contains(dew::Optimizer::kind, name));
@@ -121,7 +121,7 @@ TEST_CASE("optimizers and schedules are registry kinds; the core's are built in"
                        doctest::Contains("duplicate optimizer 'adamw'"), dew::Error);
 }
 
-TEST_CASE("parameter roles from names and shapes, overridden by patterns; groups scale lr and weight decay") {
+TEST_CASE("parameter roles from names and shapes, overridden by patterns, groups scale lr and weight decay") {
   using R = dew::ParamRole;
   CHECK(dew::param_role("model.embed_tokens.weight", {256, 64}) == R::embedding);
   CHECK(dew::param_role("tok_emb.weight", {256, 64}) == R::embedding);
