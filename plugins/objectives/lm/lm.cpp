@@ -9,7 +9,8 @@
 // stays inside the input's document), and a target j counts when segment_ids[:, j] != 0 and
 // segment_ids[:, j + 1] != 0 (none on padding). A target in another segment than its input is the first
 // token of the next piece: the tokens source makes that the document token, predicted from the end of the
-// document it closes, so every document's end and (from its start token) its first token are scored. Metrics: ce (the loss, nats per token) and token_accuracy.
+// document it closes, so every document's end and (from its start token) its first token are scored.
+// Metrics: ce (the loss, nats per token) and token_accuracy.
 // validate() reads every record of the split exactly once (as classify does) and returns ce,
 // perplexity = exp(ce), bits_per_byte = ce / ln 2 * tokens / bytes (meta.json's val_bytes / val_tokens: the
 // bytes of the text alone, no document or start-of-text token; 1 byte per token for a byte folder without
