@@ -12,6 +12,7 @@
 // avx2 agree bit for bit; portable (GCC vectors at the baseline, no FMA) rounds each product separately.
 // bf16 weights widen exactly to f32 (their bits << 16: vpmovzxwd + vpslld on the vector paths), so the bf16
 // path is the f32 path on the rounded weight.
+// The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
 // Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators, the registers' worth), and
 // while it streams, the next block's rows (contiguous in memory) are prefetched a block ahead, one line per
 // line loaded, so the next block's misses are in flight before its first load. Prefetches never fault and
@@ -26,7 +27,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+
+#include "cpu_backend.hpp"  // fast_exp, silu_value, gelu_tanh_value (the elementwise family's expressions)
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector arguments: everything below is inlined
 
@@ -38,38 +42,42 @@ namespace dew::cpu {
 namespace {
 
 template <class W>
-using RangeFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+using RangeFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         const RowwiseEpilogue&);
 
 // Column ranges per thread are multiples of 8 (a multiple of every path's block width), so the blocks a
 // thread makes are the blocks one thread would make: the split changes nothing but who computes what.
 template <class W>
-void run_split(RangeFn<W> fn, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k) {
+void run_split(RangeFn<W> fn, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
+               const RowwiseEpilogue& ep) {
   constexpr int64_t kGranule = 8;
   if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
-    return fn(x, w, y, m, n, k, 0, n);
+    return fn(x, w, y, m, n, k, 0, n, ep);
   const int64_t granules = (n + kGranule - 1) / kGranule;
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
     const int64_t j0 = std::min(n, granules * t / T * kGranule), j1 = std::min(n, granules * (t + 1) / T * kGranule);
-    if (j0 < j1) fn(x, w, y, m, n, k, j0, j1);
+    if (j0 < j1) fn(x, w, y, m, n, k, j0, j1, ep);
   }
 }
 
 }  // namespace
 
-void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
+void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+                     const RowwiseEpilogue& ep) {
   run_split<float>(isa == Isa::avx512 ? avx512::rowwise_range_f32
                    : isa == Isa::avx2 ? avx2::rowwise_range_f32
                                       : portable::rowwise_range_f32,
-                   x, w, y, m, n, k);
+                   x, w, y, m, n, k, ep);
 }
 
-void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k) {
+void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                      const RowwiseEpilogue& ep) {
   run_split<uint16_t>(isa == Isa::avx512 ? avx512::rowwise_range_bf16
                       : isa == Isa::avx2 ? avx2::rowwise_range_bf16
                                          : portable::rowwise_range_bf16,
-                      x, w, y, m, n, k);
+                      x, w, y, m, n, k, ep);
 }
 
 }  // namespace dew::cpu
@@ -220,6 +228,54 @@ DEW_AI void rowwise_range(const float* x, const W* w, float* y, int64_t m, int64
   for (; j < j1; ++j) column_block<1, 1>(x, w, y, m, n, k, j, static_cast<const W*>(nullptr));
 }
 
+// ---- the epilogue over y[r, j0 .. j1) (matmul_rowwise.hpp): one expression per element.
+struct Identity {
+  DEW_AI float operator()(float v) const { return v; }
+};
+struct Relu {
+  DEW_AI float operator()(float v) const { return v < 0.0f ? 0.0f : v; }
+};
+struct Silu {
+  DEW_AI float operator()(float v) const { return silu_value(v); }
+};
+struct GeluTanh {
+  DEW_AI float operator()(float v) const { return gelu_tanh_value(v); }
+};
+template <class F>
+DEW_AI void epilogue_rows(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, int64_t j0, int64_t j1, F f) {
+  const float alpha = ep.alpha;
+  for (int64_t r = 0; r < m; ++r) {
+    float* __restrict row = y + r * n;
+    if (ep.bias) {
+      const float* __restrict b = ep.bias;
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) row[j] = f(alpha * row[j] + b[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) row[j] = f(alpha * row[j]);
+    }
+  }
+}
+DEW_AI void epilogue(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, int64_t j0, int64_t j1) {
+  switch (ep.act) {
+    case Activation::none:
+      if (ep.alpha != 1.0f || ep.bias) epilogue_rows(ep, y, m, n, j0, j1, Identity{});
+      return;
+    case Activation::relu:
+      return epilogue_rows(ep, y, m, n, j0, j1, Relu{});
+    case Activation::silu:
+      return epilogue_rows(ep, y, m, n, j0, j1, Silu{});
+    case Activation::gelu_tanh:
+      return epilogue_rows(ep, y, m, n, j0, j1, GeluTanh{});
+    default:  // gelu (erf): std::erf, one element at a time
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = j0; j < j1; ++j) {
+          const float v = ep.alpha * y[r * n + j] + (ep.bias ? ep.bias[j] : 0.0f);
+          y[r * n + j] = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+        }
+  }
+}
+
 // Registers: avx512 has 32 zmm (one per 16-lane vector), avx2 16 ymm (two per vector), SSE2 16 xmm (four).
 #if defined(DEW_CPU_ISA_IS_AVX512)
 constexpr int kJ1 = 8, kRM = 2, kJM = 8;
@@ -233,12 +289,14 @@ constexpr int kJ1 = 2, kRM = 1, kJM = 2;
 
 // Called once per thread with its own columns (the OpenMP region is in the first pass).
 void rowwise_range_f32(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                       int64_t j1) {
+                       int64_t j1, const RowwiseEpilogue& ep) {
   rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
+  epilogue(ep, y, m, n, j0, j1);
 }
 void rowwise_range_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                        int64_t j1) {
+                        int64_t j1, const RowwiseEpilogue& ep) {
   rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
+  epilogue(ep, y, m, n, j0, j1);
 }
 
 #endif  // DEW_CPU_ISA
