@@ -78,6 +78,7 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
   NoGradGuard no_grad;
   int64_t changed = 0;
   for (const auto& [name, p] : params) {
+    if (dtype == DType::f32) break;  // f32: nothing is cast (a weight of another dtype stays so), only packed
     if (p.ndim() != 2 || name.find("embed") != std::string::npos || p.dtype() == dtype) continue;
     DEW_CHECK(p.dtype() == DType::f32, "store_matmul_weights_as: ", name, " is ", dtype_name(p.dtype()),
               ", not f32");

@@ -5,6 +5,8 @@
 # `tuned`), at 1 and 2 threads, alternating the systems within each round; then the medians per system.
 # The machine may be shared: each run's line is followed by the load average, and dew's lines carry the
 # CPU time per token (cpu_ms_per_token), which starvation does not inflate. Prints the CPU model first.
+# DEW_BASELINE_BUILD=DIR adds DIR/bin/dew-bench (another build, e.g. main's) after each dew run: before /
+# after in the same sitting. DEW_DECODE_THREADS (default "1 2") picks the thread counts.
 #
 # Needs (never inside this repository):
 #   llama.cpp built per ../shared/peers/llamacpp/README.md, with the GGUFs made by its make_gguf.py:
@@ -23,6 +25,7 @@ peers=${DEW_PEERS:-../shared/peers}  # the checkout's sibling shared/ (set DEW_P
 llama=${DEW_LLAMA_BENCH:-/work/peers/llamacpp-src/build/bin/llama-bench}
 models=${DEW_LLAMA_MODELS:-/work/peers/models}
 threads=${DEW_DECODE_THREADS:-1 2}
+baseline=${DEW_BASELINE_BUILD:-}  # optional: another build's folder (e.g. main's), run as "dew-baseline" 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 load() { cut -d' ' -f1-3 /proc/loadavg; }
@@ -44,6 +47,11 @@ for r in $(seq "$rounds"); do
       j=$(OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" generate --config char-small --threads "$t" \
         --weights "$w" --repeats 5)
       record dew "$w" "$t" "$(echo "$j" | field ms_per_token)" "$(echo "$j" | field cpu_ms_per_token)"
+      if [ -n "$baseline" ]; then
+        j=$(OMP_PROC_BIND=close OMP_PLACES=cores "$baseline/bin/dew-bench" generate --config char-small --threads "$t" \
+          --weights "$w" --repeats 5)
+        record dew-baseline "$w" "$t" "$(echo "$j" | field ms_per_token)" "$(echo "$j" | field cpu_ms_per_token)"
+      fi
     done
     if [ "$have_llama" = 1 ]; then
       for w in f32 bf16 q8_0; do
@@ -70,7 +78,7 @@ rows = {}
 for line in open(sys.argv[1]):
     s, w, t, ms, cpu, _ = line.split()
     rows.setdefault((s, w, int(t)), []).append((float(ms), None if cpu == '-' else float(cpu)))
-order = {'dew': 0, 'llama.cpp': 1, 'torch': 2}
+order = {'dew': 0, 'dew-baseline': 1, 'llama.cpp': 2, 'torch': 3}
 print('| system | weights | threads | ms/token | cpu ms/token | runs |')
 print('| --- | --- | --- | --- | --- | --- |')
 for (s, w, t), v in sorted(rows.items(), key=lambda kv: (kv[0][2], order[kv[0][0]], kv[0][1])):
