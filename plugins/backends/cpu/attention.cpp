@@ -10,7 +10,8 @@
 //   softmax (running max m, running sum l, rescale alpha = exp(m_old - m_new)) is then plain vertical vector
 //   code, and both products S^T = K Q^T and O^T = alpha O^T + V^T P^T are register-blocked micro-kernels that
 //   broadcast one operand straight from the input rows and load the other from a packed tile (Q^T, P^T).
-//   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax).
+//   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax;
+//   the K and V rows 8 positions ahead are prefetched, a hint that changes no result).
 // Backward (FlashAttention-2) — for each key block K^T and V^T are packed once; for each query block that
 //   can see it P = exp(S - lse) is recomputed from the saved lse, dP = dO V^T, dS = scale P (dP - Dsum) with
 //   Dsum = rowsum(dO * O), and dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K (lanes run over keys). A task is
