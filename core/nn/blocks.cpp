@@ -2,7 +2,9 @@
 // and slot-cache paths, MLPs, adaLN-Zero, patch embedding, the time embedding, positional embeddings).
 // Shapes are documented in dew/nn.hpp. The bundled backbones are built from these, and the backbone
 // fixtures (tests/models) hold them to the bits those backbones produced before: keep the op sequence
-// of a forward when changing one.
+// of a forward when changing one. Decoding: weights that store_matmul_weights_as packed back to back (q/k/v,
+// gate/up) are multiplied as one weight for inputs of at most 32 rows without autograd (the bits of the
+// separate products; see "decode-step fusion" below); everything else keeps the separate products.
 #include <cmath>
 
 #include "dew/autograd.hpp"
@@ -101,13 +103,61 @@ AttentionParams Attention::params() const {
   return p;
 }
 
+// ---- decode-step fusion: weights that multiply one input, placed back to back by store_matmul_weights_as
+// (core/generate/weights.cpp), are multiplied as one [sum of rows, in] weight: one product, one weight stream.
+// Taken only without autograd, without biases, and for at most kFusedMaxRows rows (a decode step, a slot step,
+// a short prefill): the backends' row-wise products (cpu: matmul_rowwise.cpp), whose every output column is
+// summed the same way whatever the weight's other rows are, so the fused product's columns are the bits of
+// the separate products'. Longer inputs (eval, long prefills) keep the separate products.
+namespace {
+constexpr int64_t kFusedMaxRows = 32;
+
+// A [sum rows, cols] view over ws when they are defined, unbiased, 2-D, of one dtype and width, and lie back
+// to back in one storage, in order; an undefined tensor otherwise.
+Tensor adjacent_weights(std::initializer_list<const Linear*> ls) {
+  const Linear& first = **ls.begin();
+  const TensorImpl* f = first.weight.impl();
+  if (!f || first.weight.ndim() != 2) return Tensor();
+  const int64_t cols = first.weight.shape()[1];
+  int64_t rows = 0;
+  for (const Linear* l : ls) {
+    const TensorImpl* t = l->weight.impl();
+    if (l->bias.defined() || !t || t->shape.size() != 2 || t->shape[1] != cols || t->dtype != f->dtype ||
+        t->storage != f->storage || t->offset != f->offset + size_t(rows * cols))
+      return Tensor();
+    rows += t->shape[0];
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = f->storage;
+  impl->offset = f->offset;
+  impl->shape = {rows, cols};
+  impl->dtype = f->dtype;
+  return Tensor(impl);
+}
+
+bool fusable_rows(const Tensor& x) { return !grad_enabled() && x.ndim() >= 2 && x.numel() / x.shape().back() <= kFusedMaxRows; }
+
+// Columns [begin, end) of y's last axis, shaped `shape`: a view when y has one row, else a copy.
+Tensor columns(const Tensor& y, int64_t begin, int64_t end, const Shape& shape) {
+  const int64_t n = y.shape().back();
+  if (y.numel() == n) return reshape(reshape(y, {n}).slice0(begin, end), shape);
+  return reshape(slice(y, -1, begin, end), shape);
+}
+}  // namespace
+
 std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Tensor& positions) const {
   DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
             shape_str(x.shape()));
   const int64_t b = x.shape()[0], t = x.shape()[1], hd = cfg.head_dim;
   const int64_t dq = cfg.num_heads * hd, dkv = cfg.num_kv_heads * hd;
   Tensor q, k, v;
-  if (qkv) {
+  const Tensor packed = !qkv && fusable_rows(x) ? adjacent_weights({q_proj.get(), k_proj.get(), v_proj.get()}) : Tensor();
+  if (packed.defined()) {  // q/k/v placed back to back (decoding): one product
+    const Tensor y = linear(x, packed);
+    q = columns(y, 0, dq, {b, t, cfg.num_heads, hd});
+    k = columns(y, dq, dq + dkv, {b, t, cfg.num_kv_heads, hd});
+    v = columns(y, dq + dkv, dq + 2 * dkv, {b, t, cfg.num_kv_heads, hd});
+  } else if (qkv) {
     const Tensor y = qkv->forward(x);
     q = reshape(slice(y, -1, 0, dq), {b, t, cfg.num_heads, hd});
     k = reshape(slice(y, -1, dq, dq + dkv), {b, t, cfg.num_kv_heads, hd});
@@ -212,6 +262,14 @@ GatedMLP::GatedMLP(int64_t dim, int64_t hidden, Activation a, bool bias, Project
 }
 Tensor GatedMLP::forward(const Tensor& x) const {
   if (!gate_proj) return down_proj->forward(up_proj->forward(x, act));
+  const Tensor packed = fusable_rows(x) ? adjacent_weights({gate_proj.get(), up_proj.get()}) : Tensor();
+  if (packed.defined()) {  // gate/up placed back to back (decoding): one product, the activation after it
+    const Tensor y = linear(x, packed);
+    const int64_t h = gate_proj->weight.shape()[0];
+    Shape s = x.shape();
+    s.back() = h;
+    return down_proj->forward(mul(activation(columns(y, 0, h, s), act), columns(y, h, 2 * h, s)));
+  }
   return down_proj->forward(mul(gate_proj->forward(x, act), up_proj->forward(x)));
 }
 

@@ -201,7 +201,7 @@ DType g_inference_weights = DType::f32;  // set_inference_weights()
 
 // The weights of an inference command (eval, sample, serve) in the storage --weights asked for.
 void store_inference_weights(const LoadedRun& lr) {
-  if (g_inference_weights != DType::f32) store_matmul_weights_as(lr.run.objective->parameters(), g_inference_weights);
+  store_matmul_weights_as(lr.run.objective->parameters(), g_inference_weights);  // f32: packs q/k/v, gate/up only
 }
 
 LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name) {

@@ -5,6 +5,8 @@
 //  * slot decoding: every row of forward_slots (batched decode rows, per-slot prefills, slots cleared and
 //    reused) is bit-equal to the same sequence decoded alone, on ref and on cpu (the row-wise matmul), for
 //    the causal_transformer's batched path and for the generic per-slot default;
+//  * decode fusion: with q/k/v and gate/up packed back to back (store_matmul_weights_as) a decode step's one
+//    product per group gives the separate products' logits bit for bit (cpu, f32 and bf16 weights);
 //  * the scheduler: mixed prompt lengths (one token, longer than the context), budgets (0, 1, past the
 //    context: refill), sampling settings, EOS and stop strings, more requests than slots — each result
 //    equals dew::generate() alone (tokens, text, finish reason); slot reuse happens in the very next
@@ -256,6 +258,54 @@ TEST_CASE("slot decoding with bf16 weights: served rows equal solo bit for bit, 
   check_slot_rows(decoder_of(m), backend("cpu"), 3);
   check_slot_rows(decoder_of(m), backend("cpu"), 7);
   CHECK_THROWS_AS(dew::weights_dtype_from_name("int4", "--weights"), dew::Error);
+}
+
+namespace {
+// Each tensor of `params` moved to a storage of its own (values unchanged): undoes the packing of
+// store_matmul_weights_as, so a model decodes through the separate products.
+void unpack(const dew::NamedTensors& params) {
+  for (const auto& [name, p] : params) {
+    Tensor own = Tensor::empty(p.shape(), p.dtype(), p.backend_ptr());
+    p.backend().copy_device(own.data(), p.data(), p.nbytes());
+    p.impl()->storage = own.impl()->storage;
+    p.impl()->offset = own.impl()->offset;
+  }
+}
+// Logits of a 9-token prefill, then of 6 single tokens, batch 1.
+std::vector<std::vector<float>> decode_logits(dew::CausalDecoder& dec) {
+  dew::NoGradGuard ng;
+  auto cache = dec.make_cache(1, 32);
+  std::vector<std::vector<float>> out{dec.forward_cached(Tensor::from_ints(random_tokens(9, 5), {1, 9}, backend("cpu")), *cache).to_floats()};
+  for (int32_t t : random_tokens(6, 6)) out.push_back(dec.forward_cached(Tensor::from_ints({t}, {1, 1}, backend("cpu")), *cache).to_floats());
+  return out;
+}
+}  // namespace
+
+// store_matmul_weights_as places q/k/v and gate/up back to back (core/generate/weights.cpp) and a decode step
+// then makes one product per group (core/nn/blocks.cpp): the logits are those of the separate products, bit
+// for bit, in f32 and with bf16 weights (the row-wise products sum each column alike whatever the other rows).
+TEST_CASE("decode fusion: packed q/k/v and gate/up weights decode bit-equal to the separate products (cpu)") {
+  for (const dew::DType dt : {dew::DType::f32, dew::DType::bf16}) {
+    CAPTURE(dew::dtype_name(dt));
+    auto m = tiny_model("cpu", 64, 64);
+    const dew::NamedTensors params = m->named_parameters();
+    dew::store_matmul_weights_as(params, dt);
+    std::map<std::string, Tensor> by;
+    for (const auto& [n, p] : params) by[n] = p;
+    for (const std::string l : {"model.layers.0.", "model.layers.1."}) {  // packed: one storage, in order
+      const Tensor& q = by.at(l + "self_attn.q_proj.weight");
+      const Tensor& k = by.at(l + "self_attn.k_proj.weight");
+      const Tensor& g = by.at(l + "mlp.gate_proj.weight");
+      const Tensor& u = by.at(l + "mlp.up_proj.weight");
+      CHECK(static_cast<const char*>(k.data()) == static_cast<const char*>(q.data()) + q.nbytes());
+      CHECK(static_cast<const char*>(u.data()) == static_cast<const char*>(g.data()) + g.nbytes());
+    }
+    const auto fused = decode_logits(decoder_of(m));
+    unpack(params);
+    const auto separate = decode_logits(decoder_of(m));
+    REQUIRE(fused.size() == separate.size());
+    for (size_t i = 0; i < fused.size(); ++i) CHECK_MESSAGE(same_bits(fused[i], separate[i]), "step ", i);
+  }
 }
 
 namespace {

@@ -23,7 +23,7 @@ struct BenchOptions {
   int repeats = 5;
   std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
   std::string isa = "best";                  // cpu: the backend's isa option (path of the hand-written kernels)
-  bool profile = false;                      // train: time every kernel (dew/profile.hpp) and print a table
+  bool profile = false;                      // train / generate: time every kernel (dew/profile.hpp) and print a table
   bool no_block_cache = false;               // cpu: cache_mb = 0 (train --activation-memory)
 };
 
@@ -90,6 +90,9 @@ std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt);
 // at the end, prints its report to stderr.
 void profile_reset(const std::shared_ptr<dew::Backend>& be);
 void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms);
+// Stops counting without clearing, and goes on counting (generate: only the decode loops are profiled).
+void profile_pause(const std::shared_ptr<dew::Backend>& be);
+void profile_resume(const std::shared_ptr<dew::Backend>& be);
 
 // What one `train` / `generate` run measured, for the roofline suite (roofline.cpp) to set against the
 // machine's limits. Shapes are [rows, cols] of the 2-D weights each step multiplies (N_mm's matrices).

@@ -20,7 +20,8 @@
 // a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
 // --tokens - 1 single-token decode calls (default 256 new tokens, cache capacity prompt + tokens), argmax
 // on the host. --warmup (1) untimed generation, then the median of --repeats (5).
-// ms_per_token = decode time / (tokens - 1).
+// ms_per_token = decode time / (tokens - 1). --profile: the kernels of the timed decode loops only (not
+// the prefills, not the warm-up), per token (profile_report: ms and calls per token, share of ms_per_token).
 #include <omp.h>
 #include <unistd.h>
 
@@ -345,12 +346,15 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     std::vector<int32_t> out = prompt;
     const auto t0 = clock_type::now();
     out.push_back(argmax_last(decoder->forward_cached(dew::Tensor::from_ints(prompt, {1, P}, b.backend), *cache)));
+    if (r == lo.gen_warmup) profile_reset(b.backend);  // the first timed decode loop: start from zero
+    if (r > lo.gen_warmup) profile_resume(b.backend);
     const auto t1 = clock_type::now();
     const double c1 = process_cpu_seconds();
     for (int64_t i = 1; i < N; ++i)
       out.push_back(
           argmax_last(decoder->forward_cached(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend), *cache)));
     b.backend->synchronize();
+    profile_pause(b.backend);
     const double tp = std::chrono::duration<double>(t1 - t0).count(), td = seconds_since(t1);
     const double cd = process_cpu_seconds() - c1;
     if (reference.empty()) reference = out;
@@ -370,6 +374,9 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     return v[v.size() / 2];
   };
   const double dmed = med(dec), pmed = med(pre);
+  double dsum = 0;
+  for (double t : dec) dsum += t;
+  profile_report(b.backend, int(dec.size()) * int(N - 1), dsum / double(dec.size()) / double(N - 1) * 1e3);
   const double n_mm = matmul_params(params, b.vocab, b.dim);
   double dec_flops = 0;
   for (int64_t pos = P; pos < P + N - 1; ++pos)

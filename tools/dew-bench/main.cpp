@@ -22,7 +22,7 @@ const char* kUsage =
     "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] [--activation-memory] [--steps S] "
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [--weights f32|bf16] [-v]\n"
+    "[--repeats 5] [--weights f32|bf16] [--profile] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -41,6 +41,12 @@ std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
 }
 void profile_reset(const std::shared_ptr<dew::Backend>& be) {
   if (auto* p = dynamic_cast<dew::ProfilingBackend*>(be.get())) p->start();
+}
+void profile_pause(const std::shared_ptr<dew::Backend>& be) {
+  if (auto* p = dynamic_cast<dew::ProfilingBackend*>(be.get())) p->stop();
+}
+void profile_resume(const std::shared_ptr<dew::Backend>& be) {
+  if (auto* p = dynamic_cast<dew::ProfilingBackend*>(be.get())) p->resume();
 }
 void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms) {
   auto* p = dynamic_cast<dew::ProfilingBackend*>(be.get());
@@ -86,7 +92,7 @@ int main(int argc, char** argv) {
       "activation-memory", po::bool_switch(&lm.activation_memory),
       "train: print the resident memory the first forward adds (cpu backend without its block cache)")(
       "grad-norm", po::bool_switch(&lm.grad_norm), "train: also compute the global grad norm (clipping)")(
-      "profile", po::bool_switch(&opt.profile), "train: time every kernel call and print where a step goes")(
+      "profile", po::bool_switch(&opt.profile), "train / generate: time every kernel call and print where a step (a decoded token) goes")(
       "recompute", po::value(&lm.recompute)->default_value("none"),
       "train: none | blocks (recompute each block in the backward, [trainer] recompute)")(
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(

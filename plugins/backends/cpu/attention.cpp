@@ -10,7 +10,8 @@
 //   softmax (running max m, running sum l, rescale alpha = exp(m_old - m_new)) is then plain vertical vector
 //   code, and both products S^T = K Q^T and O^T = alpha O^T + V^T P^T are register-blocked micro-kernels that
 //   broadcast one operand straight from the input rows and load the other from a packed tile (Q^T, P^T).
-//   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax).
+//   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax;
+//   the K and V rows 8 positions ahead are prefetched, a hint that changes no result).
 // Backward (FlashAttention-2) — for each key block K^T and V^T are packed once; for each query block that
 //   can see it P = exp(S - lse) is recomputed from the saved lse, dP = dO V^T, dS = scale P (dP - Dsum) with
 //   Dsum = rowsum(dO * O), and dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K (lanes run over keys). A task is
@@ -499,6 +500,13 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
   unpack_t(OT, TILE, D, nq, inv, P.out + ((b * g.T + t0) * g.Hq + h) * D, g.qrs);
 }
 
+// Prefetches the D floats at p (a K or V row of the row path) when `valid`; a hint, never a result.
+constexpr int64_t kRowAhead = 8;
+DEW_AI void prefetch_row(const float* p, int64_t D, bool valid) {
+  if (!valid) return;
+  for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d, 0, 3);
+}
+
 // One query row (b, h, t): exact softmax over the visible keys, vectorised over D. For T <= ROW_PATH_MAX_T.
 template <int REGS>
 DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
@@ -522,7 +530,12 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   const float* kb = P.k + b * g.S * g.krs + hk * D;
   const float* vb = P.v + b * g.S * g.krs + hk * D;
   const int64_t n = hi - lo, npad = (n + L - 1) / L * L;
-  for (int64_t j = 0; j < n; ++j) sc[j] = dot(qs, kb + (lo + j) * g.krs, D);
+  // K and V rows are g.krs apart (one head's slice of each position): the rows kRowAhead positions on are
+  // prefetched while a row is used (decoding streams the whole cache once per token).
+  for (int64_t j = 0; j < n; ++j) {
+    prefetch_row(kb + (lo + j + kRowAhead) * g.krs, D, j + kRowAhead < n);
+    sc[j] = dot(qs, kb + (lo + j) * g.krs, D);
+  }
   for (int64_t j = n; j < npad; ++j) sc[j] = 0.0f;
   if (g.cap > 0) {
     const float inv_cap = 1.0f / g.cap;
@@ -546,7 +559,10 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   }
   const float l = hsum16(lsum);
   std::memset(acc, 0, size_t(D) * sizeof(float));
-  for (int64_t j = 0; j < n; ++j) axpy(acc, sc[j], vb + (lo + j) * g.krs, D);
+  for (int64_t j = 0; j < n; ++j) {
+    prefetch_row(vb + (lo + j + kRowAhead) * g.krs, D, j + kRowAhead < n);
+    axpy(acc, sc[j], vb + (lo + j) * g.krs, D);
+  }
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
   *lse = m + std::log(l);

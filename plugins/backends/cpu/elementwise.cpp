@@ -54,14 +54,10 @@ constexpr float kGeluC = 0.044715f;
 // e = exp(z) is capped at exp(80) (~5.5e34): past that s = 1/(1+e) and the activation are 0 to float
 // precision anyway, while an overflowing e = inf would turn (e s) into inf * 0 = NaN in the backward
 // (pre-activations below about -10 for GELU-tanh, -88 for SiLU). NaN stays NaN.
-[[gnu::always_inline]] inline float act_arg(float z) { return z < 80.0f ? z : 80.0f; }
-
+// (act_arg, silu_value, gelu_tanh_value: cpu_backend.hpp, shared with the row-wise products' epilogue.)
 void gelu_tanh_fwd(const float* x, float* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    o[i] = v / (1.0f + fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v))));
-  }
+  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_value(x[i]);
 }
 void gelu_tanh_bwd(const float* x, const float* dy, float* o, int64_t n) {
 #pragma omp simd
@@ -75,7 +71,7 @@ void gelu_tanh_bwd(const float* x, const float* dy, float* o, int64_t n) {
 }
 void silu_fwd(const float* x, float* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = x[i] / (1.0f + fast_exp(act_arg(-x[i])));
+  for (int64_t i = 0; i < n; ++i) o[i] = silu_value(x[i]);
 }
 void silu_bwd(const float* x, const float* dy, float* o, int64_t n) {
 #pragma omp simd

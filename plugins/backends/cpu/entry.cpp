@@ -122,7 +122,7 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
         return dew::Support::yes();  // any x86-64: the portable path needs nothing past the baseline
       },
       .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"},
-                  {"cache_mb", "1024", "MiB of freed blocks (>= 64 KiB) kept for reuse by size (0 = none)"},
+                  {"cache_mb", "1024", "MiB of freed blocks kept for reuse by size (0 = none)"},
                   {"matmul_precision", "highest",
                    "f32 matmul/conv precision: highest and high = f32; medium = inputs rounded to bf16, f32 "
                    "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"},

@@ -4,7 +4,9 @@
 //   dew::cpu::avx512    under #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c")
 //   dew::cpu::avx2      under #pragma GCC target("avx2,fma,f16c")
 //   dew::cpu::portable  at the file's own flags (the x86-64 baseline, CMakeLists.txt)
-// and `kIsa` names the path inside each. The family's kernels (#if defined(DEW_CPU_ISA) part) must include
+// and `kIsa` names the path inside each; DEW_CPU_ISA_IS_AVX512 / DEW_CPU_ISA_IS_AVX2 / DEW_CPU_ISA_IS_PORTABLE is
+// defined in its own pass, for a family that writes a path with intrinsics (`#if defined(...)`: matmul_rowwise.cpp;
+// immintrin.h is included by the first pass, its functions carry their own targets). The family's kernels (#if defined(DEW_CPU_ISA) part) must include
 // no header (everything is included by the first pass, outside the target regions, so no inline function of
 // a header is ever emitted with AVX-512 code); DEW_CPU_ISA_CALL / DEW_CPU_ISA_KERNEL call the copy a backend
 // was given. Every function defined in a region gets its target, lambdas and OpenMP-outlined bodies too
@@ -23,28 +25,34 @@
 #pragma GCC push_options
 DEW_CPU_PRAGMA_TARGET_AVX512
 #define DEW_CPU_ISA avx512
+#define DEW_CPU_ISA_IS_AVX512 1
 namespace dew::cpu::avx512 {
 [[maybe_unused]] constexpr Isa kIsa = Isa::avx512;
 #include DEW_CPU_ISA_SELF
 }  // namespace dew::cpu::avx512
+#undef DEW_CPU_ISA_IS_AVX512
 #undef DEW_CPU_ISA
 #pragma GCC pop_options
 
 #pragma GCC push_options
 DEW_CPU_PRAGMA_TARGET_AVX2
 #define DEW_CPU_ISA avx2
+#define DEW_CPU_ISA_IS_AVX2 1
 namespace dew::cpu::avx2 {
 [[maybe_unused]] constexpr Isa kIsa = Isa::avx2;
 #include DEW_CPU_ISA_SELF
 }  // namespace dew::cpu::avx2
+#undef DEW_CPU_ISA_IS_AVX2
 #undef DEW_CPU_ISA
 #pragma GCC pop_options
 
 #define DEW_CPU_ISA portable
+#define DEW_CPU_ISA_IS_PORTABLE 1
 namespace dew::cpu::portable {
 [[maybe_unused]] constexpr Isa kIsa = Isa::portable;
 #include DEW_CPU_ISA_SELF
 }  // namespace dew::cpu::portable
+#undef DEW_CPU_ISA_IS_PORTABLE
 #undef DEW_CPU_ISA
 
 #pragma GCC diagnostic pop

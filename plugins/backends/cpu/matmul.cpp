@@ -157,16 +157,11 @@ namespace {
 // decoding one token, or one token of each of a server's active sequences). The weight streams once for
 // all m rows; every y[r, j] is computed with arithmetic that depends on neither m, nor r, nor the thread
 // count, so a row's result is bit-equal whether it is decoded alone or batched with others (continuous
-// batching relies on it). The dot products take the backend's ISA path (isa.hpp), the epilogue follows
-// per element. Why hand-written: oneDNN 2.6 reaches ~13 GB/s on matrix-vector products on one core, and
+// batching relies on it). The dot products take the backend's ISA path (isa.hpp), and so does the epilogue,
+// fused in (per element, vectorised; SiLU / GELU-tanh as the elementwise family computes them). Why hand-written: oneDNN 2.6 reaches ~13 GB/s on matrix-vector products on one core, and
 // decoding is nothing but them.
 constexpr int64_t kRowwiseMaxM = 32;
 
-void rowwise_epilogue(const float* bias, float alpha, Activation act, float* y, int64_t m, int64_t n) {
-  if (alpha == 1.0f && bias == nullptr && act == Activation::none) return;
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] = activate(alpha * y[r * n + j] + (bias ? bias[j] : 0.0f), act);
-}
 
 }  // namespace
 
@@ -197,8 +192,7 @@ void matmul_bf16_weights(Isa isa, const Tensor& a, const Tensor& b, const Tensor
   float* y = out.data_as<float>();
   for (int64_t r = 0; r < p.m; r += kRowwiseMaxM) {
     const int64_t rows = std::min(kRowwiseMaxM, p.m - r);
-    rowwise_dot_bf16(isa, x + r * p.k, w, y + r * p.n, rows, p.n, p.k);
-    rowwise_epilogue(bp, p.alpha, p.act, y + r * p.n, rows, p.n);
+    rowwise_dot_bf16(isa, x + r * p.k, w, y + r * p.n, rows, p.n, p.k, {bp, p.alpha, p.act});
   }
 }
 
@@ -241,8 +235,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
     return;
   }
   if (p.batch == 1 && p.m <= kRowwiseMaxM && p.trans_b && !p.trans_a && p.beta == 0.0f) {
-    rowwise_dot_f32(isa_, a.data_as<float>(), b.data_as<float>(), o, p.m, p.n, p.k);
-    rowwise_epilogue(has_bias ? bias.data_as<float>() : nullptr, p.alpha, p.act, o, p.m, p.n);
+    rowwise_dot_f32(isa_, a.data_as<float>(), b.data_as<float>(), o, p.m, p.n, p.k,
+                    {has_bias ? bias.data_as<float>() : nullptr, p.alpha, p.act});
     return;
   }
   const bool bf16 = bf16_matmul_;

@@ -5,144 +5,298 @@
 // weight, so the speed is how fast the weight streams from memory. The weight is read once for all m rows
 // (blocks of J weight rows x R rows of x share their loads), each thread its own blocks of output columns.
 // Invariants: every y[r, j] is formed by one thread as a 16-lane accumulator over blocks of 16 (s += x w,
-// FMA on avx512 and avx2), then a fixed tree over the 16 lanes, then the k % 16 tail in order: R, J, m,
-// r's place in a block and the thread count only decide which products share a load, never a sum's
-// arithmetic (continuous batching's served = solo relies on it). The 16-lane vectors are GCC vector
-// extensions: one zmm on avx512, two ymm on avx2, four xmm on the portable path, so avx512 and avx2 agree
-// bit for bit; portable (no FMA) rounds each product separately. bf16 weights widen exactly to f32 (their
-// bits << 16), so the bf16 path is the f32 path on the rounded weight.
-// This file is compiled at the x86-64 baseline (CMakeLists.txt), so its plain code is the portable path and
-// the avx2 / avx512 clones come from target attributes (isa.hpp's vector helpers are always-inline: they take
-// the clone's target).
+// FMA on avx512 and avx2), then a fixed tree over the 16 lanes (isa.hpp's hsum16: halves, quarters, pairs),
+// then the k % 16 tail in order: R, J, m, r's place in a block and the thread count only decide which
+// products share a load, never a sum's arithmetic (continuous batching's served = solo relies on it).
+// avx512 holds a 16-lane vector in one zmm, avx2 in two ymm (lanes 0-7, 8-15), both with FMA, so avx512 and
+// avx2 agree bit for bit; portable (GCC vectors at the baseline, no FMA) rounds each product separately.
+// bf16 weights widen exactly to f32 (their bits << 16: vpmovzxwd + vpslld on the vector paths), so the bf16
+// path is the f32 path on the rounded weight.
+// The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
+// Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators, the registers' worth), and
+// while it streams, the next block's rows (contiguous in memory) are prefetched a block ahead, one line per
+// line loaded, so the next block's misses are in flight before its first load. Prefetches never fault and
+// never change a result.
+// The file is compiled once per path through isa_clones.hpp (namespaces avx512 / avx2 / portable; the
+// vector paths inside `#pragma GCC target` regions, so their intrinsics and OpenMP-free helpers get the
+// target); the first pass holds the dispatch and the OpenMP split over columns.
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include "matmul_rowwise.hpp"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "cpu_backend.hpp"  // fast_exp, silu_value, gelu_tanh_value (the elementwise family's expressions)
+
 #pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector arguments: everything below is inlined
+
+#define DEW_CPU_ISA_SELF "matmul_rowwise.cpp"
+#include "isa_clones.hpp"
 
 namespace dew::cpu {
 
 namespace {
 
-typedef uint16_t vh __attribute__((vector_size(32)));
+template <class W>
+using RangeFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         const RowwiseEpilogue&);
 
-DEW_AI vf load16(const float* p) { return vload(p); }  // (vf, vload, hsum16: isa.hpp)
-DEW_AI vf load16(const uint16_t* p) {  // 16 bf16 -> 16 f32, exact
-  vh h;
-  std::memcpy(&h, p, sizeof h);
-  return (vf)(__builtin_convertvector(h, vu) << 16);
+// Column ranges per thread are multiples of 8 (a multiple of every path's block width), so the blocks a
+// thread makes are the blocks one thread would make: the split changes nothing but who computes what.
+template <class W>
+void run_split(RangeFn<W> fn, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
+               const RowwiseEpilogue& ep) {
+  constexpr int64_t kGranule = 8;
+  if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
+    return fn(x, w, y, m, n, k, 0, n, ep);
+  const int64_t granules = (n + kGranule - 1) / kGranule;
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t j0 = std::min(n, granules * t / T * kGranule), j1 = std::min(n, granules * (t + 1) / T * kGranule);
+    if (j0 < j1) fn(x, w, y, m, n, k, j0, j1, ep);
+  }
 }
+
+}  // namespace
+
+void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+                     const RowwiseEpilogue& ep) {
+  run_split<float>(isa == Isa::avx512 ? avx512::rowwise_range_f32
+                   : isa == Isa::avx2 ? avx2::rowwise_range_f32
+                                      : portable::rowwise_range_f32,
+                   x, w, y, m, n, k, ep);
+}
+
+void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                      const RowwiseEpilogue& ep) {
+  run_split<uint16_t>(isa == Isa::avx512 ? avx512::rowwise_range_bf16
+                      : isa == Isa::avx2 ? avx2::rowwise_range_bf16
+                                         : portable::rowwise_range_bf16,
+                      x, w, y, m, n, k, ep);
+}
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+
+namespace {
+
+// ---- one 16-lane accumulator and its operations, per path. V: the vector; zero, load (f32 / bf16),
+// fma (s + x w), sum (the fixed tree of isa.hpp's hsum16).
+#if defined(DEW_CPU_ISA_IS_AVX512)
+struct V {
+  __m512 v;
+};
+DEW_AI V vzero() { return {_mm512_setzero_ps()}; }
+DEW_AI V vload16(const float* p) { return {_mm512_loadu_ps(p)}; }
+DEW_AI V vload16(const uint16_t* p) {
+  const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(h, 16))};
+}
+DEW_AI V vfma(const V& x, const V& w, const V& s) { return {_mm512_fmadd_ps(x.v, w.v, s.v)}; }
+DEW_AI float vsum(const V& s) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(s.v), _mm512_extractf32x8_ps(s.v, 1));
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));  // b0 + b2, b1 + b3
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+constexpr bool kFma = true;
+#elif defined(DEW_CPU_ISA_IS_AVX2)
+struct V {
+  __m256 lo, hi;  // lanes 0-7, 8-15
+};
+DEW_AI V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+DEW_AI V vload16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+DEW_AI V vload16(const uint16_t* p) {
+  const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+}
+DEW_AI V vfma(const V& x, const V& w, const V& s) {
+  return {_mm256_fmadd_ps(x.lo, w.lo, s.lo), _mm256_fmadd_ps(x.hi, w.hi, s.hi)};
+}
+DEW_AI float vsum(const V& s) {
+  const __m256 a = _mm256_add_ps(s.lo, s.hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+constexpr bool kFma = true;
+#else  // portable: GCC vectors (four xmm), products and sums rounded separately
+struct V {
+  vf v;
+};
+typedef uint16_t vh __attribute__((vector_size(32)));
+DEW_AI V vzero() { return {vf{}}; }
+DEW_AI V vload16(const float* p) { return {vload(p)}; }
+DEW_AI V vload16(const uint16_t* p) {
+  vh h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return {(vf)(__builtin_convertvector(h, vu) << 16)};
+}
+DEW_AI V vfma(const V& x, const V& w, const V& s) { return {s.v + x.v * w.v}; }
+DEW_AI float vsum(const V& s) { return hsum16(s.v); }
+constexpr bool kFma = false;
+#endif
+
 DEW_AI float widen(float v) { return v; }
 DEW_AI float widen(uint16_t h) {
   const uint32_t bits = uint32_t(h) << 16;
   float f;
-  std::memcpy(&f, &bits, sizeof f);
+  __builtin_memcpy(&f, &bits, sizeof f);
   return f;
 }
+DEW_AI void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
-// acc[r][j] = dot(x[r, :], w[j, :]) for R rows of x and J rows of w (k columns each). The tail is an
-// explicit fmaf on the FMA paths: written as `a += x * w`, GCC may vectorise the products across j and
-// leave the adds scalar, and the contraction then differs between clones.
-template <int R, int J, bool Fma, class W>
-DEW_AI void dot_block(const float* x, const W* w, int64_t k, float (&acc)[R][J]) {
-  vf s[R][J] = {};
+// acc[r][j] = dot(x[r, :], w[j, :]) for R rows of x and J rows of w (k columns each). `next`: the next
+// block's J rows (contiguous, J * k elements), prefetched one cache line per line this block loads (none when
+// null). The tail is an explicit fmaf on the FMA paths: written as `a += x * w`, GCC may vectorise the
+// products across j and leave the adds scalar, and the contraction then differs between clones.
+template <int R, int J, class W>
+DEW_AI void dot_block(const float* x, const W* w, int64_t k, const W* next, float (&acc)[R][J]) {
+  constexpr int kLinesPerStep = int(J * 16 * sizeof(W) / 64);  // lines of one step of 16 over J rows
+  V s[R][J];
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) s[r][j] = vzero();
+  const char* pf = reinterpret_cast<const char*>(next);
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
-    vf wv[J];
-    for (int j = 0; j < J; ++j) wv[j] = load16(w + j * k + i);
+    if (pf) {
+#pragma GCC unroll 32
+      for (int l = 0; l < kLinesPerStep; ++l) prefetch(pf + l * 64);
+      pf += kLinesPerStep * 64;
+    }
+    V wv[J];
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) wv[j] = vload16(w + j * k + i);
+#pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
-      const vf xv = load16(x + r * k + i);
-      for (int j = 0; j < J; ++j) s[r][j] += xv * wv[j];
+      const V xv = vload16(x + r * k + i);
+#pragma GCC unroll 32
+      for (int j = 0; j < J; ++j) s[r][j] = vfma(xv, wv[j], s[r][j]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) {
-      float a = hsum16(s[r][j]);
+      float a = vsum(s[r][j]);
       for (int64_t t = i; t < k; ++t)
-        a = Fma ? __builtin_fmaf(x[r * k + t], widen(w[j * k + t]), a) : a + x[r * k + t] * widen(w[j * k + t]);
+        a = kFma ? __builtin_fmaf(x[r * k + t], widen(w[j * k + t]), a) : a + x[r * k + t] * widen(w[j * k + t]);
       acc[r][j] = a;
     }
 }
 
-// y[:, j0 .. j0 + J) for all m rows: rows in blocks of R, the rest one at a time.
-template <int R, int J, bool Fma, class W>
-DEW_AI void column_block(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0) {
+// y[:, j0 .. j0 + J) for all m rows: rows in blocks of R, the rest one at a time. `next`: what the first
+// row block prefetches (the next column block's weight rows, or null).
+template <int R, int J, class W>
+DEW_AI void column_block(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
+                         const W* next) {
   const W* wj = w + j0 * k;
   int64_t r = 0;
   for (; r + R <= m; r += R) {
     float acc[R][J];
-    dot_block<R, J, Fma>(x + r * k, wj, k, acc);
+    dot_block<R, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc);
     for (int rr = 0; rr < R; ++rr)
       for (int j = 0; j < J; ++j) y[(r + rr) * n + j0 + j] = acc[rr][j];
   }
   for (; r < m; ++r) {
     float acc[1][J];
-    dot_block<1, J, Fma>(x + r * k, wj, k, acc);
+    dot_block<1, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc);
     for (int j = 0; j < J; ++j) y[r * n + j0 + j] = acc[0][j];
   }
 }
 
 // One path over output columns [j0, j1): J1 weight rows per block when m == 1 (decode: as many independent
 // accumulators as the registers hold), RM x JM blocks when m > 1, the columns left over one at a time.
-template <int J1, int RM, int JM, bool Fma, class W>
+// Each block prefetches the next one's rows while it still has a next block in [j0, j1).
+template <int J1, int RM, int JM, class W>
 DEW_AI void rowwise_range(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                           int64_t j1) {
   int64_t j = j0;
   if (m == 1)
-    for (; j + J1 <= j1; j += J1) column_block<1, J1, Fma>(x, w, y, m, n, k, j);
+    for (; j + J1 <= j1; j += J1)
+      column_block<1, J1>(x, w, y, m, n, k, j, j + 2 * J1 <= j1 ? w + (j + J1) * k : nullptr);
   else
-    for (; j + JM <= j1; j += JM) column_block<RM, JM, Fma>(x, w, y, m, n, k, j);
-  for (; j < j1; ++j) column_block<1, 1, Fma>(x, w, y, m, n, k, j);
+    for (; j + JM <= j1; j += JM)
+      column_block<RM, JM>(x, w, y, m, n, k, j, j + 2 * JM <= j1 ? w + (j + JM) * k : nullptr);
+  for (; j < j1; ++j) column_block<1, 1>(x, w, y, m, n, k, j, static_cast<const W*>(nullptr));
 }
 
-// The clones. Registers: avx512 has 32 zmm (one per 16-lane vector), avx2 16 ymm (two per vector), SSE2
-// 16 xmm (four). Called once per thread with its own columns (the OpenMP region is outside: a parallel
-// region inside a target clone would be outlined before inlining, at the file's baseline flags).
-#define DEW_ROWWISE_CLONE(SUF, ATTR, J1, RM, JM, FMA)                                                          \
-  ATTR void rowwise_f32_##SUF(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,   \
-                              int64_t j0, int64_t j1) {                                                   \
-    rowwise_range<J1, RM, JM, FMA>(x, w, y, m, n, k, j0, j1);                                                  \
-  }                                                                                                       \
-  ATTR void rowwise_bf16_##SUF(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, \
-                               int64_t j0, int64_t j1) {                                                  \
-    rowwise_range<J1, RM, JM, FMA>(x, w, y, m, n, k, j0, j1);                                                  \
-  }
-DEW_ROWWISE_CLONE(avx512, DEW_CPU_TARGET_AVX512, 8, 2, 8, true)
-DEW_ROWWISE_CLONE(avx2, DEW_CPU_TARGET_AVX2, 4, 2, 2, true)
-DEW_ROWWISE_CLONE(portable, , 2, 1, 2, false)
-#undef DEW_ROWWISE_CLONE
-
-// Column ranges per thread are multiples of 8 (a multiple of every path's block width), so the blocks a
-// thread makes are the blocks one thread would make: the split changes nothing but who computes what.
-template <class W>
-void run_split(void (*fn)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t, int64_t),
-               const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k) {
-  constexpr int64_t kGranule = 8;
-  if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return fn(x, w, y, m, n, k, 0, n);
-  const int64_t granules = (n + kGranule - 1) / kGranule;
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t j0 = std::min(n, granules * t / T * kGranule), j1 = std::min(n, granules * (t + 1) / T * kGranule);
-    if (j0 < j1) fn(x, w, y, m, n, k, j0, j1);
+// ---- the epilogue over y[r, j0 .. j1) (matmul_rowwise.hpp): one expression per element.
+struct Identity {
+  DEW_AI float operator()(float v) const { return v; }
+};
+struct Relu {
+  DEW_AI float operator()(float v) const { return v < 0.0f ? 0.0f : v; }
+};
+struct Silu {
+  DEW_AI float operator()(float v) const { return silu_value(v); }
+};
+struct GeluTanh {
+  DEW_AI float operator()(float v) const { return gelu_tanh_value(v); }
+};
+template <class F>
+DEW_AI void epilogue_rows(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, int64_t j0, int64_t j1, F f) {
+  const float alpha = ep.alpha;
+  for (int64_t r = 0; r < m; ++r) {
+    float* __restrict row = y + r * n;
+    if (ep.bias) {
+      const float* __restrict b = ep.bias;
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) row[j] = f(alpha * row[j] + b[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) row[j] = f(alpha * row[j]);
+    }
   }
 }
+DEW_AI void epilogue(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, int64_t j0, int64_t j1) {
+  switch (ep.act) {
+    case Activation::none:
+      if (ep.alpha != 1.0f || ep.bias) epilogue_rows(ep, y, m, n, j0, j1, Identity{});
+      return;
+    case Activation::relu:
+      return epilogue_rows(ep, y, m, n, j0, j1, Relu{});
+    case Activation::silu:
+      return epilogue_rows(ep, y, m, n, j0, j1, Silu{});
+    case Activation::gelu_tanh:
+      return epilogue_rows(ep, y, m, n, j0, j1, GeluTanh{});
+    default:  // gelu (erf): std::erf, one element at a time
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = j0; j < j1; ++j) {
+          const float v = ep.alpha * y[r * n + j] + (ep.bias ? ep.bias[j] : 0.0f);
+          y[r * n + j] = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+        }
+  }
+}
+
+// Registers: avx512 has 32 zmm (one per 16-lane vector), avx2 16 ymm (two per vector), SSE2 16 xmm (four).
+#if defined(DEW_CPU_ISA_IS_AVX512)
+constexpr int kJ1 = 8, kRM = 2, kJM = 8;
+#elif defined(DEW_CPU_ISA_IS_AVX2)
+constexpr int kJ1 = 4, kRM = 2, kJM = 2;
+#else
+constexpr int kJ1 = 2, kRM = 1, kJM = 2;
+#endif
 
 }  // namespace
 
-void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
-  run_split(isa == Isa::avx512 ? rowwise_f32_avx512 : isa == Isa::avx2 ? rowwise_f32_avx2 : rowwise_f32_portable, x, w,
-            y, m, n, k);
+// Called once per thread with its own columns (the OpenMP region is in the first pass).
+void rowwise_range_f32(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
+                       int64_t j1, const RowwiseEpilogue& ep) {
+  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
+  epilogue(ep, y, m, n, j0, j1);
+}
+void rowwise_range_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
+                        int64_t j1, const RowwiseEpilogue& ep) {
+  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
+  epilogue(ep, y, m, n, j0, j1);
 }
 
-void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k) {
-  run_split(isa == Isa::avx512   ? rowwise_bf16_avx512
-            : isa == Isa::avx2   ? rowwise_bf16_avx2
-                                 : rowwise_bf16_portable,
-            x, w, y, m, n, k);
-}
-
-}  // namespace dew::cpu
+#endif  // DEW_CPU_ISA

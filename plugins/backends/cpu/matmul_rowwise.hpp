@@ -1,9 +1,11 @@
 // cpu/matmul_rowwise.hpp — the row-wise products of the decode path (matmul_rowwise.cpp): y = x W^T for a
-// few rows of x against a row-major weight, f32 or bf16 weights, f32 accumulation, one ISA path per call.
+// few rows of x against a row-major weight, f32 or bf16 weights, f32 accumulation, one ISA path per call,
+// with the linear layer's epilogue (bias, alpha, activation) fused in.
 #pragma once
 
 #include <cstdint>
 
+#include "dew/backend.hpp"
 #include "isa.hpp"
 
 namespace dew::cpu {
@@ -13,7 +15,18 @@ namespace dew::cpu {
 // column blocking are (so a row decoded alone equals the same row batched with others, bit for bit), and
 // the same way on the avx512 and avx2 paths (16-lane FMA accumulator over blocks of 16, a fixed tree over
 // its lanes, then the k % 16 tail in order). OpenMP over blocks of output columns when the product is big.
-void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k);
-void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k);
+// The epilogue, applied by the thread that made the columns, right after them: y[r, j] = act(alpha * y[r, j] +
+// bias[j]) (bias optional), per element; silu and gelu_tanh are the elementwise family's expressions
+// (cpu_backend.hpp: fast_exp), gelu uses std::erf. alpha * y + bias is one FMA on avx512 and avx2 (the same bits
+// on both), two roundings on portable; with alpha = 1 and no bias and no activation nothing is touched.
+struct RowwiseEpilogue {
+  const float* bias = nullptr;  // [n] or null
+  float alpha = 1.0f;
+  Activation act = Activation::none;
+};
+void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+                     const RowwiseEpilogue& ep = {});
+void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                      const RowwiseEpilogue& ep = {});
 
 }  // namespace dew::cpu

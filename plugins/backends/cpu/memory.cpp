@@ -1,7 +1,7 @@
 // cpu/memory.cpp — allocation, host copies, fill, cast and strided_copy (every dtype).
 //
-// Allocation is 64-byte aligned (a cache line / one AVX-512 vector) and rounded up to 64 bytes; blocks of
-// 64 KiB and more are recycled by size through BlockCache (no page faults on the steady-state step); blocks
+// Allocation is 64-byte aligned (a cache line / one AVX-512 vector) and rounded up to 64 bytes; freed blocks
+// of every size are recycled by size through BlockCache (no page faults on the steady-state step); blocks
 // of 2 MiB and more are mapped 2 MiB-aligned and asked for transparent huge pages (see new_block).
 // Large copies are split over the OpenMP team (memcpy alone is bound by one core's load/store rate).
 // cast follows ref's rules exactly: halves widen to f32 and integers to i64, then one conversion (to a

@@ -138,7 +138,9 @@ std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tok
 // "embed" (token and position embeddings are lookups and stay as they are; a head tied to the embedding
 // therefore stays f32). The modules holding them see the new dtype, and linear() then multiplies f32
 // activations by the bf16 weight with f32 accumulation: the weights are rounded once, nothing else is
-// (inference only: such a linear records no gradient). f32 changes nothing. Returns the tensors changed.
+// (inference only: such a linear records no gradient). Either dtype also places the weights that multiply
+// one input (q/k/v projections, gate/up) back to back in one storage, values unchanged, so a decode step
+// makes one product per group (nn::Attention, nn::GatedMLP); f32 changes no value. Returns the tensors cast.
 int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype);
 // "f32" | "bf16" -> the dtype of --weights; anything else is one usage error naming `what`.
 DType weights_dtype_from_name(const std::string& name, const char* what);
