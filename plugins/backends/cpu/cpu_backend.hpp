@@ -244,9 +244,9 @@ using contracts::rows_of;
 // instead of returning them to the C library: a training step allocates the same sizes every step, and
 // fresh large blocks cost page faults (~7 % of a char-small step measured with perf); a decode token makes
 // ~100 small tensors (a row of activations, scores, positions), which then come from here instead of
-// malloc / free (whose consolidation of freed chunks showed up at ~3.5 % of a bf16 decode token). At most `limit` bytes stay cached; past that, blocks
-// are freed at once. Thread-safe. Frees everything it holds when destroyed (the backend outlives every
-// Storage: each holds a reference to it).
+// malloc / free (whose consolidation of freed chunks showed up at ~3.5 % of a bf16 decode token). At most
+// `limit` bytes stay cached; past that, blocks are freed at once. Thread-safe. Frees everything it holds
+// when destroyed (the backend outlives every Storage: each holds a reference to it).
 class BlockCache {
  public:
   static constexpr size_t kMinBytes = 64;

@@ -4,12 +4,13 @@
 //   dew::cpu::avx512    under #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c")
 //   dew::cpu::avx2      under #pragma GCC target("avx2,fma,f16c")
 //   dew::cpu::portable  at the file's own flags (the x86-64 baseline, CMakeLists.txt)
-// and `kIsa` names the path inside each; DEW_CPU_ISA_IS_AVX512 / DEW_CPU_ISA_IS_AVX2 / DEW_CPU_ISA_IS_PORTABLE is
-// defined in its own pass, for a family that writes a path with intrinsics (`#if defined(...)`: matmul_rowwise.cpp;
-// immintrin.h is included by the first pass, its functions carry their own targets). The family's kernels (#if defined(DEW_CPU_ISA) part) must include
-// no header (everything is included by the first pass, outside the target regions, so no inline function of
-// a header is ever emitted with AVX-512 code); DEW_CPU_ISA_CALL / DEW_CPU_ISA_KERNEL call the copy a backend
-// was given. Every function defined in a region gets its target, lambdas and OpenMP-outlined bodies too
+// and `kIsa` names the path inside each; DEW_CPU_ISA_IS_AVX512 / DEW_CPU_ISA_IS_AVX2 /
+// DEW_CPU_ISA_IS_PORTABLE is defined in its own pass, for a family that writes a path with intrinsics
+// (`#if defined(...)`: matmul_rowwise.cpp; immintrin.h is included by the first pass, its functions carry
+// their own targets). The family's kernels (#if defined(DEW_CPU_ISA) part) must include no header
+// (everything is included by the first pass, outside the target regions, so no inline function of a header
+// is ever emitted with AVX-512 code); DEW_CPU_ISA_CALL / DEW_CPU_ISA_KERNEL call the copy a backend was
+// given. Every function defined in a region gets its target, lambdas and OpenMP-outlined bodies too
 // (checked on GCC 12: the `#pragma omp parallel` child of a region function is AVX-512 code), so a family
 // keeps its OpenMP loops as written.
 #ifndef DEW_CPU_ISA_SELF

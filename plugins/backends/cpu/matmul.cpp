@@ -158,10 +158,10 @@ namespace {
 // all m rows; every y[r, j] is computed with arithmetic that depends on neither m, nor r, nor the thread
 // count, so a row's result is bit-equal whether it is decoded alone or batched with others (continuous
 // batching relies on it). The dot products take the backend's ISA path (isa.hpp), and so does the epilogue,
-// fused in (per element, vectorised; SiLU / GELU-tanh as the elementwise family computes them). Why hand-written: oneDNN 2.6 reaches ~13 GB/s on matrix-vector products on one core, and
-// decoding is nothing but them.
+// fused in (per element, vectorised; SiLU / GELU-tanh as the elementwise family computes them). Why
+// hand-written: oneDNN 2.6 reaches ~13 GB/s on matrix-vector products on one core, and decoding is nothing
+// but them.
 constexpr int64_t kRowwiseMaxM = 32;
-
 
 }  // namespace
 

@@ -27,8 +27,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 
 #include "cpu_backend.hpp"  // fast_exp, silu_value, gelu_tanh_value (the elementwise family's expressions)
 
@@ -41,24 +39,20 @@ namespace dew::cpu {
 
 namespace {
 
-template <class W>
-using RangeFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                         const RowwiseEpilogue&);
-
 // Column ranges per thread are multiples of 8 (a multiple of every path's block width), so the blocks a
 // thread makes are the blocks one thread would make: the split changes nothing but who computes what.
 template <class W>
-void run_split(RangeFn<W> fn, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
+void run_split(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
                const RowwiseEpilogue& ep) {
   constexpr int64_t kGranule = 8;
   if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
-    return fn(x, w, y, m, n, k, 0, n, ep);
+    return DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, 0, n, ep);
   const int64_t granules = (n + kGranule - 1) / kGranule;
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
     const int64_t j0 = std::min(n, granules * t / T * kGranule), j1 = std::min(n, granules * (t + 1) / T * kGranule);
-    if (j0 < j1) fn(x, w, y, m, n, k, j0, j1, ep);
+    if (j0 < j1) DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, j0, j1, ep);
   }
 }
 
@@ -66,18 +60,12 @@ void run_split(RangeFn<W> fn, const float* x, const W* w, float* y, int64_t m, i
 
 void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
                      const RowwiseEpilogue& ep) {
-  run_split<float>(isa == Isa::avx512 ? avx512::rowwise_range_f32
-                   : isa == Isa::avx2 ? avx2::rowwise_range_f32
-                                      : portable::rowwise_range_f32,
-                   x, w, y, m, n, k, ep);
+  run_split(isa, x, w, y, m, n, k, ep);
 }
 
 void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       const RowwiseEpilogue& ep) {
-  run_split<uint16_t>(isa == Isa::avx512 ? avx512::rowwise_range_bf16
-                      : isa == Isa::avx2 ? avx2::rowwise_range_bf16
-                                         : portable::rowwise_range_bf16,
-                      x, w, y, m, n, k, ep);
+  run_split(isa, x, w, y, m, n, k, ep);
 }
 
 }  // namespace dew::cpu
@@ -267,12 +255,10 @@ DEW_AI void epilogue(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, 
       return epilogue_rows(ep, y, m, n, j0, j1, Silu{});
     case Activation::gelu_tanh:
       return epilogue_rows(ep, y, m, n, j0, j1, GeluTanh{});
-    default:  // gelu (erf): std::erf, one element at a time
+    default:  // gelu (erf): the backend's scalar activate() (matmul.cpp), one element at a time
       for (int64_t r = 0; r < m; ++r)
-        for (int64_t j = j0; j < j1; ++j) {
-          const float v = ep.alpha * y[r * n + j] + (ep.bias ? ep.bias[j] : 0.0f);
-          y[r * n + j] = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
-        }
+        for (int64_t j = j0; j < j1; ++j)
+          y[r * n + j] = activate(ep.alpha * y[r * n + j] + (ep.bias ? ep.bias[j] : 0.0f), ep.act);
   }
 }
 
@@ -287,14 +273,14 @@ constexpr int kJ1 = 2, kRM = 1, kJM = 2;
 
 }  // namespace
 
-// Called once per thread with its own columns (the OpenMP region is in the first pass).
-void rowwise_range_f32(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                       int64_t j1, const RowwiseEpilogue& ep) {
+// Called once per thread with its own columns (the OpenMP region is in the first pass: DEW_CPU_ISA_CALL).
+void rowwise_columns(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
+                     int64_t j1, const RowwiseEpilogue& ep) {
   rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
   epilogue(ep, y, m, n, j0, j1);
 }
-void rowwise_range_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                        int64_t j1, const RowwiseEpilogue& ep) {
+void rowwise_columns(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
+                     int64_t j1, const RowwiseEpilogue& ep) {
   rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
   epilogue(ep, y, m, n, j0, j1);
 }
