@@ -135,7 +135,9 @@ Tensor adjacent_weights(std::initializer_list<const Linear*> ls) {
   return Tensor(impl);
 }
 
-bool fusable_rows(const Tensor& x) { return !grad_enabled() && x.ndim() >= 2 && x.numel() / x.shape().back() <= kFusedMaxRows; }
+bool fusable_rows(const Tensor& x) {
+  return !grad_enabled() && x.ndim() >= 2 && x.numel() / x.shape().back() <= kFusedMaxRows;
+}
 
 // Columns [begin, end) of y's last axis, shaped `shape`: a view when y has one row, else a copy.
 Tensor columns(const Tensor& y, int64_t begin, int64_t end, const Shape& shape) {
@@ -151,7 +153,8 @@ std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Ten
   const int64_t b = x.shape()[0], t = x.shape()[1], hd = cfg.head_dim;
   const int64_t dq = cfg.num_heads * hd, dkv = cfg.num_kv_heads * hd;
   Tensor q, k, v;
-  const Tensor packed = !qkv && fusable_rows(x) ? adjacent_weights({q_proj.get(), k_proj.get(), v_proj.get()}) : Tensor();
+  const Tensor packed =
+      !qkv && fusable_rows(x) ? adjacent_weights({q_proj.get(), k_proj.get(), v_proj.get()}) : Tensor();
   if (packed.defined()) {  // q/k/v placed back to back (decoding): one product
     const Tensor y = linear(x, packed);
     q = columns(y, 0, dq, {b, t, cfg.num_heads, hd});

@@ -275,8 +275,10 @@ void unpack(const dew::NamedTensors& params) {
 std::vector<std::vector<float>> decode_logits(dew::CausalDecoder& dec) {
   dew::NoGradGuard ng;
   auto cache = dec.make_cache(1, 32);
-  std::vector<std::vector<float>> out{dec.forward_cached(Tensor::from_ints(random_tokens(9, 5), {1, 9}, backend("cpu")), *cache).to_floats()};
-  for (int32_t t : random_tokens(6, 6)) out.push_back(dec.forward_cached(Tensor::from_ints({t}, {1, 1}, backend("cpu")), *cache).to_floats());
+  std::vector<std::vector<float>> out{
+      dec.forward_cached(Tensor::from_ints(random_tokens(9, 5), {1, 9}, backend("cpu")), *cache).to_floats()};
+  for (int32_t t : random_tokens(6, 6))
+    out.push_back(dec.forward_cached(Tensor::from_ints({t}, {1, 1}, backend("cpu")), *cache).to_floats());
   return out;
 }
 }  // namespace

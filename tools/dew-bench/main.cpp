@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
       "activation-memory", po::bool_switch(&lm.activation_memory),
       "train: print the resident memory the first forward adds (cpu backend without its block cache)")(
       "grad-norm", po::bool_switch(&lm.grad_norm), "train: also compute the global grad norm (clipping)")(
-      "profile", po::bool_switch(&opt.profile), "train / generate: time every kernel call and print where a step (a decoded token) goes")(
+      "profile", po::bool_switch(&opt.profile),
+      "train / generate: time every kernel call and print where a step (a decoded token) goes")(
       "recompute", po::value(&lm.recompute)->default_value("none"),
       "train: none | blocks (recompute each block in the backward, [trainer] recompute)")(
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
