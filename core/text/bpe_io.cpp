@@ -74,7 +74,10 @@ struct VocabBuilder {
   std::vector<bool> present;
 
   void add(const std::string& mapped, int64_t id, const AddedToken* added) {
-    DEW_USAGE_CHECK(id >= 0 && id < (int64_t(1) << 31), origin, ": token '", mapped, "' has a bad id ", id);
+    // Ids index a dense table, so the bound is on memory as much as on sense: 2^24, the largest vocabulary
+    // dew trains (bpe_train.cpp), keeps a 30-byte vocab.json naming id 10^8 from allocating gigabytes.
+    DEW_USAGE_CHECK(id >= 0 && id < (int64_t(1) << 24), origin, ": token '", mapped, "' has a bad id ", id,
+                    " (ids are 0 .. 2^24 - 1)");
     if (size_t(id) >= tokens.size()) {
       tokens.resize(size_t(id) + 1);
       present.resize(size_t(id) + 1, false);
