@@ -271,9 +271,9 @@ Tensor GatedMLP::forward(const Tensor& x) const {
     const int64_t h = gate_proj->weight.shape()[0];
     Shape s = x.shape();
     s.back() = h;
-    return down_proj->forward(mul(activation(columns(y, 0, h, s), act), columns(y, h, 2 * h, s)));
+    return down_proj->forward(gated_activation(columns(y, 0, h, s), columns(y, h, 2 * h, s), act));
   }
-  return down_proj->forward(mul(gate_proj->forward(x, act), up_proj->forward(x)));
+  return down_proj->forward(gated_activation(gate_proj->forward(x), up_proj->forward(x), act));
 }
 
 MLP::MLP(int64_t dim, int64_t hidden, int64_t out, Activation a, bool bias, ProjectionInit init) : act(a) {

@@ -1,4 +1,5 @@
-// core/ops/elementwise.cpp — differentiable unary and binary elementwise ops (numpy broadcasting).
+// core/ops/elementwise.cpp — differentiable unary and binary elementwise ops (numpy broadcasting), and the
+// gated activation act(gate) * up (one kernel each way; it saves gate and up, not the activation).
 // Binary backward reduces each incoming gradient to its input's shape with sum_to.
 #include "op_util.hpp"
 
@@ -172,6 +173,28 @@ Tensor activation(const Tensor& x, Activation act) {
       return silu(x);
   }
   return x;
+}
+
+Tensor gated_activation(const Tensor& gate, const Tensor& up, Activation act) {
+  if (autocast_differs(gate, up)) return gated_activation(autocast_widen(gate, up), autocast_widen(up, gate), act);
+  check_same_backend(gate, up, "gated_activation");
+  check_same_dtype(gate, up, "gated_activation");
+  DEW_CHECK(gate.shape() == up.shape(), "gated_activation: gate ", shape_str(gate.shape()), " and up ",
+            shape_str(up.shape()), " differ in shape");
+  Tensor out = empty_like(gate);
+  if (out.numel() > 0) kernels(gate).gated_activation(gate, up, out, act);
+  if (needs_grad({&gate, &up})) {
+    Tensor gd = gate.detach(), ud = up.detach();
+    record(
+        out, {gate, up},
+        [gd, ud, act](const Tensor& g) {
+          Tensor dgate = empty_like(gd), dup = empty_like(ud);
+          if (dgate.numel() > 0) kernels(gd).gated_activation_backward(gd, ud, g, dgate, dup, act);
+          return std::vector<Tensor>{dgate, dup};
+        },
+        "gated_activation");
+  }
+  return out;
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

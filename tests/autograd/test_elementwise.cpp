@@ -1,4 +1,5 @@
-// tests/autograd/test_elementwise.cpp — gradient checks of the binary (with numpy broadcasting) and unary ops.
+// tests/autograd/test_elementwise.cpp — gradient checks of the binary (with numpy broadcasting) and unary ops,
+// and of the gated activation.
 #include "gradcheck.hpp"
 
 using namespace gc;
@@ -160,6 +161,22 @@ TEST_CASE("gradcheck activation()") {
     check_unary([act](const Tensor& x) { return dew::activation(x, act); }, "activation " + std::to_string(int(act)),
                 rnd_away({3, 4}, 44, 0.1, 2.0));
   }
+}
+
+TEST_CASE("gradcheck gated_activation, and its value against activation then mul") {
+  for (auto act : {dew::Activation::none, dew::Activation::relu, dew::Activation::gelu, dew::Activation::gelu_tanh,
+                   dew::Activation::silu}) {
+    const std::string name = "gated_activation " + std::to_string(int(act));
+    // gate away from relu's kink; up of either sign
+    Tensor gate = rnd_away({3, 4}, 47, 0.1, 2.0), up = rnd({3, 4}, 48, -1.5, 1.5);
+    gradcheck([act](const std::vector<Tensor>& x) { return dew::gated_activation(x[0], x[1], act); }, {gate, up},
+              name);
+    const auto fused = dew::gated_activation(gate, up, act).to_doubles();
+    const auto unfused = dew::mul(dew::activation(gate, act), up).to_doubles();
+    for (size_t i = 0; i < fused.size(); ++i) CHECK(fused[i] == doctest::Approx(unfused[i]).epsilon(1e-14));
+  }
+  CHECK_THROWS_WITH(dew::gated_activation(rnd({3, 4}, 1), rnd({4, 3}, 2), dew::Activation::silu),
+                    doctest::Contains("differ in shape"));
 }
 
 TEST_CASE("mse: value and gradcheck") {

@@ -261,6 +261,56 @@ TEST_CASE("cpu: unary and unary_backward, every op") {
   check_close({x.c, want.r}, 8 * kEps, 8 * kEps, "unary in place");
 }
 
+TEST_CASE("cpu: gated_activation equals the unfused ops bit for bit in f32, and ref within tolerance") {
+  const Activation acts[] = {Activation::none, Activation::relu, Activation::gelu, Activation::gelu_tanh,
+                             Activation::silu};
+  const auto unary_of = [](Activation a) {
+    return a == Activation::relu        ? UnaryOp::relu
+           : a == Activation::gelu      ? UnaryOp::gelu
+           : a == Activation::gelu_tanh ? UnaryOp::gelu_tanh
+                                        : UnaryOp::silu;
+  };
+  for (int64_t n : {37, 300000}) {  // serial, and split over the team
+    for (Activation act : acts) {
+      CAPTURE(int(act));
+      CAPTURE(n);
+      Pair g = rnd({n}, 14, -6.0f, 6.0f), u = rnd({n}, 15, -2.0f, 2.0f), dy = rnd({n}, 16);
+      Pair out = empty({n}), dg = empty({n}), du = empty({n});
+      cpu()->gated_activation(g.c, u.c, out.c, act);
+      ref()->gated_activation(g.r, u.r, out.r, act);
+      check_close(out, 8 * kEps, 8 * kEps, "gated_activation");
+      cpu()->gated_activation_backward(g.c, u.c, dy.c, dg.c, du.c, act);
+      ref()->gated_activation_backward(g.r, u.r, dy.r, dg.r, du.r, act);
+      check_close(dg, 16 * kEps, 16 * kEps, "gated_activation_backward dgate");
+      check_close(du, 16 * kEps, 16 * kEps, "gated_activation_backward dup");
+      // The unfused ops: a = act(g), out = a * u; backward da = dy * u, dg = da * act'(g), du = dy * a.
+      Tensor a = g.c.clone(), want = Tensor::empty({n}, DType::f32, cpu());
+      if (act != Activation::none) cpu()->unary(g.c, a, UnaryParams{unary_of(act), 1.0f, 0.0f});
+      cpu()->binary(a, u.c, want, BinaryOp::mul);
+      check_equal({out.c, want}, "fused forward against unary then mul");
+      Tensor da = Tensor::empty({n}, DType::f32, cpu()), want_dg = Tensor::empty({n}, DType::f32, cpu());
+      Tensor want_du = Tensor::empty({n}, DType::f32, cpu());
+      cpu()->binary(dy.c, u.c, da, BinaryOp::mul);
+      if (act != Activation::none)
+        cpu()->unary_backward(g.c, da, want_dg, UnaryParams{unary_of(act), 1.0f, 0.0f});
+      else
+        want_dg = da;
+      cpu()->binary(dy.c, a, want_du, BinaryOp::mul);
+      check_equal({dg.c, want_dg}, "fused dgate against mul's backward then unary_backward");
+      check_equal({du.c, want_du}, "fused dup against mul's backward");
+    }
+  }
+  // In place (the bf16 path relies on it): dgate over gate, dup over up.
+  Pair g = rnd({1000}, 17, -4.0f, 4.0f), u = rnd({1000}, 18), dy = rnd({1000}, 19);
+  Pair dg = empty({1000}), du = empty({1000});
+  ref()->gated_activation_backward(g.r, u.r, dy.r, dg.r, du.r, Activation::silu);
+  cpu()->gated_activation_backward(g.c, u.c, dy.c, g.c, u.c, Activation::silu);
+  check_close({g.c, dg.r}, 16 * kEps, 16 * kEps, "dgate in place");
+  check_close({u.c, du.r}, 16 * kEps, 16 * kEps, "dup in place");
+  Pair mismatch = empty({999});
+  CHECK_THROWS_WITH(cpu()->gated_activation(g.c, mismatch.c, u.c, Activation::silu), doctest::Contains("differ in size"));
+}
+
 TEST_CASE("cpu: activations stay finite and match ref far into their tails") {
   // Pre-activations of -10 and below were enough for an overflowing exp to turn the GELU-tanh backward
   // into inf * 0 = NaN (seen as a skipped update in a diffusion run); SiLU from -89.
@@ -822,6 +872,16 @@ TEST_CASE("cpu: every hand-written family on each ISA path: avx512 == avx2 bit f
       Tensor out = Tensor::empty({n}, DType::f32, be);
       be->binary(x, xp, out, BinaryOp(op));
       put("binary " + std::to_string(op), true, out);
+    }
+    for (Activation act : {Activation::none, Activation::relu, Activation::gelu, Activation::gelu_tanh,
+                           Activation::silu}) {
+      Tensor out = Tensor::empty({n}, DType::f32, be), dg = Tensor::empty({n}, DType::f32, be);
+      Tensor du = Tensor::empty({n}, DType::f32, be);
+      be->gated_activation(x, xp, out, act);
+      be->gated_activation_backward(x, xp, dy, dg, du, act);
+      put("gated_activation " + std::to_string(int(act)), true, out);
+      put("gated_activation_backward dgate " + std::to_string(int(act)), true, dg);
+      put("gated_activation_backward dup " + std::to_string(int(act)), true, du);
     }
     const Tensor rows = Tensor::from_vector(host_uniform(37 * 130, 903, -2.0f, 2.0f), {37, 130}, be);
     const Tensor vec = Tensor::from_vector(host_uniform(130, 904, 0.5f, 1.5f), {130}, be);

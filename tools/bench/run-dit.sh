@@ -3,18 +3,20 @@
 # torch_dit_train.py (same DiT step: 32x32x3, patch 4, d 256, 6 layers, 4 heads, batch 16, AdamW) at 1 and
 # 2 threads, in two precisions, alternating dew and torch runs in the same minutes (the machine is shared):
 #   f32:  dew --matmul-precision highest  vs  the peer as it is (fp32);
-#   bf16: dew --matmul-precision medium (bf16 matmul operands, f32 accumulation; cpu: AVX512-BF16 CPUs)
-#         vs  the peer under bf16 autocast (tools/bench/torch_dit_autocast.py).
+#   medium:     dew --matmul-precision medium (bf16 matmul operands, f32 accumulation and activations;
+#               cpu: AVX512-BF16 CPUs)  vs  the peer under bf16 autocast (tools/bench/torch_dit_autocast.py);
+#   bf16-mixed: dew --precision bf16-mixed (autocast: bf16 activations and operands, f32 master weights,
+#               statistics and loss; docs/precision.md)  vs  the same autocast peer.
 # Prints each JSON line and the load average after it, then per thread count the medians of images/s and
 # of the per-round ratios: each precision against its own peer, and bf16 dew against the fp32 peer.
-# DEW_DIT_PRECISIONS="highest" skips the bf16 rounds. Needs `apt-get install python3-torch python3-numpy
+# DEW_DIT_PRECISIONS (default "highest medium bf16-mixed") picks the modes. Needs `apt-get install python3-torch python3-numpy
 # libopenblas0-openmp` for the peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
 build=${2:-build}
 peers=${DEW_PEERS:-../shared/peers}
-precisions=${DEW_DIT_PRECISIONS:-highest medium}
+precisions=${DEW_DIT_PRECISIONS:-highest medium bf16-mixed}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 load() { echo "# load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"; }
@@ -22,11 +24,13 @@ for r in $(seq "$rounds"); do
   for t in 1 2; do
     for p in $precisions; do
       echo "# round $r threads $t precision $p" | tee -a "$log"
+      mode=(--matmul-precision "$p")
+      [ "$p" = bf16-mixed ] && mode=(--precision bf16-mixed)
       OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config dit --threads "$t" \
-        --matmul-precision "$p" | tee -a "$log"
+        "${mode[@]}" | tee -a "$log"
       load
       peer="$peers/torch_dit_train.py"
-      [ "$p" = medium ] && peer=tools/bench/torch_dit_autocast.py
+      [ "$p" != highest ] && peer=tools/bench/torch_dit_autocast.py
       DEW_PEERS="$peers" "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peer" --threads "$t" 2>/dev/null |
         tail -n 1 | tee -a "$log"
       load
@@ -41,7 +45,8 @@ for line in open(sys.argv[1]):
         continue
     d = json.loads(line)
     if d.get("backend") == "cpu":
-        who, prec = "dew", "bf16" if d.get("matmul_precision") == "medium" else "f32"
+        who = "dew"
+        prec = "bf16-mixed" if d.get("precision") == "bf16-mixed" else "bf16" if d.get("matmul_precision") == "medium" else "f32"
     else:
         who, prec = "torch", "bf16" if d.get("dtype") == "bf16-autocast" else "f32"
     t = d.get("threads", d.get("threads_requested"))
@@ -55,6 +60,7 @@ def line(t, a, b, label):
           f"median ratio {statistics.median(ratios):.2f}x (rounds: {', '.join(f'{v:.2f}' for v in ratios)})")
 for t in sorted({k[0] for k in runs}):
     line(t, ("dew", "f32"), ("torch", "f32"), "f32 vs f32")
-    line(t, ("dew", "bf16"), ("torch", "bf16"), "bf16 vs bf16-autocast")
-    line(t, ("dew", "bf16"), ("torch", "f32"), "bf16 vs f32 peer")
+    line(t, ("dew", "bf16"), ("torch", "bf16"), "bf16 operands vs bf16-autocast")
+    line(t, ("dew", "bf16-mixed"), ("torch", "bf16"), "bf16-mixed vs bf16-autocast")
+    line(t, ("dew", "bf16"), ("torch", "f32"), "bf16 operands vs f32 peer")
 PY

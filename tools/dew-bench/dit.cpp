@@ -7,6 +7,9 @@
 // The model and the loss are written here directly (no objective plugin), so the figure is the
 // backbone's own. FLOPs per step by the peer's formula 6 (N_tok B N + N_img B) + 12 L d N^2 B, which
 // equals 3 x dit's flops_per_sample() x B. Prints one JSON line with the peer's field names.
+// --precision bf16-mixed / f16-mixed runs the step under autocast (the trainer's [run] precision: half
+// activations and matmul operands, f32 master weights), the counterpart of the peer's bf16 autocast
+// (tools/bench/torch_dit_autocast.py); --matmul-precision medium rounds only the matmul operands.
 #include <omp.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
@@ -81,6 +85,10 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   for (int i = 0; i < std::max(1, lo.batches); ++i)
     data.push_back(dew::Tensor::uniform({B, C, S, S}, -1.0f, 1.0f, 1337, uint64_t(i), be));
 
+  // --precision: the forward and the loss under autocast, as the trainer runs them (f16-mixed: a fixed loss
+  // scale of 2^16, divided out in the update, as in lm.cpp).
+  const dew::Precision precision = dew::precision_from_name(lo.precision);
+  const float loss_scale = precision == dew::Precision::f16_mixed ? 65536.0f : 1.0f;
   std::vector<double> times, cpu_times;
   double loss_first = 0, loss_last = 0;
   const dew::RecomputeGuard recompute(dew::recompute_from_name(lo.recompute));
@@ -103,13 +111,17 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
     dew::Tensor eps = dew::Tensor::normal({B, C, S, S}, 0.0f, 1.0f, 11, uint64_t(i), be);
     dew::Tensor xt = dew::add(dew::mul(x0, dew::Tensor::from_vector(a, {B, 1, 1, 1}, be)),
                               dew::mul(eps, dew::Tensor::from_vector(s, {B, 1, 1, 1}, be)));
-    dew::Tensor loss = dew::mse(model->forward({{"x", xt}, {"t", dew::Tensor::from_vector(t, {B}, be)}}), eps);
-    loss.backward();
+    dew::Tensor loss;
+    {
+      dew::AutocastGuard autocast(dew::compute_dtype(precision));
+      loss = dew::mse(model->forward({{"x", xt}, {"t", dew::Tensor::from_vector(t, {B}, be)}}), eps);
+    }
+    (loss_scale == 1.0f ? loss : dew::scale(loss, loss_scale)).backward();
     if (i >= lo.warmup && !mem.measured) {
       const dew::TrainingStateMemory st = dew::training_state_memory(params, optimizer.get());
       mem.params = st.params, mem.grads = st.grads, mem.optim = st.optim, mem.measured = true;
     }
-    optimizer->update(1e-4f, 1.0f, i + 1);
+    optimizer->update(1e-4f, 1.0f / loss_scale, i + 1);
     for (auto& [k, p] : params) p.zero_grad();
     const double lv = loss.item();
     be->synchronize();
@@ -140,7 +152,8 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   for (const auto& [name, p] : params)
     if (p.ndim() == 2) weights.emplace_back(p.shape()[0], p.shape()[1]);
   const int64_t tokens = (S / 4) * (S / 4);
-  const double machine_peak = onednn_peak_gflops(weights, B * tokens, opt.matmul_precision == "medium", opt);
+  const double machine_peak =
+      onednn_peak_gflops(weights, B * tokens, opt.matmul_precision == "medium" || precision != dew::Precision::f32, opt);
   std::printf(
       "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"matmul_precision\":\"%s\","
       "\"threads\":%d,\"images_per_sec\":%.2f,"
@@ -148,11 +161,12 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"gflops\":%.1f,"
       "\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,\"cpu\":\"%s\",\"params\":%lld,\"flops_per_step\":%.0f,"
       "\"flop_formula\":\"6*(N_tok*B*N + N_img*B) + 12*L*d*N^2*B\",\"batch\":%lld,\"warmup\":%d,\"steps\":%d,"
-      "\"recompute\":\"%s\",\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
+      "\"recompute\":\"%s\",\"precision\":\"%s\",\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
       opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, double(B) / mean, mean * 1e3,
       sorted[sorted.size() / 2] * 1e3, sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
       flops / mean * 1e-9 / machine_peak, machine_peak, cpu_model().c_str(), (long long)model->num_parameters(), flops,
-      (long long)B, lo.warmup, lo.steps, lo.recompute.c_str(), loss_first, loss_last, mem.json().c_str());
+      (long long)B, lo.warmup, lo.steps, lo.recompute.c_str(), lo.precision.c_str(), loss_first, loss_last,
+      mem.json().c_str());
   std::fflush(stdout);
   return 0;
 }

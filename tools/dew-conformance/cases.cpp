@@ -10,7 +10,8 @@
 //           movement / selection / the Philox contract, no rounding freedom.
 //   k = 0   binary add/sub/mul/div/max/min/compare: one correctly rounded operation (k_store = 2 covers a
 //           backend that divides through a reciprocal).
-//   k = 8   unary / unary_backward (K = 1): transcendental functions, a few ulp for vectorised exp/log/tanh/erf.
+//   k = 8   unary / unary_backward, gated_activation (+ backward) (K = 1): transcendental functions, a few
+//           ulp for vectorised exp/log/tanh/erf.
 //   k = 4   reduce sum/mean/sumsq, K = reduce length: a plain accumulation (blocked or sequential).
 //   k = 8   matmul (K = k), conv2d (K = C/g*KH*KW, O/g*KH*KW or N*OH*OW), softmax/log_softmax and their
 //           backward (K = row length), cross_entropy (K = V), optimizers (K = 1; LAMB's norms K = numel).
@@ -482,6 +483,48 @@ void add_unary(Table& t) {
       },
       {out("dx", {1031}, DT::f32, tol(8), 1)},
       [](Backend& be, In& in, Out& o) { be.unary_backward(in[0], o[0], o[0], UnaryParams{UnaryOp::silu}); });
+}
+
+// act(gate) * up and its two gradients, for every activation (none: the bilinear product), on a 1-D and a
+// 2-D shape, in place (out over gate; dgate over gate and dup over up), and at >= 2^18 elements (the
+// threaded path). k = 8 as unary: one transcendental and two products per element.
+void add_gated(Table& t) {
+  const Activation acts[] = {Activation::none, Activation::relu, Activation::gelu, Activation::gelu_tanh,
+                             Activation::silu};
+  const char* names[] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
+  for (size_t a = 0; a < std::size(acts); ++a) {
+    const Activation act = acts[a];
+    Check c = tol(8);
+    c.zeros_ok = act == Activation::relu;  // relu zeroes half of the products and of dgate
+    for (const Shape& sh : {Shape{1031}, Shape{7, 37}, Shape{1 << 18}}) {
+      const std::string shape = sh.size() == 2 ? "7x37" : std::to_string(sh[0]);
+      t.add(
+          std::string("gated_activation/") + names[a] + "_" + shape + "/f32", Kernel::gated_activation, {DT::f32},
+          [sh](Gen& g) { return In{g.uniform(sh, -4, 4), g.uniform(sh, -2, 2)}; }, {out("out", sh, DT::f32, c)},
+          [act](Backend& be, In& in, Out& o) { be.gated_activation(in[0], in[1], o[0], act); });
+      t.add(
+          std::string("gated_activation_backward/") + names[a] + "_" + shape + "/f32",
+          Kernel::gated_activation_backward, {DT::f32},
+          [sh](Gen& g) {
+            return In{g.uniform(sh, -4, 4), g.uniform(sh, -2, 2), g.uniform(sh, -1, 1)};
+          },
+          {out("dgate", sh, DT::f32, c), out("dup", sh, DT::f32, c)},
+          [act](Backend& be, In& in, Out& o) { be.gated_activation_backward(in[0], in[1], in[2], o[0], o[1], act); });
+    }
+    t.add(
+        std::string("gated_activation/") + names[a] + "_inplace_1031/f32", Kernel::gated_activation, {DT::f32},
+        [](Gen& g) { return In{g.uniform({1031}, -4, 4), g.uniform({1031}, -2, 2)}; },
+        {out("out", {1031}, DT::f32, c, 0)},
+        [act](Backend& be, In& in, Out& o) { be.gated_activation(o[0], in[1], o[0], act); });
+    t.add(
+        std::string("gated_activation_backward/") + names[a] + "_inplace_1031/f32", Kernel::gated_activation_backward,
+        {DT::f32},
+        [](Gen& g) {
+          return In{g.uniform({1031}, -4, 4), g.uniform({1031}, -2, 2), g.uniform({1031}, -1, 1)};
+        },
+        {out("dgate", {1031}, DT::f32, c, 0), out("dup", {1031}, DT::f32, c, 1)},
+        [act](Backend& be, In& in, Out& o) { be.gated_activation_backward(o[0], o[1], in[2], o[0], o[1], act); });
+  }
 }
 
 void add_binary(Table& t) {
@@ -1426,6 +1469,21 @@ void add_half(Table& t) {
           [dt](Gen& g) { return In{g.uniform({1031}, -3, 3, dt), g.uniform({1031}, -1, 1, dt)}; },
           {out("dx", {1031}, dt, tol(8))}, [p](Backend& be, In& in, Out& o) { be.unary_backward(in[0], in[1], o[0], p); });
     }
+    for (Activation act : {Activation::silu, Activation::gelu_tanh}) {
+      const std::string a = act == Activation::silu ? "silu" : "gelu_tanh";
+      t.add(
+          "gated_activation/" + a + "_100003" + tag, Kernel::gated_activation, {dt},
+          [dt](Gen& g) { return In{g.uniform({100003}, -4, 4, dt), g.uniform({100003}, -2, 2, dt)}; },
+          {out("out", {100003}, dt, tol(8))},
+          [act](Backend& be, In& in, Out& o) { be.gated_activation(in[0], in[1], o[0], act); });
+      t.add(
+          "gated_activation_backward/" + a + "_100003" + tag, Kernel::gated_activation_backward, {dt},
+          [dt](Gen& g) {
+            return In{g.uniform({100003}, -4, 4, dt), g.uniform({100003}, -2, 2, dt), g.uniform({100003}, -1, 1, dt)};
+          },
+          {out("dgate", {100003}, dt, tol(8)), out("dup", {100003}, dt, tol(8))},
+          [act](Backend& be, In& in, Out& o) { be.gated_activation_backward(in[0], in[1], in[2], o[0], o[1], act); });
+    }
     t.add(
         "unary/silu_100003" + tag, Kernel::unary, {dt}, [dt](Gen& g) { return In{g.uniform({100003}, -4, 4, dt)}; },
         {out("out", {100003}, dt, tol(8))},
@@ -1579,6 +1637,7 @@ std::vector<Case> all_cases() {
   add_strided_copy(t);
   add_matmul(t);
   add_unary(t);
+  add_gated(t);
   add_binary(t);
   add_reduce(t);
   add_softmax(t);

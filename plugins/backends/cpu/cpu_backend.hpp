@@ -338,6 +338,9 @@ bool is_bf16_call(const Tensor& t);  // t is defined and bf16: the kernel forwar
 void unary_bf16(CpuBackend& be, const Tensor& x, Tensor& out, const UnaryParams& p);
 void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p);
 void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
+void gated_activation_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);
+void gated_activation_backward_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, const Tensor& dy,
+                                    Tensor& dgate, Tensor& dup, Activation act);
 void softmax_like_bf16(CpuBackend& be, const Tensor& x, Tensor& y, bool log);
 void softmax_like_backward_bf16(CpuBackend& be, const Tensor& y, const Tensor& dy, Tensor& dx, bool log);
 void layer_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,

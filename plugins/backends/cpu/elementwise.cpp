@@ -1,10 +1,16 @@
-// cpu/elementwise.cpp — unary (+ backward), broadcasting binary, reduce and argmax (f32).
+// cpu/elementwise.cpp — unary (+ backward), the gated activation (+ backward), broadcasting binary,
+// reduce and argmax (f32).
 //
 // Hand-written because oneDNN 2.6 has no backward for binary/reduction and its eltwise set lacks
 // softcap/affine-backward/etc.; these loops are memory-bound, so one fused pass per op is the goal.
 // * unary: one `omp simd` loop per op; exp/tanh/sigmoid/silu/gelu_tanh use fast_exp (<= 2 ulp) so they
 //   vectorise (gelu_tanh and silu share one exp-based form, forward and backward: see gelu_tanh_fwd);
 //   log/sin/cos/pow/erf call libm per element. Output may alias the input.
+// * gated_activation: the gated MLP's act(gate) * up in one pass, and its backward in one pass writing both
+//   gradients. Each element is the expression the unfused ops compute (unary then binary mul; mul's
+//   backward then unary_backward, whose incoming gradient is dy * up rounded to f32), so in f32 the fused
+//   kernels give the unfused ops' bits (tests/backends_cpu checks it) while reading 2 and writing 1 tensor
+//   forward (3 and 2 unfused: the activation's output round trip) and reading 3, writing 2 backward (6 and 3).
 // * binary: numpy broadcasting. Fast paths: equal shapes (one flat loop), a scalar operand, and the
 //   general case after coalescing dimensions, whose innermost loop is contiguous for the common
 //   [N, D] (+) [D] row broadcast. Comparisons write 1/0. maximum/minimum propagate NaN.
@@ -29,6 +35,11 @@ namespace dew::cpu {
 
 DEW_CPU_ISA_KERNEL(unary, (const Tensor& x, Tensor& out, const UnaryParams& p), (x, out, p))
 DEW_CPU_ISA_KERNEL(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))
+DEW_CPU_ISA_KERNEL(gated_activation, (const Tensor& gate, const Tensor& up, Tensor& out, Activation act),
+                   (gate, up, out, act))
+DEW_CPU_ISA_KERNEL(gated_activation_backward,
+                   (const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate, Tensor& dup, Activation act),
+                   (gate, up, dy, dgate, dup, act))
 DEW_CPU_ISA_KERNEL(binary, (const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op), (a, b, out, op))
 DEW_CPU_ISA_KERNEL(reduce, (const Tensor& x, Tensor& out, const ReduceParams& p), (x, out, p))
 DEW_CPU_ISA_KERNEL(argmax, (const Tensor& x, Tensor& out), (x, out))
@@ -317,6 +328,110 @@ void unary_backward(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor&
     default:
       DEW_CHECK(false, "cpu unary_backward: unknown op ", int(p.op));
   }
+}
+
+// ---------------------------------------------------------------- gated activation
+
+namespace {
+
+// Per activation: value(v) as `unary` computes it, and grad(v, d) = d * act'(v) as `unary_backward` does.
+struct GatedSilu {
+  [[gnu::always_inline]] static float value(float v) { return silu_value(v); }
+  [[gnu::always_inline]] static float grad(float v, float d) {
+    const float e = fast_exp(act_arg(-v)), s = 1.0f / (1.0f + e);
+    return d * (s + v * ((e * s) * s));
+  }
+};
+struct GatedGeluTanh {
+  [[gnu::always_inline]] static float value(float v) { return gelu_tanh_value(v); }
+  [[gnu::always_inline]] static float grad(float v, float d) {
+    const float e = fast_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));
+    const float s = 1.0f / (1.0f + e);
+    const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
+    return d * (s + v * ((e * s) * s) * du2);
+  }
+};
+struct GatedGelu {
+  [[gnu::always_inline]] static float value(float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); }
+  [[gnu::always_inline]] static float grad(float v, float d) {
+    const float cdf = 0.5f * (1.0f + std::erf(v * kSqrt1_2));
+    const float pdf = kInvSqrt2Pi * fast_exp(-0.5f * v * v);
+    return d * (cdf + v * pdf);
+  }
+};
+struct GatedRelu {
+  [[gnu::always_inline]] static float value(float v) { return v < 0.0f ? 0.0f : v; }
+  [[gnu::always_inline]] static float grad(float v, float d) { return v > 0.0f ? d : 0.0f; }
+};
+struct GatedIdentity {  // Activation::none: the bilinear gate * up
+  [[gnu::always_inline]] static float value(float v) { return v; }
+  [[gnu::always_inline]] static float grad(float, float d) { return d; }
+};
+
+template <class A>
+void gated_fwd_slice(const float* g, const float* u, float* o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = A::value(g[i]) * u[i];
+}
+template <class A>
+void gated_bwd_slice(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = g[i], d = dy[i], t = d * u[i];  // read every input of element i before writing it
+    du[i] = d * A::value(v);
+    dg[i] = A::grad(v, t);
+  }
+}
+
+template <class F>
+void with_gated_act(Activation act, F&& f) {
+  switch (act) {
+    case Activation::silu:
+      return f(GatedSilu{});
+    case Activation::gelu_tanh:
+      return f(GatedGeluTanh{});
+    case Activation::gelu:
+      return f(GatedGelu{});
+    case Activation::relu:
+      return f(GatedRelu{});
+    case Activation::none:
+      return f(GatedIdentity{});
+  }
+  DEW_CHECK(false, "cpu gated_activation: unknown activation ", int(act));
+}
+
+}  // namespace
+
+void gated_activation(CpuBackend& self, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
+  if (is_bf16_call(gate)) return gated_activation_bf16(self, gate, up, out, act);  // half.cpp
+  contracts::check_gated("cpu.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
+  require_f32(gate, "gated_activation", "gate");
+  const float* g = gate.data_as<float>();
+  const float* u = up.data_as<float>();
+  float* o = out.data_as<float>();
+  with_gated_act(act, [&](auto a) {
+    using A = decltype(a);
+    split(gate.numel(), [&](int64_t lo, int64_t hi) { gated_fwd_slice<A>(g + lo, u + lo, o + lo, hi - lo); });
+  });
+}
+
+void gated_activation_backward(CpuBackend& self, const Tensor& gate, const Tensor& up, const Tensor& dy,
+                               Tensor& dgate, Tensor& dup, Activation act) {
+  if (is_bf16_call(gate)) return gated_activation_backward_bf16(self, gate, up, dy, dgate, dup, act);  // half.cpp
+  contracts::check_gated("cpu.gated_activation_backward", gate,
+                         {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
+  require_f32(gate, "gated_activation_backward", "gate");
+  const float* g = gate.data_as<float>();
+  const float* u = up.data_as<float>();
+  const float* d = dy.data_as<float>();
+  float* dg = dgate.data_as<float>();
+  float* du = dup.data_as<float>();
+  with_gated_act(act, [&](auto a) {
+    using A = decltype(a);
+    split(gate.numel(), [&](int64_t lo, int64_t hi) {
+      gated_bwd_slice<A>(g + lo, u + lo, d + lo, dg + lo, du + lo, hi - lo);
+    });
+  });
 }
 
 // ---------------------------------------------------------------- binary

@@ -10,9 +10,9 @@
 //  * matmul: oneDNN's bf16 matmul (AVX512-BF16 / AMX), bf16 src / weights / bias / dst, f32 accumulation:
 //    matmul.cpp's primitive (make_matmul, the same fused epilogue: alpha, beta as a sum post-op, activation)
 //    built for bf16 operands and output.
-//  * the memory-bound kernels (unary, binary, norms, softmax, rope, cross-entropy, attention): the f32
-//    kernel of this backend on blocks of rows (a sample for attention and rope) widened into f32
-//    scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the
+//  * the memory-bound kernels (unary, binary, gated activation, norms, softmax, rope, cross-entropy,
+//    attention): the f32 kernel of this backend on blocks of rows (a sample for attention and rope) widened
+//    into f32 scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the
 //    bf16 bytes; outputs are rounded once. Norm weight / bias gradients (sums over rows) add the blocks'
 //    f32 partials in f32 and round once at the end. Each block's result is the f32 kernel's result on
 //    those rows, so a bf16 kernel is exactly "widen, run the f32 kernel, round" (conformance bounds it).
@@ -30,6 +30,8 @@ Support bf16_support(Kernel k) {
     case Kernel::unary:
     case Kernel::unary_backward:
     case Kernel::binary:
+    case Kernel::gated_activation:
+    case Kernel::gated_activation_backward:
     case Kernel::softmax:
     case Kernel::softmax_backward:
     case Kernel::log_softmax:
@@ -163,6 +165,30 @@ void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tens
     Tensor wx = widen(be.isa(), elems(x, lo, hi)), wd = widen(be.isa(), elems(dy, lo, hi));
     be.unary_backward(wx, wd, wd, p);
     narrow_into(be.isa(), wd, elems(dx, lo, hi));
+  });
+}
+
+void gated_activation_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
+  require_all_bf16({&gate, &up, &out}, Kernel::gated_activation);
+  contracts::check_gated("cpu.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
+  for_row_blocks(gate.numel(), 1, [&](int64_t lo, int64_t hi) {
+    Tensor wg = widen(be.isa(), elems(gate, lo, hi)), wu = widen(be.isa(), elems(up, lo, hi));
+    be.gated_activation(wg, wu, wg, act);
+    narrow_into(be.isa(), wg, elems(out, lo, hi));
+  });
+}
+
+void gated_activation_backward_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, const Tensor& dy,
+                                    Tensor& dgate, Tensor& dup, Activation act) {
+  require_all_bf16({&gate, &up, &dy, &dgate, &dup}, Kernel::gated_activation_backward);
+  contracts::check_gated("cpu.gated_activation_backward", gate,
+                         {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
+  for_row_blocks(gate.numel(), 1, [&](int64_t lo, int64_t hi) {
+    Tensor wg = widen(be.isa(), elems(gate, lo, hi)), wu = widen(be.isa(), elems(up, lo, hi));
+    Tensor wd = widen(be.isa(), elems(dy, lo, hi));
+    be.gated_activation_backward(wg, wu, wd, wg, wu, act);  // in place: dgate over gate, dup over up
+    narrow_into(be.isa(), wg, elems(dgate, lo, hi));
+    narrow_into(be.isa(), wu, elems(dup, lo, hi));
   });
 }
 

@@ -252,6 +252,21 @@ void CudaBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, 
   launch_unary_backward(stream_, t, x.data(), dy.data(), dx.data(), x.numel(), p.op, p.alpha, p.beta);
 }
 
+void CudaBackend::gated_activation(const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
+  const ST t = compute_type(gate, Kernel::gated_activation, "gate");
+  contracts::check_gated("cuda.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
+  launch_gated_activation(stream_, t, gate.data(), up.data(), out.data(), gate.numel(), act);
+}
+
+void CudaBackend::gated_activation_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,
+                                            Tensor& dup, Activation act) {
+  const ST t = compute_type(gate, Kernel::gated_activation_backward, "gate");
+  contracts::check_gated("cuda.gated_activation_backward", gate,
+                         {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
+  launch_gated_activation_backward(stream_, t, gate.data(), up.data(), dy.data(), dgate.data(), dup.data(),
+                                   gate.numel(), act);
+}
+
 void CudaBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
   const ST t = compute_type(a, Kernel::binary, "a");
   DEW_CHECK(b.defined() && out.defined(), "cuda.binary: b or out is undefined");

@@ -1,5 +1,6 @@
-// cuda/elementwise.cu — fill, cast, strided_copy, unary (+ backward), broadcasting binary, reductions,
-// argmax and the small epilogues (matmul bias/activation, convolution bias and its gradient).
+// cuda/elementwise.cu — fill, cast, strided_copy, unary (+ backward), the gated activation (+ backward),
+// broadcasting binary, reductions, argmax and the small epilogues (matmul bias/activation, convolution bias
+// and its gradient).
 // Invariants: grid-stride loops; compute in f32 (reductions over a strided axis accumulate in double),
 // one rounding on store; NaN propagates through maximum/minimum/max/min/relu/clamp as in ref; casts
 // follow ref's rules exactly (halves widen to f32, integers to i64, then one conversion; float -> int
@@ -336,6 +337,79 @@ void launch_unary_backward(cudaStream_t s, ST t, const void* x, const void* dy, 
                     unary_backward_kernel<T><<<blocks_for(n), 256, 0, s>>>(
                         static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n, op, alpha, beta));
   check_launch("unary_backward");
+}
+
+// ---------------------------------------------------------------- gated activation
+
+namespace {
+
+// act(x) and act'(x) through the unary ops' device functions (Activation::none: the identity).
+__device__ __forceinline__ float gated_value(Activation act, float x) {
+  switch (act) {
+    case Activation::relu:
+      return unary_value(UnaryOp::relu, x, 1.0f, 0.0f);
+    case Activation::gelu:
+      return unary_value(UnaryOp::gelu, x, 1.0f, 0.0f);
+    case Activation::gelu_tanh:
+      return unary_value(UnaryOp::gelu_tanh, x, 1.0f, 0.0f);
+    case Activation::silu:
+      return unary_value(UnaryOp::silu, x, 1.0f, 0.0f);
+    case Activation::none:
+      break;
+  }
+  return x;
+}
+__device__ __forceinline__ float gated_derivative(Activation act, float x) {
+  switch (act) {
+    case Activation::relu:
+      return unary_derivative(UnaryOp::relu, x, 1.0f, 0.0f);
+    case Activation::gelu:
+      return unary_derivative(UnaryOp::gelu, x, 1.0f, 0.0f);
+    case Activation::gelu_tanh:
+      return unary_derivative(UnaryOp::gelu_tanh, x, 1.0f, 0.0f);
+    case Activation::silu:
+      return unary_derivative(UnaryOp::silu, x, 1.0f, 0.0f);
+    case Activation::none:
+      break;
+  }
+  return 1.0f;
+}
+
+template <class T>
+__global__ void gated_kernel(const T* gate, const T* up, T* out, int64_t n, Activation act) {
+  DEW_GRID_STRIDE(i, n) st(out, i, gated_value(act, ld(gate, i)) * ld(up, i));
+}
+
+template <class T>
+__global__ void gated_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, int64_t n,
+                                      Activation act) {
+  DEW_GRID_STRIDE(i, n) {
+    const float v = ld(gate, i), d = ld(dy, i), u = ld(up, i);  // every input read before an output is written
+    st(dup, i, d * gated_value(act, v));
+    st(dgate, i, d * u * gated_derivative(act, v));
+  }
+}
+
+}  // namespace
+
+void launch_gated_activation(cudaStream_t s, ST t, const void* gate, const void* up, void* out, int64_t n,
+                             Activation act) {
+  if (n == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    gated_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<const T*>(gate),
+                                                                   static_cast<const T*>(up), static_cast<T*>(out), n,
+                                                                   act));
+  check_launch("gated_activation");
+}
+
+void launch_gated_activation_backward(cudaStream_t s, ST t, const void* gate, const void* up, const void* dy,
+                                      void* dgate, void* dup, int64_t n, Activation act) {
+  if (n == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    gated_backward_kernel<T><<<blocks_for(n), 256, 0, s>>>(
+                        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dy),
+                        static_cast<T*>(dgate), static_cast<T*>(dup), n, act));
+  check_launch("gated_activation_backward");
 }
 
 // ---------------------------------------------------------------- binary

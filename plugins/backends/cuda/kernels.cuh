@@ -44,6 +44,10 @@ void launch_strided_copy(cudaStream_t s, const void* src, void* dst, int elem_si
 void launch_unary(cudaStream_t s, ST t, const void* x, void* out, int64_t n, UnaryOp op, float alpha, float beta);
 void launch_unary_backward(cudaStream_t s, ST t, const void* x, const void* dy, void* dx, int64_t n, UnaryOp op,
                            float alpha, float beta);
+void launch_gated_activation(cudaStream_t s, ST t, const void* gate, const void* up, void* out, int64_t n,
+                             Activation act);
+void launch_gated_activation_backward(cudaStream_t s, ST t, const void* gate, const void* up, const void* dy,
+                                      void* dgate, void* dup, int64_t n, Activation act);
 // out[i] (dtype out_dtype) = op(a[...], b[...]); d.a / d.b are broadcast strides over d.shape (out's shape).
 // same_shape: a, b and out have identical shapes (no index arithmetic).
 void launch_binary(cudaStream_t s, ST t, const void* a, const void* b, void* out, DType out_dtype, BinaryOp op,

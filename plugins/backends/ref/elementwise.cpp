@@ -1,4 +1,5 @@
-// elementwise.cpp — unary ops and their derivatives, broadcasting binary ops, reductions and argmax.
+// elementwise.cpp — unary ops and their derivatives, the gated activation act(gate) * up and its
+// derivatives, broadcasting binary ops, reductions and argmax.
 // Invariants: every element is computed in double and rounded once to the output type; out may alias
 // an input of the same shape (each element is read before it is written); NaN propagates through
 // maximum/minimum/max/min/clamp/relu; argmax returns the first maximum (the first NaN, if any).
@@ -183,6 +184,64 @@ void RefBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, c
     T* o = dx.data_as<T>();
     for (int64_t i = 0; i < x.numel(); ++i)
       o[i] = T(double(g[i]) * unary_derivative(p.op, double(xs[i]), p.alpha, p.beta));
+  });
+}
+
+// ---------------------------------------------------------------- gated activation
+
+namespace {
+
+// The unary op computing an activation (Activation::none is the identity).
+UnaryOp unary_of(Activation act) {
+  switch (act) {
+    case Activation::relu:
+      return UnaryOp::relu;
+    case Activation::gelu:
+      return UnaryOp::gelu;
+    case Activation::gelu_tanh:
+      return UnaryOp::gelu_tanh;
+    case Activation::silu:
+      return UnaryOp::silu;
+    case Activation::none:
+      break;
+  }
+  DEW_CHECK(false, "ref.gated_activation: unknown activation ", int(act));
+  return UnaryOp::neg;
+}
+double act_value(Activation act, double x) { return act == Activation::none ? x : unary_value(unary_of(act), x, 1, 0); }
+double act_derivative(Activation act, double x) {
+  return act == Activation::none ? 1.0 : unary_derivative(unary_of(act), x, 1, 0);
+}
+
+}  // namespace
+
+void RefBackend::gated_activation(const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
+  contracts::check_gated("ref.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
+  dispatch_float(gate.dtype(), Kernel::gated_activation, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = gate.data_as<T>();
+    const T* u = up.data_as<T>();
+    T* o = out.data_as<T>();
+    for (int64_t i = 0; i < gate.numel(); ++i) o[i] = T(act_value(act, double(g[i])) * double(u[i]));
+  });
+}
+
+void RefBackend::gated_activation_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,
+                                           Tensor& dup, Activation act) {
+  contracts::check_gated("ref.gated_activation_backward", gate,
+                         {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
+  dispatch_float(gate.dtype(), Kernel::gated_activation_backward, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = gate.data_as<T>();
+    const T* u = up.data_as<T>();
+    const T* d = dy.data_as<T>();
+    T* dg = dgate.data_as<T>();
+    T* du = dup.data_as<T>();
+    for (int64_t i = 0; i < gate.numel(); ++i) {
+      const double v = double(g[i]), dd = double(d[i]), uu = double(u[i]);
+      dg[i] = T(dd * uu * act_derivative(act, v));
+      du[i] = T(dd * act_value(act, v));
+    }
   });
 }
 

@@ -6,7 +6,9 @@
 // same words. Plans are pure functions of shapes and strides (no device memory is read).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dew/backend.hpp"
@@ -63,6 +65,20 @@ inline bool check_attention_segments(const std::string& who, const Tensor& segme
   DEW_CHECK(q_offset >= 0 && q_offset + T <= S, who, ": with segment_ids the queries (q_offset ", q_offset, ", T ", T,
             ") must lie inside the ", S, " keys");
   return true;
+}
+
+// gated_activation (+ backward): gate is defined and floating, and every other tensor named is defined, of
+// gate's dtype and of its element count (the shapes may differ: the kernels are elementwise).
+inline void check_gated(const std::string& who, const Tensor& gate,
+                        std::initializer_list<std::pair<const Tensor*, const char*>> others) {
+  DEW_CHECK(gate.defined() && is_floating(gate.dtype()), who, ": gate must be a defined floating tensor");
+  for (const auto& [t, name] : others) {
+    DEW_CHECK(t->defined(), who, ": ", name, " is undefined");
+    DEW_CHECK(t->dtype() == gate.dtype(), who, ": ", name, " is ", dtype_name(t->dtype()), ", gate is ",
+              dtype_name(gate.dtype()));
+    DEW_CHECK(t->numel() == gate.numel(), who, ": ", name, " ", shape_str(t->shape()), " and gate ",
+              shape_str(gate.shape()), " differ in size");
+  }
 }
 
 }  // namespace dew::contracts

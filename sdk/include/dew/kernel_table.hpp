@@ -29,6 +29,13 @@
   /* dx = dy * d op(x) / dx */                                                                                   \
   X(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))       \
   X(binary, (const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op), (a, b, out, op))                       \
+  /* out = act(gate) * up: the gated MLP's GLU (SwiGLU with silu, GeGLU with gelu / gelu_tanh, plain        */ \
+  /* bilinear with none). gate, up, out: one shape and float dtype; act(gate) is the unary op's value, not  */ \
+  /* rounded before the product. Elementwise: out may alias gate or up.                                     */ \
+  X(gated_activation, (const Tensor& gate, const Tensor& up, Tensor& out, Activation act), (gate, up, out, act))  \
+  /* dgate = dy * up * act'(gate), dup = dy * act(gate), both overwritten (dgate may alias gate, dup up) */       \
+  X(gated_activation_backward, (const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,          \
+                                Tensor& dup, Activation act), (gate, up, dy, dgate, dup, act))                  \
   X(reduce, (const Tensor& x, Tensor& out, const ReduceParams& p), (x, out, p))                                  \
   /* along the last axis; rows = numel / last */                                                                 \
   X(softmax, (const Tensor& x, Tensor& y), (x, y))                                                               \

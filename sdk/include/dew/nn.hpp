@@ -209,8 +209,9 @@ class Attention : public Module {
   std::shared_ptr<RMSNorm> q_norm, k_norm;
 };
 
-// Gated MLP (SwiGLU with silu, GeGLU with gelu): down(act(gate(x)) * up(x)). gated = false drops the
-// gate: down(act(up(x))), the Llama-family names of a plain MLP. Names: gate_proj, up_proj, down_proj.
+// Gated MLP (SwiGLU with silu, GeGLU with gelu): down(act(gate(x)) * up(x)), act and product one fused
+// kernel (gated_activation). gated = false drops the gate: down(act(up(x))), the Llama-family names of a
+// plain MLP. Names: gate_proj, up_proj, down_proj.
 // init: weight / bias for gate_proj and up_proj, out_weight / out_bias for down_proj.
 class GatedMLP : public Module {
  public:

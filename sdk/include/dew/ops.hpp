@@ -41,6 +41,9 @@ Tensor pow(const Tensor& x, float p);         // x ^ p
 Tensor clamp(const Tensor& x, float lo, float hi);
 Tensor softcap(const Tensor& x, float cap);  // cap * tanh(x / cap)
 Tensor activation(const Tensor& x, Activation act);
+// act(gate) * up, one fused kernel forward and backward (the gated MLP's SwiGLU / GeGLU): the same values as
+// mul(activation(gate, act), up), without the activation's output kept or streamed. gate and up: one shape.
+Tensor gated_activation(const Tensor& gate, const Tensor& up, Activation act);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
