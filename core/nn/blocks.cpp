@@ -273,6 +273,9 @@ Tensor GatedMLP::forward(const Tensor& x) const {
     s.back() = h;
     return down_proj->forward(gated_activation(columns(y, 0, h, s), columns(y, h, 2 * h, s), act));
   }
+  // Training: one fused kernel each way, act(gate) never stored. Without gradients the activation rides in
+  // the gate product's epilogue, then one mul (the same passes, and the bits served decoding always had).
+  if (!grad_enabled()) return down_proj->forward(mul(gate_proj->forward(x, act), up_proj->forward(x)));
   return down_proj->forward(gated_activation(gate_proj->forward(x), up_proj->forward(x), act));
 }
 

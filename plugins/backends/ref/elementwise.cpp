@@ -1,5 +1,7 @@
 // elementwise.cpp — unary ops and their derivatives, the gated activation act(gate) * up and its
 // derivatives, broadcasting binary ops, reductions and argmax.
+// The gated activation rounds as the unfused ops do (act(gate) and dy * up stored in the dtype before the
+// next product), so a model that called unary + mul gives the same bits on ref (tests/models' fixtures).
 // Invariants: every element is computed in double and rounded once to the output type; out may alias
 // an input of the same shape (each element is read before it is written); NaN propagates through
 // maximum/minimum/max/min/clamp/relu; argmax returns the first maximum (the first NaN, if any).
@@ -222,7 +224,7 @@ void RefBackend::gated_activation(const Tensor& gate, const Tensor& up, Tensor& 
     const T* g = gate.data_as<T>();
     const T* u = up.data_as<T>();
     T* o = out.data_as<T>();
-    for (int64_t i = 0; i < gate.numel(); ++i) o[i] = T(act_value(act, double(g[i])) * double(u[i]));
+    for (int64_t i = 0; i < gate.numel(); ++i) o[i] = T(double(T(act_value(act, double(g[i])))) * double(u[i]));
   });
 }
 
@@ -239,8 +241,9 @@ void RefBackend::gated_activation_backward(const Tensor& gate, const Tensor& up,
     T* du = dup.data_as<T>();
     for (int64_t i = 0; i < gate.numel(); ++i) {
       const double v = double(g[i]), dd = double(d[i]), uu = double(u[i]);
-      dg[i] = T(dd * uu * act_derivative(act, v));
-      du[i] = T(dd * act_value(act, v));
+      const double da = double(T(dd * uu)), a = double(T(act_value(act, v)));  // the unfused ops' roundings
+      dg[i] = T(da * act_derivative(act, v));
+      du[i] = T(dd * a);
     }
   });
 }

@@ -158,7 +158,9 @@ class Dit final : public dew::Model {
     Tensor patches =
         dew::reshape(dew::permute(dew::reshape(x, {b, cin, gh, p, gw, p}), {0, 2, 4, 1, 3, 5}), {b, n, cin * p * p});
     Tensor h = dew::linear(patches, dew::reshape(patch_->weight, {d, cin * p * p}), patch_->bias);
-    h = dew::add(h, positions(gh, gw, x));
+    // The fixed table in h's dtype: under autocast the residual stream stays in the compute dtype (an f32
+    // table would promote the sum, and with it every block, to f32; docs/precision.md).
+    h = dew::add(h, dew::cast(positions(gh, gw, x), h.dtype()));
 
     Tensor c = t_embedder_->forward(dew::reshape(ti->second, {b}));
     const Tensor label = dew::diffusion::checked_label(in, b, c_.num_classes, "dit");

@@ -30,8 +30,9 @@
   X(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))       \
   X(binary, (const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op), (a, b, out, op))                       \
   /* out = act(gate) * up: the gated MLP's GLU (SwiGLU with silu, GeGLU with gelu / gelu_tanh, plain        */ \
-  /* bilinear with none). gate, up, out: one shape and float dtype; act(gate) is the unary op's value, not  */ \
-  /* rounded before the product. Elementwise: out may alias gate or up.                                     */ \
+  /* bilinear with none). gate, up, out: one size and float dtype. Rounds as mul(unary(gate), up) does in    */ \
+  /* f32 / f64: act(gate) (backward: dy * up) in the dtype before the product; a half dtype keeps those in  */ \
+  /* f32 and rounds the outputs once. Elementwise: out may alias gate or up.                                */ \
   X(gated_activation, (const Tensor& gate, const Tensor& up, Tensor& out, Activation act), (gate, up, out, act))  \
   /* dgate = dy * up * act'(gate), dup = dy * act(gate), both overwritten (dgate may alias gate, dup up) */       \
   X(gated_activation_backward, (const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,          \
