@@ -12,9 +12,9 @@
 //   broadcast one operand straight from the input rows and load the other from a packed tile (Q^T, P^T).
 //   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax;
 //   the K and V rows 8 positions ahead are prefetched, a hint that changes no result).
-// bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the row path reads each bf16 row and widens
-//   it (exact: the bits shifted up 16) into an L1 scratch row that the f32 dot / axpy then read, so it streams
-//   half the bytes and computes exactly what it computes on the widened f32 rows, bit for bit; longer queries
+// bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the row path reads the bf16 rows and widens
+//   them in registers (exact: the bits shifted up 16), so it streams half the bytes and computes exactly what it
+//   computes on the widened f32 rows, bit for bit (dot's scalar tail runs one shared loop); longer queries
 //   (a prefill on the cache) widen K and V once into f32 buffers and take the f32 lane path. The backward and
 //   max_logit take f32 only; below, "every tensor is f32" reads "q, out and the statistics are f32" for this form.
 // Backward (FlashAttention-2) — for each key block K^T and V^T are packed once; for each query block that
@@ -148,47 +148,59 @@ DEW_AI vf vtanh(const vf& y) {
 }
 
 
-DEW_AI float dot(const float* a, const float* b, int64_t n) {
-  vf acc0 = {}, acc1 = {};
-  int64_t i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
-    acc0 += vload(a + i) * vload(b + i);
-    acc1 += vload(a + i + L) * vload(b + i + L);
-  }
-  for (; i + L <= n; i += L) acc0 += vload(a + i) * vload(b + i);
-  float s = hsum16(acc0 + acc1);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// y[0, n) += a * x[0, n)
-DEW_AI void axpy(float* y, float a, const float* x, int64_t n) {
-  int64_t i = 0;
-  for (; i + L <= n; i += L) vstore(y + i, vload(y + i) + a * vload(x + i));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
-// ---- bf16 rows (a bf16 K/V cache), widened exactly: the bf16 bits shifted up 16 are the f32 bits.
+// ---- K/V rows of f32 or bf16 (a bf16 K/V cache), widened exactly: the bf16 bits shifted up 16 are the f32 bits.
 DEW_AI float widen_bf16(uint16_t h) {
   const uint32_t bits = uint32_t(h) << 16;
   float f;
   __builtin_memcpy(&f, &bits, sizeof f);
   return f;
 }
-// A K or V row as f32: an f32 row itself; a bf16 row widened into buf (>= D floats, L1-resident scratch), so
-// dot() and axpy() above run on it exactly as on an f32 row: the same code, hence the same bits (a bf16 dot of
-// its own would contract the tail's products into FMAs where the compiler vectorised the f32 tail unfused).
-DEW_AI const float* f32_row(const float* row, int64_t, float*) { return row; }
-DEW_AI const float* f32_row(const uint16_t* row, int64_t D, float* buf) {
+// (own name: a vload overload here would hide isa.hpp's vload(const float*) in this namespace)
+DEW_AI vf vload_row(const float* p) { return vload(p); }
+DEW_AI vf vload_row(const uint16_t* p) {
   typedef uint16_t vh __attribute__((vector_size(32)));
+  vh h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+// The scalar tail of dot(): the one loop both row types run (on f32 values), so the compiler treats it alike
+// (it vectorises an f32 tail into unfused products; a bf16 tail of its own became scalar FMAs: other bits).
+DEW_AI float dot_tail(float s, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// sum a[i] b[i] for b f32 or bf16 (widened in registers): the same bits for a bf16 row as for its widening.
+template <class B>
+DEW_AI float dot(const float* a, const B* b, int64_t n) {
+  vf acc0 = {}, acc1 = {};
   int64_t i = 0;
-  for (; i + L <= D; i += L) {
-    vh h;
-    __builtin_memcpy(&h, row + i, sizeof h);
-    vstore(buf + i, (vf)(__builtin_convertvector(h, vu) << 16));
+  for (; i + 2 * L <= n; i += 2 * L) {
+    acc0 += vload(a + i) * vload_row(b + i);
+    acc1 += vload(a + i + L) * vload_row(b + i + L);
   }
-  for (; i < D; ++i) buf[i] = widen_bf16(row[i]);
-  return buf;
+  for (; i + L <= n; i += L) acc0 += vload(a + i) * vload_row(b + i);
+  const float s = hsum16(acc0 + acc1);
+  if constexpr (std::is_same_v<B, float>) {
+    return dot_tail(s, a + i, b + i, n - i);
+  } else {
+    float tail[L];  // fewer than 16 left
+    for (int64_t j = 0; j < n - i; ++j) tail[j] = widen_bf16(b[i + j]);
+    return dot_tail(s, a + i, tail, n - i);
+  }
+}
+
+// y[0, n) += a * x[0, n) for x f32 or bf16 (widened in registers; elementwise, so the same bits either way)
+template <class X>
+DEW_AI void axpy(float* y, float a, const X* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + L <= n; i += L) vstore(y + i, vload(y + i) + a * vload_row(x + i));
+  for (; i < n; ++i) {
+    if constexpr (std::is_same_v<X, float>)
+      y[i] += a * x[i];
+    else
+      y[i] += a * widen_bf16(x[i]);
+  }
 }
 
 // In-register 16 x 16 transpose: four butterfly stages, stage K swapping bit K of the row index with bit K of
@@ -400,7 +412,7 @@ DEW_AI Vis classify_all(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int
 // ---------------------------------------------------------------- forward
 
 size_t fwd_lane_ws(const Geo& g) { return size_t(2 * g.D * TILE + FWD_BK * TILE); }
-size_t fwd_row_ws(const Geo& g) { return size_t(3 * g.Dp + g.S + L); }
+size_t fwd_row_ws(const Geo& g) { return size_t(2 * g.Dp + g.S + L); }
 
 // One (b, h, query block); task order puts the longest (latest) query blocks first.
 template <int REGS>
@@ -567,7 +579,6 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   float* qs = ws;          // [Dp]
   float* acc = qs + g.Dp;  // [Dp]
   float* sc = acc + g.Dp;  // [S + 16]
-  float* row = sc + g.S + L;  // [Dp]  the bf16 K or V row at hand, widened (bf16 K/V only)
   const float* qrow = P.q + ((b * g.T + t) * g.Hq + h) * D;
   for (int64_t d = 0; d < D; ++d) qs[d] = g.scale * qrow[d];
   const KV* kb = kv_rows<KV>(P.k, P.k16) + b * g.S * g.krs + hk * D;
@@ -577,7 +588,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   // prefetched while a row is used (decoding streams the whole cache once per token).
   for (int64_t j = 0; j < n; ++j) {
     prefetch_row(kb + (lo + j + kRowAhead) * g.krs, D, j + kRowAhead < n);
-    sc[j] = dot(qs, f32_row(kb + (lo + j) * g.krs, D, row), D);
+    sc[j] = dot(qs, kb + (lo + j) * g.krs, D);
   }
   for (int64_t j = n; j < npad; ++j) sc[j] = 0.0f;
   if (g.cap > 0) {
@@ -604,7 +615,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   std::memset(acc, 0, size_t(D) * sizeof(float));
   for (int64_t j = 0; j < n; ++j) {
     prefetch_row(vb + (lo + j + kRowAhead) * g.krs, D, j + kRowAhead < n);
-    axpy(acc, sc[j], f32_row(vb + (lo + j) * g.krs, D, row), D);
+    axpy(acc, sc[j], vb + (lo + j) * g.krs, D);
   }
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
