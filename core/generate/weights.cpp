@@ -3,6 +3,8 @@
 // multiply the same input (an attention's q/k/v projections, a gated MLP's gate/up) placed back to back in
 // one storage, so a decode step makes one product (one weight stream, one dispatch) for each group
 // (nn::Attention::project and nn::GatedMLP::forward take it when they find their weights adjacent).
+// store_decode_weights_as adds the decoder's K/V cache to the same choice (CausalDecoder::set_cache_dtype), so
+// `--weights bf16` halves the cache bytes a token reads too.
 // Invariant: the tensors keep their identity (the impl is re-pointed at the cast or packed storage), so
 // modules, caches and parameter lists that hold them see the new dtype and place without being rebuilt;
 // their values are unchanged (packing copies bits).
@@ -93,6 +95,18 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
   }
   for (const auto& g : input_groups(params)) pack_group(g);
   return changed;
+}
+
+int64_t store_decode_weights_as(CausalDecoder* decoder, const std::vector<std::pair<std::string, Tensor>>& params,
+                                DType dtype) {
+  const int64_t changed = store_matmul_weights_as(params, dtype);  // checks the dtype first
+  if (decoder) decoder->set_cache_dtype(dtype);
+  return changed;
+}
+
+// The default decoder keeps an f32 cache (a backbone with a bf16 cache overrides both accessors).
+void CausalDecoder::set_cache_dtype(DType dtype) {
+  DEW_USAGE_CHECK(dtype == DType::f32, "this decoder keeps its K/V cache in f32 only, not ", dtype_name(dtype));
 }
 
 DType weights_dtype_from_name(const std::string& name, const char* what) {

@@ -198,6 +198,12 @@ Tensor Attention::forward(const Tensor& x, const Tensor& positions, const Tensor
 }
 
 namespace {
+// src in the cache's dtype: unchanged for an f32 cache (the same tensor, so the same bits), rounded to bf16
+// (nearest even) once here, as it is appended, for a bf16 cache.
+Tensor as_cache_dtype(const Tensor& src, const Tensor& cache) {
+  return src.dtype() == cache.dtype() ? src : cast(src, cache.dtype());
+}
+
 // Writes src [B, T, Hkv, D] into dst [B, S, Hkv, D] at sequence position `at` (no autograd: a cache).
 void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
   const int64_t b = src.shape()[0], t = src.shape()[1], row = src.shape()[2] * src.shape()[3];
@@ -226,8 +232,8 @@ Tensor Attention::forward_cached(const Tensor& x, const Tensor& positions, Tenso
                                  int64_t past) const {
   auto [q, k, v] = project(x, positions);
   const int64_t b = x.shape()[0], t = x.shape()[1];
-  write_rows(k, k_cache, past);
-  write_rows(v, v_cache, past);
+  write_rows(as_cache_dtype(k, k_cache), k_cache, past);
+  write_rows(as_cache_dtype(v, v_cache), v_cache, past);
   AttentionParams p = params();
   p.q_offset = past;
   const Tensor o = attention(q, prefix(k_cache, past + t), prefix(v_cache, past + t), p);
@@ -240,7 +246,8 @@ Tensor Attention::forward_slots(const Tensor& x, const Tensor& positions, Tensor
   DEW_CHECK(x.ndim() == 3 && x.shape()[1] == 1 && int64_t(slots.size()) == n && int64_t(pasts.size()) == n,
             "Attention: a slot step takes x [N, 1, dim] and N slots and positions, got ", shape_str(x.shape()), ", ",
             slots.size(), " slots and ", pasts.size(), " positions");
-  auto [q, k, v] = project(x, positions);
+  auto [q, k_new, v_new] = project(x, positions);
+  const Tensor k = as_cache_dtype(k_new, k_slots), v = as_cache_dtype(v_new, v_slots);
   std::vector<Tensor> out;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = slots[size_t(i)], past = pasts[size_t(i)];

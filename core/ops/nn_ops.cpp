@@ -193,6 +193,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   DEW_CHECK(hkv > 0 && hq % hkv == 0, "attention: ", hq, " query heads do not group over ", hkv, " key/value heads");
   check_same_backend(q, k, "attention");
   check_same_backend(q, v, "attention");
+  // One dtype, or f32 queries over a bf16 K/V cache (decoding: the kernel widens K/V, f32 arithmetic).
+  const bool bf16_kv = q.dtype() == DType::f32 && k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
+  DEW_CHECK(bf16_kv || (k.dtype() == q.dtype() && v.dtype() == q.dtype()), "attention: q ", dtype_name(q.dtype()),
+            ", k ", dtype_name(k.dtype()), ", v ", dtype_name(v.dtype()),
+            ": one dtype, or f32 q with bf16 k and v (a bf16 decode cache)");
+  DEW_CHECK(!bf16_kv || !needs_grad({&q, &k, &v}),
+            "attention: f32 q over bf16 k and v is the decoding path (a bf16 K/V cache) and records no gradient");
   (void)s;
   const Tensor seg = segment_ids.defined() ? segment_ids.detach() : Tensor();
   if (seg.defined()) check_same_backend(q, seg, "attention");

@@ -199,9 +199,11 @@ struct LoadedRun {
 int g_inference_threads = 0;  // set_inference_threads(): 0 = the run's stored [run] threads
 DType g_inference_weights = DType::f32;  // set_inference_weights()
 
-// The weights of an inference command (eval, sample, serve) in the storage --weights asked for.
+// The weights of an inference command (eval, sample, serve) in the storage --weights asked for, and the decoder's
+// K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32).
 void store_inference_weights(const LoadedRun& lr) {
-  store_matmul_weights_as(lr.run.objective->parameters(), g_inference_weights);  // f32: packs q/k/v, gate/up only
+  auto* decoder = dynamic_cast<CausalDecoder*>(lr.run.objective->main_model());
+  store_decode_weights_as(decoder, lr.run.objective->parameters(), g_inference_weights);
 }
 
 LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name) {

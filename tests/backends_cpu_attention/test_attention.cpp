@@ -2,12 +2,16 @@
 // naive double-precision reference written here, straight from the AttentionParams comment in
 // dew/backend.hpp: every config is run at 1, 2 and 3 OpenMP threads (3 exercises the backward's split with
 // per-thread dq buffers), and out, lse, dq, dk, dv must agree to 1e-4 (absolute).
+// bf16 K/V under f32 q (a bf16 decode cache): on every instruction-set path this CPU runs, the forward equals
+// the f32 kernel on the exactly widened K/V bit for bit (the decode row path widens in registers, a prefill
+// widens once and takes the lane path), at 1 to 3 threads; k and v of two dtypes, and the backward, are refused.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -15,6 +19,7 @@
 
 #include "attention.hpp"
 #include "dew/backend.hpp"
+#include "dew/dtype.hpp"
 #include "dew/error.hpp"
 #include "dew/registry.hpp"
 #include "dew/tensor.hpp"
@@ -218,4 +223,79 @@ TEST_CASE("cpu attention: refuses non-f32 and mismatched shapes") {
   Tensor qf = Tensor::zeros({1, 4, 3, 8}, DType::f32, be), kf = Tensor::zeros({1, 4, 2, 8}, DType::f32, be);
   Tensor outf = Tensor::empty({1, 4, 3, 8}, DType::f32, be), lsef = Tensor::empty({1, 3, 4}, DType::f32, be);
   CHECK_THROWS_AS(cpu::attention_forward(qf, kf, kf, Tensor(), outf, lsef, p), Error);  // 3 heads over 2 kv heads
+}
+
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_floats(), y = b.to_floats();
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// The bf16 K/V forward of `c` against the f32 forward on the same K/V widened: the same bits, on `isa`.
+void run_bf16_kv(const Config& c, cpu::Isa isa) {
+  const Shape qs{c.B, c.T, c.Hq, c.D}, ks{c.B, c.S, c.Hkv, c.D};
+  const BackendPtr be = host();
+  const Tensor q = Tensor::from_vector(random_vec(size_t(numel_of(qs)), 5), qs, be);
+  // K/V drawn in f32, rounded to bf16 (Tensor::from_vector rounds nearest even), and widened back exactly.
+  const Tensor k16 = Tensor::from_vector(random_vec(size_t(numel_of(ks)), 6), ks, be, DType::bf16);
+  const Tensor v16 = Tensor::from_vector(random_vec(size_t(numel_of(ks)), 7), ks, be, DType::bf16);
+  const Tensor k32 = Tensor::from_vector(k16.to_floats(), ks, be), v32 = Tensor::from_vector(v16.to_floats(), ks, be);
+  AttentionParams p;
+  p.scale = float(1.0 / std::sqrt(double(c.D)));
+  p.causal = c.causal;
+  p.window = c.window;
+  p.softcap = c.softcap;
+  p.q_offset = c.q_offset;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Tensor out = Tensor::full(qs, 7.0, DType::f32, be), lse = Tensor::full({c.B, c.Hq, c.T}, 7.0, DType::f32, be);
+    Tensor want = Tensor::empty(qs, DType::f32, be), want_lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
+    cpu::attention_forward(q, k16, v16, Tensor(), out, lse, p, isa);
+    cpu::attention_forward(q, k32, v32, Tensor(), want, want_lse, p, isa);
+    INFO(c.name, " isa=", std::string(cpu::isa_name(isa)), " threads=", threads);
+    CHECK(same_bits(out, want));
+    CHECK(same_bits(lse, want_lse));
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
+
+TEST_CASE("cpu attention: bf16 K/V under f32 q equal the f32 kernel on the widened K/V, bit for bit, every path") {
+  const std::vector<Config> cs = {
+      {"decode T1 S77 gqa", 2, 1, 77, 4, 2, 64, true, 0, 0.0f, 76},
+      {"decode T1 S300 mqa D24", 1, 1, 300, 4, 1, 24, true, 0, 0.0f, 299},
+      {"decode T3 S40 window softcap D16", 1, 3, 40, 2, 2, 16, true, 20, 5.0f, 37},
+      {"decode T4 S9 D40", 3, 4, 9, 2, 1, 40, true, 0, 0.0f, 5},
+      {"prefill T20 S90 (lane path)", 1, 20, 90, 4, 2, 64, true, 0, 0.0f, 70},
+      {"prefill T70 S70 not causal", 2, 70, 70, 2, 2, 16, false, 0, 0.0f, 0},
+  };
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::portable}) {
+    if (int(isa) > int(cpu::best_isa())) continue;  // a path this CPU lacks
+    for (const Config& c : cs) run_bf16_kv(c, isa);
+  }
+  // The bf16 rows really are read as bf16: their bits reinterpreted as f32 would not give these values.
+  const BackendPtr be = host();
+  AttentionParams p;
+  p.scale = 0.25f;
+  p.q_offset = 7;
+  const Shape qs{1, 1, 2, 16}, ks{1, 8, 2, 16};
+  const Tensor q = Tensor::from_vector(random_vec(32, 8), qs, be);
+  const Tensor k16 = Tensor::from_vector(random_vec(256, 9), ks, be, DType::bf16);
+  const Tensor v16 = Tensor::from_vector(random_vec(256, 10), ks, be, DType::bf16);
+  Tensor out = Tensor::empty(qs, DType::f32, be), lse = Tensor::empty({1, 2, 1}, DType::f32, be);
+  cpu::attention_forward(q, k16, v16, Tensor(), out, lse, p);
+  for (float o : out.to_floats()) CHECK(std::fabs(o) <= 1.0f);  // a convex mix of values in [-1, 1]
+  // Refusals: k and v of two dtypes; bf16 K/V in the backward and max_logit; bf16 q over f32 K/V.
+  const Tensor v32 = Tensor::from_vector(v16.to_floats(), ks, be);
+  CHECK_THROWS_AS(cpu::attention_forward(q, k16, v32, Tensor(), out, lse, p), Error);
+  Tensor dq = Tensor::empty(qs, DType::f32, be), dk = Tensor::empty(ks, DType::f32, be),
+         dv = Tensor::empty(ks, DType::f32, be);
+  CHECK_THROWS_AS(cpu::attention_backward(q, k16, v16, Tensor(), out, lse, out, dq, dk, dv, p), Error);
+  Tensor heads = Tensor::empty({2}, DType::f32, be);
+  CHECK_THROWS_AS(cpu::attention_max_logit(q, k16, Tensor(), heads, p), Error);
+  const Tensor q16 = Tensor::from_vector(random_vec(32, 8), qs, be, DType::bf16);
+  CHECK_THROWS_AS(cpu::attention_forward(q16, v32, v32, Tensor(), out, lse, p), Error);
 }

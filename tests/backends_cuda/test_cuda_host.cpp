@@ -188,6 +188,15 @@ TEST_CASE("attention, convolution and row-gather shape checks") {
                    check_attention(t({1, 2, 1, 8}), t({1, 3, 1, 8}), t({1, 2, 1, 8}), Kernel::attention);
                  }),
                  "do not match"));
+  // The forward reads a bf16 K/V cache under f32 queries; nothing else mixes dtypes.
+  const Shape qs{1, 1, 4, 16}, ks{1, 9, 2, 16};
+  CHECK_NOTHROW(check_attention(t(qs), t(ks, DType::bf16), t(ks, DType::bf16), Kernel::attention));
+  CHECK(contains(
+      error_of([&] { check_attention(t(qs), t(ks, DType::bf16), t(ks, DType::bf16), Kernel::attention_backward); }),
+      "one dtype"));
+  CHECK(contains(error_of([&] { check_attention(t(qs, DType::bf16), t(ks), t(ks), Kernel::attention); }),
+                 "or f32 q over bf16 k and v"));
+  CHECK(contains(error_of([&] { check_attention(t(qs), t(ks, DType::bf16), t(ks), Kernel::attention); }), "one dtype"));
 
   Conv2dParams p;
   p.pad_h = p.pad_w = 1;

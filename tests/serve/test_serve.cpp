@@ -5,6 +5,8 @@
 //  * slot decoding: every row of forward_slots (batched decode rows, per-slot prefills, slots cleared and
 //    reused) is bit-equal to the same sequence decoded alone, on ref and on cpu (the row-wise matmul), for
 //    the causal_transformer's batched path and for the generic per-slot default;
+//  * a bf16 K/V cache: served = solo and batch-B = batch-1 bit for bit (ref, cpu), logits within a stated
+//    number of bf16 epsilons of the f32 cache's and never equal to them;
 //  * decode fusion: with q/k/v and gate/up packed back to back (store_matmul_weights_as) a decode step's one
 //    product per group gives the separate products' logits bit for bit (cpu, f32 and bf16 weights);
 //  * the scheduler: mixed prompt lengths (one token, longer than the context), budgets (0, 1, past the
@@ -258,6 +260,83 @@ TEST_CASE("slot decoding with bf16 weights: served rows equal solo bit for bit, 
   check_slot_rows(decoder_of(m), backend("cpu"), 3);
   check_slot_rows(decoder_of(m), backend("cpu"), 7);
   CHECK_THROWS_AS(dew::weights_dtype_from_name("int4", "--weights"), dew::Error);
+}
+
+namespace {
+// The logits of a prefill of `prompt` then one token per row of `rest`, for B sequences decoded together in
+// one batch-B cache (prompt and rest [B, n], row-major), flattened per sequence: [B][steps * V].
+std::vector<std::vector<float>> batch_logits(dew::CausalDecoder& dec, const dew::BackendPtr& be, int64_t B,
+                                             const std::vector<int32_t>& prompt, const std::vector<int32_t>& rest) {
+  const int64_t p = int64_t(prompt.size()) / B, r = int64_t(rest.size()) / B, V = dec.vocab_size();
+  auto cache = dec.make_cache(B, p + r);
+  std::vector<std::vector<float>> out(static_cast<size_t>(B));
+  auto add = [&](const Tensor& logits) {
+    const std::vector<float> all = logits.to_floats();
+    const int64_t per = int64_t(all.size()) / B;
+    for (int64_t b = 0; b < B; ++b)
+      out[size_t(b)].insert(out[size_t(b)].end(), all.begin() + b * per, all.begin() + (b + 1) * per);
+  };
+  add(dec.forward_cached(Tensor::from_ints(prompt, {B, p}, be), *cache));
+  for (int64_t i = 0; i < r; ++i) {
+    std::vector<int32_t> col;
+    for (int64_t b = 0; b < B; ++b) col.push_back(rest[size_t(b * r + i)]);
+    add(dec.forward_cached(Tensor::from_ints(col, {B, 1}, be), *cache));
+  }
+  for (auto& o : out) REQUIRE(int64_t(o.size()) == (p + r) * V);
+  return out;
+}
+}  // namespace
+
+// A bf16 K/V cache (dew::store_decode_weights_as, what `--weights bf16` asks for): keys and values rounded
+// to bf16 as they are appended, attention reading them with f32 arithmetic. On ref (the core widens K/V for
+// its f32 kernel) and cpu (the decode row path reads bf16): a served row equals the sequence decoded alone
+// (batched slot path and per-slot default), a batch-3 cache equals three batch-1 caches (batch invariance),
+// bit for bit; and the logits stay within eps/2 (eps = 2^-7, bf16's epsilon; eps/2 bounds K and V's own relative
+// rounding) of the largest logit of the same bf16-weight model decoding over an f32 cache (measured: 0.04 eps),
+// and differ from them (the rounding is real: an unrounded or an f32 cache gives equal logits; a cache read as
+// the wrong type or at the wrong positions fails the bound).
+TEST_CASE("bf16 K/V cache: served rows equal solo, batch invariance, logits near the f32 cache's (ref, cpu)") {
+  for (const std::string be : {"ref", "cpu"}) {
+    CAPTURE(be);
+    auto m = tiny_model(be, 64, 64);
+    dew::CausalDecoder& dec = decoder_of(m);
+    CHECK(dec.cache_dtype() == dew::DType::f32);  // the default
+    const int64_t changed = dew::store_decode_weights_as(&dec, m->named_parameters(), dew::DType::bf16);
+    CHECK(changed >= 2 * 7);
+    CHECK(dec.cache_dtype() == dew::DType::bf16);
+    check_slot_rows(dec, backend(be), 3);
+    check_slot_rows(dec, backend(be), 7);
+    PlainDecoder plain(dec);  // its per-slot batch-1 caches come from the model: bf16 too
+    check_slot_rows(plain, backend(be), 3);
+
+    dew::NoGradGuard ng;
+    const int64_t B = 3;
+    const std::vector<int32_t> prompt = random_tokens(size_t(B * 6), 21), rest = random_tokens(size_t(B * 9), 22);
+    const auto together = batch_logits(dec, backend(be), B, prompt, rest);
+    for (int64_t b = 0; b < B; ++b) {
+      const std::vector<int32_t> p1(prompt.begin() + b * 6, prompt.begin() + (b + 1) * 6);
+      const std::vector<int32_t> r1(rest.begin() + b * 9, rest.begin() + (b + 1) * 9);
+      CHECK_MESSAGE(same_bits(batch_logits(dec, backend(be), 1, p1, r1)[0], together[size_t(b)]), "row ", b);
+    }
+    dec.set_cache_dtype(dew::DType::f32);  // the same bf16 weights over an f32 cache
+    const auto f32_cache = batch_logits(dec, backend(be), B, prompt, rest);
+    dec.set_cache_dtype(dew::DType::bf16);
+    const double eps = 1.0 / 128.0;
+    double worst = 0, largest = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t i = 0; i < together[size_t(b)].size(); ++i) {
+        worst = std::max(worst, std::fabs(double(together[size_t(b)][i]) - double(f32_cache[size_t(b)][i])));
+        largest = std::max(largest, std::fabs(double(f32_cache[size_t(b)][i])));
+      }
+    CAPTURE(worst / (eps * largest));
+    CHECK(worst > 0);
+    CHECK(worst <= 0.5 * eps * largest);
+  }
+  auto m = tiny_model("ref");
+  CHECK_THROWS_AS(decoder_of(m).set_cache_dtype(dew::DType::f16), dew::Error);
+  PlainDecoder plain(decoder_of(m));
+  CHECK_THROWS_AS(plain.set_cache_dtype(dew::DType::bf16), dew::Error);  // the default keeps f32 only
+  CHECK_NOTHROW(plain.set_cache_dtype(dew::DType::f32));
 }
 
 namespace {

@@ -111,7 +111,8 @@ struct DecodeFigures {
   double cpu_ms_per_token = 0;  // process CPU time of the decode loop per token (median)
   int64_t prompt_len = 0, new_tokens = 0, layers = 0, kv_dim = 0;  // kv_dim: n_kv_heads * head_dim
   std::string weights = "f32";
-  double weight_bytes = 0;  // the bytes of N_mm's matrices as stored (a tied head stays f32)
+  std::string kv_dtype = "f32";  // the K/V cache's dtype (bf16 with --weights bf16)
+  double weight_bytes = 0;       // the bytes of N_mm's matrices as stored (a tied head stays f32)
 };
 TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt);
 DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt);

@@ -19,7 +19,8 @@
 // generate: greedy decoding with the KV cache (CausalDecoder::forward_cached), the peer's protocol:
 // a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
 // --tokens - 1 single-token decode calls (default 256 new tokens, cache capacity prompt + tokens), argmax
-// on the host. --warmup (1) untimed generation, then the median of --repeats (5).
+// on the host. --warmup (1) untimed generation, then the median of --repeats (5). --weights bf16 keeps the
+// matmul weights and the K/V cache in bf16 (dew::store_decode_weights_as; kv_dtype in the JSON line).
 // ms_per_token = decode time / (tokens - 1). --profile: the kernels of the timed decode loops only (not
 // the prefills, not the warm-up), per token (profile_report: ms and calls per token, share of ms_per_token).
 #include <omp.h>
@@ -326,7 +327,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   model->set_training(false);
   dew::NoGradGuard no_grad;
   const dew::NamedTensors params = b.objective->parameters();
-  dew::store_matmul_weights_as(params, dew::weights_dtype_from_name(lo.weights, "--weights"));
+  dew::store_decode_weights_as(decoder, params, dew::weights_dtype_from_name(lo.weights, "--weights"));  // + K/V
   const int64_t P = lo.prompt_len, N = lo.tokens, V = decoder->vocab_size();
   DEW_USAGE_CHECK(P > 0 && N > 1, "dew-bench generate: --prompt-len must be >= 1 and --tokens >= 2");
   std::mt19937 rng(1337);
@@ -399,6 +400,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   const int64_t head_dim = mv.count("head_dim") ? std::atoll(mv.at("head_dim").c_str()) : b.dim / heads;
   f.kv_dim = kv_heads * head_dim;
   f.weights = lo.weights;
+  f.kv_dtype = dew::dtype_name(decoder->cache_dtype());
   bool untied = false;
   for (const auto& [name, p] : params) {
     if (name == "lm_head.weight") untied = true;
@@ -417,11 +419,11 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
       "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
       "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
       "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
-      "\"repeats\":%d,\"weights\":\"%s\",\"weight_mb\":%.1f,\"cpu_ms_per_token\":%.3f,\"cpu\":\"%s\"}\n",
+      "\"repeats\":%d,\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"weight_mb\":%.1f,\"cpu_ms_per_token\":%.3f,"
+      "\"cpu\":\"%s\"}\n",
       f.label.c_str(), opt.backend.c_str(), opt.threads, f.ms_per_token, f.ms_min, f.ms_max, f.prefill_ms,
-      1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len,
-      (long long)f.new_tokens, lo.repeats, f.weights.c_str(), f.weight_bytes / 1e6, f.cpu_ms_per_token,
-      cpu_model().c_str());
+      1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len, (long long)f.new_tokens,
+      lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), f.weight_bytes / 1e6, f.cpu_ms_per_token, cpu_model().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
       "weights", po::value(&lm.weights)->default_value("f32"),
-      "generate: decode weights stored as f32 | bf16 (f32 activations and accumulation)")(
+      "generate: decode weights and K/V cache stored as f32 | bf16 (f32 activations and accumulation)")(
       "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {

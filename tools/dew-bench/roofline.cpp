@@ -16,9 +16,9 @@
 //   phases do not overlap, hence the sum. matmul_ms: the step's products at the rate oneDNN reaches on
 //   each one's own shape, the attention FLOPs at the peak: what the matmuls alone allow.
 // * roofline_decode (weights f32, then bf16 as `generate --weights bf16` keeps them): the bytes one decode
-//   token must read (every N_mm weight once as stored, and the f32 K/V cache at the mean position of the
-//   run) at the bandwidth of that working set, against the FLOPs at the f32 peak; the larger is the
-//   roofline (both happen in the same streaming loops).
+//   token must read (every N_mm weight once as stored, and the K/V cache, f32 or bf16 with the weights, at the
+//   mean position of the run) at the bandwidth of that working set, against the FLOPs at the f32 peak; the larger is
+//   the roofline (both happen in the same streaming loops).
 // fraction = roofline_ms / measured_ms (1 = at the limit). The figures are lower bounds: activations'
 // traffic is not counted, so a fraction near 1 is the best this accounting allows.
 #include <immintrin.h>
@@ -127,9 +127,10 @@ std::map<Product, int> step_products(const std::vector<std::pair<int64_t, int64_
 }
 
 double mean_kv_bytes(const DecodeFigures& d) {
-  // Token i (0-based) of the decode loop attends to prompt_len + i + 1 positions; K and V, f32.
+  // Token i (0-based) of the decode loop attends to prompt_len + i + 1 positions; K and V in the cache's dtype.
   const double first = double(d.prompt_len + 1), last = double(d.prompt_len + d.new_tokens - 1);
-  return 2.0 * double(d.layers) * double(d.kv_dim) * 4.0 * (first + last) / 2.0;
+  const double bytes = d.kv_dtype == "bf16" ? 2.0 : 4.0;
+  return 2.0 * double(d.layers) * double(d.kv_dim) * bytes * (first + last) / 2.0;
 }
 
 }  // namespace

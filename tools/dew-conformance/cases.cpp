@@ -1007,6 +1007,35 @@ void add_attention(Table& t) {
         {out("out", qs, DT::bf16, tol(16, 32)), out("lse", ls, DT::f32, tol(16, 32))},
         [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], Tensor(), o[0], o[1], p); });
   }
+  // f32 q over bf16 k and v (a bf16 decode cache, CausalDecoder::set_cache_dtype): decode rows (cpu's row
+  // path: one row, a few with a window and softcap) and a prefill on the cache (T > 4: cpu widens K/V and
+  // takes its lane path). Asked as supports(attention, bf16); an oracle without bf16 (ref) runs f32 on the
+  // exactly widened K/V, so out and lse, both f32, keep the f32 cases' tolerance (K = S + D).
+  const std::vector<Att> cached = {
+      {"bf16kv_decode", 2, 1, 77, 4, 2, 64, true, 0, 0.0f, 76},
+      {"bf16kv_rows_window_softcap", 1, 3, 40, 4, 2, 16, true, 20, 5.0f, 37, 0.0f, 1.5f},
+      {"bf16kv_prefill", 1, 20, 90, 4, 2, 64, true, 0, 0.0f, 70},
+      {"bf16kv_odd_headdim", 2, 2, 33, 3, 1, 24, true, 0, 0.0f, 31},
+  };
+  for (const Att& a : cached) {
+    AttentionParams p;
+    p.scale = float(1.0 / std::sqrt(double(a.D)));
+    p.causal = a.causal;
+    p.window = a.window;
+    p.softcap = a.softcap;
+    p.q_offset = a.q_offset;
+    const Shape qs{a.B, a.T, a.Hq, a.D}, ks{a.B, a.S, a.Hkv, a.D}, ls{a.B, a.Hq, a.T};
+    const std::string sh = a.what + "_B" + std::to_string(a.B) + "T" + std::to_string(a.T) + "S" + std::to_string(a.S) +
+                           "H" + std::to_string(a.Hq) + "kv" + std::to_string(a.Hkv) + "D" + std::to_string(a.D);
+    t.add(
+        "attention/" + sh + "/f32_bf16kv", Kernel::attention, {DT::bf16},
+        [a, qs, ks](Gen& g) {
+          return In{g.uniform(qs, -a.range, a.range), g.uniform(ks, -a.range, a.range, DT::bf16),
+                    g.uniform(ks, -1, 1, DT::bf16), Tensor()};
+        },
+        {out("out", qs, DT::f32, tol(16, double(a.S + a.D))), out("lse", ls, DT::f32, tol(16, double(a.S + a.D)))},
+        [p](Backend& be, In& in, Out& o) { be.attention(in[0], in[1], in[2], in[3], o[0], o[1], p); });
+  }
 }
 
 // ---------------------------------------------------------------- attention_max_logit

@@ -12,6 +12,11 @@
 //   broadcast one operand straight from the input rows and load the other from a packed tile (Q^T, P^T).
 //   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax;
 //   the K and V rows 8 positions ahead are prefetched, a hint that changes no result).
+// bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the row path reads the bf16 rows and widens
+//   them in registers (exact: the bits shifted up 16), so it streams half the bytes and computes exactly what it
+//   computes on the widened f32 rows, bit for bit (dot's scalar tail runs one shared loop); longer queries
+//   (a prefill on the cache) widen K and V once into f32 buffers and take the f32 lane path. The backward and
+//   max_logit take f32 only; below, "every tensor is f32" reads "q, out and the statistics are f32" for this form.
 // Backward (FlashAttention-2) — for each key block K^T and V^T are packed once; for each query block that
 //   can see it P = exp(S - lse) is recomputed from the saved lse, dP = dO V^T, dS = scale P (dP - Dsum) with
 //   Dsum = rowsum(dO * O), and dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K (lanes run over keys). A task is
@@ -54,6 +59,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "dew/error.hpp"
@@ -142,24 +148,59 @@ DEW_AI vf vtanh(const vf& y) {
 }
 
 
-DEW_AI float dot(const float* a, const float* b, int64_t n) {
-  vf acc0 = {}, acc1 = {};
-  int64_t i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
-    acc0 += vload(a + i) * vload(b + i);
-    acc1 += vload(a + i + L) * vload(b + i + L);
-  }
-  for (; i + L <= n; i += L) acc0 += vload(a + i) * vload(b + i);
-  float s = hsum16(acc0 + acc1);
-  for (; i < n; ++i) s += a[i] * b[i];
+// ---- K/V rows of f32 or bf16 (a bf16 K/V cache), widened exactly: the bf16 bits shifted up 16 are the f32 bits.
+DEW_AI float widen_bf16(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+// (own name: a vload overload here would hide isa.hpp's vload(const float*) in this namespace)
+DEW_AI vf vload_row(const float* p) { return vload(p); }
+DEW_AI vf vload_row(const uint16_t* p) {
+  typedef uint16_t vh __attribute__((vector_size(32)));
+  vh h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+// The scalar tail of dot(): the one loop both row types run (on f32 values), so the compiler treats it alike
+// (it vectorises an f32 tail into unfused products; a bf16 tail of its own became scalar FMAs: other bits).
+DEW_AI float dot_tail(float s, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
-// y[0, n) += a * x[0, n)
-DEW_AI void axpy(float* y, float a, const float* x, int64_t n) {
+// sum a[i] b[i] for b f32 or bf16 (widened in registers): the same bits for a bf16 row as for its widening.
+template <class B>
+DEW_AI float dot(const float* a, const B* b, int64_t n) {
+  vf acc0 = {}, acc1 = {};
   int64_t i = 0;
-  for (; i + L <= n; i += L) vstore(y + i, vload(y + i) + a * vload(x + i));
-  for (; i < n; ++i) y[i] += a * x[i];
+  for (; i + 2 * L <= n; i += 2 * L) {
+    acc0 += vload(a + i) * vload_row(b + i);
+    acc1 += vload(a + i + L) * vload_row(b + i + L);
+  }
+  for (; i + L <= n; i += L) acc0 += vload(a + i) * vload_row(b + i);
+  const float s = hsum16(acc0 + acc1);
+  if constexpr (std::is_same_v<B, float>) {
+    return dot_tail(s, a + i, b + i, n - i);
+  } else {
+    float tail[L];  // fewer than 16 left
+    for (int64_t j = 0; j < n - i; ++j) tail[j] = widen_bf16(b[i + j]);
+    return dot_tail(s, a + i, tail, n - i);
+  }
+}
+
+// y[0, n) += a * x[0, n) for x f32 or bf16 (widened in registers; elementwise, so the same bits either way)
+template <class X>
+DEW_AI void axpy(float* y, float a, const X* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + L <= n; i += L) vstore(y + i, vload(y + i) + a * vload_row(x + i));
+  for (; i < n; ++i) {
+    if constexpr (std::is_same_v<X, float>)
+      y[i] += a * x[i];
+    else
+      y[i] += a * widen_bf16(x[i]);
+  }
 }
 
 // In-register 16 x 16 transpose: four butterfly stages, stage K swapping bit K of the row index with bit K of
@@ -331,6 +372,7 @@ struct Geo {
 struct Ptrs {
   const float *q, *k, *v, *o, *lse, *dout;
   float *out, *lse_out, *dq, *dk, *dv;
+  const uint16_t *k16, *v16;  // bf16 K/V (their bits) for the row path, instead of k and v
 };
 
 enum Vis { kNone, kPartial, kFull };
@@ -500,15 +542,27 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
   unpack_t(OT, TILE, D, nq, inv, P.out + ((b * g.T + t0) * g.Hq + h) * D, g.qrs);
 }
 
-// Prefetches the D floats at p (a K or V row of the row path) when `valid`; a hint, never a result.
+// Prefetches the D elements at p (a K or V row of the row path) when `valid`, one line of 64 bytes at a time;
+// a hint, never a result.
 constexpr int64_t kRowAhead = 8;
-DEW_AI void prefetch_row(const float* p, int64_t D, bool valid) {
+template <class KV>
+DEW_AI void prefetch_row(const KV* p, int64_t D, bool valid) {
   if (!valid) return;
-  for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d, 0, 3);
+  for (int64_t d = 0; d < D; d += 64 / int64_t(sizeof(KV))) __builtin_prefetch(p + d, 0, 3);
+}
+
+// The K or V rows of element type KV: the f32 ones, or the bf16 ones.
+template <class KV>
+DEW_AI const KV* kv_rows(const float* f32, const uint16_t* bf16) {
+  if constexpr (std::is_same_v<KV, float>)
+    return f32;
+  else
+    return bf16;
 }
 
 // One query row (b, h, t): exact softmax over the visible keys, vectorised over D. For T <= ROW_PATH_MAX_T.
-template <int REGS>
+// KV: float (f32 K/V, P.k / P.v) or uint16_t (bf16 K/V, P.k16 / P.v16).
+template <int REGS, class KV>
 DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   const int64_t t = task % g.T, bh = task / g.T, b = bh / g.Hq, h = bh % g.Hq, hk = h / g.G, D = g.D;
   const int64_t pos = g.qoff + t;
@@ -527,8 +581,8 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   float* sc = acc + g.Dp;  // [S + 16]
   const float* qrow = P.q + ((b * g.T + t) * g.Hq + h) * D;
   for (int64_t d = 0; d < D; ++d) qs[d] = g.scale * qrow[d];
-  const float* kb = P.k + b * g.S * g.krs + hk * D;
-  const float* vb = P.v + b * g.S * g.krs + hk * D;
+  const KV* kb = kv_rows<KV>(P.k, P.k16) + b * g.S * g.krs + hk * D;
+  const KV* vb = kv_rows<KV>(P.v, P.v16) + b * g.S * g.krs + hk * D;
   const int64_t n = hi - lo, npad = (n + L - 1) / L * L;
   // K and V rows are g.krs apart (one head's slice of each position): the rows kRowAhead positions on are
   // prefetched while a row is used (decoding streams the whole cache once per token).
@@ -832,7 +886,7 @@ using FwdFn = void (*)(const Geo&, const Ptrs&, int64_t, float*);
 using BwdFn = void (*)(const Geo&, const Ptrs&, int64_t, int64_t, int64_t, int64_t, float*, DqMode, float*);
 using MaxFn = void (*)(const Geo&, const Ptrs&, int64_t, float*, float*);
 struct Kernels {
-  FwdFn fwd_lane, fwd_row;
+  FwdFn fwd_lane, fwd_row, fwd_row_bf16kv;
   BwdFn bwd;
   MaxFn max_logit;
 };
@@ -841,7 +895,12 @@ struct Kernels {
 // of 16 floats on avx2, 16 xmm holding 4 on the portable path).
 constexpr int kRegs = kIsa == Isa::avx512 ? 32 : kIsa == Isa::avx2 ? 8 : 4;
 void fwd_lane_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_lane_task<kRegs>(g, p, task, ws); }
-void fwd_row_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_row_task<kRegs>(g, p, task, ws); }
+void fwd_row_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) {
+  fwd_row_task<kRegs, float>(g, p, task, ws);
+}
+void fwd_row_bf16kv_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) {
+  fwd_row_task<kRegs, uint16_t>(g, p, task, ws);
+}
 void bwd_kernel(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, float* dq_shared,
                 DqMode mode, float* ws) {
   bwd_task<kRegs>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);
@@ -850,7 +909,7 @@ void max_logit_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws, floa
   max_logit_task<kRegs>(g, p, task, ws, result);
 }
 const Kernels& kernels() {
-  static const Kernels k{fwd_lane_kernel, fwd_row_kernel, bwd_kernel, max_logit_kernel};
+  static const Kernels k{fwd_lane_kernel, fwd_row_kernel, fwd_row_bf16kv_kernel, bwd_kernel, max_logit_kernel};
   return k;
 }
 
@@ -864,24 +923,29 @@ float* scratch(size_t n) {
 
 // ---------------------------------------------------------------- checks
 
-void check_tensor(const Tensor& t, const char* what) {
+// `bf16_ok`: bf16 is accepted too (k and v of the forward).
+void check_tensor(const Tensor& t, const char* what, bool bf16_ok = false) {
   DEW_CHECK(t.defined(), "cpu attention: ", what, " is undefined");
-  DEW_CHECK(t.dtype() == DType::f32, "cpu attention: ", what, " must be f32, got ", dtype_name(t.dtype()));
+  DEW_CHECK(t.dtype() == DType::f32 || (bf16_ok && t.dtype() == DType::bf16), "cpu attention: ", what, " must be f32",
+            bf16_ok ? " or bf16" : "", ", got ", dtype_name(t.dtype()));
 }
 
-void check_shape(const Tensor& t, const Shape& want, const char* what) {
-  check_tensor(t, what);
+void check_shape(const Tensor& t, const Shape& want, const char* what, bool bf16_ok = false) {
+  check_tensor(t, what, bf16_ok);
   DEW_CHECK(t.shape() == want, "cpu attention: ", what, " has shape ", shape_str(t.shape()), ", expected ",
             shape_str(want));
 }
 
-Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, const AttentionParams& p) {
+// `bf16_kv`: k and v may be bf16 (both; the forward's bf16 decode cache).
+Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, const AttentionParams& p,
+             bool bf16_kv = false) {
   check_tensor(q, "q");
-  check_tensor(k, "k");
-  check_tensor(v, "v");
+  check_tensor(k, "k", bf16_kv);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4, "cpu attention: q and k must be [B, T, H, D], got ", shape_str(q.shape()),
             " and ", shape_str(k.shape()));
-  check_shape(v, k.shape(), "v");
+  check_shape(v, k.shape(), "v", bf16_kv);
+  DEW_CHECK(v.dtype() == k.dtype(), "cpu attention: k is ", dtype_name(k.dtype()), " and v ", dtype_name(v.dtype()),
+            "; they must be of one dtype");
   Geo g{};
   g.B = q.size(0), g.T = q.size(1), g.Hq = q.size(2), g.D = q.size(3);
   g.S = k.size(1), g.Hkv = k.size(2);
@@ -913,22 +977,45 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& se
 
 // ---------------------------------------------------------------- entry points
 
+// dst[i] = the f32 value of the bf16 bits src[i], i < n (exact), over the threads.
+void widen_all(const uint16_t* src, float* dst, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
+  for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) dst[i] = widen_bf16(src[i]);
+  }
+}
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
                        Tensor& lse, const AttentionParams& p) {
-  const Geo g = make_geo(q, k, v, segment_ids, p);
+  const Geo g = make_geo(q, k, v, segment_ids, p, /*bf16_kv=*/true);
   check_shape(out, q.shape(), "out");
   check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
   if (g.B == 0 || g.T == 0 || g.Hq == 0) return;
+  const bool rows = g.T <= ROW_PATH_MAX_T, bf16_kv = k.dtype() == DType::bf16;
   Ptrs P{};
   P.q = q.data_as<const float>();
-  P.k = k.data_as<const float>();
-  P.v = v.data_as<const float>();
   P.out = out.data_as<float>();
   P.lse_out = lse.data_as<float>();
+  std::vector<float> k_wide, v_wide;  // bf16 K/V widened for the lane path (a prefill on a bf16 cache)
+  if (!bf16_kv) {
+    P.k = k.data_as<const float>();
+    P.v = v.data_as<const float>();
+  } else if (rows) {
+    P.k16 = k.data_as<const uint16_t>();
+    P.v16 = v.data_as<const uint16_t>();
+  } else {
+    k_wide.resize(size_t(k.numel()));
+    v_wide.resize(size_t(v.numel()));
+    widen_all(k.data_as<const uint16_t>(), k_wide.data(), k.numel());
+    widen_all(v.data_as<const uint16_t>(), v_wide.data(), v.numel());
+    P.k = k_wide.data();
+    P.v = v_wide.data();
+  }
 
   const Kernels& K = kernels();
-  const bool rows = g.T <= ROW_PATH_MAX_T;
-  const FwdFn fn = rows ? K.fwd_row : K.fwd_lane;
+  const FwdFn fn = !rows ? K.fwd_lane : bf16_kv ? K.fwd_row_bf16kv : K.fwd_row;
   const int64_t ntasks = rows ? g.B * g.Hq * g.T : g.B * g.Hq * ((g.T + TILE - 1) / TILE);
   const size_t ws_size = rows ? fwd_row_ws(g) : fwd_lane_ws(g);
 #pragma omp parallel if (ntasks > 1)

@@ -1,10 +1,12 @@
-// cpu/attention.hpp — the fused attention kernels of the `cpu` backend (f32; see attention.cpp).
+// cpu/attention.hpp — the fused attention kernels of the `cpu` backend (f32, bf16 K/V; see attention.cpp).
 //
 // Semantics are exactly those of dew::AttentionParams (dew/backend.hpp): q [B, T, Hq, D], k, v [B, S, Hkv, D],
 // out [B, T, Hq, D], lse f32 [B, Hq, T]; grouped-query heads, causal with q_offset, sliding window, softcap;
 // segment_ids (undefined or i32 [B, S]) masks across documents; a query row with no visible key gives zeros and
-// lse = -inf. dq, dk, dv are overwritten. `isa`: the instruction-set path (isa.hpp; the cpu backend passes
-// its `isa` option, a test may leave the CPU's widest).
+// lse = -inf. dq, dk, dv are overwritten. attention_forward also takes k and v in bf16 under f32 q and out (a
+// bf16 decode cache): widened exactly, then the f32 kernel's arithmetic (the same bits as on the widened rows).
+// `isa`: the instruction-set path (isa.hpp; the cpu backend passes its `isa` option, a test may leave the
+// CPU's widest).
 #pragma once
 #include "dew/backend.hpp"
 #include "dew/tensor.hpp"

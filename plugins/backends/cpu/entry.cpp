@@ -80,7 +80,7 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                            Tensor& out, Tensor& lse, const AttentionParams& p) {
   if (is_bf16_call(q)) return attention_bf16(isa_, q, k, v, segment_ids, out, lse, p);  // half.cpp
-  attention_forward(q, k, v, segment_ids, out, lse, p, isa_);
+  attention_forward(q, k, v, segment_ids, out, lse, p, isa_);  // f32 q; k, v f32 or bf16 (a bf16 decode cache)
 }
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,

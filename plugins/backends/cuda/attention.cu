@@ -14,6 +14,8 @@
 // tiles to skip), so any segment layout is exact.
 // Max logit (QK-Clip): one warp per query row writes the row's largest visible raw score (before softcap) to
 //   scratch, then one thread per query head takes the max over its B * T rows, in order.
+// bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the forward's K/V element type is its own
+// template parameter, each element widened (exactly) as it is loaded; the arithmetic is the f32 kernel's.
 // Every output row is written by exactly one warp (deterministic, no atomics). This is the "one correct
 // path first" implementation: simple and exact, not yet a tensor-core kernel (see docs/cuda.md).
 #include "device.cuh"
@@ -75,8 +77,9 @@ __device__ __forceinline__ float cap(float r, float softcap) {
 }
 
 // Query rows are numbered r = (b * Hq + h) * T + t (the lse layout), so the warps of a block share K/V.
-template <class T>
-__global__ void attention_kernel(const T* q, const T* k, const T* v, const int32_t* seg, T* out, float* lse,
+// T: q and out; KV: k and v (T, or bf16 under f32 q).
+template <class T, class KV>
+__global__ void attention_kernel(const T* q, const KV* k, const KV* v, const int32_t* seg, T* out, float* lse,
                                  AttnDims d, AttentionParams p) {
   const int64_t rows = d.B * d.Hq * d.T;
   const int64_t group = d.Hq / d.Hkv;
@@ -98,7 +101,7 @@ __global__ void attention_kernel(const T* q, const T* k, const T* v, const int32
       const float m_new = fmaxf(m, sc);
       const float corr = expf(m - m_new), pr = expf(sc - m_new);
       l = l * corr + pr;
-      const T* vr = v + kv * d.Dv;
+      const KV* vr = v + kv * d.Dv;
       const int lane = threadIdx.x & 31;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
@@ -239,14 +242,19 @@ inline unsigned warp_blocks(int64_t rows) { return blocks_for(rows, kWarps, 6553
 
 }  // namespace
 
-void launch_attention(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg, void* out,
-                      float* lse, const AttnDims& d, const AttentionParams& p) {
+void launch_attention(cudaStream_t s, ST t, ST kv, const void* q, const void* k, const void* v, const int32_t* seg,
+                      void* out, float* lse, const AttnDims& d, const AttentionParams& p) {
   const int64_t rows = d.B * d.Hq * d.T;
   if (rows == 0) return;
-  DEW_CUDA_DISPATCH(t, T,
-                    attention_kernel<T><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
-                        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), seg,
-                        static_cast<T*>(out), lse, d, p));
+  if (t == ST::f32 && kv == ST::bf16)  // f32 q over a bf16 K/V cache
+    attention_kernel<float, bf16><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
+        static_cast<const float*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), seg,
+        static_cast<float*>(out), lse, d, p);
+  else
+    DEW_CUDA_DISPATCH(t, T,
+                      attention_kernel<T, T><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
+                          static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), seg,
+                          static_cast<T*>(out), lse, d, p));
   check_launch("attention");
 }
 

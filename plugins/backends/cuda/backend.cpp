@@ -496,11 +496,12 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
                             Tensor& out, Tensor& lse, const AttentionParams& p) {
   constexpr Kernel K = Kernel::attention;
   const ST t = compute_type(q, K, "q");
-  const AttnDims d = check_attention(q, k, v, K);
+  const AttnDims d = check_attention(q, k, v, K);  // k, v: q's dtype, or bf16 under f32 q (a bf16 decode cache)
+  const ST kv = compute_type(k, K, "k");
   const int32_t* seg = attention_segments(segment_ids, d, p, K);
   expect_same(out, q, d.B * d.T * d.Hq * d.Dv, K, "out");
   expect_f32(lse, d.B * d.Hq * d.T, K, "lse");
-  launch_attention(stream_, t, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
+  launch_attention(stream_, t, kv, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
 }
 
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,

@@ -81,7 +81,12 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kern
             shape_str(v.shape()), " do not match");
   DEW_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "cuda.", kernel_name(kern), ": ", d.Hq,
             " query heads are not a multiple of ", d.Hkv, " kv heads");
-  DEW_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "cuda.", kernel_name(kern), ": q, k, v dtypes differ");
+  // The forward also reads a bf16 K/V cache under f32 queries (dew/kernel_table.hpp, attention).
+  const bool bf16_kv =
+      kern == Kernel::attention && q.dtype() == DType::f32 && k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
+  DEW_CHECK(bf16_kv || (k.dtype() == q.dtype() && v.dtype() == q.dtype()), "cuda.", kernel_name(kern), ": q ",
+            dtype_name(q.dtype()), ", k ", dtype_name(k.dtype()), ", v ", dtype_name(v.dtype()), ": one dtype",
+            kern == Kernel::attention ? ", or f32 q over bf16 k and v" : "");
   DEW_CHECK(d.Dk <= kAttnMaxHeadDim && d.Dv <= kAttnMaxHeadDim, "cuda.", kernel_name(kern), ": head width ",
             std::max(d.Dk, d.Dv), " is above the ", kAttnMaxHeadDim, " the cuda attention kernel handles");
   return d;

@@ -69,6 +69,7 @@ Support support_of(Kernel k, DType dtype);
 
 using RowsDims = contracts::RowsShape;  // dew/kernel_contracts.hpp
 RowsDims check_rows(const Tensor& table, const Tensor& idx, const Tensor& rows, Kernel k);
+// Shapes, and dtypes: one, or (kern == attention) f32 q over bf16 k and v (a bf16 decode cache).
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, Kernel kern);
 // segment_ids' device pointer (i32 [B, S], contracts::check_attention_segments), or nullptr when undefined.
 const int32_t* attention_segments(const Tensor& segment_ids, const AttnDims& d, const AttentionParams& p, Kernel kern);

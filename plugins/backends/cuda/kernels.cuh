@@ -103,9 +103,10 @@ constexpr int kAttnMaxHeadDim = 256;
 struct AttnDims {
   int64_t B, T, S, Hq, Hkv, Dk, Dv;
 };
-// seg: segment ids [B, S] on the device, or nullptr (one document); see AttentionParams.
-void launch_attention(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg, void* out,
-                      float* lse, const AttnDims& d, const AttentionParams& p);
+// seg: segment ids [B, S] on the device, or nullptr (one document); see AttentionParams. t: q and out; kv: k and v
+// (t, or bf16 under f32 t: a bf16 decode cache).
+void launch_attention(cudaStream_t s, ST t, ST kv, const void* q, const void* k, const void* v, const int32_t* seg,
+                      void* out, float* lse, const AttnDims& d, const AttentionParams& p);
 // scratch: B * Hq * T floats (rowsum(dO * O)).
 void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg,
                                const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,

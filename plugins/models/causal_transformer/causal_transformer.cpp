@@ -16,6 +16,8 @@
 // the first partial_rotary * head_dim features, GQA, a causal mask, a sliding window on "local" layers,
 // optional attention-logit softcap. Built from the SDK blocks (dew/nn.hpp): nn::Attention (its KV-cache
 // and slot-cache paths serve forward_cached and forward_slots), nn::GatedMLP, nn::RMSNorm, nn::Embedding.
+// The K/V caches hold f32, or bf16 after set_cache_dtype(bf16) (what `--weights bf16` asks for, through
+// dew::store_decode_weights_as); the embedding's dtype plays no part in it.
 //
 // Parameter names (exactly the Hugging Face Llama/Qwen3 layout):
 //   model.embed_tokens.weight [V, D]
@@ -302,13 +304,22 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   // ---- CausalDecoder ----
   int64_t vocab_size() const override { return c_.vocab; }
 
+  // f32 (the default) or bf16: the keys and values of the caches made from now on (nn::Attention rounds them
+  // when it appends them; attention reads a bf16 cache with f32 arithmetic).
+  void set_cache_dtype(dew::DType dtype) override {
+    DEW_USAGE_CHECK(dtype == dew::DType::f32 || dtype == dew::DType::bf16,
+                    "causal_transformer: the K/V cache is f32 or bf16, not ", dew::dtype_name(dtype));
+    cache_dtype_ = dtype;
+  }
+  dew::DType cache_dtype() const override { return cache_dtype_; }
+
   std::unique_ptr<dew::DecodeCache> make_cache(int64_t batch, int64_t capacity) const override {
     DEW_CHECK(batch > 0 && capacity > 0, "causal_transformer: a cache needs a positive batch and capacity");
     auto cache = std::make_unique<KVCache>();
     cache->batch_ = batch;
     cache->capacity_ = capacity;
     const auto& be = model_->embed_tokens->weight.backend_ptr();
-    const dew::DType dt = model_->embed_tokens->weight.dtype();
+    const dew::DType dt = cache_dtype_;
     for (int64_t i = 0; i < c_.layers; ++i) {
       cache->k.push_back(Tensor::zeros({batch, capacity, c_.kv_heads, c_.head_dim}, dt, be));
       cache->v.push_back(Tensor::zeros({batch, capacity, c_.kv_heads, c_.head_dim}, dt, be));
@@ -335,7 +346,7 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     cache->capacity_ = capacity;
     cache->lengths.assign(size_t(slots), 0);
     const auto& be = model_->embed_tokens->weight.backend_ptr();
-    const dew::DType dt = model_->embed_tokens->weight.dtype();
+    const dew::DType dt = cache_dtype_;
     for (int64_t i = 0; i < c_.layers; ++i) {
       cache->k.push_back(Tensor::zeros({slots, capacity, c_.kv_heads, c_.head_dim}, dt, be));
       cache->v.push_back(Tensor::zeros({slots, capacity, c_.kv_heads, c_.head_dim}, dt, be));
@@ -529,6 +540,7 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   }
 
   Config c_;
+  dew::DType cache_dtype_ = dew::DType::f32;  // set_cache_dtype
   std::shared_ptr<Decoder> model_;
   std::shared_ptr<dew::nn::Linear> lm_head_;
 };

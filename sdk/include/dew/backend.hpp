@@ -131,6 +131,10 @@ struct RopeParams {
 // giving each key's document; query t belongs to segment_ids[b, q_offset + t], and key s is visible to it
 // only when, besides the rule above, seg(s) == seg(t) and seg(t) != 0 (0 = padding, which sees nothing and
 // is seen by nothing). Undefined segment_ids = one document. Checked by contracts::check_attention_segments.
+// Dtypes: q, k, v, out of one floating dtype; or (forward only) f32 q and out over bf16 k and v, a bf16 decode
+// cache (CausalDecoder::set_cache_dtype): K/V are widened exactly as they are read and the arithmetic is that
+// of the f32 kernel. supports(attention, bf16) answers for both bf16 forms; a backend that declines bf16 gets
+// the core's conversion (k and v widened into f32 temporaries, core/ops/kernel_call.hpp), as ref does.
 struct AttentionParams {
   float scale = 1.0f;
   bool causal = true;

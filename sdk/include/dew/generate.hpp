@@ -94,6 +94,13 @@ class CausalDecoder {
   virtual double flops_per_sequence(int64_t length) const = 0;
   // The context the model was trained for (positions past it are extrapolated); 0: unlimited.
   virtual int64_t context_length() const { return 0; }
+  // The dtype of the keys and values in the caches made from now on (make_cache, make_slot_cache): f32, the
+  // default, or bf16, which halves the cache bytes a decode step reads: each key and value is rounded to bf16
+  // (nearest even) once, when appended, and attention reads them with f32 arithmetic (the attention kernel's
+  // f32-query / bf16-K/V form, dew/kernel_table.hpp). Caches made before keep theirs. Set with the decode
+  // weights' dtype by store_decode_weights_as. The defaults hold f32 and refuse any other dtype.
+  virtual void set_cache_dtype(DType dtype);
+  virtual DType cache_dtype() const { return DType::f32; }
 
   // ---- slot decoding (continuous batching) ----
   // An empty cache of `slots` sequences of up to `capacity` tokens each.
@@ -142,6 +149,11 @@ std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tok
 // one input (q/k/v projections, gate/up) back to back in one storage, values unchanged, so a decode step
 // makes one product per group (nn::Attention, nn::GatedMLP); f32 changes no value. Returns the tensors cast.
 int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype);
+// What `--weights` chooses (dew-run eval|sample|serve, dew-bench generate|roofline), in one call:
+// store_matmul_weights_as(params, dtype) and, when `decoder` is not null, its K/V cache in the same dtype
+// (set_cache_dtype), so bf16 decoding streams bf16 weights and a bf16 cache. Returns the tensors cast.
+int64_t store_decode_weights_as(CausalDecoder* decoder, const std::vector<std::pair<std::string, Tensor>>& params,
+                                DType dtype);
 // "f32" | "bf16" -> the dtype of --weights; anything else is one usage error naming `what`.
 DType weights_dtype_from_name(const std::string& name, const char* what);
 

@@ -68,6 +68,8 @@
   X(scatter_add_rows, (const Tensor& dout, const Tensor& idx, Tensor& dsrc), (dout, idx, dsrc))                  \
   X(rope, (const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p), (x, positions, out, p))   \
   /* segment_ids: undefined (one document) or i32 [B, S], document masking (AttentionParams, dew/backend.hpp) */ \
+  /* q, k, v, out of one floating dtype, or f32 q and out over bf16 k and v (a bf16 decode cache: K/V         */ \
+  /* widened exactly on read, f32 arithmetic; asked as supports(attention, bf16)). The backward: one dtype    */ \
   X(attention, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,       \
                 Tensor& lse, const AttentionParams& p), (q, k, v, segment_ids, out, lse, p))                     \
   /* dq, dk, dv are overwritten */                                                                               \

@@ -192,7 +192,9 @@ class Attention : public Module {
   Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& segment_ids = Tensor()) const;
   // k_cache, v_cache [B, S, Hkv, Dh]: the keys and values of x's T tokens are written at sequence
   // positions past .. past + T - 1 and the queries attend over the first past + T keys (causally, from
-  // q_offset = past). positions are the tokens' own (past + i).
+  // q_offset = past). positions are the tokens' own (past + i). A cache may be in another dtype than the
+  // keys (a bf16 cache under f32 activations): they are cast to it (rounded once) as they are written, and
+  // the queries attend over the cache as stored.
   Tensor forward_cached(const Tensor& x, const Tensor& positions, Tensor& k_cache, Tensor& v_cache, int64_t past) const;
   // One decode step of N slots: x [N, 1, dim], positions i32 [N, 1] (each row's own); k_slots, v_slots
   // [slots, S, Hkv, Dh]. Row i's key and value go into slot slots[i] at pasts[i], and its query attends

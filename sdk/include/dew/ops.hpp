@@ -96,6 +96,7 @@ Tensor gather_rows(const Tensor& x, const Tensor& idx);    // x [B, T, D], idx i
 Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0);     // x [B, T, H, D]
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                  const Tensor& segment_ids = Tensor());  // [B,T,H,D] layout; segment_ids i32 [B, S]: documents
+// (q, k, v of one dtype; or f32 q over bf16 k and v, a bf16 decode cache, without gradient)
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset);
 // QK-Clip's statistic, not differentiable: per query head the largest raw score scale * q.k that attention(q,
 // k, v, p, segment_ids) would see (before softcap) -> [Hq] (f32; f64 for f64 inputs). Kernel attention_max_logit.
