@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/bench/decode.sh [ROUNDS] [BUILD_DIR] — KV-cached decoding of the char-small shape (batch 1, greedy,
 # 16-token prompt, 256 new tokens) side by side in one sitting: dew (f32 and --weights bf16), llama.cpp
-# (f32, bf16, q8_0 GGUFs of the same shape, random weights) and PyTorch (torch_generate.py, f32 and bf16,
-# `tuned`), at 1 and 2 threads, alternating the systems within each round; then the medians per system.
+# (f32, bf16, q8_0 GGUFs of the same shape, random weights) and PyTorch (torch_generate.py, f32 and bf16, in
+# tools/bench/torch_env.sh's set-up for this CPU), at 1 and 2 threads, alternating the systems within each
+# round; then the medians per system.
 # The machine may be shared: each run's line is followed by the load average, and dew's lines carry the
 # CPU time per token (cpu_ms_per_token), which starvation does not inflate. Prints the CPU model first.
 # DEW_BASELINE_BUILD=DIR adds DIR/bin/dew-bench (another build, e.g. main's) after each dew run: before /
@@ -62,7 +63,7 @@ for r in $(seq "$rounds"); do
     fi
     if [ "$have_torch" = 1 ]; then
       for w in fp32 bf16; do
-        j=$("$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peers/torch_generate.py" --config char-small \
+        j=$(DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 "$peers/torch_generate.py" --config char-small \
           --norm rms --mlp swiglu --threads "$t" --dtype "$w" 2>/dev/null | tail -n 1)
         record torch "${w/fp32/f32}" "$t" "$(echo "$j" | field ms_per_token)" -
       done

@@ -31,7 +31,7 @@ for r in $(seq "$rounds"); do
       load
       peer="$peers/torch_dit_train.py"
       [ "$p" != highest ] && peer=tools/bench/torch_dit_autocast.py
-      DEW_PEERS="$peers" "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peer" --threads "$t" 2>/dev/null |
+      DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 "$peer" --threads "$t" 2>/dev/null |
         tail -n 1 | tee -a "$log"
       load
     done

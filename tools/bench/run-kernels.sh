@@ -10,7 +10,7 @@ shapes=256x256x256,1024x1024x1024,2048x2048x2048,2048x384x1152,2048x384x384,2048
 for r in $(seq "$rounds"); do
   for t in 1 2; do
     OMP_PROC_BIND=close OMP_PLACES=cores build/bin/dew-bench kernels --threads "$t"
-    "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peers/torch_matmul.py" --threads "$t" --shapes "$shapes" --min-time 0.5 | tail -n 1
-    "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 tools/bench/torch_attention.py --threads "$t" | tail -n 1
+    DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 "$peers/torch_matmul.py" --threads "$t" --shapes "$shapes" --min-time 0.5 | tail -n 1
+    DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 tools/bench/torch_attention.py --threads "$t" | tail -n 1
   done
 done

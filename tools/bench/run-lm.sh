@@ -13,11 +13,11 @@ for r in $(seq "$rounds"); do
   for t in 1 2; do
     for c in char-small gpt-mini; do
       OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config "$c" --threads "$t"; load
-      "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peers/torch_gpt_train.py" --config "$c" --norm rms \
+      DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 "$peers/torch_gpt_train.py" --config "$c" --norm rms \
         --mlp swiglu --foreach on --threads "$t" 2>/dev/null | tail -n 1; load
     done
     OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" generate --config char-small --threads "$t"; load
-    "$peers/peer_env.sh" tuned "$t" /usr/bin/python3 "$peers/torch_generate.py" --config char-small --norm rms \
+    DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 "$peers/torch_generate.py" --config char-small --norm rms \
       --mlp swiglu --threads "$t" 2>/dev/null | tail -n 1; load
   done
 done
