@@ -107,9 +107,7 @@ constexpr int64_t ROW_PATH_MAX_T = 4;
 static_assert(FWD_BK <= TILE && BWD_BQ <= TILE, "the causal sub-tile tables hold 4 chunks of 16");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---------------------------------------------------------------- vector helpers
-
-// (vf, vload, vset, vsel, hsum16, transpose16, ...: vec16.hpp)
+// ---------------------------------------------------------------- vector helpers (vf, vload, vsel, ...: vec16.hpp)
 
 // e^x for x <= 88 (softmax arguments are <= 0); exactly 0 below -87, so exp(-inf) = 0 (far below -87 the
 // integer exponent is garbage, but the final select discards it).

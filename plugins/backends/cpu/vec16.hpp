@@ -145,25 +145,24 @@ struct Split {
     for (int i = 0; i < P; ++i) p[i] = (part)o.p[i];
   }
 
-#define DEW_VEC16_LOOP(expr) \
-  _Pragma("GCC unroll 4") for (int i = 0; i < P; ++i) r.p[i] = (expr)
-#define DEW_VEC16_BINARY(op)                                                                                    \
-  friend DEW_AI Split operator op(const Split& a, const Split& b) {                                            \
-    Split r;                                                                                                  \
-    DEW_VEC16_LOOP(a.p[i] op b.p[i]);                                                                         \
-    return r;                                                                                                 \
-  }                                                                                                           \
-  friend DEW_AI Split operator op(const Split& a, E s) {                                                       \
-    Split r;                                                                                                  \
-    DEW_VEC16_LOOP(a.p[i] op s);                                                                              \
-    return r;                                                                                                 \
-  }                                                                                                           \
-  friend DEW_AI Split operator op(E s, const Split& a) {                                                       \
-    Split r;                                                                                                  \
-    DEW_VEC16_LOOP(s op a.p[i]);                                                                              \
-    return r;                                                                                                 \
-  }                                                                                                           \
-  DEW_AI Split& operator op##=(const Split& b) { return *this = *this op b; }                                 \
+#define DEW_VEC16_LOOP(expr) _Pragma("GCC unroll 4") for (int i = 0; i < P; ++i) r.p[i] = (expr)
+#define DEW_VEC16_BINARY(op)                                                  \
+  friend DEW_AI Split operator op(const Split& a, const Split& b) {           \
+    Split r;                                                                  \
+    DEW_VEC16_LOOP(a.p[i] op b.p[i]);                                         \
+    return r;                                                                 \
+  }                                                                           \
+  friend DEW_AI Split operator op(const Split& a, E s) {                      \
+    Split r;                                                                  \
+    DEW_VEC16_LOOP(a.p[i] op s);                                              \
+    return r;                                                                 \
+  }                                                                           \
+  friend DEW_AI Split operator op(E s, const Split& a) {                      \
+    Split r;                                                                  \
+    DEW_VEC16_LOOP(s op a.p[i]);                                              \
+    return r;                                                                 \
+  }                                                                           \
+  DEW_AI Split& operator op##=(const Split& b) { return *this = *this op b; } \
   DEW_AI Split& operator op##=(E s) { return *this = *this op s; }
   DEW_VEC16_BINARY(+)
   DEW_VEC16_BINARY(-)
@@ -172,27 +171,27 @@ struct Split {
 #undef DEW_VEC16_BINARY
 
   // integer lanes only (SFINAE on the element type)
-#define DEW_VEC16_INT(op)                                                                                       \
-  template <class X = E, class = decltype(X() op X())>                                                        \
-  friend DEW_AI Split operator op(const Split& a, const Split& b) {                                            \
-    Split r;                                                                                                  \
-    DEW_VEC16_LOOP(a.p[i] op b.p[i]);                                                                         \
-    return r;                                                                                                 \
-  }                                                                                                           \
-  template <class X = E, class = decltype(X() op X())>                                                        \
-  DEW_AI Split& operator op##=(const Split& b) {                                                               \
-    return *this = *this op b;                                                                                \
+#define DEW_VEC16_INT(op)                                           \
+  template <class X = E, class = decltype(X() op X())>              \
+  friend DEW_AI Split operator op(const Split& a, const Split& b) { \
+    Split r;                                                        \
+    DEW_VEC16_LOOP(a.p[i] op b.p[i]);                               \
+    return r;                                                       \
+  }                                                                 \
+  template <class X = E, class = decltype(X() op X())>              \
+  DEW_AI Split& operator op##=(const Split& b) {                    \
+    return *this = *this op b;                                      \
   }
   DEW_VEC16_INT(&)
   DEW_VEC16_INT(|)
   DEW_VEC16_INT(^)
 #undef DEW_VEC16_INT
-#define DEW_VEC16_SHIFT(op)                                                                                     \
-  template <class X = E, class = decltype(X() op 1)>                                                          \
-  friend DEW_AI Split operator op(const Split& a, int n) {                                                     \
-    Split r;                                                                                                  \
-    DEW_VEC16_LOOP(a.p[i] op n);                                                                              \
-    return r;                                                                                                 \
+#define DEW_VEC16_SHIFT(op)                                \
+  template <class X = E, class = decltype(X() op 1)>       \
+  friend DEW_AI Split operator op(const Split& a, int n) { \
+    Split r;                                               \
+    DEW_VEC16_LOOP(a.p[i] op n);                           \
+    return r;                                              \
   }
   DEW_VEC16_SHIFT(<<)
   DEW_VEC16_SHIFT(>>)
@@ -209,11 +208,11 @@ struct Split {
     return r;
   }
 
-#define DEW_VEC16_COMPARE(op)                                                                                   \
-  friend DEW_AI mask operator op(const Split& a, const Split& b) {                                             \
-    mask r;                                                                                                   \
-    DEW_VEC16_LOOP((vpart_i)(a.p[i] op b.p[i]));                                                              \
-    return r;                                                                                                 \
+#define DEW_VEC16_COMPARE(op)                                      \
+  friend DEW_AI mask operator op(const Split& a, const Split& b) { \
+    mask r;                                                        \
+    DEW_VEC16_LOOP((vpart_i)(a.p[i] op b.p[i]));                   \
+    return r;                                                      \
   }
   DEW_VEC16_COMPARE(<)
   DEW_VEC16_COMPARE(<=)
