@@ -42,12 +42,14 @@
 // nothing reads them unmasked); a row with no visible key keeps m = -inf, l = 0 and is written as zeros with
 // lse = -inf (and gets zero gradients). Results are run-to-run deterministic; they do not depend on the thread
 // count either, except dq under the key-block split (a different summation order).
-// ISA: kernels use GCC/Clang vector extensions (no intrinsics) on 16-lane logical vectors; the file is
-// compiled once per path (isa_clones.hpp: avx512, avx2, portable, each with its own register blocking) and
-// the caller names the path (the backend's `isa`, isa.hpp), so the speed never depends on the plugin's
-// flags. The blocking and the lane-count-dependent reductions differ per path, so paths agree within the
-// tolerance of tests/backends_cpu_attention, not bit for bit. exp and tanh are vector polynomials (Cephes
-// expf; relative error ~1e-7).
+// ISA: kernels use GCC/Clang vector extensions (no intrinsics) on 16-lane logical vectors (vec16.hpp: one
+// 64-byte vector on avx512, a struct of native 8- or 4-lane parts on avx2 and the portable path, so compares,
+// selects and shuffles stay native there; a vector select is vsel(m, a, b)); the file is compiled once per
+// path (isa_clones.hpp: avx512, avx2, portable, each with its own register blocking) and the caller names the
+// path (the backend's `isa`, isa.hpp), so the speed never depends on the plugin's flags. The blocking and the
+// lane-count-dependent reductions differ per path, so paths agree within the tolerance of
+// tests/backends_cpu_attention, not bit for bit. exp and tanh are vector polynomials (Cephes expf; relative
+// error ~1e-7).
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include "attention.hpp"
 
@@ -88,8 +90,12 @@ void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment
 
 }  // namespace dew::cpu
 
-#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but vec16.hpp)
 
+// This path's 16-lane vectors and their helpers: vf / vi / vu, vload, vstore, viload, vload_bf16, vset, viset, iota,
+// vsel, vmax, hsum16, transpose16 (native code on every path: one zmm per vector on avx512, two ymm on avx2, four
+// xmm on the portable path).
+#include "vec16.hpp"
 
 namespace {
 
@@ -101,20 +107,7 @@ constexpr int64_t ROW_PATH_MAX_T = 4;
 static_assert(FWD_BK <= TILE && BWD_BQ <= TILE, "the causal sub-tile tables hold 4 chunks of 16");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---------------------------------------------------------------- vector helpers (vf, vload, vset, hsum16: isa.hpp)
-
-// This path's broadcasts (isa.hpp: the shuffle form on avx512, the integer-add form below it).
-DEW_AI vf vset(float s) {
-  if constexpr (kIsa == Isa::avx512) return ::dew::cpu::vset(s);
-  return vset_add(s);
-}
-DEW_AI vi viset(int32_t s) {
-  if constexpr (kIsa == Isa::avx512) return ::dew::cpu::viset(s);
-  return viset_add(s);
-}
-
-DEW_AI vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
-DEW_AI vf vmax(const vf& a, const vf& b) { return a > b ? a : b; }
+// ---------------------------------------------------------------- vector helpers (vf, vload, vsel, ...: vec16.hpp)
 
 // e^x for x <= 88 (softmax arguments are <= 0); exactly 0 below -87, so exp(-inf) = 0 (far below -87 the
 // integer exponent is garbage, but the final select discards it).
@@ -133,10 +126,10 @@ DEW_AI vf vexp_upto88(const vf& x) {
   p = p * r + vset(5.0000001201e-1f);
   const vf e = p * (r * r) + r + vset(1.0f);
   const vf res = e * (vf)((ni + (vu)viset(127)) << 23);  // e * 2^n
-  return x < vset(-87.0f) ? vf{} : res;
+  return vsel(x < vset(-87.0f), vf{}, res);
 }
 // e^x for any x; saturates at e^88.
-DEW_AI vf vexp(const vf& x) { return vexp_upto88(x > vset(88.0f) ? vset(88.0f) : x); }
+DEW_AI vf vexp(const vf& x) { return vexp_upto88(vsel(x > vset(88.0f), vset(88.0f), x)); }
 
 // tanh(y) = sign(y) (1 - 2 / (e^{2|y|} + 1)); absolute error ~1e-7.
 DEW_AI vf vtanh(const vf& y) {
@@ -157,12 +150,7 @@ DEW_AI float widen_bf16(uint16_t h) {
 }
 // (own name: a vload overload here would hide isa.hpp's vload(const float*) in this namespace)
 DEW_AI vf vload_row(const float* p) { return vload(p); }
-DEW_AI vf vload_row(const uint16_t* p) {
-  typedef uint16_t vh __attribute__((vector_size(32)));
-  vh h;
-  __builtin_memcpy(&h, p, sizeof h);
-  return (vf)(__builtin_convertvector(h, vu) << 16);
-}
+DEW_AI vf vload_row(const uint16_t* p) { return vload_bf16(p); }
 // The scalar tail of dot(): the one loop both row types run (on f32 values), so the compiler treats it alike
 // (it vectorises an f32 tail into unfused products; a bf16 tail of its own became scalar FMAs: other bits).
 DEW_AI float dot_tail(float s, const float* a, const float* b, int64_t n) {
@@ -200,37 +188,6 @@ DEW_AI void axpy(float* y, float a, const X* x, int64_t n) {
       y[i] += a * x[i];
     else
       y[i] += a * widen_bf16(x[i]);
-  }
-}
-
-// In-register 16 x 16 transpose: four butterfly stages, stage K swapping bit K of the row index with bit K of
-// the column index.
-DEW_AI void transpose16(vf (&x)[16]) {
-#pragma GCC unroll 16
-  for (int r = 0; r < 16; r += 2) {
-    const vf a = x[r], b = x[r + 1];
-    x[r] = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-    x[r + 1] = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < 16; ++r) {
-    if (r & 2) continue;
-    const vf a = x[r], b = x[r + 2];
-    x[r] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-    x[r + 2] = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < 16; ++r) {
-    if (r & 4) continue;
-    const vf a = x[r], b = x[r + 4];
-    x[r] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-    x[r + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < 8; ++r) {
-    const vf a = x[r], b = x[r + 8];
-    x[r] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-    x[r + 8] = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
   }
 }
 
@@ -482,13 +439,12 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
           const vi pos = viset(int32_t(pmin + v * L)) + iota();
           float* s = ST + j * TILE + v * L;
           vf x = vload(s);
-          if (g.causal) x = sv <= pos ? x : vset(kNegInf);
-          if (g.window) x = (pos - sv) < viset(int32_t(g.window)) ? x : vset(kNegInf);
+          if (g.causal) x = vsel(sv <= pos, x, vset(kNegInf));
+          if (g.window) x = vsel((pos - sv) < viset(int32_t(g.window)), x, vset(kNegInf));
           if (seg_mask) {
-            vi qs;
-            __builtin_memcpy(&qs, qseg + v * L, sizeof qs);
-            x = qs == viset(segrow[s0 + j]) ? x : vset(kNegInf);
-            x = qs != vi{} ? x : vset(kNegInf);
+            const vi qs = viload(qseg + v * L);
+            x = vsel(qs == viset(segrow[s0 + j]), x, vset(kNegInf));
+            x = vsel(qs != vi{}, x, vset(kNegInf));
           }
           vstore(s, x);
         }
@@ -499,7 +455,7 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
     for (int v = 0; v < NV; ++v) {
       vf mx = mv[v];
       for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(ST + j * TILE + v * L));
-      const vf muse = mx == vset(kNegInf) ? vf{} : mx;  // a still fully masked row: keep exp() at 0, not NaN
+      const vf muse = vsel(mx == vset(kNegInf), vf{}, mx);  // a still fully masked row: keep exp() at 0, not NaN
       const vf a = vexp_upto88(mv[v] - muse);
       mv[v] = mx;
       vf sum = {};
@@ -609,7 +565,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   for (int64_t j = 0; j < npad; j += L) {
     const vf p = vexp_upto88(vload(sc + j) - m);
     vstore(sc + j, p);
-    lsum += j + L <= n ? p : (iota() < viset(int32_t(n - j)) ? p : vf{});
+    lsum += j + L <= n ? p : vsel(iota() < viset(int32_t(n - j)), p, vf{});
   }
   const float l = hsum16(lsum);
   std::memset(acc, 0, size_t(D) * sizeof(float));
@@ -669,13 +625,12 @@ DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws,
       for (int v = 0; v < NV; ++v) {
         const vi pos = viset(int32_t(pmin + v * L)) + iota();
         vf x = vload(ST + j * TILE + v * L);
-        if (vis == kPartial && g.causal) x = sv <= pos ? x : vset(kNegInf);
-        if (vis == kPartial && g.window) x = (pos - sv) < viset(int32_t(g.window)) ? x : vset(kNegInf);
+        if (vis == kPartial && g.causal) x = vsel(sv <= pos, x, vset(kNegInf));
+        if (vis == kPartial && g.window) x = vsel((pos - sv) < viset(int32_t(g.window)), x, vset(kNegInf));
         if (seg_mask) {  // as in fwd_lane_task: another document's key, or a padding query, sees nothing
-          vi qs;
-          __builtin_memcpy(&qs, qseg + v * L, sizeof qs);
-          x = qs == viset(segrow[s0 + j]) ? x : vset(kNegInf);
-          x = qs != vi{} ? x : vset(kNegInf);
+          const vi qs = viload(qseg + v * L);
+          x = vsel(qs == viset(segrow[s0 + j]), x, vset(kNegInf));
+          x = vsel(qs != vi{}, x, vset(kNegInf));
         }
         mv[v] = vmax(mv[v], x);
       }
@@ -829,13 +784,12 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
             if (mask) {
               const vi jl = iota() + viset(v * L);
               const vi sv = jl + viset(int32_t(s0));
-              p = jl < nkv ? p : vf{};
-              if (g.causal) p = sv <= pos ? p : vf{};
-              if (g.window) p = (pos - sv) < viset(int32_t(g.window)) ? p : vf{};
+              p = vsel(jl < nkv, p, vf{});
+              if (g.causal) p = vsel(sv <= pos, p, vf{});
+              if (g.window) p = vsel((pos - sv) < viset(int32_t(g.window)), p, vf{});
               if (seg_mask) {
-                vi ks;
-                __builtin_memcpy(&ks, kseg + v * L, sizeof ks);
-                p = ks == viset(qs) && qs != 0 ? p : vf{};
+                const vi ks = viload(kseg + v * L);
+                p = vsel(ks == viset(qs) && qs != 0, p, vf{});
               }
             }
             vstore(prow + v * L, p);

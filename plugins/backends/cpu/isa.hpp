@@ -112,7 +112,9 @@ inline bool parse_isa(const std::string& name, Isa& out, std::string& why) {
   void CpuBackend::name params { DEW_CPU_ISA_CALL(isa_, name, *this, DEW_CPU_ISA_ARGS_ args); }
 
 // ---- 16-lane logical vectors (GCC vector extensions, no intrinsics): one zmm on avx512, two ymm on avx2,
-// four xmm on the portable path; shared by attention.cpp and matmul_rowwise.cpp.
+// four xmm on the portable path. Below avx512 GCC 12 lowers their comparisons, selects and shuffles lane by
+// lane: a family that needs those takes vec16.hpp's per-path vectors instead (attention.cpp; its avx512 kit is
+// these); matmul_rowwise.cpp's portable path uses these directly (loads, + and *, hsum16 only).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector returns: always inlined, no call ABI involved
 #define DEW_AI inline __attribute__((always_inline))
@@ -126,11 +128,8 @@ DEW_AI vf vload(const float* p) {
   return v;
 }
 DEW_AI void vstore(float* p, const vf& v) { __builtin_memcpy(p, &v, sizeof v); }
-// Lane broadcasts. vset / viset: a shuffle of lane 0 (inside a target("avx512f") function GCC lowers
-// `vf{s, s, ...}` lane by lane, and `vf{} + s` is not an identity for -0.0). vset_add / viset_add: an integer
-// vector plus the scalar's bits (0 + bits is exact, the same value): below AVX-512, where a 64-byte vector
-// spans several registers, GCC 12 lowered the shuffle through the stack lane by lane in attention.cpp
-// (3.5x its AVX2 backward), while on AVX-512 the add form was the slow one (4.7x): each path takes its own.
+// Lane broadcasts: a shuffle of lane 0 (inside a target("avx512f") function GCC lowers `vf{s, s, ...}` lane by
+// lane, and `vf{} + s` is not an identity for -0.0).
 DEW_AI vf vset(float s) {
   const vf v = {s};
   return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -138,12 +137,6 @@ DEW_AI vf vset(float s) {
 DEW_AI vi viset(int32_t s) {
   const vi v = {s};
   return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-}
-DEW_AI vi viset_add(int32_t s) { return vi{} + s; }
-DEW_AI vf vset_add(float s) {
-  int32_t bits;
-  __builtin_memcpy(&bits, &s, sizeof bits);
-  return (vf)viset_add(bits);
 }
 // The fixed tree over 16 lanes: halves, then quarters, then pairs (the same on every path).
 DEW_AI float hsum16(const vf& v) {
