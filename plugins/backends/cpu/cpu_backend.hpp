@@ -330,10 +330,11 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
                                          dnnl::memory::data_type operands, dnnl::memory::data_type output);
 // The epilogue's activation of one f32 value (the k = 0 paths, which oneDNN does not run).
 float activate(float v, Activation act);
-void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p);
-
-// The memory-bound kernels in bf16: blocks of rows widened around this backend's f32 kernels (half.cpp).
+// The memory-bound kernels in bf16: blocks of rows widened around this backend's f32 kernels (half.cpp),
+// and the bf16 matmul (oneDNN's bf16 kernel, or widened around the f32 product without AVX512-BF16).
 class CpuBackend;
+void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+                 const MatmulParams& p);
 bool is_bf16_call(const Tensor& t);  // t is defined and bf16: the kernel forwards to its *_bf16 variant
 void unary_bf16(CpuBackend& be, const Tensor& x, Tensor& out, const UnaryParams& p);
 void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p);

@@ -1,15 +1,20 @@
 // cpu/half.cpp — the cpu backend's bf16 kernels (mixed precision, docs/precision.md), apart from the f32
 // kernel files so those stay as they are.
 //
-// Which kernels run natively in bf16 is decided at run time by the CPU's features (cpu_has_bf16_dot:
-// AVX512-BF16), never by the build machine's flags: supports(k, bf16) says yes only there, and for every
-// other kernel or CPU the core converts around the f32 kernel (core/ops/kernel_call.hpp), so results
-// never depend on which path ran beyond the rounding the conformance suite bounds.
+// supports(k, bf16) says yes to the kernels below on every CPU; for the others the core converts around the
+// f32 kernel (core/ops/kernel_call.hpp). How the bf16 matmul runs is decided at run time by the CPU's features
+// (cpu_has_bf16_dot: AVX512-BF16), never by the build machine's flags, and results never depend on which path
+// ran beyond the rounding the conformance suite bounds.
 // Contract of a bf16 call (as cuda's): every data tensor (a, b, bias, out) is bf16; the statistics
 // (mean, rstd, lse, losses) stay f32; arithmetic is f32 and each output is rounded once (nearest even).
-//  * matmul: oneDNN's bf16 matmul (AVX512-BF16 / AMX), bf16 src / weights / bias / dst, f32 accumulation:
-//    matmul.cpp's primitive (make_matmul, the same fused epilogue: alpha, beta as a sum post-op, activation)
-//    built for bf16 operands and output.
+//  * matmul: with AVX512-BF16 (or AMX), oneDNN's bf16 matmul, bf16 src / weights / bias / dst, f32
+//    accumulation: matmul.cpp's primitive (make_matmul, the same fused epilogue: alpha, beta as a sum post-op,
+//    activation) built for bf16 operands and output. Without it (AVX2 CPUs, AVX-512 before Cooper Lake / Zen 4),
+//    the operands are widened exactly into f32 temporaries, the f32 product runs and the output is rounded once:
+//    the bits of the core's conversion, done here so that the form this backend has a kernel for on every CPU,
+//    f32 activations against a bf16 weight (weight-only decode storage, matmul.cpp), is never taken for it: the
+//    core would widen every bf16 weight to f32 on every call (per decode token, 4x the weight bytes streamed:
+//    bf16 decode ran at 0.19 of its bandwidth roofline on an AVX2 EPYC, slower than f32 decode).
 //  * the memory-bound kernels (unary, binary, gated activation, norms, softmax, rope, cross-entropy,
 //    attention): the f32 kernel of this backend on blocks of rows (a sample for attention and rope) widened
 //    into f32 scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the
@@ -23,10 +28,7 @@ namespace dew::cpu {
 
 Support bf16_support(Kernel k) {
   switch (k) {
-    case Kernel::matmul:
-      if (cpu_has_bf16_dot()) return Support::yes();
-      return Support::no("cpu runs bf16 matmuls natively only on CPUs with AVX512-BF16; elsewhere the core converts "
-                         "around the f32 kernel");
+    case Kernel::matmul:  // every CPU: oneDNN's bf16 kernel with AVX512-BF16, else widened here (matmul_bf16)
     case Kernel::unary:
     case Kernel::unary_backward:
     case Kernel::binary:
@@ -65,9 +67,8 @@ void require_bf16(const Tensor& t, const char* kernel, const char* arg) {
 
 }  // namespace
 
-void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
-  DEW_CHECK(cpu_has_bf16_dot(), "cpu matmul: bf16 operands need a CPU with AVX512-BF16 (",
-            bf16_support(Kernel::matmul).reason, ")");
+void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+                 const MatmulParams& p) {
   require_bf16(a, "matmul", "a");
   require_bf16(b, "matmul", "b");
   require_bf16(out, "matmul", "out");
@@ -75,6 +76,17 @@ void matmul_bf16(Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, 
   if (has_bias) require_bf16(bias, "matmul", "bias");
   check_matmul_shapes(a, b, bias, out, p);
   if (out.numel() == 0) return;
+  if (!cpu_has_bf16_dot()) {  // widened exactly, the f32 product (same fused epilogue), rounded once
+    auto wide = [&](const Tensor& t) {
+      Tensor w = Tensor::empty(t.shape(), DType::f32, t.backend_ptr());
+      be.cast(t, w);
+      return w;
+    };
+    Tensor out32 = p.beta != 0.0f ? wide(out) : Tensor::empty(out.shape(), DType::f32, out.backend_ptr());
+    be.matmul(wide(a), wide(b), has_bias ? wide(bias) : Tensor(), out32, p);
+    be.cast(out32, out);
+    return;
+  }
   if (p.k == 0) {  // empty inner product: out = beta * out + act(bias), through f32
     uint16_t* o = out.data_as<uint16_t>();
     const uint16_t* bp = has_bias ? bias.data_as<uint16_t>() : nullptr;
