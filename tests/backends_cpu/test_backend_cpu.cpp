@@ -15,6 +15,7 @@
 
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
+#include "dew/ops.hpp"
 #include "dew/random.hpp"
 #include "dew/registry.hpp"
 #include "dew/tensor.hpp"
@@ -133,6 +134,7 @@ TEST_CASE("cpu: identity and supports()") {
   CHECK(cpu()->host_accessible());
   CHECK(cpu()->supports(Kernel::matmul, DType::f32).ok);
   CHECK(cpu()->supports(Kernel::cast, DType::bf16).ok);
+  CHECK(cpu()->supports(Kernel::matmul, DType::bf16).ok);  // every CPU (widened without AVX512-BF16)
   CHECK(cpu()->supports(Kernel::gather_rows, DType::i32).ok);
   const Support no = cpu()->supports(Kernel::matmul, DType::f64);
   CHECK_FALSE(no.ok);
@@ -823,6 +825,33 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
   CHECK_THROWS_AS(cpu()->matmul(Tensor::zeros({1, 8, 8}, DType::f32, cpu()), wb, Tensor(), out,
                                 matmul_params(1, 8, 8, 8, false, false, 1.0f, 0.0f, Activation::none)),
                   Error);
+}
+
+// Through the op, as decoding calls it: linear() of f32 activations against a bf16 weight must reach the backend's
+// weight-only kernel on every CPU. On CPUs without AVX512-BF16 cpu's supports(matmul, bf16) used to say no, so
+// the core widened the whole weight to an f32 temporary on every call (a decode token streamed 4x the bf16
+// weight bytes): the peak allocation during the call shows it (an f32 copy of this weight is 4 MiB).
+TEST_CASE("cpu: linear() with a bf16 weight never widens the weight (weight-only kernel on every CPU)") {
+  BackendPtr be = cpu();
+  const int64_t n = 1024, k = 1024;
+  const std::vector<float> w = host_uniform(n * k, 91, -1.0f, 1.0f), x = host_uniform(k, 92, -1.0f, 1.0f);
+  std::vector<uint16_t> w16(w.size());
+  std::vector<float> widened(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    w16[i] = f32_to_bf16(w[i]).bits;
+    widened[i] = bf16_to_f32(f32_to_bf16(w[i]));
+  }
+  Tensor wb = Tensor::empty({n, k}, DType::bf16, be);
+  wb.copy_from_host(w16.data());
+  const Tensor xt = Tensor::from_vector(x, {1, 1, k}, be);
+  be->reset_memory_peak();
+  const int64_t before = be->memory_stats().in_use;
+  const Tensor y = linear(xt, wb);
+  const int64_t extra = be->memory_stats().peak - before;
+  CHECK(extra < n * k * int64_t(sizeof(float)) / 4);  // the output row, not a widened weight
+  const Tensor want = linear(xt, Tensor::from_vector(widened, {n, k}, be));  // f32 row-wise on the widened weight
+  const std::vector<float> g = y.to_floats(), e = want.to_floats();
+  CHECK(std::equal(g.begin(), g.end(), e.begin()));
 }
 
 // Every hand-written kernel family on each ISA path this CPU runs (the `isa` option; isa_clones.hpp). The
