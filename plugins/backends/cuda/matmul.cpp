@@ -49,6 +49,15 @@ void set_layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
 }  // namespace
 
 void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+  // Weight-only storage (dew/generate.hpp: f32 activations against a bf16 decode weight; supports(matmul, bf16)
+  // lets it through the core unconverted): the weight widened exactly into an f32 temporary, then the f32
+  // product. cuBLASLt multiplies A and B of one type; a bf16-weight GEMV that streams half the bytes is not
+  // written yet.
+  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16) {
+    Tensor wide = Tensor::empty(b.shape(), DType::f32, b.backend_ptr());
+    cast(b, wide);
+    return matmul(a, wide, bias, out, p);
+  }
   check_matmul(a, b, bias, out, p);
   const ST t = a.dtype() == DType::bf16 ? ST::bf16 : ST::f32;
   if (p.batch * p.m * p.n == 0) return;
