@@ -13,10 +13,11 @@
 // bf16 weights widen exactly to f32 (their bits << 16: vpmovzxwd + vpslld on the vector paths), so the bf16
 // path is the f32 path on the rounded weight.
 // The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
-// Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators, the registers' worth), and
-// while it streams, the next block's rows (contiguous in memory) are prefetched a block ahead, one line per
-// line loaded, so the next block's misses are in flight before its first load. Prefetches never fault and
-// never change a result.
+// Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators), and while it streams, the
+// next block's rows (contiguous in memory) are prefetched a block ahead, one line per line loaded, so the next
+// block's misses are in flight before its first load (avx512: 8 rows; avx2 reads one row at a time with no
+// software prefetch, which streams fastest on the AVX2 EPYC it was measured on: kJ1 below). Prefetches never
+// fault and never change a result.
 // The file is compiled once per path through isa_clones.hpp (namespaces avx512 / avx2 / portable; the
 // vector paths inside `#pragma GCC target` regions, so their intrinsics and OpenMP-free helpers get the
 // target); the first pass holds the dispatch and the OpenMP split over columns.
@@ -200,16 +201,33 @@ DEW_AI void column_block(const float* x, const W* w, float* y, int64_t m, int64_
   }
 }
 
-// One path over output columns [j0, j1): J1 weight rows per block when m == 1 (decode: as many independent
-// accumulators as the registers hold), RM x JM blocks when m > 1, the columns left over one at a time.
-// Each block prefetches the next one's rows while it still has a next block in [j0, j1).
+// Registers: avx512 has 32 zmm (one per 16-lane vector), avx2 16 ymm (two per vector), SSE2 16 xmm (four).
+// avx2 decodes one weight row at a time with no software prefetch: measured on an AVX2-only AMD EPYC (Zen 4
+// with AVX-512 hidden, 1 thread, char-small's 42.9 MB of products per token), one sequential stream read at
+// 22-24 GB/s where 2-6 rows interleaved read at 9-11 (a stand-alone loop), and dew's decode went from
+// 2.8-3.1 ms/token (4 rows, next block prefetched) to 1.9-2.3 (1 row, none). The avx512 blocking was
+// measured on the AVX-512 Xeon and Zen 4 (0.88 of the bandwidth roofline) and is kept.
+#if defined(DEW_CPU_ISA_IS_AVX512)
+constexpr int kJ1 = 8, kRM = 2, kJM = 8;
+constexpr bool kPrefetchNext = true;
+#elif defined(DEW_CPU_ISA_IS_AVX2)
+constexpr int kJ1 = 1, kRM = 2, kJM = 2;
+constexpr bool kPrefetchNext = false;
+#else
+constexpr int kJ1 = 2, kRM = 1, kJM = 2;
+constexpr bool kPrefetchNext = true;
+#endif
+
+// One path over output columns [j0, j1): J1 weight rows per block when m == 1 (decode), RM x JM blocks when
+// m > 1, the columns left over one at a time. Each block prefetches the next one's rows while it still has a
+// next block in [j0, j1) (at m == 1 only where kPrefetchNext).
 template <int J1, int RM, int JM, class W>
 DEW_AI void rowwise_range(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                           int64_t j1) {
   int64_t j = j0;
   if (m == 1)
     for (; j + J1 <= j1; j += J1)
-      column_block<1, J1>(x, w, y, m, n, k, j, j + 2 * J1 <= j1 ? w + (j + J1) * k : nullptr);
+      column_block<1, J1>(x, w, y, m, n, k, j, kPrefetchNext && j + 2 * J1 <= j1 ? w + (j + J1) * k : nullptr);
   else
     for (; j + JM <= j1; j += JM)
       column_block<RM, JM>(x, w, y, m, n, k, j, j + 2 * JM <= j1 ? w + (j + JM) * k : nullptr);
@@ -262,14 +280,6 @@ DEW_AI void epilogue(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, 
   }
 }
 
-// Registers: avx512 has 32 zmm (one per 16-lane vector), avx2 16 ymm (two per vector), SSE2 16 xmm (four).
-#if defined(DEW_CPU_ISA_IS_AVX512)
-constexpr int kJ1 = 8, kRM = 2, kJM = 8;
-#elif defined(DEW_CPU_ISA_IS_AVX2)
-constexpr int kJ1 = 4, kRM = 2, kJM = 2;
-#else
-constexpr int kJ1 = 2, kRM = 1, kJM = 2;
-#endif
 
 }  // namespace
 
