@@ -121,7 +121,8 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt);
 // memory (f32, or bf16 operands with f32 accumulation), and a streaming read of a buffer.
 double onednn_matmul_gflops(int64_t m, int64_t k, int64_t n, bool bf16, const BenchOptions& opt);
 // The best oneDNN rate over the products a training step makes with these [out, in] weights on `rows`
-// rows (forward x W^T, dx = dy W, dW = dy^T x); bf16 = bf16 operands.
+// rows (forward x W^T, dx = dy W, dW = dy^T x); bf16 = bf16 operands (the f32 rate on a CPU where oneDNN
+// has no bf16 matmul: dew runs those products in f32 there).
 double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weights, int64_t rows, bool bf16,
                           const BenchOptions& opt);
 // GB/s reading `bytes` (split over `threads` threads, each its own contiguous part) again and again;

@@ -196,6 +196,9 @@ double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weight
   double best = 0;
   for (const auto& [p, count] : step_products(weights, rows))
     best = std::max(best, onednn_matmul_gflops(p.m, p.k, p.n, bf16, opt));
+  // No bf16 matmul in oneDNN on this CPU (no AVX512-BF16): the cpu backend's bf16 products run in f32 there
+  // (widened operands), so the f32 rate is the step's ceiling (and the JSON never divides by 0).
+  if (bf16 && best == 0) return onednn_peak_gflops(weights, rows, false, opt);
   return best;
 }
 
