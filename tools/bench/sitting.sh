@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# tools/bench/sitting.sh [ROUNDS] [BUILD_DIR] — issue 18's speed table in one sitting on this machine: the CPU
+# model and flags first, then decode.sh (dew / llama.cpp / PyTorch decode), dew-bench roofline (char-small,
+# 1 thread), run-lm.sh (char-small and gpt-mini training, char-small decode, against PyTorch, 1 and 2
+# threads) and run-dit.sh (the DiT step against PyTorch), each with its own medians. Run it with nothing else
+# on the machine: every ratio is read from runs that alternate within these minutes.
+# On CPUs without AVX512-BF16 run-dit.sh runs f32 only (DEW_DIT_PRECISIONS overrides): dew's `medium` stays f32
+# there, and PyTorch 1.13's bf16 autocast has no native kernel (gpt-mini: 395 tokens/s against 6,900 in f32 on
+# the AVX2 EPYC), so one autocast peer run takes minutes and says nothing about dew.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-2}
+build=${2:-build}
+echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), family $(lscpu | sed -n 's/^CPU family: *//p'), model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores"
+echo "# flags: $(grep -o -w -E 'avx2|fma|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "# dew: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (modified)'), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -z "${DEW_DIT_PRECISIONS:-}" ] && ! grep -qw avx512_bf16 /proc/cpuinfo; then export DEW_DIT_PRECISIONS="highest"; fi
+echo "## decode"; tools/bench/decode.sh "$rounds" "$build"
+echo "## roofline"; OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" roofline --config char-small --threads 1
+echo "## training (run-lm.sh)"; tools/bench/run-lm.sh "$rounds" "$build"
+echo "## DiT (run-dit.sh)"; tools/bench/run-dit.sh "$rounds" "$build"
+echo "# end: $(date -u '+%H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
