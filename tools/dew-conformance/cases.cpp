@@ -388,6 +388,20 @@ void add_matmul(Table& t) {
       {"linear", 1, 512, 1152, 384, false, true, true},
       {"dweight", 1, 384, 1152, 256, true, false},
       {"scores", 12, 128, 128, 64, false, true},
+      // Row strides that are multiples of 256 floats (cpu on AVX2 CPUs reads padded copies of A when
+      // transposed and of B when not, matmul.cpp's top comment): DiT's weight gradients, then smaller
+      // shapes with every epilogue, the 64-row boundary and a batch (which keeps the caller's buffers).
+      {"pow2_stride", 1, 1024, 256, 256, true, false},
+      {"pow2_stride", 1, 256, 1024, 256, true, false},
+      {"pow2_stride", 1, 1024, 256, 96, false, false},
+      {"pow2_stride", 1, 512, 512, 37, true, false, true, false, false, 0.5f, 1.0f},
+      {"pow2_stride", 1, 256, 1024, 40, true, false, true, false, false, 1.0f, 0.0f, Activation::gelu_tanh},
+      {"pow2_stride", 1, 768, 256, 33, true, true, false, false, false, 1.0f, 0.5f},
+      {"pow2_stride", 1, 64, 512, 50, false, false, true},
+      {"pow2_stride", 1, 63, 512, 50, false, false},
+      {"pow2_stride", 1, 256, 64, 70, true, false, false, false, false, 2.0f},
+      {"pow2_stride", 1, 256, 63, 70, true, false},
+      {"pow2_stride", 2, 256, 256, 48, true, false, true, false, false, 1.0f, 1.0f},
       {"bf16", 1, 64, 64, 64, false, false, false, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
       {"bf16", 2, 37, 53, 29, false, true, true, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
       // Mixed precision (docs/precision.md): the products of a bf16 / f16 training step.

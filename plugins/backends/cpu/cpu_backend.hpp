@@ -325,6 +325,10 @@ void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, c
 struct MatmulEntry : BoundPrimitive {
   dnnl::memory::desc a_md, b_md, c_md, bias_md;
   int bias_arg = 0;  // DNNL_ARG_BIAS, or the binary_add post-op's source when alpha != 1
+  // Row strides (floats) of padded scratch copies the primitive reads A / B from instead of the caller's
+  // buffers; 0 where the caller's buffer is read as is (matmul.cpp's top comment: oneDNN's AVX2 no-copy
+  // sgemm on row strides that are multiples of 256 floats).
+  int64_t a_ld = 0, b_ld = 0;
 };
 std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
                                          dnnl::memory::data_type operands, dnnl::memory::data_type output);

@@ -16,6 +16,24 @@
 // ~215 vs ~108 GFLOP/s per core); oneDNN 2.6 ignores fpmath_mode for f32 matmuls, hence the explicit
 // copies. The conversion is hand-written (vcvtneps2bf16, 32 floats per instruction, OpenMP over chunks)
 // because it sits on every matmul's path.
+// Power-of-two row strides on AVX2 CPUs: there oneDNN runs f32 matmuls with gemm:jit, whose AVX2 sgemm
+// takes its no-copy kernels (operands read in place) whenever 1/m + 1/n >= 0.0038 (m or n below ~526), and
+// the operand those kernels walk along k — A stored [k, m] (trans_a, row stride m), B stored [k, n] (not
+// trans_b, row stride n) — thrashes L1 sets when its row stride is a multiple of 256 floats (1 KiB).
+// oneDNN's AVX-512 checker declines no-copy on such strides (BAD_LD_MULT = 256); the AVX2 one does not.
+// So where the primitive oneDNN picks is "gemm:jit", oneDNN's ISA lacks avx512_core, the operands are f32,
+// batch is 1 and the no-copy test holds, such an operand is first copied, row by row into per-thread
+// scratch kept across calls, with its row stride padded by 16 floats (one cache line), and the primitive
+// reads the copy — when the other operand brings at least 64 rows (A: n >= 64; B: m >= 64): below that,
+// at a 1 KiB stride, the copy costs more than it saves. Decided once per cached primitive from the shape,
+// oneDNN's implementation and ISA, never from timing, so every run on one machine multiplies the same way
+// (the bits differ from the unpadded product's). AVX-512 CPUs (brg:avx512_core) are untouched.
+// Measured (AMD EPYC, AVX2 only, 1 thread, 2 MiB-aligned operands as BlockCache hands out, median GFLOP/s
+// with the copy; m x k x n as dew-bench --profile labels them): 1024x1024x256 At 34 -> 58, 256x1024x1024 At
+// 33 -> 65, 256x1024x256 At 60 -> 65, 1024x1024x256 63 -> 71, 1024x256x256 68 -> 76, 512x512x512 49 -> 72,
+// 64x1024x1024 39 -> 72; 16x1024x256 would lose 61 -> 52 (hence the 64). Copy-based shapes (1/m + 1/n <
+// 0.0038, e.g. char-small's 384x2048x1024 At, 74 -> 71 padded) would only pay the copy, so they keep the
+// caller's buffers.
 // Products of at most 32 rows against a [n, k] weight (trans_b, batch 1, beta 0: Linear layers while
 // decoding) take a hand-written row-wise path instead, whose rows do not depend on each other
 // (matmul_rowwise.cpp, dispatched by ISA at run time), in f32 whatever the precision.
@@ -52,44 +70,75 @@ dnnl::algorithm eltwise_of(Activation act) {
 
 }  // namespace
 
+namespace {
+
+// oneDNN's AVX2 sgemm (gemm:jit without avx512_core) takes its no-copy kernels, which read A and B in place,
+// whenever 1/m + 1/n >= 0.0038 (nocopy_checker_avx2's first test, the same for any thread count; oneDNN's
+// m and n are dew's n and m, which the test does not tell apart). The AVX-512 checker avoids no-copy on row
+// strides that are multiples of 256 floats (its BAD_LD_MULT); the AVX2 one does not.
+bool avx2_sgemm_nocopy(const dnnl::matmul::primitive_desc& pd, int64_t m, int64_t n) {
+  constexpr unsigned kAvx512Core = unsigned(dnnl_cpu_isa_avx512_core);
+  if ((unsigned(dnnl::get_effective_cpu_isa()) & kAvx512Core) == kAvx512Core) return false;
+  if (std::strcmp(pd.impl_info_str(), "gemm:jit") != 0) return false;  // a const char* in oneDNN 2.6
+  return 1.0 / double(m) + 1.0 / double(n) >= 0.0038;
+}
+
+// The padded row stride for an operand that the no-copy kernels walk along k with row stride `ld`, read
+// against `other` columns (rows) of the other operand; 0 when it is read in place. One cache line more
+// than a multiple of 256 floats moves each row to the next L1 set.
+int64_t padded_ld(int64_t ld, int64_t other) { return ld % 256 == 0 && other >= 64 ? ld + 16 : 0; }
+
+}  // namespace
+
 // A and B of dtype `operands` (same strides either way), bias and C of dtype `output`.
 std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
                                          memory::data_type operands, memory::data_type output) {
   auto e = std::make_shared<MatmulEntry>();
   const int64_t m = p.m, n = p.n, k = p.k;
-  const dims a_inner_strides = p.trans_a ? dims{1, m} : dims{k, 1};
-  const dims b_inner_strides = p.trans_b ? dims{1, k} : dims{n, 1};
-  if (p.batch == 1) {
-    e->a_md = memory::desc({m, k}, operands, a_inner_strides);
-    e->b_md = memory::desc({k, n}, operands, b_inner_strides);
-    e->c_md = memory::desc({m, n}, output, dims{n, 1});
-    if (has_bias) e->bias_md = memory::desc({1, n}, output, dims{n, 1});
-  } else {
-    const int64_t ab = p.a_batch_stride == 0 ? 1 : p.batch, bb = p.b_batch_stride == 0 ? 1 : p.batch;
-    e->a_md =
-        memory::desc({ab, m, k}, operands,
-                     dims{p.a_batch_stride == 0 ? m * k : p.a_batch_stride, a_inner_strides[0], a_inner_strides[1]});
-    e->b_md =
-        memory::desc({bb, k, n}, operands,
-                     dims{p.b_batch_stride == 0 ? k * n : p.b_batch_stride, b_inner_strides[0], b_inner_strides[1]});
-    e->c_md = memory::desc({p.batch, m, n}, output, dims{m * n, n, 1});
-    if (has_bias) e->bias_md = memory::desc({1, 1, n}, output, dims{n, n, 1});
-  }
   // oneDNN 2.x applies the output scale after the bias (alpha * (A B + bias)); to get alpha * A B + bias
   // the bias then moves to a binary_add post-op, which runs after the scale (and the sum).
   const bool bias_as_post_op = has_bias && p.alpha != 1.0f;
-  dnnl::primitive_attr attr;
-  if (p.alpha != 1.0f) attr.set_output_scales(0, {p.alpha});
-  dnnl::post_ops po;
-  if (p.beta != 0.0f) po.append_sum(p.beta);
-  if (bias_as_post_op) po.append_binary(dnnl::algorithm::binary_add, e->bias_md);
-  if (p.act != Activation::none)
-    po.append_eltwise(1.0f, eltwise_of(p.act), p.act == Activation::silu ? 1.0f : 0.0f, 0.0f);
-  attr.set_post_ops(po);
-  const dnnl::matmul::desc desc = has_bias && !bias_as_post_op
-                                      ? dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md)
-                                      : dnnl::matmul::desc(e->a_md, e->b_md, e->c_md);
-  e->prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, d.eng));
+  // a_ld / b_ld: row strides of A stored [k, m] (trans_a) / B stored [k, n] (!trans_b), 0 = dense.
+  auto build = [&](int64_t a_ld, int64_t b_ld) {
+    const dims a_inner_strides = p.trans_a ? dims{1, a_ld ? a_ld : m} : dims{k, 1};
+    const dims b_inner_strides = p.trans_b ? dims{1, k} : dims{b_ld ? b_ld : n, 1};
+    if (p.batch == 1) {
+      e->a_md = memory::desc({m, k}, operands, a_inner_strides);
+      e->b_md = memory::desc({k, n}, operands, b_inner_strides);
+      e->c_md = memory::desc({m, n}, output, dims{n, 1});
+      if (has_bias) e->bias_md = memory::desc({1, n}, output, dims{n, 1});
+    } else {
+      const int64_t ab = p.a_batch_stride == 0 ? 1 : p.batch, bb = p.b_batch_stride == 0 ? 1 : p.batch;
+      e->a_md =
+          memory::desc({ab, m, k}, operands,
+                       dims{p.a_batch_stride == 0 ? m * k : p.a_batch_stride, a_inner_strides[0], a_inner_strides[1]});
+      e->b_md =
+          memory::desc({bb, k, n}, operands,
+                       dims{p.b_batch_stride == 0 ? k * n : p.b_batch_stride, b_inner_strides[0], b_inner_strides[1]});
+      e->c_md = memory::desc({p.batch, m, n}, output, dims{m * n, n, 1});
+      if (has_bias) e->bias_md = memory::desc({1, 1, n}, output, dims{n, n, 1});
+    }
+    dnnl::primitive_attr attr;
+    if (p.alpha != 1.0f) attr.set_output_scales(0, {p.alpha});
+    dnnl::post_ops po;
+    if (p.beta != 0.0f) po.append_sum(p.beta);
+    if (bias_as_post_op) po.append_binary(dnnl::algorithm::binary_add, e->bias_md);
+    if (p.act != Activation::none)
+      po.append_eltwise(1.0f, eltwise_of(p.act), p.act == Activation::silu ? 1.0f : 0.0f, 0.0f);
+    attr.set_post_ops(po);
+    const dnnl::matmul::desc desc = has_bias && !bias_as_post_op
+                                        ? dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md)
+                                        : dnnl::matmul::desc(e->a_md, e->b_md, e->c_md);
+    return dnnl::matmul::primitive_desc(desc, attr, d.eng);
+  };
+  dnnl::matmul::primitive_desc pd = build(0, 0);
+  // The padding rule (top comment): f32, one matrix, and oneDNN's AVX2 sgemm in its no-copy mode.
+  if (operands == memory::data_type::f32 && p.batch == 1 && avx2_sgemm_nocopy(pd, m, n)) {
+    e->a_ld = p.trans_a ? padded_ld(m, n) : 0;
+    e->b_ld = p.trans_b ? 0 : padded_ld(n, m);
+    if (e->a_ld || e->b_ld) pd = build(e->a_ld, e->b_ld);
+  }
+  e->prim = dnnl::matmul(pd);
   e->arg(d, DNNL_ARG_SRC, e->a_md);
   e->arg(d, DNNL_ARG_WEIGHTS, e->b_md);
   e->arg(d, DNNL_ARG_DST, e->c_md);
@@ -145,6 +194,19 @@ const uint16_t* to_bf16(const float* src, int64_t n, std::vector<uint16_t>& scra
     const int64_t begin = c * kChunk;
     to_bf16_range(src + begin, dst + begin, std::min(kChunk, n - begin));
   }
+  return dst;
+}
+
+// Copies `rows` rows of `cols` floats, row stride `ld` in src, into `scratch` (grown on demand, reused by
+// later calls on this thread) with row stride `padded`; returns the copy, 64-byte aligned.
+const float* to_padded(const float* src, int64_t rows, int64_t cols, int64_t ld, int64_t padded,
+                       std::vector<float>& scratch) {
+  const int64_t need = (rows - 1) * padded + cols + 16;
+  if (int64_t(scratch.size()) < need) scratch.resize(size_t(need));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.data());
+  float* dst = reinterpret_cast<float*>((base + 63) & ~uintptr_t(63));
+#pragma omp parallel for schedule(static) if (parallel_worth(rows * cols))
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * padded, src + r * ld, size_t(cols) * sizeof(float));
   return dst;
 }
 
@@ -261,6 +323,11 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
     thread_local std::vector<uint16_t> a_scratch, b_scratch;
     a_data = to_bf16(a.data_as<float>(), span(p.batch, p.a_batch_stride, p.m * p.k), a_scratch);
     b_data = to_bf16(b.data_as<float>(), span(p.batch, p.b_batch_stride, p.k * p.n), b_scratch);
+  }
+  if (e->a_ld != 0 || e->b_ld != 0) {  // padded copies (top comment; batch 1, f32, so never with bf16)
+    thread_local std::vector<float> a_pad, b_pad;
+    if (e->a_ld != 0) a_data = to_padded(a.data_as<float>(), p.k, p.m, p.m, e->a_ld, a_pad);
+    if (e->b_ld != 0) b_data = to_padded(b.data_as<float>(), p.k, p.n, p.n, e->b_ld, b_pad);
   }
   e->run(d, {{DNNL_ARG_SRC, a_data},
              {DNNL_ARG_WEIGHTS, b_data},
