@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dew/backend.hpp"
@@ -58,6 +59,17 @@ Pair zeros(const Shape& s) { return {Tensor::zeros(s, DType::f32, cpu()), Tensor
 Pair clone(const Pair& p) { return {p.c.clone(), p.r.clone()}; }
 
 constexpr double kEps = 1.1920928955078125e-07;
+
+// A weight rounded to bf16 (nearest even): its bits, and the same values widened back to f32.
+std::pair<std::vector<uint16_t>, std::vector<float>> rounded_to_bf16(const std::vector<float>& w) {
+  std::vector<uint16_t> bits(w.size());
+  std::vector<float> widened(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    bits[i] = f32_to_bf16(w[i]).bits;
+    widened[i] = bf16_to_f32(f32_to_bf16(w[i]));
+  }
+  return {bits, widened};
+}
 
 // |cpu - ref| <= atol + rtol * |ref| element by element (NaN matches NaN).
 void check_close(const Pair& p, double rtol, double atol, const std::string& what) {
@@ -786,12 +798,7 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
   std::vector<std::string> paths = {"portable", "best"};
   const int64_t n = 45, k = 83;
   const std::vector<float> w = host_uniform(n * k, 77, -1.0f, 1.0f), bias = host_uniform(n, 78, -1.0f, 1.0f);
-  std::vector<uint16_t> w16(w.size());
-  std::vector<float> widened(w.size());
-  for (size_t i = 0; i < w.size(); ++i) {
-    w16[i] = f32_to_bf16(w[i]).bits;
-    widened[i] = bf16_to_f32(f32_to_bf16(w[i]));
-  }
+  const auto [w16, widened] = rounded_to_bf16(w);
   for (const std::string& isa : paths)
     for (int64_t m : {1, 3, 40}) {
       CAPTURE(isa);
@@ -835,12 +842,7 @@ TEST_CASE("cpu: linear() with a bf16 weight never widens the weight (weight-only
   BackendPtr be = cpu();
   const int64_t n = 1024, k = 1024;
   const std::vector<float> w = host_uniform(n * k, 91, -1.0f, 1.0f), x = host_uniform(k, 92, -1.0f, 1.0f);
-  std::vector<uint16_t> w16(w.size());
-  std::vector<float> widened(w.size());
-  for (size_t i = 0; i < w.size(); ++i) {
-    w16[i] = f32_to_bf16(w[i]).bits;
-    widened[i] = bf16_to_f32(f32_to_bf16(w[i]));
-  }
+  const auto [w16, widened] = rounded_to_bf16(w);
   Tensor wb = Tensor::empty({n, k}, DType::bf16, be);
   wb.copy_from_host(w16.data());
   const Tensor xt = Tensor::from_vector(x, {1, 1, k}, be);

@@ -238,22 +238,19 @@ using vi = Split<int32_t>;
 using vu = Split<uint32_t>;
 
 // part by part (one memcpy of the whole struct became an aggregate copy through the stack in 16-byte pieces)
-DEW_AI vf vload(const float* p) {
-  vf v;
+template <class E>
+DEW_AI Split<E> load_parts(const E* p) {
+  Split<E> v;
 #pragma GCC unroll 4
   for (int i = 0; i < kVecParts; ++i) __builtin_memcpy(&v.p[i], p + i * kVecW, sizeof v.p[i]);
   return v;
 }
+DEW_AI vf vload(const float* p) { return load_parts(p); }
 DEW_AI void vstore(float* p, const vf& v) {
 #pragma GCC unroll 4
   for (int i = 0; i < kVecParts; ++i) __builtin_memcpy(p + i * kVecW, &v.p[i], sizeof v.p[i]);
 }
-DEW_AI vi viload(const int32_t* p) {
-  vi v;
-#pragma GCC unroll 4
-  for (int i = 0; i < kVecParts; ++i) __builtin_memcpy(&v.p[i], p + i * kVecW, sizeof v.p[i]);
-  return v;
-}
+DEW_AI vi viload(const int32_t* p) { return load_parts(p); }
 DEW_AI vf vload_bf16(const uint16_t* p) {
   vf r;
 #pragma GCC unroll 4
@@ -265,32 +262,22 @@ DEW_AI vf vload_bf16(const uint16_t* p) {
   return r;
 }
 // lane 0 shuffled into every lane of a part (vbroadcastss / shufps), that register in every part
-DEW_AI vf vset(float s) {
-  const vpart_f one = {s};
-  vf r;
-#pragma GCC unroll 4
-  for (int i = 0; i < kVecParts; ++i) {
+template <class E>
+DEW_AI Split<E> splat(E s) {
+  typedef typename Split<E>::part part;
+  const part one = {s};
 #if defined(DEW_CPU_ISA_IS_AVX2)
-    r.p[i] = __builtin_shufflevector(one, one, 0, 0, 0, 0, 0, 0, 0, 0);
+  const part all = __builtin_shufflevector(one, one, 0, 0, 0, 0, 0, 0, 0, 0);
 #else
-    r.p[i] = __builtin_shufflevector(one, one, 0, 0, 0, 0);
+  const part all = __builtin_shufflevector(one, one, 0, 0, 0, 0);
 #endif
-  }
+  Split<E> r;
+#pragma GCC unroll 4
+  for (int i = 0; i < kVecParts; ++i) r.p[i] = all;
   return r;
 }
-DEW_AI vi viset(int32_t s) {
-  const vpart_i one = {s};
-  vi r;
-#pragma GCC unroll 4
-  for (int i = 0; i < kVecParts; ++i) {
-#if defined(DEW_CPU_ISA_IS_AVX2)
-    r.p[i] = __builtin_shufflevector(one, one, 0, 0, 0, 0, 0, 0, 0, 0);
-#else
-    r.p[i] = __builtin_shufflevector(one, one, 0, 0, 0, 0);
-#endif
-  }
-  return r;
-}
+DEW_AI vf vset(float s) { return splat(s); }
+DEW_AI vi viset(int32_t s) { return splat(s); }
 DEW_AI vi iota() {
 #if defined(DEW_CPU_ISA_IS_AVX2)
   const vpart_i first = {0, 1, 2, 3, 4, 5, 6, 7};
