@@ -299,3 +299,36 @@ TEST_CASE("cpu attention: bf16 K/V under f32 q equal the f32 kernel on the widen
   const Tensor q16 = Tensor::from_vector(random_vec(32, 8), qs, be, DType::bf16);
   CHECK_THROWS_AS(cpu::attention_forward(q16, v32, v32, Tensor(), out, lse, p), Error);
 }
+
+// Row tasks (T <= 4) walk a group of query heads together, as many heads per task as the thread count allows
+// (at most 16): the grouping must change no bit, and more than 16 heads split into several groups.
+TEST_CASE("cpu attention: row tasks over head groups, the same bits at every thread count") {
+  run({"decode T1 S150 H20/5 (two head groups at 1 thread)", 1, 1, 150, 20, 5, 64, true, 0, 0.0f, 149});
+  run({"decode T2 B3 S40 H6 D24", 3, 2, 40, 6, 6, 24, true, 0, 0.0f, 38});
+  const BackendPtr be = host();
+  for (DType kv : {DType::f32, DType::bf16}) {
+    const Shape qs{2, 1, 20, 64}, ks{2, 150, 5, 64};
+    const Tensor q = Tensor::from_vector(random_vec(size_t(numel_of(qs)), 11), qs, be);
+    const Tensor k = Tensor::from_vector(random_vec(size_t(numel_of(ks)), 12), ks, be, kv);
+    const Tensor v = Tensor::from_vector(random_vec(size_t(numel_of(ks)), 13), ks, be, kv);
+    AttentionParams p;
+    p.scale = 0.125f;
+    p.q_offset = 120;
+    const int saved = omp_get_max_threads();
+    Tensor first_out, first_lse;
+    for (int threads : {1, 2, 3, 5, 40}) {  // 40 threads: one head per task
+      omp_set_num_threads(threads);
+      Tensor out = Tensor::full(qs, 7.0, DType::f32, be), lse = Tensor::full({2, 20, 1}, 7.0, DType::f32, be);
+      cpu::attention_forward(q, k, v, Tensor(), out, lse, p);
+      if (threads == 1) {
+        first_out = out;
+        first_lse = lse;
+        continue;
+      }
+      INFO(dtype_name(kv), " threads=", threads);
+      CHECK(same_bits(out, first_out));
+      CHECK(same_bits(lse, first_lse));
+    }
+    omp_set_num_threads(saved);
+  }
+}

@@ -31,7 +31,8 @@
 // compiled for the path that inlines it. That matters: GCC 12 gimplifies a vector `?:` or comparison in the
 // target of the function that holds it, so a select helper defined outside the region (default target) stays
 // lane by lane even inlined into an avx512 or avx2 function. The one header a family's kernels may include
-// (isa_clones.hpp): it includes nothing, and defines only always-inline functions and types of the path's own
+// (isa_clones.hpp): it includes nothing (the family's first pass includes <immintrin.h>: the avx2 bf16 load is an
+// intrinsic), and defines only always-inline functions and types of the path's own
 // namespace, so no code of one path can stand in for another's.
 #ifndef DEW_CPU_ISA
 #error "vec16.hpp is included by a family's kernels, once per path (isa_clones.hpp)"
@@ -253,12 +254,19 @@ DEW_AI void vstore(float* p, const vf& v) {
 DEW_AI vi viload(const int32_t* p) { return load_parts(p); }
 DEW_AI vf vload_bf16(const uint16_t* p) {
   vf r;
+#if defined(DEW_CPU_ISA_IS_AVX2)
+  // vpmovzxwd from memory per part: GCC 12 lowers the convertvector below to xmm halves and a vinserti128
+  for (int i = 0; i < kVecParts; ++i)
+    r.p[i] = (vpart_f)_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * kVecW))), 16);
+#else
 #pragma GCC unroll 4
   for (int i = 0; i < kVecParts; ++i) {
     vpart_h h;
     __builtin_memcpy(&h, p + i * kVecW, sizeof h);
     r.p[i] = (vpart_f)(__builtin_convertvector(h, vpart_u) << 16);
   }
+#endif
   return r;
 }
 // lane 0 shuffled into every lane of a part (vbroadcastss / shufps), that register in every part
