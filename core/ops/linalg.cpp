@@ -3,6 +3,8 @@
 // to rows so that dW is one [out, N] @ [N, in] product, never a batched sum.
 #include "op_util.hpp"
 
+#include "dew/kernel_contracts.hpp"  // is_weight_only_matmul
+
 namespace dew {
 
 using namespace detail;
@@ -50,13 +52,9 @@ MatmulShape plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return r;
 }
 
-// Weight-only storage (dew/generate.hpp, store_matmul_weights_as): f32 activations against a bf16 weight,
-// f32 accumulation and output; linear() lets it through for inference only.
-bool weight_only(const Tensor& a, const Tensor& b) { return a.dtype() == DType::f32 && b.dtype() == DType::bf16; }
-
 Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias, Activation act) {
   check_same_backend(a, b, "matmul");
-  if (!weight_only(a, b)) check_same_dtype(a, b, "matmul");
+  if (!contracts::is_weight_only_matmul(a, b)) check_same_dtype(a, b, "matmul");
   MatmulShape plan = plan_matmul(a, b, ta, tb);
   plan.p.act = act;
   Tensor out = empty_as(a, plan.out_shape);
@@ -113,7 +111,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   DEW_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.shape()[0] == w.shape()[0]), "linear: bias ",
             shape_str(bias.defined() ? bias.shape() : Shape{}), " does not match weight ", shape_str(w.shape()));
   const bool grad = needs_grad({&x, &w, &bias});
-  DEW_CHECK(!grad || !weight_only(x, w), "linear: f32 input against a ", dtype_name(w.dtype()),
+  DEW_CHECK(!grad || !contracts::is_weight_only_matmul(x, w), "linear: f32 input against a ", dtype_name(w.dtype()),
             " weight is the decoding path (weight-only storage) and records no gradient");
   if (grad && act != Activation::none) return activation(linear(x, w, bias, Activation::none), act);
 

@@ -277,7 +277,7 @@ void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, c
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
   if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*this, *dnnl_, a, b, bias, out, p);  // half.cpp
-  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16 && p.k > 0)
+  if (contracts::is_weight_only_matmul(a, b) && p.k > 0)
     return matmul_bf16_weights(isa_, a, b, bias, out, p);  // bf16 decode weights (matmul_rowwise.cpp)
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");

@@ -53,7 +53,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, T
   // lets it through the core unconverted): the weight widened exactly into an f32 temporary, then the f32
   // product. cuBLASLt multiplies A and B of one type; a bf16-weight GEMV that streams half the bytes is not
   // written yet.
-  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16) {
+  if (contracts::is_weight_only_matmul(a, b)) {
     Tensor wide = Tensor::empty(b.shape(), DType::f32, b.backend_ptr());
     cast(b, wide);
     return matmul(a, wide, bias, out, p);

@@ -23,6 +23,13 @@ inline int64_t rows_of(const Tensor& t) {
   return d == 0 ? 0 : t.numel() / d;
 }
 
+// The weight-only matmul form (dew/generate.hpp, store_matmul_weights_as): f32 activations `a` against a bf16
+// weight `b`, f32 accumulation and output, the one matmul whose operands differ in dtype. The core lets it
+// through linear() for inference only; a backend takes it natively or widens the weight itself.
+inline bool is_weight_only_matmul(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16;
+}
+
 // A strided iteration over `shape` reading two operands with element strides a and b.
 struct StridedPair {
   Shape shape;
