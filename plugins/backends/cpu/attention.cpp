@@ -330,7 +330,7 @@ struct Geo {
   int64_t window;  // 0 = none (also when larger than any distance)
   int64_t qoff;
   const int32_t* seg;  // segment ids [B, S], or nullptr (one document)
-  int64_t row_heads;   // the row path's query heads per task (<= kMaxRowHeads; row_task_heads)
+  int64_t row_heads;   // the row path's query heads per task (<= kMaxRowHeads; set by attention_forward)
 };
 
 struct Ptrs {
@@ -524,8 +524,8 @@ DEW_AI const KV* kv_rows(const float* f32, const uint16_t* bf16) {
     return bf16;
 }
 
-// One query position (b, t) for the query heads [h0, h1) (a row task, numbered by row_task_heads): per head an
-// exact softmax over the visible keys, vectorised over D. For T <= ROW_PATH_MAX_T.
+// One query position (b, t) for the query heads [h0, h1) of its group (task = (b * T + t) * groups + group, groups
+// of g.row_heads heads): per head an exact softmax over the visible keys, vectorised over D. For T <= ROW_PATH_MAX_T.
 // The heads of a task walk the positions together, so K and V are read as one stream of whole position rows
 // (the group's kv heads are contiguous in a row) rather than one head's strided slice after another; each
 // (head, key) dot and each head's running axpy is the one-head computation in the same order (bits do not
@@ -547,10 +547,14 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     for (int64_t h = h0; h < h1; ++h) lse[h * g.T] = kNegInf;
     return;
   }
-  const int64_t stride = fwd_row_ws_per_head(g);  // per head: qs [Dp], acc [Dp], sc [S + 16]
+  // Per head of the group, in ws: qs [Dp] (scale * q), acc [Dp] (the V sum), sc [S + 16] (scores, then P).
+  const int64_t stride = fwd_row_ws_per_head(g);
+  auto qs_of = [&](int64_t h) { return ws + (h - h0) * stride; };
+  auto acc_of = [&](int64_t h) { return ws + (h - h0) * stride + g.Dp; };
+  auto sc_of = [&](int64_t h) { return ws + (h - h0) * stride + 2 * g.Dp; };
   const float* qrow = P.q + (b * g.T + t) * g.qrs;
   for (int64_t h = h0; h < h1; ++h)
-    for (int64_t d = 0; d < D; ++d) ws[(h - h0) * stride + d] = g.scale * qrow[h * D + d];
+    for (int64_t d = 0; d < D; ++d) qs_of(h)[d] = g.scale * qrow[h * D + d];
   // The group's kv heads hk0 .. hk1 - 1: one contiguous span of each position's row.
   const int64_t hk0 = h0 / g.G, span = ((h1 - 1) / g.G - hk0 + 1) * D;
   const KV* kb = kv_rows<KV>(P.k, P.k16) + b * g.S * g.krs + hk0 * D;
@@ -561,15 +565,12 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   for (int64_t j = 0; j < n; ++j) {
     prefetch_row(kb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
     const KV* krow = kb + (lo + j) * g.krs;
-    for (int64_t h = h0; h < h1; ++h) {
-      float* qs = ws + (h - h0) * stride;
-      qs[2 * g.Dp + j] = dot(qs, krow + (h / g.G - hk0) * D, D);
-    }
+    for (int64_t h = h0; h < h1; ++h) sc_of(h)[j] = dot(qs_of(h), krow + (h / g.G - hk0) * D, D);
   }
   bool live[kMaxRowHeads];
   float inv[kMaxRowHeads];
   for (int64_t h = h0; h < h1; ++h) {
-    float* sc = ws + (h - h0) * stride + 2 * g.Dp;
+    float* sc = sc_of(h);
     for (int64_t j = n; j < npad; ++j) sc[j] = 0.0f;
     if (g.cap > 0) {
       const float inv_cap = 1.0f / g.cap;
@@ -595,20 +596,17 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     const float l = hsum16(lsum);
     lse[h * g.T] = m + std::log(l);
     inv[h - h0] = 1.0f / l;
-    std::memset(sc - g.Dp, 0, size_t(D) * sizeof(float));  // the head's acc
+    std::memset(acc_of(h), 0, size_t(D) * sizeof(float));
   }
   for (int64_t j = 0; j < n; ++j) {
     prefetch_row(vb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
     const KV* vrow = vb + (lo + j) * g.krs;
-    for (int64_t h = h0; h < h1; ++h) {
-      if (!live[h - h0]) continue;
-      float* acc = ws + (h - h0) * stride + g.Dp;
-      axpy(acc, acc[g.Dp + j], vrow + (h / g.G - hk0) * D, D);
-    }
+    for (int64_t h = h0; h < h1; ++h)
+      if (live[h - h0]) axpy(acc_of(h), sc_of(h)[j], vrow + (h / g.G - hk0) * D, D);
   }
   for (int64_t h = h0; h < h1; ++h) {
     if (!live[h - h0]) continue;
-    const float* acc = ws + (h - h0) * stride + g.Dp;
+    const float* acc = acc_of(h);
     for (int64_t d = 0; d < D; ++d) orow[h * D + d] = acc[d] * inv[h - h0];
   }
 }

@@ -31,9 +31,9 @@
 // compiled for the path that inlines it. That matters: GCC 12 gimplifies a vector `?:` or comparison in the
 // target of the function that holds it, so a select helper defined outside the region (default target) stays
 // lane by lane even inlined into an avx512 or avx2 function. The one header a family's kernels may include
-// (isa_clones.hpp): it includes nothing (the family's first pass includes <immintrin.h>: the avx2 bf16 load is an
-// intrinsic), and defines only always-inline functions and types of the path's own
-// namespace, so no code of one path can stand in for another's.
+// (isa_clones.hpp): it includes nothing (the family's first pass includes <immintrin.h>: the avx2 bf16 load is
+// an intrinsic), and defines only always-inline functions and types of the path's own namespace, so no code of
+// one path can stand in for another's.
 #ifndef DEW_CPU_ISA
 #error "vec16.hpp is included by a family's kernels, once per path (isa_clones.hpp)"
 #endif
