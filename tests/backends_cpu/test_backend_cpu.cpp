@@ -6,6 +6,7 @@
 // Run: build/bin/test_backend_cpu
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -378,21 +379,30 @@ TEST_CASE("cpu: binary with broadcasting, every op") {
 
 TEST_CASE("cpu: reduce [outer, reduce, inner], every op, serial and split paths") {
   const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::min, ReduceOp::sumsq};
-  // {1, 40, 1000}: one row of column blocks (a bias gradient); {1, 30, 9000}: wider than one block (8192).
-  const int64_t dims[][3] = {{7, 33, 1},   {3, 50, 17},   {1, 100000, 1}, {2, 40, 700},
-                             {64, 512, 1}, {1, 40, 1000}, {1, 30, 9000}};
-  uint64_t seed = 300;
-  for (const auto& d : dims) {
-    Pair x = rnd({d[0], d[1], d[2]}, seed++);
-    for (ReduceOp op : ops) {
-      CAPTURE(int(op));
-      CAPTURE(d[1]);
-      Pair out = empty({d[0], d[2]});
-      cpu()->reduce(x.c, out.c, {op, d[0], d[1], d[2]});
-      ref()->reduce(x.r, out.r, {op, d[0], d[1], d[2]});
-      check_close(out, 4 * kEps, 4 * kEps, "reduce");
+  // {1, 40, 1000}, {1, 30, 9000}, {1, 1001, 37}: one outer row (a bias gradient), split by rows on several
+  // threads (uneven blocks in the last); {1, 5, 5000}: too few rows for that, column blocks; {1, 20, 70000}:
+  // too wide for the row split's partials, column blocks wider than one (8192).
+  const int64_t dims[][3] = {{7, 33, 1},     {3, 50, 17},   {1, 100000, 1}, {2, 40, 700},  {64, 512, 1},
+                             {1, 40, 1000},  {1, 30, 9000}, {1, 1001, 37},  {1, 5, 5000}, {1, 20, 70000}};
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    uint64_t seed = 300;
+    for (const auto& d : dims) {
+      Pair x = rnd({d[0], d[1], d[2]}, seed++);
+      for (ReduceOp op : ops) {
+        CAPTURE(threads);
+        CAPTURE(int(op));
+        CAPTURE(d[1]);
+        CAPTURE(d[2]);
+        Pair out = empty({d[0], d[2]});
+        cpu()->reduce(x.c, out.c, {op, d[0], d[1], d[2]});
+        ref()->reduce(x.r, out.r, {op, d[0], d[1], d[2]});
+        check_close(out, 4 * kEps, 4 * kEps, "reduce");
+      }
     }
   }
+  omp_set_num_threads(saved);
   Pair x = rnd({6, 50}, 301);
   Pair am = empty({6}, DType::i32);
   cpu()->argmax(x.c, am.c);

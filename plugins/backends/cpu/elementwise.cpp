@@ -693,6 +693,40 @@ void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, i
   for (int64_t j = 0; j < w; ++j) out[j0 + j] = float(op == ReduceOp::mean ? sp[j] * scale : sp[j]);
 }
 
+// One sum over the rows of [red, inner] (a bias gradient) on `nthreads` threads: each thread sums its own
+// contiguous block of rows into double partials for every column, and the partials are added in thread
+// order, so the result depends on the thread count (the double partials round differently), like the
+// inner == 1 split above; a run resumes bit for bit at the same count. Why not blocks of columns: every
+// thread then walks every row (half of each, on 2 threads), rows the other core wrote last; on the AVX2 EPYC
+// the DiT's 60 bias gradients per step took 4.8-7.2 ms at 2 threads that way against 4.5 at 1, and 2.5-2.7
+// split by rows (`dew-bench train --config dit --threads 2 --profile`, alternated).
+constexpr int64_t kRowSplitMaxInner = int64_t(1) << 16;  // partials: nthreads x inner doubles
+void reduce_row_split(const float* x, float* out, int64_t red, int64_t inner, ReduceOp op, int nthreads) {
+  std::vector<double> part(size_t(nthreads) * size_t(inner), 0.0);
+  const bool sq = op == ReduceOp::sumsq;
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    double* sp = part.data() + size_t(t) * size_t(inner);
+    for (int64_t r = red * t / nt; r < red * (t + 1) / nt; ++r) {
+      const float* row = x + r * inner;
+      if (sq) {
+#pragma omp simd
+        for (int64_t j = 0; j < inner; ++j) sp[j] += double(row[j]) * double(row[j]);
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < inner; ++j) sp[j] += double(row[j]);
+      }
+    }
+  }
+  const double scale = op == ReduceOp::mean ? 1.0 / double(red) : 1.0;
+  for (int64_t j = 0; j < inner; ++j) {
+    double s = part[size_t(j)];
+    for (int t = 1; t < nthreads; ++t) s += part[size_t(t) * size_t(inner) + size_t(j)];
+    out[j] = float(op == ReduceOp::mean ? s * scale : s);
+  }
+}
+
 }  // namespace
 
 void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& p) {
@@ -746,12 +780,16 @@ void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& 
     }
     return;
   }
-  // inner > 1: columns are contiguous; tile them in blocks and parallelise over (outer, block). Blocks are as
-  // wide as the threads allow (up to 8192 columns of double accumulators): a narrow column strip walks the rows
-  // with a page-sized stride, whole rows stream sequentially (the bias gradient of a [1024, 1024] activation:
-  // 0.34 -> 0.22 ms cold). At least 64 columns (256-byte pieces of each row): the bias gradients of d = 256
-  // layers then split over 2 threads too (with a 256-column minimum they ran on one, 3.2 ms per DiT step at 2
-  // threads against 2.7 at 1). Every column is still summed row by row in order: the blocking changes no result.
+  // inner > 1 and one outer row (a bias gradient) on several threads: split the rows (reduce_row_split).
+  if (par && outer == 1 && op != ReduceOp::max && op != ReduceOp::min && red >= 4 * nthreads &&
+      inner <= kRowSplitMaxInner)
+    return reduce_row_split(xs, o, red, inner, op, nthreads);
+  // inner > 1 otherwise: columns are contiguous; tile them in blocks and parallelise over (outer, block). Blocks are
+  // as wide as the threads allow (up to 8192 columns of double accumulators): a narrow column strip walks the rows
+  // with a page-sized stride, whole rows stream sequentially (the bias gradient of a [1024, 1024] activation: 0.34 ->
+  // 0.22 ms cold). At least 64 columns (256-byte pieces of each row): the bias gradients of d = 256 layers then split
+  // over 2 threads too (with a 256-column minimum they ran on one, 3.2 ms per DiT step at 2 threads against 2.7 at
+  // 1). Every column is still summed row by row in order: the blocking changes no result.
   const int64_t want = par ? std::max<int64_t>(1, (nthreads + outer - 1) / outer) : 1;  // blocks per outer row
   const int64_t kBlock = std::clamp<int64_t>(((inner + want - 1) / want + 15) / 16 * 16, 64, 8192);
   const int64_t blocks = (inner + kBlock - 1) / kBlock;
