@@ -698,7 +698,7 @@ void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, i
 // order, so the result depends on the thread count (the double partials round differently), like the
 // inner == 1 split above; a run resumes bit for bit at the same count. Why not blocks of columns: every
 // thread then walks every row (half of each, on 2 threads), rows the other core wrote last; on the AVX2 EPYC
-// the DiT's 60 bias gradients per step took 4.8-7.2 ms at 2 threads that way against 4.5 at 1, and 2.5-2.7
+// the DiT's 60 bias gradients per step took 4.4-7.1 ms at 2 threads that way against 4.5 at 1, and 2.1-3.6
 // split by rows (`dew-bench train --config dit --threads 2 --profile`, alternated).
 constexpr int64_t kRowSplitMaxInner = int64_t(1) << 16;  // partials: nthreads x inner doubles
 void reduce_row_split(const float* x, float* out, int64_t red, int64_t inner, ReduceOp op, int nthreads) {
