@@ -18,7 +18,9 @@
 // * roofline_decode (weights f32, then bf16 as `generate --weights bf16` keeps them): the bytes one decode
 //   token must read (every N_mm weight once as stored, and the K/V cache, f32 or bf16 with the weights, at the
 //   mean position of the run) at the bandwidth of that working set, against the FLOPs at the f32 peak; the larger is
-//   the roofline (both happen in the same streaming loops).
+//   the roofline (both happen in the same streaming loops). Three rounds, each a decode measurement and the read
+//   bandwidth at --threads right after it (`rounds`): measured_ms and bandwidth_gbs are their medians, fraction
+//   the median of the rounds' fractions (on a shared host a limit read minutes away moved it by 20 %).
 // fraction = roofline_ms / measured_ms (1 = at the limit). The figures are lower bounds: activations'
 // traffic is not counted, so a fraction near 1 is the best this accounting allows.
 #include <immintrin.h>
@@ -131,6 +133,18 @@ double mean_kv_bytes(const DecodeFigures& d) {
   const double first = double(d.prompt_len + 1), last = double(d.prompt_len + d.new_tokens - 1);
   const double bytes = d.kv_dtype == "bf16" ? 2.0 : 4.0;
   return 2.0 * double(d.layers) * double(d.kv_dim) * bytes * (first + last) / 2.0;
+}
+
+// One weights setting's decode rounds: the first round's figures, then per round ms/token and the read
+// bandwidth measured right after it.
+struct DecodeRounds {
+  DecodeFigures fig;
+  std::vector<double> ms, gbs;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2.0;
 }
 
 }  // namespace
@@ -246,18 +260,28 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
 
   // The workloads first (measured as `train` and `generate` measure them), then the limits.
   const TrainFigures tf = measure_train(lo, opt);
+  // Decode: kDecodeRounds rounds, each a `generate` measurement and, right after it, the read bandwidth at its
+  // working set (--threads): on a shared host the two then see the same moment, and the fraction is the
+  // median of the per-round fractions (a limit measured minutes away moved it by 20 % on the AVX2 EPYC).
+  constexpr int kDecodeRounds = 3;
   bool has_decode = true;
-  DecodeFigures df, df_bf16;
+  DecodeRounds dr, dr_bf16;
   try {
-    LmOptions f32 = lo, bf16 = lo;
-    f32.weights = "f32";
-    bf16.weights = "bf16";
-    df = measure_generate(f32, opt);
-    df_bf16 = measure_generate(bf16, opt);
+    for (int r = 0; r < kDecodeRounds; ++r)
+      for (DecodeRounds* d : {&dr, &dr_bf16}) {
+        LmOptions w = lo;
+        w.weights = d == &dr ? "f32" : "bf16";
+        const DecodeFigures f = measure_generate(w, opt);
+        if (r == 0) d->fig = f;
+        d->ms.push_back(f.ms_per_token);
+        d->gbs.push_back(read_bandwidth_gbs(size_t(f.weight_bytes + mean_kv_bytes(f)), opt.threads));
+      }
   } catch (const dew::Error& e) {
     has_decode = false;  // a model without a KV-cached decode path: the training line only
     std::fprintf(stderr, "# roofline: no decode workload (%s)\n", e.what());
   }
+  const DecodeFigures& df = dr.fig;
+  const DecodeFigures& df_bf16 = dr_bf16.fig;
 
   // Matmul limits at the step's own products.
   const int64_t rows = tf.batch * tf.seq_len;
@@ -321,20 +345,33 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
       tf.label.c_str(), cpu.c_str(), opt.threads, opt.matmul_precision.c_str(), tf.flops, train_bytes, run_peak,
       train_bw.run, t_compute * 1e3, t_memory * 1e3, t_roof * 1e3, matmul_s * 1e3, tf.mean_s * 1e3,
       tf.median_s * 1e3, t_roof / tf.mean_s, matmul_s / tf.mean_s);
-  auto decode_line = [&](const DecodeFigures& d, double bytes, const Bw& bw) {
-    const double d_memory = bytes / (bw.run * 1e9), d_compute = d.flops_per_token / (peak[0] * 1e9);
-    const double d_roof = std::max(d_memory, d_compute), measured = d.ms_per_token * 1e-3;
+  auto decode_line = [&](const DecodeRounds& dd, double bytes) {
+    const DecodeFigures& d = dd.fig;
+    const double d_compute = d.flops_per_token / (peak[0] * 1e9);
+    std::vector<double> fractions;
+    std::string rounds;
+    for (size_t r = 0; r < dd.ms.size(); ++r) {
+      const double f = std::max(bytes / (dd.gbs[r] * 1e9), d_compute) / (dd.ms[r] * 1e-3);
+      fractions.push_back(f);
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%s{\"measured_ms\":%.3f,\"bandwidth_gbs\":%.1f,\"fraction\":%.3f}",
+                    r ? "," : "", dd.ms[r], dd.gbs[r], f);
+      rounds += buf;
+    }
+    const double bw = median(dd.gbs), measured = median(dd.ms) * 1e-3;
+    const double d_memory = bytes / (bw * 1e9), d_roof = std::max(d_memory, d_compute);
     std::printf(
         "{\"bench\":\"roofline_decode\",\"config\":\"%s\",\"cpu\":\"%s\",\"threads\":%d,\"weights\":\"%s\","
         "\"bytes_per_token\":%.0f,\"flops_per_token\":%.0f,\"bandwidth_gbs\":%.1f,\"peak_gflops\":%.1f,"
         "\"memory_ms\":%.3f,\"compute_ms\":%.3f,\"roofline_ms\":%.3f,\"measured_ms\":%.3f,\"fraction\":%.3f,"
-        "\"achieved_gbs\":%.1f}\n",
-        d.label.c_str(), cpu.c_str(), opt.threads, d.weights.c_str(), bytes, d.flops_per_token, bw.run, peak[0],
-        d_memory * 1e3, d_compute * 1e3, d_roof * 1e3, measured * 1e3, d_roof / measured, bytes / measured * 1e-9);
+        "\"achieved_gbs\":%.1f,\"rounds\":[%s]}\n",
+        d.label.c_str(), cpu.c_str(), opt.threads, d.weights.c_str(), bytes, d.flops_per_token, bw, peak[0],
+        d_memory * 1e3, d_compute * 1e3, d_roof * 1e3, measured * 1e3, median(fractions), bytes / measured * 1e-9,
+        rounds.c_str());
   };
   if (has_decode) {
-    decode_line(df, decode_bytes, decode_bw);
-    decode_line(df_bf16, decode_bytes_bf16, decode_bw_bf16);
+    decode_line(dr, decode_bytes);
+    decode_line(dr_bf16, decode_bytes_bf16);
   }
   std::fflush(stdout);
   return 0;
