@@ -657,6 +657,21 @@ inline Acc start(const float* x, ReduceOp op) {
   return a;
 }
 
+// sp[j] += x[r, j0 + j] (squared when `sq`) for rows r in [r0, r1) in order, j < w, in double; rows are
+// `inner` floats apart. The one accumulation of the column sums (reduce_columns, reduce_row_split).
+void add_rows(const float* x, int64_t r0, int64_t r1, int64_t inner, int64_t j0, int64_t w, bool sq, double* sp) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = x + r * inner + j0;
+    if (sq) {
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]) * double(row[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]);
+    }
+  }
+}
+
 // A block of columns [j0, j1) over all reduce rows, vectorised across columns (inner > 1).
 void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, int64_t j0, int64_t j1, ReduceOp op) {
   const int64_t w = j1 - j0;
@@ -678,17 +693,7 @@ void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, i
   }
   std::vector<double> s(size_t(w), 0.0);
   double* sp = s.data();
-  const bool sq = op == ReduceOp::sumsq;
-  for (int64_t r = 0; r < reduce; ++r) {
-    const float* row = x + r * inner + j0;
-    if (sq) {
-#pragma omp simd
-      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]) * double(row[j]);
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]);
-    }
-  }
+  add_rows(x, 0, reduce, inner, j0, w, op == ReduceOp::sumsq, sp);
   const double scale = op == ReduceOp::mean ? 1.0 / double(reduce) : 1.0;
   for (int64_t j = 0; j < w; ++j) out[j0 + j] = float(op == ReduceOp::mean ? sp[j] * scale : sp[j]);
 }
@@ -707,17 +712,7 @@ void reduce_row_split(const float* x, float* out, int64_t red, int64_t inner, Re
 #pragma omp parallel num_threads(nthreads)
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    double* sp = part.data() + size_t(t) * size_t(inner);
-    for (int64_t r = red * t / nt; r < red * (t + 1) / nt; ++r) {
-      const float* row = x + r * inner;
-      if (sq) {
-#pragma omp simd
-        for (int64_t j = 0; j < inner; ++j) sp[j] += double(row[j]) * double(row[j]);
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < inner; ++j) sp[j] += double(row[j]);
-      }
-    }
+    add_rows(x, red * t / nt, red * (t + 1) / nt, inner, 0, inner, sq, part.data() + size_t(t) * size_t(inner));
   }
   const double scale = op == ReduceOp::mean ? 1.0 / double(red) : 1.0;
   for (int64_t j = 0; j < inner; ++j) {
