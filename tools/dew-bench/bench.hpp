@@ -27,6 +27,12 @@ struct BenchOptions {
   bool no_block_cache = false;               // cpu: cache_mb = 0 (train --activation-memory)
 };
 
+// The median of v (the upper of the two middle values when v has an even size); v must not be empty.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // Runs fn in repeats of ~opt.seconds each; returns the median seconds per call. `sync` (when given)
 // waits for queued device work before each clock read, so asynchronous backends (cuda) are timed by
 // completion, not by enqueueing.
@@ -54,8 +60,7 @@ inline double median_seconds(const std::function<void()>& fn, const BenchOptions
     if (sync) sync();
     per_call.push_back(std::chrono::duration<double>(clock::now() - t0).count() / iters);
   }
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
+  return median(per_call);
 }
 
 // train / generate (lm.cpp): the language-model workloads on the peers' protocol.

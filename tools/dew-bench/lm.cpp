@@ -267,9 +267,7 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   double total = 0;
   for (double t : times) total += t;
   f.mean_s = total / double(times.size());
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  f.median_s = sorted[sorted.size() / 2];
+  f.median_s = median(times);
   f.batch = b.batch;
   f.seq_len = b.seq_len;
   f.vocab = b.vocab;
@@ -370,11 +368,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     }
   }
   DEW_USAGE_CHECK(!dec.empty(), "dew-bench generate: --repeats must be positive");
-  auto med = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  const double dmed = med(dec), pmed = med(pre);
+  const double dmed = median(dec), pmed = median(pre);
   double dsum = 0;
   for (double t : dec) dsum += t;
   profile_report(b.backend, int(dec.size()) * int(N - 1), dsum / double(dec.size()) / double(N - 1) * 1e3);
@@ -388,7 +382,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   f.ms_min = *std::min_element(dec.begin(), dec.end()) / double(N - 1) * 1e3;
   f.ms_max = *std::max_element(dec.begin(), dec.end()) / double(N - 1) * 1e3;
   f.prefill_ms = pmed * 1e3;
-  f.cpu_ms_per_token = med(dec_cpu) / double(N - 1) * 1e3;
+  f.cpu_ms_per_token = median(dec_cpu) / double(N - 1) * 1e3;
   f.flops_per_token = dec_flops / double(N - 1);
   f.n_mm = n_mm;
   f.prompt_len = P;

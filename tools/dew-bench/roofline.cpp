@@ -142,11 +142,6 @@ struct DecodeRounds {
   std::vector<double> ms, gbs;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2.0;
-}
-
 }  // namespace
 
 std::string cpu_model() {
@@ -248,8 +243,7 @@ double read_bandwidth_gbs(size_t bytes, int threads, const char** isa) {
   std::free(buf);
   static volatile float sink;
   for (const float v : sums) sink = sink + v;
-  std::sort(gbs.begin(), gbs.end());
-  return gbs[gbs.size() / 2];
+  return median(gbs);
 }
 
 int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
