@@ -162,6 +162,8 @@ hid_t file_type(DType t) {
       return H5T_STD_I64LE;
     case DType::u8:
       return H5T_STD_U8LE;
+    case DType::i8:
+      return H5T_STD_I8LE;
   }
   DEW_INTERNAL_ASSERT(false);
 }
@@ -181,11 +183,13 @@ hid_t memory_type(DType t) {
       return H5T_NATIVE_INT64;
     case DType::u8:
       return H5T_NATIVE_UINT8;
+    case DType::i8:
+      return H5T_NATIVE_INT8;
   }
   DEW_INTERNAL_ASSERT(false);
 }
 
-constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8};
+constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8, DType::i8};
 
 bool dtype_by_name(const std::string& name, DType& out) {
   for (DType t : kAllDTypes)

@@ -47,6 +47,8 @@ const char* st_dtype(DType t) {
       return "I64";
     case DType::u8:
       return "U8";
+    case DType::i8:
+      return "I8";
   }
   return "?";
 }
@@ -181,6 +183,10 @@ void convert(const unsigned char* src, const StType& from, int64_t n, DType to, 
       case DType::u8:
         DEW_USAGE_CHECK(v >= 0 && v <= 255, what, ": element ", i, " = ", v, " does not fit in u8");
         o[i] = uint8_t(v);
+        break;
+      case DType::i8:
+        DEW_USAGE_CHECK(v >= -128 && v <= 127, what, ": element ", i, " = ", v, " does not fit in i8");
+        o[i] = uint8_t(int8_t(v));
         break;
       case DType::f64: {
         const double d = double(v);

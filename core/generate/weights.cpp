@@ -1,13 +1,15 @@
 // core/generate/weights.cpp — weight-only storage for decoding (dew/generate.hpp): the matmul weights
-// rounded once to bf16 and kept so, halving the bytes every decode token streams; and the weights that
+// rounded once to bf16 and kept so, halving the bytes every decode token streams, or quantized once to int8
+// in blocks of kInt8Block columns with an f32 scale each (ggml's q8_0 layout of values: absmax / 127 per
+// block; the scales live beside the weight, dew/tensor.hpp), a quarter of the f32 bytes; and the weights that
 // multiply the same input (an attention's q/k/v projections, a gated MLP's gate/up) placed back to back in
 // one storage, so a decode step makes one product (one weight stream, one dispatch) for each group
 // (nn::Attention::project and nn::GatedMLP::forward take it when they find their weights adjacent).
 // store_decode_weights_as adds the decoder's K/V cache to the same choice (CausalDecoder::set_cache_dtype), so
-// `--weights bf16` halves the cache bytes a token reads too.
+// `--weights bf16` halves the cache bytes a token reads too (int8 weights keep a bf16 cache).
 // Invariant: the tensors keep their identity (the impl is re-pointed at the cast or packed storage), so
 // modules, caches and parameter lists that hold them see the new dtype and place without being rebuilt;
-// their values are unchanged (packing copies bits).
+// their values are unchanged by packing (it copies bits, scales included).
 #include <map>
 #include <string>
 #include <utility>
@@ -22,61 +24,69 @@ namespace dew {
 
 namespace {
 
+// int8 weights: one scale per kInt8Block consecutive columns of a row (one per row when it does not divide k).
+constexpr int64_t kInt8Block = 32;
+
 // The groups of weights that multiply one input, by the Hugging Face names the bundled blocks use: for a
 // prefix P, P.q_proj / P.k_proj / P.v_proj and P.gate_proj / P.up_proj (".weight"), in that order.
-std::vector<std::vector<const Tensor*>> input_groups(const std::vector<std::pair<std::string, Tensor>>& params) {
+std::vector<std::vector<TensorImpl*>> input_groups(const std::vector<std::pair<std::string, Tensor>>& params) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, p] : params) by_name[name] = &p;
   const std::vector<std::vector<std::string>> kinds = {{"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"}};
-  std::vector<std::vector<const Tensor*>> groups;
+  std::vector<std::vector<TensorImpl*>> groups;
   for (const auto& [name, p] : params)
     for (const auto& kind : kinds) {
       const std::string first = kind[0] + ".weight";
       if (name.size() < first.size() || name.compare(name.size() - first.size(), first.size(), first) != 0) continue;
       const std::string prefix = name.substr(0, name.size() - first.size());
-      std::vector<const Tensor*> g;
+      std::vector<TensorImpl*> g;
       for (const auto& member : kind) {
         auto it = by_name.find(prefix + member + ".weight");
-        if (it != by_name.end()) g.push_back(it->second);
+        if (it != by_name.end() && it->second->defined()) g.push_back(it->second->impl());
       }
       if (g.size() == kind.size()) groups.push_back(g);
     }
   return groups;
 }
 
-// Places the 2-D weights of `g` (same dtype, width and backend) back to back in one new storage, in order,
-// unless they already are; a group that does not qualify is left as it is.
-void pack_group(const std::vector<const Tensor*>& g) {
-  const Tensor& first = *g[0];
+// Places the 2-D tensors `g` (same dtype, width and backend) back to back in one new storage, in order,
+// unless they already are (a quantized group's scales likewise, so its rows' scales are back to back too); a
+// group that does not qualify is left as it is.
+void pack_group(const std::vector<TensorImpl*>& g) {
+  const TensorImpl& first = *g[0];
   int64_t rows = 0;
   bool adjacent = true;
-  for (const Tensor* t : g) {
-    if (!t->defined() || t->ndim() != 2 || t->dtype() != first.dtype() || t->shape()[1] != first.shape()[1] ||
-        t->backend_ptr() != first.backend_ptr())
+  for (const TensorImpl* t : g) {
+    if (!t || t->shape.size() != 2 || t->dtype != first.dtype || t->shape[1] != first.shape[1] ||
+        t->storage->backend != first.storage->backend || (t->scales == nullptr) != (first.scales == nullptr))
       return;
-    adjacent = adjacent && t->impl()->storage == first.impl()->storage &&
-               t->impl()->offset == first.impl()->offset + size_t(rows * first.shape()[1]);
-    rows += t->shape()[0];
+    adjacent = adjacent && t->storage == first.storage && t->offset == first.offset + size_t(rows * first.shape[1]);
+    rows += t->shape[0];
+  }
+  if (first.scales) {
+    std::vector<TensorImpl*> scales;
+    for (TensorImpl* t : g) scales.push_back(t->scales.get());
+    pack_group(scales);
   }
   if (adjacent) return;
-  const int64_t cols = first.shape()[1];
-  Tensor packed = Tensor::empty({rows, cols}, first.dtype(), first.backend_ptr());
+  const int64_t cols = first.shape[1];
+  Tensor packed = Tensor::empty({rows, cols}, first.dtype, first.storage->backend);
   int64_t at = 0;
-  for (const Tensor* t : g) {
-    Tensor dst = packed.slice0(at, at + t->shape()[0]);
-    first.backend().copy_device(dst.data(), t->data(), t->nbytes());
-    TensorImpl& impl = *t->impl();
-    impl.storage = packed.impl()->storage;
-    impl.offset = packed.impl()->offset + size_t(at * cols);
-    at += t->shape()[0];
+  for (TensorImpl* t : g) {
+    const Tensor dst = packed.slice0(at, at + t->shape[0]);
+    const char* src = static_cast<const char*>(t->storage->data) + t->offset * dtype_size(t->dtype);
+    packed.backend().copy_device(dst.data(), src, dst.nbytes());
+    t->storage = packed.impl()->storage;
+    t->offset = packed.impl()->offset + size_t(at * cols);
+    at += t->shape[0];
   }
 }
 
 }  // namespace
 
 int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype) {
-  DEW_USAGE_CHECK(dtype == DType::f32 || dtype == DType::bf16, "decode weights can be kept in f32 or bf16, not ",
-                  dtype_name(dtype));
+  DEW_USAGE_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::i8,
+                  "decode weights can be kept in f32, bf16 or i8 (int8), not ", dtype_name(dtype));
   NoGradGuard no_grad;
   int64_t changed = 0;
   for (const auto& [name, p] : params) {
@@ -84,11 +94,14 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
     if (p.ndim() != 2 || name.find("embed") != std::string::npos || p.dtype() == dtype) continue;
     DEW_CHECK(p.dtype() == DType::f32, "store_matmul_weights_as: ", name, " is ", dtype_name(p.dtype()),
               ", not f32");
-    const Tensor c = cast(p.detach(), dtype);
+    const int64_t k = p.shape()[1];
+    const Tensor c = dtype == DType::i8 ? quantize_int8(p.detach(), k % kInt8Block == 0 ? k / kInt8Block : 1)
+                                        : cast(p.detach(), dtype);
     TensorImpl& impl = *p.impl();
     impl.storage = c.impl()->storage;
     impl.offset = c.impl()->offset;
     impl.dtype = dtype;
+    impl.scales = c.impl()->scales;
     impl.requires_grad = false;
     impl.grad.reset();
     ++changed;
@@ -100,7 +113,7 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
 int64_t store_decode_weights_as(CausalDecoder* decoder, const std::vector<std::pair<std::string, Tensor>>& params,
                                 DType dtype) {
   const int64_t changed = store_matmul_weights_as(params, dtype);  // checks the dtype first
-  if (decoder) decoder->set_cache_dtype(dtype);
+  if (decoder) decoder->set_cache_dtype(dtype == DType::i8 ? DType::bf16 : dtype);
   return changed;
 }
 
@@ -112,7 +125,8 @@ void CausalDecoder::set_cache_dtype(DType dtype) {
 DType weights_dtype_from_name(const std::string& name, const char* what) {
   if (name == "f32") return DType::f32;
   if (name == "bf16") return DType::bf16;
-  DEW_USAGE_CHECK(false, what, " '", name, "' is not one of f32, bf16");
+  if (name == "int8") return DType::i8;
+  DEW_USAGE_CHECK(false, what, " '", name, "' is not one of f32, bf16, int8");
   return DType::f32;
 }
 

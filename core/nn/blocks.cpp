@@ -112,18 +112,16 @@ AttentionParams Attention::params() const {
 namespace {
 constexpr int64_t kFusedMaxRows = 32;
 
-// A [sum rows, cols] view over ws when they are defined, unbiased, 2-D, of one dtype and width, and lie back
-// to back in one storage, in order; an undefined tensor otherwise.
-Tensor adjacent_weights(std::initializer_list<const Linear*> ls) {
-  const Linear& first = **ls.begin();
-  const TensorImpl* f = first.weight.impl();
-  if (!f || first.weight.ndim() != 2) return Tensor();
-  const int64_t cols = first.weight.shape()[1];
+// A [sum rows, cols] view over the tensors `ts` when they are defined, 2-D, of one dtype and width, and lie
+// back to back in one storage, in order (a quantized group's scales too); an undefined tensor otherwise.
+Tensor adjacent_rows(const std::vector<const TensorImpl*>& ts) {
+  const TensorImpl* f = ts.front();
+  if (!f || f->shape.size() != 2) return Tensor();
+  const int64_t cols = f->shape[1];
   int64_t rows = 0;
-  for (const Linear* l : ls) {
-    const TensorImpl* t = l->weight.impl();
-    if (l->bias.defined() || !t || t->shape.size() != 2 || t->shape[1] != cols || t->dtype != f->dtype ||
-        t->storage != f->storage || t->offset != f->offset + size_t(rows * cols))
+  for (const TensorImpl* t : ts) {
+    if (!t || t->shape.size() != 2 || t->shape[1] != cols || t->dtype != f->dtype || t->storage != f->storage ||
+        t->offset != f->offset + size_t(rows * cols) || (t->scales == nullptr) != (f->scales == nullptr))
       return Tensor();
     rows += t->shape[0];
   }
@@ -132,7 +130,24 @@ Tensor adjacent_weights(std::initializer_list<const Linear*> ls) {
   impl->offset = f->offset;
   impl->shape = {rows, cols};
   impl->dtype = f->dtype;
+  if (f->scales) {
+    std::vector<const TensorImpl*> scales;
+    for (const TensorImpl* t : ts) scales.push_back(t->scales.get());
+    const Tensor s = adjacent_rows(scales);
+    if (!s.defined()) return Tensor();
+    impl->scales = s.impl_ptr();
+  }
   return Tensor(impl);
+}
+
+// The weights of unbiased linears `ls` as one view (adjacent_rows), or an undefined tensor.
+Tensor adjacent_weights(std::initializer_list<const Linear*> ls) {
+  std::vector<const TensorImpl*> ts;
+  for (const Linear* l : ls) {
+    if (l->bias.defined()) return Tensor();
+    ts.push_back(l->weight.impl());
+  }
+  return adjacent_rows(ts);
 }
 
 bool fusable_rows(const Tensor& x) {

@@ -54,6 +54,14 @@ MatmulShape plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 
 Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias, Activation act) {
   check_same_backend(a, b, "matmul");
+  if (b.quantized()) {  // int8 decode weights: the backend's own kernel, or the f32 product of their values
+    contracts::check_quantized_weight("matmul", b);
+    DEW_CHECK(!ta && tb && a.dtype() == DType::f32, "matmul: a quantized weight takes linear()'s product (f32 x, "
+              "the weight transposed)");
+    if (!b.backend().supports(Kernel::matmul, DType::i8).ok)
+      return matmul_raw(a, dequantize(b), ta, tb, bias, act);
+  }
+  DEW_CHECK(!a.quantized(), "matmul: a quantized tensor is a weight (the second operand of linear())");
   if (!contracts::is_weight_only_matmul(a, b)) check_same_dtype(a, b, "matmul");
   MatmulShape plan = plan_matmul(a, b, ta, tb);
   plan.p.act = act;

@@ -1,5 +1,7 @@
 // core/ops/shape.cpp — views, permutes, slices, concatenation, broadcast/sum_to, casts and reductions.
 // Views (reshape, slice0) share storage; everything else is one strided_copy or reduce kernel call.
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "op_util.hpp"
@@ -39,6 +41,11 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   impl->offset = x.impl()->offset;
   impl->shape = target;
   impl->dtype = x.dtype();
+  if (x.quantized()) {  // rows stay rows only when the last axis does (dew/tensor.hpp)
+    DEW_CHECK(x.ndim() >= 1 && !target.empty() && target.back() == x.shape().back(), "reshape: a quantized ",
+              shape_str(x.shape()), " tensor keeps its last axis; ", shape_str(target), " does not");
+    impl->scales = x.impl()->scales;
+  }
   Tensor out(std::move(impl));
   if (needs_grad({&x})) {
     Shape original = x.shape();
@@ -71,6 +78,11 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   impl->shape = impl_->shape;
   impl->shape[0] = end - begin;
   impl->offset = impl_->offset + size_t(begin * (numel() / std::max<int64_t>(shape()[0], 1)));
+  if (quantized()) {  // the scales of the rows kept (rows of the last axis per leading index)
+    DEW_CHECK(ndim() >= 2, "slice0: a 1-D quantized tensor is one row; it cannot be sliced");
+    const int64_t per_lead = shape()[0] == 0 ? 0 : numel() / shape()[0] / shape().back();
+    impl->scales = scales().slice0(begin * per_lead, end * per_lead).impl_ptr();
+  }
   Tensor out(std::move(impl));
   if (needs_grad({this})) {
     Shape original = shape();
@@ -266,7 +278,45 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   return cur;
 }
 
+Tensor quantize_int8(const Tensor& x, int64_t groups) {
+  DEW_CHECK(x.ndim() >= 1 && is_floating(x.dtype()) && !x.quantized(), "quantize_int8: takes a floating tensor, got ",
+            dtype_name(x.dtype()), " ", shape_str(x.shape()));
+  const int64_t k = x.shape().back(), rows = k == 0 ? 0 : x.numel() / k;
+  DEW_CHECK(groups >= 1 && k % groups == 0, "quantize_int8: ", groups, " groups do not divide the last axis (", k, ")");
+  const int64_t per = k / groups;
+  const std::vector<float> w = x.to_floats();
+  std::vector<int8_t> q(w.size());
+  std::vector<float> scales(size_t(rows * groups));
+  for (int64_t g = 0; g < rows * groups; ++g) {
+    const float* src = w.data() + g * per;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < per; ++i) {
+      DEW_CHECK(std::isfinite(src[i]), "quantize_int8: row ", g / groups, " holds a value that is not finite");
+      amax = std::max(amax, std::fabs(src[i]));
+    }
+    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    scales[size_t(g)] = scale;
+    for (int64_t i = 0; i < per; ++i)
+      q[size_t(g * per + i)] = int8_t(std::clamp(std::nearbyint(src[i] / scale), -127.0f, 127.0f));
+  }
+  Tensor out = Tensor::from_host(q.data(), x.shape(), DType::i8, x.backend_ptr());
+  out.impl()->scales = Tensor::from_host(scales.data(), {rows, groups}, DType::f32, x.backend_ptr()).impl_ptr();
+  return out;
+}
+
+Tensor dequantize(const Tensor& x) {
+  DEW_CHECK(x.quantized(), "dequantize: a ", dtype_name(x.dtype()), " tensor without scales is not quantized");
+  Tensor raw = x.detach();
+  raw.impl()->scales.reset();
+  Tensor q = Tensor::empty(x.shape(), DType::f32, x.backend_ptr());
+  if (q.numel() == 0) return q;
+  kernels(x).cast(raw, q);
+  const int64_t k = x.shape().back(), groups = x.scales().shape().back();
+  return reshape(mul(reshape(q, {-1, groups, k / groups}), reshape(x.scales().detach(), {-1, groups, 1})), x.shape());
+}
+
 Tensor cast(const Tensor& x, DType dtype) {
+  if (x.quantized()) return cast(dequantize(x), dtype);
   if (x.dtype() == dtype) return x;
   Tensor out = Tensor::empty(x.shape(), dtype, x.backend_ptr());
   if (out.numel() > 0) kernels(x).cast(x, out);

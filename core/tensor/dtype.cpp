@@ -21,14 +21,16 @@ const char* dtype_name(DType t) {
       return "i64";
     case DType::u8:
       return "u8";
+    case DType::i8:
+      return "i8";
   }
   return "?";
 }
 
 DType dtype_from_name(std::string_view name) {
-  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8})
+  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8, DType::i8})
     if (name == dtype_name(t)) return t;
-  DEW_USAGE_CHECK(false, "unknown dtype '", name, "'; known: f32, f64, bf16, f16, i32, i64, u8");
+  DEW_USAGE_CHECK(false, "unknown dtype '", name, "'; known: f32, f64, bf16, f16, i32, i64, u8, i8");
   return DType::f32;
 }
 

@@ -189,7 +189,16 @@ std::vector<double> Tensor::to_doubles() const {
       case DType::u8:
         out[size_t(i)] = *p;
         break;
+      case DType::i8:
+        out[size_t(i)] = double(int8_t(*p));
+        break;
     }
+  }
+  if (quantized()) {  // q * scales[row, group] in f32, as dequantize() computes them (tensor.hpp)
+    const std::vector<double> s = scales().to_doubles();
+    const int64_t k = ndim() == 0 ? 1 : shape().back(), groups = scales().shape().back(), per = k / groups;
+    for (int64_t i = 0; i < n; ++i)
+      out[size_t(i)] = double(float(out[size_t(i)]) * float(s[size_t(i / k * groups + i % k / per)]));
   }
   return out;
 }
@@ -220,18 +229,21 @@ Tensor Tensor::detach() const {
   impl->offset = impl_->offset;
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;
+  impl->scales = impl_->scales;
   return Tensor(std::move(impl));
 }
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), backend_ptr());
   if (nbytes() > 0) backend().copy_device(t.data(), data(), nbytes());
+  if (quantized()) t.impl()->scales = scales().clone().impl_ptr();
   return t;
 }
 
 Tensor Tensor::to(const BackendPtr& target) const {
   if (target == backend_ptr()) return clone();
   Tensor t = empty(shape(), dtype(), target);
+  if (quantized()) t.impl()->scales = scales().to(target).impl_ptr();
   if (nbytes() == 0) return t;
   std::vector<unsigned char> raw(nbytes());
   copy_to_host(raw.data());
@@ -242,6 +254,7 @@ Tensor Tensor::to(const BackendPtr& target) const {
 void Tensor::copy_(const Tensor& src) {
   DEW_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: shape/dtype mismatch ", shape_str(src.shape()),
             " ", dtype_name(src.dtype()), " -> ", shape_str(shape()), " ", dtype_name(dtype()));
+  DEW_CHECK(!src.quantized() && !quantized(), "copy_: a quantized tensor's values need its scales; clone() it");
   if (nbytes() == 0) return;
   if (src.backend_ptr() == backend_ptr()) {
     backend().copy_device(data(), src.data(), nbytes());

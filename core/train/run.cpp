@@ -227,8 +227,8 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
 }  // namespace
 
 void set_inference_weights(DType dtype) {
-  DEW_USAGE_CHECK(dtype == DType::f32 || dtype == DType::bf16, "--weights ", dtype_name(dtype),
-                  ": decode weights are f32 or bf16");
+  DEW_USAGE_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::i8, "--weights ", dtype_name(dtype),
+                  ": decode weights are f32, bf16 or int8");
   g_inference_weights = dtype;
 }
 

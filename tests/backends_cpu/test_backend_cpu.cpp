@@ -844,6 +844,102 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
                   Error);
 }
 
+// Weight-only int8 (f32 x against a quantized weight: i8 [n, k] with f32 scales [n, G], dew/tensor.hpp): on every
+// ISA path each output is sum over groups of scale * (the group's dot product) — checked against the same sum
+// taken in double on the host (the only roundings the kernel adds are f32 ones: rtol of a few eps * k) and
+// against ref's product of the dequantized weight; a row alone equals that row in a batch of m (1, 3, and 40 =
+// a 32-row pass plus 8), at 1 and 3 threads; and avx2 equals avx512 bit for bit. Group lengths: the whole row
+// with a tail (k 83), 32 (ggml's block, what --weights int8 uses), 24 (16 plus a tail of 8 in every group).
+TEST_CASE("cpu: matmul with an int8 weight: per-group scaled sums on every ISA path, batch- and thread-invariant") {
+  cpu();
+  __builtin_cpu_init();
+  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  std::vector<std::string> paths = {"portable"};
+  if (has_avx2) paths.push_back("avx2");
+  if (has_avx512) paths.push_back("avx512");
+  struct Case {
+    int64_t n, k, groups;
+  };
+  uint64_t seed = 5150;
+  for (const Case c : {Case{45, 83, 1}, Case{40, 96, 3}, Case{37, 120, 5}}) {
+    CAPTURE(c.k);
+    CAPTURE(c.groups);
+    const Tensor wq = quantize_int8(Tensor::from_vector(host_uniform(c.n * c.k, seed++, -1.0f, 1.0f), {c.n, c.k}, ref()),
+                                    c.groups);
+    std::vector<int8_t> q(size_t(c.n * c.k));
+    wq.copy_to_host(q.data());
+    const std::vector<float> sc = wq.scales().to_floats(), bias = host_uniform(c.n, seed++, -1.0f, 1.0f);
+    const int64_t per = c.k / c.groups;
+    for (int64_t m : {1, 3, 40}) {
+      CAPTURE(m);
+      const std::vector<float> x = host_uniform(m * c.k, seed++, -1.0f, 1.0f);
+      // The host's double sum of the same arithmetic (then the bias), and its error bound.
+      std::vector<double> want(size_t(m * c.n)), bound(size_t(m * c.n));
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double total = 0, mag = 0;
+          for (int64_t g = 0; g < c.groups; ++g) {
+            double d = 0, a = 0;
+            for (int64_t i = g * per; i < (g + 1) * per; ++i) {
+              d += double(x[size_t(r * c.k + i)]) * double(q[size_t(j * c.k + i)]);
+              a += std::fabs(double(x[size_t(r * c.k + i)]) * double(q[size_t(j * c.k + i)]));
+            }
+            total += double(sc[size_t(j * c.groups + g)]) * d;
+            mag += double(sc[size_t(j * c.groups + g)]) * a;
+          }
+          want[size_t(r * c.n + j)] = total + double(bias[size_t(j)]);
+          bound[size_t(r * c.n + j)] = 4 * kEps * double(per + c.groups + 16) * (mag + std::fabs(double(bias[size_t(j)])));
+        }
+      Tensor on_ref = linear(Tensor::from_vector(x, {m, c.k}, ref()), wq, Tensor::from_vector(bias, {c.n}, ref()));
+      std::vector<std::vector<float>> by_isa;
+      for (const std::string& isa : paths) {
+        CAPTURE(isa);
+        BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+        const Tensor w = wq.to(be), b = Tensor::from_vector(bias, {c.n}, be);
+        REQUIRE(w.quantized());
+        std::vector<float> by_threads[2];
+        for (int threads : {1, 3}) {
+          be->set_threads(threads);
+          Tensor got = Tensor::empty({1, m, c.n}, DType::f32, be);
+          be->matmul(Tensor::from_vector(x, {1, m, c.k}, be), w, b, got,
+                     matmul_params(1, m, c.n, c.k, false, true, 1.0f, 0.0f, Activation::none));
+          by_threads[threads == 1 ? 0 : 1] = got.to_floats();
+        }
+        be->set_threads(1);
+        const std::vector<float>& g = by_threads[0];
+        CHECK(g == by_threads[1]);
+        int bad = 0;
+        for (size_t i = 0; i < g.size(); ++i) bad += std::fabs(double(g[i]) - want[i]) > bound[i];
+        CHECK_MESSAGE(bad == 0, bad, " outputs off the host's double sum");
+        check_close({Tensor::from_vector(g, {m, c.n}, be), on_ref}, 1e-5, 4 * kEps * double(c.k),
+                    "int8-weight matmul vs ref on the dequantized weight");
+        for (int64_t r : {int64_t(0), m - 1}) {  // a row alone equals the same row in the batch
+          Tensor solo = Tensor::empty({1, 1, c.n}, DType::f32, be);
+          be->matmul(Tensor::from_vector(std::vector<float>(x.begin() + r * c.k, x.begin() + (r + 1) * c.k),
+                                         {1, 1, c.k}, be),
+                     w, b, solo, matmul_params(1, 1, c.n, c.k, false, true, 1.0f, 0.0f, Activation::none));
+          const std::vector<float> s = solo.to_floats();
+          CHECK(std::equal(s.begin(), s.end(), g.begin() + r * c.n));
+        }
+        by_isa.push_back(g);
+      }
+      if (has_avx512) CHECK(by_isa[1] == by_isa[2]);  // avx2 and avx512: the same arithmetic
+    }
+  }
+  // linear() reaches the int8 kernel without a dequantized copy of the weight (4 MiB in f32 here).
+  BackendPtr be = cpu();
+  const int64_t n = 1024, k = 1024;
+  const Tensor wq = quantize_int8(Tensor::from_vector(host_uniform(n * k, 93, -1.0f, 1.0f), {n, k}, be), k / 32);
+  const Tensor xt = Tensor::from_vector(host_uniform(k, 94, -1.0f, 1.0f), {1, 1, k}, be);
+  be->reset_memory_peak();
+  const int64_t before = be->memory_stats().in_use;
+  const Tensor y = linear(xt, wq);
+  CHECK(be->memory_stats().peak - before < n * k * int64_t(sizeof(float)) / 4);
+  check_close({y, linear(xt.to(ref()), wq.to(ref()))}, 1e-5, 4 * kEps * double(k), "linear() with an int8 weight");
+}
+
 // Through the op, as decoding calls it: linear() of f32 activations against a bf16 weight must reach the backend's
 // weight-only kernel on every CPU. On CPUs without AVX512-BF16 cpu's supports(matmul, bf16) used to say no, so
 // the core widened the whole weight to an f32 temporary on every call (a decode token streamed 4x the bf16

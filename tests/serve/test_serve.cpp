@@ -227,18 +227,22 @@ TEST_CASE("slot decoding: batched rows equal solo decoding bit for bit (ref, cpu
       dew::Error);
 }
 
-// Weight-only bf16 storage (dew::store_matmul_weights_as, `--weights bf16`): the matmul weights become
-// bf16 in place, the logits stay f32 and close to the f32 model's (the weights' rounding only), and a
+// Weight-only bf16 and int8 storage (dew::store_matmul_weights_as, `--weights bf16|int8`): the matmul weights
+// become bf16 (or int8 with per-block scales) in place, the logits stay f32 and close to the f32 model's (the
+// weights' rounding only: bf16 keeps 8 bits of mantissa, int8 blocks +-127 steps of absmax / 127), and a
 // sequence batched with others still decodes bit-equal to itself alone.
-TEST_CASE("slot decoding with bf16 weights: served rows equal solo bit for bit, logits near the f32 model's") {
+TEST_CASE("slot decoding with bf16 and int8 weights: served rows equal solo bit for bit, logits near f32's") {
+ for (const dew::DType dt : {dew::DType::bf16, dew::DType::i8}) {
+  CAPTURE(dew::dtype_name(dt));
   auto f32_model = tiny_model("cpu", 64, 64), m = tiny_model("cpu", 64, 64);
   const dew::NamedTensors params = m->named_parameters();
-  const int64_t changed = dew::store_matmul_weights_as(params, dew::DType::bf16);
+  const int64_t changed = dew::store_matmul_weights_as(params, dt);
   int64_t matrices = 0;
   for (const auto& [name, p] : params)
     if (p.ndim() == 2 && name.find("embed") == std::string::npos) {
       ++matrices;
-      CHECK_MESSAGE(p.dtype() == dew::DType::bf16, name);
+      CHECK_MESSAGE(p.dtype() == dt, name);
+      CHECK_MESSAGE(p.quantized() == (dt == dew::DType::i8), name);
     } else {
       CHECK_MESSAGE(p.dtype() == dew::DType::f32, name);  // embeddings (a tied head), norms stay f32
     }
@@ -256,10 +260,13 @@ TEST_CASE("slot decoding with bf16 weights: served rows equal solo bit for bit, 
     scale = std::max(scale, double(std::fabs(l32[i])));
   }
   CHECK(diff > 0);             // the weights really are rounded
-  CHECK(diff < 0.05 * scale);  // ... and only they are: bf16 keeps 8 bits of mantissa
+  CHECK(diff < 0.05 * scale);  // ... and only they are
   check_slot_rows(decoder_of(m), backend("cpu"), 3);
   check_slot_rows(decoder_of(m), backend("cpu"), 7);
+ }
+  CHECK(dew::weights_dtype_from_name("int8", "--weights") == dew::DType::i8);
   CHECK_THROWS_AS(dew::weights_dtype_from_name("int4", "--weights"), dew::Error);
+  CHECK_THROWS_AS(dew::weights_dtype_from_name("i8", "--weights"), dew::Error);
 }
 
 namespace {
@@ -348,6 +355,7 @@ void unpack(const dew::NamedTensors& params) {
     p.backend().copy_device(own.data(), p.data(), p.nbytes());
     p.impl()->storage = own.impl()->storage;
     p.impl()->offset = own.impl()->offset;
+    if (p.quantized()) p.impl()->scales = p.scales().clone().impl_ptr();  // its own scales too
   }
 }
 // Logits of a 9-token prefill, then of 6 single tokens, batch 1.
@@ -364,9 +372,10 @@ std::vector<std::vector<float>> decode_logits(dew::CausalDecoder& dec) {
 
 // store_matmul_weights_as places q/k/v and gate/up back to back (core/generate/weights.cpp) and a decode step
 // then makes one product per group (core/nn/blocks.cpp): the logits are those of the separate products, bit
-// for bit, in f32 and with bf16 weights (the row-wise products sum each column alike whatever the other rows).
+// for bit, in f32 and with bf16 and int8 weights (the row-wise products sum each column alike whatever the other
+// rows; an int8 group's scales are packed beside its rows).
 TEST_CASE("decode fusion: packed q/k/v and gate/up weights decode bit-equal to the separate products (cpu)") {
-  for (const dew::DType dt : {dew::DType::f32, dew::DType::bf16}) {
+  for (const dew::DType dt : {dew::DType::f32, dew::DType::bf16, dew::DType::i8}) {
     CAPTURE(dew::dtype_name(dt));
     auto m = tiny_model("cpu", 64, 64);
     const dew::NamedTensors params = m->named_parameters();
@@ -380,6 +389,12 @@ TEST_CASE("decode fusion: packed q/k/v and gate/up weights decode bit-equal to t
       const Tensor& u = by.at(l + "mlp.up_proj.weight");
       CHECK(static_cast<const char*>(k.data()) == static_cast<const char*>(q.data()) + q.nbytes());
       CHECK(static_cast<const char*>(u.data()) == static_cast<const char*>(g.data()) + g.nbytes());
+      if (dt == dew::DType::i8) {  // and their scales
+        CHECK(static_cast<const char*>(k.scales().data()) ==
+              static_cast<const char*>(q.scales().data()) + q.scales().nbytes());
+        CHECK(static_cast<const char*>(u.scales().data()) ==
+              static_cast<const char*>(g.scales().data()) + g.scales().nbytes());
+      }
     }
     const auto fused = decode_logits(decoder_of(m));
     unpack(params);

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # tools/bench/decode.sh [ROUNDS] [BUILD_DIR] — KV-cached decoding of the char-small shape (batch 1, greedy,
-# 16-token prompt, 256 new tokens) side by side in one sitting: dew (f32 and --weights bf16), llama.cpp
+# 16-token prompt, 256 new tokens) side by side in one sitting: dew (f32, --weights bf16, --weights int8), llama.cpp
 # (f32, bf16, q8_0 GGUFs of the same shape, random weights) and PyTorch (torch_generate.py, f32 and bf16, in
 # tools/bench/torch_env.sh's set-up for this CPU), at 1 and 2 threads, alternating the systems within each
 # round; then the medians per system.
 # The machine may be shared: each run's line is followed by the load average, and dew's lines carry the
 # CPU time per token (cpu_ms_per_token), which starvation does not inflate. Prints the CPU model first.
 # DEW_BASELINE_BUILD=DIR adds DIR/bin/dew-bench (another build, e.g. main's) after each dew run: before /
-# after in the same sitting. DEW_DECODE_THREADS (default "1 2") picks the thread counts.
+# after in the same sitting (f32 and bf16: a build before int8 refuses it). DEW_DECODE_THREADS (default "1 2") picks
+# the thread counts, DEW_DECODE_WEIGHTS (default "f32 bf16 int8") dew's weight storages.
 #
 # Needs (never inside this repository):
 #   llama.cpp built per ../shared/peers/llamacpp/README.md, with the GGUFs made by its make_gguf.py:
@@ -44,11 +45,11 @@ field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().spl
 
 for r in $(seq "$rounds"); do
   for t in $threads; do
-    for w in f32 bf16; do
+    for w in ${DEW_DECODE_WEIGHTS:-f32 bf16 int8}; do
       j=$(OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" generate --config char-small --threads "$t" \
         --weights "$w" --repeats 5)
       record dew "$w" "$t" "$(echo "$j" | field ms_per_token)" "$(echo "$j" | field cpu_ms_per_token)"
-      if [ -n "$baseline" ]; then
+      if [ -n "$baseline" ] && [ "$w" != int8 ]; then
         j=$(OMP_PROC_BIND=close OMP_PLACES=cores "$baseline/bin/dew-bench" generate --config char-small --threads "$t" \
           --weights "$w" --repeats 5)
         record dew-baseline "$w" "$t" "$(echo "$j" | field ms_per_token)" "$(echo "$j" | field cpu_ms_per_token)"

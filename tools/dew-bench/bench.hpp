@@ -70,7 +70,7 @@ struct LmOptions {
   bool grad_norm = false;                   // train: also the global grad norm (the peer does not clip)
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
-  std::string weights = "f32";  // generate: the decode weights' storage (f32 | bf16, dew/generate.hpp)
+  std::string weights = "f32";  // generate: the decode weights' storage (f32 | bf16 | int8, dew/generate.hpp)
   bool verbose = false;  // per-step lines on stderr
   std::string precision = "f32";  // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
   bool activation_memory = false; // train: the RSS the first forward adds (cpu with cache_mb = 0)

@@ -20,7 +20,8 @@
 // a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
 // --tokens - 1 single-token decode calls (default 256 new tokens, cache capacity prompt + tokens), argmax
 // on the host. --warmup (1) untimed generation, then the median of --repeats (5). --weights bf16 keeps the
-// matmul weights and the K/V cache in bf16 (dew::store_decode_weights_as; kv_dtype in the JSON line).
+// matmul weights and the K/V cache in bf16, --weights int8 the weights in int8 (an f32 scale per block of 32)
+// and the cache in bf16 (dew::store_decode_weights_as; kv_dtype in the JSON line).
 // ms_per_token = decode time / (tokens - 1). --profile: the kernels of the timed decode loops only (not
 // the prefills, not the warm-up), per token (profile_report: ms and calls per token, share of ms_per_token).
 #include <omp.h>
@@ -399,7 +400,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   for (const auto& [name, p] : params) {
     if (name == "lm_head.weight") untied = true;
     if (p.ndim() == 2 && name != "model.embed_tokens.weight")
-      f.weight_bytes += double(p.numel()) * double(dew::dtype_size(p.dtype()));
+      f.weight_bytes += double(p.nbytes()) + (p.quantized() ? double(p.scales().nbytes()) : 0.0);  // int8: + scales
   }
   if (!untied)  // the tied head: the embedding as stored
     for (const auto& [name, p] : params)

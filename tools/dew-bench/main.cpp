@@ -22,7 +22,7 @@ const char* kUsage =
     "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] [--activation-memory] [--steps S] "
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [--weights f32|bf16] [--profile] [-v]\n"
+    "[--repeats 5] [--weights f32|bf16|int8] [--profile] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
       "weights", po::value(&lm.weights)->default_value("f32"),
-      "generate: decode weights and K/V cache stored as f32 | bf16 (f32 activations and accumulation)")(
+      "generate: decode weights stored as f32 | bf16 | int8 (K/V cache f32 | bf16 | bf16; f32 activations and "
+      "accumulation)")(
       "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {

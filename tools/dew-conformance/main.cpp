@@ -166,6 +166,8 @@ double load_elem(const uint8_t* p, DType dt) {
     }
     case DType::u8:
       return *p;
+    case DType::i8:
+      return double(int8_t(*p));
   }
   return 0;
 }
@@ -201,6 +203,9 @@ void store_elem(uint8_t* p, DType dt, double v) {
     }
     case DType::u8:
       *p = uint8_t(v);
+      return;
+    case DType::i8:
+      *p = uint8_t(int8_t(v));
       return;
   }
 }

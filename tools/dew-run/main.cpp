@@ -202,11 +202,12 @@ struct RunArgs {
   std::string weights = "f32";  // eval/sample/serve: the matmul weights' storage (dew/generate.hpp)
 };
 
-// eval, sample and serve: --weights f32|bf16 (the exports always write the weights as trained).
+// eval, sample and serve: --weights f32|bf16|int8 (the exports always write the weights as trained).
 void add_weights_arg(po::options_description& d, RunArgs& r) {
   d.add_options()("weights", po::value(&r.weights)->default_value("f32"),
-                  "keep the matmul weights and the K/V cache as f32 or bf16 (f32 activations and accumulation; "
-                  "bf16 halves the bytes each decoded token reads)");
+                  "keep the matmul weights as f32, bf16 or int8 (an f32 scale per block of 32) and the K/V cache as "
+                  "f32, bf16 or bf16 (f32 activations and accumulation; bf16 halves the bytes each decoded token "
+                  "reads, int8 quarters the weights')");
 }
 void apply_run_args(const RunArgs& r) {
   dew::set_inference_threads(r.threads);

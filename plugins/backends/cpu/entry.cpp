@@ -65,6 +65,7 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
   }
   if (dtype == DType::f32) return Support::yes();
   if (dtype == DType::bf16) return bf16_support(k);  // half.cpp
+  if (dtype == DType::i8 && k == Kernel::matmul) return Support::yes();  // int8 decode weights (matmul_rowwise.cpp)
   if (dtype == DType::f16)
     return Support::no(std::string("cpu has no f16 ") + kernel_name(k) +
                        " kernel; f16-mixed runs it through the core's conversion around the f32 kernel "

@@ -229,18 +229,17 @@ constexpr int64_t kRowwiseMaxM = 32;
 
 namespace {
 
-// Weight-only storage (dew/generate.hpp): f32 x [m, k] against a bf16 weight [n, k] (linear: batch 1,
-// trans_b, beta 0), f32 accumulation and output. Every row takes the row-wise kernel, 32 rows per pass over
-// the weight (a prompt's prefill as well as each decode step), so a token's logits are the same whether it
-// came in a prompt, alone or batched. Why not oneDNN: 2.6 multiplies bf16 only by bf16, which would round
-// the activations too.
-void matmul_bf16_weights(Isa isa, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
-                         const MatmulParams& p) {
+// Weight-only storage (dew/generate.hpp): f32 x [m, k] against a bf16 or quantized int8 weight [n, k]
+// (linear: batch 1, trans_b, beta 0), f32 accumulation and output. Every row takes the row-wise kernel, 32
+// rows per pass over the weight (a prompt's prefill as well as each decode step), so a token's logits are the
+// same whether it came in a prompt, alone or batched. Why not oneDNN: 2.6 multiplies bf16 only by bf16 and
+// int8 only by int8 (u8/s8 activations), which would round the activations too.
+void matmul_weight_only(Isa isa, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+                        const MatmulParams& p) {
   require_f32(a, "matmul", "a");
   require_f32(out, "matmul", "out");
-  DEW_CHECK(p.batch == 1 && p.trans_b && !p.trans_a && p.beta == 0.0f,
-            "cpu matmul: a bf16 weight against f32 activations takes linear()'s product only (batch 1, B "
-            "transposed, beta 0)");
+  DEW_CHECK(p.batch == 1 && p.trans_b && !p.trans_a && p.beta == 0.0f, "cpu matmul: a ", dtype_name(b.dtype()),
+            " weight against f32 activations takes linear()'s product only (batch 1, B transposed, beta 0)");
   DEW_CHECK(out.numel() == p.m * p.n && a.numel() >= p.m * p.k && b.numel() >= p.n * p.k,
             "cpu matmul: shapes do not match [", p.m, ", ", p.k, "] x [", p.n, ", ", p.k, "]^T");
   const float* bp = nullptr;
@@ -250,11 +249,20 @@ void matmul_bf16_weights(Isa isa, const Tensor& a, const Tensor& b, const Tensor
     bp = bias.data_as<float>();
   }
   const float* x = a.data_as<float>();
-  const uint16_t* w = static_cast<const uint16_t*>(b.data());
   float* y = out.data_as<float>();
+  QuantScales q;
+  if (b.quantized()) {
+    q.groups = contracts::check_quantized_weight("cpu matmul", b);
+    DEW_CHECK(b.size(0) == p.n && b.size(1) == p.k, "cpu matmul: quantized weight ", shape_str(b.shape()),
+              " is not [n, k] = [", p.n, ", ", p.k, "]");
+    q.scales = b.scales().data_as<float>();
+  }
   for (int64_t r = 0; r < p.m; r += kRowwiseMaxM) {
     const int64_t rows = std::min(kRowwiseMaxM, p.m - r);
-    rowwise_dot_bf16(isa, x + r * p.k, w, y + r * p.n, rows, p.n, p.k, {bp, p.alpha, p.act});
+    if (b.quantized())
+      rowwise_dot_i8(isa, x + r * p.k, b.data_as<int8_t>(), q, y + r * p.n, rows, p.n, p.k, {bp, p.alpha, p.act});
+    else
+      rowwise_dot_bf16(isa, x + r * p.k, b.data_as<uint16_t>(), y + r * p.n, rows, p.n, p.k, {bp, p.alpha, p.act});
   }
 }
 
@@ -278,7 +286,7 @@ void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, c
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
   if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*this, *dnnl_, a, b, bias, out, p);  // half.cpp
   if (contracts::is_weight_only_matmul(a, b) && p.k > 0)
-    return matmul_bf16_weights(isa_, a, b, bias, out, p);  // bf16 decode weights (matmul_rowwise.cpp)
+    return matmul_weight_only(isa_, a, b, bias, out, p);  // bf16 / int8 decode weights (matmul_rowwise.cpp)
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");
   require_f32(out, "matmul", "out");

@@ -42,18 +42,19 @@ namespace {
 
 // Column ranges per thread are multiples of 8 (a multiple of every path's block width), so the blocks a
 // thread makes are the blocks one thread would make: the split changes nothing but who computes what.
-template <class W>
+// `scales`: the weight's row scales (QuantScales, int8 weights only).
+template <class W, class... Scales>
 void run_split(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
-               const RowwiseEpilogue& ep) {
+               const RowwiseEpilogue& ep, const Scales&... scales) {
   constexpr int64_t kGranule = 8;
   if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
-    return DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, 0, n, ep);
+    return DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, 0, n, ep, scales...);
   const int64_t granules = (n + kGranule - 1) / kGranule;
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
     const int64_t j0 = std::min(n, granules * t / T * kGranule), j1 = std::min(n, granules * (t + 1) / T * kGranule);
-    if (j0 < j1) DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, j0, j1, ep);
+    if (j0 < j1) DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, j0, j1, ep, scales...);
   }
 }
 
@@ -67,6 +68,11 @@ void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t 
 void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       const RowwiseEpilogue& ep) {
   run_split(isa, x, w, y, m, n, k, ep);
+}
+
+void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales& scales, float* y, int64_t m,
+                    int64_t n, int64_t k, const RowwiseEpilogue& ep) {
+  run_split(isa, x, w, y, m, n, k, ep, scales);
 }
 
 }  // namespace dew::cpu
@@ -87,6 +93,10 @@ DEW_AI V vload16(const uint16_t* p) {
   const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(h, 16))};
 }
+DEW_AI V vload16(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+DEW_AI V vset1(float v) { return {_mm512_set1_ps(v)}; }
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {_mm512_fmadd_ps(x.v, w.v, s.v)}; }
 DEW_AI float vsum(const V& s) {
   const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(s.v), _mm512_extractf32x8_ps(s.v, 1));
@@ -106,6 +116,12 @@ DEW_AI V vload16(const uint16_t* p) {
   const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
 }
+DEW_AI V vload16(const int8_t* p) {
+  const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+  return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
+}
+DEW_AI V vset1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
 DEW_AI V vfma(const V& x, const V& w, const V& s) {
   return {_mm256_fmadd_ps(x.lo, w.lo, s.lo), _mm256_fmadd_ps(x.hi, w.hi, s.hi)};
 }
@@ -128,6 +144,13 @@ DEW_AI V vload16(const uint16_t* p) {
   __builtin_memcpy(&h, p, sizeof h);
   return {(vf)(__builtin_convertvector(h, vu) << 16)};
 }
+DEW_AI V vload16(const int8_t* p) {
+  typedef int8_t vq __attribute__((vector_size(16)));
+  vq q;
+  __builtin_memcpy(&q, p, sizeof q);
+  return {__builtin_convertvector(q, vf)};
+}
+DEW_AI V vset1(float v) { return {vf{} + v}; }
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {s.v + x.v * w.v}; }
 DEW_AI float vsum(const V& s) { return hsum16(s.v); }
 constexpr bool kFma = false;
@@ -140,6 +163,7 @@ DEW_AI float widen(uint16_t h) {
   __builtin_memcpy(&f, &bits, sizeof f);
   return f;
 }
+DEW_AI float widen(int8_t q) { return float(q); }
 DEW_AI void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 // acc[r][j] = dot(x[r, :], w[j, :]) for R rows of x and J rows of w (k columns each). `next`: the next
@@ -181,22 +205,93 @@ DEW_AI void dot_block(const float* x, const W* w, int64_t k, const W* next, floa
     }
 }
 
+// The same for an int8 weight in groups (QuantScales: `groups` groups of k / groups columns per row, the scale
+// of row j's group g at scales[j * groups + g]): per group, a 16-lane accumulator over its blocks of 16 as above
+// (each int8 widened exactly to f32); then t += s * scale, lane by lane (FMA), into a second 16-lane
+// accumulator; the group's k / groups % 16 tail is summed in order and added as tail += scale * d; the result
+// is the fixed tree over t's lanes plus tail. A fixed order again, whatever R, J and the thread count are.
+template <int R, int J>
+DEW_AI void dot_block_q8(const float* x, const int8_t* w, const float* scales, int64_t groups, int64_t k,
+                         const int8_t* next, float (&acc)[R][J]) {
+  const int64_t per = k / groups, vec_end = per - per % 16;
+  constexpr int kBytesPerStep = J * 16;  // of the next block, prefetched per step of 16
+  V t[R][J];
+  float tail[R][J];
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) t[r][j] = vzero(), tail[r][j] = 0.0f;
+  const char* pf = reinterpret_cast<const char*>(next);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t base = g * per;
+    V s[R][J];
+#pragma GCC unroll 32
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 32
+      for (int j = 0; j < J; ++j) s[r][j] = vzero();
+    for (int64_t i = base; i < base + vec_end; i += 16) {
+      if (pf) {
+#pragma GCC unroll 32
+        for (int l = 0; l < (kBytesPerStep + 63) / 64; ++l) prefetch(pf + l * 64);
+        pf += kBytesPerStep;
+      }
+      V wv[J];
+#pragma GCC unroll 32
+      for (int j = 0; j < J; ++j) wv[j] = vload16(w + j * k + i);
+#pragma GCC unroll 32
+      for (int r = 0; r < R; ++r) {
+        const V xv = vload16(x + r * k + i);
+#pragma GCC unroll 32
+        for (int j = 0; j < J; ++j) s[r][j] = vfma(xv, wv[j], s[r][j]);
+      }
+    }
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) {
+      const float sc = scales[j * groups + g];
+      const V sv = vset1(sc);
+#pragma GCC unroll 32
+      for (int r = 0; r < R; ++r) {
+        t[r][j] = vfma(s[r][j], sv, t[r][j]);
+        if (vec_end == per) continue;
+        float d = 0.0f;
+        for (int64_t i = base + vec_end; i < base + per; ++i)
+          d = kFma ? __builtin_fmaf(x[r * k + i], widen(w[j * k + i]), d) : d + x[r * k + i] * widen(w[j * k + i]);
+        tail[r][j] = kFma ? __builtin_fmaf(sc, d, tail[r][j]) : tail[r][j] + sc * d;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) acc[r][j] = vsum(t[r][j]) + tail[r][j];
+}
+
+// What the weight rows carry besides their elements: nothing (f32, bf16) or int8 groups' scales.
+struct NoScales {};
+template <int R, int J, class W>
+DEW_AI void dot_rows(const float* x, const W* w, int64_t k, const W* next, float (&acc)[R][J], int64_t, NoScales) {
+  dot_block<R, J>(x, w, k, next, acc);
+}
+template <int R, int J>
+DEW_AI void dot_rows(const float* x, const int8_t* w, int64_t k, const int8_t* next, float (&acc)[R][J], int64_t j0,
+                     const QuantScales& q) {
+  dot_block_q8<R, J>(x, w, q.scales + j0 * q.groups, q.groups, k, next, acc);
+}
+
 // y[:, j0 .. j0 + J) for all m rows: rows in blocks of R, the rest one at a time. `next`: what the first
 // row block prefetches (the next column block's weight rows, or null).
-template <int R, int J, class W>
+template <int R, int J, class W, class Q>
 DEW_AI void column_block(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                         const W* next) {
+                         const W* next, const Q& q) {
   const W* wj = w + j0 * k;
   int64_t r = 0;
   for (; r + R <= m; r += R) {
     float acc[R][J];
-    dot_block<R, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc);
+    dot_rows<R, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc, j0, q);
     for (int rr = 0; rr < R; ++rr)
       for (int j = 0; j < J; ++j) y[(r + rr) * n + j0 + j] = acc[rr][j];
   }
   for (; r < m; ++r) {
     float acc[1][J];
-    dot_block<1, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc);
+    dot_rows<1, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc, j0, q);
     for (int j = 0; j < J; ++j) y[r * n + j0 + j] = acc[0][j];
   }
 }
@@ -221,17 +316,17 @@ constexpr bool kPrefetchNext = true;
 // One path over output columns [j0, j1): J1 weight rows per block when m == 1 (decode), RM x JM blocks when
 // m > 1, the columns left over one at a time. Each block prefetches the next one's rows while it still has a
 // next block in [j0, j1) (at m == 1 only where kPrefetchNext).
-template <int J1, int RM, int JM, class W>
+template <int J1, int RM, int JM, class W, class Q>
 DEW_AI void rowwise_range(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                          int64_t j1) {
+                          int64_t j1, const Q& q) {
   int64_t j = j0;
   if (m == 1)
     for (; j + J1 <= j1; j += J1)
-      column_block<1, J1>(x, w, y, m, n, k, j, kPrefetchNext && j + 2 * J1 <= j1 ? w + (j + J1) * k : nullptr);
+      column_block<1, J1>(x, w, y, m, n, k, j, kPrefetchNext && j + 2 * J1 <= j1 ? w + (j + J1) * k : nullptr, q);
   else
     for (; j + JM <= j1; j += JM)
-      column_block<RM, JM>(x, w, y, m, n, k, j, j + 2 * JM <= j1 ? w + (j + JM) * k : nullptr);
-  for (; j < j1; ++j) column_block<1, 1>(x, w, y, m, n, k, j, static_cast<const W*>(nullptr));
+      column_block<RM, JM>(x, w, y, m, n, k, j, j + 2 * JM <= j1 ? w + (j + JM) * k : nullptr, q);
+  for (; j < j1; ++j) column_block<1, 1>(x, w, y, m, n, k, j, static_cast<const W*>(nullptr), q);
 }
 
 // ---- the epilogue over y[r, j0 .. j1) (matmul_rowwise.hpp): one expression per element.
@@ -286,12 +381,17 @@ DEW_AI void epilogue(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, 
 // Called once per thread with its own columns (the OpenMP region is in the first pass: DEW_CPU_ISA_CALL).
 void rowwise_columns(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                      int64_t j1, const RowwiseEpilogue& ep) {
-  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
+  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1, NoScales{});
   epilogue(ep, y, m, n, j0, j1);
 }
 void rowwise_columns(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                      int64_t j1, const RowwiseEpilogue& ep) {
-  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1);
+  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1, NoScales{});
+  epilogue(ep, y, m, n, j0, j1);
+}
+void rowwise_columns(const float* x, const int8_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
+                     int64_t j1, const RowwiseEpilogue& ep, const QuantScales& q) {
+  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1, q);
   epilogue(ep, y, m, n, j0, j1);
 }
 

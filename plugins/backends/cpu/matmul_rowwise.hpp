@@ -28,5 +28,15 @@ void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t 
                      const RowwiseEpilogue& ep = {});
 void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       const RowwiseEpilogue& ep = {});
+// An int8 weight (dew/tensor.hpp's quantized tensor): w [n, k] int8 in `groups` groups of k / groups columns per
+// row, the scale of row j's group g at scales[j * groups + g]. y[r, j] = sum over groups of scale * (the group's
+// dot product), each group's dot summed like the f32 path's (16 lanes, then its k / groups % 16 tail in order)
+// and scaled lane by lane, so the invariants above hold here too; the exact order is in dot_block_q8.
+struct QuantScales {
+  const float* scales = nullptr;
+  int64_t groups = 1;
+};
+void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales& scales, float* y, int64_t m,
+                    int64_t n, int64_t k, const RowwiseEpilogue& ep = {});
 
 }  // namespace dew::cpu

@@ -213,6 +213,9 @@ void dispatch_dtype(DType t, F&& f) {
     case DType::u8:
       f(uint8_t{});
       return;
+    case DType::i8:
+      f(int8_t{});
+      return;
   }
   DEW_INTERNAL_ASSERT(false);
 }

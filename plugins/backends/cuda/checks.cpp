@@ -205,6 +205,8 @@ uint64_t fill_pattern(DType dt, double value) {
       return int_pattern<int64_t>(value);
     case DType::u8:
       return int_pattern<uint8_t>(value);
+    case DType::i8:
+      return int_pattern<int8_t>(value);
   }
   return out;
 }

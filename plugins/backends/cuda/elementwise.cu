@@ -65,6 +65,11 @@ struct IntLimits<uint8_t> {
   static constexpr double lo = 0.0, hi_excl = 256.0;
   static constexpr uint8_t min = 0, max = 255;
 };
+template <>
+struct IntLimits<int8_t> {
+  static constexpr double lo = -128.0, hi_excl = 128.0;
+  static constexpr int8_t min = -128, max = 127;
+};
 
 template <class D>
 __device__ __forceinline__ D float_to_int(double v) {
@@ -130,6 +135,9 @@ void dispatch_any(DType t, F&& f) {
       return;
     case DType::u8:
       f(uint8_t{});
+      return;
+    case DType::i8:
+      f(int8_t{});
       return;
   }
 }
@@ -463,6 +471,9 @@ __device__ __forceinline__ void store_any(DType dt, void* out, int64_t i, float 
       break;
     case DType::u8:
       static_cast<uint8_t*>(out)[i] = uint8_t(v);
+      break;
+    case DType::i8:
+      static_cast<int8_t*>(out)[i] = int8_t(v);
       break;
   }
 }

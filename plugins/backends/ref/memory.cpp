@@ -69,6 +69,9 @@ void dispatch_any(DType dt, F&& f) {
     case DType::u8:
       f(std::type_identity<uint8_t>{});
       return;
+    case DType::i8:
+      f(std::type_identity<int8_t>{});
+      return;
   }
   DEW_INTERNAL_ASSERT(false);
 }

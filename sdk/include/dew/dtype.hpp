@@ -1,6 +1,7 @@
 // dew/dtype.hpp — element types and the bf16/f16 <-> f32 conversions every backend shares.
 // Invariants: conversions round to nearest even; NaN stays NaN. dtype names are the ones configs and
-// checkpoints use ("f32", "bf16", ...).
+// checkpoints use ("f32", "bf16", ...). i8 is the storage of quantized decode weights (TensorImpl::scales,
+// dew/tensor.hpp); it is appended last so the other values keep their numbers.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -9,7 +10,7 @@
 
 namespace dew {
 
-enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u8 };
+enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u8, i8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -23,6 +24,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::f16:
       return 2;
     case DType::u8:
+    case DType::i8:
       return 1;
   }
   return 0;

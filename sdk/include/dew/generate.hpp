@@ -145,16 +145,20 @@ std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tok
 // "embed" (token and position embeddings are lookups and stay as they are; a head tied to the embedding
 // therefore stays f32). The modules holding them see the new dtype, and linear() then multiplies f32
 // activations by the bf16 weight with f32 accumulation: the weights are rounded once, nothing else is
-// (inference only: such a linear records no gradient). Either dtype also places the weights that multiply
+// (inference only: such a linear records no gradient). DType::i8 quantizes them instead (quantize_int8,
+// dew/ops.hpp: an f32 scale per block of 32 columns, per row when 32 does not divide the width; a quarter of
+// the f32 bytes). Any dtype also places the weights that multiply
 // one input (q/k/v projections, gate/up) back to back in one storage, values unchanged, so a decode step
 // makes one product per group (nn::Attention, nn::GatedMLP); f32 changes no value. Returns the tensors cast.
 int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype);
 // What `--weights` chooses (dew-run eval|sample|serve, dew-bench generate|roofline), in one call:
 // store_matmul_weights_as(params, dtype) and, when `decoder` is not null, its K/V cache in the same dtype
-// (set_cache_dtype), so bf16 decoding streams bf16 weights and a bf16 cache. Returns the tensors cast.
+// (set_cache_dtype), so bf16 decoding streams bf16 weights and a bf16 cache; int8 weights get a bf16 cache.
+// Returns the tensors cast.
 int64_t store_decode_weights_as(CausalDecoder* decoder, const std::vector<std::pair<std::string, Tensor>>& params,
                                 DType dtype);
-// "f32" | "bf16" -> the dtype of --weights; anything else is one usage error naming `what`.
+// "f32" | "bf16" | "int8" -> the dtype of --weights (int8: DType::i8); anything else is one usage error naming
+// `what`.
 DType weights_dtype_from_name(const std::string& name, const char* what);
 
 // The position of the first stop string in `text` at or after `from` (npos when none); `which` gets its index.

@@ -24,10 +24,26 @@ inline int64_t rows_of(const Tensor& t) {
 }
 
 // The weight-only matmul form (dew/generate.hpp, store_matmul_weights_as): f32 activations `a` against a bf16
-// weight `b`, f32 accumulation and output, the one matmul whose operands differ in dtype. The core lets it
-// through linear() for inference only; a backend takes it natively or widens the weight itself.
+// weight `b`, or a quantized i8 one (b.quantized(): i8 with f32 scales, dew/tensor.hpp), f32 accumulation and
+// output, the one matmul whose operands differ in dtype. The core lets it through linear() for inference only;
+// a backend takes bf16 natively or widens the weight itself, and takes i8 when supports(matmul, i8) says so
+// (otherwise the core hands it the dequantized f32 weight: core/ops/linalg.cpp).
 inline bool is_weight_only_matmul(const Tensor& a, const Tensor& b) {
-  return a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16;
+  return a.defined() && b.defined() && a.dtype() == DType::f32 &&
+         (b.dtype() == DType::bf16 || (b.dtype() == DType::i8 && b.quantized()));
+}
+
+// A quantized weight as linear() multiplies it: i8 [n, k] (2-D, n rows of k) with f32 scales [n, G], G >= 1
+// dividing k, on b's backend. Returns G.
+inline int64_t check_quantized_weight(const std::string& who, const Tensor& b) {
+  DEW_CHECK(b.dtype() == DType::i8 && b.quantized() && b.ndim() == 2, who, ": a quantized weight is a 2-D i8 tensor "
+            "with scales; got ", dtype_name(b.dtype()), " ", shape_str(b.shape()), b.quantized() ? "" : " without scales");
+  const Tensor s = b.scales();
+  DEW_CHECK(s.dtype() == DType::f32 && s.ndim() == 2 && s.size(0) == b.size(0) && s.size(1) >= 1 &&
+                b.size(1) % s.size(1) == 0 && s.backend_ptr() == b.backend_ptr(),
+            who, ": the scales ", dtype_name(s.dtype()), " ", shape_str(s.shape()), " of a ", shape_str(b.shape()),
+            " weight must be f32 [", b.size(0), ", G] with G dividing ", b.size(1), ", on the weight's backend");
+  return s.size(1);
 }
 
 // A strided iteration over `shape` reading two operands with element strides a and b.

@@ -63,6 +63,13 @@ Tensor concat(const std::vector<Tensor>& xs, int axis);
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
 Tensor sum_to(const Tensor& x, const Shape& shape);  // the adjoint of broadcast_to
 Tensor cast(const Tensor& x, DType dtype);           // differentiable between floating types
+// Quantized tensors (dew/tensor.hpp): quantize rounds each group of k / groups consecutive elements of a row
+// (k the last axis, which groups must divide) to int8 with one f32 scale per group, absmax / 127 (1 for an
+// all-zero group), q = round-to-nearest-even(w / scale) in [-127, 127]; the rows are computed on the host
+// (a one-time conversion of weights) and the result lives on x's backend. dequantize gives the f32 values
+// q * scale (cast of a quantized tensor dequantizes too). Neither records gradients.
+Tensor quantize_int8(const Tensor& x, int64_t groups);
+Tensor dequantize(const Tensor& x);
 Tensor contiguous_copy(const Tensor& x);
 
 // ---- reductions (axis may be negative) ----

@@ -5,6 +5,11 @@
 //    views (reshape, slicing the leading axis) share storage at an element offset and are free.
 //  * Storage keeps its backend (and so the backend's plugin library) alive.
 //  * Autograd state (requires_grad, grad, grad_fn) lives in the impl; see dew/autograd.hpp.
+//  * A quantized tensor (int8 decode weights, dew/generate.hpp) is an i8 tensor with `scales`: seen as
+//    [rows, k] (k its last axis), element (r, c) stands for q[r, c] * scales[r, c / (k / G)] (the f32 product), where scales is
+//    f32 [rows, G] on the same backend (G groups of k / G columns per row; G = 1: one scale per row).
+//    Views that keep whole rows (slice0, detach, reshape keeping the last axis) carry their rows' scales;
+//    clone and to() copy them; to_doubles() gives the dequantized values.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -42,6 +47,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf (same shape, dtype, backend)
   std::shared_ptr<Node> grad_fn;     // the node that produced this tensor (null for leaves)
+  std::shared_ptr<TensorImpl> scales;  // a quantized i8 tensor's f32 [rows, G] scales (above); null otherwise
 };
 
 class Tensor {
@@ -77,6 +83,9 @@ class Tensor {
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
+  // A quantized tensor's scales (f32 [rows, G], top comment); undefined for every other tensor.
+  Tensor scales() const { return impl_ && impl_->scales ? Tensor(impl_->scales) : Tensor(); }
+  bool quantized() const { return impl_ && impl_->scales != nullptr; }
 
   // Pointer to the first element in the backend's address space (host memory for ref/cpu).
   void* data() const;

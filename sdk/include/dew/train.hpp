@@ -76,7 +76,7 @@ std::map<std::string, double> evaluate(const std::string& run_dir, const std::st
 // keeps the stored count. Process-wide: set it before loading a run.
 void set_inference_threads(int threads);
 // The dtype evaluate(), sample() and load_inference_run() keep the matmul weights in after loading them
-// (`--weights bf16`: store_matmul_weights_as, dew/generate.hpp); f32 (the default) leaves their values (it
+// (`--weights bf16` or `int8`: store_matmul_weights_as, dew/generate.hpp); f32 (the default) leaves their values (it
 // only packs q/k/v and gate/up back to back, for one decode product per group). The
 // exports always write the weights as trained.
 void set_inference_weights(DType dtype);
