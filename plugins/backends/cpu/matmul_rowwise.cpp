@@ -97,6 +97,7 @@ DEW_AI V vload16(const int8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
 }
 DEW_AI V vset1(float v) { return {_mm512_set1_ps(v)}; }
+DEW_AI V vadd(const V& a, const V& b) { return {_mm512_add_ps(a.v, b.v)}; }
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {_mm512_fmadd_ps(x.v, w.v, s.v)}; }
 DEW_AI float vsum(const V& s) {
   const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(s.v), _mm512_extractf32x8_ps(s.v, 1));
@@ -122,6 +123,7 @@ DEW_AI V vload16(const int8_t* p) {
   return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
 }
 DEW_AI V vset1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+DEW_AI V vadd(const V& a, const V& b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 DEW_AI V vfma(const V& x, const V& w, const V& s) {
   return {_mm256_fmadd_ps(x.lo, w.lo, s.lo), _mm256_fmadd_ps(x.hi, w.hi, s.hi)};
 }
@@ -151,6 +153,7 @@ DEW_AI V vload16(const int8_t* p) {
   return {__builtin_convertvector(q, vf)};
 }
 DEW_AI V vset1(float v) { return {vf{} + v}; }
+DEW_AI V vadd(const V& a, const V& b) { return {a.v + b.v}; }
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {s.v + x.v * w.v}; }
 DEW_AI float vsum(const V& s) { return hsum16(s.v); }
 constexpr bool kFma = false;
@@ -206,62 +209,97 @@ DEW_AI void dot_block(const float* x, const W* w, int64_t k, const W* next, floa
 }
 
 // The same for an int8 weight in groups (QuantScales: `groups` groups of k / groups columns per row, the scale
-// of row j's group g at scales[j * groups + g]): per group, a 16-lane accumulator over its blocks of 16 as above
-// (each int8 widened exactly to f32); then t += s * scale, lane by lane (FMA), into a second 16-lane
-// accumulator; the group's k / groups % 16 tail is summed in order and added as tail += scale * d; the result
-// is the fixed tree over t's lanes plus tail. A fixed order again, whatever R, J and the thread count are.
+// of row j's group g at scales[j * groups + g]). Per group: its blocks of 16 (each int8 widened exactly to f32)
+// go alternately into two 16-lane accumulators s0 (even blocks) and s1 (odd), s = s0 + s1; then
+// t[g % 2] += s * scale, lane by lane (FMA); the group's k / groups % 16 tail is summed in order and added as
+// tail += scale * d. The result is the fixed tree over the lanes of t[0] + t[1], plus tail. A fixed order
+// again, whatever R, J and the thread count are. Why two of each: a row's int8 weights are a quarter of its f32
+// bytes and stay in cache, so with one accumulator the product would be bound by one FMA chain (4 cycles per
+// block of 16: 4 weights a cycle, which an AVX-512 core's two FMA ports could triple). On the AVX2 EPYC both
+// forms measured the same, ~13.8 G weights/s at m = 1 (5-6 cycles per 32 weights: the widening, vpmovsxbd and
+// vcvtdq2ps per 8 weights, is the bound there); two weight rows per block (J = 2) measured no faster either.
+// One block of 16 columns at i into s (s += x w for R rows of x, J int8 rows of w); prefetches P bytes ahead at pf.
+template <int R, int J, int P>
+DEW_AI void step_q8(const float* x, const int8_t* w, int64_t k, int64_t i, const char*& pf, V (&s)[R][J]) {
+  if (pf) {
+#pragma GCC unroll 32
+    for (int l = 0; l < (P + 63) / 64; ++l) prefetch(pf + l * 64);
+    pf += P;
+  }
+  V wv[J];
+#pragma GCC unroll 32
+  for (int j = 0; j < J; ++j) wv[j] = vload16(w + j * k + i);
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r) {
+    const V xv = vload16(x + r * k + i);
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) s[r][j] = vfma(xv, wv[j], s[r][j]);
+  }
+}
+
+// Group g (columns [g * per, (g + 1) * per)) added into t and tail as dot_block_q8 describes. PER: per as a
+// compile-time constant (32, what --weights int8 stores: the group's two blocks then compile to straight-line
+// code), or 0 (any group length, at run time).
+template <int R, int J, int P, int PER>
+DEW_AI void group_q8(const float* x, const int8_t* w, const float* scales, int64_t groups, int64_t k, int64_t g,
+                     int64_t per_rt, int64_t vec_end_rt, const char*& pf, V (&t)[R][J], float (&tail)[R][J]) {
+  const int64_t per = PER ? PER : per_rt, vec_end = PER ? PER - PER % 16 : vec_end_rt;
+  const int64_t base = g * per;
+  V s0[R][J], s1[R][J];
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) s0[r][j] = vzero(), s1[r][j] = vzero();
+  int64_t i = base;
+  for (; i + 32 <= base + vec_end; i += 32) {
+    step_q8<R, J, P>(x, w, k, i, pf, s0);
+    step_q8<R, J, P>(x, w, k, i + 16, pf, s1);
+  }
+  if (i < base + vec_end) step_q8<R, J, P>(x, w, k, i, pf, s0);
+#pragma GCC unroll 32
+  for (int j = 0; j < J; ++j) {
+    const float sc = scales[j * groups + g];
+    const V sv = vset1(sc);
+#pragma GCC unroll 32
+    for (int r = 0; r < R; ++r) {
+      t[r][j] = vfma(vadd(s0[r][j], s1[r][j]), sv, t[r][j]);
+      if (vec_end == per) continue;
+      float d = 0.0f;
+      for (int64_t e = base + vec_end; e < base + per; ++e)
+        d = kFma ? __builtin_fmaf(x[r * k + e], widen(w[j * k + e]), d) : d + x[r * k + e] * widen(w[j * k + e]);
+      tail[r][j] = kFma ? __builtin_fmaf(sc, d, tail[r][j]) : tail[r][j] + sc * d;
+    }
+  }
+}
+
 template <int R, int J>
 DEW_AI void dot_block_q8(const float* x, const int8_t* w, const float* scales, int64_t groups, int64_t k,
                          const int8_t* next, float (&acc)[R][J]) {
   const int64_t per = k / groups, vec_end = per - per % 16;
   constexpr int kBytesPerStep = J * 16;  // of the next block, prefetched per step of 16
-  V t[R][J];
+  V t0[R][J], t1[R][J];
   float tail[R][J];
 #pragma GCC unroll 32
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 32
-    for (int j = 0; j < J; ++j) t[r][j] = vzero(), tail[r][j] = 0.0f;
+    for (int j = 0; j < J; ++j) t0[r][j] = vzero(), t1[r][j] = vzero(), tail[r][j] = 0.0f;
   const char* pf = reinterpret_cast<const char*>(next);
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t base = g * per;
-    V s[R][J];
-#pragma GCC unroll 32
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 32
-      for (int j = 0; j < J; ++j) s[r][j] = vzero();
-    for (int64_t i = base; i < base + vec_end; i += 16) {
-      if (pf) {
-#pragma GCC unroll 32
-        for (int l = 0; l < (kBytesPerStep + 63) / 64; ++l) prefetch(pf + l * 64);
-        pf += kBytesPerStep;
-      }
-      V wv[J];
-#pragma GCC unroll 32
-      for (int j = 0; j < J; ++j) wv[j] = vload16(w + j * k + i);
-#pragma GCC unroll 32
-      for (int r = 0; r < R; ++r) {
-        const V xv = vload16(x + r * k + i);
-#pragma GCC unroll 32
-        for (int j = 0; j < J; ++j) s[r][j] = vfma(xv, wv[j], s[r][j]);
-      }
+  int64_t g = 0;
+  if (per == 32) {
+    for (; g + 2 <= groups; g += 2) {
+      group_q8<R, J, kBytesPerStep, 32>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
+      group_q8<R, J, kBytesPerStep, 32>(x, w, scales, groups, k, g + 1, per, vec_end, pf, t1, tail);
     }
-#pragma GCC unroll 32
-    for (int j = 0; j < J; ++j) {
-      const float sc = scales[j * groups + g];
-      const V sv = vset1(sc);
-#pragma GCC unroll 32
-      for (int r = 0; r < R; ++r) {
-        t[r][j] = vfma(s[r][j], sv, t[r][j]);
-        if (vec_end == per) continue;
-        float d = 0.0f;
-        for (int64_t i = base + vec_end; i < base + per; ++i)
-          d = kFma ? __builtin_fmaf(x[r * k + i], widen(w[j * k + i]), d) : d + x[r * k + i] * widen(w[j * k + i]);
-        tail[r][j] = kFma ? __builtin_fmaf(sc, d, tail[r][j]) : tail[r][j] + sc * d;
-      }
+    if (g < groups) group_q8<R, J, kBytesPerStep, 32>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
+  } else {
+    for (; g + 2 <= groups; g += 2) {
+      group_q8<R, J, kBytesPerStep, 0>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
+      group_q8<R, J, kBytesPerStep, 0>(x, w, scales, groups, k, g + 1, per, vec_end, pf, t1, tail);
     }
+    if (g < groups) group_q8<R, J, kBytesPerStep, 0>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) acc[r][j] = vsum(t[r][j]) + tail[r][j];
+    for (int j = 0; j < J; ++j) acc[r][j] = vsum(vadd(t0[r][j], t1[r][j])) + tail[r][j];
 }
 
 // What the weight rows carry besides their elements: nothing (f32, bf16) or int8 groups' scales.

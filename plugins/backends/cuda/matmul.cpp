@@ -52,7 +52,8 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, T
   // Weight-only storage (dew/generate.hpp: f32 activations against a bf16 decode weight; supports(matmul, bf16)
   // lets it through the core unconverted): the weight widened exactly into an f32 temporary, then the f32
   // product. cuBLASLt multiplies A and B of one type; a bf16-weight GEMV that streams half the bytes is not
-  // written yet.
+  // written yet. An int8 weight (supports(matmul, i8) says no) reaches the core's dequantized product instead.
+  DEW_CHECK(!b.quantized(), "cuda.matmul: no int8-weight kernel; the core multiplies the dequantized weight");
   if (contracts::is_weight_only_matmul(a, b)) {
     Tensor wide = Tensor::empty(b.shape(), DType::f32, b.backend_ptr());
     cast(b, wide);
