@@ -65,7 +65,7 @@ TEST_CASE("quantize_int8: values within half a scale, absmax / 127 scales per bl
   CHECK_THROWS_AS(dew::dequantize(Tensor::from_vector(host_weights(2, 96), {2, 96}, ref())), dew::Error);
 }
 
-TEST_CASE("quantized views carry their rows' scales; what would drop them is refused") {
+TEST_CASE("quantized views carry their rows' scales, and what would drop them is refused") {
   const int64_t rows = 6, k = 64;
   const Tensor q = dew::quantize_int8(Tensor::from_vector(host_weights(rows, k), {rows, k}, ref()), 2);
   const std::vector<double> all = q.to_doubles();

@@ -2,7 +2,7 @@
 # tests/bench/roofline.sh BIN_DIR WORK_DIR — `dew-bench roofline` on a tiny decoder (lm-tiny.ini), its output
 # read back by an independent Python check:
 # 1. every line is JSON (an inf or a nan is not); one roofline_machine, one roofline_train, and one
-#    roofline_decode per weights setting (f32, bf16);
+#    roofline_decode per weights setting (f32, bf16, int8);
 # 2. each decode line has three rounds, and its measured_ms, bandwidth_gbs and fraction are the medians of the
 #    rounds' (to the printed digits); memory_ms is bytes_per_token at bandwidth_gbs, roofline_ms the larger of
 #    memory_ms and compute_ms; each round's fraction is that round's roofline over its ms/token;
@@ -19,7 +19,7 @@ lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]  # json rejects 
 kinds = [l["bench"] for l in lines]
 assert kinds.count("roofline_machine") == 1 and kinds.count("roofline_train") == 1, kinds
 decode = [l for l in lines if l["bench"] == "roofline_decode"]
-assert sorted(d["weights"] for d in decode) == ["bf16", "f32"], decode
+assert sorted(d["weights"] for d in decode) == ["bf16", "f32", "int8"], decode
 def close(a, b, tol):
     assert abs(a - b) <= tol, (a, b, tol)
 for d in decode:

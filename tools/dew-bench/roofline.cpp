@@ -15,8 +15,9 @@
 //   and zeroing writes g: 32 B per parameter) at the bandwidth of that working set: roofline_ms. The
 //   phases do not overlap, hence the sum. matmul_ms: the step's products at the rate oneDNN reaches on
 //   each one's own shape, the attention FLOPs at the peak: what the matmuls alone allow.
-// * roofline_decode (weights f32, then bf16 as `generate --weights bf16` keeps them): the bytes one decode
-//   token must read (every N_mm weight once as stored, and the K/V cache, f32 or bf16 with the weights, at the
+// * roofline_decode (weights f32, bf16 and int8 as `generate --weights` keeps them): the bytes one decode
+//   token must read (every N_mm weight once as stored, int8's scales included, and the K/V cache, f32 with f32
+//   weights and bf16 with the others, at the
 //   mean position of the run) at the bandwidth of that working set, against the FLOPs at the f32 peak; the larger is
 //   the roofline (both happen in the same streaming loops). Three rounds, each a decode measurement and the read
 //   bandwidth at --threads right after it (`rounds`): measured_ms and bandwidth_gbs are their medians, fraction
@@ -258,24 +259,24 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   // working set (--threads): on a shared host the two then see the same moment, and the fraction is the
   // median of the per-round fractions (a limit measured minutes away moved it by 20 % on the AVX2 EPYC).
   constexpr int kDecodeRounds = 3;
+  const char* const kDecodeWeights[] = {"f32", "bf16", "int8"};
+  constexpr int kStorages = 3;
   bool has_decode = true;
-  DecodeRounds dr, dr_bf16;
+  DecodeRounds dr[kStorages];
   try {
     for (int r = 0; r < kDecodeRounds; ++r)
-      for (DecodeRounds* d : {&dr, &dr_bf16}) {
+      for (int s = 0; s < kStorages; ++s) {
         LmOptions w = lo;
-        w.weights = d == &dr ? "f32" : "bf16";
+        w.weights = kDecodeWeights[s];
         const DecodeFigures f = measure_generate(w, opt);
-        if (r == 0) d->fig = f;
-        d->ms.push_back(f.ms_per_token);
-        d->gbs.push_back(read_bandwidth_gbs(size_t(f.weight_bytes + mean_kv_bytes(f)), opt.threads));
+        if (r == 0) dr[s].fig = f;
+        dr[s].ms.push_back(f.ms_per_token);
+        dr[s].gbs.push_back(read_bandwidth_gbs(size_t(f.weight_bytes + mean_kv_bytes(f)), opt.threads));
       }
   } catch (const dew::Error& e) {
     has_decode = false;  // a model without a KV-cached decode path: the training line only
     std::fprintf(stderr, "# roofline: no decode workload (%s)\n", e.what());
   }
-  const DecodeFigures& df = dr.fig;
-  const DecodeFigures& df_bf16 = dr_bf16.fig;
 
   // Matmul limits at the step's own products.
   const int64_t rows = tf.batch * tf.seq_len;
@@ -308,10 +309,13 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   };
   const double train_bytes = 32.0 * double(tf.n_params);
   const Bw train_bw = bandwidth(16.0 * double(tf.n_params));  // p, g, m, v
-  const double decode_bytes = has_decode ? df.weight_bytes + mean_kv_bytes(df) : 0;
-  const double decode_bytes_bf16 = has_decode ? df_bf16.weight_bytes + mean_kv_bytes(df_bf16) : 0;
-  const Bw decode_bw = has_decode ? bandwidth(decode_bytes) : Bw{0, 0, 0};
-  const Bw decode_bw_bf16 = has_decode ? bandwidth(decode_bytes_bf16) : Bw{0, 0, 0};
+  double decode_bytes[kStorages] = {0, 0, 0};
+  Bw decode_bw[kStorages] = {};
+  if (has_decode)
+    for (int s = 0; s < kStorages; ++s) {
+      decode_bytes[s] = dr[s].fig.weight_bytes + mean_kv_bytes(dr[s].fig);
+      decode_bw[s] = bandwidth(decode_bytes[s]);
+    }
 
   std::printf(
       "{\"bench\":\"roofline_machine\",\"cpu\":\"%s\",\"cores\":%d,\"threads\":%d,\"f32_peak_gflops\":%.1f,"
@@ -321,12 +325,11 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
       cpu.c_str(), cores, opt.threads, peak[0], peak_shape[0].c_str(), peak[1], peak_shape[1].c_str(), isa,
       16.0 * double(tf.n_params) / 1e6, train_bw.one, train_bw.run, train_bw.all);
   if (has_decode)
-    std::printf(
-        ",{\"what\":\"decode f32 weights + kv\",\"mb\":%.1f,\"threads_1\":%.1f,\"threads_run\":%.1f,"
-        "\"threads_all\":%.1f},{\"what\":\"decode bf16 weights + kv\",\"mb\":%.1f,\"threads_1\":%.1f,"
-        "\"threads_run\":%.1f,\"threads_all\":%.1f}",
-        decode_bytes / 1e6, decode_bw.one, decode_bw.run, decode_bw.all, decode_bytes_bf16 / 1e6, decode_bw_bf16.one,
-        decode_bw_bf16.run, decode_bw_bf16.all);
+    for (int s = 0; s < kStorages; ++s)
+      std::printf(
+          ",{\"what\":\"decode %s weights + kv\",\"mb\":%.1f,\"threads_1\":%.1f,\"threads_run\":%.1f,"
+          "\"threads_all\":%.1f}",
+          kDecodeWeights[s], decode_bytes[s] / 1e6, decode_bw[s].one, decode_bw[s].run, decode_bw[s].all);
   std::printf("]}\n");
 
   const double t_compute = tf.flops / (run_peak * 1e9), t_memory = train_bytes / (train_bw.run * 1e9);
@@ -363,10 +366,8 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
         d_memory * 1e3, d_compute * 1e3, d_roof * 1e3, measured * 1e3, median(fractions), bytes / measured * 1e-9,
         rounds.c_str());
   };
-  if (has_decode) {
-    decode_line(dr, decode_bytes);
-    decode_line(dr_bf16, decode_bytes_bf16);
-  }
+  if (has_decode)
+    for (int s = 0; s < kStorages; ++s) decode_line(dr[s], decode_bytes[s]);
   std::fflush(stdout);
   return 0;
 }
