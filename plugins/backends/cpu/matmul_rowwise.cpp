@@ -28,6 +28,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
 
 #include "cpu_backend.hpp"  // fast_exp, silu_value, gelu_tanh_value (the elementwise family's expressions)
 
@@ -70,9 +73,37 @@ void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int6
   run_split(isa, x, w, y, m, n, k, ep);
 }
 
+// x's rows rounded to int16 per block of 32 columns (matmul_rowwise.hpp): scale absmax / 32767, values
+// nearbyint(x / scale) (nearest even) in [-32767, 32767]; an all-zero block has scale 0, a block with a NaN or an
+// infinity a NaN scale (and zero values). Plain scalar code at the baseline ISA: the same bits on every path.
+static void quantize_rows_int16(const float* x, int64_t m, int64_t k, int16_t* xq, float* xs) {
+  for (int64_t b = 0; b < m * k / 32; ++b) {
+    const float* src = x + b * 32;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < 32; ++i) {
+      finite = finite && std::isfinite(src[i]);
+      amax = std::max(amax, std::fabs(src[i]));
+    }
+    const float scale = !finite ? std::numeric_limits<float>::quiet_NaN() : amax / 32767.0f;
+    xs[b] = scale;
+    for (int i = 0; i < 32; ++i)
+      xq[b * 32 + i] = !finite || amax == 0.0f ? 0 : int16_t(std::clamp(std::nearbyint(src[i] / scale), -32767.0f, 32767.0f));
+  }
+}
+
 void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales& scales, float* y, int64_t m,
                     int64_t n, int64_t k, const RowwiseEpilogue& ep) {
-  run_split(isa, x, w, y, m, n, k, ep, scales);
+  if ((k / scales.groups) % 32 != 0) return run_split(isa, x, w, y, m, n, k, ep, scales);
+  thread_local std::vector<int16_t> xq;  // per calling thread, kept across calls (a decode step's rows)
+  thread_local std::vector<float> xs;
+  xq.resize(size_t(m * k));
+  xs.resize(size_t(m * k / 32));
+  quantize_rows_int16(x, m, k, xq.data(), xs.data());
+  QuantScales q = scales;
+  q.xq = xq.data();
+  q.xs = xs.data();
+  run_split(isa, x, w, y, m, n, k, ep, q);
 }
 
 }  // namespace dew::cpu
@@ -98,6 +129,12 @@ DEW_AI V vload16(const int8_t* p) {
 }
 DEW_AI V vset1(float v) { return {_mm512_set1_ps(v)}; }
 DEW_AI V vadd(const V& a, const V& b) { return {_mm512_add_ps(a.v, b.v)}; }
+// A block of 32 columns, int8 weights against int16 x: lane l = w[2l] x[2l] + w[2l+1] x[2l+1], exact (|lane| <
+// 2^24, so the conversion to f32 is exact too).
+DEW_AI V qdot32(const int8_t* w, const int16_t* x) {
+  const __m512i w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  return {_mm512_cvtepi32_ps(_mm512_madd_epi16(w16, _mm512_loadu_si512(x)))};
+}
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {_mm512_fmadd_ps(x.v, w.v, s.v)}; }
 DEW_AI float vsum(const V& s) {
   const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(s.v), _mm512_extractf32x8_ps(s.v, 1));
@@ -124,6 +161,13 @@ DEW_AI V vload16(const int8_t* p) {
 }
 DEW_AI V vset1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
 DEW_AI V vadd(const V& a, const V& b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+DEW_AI V qdot32(const int8_t* w, const int16_t* x) {  // lanes 0-7: columns 0-15, lanes 8-15: columns 16-31
+  const __m256i wlo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m256i whi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+  const __m256i plo = _mm256_madd_epi16(wlo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  const __m256i phi = _mm256_madd_epi16(whi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16)));
+  return {_mm256_cvtepi32_ps(plo), _mm256_cvtepi32_ps(phi)};
+}
 DEW_AI V vfma(const V& x, const V& w, const V& s) {
   return {_mm256_fmadd_ps(x.lo, w.lo, s.lo), _mm256_fmadd_ps(x.hi, w.hi, s.hi)};
 }
@@ -154,6 +198,12 @@ DEW_AI V vload16(const int8_t* p) {
 }
 DEW_AI V vset1(float v) { return {vf{} + v}; }
 DEW_AI V vadd(const V& a, const V& b) { return {a.v + b.v}; }
+DEW_AI V qdot32(const int8_t* w, const int16_t* x) {
+  V r;
+  for (int l = 0; l < 16; ++l)
+    r.v[l] = float(int32_t(w[2 * l]) * x[2 * l] + int32_t(w[2 * l + 1]) * x[2 * l + 1]);
+  return r;
+}
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {s.v + x.v * w.v}; }
 DEW_AI float vsum(const V& s) { return hsum16(s.v); }
 constexpr bool kFma = false;
@@ -302,16 +352,72 @@ DEW_AI void dot_block_q8(const float* x, const int8_t* w, const float* scales, i
     for (int j = 0; j < J; ++j) acc[r][j] = vsum(vadd(t0[r][j], t1[r][j])) + tail[r][j];
 }
 
-// What the weight rows carry besides their elements: nothing (f32, bf16) or int8 groups' scales.
+// Block b of the integer form into t, its weight rows' scales at sw[j * groups] (the group's column already
+// added): t[r][j] += qdot32 * (sw * xs[r * blocks + b]). Prefetches P bytes ahead at pf.
+template <int R, int J, int P>
+DEW_AI void block_q8i(const int16_t* xq, const float* xs, const int8_t* w, const float* sw, int64_t groups, int64_t k,
+                      int64_t blocks, int64_t b, const char*& pf, V (&t)[R][J]) {
+  if (pf) {
+#pragma GCC unroll 32
+    for (int l = 0; l < (P + 63) / 64; ++l) prefetch(pf + l * 64);
+    pf += P;
+  }
+#pragma GCC unroll 32
+  for (int j = 0; j < J; ++j) {
+    const float s = sw[j * groups];
+#pragma GCC unroll 32
+    for (int r = 0; r < R; ++r)
+      t[r][j] = vfma(qdot32(w + j * k + b * 32, xq + r * k + b * 32), vset1(s * xs[r * blocks + b]), t[r][j]);
+  }
+}
+
+// The integer form (matmul_rowwise.hpp): xq / xs the R rows' int16 values and block scales, w's rows in groups
+// of a multiple of 32 columns. Block b of 32: t[b % 2] += qdot32 * (weight scale of b's group * xs[b]), lane by
+// lane (FMA); the result is the fixed tree over the lanes of t[0] + t[1].
+template <int R, int J>
+DEW_AI void dot_block_q8i(const int16_t* xq, const float* xs, const int8_t* w, const float* scales, int64_t groups,
+                          int64_t k, const int8_t* next, float (&acc)[R][J]) {
+  const int64_t blocks = k / 32, per_group = blocks / groups;
+  constexpr int P = J * 32;  // bytes of the next block's rows per block of 32 columns
+  V t0[R][J], t1[R][J];
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) t0[r][j] = vzero(), t1[r][j] = vzero();
+  const char* pf = reinterpret_cast<const char*>(next);
+  int64_t b = 0;
+  if (per_group == 1) {  // a scale per block (what --weights int8 stores): group b for block b
+    for (; b + 2 <= blocks; b += 2) {
+      block_q8i<R, J, P>(xq, xs, w, scales + b, groups, k, blocks, b, pf, t0);
+      block_q8i<R, J, P>(xq, xs, w, scales + b + 1, groups, k, blocks, b + 1, pf, t1);
+    }
+    if (b < blocks) block_q8i<R, J, P>(xq, xs, w, scales + b, groups, k, blocks, b, pf, t0);
+  } else {
+    for (; b + 2 <= blocks; b += 2) {
+      block_q8i<R, J, P>(xq, xs, w, scales + b / per_group, groups, k, blocks, b, pf, t0);
+      block_q8i<R, J, P>(xq, xs, w, scales + (b + 1) / per_group, groups, k, blocks, b + 1, pf, t1);
+    }
+    if (b < blocks) block_q8i<R, J, P>(xq, xs, w, scales + b / per_group, groups, k, blocks, b, pf, t0);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) acc[r][j] = vsum(vadd(t0[r][j], t1[r][j]));
+}
+
+// What the weight rows carry besides their elements: nothing (f32, bf16) or int8 groups' scales. `r`: the first
+// of the R rows of x (x points at it already; the integer form's own rows are found by it).
 struct NoScales {};
 template <int R, int J, class W>
-DEW_AI void dot_rows(const float* x, const W* w, int64_t k, const W* next, float (&acc)[R][J], int64_t, NoScales) {
+DEW_AI void dot_rows(const float* x, const W* w, int64_t k, const W* next, float (&acc)[R][J], int64_t, int64_t,
+                     NoScales) {
   dot_block<R, J>(x, w, k, next, acc);
 }
 template <int R, int J>
-DEW_AI void dot_rows(const float* x, const int8_t* w, int64_t k, const int8_t* next, float (&acc)[R][J], int64_t j0,
-                     const QuantScales& q) {
-  dot_block_q8<R, J>(x, w, q.scales + j0 * q.groups, q.groups, k, next, acc);
+DEW_AI void dot_rows(const float* x, const int8_t* w, int64_t k, const int8_t* next, float (&acc)[R][J], int64_t r,
+                     int64_t j0, const QuantScales& q) {
+  if (q.xq)
+    dot_block_q8i<R, J>(q.xq + r * k, q.xs + r * (k / 32), w, q.scales + j0 * q.groups, q.groups, k, next, acc);
+  else
+    dot_block_q8<R, J>(x, w, q.scales + j0 * q.groups, q.groups, k, next, acc);
 }
 
 // y[:, j0 .. j0 + J) for all m rows: rows in blocks of R, the rest one at a time. `next`: what the first
@@ -323,13 +429,13 @@ DEW_AI void column_block(const float* x, const W* w, float* y, int64_t m, int64_
   int64_t r = 0;
   for (; r + R <= m; r += R) {
     float acc[R][J];
-    dot_rows<R, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc, j0, q);
+    dot_rows<R, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc, r, j0, q);
     for (int rr = 0; rr < R; ++rr)
       for (int j = 0; j < J; ++j) y[(r + rr) * n + j0 + j] = acc[rr][j];
   }
   for (; r < m; ++r) {
     float acc[1][J];
-    dot_rows<1, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc, j0, q);
+    dot_rows<1, J>(x + r * k, wj, k, r == 0 ? next : nullptr, acc, r, j0, q);
     for (int j = 0; j < J; ++j) y[r * n + j0 + j] = acc[0][j];
   }
 }

@@ -29,12 +29,21 @@ void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t 
 void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       const RowwiseEpilogue& ep = {});
 // An int8 weight (dew/tensor.hpp's quantized tensor): w [n, k] int8 in `groups` groups of k / groups columns per
-// row, the scale of row j's group g at scales[j * groups + g]. y[r, j] = sum over groups of scale * (the group's
-// dot product), each group's dot summed like the f32 path's (16 lanes, then its k / groups % 16 tail in order)
-// and scaled lane by lane, so the invariants above hold here too; the exact order is in dot_block_q8.
+// row, the scale of row j's group g at scales[j * groups + g]. Two forms, chosen per call by rowwise_dot_i8:
+// * integer blocks, when 32 divides k / groups (the weight's layout alone decides): each row of x is rounded once to int16 per
+//   block of 32 columns (scale absmax / 32767, round to nearest even: a relative error of at most 2^-16 of the
+//   block's largest |x|, 256 times finer than the weights' own int8 steps), each block's dot is exact integer
+//   arithmetic (vpmaddwd: 16 lanes of adjacent column pairs), converted exactly to f32 and scaled by
+//   weight scale * x scale into two alternating 16-lane f32 accumulators (dot_block_q8i). A block of x holding
+//   a NaN or an infinity gets a NaN scale, so its row's outputs are NaN;
+// * f32 widening otherwise (groups of other lengths): each group's dot summed like the f32 path's (16 lanes,
+//   then its k / groups % 16 tail in order) and scaled lane by lane (dot_block_q8).
+// Either way the invariants above hold: the form depends on the weight only, every sum on x's own row.
 struct QuantScales {
   const float* scales = nullptr;
   int64_t groups = 1;
+  const int16_t* xq = nullptr;  // integer form: x rounded, [m, k], and its block scales [m, k / 32]
+  const float* xs = nullptr;
 };
 void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales& scales, float* y, int64_t m,
                     int64_t n, int64_t k, const RowwiseEpilogue& ep = {});
