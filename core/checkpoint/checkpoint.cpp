@@ -276,6 +276,8 @@ void write_tensor(hid_t group, const std::string& name, const Tensor& listed, co
   const Tensor t = fetch ? fetch(where, listed) : listed;
   DEW_CHECK(t.defined() && t.shape() == listed.shape() && t.dtype() == listed.dtype(), "checkpoint: the tensor fetched for ",
             where, " does not match its listed shape ", shape_str(listed.shape()), " and dtype ", dtype_name(listed.dtype()));
+  DEW_CHECK(!t.quantized(), "checkpoint: ", where, " is a quantized decode weight (int8 with scales), which is "
+            "never written: checkpoints hold the weights as trained");
   const DType dt = t.dtype();
   const Shape& shape = t.shape();
   Hid space;

@@ -257,6 +257,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   for (const auto& [name, t] : tensors) {
     DEW_CHECK(!name.empty() && name != "__metadata__", "safetensors: bad tensor name '", name, "'");
     DEW_CHECK(!h.contains(name), "safetensors: tensor name '", name, "' appears twice");
+    DEW_CHECK(!t.quantized(), "safetensors: '", name, "' is a quantized decode weight (int8 with scales); export the "
+              "weights as trained");
     h[name] = {{"dtype", st_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }

@@ -6,7 +6,9 @@
 // linear() on dequantize(weight) bit for bit and close to a double sum on the host.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
+#include "dew/safetensors.hpp"
 #include "gradcheck.hpp"
 
 using namespace gc;
@@ -92,6 +94,9 @@ TEST_CASE("quantized views carry their rows' scales, and what would drop them is
   CHECK_THROWS_AS(q.reshape({rows, 2, k / 2}), dew::Error);
   Tensor dst = Tensor::empty({rows, k}, DType::i8, ref());
   CHECK_THROWS_AS(dst.copy_(q), dew::Error);  // the raw int8 alone would lose the scales
+  const std::string path = "test_quantize_refused.safetensors";
+  CHECK_THROWS_AS(dew::write_safetensors(path, {{"w", q}}, {}), dew::Error);  // nor is it exported
+  CHECK(!std::filesystem::exists(path));
 }
 
 TEST_CASE("linear() against a quantized weight on ref: the dequantized product, close to a double sum") {

@@ -11,7 +11,10 @@
 // avx512 holds a 16-lane vector in one zmm, avx2 in two ymm (lanes 0-7, 8-15), both with FMA, so avx512 and
 // avx2 agree bit for bit; portable (GCC vectors at the baseline, no FMA) rounds each product separately.
 // bf16 weights widen exactly to f32 (their bits << 16: vpmovzxwd + vpslld on the vector paths), so the bf16
-// path is the f32 path on the rounded weight.
+// path is the f32 path on the rounded weight. int8 weights (with per-group scales) take integer blocks of 32
+// against x rounded to int16 (vpmovsxbw + vpmaddwd: exact dots), or the f32 widening for other group lengths
+// (matmul_rowwise.hpp says which and how they sum). Why integers: widening int8 to f32 (vpmovsxbd + vcvtdq2ps
+// per 8 weights) bound the kernel at ~13.8 G weights/s on the AVX2 EPYC, under what the cache delivers.
 // The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
 // Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators), and while it streams, the
 // next block's rows (contiguous in memory) are prefetched a block ahead, one line per line loaded, so the next
@@ -258,16 +261,6 @@ DEW_AI void dot_block(const float* x, const W* w, int64_t k, const W* next, floa
     }
 }
 
-// The same for an int8 weight in groups (QuantScales: `groups` groups of k / groups columns per row, the scale
-// of row j's group g at scales[j * groups + g]). Per group: its blocks of 16 (each int8 widened exactly to f32)
-// go alternately into two 16-lane accumulators s0 (even blocks) and s1 (odd), s = s0 + s1; then
-// t[g % 2] += s * scale, lane by lane (FMA); the group's k / groups % 16 tail is summed in order and added as
-// tail += scale * d. The result is the fixed tree over the lanes of t[0] + t[1], plus tail. A fixed order
-// again, whatever R, J and the thread count are. Why two of each: a row's int8 weights are a quarter of its f32
-// bytes and stay in cache, so with one accumulator the product would be bound by one FMA chain (4 cycles per
-// block of 16: 4 weights a cycle, which an AVX-512 core's two FMA ports could triple). On the AVX2 EPYC both
-// forms measured the same, ~13.8 G weights/s at m = 1 (5-6 cycles per 32 weights: the widening, vpmovsxbd and
-// vcvtdq2ps per 8 weights, is the bound there); two weight rows per block (J = 2) measured no faster either.
 // One block of 16 columns at i into s (s += x w for R rows of x, J int8 rows of w); prefetches P bytes ahead at pf.
 template <int R, int J, int P>
 DEW_AI void step_q8(const float* x, const int8_t* w, int64_t k, int64_t i, const char*& pf, V (&s)[R][J]) {
@@ -322,6 +315,17 @@ DEW_AI void group_q8(const float* x, const int8_t* w, const float* scales, int64
   }
 }
 
+// dot_block for an int8 weight in groups, widened to f32 (QuantScales: `groups` groups of k / groups columns per
+// row, the scale of row j's group g at scales[j * groups + g]). Per group: its blocks of 16 (each int8 widened
+// exactly to f32) go alternately into two 16-lane accumulators s0 (even blocks) and s1 (odd), s = s0 + s1; then
+// t[g % 2] += s * scale, lane by lane (FMA); the group's k / groups % 16 tail is summed in order and added as
+// tail += scale * d. The result is the fixed tree over the lanes of t[0] + t[1], plus tail. A fixed order
+// again, whatever R, J and the thread count are. Why two of each: a row's int8 weights are a quarter of its f32
+// bytes and stay in cache, so with one accumulator the product would be bound by one FMA chain (4 cycles per
+// block of 16: 4 weights a cycle, which an AVX-512 core's two FMA ports could triple). On the AVX2 EPYC both
+// forms measured the same, ~13.8 G weights/s at m = 1 (5-6 cycles per 32 weights: the widening, vpmovsxbd and
+// vcvtdq2ps per 8 weights, is the bound there, hence the integer form below for groups of 32); two weight rows
+// per block (J = 2) measured no faster either.
 template <int R, int J>
 DEW_AI void dot_block_q8(const float* x, const int8_t* w, const float* scales, int64_t groups, int64_t k,
                          const int8_t* next, float (&acc)[R][J]) {

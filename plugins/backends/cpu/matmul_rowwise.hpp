@@ -1,5 +1,5 @@
 // cpu/matmul_rowwise.hpp — the row-wise products of the decode path (matmul_rowwise.cpp): y = x W^T for a
-// few rows of x against a row-major weight, f32 or bf16 weights, f32 accumulation, one ISA path per call,
+// few rows of x against a row-major weight, f32, bf16 or int8 weights, f32 accumulation, one ISA path per call,
 // with the linear layer's epilogue (bias, alpha, activation) fused in.
 #pragma once
 

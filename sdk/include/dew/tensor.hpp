@@ -6,8 +6,9 @@
 //  * Storage keeps its backend (and so the backend's plugin library) alive.
 //  * Autograd state (requires_grad, grad, grad_fn) lives in the impl; see dew/autograd.hpp.
 //  * A quantized tensor (int8 decode weights, dew/generate.hpp) is an i8 tensor with `scales`: seen as
-//    [rows, k] (k its last axis), element (r, c) stands for q[r, c] * scales[r, c / (k / G)] (the f32 product), where scales is
-//    f32 [rows, G] on the same backend (G groups of k / G columns per row; G = 1: one scale per row).
+//    [rows, k] (k its last axis), element (r, c) stands for q[r, c] * scales[r, c / (k / G)] (the f32
+//    product), where scales is f32 [rows, G] on the same backend (G groups of k / G columns per row; G = 1:
+//    one scale per row).
 //    Views that keep whole rows (slice0, detach, reshape keeping the last axis) carry their rows' scales;
 //    clone and to() copy them; to_doubles() gives the dequantized values.
 #pragma once
