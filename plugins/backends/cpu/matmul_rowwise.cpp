@@ -226,48 +226,15 @@ DEW_AI void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 // block's J rows (contiguous, J * k elements), prefetched one cache line per line this block loads (none when
 // null). The tail is an explicit fmaf on the FMA paths: written as `a += x * w`, GCC may vectorise the
 // products across j and leave the adds scalar, and the contraction then differs between clones.
+// One step of 16 columns at i: s[r][j] += x[r, i..] w[j, i..] (16 lanes) for R rows of x and J rows of w; while
+// pf is set, the lines of the next block this step's lines stand for (J * 16 weights) are prefetched first.
 template <int R, int J, class W>
-DEW_AI void dot_block(const float* x, const W* w, int64_t k, const W* next, float (&acc)[R][J]) {
+DEW_AI void step16(const float* x, const W* w, int64_t k, int64_t i, const char*& pf, V (&s)[R][J]) {
   constexpr int kLinesPerStep = int(J * 16 * sizeof(W) / 64);  // lines of one step of 16 over J rows
-  V s[R][J];
-#pragma GCC unroll 32
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 32
-    for (int j = 0; j < J; ++j) s[r][j] = vzero();
-  const char* pf = reinterpret_cast<const char*>(next);
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    if (pf) {
-#pragma GCC unroll 32
-      for (int l = 0; l < kLinesPerStep; ++l) prefetch(pf + l * 64);
-      pf += kLinesPerStep * 64;
-    }
-    V wv[J];
-#pragma GCC unroll 32
-    for (int j = 0; j < J; ++j) wv[j] = vload16(w + j * k + i);
-#pragma GCC unroll 32
-    for (int r = 0; r < R; ++r) {
-      const V xv = vload16(x + r * k + i);
-#pragma GCC unroll 32
-      for (int j = 0; j < J; ++j) s[r][j] = vfma(xv, wv[j], s[r][j]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) {
-      float a = vsum(s[r][j]);
-      for (int64_t t = i; t < k; ++t)
-        a = kFma ? __builtin_fmaf(x[r * k + t], widen(w[j * k + t]), a) : a + x[r * k + t] * widen(w[j * k + t]);
-      acc[r][j] = a;
-    }
-}
-
-// One block of 16 columns at i into s (s += x w for R rows of x, J int8 rows of w); prefetches P bytes ahead at pf.
-template <int R, int J, int P>
-DEW_AI void step_q8(const float* x, const int8_t* w, int64_t k, int64_t i, const char*& pf, V (&s)[R][J]) {
   if (pf) {
 #pragma GCC unroll 32
-    for (int l = 0; l < (P + 63) / 64; ++l) prefetch(pf + l * 64);
-    pf += P;
+    for (int l = 0; l < kLinesPerStep; ++l) prefetch(pf + l * 64);
+    pf += kLinesPerStep * 64;
   }
   V wv[J];
 #pragma GCC unroll 32
@@ -280,10 +247,29 @@ DEW_AI void step_q8(const float* x, const int8_t* w, int64_t k, int64_t i, const
   }
 }
 
+template <int R, int J, class W>
+DEW_AI void dot_block(const float* x, const W* w, int64_t k, const W* next, float (&acc)[R][J]) {
+  V s[R][J];
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int j = 0; j < J; ++j) s[r][j] = vzero();
+  const char* pf = reinterpret_cast<const char*>(next);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) step16<R, J>(x, w, k, i, pf, s);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) {
+      float a = vsum(s[r][j]);
+      for (int64_t t = i; t < k; ++t)
+        a = kFma ? __builtin_fmaf(x[r * k + t], widen(w[j * k + t]), a) : a + x[r * k + t] * widen(w[j * k + t]);
+      acc[r][j] = a;
+    }
+}
+
 // Group g (columns [g * per, (g + 1) * per)) added into t and tail as dot_block_q8 describes. PER: per as a
 // compile-time constant (32, what --weights int8 stores: the group's two blocks then compile to straight-line
 // code), or 0 (any group length, at run time).
-template <int R, int J, int P, int PER>
+template <int R, int J, int PER>
 DEW_AI void group_q8(const float* x, const int8_t* w, const float* scales, int64_t groups, int64_t k, int64_t g,
                      int64_t per_rt, int64_t vec_end_rt, const char*& pf, V (&t)[R][J], float (&tail)[R][J]) {
   const int64_t per = PER ? PER : per_rt, vec_end = PER ? PER - PER % 16 : vec_end_rt;
@@ -295,10 +281,10 @@ DEW_AI void group_q8(const float* x, const int8_t* w, const float* scales, int64
     for (int j = 0; j < J; ++j) s0[r][j] = vzero(), s1[r][j] = vzero();
   int64_t i = base;
   for (; i + 32 <= base + vec_end; i += 32) {
-    step_q8<R, J, P>(x, w, k, i, pf, s0);
-    step_q8<R, J, P>(x, w, k, i + 16, pf, s1);
+    step16<R, J>(x, w, k, i, pf, s0);
+    step16<R, J>(x, w, k, i + 16, pf, s1);
   }
-  if (i < base + vec_end) step_q8<R, J, P>(x, w, k, i, pf, s0);
+  if (i < base + vec_end) step16<R, J>(x, w, k, i, pf, s0);
 #pragma GCC unroll 32
   for (int j = 0; j < J; ++j) {
     const float sc = scales[j * groups + g];
@@ -330,7 +316,6 @@ template <int R, int J>
 DEW_AI void dot_block_q8(const float* x, const int8_t* w, const float* scales, int64_t groups, int64_t k,
                          const int8_t* next, float (&acc)[R][J]) {
   const int64_t per = k / groups, vec_end = per - per % 16;
-  constexpr int kBytesPerStep = J * 16;  // of the next block, prefetched per step of 16
   V t0[R][J], t1[R][J];
   float tail[R][J];
 #pragma GCC unroll 32
@@ -341,16 +326,16 @@ DEW_AI void dot_block_q8(const float* x, const int8_t* w, const float* scales, i
   int64_t g = 0;
   if (per == 32) {
     for (; g + 2 <= groups; g += 2) {
-      group_q8<R, J, kBytesPerStep, 32>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
-      group_q8<R, J, kBytesPerStep, 32>(x, w, scales, groups, k, g + 1, per, vec_end, pf, t1, tail);
+      group_q8<R, J, 32>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
+      group_q8<R, J, 32>(x, w, scales, groups, k, g + 1, per, vec_end, pf, t1, tail);
     }
-    if (g < groups) group_q8<R, J, kBytesPerStep, 32>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
+    if (g < groups) group_q8<R, J, 32>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
   } else {
     for (; g + 2 <= groups; g += 2) {
-      group_q8<R, J, kBytesPerStep, 0>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
-      group_q8<R, J, kBytesPerStep, 0>(x, w, scales, groups, k, g + 1, per, vec_end, pf, t1, tail);
+      group_q8<R, J, 0>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
+      group_q8<R, J, 0>(x, w, scales, groups, k, g + 1, per, vec_end, pf, t1, tail);
     }
-    if (g < groups) group_q8<R, J, kBytesPerStep, 0>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
+    if (g < groups) group_q8<R, J, 0>(x, w, scales, groups, k, g, per, vec_end, pf, t0, tail);
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) acc[r][j] = vsum(vadd(t0[r][j], t1[r][j])) + tail[r][j];
