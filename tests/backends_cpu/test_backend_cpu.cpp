@@ -59,6 +59,24 @@ Pair empty(const Shape& s, DType dt = DType::f32) { return {Tensor::empty(s, dt,
 Pair zeros(const Shape& s) { return {Tensor::zeros(s, DType::f32, cpu()), Tensor::zeros(s, DType::f32, ref())}; }
 Pair clone(const Pair& p) { return {p.c.clone(), p.r.clone()}; }
 
+// The ISA paths of the cpu backend this CPU runs (its `isa` option), "portable" first, then avx2 and avx512 as
+// the CPU has them (avx512: the F, VL, DQ and BW subsets isa.hpp asks for).
+struct IsaPaths {
+  std::vector<std::string> names;
+  bool avx2 = false, avx512 = false;
+};
+IsaPaths cpu_isa_paths() {
+  __builtin_cpu_init();
+  IsaPaths p;
+  p.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  p.avx512 = p.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  p.names = {"portable"};
+  if (p.avx2) p.names.push_back("avx2");
+  if (p.avx512) p.names.push_back("avx512");
+  return p;
+}
+
 constexpr double kEps = 1.1920928955078125e-07;
 
 // A weight rounded to bf16 (nearest even): its bits, and the same values widened back to f32.
@@ -738,13 +756,9 @@ TEST_CASE("cpu: attention is wired to attention.cpp (forward and backward, GQA, 
 // row's result does not depend on the rows batched with it or on the thread count (served = solo).
 TEST_CASE("cpu: row-wise matmul, every ISA path: bit-equal across avx512/avx2, batch- and thread-invariant") {
   cpu();
-  std::vector<std::string> paths = {"portable"};
-  __builtin_cpu_init();
-  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
-  if (has_avx2) paths.push_back("avx2");
-  if (has_avx512) paths.push_back("avx512");
+  const IsaPaths isa_paths = cpu_isa_paths();
+  const std::vector<std::string>& paths = isa_paths.names;
+  const bool has_avx512 = isa_paths.avx512;
   struct Case {
     int64_t m, n, k;
     bool bias;
@@ -855,13 +869,9 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
 // one row of x makes that row's outputs NaN and leaves the others' bits alone.
 TEST_CASE("cpu: matmul with an int8 weight: per-group scaled sums on every ISA path, batch- and thread-invariant") {
   cpu();
-  __builtin_cpu_init();
-  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
-  std::vector<std::string> paths = {"portable"};
-  if (has_avx2) paths.push_back("avx2");
-  if (has_avx512) paths.push_back("avx512");
+  const IsaPaths isa_paths = cpu_isa_paths();
+  const std::vector<std::string>& paths = isa_paths.names;
+  const bool has_avx512 = isa_paths.avx512;
   struct Case {
     int64_t n, k, groups;
   };
@@ -998,13 +1008,9 @@ TEST_CASE("cpu: linear() with a bf16 weight never widens the weight (weight-only
 // the CPU lacks is refused with one line (DEW_CPU_MAX_ISA stands in for an older CPU: tests/conformance).
 TEST_CASE("cpu: every hand-written family on each ISA path: avx512 == avx2 bit for bit where elementwise") {
   cpu();
-  __builtin_cpu_init();
-  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
-  std::vector<std::string> paths = {"portable"};
-  if (has_avx2) paths.push_back("avx2");
-  if (has_avx512) paths.push_back("avx512");
+  const IsaPaths isa_paths = cpu_isa_paths();
+  const std::vector<std::string>& paths = isa_paths.names;
+  const bool has_avx2 = isa_paths.avx2, has_avx512 = isa_paths.avx512;
   struct Result {
     std::string what;
     bool elementwise;
