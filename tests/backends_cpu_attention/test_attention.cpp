@@ -1,7 +1,8 @@
 // test_attention.cpp — the cpu backend's fused attention (dew::cpu::attention_forward/backward) against a
 // naive double-precision reference written here, straight from the AttentionParams comment in
-// dew/backend.hpp: every config is run at 1, 2 and 3 OpenMP threads (3 exercises the backward's split with
-// per-thread dq buffers), and out, lse, dq, dk, dv must agree to 1e-4 (absolute).
+// dew/backend.hpp: every config is run on every instruction-set path this CPU has (each has its own register
+// blocking) at 1, 2 and 3 OpenMP threads (3 exercises the backward's split with per-thread dq buffers), and
+// out, lse, dq, dk, dv must agree to 1e-4 (absolute).
 // bf16 K/V under f32 q (a bf16 decode cache): on every instruction-set path this CPU runs, the forward equals
 // the f32 kernel on the exactly widened K/V bit for bit (the decode row path widens in registers, a prefill
 // widens once and takes the lane path), at 1 to 3 threads; k and v of two dtypes, and the backward, are refused.
@@ -154,20 +155,22 @@ void run(const Config& c) {
   p.q_offset = c.q_offset;
 
   const int saved = omp_get_max_threads();
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    Tensor out = Tensor::empty(qs, DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
-    Tensor dq = Tensor::full(qs, 7.0, DType::f32, be), dk = Tensor::full(ks, 7.0, DType::f32, be),
-           dv = Tensor::full(ks, 7.0, DType::f32, be);  // poisoned: the kernel must overwrite
-    cpu::attention_forward(q, k, v, Tensor(), out, lse, p);
-    cpu::attention_backward(q, k, v, Tensor(), out, lse, dout, dq, dk, dv, p);
-    INFO(c.name, " threads=", threads);
-    CHECK(max_err(out, want.out) < 1e-4);
-    CHECK(max_err(lse, want.lse) < 1e-4);
-    CHECK(max_err(dq, want.dq) < 1e-4);
-    CHECK(max_err(dk, want.dk) < 1e-4);
-    CHECK(max_err(dv, want.dv) < 1e-4);
-  }
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::portable})  // each path its own blocking
+    for (int threads : {1, 2, 3}) {
+      if (int(isa) > int(cpu::best_isa())) continue;  // a path this CPU lacks
+      omp_set_num_threads(threads);
+      Tensor out = Tensor::empty(qs, DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
+      Tensor dq = Tensor::full(qs, 7.0, DType::f32, be), dk = Tensor::full(ks, 7.0, DType::f32, be),
+             dv = Tensor::full(ks, 7.0, DType::f32, be);  // poisoned: the kernel must overwrite
+      cpu::attention_forward(q, k, v, Tensor(), out, lse, p, isa);
+      cpu::attention_backward(q, k, v, Tensor(), out, lse, dout, dq, dk, dv, p, isa);
+      INFO(c.name, " isa=", std::string(cpu::isa_name(isa)), " threads=", threads);
+      CHECK(max_err(out, want.out) < 1e-4);
+      CHECK(max_err(lse, want.lse) < 1e-4);
+      CHECK(max_err(dq, want.dq) < 1e-4);
+      CHECK(max_err(dk, want.dk) < 1e-4);
+      CHECK(max_err(dv, want.dv) < 1e-4);
+    }
   omp_set_num_threads(saved);
 }
 

@@ -273,17 +273,28 @@ DEW_AI void mk(float* __restrict C, int64_t ldc, const float* __restrict A, int6
     for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * L, acc[r][v]);
 }
 
-// Rows per micro-kernel call for a register file of REGS vectors of 16 floats (32 on AVX-512, 8 for AVX2
-// where one vf is two registers, 4 for SSE).
-constexpr int rows_for(int regs, int nv) {
-  const int r = (regs - nv - 2) / nv;
+// The register file of this path, in native registers, and how many of them one vf (16 floats) takes: 32 zmm
+// of one each on avx512, 16 ymm of two on avx2, 16 xmm of four on the portable path.
+constexpr int kNativeRegs = kIsa == Isa::avx512 ? 32 : 16;
+constexpr int kRegsPerVf = kIsa == Isa::avx512 ? 1 : kIsa == Isa::avx2 ? 2 : 4;
+// Vectors of 16 columns per micro-kernel call: 4 (64 columns, 6 rows) where the register file holds them;
+// one where it does not (avx2: 6 rows x 2 ymm of accumulators, 2 of B, 1 broadcast — the classic 6 x 16
+// kernel; wider columns there left one row per call, so every B load fed a single FMA: the tile of B came
+// from L2 once per row, and the S^T / O^T products ran at ~35 % of the FMA peak).
+constexpr int kMaxNV = kIsa == Isa::avx512 ? 4 : 1;
+// Rows per micro-kernel call: R * NV accumulators, NV vectors of B and one broadcast in the register file.
+// The blocking only decides which elements a call computes: each element's sum runs over k in order, so
+// the bits do not depend on it.
+constexpr int rows_for(int nv) {
+  const int per_row = kRegsPerVf * nv;
+  const int r = (kNativeRegs - per_row - 1) / per_row;
   return r < 1 ? 1 : r > 8 ? 8 : r;
 }
 
-template <int REGS, int NV, int INIT>
+template <int NV, int INIT>
 DEW_AI void gemm_nv(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
                     int64_t M, int64_t K, const float* colscale) {
-  constexpr int RM = rows_for(REGS, NV);
+  constexpr int RM = rows_for(NV);
   int64_t r = 0;
   for (; r + RM <= M; r += RM) mk<RM, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
   if constexpr (RM > 4) {
@@ -298,24 +309,28 @@ DEW_AI void gemm_nv(float* C, int64_t ldc, const float* A, int64_t ars, int64_t 
 }
 
 // C [M, N] (op)= A [M, K] B [K, N] with A[m][k] at A + m * ars + k * aks; N a multiple of 16.
-template <int REGS, int INIT>
+template <int INIT>
 DEW_AI void gemm(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
                  int64_t M, int64_t K, int64_t N, const float* colscale = nullptr) {
-  for (int64_t n0 = 0; n0 < N; n0 += 4 * L) {
+  for (int64_t n0 = 0; n0 < N; n0 += kMaxNV * L) {
     const float* cs = INIT == kScaleAdd ? colscale + n0 : nullptr;
-    switch (std::min<int64_t>(4, (N - n0) / L)) {
-      case 4:
-        gemm_nv<REGS, 4, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
-        break;
-      case 3:
-        gemm_nv<REGS, 3, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
-        break;
-      case 2:
-        gemm_nv<REGS, 2, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
-        break;
-      default:
-        gemm_nv<REGS, 1, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
-        break;
+    if constexpr (kMaxNV == 1) {
+      gemm_nv<1, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+    } else {
+      switch (std::min<int64_t>(kMaxNV, (N - n0) / L)) {
+        case 4:
+          gemm_nv<4, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+          break;
+        case 3:
+          gemm_nv<3, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+          break;
+        case 2:
+          gemm_nv<2, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+          break;
+        default:
+          gemm_nv<1, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
+          break;
+      }
     }
   }
 }
@@ -380,7 +395,6 @@ int64_t fwd_row_ws_per_head(const Geo& g) { return 2 * g.Dp + g.S + L; }
 size_t fwd_row_ws(const Geo& g) { return size_t(g.row_heads * fwd_row_ws_per_head(g)); }
 
 // One (b, h, query block); task order puts the longest (latest) query blocks first.
-template <int REGS>
 DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   const int64_t nqb = (g.T + TILE - 1) / TILE;
   const int64_t bh = task % (g.B * g.Hq), ib = nqb - 1 - task / (g.B * g.Hq);
@@ -429,7 +443,7 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 < LN)
-        gemm<REGS, kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
+        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
                          LN - l0);
     }
     if (g.cap > 0) {
@@ -483,10 +497,10 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 >= LN) continue;
       if (c0 == 0)
-        gemm<REGS, kScaleAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
+        gemm<kScaleAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
                               LN - l0, alpha + l0);
       else
-        gemm<REGS, kAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
+        gemm<kAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
                          LN - l0);
     }
   }
@@ -531,7 +545,7 @@ DEW_AI const KV* kv_rows(const float* f32, const uint16_t* bf16) {
 // (head, key) dot and each head's running axpy is the one-head computation in the same order (bits do not
 // depend on the grouping).
 // KV: float (f32 K/V, P.k / P.v) or uint16_t (bf16 K/V, P.k16 / P.v16).
-template <int REGS, class KV>
+template <class KV>
 DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   const int64_t ngroups = (g.Hq + g.row_heads - 1) / g.row_heads;
   const int64_t grp = task % ngroups, bt = task / ngroups, t = bt % g.T, b = bt / g.T, D = g.D;
@@ -614,7 +628,6 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
 // ---------------------------------------------------------------- max logit
 
 // One (b, h, query block), numbered as in fwd_lane_task: the largest visible raw score scale * q.k, to *result.
-template <int REGS>
 DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws, float* result) {
   const int64_t nqb = (g.T + TILE - 1) / TILE;
   const int64_t bh = task % (g.B * g.Hq), ib = nqb - 1 - task / (g.B * g.Hq);
@@ -650,7 +663,7 @@ DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws,
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 < LN)
-        gemm<REGS, kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
+        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
                          LN - l0);
     }
     for (int64_t j = 0; j < nk; ++j) {
@@ -690,7 +703,6 @@ size_t bwd_ws(const Geo& g, DqMode mode) {
 }
 
 // Key blocks [jb0, jb1) of (b, kv head hk), all G query heads reading it (see DqMode for dq_shared).
-template <int REGS>
 DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, float* dq_shared,
                      DqMode mode, float* ws) {
   const int64_t D = g.D, Dp = g.Dp, G = g.G, T = g.T;
@@ -792,7 +804,7 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         }
         // S = Q K^T, then P = exp(scale S [capped] - lse), masked to 0
         for (int r = 0; r < nruns; ++r)
-          gemm<REGS, kSet>(Pt + run_r0[r] * TILE, TILE, qh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, KT, TILE,
+          gemm<kSet>(Pt + run_r0[r] * TILE, TILE, qh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, KT, TILE,
                            run_r1[r] - run_r0[r], D, run_lanes[r]);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
@@ -830,7 +842,7 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         }
         // dP = dO V^T; dS = scale P (dP - Dsum) [* (1 - tanh^2)] (d raw score; the scale folded in for dq, dk)
         for (int r = 0; r < nruns; ++r)
-          gemm<REGS, kSet>(dSt + run_r0[r] * TILE, TILE, doh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, VT, TILE,
+          gemm<kSet>(dSt + run_r0[r] * TILE, TILE, doh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, VT, TILE,
                            run_r1[r] - run_r0[r], D, run_lanes[r]);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
@@ -848,9 +860,9 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         // dV^T[d][j] += sum_i dO[i][d] P[i][j];  dK^T[d][j] += sum_i Q[i][d] dS[i][j];  dQ[i][:] += dS[i][j] K[j][:]
         for (int r = 0; r < nruns; ++r) {
           const int64_t r0 = run_r0[r], nr = run_r1[r] - r0, nl = run_lanes[r];
-          gemm<REGS, kAdd>(dVT, TILE, doh + (t0 + r0) * g.qrs, 1, g.qrs, Pt + r0 * TILE, TILE, D, nr, nl);
-          gemm<REGS, kAdd>(dKT, TILE, qh + (t0 + r0) * g.qrs, 1, g.qrs, dSt + r0 * TILE, TILE, D, nr, nl);
-          gemm<REGS, kAdd>(dqh + (t0 + r0) * dq_ld, dq_ld, dSt + r0 * TILE, TILE, 1, Kp, Dp, nr, std::min(nk, nl), Dp);
+          gemm<kAdd>(dVT, TILE, doh + (t0 + r0) * g.qrs, 1, g.qrs, Pt + r0 * TILE, TILE, D, nr, nl);
+          gemm<kAdd>(dKT, TILE, qh + (t0 + r0) * g.qrs, 1, g.qrs, dSt + r0 * TILE, TILE, D, nr, nl);
+          gemm<kAdd>(dqh + (t0 + r0) * dq_ld, dq_ld, dSt + r0 * TILE, TILE, 1, Kp, Dp, nr, std::min(nk, nl), Dp);
         }
       }
     }
@@ -878,22 +890,20 @@ struct Kernels {
   MaxFn max_logit;
 };
 
-// This path's kernels: register blocking for its register file (32 zmm on avx512, 16 ymm holding 8 vectors
-// of 16 floats on avx2, 16 xmm holding 4 on the portable path).
-constexpr int kRegs = kIsa == Isa::avx512 ? 32 : kIsa == Isa::avx2 ? 8 : 4;
-void fwd_lane_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_lane_task<kRegs>(g, p, task, ws); }
+// This path's kernels (their register blocking: kMaxNV and rows_for above).
+void fwd_lane_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_lane_task(g, p, task, ws); }
 void fwd_row_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) {
-  fwd_row_task<kRegs, float>(g, p, task, ws);
+  fwd_row_task<float>(g, p, task, ws);
 }
 void fwd_row_bf16kv_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) {
-  fwd_row_task<kRegs, uint16_t>(g, p, task, ws);
+  fwd_row_task<uint16_t>(g, p, task, ws);
 }
 void bwd_kernel(const Geo& g, const Ptrs& p, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, float* dq_shared,
                 DqMode mode, float* ws) {
-  bwd_task<kRegs>(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);
+  bwd_task(g, p, b, hk, jb0, jb1, dq_shared, mode, ws);
 }
 void max_logit_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws, float* result) {
-  max_logit_task<kRegs>(g, p, task, ws, result);
+  max_logit_task(g, p, task, ws, result);
 }
 const Kernels& kernels() {
   static const Kernels k{fwd_lane_kernel, fwd_row_kernel, fwd_row_bf16kv_kernel, bwd_kernel, max_logit_kernel};
