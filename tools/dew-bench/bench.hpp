@@ -25,6 +25,7 @@ struct BenchOptions {
   std::string isa = "best";                  // cpu: the backend's isa option (path of the hand-written kernels)
   bool profile = false;                      // train / generate: time every kernel (dew/profile.hpp) and print a table
   bool no_block_cache = false;               // cpu: cache_mb = 0 (train --activation-memory)
+  std::string only;                          // kernels: "matmul" or "attention" runs that part alone
 };
 
 // The median of v (the upper of the two middle values when v has an even size); v must not be empty.

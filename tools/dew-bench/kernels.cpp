@@ -1,11 +1,13 @@
 // tools/dew-bench/kernels.cpp — `dew-bench kernels`: matmul GFLOP/s through dew's public API
 // (dew::matmul, which allocates its output and dispatches to the backend) next to oneDNN 2.6 called
 // directly on the same shape and thread count (primitive made once, plain row-major memory: the
-// ceiling), and the fused attention forward+backward time. One JSON line per measurement. With
+// ceiling), and the fused attention forward and forward+backward times at the char-small, gpt-mini and DiT
+// shapes (`--only matmul|attention` runs one part). One JSON line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
 #include <omp.h>
 
+#include <cmath>
 #include <cstdio>
 #include <dnnl.hpp>
 
@@ -65,6 +67,7 @@ int run_kernels(const BenchOptions& opt) {
       {2048, 384, 256, "d384 lm head"},
   };
   for (const Shape3& s : shapes) {
+    if (opt.only == "attention") break;
     Tensor a = Tensor::uniform({s.m, s.k}, -1, 1, 1, 1, be), b = Tensor::uniform({s.k, s.n}, -1, 1, 1, 2, be);
     const double dew_s = median_seconds([&] { Tensor c = matmul(a, b); }, opt, [&] { be->synchronize(); });
     const double dnnl_s = onednn_matmul_seconds(s.m, s.n, s.k, opt);
@@ -77,14 +80,28 @@ int run_kernels(const BenchOptions& opt) {
     std::fflush(stdout);
   }
 
-  // Fused attention forward + backward, B=8, H=6, T=256, D=64, causal (the char-small shape).
-  {
-    const int64_t B = 8, H = 6, T = 256, D = 64;
+  // Fused attention forward and forward + backward at the three training workloads' shapes ([B, T, H, D]
+  // tensors, the step's own layout). GFLOP/s count the products a causal mask leaves (T (T + 1) / 2 query-key
+  // pairs, 4 D FLOPs each forward: S = Q K^T and O = P V; 2.5 times that more backward: S again, dP, dV, dK,
+  // dQ), not the exps.
+  struct AttnShape {
+    int64_t B, H, T, D;
+    bool causal;
+    const char* what;
+  };
+  const AttnShape attn_shapes[] = {
+      {8, 6, 256, 64, true, "char-small"},
+      {16, 4, 128, 32, true, "gpt-mini"},
+      {16, 4, 64, 64, false, "dit"},
+  };
+  for (const AttnShape& a : attn_shapes) {
+    if (opt.only == "matmul") break;
+    const int64_t B = a.B, H = a.H, T = a.T, D = a.D;
     Tensor q = Tensor::normal({B, T, H, D}, 0, 1, 2, 1, be), k = Tensor::normal({B, T, H, D}, 0, 1, 2, 2, be);
     Tensor v = Tensor::normal({B, T, H, D}, 0, 1, 2, 3, be), dout = Tensor::normal({B, T, H, D}, 0, 1, 2, 4, be);
     AttentionParams p;
-    p.scale = 0.125f;
-    p.causal = true;
+    p.scale = float(1.0 / std::sqrt(double(D)));
+    p.causal = a.causal;
     Tensor out = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, H, T}, DType::f32, be);
     Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
     Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
@@ -95,10 +112,16 @@ int run_kernels(const BenchOptions& opt) {
           be->attention_backward(q, k, v, Tensor(), out, lse, dout, dq, dk, dv, p);
         },
         opt, [&] { be->synchronize(); });
+    const double pairs = double(B * H) * (a.causal ? double(T) * double(T + 1) / 2 : double(T) * double(T));
+    const double fwd_flop = 4.0 * double(D) * pairs, bwd_flop = 2.5 * fwd_flop;
     std::printf(
-        "{\"bench\":\"attention\",\"shape\":\"B8xH6xT256xD64\",\"causal\":true,\"backend\":\"%s\",\"threads\":%d,"
-        "\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f}\n",
-        opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3);
+        "{\"bench\":\"attention\",\"shape\":\"B%lldxH%lldxT%lldxD%lld\",\"what\":\"%s\",\"causal\":%s,"
+        "\"backend\":\"%s\",\"threads\":%d,\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f,\"gflops_fwd\":%.1f,"
+        "\"gflops_bwd\":%.1f}\n",
+        (long long)B, (long long)H, (long long)T, (long long)D, a.what, a.causal ? "true" : "false",
+        opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3, fwd_flop / fwd * 1e-9,
+        bwd_flop / std::max(fwd_bwd - fwd, 1e-12) * 1e-9);
+    std::fflush(stdout);
   }
   return 0;
 }
