@@ -4,9 +4,12 @@
 # printed and a failing step does not stop the next):
 #   1. the GPU and driver (nvidia-smi), configure + build in Release (the binaries and every plugin);
 #   2. the GPU unit tests (test_backend_cuda_gpu) and dew-conformance --backend cuda against ref and cpu;
-#   3. dew-bench: the kernel shapes, the char-small and DiT training steps on cuda;
+#   3. dew-bench: the kernel shapes, the char-small and DiT training steps on cuda (f32 and bf16-mixed), and
+#      the GPT-2-small-size step (configs/gpt2-small.ini) in f32 and bf16-mixed: the MFU of issues 17 and 18,
+#      against the GPU's own measured matmul peak (mfu_device);
 #   4. a 200-step char-small training run on cpu and on cuda (f32): the loss curves must agree within 1e-3
-#      relative at step 200; the same on cuda with TF32 (matmul_precision = high) within 5e-2.
+#      relative at step 200; the same on cuda with TF32 (matmul_precision = high) within 5e-2, and in
+#      bf16-mixed (bf16 activations and tensor-core operands, f32 master weights) within 2e-2.
 # Environment: DEW_CHECK_SECONDS (480), CUDA_ARCHS (CMake's CUDA architectures; default the project's
 # 80;90), JOBS (build parallelism; nproc), DEW_CHECK_STEPS (200).
 # DEW_PREBUILT=DIR: use the binaries of a bundle made here by tools/device-bundle.sh instead of configuring
@@ -139,12 +142,20 @@ step "conformance cuda vs cpu" "$build/bin/dew-conformance" --backend cuda --aga
 step "bench kernels" "$build/bin/dew-bench" kernels --backend cuda
 step "bench train char-small" "$build/bin/dew-bench" train --config char-small --backend cuda --steps 20
 step "bench train dit" "$build/bin/dew-bench" train --config dit --backend cuda --steps 20
+step "bench train char-small bf16-mixed" "$build/bin/dew-bench" train --config char-small --backend cuda --steps 20 \
+  --precision bf16-mixed
+step "bench train dit bf16-mixed" "$build/bin/dew-bench" train --config dit --backend cuda --steps 20 --precision bf16-mixed
+step "bench train gpt2-small f32" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda --steps 10
+step "bench train gpt2-small bf16-mixed" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda \
+  --steps 10 --precision bf16-mixed
 step "corpus" make_corpus
 step "train char-small cpu" train_run cpu cpu --run.threads "$jobs"
 step "train char-small cuda f32" train_run cuda cuda
 step "loss curve cuda f32 vs cpu (1e-3 at step $steps)" compare_curves cpu cuda 1e-3
 step "train char-small cuda tf32" train_run cuda-tf32 cuda --run.matmul_precision high
 step "loss curve cuda tf32 vs cpu (5e-2 at step $steps)" compare_curves cpu cuda-tf32 5e-2
+step "train char-small cuda bf16-mixed" train_run cuda-bf16 cuda --run.precision bf16-mixed
+step "loss curve cuda bf16-mixed vs cpu f32 (2e-2 at step $steps)" compare_curves cpu cuda-bf16 2e-2
 
 echo
 echo "=== device check done in $(($(date +%s) - t_start)) s"

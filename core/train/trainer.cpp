@@ -81,23 +81,6 @@ void on_sigint(int) {
   }
 }
 
-// The backend's sustained fp32 matmul rate (GFLOP/s), the denominator of MFU.
-double measure_peak_gflops(const BackendPtr& be) {
-  NoGradGuard no_grad;
-  const int64_t n = 512;
-  Tensor a = Tensor::uniform({n, n}, -1, 1, 7, 1, be), b = Tensor::uniform({n, n}, -1, 1, 7, 2, be);
-  Tensor c = matmul(a, b);  // warm-up
-  int iters = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  double secs = 0;
-  do {
-    c = matmul(a, b);
-    ++iters;
-    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (secs < 0.2 && iters < 1000);
-  return 2.0 * double(n * n * n) * iters / secs * 1e-9;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -501,7 +484,7 @@ void Trainer::start() {
         dp_->num_buckets(), run_.bucket_mb);
   }
 
-  peak_ = measure_peak_gflops(run_.backend);
+  peak_ = measure_matmul_peak_gflops(run_.backend, compute_dtype(run_.precision));
   run_.backend->reset_memory_peak();  // mem_peak_mb covers the training, not the matmul-rate probe above
   flops_per_sample_ = run_.objective->train_flops_per_sample();
   tty_ = leader_ && isatty(STDERR_FILENO);

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "dew/dtype.hpp"
+
 namespace dew {
 class Backend;
 }
@@ -131,6 +133,18 @@ double onednn_matmul_gflops(int64_t m, int64_t k, int64_t n, bool bf16, const Be
 // has no bf16 matmul: dew runs those products in f32 there).
 double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weights, int64_t rows, bool bf16,
                           const BenchOptions& opt);
+// The machine's matmul ceiling for a training step with these weights on `rows` rows, measured now: on a host
+// backend oneDNN called directly at the step's products (onednn_peak_gflops; half = bf16 operands); on a device
+// backend dew::matmul on it at those products and at dew::measure_matmul_peak_gflops's size, in `operands`.
+struct MachinePeak {
+  double gflops = 0;
+  bool device = false;
+};
+MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be, const std::vector<std::pair<int64_t, int64_t>>& weights,
+                         int64_t rows, bool half, dew::DType operands, const BenchOptions& opt);
+// The JSON fields of achieved / peak: ,"mfu_onednn":..,"onednn_peak_gflops":..,"onednn_peak":".." on a host
+// backend; ,"mfu_device":..,"device_peak_gflops":..,"device_peak":".." on a device.
+std::string machine_peak_json(const MachinePeak& peak, double achieved_gflops);
 // GB/s reading `bytes` (split over `threads` threads, each its own contiguous part) again and again;
 // isa names the read loop taken (avx512 | avx2 | sse2).
 double read_bandwidth_gbs(size_t bytes, int threads, const char** isa = nullptr);

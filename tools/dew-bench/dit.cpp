@@ -147,24 +147,25 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   const dew::MemoryStats ms = be->memory_stats();
   mem.tracked = ms.tracked;
   mem.peak = ms.peak;
-  // MFU against this machine's measured peak: oneDNN directly on the step's products (B * tokens rows).
+  // MFU against this machine's measured peak at the step's products (B * tokens rows): oneDNN direct on a CPU.
   std::vector<std::pair<int64_t, int64_t>> weights;
   for (const auto& [name, p] : params)
     if (p.ndim() == 2) weights.emplace_back(p.shape()[0], p.shape()[1]);
   const int64_t tokens = (S / 4) * (S / 4);
-  const double machine_peak =
-      onednn_peak_gflops(weights, B * tokens, opt.matmul_precision == "medium" || precision != dew::Precision::f32, opt);
+  const MachinePeak mpeak = machine_peak(be, weights, B * tokens,
+                                         opt.matmul_precision == "medium" || precision != dew::Precision::f32,
+                                         dew::compute_dtype(precision), opt);
   std::printf(
       "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"matmul_precision\":\"%s\","
       "\"threads\":%d,\"images_per_sec\":%.2f,"
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"ms_per_step_min\":%.2f,\"cpu_ms_per_step_median\":%.2f,"
       "\"gflops\":%.1f,"
-      "\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,\"cpu\":\"%s\",\"params\":%lld,\"flops_per_step\":%.0f,"
+      "%s,\"cpu\":\"%s\",\"params\":%lld,\"flops_per_step\":%.0f,"
       "\"flop_formula\":\"6*(N_tok*B*N + N_img*B) + 12*L*d*N^2*B\",\"batch\":%lld,\"warmup\":%d,\"steps\":%d,"
       "\"recompute\":\"%s\",\"precision\":\"%s\",\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
       opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, double(B) / mean, mean * 1e3,
       sorted[sorted.size() / 2] * 1e3, sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
-      flops / mean * 1e-9 / machine_peak, machine_peak, cpu_model().c_str(), (long long)model->num_parameters(), flops,
+      machine_peak_json(mpeak, flops / mean * 1e-9).c_str() + 1, cpu_model().c_str(), (long long)model->num_parameters(), flops,
       (long long)B, lo.warmup, lo.steps, lo.recompute.c_str(), lo.precision.c_str(), loss_first, loss_last,
       mem.json().c_str());
   std::fflush(stdout);

@@ -11,10 +11,11 @@
 // trainer computes it when clip_grad_norm > 0). `--warmup` (3) untimed steps, then `--steps` (10) timed
 // ones; ms_per_step and tokens_per_sec are over the mean step (as the peer's), ms_per_step_median too.
 // FLOPs per step (the peer's formula): 6 * N_mm * B * T + 12 * L * d * T^2 * B, N_mm = every matmul weight
-// with the tied head counted once. mfu = achieved / the measured dew fp32 matmul rate (512^3 through
-// dew::matmul at the same thread count, as the trainer's MFU); mfu_onednn = achieved / the best rate oneDNN
-// reaches when called directly on the step's own product shapes at the same thread count and precision
-// (measured on this machine, every run: no CPU's peak is written in).
+// with the tied head counted once. mfu = achieved / dew::measure_matmul_peak_gflops in the step's operand dtype
+// (the trainer's MFU: 512^3 on a CPU, 8192^3 on a device, through dew::matmul at the same thread count);
+// mfu_onednn = achieved / the best rate oneDNN reaches when called directly on the step's own product shapes
+// at the same thread count and precision; on a device backend mfu_device instead, the best of dew::matmul on
+// it at those shapes and 8192^3 (measured on this machine, every run: no chip's peak is written in).
 //
 // generate: greedy decoding with the KV cache (CausalDecoder::forward_cached), the peer's protocol:
 // a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
@@ -90,32 +91,6 @@ std::string resolve_config(const std::string& name) {
 std::string config_label(const std::string& name) {
   if (fs::exists(name) && fs::is_regular_file(name)) return fs::path(name).stem().string();
   return name;
-}
-
-// The backend's matmul rate through dew::matmul (512^3), as the trainer's measure_peak_gflops: in f32, or
-// on bf16 / f16 operands for the mixed precisions (what their steps' matmuls run at), so that `mfu` is a
-// fraction of the rate of the step's own operand dtype.
-double measure_peak_gflops(const dew::BackendPtr& be, const std::string& precision) {
-  dew::NoGradGuard no_grad;
-  const int64_t n = 512;
-  dew::Tensor a = dew::Tensor::uniform({n, n}, -1, 1, 7, 1, be), b = dew::Tensor::uniform({n, n}, -1, 1, 7, 2, be);
-  if (precision != "f32") {
-    const dew::DType h = precision == "f16-mixed" ? dew::DType::f16 : dew::DType::bf16;
-    a = dew::cast(a, h);
-    b = dew::cast(b, h);
-  }
-  dew::Tensor c = dew::matmul(a, b);
-  be->synchronize();
-  int iters = 0;
-  const auto t0 = clock_type::now();
-  double secs = 0;
-  do {
-    c = dew::matmul(a, b);
-    be->synchronize();
-    ++iters;
-    secs = seconds_since(t0);
-  } while (secs < 0.3 && iters < 2000);
-  return 2.0 * double(n * n * n) * iters / secs * 1e-9;
 }
 
 // Resident memory of this process (MiB), from /proc/self/statm.
@@ -289,26 +264,27 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const TrainFigures f = measure_train(lo, opt);
   const double mean = f.mean_s, median = f.median_s, flops = f.flops, n_mm = f.n_mm;
   const double tokens = double(f.batch * f.seq_len);
-  const double peak = measure_peak_gflops(dew::default_backend(), lo.precision);
-  const std::string peak_label = lo.precision == "f32"         ? "measured dew matmul 512^3"
-                                 : lo.precision == "f16-mixed" ? "measured dew matmul 512^3, f16 operands"
-                                                               : "measured dew matmul 512^3, bf16 operands";
+  const dew::BackendPtr be = dew::default_backend();
+  const dew::DType operands = dew::compute_dtype(dew::precision_from_name(lo.precision));
+  const double peak = dew::measure_matmul_peak_gflops(be, operands);  // the trainer's MFU denominator
+  const std::string n = be->host_accessible() ? "512" : "8192";
+  const std::string peak_label = "measured dew matmul " + n + "^3" +
+                                 (operands == dew::DType::f32 ? "" : std::string(", ") + dew::dtype_name(operands) + " operands");
   const double gflops = flops / mean * 1e-9;
-  // The machine's matmul peak as measured now: oneDNN directly at the step's own product shapes.
-  const double machine_peak =
-      onednn_peak_gflops(f.matmul_weights, f.batch * f.seq_len, opt.matmul_precision == "medium" || lo.precision != "f32", opt);
+  // The machine's matmul peak as measured now, at the step's own product shapes (oneDNN direct on a CPU).
+  const MachinePeak mpeak = machine_peak(be, f.matmul_weights, f.batch * f.seq_len,
+                                         opt.matmul_precision == "medium" || lo.precision != "f32", operands, opt);
   std::printf(
       "{\"bench\":\"gpt_train\",\"config\":\"%s\",\"backend\":\"%s\",\"matmul_precision\":\"%s\",\"isa\":\"%s\","
       "\"threads\":%d,"
       "\"tokens_per_sec\":%.1f,"
       "\"ms_per_step\":%.2f,\"ms_per_step_median\":%.2f,\"mfu\":%.4f,\"gflops\":%.1f,\"peak_gflops\":%.1f,"
-      "\"peak\":\"%s\",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,"
-      "\"onednn_peak\":\"oneDNN direct, best of the step's product shapes\",\"cpu\":\"%s\",\"params\":%lld,"
+      "\"peak\":\"%s\"%s,\"cpu\":\"%s\",\"params\":%lld,"
       "\"params_matmul\":%.0f,\"flops_per_step\":%.0f,\"flop_formula\":\"6*N_mm*B*T + 12*L*d*T^2*B\","
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
       "\"loss_first\":%.9g,\"loss_last\":%.9g,\"precision\":\"%s\"%s%s}\n",
       f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.isa.c_str(), opt.threads, tokens / mean,
-      mean * 1e3, median * 1e3, gflops / peak, gflops, peak, peak_label.c_str(), gflops / machine_peak, machine_peak,
+      mean * 1e3, median * 1e3, gflops / peak, gflops, peak, peak_label.c_str(), machine_peak_json(mpeak, gflops).c_str(),
       cpu_model().c_str(),
       (long long)f.n_params, n_mm, flops, (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps,
       lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, lo.precision.c_str(),

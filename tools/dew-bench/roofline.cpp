@@ -40,7 +40,10 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "dew/autograd.hpp"
 #include "dew/error.hpp"
+#include "dew/ops.hpp"
+#include "dew/train.hpp"
 
 namespace dew_bench {
 
@@ -210,6 +213,33 @@ double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weight
   // (widened operands), so the f32 rate is the step's ceiling (and the JSON never divides by 0).
   if (bf16 && best == 0) return onednn_peak_gflops(weights, rows, false, opt);
   return best;
+}
+
+MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be, const std::vector<std::pair<int64_t, int64_t>>& weights,
+                         int64_t rows, bool half, dew::DType operands, const BenchOptions& opt) {
+  if (be->host_accessible()) return {onednn_peak_gflops(weights, rows, half, opt), false};
+  // A device: no library to call around the backend, so dew::matmul on it, synchronised, at the step's own
+  // products and at the backend's square peak size; the best of them.
+  dew::NoGradGuard no_grad;
+  double best = dew::measure_matmul_peak_gflops(be, operands);
+  for (const auto& [p, count] : step_products(weights, rows)) {
+    dew::Tensor a = dew::Tensor::uniform({p.m, p.k}, -1, 1, 7, 1, be), b = dew::Tensor::uniform({p.k, p.n}, -1, 1, 7, 2, be);
+    if (operands != dew::DType::f32) a = dew::cast(a, operands), b = dew::cast(b, operands);
+    const double secs = median_seconds([&] { dew::Tensor c = dew::matmul(a, b); }, quick(opt), [&] { be->synchronize(); });
+    best = std::max(best, 2.0 * double(p.m) * double(p.k) * double(p.n) / secs * 1e-9);
+  }
+  return {best, true};
+}
+
+std::string machine_peak_json(const MachinePeak& peak, double achieved_gflops) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                peak.device ? ",\"mfu_device\":%.4f,\"device_peak_gflops\":%.1f,\"device_peak\":\"dew::matmul on the "
+                              "device, best of the step's product shapes and 8192^3\""
+                            : ",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,\"onednn_peak\":\"oneDNN direct, best of "
+                              "the step's product shapes\"",
+                achieved_gflops / std::max(peak.gflops, 1e-9), peak.gflops);
+  return buf;
 }
 
 double read_bandwidth_gbs(size_t bytes, int threads, const char** isa) {
