@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,10 +72,10 @@ struct LmOptions {
   bool grad_norm = false;                   // train: also the global grad norm (the peer does not clip)
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
-  std::string weights = "f32";  // generate: the decode weights' storage (f32 | bf16 | int8, dew/generate.hpp)
-  bool verbose = false;  // per-step lines on stderr
-  std::string precision = "f32";  // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
-  bool activation_memory = false; // train: the RSS the first forward adds (cpu with cache_mb = 0)
+  std::string weights = "f32";     // generate: the decode weights' storage (f32 | bf16 | int8, dew/generate.hpp)
+  bool verbose = false;            // per-step lines on stderr
+  std::string precision = "f32";   // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
+  bool activation_memory = false;  // train: the RSS the first forward adds (cpu with cache_mb = 0)
   std::string recompute = "none";  // train: activation recomputation of the blocks (none | blocks)
 };
 
@@ -140,8 +139,9 @@ struct MachinePeak {
   double gflops = 0;
   bool device = false;
 };
-MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be, const std::vector<std::pair<int64_t, int64_t>>& weights,
-                         int64_t rows, bool half, dew::DType operands, const BenchOptions& opt);
+MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be,
+                         const std::vector<std::pair<int64_t, int64_t>>& weights, int64_t rows, bool half,
+                         dew::DType operands, const BenchOptions& opt);
 // The JSON fields of achieved / peak: ,"mfu_onednn":..,"onednn_peak_gflops":..,"onednn_peak":".." on a host
 // backend; ,"mfu_device":..,"device_peak_gflops":..,"device_peak":".." on a device.
 std::string machine_peak_json(const MachinePeak& peak, double achieved_gflops);

@@ -152,9 +152,9 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   for (const auto& [name, p] : params)
     if (p.ndim() == 2) weights.emplace_back(p.shape()[0], p.shape()[1]);
   const int64_t tokens = (S / 4) * (S / 4);
-  const MachinePeak mpeak = machine_peak(be, weights, B * tokens,
-                                         opt.matmul_precision == "medium" || precision != dew::Precision::f32,
-                                         dew::compute_dtype(precision), opt);
+  const MachinePeak mpeak =
+      machine_peak(be, weights, B * tokens, opt.matmul_precision == "medium" || precision != dew::Precision::f32,
+                   dew::compute_dtype(precision), opt);
   std::printf(
       "{\"bench\":\"dit_train\",\"config\":\"dit-s4-32\",\"backend\":\"%s\",\"matmul_precision\":\"%s\","
       "\"threads\":%d,\"images_per_sec\":%.2f,"
@@ -165,9 +165,9 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"recompute\":\"%s\",\"precision\":\"%s\",\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
       opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, double(B) / mean, mean * 1e3,
       sorted[sorted.size() / 2] * 1e3, sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
-      machine_peak_json(mpeak, flops / mean * 1e-9).c_str() + 1, cpu_model().c_str(), (long long)model->num_parameters(), flops,
-      (long long)B, lo.warmup, lo.steps, lo.recompute.c_str(), lo.precision.c_str(), loss_first, loss_last,
-      mem.json().c_str());
+      machine_peak_json(mpeak, flops / mean * 1e-9).c_str() + 1, cpu_model().c_str(),
+      (long long)model->num_parameters(), flops, (long long)B, lo.warmup, lo.steps, lo.recompute.c_str(),
+      lo.precision.c_str(), loss_first, loss_last, mem.json().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -105,7 +105,8 @@ int run_kernels(const BenchOptions& opt) {
     Tensor out = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, H, T}, DType::f32, be);
     Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
     Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-    const double fwd = median_seconds([&] { be->attention(q, k, v, Tensor(), out, lse, p); }, opt, [&] { be->synchronize(); });
+    const double fwd =
+        median_seconds([&] { be->attention(q, k, v, Tensor(), out, lse, p); }, opt, [&] { be->synchronize(); });
     const double fwd_bwd = median_seconds(
         [&] {
           be->attention(q, k, v, Tensor(), out, lse, p);

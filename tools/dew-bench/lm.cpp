@@ -253,7 +253,7 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   f.loss_last = loss_last;
   f.activation_rss_mb = activation_mb;
   profile_report(b.backend, int(times.size()), f.mean_s * 1e3);  // before the peak measurement's matmuls
-  const dew::MemoryStats ms = b.backend->memory_stats();  // before the matmul-rate measurement allocates
+  const dew::MemoryStats ms = b.backend->memory_stats();         // before the matmul-rate measurement allocates
   mem.tracked = ms.tracked;
   mem.peak = ms.peak;
   f.mem = mem;
@@ -268,8 +268,9 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const dew::DType operands = dew::compute_dtype(dew::precision_from_name(lo.precision));
   const double peak = dew::measure_matmul_peak_gflops(be, operands);  // the trainer's MFU denominator
   const std::string n = be->host_accessible() ? "512" : "8192";
-  const std::string peak_label = "measured dew matmul " + n + "^3" +
-                                 (operands == dew::DType::f32 ? "" : std::string(", ") + dew::dtype_name(operands) + " operands");
+  const std::string peak_label =
+      "measured dew matmul " + n + "^3" +
+      (operands == dew::DType::f32 ? "" : std::string(", ") + dew::dtype_name(operands) + " operands");
   const double gflops = flops / mean * 1e-9;
   // The machine's matmul peak as measured now, at the step's own product shapes (oneDNN direct on a CPU).
   const MachinePeak mpeak = machine_peak(be, f.matmul_weights, f.batch * f.seq_len,
@@ -284,11 +285,10 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"batch\":%lld,\"seq_len\":%lld,\"warmup\":%d,\"steps\":%d,\"grad_norm\":%s,\"recompute\":\"%s\","
       "\"loss_first\":%.9g,\"loss_last\":%.9g,\"precision\":\"%s\"%s%s}\n",
       f.label.c_str(), opt.backend.c_str(), opt.matmul_precision.c_str(), opt.isa.c_str(), opt.threads, tokens / mean,
-      mean * 1e3, median * 1e3, gflops / peak, gflops, peak, peak_label.c_str(), machine_peak_json(mpeak, gflops).c_str(),
-      cpu_model().c_str(),
-      (long long)f.n_params, n_mm, flops, (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps,
-      lo.grad_norm ? "true" : "false", lo.recompute.c_str(), f.loss_first, f.loss_last, lo.precision.c_str(),
-      f.mem.json().c_str(),
+      mean * 1e3, median * 1e3, gflops / peak, gflops, peak, peak_label.c_str(),
+      machine_peak_json(mpeak, gflops).c_str(), cpu_model().c_str(), (long long)f.n_params, n_mm, flops,
+      (long long)f.batch, (long long)f.seq_len, lo.warmup, lo.steps, lo.grad_norm ? "true" : "false",
+      lo.recompute.c_str(), f.loss_first, f.loss_last, lo.precision.c_str(), f.mem.json().c_str(),
       lo.activation_memory ? (",\"activation_rss_mb\":" + std::to_string(f.activation_rss_mb)).c_str() : "");
   std::fflush(stdout);
   return 0;

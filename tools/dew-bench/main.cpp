@@ -20,7 +20,8 @@ const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--matmul-precision P] [--seconds S] [--repeats R] "
     "[--only matmul|attention]\n"
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
-    "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] [--activation-memory] [--steps S] "
+    "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] "
+    "[--activation-memory] [--steps S] "
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
     "[--repeats 5] [--weights f32|bf16|int8] [--profile] [-v]\n"
@@ -90,9 +91,9 @@ int main(int argc, char** argv) {
       "warmup", po::value<int>(), "train: untimed steps (3); generate: untimed generations (1)")(
       "batches", po::value(&lm.batches)->default_value(4), "train: synthetic batches cycled")(
       "precision", po::value(&lm.precision)->default_value("f32"),
-      "train: f32 | bf16-mixed | f16-mixed ([run] precision: half activations and matmul operands, f32 master weights)")(
-      "activation-memory", po::bool_switch(&lm.activation_memory),
-      "train: print the resident memory the first forward adds (cpu backend without its block cache)")(
+      "train: f32 | bf16-mixed | f16-mixed ([run] precision: half activations and matmul operands, f32 master "
+      "weights)")("activation-memory", po::bool_switch(&lm.activation_memory),
+                  "train: print the resident memory the first forward adds (cpu backend without its block cache)")(
       "grad-norm", po::bool_switch(&lm.grad_norm), "train: also compute the global grad norm (clipping)")(
       "profile", po::bool_switch(&opt.profile),
       "train / generate: time every kernel call and print where a step (a decoded token) goes")(
@@ -102,8 +103,7 @@ int main(int argc, char** argv) {
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
       "weights", po::value(&lm.weights)->default_value("f32"),
       "generate: decode weights stored as f32 | bf16 | int8 (K/V cache f32 | bf16 | bf16; f32 activations and "
-      "accumulation)")(
-      "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
+      "accumulation)")("verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {
     po::variables_map vm;

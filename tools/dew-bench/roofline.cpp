@@ -215,17 +215,20 @@ double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weight
   return best;
 }
 
-MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be, const std::vector<std::pair<int64_t, int64_t>>& weights,
-                         int64_t rows, bool half, dew::DType operands, const BenchOptions& opt) {
+MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be,
+                         const std::vector<std::pair<int64_t, int64_t>>& weights, int64_t rows, bool half,
+                         dew::DType operands, const BenchOptions& opt) {
   if (be->host_accessible()) return {onednn_peak_gflops(weights, rows, half, opt), false};
   // A device: no library to call around the backend, so dew::matmul on it, synchronised, at the step's own
   // products and at the backend's square peak size; the best of them.
   dew::NoGradGuard no_grad;
   double best = dew::measure_matmul_peak_gflops(be, operands);
   for (const auto& [p, count] : step_products(weights, rows)) {
-    dew::Tensor a = dew::Tensor::uniform({p.m, p.k}, -1, 1, 7, 1, be), b = dew::Tensor::uniform({p.k, p.n}, -1, 1, 7, 2, be);
+    dew::Tensor a = dew::Tensor::uniform({p.m, p.k}, -1, 1, 7, 1, be),
+                b = dew::Tensor::uniform({p.k, p.n}, -1, 1, 7, 2, be);
     if (operands != dew::DType::f32) a = dew::cast(a, operands), b = dew::cast(b, operands);
-    const double secs = median_seconds([&] { dew::Tensor c = dew::matmul(a, b); }, quick(opt), [&] { be->synchronize(); });
+    const double secs =
+        median_seconds([&] { dew::Tensor c = dew::matmul(a, b); }, quick(opt), [&] { be->synchronize(); });
     best = std::max(best, 2.0 * double(p.m) * double(p.k) * double(p.n) / secs * 1e-9);
   }
   return {best, true};
@@ -234,10 +237,11 @@ MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be, const std::vec
 std::string machine_peak_json(const MachinePeak& peak, double achieved_gflops) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                peak.device ? ",\"mfu_device\":%.4f,\"device_peak_gflops\":%.1f,\"device_peak\":\"dew::matmul on the "
-                              "device, best of the step's product shapes and 8192^3\""
-                            : ",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,\"onednn_peak\":\"oneDNN direct, best of "
-                              "the step's product shapes\"",
+                peak.device
+                    ? ",\"mfu_device\":%.4f,\"device_peak_gflops\":%.1f,\"device_peak\":\"dew::matmul on the "
+                      "device, best of the step's product shapes and 8192^3\""
+                    : ",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,\"onednn_peak\":\"oneDNN direct, best of "
+                      "the step's product shapes\"",
                 achieved_gflops / std::max(peak.gflops, 1e-9), peak.gflops);
   return buf;
 }
@@ -370,8 +374,8 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
       "\"memory_ms\":%.2f,\"roofline_ms\":%.2f,\"matmul_ms\":%.2f,\"measured_ms\":%.2f,\"measured_ms_median\":%.2f,"
       "\"fraction\":%.3f,\"matmul_fraction\":%.3f}\n",
       tf.label.c_str(), cpu.c_str(), opt.threads, opt.matmul_precision.c_str(), tf.flops, train_bytes, run_peak,
-      train_bw.run, t_compute * 1e3, t_memory * 1e3, t_roof * 1e3, matmul_s * 1e3, tf.mean_s * 1e3,
-      tf.median_s * 1e3, t_roof / tf.mean_s, matmul_s / tf.mean_s);
+      train_bw.run, t_compute * 1e3, t_memory * 1e3, t_roof * 1e3, matmul_s * 1e3, tf.mean_s * 1e3, tf.median_s * 1e3,
+      t_roof / tf.mean_s, matmul_s / tf.mean_s);
   auto decode_line = [&](const DecodeRounds& dd, double bytes) {
     const DecodeFigures& d = dd.fig;
     const double d_compute = d.flops_per_token / (peak[0] * 1e9);
@@ -381,8 +385,8 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
       const double f = std::max(bytes / (dd.gbs[r] * 1e9), d_compute) / (dd.ms[r] * 1e-3);
       fractions.push_back(f);
       char buf[96];
-      std::snprintf(buf, sizeof buf, "%s{\"measured_ms\":%.3f,\"bandwidth_gbs\":%.1f,\"fraction\":%.3f}",
-                    r ? "," : "", dd.ms[r], dd.gbs[r], f);
+      std::snprintf(buf, sizeof buf, "%s{\"measured_ms\":%.3f,\"bandwidth_gbs\":%.1f,\"fraction\":%.3f}", r ? "," : "",
+                    dd.ms[r], dd.gbs[r], f);
       rounds += buf;
     }
     const double bw = median(dd.gbs), measured = median(dd.ms) * 1e-3;

@@ -83,8 +83,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        Tensor& lse, const AttentionParams& p, Isa isa) {
   DEW_CPU_ISA_CALL(isa, attention_forward, q, k, v, segment_ids, out, lse, p);
 }
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
-                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionParams& p, Isa isa) {
   DEW_CPU_ISA_CALL(isa, attention_backward, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
 }
@@ -145,7 +145,6 @@ DEW_AI vf vtanh(const vf& y) {
   const vf t = vset(1.0f) - vset(2.0f) / (e + vset(1.0f));
   return (vf)((vi)t | sign);
 }
-
 
 // ---- K/V rows of f32 or bf16 (a bf16 K/V cache), widened exactly: the bf16 bits shifted up 16 are the f32 bits.
 DEW_AI float widen_bf16(uint16_t h) {
@@ -443,8 +442,7 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 < LN)
-        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
-                         LN - l0);
+        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D, LN - l0);
     }
     if (g.cap > 0) {
       for (int64_t j = 0; j < nk; ++j)
@@ -497,11 +495,10 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 >= LN) continue;
       if (c0 == 0)
-        gemm<kScaleAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
-                              LN - l0, alpha + l0);
+        gemm<kScaleAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0, LN - l0,
+                        alpha + l0);
       else
-        gemm<kAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0,
-                         LN - l0);
+        gemm<kAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0, LN - l0);
     }
   }
 
@@ -663,8 +660,7 @@ DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws,
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 < LN)
-        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D,
-                         LN - l0);
+        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * g.krs, g.krs, 1, QT + l0, TILE, r1 - r0, D, LN - l0);
     }
     for (int64_t j = 0; j < nk; ++j) {
       const vi sv = viset(int32_t(s0 + j));
@@ -805,7 +801,7 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         // S = Q K^T, then P = exp(scale S [capped] - lse), masked to 0
         for (int r = 0; r < nruns; ++r)
           gemm<kSet>(Pt + run_r0[r] * TILE, TILE, qh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, KT, TILE,
-                           run_r1[r] - run_r0[r], D, run_lanes[r]);
+                     run_r1[r] - run_r0[r], D, run_lanes[r]);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
           float* prow = Pt + i * TILE;
@@ -843,7 +839,7 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         // dP = dO V^T; dS = scale P (dP - Dsum) [* (1 - tanh^2)] (d raw score; the scale folded in for dq, dk)
         for (int r = 0; r < nruns; ++r)
           gemm<kSet>(dSt + run_r0[r] * TILE, TILE, doh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, VT, TILE,
-                           run_r1[r] - run_r0[r], D, run_lanes[r]);
+                     run_r1[r] - run_r0[r], D, run_lanes[r]);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
           const vf di = vset(Dh[t0 + i]);
@@ -892,9 +888,7 @@ struct Kernels {
 
 // This path's kernels (their register blocking: kMaxNV and rows_for above).
 void fwd_lane_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_lane_task(g, p, task, ws); }
-void fwd_row_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) {
-  fwd_row_task<float>(g, p, task, ws);
-}
+void fwd_row_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) { fwd_row_task<float>(g, p, task, ws); }
 void fwd_row_bf16kv_kernel(const Geo& g, const Ptrs& p, int64_t task, float* ws) {
   fwd_row_task<uint16_t>(g, p, task, ws);
 }
@@ -1028,8 +1022,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   }
 }
 
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
-                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionParams& p) {
   const Geo g = make_geo(q, k, v, segment_ids, p);
   check_shape(out, q.shape(), "out");
