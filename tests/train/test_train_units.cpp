@@ -1,8 +1,10 @@
 // tests/train/test_train_units.cpp — the trainer's pure pieces: INI parsing and overrides, unknown-key
-// refusal, LR schedules, the EMA decay schedule and update, the global gradient norm.
+// refusal, LR schedules, the EMA decay schedule and update, the global gradient norm, the matmul-rate probe
+// behind MFU (every timed product synchronised).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dew/config.hpp"
@@ -19,7 +21,52 @@ dew::BackendPtr ref() {
   }();
   return be;
 }
+
+// Forwards everything to `inner` and counts the matmuls issued since the last synchronize(): an asynchronous
+// device returns from a kernel call at once, so a rate timed without synchronising measures its queue.
+class SyncCountingBackend final : public dew::Backend {
+ public:
+  explicit SyncCountingBackend(dew::BackendPtr inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  bool host_accessible() const override { return inner_->host_accessible(); }
+  dew::Support supports(dew::Kernel k, dew::DType dtype) const override { return inner_->supports(k, dtype); }
+  void synchronize() override {
+    most_unsynced = std::max(most_unsynced, unsynced);
+    unsynced = 0;
+    inner_->synchronize();
+  }
+  void* allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  void deallocate(void* ptr, size_t bytes) override { inner_->deallocate(ptr, bytes); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override { inner_->copy_from_host(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { inner_->copy_to_host(dst, src, bytes); }
+  void copy_device(void* dst, const void* src, size_t bytes) override { inner_->copy_device(dst, src, bytes); }
+#define DEW_TEST_FORWARD_(name, params, args) \
+  void name params override {                 \
+    if (dew::Kernel::name == dew::Kernel::matmul) ++matmuls, ++unsynced; \
+    inner_->name args;                        \
+  }
+  DEW_KERNEL_TABLE(DEW_TEST_FORWARD_)
+#undef DEW_TEST_FORWARD_
+
+  int matmuls = 0, unsynced = 0, most_unsynced = 0;
+
+ private:
+  dew::BackendPtr inner_;
+};
 }  // namespace
+
+TEST_CASE("measure_matmul_peak_gflops: a finite positive rate, every product synchronised before the next") {
+  auto be = std::make_shared<SyncCountingBackend>(ref());
+  const double gflops = dew::measure_matmul_peak_gflops(be);
+  CHECK(std::isfinite(gflops));
+  CHECK(gflops > 0);
+  CHECK(be->matmuls >= 2);        // the warm-up and at least one timed product
+  CHECK(be->most_unsynced == 1);  // never two products in flight
+  CHECK(be->unsynced == 0);       // the last one waited for too
+  const double bf16 = dew::measure_matmul_peak_gflops(be, dew::DType::bf16);  // the mixed precisions' operands
+  CHECK(std::isfinite(bf16));
+  CHECK(bf16 > 0);
+}
 
 TEST_CASE("INI parsing, comments, overrides and the effective config") {
   dew::Config c = dew::Config::parse_ini("# top\n[optim]\nname = adamw  # inline\nlr=0.5\n\n[run]\n; c\nname = a b\n");
