@@ -22,14 +22,17 @@ dew::BackendPtr ref() {
   return be;
 }
 
+}  // namespace
+
+namespace dew {
 // Forwards everything to `inner` and counts the matmuls issued since the last synchronize(): an asynchronous
 // device returns from a kernel call at once, so a rate timed without synchronising measures its queue.
-class SyncCountingBackend final : public dew::Backend {
+class SyncCountingBackend final : public Backend {
  public:
-  explicit SyncCountingBackend(dew::BackendPtr inner) : inner_(std::move(inner)) {}
+  explicit SyncCountingBackend(BackendPtr inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name(); }
   bool host_accessible() const override { return inner_->host_accessible(); }
-  dew::Support supports(dew::Kernel k, dew::DType dtype) const override { return inner_->supports(k, dtype); }
+  Support supports(Kernel k, DType dtype) const override { return inner_->supports(k, dtype); }
   void synchronize() override {
     most_unsynced = std::max(most_unsynced, unsynced);
     unsynced = 0;
@@ -40,10 +43,10 @@ class SyncCountingBackend final : public dew::Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override { inner_->copy_from_host(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { inner_->copy_to_host(dst, src, bytes); }
   void copy_device(void* dst, const void* src, size_t bytes) override { inner_->copy_device(dst, src, bytes); }
-#define DEW_TEST_FORWARD_(name, params, args) \
-  void name params override {                 \
-    if (dew::Kernel::name == dew::Kernel::matmul) ++matmuls, ++unsynced; \
-    inner_->name args;                        \
+#define DEW_TEST_FORWARD_(name, params, args)                  \
+  void name params override {                                  \
+    if (Kernel::name == Kernel::matmul) ++matmuls, ++unsynced; \
+    inner_->name args;                                         \
   }
   DEW_KERNEL_TABLE(DEW_TEST_FORWARD_)
 #undef DEW_TEST_FORWARD_
@@ -51,12 +54,12 @@ class SyncCountingBackend final : public dew::Backend {
   int matmuls = 0, unsynced = 0, most_unsynced = 0;
 
  private:
-  dew::BackendPtr inner_;
+  BackendPtr inner_;
 };
-}  // namespace
+}  // namespace dew
 
 TEST_CASE("measure_matmul_peak_gflops: a finite positive rate, every product synchronised before the next") {
-  auto be = std::make_shared<SyncCountingBackend>(ref());
+  auto be = std::make_shared<dew::SyncCountingBackend>(ref());
   const double gflops = dew::measure_matmul_peak_gflops(be);
   CHECK(std::isfinite(gflops));
   CHECK(gflops > 0);
@@ -154,18 +157,20 @@ TEST_CASE("optimizers and schedules are registry kinds, the core's are built in"
     CHECK(reg.contains(dew::Optimizer::kind, name));
     CHECK(reg.find(dew::Optimizer::kind, name).origin.plugin == "core");
   }
-  for (const char* name : {"constant", "cosine", "linear", "wsd", "exponential", "power", "one_cycle"}) CHECK(reg.contains(dew::Schedule::kind, name));
+  for (const char* name : {"constant", "cosine", "linear", "wsd", "exponential", "power", "one_cycle"})
+    CHECK(reg.contains(dew::Schedule::kind, name));
   auto be = ref();
   dew::NamedTensors params{{"w", dew::Tensor::zeros({2, 2}, dew::DType::f32, be)}};
-  CHECK_THROWS_WITH_AS(dew::make_optimizer(dew::Options({{"name", "nope"}}, "optim"), params),
-                       doctest::Contains("unknown optimizer 'nope'; known: adamw (core), lamb (core), muon (core), muonclip (core), sgd (core)"),
-                       dew::UsageError);
+  CHECK_THROWS_WITH_AS(
+      dew::make_optimizer(dew::Options({{"name", "nope"}}, "optim"), params),
+      doctest::Contains(
+          "unknown optimizer 'nope'; known: adamw (core), lamb (core), muon (core), muonclip (core), sgd (core)"),
+      dew::UsageError);
   // A second registration of a built-in name is refused, naming both origins.
-  CHECK_THROWS_WITH_AS(reg.builtin_registrar().add<dew::Optimizer>(
-                           {.name = "adamw", .factory = [](const dew::Options&) -> std::shared_ptr<dew::Optimizer> {
-                              return nullptr;
-                            }}),
-                       doctest::Contains("duplicate optimizer 'adamw'"), dew::Error);
+  CHECK_THROWS_WITH_AS(
+      reg.builtin_registrar().add<dew::Optimizer>(
+          {.name = "adamw", .factory = [](const dew::Options&) -> std::shared_ptr<dew::Optimizer> { return nullptr; }}),
+      doctest::Contains("duplicate optimizer 'adamw'"), dew::Error);
 }
 
 TEST_CASE("parameter roles from names and shapes, overridden by patterns, groups scale lr and weight decay") {
