@@ -49,13 +49,13 @@ struct TrainingStateMemory {
 };
 TrainingStateMemory training_state_memory(const NamedTensors& params, const Optimizer* optimizer,
                                           const NamedTensors& extra_state = {});
-// Bytes as the metrics report them: MiB (2^20 bytes).
 // The backend's sustained matmul rate in GFLOP/s on `operands` (f32, or bf16 / f16: the matmul operands of the
 // mixed precisions), the denominator of MFU in the trainer's metrics and in dew-bench: square products through
 // dew::matmul, the backend synchronised before the clock starts and after every product, for ~0.2 s. 512 x 512
 // on a host backend (the size of a small model's products); 8192 on a device, where a 512 product measures the
 // launch, not the arithmetic (an H200 finishes one in microseconds). Never a number written in for a chip.
 double measure_matmul_peak_gflops(const BackendPtr& backend, DType operands = DType::f32);
+// Bytes as the metrics report them: MiB (2^20 bytes).
 inline double mebibytes(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 struct TrainOptions {
