@@ -19,7 +19,7 @@ namespace {
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--matmul-precision P] [--seconds S] [--repeats R] "
     "[--only matmul|attention]\n"
-    "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu] "
+    "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu|cuda] "
     "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] "
     "[--activation-memory] [--steps S] "
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
