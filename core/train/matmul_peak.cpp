@@ -12,9 +12,11 @@
 
 namespace dew {
 
+int64_t matmul_peak_size(const Backend& backend) { return backend.host_accessible() ? 512 : 8192; }
+
 double measure_matmul_peak_gflops(const BackendPtr& backend, DType operands) {
   NoGradGuard no_grad;
-  const int64_t n = backend->host_accessible() ? 512 : 8192;
+  const int64_t n = matmul_peak_size(*backend);
   Tensor a = Tensor::uniform({n, n}, -1, 1, 7, 1, backend), b = Tensor::uniform({n, n}, -1, 1, 7, 2, backend);
   if (operands != DType::f32) {
     a = cast(a, operands);

@@ -138,6 +138,7 @@ double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weight
 struct MachinePeak {
   double gflops = 0;
   bool device = false;
+  int64_t square = 0;  // device: the side of the square product among those measured (dew::matmul_peak_size)
 };
 MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be,
                          const std::vector<std::pair<int64_t, int64_t>>& weights, int64_t rows, bool half,

@@ -267,9 +267,8 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
   const dew::BackendPtr be = dew::default_backend();
   const dew::DType operands = dew::compute_dtype(dew::precision_from_name(lo.precision));
   const double peak = dew::measure_matmul_peak_gflops(be, operands);  // the trainer's MFU denominator
-  const std::string n = be->host_accessible() ? "512" : "8192";
   const std::string peak_label =
-      "measured dew matmul " + n + "^3" +
+      "measured dew matmul " + std::to_string(dew::matmul_peak_size(*be)) + "^3" +
       (operands == dew::DType::f32 ? "" : std::string(", ") + dew::dtype_name(operands) + " operands");
   const double gflops = flops / mean * 1e-9;
   // The machine's matmul peak as measured now, at the step's own product shapes (oneDNN direct on a CPU).

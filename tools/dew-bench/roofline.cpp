@@ -34,6 +34,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <tuple>
@@ -218,7 +219,7 @@ double onednn_peak_gflops(const std::vector<std::pair<int64_t, int64_t>>& weight
 MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be,
                          const std::vector<std::pair<int64_t, int64_t>>& weights, int64_t rows, bool half,
                          dew::DType operands, const BenchOptions& opt) {
-  if (be->host_accessible()) return {onednn_peak_gflops(weights, rows, half, opt), false};
+  if (be->host_accessible()) return {onednn_peak_gflops(weights, rows, half, opt), false, 0};
   // A device: no library to call around the backend, so dew::matmul on it, synchronised, at the step's own
   // products and at the backend's square peak size; the best of them.
   dew::NoGradGuard no_grad;
@@ -231,18 +232,22 @@ MachinePeak machine_peak(const std::shared_ptr<dew::Backend>& be,
         median_seconds([&] { dew::Tensor c = dew::matmul(a, b); }, quick(opt), [&] { be->synchronize(); });
     best = std::max(best, 2.0 * double(p.m) * double(p.k) * double(p.n) / secs * 1e-9);
   }
-  return {best, true};
+  return {best, true, dew::matmul_peak_size(*be)};
 }
 
 std::string machine_peak_json(const MachinePeak& peak, double achieved_gflops) {
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                peak.device
-                    ? ",\"mfu_device\":%.4f,\"device_peak_gflops\":%.1f,\"device_peak\":\"dew::matmul on the "
-                      "device, best of the step's product shapes and 8192^3\""
-                    : ",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,\"onednn_peak\":\"oneDNN direct, best of "
-                      "the step's product shapes\"",
-                achieved_gflops / std::max(peak.gflops, 1e-9), peak.gflops);
+  const double mfu = achieved_gflops / std::max(peak.gflops, 1e-9);
+  if (peak.device)
+    std::snprintf(buf, sizeof buf,
+                  ",\"mfu_device\":%.4f,\"device_peak_gflops\":%.1f,\"device_peak\":\"dew::matmul on the device, "
+                  "best of the step's product shapes and %lld^3\"",
+                  mfu, peak.gflops, (long long)peak.square);
+  else
+    std::snprintf(buf, sizeof buf,
+                  ",\"mfu_onednn\":%.4f,\"onednn_peak_gflops\":%.1f,\"onednn_peak\":\"oneDNN direct, best of the "
+                  "step's product shapes\"",
+                  mfu, peak.gflops);
   return buf;
 }
 
@@ -293,8 +298,8 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   // working set (--threads): on a shared host the two then see the same moment, and the fraction is the
   // median of the per-round fractions (a limit measured minutes away moved it by 20 % on the AVX2 EPYC).
   constexpr int kDecodeRounds = 3;
-  const char* const kDecodeWeights[] = {"f32", "bf16", "int8"};
-  constexpr int kStorages = 3;
+  constexpr const char* kDecodeWeights[] = {"f32", "bf16", "int8"};
+  constexpr int kStorages = int(std::size(kDecodeWeights));
   bool has_decode = true;
   DecodeRounds dr[kStorages];
   try {
@@ -343,7 +348,7 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   };
   const double train_bytes = 32.0 * double(tf.n_params);
   const Bw train_bw = bandwidth(16.0 * double(tf.n_params));  // p, g, m, v
-  double decode_bytes[kStorages] = {0, 0, 0};
+  double decode_bytes[kStorages] = {};
   Bw decode_bw[kStorages] = {};
   if (has_decode)
     for (int s = 0; s < kStorages; ++s) {

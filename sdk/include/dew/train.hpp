@@ -55,6 +55,8 @@ TrainingStateMemory training_state_memory(const NamedTensors& params, const Opti
 // on a host backend (the size of a small model's products); 8192 on a device, where a 512 product measures the
 // launch, not the arithmetic (an H200 finishes one in microseconds). Never a number written in for a chip.
 double measure_matmul_peak_gflops(const BackendPtr& backend, DType operands = DType::f32);
+// The side of the square products it multiplies on `backend` (512 or 8192), for the reports that name it.
+int64_t matmul_peak_size(const Backend& backend);
 // Bytes as the metrics report them: MiB (2^20 bytes).
 inline double mebibytes(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
