@@ -4,7 +4,8 @@
 # printed and a failing step does not stop the next):
 #   1. the GPU and driver (nvidia-smi), configure + build in Release (the binaries and every plugin);
 #   2. the GPU unit tests (test_backend_cuda_gpu) and dew-conformance --backend cuda against ref and cpu;
-#   3. dew-bench: the kernel shapes, the char-small and DiT training steps on cuda (f32 and bf16-mixed), and
+#   3. dew-bench: the kernel shapes (attention in f32 and bf16, the bf16 one on the tensor-core kernels, then
+#      again on the warp-per-row kernel: attention=warp), the char-small and DiT training steps on cuda (f32 and bf16-mixed), and
 #      the GPT-2-small-size step (configs/gpt2-small.ini) in f32 and bf16-mixed: the MFU of issues 17 and 18,
 #      against the GPU's own measured matmul peak (mfu_device);
 #   4. a 200-step char-small training run on cpu and on cuda (f32): the loss curves must agree within 1e-3
@@ -140,6 +141,8 @@ step "gpu unit tests" "$build/bin/test_backend_cuda_gpu"
 step "conformance cuda vs ref" "$build/bin/dew-conformance" --backend cuda --against ref
 step "conformance cuda vs cpu" "$build/bin/dew-conformance" --backend cuda --against cpu
 step "bench kernels" "$build/bin/dew-bench" kernels --backend cuda
+step "bench attention, warp kernel (A/B with the tensor-core one above)" "$build/bin/dew-bench" kernels --backend cuda \
+  --only attention --backend-option attention=warp
 step "bench train char-small" "$build/bin/dew-bench" train --config char-small --backend cuda --steps 20
 step "bench train dit" "$build/bin/dew-bench" train --config dit --backend cuda --steps 20
 step "bench train char-small bf16-mixed" "$build/bin/dew-bench" train --config char-small --backend cuda --steps 20 \

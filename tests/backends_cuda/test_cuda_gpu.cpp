@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dew/backend.hpp"
+#include "dew/dtype.hpp"
 #include "dew/error.hpp"
 #include "dew/random.hpp"
 #include "dew/registry.hpp"
@@ -233,6 +234,101 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
   check_close(c.dq, r.dq, 1e-4, "dq");
   check_close(c.dk, r.dk, 1e-4, "dk");
   check_close(c.dv, r.dv, 1e-4, "dv");
+}
+
+// The tensor-core kernels (flash_attention.cu: bf16, head width 64 or 128) against ref in f32 on the same
+// bf16-rounded inputs, at shapes with ragged edges (T, S not multiples of the 64-row tiles), GQA, causal, sliding
+// window with softcap and q_offset, documents (segment ids, with padding rows that see no key: out 0, lse -inf),
+// non-causal, and a shape whose inner tiles take the unmasked fast path. The warp-per-row kernel (`attention =
+// warp`) runs the same bf16 call against the same ref, tighter (it rounds nothing but its outputs), and the two
+// cuda results must differ somewhere: the option really switches the kernel. Tolerances: |err| <= rtol (|want| +
+// rms(want)); the tensor-core path rounds P and dS to bf16 before their second products (FlashAttention-2's
+// numerics), so 2e-2 for out and 5e-2 for the gradients; lse comes from f32 scores: 1e-3.
+TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the warp kernel on the same call") {
+  struct Case {
+    const char* what;
+    int64_t B, T, S, Hq, Hkv, D;
+    bool causal;
+    int64_t window;
+    float softcap;
+    bool segments;
+  };
+  const Case cases[] = {
+      {"D 64, causal, ragged 100 x 100, GQA 2", 2, 100, 100, 4, 2, 64, true, 0, 0.0f, false},
+      {"D 64, causal, 192 x 192 (full inner tiles)", 1, 192, 192, 2, 1, 64, true, 0, 0.0f, false},
+      {"D 128, window 37, softcap 20, q_offset 80, GQA 4", 2, 70, 150, 4, 1, 128, true, 37, 20.0f, false},
+      {"D 64, documents with a padding tail", 2, 130, 130, 2, 2, 64, true, 0, 0.0f, true},
+      {"D 128, not causal, 33 x 200", 1, 33, 200, 2, 2, 128, false, 0, 0.0f, false},
+  };
+  BackendPtr warp_cuda = create_backend("cuda", Options({{"attention", "warp"}}, "test"));
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(float(c.D));
+    p.causal = c.causal;
+    p.window = c.window;
+    p.softcap = c.softcap;
+    p.q_offset = c.S - c.T;
+    auto rounded = [](std::vector<float> v, float mul) {
+      for (float& x : v) x = bf16_to_f32(f32_to_bf16(x * mul));
+      return v;
+    };
+    const auto qv = rounded(host_uniform(c.B * c.T * c.Hq * c.D, 31), 2.0f);
+    const auto kv = rounded(host_uniform(c.B * c.S * c.Hkv * c.D, 32), 2.0f);
+    const auto vv = rounded(host_uniform(c.B * c.S * c.Hkv * c.D, 33), 1.0f);
+    const auto gv = rounded(host_uniform(c.B * c.T * c.Hq * c.D, 34), 1.0f);
+    std::vector<int32_t> seg;
+    if (c.segments)  // documents of 1, 20, 57 and 40 tokens, then 12 padding positions (segment 0)
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t s = 0; s < c.S; ++s)
+          seg.push_back(s < 1 ? 1 : s < 21 ? 2 : s < 78 ? 3 : s < 118 ? 4 + int32_t(b) : 0);
+    struct Out {
+      std::vector<float> o, lse, dq, dk, dv;
+    };
+    auto run = [&](const BackendPtr& be, DType dt) {
+      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be, dt);
+      Tensor k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be, dt);
+      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be, dt);
+      Tensor g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be, dt);
+      Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
+      Tensor o = Tensor::empty(q.shape(), dt, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
+      Tensor dq = Tensor::empty(q.shape(), dt, be), dk = Tensor::empty(k.shape(), dt, be);
+      Tensor dv = Tensor::empty(v.shape(), dt, be);
+      be->attention(q, k, v, sg, o, lse, p);
+      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
+      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+    };
+    const Out r = run(g_ref, DType::f32);
+    // lse: the same rows at -inf (no visible key), the rest close.
+    auto check_lse = [&](const std::vector<float>& got, double rtol, const char* what) {
+      std::vector<float> g2, w2;
+      size_t mismatched = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isinf(r.lse[i]) != std::isinf(got[i])) ++mismatched;
+        if (std::isfinite(r.lse[i]) && std::isfinite(got[i])) g2.push_back(got[i]), w2.push_back(r.lse[i]);
+      }
+      CHECK_MESSAGE(mismatched == 0, what, ": ", mismatched, " rows differ in having no visible key");
+      check_close(g2, w2, rtol, what);
+    };
+    const Out tc = run(g_cuda, DType::bf16);
+    check_close(tc.o, r.o, 2e-2, "tensor cores: out");
+    check_lse(tc.lse, 1e-3, "tensor cores: lse");
+    check_close(tc.dq, r.dq, 5e-2, "tensor cores: dq");
+    check_close(tc.dk, r.dk, 5e-2, "tensor cores: dk");
+    check_close(tc.dv, r.dv, 5e-2, "tensor cores: dv");
+    const Out w = run(warp_cuda, DType::bf16);
+    check_close(w.o, r.o, 1e-2, "warp: out");
+    check_lse(w.lse, 1e-4, "warp: lse");
+    check_close(w.dq, r.dq, 2e-2, "warp: dq");
+    check_close(w.dk, r.dk, 2e-2, "warp: dk");
+    check_close(w.dv, r.dv, 2e-2, "warp: dv");
+    CHECK_MESSAGE(tc.o != w.o, "the tensor-core and warp kernels gave the same bits: is `attention` switching?");
+    if (c.segments) {  // padding queries see no key: zeros (and lse -inf, checked above)
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t t = 118; t < c.T; ++t)
+          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(tc.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
+    }
+  }
 }
 
 int main(int argc, char** argv) {

@@ -74,14 +74,17 @@ TEST_CASE("options: defaults, the precision names, and refusals naming the key")
     CHECK(c.matmul == Precision::highest);
     CHECK(c.caching_allocator);
     CHECK(c.workspace_mb == 32);
+    CHECK(c.flash_attention);
   }
   {
-    Options o({{"matmul_precision", "high"}, {"device", "1"}, {"allocator", "direct"}, {"workspace_mb", "64"}});
+    Options o({{"matmul_precision", "high"}, {"device", "1"}, {"allocator", "direct"}, {"workspace_mb", "64"},
+               {"attention", "warp"}});
     const CudaOptions c = parse_options(o);
     CHECK(c.matmul == Precision::high);
     CHECK(c.device == 1);
     CHECK_FALSE(c.caching_allocator);
     CHECK(c.workspace_mb == 64);
+    CHECK_FALSE(c.flash_attention);
     CHECK_NOTHROW(o.check_all_used());  // every declared key is read
   }
   CHECK(parse_options(opts("matmul_precision", "tf32")).matmul == Precision::high);
@@ -89,7 +92,8 @@ TEST_CASE("options: defaults, the precision names, and refusals naming the key")
   CHECK(parse_options(opts("matmul_precision", "bf16")).matmul == Precision::medium);
   CHECK(std::string(precision_name(Precision::medium)) == "medium");
   for (auto [key, value] : {std::pair{"matmul_precision", "fast"}, std::pair{"device", "-2"},
-                            std::pair{"allocator", "pool"}, std::pair{"workspace_mb", "0"}}) {
+                            std::pair{"allocator", "pool"}, std::pair{"workspace_mb", "0"},
+                            std::pair{"attention", "flash"}}) {
     CAPTURE(key);
     try {
       parse_options(opts(key, value));

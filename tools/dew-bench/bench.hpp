@@ -24,6 +24,7 @@ struct BenchOptions {
   int repeats = 5;
   std::string matmul_precision = "highest";  // the backend's matmul_precision option ([run] matmul_precision)
   std::string isa = "best";                  // cpu: the backend's isa option (path of the hand-written kernels)
+  std::vector<std::string> backend_options;  // --backend-option KEY=VALUE, passed to the backend as they are
   bool profile = false;                      // train / generate: time every kernel (dew/profile.hpp) and print a table
   bool no_block_cache = false;               // cpu: cache_mb = 0 (train --activation-memory)
   std::string only;                          // kernels: "matmul" or "attention" runs that part alone

@@ -87,49 +87,56 @@ int run_kernels(const BenchOptions& opt) {
   }
 
   // Fused attention forward and forward + backward at the three training workloads' shapes ([B, T, H, D]
-  // tensors, the step's own layout). GFLOP/s count the products a causal mask leaves (T (T + 1) / 2 query-key
-  // pairs, 4 D FLOPs each forward: S = Q K^T and O = P V; 2.5 times that more backward: S again, dP, dV, dK,
-  // dQ), not the exps.
+  // tensors, the step's own layout), and on a device at GPT-2-small's too (configs/gpt2-small.ini: T 1024, 12
+  // heads of 64), in f32 and bf16 there (bf16-mixed runs attention on bf16 tensors: cuda's tensor-core kernels).
+  // GFLOP/s count the products a causal mask leaves (T (T + 1) / 2 query-key pairs, 4 D FLOPs each forward:
+  // S = Q K^T and O = P V; 2.5 times that more backward: S again, dP, dV, dK, dQ), not the exps.
   struct AttnShape {
     int64_t B, H, T, D;
     bool causal;
     const char* what;
+    bool device_only;
   };
   const AttnShape attn_shapes[] = {
-      {8, 6, 256, 64, true, "char-small"},
-      {16, 4, 128, 32, true, "gpt-mini"},
-      {16, 4, 64, 64, false, "dit"},
+      {8, 6, 256, 64, true, "char-small", false},
+      {16, 4, 128, 32, true, "gpt-mini", false},
+      {16, 4, 64, 64, false, "dit", false},
+      {8, 12, 1024, 64, true, "gpt2-small", true},
   };
-  for (const AttnShape& a : attn_shapes) {
-    if (opt.only == "matmul") break;
-    const int64_t B = a.B, H = a.H, T = a.T, D = a.D;
-    Tensor q = Tensor::normal({B, T, H, D}, 0, 1, 2, 1, be), k = Tensor::normal({B, T, H, D}, 0, 1, 2, 2, be);
-    Tensor v = Tensor::normal({B, T, H, D}, 0, 1, 2, 3, be), dout = Tensor::normal({B, T, H, D}, 0, 1, 2, 4, be);
-    AttentionParams p;
-    p.scale = float(1.0 / std::sqrt(double(D)));
-    p.causal = a.causal;
-    Tensor out = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, H, T}, DType::f32, be);
-    Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
-    Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-    const double fwd =
-        median_seconds([&] { be->attention(q, k, v, Tensor(), out, lse, p); }, opt, [&] { be->synchronize(); });
-    const double fwd_bwd = median_seconds(
-        [&] {
-          be->attention(q, k, v, Tensor(), out, lse, p);
-          be->attention_backward(q, k, v, Tensor(), out, lse, dout, dq, dk, dv, p);
-        },
-        opt, [&] { be->synchronize(); });
-    const double pairs = double(B * H) * (a.causal ? double(T) * double(T + 1) / 2 : double(T) * double(T));
-    const double fwd_flop = 4.0 * double(D) * pairs, bwd_flop = 2.5 * fwd_flop;
-    std::printf(
-        "{\"bench\":\"attention\",\"shape\":\"B%lldxH%lldxT%lldxD%lld\",\"what\":\"%s\",\"causal\":%s,"
-        "\"backend\":\"%s\",\"threads\":%d,\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f,\"gflops_fwd\":%.1f,"
-        "\"gflops_bwd\":%.1f}\n",
-        (long long)B, (long long)H, (long long)T, (long long)D, a.what, a.causal ? "true" : "false",
-        opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3, fwd_flop / fwd * 1e-9,
-        bwd_flop / std::max(fwd_bwd - fwd, 1e-12) * 1e-9);
-    std::fflush(stdout);
-  }
+  const bool device = !be->host_accessible();
+  std::vector<DType> attn_dtypes = {DType::f32};
+  if (device) attn_dtypes.push_back(DType::bf16);
+  for (const AttnShape& a : attn_shapes)
+    for (DType dt : attn_dtypes) {
+      if (opt.only == "matmul" || (a.device_only && !device)) break;
+      const int64_t B = a.B, H = a.H, T = a.T, D = a.D;
+      const auto normal = [&](uint64_t stream) { return cast(Tensor::normal({B, T, H, D}, 0, 1, 2, stream, be), dt); };
+      Tensor q = normal(1), k = normal(2), v = normal(3), dout = normal(4);
+      AttentionParams p;
+      p.scale = float(1.0 / std::sqrt(double(D)));
+      p.causal = a.causal;
+      Tensor out = Tensor::empty(q.shape(), dt, be), lse = Tensor::empty({B, H, T}, DType::f32, be);
+      Tensor dq = Tensor::empty(q.shape(), dt, be), dk = Tensor::empty(k.shape(), dt, be);
+      Tensor dv = Tensor::empty(v.shape(), dt, be);
+      const double fwd =
+          median_seconds([&] { be->attention(q, k, v, Tensor(), out, lse, p); }, opt, [&] { be->synchronize(); });
+      const double fwd_bwd = median_seconds(
+          [&] {
+            be->attention(q, k, v, Tensor(), out, lse, p);
+            be->attention_backward(q, k, v, Tensor(), out, lse, dout, dq, dk, dv, p);
+          },
+          opt, [&] { be->synchronize(); });
+      const double pairs = double(B * H) * (a.causal ? double(T) * double(T + 1) / 2 : double(T) * double(T));
+      const double fwd_flop = 4.0 * double(D) * pairs, bwd_flop = 2.5 * fwd_flop;
+      std::printf(
+          "{\"bench\":\"attention\",\"shape\":\"B%lldxH%lldxT%lldxD%lld\",\"what\":\"%s\",\"causal\":%s,"
+          "\"dtype\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_fwd\":%.3f,\"ms_fwd_bwd\":%.3f,\"gflops_fwd\":%.1f,"
+          "\"gflops_bwd\":%.1f}\n",
+          (long long)B, (long long)H, (long long)T, (long long)D, a.what, a.causal ? "true" : "false", dtype_name(dt),
+          opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3, fwd_flop / fwd * 1e-9,
+          bwd_flop / std::max(fwd_bwd - fwd, 1e-12) * 1e-9);
+      std::fflush(stdout);
+    }
   return 0;
 }
 

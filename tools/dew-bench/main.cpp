@@ -17,12 +17,14 @@ namespace po = boost::program_options;
 
 namespace {
 const char* kUsage =
-    "usage: dew-bench kernels [--threads N] [--backend cpu|ref] [--matmul-precision P] [--seconds S] [--repeats R] "
+    "usage: dew-bench kernels [--threads N] [--backend cpu|ref|cuda] [--matmul-precision P] [--seconds S] [--repeats "
+    "R] "
     "[--only matmul|attention]\n"
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu|cuda] "
     "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] "
     "[--activation-memory] [--steps S] "
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
+    "       (every suite: [--backend-option KEY=VALUE ...], e.g. attention=warp on cuda)\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
     "[--repeats 5] [--weights f32|bf16|int8] [--profile] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
@@ -33,11 +35,18 @@ const char* kUsage =
 
 namespace dew_bench {
 std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
-  dew::Options options;
+  dew::Options options({}, "backend");
   if (opt.matmul_precision != "highest") options.set("matmul_precision", opt.matmul_precision);
   if (opt.no_block_cache && opt.backend == "cpu") options.set("cache_mb", "0");
   if (opt.isa != "best") options.set("isa", opt.isa);
+  for (const std::string& kv : opt.backend_options) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw dew::UsageError("--backend-option takes KEY=VALUE (e.g. attention=warp for cuda), not '" + kv + "'");
+    options.set(kv.substr(0, eq), kv.substr(eq + 1));
+  }
   dew::BackendPtr be = dew::create_backend(opt.backend, options);
+  options.check_all_used();  // a key the backend never read is a typo (or another backend's)
   if (opt.profile) return std::make_shared<dew::ProfilingBackend>(be);
   return be;
 }
@@ -83,6 +92,8 @@ int main(int argc, char** argv) {
       "highest | high | medium ([run] matmul_precision; cpu: medium = bf16 operands on AVX512-BF16 CPUs)")(
       "isa", po::value(&opt.isa)->default_value("best"),
       "cpu: path of the hand-written kernels, best | avx512 | avx2 | portable (the backend's isa option)")(
+      "backend-option", po::value(&opt.backend_options)->composing(),
+      "KEY=VALUE for the backend, repeatable (cuda: attention=auto|warp, matmul_precision=...; cpu: isa=...)")(
       "seconds", po::value(&opt.seconds)->default_value(0.3), "kernels: seconds per repeat")(
       "only", po::value(&opt.only), "kernels: matmul | attention (one part alone)")(
       "repeats", po::value<int>(), "kernels: repeats (the median is printed; 5); generate: timed generations (5)")(

@@ -501,7 +501,10 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   const int32_t* seg = attention_segments(segment_ids, d, p, K);
   expect_same(out, q, d.B * d.T * d.Hq * d.Dv, K, "out");
   expect_f32(lse, d.B * d.Hq * d.T, K, "lse");
-  launch_attention(stream_, t, kv, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
+  if (opt_.flash_attention && flash_attention_applies(t, kv, d, {q.data(), k.data(), v.data(), out.data()}))
+    launch_flash_attention(stream_, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
+  else
+    launch_attention(stream_, t, kv, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
 }
 
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
@@ -518,8 +521,13 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   expect_same(dk, q, k.numel(), K, "dk");
   expect_same(dv, q, v.numel(), K, "dv");
   Scratch s(this, size_t(std::max<int64_t>(d.B * d.Hq * d.T, 1)) * sizeof(float));
-  launch_attention_backward(stream_, t, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), dout.data(),
-                            dq.data(), dk.data(), dv.data(), d, p, s.f32());
+  if (opt_.flash_attention && flash_attention_applies(t, t, d, {q.data(), k.data(), v.data(), out.data(), dout.data(),
+                                                                dq.data(), dk.data(), dv.data()}))
+    launch_flash_attention_backward(stream_, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(),
+                                    dout.data(), dq.data(), dk.data(), dv.data(), d, p, s.f32());
+  else
+    launch_attention_backward(stream_, t, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(),
+                              dout.data(), dq.data(), dk.data(), dv.data(), d, p, s.f32());
 }
 
 void CudaBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,

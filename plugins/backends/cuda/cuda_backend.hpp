@@ -48,6 +48,9 @@ struct CudaOptions {
   Precision matmul = Precision::highest;
   bool caching_allocator = true;
   int64_t workspace_mb = 32;  // cuBLASLt workspace
+  // `attention = auto`: the tensor-core kernels (flash_attention.cu) wherever they apply (bf16, head width 64 or
+  // 128), the warp-per-row kernel (attention.cu) elsewhere; `warp`: the warp-per-row kernel everywhere.
+  bool flash_attention = true;
 };
 // Reads and validates the backend's options (usage errors name the key).
 CudaOptions parse_options(const Options& o);

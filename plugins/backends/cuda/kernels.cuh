@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "dew/backend.hpp"
 
@@ -111,6 +112,15 @@ void launch_attention(cudaStream_t s, ST t, ST kv, const void* q, const void* k,
 void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg,
                                const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
                                const AttentionParams& p, float* scratch);
+// ---- flash_attention.cu: the tensor-core forward and backward (bf16 q, k, v, out; Dk == Dv in {64, 128}) ----
+// Whether they take this call: the dtypes and head width above, the grid's limits, and every pointer 16-byte
+// aligned. The launchers' arguments are launch_attention's / launch_attention_backward's.
+bool flash_attention_applies(ST t, ST kv, const AttnDims& d, std::initializer_list<const void*> ptrs);
+void launch_flash_attention(cudaStream_t s, const void* q, const void* k, const void* v, const int32_t* seg, void* out,
+                            float* lse, const AttnDims& d, const AttentionParams& p);
+void launch_flash_attention_backward(cudaStream_t s, const void* q, const void* k, const void* v, const int32_t* seg,
+                                     const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                                     const AttnDims& d, const AttentionParams& p, float* scratch);
 // out f32 [Hq]: each query head's largest visible raw score; scratch: B * Hq * T floats (the row maxima).
 void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, const int32_t* seg, float* out,
                                 const AttnDims& d, const AttentionParams& p, float* scratch);

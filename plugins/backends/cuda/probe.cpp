@@ -49,6 +49,11 @@ CudaOptions parse_options(const Options& o) {
   c.workspace_mb = o.get_int("workspace_mb", 32);
   DEW_USAGE_CHECK(c.workspace_mb >= 1 && c.workspace_mb <= 4096,
                   "cuda backend: option 'workspace_mb' = ", c.workspace_mb, " must be in [1, 4096]");
+  const std::string attention = o.get_string("attention", "auto");
+  DEW_USAGE_CHECK(attention == "auto" || attention == "warp", "cuda backend: option 'attention' = '", attention,
+                  "' is not one of auto (tensor cores for bf16 with head width 64 or 128), warp (the warp-per-row "
+                  "kernel everywhere)");
+  c.flash_attention = attention == "auto";
   return c;
 }
 

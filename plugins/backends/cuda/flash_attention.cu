@@ -1,0 +1,605 @@
+// cuda/flash_attention.cu — tensor-core attention: bf16 q, k, v, out (lse f32), head width 64 or 128 (Dk == Dv),
+// forward and backward, in the FlashAttention-2 form on mma.sync m16n8k16 (bf16 operands, f32 accumulation,
+// sm_80 and newer). Everything attention.cu's warp-per-row kernel does: causal, sliding window, GQA, softcap,
+// q_offset, segment ids (document masking), a row without a visible key (zeros, lse = -inf).
+// Why by hand: cuBLASLt has no fused attention, and cuDNN's (its graph API's SDPA) takes no per-row segment ids
+// for packed rows; without tensor cores attention dominates a GPT-2-small step (docs/cuda.md).
+//
+// Layout: q [B, T, Hq, D], k and v [B, S, Hkv, D], out [B, T, Hq, D], lse [B, Hq, T] (attention.cu's).
+// Tiles: 4 warps per block; a warp owns 16 rows. Forward and dQ: a block takes 64 query rows of one (b, h) and
+// walks the 64-key tiles its rows can see (causal / window ranges skip whole tiles; segments are tested per
+// element, so any segment layout is exact). dK/dV: a block takes 64 keys of one (b, hk) and walks the 32-query
+// tiles of every head of its group that can see them. Every output element is written by one thread, once:
+// no atomics, deterministic.
+// Numerics: scores and every sum in f32 (the mma accumulators); the online softmax's probabilities P (and the
+// backward's dS) are rounded to bf16 to enter the second product, as FlashAttention-2 does: out agrees with an
+// f32 computation on the same inputs to bf16 precision (tests/backends_cuda), not bit for bit. Stores round
+// with dew's f32 -> bf16 (device.cuh).
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16; g = lane / 4, c = lane % 4):
+//   A 16 x 16, row-major, 4 registers of 2 bf16: {row g, cols 2c, 2c+1}, {row g+8, same}, {row g, cols 2c+8, +9},
+//     {row g+8, cols 2c+8, +9};
+//   B 16 x 8 (k x n), 2 registers: {k 2c, 2c+1; n g}, {k 2c+8, 2c+9; n g};
+//   C 16 x 8 f32, 4 values: (row g, cols 2c, 2c+1), (row g+8, cols 2c, 2c+1).
+// So a C tile pair (keys 16j .. 16j+15) is exactly an A fragment of P, and B = K^T (k = feature, n = key) is
+// two contiguous bf16 of a K row in shared memory. B operands whose k runs along rows of a row-major tile
+// (V in P V, K in dS K, dO in P^T dO, Q in dS^T Q) are read with ldmatrix .trans. Shared rows are padded by 8
+// bf16 (16 bytes), so the 8 rows one instruction reads fall in distinct banks.
+#include <initializer_list>
+
+#include "device.cuh"
+
+namespace dew::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRowTile = 64;    // query rows (forward, dQ) or keys (dK/dV) per block: 16 per warp
+constexpr int kKeyTile = 64;    // keys per step of the forward and dQ
+constexpr int kQueryTile = 32;  // queries per step of dK/dV
+constexpr int kPad = 8;         // bf16 of padding per shared row
+
+__device__ __forceinline__ uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (the lower 16 bits) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Four 8 x 8 bf16 matrices, transposed: thread i gives the address of row i % 8 of matrix i / 8 (16 bytes,
+// 16-byte aligned); register j gets matrix j's elements (2c, g) and (2c + 1, g).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// The A fragment of rows [r0, r0 + 16), columns [16 kc, 16 kc + 16) of a shared tile with row stride ld.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int ld, int r0, int kc) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  const bf16* p = tile + (r0 + g) * ld + kc * 16 + 2 * c;
+  a[0] = ld_pair(p);
+  a[1] = ld_pair(p + 8 * ld);
+  a[2] = ld_pair(p + 8);
+  a[3] = ld_pair(p + 8 * ld + 8);
+}
+// The B fragment (k = feature, n = row) of rows [n0, n0 + 8), features [16 kc, 16 kc + 16) of a shared tile: the
+// product with a row-major tile's transpose (Q K^T, dO V^T, K Q^T, V dO^T).
+__device__ __forceinline__ void load_b_rows(uint32_t& b0, uint32_t& b1, const bf16* tile, int ld, int n0, int kc) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  const bf16* p = tile + (n0 + g) * ld + kc * 16 + 2 * c;
+  b0 = ld_pair(p);
+  b1 = ld_pair(p + 8);
+}
+// The B fragments (k = row, n = feature) of rows [16 kr, 16 kr + 16), features [f0, f0 + 16) of a shared tile:
+// b[0], b[1] for features f0 .. f0 + 7, b[2], b[3] for f0 + 8 .. f0 + 15 (P V, dS K, P^T dO, dS^T Q).
+__device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* tile, int ld, int kr, int f0) {
+  const int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+  ldmatrix_x4_trans(b, tile + (kr * 16 + 8 * (m & 1) + r) * ld + f0 + 8 * (m >> 1));
+}
+
+// Rows [r0, r0 + R) of a strided bf16 matrix (row i at base + i * stride, D contiguous elements) into a shared
+// tile [R][D + kPad], 16 bytes per thread and step; rows at or past `rows` are zero.
+template <int D, int R>
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int64_t stride, int64_t r0, int64_t rows) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < R * kChunks; i += kThreads) {
+    const int r = i / kChunks, f = (i % kChunks) * 8;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + r < rows) v = *reinterpret_cast<const uint4*>(base + (r0 + r) * stride + f);
+    *reinterpret_cast<uint4*>(tile + r * (D + kPad) + f) = v;
+  }
+}
+
+// Whether query t sees key s (attention.cu's rule: causal, window, documents; rows past T, keys past S never).
+__device__ __forceinline__ bool sees(const AttentionParams& p, const int32_t* seg_row, int64_t t, int64_t s, int64_t T,
+                                     int64_t S) {
+  if (t >= T || s >= S) return false;
+  const int64_t pos = p.q_offset + t;
+  if (p.causal && s > pos) return false;
+  if (p.window > 0 && s <= pos - p.window) return false;
+  return seg_row == nullptr || (seg_row[pos] != 0 && seg_row[s] == seg_row[pos]);
+}
+__device__ __forceinline__ float capped(float raw, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(raw / softcap) : raw;
+}
+// d capped / d raw.
+__device__ __forceinline__ float cap_slope(float raw, float softcap) {
+  if (softcap <= 0.0f) return 1.0f;
+  const float th = tanhf(raw / softcap);
+  return 1.0f - th * th;
+}
+
+// Whether every query of [t0, t0 + R) sees every key of [s0, s0 + C) (no segment ids, no edge, causal and window
+// ranges cover the tile): the tile then skips the per-element test. Uniform over the block.
+template <int R, int C>
+__device__ __forceinline__ bool tile_all_seen(const AttentionParams& p, const int32_t* seg, int64_t t0, int64_t s0,
+                                              int64_t T, int64_t S) {
+  if (seg != nullptr || t0 + R > T || s0 + C > S) return false;
+  if (p.causal && s0 + C - 1 > p.q_offset + t0) return false;                  // the last key past the first query
+  if (p.window > 0 && s0 <= p.q_offset + t0 + R - 1 - p.window) return false;  // the first key out of the last's window
+  return true;
+}
+
+// Keys [lo, hi] some query of [t0, t1] may see (causal / window only).
+__device__ __forceinline__ void key_range(const AttentionParams& p, int64_t t0, int64_t t1, int64_t S, int64_t& lo,
+                                          int64_t& hi) {
+  lo = 0;
+  hi = S - 1;
+  if (p.causal && p.q_offset + t1 < hi) hi = p.q_offset + t1;
+  if (p.window > 0 && p.q_offset + t0 - p.window + 1 > lo) lo = p.q_offset + t0 - p.window + 1;
+}
+
+// Stores a 16 x D accumulator row pair (rows ta, ta + 8 of the thread's fragments) times `mul[i]` as bf16 into
+// rows at row_ptr(i) (nullptr: not stored).
+template <int D>
+__device__ __forceinline__ void store_rows(bf16* row0, bf16* row1, const float (&acc)[D / 8][4], float mul0,
+                                           float mul1) {
+  const int c = threadIdx.x & 3;
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) {
+    const int f = nd * 8 + 2 * c;
+    if (row0) {
+      row0[f] = to_bf16(acc[nd][0] * mul0);
+      row0[f + 1] = to_bf16(acc[nd][1] * mul0);
+    }
+    if (row1) {
+      row1[f] = to_bf16(acc[nd][2] * mul1);
+      row1[f + 1] = to_bf16(acc[nd][3] * mul1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- forward
+// grid (B * Hq, ceil(T / 64)); shared: Q, K, V tiles [64][D + kPad].
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, bf16* out, float* lse,
+                         AttnDims d, AttentionParams p) {
+  constexpr int ld = D + kPad;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem);
+  bf16* Ks = Qs + kRowTile * ld;
+  bf16* Vs = Ks + kKeyTile * ld;
+  const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
+  const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
+  const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
+  const bf16* vb = v + (b * d.S * d.Hkv + hk) * D;
+  const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  load_tile<D, kRowTile>(Qs, q + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) load_a(qa[kc], Qs, ld, rw, kc);
+
+  const int64_t ta = t0 + rw + g, tb = ta + 8;  // this thread's two query rows
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+
+  int64_t s_lo, s_hi;
+  key_range(p, t0, min(d.T, t0 + kRowTile) - 1, d.S, s_lo, s_hi);
+  for (int64_t s0 = s_lo < 0 ? 0 : s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
+    __syncthreads();  // every warp is done with the previous K, V tiles
+    load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
+    load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
+    __syncthreads();
+
+    float sc[kKeyTile / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
+        uint32_t b0, b1;
+        load_b_rows(b0, b1, Ks, ld, nt * 8, kc);
+        mma_bf16(sc[nt], qa[kc], b0, b1);
+      }
+
+    float mx[2] = {-INFINITY, -INFINITY};
+    const bool all_seen = tile_all_seen<kRowTile, kKeyTile>(p, seg, t0, s0, d.T, d.S);
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t t = e < 2 ? ta : tb, s = s0 + nt * 8 + 2 * c + (e & 1);
+        const float x =
+            all_seen || sees(p, seg_row, t, s, d.T, d.S) ? capped(p.scale * sc[nt][e], p.softcap) : -INFINITY;
+        sc[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float base[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // the row's maximum over the 4 threads holding it
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      base[i] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: every exp below is exp(-inf) = 0
+      alpha[i] = expf(m[i] - base[i]);
+      m[i] = m_new;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = expf(sc[nt][e] - base[e >> 1]);
+        sc[nt][e] = pe;
+        rs[e >> 1] += pe;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      o[nd][0] *= alpha[0];
+      o[nd][1] *= alpha[0];
+      o[nd][2] *= alpha[1];
+      o[nd][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kr = 0; kr < kKeyTile / 16; ++kr) {
+      const uint32_t pa[4] = {pack_bf16(sc[2 * kr][0], sc[2 * kr][1]), pack_bf16(sc[2 * kr][2], sc[2 * kr][3]),
+                              pack_bf16(sc[2 * kr + 1][0], sc[2 * kr + 1][1]),
+                              pack_bf16(sc[2 * kr + 1][2], sc[2 * kr + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < D / 8; nd += 2) {
+        uint32_t vb4[4];
+        load_b_cols(vb4, Vs, ld, kr, nd * 8);
+        mma_bf16(o[nd], pa, vb4[0], vb4[1]);
+        mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  bf16* row0 = ta < d.T ? out + ((b * d.T + ta) * d.Hq + h) * D : nullptr;
+  bf16* row1 = tb < d.T ? out + ((b * d.T + tb) * d.Hq + h) * D : nullptr;
+  store_rows<D>(row0, row1, o, l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f);
+  if (c == 0) {
+    float* lrow = lse + (b * d.Hq + h) * d.T;
+    if (ta < d.T) lrow[ta] = l[0] > 0.0f ? m[0] + logf(l[0]) : -INFINITY;
+    if (tb < d.T) lrow[tb] = l[1] > 0.0f ? m[1] + logf(l[1]) : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------- backward
+// Di[r] = sum over features of dO * O for rows r = (b * Hq + h) * T + t (lse's order); one warp per row.
+template <int D>
+__global__ void flash_di_kernel(const bf16* out, const bf16* dout, float* Di, AttnDims d) {
+  const int64_t rows = d.B * d.Hq * d.T;
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < rows; r += int64_t(gridDim.x) * kWarps) {
+    const int64_t t = r % d.T, bh = r / d.T, h = bh % d.Hq, b = bh / d.Hq;
+    const int64_t off = ((b * d.T + t) * d.Hq + h) * D;
+    float s = 0.0f;
+#pragma unroll
+    for (int f = lane; f < D; f += 32) s += ld(out + off, f) * ld(dout + off, f);
+    s = warp_sum(s);
+    if (lane == 0) Di[r] = s;
+  }
+}
+
+// dQ = scale * sum over visible keys of dS K, dS = P (dP - Di) (times the softcap's slope), P = exp(score - lse),
+// dP = dO V^T. grid (B * Hq, ceil(T / 64)); shared: Q, dO, K, V tiles [64][D + kPad].
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_dq_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, const float* lse, const bf16* dout,
+                    const float* Di, bf16* dq, AttnDims d, AttentionParams p) {
+  constexpr int ld = D + kPad;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem);
+  bf16* Gs = Qs + kRowTile * ld;
+  bf16* Ks = Gs + kRowTile * ld;
+  bf16* Vs = Ks + kKeyTile * ld;
+  const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
+  const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
+  const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
+  const bf16* vb = v + (b * d.S * d.Hkv + hk) * D;
+  const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  load_tile<D, kRowTile>(Qs, q + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+  load_tile<D, kRowTile>(Gs, dout + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+  const int64_t ta = t0 + rw + g, tb = ta + 8;
+  const float* lrow = lse + (b * d.Hq + h) * d.T;
+  const float* drow = Di + (b * d.Hq + h) * d.T;
+  const float L[2] = {ta < d.T ? lrow[ta] : -INFINITY, tb < d.T ? lrow[tb] : -INFINITY};
+  const float Dr[2] = {ta < d.T ? drow[ta] : 0.0f, tb < d.T ? drow[tb] : 0.0f};
+  float acc[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+
+  int64_t s_lo, s_hi;
+  key_range(p, t0, min(d.T, t0 + kRowTile) - 1, d.S, s_lo, s_hi);
+  for (int64_t s0 = s_lo < 0 ? 0 : s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
+    __syncthreads();
+    load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
+    load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
+    __syncthreads();
+
+    float sc[kKeyTile / 8][4], dp[kKeyTile / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+      uint32_t qa[4], ga[4];
+      load_a(qa, Qs, ld, rw, kc);
+      load_a(ga, Gs, ld, rw, kc);
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
+        uint32_t b0, b1;
+        load_b_rows(b0, b1, Ks, ld, nt * 8, kc);
+        mma_bf16(sc[nt], qa, b0, b1);
+        load_b_rows(b0, b1, Vs, ld, nt * 8, kc);
+        mma_bf16(dp[nt], ga, b0, b1);
+      }
+    }
+    const bool all_seen = tile_all_seen<kRowTile, kKeyTile>(p, seg, t0, s0, d.T, d.S);
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e >> 1;
+        const int64_t t = i == 0 ? ta : tb, s = s0 + nt * 8 + 2 * c + (e & 1);
+        float ds = 0.0f;
+        if (L[i] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
+          const float raw = p.scale * sc[nt][e];
+          const float P = expf(capped(raw, p.softcap) - L[i]);
+          ds = P * (dp[nt][e] - Dr[i]) * cap_slope(raw, p.softcap);
+        }
+        sc[nt][e] = ds;
+      }
+#pragma unroll
+    for (int kr = 0; kr < kKeyTile / 16; ++kr) {
+      const uint32_t da[4] = {pack_bf16(sc[2 * kr][0], sc[2 * kr][1]), pack_bf16(sc[2 * kr][2], sc[2 * kr][3]),
+                              pack_bf16(sc[2 * kr + 1][0], sc[2 * kr + 1][1]),
+                              pack_bf16(sc[2 * kr + 1][2], sc[2 * kr + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < D / 8; nd += 2) {
+        uint32_t kb4[4];
+        load_b_cols(kb4, Ks, ld, kr, nd * 8);
+        mma_bf16(acc[nd], da, kb4[0], kb4[1]);
+        mma_bf16(acc[nd + 1], da, kb4[2], kb4[3]);
+      }
+    }
+  }
+  bf16* row0 = ta < d.T ? dq + ((b * d.T + ta) * d.Hq + h) * D : nullptr;
+  bf16* row1 = tb < d.T ? dq + ((b * d.T + tb) * d.Hq + h) * D : nullptr;
+  store_rows<D>(row0, row1, acc, p.scale, p.scale);
+}
+
+// dV = sum over the queries that see the key (every head of its group) of P dO, dK = scale * sum of dS Q.
+// grid (B * Hkv, ceil(S / 64)); shared: K, V tiles [64][D + kPad], Q, dO tiles [32][D + kPad], lse and Di of
+// the query tile.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_dkdv_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, const float* lse,
+                      const bf16* dout, const float* Di, bf16* dk, bf16* dv, AttnDims d, AttentionParams p) {
+  constexpr int ld = D + kPad;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + kRowTile * ld;
+  bf16* Qs = Vs + kRowTile * ld;
+  bf16* Gs = Qs + kQueryTile * ld;
+  float* Ls = reinterpret_cast<float*>(Gs + kQueryTile * ld);
+  float* Ds = Ls + kQueryTile;
+  const int64_t b = int64_t(blockIdx.x) / d.Hkv, hk = int64_t(blockIdx.x) % d.Hkv, group = d.Hq / d.Hkv;
+  const int64_t s0 = int64_t(blockIdx.y) * kRowTile;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
+  const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
+  const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  load_tile<D, kRowTile>(Ks, k + (b * d.S * d.Hkv + hk) * D, kstride, s0, d.S);
+  load_tile<D, kRowTile>(Vs, v + (b * d.S * d.Hkv + hk) * D, kstride, s0, d.S);
+  const int64_t sa = s0 + rw + g, sb = sa + 8;  // this thread's two key rows
+  float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[nd][e] = dva[nd][e] = 0.0f;
+
+  // Queries [t_lo, t_hi] that may see a key of [s0, s_last] (causal / window only).
+  const int64_t s_last = min(d.S, s0 + kRowTile) - 1;
+  int64_t t_lo = 0, t_hi = d.T - 1;
+  if (p.causal && s0 - p.q_offset > t_lo) t_lo = s0 - p.q_offset;
+  if (p.window > 0 && s_last + p.window - 1 - p.q_offset < t_hi) t_hi = s_last + p.window - 1 - p.q_offset;
+  for (int64_t gi = 0; gi < group; ++gi) {
+    const int64_t h = hk * group + gi;
+    const bf16* qb = q + (b * d.T * d.Hq + h) * D;
+    const bf16* gb = dout + (b * d.T * d.Hq + h) * D;
+    const float* lrow = lse + (b * d.Hq + h) * d.T;
+    const float* drow = Di + (b * d.Hq + h) * d.T;
+    for (int64_t t0 = t_lo / kQueryTile * kQueryTile; t0 <= t_hi; t0 += kQueryTile) {
+      __syncthreads();  // every warp is done with the previous Q, dO tiles (and K, V are loaded)
+      load_tile<D, kQueryTile>(Qs, qb, qstride, t0, d.T);
+      load_tile<D, kQueryTile>(Gs, gb, qstride, t0, d.T);
+      for (int i = threadIdx.x; i < kQueryTile; i += kThreads) {
+        const bool in = t0 + i < d.T;
+        Ls[i] = in ? lrow[t0 + i] : -INFINITY;
+        Ds[i] = in ? drow[t0 + i] : 0.0f;
+      }
+      __syncthreads();
+
+      // S^T (keys x queries) and dP^T = V dO^T
+      float st[kQueryTile / 8][4], dpt[kQueryTile / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < kQueryTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t ka[4], va[4];
+        load_a(ka, Ks, ld, rw, kc);
+        load_a(va, Vs, ld, rw, kc);
+#pragma unroll
+        for (int nt = 0; nt < kQueryTile / 8; ++nt) {
+          uint32_t b0, b1;
+          load_b_rows(b0, b1, Qs, ld, nt * 8, kc);
+          mma_bf16(st[nt], ka, b0, b1);
+          load_b_rows(b0, b1, Gs, ld, nt * 8, kc);
+          mma_bf16(dpt[nt], va, b0, b1);
+        }
+      }
+      const bool all_seen = tile_all_seen<kQueryTile, kRowTile>(p, seg, t0, s0, d.T, d.S);
+#pragma unroll
+      for (int nt = 0; nt < kQueryTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tl = nt * 8 + 2 * c + (e & 1);
+          const int64_t s = e < 2 ? sa : sb, t = t0 + tl;
+          float P = 0.0f, ds = 0.0f;
+          if (Ls[tl] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
+            const float raw = p.scale * st[nt][e];
+            P = expf(capped(raw, p.softcap) - Ls[tl]);
+            ds = P * (dpt[nt][e] - Ds[tl]) * cap_slope(raw, p.softcap);
+          }
+          st[nt][e] = P;
+          dpt[nt][e] = ds;
+        }
+#pragma unroll
+      for (int kr = 0; kr < kQueryTile / 16; ++kr) {
+        const uint32_t pa[4] = {pack_bf16(st[2 * kr][0], st[2 * kr][1]), pack_bf16(st[2 * kr][2], st[2 * kr][3]),
+                                pack_bf16(st[2 * kr + 1][0], st[2 * kr + 1][1]),
+                                pack_bf16(st[2 * kr + 1][2], st[2 * kr + 1][3])};
+        const uint32_t da[4] = {pack_bf16(dpt[2 * kr][0], dpt[2 * kr][1]), pack_bf16(dpt[2 * kr][2], dpt[2 * kr][3]),
+                                pack_bf16(dpt[2 * kr + 1][0], dpt[2 * kr + 1][1]),
+                                pack_bf16(dpt[2 * kr + 1][2], dpt[2 * kr + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+          uint32_t b4[4];
+          load_b_cols(b4, Gs, ld, kr, nd * 8);
+          mma_bf16(dva[nd], pa, b4[0], b4[1]);
+          mma_bf16(dva[nd + 1], pa, b4[2], b4[3]);
+          load_b_cols(b4, Qs, ld, kr, nd * 8);
+          mma_bf16(dka[nd], da, b4[0], b4[1]);
+          mma_bf16(dka[nd + 1], da, b4[2], b4[3]);
+        }
+      }
+    }
+  }
+  bf16* k0 = sa < d.S ? dk + ((b * d.S + sa) * d.Hkv + hk) * D : nullptr;
+  bf16* k1 = sb < d.S ? dk + ((b * d.S + sb) * d.Hkv + hk) * D : nullptr;
+  store_rows<D>(k0, k1, dka, p.scale, p.scale);
+  bf16* v0 = sa < d.S ? dv + ((b * d.S + sa) * d.Hkv + hk) * D : nullptr;
+  bf16* v1 = sb < d.S ? dv + ((b * d.S + sb) * d.Hkv + hk) * D : nullptr;
+  store_rows<D>(v0, v1, dva, 1.0f, 1.0f);
+}
+
+// Shared bytes per block of each kernel.
+template <int D>
+constexpr size_t forward_smem() {
+  return size_t(kRowTile + 2 * kKeyTile) * (D + kPad) * sizeof(bf16);
+}
+template <int D>
+constexpr size_t dq_smem() {
+  return size_t(2 * kRowTile + 2 * kKeyTile) * (D + kPad) * sizeof(bf16);
+}
+template <int D>
+constexpr size_t dkdv_smem() {
+  return size_t(2 * kRowTile + 2 * kQueryTile) * (D + kPad) * sizeof(bf16) + 2 * kQueryTile * sizeof(float);
+}
+
+// A kernel's dynamic shared memory past the default 48 KiB is opted into per function (and device): set before
+// every launch, which costs a host call and no device work.
+template <class K>
+void allow_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    DEW_CHECK(e == cudaSuccess, "cuda: flash attention needs ", bytes,
+              " bytes of shared memory per block: ", cudaGetErrorString(e));
+  }
+}
+
+template <int D>
+void forward(cudaStream_t s, const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, bf16* out, float* lse,
+             const AttnDims& d, const AttentionParams& p) {
+  constexpr size_t bytes = forward_smem<D>();
+  allow_smem(flash_forward_kernel<D>, bytes);
+  const dim3 grid(unsigned(d.B * d.Hq), unsigned((d.T + kRowTile - 1) / kRowTile));
+  flash_forward_kernel<D><<<grid, kThreads, bytes, s>>>(q, k, v, seg, out, lse, d, p);
+}
+
+template <int D>
+void backward(cudaStream_t s, const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, const bf16* out,
+              const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, const AttnDims& d,
+              const AttentionParams& p, float* Di) {
+  const int64_t rows = d.B * d.Hq * d.T;
+  if (rows > 0) flash_di_kernel<D><<<blocks_for(rows, kWarps, 65535LL * 16), kThreads, 0, s>>>(out, dout, Di, d);
+  if (rows > 0) {
+    constexpr size_t bytes = dq_smem<D>();
+    allow_smem(flash_dq_kernel<D>, bytes);
+    const dim3 grid(unsigned(d.B * d.Hq), unsigned((d.T + kRowTile - 1) / kRowTile));
+    flash_dq_kernel<D><<<grid, kThreads, bytes, s>>>(q, k, v, seg, lse, dout, Di, dq, d, p);
+  }
+  if (d.B * d.Hkv * d.S > 0) {
+    constexpr size_t bytes = dkdv_smem<D>();
+    allow_smem(flash_dkdv_kernel<D>, bytes);
+    const dim3 grid(unsigned(d.B * d.Hkv), unsigned((d.S + kRowTile - 1) / kRowTile));
+    flash_dkdv_kernel<D><<<grid, kThreads, bytes, s>>>(q, k, v, seg, lse, dout, Di, dk, dv, d, p);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+bool flash_attention_applies(ST t, ST kv, const AttnDims& d, std::initializer_list<const void*> ptrs) {
+  if (t != ST::bf16 || kv != ST::bf16 || d.Dk != d.Dv || (d.Dk != 64 && d.Dk != 128)) return false;
+  // grid.x holds B * Hq (or B * Hkv), grid.y the row tiles
+  if (d.B * d.Hq > 2147483647LL || (d.T + kRowTile - 1) / kRowTile > 65535 || (d.S + kRowTile - 1) / kRowTile > 65535)
+    return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+void launch_flash_attention(cudaStream_t s, const void* q, const void* k, const void* v, const int32_t* seg, void* out,
+                            float* lse, const AttnDims& d, const AttentionParams& p) {
+  if (d.B * d.Hq * d.T == 0) return;
+  const auto* qs = static_cast<const bf16*>(q);
+  const auto* ks = static_cast<const bf16*>(k);
+  const auto* vs = static_cast<const bf16*>(v);
+  auto* os = static_cast<bf16*>(out);
+  if (d.Dk == 64)
+    forward<64>(s, qs, ks, vs, seg, os, lse, d, p);
+  else
+    forward<128>(s, qs, ks, vs, seg, os, lse, d, p);
+  check_launch("attention (tensor cores)");
+}
+
+void launch_flash_attention_backward(cudaStream_t s, const void* q, const void* k, const void* v, const int32_t* seg,
+                                     const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                                     const AttnDims& d, const AttentionParams& p, float* scratch) {
+  const auto* qs = static_cast<const bf16*>(q);
+  const auto* ks = static_cast<const bf16*>(k);
+  const auto* vs = static_cast<const bf16*>(v);
+  const auto* os = static_cast<const bf16*>(out);
+  const auto* gs = static_cast<const bf16*>(dout);
+  auto* dqs = static_cast<bf16*>(dq);
+  auto* dks = static_cast<bf16*>(dk);
+  auto* dvs = static_cast<bf16*>(dv);
+  if (d.Dk == 64)
+    backward<64>(s, qs, ks, vs, seg, os, lse, gs, dqs, dks, dvs, d, p, scratch);
+  else
+    backward<128>(s, qs, ks, vs, seg, os, lse, gs, dqs, dks, dvs, d, p, scratch);
+  check_launch("attention_backward (tensor cores)");
+}
+
+}  // namespace dew::cuda
