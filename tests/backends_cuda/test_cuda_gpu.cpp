@@ -238,8 +238,9 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
 
 // The tensor-core kernels (flash_attention.cu: bf16, head width 64 or 128) against ref in f32 on the same
 // bf16-rounded inputs, at shapes with ragged edges (T, S not multiples of the 64-row tiles), GQA, causal, sliding
-// window with softcap and q_offset, documents (segment ids, with padding rows that see no key: out 0, lse -inf),
-// non-causal, and a shape whose inner tiles take the unmasked fast path. The warp-per-row kernel (`attention =
+// window with softcap and q_offset, documents (segment ids, with padding rows that see no key: out 0, lse -inf;
+// short ones, and long ones whose tiles are skipped, unmasked or masked per element), non-causal, and a shape
+// whose inner tiles take the unmasked fast path. The warp-per-row kernel (`attention =
 // warp`) runs the same bf16 call against the same ref, tighter (it rounds nothing but its outputs), and the two
 // cuda results must differ somewhere: the option really switches the kernel. Tolerances: |err| <= rtol (|want| +
 // rms(want)); the tensor-core path rounds P and dS to bf16 before their second products (FlashAttention-2's
@@ -251,14 +252,16 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
     bool causal;
     int64_t window;
     float softcap;
-    bool segments;
+    int segments;  // 0: none; 1: short documents and a padding tail; 2: long documents (64-row tiles inside one,
+                   // across two, and hidden: query documents no key tile shares)
   };
   const Case cases[] = {
-      {"D 64, causal, ragged 100 x 100, GQA 2", 2, 100, 100, 4, 2, 64, true, 0, 0.0f, false},
-      {"D 64, causal, 192 x 192 (full inner tiles)", 1, 192, 192, 2, 1, 64, true, 0, 0.0f, false},
-      {"D 128, window 37, softcap 20, q_offset 80, GQA 4", 2, 70, 150, 4, 1, 128, true, 37, 20.0f, false},
-      {"D 64, documents with a padding tail", 2, 130, 130, 2, 2, 64, true, 0, 0.0f, true},
-      {"D 128, not causal, 33 x 200", 1, 33, 200, 2, 2, 128, false, 0, 0.0f, false},
+      {"D 64, causal, ragged 100 x 100, GQA 2", 2, 100, 100, 4, 2, 64, true, 0, 0.0f, 0},
+      {"D 64, causal, 192 x 192 (full inner tiles)", 1, 192, 192, 2, 1, 64, true, 0, 0.0f, 0},
+      {"D 128, window 37, softcap 20, q_offset 80, GQA 4", 2, 70, 150, 4, 1, 128, true, 37, 20.0f, 0},
+      {"D 64, documents with a padding tail", 2, 130, 130, 2, 2, 64, true, 0, 0.0f, 1},
+      {"D 64, long documents (whole, mixed and hidden tiles)", 1, 256, 256, 2, 2, 64, true, 0, 0.0f, 2},
+      {"D 128, not causal, 33 x 200", 1, 33, 200, 2, 2, 128, false, 0, 0.0f, 0},
   };
   BackendPtr warp_cuda = create_backend("cuda", Options({{"attention", "warp"}}, "test"));
   for (const Case& c : cases) {
@@ -278,10 +281,12 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
     const auto vv = rounded(host_uniform(c.B * c.S * c.Hkv * c.D, 33), 1.0f);
     const auto gv = rounded(host_uniform(c.B * c.T * c.Hq * c.D, 34), 1.0f);
     std::vector<int32_t> seg;
-    if (c.segments)  // documents of 1, 20, 57 and 40 tokens, then 12 padding positions (segment 0)
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t s = 0; s < c.S; ++s)
+    for (int64_t b = 0; b < c.B && c.segments; ++b)
+      for (int64_t s = 0; s < c.S; ++s)
+        if (c.segments == 1)  // documents of 1, 20, 57 and 40 tokens, then 12 padding positions (segment 0)
           seg.push_back(s < 1 ? 1 : s < 21 ? 2 : s < 78 ? 3 : s < 118 ? 4 + int32_t(b) : 0);
+        else  // 150 and 80 tokens, then 26 of padding
+          seg.push_back(s < 150 ? 7 : s < 230 ? 9 : 0);
     struct Out {
       std::vector<float> o, lse, dq, dk, dv;
     };
@@ -290,7 +295,7 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
       Tensor k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be, dt);
       Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be, dt);
       Tensor g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be, dt);
-      Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
+      Tensor sg = c.segments != 0 ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
       Tensor o = Tensor::empty(q.shape(), dt, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
       Tensor dq = Tensor::empty(q.shape(), dt, be), dk = Tensor::empty(k.shape(), dt, be);
       Tensor dv = Tensor::empty(v.shape(), dt, be);
@@ -323,9 +328,9 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
     check_close(w.dk, r.dk, 2e-2, "warp: dk");
     check_close(w.dv, r.dv, 2e-2, "warp: dv");
     CHECK_MESSAGE(tc.o != w.o, "the tensor-core and warp kernels gave the same bits: is `attention` switching?");
-    if (c.segments) {  // padding queries see no key: zeros (and lse -inf, checked above)
+    if (c.segments != 0) {  // padding queries see no key: zeros (and lse -inf, checked above)
       for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = 118; t < c.T; ++t)
+        for (int64_t t = c.segments == 1 ? 118 : 230; t < c.T; ++t)
           for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(tc.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
     }
   }

@@ -7,10 +7,12 @@
 //
 // Layout: q [B, T, Hq, D], k and v [B, S, Hkv, D], out [B, T, Hq, D], lse [B, Hq, T] (attention.cu's).
 // Tiles: 4 warps per block; a warp owns 16 rows. Forward and dQ: a block takes 64 query rows of one (b, h) and
-// walks the 64-key tiles its rows can see (causal / window ranges skip whole tiles; segments are tested per
-// element, so any segment layout is exact). dK/dV: a block takes 64 keys of one (b, hk) and walks the 32-query
-// tiles of every head of its group that can see them. Every output element is written by one thread, once:
-// no atomics, deterministic.
+// walks the 64-key tiles its rows can see. dK/dV: a block takes 64 keys of one (b, hk) and walks the 32-query
+// tiles of every head of its group that can see them. Masking per tile pair: causal and window ranges skip whole
+// tiles; with segment ids, a pair whose query and key document ranges do not meet is skipped too (packed rows
+// of short documents do the work of their block-diagonal part); a pair every query sees whole (in range and,
+// with segment ids, inside one document) skips the per-element test; the rest test each (query, key). Every
+// output element is written by one thread, once: no atomics, deterministic.
 // Numerics: scores and every sum in f32 (the mma accumulators); the online softmax's probabilities P (and the
 // backward's dS) are rounded to bf16 to enter the second product, as FlashAttention-2 does: out agrees with an
 // f32 computation on the same inputs to bf16 precision (tests/backends_cuda), not bit for bit. Stores round
@@ -24,6 +26,7 @@
 // two contiguous bf16 of a K row in shared memory. B operands whose k runs along rows of a row-major tile
 // (V in P V, K in dS K, dO in P^T dO, Q in dS^T Q) are read with ldmatrix .trans. Shared rows are padded by 8
 // bf16 (16 bytes), so the 8 rows one instruction reads fall in distinct banks.
+#include <climits>
 #include <initializer_list>
 
 #include "device.cuh"
@@ -116,15 +119,51 @@ __device__ __forceinline__ float cap_slope(float raw, float softcap) {
   return 1.0f - th * th;
 }
 
-// Whether every query of [t0, t0 + R) sees every key of [s0, s0 + C) (no segment ids, no edge, causal and window
-// ranges cover the tile): the tile then skips the per-element test. Uniform over the block.
+// Whether the causal and window ranges and the edges let every query of [t0, t0 + R) see every key of
+// [s0, s0 + C) (segment ids aside). Uniform over the block.
 template <int R, int C>
-__device__ __forceinline__ bool tile_all_seen(const AttentionParams& p, const int32_t* seg, int64_t t0, int64_t s0,
-                                              int64_t T, int64_t S) {
-  if (seg != nullptr || t0 + R > T || s0 + C > S) return false;
+__device__ __forceinline__ bool tile_in_range(const AttentionParams& p, int64_t t0, int64_t s0, int64_t T, int64_t S) {
+  if (t0 + R > T || s0 + C > S) return false;
   if (p.causal && s0 + C - 1 > p.q_offset + t0) return false;                  // the last key past the first query
   if (p.window > 0 && s0 <= p.q_offset + t0 + R - 1 - p.window) return false;  // the first key out of the last's window
   return true;
+}
+
+// The documents of n consecutive positions [first, first + n) of a row of segment ids, `valid` of them inside it
+// (the rest past its end): the smallest and largest nonzero id (lo > hi when there is none) and whether every
+// position is valid with a nonzero id. Every thread of the block calls it and gets the same answer; `red` is 8
+// ints of shared memory; barriers inside and at the end.
+struct SegRange {
+  int lo, hi;
+  bool all_nonzero;
+};
+__device__ __forceinline__ SegRange seg_range(const int32_t* seg_row, int64_t first, int valid, int n, int* red) {
+  const int i = threadIdx.x, warp = i >> 5, lane = i & 31;
+  const int v = i < valid ? seg_row[first + i] : 0;
+  int lo = i < n && v != 0 ? v : INT_MAX, hi = i < n && v != 0 ? v : INT_MIN;
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (lane == 0) red[warp] = lo, red[kWarps + warp] = hi;
+  const bool some_zero = __syncthreads_or(i < n && v == 0);  // also orders red's writes before the reads
+  SegRange r{INT_MAX, INT_MIN, !some_zero};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) r.lo = min(r.lo, red[w]), r.hi = max(r.hi, red[kWarps + w]);
+  __syncthreads();  // red is read by everyone before the next call writes it
+  return r;
+}
+
+// How a tile of queries (their documents q) and keys (k) is masked: hidden (no query sees a key: skipped),
+// whole (every query sees every key: no per-element test), or per element. Without segment ids q and k are
+// unused; with them, the tile is hidden when the two id ranges do not meet, and whole only inside one document.
+enum class TileMask { hidden, whole, per_element };
+template <int R, int C>
+__device__ __forceinline__ TileMask tile_mask(const AttentionParams& p, bool segmented, const SegRange& q,
+                                              const SegRange& k, int64_t t0, int64_t s0, int64_t T, int64_t S) {
+  const bool in_range = tile_in_range<R, C>(p, t0, s0, T, S);
+  if (!segmented) return in_range ? TileMask::whole : TileMask::per_element;
+  if (q.lo > q.hi || k.lo > k.hi || k.hi < q.lo || k.lo > q.hi) return TileMask::hidden;
+  const bool one_doc = q.all_nonzero && k.all_nonzero && q.lo == q.hi && k.lo == k.hi && q.lo == k.lo;
+  return in_range && one_doc ? TileMask::whole : TileMask::per_element;
 }
 
 // Keys [lo, hi] some query of [t0, t1] may see (causal / window only).
@@ -187,10 +226,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
 
+  __shared__ int red[2 * kWarps];
+  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
+  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
   int64_t s_lo, s_hi;
-  key_range(p, t0, min(d.T, t0 + kRowTile) - 1, d.S, s_lo, s_hi);
-  for (int64_t s0 = s_lo < 0 ? 0 : s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
+  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
+  for (int64_t s0 = s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
     __syncthreads();  // every warp is done with the previous K, V tiles
+    const int k_valid = int(min(int64_t(kKeyTile), d.S - s0));
+    const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kKeyTile, red) : SegRange{};
+    const TileMask mask = tile_mask<kRowTile, kKeyTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
+    if (mask == TileMask::hidden) continue;
     load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
     load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
     __syncthreads();
@@ -208,7 +254,7 @@ __global__ void __launch_bounds__(kThreads)
       }
 
     float mx[2] = {-INFINITY, -INFINITY};
-    const bool all_seen = tile_all_seen<kRowTile, kKeyTile>(p, seg, t0, s0, d.T, d.S);
+    const bool all_seen = mask == TileMask::whole;
 #pragma unroll
     for (int nt = 0; nt < kKeyTile / 8; ++nt)
 #pragma unroll
@@ -324,10 +370,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
 
+  __shared__ int red[2 * kWarps];
+  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
+  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
   int64_t s_lo, s_hi;
-  key_range(p, t0, min(d.T, t0 + kRowTile) - 1, d.S, s_lo, s_hi);
-  for (int64_t s0 = s_lo < 0 ? 0 : s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
-    __syncthreads();
+  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
+  for (int64_t s0 = s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
+    __syncthreads();  // every warp is done with the previous K, V tiles (and Q, dO are loaded)
+    const int k_valid = int(min(int64_t(kKeyTile), d.S - s0));
+    const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kKeyTile, red) : SegRange{};
+    const TileMask mask = tile_mask<kRowTile, kKeyTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
+    if (mask == TileMask::hidden) continue;
     load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
     load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
     __syncthreads();
@@ -351,7 +404,7 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(dp[nt], ga, b0, b1);
       }
     }
-    const bool all_seen = tile_all_seen<kRowTile, kKeyTile>(p, seg, t0, s0, d.T, d.S);
+    const bool all_seen = mask == TileMask::whole;
 #pragma unroll
     for (int nt = 0; nt < kKeyTile / 8; ++nt)
 #pragma unroll
@@ -408,6 +461,9 @@ __global__ void __launch_bounds__(kThreads)
 
   load_tile<D, kRowTile>(Ks, k + (b * d.S * d.Hkv + hk) * D, kstride, s0, d.S);
   load_tile<D, kRowTile>(Vs, v + (b * d.S * d.Hkv + hk) * D, kstride, s0, d.S);
+  __shared__ int red[2 * kWarps];
+  const int k_valid = int(min(int64_t(kRowTile), d.S - s0));
+  const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kRowTile, red) : SegRange{};
   const int64_t sa = s0 + rw + g, sb = sa + 8;  // this thread's two key rows
   float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
@@ -428,6 +484,10 @@ __global__ void __launch_bounds__(kThreads)
     const float* drow = Di + (b * d.Hq + h) * d.T;
     for (int64_t t0 = t_lo / kQueryTile * kQueryTile; t0 <= t_hi; t0 += kQueryTile) {
       __syncthreads();  // every warp is done with the previous Q, dO tiles (and K, V are loaded)
+      const int q_valid = int(min(int64_t(kQueryTile), d.T - t0));
+      const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kQueryTile, red) : SegRange{};
+      const TileMask mask = tile_mask<kQueryTile, kRowTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
+      if (mask == TileMask::hidden) continue;
       load_tile<D, kQueryTile>(Qs, qb, qstride, t0, d.T);
       load_tile<D, kQueryTile>(Gs, gb, qstride, t0, d.T);
       for (int i = threadIdx.x; i < kQueryTile; i += kThreads) {
@@ -457,7 +517,7 @@ __global__ void __launch_bounds__(kThreads)
           mma_bf16(dpt[nt], va, b0, b1);
         }
       }
-      const bool all_seen = tile_all_seen<kQueryTile, kRowTile>(p, seg, t0, s0, d.T, d.S);
+      const bool all_seen = mask == TileMask::whole;
 #pragma unroll
       for (int nt = 0; nt < kQueryTile / 8; ++nt)
 #pragma unroll
