@@ -1,0 +1,563 @@
+// cuda/flash_attention.cuh — the kernels of flash_attention.cu (tensor-core attention; what they compute, their
+// tiles, masks, numerics and fragment layouts: flash_attention.cu's top comment), in a header so that the same
+// source also runs on a CPU: tests/backends_cuda/test_flash_emulated.cpp defines DEW_CUDA_EMULATION and its own
+// versions of the few warp-level primitives below (mma.sync, ldmatrix, shuffles, barriers) before including it,
+// so every index, mask and softmax step is tested on every CI run, with or without a GPU.
+// The platform primitives (pack_bf16, mma_bf16, ldmatrix_x4_trans, to_bf16, ld, warp_sum, the CUDA built-ins)
+// come from device.cuh and the PTX below, or from the emulation; nothing else here is platform-specific.
+#pragma once
+#include <climits>
+
+#ifndef DEW_CUDA_EMULATION
+#include "device.cuh"
+#define DEW_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+namespace dew::cuda::flash {
+
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRowTile = 64;    // query rows (forward, dQ) or keys (dK/dV) per block: 16 per warp
+constexpr int kKeyTile = 64;    // keys per step of the forward and dQ
+constexpr int kQueryTile = 32;  // queries per step of dK/dV
+constexpr int kPad = 8;         // bf16 of padding per shared row
+
+#ifndef DEW_CUDA_EMULATION
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (the lower 16 bits) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Four 8 x 8 bf16 matrices, transposed: thread i gives the address of row i % 8 of matrix i / 8 (16 bytes,
+// 16-byte aligned); register j gets matrix j's elements (2c, g) and (2c + 1, g).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+#endif
+
+__device__ __forceinline__ uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// The A fragment of rows [r0, r0 + 16), columns [16 kc, 16 kc + 16) of a shared tile with row stride ld.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int ld, int r0, int kc) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  const bf16* p = tile + (r0 + g) * ld + kc * 16 + 2 * c;
+  a[0] = ld_pair(p);
+  a[1] = ld_pair(p + 8 * ld);
+  a[2] = ld_pair(p + 8);
+  a[3] = ld_pair(p + 8 * ld + 8);
+}
+// The B fragment (k = feature, n = row) of rows [n0, n0 + 8), features [16 kc, 16 kc + 16) of a shared tile: the
+// product with a row-major tile's transpose (Q K^T, dO V^T, K Q^T, V dO^T).
+__device__ __forceinline__ void load_b_rows(uint32_t& b0, uint32_t& b1, const bf16* tile, int ld, int n0, int kc) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  const bf16* p = tile + (n0 + g) * ld + kc * 16 + 2 * c;
+  b0 = ld_pair(p);
+  b1 = ld_pair(p + 8);
+}
+// The B fragments (k = row, n = feature) of rows [16 kr, 16 kr + 16), features [f0, f0 + 16) of a shared tile:
+// b[0], b[1] for features f0 .. f0 + 7, b[2], b[3] for f0 + 8 .. f0 + 15 (P V, dS K, P^T dO, dS^T Q).
+__device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* tile, int ld, int kr, int f0) {
+  const int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+  ldmatrix_x4_trans(b, tile + (kr * 16 + 8 * (m & 1) + r) * ld + f0 + 8 * (m >> 1));
+}
+
+// Rows [r0, r0 + R) of a strided bf16 matrix (row i at base + i * stride, D contiguous elements) into a shared
+// tile [R][D + kPad], 16 bytes per thread and step; rows at or past `rows` are zero.
+template <int D, int R>
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int64_t stride, int64_t r0, int64_t rows) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < R * kChunks; i += kThreads) {
+    const int r = i / kChunks, f = (i % kChunks) * 8;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + r < rows) v = *reinterpret_cast<const uint4*>(base + (r0 + r) * stride + f);
+    *reinterpret_cast<uint4*>(tile + r * (D + kPad) + f) = v;
+  }
+}
+
+// Whether query t sees key s (attention.cu's rule: causal, window, documents; rows past T, keys past S never).
+__device__ __forceinline__ bool sees(const AttentionParams& p, const int32_t* seg_row, int64_t t, int64_t s, int64_t T,
+                                     int64_t S) {
+  if (t >= T || s >= S) return false;
+  const int64_t pos = p.q_offset + t;
+  if (p.causal && s > pos) return false;
+  if (p.window > 0 && s <= pos - p.window) return false;
+  return seg_row == nullptr || (seg_row[pos] != 0 && seg_row[s] == seg_row[pos]);
+}
+__device__ __forceinline__ float capped(float raw, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(raw / softcap) : raw;
+}
+// d capped / d raw.
+__device__ __forceinline__ float cap_slope(float raw, float softcap) {
+  if (softcap <= 0.0f) return 1.0f;
+  const float th = tanhf(raw / softcap);
+  return 1.0f - th * th;
+}
+
+// Whether the causal and window ranges and the edges let every query of [t0, t0 + R) see every key of
+// [s0, s0 + C) (segment ids aside). Uniform over the block.
+template <int R, int C>
+__device__ __forceinline__ bool tile_in_range(const AttentionParams& p, int64_t t0, int64_t s0, int64_t T, int64_t S) {
+  if (t0 + R > T || s0 + C > S) return false;
+  if (p.causal && s0 + C - 1 > p.q_offset + t0) return false;                  // the last key past the first query
+  if (p.window > 0 && s0 <= p.q_offset + t0 + R - 1 - p.window) return false;  // the first key out of the last's window
+  return true;
+}
+
+// The documents of n consecutive positions [first, first + n) of a row of segment ids, `valid` of them inside it
+// (the rest past its end): the smallest and largest nonzero id (lo > hi when there is none) and whether every
+// position is valid with a nonzero id. Every thread of the block calls it and gets the same answer; `red` is 8
+// ints of shared memory; barriers inside and at the end.
+struct SegRange {
+  int lo, hi;
+  bool all_nonzero;
+};
+__device__ __forceinline__ SegRange seg_range(const int32_t* seg_row, int64_t first, int valid, int n, int* red) {
+  const int i = threadIdx.x, warp = i >> 5, lane = i & 31;
+  const int v = i < valid ? seg_row[first + i] : 0;
+  int lo = i < n && v != 0 ? v : INT_MAX, hi = i < n && v != 0 ? v : INT_MIN;
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (lane == 0) red[warp] = lo, red[kWarps + warp] = hi;
+  const bool some_zero = __syncthreads_or(i < n && v == 0);  // also orders red's writes before the reads
+  SegRange r{INT_MAX, INT_MIN, !some_zero};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) r.lo = min(r.lo, red[w]), r.hi = max(r.hi, red[kWarps + w]);
+  __syncthreads();  // red is read by everyone before the next call writes it
+  return r;
+}
+
+// How a tile of queries (their documents q) and keys (k) is masked: hidden (no query sees a key: skipped),
+// whole (every query sees every key: no per-element test), or per element. Without segment ids q and k are
+// unused; with them, the tile is hidden when the two id ranges do not meet, and whole only inside one document.
+enum class TileMask { hidden, whole, per_element };
+template <int R, int C>
+__device__ __forceinline__ TileMask tile_mask(const AttentionParams& p, bool segmented, const SegRange& q,
+                                              const SegRange& k, int64_t t0, int64_t s0, int64_t T, int64_t S) {
+  const bool in_range = tile_in_range<R, C>(p, t0, s0, T, S);
+  if (!segmented) return in_range ? TileMask::whole : TileMask::per_element;
+  if (q.lo > q.hi || k.lo > k.hi || k.hi < q.lo || k.lo > q.hi) return TileMask::hidden;
+  const bool one_doc = q.all_nonzero && k.all_nonzero && q.lo == q.hi && k.lo == k.hi && q.lo == k.lo;
+  return in_range && one_doc ? TileMask::whole : TileMask::per_element;
+}
+
+// Keys [lo, hi] some query of [t0, t1] may see (causal / window only).
+__device__ __forceinline__ void key_range(const AttentionParams& p, int64_t t0, int64_t t1, int64_t S, int64_t& lo,
+                                          int64_t& hi) {
+  lo = 0;
+  hi = S - 1;
+  if (p.causal && p.q_offset + t1 < hi) hi = p.q_offset + t1;
+  if (p.window > 0 && p.q_offset + t0 - p.window + 1 > lo) lo = p.q_offset + t0 - p.window + 1;
+}
+
+// Stores a 16 x D accumulator row pair (rows ta, ta + 8 of the thread's fragments) times `mul[i]` as bf16 into
+// rows at row_ptr(i) (nullptr: not stored).
+template <int D>
+__device__ __forceinline__ void store_rows(bf16* row0, bf16* row1, const float (&acc)[D / 8][4], float mul0,
+                                           float mul1) {
+  const int c = threadIdx.x & 3;
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) {
+    const int f = nd * 8 + 2 * c;
+    if (row0) {
+      row0[f] = to_bf16(acc[nd][0] * mul0);
+      row0[f + 1] = to_bf16(acc[nd][1] * mul0);
+    }
+    if (row1) {
+      row1[f] = to_bf16(acc[nd][2] * mul1);
+      row1[f + 1] = to_bf16(acc[nd][3] * mul1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- forward
+// grid (B * Hq, ceil(T / 64)); shared: Q, K, V tiles [64][D + kPad].
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, bf16* out, float* lse,
+                         AttnDims d, AttentionParams p) {
+  constexpr int ld = D + kPad;
+  DEW_DYNAMIC_SMEM(smem);
+  bf16* Qs = reinterpret_cast<bf16*>(smem);
+  bf16* Ks = Qs + kRowTile * ld;
+  bf16* Vs = Ks + kKeyTile * ld;
+  const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
+  const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
+  const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
+  const bf16* vb = v + (b * d.S * d.Hkv + hk) * D;
+  const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  load_tile<D, kRowTile>(Qs, q + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) load_a(qa[kc], Qs, ld, rw, kc);
+
+  const int64_t ta = t0 + rw + g, tb = ta + 8;  // this thread's two query rows
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+
+  __shared__ int red[2 * kWarps];
+  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
+  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
+  int64_t s_lo, s_hi;
+  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
+  for (int64_t s0 = s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
+    __syncthreads();  // every warp is done with the previous K, V tiles
+    const int k_valid = int(min(int64_t(kKeyTile), d.S - s0));
+    const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kKeyTile, red) : SegRange{};
+    const TileMask mask = tile_mask<kRowTile, kKeyTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
+    if (mask == TileMask::hidden) continue;
+    load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
+    load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
+    __syncthreads();
+
+    float sc[kKeyTile / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
+        uint32_t b0, b1;
+        load_b_rows(b0, b1, Ks, ld, nt * 8, kc);
+        mma_bf16(sc[nt], qa[kc], b0, b1);
+      }
+
+    float mx[2] = {-INFINITY, -INFINITY};
+    const bool all_seen = mask == TileMask::whole;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t t = e < 2 ? ta : tb, s = s0 + nt * 8 + 2 * c + (e & 1);
+        const float x =
+            all_seen || sees(p, seg_row, t, s, d.T, d.S) ? capped(p.scale * sc[nt][e], p.softcap) : -INFINITY;
+        sc[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float base[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // the row's maximum over the 4 threads holding it
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      base[i] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: every exp below is exp(-inf) = 0
+      alpha[i] = expf(m[i] - base[i]);
+      m[i] = m_new;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = expf(sc[nt][e] - base[e >> 1]);
+        sc[nt][e] = pe;
+        rs[e >> 1] += pe;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      o[nd][0] *= alpha[0];
+      o[nd][1] *= alpha[0];
+      o[nd][2] *= alpha[1];
+      o[nd][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kr = 0; kr < kKeyTile / 16; ++kr) {
+      const uint32_t pa[4] = {pack_bf16(sc[2 * kr][0], sc[2 * kr][1]), pack_bf16(sc[2 * kr][2], sc[2 * kr][3]),
+                              pack_bf16(sc[2 * kr + 1][0], sc[2 * kr + 1][1]),
+                              pack_bf16(sc[2 * kr + 1][2], sc[2 * kr + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < D / 8; nd += 2) {
+        uint32_t vb4[4];
+        load_b_cols(vb4, Vs, ld, kr, nd * 8);
+        mma_bf16(o[nd], pa, vb4[0], vb4[1]);
+        mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  bf16* row0 = ta < d.T ? out + ((b * d.T + ta) * d.Hq + h) * D : nullptr;
+  bf16* row1 = tb < d.T ? out + ((b * d.T + tb) * d.Hq + h) * D : nullptr;
+  store_rows<D>(row0, row1, o, l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f);
+  if (c == 0) {
+    float* lrow = lse + (b * d.Hq + h) * d.T;
+    if (ta < d.T) lrow[ta] = l[0] > 0.0f ? m[0] + logf(l[0]) : -INFINITY;
+    if (tb < d.T) lrow[tb] = l[1] > 0.0f ? m[1] + logf(l[1]) : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------- backward
+// Di[r] = sum over features of dO * O for rows r = (b * Hq + h) * T + t (lse's order); one warp per row.
+template <int D>
+__global__ void flash_di_kernel(const bf16* out, const bf16* dout, float* Di, AttnDims d) {
+  const int64_t rows = d.B * d.Hq * d.T;
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < rows; r += int64_t(gridDim.x) * kWarps) {
+    const int64_t t = r % d.T, bh = r / d.T, h = bh % d.Hq, b = bh / d.Hq;
+    const int64_t off = ((b * d.T + t) * d.Hq + h) * D;
+    float s = 0.0f;
+#pragma unroll
+    for (int f = lane; f < D; f += 32) s += ld(out + off, f) * ld(dout + off, f);
+    s = warp_sum(s);
+    if (lane == 0) Di[r] = s;
+  }
+}
+
+// dQ = scale * sum over visible keys of dS K, dS = P (dP - Di) (times the softcap's slope), P = exp(score - lse),
+// dP = dO V^T. grid (B * Hq, ceil(T / 64)); shared: Q, dO, K, V tiles [64][D + kPad].
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_dq_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, const float* lse, const bf16* dout,
+                    const float* Di, bf16* dq, AttnDims d, AttentionParams p) {
+  constexpr int ld = D + kPad;
+  DEW_DYNAMIC_SMEM(smem);
+  bf16* Qs = reinterpret_cast<bf16*>(smem);
+  bf16* Gs = Qs + kRowTile * ld;
+  bf16* Ks = Gs + kRowTile * ld;
+  bf16* Vs = Ks + kKeyTile * ld;
+  const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
+  const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
+  const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
+  const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
+  const bf16* vb = v + (b * d.S * d.Hkv + hk) * D;
+  const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  load_tile<D, kRowTile>(Qs, q + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+  load_tile<D, kRowTile>(Gs, dout + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+  const int64_t ta = t0 + rw + g, tb = ta + 8;
+  const float* lrow = lse + (b * d.Hq + h) * d.T;
+  const float* drow = Di + (b * d.Hq + h) * d.T;
+  const float L[2] = {ta < d.T ? lrow[ta] : -INFINITY, tb < d.T ? lrow[tb] : -INFINITY};
+  const float Dr[2] = {ta < d.T ? drow[ta] : 0.0f, tb < d.T ? drow[tb] : 0.0f};
+  float acc[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+
+  __shared__ int red[2 * kWarps];
+  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
+  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
+  int64_t s_lo, s_hi;
+  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
+  for (int64_t s0 = s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
+    __syncthreads();  // every warp is done with the previous K, V tiles (and Q, dO are loaded)
+    const int k_valid = int(min(int64_t(kKeyTile), d.S - s0));
+    const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kKeyTile, red) : SegRange{};
+    const TileMask mask = tile_mask<kRowTile, kKeyTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
+    if (mask == TileMask::hidden) continue;
+    load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
+    load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
+    __syncthreads();
+
+    float sc[kKeyTile / 8][4], dp[kKeyTile / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+      uint32_t qa[4], ga[4];
+      load_a(qa, Qs, ld, rw, kc);
+      load_a(ga, Gs, ld, rw, kc);
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
+        uint32_t b0, b1;
+        load_b_rows(b0, b1, Ks, ld, nt * 8, kc);
+        mma_bf16(sc[nt], qa, b0, b1);
+        load_b_rows(b0, b1, Vs, ld, nt * 8, kc);
+        mma_bf16(dp[nt], ga, b0, b1);
+      }
+    }
+    const bool all_seen = mask == TileMask::whole;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e >> 1;
+        const int64_t t = i == 0 ? ta : tb, s = s0 + nt * 8 + 2 * c + (e & 1);
+        float ds = 0.0f;
+        if (L[i] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
+          const float raw = p.scale * sc[nt][e];
+          const float P = expf(capped(raw, p.softcap) - L[i]);
+          ds = P * (dp[nt][e] - Dr[i]) * cap_slope(raw, p.softcap);
+        }
+        sc[nt][e] = ds;
+      }
+#pragma unroll
+    for (int kr = 0; kr < kKeyTile / 16; ++kr) {
+      const uint32_t da[4] = {pack_bf16(sc[2 * kr][0], sc[2 * kr][1]), pack_bf16(sc[2 * kr][2], sc[2 * kr][3]),
+                              pack_bf16(sc[2 * kr + 1][0], sc[2 * kr + 1][1]),
+                              pack_bf16(sc[2 * kr + 1][2], sc[2 * kr + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < D / 8; nd += 2) {
+        uint32_t kb4[4];
+        load_b_cols(kb4, Ks, ld, kr, nd * 8);
+        mma_bf16(acc[nd], da, kb4[0], kb4[1]);
+        mma_bf16(acc[nd + 1], da, kb4[2], kb4[3]);
+      }
+    }
+  }
+  bf16* row0 = ta < d.T ? dq + ((b * d.T + ta) * d.Hq + h) * D : nullptr;
+  bf16* row1 = tb < d.T ? dq + ((b * d.T + tb) * d.Hq + h) * D : nullptr;
+  store_rows<D>(row0, row1, acc, p.scale, p.scale);
+}
+
+// dV = sum over the queries that see the key (every head of its group) of P dO, dK = scale * sum of dS Q.
+// grid (B * Hkv, ceil(S / 64)); shared: K, V tiles [64][D + kPad], Q, dO tiles [32][D + kPad], lse and Di of
+// the query tile.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_dkdv_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, const float* lse,
+                      const bf16* dout, const float* Di, bf16* dk, bf16* dv, AttnDims d, AttentionParams p) {
+  constexpr int ld = D + kPad;
+  DEW_DYNAMIC_SMEM(smem);
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + kRowTile * ld;
+  bf16* Qs = Vs + kRowTile * ld;
+  bf16* Gs = Qs + kQueryTile * ld;
+  float* Ls = reinterpret_cast<float*>(Gs + kQueryTile * ld);
+  float* Ds = Ls + kQueryTile;
+  const int64_t b = int64_t(blockIdx.x) / d.Hkv, hk = int64_t(blockIdx.x) % d.Hkv, group = d.Hq / d.Hkv;
+  const int64_t s0 = int64_t(blockIdx.y) * kRowTile;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
+  const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
+  const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  load_tile<D, kRowTile>(Ks, k + (b * d.S * d.Hkv + hk) * D, kstride, s0, d.S);
+  load_tile<D, kRowTile>(Vs, v + (b * d.S * d.Hkv + hk) * D, kstride, s0, d.S);
+  __shared__ int red[2 * kWarps];
+  const int k_valid = int(min(int64_t(kRowTile), d.S - s0));
+  const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kRowTile, red) : SegRange{};
+  const int64_t sa = s0 + rw + g, sb = sa + 8;  // this thread's two key rows
+  float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[nd][e] = dva[nd][e] = 0.0f;
+
+  // Queries [t_lo, t_hi] that may see a key of [s0, s_last] (causal / window only).
+  const int64_t s_last = min(d.S, s0 + kRowTile) - 1;
+  int64_t t_lo = 0, t_hi = d.T - 1;
+  if (p.causal && s0 - p.q_offset > t_lo) t_lo = s0 - p.q_offset;
+  if (p.window > 0 && s_last + p.window - 1 - p.q_offset < t_hi) t_hi = s_last + p.window - 1 - p.q_offset;
+  for (int64_t gi = 0; gi < group; ++gi) {
+    const int64_t h = hk * group + gi;
+    const bf16* qb = q + (b * d.T * d.Hq + h) * D;
+    const bf16* gb = dout + (b * d.T * d.Hq + h) * D;
+    const float* lrow = lse + (b * d.Hq + h) * d.T;
+    const float* drow = Di + (b * d.Hq + h) * d.T;
+    for (int64_t t0 = t_lo / kQueryTile * kQueryTile; t0 <= t_hi; t0 += kQueryTile) {
+      __syncthreads();  // every warp is done with the previous Q, dO tiles (and K, V are loaded)
+      const int q_valid = int(min(int64_t(kQueryTile), d.T - t0));
+      const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kQueryTile, red) : SegRange{};
+      const TileMask mask = tile_mask<kQueryTile, kRowTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
+      if (mask == TileMask::hidden) continue;
+      load_tile<D, kQueryTile>(Qs, qb, qstride, t0, d.T);
+      load_tile<D, kQueryTile>(Gs, gb, qstride, t0, d.T);
+      for (int i = threadIdx.x; i < kQueryTile; i += kThreads) {
+        const bool in = t0 + i < d.T;
+        Ls[i] = in ? lrow[t0 + i] : -INFINITY;
+        Ds[i] = in ? drow[t0 + i] : 0.0f;
+      }
+      __syncthreads();
+
+      // S^T (keys x queries) and dP^T = V dO^T
+      float st[kQueryTile / 8][4], dpt[kQueryTile / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < kQueryTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t ka[4], va[4];
+        load_a(ka, Ks, ld, rw, kc);
+        load_a(va, Vs, ld, rw, kc);
+#pragma unroll
+        for (int nt = 0; nt < kQueryTile / 8; ++nt) {
+          uint32_t b0, b1;
+          load_b_rows(b0, b1, Qs, ld, nt * 8, kc);
+          mma_bf16(st[nt], ka, b0, b1);
+          load_b_rows(b0, b1, Gs, ld, nt * 8, kc);
+          mma_bf16(dpt[nt], va, b0, b1);
+        }
+      }
+      const bool all_seen = mask == TileMask::whole;
+#pragma unroll
+      for (int nt = 0; nt < kQueryTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tl = nt * 8 + 2 * c + (e & 1);
+          const int64_t s = e < 2 ? sa : sb, t = t0 + tl;
+          float P = 0.0f, ds = 0.0f;
+          if (Ls[tl] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
+            const float raw = p.scale * st[nt][e];
+            P = expf(capped(raw, p.softcap) - Ls[tl]);
+            ds = P * (dpt[nt][e] - Ds[tl]) * cap_slope(raw, p.softcap);
+          }
+          st[nt][e] = P;
+          dpt[nt][e] = ds;
+        }
+#pragma unroll
+      for (int kr = 0; kr < kQueryTile / 16; ++kr) {
+        const uint32_t pa[4] = {pack_bf16(st[2 * kr][0], st[2 * kr][1]), pack_bf16(st[2 * kr][2], st[2 * kr][3]),
+                                pack_bf16(st[2 * kr + 1][0], st[2 * kr + 1][1]),
+                                pack_bf16(st[2 * kr + 1][2], st[2 * kr + 1][3])};
+        const uint32_t da[4] = {pack_bf16(dpt[2 * kr][0], dpt[2 * kr][1]), pack_bf16(dpt[2 * kr][2], dpt[2 * kr][3]),
+                                pack_bf16(dpt[2 * kr + 1][0], dpt[2 * kr + 1][1]),
+                                pack_bf16(dpt[2 * kr + 1][2], dpt[2 * kr + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+          uint32_t b4[4];
+          load_b_cols(b4, Gs, ld, kr, nd * 8);
+          mma_bf16(dva[nd], pa, b4[0], b4[1]);
+          mma_bf16(dva[nd + 1], pa, b4[2], b4[3]);
+          load_b_cols(b4, Qs, ld, kr, nd * 8);
+          mma_bf16(dka[nd], da, b4[0], b4[1]);
+          mma_bf16(dka[nd + 1], da, b4[2], b4[3]);
+        }
+      }
+    }
+  }
+  bf16* k0 = sa < d.S ? dk + ((b * d.S + sa) * d.Hkv + hk) * D : nullptr;
+  bf16* k1 = sb < d.S ? dk + ((b * d.S + sb) * d.Hkv + hk) * D : nullptr;
+  store_rows<D>(k0, k1, dka, p.scale, p.scale);
+  bf16* v0 = sa < d.S ? dv + ((b * d.S + sa) * d.Hkv + hk) * D : nullptr;
+  bf16* v1 = sb < d.S ? dv + ((b * d.S + sb) * d.Hkv + hk) * D : nullptr;
+  store_rows<D>(v0, v1, dva, 1.0f, 1.0f);
+}
+
+// Shared bytes per block of each kernel.
+template <int D>
+constexpr size_t forward_smem() {
+  return size_t(kRowTile + 2 * kKeyTile) * (D + kPad) * sizeof(bf16);
+}
+template <int D>
+constexpr size_t dq_smem() {
+  return size_t(2 * kRowTile + 2 * kKeyTile) * (D + kPad) * sizeof(bf16);
+}
+template <int D>
+constexpr size_t dkdv_smem() {
+  return size_t(2 * kRowTile + 2 * kQueryTile) * (D + kPad) * sizeof(bf16) + 2 * kQueryTile * sizeof(float);
+}
+
+}  // namespace dew::cuda::flash

@@ -1,0 +1,285 @@
+// tests/backends_cuda/cuda_emulation.hpp — runs a CUDA kernel's own source on the CPU, one block at a time, each
+// thread of the block a fiber (ucontext) scheduled round-robin on one OS thread, so that the kernels of
+// flash_attention.cuh are tested on every machine, with or without a GPU (test_flash_emulated.cpp).
+// What it provides, and how it models the hardware:
+//   * the CUDA keywords (__global__, __device__, __shared__ = one static per kernel for all blocks, which run
+//     one after another), threadIdx / blockIdx / gridDim / blockDim, dynamic shared memory (DEW_DYNAMIC_SMEM);
+//   * __syncthreads, __syncthreads_or: barriers over the block's fibers; a fiber waiting at one yields;
+//   * warp collectives (__shfl_xor_sync, __reduce_min/max_sync, and the flash kernels' mma_bf16 and
+//     ldmatrix_x4_trans) exchange through per-lane slots between two warp barriers, so every lane sees the
+//     others' values as the hardware shows them; mma.m16n8k16 and ldmatrix .trans gather their operands by the
+//     PTX ISA's fragment layouts (written out below, independently of the kernels' loaders);
+//   * bf16 as dew's bits (round to nearest even), mma products exact and summed in double, then rounded to f32
+//     (tensor cores keep at least f32 precision: results agree with the GPU's to f32 rounding, not bit for bit).
+// Not modelled: memory ordering beyond the barriers (a fiber runs until it waits), timing, shared-memory banks,
+// registers. ldmatrix checks its 16-byte alignment; a kernel that reads out of a block's dynamic shared memory
+// is not caught (use the address sanitizer build for that).
+#pragma once
+#include <ucontext.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+// The launchers' declarations (AttnDims) and cuda_runtime.h's host-usable vector types (uint4, make_uint4);
+// then the keywords its host_defines.h gave g++ are redefined for the emulation.
+#include "kernels.cuh"
+
+#define DEW_CUDA_EMULATION 1
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
+#undef __align__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) alignas(n)
+#define DEW_DYNAMIC_SMEM(name) unsigned char* name = ::emu::dynamic_smem()
+#define threadIdx (::emu::thread_index())
+#define blockIdx (::emu::state().block)
+#define gridDim (::emu::state().grid)
+#define blockDim (::emu::state().dims)
+
+namespace emu {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+struct State {
+  Dim3 block, grid, dims;
+  int nthreads = 0, current = 0;
+  std::vector<Dim3> thread;
+  std::vector<ucontext_t> ctx;
+  std::vector<std::vector<char>> stacks;
+  std::vector<bool> done;
+  ucontext_t main;
+  std::function<void()> body;
+  std::vector<unsigned char> smem;
+  int block_count = 0, block_gen = 0;
+  std::vector<int> warp_count, warp_gen;
+  std::vector<uint64_t> slots;  // 8 words per thread
+};
+inline State& state() {
+  static State s;
+  return s;
+}
+inline const Dim3& thread_index() { return state().thread[size_t(state().current)]; }
+inline unsigned char* dynamic_smem() { return state().smem.data(); }
+inline int tid() { return state().current; }
+inline uint64_t* slot(int thread) { return &state().slots[size_t(thread) * 8]; }
+
+inline void yield() {
+  State& s = state();
+  swapcontext(&s.ctx[size_t(s.current)], &s.main);
+}
+inline void barrier(int& count, int& gen, int n) {
+  const int mine = gen;
+  if (++count == n) {
+    count = 0;
+    ++gen;
+    return;
+  }
+  while (gen == mine) yield();
+}
+inline void syncthreads() {
+  State& s = state();
+  barrier(s.block_count, s.block_gen, s.nthreads);
+}
+inline void syncwarp() {
+  State& s = state();
+  const int w = tid() / 32;
+  barrier(s.warp_count[size_t(w)], s.warp_gen[size_t(w)], 32);
+}
+inline int lane() { return tid() % 32; }
+inline int warp_base() { return tid() / 32 * 32; }
+
+inline void trampoline() {
+  State& s = state();
+  s.body();
+  s.done[size_t(s.current)] = true;
+}
+
+// Runs body once per thread of each block of the grid (blocks in order, fibers round-robin).
+inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body) {
+  State& s = state();
+  if (threads % 32 != 0) std::abort();
+  s.grid = grid;
+  s.dims = Dim3{unsigned(threads), 1, 1};
+  s.nthreads = threads;
+  s.body = body;
+  s.thread.assign(size_t(threads), Dim3{});
+  s.ctx.assign(size_t(threads), ucontext_t{});
+  s.stacks.assign(size_t(threads), std::vector<char>(256 * 1024));
+  s.slots.assign(size_t(threads) * 8, 0);
+  s.warp_count.assign(size_t(threads / 32), 0);
+  s.warp_gen.assign(size_t(threads / 32), 0);
+  for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      s.block = Dim3{bx, by, 0};
+      s.smem.assign(smem_bytes, 0xA5);  // garbage a kernel must overwrite before reading (NaN-ish bf16 pairs)
+      s.block_count = 0;
+      std::fill(s.warp_count.begin(), s.warp_count.end(), 0);
+      s.done.assign(size_t(threads), false);
+      for (int t = 0; t < threads; ++t) {
+        s.thread[size_t(t)] = Dim3{unsigned(t), 0, 0};
+        getcontext(&s.ctx[size_t(t)]);
+        s.ctx[size_t(t)].uc_stack.ss_sp = s.stacks[size_t(t)].data();
+        s.ctx[size_t(t)].uc_stack.ss_size = s.stacks[size_t(t)].size();
+        s.ctx[size_t(t)].uc_link = &s.main;
+        makecontext(&s.ctx[size_t(t)], trampoline, 0);
+      }
+      for (int live = threads; live > 0;) {
+        live = 0;
+        for (int t = 0; t < threads; ++t) {
+          if (s.done[size_t(t)]) continue;
+          s.current = t;
+          swapcontext(&s.main, &s.ctx[size_t(t)]);
+          live += s.done[size_t(t)] ? 0 : 1;
+        }
+      }
+    }
+}
+
+template <class T>
+uint64_t bits_of(T v) {
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof v);
+  return b;
+}
+template <class T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+template <class T>
+T shfl_xor(T v, int mask) {
+  slot(tid())[0] = bits_of(v);
+  syncwarp();
+  const T r = from_bits<T>(slot(warp_base() + (lane() ^ mask))[0]);
+  syncwarp();
+  return r;
+}
+template <class F>
+int reduce_warp(int v, F f) {
+  slot(tid())[0] = bits_of(v);
+  syncwarp();
+  int r = from_bits<int>(slot(warp_base())[0]);
+  for (int l = 1; l < 32; ++l) r = f(r, from_bits<int>(slot(warp_base() + l)[0]));
+  syncwarp();
+  return r;
+}
+inline bool syncthreads_or(bool pred) {
+  slot(tid())[1] = pred ? 1 : 0;
+  syncthreads();
+  bool any = false;
+  for (int t = 0; t < state().nthreads; ++t) any = any || slot(t)[1] != 0;
+  syncthreads();
+  return any;
+}
+
+}  // namespace emu
+
+#define __syncthreads() ::emu::syncthreads()
+#define __syncthreads_or(p) ::emu::syncthreads_or(p)
+#define __shfl_xor_sync(mask, v, o) ::emu::shfl_xor((v), (o))
+#define __reduce_min_sync(mask, v) ::emu::reduce_warp((v), [](int a, int b) { return a < b ? a : b; })
+#define __reduce_max_sync(mask, v) ::emu::reduce_warp((v), [](int a, int b) { return a > b ? a : b; })
+
+// ---- device.cuh's helpers and the flash kernels' PTX primitives, for the emulation.
+namespace dew::cuda {
+
+using std::max;
+using std::min;
+
+struct bf16 {
+  uint16_t bits;
+};
+inline float bf16_value(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+// dew's f32 -> bf16 (device.cuh's to_bf16: round to nearest even, quiet NaN kept).
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float ld(const float* p, int64_t i) { return p[i]; }
+inline float ld(const bf16* p, int64_t i) { return bf16_value(p[i].bits); }
+inline bf16 to_bf16(float f) { return bf16{bf16_bits(f)}; }
+inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+inline uint32_t pack_bf16(float lo, float hi) { return uint32_t(bf16_bits(lo)) | (uint32_t(bf16_bits(hi)) << 16); }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, by the PTX ISA's layouts (g = lane / 4, c = lane % 4):
+// A (16 x 16): a[0] = rows g, cols 2c, 2c+1; a[1] = row g+8; a[2] = row g, cols 2c+8, 2c+9; a[3] = row g+8, cols
+// 2c+8, 2c+9 (low half = the lower column). B (16 x 8, k x n): b0 = k 2c, 2c+1 at n g; b1 = k 2c+8, 2c+9.
+// C (16 x 8): c[0], c[1] = row g, cols 2c, 2c+1; c[2], c[3] = row g+8.
+inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  uint64_t* mine = ::emu::slot(::emu::tid());
+  for (int i = 0; i < 4; ++i) mine[2 + i] = a[i];
+  mine[6] = b0;
+  mine[7] = b1;
+  ::emu::syncwarp();
+  const int base = ::emu::warp_base(), ln = ::emu::lane(), g = ln / 4, cc = ln % 4;
+  auto A = [&](int r, int k) {
+    const int owner = (r % 8) * 4 + (k % 8) / 2, reg = (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+    const uint32_t w = uint32_t(::emu::slot(base + owner)[2 + reg]);
+    return double(bf16_value(uint16_t(k % 2 ? w >> 16 : w & 0xffffu)));
+  };
+  auto B = [&](int k, int n) {
+    const int owner = n * 4 + (k % 8) / 2;
+    const uint32_t w = uint32_t(::emu::slot(base + owner)[k >= 8 ? 7 : 6]);
+    return double(bf16_value(uint16_t(k % 2 ? w >> 16 : w & 0xffffu)));
+  };
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + (e >= 2 ? 8 : 0), n = 2 * cc + (e & 1);
+    double s = double(c[e]);
+    for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+    out[e] = float(s);
+  }
+  ::emu::syncwarp();
+  for (int e = 0; e < 4; ++e) c[e] = out[e];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane i gives row i % 8 of matrix i / 8 (16 bytes, 16-byte
+// aligned); register j of lane (g, c) = matrix j's elements (row 2c, col g) low and (row 2c + 1, col g) high.
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    std::fprintf(stderr, "emulated ldmatrix: row address %p is not 16-byte aligned\n", static_cast<const void*>(p));
+    std::abort();
+  }
+  ::emu::slot(::emu::tid())[0] = reinterpret_cast<uintptr_t>(p);
+  ::emu::syncwarp();
+  const int base = ::emu::warp_base(), ln = ::emu::lane(), g = ln / 4, cc = ln % 4;
+  for (int j = 0; j < 4; ++j) {
+    const auto* r0 = reinterpret_cast<const bf16*>(::emu::slot(base + j * 8 + 2 * cc)[0]);
+    const auto* r1 = reinterpret_cast<const bf16*>(::emu::slot(base + j * 8 + 2 * cc + 1)[0]);
+    r[j] = uint32_t(r0[g].bits) | (uint32_t(r1[g].bits) << 16);
+  }
+  ::emu::syncwarp();
+}
+
+}  // namespace dew::cuda

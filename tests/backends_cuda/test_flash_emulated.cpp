@@ -1,0 +1,211 @@
+// test_flash_emulated.cpp — the cuda backend's tensor-core attention kernels (plugins/backends/cuda/
+// flash_attention.cuh), their own source compiled for the CPU and run by cuda_emulation.hpp (every thread a fiber,
+// mma.sync and ldmatrix gathered by the PTX layouts), against the `ref` backend in f32 on the same bf16-rounded
+// inputs. Runs everywhere the cuda plugin is built, GPU or not: the GPU test (test_cuda_gpu.cpp) runs the same
+// cases on the hardware where there is one.
+// Cases: ragged edges (T, S not multiples of the tiles) with GQA; causal 192 x 192 (inner tiles unmasked); D 128
+// with window, softcap and q_offset; short documents with a padding tail (rows that see no key: out 0, lse
+// -inf); long documents (tile pairs skipped, unmasked and masked per element); not causal; two shapes whose
+// visible range starts at a tile's last key or query (an off-by-one in the tile ranges fails them). Tolerances as the
+// GPU test's: |err| <= rtol (|want| + rms(want)), 2e-2 for out (P is rounded to bf16 for P V), 1e-3 for lse, 5e-2 for
+// the gradients (dS rounded too). And the run is deterministic: a second run gives the same bits.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dew/backend.hpp"
+#include "dew/dtype.hpp"
+#include "dew/random.hpp"
+#include "dew/registry.hpp"
+#include "dew/tensor.hpp"
+// After every other header: the emulation's macros (threadIdx, __shared__, ...) are for the kernels only.
+#include "cuda_emulation.hpp"
+#include "flash_attention.cuh"
+
+using namespace dew;
+
+namespace {
+
+BackendPtr ref() {
+  static BackendPtr be = [] {
+    Registry::global().load(DEW_REF_PLUGIN_PATH);
+    return create_backend("ref");
+  }();
+  return be;
+}
+
+std::vector<float> host_uniform(int64_t n, uint64_t seed, float mul) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[size_t(i)] = bf16_to_f32(f32_to_bf16(mul * (2.0f * philox::uniform(seed, 11, uint64_t(i)) - 1.0f)));
+  return v;
+}
+
+void check_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double ss = 0;
+  for (float w : want) ss += double(w) * w;
+  const double rms = want.empty() ? 0 : std::sqrt(ss / double(want.size()));
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    if (!(err <= rtol * (std::fabs(double(want[i])) + rms))) ++bad;
+    worst = std::max(worst, err);
+  }
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements out of tolerance (worst error ", worst, ")");
+}
+
+using cuda::bf16;
+std::vector<bf16> to_bf16s(const std::vector<float>& v) {
+  std::vector<bf16> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = cuda::to_bf16(v[i]);
+  return r;
+}
+std::vector<float> to_floats(const std::vector<bf16>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = cuda::bf16_value(v[i].bits);
+  return r;
+}
+
+struct Out {
+  std::vector<float> o, lse, dq, dk, dv;
+};
+
+// The launchers of flash_attention.cu, with emu::launch for <<< >>>.
+template <int D>
+Out run_emulated(const cuda::AttnDims& d, const AttentionParams& p, const std::vector<float>& q,
+                 const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& g,
+                 const std::vector<int32_t>& seg) {
+  using namespace cuda::flash;
+  const std::vector<bf16> qb = to_bf16s(q), kb = to_bf16s(k), vb = to_bf16s(v), gb = to_bf16s(g);
+  std::vector<bf16> out(q.size(), bf16{0x7fc0}), dq(q.size(), bf16{0x7fc0}), dk(k.size(), bf16{0x7fc0}),
+      dv(v.size(), bf16{0x7fc0});  // NaN: an element no thread writes shows
+  std::vector<float> lse(size_t(d.B * d.Hq * d.T), NAN), Di(lse.size(), NAN);
+  const int32_t* sp = seg.empty() ? nullptr : seg.data();
+  const unsigned qtiles = unsigned((d.T + kRowTile - 1) / kRowTile), ktiles = unsigned((d.S + kRowTile - 1) / kRowTile);
+  emu::launch({unsigned(d.B * d.Hq), qtiles, 1}, kThreads, forward_smem<D>(),
+              [&] { flash_forward_kernel<D>(qb.data(), kb.data(), vb.data(), sp, out.data(), lse.data(), d, p); });
+  emu::launch({1, 1, 1}, kThreads, 0, [&] { flash_di_kernel<D>(out.data(), gb.data(), Di.data(), d); });
+  emu::launch({unsigned(d.B * d.Hq), qtiles, 1}, kThreads, dq_smem<D>(), [&] {
+    flash_dq_kernel<D>(qb.data(), kb.data(), vb.data(), sp, lse.data(), gb.data(), Di.data(), dq.data(), d, p);
+  });
+  emu::launch({unsigned(d.B * d.Hkv), ktiles, 1}, kThreads, dkdv_smem<D>(), [&] {
+    flash_dkdv_kernel<D>(qb.data(), kb.data(), vb.data(), sp, lse.data(), gb.data(), Di.data(), dk.data(), dv.data(), d,
+                         p);
+  });
+  return Out{to_floats(out), lse, to_floats(dq), to_floats(dk), to_floats(dv)};
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16 inputs, f32 oracle)") {
+  struct Case {
+    const char* what;
+    int64_t B, T, S, Hq, Hkv, D;
+    bool causal;
+    int64_t window;
+    float softcap;
+    int segments;  // 0: none; 1: short documents and a padding tail; 2: long documents
+  };
+  const Case cases[] = {
+      {"D 64, causal, ragged 100 x 100, GQA 2", 1, 100, 100, 2, 1, 64, true, 0, 0.0f, 0},
+      {"D 64, causal, 192 x 192 (unmasked inner tiles)", 1, 192, 192, 1, 1, 64, true, 0, 0.0f, 0},
+      {"D 128, window 37, softcap 20, q_offset 80, GQA 2", 1, 70, 150, 2, 1, 128, true, 37, 20.0f, 0},
+      {"D 64, short documents with a padding tail", 2, 130, 130, 1, 1, 64, true, 0, 0.0f, 1},
+      {"D 64, long documents (skipped, unmasked and masked tiles)", 1, 320, 320, 1, 1, 64, true, 0, 0.0f, 2},
+      {"D 128, not causal, 33 x 100", 1, 33, 100, 1, 1, 128, false, 0, 0.0f, 0},
+      // Range edges: the window's first key (63) ends a key tile (q_offset 80, rows 64.. start at 144 - 82 + 1);
+      // q_offset 65: query 63 (position 128) is the last of the first 64-query tile and the only one of its
+      // 32-query tile of dK/dV to see key 128, the first of a key tile.
+      {"D 64, window 82 starting at a tile's last key", 1, 128, 208, 1, 1, 64, true, 82, 0.0f, 0},
+      {"D 64, causal, q_offset 65", 1, 100, 165, 1, 1, 64, true, 0, 0.0f, 0},
+      // Unmasked tiles at their edges: q_offset 62 puts the causal diagonal one key inside the first tile pair
+      // (query 0 at position 62, key 63), and window 61 one key inside the pair (queries 64.., keys 128..).
+      {"D 64, causal, q_offset 62", 1, 64, 126, 1, 1, 64, true, 0, 0.0f, 0},
+      {"D 64, window 61 not causal, q_offset 62", 1, 192, 254, 1, 1, 64, false, 61, 0.0f, 0},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(float(c.D));
+    p.causal = c.causal;
+    p.window = c.window;
+    p.softcap = c.softcap;
+    p.q_offset = c.S - c.T;
+    const cuda::AttnDims d{c.B, c.T, c.S, c.Hq, c.Hkv, c.D, c.D};
+    const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 31, 2.0f),
+               kv = host_uniform(c.B * c.S * c.Hkv * c.D, 32, 2.0f);
+    const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 33, 1.0f),
+               gv = host_uniform(c.B * c.T * c.Hq * c.D, 34, 1.0f);
+    std::vector<int32_t> seg;
+    for (int64_t b = 0; b < c.B && c.segments; ++b)
+      for (int64_t s = 0; s < c.S; ++s)
+        if (c.segments == 1)  // documents of 1, 20, 57 and 40 tokens, then 12 padding positions (segment 0)
+          seg.push_back(s < 1 ? 1 : s < 21 ? 2 : s < 78 ? 3 : s < 118 ? 4 + int32_t(b) : 0);
+        else  // 100 and 190 tokens, then 30 of padding: with 64-row tiles, queries 128.. x keys 0..63 are skipped,
+              // queries 192..255 x keys 128..191 unmasked, queries 256.. (some padding) x keys 128..191 masked
+          seg.push_back(s < 100 ? 7 : s < 290 ? 9 : 0);
+
+    const auto ref_run = [&](const std::vector<float>& qv, const std::vector<float>& kv, const std::vector<float>& vv,
+                             const std::vector<float>& gv) {
+      const BackendPtr be = ref();
+      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
+             k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
+      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
+             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
+      Tensor sg = c.segments != 0 ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
+      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
+      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
+      Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
+      be->attention(q, k, v, sg, o, lse, p);
+      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
+      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+    };
+    const auto emu_run = [&](const std::vector<float>& qv, const std::vector<float>& kv, const std::vector<float>& vv,
+                             const std::vector<float>& gv) {
+      return c.D == 64 ? run_emulated<64>(d, p, qv, kv, vv, gv, seg) : run_emulated<128>(d, p, qv, kv, vv, gv, seg);
+    };
+    // Masks, exactly: with q = 0 every visible key weighs 1 / n, so lse = log n (n, the visible keys of the row)
+    // and, with v = dO = 1, dV[s] = the sum of 1 / n_t over the queries t that see s: one key or query too many
+    // or too few in any tile range shows far past the bf16 rounding of P (2^-9).
+    {
+      const std::vector<float> zeros(qv.size(), 0.0f), ones_k(kv.size(), 1.0f), ones_q(qv.size(), 1.0f);
+      const Out pr = ref_run(zeros, kv, ones_k, ones_q), pe = emu_run(zeros, kv, ones_k, ones_q);
+      std::vector<float> lg, lw;
+      for (size_t i = 0; i < pe.lse.size(); ++i)
+        if (std::isfinite(pr.lse[i])) lg.push_back(pe.lse[i]), lw.push_back(pr.lse[i]);
+      check_close(lg, lw, 1e-6, "mask probe: lse = log(visible keys)");
+      check_close(pe.dv, pr.dv, 5e-3, "mask probe: dV = sum over the queries that see the key of 1 / n");
+      check_close(pe.o, pr.o, 5e-3, "mask probe: out = 1 (0 without a visible key)");
+    }
+    const Out r = ref_run(qv, kv, vv, gv);
+    const Out e = emu_run(qv, kv, vv, gv);
+    check_close(e.o, r.o, 2e-2, "out");
+    // lse: the same rows at -inf (no visible key), the rest close.
+    std::vector<float> lg, lw;
+    size_t mismatched = 0;
+    for (size_t i = 0; i < e.lse.size(); ++i) {
+      if (std::isinf(r.lse[i]) != std::isinf(e.lse[i]) || std::isnan(e.lse[i])) ++mismatched;
+      if (std::isfinite(r.lse[i]) && std::isfinite(e.lse[i])) lg.push_back(e.lse[i]), lw.push_back(r.lse[i]);
+    }
+    CHECK_MESSAGE(mismatched == 0, mismatched, " lse rows differ in having a visible key (or were not written)");
+    check_close(lg, lw, 1e-3, "lse");
+    check_close(e.dq, r.dq, 5e-2, "dq");
+    check_close(e.dk, r.dk, 5e-2, "dk");
+    check_close(e.dv, r.dv, 5e-2, "dv");
+    if (c.segments != 0)  // padding queries: exact zeros
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t t = c.segments == 1 ? 118 : 290; t < c.T; ++t)
+          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
+    if (c.segments == 1) {  // deterministic: the same bits again
+      const Out again = emu_run(qv, kv, vv, gv);
+      CHECK(again.o == e.o);
+      CHECK(again.dq == e.dq);
+      CHECK(again.dk == e.dk);
+    }
+  }
+}
