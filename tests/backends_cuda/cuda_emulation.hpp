@@ -9,6 +9,8 @@
 //     ldmatrix_x4_trans) exchange through per-lane slots between two warp barriers, so every lane sees the
 //     others' values as the hardware shows them; mma.m16n8k16 and ldmatrix .trans gather their operands by the
 //     PTX ISA's fragment layouts (written out below, independently of the kernels' loaders);
+//   * cp.async (cp_async16 / commit / wait): a copy lands at the wait that requires it, the latest the hardware
+//     allows, so reading a tile before its wait and barrier reads stale data;
 //   * bf16 as dew's bits (round to nearest even), mma products exact and summed in double, then rounded to f32
 //     (tensor cores keep at least f32 precision: results agree with the GPU's to f32 rounding, not bit for bit).
 // Not modelled: memory ordering beyond the barriers (a fiber runs until it waits), timing, shared-memory banks,
@@ -58,19 +60,38 @@ struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
+// How the fibers are scheduled and when cp.async copies land: the two schedules reach the hardware's extremes.
+//   lockstep:  fibers round-robin, one step (to the next barrier or collective) each in turn, so the warps move
+//              together; copies land at the wait that requires them (the latest the hardware allows);
+//   skewed:    each warp runs alone until all its threads wait at a block barrier (or are done), then the next,
+//              so warps are as far apart as the barriers allow; copies land when issued (the earliest).
+// A kernel missing a barrier, or reading a tile before its wait, gives different results under the two.
+enum class Schedule { lockstep, skewed };
+
 struct State {
+  Schedule schedule = Schedule::lockstep;
   Dim3 block, grid, dims;
   int nthreads = 0, current = 0;
   std::vector<Dim3> thread;
   std::vector<ucontext_t> ctx;
   std::vector<std::vector<char>> stacks;
   std::vector<bool> done;
+  std::vector<const int*> waiting_gen;  // the generation counter a waiting fiber waits on (null: not waiting)
+  std::vector<int> waiting_for;         // ... and its value when the fiber arrived
   ucontext_t main;
   std::function<void()> body;
   std::vector<unsigned char> smem;
   int block_count = 0, block_gen = 0;
   std::vector<int> warp_count, warp_gen;
   std::vector<uint64_t> slots;  // 8 words per thread
+  // cp.async: per thread, the copies not yet committed, and the committed groups not yet waited for
+  struct Copy {
+    void* dst;
+    const void* src;
+    bool valid;
+  };
+  std::vector<std::vector<Copy>> open_group;
+  std::vector<std::vector<std::vector<Copy>>> groups;
 };
 inline State& state() {
   static State s;
@@ -86,13 +107,25 @@ inline void yield() {
   swapcontext(&s.ctx[size_t(s.current)], &s.main);
 }
 inline void barrier(int& count, int& gen, int n) {
+  State& s = state();
   const int mine = gen;
   if (++count == n) {
     count = 0;
     ++gen;
     return;
   }
+  s.waiting_gen[size_t(s.current)] = &gen;
+  s.waiting_for[size_t(s.current)] = mine;
   while (gen == mine) yield();
+  s.waiting_gen[size_t(s.current)] = nullptr;
+}
+inline bool blocked(int t) {
+  const State& s = state();
+  return s.waiting_gen[size_t(t)] != nullptr && *s.waiting_gen[size_t(t)] == s.waiting_for[size_t(t)];
+}
+inline bool at_block_barrier(int t) {
+  const State& s = state();
+  return blocked(t) && s.waiting_gen[size_t(t)] == &s.block_gen;
 }
 inline void syncthreads() {
   State& s = state();
@@ -125,6 +158,8 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::functio
   s.stacks.assign(size_t(threads), std::vector<char>(256 * 1024));
   s.slots.assign(size_t(threads) * 8, 0);
   s.warp_count.assign(size_t(threads / 32), 0);
+  s.open_group.assign(size_t(threads), {});
+  s.groups.assign(size_t(threads), {});
   s.warp_gen.assign(size_t(threads / 32), 0);
   for (unsigned by = 0; by < grid.y; ++by)
     for (unsigned bx = 0; bx < grid.x; ++bx) {
@@ -141,13 +176,35 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::functio
         s.ctx[size_t(t)].uc_link = &s.main;
         makecontext(&s.ctx[size_t(t)], trampoline, 0);
       }
+      for (int t = 0; t < threads; ++t) s.open_group[size_t(t)].clear(), s.groups[size_t(t)].clear();
+      s.waiting_gen.assign(size_t(threads), nullptr);
+      s.waiting_for.assign(size_t(threads), 0);
+      const auto step = [&](int t) {
+        s.current = t;
+        swapcontext(&s.main, &s.ctx[size_t(t)]);
+      };
       for (int live = threads; live > 0;) {
+        if (s.schedule == Schedule::lockstep) {
+          for (int t = 0; t < threads; ++t)
+            if (!s.done[size_t(t)] && !blocked(t)) step(t);
+        } else {
+          for (int w = 0; w < threads / 32; ++w)
+            for (bool ran = true; ran;) {  // warp w alone, until each thread is done or at a block barrier
+              ran = false;
+              for (int t = w * 32; t < w * 32 + 32; ++t)
+                if (!s.done[size_t(t)] && !blocked(t)) step(t), ran = true;
+            }
+        }
         live = 0;
+        bool any_runnable = false;
         for (int t = 0; t < threads; ++t) {
-          if (s.done[size_t(t)]) continue;
-          s.current = t;
-          swapcontext(&s.main, &s.ctx[size_t(t)]);
           live += s.done[size_t(t)] ? 0 : 1;
+          any_runnable = any_runnable || (!s.done[size_t(t)] && !blocked(t));
+        }
+        if (live > 0 && !any_runnable) {
+          std::fprintf(stderr,
+                       "emulated kernel: deadlock (every live thread waits at a barrier the others never reach)\n");
+          std::abort();
         }
       }
     }
@@ -183,6 +240,37 @@ int reduce_warp(int v, F f) {
   syncwarp();
   return r;
 }
+// cp.async under lockstep: as late as the hardware may land it, a copy is recorded at issue and performed by the
+// wait that requires it (the groups older than the newest N), so a kernel that reads a tile before waiting (or
+// before the barrier after the wait, when another thread copied it) reads the previous contents. Under skewed:
+// at issue, so a kernel that refills a buffer before every warp is done with it overwrites what they read.
+inline void cp_async16(void* dst, const void* src, bool valid) {
+  if (state().schedule == Schedule::skewed) {  // lands at once
+    if (valid)
+      std::memcpy(dst, src, 16);
+    else
+      std::memset(dst, 0, 16);
+    return;
+  }
+  state().open_group[size_t(tid())].push_back({dst, src, valid});
+}
+inline void cp_async_commit() {
+  State& s = state();
+  s.groups[size_t(tid())].push_back(std::move(s.open_group[size_t(tid())]));
+  s.open_group[size_t(tid())].clear();
+}
+inline void cp_async_wait(int n) {
+  auto& gs = state().groups[size_t(tid())];
+  while (int(gs.size()) > n) {
+    for (const State::Copy& c : gs.front())
+      if (c.valid)
+        std::memcpy(c.dst, c.src, 16);
+      else
+        std::memset(c.dst, 0, 16);
+    gs.erase(gs.begin());
+  }
+}
+
 inline bool syncthreads_or(bool pred) {
   slot(tid())[1] = pred ? 1 : 0;
   syncthreads();
@@ -229,6 +317,12 @@ inline bf16 to_bf16(float f) { return bf16{bf16_bits(f)}; }
 inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+inline void cp_async16(void* dst, const void* src, bool valid) { ::emu::cp_async16(dst, src, valid); }
+inline void cp_async_commit() { ::emu::cp_async_commit(); }
+template <int N>
+inline void cp_async_wait() {
+  ::emu::cp_async_wait(N);
 }
 inline uint32_t pack_bf16(float lo, float hi) { return uint32_t(bf16_bits(lo)) | (uint32_t(bf16_bits(hi)) << 16); }
 

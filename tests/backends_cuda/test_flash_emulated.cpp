@@ -6,13 +6,18 @@
 // Cases: ragged edges (T, S not multiples of the tiles) with GQA; causal 192 x 192 (inner tiles unmasked); D 128
 // with window, softcap and q_offset; short documents with a padding tail (rows that see no key: out 0, lse
 // -inf); long documents (tile pairs skipped, unmasked and masked per element); not causal; two shapes whose
-// visible range starts at a tile's last key or query (an off-by-one in the tile ranges fails them). Tolerances as the
-// GPU test's: |err| <= rtol (|want| + rms(want)), 2e-2 for out (P is rounded to bf16 for P V), 1e-3 for lse, 5e-2 for
-// the gradients (dS rounded too). And the run is deterministic: a second run gives the same bits.
+// visible range starts at a tile's last key or query, and two whose causal or window edge falls one key inside a
+// tile pair. Every case also runs a mask probe (q = 0: lse = log of the visible keys, exactly), so an off-by-one
+// in a tile range or in the unmasked-tile test fails (checked by mutating each bound by hand).
+// Tolerances as the GPU test's: |err| <= rtol (|want| + rms(want)), 2e-2 for out (P is rounded to bf16 for P V),
+// 1e-3 for lse, 5e-2 for the gradients (dS rounded too). Each emulated run goes twice, under cuda_emulation.hpp's
+// two schedules, which must give the same bits: a missing barrier or cp.async wait shows (checked by deleting
+// each one).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -165,9 +170,24 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
       be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
       return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
     };
+    // Under both schedules (cuda_emulation.hpp: warps in lockstep with late copies, and skewed with early ones),
+    // which must give the same bits: a missing barrier or wait shows as a difference.
     const auto emu_run = [&](const std::vector<float>& qv, const std::vector<float>& kv, const std::vector<float>& vv,
                              const std::vector<float>& gv) {
-      return c.D == 64 ? run_emulated<64>(d, p, qv, kv, vv, gv, seg) : run_emulated<128>(d, p, qv, kv, vv, gv, seg);
+      const auto run = [&](emu::Schedule schedule) {
+        emu::state().schedule = schedule;
+        return c.D == 64 ? run_emulated<64>(d, p, qv, kv, vv, gv, seg) : run_emulated<128>(d, p, qv, kv, vv, gv, seg);
+      };
+      const Out lockstep = run(emu::Schedule::lockstep), skewed = run(emu::Schedule::skewed);
+      const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      CHECK_MESSAGE(same(lockstep.o, skewed.o), "out differs between the lockstep and skewed schedules");
+      CHECK_MESSAGE(same(lockstep.lse, skewed.lse), "lse differs between the schedules");
+      CHECK_MESSAGE(same(lockstep.dq, skewed.dq), "dq differs between the schedules");
+      CHECK_MESSAGE(same(lockstep.dk, skewed.dk), "dk differs between the schedules");
+      CHECK_MESSAGE(same(lockstep.dv, skewed.dv), "dv differs between the schedules");
+      return lockstep;
     };
     // Masks, exactly: with q = 0 every visible key weighs 1 / n, so lse = log n (n, the visible keys of the row)
     // and, with v = dO = 1, dV[s] = the sum of 1 / n_t over the queries t that see s: one key or query too many
@@ -201,11 +221,5 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
       for (int64_t b = 0; b < c.B; ++b)
         for (int64_t t = c.segments == 1 ? 118 : 290; t < c.T; ++t)
           for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
-    if (c.segments == 1) {  // deterministic: the same bits again
-      const Out again = emu_run(qv, kv, vv, gv);
-      CHECK(again.o == e.o);
-      CHECK(again.dq == e.dq);
-      CHECK(again.dk == e.dk);
-    }
   }
 }

@@ -15,7 +15,6 @@
 
 namespace dew::cuda::flash {
 
-
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRowTile = 64;    // query rows (forward, dQ) or keys (dK/dV) per block: 16 per warp
@@ -44,6 +43,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* 
                : "r"(a));
 }
 
+// Asynchronous 16-byte copies global -> shared (cp.async.cg, sm_80; L2 only, no registers), so the next tile
+// streams in while the current one is multiplied. valid = false zero-fills (src-size 0: nothing is read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 #endif
 
 __device__ __forceinline__ uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -81,6 +92,18 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int64_t 
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (r0 + r < rows) v = *reinterpret_cast<const uint4*>(base + (r0 + r) * stride + f);
     *reinterpret_cast<uint4*>(tile + r * (D + kPad) + f) = v;
+  }
+}
+
+// load_tile's rows through cp.async: they land by the matching cp_async_wait (then a barrier shows them to all).
+template <int D, int R>
+__device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* base, int64_t stride, int64_t r0,
+                                                int64_t rows) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < R * kChunks; i += kThreads) {
+    const int r = i / kChunks, f = (i % kChunks) * 8;
+    const bool valid = r0 + r < rows;
+    cp_async16(tile + r * (D + kPad) + f, valid ? base + (r0 + r) * stride + f : base, valid);
   }
 }
 
@@ -150,6 +173,21 @@ __device__ __forceinline__ TileMask tile_mask(const AttentionParams& p, bool seg
   return in_range && one_doc ? TileMask::whole : TileMask::per_element;
 }
 
+// The first key tile at or after s0 (a multiple of kKeyTile) up to s_hi that the block's query rows [t0, t0 + 64)
+// (documents q_docs) do not wholly miss, with its mask in `mask`; s_hi + 1 when there is none. Uniform over the
+// block (seg_range's barriers with segment ids).
+__device__ __forceinline__ int64_t next_key_tile(const AttentionParams& p, const int32_t* seg_row,
+                                                 const SegRange& q_docs, const AttnDims& d, int64_t t0, int64_t s0,
+                                                 int64_t s_hi, int* red, TileMask& mask) {
+  for (; s0 <= s_hi; s0 += kKeyTile) {
+    const int k_valid = int(min(int64_t(kKeyTile), d.S - s0));
+    const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kKeyTile, red) : SegRange{};
+    mask = tile_mask<kRowTile, kKeyTile>(p, seg_row != nullptr, q_docs, k_docs, t0, s0, d.T, d.S);
+    if (mask != TileMask::hidden) return s0;
+  }
+  return s_hi + 1;
+}
+
 // Keys [lo, hi] some query of [t0, t1] may see (causal / window only).
 __device__ __forceinline__ void key_range(const AttentionParams& p, int64_t t0, int64_t t1, int64_t S, int64_t& lo,
                                           int64_t& hi) {
@@ -180,7 +218,7 @@ __device__ __forceinline__ void store_rows(bf16* row0, bf16* row1, const float (
 }
 
 // ---------------------------------------------------------------- forward
-// grid (B * Hq, ceil(T / 64)); shared: Q, K, V tiles [64][D + kPad].
+// grid (B * Hq, ceil(T / 64)); shared: the Q tile [64][D + kPad], then two K and two V tiles (double-buffered).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, bf16* out, float* lse,
@@ -188,8 +226,10 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int ld = D + kPad;
   DEW_DYNAMIC_SMEM(smem);
   bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* Ks = Qs + kRowTile * ld;
-  bf16* Vs = Ks + kKeyTile * ld;
+  // buffer j (0, 1) of K at Kbuf(j), of V at Vbuf(j): arithmetic, not an array (a run-time index would put it
+  // in local memory)
+  const auto Kbuf = [&](int j) { return Qs + (kRowTile + j * kKeyTile) * ld; };
+  const auto Vbuf = [&](int j) { return Qs + (kRowTile + (2 + j) * kKeyTile) * ld; };
   const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
   const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
@@ -197,6 +237,20 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
   const bf16* vb = v + (b * d.S * d.Hkv + hk) * D;
   const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  __shared__ int red[2 * kWarps];
+  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
+  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
+  int64_t s_lo, s_hi;
+  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
+  // The first visible key tile's copies start before Q's (synchronous) load.
+  TileMask mask = TileMask::hidden, next_mask = TileMask::hidden;
+  int64_t s0 = next_key_tile(p, seg_row, q_docs, d, t0, s_lo / kKeyTile * kKeyTile, s_hi, red, mask);
+  if (s0 <= s_hi) {
+    load_tile_async<D, kKeyTile>(Kbuf(0), kb, kstride, s0, d.S);
+    load_tile_async<D, kKeyTile>(Vbuf(0), vb, kstride, s0, d.S);
+  }
+  cp_async_commit();
 
   load_tile<D, kRowTile>(Qs, q + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
   __syncthreads();
@@ -210,20 +264,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
 
-  __shared__ int red[2 * kWarps];
-  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
-  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
-  int64_t s_lo, s_hi;
-  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
-  for (int64_t s0 = s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
-    __syncthreads();  // every warp is done with the previous K, V tiles
-    const int k_valid = int(min(int64_t(kKeyTile), d.S - s0));
-    const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kKeyTile, red) : SegRange{};
-    const TileMask mask = tile_mask<kRowTile, kKeyTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
-    if (mask == TileMask::hidden) continue;
-    load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
-    load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
-    __syncthreads();
+  // Tile i in buffer i % 2: the next visible tile's copies are issued into the other buffer (free since the
+  // barrier that ended the iteration before), then this tile's are awaited.
+  for (int buf = 0; s0 <= s_hi; buf ^= 1) {
+    const int64_t s1 = next_key_tile(p, seg_row, q_docs, d, t0, s0 + kKeyTile, s_hi, red, next_mask);
+    if (s1 <= s_hi) {
+      load_tile_async<D, kKeyTile>(Kbuf(buf ^ 1), kb, kstride, s1, d.S);
+      load_tile_async<D, kKeyTile>(Vbuf(buf ^ 1), vb, kstride, s1, d.S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this thread's copies of tile s0 have landed (s1's may be in flight)
+    __syncthreads();     // and every thread's
+    const bf16* Ks = Kbuf(buf);
+    const bf16* Vs = Vbuf(buf);
 
     float sc[kKeyTile / 8][4];
 #pragma unroll
@@ -289,6 +342,9 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
+    s0 = s1;
+    mask = next_mask;
   }
 
 #pragma unroll
@@ -333,8 +389,8 @@ __global__ void __launch_bounds__(kThreads)
   DEW_DYNAMIC_SMEM(smem);
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Gs = Qs + kRowTile * ld;
-  bf16* Ks = Gs + kRowTile * ld;
-  bf16* Vs = Ks + kKeyTile * ld;
+  const auto Kbuf = [&](int j) { return Gs + (kRowTile + j * kKeyTile) * ld; };  // as in the forward
+  const auto Vbuf = [&](int j) { return Gs + (kRowTile + (2 + j) * kKeyTile) * ld; };
   const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
   const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
@@ -342,6 +398,19 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
   const bf16* vb = v + (b * d.S * d.Hkv + hk) * D;
   const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
+
+  __shared__ int red[2 * kWarps];
+  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
+  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
+  int64_t s_lo, s_hi;
+  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
+  TileMask mask = TileMask::hidden, next_mask = TileMask::hidden;
+  int64_t s0 = next_key_tile(p, seg_row, q_docs, d, t0, s_lo / kKeyTile * kKeyTile, s_hi, red, mask);
+  if (s0 <= s_hi) {
+    load_tile_async<D, kKeyTile>(Kbuf(0), kb, kstride, s0, d.S);
+    load_tile_async<D, kKeyTile>(Vbuf(0), vb, kstride, s0, d.S);
+  }
+  cp_async_commit();
 
   load_tile<D, kRowTile>(Qs, q + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
   load_tile<D, kRowTile>(Gs, dout + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
@@ -354,20 +423,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
 
-  __shared__ int red[2 * kWarps];
-  const int q_valid = int(min(int64_t(kRowTile), d.T - t0));
-  const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kRowTile, red) : SegRange{};
-  int64_t s_lo, s_hi;
-  key_range(p, t0, t0 + q_valid - 1, d.S, s_lo, s_hi);
-  for (int64_t s0 = s_lo / kKeyTile * kKeyTile; s0 <= s_hi; s0 += kKeyTile) {
-    __syncthreads();  // every warp is done with the previous K, V tiles (and Q, dO are loaded)
-    const int k_valid = int(min(int64_t(kKeyTile), d.S - s0));
-    const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kKeyTile, red) : SegRange{};
-    const TileMask mask = tile_mask<kRowTile, kKeyTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
-    if (mask == TileMask::hidden) continue;
-    load_tile<D, kKeyTile>(Ks, kb, kstride, s0, d.S);
-    load_tile<D, kKeyTile>(Vs, vb, kstride, s0, d.S);
+  // Tile i in buffer i % 2, as in the forward; the first wait's barrier also shows Q and dO to every warp.
+  for (int buf = 0; s0 <= s_hi; buf ^= 1) {
+    const int64_t s1 = next_key_tile(p, seg_row, q_docs, d, t0, s0 + kKeyTile, s_hi, red, next_mask);
+    if (s1 <= s_hi) {
+      load_tile_async<D, kKeyTile>(Kbuf(buf ^ 1), kb, kstride, s1, d.S);
+      load_tile_async<D, kKeyTile>(Vbuf(buf ^ 1), vb, kstride, s1, d.S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
+    const bf16* Ks = Kbuf(buf);
+    const bf16* Vs = Vbuf(buf);
 
     float sc[kKeyTile / 8][4], dp[kKeyTile / 8][4];
 #pragma unroll
@@ -416,6 +483,9 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(acc[nd + 1], da, kb4[2], kb4[3]);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
+    s0 = s1;
+    mask = next_mask;
   }
   bf16* row0 = ta < d.T ? dq + ((b * d.T + ta) * d.Hq + h) * D : nullptr;
   bf16* row1 = tb < d.T ? dq + ((b * d.T + tb) * d.Hq + h) * D : nullptr;
@@ -433,10 +503,12 @@ __global__ void __launch_bounds__(kThreads)
   DEW_DYNAMIC_SMEM(smem);
   bf16* Ks = reinterpret_cast<bf16*>(smem);
   bf16* Vs = Ks + kRowTile * ld;
-  bf16* Qs = Vs + kRowTile * ld;
-  bf16* Gs = Qs + kQueryTile * ld;
-  float* Ls = reinterpret_cast<float*>(Gs + kQueryTile * ld);
-  float* Ds = Ls + kQueryTile;
+  // buffer j (0, 1) of Q, dO, lse and Di (arithmetic, as in the forward)
+  const auto Qbuf = [&](int j) { return Vs + (kRowTile + j * kQueryTile) * ld; };
+  const auto Gbuf = [&](int j) { return Vs + (kRowTile + (2 + j) * kQueryTile) * ld; };
+  float* const stats = reinterpret_cast<float*>(Vs + (kRowTile + 4 * kQueryTile) * ld);
+  const auto Lbuf = [&](int j) { return stats + j * kQueryTile; };
+  const auto Dbuf = [&](int j) { return stats + (2 + j) * kQueryTile; };
   const int64_t b = int64_t(blockIdx.x) / d.Hkv, hk = int64_t(blockIdx.x) % d.Hkv, group = d.Hq / d.Hkv;
   const int64_t s0 = int64_t(blockIdx.y) * kRowTile;
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
@@ -460,27 +532,52 @@ __global__ void __launch_bounds__(kThreads)
   int64_t t_lo = 0, t_hi = d.T - 1;
   if (p.causal && s0 - p.q_offset > t_lo) t_lo = s0 - p.q_offset;
   if (p.window > 0 && s_last + p.window - 1 - p.q_offset < t_hi) t_hi = s_last + p.window - 1 - p.q_offset;
-  for (int64_t gi = 0; gi < group; ++gi) {
-    const int64_t h = hk * group + gi;
-    const bf16* qb = q + (b * d.T * d.Hq + h) * D;
-    const bf16* gb = dout + (b * d.T * d.Hq + h) * D;
-    const float* lrow = lse + (b * d.Hq + h) * d.T;
-    const float* drow = Di + (b * d.Hq + h) * d.T;
-    for (int64_t t0 = t_lo / kQueryTile * kQueryTile; t0 <= t_hi; t0 += kQueryTile) {
-      __syncthreads();  // every warp is done with the previous Q, dO tiles (and K, V are loaded)
+  // The (head gi of the group, query tile t0) pairs in order, hidden ones skipped (gi == group past the end);
+  // pair i's Q, dO, lse and Di in buffer i % 2, the next pair's issued before this one's are awaited.
+  const int64_t t_first = t_lo / kQueryTile * kQueryTile;
+  const auto seek = [&](int64_t& gi, int64_t& t0, TileMask& mask) {
+    while (gi < group) {
+      if (t0 > t_hi) {
+        ++gi;
+        t0 = t_first;
+        continue;
+      }
       const int q_valid = int(min(int64_t(kQueryTile), d.T - t0));
       const SegRange q_docs = seg_row ? seg_range(seg_row, p.q_offset + t0, q_valid, kQueryTile, red) : SegRange{};
-      const TileMask mask = tile_mask<kQueryTile, kRowTile>(p, seg_row, q_docs, k_docs, t0, s0, d.T, d.S);
-      if (mask == TileMask::hidden) continue;
-      load_tile<D, kQueryTile>(Qs, qb, qstride, t0, d.T);
-      load_tile<D, kQueryTile>(Gs, gb, qstride, t0, d.T);
-      for (int i = threadIdx.x; i < kQueryTile; i += kThreads) {
-        const bool in = t0 + i < d.T;
-        Ls[i] = in ? lrow[t0 + i] : -INFINITY;
-        Ds[i] = in ? drow[t0 + i] : 0.0f;
-      }
-      __syncthreads();
-
+      mask = tile_mask<kQueryTile, kRowTile>(p, seg_row != nullptr, q_docs, k_docs, t0, s0, d.T, d.S);
+      if (mask != TileMask::hidden) return;
+      t0 += kQueryTile;
+    }
+  };
+  const auto issue = [&](int into, int64_t gi, int64_t t0) {
+    const int64_t h = hk * group + gi;
+    load_tile_async<D, kQueryTile>(Qbuf(into), q + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+    load_tile_async<D, kQueryTile>(Gbuf(into), dout + (b * d.T * d.Hq + h) * D, qstride, t0, d.T);
+    const float* lrow = lse + (b * d.Hq + h) * d.T;
+    const float* drow = Di + (b * d.Hq + h) * d.T;
+    for (int i = threadIdx.x; i < kQueryTile; i += kThreads) {
+      const bool in = t0 + i < d.T;
+      Lbuf(into)[i] = in ? lrow[t0 + i] : -INFINITY;
+      Dbuf(into)[i] = in ? drow[t0 + i] : 0.0f;
+    }
+  };
+  int64_t gi = 0, t0 = t_first;
+  TileMask mask = TileMask::hidden, next_mask = TileMask::hidden;
+  seek(gi, t0, mask);
+  if (gi < group) issue(0, gi, t0);
+  cp_async_commit();
+  for (int buf = 0; gi < group; buf ^= 1) {
+    int64_t gi1 = gi, t1 = t0 + kQueryTile;
+    seek(gi1, t1, next_mask);
+    if (gi1 < group) issue(buf ^ 1, gi1, t1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // every thread's copies of this pair (and, the first time, K and V) are visible
+    const bf16* Qs = Qbuf(buf);
+    const bf16* Gs = Gbuf(buf);
+    const float* Ls = Lbuf(buf);
+    const float* Ds = Dbuf(buf);
+    {
       // S^T (keys x queries) and dP^T = V dO^T
       float st[kQueryTile / 8][4], dpt[kQueryTile / 8][4];
 #pragma unroll
@@ -537,6 +634,10 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
+    gi = gi1;
+    t0 = t1;
+    mask = next_mask;
   }
   bf16* k0 = sa < d.S ? dk + ((b * d.S + sa) * d.Hkv + hk) * D : nullptr;
   bf16* k1 = sb < d.S ? dk + ((b * d.S + sb) * d.Hkv + hk) * D : nullptr;
@@ -548,16 +649,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // Shared bytes per block of each kernel.
 template <int D>
-constexpr size_t forward_smem() {
-  return size_t(kRowTile + 2 * kKeyTile) * (D + kPad) * sizeof(bf16);
+constexpr size_t forward_smem() {  // Q, 2 x (K, V)
+  return size_t(kRowTile + 4 * kKeyTile) * (D + kPad) * sizeof(bf16);
 }
 template <int D>
-constexpr size_t dq_smem() {
-  return size_t(2 * kRowTile + 2 * kKeyTile) * (D + kPad) * sizeof(bf16);
+constexpr size_t dq_smem() {  // Q, dO, 2 x (K, V)
+  return size_t(2 * kRowTile + 4 * kKeyTile) * (D + kPad) * sizeof(bf16);
 }
 template <int D>
-constexpr size_t dkdv_smem() {
-  return size_t(2 * kRowTile + 2 * kQueryTile) * (D + kPad) * sizeof(bf16) + 2 * kQueryTile * sizeof(float);
+constexpr size_t dkdv_smem() {  // K, V, 2 x (Q, dO, lse, Di)
+  return size_t(2 * kRowTile + 4 * kQueryTile) * (D + kPad) * sizeof(bf16) + 4 * kQueryTile * sizeof(float);
 }
 
 }  // namespace dew::cuda::flash
