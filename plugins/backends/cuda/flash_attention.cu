@@ -12,7 +12,10 @@
 // tiles; with segment ids, a pair whose query and key document ranges do not meet is skipped too (packed rows
 // of short documents do the work of their block-diagonal part); a pair every query sees whole (in range and,
 // with segment ids, inside one document) skips the per-element test; the rest test each (query, key). Every
-// output element is written by one thread, once: no atomics, deterministic.
+// output element is written by one thread, once: no atomics, deterministic. The streamed tiles (K and V, or Q,
+// dO, lse and Di) are double-buffered: the next visible tile's cp.async copies fly while the current one is used.
+// The kernels live in flash_attention.cuh (this file: the launchers), so tests/backends_cuda run their source on
+// the CPU too (cuda_emulation.hpp).
 // Numerics: scores and every sum in f32 (the mma accumulators); the online softmax's probabilities P (and the
 // backward's dS) are rounded to bf16 to enter the second product, as FlashAttention-2 does: out agrees with an
 // f32 computation on the same inputs to bf16 precision (tests/backends_cuda), not bit for bit. Stores round
