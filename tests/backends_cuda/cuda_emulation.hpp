@@ -1,6 +1,6 @@
 // tests/backends_cuda/cuda_emulation.hpp — runs a CUDA kernel's own source on the CPU, one block at a time, each
-// thread of the block a fiber (ucontext) scheduled round-robin on one OS thread, so that the kernels of
-// flash_attention.cuh are tested on every machine, with or without a GPU (test_flash_emulated.cpp).
+// thread of the block a fiber (ucontext) on one OS thread, so that the attention kernels (flash_attention.cuh,
+// attention.cuh) are tested on every machine, with or without a GPU (test_attention_emulated.cpp).
 // What it provides, and how it models the hardware:
 //   * the CUDA keywords (__global__, __device__, __shared__ = one static per kernel for all blocks, which run
 //     one after another), threadIdx / blockIdx / gridDim / blockDim, dynamic shared memory (DEW_DYNAMIC_SMEM);
@@ -314,6 +314,8 @@ inline uint16_t bf16_bits(float f) {
 inline float ld(const float* p, int64_t i) { return p[i]; }
 inline float ld(const bf16* p, int64_t i) { return bf16_value(p[i].bits); }
 inline bf16 to_bf16(float f) { return bf16{bf16_bits(f)}; }
+inline void st(float* p, int64_t i, float v) { p[i] = v; }
+inline void st(bf16* p, int64_t i, float v) { p[i] = to_bf16(v); }
 inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -1,6 +1,6 @@
 // cuda/flash_attention.cuh — the kernels of flash_attention.cu (tensor-core attention; what they compute, their
 // tiles, masks, numerics and fragment layouts: flash_attention.cu's top comment), in a header so that the same
-// source also runs on a CPU: tests/backends_cuda/test_flash_emulated.cpp defines DEW_CUDA_EMULATION and its own
+// source also runs on a CPU: tests/backends_cuda/test_attention_emulated.cpp defines DEW_CUDA_EMULATION and its own
 // versions of the few warp-level primitives below (mma.sync, ldmatrix, shuffles, barriers) before including it,
 // so every index, mask and softmax step is tested on every CI run, with or without a GPU.
 // The platform primitives (pack_bf16, mma_bf16, ldmatrix_x4_trans, to_bf16, ld, warp_sum, the CUDA built-ins)

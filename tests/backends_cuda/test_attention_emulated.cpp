@@ -1,5 +1,6 @@
-// test_flash_emulated.cpp — the cuda backend's tensor-core attention kernels (plugins/backends/cuda/
-// flash_attention.cuh), their own source compiled for the CPU and run by cuda_emulation.hpp (every thread a fiber,
+// test_attention_emulated.cpp — the cuda backend's attention kernels, the tensor-core ones (plugins/backends/cuda/
+// flash_attention.cuh) and the warp-per-row ones (attention.cuh: f32, other head widths, the bf16 decode cache,
+// QK-Clip's max logit), their own source compiled for the CPU and run by cuda_emulation.hpp (every thread a fiber,
 // mma.sync and ldmatrix gathered by the PTX layouts), against the `ref` backend in f32 on the same bf16-rounded
 // inputs. Runs everywhere the cuda plugin is built, GPU or not: the GPU test (test_cuda_gpu.cpp) runs the same
 // cases on the hardware where there is one.
@@ -28,6 +29,8 @@
 #include "dew/tensor.hpp"
 // After every other header: the emulation's macros (threadIdx, __shared__, ...) are for the kernels only.
 #include "cuda_emulation.hpp"
+// The kernels, after the emulation (it defines DEW_CUDA_EMULATION and their primitives).
+#include "attention.cuh"
 #include "flash_attention.cuh"
 
 using namespace dew;
@@ -221,5 +224,127 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
       for (int64_t b = 0; b < c.B; ++b)
         for (int64_t t = c.segments == 1 ? 118 : 290; t < c.T; ++t)
           for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
+  }
+}
+
+// The warp-per-row kernels (attention.cuh), which take f32, other head widths and the decode cache (f32 q over
+// bf16 K/V), against ref: f32 at 1e-5 (out, lse) and 1e-4 (gradients), as the GPU test holds them; bf16 storage
+// at bf16 precision (outputs rounded once); the decode form forward; and attention_max_logit (QK-Clip), exactly.
+// Small shapes: every key costs a warp reduction, which the emulation pays in fiber switches.
+TEST_CASE("warp-per-row attention kernels, emulated on the CPU, against ref (f32, bf16, the bf16 decode cache)") {
+  using namespace cuda::warp_attention;
+  struct Case {
+    const char* what;
+    int64_t B, T, S, Hq, Hkv, D;
+    bool causal;
+    int64_t window;
+    float softcap;
+    bool segments, bf16;
+  };
+  const Case cases[] = {
+      {"f32, GQA, causal, window 6, softcap 5, q_offset 4, D 40", 1, 20, 24, 4, 2, 40, true, 6, 5.0f, false, false},
+      {"f32, documents, not causal, D 72", 1, 18, 18, 2, 1, 72, false, 0, 0.0f, true, false},
+      {"bf16, causal, documents, D 32", 2, 16, 16, 2, 2, 32, true, 0, 0.0f, true, true},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(float(c.D));
+    p.causal = c.causal;
+    p.window = c.window;
+    p.softcap = c.softcap;
+    p.q_offset = c.S - c.T;
+    const cuda::AttnDims d{c.B, c.T, c.S, c.Hq, c.Hkv, c.D, c.D};
+    // bf16-representable inputs, so the bf16 case's storage loses nothing on the way in
+    const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 41, 2.0f),
+               kv = host_uniform(c.B * c.S * c.Hkv * c.D, 42, 2.0f);
+    const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 43, 1.0f),
+               gv = host_uniform(c.B * c.T * c.Hq * c.D, 44, 1.0f);
+    std::vector<int32_t> seg;
+    for (int64_t b = 0; b < c.B && c.segments; ++b)
+      for (int64_t s = 0; s < c.S; ++s) seg.push_back(s < 5 ? 1 : s < 13 ? 2 + int32_t(b) : s < c.S - 2 ? 3 : 0);
+    const int32_t* sp = seg.empty() ? nullptr : seg.data();
+
+    Out r;
+    std::vector<float> r_max;
+    {
+      const BackendPtr be = ref();
+      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
+             k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
+      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
+             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
+      Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
+      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
+      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
+      Tensor dv = Tensor::empty(v.shape(), DType::f32, be), mx = Tensor::empty({c.Hq}, DType::f32, be);
+      be->attention(q, k, v, sg, o, lse, p);
+      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
+      be->attention_max_logit(q, k, sg, mx, p);
+      r = Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+      r_max = mx.to_floats();
+    }
+    const int64_t qrows = d.B * d.Hq * d.T, krows = d.B * d.Hkv * d.S;
+    const auto blocks = [](int64_t rows) { return emu::Dim3{unsigned(std::min<int64_t>((rows + 3) / 4, 8)), 1, 1}; };
+    std::vector<float> lse(size_t(qrows), NAN), Di(size_t(qrows), NAN), rowmax(size_t(qrows), NAN), mx(size_t(c.Hq));
+    Out e;
+    const auto run = [&](auto tag) {
+      using T = decltype(tag);
+      std::vector<T> q(qv.size()), k(kv.size()), v(vv.size()), g(gv.size());
+      const auto put = [](std::vector<T>& to, const std::vector<float>& from) {
+        for (size_t i = 0; i < from.size(); ++i) cuda::st(to.data(), int64_t(i), from[i]);
+      };
+      put(q, qv), put(k, kv), put(v, vv), put(g, gv);
+      std::vector<T> o(qv.size()), dq(qv.size()), dk(kv.size()), dv(vv.size());
+      emu::launch(blocks(qrows), 128, 0,
+                  [&] { attention_kernel<T, T>(q.data(), k.data(), v.data(), sp, o.data(), lse.data(), d, p); });
+      emu::launch(blocks(qrows), 128, 0, [&] {
+        attention_dq_kernel<T>(q.data(), k.data(), v.data(), sp, o.data(), lse.data(), g.data(), dq.data(), Di.data(),
+                               d, p);
+      });
+      emu::launch(blocks(krows), 128, 0, [&] {
+        attention_dkdv_kernel<T>(q.data(), k.data(), v.data(), sp, lse.data(), g.data(), Di.data(), dk.data(),
+                                 dv.data(), d, p);
+      });
+      emu::launch(blocks(qrows), 128, 0,
+                  [&] { attention_row_max_kernel<T>(q.data(), k.data(), sp, rowmax.data(), d, p); });
+      emu::launch({1, 1, 1}, 128, 0, [&] { head_max_kernel(rowmax.data(), mx.data(), d); });
+      const auto get = [](const std::vector<T>& from) {
+        std::vector<float> to(from.size());
+        for (size_t i = 0; i < from.size(); ++i) to[i] = cuda::ld(from.data(), int64_t(i));
+        return to;
+      };
+      e = Out{get(o), lse, get(dq), get(dk), get(dv)};
+    };
+    emu::state().schedule = emu::Schedule::lockstep;
+    if (c.bf16)
+      run(cuda::bf16{});
+    else
+      run(0.0f);
+    const double tol_o = c.bf16 ? 1e-2 : 1e-5, tol_g = c.bf16 ? 2e-2 : 1e-4;
+    check_close(e.o, r.o, tol_o, "out");
+    std::vector<float> lg, lw;
+    size_t mismatched = 0;
+    for (size_t i = 0; i < e.lse.size(); ++i) {
+      if (std::isinf(r.lse[i]) != std::isinf(e.lse[i]) || std::isnan(e.lse[i])) ++mismatched;
+      if (std::isfinite(r.lse[i]) && std::isfinite(e.lse[i])) lg.push_back(e.lse[i]), lw.push_back(r.lse[i]);
+    }
+    CHECK_MESSAGE(mismatched == 0, mismatched, " lse rows differ in having a visible key (or were not written)");
+    check_close(lg, lw, c.bf16 ? 1e-4 : 1e-5, "lse");
+    check_close(e.dq, r.dq, tol_g, "dq");
+    check_close(e.dk, r.dk, tol_g, "dk");
+    check_close(e.dv, r.dv, tol_g, "dv");
+    check_close(mx, r_max, 1e-6, "max logit");
+
+    // The decode form: f32 q against bf16 K/V (the inputs are bf16-exact, so it equals the f32 forward).
+    if (!c.bf16) {
+      std::vector<bf16> k16(kv.size()), v16(vv.size());
+      for (size_t i = 0; i < kv.size(); ++i) k16[i] = cuda::to_bf16(kv[i]);
+      for (size_t i = 0; i < vv.size(); ++i) v16[i] = cuda::to_bf16(vv[i]);
+      std::vector<float> o(qv.size()), lse2(static_cast<size_t>(qrows));
+      emu::launch(blocks(qrows), 128, 0, [&] {
+        attention_kernel<float, bf16>(qv.data(), k16.data(), v16.data(), sp, o.data(), lse2.data(), d, p);
+      });
+      check_close(o, r.o, 1e-5, "decode form (bf16 K/V): out");
+    }
   }
 }
