@@ -9,8 +9,9 @@
 //     ldmatrix_x4_trans) exchange through per-lane slots between two warp barriers, so every lane sees the
 //     others' values as the hardware shows them; mma.m16n8k16 and ldmatrix .trans gather their operands by the
 //     PTX ISA's fragment layouts (written out below, independently of the kernels' loaders);
-//   * cp.async (cp_async16 / commit / wait): a copy lands at the wait that requires it, the latest the hardware
-//     allows, so reading a tile before its wait and barrier reads stale data;
+//   * two schedules (Schedule below): warps in lockstep with cp.async copies landing at the wait that requires
+//     them (the latest the hardware allows), and warps skewed as far as the barriers let them with copies landing
+//     at issue (the earliest); a kernel missing a barrier or a wait gives different bits under the two;
 //   * bf16 as dew's bits (round to nearest even), mma products exact and summed in double, then rounded to f32
 //     (tensor cores keep at least f32 precision: results agree with the GPU's to f32 rounding, not bit for bit).
 // Not modelled: memory ordering beyond the barriers (a fiber runs until it waits), timing, shared-memory banks,
