@@ -82,6 +82,55 @@ __device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* tile, 
   ldmatrix_x4_trans(b, tile + (kr * 16 + 8 * (m & 1) + r) * ld + f0 + 8 * (m >> 1));
 }
 
+// The A fragment of 16 rows x columns [16 kr, 16 kr + 16) from C accumulators c[n-tile][4] (n-tiles 2 kr and
+// 2 kr + 1), rounded to bf16: the C layout of a tile pair is the A layout (flash_attention.cu's top comment). P and
+// dS enter their second products this way.
+template <int N>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[N][4], int kr) {
+  a[0] = pack_bf16(c[2 * kr][0], c[2 * kr][1]);
+  a[1] = pack_bf16(c[2 * kr][2], c[2 * kr][3]);
+  a[2] = pack_bf16(c[2 * kr + 1][0], c[2 * kr + 1][1]);
+  a[3] = pack_bf16(c[2 * kr + 1][2], c[2 * kr + 1][3]);
+}
+// acc += a times rows [16 kr, 16 kr + 16) x features [0, D) of a shared tile (k along the tile's rows): P V, dS K,
+// P^T dO, dS^T Q.
+template <int D>
+__device__ __forceinline__ void mma_tile_rows(float (&acc)[D / 8][4], const uint32_t (&a)[4], const bf16* tile, int ld,
+                                              int kr) {
+#pragma unroll
+  for (int nd = 0; nd < D / 8; nd += 2) {
+    uint32_t b4[4];
+    load_b_cols(b4, tile, ld, kr, nd * 8);
+    mma_bf16(acc[nd], a, b4[0], b4[1]);
+    mma_bf16(acc[nd + 1], a, b4[2], b4[3]);
+  }
+}
+// s1 = A1 B1^T and s2 = A2 B2^T for the warp's 16 rows [rw, rw + 16) of the shared tiles a1, a2 and the N rows of
+// b1, b2, over features [0, D): dQ's S = Q K^T and dP = dO V^T, dK/dV's S^T = K Q^T and dP^T = V dO^T (one A
+// load per feature block for both products' n-tiles).
+template <int D, int N>
+__device__ __forceinline__ void two_products_abt(float (&s1)[N / 8][4], float (&s2)[N / 8][4], const bf16* a1,
+                                                 const bf16* b1, const bf16* a2, const bf16* b2, int ld, int rw) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s1[nt][e] = s2[nt][e] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    uint32_t a1f[4], a2f[4];
+    load_a(a1f, a1, ld, rw, kc);
+    load_a(a2f, a2, ld, rw, kc);
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) {
+      uint32_t b0, bb1;
+      load_b_rows(b0, bb1, b1, ld, nt * 8, kc);
+      mma_bf16(s1[nt], a1f, b0, bb1);
+      load_b_rows(b0, bb1, b2, ld, nt * 8, kc);
+      mma_bf16(s2[nt], a2f, b0, bb1);
+    }
+  }
+}
+
 // Rows [r0, r0 + R) of a strided bf16 matrix (row i at base + i * stride, D contiguous elements) into a shared
 // tile [R][D + kPad], 16 bytes per thread and step; rows at or past `rows` are zero.
 template <int D, int R>
@@ -331,16 +380,9 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int kr = 0; kr < kKeyTile / 16; ++kr) {
-      const uint32_t pa[4] = {pack_bf16(sc[2 * kr][0], sc[2 * kr][1]), pack_bf16(sc[2 * kr][2], sc[2 * kr][3]),
-                              pack_bf16(sc[2 * kr + 1][0], sc[2 * kr + 1][1]),
-                              pack_bf16(sc[2 * kr + 1][2], sc[2 * kr + 1][3])};
-#pragma unroll
-      for (int nd = 0; nd < D / 8; nd += 2) {
-        uint32_t vb4[4];
-        load_b_cols(vb4, Vs, ld, kr, nd * 8);
-        mma_bf16(o[nd], pa, vb4[0], vb4[1]);
-        mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
-      }
+      uint32_t pa[4];
+      c_to_a(pa, sc, kr);
+      mma_tile_rows<D>(o, pa, Vs, ld, kr);
     }
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     s0 = s1;
@@ -437,24 +479,7 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* Vs = Vbuf(buf);
 
     float sc[kKeyTile / 8][4], dp[kKeyTile / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < kKeyTile / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc) {
-      uint32_t qa[4], ga[4];
-      load_a(qa, Qs, ld, rw, kc);
-      load_a(ga, Gs, ld, rw, kc);
-#pragma unroll
-      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
-        uint32_t b0, b1;
-        load_b_rows(b0, b1, Ks, ld, nt * 8, kc);
-        mma_bf16(sc[nt], qa, b0, b1);
-        load_b_rows(b0, b1, Vs, ld, nt * 8, kc);
-        mma_bf16(dp[nt], ga, b0, b1);
-      }
-    }
+    two_products_abt<D, kKeyTile>(sc, dp, Qs, Ks, Gs, Vs, ld, rw);  // S = Q K^T, dP = dO V^T
     const bool all_seen = mask == TileMask::whole;
 #pragma unroll
     for (int nt = 0; nt < kKeyTile / 8; ++nt)
@@ -472,16 +497,9 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
     for (int kr = 0; kr < kKeyTile / 16; ++kr) {
-      const uint32_t da[4] = {pack_bf16(sc[2 * kr][0], sc[2 * kr][1]), pack_bf16(sc[2 * kr][2], sc[2 * kr][3]),
-                              pack_bf16(sc[2 * kr + 1][0], sc[2 * kr + 1][1]),
-                              pack_bf16(sc[2 * kr + 1][2], sc[2 * kr + 1][3])};
-#pragma unroll
-      for (int nd = 0; nd < D / 8; nd += 2) {
-        uint32_t kb4[4];
-        load_b_cols(kb4, Ks, ld, kr, nd * 8);
-        mma_bf16(acc[nd], da, kb4[0], kb4[1]);
-        mma_bf16(acc[nd + 1], da, kb4[2], kb4[3]);
-      }
+      uint32_t da[4];
+      c_to_a(da, sc, kr);
+      mma_tile_rows<D>(acc, da, Ks, ld, kr);
     }
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     s0 = s1;
@@ -577,62 +595,32 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* Gs = Gbuf(buf);
     const float* Ls = Lbuf(buf);
     const float* Ds = Dbuf(buf);
-    {
-      // S^T (keys x queries) and dP^T = V dO^T
-      float st[kQueryTile / 8][4], dpt[kQueryTile / 8][4];
+
+    float st[kQueryTile / 8][4], dpt[kQueryTile / 8][4];
+    two_products_abt<D, kQueryTile>(st, dpt, Ks, Qs, Vs, Gs, ld, rw);  // S^T = K Q^T, dP^T = V dO^T
+    const bool all_seen = mask == TileMask::whole;
 #pragma unroll
-      for (int nt = 0; nt < kQueryTile / 8; ++nt)
+    for (int nt = 0; nt < kQueryTile / 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
-      for (int kc = 0; kc < D / 16; ++kc) {
-        uint32_t ka[4], va[4];
-        load_a(ka, Ks, ld, rw, kc);
-        load_a(va, Vs, ld, rw, kc);
-#pragma unroll
-        for (int nt = 0; nt < kQueryTile / 8; ++nt) {
-          uint32_t b0, b1;
-          load_b_rows(b0, b1, Qs, ld, nt * 8, kc);
-          mma_bf16(st[nt], ka, b0, b1);
-          load_b_rows(b0, b1, Gs, ld, nt * 8, kc);
-          mma_bf16(dpt[nt], va, b0, b1);
+      for (int e = 0; e < 4; ++e) {
+        const int tl = nt * 8 + 2 * c + (e & 1);
+        const int64_t s = e < 2 ? sa : sb, t = t0 + tl;
+        float P = 0.0f, ds = 0.0f;
+        if (Ls[tl] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
+          const float raw = p.scale * st[nt][e];
+          P = expf(capped(raw, p.softcap) - Ls[tl]);
+          ds = P * (dpt[nt][e] - Ds[tl]) * cap_slope(raw, p.softcap);
         }
+        st[nt][e] = P;
+        dpt[nt][e] = ds;
       }
-      const bool all_seen = mask == TileMask::whole;
 #pragma unroll
-      for (int nt = 0; nt < kQueryTile / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tl = nt * 8 + 2 * c + (e & 1);
-          const int64_t s = e < 2 ? sa : sb, t = t0 + tl;
-          float P = 0.0f, ds = 0.0f;
-          if (Ls[tl] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
-            const float raw = p.scale * st[nt][e];
-            P = expf(capped(raw, p.softcap) - Ls[tl]);
-            ds = P * (dpt[nt][e] - Ds[tl]) * cap_slope(raw, p.softcap);
-          }
-          st[nt][e] = P;
-          dpt[nt][e] = ds;
-        }
-#pragma unroll
-      for (int kr = 0; kr < kQueryTile / 16; ++kr) {
-        const uint32_t pa[4] = {pack_bf16(st[2 * kr][0], st[2 * kr][1]), pack_bf16(st[2 * kr][2], st[2 * kr][3]),
-                                pack_bf16(st[2 * kr + 1][0], st[2 * kr + 1][1]),
-                                pack_bf16(st[2 * kr + 1][2], st[2 * kr + 1][3])};
-        const uint32_t da[4] = {pack_bf16(dpt[2 * kr][0], dpt[2 * kr][1]), pack_bf16(dpt[2 * kr][2], dpt[2 * kr][3]),
-                                pack_bf16(dpt[2 * kr + 1][0], dpt[2 * kr + 1][1]),
-                                pack_bf16(dpt[2 * kr + 1][2], dpt[2 * kr + 1][3])};
-#pragma unroll
-        for (int nd = 0; nd < D / 8; nd += 2) {
-          uint32_t b4[4];
-          load_b_cols(b4, Gs, ld, kr, nd * 8);
-          mma_bf16(dva[nd], pa, b4[0], b4[1]);
-          mma_bf16(dva[nd + 1], pa, b4[2], b4[3]);
-          load_b_cols(b4, Qs, ld, kr, nd * 8);
-          mma_bf16(dka[nd], da, b4[0], b4[1]);
-          mma_bf16(dka[nd + 1], da, b4[2], b4[3]);
-        }
-      }
+    for (int kr = 0; kr < kQueryTile / 16; ++kr) {
+      uint32_t pa[4], da[4];
+      c_to_a(pa, st, kr);
+      c_to_a(da, dpt, kr);
+      mma_tile_rows<D>(dva, pa, Gs, ld, kr);  // dV += P^T dO
+      mma_tile_rows<D>(dka, da, Qs, ld, kr);  // dK += dS^T Q (scaled on store)
     }
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
     gi = gi1;
