@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_checks.hpp"
 #include "dew/backend.hpp"
 #include "dew/dtype.hpp"
 #include "dew/random.hpp"
@@ -52,20 +53,8 @@ std::vector<float> host_uniform(int64_t n, uint64_t seed, float mul) {
   return v;
 }
 
-void check_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  double ss = 0;
-  for (float w : want) ss += double(w) * w;
-  const double rms = want.empty() ? 0 : std::sqrt(ss / double(want.size()));
-  size_t bad = 0;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= rtol * (std::fabs(double(want[i])) + rms))) ++bad;
-    worst = std::max(worst, err);
-  }
-  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements out of tolerance (worst error ", worst, ")");
-}
+using attention_checks::check_close;
+using attention_checks::check_lse;
 
 using cuda::bf16;
 std::vector<bf16> to_bf16s(const std::vector<float>& v) {
@@ -149,14 +138,7 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 32, 2.0f);
     const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 33, 1.0f),
                gv = host_uniform(c.B * c.T * c.Hq * c.D, 34, 1.0f);
-    std::vector<int32_t> seg;
-    for (int64_t b = 0; b < c.B && c.segments; ++b)
-      for (int64_t s = 0; s < c.S; ++s)
-        if (c.segments == 1)  // documents of 1, 20, 57 and 40 tokens, then 12 padding positions (segment 0)
-          seg.push_back(s < 1 ? 1 : s < 21 ? 2 : s < 78 ? 3 : s < 118 ? 4 + int32_t(b) : 0);
-        else  // 100 and 190 tokens, then 30 of padding: with 64-row tiles, queries 128.. x keys 0..63 are skipped,
-              // queries 192..255 x keys 128..191 unmasked, queries 256.. (some padding) x keys 128..191 masked
-          seg.push_back(s < 100 ? 7 : s < 290 ? 9 : 0);
+    const std::vector<int32_t> seg = attention_checks::document_ids(c.segments, c.B, c.S);
 
     const auto ref_run = [&](const std::vector<float>& qv, const std::vector<float>& kv, const std::vector<float>& vv,
                              const std::vector<float>& gv) {
@@ -198,31 +180,20 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
     {
       const std::vector<float> zeros(qv.size(), 0.0f), ones_k(kv.size(), 1.0f), ones_q(qv.size(), 1.0f);
       const Out pr = ref_run(zeros, kv, ones_k, ones_q), pe = emu_run(zeros, kv, ones_k, ones_q);
-      std::vector<float> lg, lw;
-      for (size_t i = 0; i < pe.lse.size(); ++i)
-        if (std::isfinite(pr.lse[i])) lg.push_back(pe.lse[i]), lw.push_back(pr.lse[i]);
-      check_close(lg, lw, 1e-6, "mask probe: lse = log(visible keys)");
+      check_lse(pe.lse, pr.lse, 1e-6, "mask probe: lse = log(visible keys)");
       check_close(pe.dv, pr.dv, 5e-3, "mask probe: dV = sum over the queries that see the key of 1 / n");
       check_close(pe.o, pr.o, 5e-3, "mask probe: out = 1 (0 without a visible key)");
     }
     const Out r = ref_run(qv, kv, vv, gv);
     const Out e = emu_run(qv, kv, vv, gv);
     check_close(e.o, r.o, 2e-2, "out");
-    // lse: the same rows at -inf (no visible key), the rest close.
-    std::vector<float> lg, lw;
-    size_t mismatched = 0;
-    for (size_t i = 0; i < e.lse.size(); ++i) {
-      if (std::isinf(r.lse[i]) != std::isinf(e.lse[i]) || std::isnan(e.lse[i])) ++mismatched;
-      if (std::isfinite(r.lse[i]) && std::isfinite(e.lse[i])) lg.push_back(e.lse[i]), lw.push_back(r.lse[i]);
-    }
-    CHECK_MESSAGE(mismatched == 0, mismatched, " lse rows differ in having a visible key (or were not written)");
-    check_close(lg, lw, 1e-3, "lse");
+    check_lse(e.lse, r.lse, 1e-3, "lse");
     check_close(e.dq, r.dq, 5e-2, "dq");
     check_close(e.dk, r.dk, 5e-2, "dk");
     check_close(e.dv, r.dv, 5e-2, "dv");
     if (c.segments != 0)  // padding queries: exact zeros
       for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = c.segments == 1 ? 118 : 290; t < c.T; ++t)
+        for (int64_t t = attention_checks::padding_start(c.segments); t < c.T; ++t)
           for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
   }
 }
@@ -322,14 +293,7 @@ TEST_CASE("warp-per-row attention kernels, emulated on the CPU, against ref (f32
       run(0.0f);
     const double tol_o = c.bf16 ? 1e-2 : 1e-5, tol_g = c.bf16 ? 2e-2 : 1e-4;
     check_close(e.o, r.o, tol_o, "out");
-    std::vector<float> lg, lw;
-    size_t mismatched = 0;
-    for (size_t i = 0; i < e.lse.size(); ++i) {
-      if (std::isinf(r.lse[i]) != std::isinf(e.lse[i]) || std::isnan(e.lse[i])) ++mismatched;
-      if (std::isfinite(r.lse[i]) && std::isfinite(e.lse[i])) lg.push_back(e.lse[i]), lw.push_back(r.lse[i]);
-    }
-    CHECK_MESSAGE(mismatched == 0, mismatched, " lse rows differ in having a visible key (or were not written)");
-    check_close(lg, lw, c.bf16 ? 1e-4 : 1e-5, "lse");
+    check_lse(e.lse, r.lse, c.bf16 ? 1e-4 : 1e-5, "lse");
     check_close(e.dq, r.dq, tol_g, "dq");
     check_close(e.dk, r.dk, tol_g, "dk");
     check_close(e.dv, r.dv, tol_g, "dv");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_checks.hpp"
 #include "dew/backend.hpp"
 #include "dew/dtype.hpp"
 #include "dew/error.hpp"
@@ -30,21 +31,7 @@ std::vector<float> host_uniform(int64_t n, uint64_t seed, float lo = -1.0f, floa
   return v;
 }
 
-// |got - want| <= rtol * (|want| + rms(want)) everywhere.
-void check_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, const char* what) {
-  REQUIRE(got.size() == want.size());
-  double ss = 0;
-  for (float w : want) ss += double(w) * w;
-  const double rms = want.empty() ? 0 : std::sqrt(ss / double(want.size()));
-  size_t bad = 0;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= rtol * (std::fabs(double(want[i])) + rms))) ++bad;
-    worst = std::max(worst, err);
-  }
-  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements out of tolerance (worst error ", worst, ")");
-}
+using attention_checks::check_close;
 
 void matmul_case(const MatmulParams& p, const Shape& as, const Shape& bs, bool with_bias, DType dt, double rtol,
                  const char* what) {
@@ -280,14 +267,7 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
     const auto kv = rounded(host_uniform(c.B * c.S * c.Hkv * c.D, 32), 2.0f);
     const auto vv = rounded(host_uniform(c.B * c.S * c.Hkv * c.D, 33), 1.0f);
     const auto gv = rounded(host_uniform(c.B * c.T * c.Hq * c.D, 34), 1.0f);
-    std::vector<int32_t> seg;
-    for (int64_t b = 0; b < c.B && c.segments; ++b)
-      for (int64_t s = 0; s < c.S; ++s)
-        if (c.segments == 1)  // documents of 1, 20, 57 and 40 tokens, then 12 padding positions (segment 0)
-          seg.push_back(s < 1 ? 1 : s < 21 ? 2 : s < 78 ? 3 : s < 118 ? 4 + int32_t(b) : 0);
-        else  // 100 and 190 tokens, then 30 of padding: with 64-row tiles, queries 128.. x keys 0..63 are skipped,
-              // queries 192..255 x keys 128..191 unmasked, queries 256.. (some padding) x keys 128..191 masked
-          seg.push_back(s < 100 ? 7 : s < 290 ? 9 : 0);
+    const std::vector<int32_t> seg = attention_checks::document_ids(c.segments, c.B, c.S);
     struct Out {
       std::vector<float> o, lse, dq, dk, dv;
     };
@@ -305,33 +285,22 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
       return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
     };
     const Out r = run(g_ref, DType::f32);
-    // lse: the same rows at -inf (no visible key), the rest close.
-    auto check_lse = [&](const std::vector<float>& got, double rtol, const char* what) {
-      std::vector<float> g2, w2;
-      size_t mismatched = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        if (std::isinf(r.lse[i]) != std::isinf(got[i])) ++mismatched;
-        if (std::isfinite(r.lse[i]) && std::isfinite(got[i])) g2.push_back(got[i]), w2.push_back(r.lse[i]);
-      }
-      CHECK_MESSAGE(mismatched == 0, what, ": ", mismatched, " rows differ in having no visible key");
-      check_close(g2, w2, rtol, what);
-    };
     const Out tc = run(g_cuda, DType::bf16);
     check_close(tc.o, r.o, 2e-2, "tensor cores: out");
-    check_lse(tc.lse, 1e-3, "tensor cores: lse");
+    attention_checks::check_lse(tc.lse, r.lse, 1e-3, "tensor cores: lse");
     check_close(tc.dq, r.dq, 5e-2, "tensor cores: dq");
     check_close(tc.dk, r.dk, 5e-2, "tensor cores: dk");
     check_close(tc.dv, r.dv, 5e-2, "tensor cores: dv");
     const Out w = run(warp_cuda, DType::bf16);
     check_close(w.o, r.o, 1e-2, "warp: out");
-    check_lse(w.lse, 1e-4, "warp: lse");
+    attention_checks::check_lse(w.lse, r.lse, 1e-4, "warp: lse");
     check_close(w.dq, r.dq, 2e-2, "warp: dq");
     check_close(w.dk, r.dk, 2e-2, "warp: dk");
     check_close(w.dv, r.dv, 2e-2, "warp: dv");
     CHECK_MESSAGE(tc.o != w.o, "the tensor-core and warp kernels gave the same bits: is `attention` switching?");
     if (c.segments != 0) {  // padding queries see no key: zeros (and lse -inf, checked above)
       for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = c.segments == 1 ? 118 : 290; t < c.T; ++t)
+        for (int64_t t = attention_checks::padding_start(c.segments); t < c.T; ++t)
           for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(tc.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
     }
   }
