@@ -35,18 +35,24 @@ const char* kUsage =
 
 namespace dew_bench {
 std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt) {
-  dew::Options options({}, "backend");
+  dew::Options options;
   if (opt.matmul_precision != "highest") options.set("matmul_precision", opt.matmul_precision);
   if (opt.no_block_cache && opt.backend == "cpu") options.set("cache_mb", "0");
   if (opt.isa != "best") options.set("isa", opt.isa);
+  std::vector<std::string> asked;  // --backend-option's keys
   for (const std::string& kv : opt.backend_options) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
       throw dew::UsageError("--backend-option takes KEY=VALUE (e.g. attention=warp for cuda), not '" + kv + "'");
-    options.set(kv.substr(0, eq), kv.substr(eq + 1));
+    asked.push_back(kv.substr(0, eq));
+    options.set(asked.back(), kv.substr(eq + 1));
   }
   dew::BackendPtr be = dew::create_backend(opt.backend, options);
-  options.check_all_used();  // a key the backend never read is a typo (or another backend's)
+  // A key asked for by --backend-option that the backend never read is a typo (or another backend's); the keys
+  // set above from --matmul-precision and --isa stay permissions, as dew-run's [run] matmul_precision is.
+  for (const std::string& key : asked)
+    if (!options.was_read(key))
+      throw dew::UsageError("--backend-option " + key + ": backend '" + opt.backend + "' has no such option");
   if (opt.profile) return std::make_shared<dew::ProfilingBackend>(be);
   return be;
 }
