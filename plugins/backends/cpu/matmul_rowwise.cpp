@@ -4,9 +4,9 @@
 // Decoding is nothing but these products: one token (or one per active sequence of a server) against every
 // weight, so the speed is how fast the weight streams from memory. The weight is read once for all m rows
 // (blocks of J weight rows x R rows of x share their loads), each thread its own blocks of output columns.
-// Invariants: every y[r, j] is formed by one thread as a 16-lane accumulator over blocks of 16 (s += x w,
-// FMA on avx512 and avx2), then a fixed tree over the 16 lanes (isa.hpp's hsum16: halves, quarters, pairs),
-// then the k % 16 tail in order: R, J, m, r's place in a block and the thread count only decide which
+// Invariants: every y[r, j] is formed by one thread as two 16-lane accumulators over blocks of 16 (s0 the
+// even blocks, s1 the odd; s += x w, FMA on avx512 and avx2), then s0 + s1 lane by lane, a fixed tree over the
+// 16 lanes (isa.hpp's hsum16: halves, quarters, pairs), then the k % 16 tail in order: R, J, m, r's place in a block and the thread count only decide which
 // products share a load, never a sum's arithmetic (continuous batching's served = solo relies on it).
 // avx512 holds a 16-lane vector in one zmm, avx2 in two ymm (lanes 0-7, 8-15), both with FMA, so avx512 and
 // avx2 agree bit for bit; portable (GCC vectors at the baseline, no FMA) rounds each product separately.
@@ -247,19 +247,35 @@ DEW_AI void step16(const float* x, const W* w, int64_t k, int64_t i, const char*
   }
 }
 
+// dot_block's accumulator chains: 16-column steps alternate between two 16-lane accumulators per (r, j),
+// s0 (even steps) and s1 (odd), summed lane by lane at the end (s0 + s1), then the fixed tree over the lanes,
+// then the k % 16 tail in order. Why two: at m == 1 a block on avx2 is one weight row (kJ1), so one accumulator
+// makes every step wait for the last step's FMA (4 cycles per 16 weights: 16 bytes a cycle of bf16 weights,
+// ~30 GB/s on the AVX2 EPYC, under what its cache and memory deliver); two chains halve that bound.
+constexpr int kChains = 2;
+
 template <int R, int J, class W>
 DEW_AI void dot_block(const float* x, const W* w, int64_t k, const W* next, float (&acc)[R][J]) {
-  V s[R][J];
+  V s[kChains][R][J];
 #pragma GCC unroll 32
-  for (int r = 0; r < R; ++r)
+  for (int c = 0; c < kChains; ++c)
 #pragma GCC unroll 32
-    for (int j = 0; j < J; ++j) s[r][j] = vzero();
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 32
+      for (int j = 0; j < J; ++j) s[c][r][j] = vzero();
   const char* pf = reinterpret_cast<const char*>(next);
   int64_t i = 0;
-  for (; i + 16 <= k; i += 16) step16<R, J>(x, w, k, i, pf, s);
+  for (; i + 16 * kChains <= k; i += 16 * kChains)
+#pragma GCC unroll 4
+    for (int c = 0; c < kChains; ++c) step16<R, J>(x, w, k, i + 16 * c, pf, s[c]);
+  static_assert(kChains == 2, "the leftover step below is one step");
+  if (i + 16 <= k) step16<R, J>(x, w, k, i, pf, s[0]), i += 16;
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) {
-      float a = vsum(s[r][j]);
+      V sum = s[0][r][j];
+#pragma GCC unroll 4
+      for (int c = 1; c < kChains; ++c) sum = vadd(sum, s[c][r][j]);
+      float a = vsum(sum);
       for (int64_t t = i; t < k; ++t)
         a = kFma ? __builtin_fmaf(x[r * k + t], widen(w[j * k + t]), a) : a + x[r * k + t] * widen(w[j * k + t]);
       acc[r][j] = a;
@@ -429,20 +445,21 @@ DEW_AI void column_block(const float* x, const W* w, float* y, int64_t m, int64_
   }
 }
 
-// Registers: avx512 has 32 zmm (one per 16-lane vector), avx2 16 ymm (two per vector), SSE2 16 xmm (four).
+// Registers: avx512 has 32 zmm (one per 16-lane vector), avx2 16 ymm (two per vector), SSE2 16 xmm (four); a
+// block holds kChains x R x J accumulators (avx2 at m > 1: 2 chains x 3 rows x 1 weight row x 2 ymm = 12 ymm).
 // avx2 decodes one weight row at a time with no software prefetch: measured on an AVX2-only AMD EPYC (Zen 4
 // with AVX-512 hidden, 1 thread, char-small's 42.9 MB of products per token), one sequential stream read at
 // 22-24 GB/s where 2-6 rows interleaved read at 9-11 (a stand-alone loop), and dew's decode went from
 // 2.8-3.1 ms/token (4 rows, next block prefetched) to 1.9-2.3 (1 row, none). The avx512 blocking was
 // measured on the AVX-512 Xeon and Zen 4 (0.88 of the bandwidth roofline) and is kept.
 #if defined(DEW_CPU_ISA_IS_AVX512)
-constexpr int kJ1 = 8, kRM = 2, kJM = 8;
+constexpr int kJ1 = 8, kRM = 2, kJM = 4;
 constexpr bool kPrefetchNext = true;
 #elif defined(DEW_CPU_ISA_IS_AVX2)
-constexpr int kJ1 = 1, kRM = 2, kJM = 2;
+constexpr int kJ1 = 1, kRM = 3, kJM = 1;
 constexpr bool kPrefetchNext = false;
 #else
-constexpr int kJ1 = 2, kRM = 1, kJM = 2;
+constexpr int kJ1 = 1, kRM = 1, kJM = 1;
 constexpr bool kPrefetchNext = true;
 #endif
 

@@ -13,8 +13,8 @@ namespace dew::cpu {
 // y[r * n + j] = dot(x[r, :], w[j, :]) for r < m, j < n; x [m, k] f32, w [n, k] (f32, or bf16 bits widened
 // exactly to f32), y [m, n]. Every y[r, j] is summed the same way whatever m, r, the thread count and the
 // column blocking are (so a row decoded alone equals the same row batched with others, bit for bit), and
-// the same way on the avx512 and avx2 paths (16-lane FMA accumulator over blocks of 16, a fixed tree over
-// its lanes, then the k % 16 tail in order). OpenMP over blocks of output columns when the product is big.
+// the same way on the avx512 and avx2 paths (two 16-lane FMA accumulators over alternate blocks of 16, added
+// lane by lane, a fixed tree over the lanes, then the k % 16 tail in order). OpenMP over blocks of output columns when the product is big.
 // The epilogue, applied by the thread that made the columns, right after them: y[r, j] = act(alpha * y[r, j] +
 // bias[j]) (bias optional), per element; silu and gelu_tanh are the elementwise family's expressions
 // (cpu_backend.hpp: fast_exp), gelu uses std::erf. alpha * y + bias is one FMA on avx512 and avx2 (the same bits
