@@ -1,6 +1,7 @@
 // core/ops/nn_ops.cpp — softmax, normalisations, embeddings, rotary, attention, dropout, convolution,
 // cross-entropy: each a forward kernel plus its backward kernel, with saved statistics (mean/rstd/lse)
 // kept by the node. Statistics are f32 (f64 when the input is f64, for double-precision grad checks).
+#include "dew/kernel_contracts.hpp"
 #include "op_util.hpp"
 
 namespace dew {
@@ -248,7 +249,7 @@ Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionPara
 // ---------------------------------------------------------------- convolution
 
 static int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t dil) {
-  return (in + 2 * pad - dil * (k - 1) - 1) / s + 1;
+  return contracts::conv_output_size(in, k, s, pad, dil);
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {

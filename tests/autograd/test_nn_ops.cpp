@@ -262,6 +262,18 @@ TEST_CASE("gradcheck conv2d (stride, padding, groups, bias, dilation)") {
             {rnd({1, 2, 8, 7}, 94), rnd({3, 2, 2, 2}, 95), rnd({3}, 96)}, "conv2d stride 3 with a remainder");
 }
 
+// A kernel whose extent is one past the padded input has no output position, whatever the stride: under stride 2
+// the output length used to come out 1 (the span -1 divided toward zero), and the backends read past x.
+TEST_CASE("conv2d refuses a kernel longer than the padded input, under any stride") {
+  for (int stride : {1, 2, 3}) {
+    CAPTURE(stride);
+    CHECK_THROWS_WITH_AS(dew::conv2d(rnd({1, 1, 2, 4}, 97), rnd({1, 1, 3, 3}, 98), Tensor(), conv(stride, 1, 0, 0, 1)),
+                         doctest::Contains("larger than padded input"), dew::Error);
+  }
+  CHECK(dew::conv2d(rnd({1, 1, 3, 4}, 97), rnd({1, 1, 3, 3}, 98), Tensor(), conv(2, 1, 0, 0, 1)).shape() ==
+        dew::Shape{1, 1, 1, 2});
+}
+
 TEST_CASE("gradcheck conv_transpose2d") {
   gradcheck([](const V& x) { return dew::conv_transpose2d(x[0], x[1], x[2], conv(2, 2, 1, 1, 1), 1, 1); },
             {rnd({2, 4, 3, 3}, 100), rnd({4, 3, 3, 3}, 101), rnd({3}, 102)},

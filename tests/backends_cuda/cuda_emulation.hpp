@@ -1,5 +1,5 @@
 // tests/backends_cuda/cuda_emulation.hpp — runs a CUDA kernel's own source on the CPU, one block at a time, each
-// thread of the block a fiber (ucontext) on one OS thread, so that the attention kernels (flash_attention.cuh,
+// thread of the block a fiber on one OS thread, so that the attention kernels (flash_attention.cuh,
 // attention.cuh) are tested on every machine, with or without a GPU (test_attention_emulated.cpp).
 // What it provides, and how it models the hardware:
 //   * the CUDA keywords (__global__, __device__, __shared__ = one static per kernel for all blocks, which run
@@ -30,9 +30,14 @@
 #include <functional>
 #include <vector>
 
-// The launchers' declarations (AttnDims) and cuda_runtime.h's host-usable vector types (uint4, make_uint4);
-// then the keywords its host_defines.h gave g++ are redefined for the emulation.
-#include "kernels.cuh"
+// cuda_runtime.h's host-usable types (dim3, uint4, cudaError_t, cudaStream_t); then the keywords its
+// host_defines.h gave g++ are redefined for the emulation.
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+
+#include "dew/dtype.hpp"
 
 #define DEW_CUDA_EMULATION 1
 #undef __global__
@@ -57,6 +62,50 @@
 
 namespace emu {
 
+// ---- fibers. On x86-64 a stack switch of our own (the callee-saved registers, MXCSR and the x87 control word on
+// the old stack, then the new stack pointer): glibc's swapcontext also saves the signal mask, a system call per
+// switch that took ~90 % of an emulated warp kernel's time. Elsewhere, and under AddressSanitizer (which must
+// see stack switches through its swapcontext interceptor), ucontext.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+struct Context {
+  void* sp = nullptr;
+};
+// Saves the running fiber's registers on its stack and its stack pointer in *save, then resumes the one whose
+// stack pointer is `load` (as this function's own return).
+static __attribute__((naked, noinline, used)) void switch_stack(void** /*save*/, void* /*load*/) {
+  asm("pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+      "subq $8, %rsp\n stmxcsr (%rsp)\n fnstcw 4(%rsp)\n"
+      "movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+      "ldmxcsr (%rsp)\n fldcw 4(%rsp)\n addq $8, %rsp\n"
+      "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n");
+}
+// A fresh stack whose first switch "returns" into entry, with the stack aligned as after a call.
+inline void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
+  auto* frame = reinterpret_cast<uint64_t*>(top - 72);  // 8 (MXCSR, FCW) + 6 registers + return address, then 8
+  std::memset(frame, 0, 72);
+  const uint32_t mxcsr = 0x1F80;
+  const uint16_t fcw = 0x037F;
+  std::memcpy(frame, &mxcsr, 4);
+  std::memcpy(reinterpret_cast<char*>(frame) + 4, &fcw, 2);
+  frame[7] = reinterpret_cast<uint64_t>(entry);
+  c.sp = frame;
+}
+inline void switch_context(Context& from, Context& to) { switch_stack(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
@@ -68,18 +117,20 @@ struct Dim3 {
 //              so warps are as far apart as the barriers allow; copies land when issued (the earliest).
 // A kernel missing a barrier, or reading a tile before its wait, gives different results under the two.
 enum class Schedule { lockstep, skewed };
+constexpr size_t kStackBytes = 256 * 1024;  // per fiber
 
 struct State {
   Schedule schedule = Schedule::lockstep;
   Dim3 block, grid, dims;
   int nthreads = 0, current = 0;
   std::vector<Dim3> thread;
-  std::vector<ucontext_t> ctx;
-  std::vector<std::vector<char>> stacks;
+  std::vector<Context> ctx;
+  std::vector<std::unique_ptr<char[]>> stacks;  // kStackBytes each, kept from launch to launch (untouched pages
+                                                // cost nothing)
   std::vector<bool> done;
   std::vector<const int*> waiting_gen;  // the generation counter a waiting fiber waits on (null: not waiting)
   std::vector<int> waiting_for;         // ... and its value when the fiber arrived
-  ucontext_t main;
+  Context main;
   std::function<void()> body;
   std::vector<unsigned char> smem;
   int block_count = 0, block_gen = 0;
@@ -105,7 +156,7 @@ inline uint64_t* slot(int thread) { return &state().slots[size_t(thread) * 8]; }
 
 inline void yield() {
   State& s = state();
-  swapcontext(&s.ctx[size_t(s.current)], &s.main);
+  switch_context(s.ctx[size_t(s.current)], s.main);
 }
 inline void barrier(int& count, int& gen, int n) {
   State& s = state();
@@ -140,75 +191,78 @@ inline void syncwarp() {
 inline int lane() { return tid() % 32; }
 inline int warp_base() { return tid() / 32 * 32; }
 
+// A fiber's whole life: the kernel body, then back to the scheduler for good.
 inline void trampoline() {
   State& s = state();
   s.body();
   s.done[size_t(s.current)] = true;
+  switch_context(s.ctx[size_t(s.current)], s.main);
+  std::abort();  // a finished fiber is never resumed
 }
 
 // Runs body once per thread of each block of the grid (blocks in order, fibers round-robin).
 inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body) {
   State& s = state();
-  if (threads % 32 != 0) std::abort();
+  if (threads % 32 != 0) {
+    std::fprintf(stderr, "emulated launch: %d threads per block is not a whole number of warps\n", threads);
+    std::abort();
+  }
   s.grid = grid;
   s.dims = Dim3{unsigned(threads), 1, 1};
   s.nthreads = threads;
   s.body = body;
   s.thread.assign(size_t(threads), Dim3{});
-  s.ctx.assign(size_t(threads), ucontext_t{});
-  s.stacks.assign(size_t(threads), std::vector<char>(256 * 1024));
+  s.ctx.assign(size_t(threads), Context{});
+  while (s.stacks.size() < size_t(threads)) s.stacks.emplace_back(new char[kStackBytes]);
   s.slots.assign(size_t(threads) * 8, 0);
   s.warp_count.assign(size_t(threads / 32), 0);
   s.open_group.assign(size_t(threads), {});
   s.groups.assign(size_t(threads), {});
   s.warp_gen.assign(size_t(threads / 32), 0);
-  for (unsigned by = 0; by < grid.y; ++by)
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-      s.block = Dim3{bx, by, 0};
-      s.smem.assign(smem_bytes, 0xA5);  // garbage a kernel must overwrite before reading (NaN-ish bf16 pairs)
-      s.block_count = 0;
-      std::fill(s.warp_count.begin(), s.warp_count.end(), 0);
-      s.done.assign(size_t(threads), false);
-      for (int t = 0; t < threads; ++t) {
-        s.thread[size_t(t)] = Dim3{unsigned(t), 0, 0};
-        getcontext(&s.ctx[size_t(t)]);
-        s.ctx[size_t(t)].uc_stack.ss_sp = s.stacks[size_t(t)].data();
-        s.ctx[size_t(t)].uc_stack.ss_size = s.stacks[size_t(t)].size();
-        s.ctx[size_t(t)].uc_link = &s.main;
-        makecontext(&s.ctx[size_t(t)], trampoline, 0);
-      }
-      for (int t = 0; t < threads; ++t) s.open_group[size_t(t)].clear(), s.groups[size_t(t)].clear();
-      s.waiting_gen.assign(size_t(threads), nullptr);
-      s.waiting_for.assign(size_t(threads), 0);
-      const auto step = [&](int t) {
-        s.current = t;
-        swapcontext(&s.main, &s.ctx[size_t(t)]);
-      };
-      for (int live = threads; live > 0;) {
-        if (s.schedule == Schedule::lockstep) {
-          for (int t = 0; t < threads; ++t)
-            if (!s.done[size_t(t)] && !blocked(t)) step(t);
-        } else {
-          for (int w = 0; w < threads / 32; ++w)
-            for (bool ran = true; ran;) {  // warp w alone, until each thread is done or at a block barrier
-              ran = false;
-              for (int t = w * 32; t < w * 32 + 32; ++t)
-                if (!s.done[size_t(t)] && !blocked(t)) step(t), ran = true;
-            }
-        }
-        live = 0;
-        bool any_runnable = false;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        s.block = Dim3{bx, by, bz};
+        s.smem.assign(smem_bytes, 0xA5);  // garbage a kernel must overwrite before reading (NaN-ish bf16 pairs)
+        s.block_count = 0;
+        std::fill(s.warp_count.begin(), s.warp_count.end(), 0);
+        s.done.assign(size_t(threads), false);
         for (int t = 0; t < threads; ++t) {
-          live += s.done[size_t(t)] ? 0 : 1;
-          any_runnable = any_runnable || (!s.done[size_t(t)] && !blocked(t));
+          s.thread[size_t(t)] = Dim3{unsigned(t), 0, 0};
+          make_context(s.ctx[size_t(t)], s.stacks[size_t(t)].get(), kStackBytes, trampoline);
         }
-        if (live > 0 && !any_runnable) {
-          std::fprintf(stderr,
-                       "emulated kernel: deadlock (every live thread waits at a barrier the others never reach)\n");
-          std::abort();
+        for (int t = 0; t < threads; ++t) s.open_group[size_t(t)].clear(), s.groups[size_t(t)].clear();
+        s.waiting_gen.assign(size_t(threads), nullptr);
+        s.waiting_for.assign(size_t(threads), 0);
+        const auto step = [&](int t) {
+          s.current = t;
+          switch_context(s.main, s.ctx[size_t(t)]);
+        };
+        for (int live = threads; live > 0;) {
+          if (s.schedule == Schedule::lockstep) {
+            for (int t = 0; t < threads; ++t)
+              if (!s.done[size_t(t)] && !blocked(t)) step(t);
+          } else {
+            for (int w = 0; w < threads / 32; ++w)
+              for (bool ran = true; ran;) {  // warp w alone, until each thread is done or at a block barrier
+                ran = false;
+                for (int t = w * 32; t < w * 32 + 32; ++t)
+                  if (!s.done[size_t(t)] && !blocked(t)) step(t), ran = true;
+              }
+          }
+          live = 0;
+          bool any_runnable = false;
+          for (int t = 0; t < threads; ++t) {
+            live += s.done[size_t(t)] ? 0 : 1;
+            any_runnable = any_runnable || (!s.done[size_t(t)] && !blocked(t));
+          }
+          if (live > 0 && !any_runnable) {
+            std::fprintf(stderr,
+                         "emulated kernel: deadlock (every live thread waits at a barrier the others never reach)\n");
+            std::abort();
+          }
         }
       }
-    }
 }
 
 template <class T>
@@ -289,6 +343,93 @@ inline bool syncthreads_or(bool pred) {
 #define __reduce_min_sync(mask, v) ::emu::reduce_warp((v), [](int a, int b) { return a < b ? a : b; })
 #define __reduce_max_sync(mask, v) ::emu::reduce_warp((v), [](int a, int b) { return a > b ? a : b; })
 
+// ---- launches as the driver takes them: the configuration is checked first (a bad one launches nothing and
+// leaves cudaErrorInvalidConfiguration for cudaGetLastError, as the hardware does), then the kernel runs on the
+// CPU before the launch returns (every stream is synchronous here).
+namespace emu {
+
+inline cudaError_t& last_error() {
+  static cudaError_t e = cudaSuccess;
+  return e;
+}
+// Dynamic shared memory above 48 KiB needs cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize) first, up to
+// the device's opt-in limit (an H100 / H200: 227 KiB); the fake runtime records the attribute here.
+constexpr size_t kDefaultSmem = 48 * 1024, kOptInSmem = 227 * 1024;
+inline std::map<const void*, size_t>& smem_opt_in() {
+  static std::map<const void*, size_t> m;
+  return m;
+}
+inline Dim3 to_dim3(const dim3& d) { return Dim3{d.x, d.y, d.z}; }
+inline Dim3 to_dim3(unsigned x) { return Dim3{x, 1, 1}; }
+inline Dim3 to_dim3(int x) { return Dim3{unsigned(x), 1, 1}; }
+
+template <class Kernel>
+struct Launcher {
+  Dim3 grid;
+  long long threads;
+  size_t smem;
+  Kernel kernel;
+  template <class... Args>
+  void operator()(Args&&... args) const {
+    const auto it = smem_opt_in().find(reinterpret_cast<const void*>(kernel));
+    const size_t smem_limit = it == smem_opt_in().end() ? kDefaultSmem : it->second;
+    const bool ok = threads >= 1 && threads <= 1024 && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 &&
+                    grid.x <= 2147483647u && grid.y <= 65535u && grid.z <= 65535u && smem <= smem_limit;
+    if (!ok) {
+      last_error() = cudaErrorInvalidConfiguration;
+      return;
+    }
+    launch(grid, int(threads), smem, [&] { kernel(args...); });
+  }
+};
+template <class Kernel>
+Launcher<Kernel> launcher(Dim3 grid, long long threads, size_t smem, Kernel kernel) {
+  return Launcher<Kernel>{grid, threads, smem, kernel};
+}
+
+}  // namespace emu
+
+#define DEW_LAUNCH(grid, threads, smem, stream, ...) \
+  ::emu::launcher(::emu::to_dim3(grid), (long long)(threads), size_t(smem), &__VA_ARGS__)
+
+// cuda_runtime.h's typed form for nvcc (a kernel's own pointer), which g++ does not see.
+template <class R, class... A>
+cudaError_t cudaFuncSetAttribute(R (*kernel)(A...), cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+// ---- the CUDA intrinsics the kernels use. Fibers switch only at barriers and collectives, so a plain
+// read-modify-write is atomic here; __threadfence orders nothing that needs ordering.
+inline float __uint_as_float(uint32_t u) { return ::emu::from_bits<float>(u); }
+inline uint32_t __float_as_uint(float f) { return uint32_t(::emu::bits_of(f)); }
+inline uint32_t __umulhi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }
+inline double __dmul_rn(double a, double b) { return a * b; }  // the plugin is built without FMA contraction
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
+inline int atomicCAS(int* p, int compare, int v) {
+  const int old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
+inline int atomicExch(int* p, int v) {
+  const int old = *p;
+  *p = v;
+  return old;
+}
+inline void __threadfence() {}
+struct __half {
+  uint16_t bits;
+};
+inline float __half2float(__half h) { return dew::f16_to_f32(dew::f16_t{h.bits}); }
+inline __half __float2half_rn(float f) { return __half{dew::f32_to_f16(f).bits}; }
+inline __half __ushort_as_half(uint16_t b) { return __half{b}; }
+inline uint16_t __half_as_ushort(__half h) { return h.bits; }
+
 // ---- device.cuh's helpers and the flash kernels' PTX primitives, for the emulation.
 namespace dew::cuda {
 
@@ -312,15 +453,13 @@ inline uint16_t bf16_bits(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
+inline uint16_t __bfloat16_as_ushort(bf16 h) { return h.bits; }
+inline bf16 __ushort_as_bfloat16(uint16_t b) { return bf16{b}; }
 inline float ld(const float* p, int64_t i) { return p[i]; }
 inline float ld(const bf16* p, int64_t i) { return bf16_value(p[i].bits); }
 inline bf16 to_bf16(float f) { return bf16{bf16_bits(f)}; }
 inline void st(float* p, int64_t i, float v) { p[i] = v; }
 inline void st(bf16* p, int64_t i, float v) { p[i] = to_bf16(v); }
-inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 inline void cp_async16(void* dst, const void* src, bool valid) { ::emu::cp_async16(dst, src, valid); }
 inline void cp_async_commit() { ::emu::cp_async_commit(); }
 template <int N>

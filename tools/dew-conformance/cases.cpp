@@ -1613,14 +1613,27 @@ void add_half(Table& t) {
       for (int64_t i = 0; i < B * T; ++i) v[size_t(i)] = int32_t((i % T) / 20);
       return g.from_ints(v, {B, T});
     };
+    // Head widths 64 and 128 are where cuda's tensor-core kernels take bf16 (flash_attention.cu): ragged tiles, GQA,
+    // documents straddling its 64-row tiles.
     for (const A& a : {A{"causal", 2, 16, 4, 4, 16, false}, A{"causal_gqa", 2, 64, 4, 2, 32, false},
-                       A{"causal_packed", 2, 64, 4, 2, 32, true}}) {
+                       A{"causal_packed", 2, 64, 4, 2, 32, true}, A{"causal_gqa_d64", 1, 96, 4, 2, 64, false},
+                       A{"causal_packed_d128", 1, 80, 2, 1, 128, true}}) {
       AttentionParams p;
       p.scale = 1.0f / std::sqrt(float(a.D));
       const Shape qs{a.B, a.T, a.H, a.D}, ks{a.B, a.T, a.Hkv, a.D}, ls{a.B, a.H, a.T};
       const std::string sh = a.what + "_B" + std::to_string(a.B) + "T" + std::to_string(a.T) + "H" + std::to_string(a.H) +
                              "kv" + std::to_string(a.Hkv) + "D" + std::to_string(a.D);
       const double K = double(a.T + a.D), Kkv = double(a.T * (a.H / a.Hkv) + a.D);
+      // Gradients at six half ulps instead of two: a tensor-core kernel rounds P and dS to the half dtype before
+      // their second products (FlashAttention-2's form, cuda's flash_attention.cu), an error of about one half ulp
+      // of each row's own scale (0.2-0.4 % of a row's norm, against 0.2 % for the output's rounding alone), and the
+      // rows near the causal start, seeing few keys, have gradients 4-5 times the whole output's rms, which sets
+      // atol (found by the emulated cuda run: 1.56 of the two-ulp tolerance at D 64, 1.04 of three ulps).
+      auto grad_tol = [](double KK) {
+        Check c = tol(16, KK);
+        c.k_store = 6;
+        return c;
+      };
       if (a.what != "causal")  // the plain causal forward has its bf16 case in add_attention
         t.add(
             "attention/" + sh + tag, Kernel::attention, {dt},
@@ -1640,7 +1653,7 @@ void add_half(Table& t) {
                                    p);
             return In{q, k, v, seg, to_dtype(g, o, dt), lse, g.uniform(qs, -1, 1, dt)};
           },
-          {out("dq", qs, dt, tol(16, K)), out("dk", ks, dt, tol(16, Kkv)), out("dv", ks, dt, tol(16, Kkv))},
+          {out("dq", qs, dt, grad_tol(K)), out("dk", ks, dt, grad_tol(Kkv)), out("dv", ks, dt, grad_tol(Kkv))},
           [p](Backend& be, In& in, Out& o) {
             be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], in[6], o[0], o[1], o[2], p);
           });

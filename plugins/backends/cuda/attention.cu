@@ -36,12 +36,12 @@ void launch_attention(cudaStream_t s, ST t, ST kv, const void* q, const void* k,
   const int64_t rows = d.B * d.Hq * d.T;
   if (rows == 0) return;
   if (t == ST::f32 && kv == ST::bf16)  // f32 q over a bf16 K/V cache
-    attention_kernel<float, bf16><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
-        static_cast<const float*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), seg,
-        static_cast<float*>(out), lse, d, p);
+    DEW_LAUNCH(warp_blocks(rows), 32 * kWarps, 0, s, attention_kernel<float, bf16>)
+    (static_cast<const float*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), seg,
+     static_cast<float*>(out), lse, d, p);
   else
     DEW_CUDA_DISPATCH(t, T,
-                      attention_kernel<T, T><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
+                      DEW_LAUNCH(warp_blocks(rows), 32 * kWarps, 0, s, attention_kernel<T, T>)(
                           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), seg,
                           static_cast<T*>(out), lse, d, p));
   check_launch("attention");
@@ -57,11 +57,11 @@ void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* 
     const T* vs = static_cast<const T*>(v);
     const T* gs = static_cast<const T*>(dout);
     if (qrows > 0)
-      attention_dq_kernel<T><<<warp_blocks(qrows), 32 * kWarps, 0, s>>>(qs, ks, vs, seg, static_cast<const T*>(out), lse, gs,
-                                                                        static_cast<T*>(dq), scratch, d, p);
+      DEW_LAUNCH(warp_blocks(qrows), 32 * kWarps, 0, s, attention_dq_kernel<T>)
+      (qs, ks, vs, seg, static_cast<const T*>(out), lse, gs, static_cast<T*>(dq), scratch, d, p);
     if (krows > 0)
-      attention_dkdv_kernel<T><<<warp_blocks(krows), 32 * kWarps, 0, s>>>(
-          qs, ks, vs, seg, lse, gs, scratch, static_cast<T*>(dk), static_cast<T*>(dv), d, p);
+      DEW_LAUNCH(warp_blocks(krows), 32 * kWarps, 0, s, attention_dkdv_kernel<T>)
+      (qs, ks, vs, seg, lse, gs, scratch, static_cast<T*>(dk), static_cast<T*>(dv), d, p);
   });
   check_launch("attention_backward");
 }
@@ -72,9 +72,9 @@ void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void*
   const int64_t rows = d.B * d.Hq * d.T;
   if (rows > 0)
     DEW_CUDA_DISPATCH(t, T,
-                      attention_row_max_kernel<T><<<warp_blocks(rows), 32 * kWarps, 0, s>>>(
+                      DEW_LAUNCH(warp_blocks(rows), 32 * kWarps, 0, s, attention_row_max_kernel<T>)(
                           static_cast<const T*>(q), static_cast<const T*>(k), seg, scratch, d, p));
-  head_max_kernel<<<unsigned((d.Hq + 127) / 128), 128, 0, s>>>(scratch, out, d);
+  DEW_LAUNCH(unsigned((d.Hq + 127) / 128), 128, 0, s, head_max_kernel)(scratch, out, d);
   check_launch("attention_max_logit");
 }
 

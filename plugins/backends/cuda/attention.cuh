@@ -3,9 +3,7 @@
 // (cuda_emulation.hpp defines DEW_CUDA_EMULATION and the primitives: ld / st, warp_sum, the CUDA built-ins).
 #pragma once
 
-#ifndef DEW_CUDA_EMULATION
 #include "device.cuh"
-#endif
 
 namespace dew::cuda::warp_attention {
 

@@ -108,8 +108,8 @@ ConvDims check_conv(const Shape& x, const Tensor& w, const Shape& y, const Conv2
   ConvDims d{x[0], x[1], x[2], x[3], w.size(0), w.size(1), w.size(2), w.size(3), 0, 0};
   DEW_CHECK(d.C == d.Cg * p.groups && d.O % p.groups == 0, "cuda.", kernel_name(k), ": w ", shape_str(w.shape()),
             " does not fit ", d.C, " input channels in ", p.groups, " groups");
-  d.OH = (d.H + 2 * p.pad_h - p.dilation_h * (d.KH - 1) - 1) / p.stride_h + 1;
-  d.OW = (d.W + 2 * p.pad_w - p.dilation_w * (d.KW - 1) - 1) / p.stride_w + 1;
+  d.OH = contracts::conv_output_size(d.H, d.KH, p.stride_h, p.pad_h, p.dilation_h);
+  d.OW = contracts::conv_output_size(d.W, d.KW, p.stride_w, p.pad_w, p.dilation_w);
   const Shape expected{d.N, d.O, d.OH, d.OW};
   DEW_CHECK(y == expected, "cuda.", kernel_name(k), ": y is ", shape_str(y), ", expected ", shape_str(expected),
             " for x ", shape_str(x), " and w ", shape_str(w.shape()));

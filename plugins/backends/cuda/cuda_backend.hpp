@@ -34,6 +34,12 @@
 #include "dew/tensor.hpp"
 #include "kernels.cuh"
 
+// "cuda", or "cuda-emulated" for the same sources run on the CPU (tests/backends_cuda/emulation), which must be
+// loadable beside the real plugin.
+#ifndef DEW_CUDA_BACKEND_NAME
+#define DEW_CUDA_BACKEND_NAME "cuda"
+#endif
+
 namespace dew::cuda {
 
 // ---------------------------------------------------------------- options and probe (probe.cpp)
@@ -95,8 +101,13 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const Options& options);
   ~CudaBackend() override;
 
-  std::string name() const override { return "cuda"; }
+  std::string name() const override { return DEW_CUDA_BACKEND_NAME; }
+  // Device memory; host memory in the CPU emulation of this backend (tests/backends_cuda/emulation), which says so.
+#ifdef DEW_CUDA_EMULATED
+  bool host_accessible() const override { return true; }
+#else
   bool host_accessible() const override { return false; }
+#endif
   Support supports(Kernel k, DType dtype) const override { return support_of(k, dtype); }
   void synchronize() override;
 

@@ -1,11 +1,17 @@
-// cuda/device.cuh — device helpers shared by the .cu files (nvcc only): element load/store for the
-// storage types, grid sizing, warp/block reductions, the type dispatch of the launchers, and the launch
-// check. Invariants: every kernel computes in f32 and rounds once on store; bf16 rounding is dew's
-// (round to nearest even, dew/dtype.hpp), so cuda and the host backends round identically.
+// cuda/device.cuh — device helpers shared by the .cu files: element load/store for the storage types, grid
+// sizing, warp/block reductions, the type dispatch of the launchers, the launch macro and the launch check.
+// Invariants: every kernel computes in f32 and rounds once on store; bf16 rounding is dew's (round to nearest
+// even, dew/dtype.hpp), so cuda and the host backends round identically.
+// Two compilers read this file: nvcc (the plugin), and g++ with tests/backends_cuda/cuda_emulation.hpp included
+// first (DEW_CUDA_EMULATION: the plugin's sources run on the CPU, threads as fibers). The emulation provides the
+// platform part (bf16, ld / st / to_bf16, the CUDA built-ins and intrinsics, DEW_LAUNCH); everything after it
+// here is one source for both.
 #pragma once
+#ifndef DEW_CUDA_EMULATION
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -14,6 +20,7 @@
 
 namespace dew::cuda {
 
+#ifndef DEW_CUDA_EMULATION
 using bf16 = __nv_bfloat16;
 
 __device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
@@ -32,6 +39,11 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
   return __ushort_as_bfloat16(h);
 }
 __device__ __forceinline__ void st(bf16* p, int64_t i, float v) { p[i] = to_bf16(v); }
+
+// A kernel launch: DEW_LAUNCH(grid, threads, shared bytes, stream, kernel)(arguments...). The emulation runs the
+// same launch on the CPU (cuda_emulation.hpp), checking the configuration as the driver would.
+#define DEW_LAUNCH(grid, threads, smem, stream, ...) __VA_ARGS__<<<grid, threads, smem, stream>>>
+#endif
 
 // Blocks for n elements with `threads` per block, capped (kernels loop grid-stride).
 inline unsigned blocks_for(int64_t n, int threads = 256, int64_t cap = 65535 * 8) {

@@ -56,15 +56,15 @@ void launch_gather_rows(cudaStream_t s, const void* src, const int32_t* idx, voi
   // Copy in the widest word that divides the row (rows are contiguous and tensors element-aligned).
   if (bytes % 8 == 0 && (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(out)) % 8 == 0) {
     const int64_t Dw = bytes / 8;
-    gather_kernel<<<blocks_for(B * K * Dw), 256, 0, s>>>(static_cast<const uint64_t*>(src), idx,
-                                                         static_cast<uint64_t*>(out), Bs, R, Dw, B, K, err);
+    DEW_LAUNCH(blocks_for(B * K * Dw), 256, 0, s, gather_kernel<uint64_t>)
+    (static_cast<const uint64_t*>(src), idx, static_cast<uint64_t*>(out), Bs, R, Dw, B, K, err);
   } else if (bytes % 4 == 0 && (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(out)) % 4 == 0) {
     const int64_t Dw = bytes / 4;
-    gather_kernel<<<blocks_for(B * K * Dw), 256, 0, s>>>(static_cast<const uint32_t*>(src), idx,
-                                                         static_cast<uint32_t*>(out), Bs, R, Dw, B, K, err);
+    DEW_LAUNCH(blocks_for(B * K * Dw), 256, 0, s, gather_kernel<uint32_t>)
+    (static_cast<const uint32_t*>(src), idx, static_cast<uint32_t*>(out), Bs, R, Dw, B, K, err);
   } else {
-    gather_kernel<<<blocks_for(B * K * bytes), 256, 0, s>>>(static_cast<const uint8_t*>(src), idx,
-                                                            static_cast<uint8_t*>(out), Bs, R, bytes, B, K, err);
+    DEW_LAUNCH(blocks_for(B * K * bytes), 256, 0, s, gather_kernel<uint8_t>)
+    (static_cast<const uint8_t*>(src), idx, static_cast<uint8_t*>(out), Bs, R, bytes, B, K, err);
   }
   check_launch("gather_rows");
 }
@@ -73,14 +73,14 @@ void launch_scatter_add_rows(cudaStream_t s, ST t, const void* dout, const int32
                              int64_t R, int64_t D, int64_t B, int64_t K, float* acc, ErrWord* err) {
   if (B * K * D == 0) return;
   if (t == ST::f32) {
-    scatter_kernel<float><<<blocks_for(B * K * D), 256, 0, s>>>(static_cast<const float*>(dout), idx,
-                                                                static_cast<float*>(dsrc), Bs, R, D, B, K, err);
+    DEW_LAUNCH(blocks_for(B * K * D), 256, 0, s, scatter_kernel<float>)
+    (static_cast<const float*>(dout), idx, static_cast<float*>(dsrc), Bs, R, D, B, K, err);
   } else {
     const int64_t n = Bs * R * D;
-    zero_kernel<<<blocks_for(n), 256, 0, s>>>(acc, n);
-    scatter_kernel<bf16>
-        <<<blocks_for(B * K * D), 256, 0, s>>>(static_cast<const bf16*>(dout), idx, acc, Bs, R, D, B, K, err);
-    add_into_bf16_kernel<<<blocks_for(n), 256, 0, s>>>(static_cast<bf16*>(dsrc), acc, n);
+    DEW_LAUNCH(blocks_for(n), 256, 0, s, zero_kernel)(acc, n);
+    DEW_LAUNCH(blocks_for(B * K * D), 256, 0, s, scatter_kernel<bf16>)
+    (static_cast<const bf16*>(dout), idx, acc, Bs, R, D, B, K, err);
+    DEW_LAUNCH(blocks_for(n), 256, 0, s, add_into_bf16_kernel)(static_cast<bf16*>(dsrc), acc, n);
   }
   check_launch("scatter_add_rows");
 }
@@ -121,9 +121,9 @@ void launch_rope(cudaStream_t s, ST t, const void* x, const int32_t* pos, void* 
   const int64_t n = B * T * H * (rotary_dim / 2 + (D - rotary_dim));
   if (n == 0) return;
   DEW_CUDA_DISPATCH(t, TT,
-                    rope_kernel<TT>
-                    <<<blocks_for(n), 256, 0, s>>>(static_cast<const TT*>(x), pos, static_cast<TT*>(out), B, T, H, D,
-                                                   rotary_dim, double(theta), inverse ? -1.0 : 1.0, per_batch));
+                    DEW_LAUNCH(blocks_for(n), 256, 0, s, rope_kernel<TT>)(
+                        static_cast<const TT*>(x), pos, static_cast<TT*>(out), B, T, H, D, rotary_dim, double(theta),
+                        inverse ? -1.0 : 1.0, per_batch));
   check_launch("rope");
 }
 

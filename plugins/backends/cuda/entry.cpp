@@ -18,9 +18,9 @@
       CUBLAS_VER_MINOR) "." DEW_STR(CUBLAS_VER_PATCH) ", cuDNN " DEW_STR(CUDNN_MAJOR) "." DEW_STR(CUDNN_MINOR) "." \
       DEW_STR(CUDNN_PATCHLEVEL) "; architectures " DEW_CUDA_ARCHS
 
-DEW_PLUGIN_WITH_NOTES("cuda", "0.1.0", DEW_CUDA_NOTES) {
+DEW_PLUGIN_WITH_NOTES(DEW_CUDA_BACKEND_NAME, "0.1.0", DEW_CUDA_NOTES) {
   registrar.add<dew::Backend>({
-      .name = "cuda",
+      .name = DEW_CUDA_BACKEND_NAME,
       .description = "NVIDIA GPU backend: cuBLASLt matmul, cuDNN convolution, CUDA kernels (f32, bf16)",
       .factory = [](const dew::Options& o) -> std::shared_ptr<dew::Backend> {
         return std::make_shared<dew::cuda::CudaBackend>(o);

@@ -56,7 +56,7 @@ void forward(cudaStream_t s, const bf16* q, const bf16* k, const bf16* v, const 
   constexpr size_t bytes = forward_smem<D>();
   allow_smem(flash_forward_kernel<D>, bytes);
   const dim3 grid(unsigned(d.B * d.Hq), unsigned((d.T + kRowTile - 1) / kRowTile));
-  flash_forward_kernel<D><<<grid, kThreads, bytes, s>>>(q, k, v, seg, out, lse, d, p);
+  DEW_LAUNCH(grid, kThreads, bytes, s, flash_forward_kernel<D>)(q, k, v, seg, out, lse, d, p);
 }
 
 template <int D>
@@ -64,18 +64,19 @@ void backward(cudaStream_t s, const bf16* q, const bf16* k, const bf16* v, const
               const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv, const AttnDims& d,
               const AttentionParams& p, float* Di) {
   const int64_t rows = d.B * d.Hq * d.T;
-  if (rows > 0) flash_di_kernel<D><<<blocks_for(rows, kWarps, 65535LL * 16), kThreads, 0, s>>>(out, dout, Di, d);
+  if (rows > 0)
+    DEW_LAUNCH(blocks_for(rows, kWarps, 65535LL * 16), kThreads, 0, s, flash_di_kernel<D>)(out, dout, Di, d);
   if (rows > 0) {
     constexpr size_t bytes = dq_smem<D>();
     allow_smem(flash_dq_kernel<D>, bytes);
     const dim3 grid(unsigned(d.B * d.Hq), unsigned((d.T + kRowTile - 1) / kRowTile));
-    flash_dq_kernel<D><<<grid, kThreads, bytes, s>>>(q, k, v, seg, lse, dout, Di, dq, d, p);
+    DEW_LAUNCH(grid, kThreads, bytes, s, flash_dq_kernel<D>)(q, k, v, seg, lse, dout, Di, dq, d, p);
   }
   if (d.B * d.Hkv * d.S > 0) {
     constexpr size_t bytes = dkdv_smem<D>();
     allow_smem(flash_dkdv_kernel<D>, bytes);
     const dim3 grid(unsigned(d.B * d.Hkv), unsigned((d.S + kRowTile - 1) / kRowTile));
-    flash_dkdv_kernel<D><<<grid, kThreads, bytes, s>>>(q, k, v, seg, lse, dout, Di, dk, dv, d, p);
+    DEW_LAUNCH(grid, kThreads, bytes, s, flash_dkdv_kernel<D>)(q, k, v, seg, lse, dout, Di, dk, dv, d, p);
   }
 }
 

@@ -8,8 +8,8 @@
 #pragma once
 #include <climits>
 
-#ifndef DEW_CUDA_EMULATION
 #include "device.cuh"
+#ifndef DEW_CUDA_EMULATION
 #define DEW_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 

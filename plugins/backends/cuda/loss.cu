@@ -55,7 +55,7 @@ void launch_cross_entropy(cudaStream_t s, ST t, const void* logits, const int32_
                           int64_t N, int64_t V, int64_t ignore_index, ErrWord* err) {
   if (N == 0) return;
   DEW_CUDA_DISPATCH(t, T,
-                    ce_kernel<T><<<grid_rows(N > 65535 * 8 ? 65535 * 8 : N), row_threads(V), 0, s>>>(
+                    DEW_LAUNCH(grid_rows(N > 65535 * 8 ? 65535 * 8 : N), row_threads(V), 0, s, ce_kernel<T>)(
                         static_cast<const T*>(logits), targets, loss, lse, N, V, ignore_index, err));
   check_launch("cross_entropy");
 }
@@ -63,10 +63,10 @@ void launch_cross_entropy(cudaStream_t s, ST t, const void* logits, const int32_
 void launch_cross_entropy_backward(cudaStream_t s, ST t, const void* logits, const int32_t* targets, const float* lse,
                                    const float* dloss, void* dlogits, int64_t N, int64_t V, int64_t ignore_index) {
   if (N * V == 0) return;
-  DEW_CUDA_DISPATCH(t, T,
-                    ce_backward_kernel<T>
-                    <<<blocks_for(N * V), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse, dloss,
-                                                       static_cast<T*>(dlogits), N, V, ignore_index));
+  DEW_CUDA_DISPATCH(
+      t, T,
+      DEW_LAUNCH(blocks_for(N * V), 256, 0, s, ce_backward_kernel<T>)(
+          static_cast<const T*>(logits), targets, lse, dloss, static_cast<T*>(dlogits), N, V, ignore_index));
   check_launch("cross_entropy_backward");
 }
 

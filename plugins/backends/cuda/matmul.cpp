@@ -93,11 +93,15 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
   const uint32_t al_a = alignment(b.data(), p.batch > 1 ? p.b_batch_stride * int64_t(es) : 0);
   const uint32_t al_b = alignment(a.data(), p.batch > 1 ? p.a_batch_stride * int64_t(es) : 0);
   const uint32_t al_c = alignment(out.data(), p.batch > 1 ? p.m * p.n * int64_t(es) : 0);
+  // The heuristic reads the bias pointer's alignment off the descriptor (cublasLt.h, BIAS_POINTER), so the
+  // plan is chosen with this call's bias set, and keyed by its alignment: a bias view at an odd offset must not
+  // reuse an algorithm picked for an aligned one.
+  const uint32_t al_bias = with_bias ? alignment(bias.data(), 0) : 0;
   char key[256];
-  std::snprintf(key, sizeof key, "%d %lld %lld %lld %lld %lld %lld %d %d %d %d %d %u %u %u", int(bf),
+  std::snprintf(key, sizeof key, "%d %lld %lld %lld %lld %lld %lld %d %d %d %d %d %u %u %u %u", int(bf),
                 (long long)p.batch, (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.a_batch_stride,
                 (long long)p.b_batch_stride, int(p.trans_a), int(p.trans_b), int(epi), int(compute), int(with_bias),
-                al_a, al_b, al_c);
+                al_a, al_b, al_c, al_bias);
 
   std::lock_guard lock(plan_mu_);
   std::shared_ptr<MatmulPlan>& slot = matmul_plans_[key];
@@ -111,8 +115,10 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
     DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (with_bias) {
       const cudaDataType_t bias_type = dt;
+      const void* bp = bias.data();
       DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                       sizeof bias_type));
+      DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
     }
     // Stored shapes (column-major rows x cols, leading dimension = rows).
     const uint64_t a_rows = p.trans_b ? uint64_t(p.k) : uint64_t(p.n), a_cols = p.trans_b ? p.n : p.k;
@@ -137,10 +143,13 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
                                                           sizeof al_c));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    DEW_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc, plan->lc, plan->pref,
-                                                    1, &result, &found));
-    DEW_CHECK(found > 0, "cuda.matmul: cuBLASLt has no algorithm for ", bf ? "bf16" : "f32", " batch=", p.batch,
-              " m=", p.m, " n=", p.n, " k=", p.k, " trans_a=", p.trans_a, " trans_b=", p.trans_b);
+    // No algorithm comes back as CUBLAS_STATUS_NOT_SUPPORTED, not as success with none found: either way the
+    // message names the shapes and the status.
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
+                                                             plan->pref, 1, &result, &found);
+    DEW_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0, "cuda.matmul: cuBLASLt has no algorithm for ",
+              bf ? "bf16" : "f32", " batch=", p.batch, " m=", p.m, " n=", p.n, " k=", p.k, " trans_a=", p.trans_a,
+              " trans_b=", p.trans_b, " (", cublasLtGetStatusName(hs), ")");
     plan->algo = result.algo;
     plan->with_bias = with_bias;
     slot = std::move(plan);

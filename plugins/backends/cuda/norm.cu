@@ -68,8 +68,9 @@ void column_grads(cudaStream_t s, const T* x, const T* dy, const float* mean, co
   if (!dw && !db) return;
   const int64_t P = parts_for(rows);
   const dim3 grid(unsigned((D + kColThreads - 1) / kColThreads), unsigned(P));
-  col_partials_kernel<T><<<grid, unsigned(kColThreads), 0, s>>>(x, dy, mean, rstd, rows, D, P, scratch, db != nullptr);
-  col_finish_kernel<T><<<blocks_for(D), 256, 0, s>>>(scratch, P, D, dw, db);
+  DEW_LAUNCH(grid, unsigned(kColThreads), 0, s, col_partials_kernel<T>)
+  (x, dy, mean, rstd, rows, D, P, scratch, db != nullptr);
+  DEW_LAUNCH(blocks_for(D), 256, 0, s, col_finish_kernel<T>)(scratch, P, D, dw, db);
 }
 
 }  // namespace
@@ -159,7 +160,7 @@ void launch_layer_norm(cudaStream_t s, ST t, const void* x, const void* w, const
                        float* rstd, int64_t rows, int64_t D, float eps) {
   if (rows == 0) return;
   DEW_CUDA_DISPATCH(t, T,
-                    layer_norm_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(
+                    DEW_LAUNCH(row_grid(rows), row_threads(D), 0, s, layer_norm_kernel<T>)(
                         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
                         static_cast<T*>(y), mean, rstd, rows, D, eps));
   check_launch("layer_norm");
@@ -172,8 +173,8 @@ void launch_layer_norm_backward(cudaStream_t s, ST t, const void* x, const void*
     const T* xs = static_cast<const T*>(x);
     const T* gs = static_cast<const T*>(dy);
     if (rows > 0)
-      norm_dx_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(xs, static_cast<const T*>(w), mean, rstd, gs,
-                                                                  static_cast<T*>(dx), rows, D, 0.0f, true);
+      DEW_LAUNCH(row_grid(rows), row_threads(D), 0, s, norm_dx_kernel<T>)
+      (xs, static_cast<const T*>(w), mean, rstd, gs, static_cast<T*>(dx), rows, D, 0.0f, true);
     column_grads<T>(s, xs, gs, mean, rstd, rows, D, static_cast<T*>(dw), static_cast<T*>(db), scratch);
   });
   check_launch("layer_norm_backward");
@@ -182,10 +183,10 @@ void launch_layer_norm_backward(cudaStream_t s, ST t, const void* x, const void*
 void launch_rms_norm(cudaStream_t s, ST t, const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t D,
                      float eps, float offset) {
   if (rows == 0) return;
-  DEW_CUDA_DISPATCH(t, T,
-                    rms_norm_kernel<T>
-                    <<<row_grid(rows), row_threads(D), 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                                               static_cast<T*>(y), rstd, rows, D, eps, offset));
+  DEW_CUDA_DISPATCH(
+      t, T,
+      DEW_LAUNCH(row_grid(rows), row_threads(D), 0, s, rms_norm_kernel<T>)(
+          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, rows, D, eps, offset));
   check_launch("rms_norm");
 }
 
@@ -195,8 +196,8 @@ void launch_rms_norm_backward(cudaStream_t s, ST t, const void* x, const void* w
     const T* xs = static_cast<const T*>(x);
     const T* gs = static_cast<const T*>(dy);
     if (rows > 0)
-      norm_dx_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(xs, static_cast<const T*>(w), nullptr, rstd, gs,
-                                                                  static_cast<T*>(dx), rows, D, offset, false);
+      DEW_LAUNCH(row_grid(rows), row_threads(D), 0, s, norm_dx_kernel<T>)
+      (xs, static_cast<const T*>(w), nullptr, rstd, gs, static_cast<T*>(dx), rows, D, offset, false);
     column_grads<T>(s, xs, gs, nullptr, rstd, rows, D, static_cast<T*>(dw), nullptr, scratch);
   });
   check_launch("rms_norm_backward");
@@ -306,7 +307,7 @@ void launch_group_norm(cudaStream_t s, ST t, const void* x, const void* w, const
                        float* rstd, int64_t N, int64_t C, int64_t HW, int64_t G, float eps) {
   if (N * G == 0) return;
   DEW_CUDA_DISPATCH(t, T,
-                    group_norm_kernel<T><<<row_grid(N * G), row_threads((C / G) * HW), 0, s>>>(
+                    DEW_LAUNCH(row_grid(N * G), row_threads((C / G) * HW), 0, s, group_norm_kernel<T>)(
                         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
                         static_cast<T*>(y), mean, rstd, N, C, HW, G, eps));
   check_launch("group_norm");
@@ -319,13 +320,13 @@ void launch_group_norm_backward(cudaStream_t s, ST t, const void* x, const void*
   DEW_CUDA_DISPATCH(t, T, {
     const T* xs = static_cast<const T*>(x);
     const T* gs = static_cast<const T*>(dy);
-    group_norm_dx_kernel<T><<<row_grid(N * G), row_threads((C / G) * HW), 0, s>>>(
-        xs, static_cast<const T*>(w), mean, rstd, gs, static_cast<T*>(dx), N, C, HW, G);
+    DEW_LAUNCH(row_grid(N * G), row_threads((C / G) * HW), 0, s, group_norm_dx_kernel<T>)
+    (xs, static_cast<const T*>(w), mean, rstd, gs, static_cast<T*>(dx), N, C, HW, G);
     if (dw || db) {
-      group_norm_partials_kernel<T>
-          <<<row_grid(N * C), row_threads(HW), 0, s>>>(xs, mean, rstd, gs, N, C, HW, G, scratch);
-      group_norm_finish_kernel<T>
-          <<<blocks_for(C), 256, 0, s>>>(scratch, N, C, static_cast<T*>(dw), static_cast<T*>(db));
+      DEW_LAUNCH(row_grid(N * C), row_threads(HW), 0, s, group_norm_partials_kernel<T>)
+      (xs, mean, rstd, gs, N, C, HW, G, scratch);
+      DEW_LAUNCH(blocks_for(C), 256, 0, s, group_norm_finish_kernel<T>)
+      (scratch, N, C, static_cast<T*>(dw), static_cast<T*>(db));
     }
   });
   check_launch("group_norm_backward");

@@ -107,17 +107,18 @@ void launch_adamw(cudaStream_t s, ST t, void* param, const void* grad, void* m, 
                   const AdamWParams& p) {
   if (n == 0) return;
   const AdamArgs a = adam_args(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale, p.step);
-  DEW_CUDA_DISPATCH(t, T,
-                    adamw_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<T*>(param), static_cast<const T*>(grad),
-                                                                  static_cast<T*>(m), static_cast<T*>(v), n, a));
+  DEW_CUDA_DISPATCH(
+      t, T,
+      DEW_LAUNCH(blocks_for(n), 256, 0, s, adamw_kernel<T>)(static_cast<T*>(param), static_cast<const T*>(grad),
+                                                            static_cast<T*>(m), static_cast<T*>(v), n, a));
   check_launch("adamw_update");
 }
 
 void launch_sgd(cudaStream_t s, ST t, void* param, const void* grad, void* buf, int64_t n, const SgdParams& p) {
   if (n == 0) return;
   DEW_CUDA_DISPATCH(t, T,
-                    sgd_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<T*>(param), static_cast<const T*>(grad),
-                                                                static_cast<T*>(buf), n, p));
+                    DEW_LAUNCH(blocks_for(n), 256, 0, s, sgd_kernel<T>)(
+                        static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(buf), n, p));
   check_launch("sgd_update");
 }
 
@@ -128,10 +129,10 @@ void launch_lamb(cudaStream_t s, ST t, void* param, const void* grad, void* m, v
   if (n == 0) return;
   const AdamArgs a = adam_args(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale, p.step);
   DEW_CUDA_DISPATCH(t, T, {
-    lamb_pass1_kernel<T><<<kLambBlocks, 256, 0, s>>>(static_cast<const T*>(param), static_cast<const T*>(grad),
-                                                     static_cast<T*>(m), static_cast<T*>(v), n, a, scratch);
-    lamb_ratio_kernel<<<1, 512, 0, s>>>(scratch, n);
-    lamb_pass3_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<T*>(param), n, p.lr, scratch);
+    DEW_LAUNCH(kLambBlocks, 256, 0, s, lamb_pass1_kernel<T>)
+    (static_cast<const T*>(param), static_cast<const T*>(grad), static_cast<T*>(m), static_cast<T*>(v), n, a, scratch);
+    DEW_LAUNCH(1, 512, 0, s, lamb_ratio_kernel)(scratch, n);
+    DEW_LAUNCH(blocks_for(n), 256, 0, s, lamb_pass3_kernel<T>)(static_cast<T*>(param), n, p.lr, scratch);
   });
   check_launch("lamb_update");
 }

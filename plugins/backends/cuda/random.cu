@@ -79,7 +79,7 @@ __global__ void dropout_kernel(const T* x, T* y, T* mask, int64_t n, DropoutPara
 
 void launch_random(cudaStream_t s, ST t, void* out, int64_t n, const RandomParams& p) {
   if (n == 0) return;
-  DEW_CUDA_DISPATCH(t, T, random_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<T*>(out), n, p));
+  DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(blocks_for(n), 256, 0, s, random_kernel<T>)(static_cast<T*>(out), n, p));
   check_launch("random");
 }
 
@@ -87,8 +87,8 @@ void launch_dropout(cudaStream_t s, ST t, const void* x, void* y, void* mask, in
   if (n == 0) return;
   const double keep_scale = p.p < 1.0f ? 1.0 / (1.0 - double(p.p)) : 0.0;
   DEW_CUDA_DISPATCH(t, T,
-                    dropout_kernel<T><<<blocks_for(n), 256, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y),
-                                                                    static_cast<T*>(mask), n, p, keep_scale));
+                    DEW_LAUNCH(blocks_for(n), 256, 0, s, dropout_kernel<T>)(
+                        static_cast<const T*>(x), static_cast<T*>(y), static_cast<T*>(mask), n, p, keep_scale));
   check_launch("dropout");
 }
 

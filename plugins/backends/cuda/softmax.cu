@@ -48,8 +48,8 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
 void launch_softmax(cudaStream_t s, ST t, const void* x, void* y, int64_t rows, int64_t D, bool log) {
   if (rows * D == 0) return;
   DEW_CUDA_DISPATCH(t, T,
-                    softmax_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(static_cast<const T*>(x),
-                                                                                static_cast<T*>(y), rows, D, log));
+                    DEW_LAUNCH(row_grid(rows), row_threads(D), 0, s, softmax_kernel<T>)(
+                        static_cast<const T*>(x), static_cast<T*>(y), rows, D, log));
   check_launch("softmax");
 }
 
@@ -57,7 +57,7 @@ void launch_softmax_backward(cudaStream_t s, ST t, const void* y, const void* dy
                              bool log) {
   if (rows * D == 0) return;
   DEW_CUDA_DISPATCH(t, T,
-                    softmax_backward_kernel<T><<<row_grid(rows), row_threads(D), 0, s>>>(
+                    DEW_LAUNCH(row_grid(rows), row_threads(D), 0, s, softmax_backward_kernel<T>)(
                         static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), rows, D, log));
   check_launch("softmax_backward");
 }

@@ -5,6 +5,7 @@
 // group o / (O / groups) and reads input channels [g C/groups, (g+1) C/groups). Every sum is in double.
 #include <vector>
 
+#include "dew/kernel_contracts.hpp"
 #include "ref_backend.hpp"
 
 namespace dew::ref {
@@ -34,8 +35,8 @@ ConvShape conv_shape(const Shape& x_shape, const Tensor& w, const Shape& y_shape
   DEW_CHECK(s.C == s.Cg * p.groups && s.O % p.groups == 0, "ref.", kernel_name(k), ": w ", shape_str(w.shape()),
             " does not fit ", s.C, " input channels in ", p.groups, " groups");
   s.Og = s.O / p.groups;
-  s.OH = (s.H + 2 * p.pad_h - p.dilation_h * (s.KH - 1) - 1) / p.stride_h + 1;
-  s.OW = (s.W + 2 * p.pad_w - p.dilation_w * (s.KW - 1) - 1) / p.stride_w + 1;
+  s.OH = contracts::conv_output_size(s.H, s.KH, p.stride_h, p.pad_h, p.dilation_h);
+  s.OW = contracts::conv_output_size(s.W, s.KW, p.stride_w, p.pad_w, p.dilation_w);
   const Shape expected{s.N, s.O, s.OH, s.OW};
   DEW_CHECK(y_shape == expected, "ref.", kernel_name(k), ": y is ", shape_str(y_shape), ", expected ",
             shape_str(expected), " for x ", shape_str(x_shape), " and w ", shape_str(w.shape()));

@@ -16,6 +16,14 @@
 
 namespace dew::contracts {
 
+// A convolution's output length along one axis: (in + 2 pad - dilation (kernel - 1) - 1) / stride + 1, and 0 when
+// the kernel's extent is past the padded input (C++ division rounds toward zero: written plainly, an extent one
+// longer than the input gave 1 under a stride of 2 where PyTorch and cuDNN give none).
+inline int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
+  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;
+}
+
 // A tensor seen as [rows, last]: the last dimension (1 for a 0-d tensor) and the product of the others.
 inline int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
 inline int64_t rows_of(const Tensor& t) {
