@@ -3,7 +3,9 @@
 # that prints all its output and ends within 8 minutes (one overall `timeout`; each step's status is
 # printed and a failing step does not stop the next):
 #   1. the GPU and driver (nvidia-smi), configure + build in Release (the binaries and every plugin);
-#   2. the GPU unit tests (test_backend_cuda_gpu) and dew-conformance --backend cuda against ref and cpu;
+#   2. the GPU unit tests (test_backend_cuda_gpu), dew-conformance --backend cuda against ref and cpu, and 12
+#      bf16-mixed updates of a small language model on the tensor-core attention against cpu
+#      (tests/backends_cuda/lm_matches_cpu.sh);
 #   3. dew-bench: the kernel shapes (attention in f32 and bf16, the bf16 one on the tensor-core kernels, then
 #      again on the warp-per-row kernel: attention=warp), the char-small and DiT training steps on cuda (f32 and bf16-mixed), and
 #      the GPT-2-small-size step (configs/gpt2-small.ini) in f32 and bf16-mixed: the MFU of issues 17 and 18,
@@ -140,6 +142,8 @@ step "plugins" "$build/bin/dew-run" plugins
 step "gpu unit tests" "$build/bin/test_backend_cuda_gpu"
 step "conformance cuda vs ref" "$build/bin/dew-conformance" --backend cuda --against ref
 step "conformance cuda vs cpu" "$build/bin/dew-conformance" --backend cuda --against cpu
+step "lm bf16-mixed on the tensor-core attention vs cpu (2e-3)" bash tests/backends_cuda/lm_matches_cpu.sh \
+  "$build/bin" "$work/lm-match" cuda
 step "bench kernels" "$build/bin/dew-bench" kernels --backend cuda
 step "bench attention, warp kernel (A/B with the tensor-core one above)" "$build/bin/dew-bench" kernels --backend cuda \
   --only attention --backend-option attention=warp

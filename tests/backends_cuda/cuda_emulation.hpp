@@ -1,6 +1,7 @@
 // tests/backends_cuda/cuda_emulation.hpp — runs a CUDA kernel's own source on the CPU, one block at a time, each
-// thread of the block a fiber on one OS thread, so that the attention kernels (flash_attention.cuh,
-// attention.cuh) are tested on every machine, with or without a GPU (test_attention_emulated.cpp).
+// thread of the block a fiber on one OS thread, so that the cuda backend's kernels are tested on every machine,
+// with or without a GPU: the attention kernels directly (test_attention_emulated.cpp), and every .cu file of the
+// plugin, included after this header into the emulated plugin (tests/backends_cuda/CMakeLists.txt, emulation/).
 // What it provides, and how it models the hardware:
 //   * the CUDA keywords (__global__, __device__, __shared__ = one static per kernel for all blocks, which run
 //     one after another), threadIdx / blockIdx / gridDim / blockDim, dynamic shared memory (DEW_DYNAMIC_SMEM);
@@ -13,7 +14,10 @@
 //     them (the latest the hardware allows), and warps skewed as far as the barriers let them with copies landing
 //     at issue (the earliest); a kernel missing a barrier or a wait gives different bits under the two;
 //   * bf16 as dew's bits (round to nearest even), mma products exact and summed in double, then rounded to f32
-//     (tensor cores keep at least f32 precision: results agree with the GPU's to f32 rounding, not bit for bit).
+//     (tensor cores keep at least f32 precision: results agree with the GPU's to f32 rounding, not bit for bit);
+//   * launches (DEW_LAUNCH, device.cuh's launch macro): the configuration checked as the driver does, then the
+//     kernel run before the launch returns; the intrinsics the .cu files use (atomics: plain read-modify-writes,
+//     since fibers switch only at barriers; __umulhi, the _rn double operations, half / bf16 bit casts).
 // Not modelled: memory ordering beyond the barriers (a fiber runs until it waits), timing, shared-memory banks,
 // registers. ldmatrix checks its 16-byte alignment; a kernel that reads out of a block's dynamic shared memory
 // is not caught (use the address sanitizer build for that).

@@ -1,6 +1,7 @@
 // cuda/attention.cuh — the kernels of attention.cu (the warp-per-row attention; what they compute: attention.cu's
 // top comment), in a header so that tests/backends_cuda/test_attention_emulated.cpp runs the same source on the CPU
-// (cuda_emulation.hpp defines DEW_CUDA_EMULATION and the primitives: ld / st, warp_sum, the CUDA built-ins).
+// (cuda_emulation.hpp, included first, defines DEW_CUDA_EMULATION and the platform part of device.cuh: ld / st,
+// the CUDA built-ins and intrinsics).
 #pragma once
 
 #include "device.cuh"

@@ -1,8 +1,9 @@
 // cuda/flash_attention.cuh — the kernels of flash_attention.cu (tensor-core attention; what they compute, their
 // tiles, masks, numerics and fragment layouts: flash_attention.cu's top comment), in a header so that the same
-// source also runs on a CPU: tests/backends_cuda/test_attention_emulated.cpp defines DEW_CUDA_EMULATION and its own
-// versions of the few warp-level primitives below (mma.sync, ldmatrix, shuffles, barriers) before including it,
-// so every index, mask and softmax step is tested on every CI run, with or without a GPU.
+// source also runs on a CPU: tests/backends_cuda/test_attention_emulated.cpp includes cuda_emulation.hpp (which
+// defines DEW_CUDA_EMULATION and its own versions of the few warp-level primitives below: mma.sync, ldmatrix,
+// shuffles, barriers) before it, so every index, mask and softmax step is tested on every CI run, with or without
+// a GPU (the emulated plugin, tests/backends_cuda/emulation, runs it through flash_attention.cu as well).
 // The platform primitives (pack_bf16, mma_bf16, ldmatrix_x4_trans, to_bf16, ld, warp_sum, the CUDA built-ins)
 // come from device.cuh and the PTX below, or from the emulation; nothing else here is platform-specific.
 #pragma once
