@@ -816,41 +816,45 @@ TEST_CASE("cpu: row-wise matmul, every ISA path: bit-equal across avx512/avx2, b
 
 // Weight-only bf16 (f32 x against a bf16 weight, linear's product): every row goes through the row-wise
 // kernel, so it is bit-equal to the f32 row-wise product on the widened weight, in 32-row passes past 32
-// rows (m = 40: a prefill), on every ISA path; and close to ref on the widened weight.
+// rows (m = 40: a prefill), on every ISA path this CPU has (avx2 widens in lane pairs and sums them by the
+// same tree: a wrong lane or tree order breaks the equality); and close to ref on the widened weight.
+// k = 83: an odd count of 16-blocks and a tail of 3; k = 1024: a decode shape.
 TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the widened weight") {
   cpu();
-  std::vector<std::string> paths = {"portable", "best"};
-  const int64_t n = 45, k = 83;
-  const std::vector<float> w = host_uniform(n * k, 77, -1.0f, 1.0f), bias = host_uniform(n, 78, -1.0f, 1.0f);
-  const auto [w16, widened] = rounded_to_bf16(w);
-  for (const std::string& isa : paths)
-    for (int64_t m : {1, 3, 40}) {
-      CAPTURE(isa);
-      CAPTURE(m);
-      BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
-      const std::vector<float> x = host_uniform(m * k, 79 + uint64_t(m), -1.0f, 1.0f);
-      const MatmulParams p = matmul_params(1, m, n, k, false, true, 1.0f, 0.0f, Activation::silu);
-      Tensor wb = Tensor::empty({n, k}, DType::bf16, be);
-      wb.copy_from_host(w16.data());
-      Tensor got = Tensor::empty({1, m, n}, DType::f32, be);
-      be->matmul(Tensor::from_vector(x, {1, m, k}, be), wb, Tensor::from_vector(bias, {n}, be), got, p);
-      const std::vector<float> g = got.to_floats();
-      // the f32 row-wise path, 32 rows at a time
-      for (int64_t r0 = 0; r0 < m; r0 += 32) {
-        const int64_t rows = std::min<int64_t>(32, m - r0);
-        const std::vector<float> xr(x.begin() + r0 * k, x.begin() + (r0 + rows) * k);
-        Tensor want = Tensor::empty({1, rows, n}, DType::f32, be);
-        be->matmul(Tensor::from_vector(xr, {1, rows, k}, be), Tensor::from_vector(widened, {n, k}, be),
-                   Tensor::from_vector(bias, {n}, be), want,
-                   matmul_params(1, rows, n, k, false, true, 1.0f, 0.0f, Activation::silu));
-        const std::vector<float> wv = want.to_floats();
-        CHECK(std::equal(wv.begin(), wv.end(), g.begin() + r0 * n));
+  const std::vector<std::string> paths = cpu_isa_paths().names;
+  const int64_t n = 45;
+  for (int64_t k : {83, 1024})
+    for (const std::string& isa : paths)
+      for (int64_t m : {1, 3, 40}) {
+        const std::vector<float> w = host_uniform(n * k, 77, -1.0f, 1.0f), bias = host_uniform(n, 78, -1.0f, 1.0f);
+        const auto [w16, widened] = rounded_to_bf16(w);
+        CAPTURE(k);
+        CAPTURE(isa);
+        CAPTURE(m);
+        BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+        const std::vector<float> x = host_uniform(m * k, 79 + uint64_t(m), -1.0f, 1.0f);
+        const MatmulParams p = matmul_params(1, m, n, k, false, true, 1.0f, 0.0f, Activation::silu);
+        Tensor wb = Tensor::empty({n, k}, DType::bf16, be);
+        wb.copy_from_host(w16.data());
+        Tensor got = Tensor::empty({1, m, n}, DType::f32, be);
+        be->matmul(Tensor::from_vector(x, {1, m, k}, be), wb, Tensor::from_vector(bias, {n}, be), got, p);
+        const std::vector<float> g = got.to_floats();
+        // the f32 row-wise path, 32 rows at a time
+        for (int64_t r0 = 0; r0 < m; r0 += 32) {
+          const int64_t rows = std::min<int64_t>(32, m - r0);
+          const std::vector<float> xr(x.begin() + r0 * k, x.begin() + (r0 + rows) * k);
+          Tensor want = Tensor::empty({1, rows, n}, DType::f32, be);
+          be->matmul(Tensor::from_vector(xr, {1, rows, k}, be), Tensor::from_vector(widened, {n, k}, be),
+                     Tensor::from_vector(bias, {n}, be), want,
+                     matmul_params(1, rows, n, k, false, true, 1.0f, 0.0f, Activation::silu));
+          const std::vector<float> wv = want.to_floats();
+          CHECK(std::equal(wv.begin(), wv.end(), g.begin() + r0 * n));
+        }
+        Tensor r = Tensor::empty({1, m, n}, DType::f32, ref());
+        ref()->matmul(Tensor::from_vector(x, {1, m, k}, ref()), Tensor::from_vector(widened, {n, k}, ref()),
+                      Tensor::from_vector(bias, {n}, ref()), r, p);
+        check_close({got, r}, 1e-5, 4 * kEps * double(k), "bf16-weight matmul vs ref on the widened weight");
       }
-      Tensor r = Tensor::empty({1, m, n}, DType::f32, ref());
-      ref()->matmul(Tensor::from_vector(x, {1, m, k}, ref()), Tensor::from_vector(widened, {n, k}, ref()),
-                    Tensor::from_vector(bias, {n}, ref()), r, p);
-      check_close({got, r}, 1e-5, 4 * kEps * double(k), "bf16-weight matmul vs ref on the widened weight");
-    }
   // Anything but linear's product is refused with a message.
   Tensor wb = Tensor::zeros({8, 8}, DType::bf16, cpu()), out = Tensor::empty({1, 8, 8}, DType::f32, cpu());
   CHECK_THROWS_AS(cpu()->matmul(Tensor::zeros({1, 8, 8}, DType::f32, cpu()), wb, Tensor(), out,
