@@ -816,18 +816,17 @@ TEST_CASE("cpu: row-wise matmul, every ISA path: bit-equal across avx512/avx2, b
 
 // Weight-only bf16 (f32 x against a bf16 weight, linear's product): every row goes through the row-wise
 // kernel, so it is bit-equal to the f32 row-wise product on the widened weight, in 32-row passes past 32
-// rows (m = 40: a prefill), on every ISA path this CPU has (avx2 widens in lane pairs and sums them by the
-// same tree: a wrong lane or tree order breaks the equality); and close to ref on the widened weight.
+// rows (m = 40: a prefill), on every ISA path this CPU has; and close to ref on the widened weight.
 // k = 83: an odd count of 16-blocks and a tail of 3; k = 1024: a decode shape.
 TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the widened weight") {
   cpu();
   const std::vector<std::string> paths = cpu_isa_paths().names;
   const int64_t n = 45;
-  for (int64_t k : {83, 1024})
+  for (int64_t k : {83, 1024}) {
+    const std::vector<float> w = host_uniform(n * k, 77, -1.0f, 1.0f), bias = host_uniform(n, 78, -1.0f, 1.0f);
+    const auto [w16, widened] = rounded_to_bf16(w);
     for (const std::string& isa : paths)
       for (int64_t m : {1, 3, 40}) {
-        const std::vector<float> w = host_uniform(n * k, 77, -1.0f, 1.0f), bias = host_uniform(n, 78, -1.0f, 1.0f);
-        const auto [w16, widened] = rounded_to_bf16(w);
         CAPTURE(k);
         CAPTURE(isa);
         CAPTURE(m);
@@ -855,6 +854,7 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
                       Tensor::from_vector(bias, {n}, ref()), r, p);
         check_close({got, r}, 1e-5, 4 * kEps * double(k), "bf16-weight matmul vs ref on the widened weight");
       }
+  }
   // Anything but linear's product is refused with a message.
   Tensor wb = Tensor::zeros({8, 8}, DType::bf16, cpu()), out = Tensor::empty({1, 8, 8}, DType::f32, cpu());
   CHECK_THROWS_AS(cpu()->matmul(Tensor::zeros({1, 8, 8}, DType::f32, cpu()), wb, Tensor(), out,
