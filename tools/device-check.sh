@@ -15,6 +15,10 @@
 #      bf16-mixed (bf16 activations and tensor-core operands, f32 master weights) within 2e-2.
 # Environment: DEW_CHECK_SECONDS (480), CUDA_ARCHS (CMake's CUDA architectures; default the project's
 # 80;90), JOBS (build parallelism; nproc), DEW_CHECK_STEPS (200).
+# DEW_STEP_SECONDS (150): each step's own limit (a hung step is reported TIMED OUT and the next one runs);
+# the training runs get twice that.
+# DEW_CHECK_REFERENCE=DIR: DIR/corpus* and DIR/cpu (a finished `train char-small cpu` of this script, saved with
+# DEW_CHECK_WORK=DIR on another machine) stand in for the corpus and cpu training steps: device time saved.
 # DEW_PREBUILT=DIR: use the binaries of a bundle made here by tools/device-bundle.sh instead of configuring
 # and building (for GPU machines without dew's Debian packages); DIR/lib, DIR/lib/sys and the machine's own
 # CUDA 13 / cuDNN 9 libraries (found under /usr/local, /usr/lib, /opt) go on LD_LIBRARY_PATH, and DIR/lib/fallback
@@ -48,15 +52,20 @@ work=$build/device-check
 failed=()
 t_start=$(date +%s)
 
-step() {  # step NAME COMMAND...: runs it, prints its output and status
-  local name=$1
+step_seconds=${DEW_STEP_SECONDS:-150}
+step() {  # step NAME COMMAND...: runs it under its own time limit, prints its output and status
+  local name=$1 limit=$step_seconds
   shift
+  [ "$1" = train_run ] && limit=$((2 * step_seconds))
   echo
   echo "=== [$(($(date +%s) - t_start)) s] $name"
   echo "+ $*"
-  "$@"
+  timeout -k 5 "$limit" bash -c '"$@"' step "$@"
   local rc=$?
-  if [ $rc -eq 0 ]; then
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "=== $name: TIMED OUT after $limit s"
+    failed+=("$name (timed out)")
+  elif [ $rc -eq 0 ]; then
     echo "=== $name: ok"
   elif [ $rc -eq 77 ]; then
     echo "=== $name: SKIPPED (exit 77)"
@@ -130,10 +139,14 @@ sys.exit(0 if rel <= tol else 1)
 PY
 }
 
+# The steps run in child shells (their own time limits): they need these.
+export build work steps jobs
+export -f gpu_info configure build_all make_corpus train_run compare_curves
+
 step "gpu" gpu_info
 if [ -n "$prebuilt" ]; then
   echo "prebuilt: $build; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  work=$(mktemp -d)/device-check
+  work=${DEW_CHECK_WORK:-$(mktemp -d)/device-check}
 else
   step "configure" configure
   step "build" build_all
@@ -155,8 +168,13 @@ step "bench train dit bf16-mixed" "$build/bin/dew-bench" train --config dit --ba
 step "bench train gpt2-small f32" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda --steps 10
 step "bench train gpt2-small bf16-mixed" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda \
   --steps 10 --precision bf16-mixed
-step "corpus" make_corpus
-step "train char-small cpu" train_run cpu cpu --run.threads "$jobs"
+if [ -n "${DEW_CHECK_REFERENCE:-}" ]; then
+  echo; echo "=== corpus and cpu run from $DEW_CHECK_REFERENCE"
+  mkdir -p "$work" && cp -r "$DEW_CHECK_REFERENCE"/corpus* "$DEW_CHECK_REFERENCE"/cpu "$work/"
+else
+  step "corpus" make_corpus
+  step "train char-small cpu" train_run cpu cpu --run.threads "$jobs"
+fi
 step "train char-small cuda f32" train_run cuda cuda
 step "loss curve cuda f32 vs cpu (1e-3 at step $steps)" compare_curves cpu cuda 1e-3
 step "train char-small cuda tf32" train_run cuda-tf32 cuda --run.matmul_precision high

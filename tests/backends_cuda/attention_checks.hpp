@@ -19,13 +19,16 @@ inline void check_close(const std::vector<float>& got, const std::vector<float>&
   for (float w : want) ss += double(w) * w;
   const double rms = want.empty() ? 0 : std::sqrt(ss / double(want.size()));
   size_t bad = 0;
-  double worst = 0;
+  double worst = 0, worst_ratio = 0;  // the largest error, and the largest err / (|want| + rms): the rtol it needs
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= rtol * (std::fabs(double(want[i])) + rms))) ++bad;
+    const double scale = std::fabs(double(want[i])) + rms;
+    if (!(err <= rtol * scale)) ++bad;
     worst = std::max(worst, err);
+    if (scale > 0) worst_ratio = std::max(worst_ratio, err / scale);
   }
-  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements out of tolerance (worst error ", worst, ")");
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", got.size(), " elements out of tolerance (worst error ", worst,
+                "; it would pass at rtol ", worst_ratio, ", rms(want) ", rms, ")");
 }
 
 // lse: the same rows at -inf (no visible key), none NaN (unwritten), the finite rest close.

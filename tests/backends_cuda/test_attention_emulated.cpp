@@ -126,7 +126,8 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
       {"D 64, window 61 not causal, q_offset 62", 1, 192, 254, 1, 1, 64, false, 61, 0.0f, 0},
   };
   for (const Case& c : cases) {
-    CAPTURE(c.what);
+    const std::string what = c.what;  // a string: CAPTURE of a char* prints the pointer
+    CAPTURE(what);
     AttentionParams p;
     p.scale = 1.0f / std::sqrt(float(c.D));
     p.causal = c.causal;
@@ -218,7 +219,8 @@ TEST_CASE("warp-per-row attention kernels, emulated on the CPU, against ref (f32
       {"bf16, causal, documents, D 32", 2, 16, 16, 2, 2, 32, true, 0, 0.0f, true, true},
   };
   for (const Case& c : cases) {
-    CAPTURE(c.what);
+    const std::string what = c.what;  // a string: CAPTURE of a char* prints the pointer
+    CAPTURE(what);
     AttentionParams p;
     p.scale = 1.0f / std::sqrt(float(c.D));
     p.causal = c.causal;

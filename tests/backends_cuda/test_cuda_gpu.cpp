@@ -231,7 +231,9 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
 // warp`) runs the same bf16 call against the same ref, tighter (it rounds nothing but its outputs), and the two
 // cuda results must differ somewhere: the option really switches the kernel. Tolerances: |err| <= rtol (|want| +
 // rms(want)); the tensor-core path rounds P and dS to bf16 before their second products (FlashAttention-2's
-// numerics), so 2e-2 for out and 5e-2 for the gradients; lse comes from f32 scores: 1e-3.
+// numerics), so 2e-2 for out and 5e-2 for the gradients; lse comes from f32 scores: 1e-3. The warp kernel's
+// gradients: 3e-2 — its backward reads the bf16-rounded out (D = rowsum(dO * O)) where ref has f32, and on an
+// H200 (session 18) dq of the 192 x 192 case needed rtol 0.027 (9 of 24576 elements over 2e-2).
 TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the warp kernel on the same call") {
   struct Case {
     const char* what;
@@ -252,7 +254,8 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
   };
   BackendPtr warp_cuda = create_backend("cuda", Options({{"attention", "warp"}}, "test"));
   for (const Case& c : cases) {
-    CAPTURE(c.what);
+    const std::string what = c.what;  // a string: CAPTURE of a char* prints the pointer
+    CAPTURE(what);
     AttentionParams p;
     p.scale = 1.0f / std::sqrt(float(c.D));
     p.causal = c.causal;
@@ -294,9 +297,9 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
     const Out w = run(warp_cuda, DType::bf16);
     check_close(w.o, r.o, 1e-2, "warp: out");
     attention_checks::check_lse(w.lse, r.lse, 1e-4, "warp: lse");
-    check_close(w.dq, r.dq, 2e-2, "warp: dq");
-    check_close(w.dk, r.dk, 2e-2, "warp: dk");
-    check_close(w.dv, r.dv, 2e-2, "warp: dv");
+    check_close(w.dq, r.dq, 3e-2, "warp: dq");
+    check_close(w.dk, r.dk, 3e-2, "warp: dk");
+    check_close(w.dv, r.dv, 3e-2, "warp: dv");
     CHECK_MESSAGE(tc.o != w.o, "the tensor-core and warp kernels gave the same bits: is `attention` switching?");
     if (c.segments != 0) {  // padding queries see no key: zeros (and lse -inf, checked above)
       for (int64_t b = 0; b < c.B; ++b)
@@ -309,8 +312,9 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
 int main(int argc, char** argv) {
   try {
     auto& reg = Registry::global();
-    reg.load(DEW_REF_PLUGIN_PATH);
-    reg.load(DEW_CUDA_PLUGIN_PATH);
+    // The plugin folders dew-run uses (DEW_PLUGIN_PATH, then bin/../lib/dew/plugins): the build tree and
+    // tools/device-bundle.sh's bundle alike, where the build's absolute paths do not exist.
+    reg.discover(Registry::default_plugin_dirs(), {"ref", "cuda"});
     const Support s = reg.find(Backend::kind, "cuda").probe();
     if (!s.ok) {
       std::printf("test_backend_cuda_gpu: skipped: the cuda backend cannot run here: %s\n", s.reason.c_str());

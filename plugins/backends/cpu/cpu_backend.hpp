@@ -329,6 +329,18 @@ struct MatmulEntry : BoundPrimitive {
   // buffers; 0 where the caller's buffer is read as is (matmul.cpp's top comment: oneDNN's AVX2 no-copy
   // sgemm on row strides that are multiples of 256 floats).
   int64_t a_ld = 0, b_ld = 0;
+  // > 0: the primitive multiplies one matrix and run_matmul calls it this many times, stepping A, B and C by
+  // these byte strides (matmul.cpp's top comment: oneDNN 2.6's AMX kernel on batched B stored [n, k]).
+  int64_t batches = 0, a_step = 0, b_step = 0, c_step = 0;
+  // out = A B (+ bias): one execution, or `batches` of them.
+  void run_matmul(Dnnl& d, const void* a, const void* b, void* c, const void* bias) {
+    if (batches == 0) return run(d, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {bias_arg, bias}});
+    for (int64_t i = 0; i < batches; ++i)
+      run(d, {{DNNL_ARG_SRC, static_cast<const char*>(a) + i * a_step},
+              {DNNL_ARG_WEIGHTS, static_cast<const char*>(b) + i * b_step},
+              {DNNL_ARG_DST, static_cast<char*>(c) + i * c_step},
+              {bias_arg, bias}});
+  }
 };
 std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
                                          dnnl::memory::data_type operands, dnnl::memory::data_type output);

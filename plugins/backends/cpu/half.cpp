@@ -109,10 +109,7 @@ void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, cons
       .add(int64_t(p.act));
   auto e = d.cache.get<MatmulEntry>(
       key, [&] { return make_matmul(d, p, has_bias, memory::data_type::bf16, memory::data_type::bf16); });
-  e->run(d, {{DNNL_ARG_SRC, a.data()},
-             {DNNL_ARG_WEIGHTS, b.data()},
-             {DNNL_ARG_DST, out.data()},
-             {e->bias_arg, has_bias ? bias.data() : nullptr}});
+  e->run_matmul(d, a.data(), b.data(), out.data(), has_bias ? bias.data() : nullptr);
 }
 
 // ---------------------------------------------------------------- blocked bf16 around the f32 kernels

@@ -34,12 +34,20 @@
 // 64x1024x1024 39 -> 72; 16x1024x256 would lose 61 -> 52 (hence the 64). Copy-based shapes (1/m + 1/n <
 // 0.0038, e.g. char-small's 384x2048x1024 At, 74 -> 71 padded) would only pay the copy, so they keep the
 // caller's buffers.
+// oneDNN 2.6's AMX kernel (brg:avx512_core_amx_bf16, Intel Xeon with AMX) gets batched bf16 products with
+// B stored [n, k] (trans_b: weights layout acb) wrong at shapes such as 2 x 37x29 @ 29x53, with or without
+// bias or an odd k; 2-D products with B [n, k] and batched ones with plain B are right (dew-conformance's
+// matmul/bf16_* cases on an H200 machine's Xeon, session 18). So where oneDNN picks an AMX implementation
+// for such a batch, the primitive is built for one matrix and executed once per matrix
+// (MatmulEntry::run_matmul).
 // Products of at most 32 rows against a [n, k] weight (trans_b, batch 1, beta 0: Linear layers while
 // decoding) take a hand-written row-wise path instead, whose rows do not depend on each other
 // (matmul_rowwise.cpp, dispatched by ISA at run time), in f32 whatever the precision.
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cpu_backend.hpp"
 #include "matmul_rowwise.hpp"
@@ -99,10 +107,11 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
   // the bias then moves to a binary_add post-op, which runs after the scale (and the sum).
   const bool bias_as_post_op = has_bias && p.alpha != 1.0f;
   // a_ld / b_ld: row strides of A stored [k, m] (trans_a) / B stored [k, n] (!trans_b), 0 = dense.
+  bool one_matrix = p.batch == 1;  // a 2-D primitive (also for a batch, run once per matrix: e->batches)
   auto build = [&](int64_t a_ld, int64_t b_ld) {
     const dims a_inner_strides = p.trans_a ? dims{1, a_ld ? a_ld : m} : dims{k, 1};
     const dims b_inner_strides = p.trans_b ? dims{1, k} : dims{b_ld ? b_ld : n, 1};
-    if (p.batch == 1) {
+    if (one_matrix) {
       e->a_md = memory::desc({m, k}, operands, a_inner_strides);
       e->b_md = memory::desc({k, n}, operands, b_inner_strides);
       e->c_md = memory::desc({m, n}, output, dims{n, 1});
@@ -132,6 +141,22 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
     return dnnl::matmul::primitive_desc(desc, attr, d.eng);
   };
   dnnl::matmul::primitive_desc pd = build(0, 0);
+  // The AMX rule (top comment): batched bf16 with B stored [n, k] runs as one 2-D product per matrix.
+  // DEW_CPU_MATMUL_PER_MATRIX=1 takes this path on any CPU (the test that runs it without AMX).
+  static const bool forced = [] {
+    const char* v = std::getenv("DEW_CPU_MATMUL_PER_MATRIX");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (p.batch > 1 && p.trans_b && operands == memory::data_type::bf16 &&
+      (forced || std::string(pd.impl_info_str()).find("amx") != std::string::npos)) {
+    one_matrix = true;
+    pd = build(0, 0);
+    const int64_t out_size = output == memory::data_type::bf16 ? 2 : 4;
+    e->batches = p.batch;
+    e->a_step = p.a_batch_stride * 2;
+    e->b_step = p.b_batch_stride * 2;
+    e->c_step = m * n * out_size;
+  }
   // The padding rule (top comment): f32, one matrix, and oneDNN's AVX2 sgemm in its no-copy mode.
   if (operands == memory::data_type::f32 && p.batch == 1 && avx2_sgemm_nocopy(pd, m, n)) {
     e->a_ld = p.trans_a ? padded_ld(m, n) : 0;
@@ -337,10 +362,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
     if (e->a_ld != 0) a_data = to_padded(a.data_as<float>(), p.k, p.m, p.m, e->a_ld, a_pad);
     if (e->b_ld != 0) b_data = to_padded(b.data_as<float>(), p.k, p.n, p.n, e->b_ld, b_pad);
   }
-  e->run(d, {{DNNL_ARG_SRC, a_data},
-             {DNNL_ARG_WEIGHTS, b_data},
-             {DNNL_ARG_DST, o},
-             {e->bias_arg, has_bias ? bias.data() : nullptr}});
+  e->run_matmul(d, a_data, b_data, o, has_bias ? bias.data() : nullptr);
 }
 
 }  // namespace dew::cpu

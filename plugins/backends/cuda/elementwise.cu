@@ -596,6 +596,39 @@ __global__ void reduce_cols_kernel(const T* x, T* out, int64_t outer, int64_t re
   }
 }
 
+// Tiles of 32 columns (inner >= 2, a long reduced axis: bias gradients, sums over the batch): 1024 threads per
+// tile, lane = column, warp = row phase (rows w, w + 32, ...), then the 32 phases combined in a fixed order
+// through shared memory (deterministic). One thread per column (reduce_cols_kernel) would run [8192, 768]
+// on 768 threads: three blocks on a GPU of 132 multiprocessors.
+constexpr int kTileCols = 32, kTilePhases = 32;
+template <class T>
+__global__ void __launch_bounds__(kTileCols* kTilePhases)
+    reduce_col_tiles_kernel(const T* x, T* out, int64_t outer, int64_t reduce, int64_t inner, ReduceOp op) {
+  __shared__ double part[kTilePhases][kTileCols + 1];
+  const int lane = threadIdx.x % kTileCols, phase = threadIdx.x / kTileCols;
+  const int64_t tiles = (inner + kTileCols - 1) / kTileCols;
+  for (int64_t b = blockIdx.x; b < outer * tiles; b += gridDim.x) {
+    const int64_t o = b / tiles, c = (b % tiles) * kTileCols + lane;
+    double acc = identity(op);
+    if (c < inner) {
+      const T* base = x + o * reduce * inner + c;
+      for (int64_t r = phase; r < reduce; r += kTilePhases) {
+        const double v = double(ld(base, r * inner));
+        acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
+      }
+    }
+    part[phase][lane] = acc;
+    __syncthreads();
+    if (phase == 0 && c < inner) {
+      double r = part[0][lane];
+      for (int k = 1; k < kTilePhases; ++k) r = combine(op, r, part[k][lane]);
+      if (op == ReduceOp::mean) r /= double(reduce);
+      st(out, o * inner + c, float(r));
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer, int64_t reduce, int64_t inner,
@@ -605,9 +638,13 @@ void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer
     if (inner == 1 && reduce >= 64)
       DEW_LAUNCH(grid_rows(outer > 65535 * 8 ? 65535 * 8 : outer), 256, 0, s, reduce_rows_kernel<T>)
       (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, op);
-    else
-      DEW_LAUNCH(blocks_for(outer * inner), 256, 0, s, reduce_cols_kernel<T>)
-      (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
+      else if (reduce >= 64) DEW_LAUNCH(grid_rows(outer * ((inner + kTileCols - 1) / kTileCols) > 65535 * 8
+                                                      ? 65535 * 8
+                                                      : outer * ((inner + kTileCols - 1) / kTileCols)),
+                                        kTileCols * kTilePhases, 0, s, reduce_col_tiles_kernel<T>)(
+          static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
+      else DEW_LAUNCH(blocks_for(outer * inner), 256, 0, s, reduce_cols_kernel<T>)(
+          static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
   });
   check_launch("reduce");
 }

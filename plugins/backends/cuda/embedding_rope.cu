@@ -89,28 +89,31 @@ void launch_scatter_add_rows(cudaStream_t s, ST t, const void* dout, const int32
 
 namespace {
 
-// One thread per rotated pair (b, t, h, i < half), plus the copied tail features.
 template <class T>
 __global__ void rope_kernel(const T* x, const int32_t* pos, T* out, int64_t B, int64_t Tn, int64_t H, int64_t D,
                             int64_t rd, double theta, double sign, bool per_batch) {
+  // One thread per (b, t, j), looping over the H heads: the angle (pow and sincos in double) depends on the
+  // position and j only, so it is computed once for all heads.
   const int64_t half = rd / 2, tail = D - rd, per_head = half + tail;
-  DEW_GRID_STRIDE(i, B * Tn * H * per_head) {
-    const int64_t head = i / per_head, j = i % per_head;  // head = (b * T + t) * H + h
-    const T* xv = x + head * D;
-    T* ov = out + head * D;
+  DEW_GRID_STRIDE(i, B * Tn * per_head) {
+    const int64_t bt = i / per_head, j = i % per_head;  // bt = b * T + t
+    const T* xt = x + bt * H * D;
+    T* ot = out + bt * H * D;
     if (j >= half) {
       const int64_t f = rd + (j - half);
-      ov[f] = xv[f];
+      for (int64_t h = 0; h < H; ++h) ot[h * D + f] = xt[h * D + f];
       continue;
     }
-    const int64_t bt = head / H, b = bt / Tn, t = bt % Tn;
+    const int64_t b = bt / Tn, t = bt % Tn;
     const double position = double(pos[per_batch ? b * Tn + t : t]);
     const double freq = pow(theta, -2.0 * double(j) / double(rd));
     double sn, cs;
     sincos(sign * position * freq, &sn, &cs);
-    const double x1 = double(ld(xv, j)), x2 = double(ld(xv, j + half));
-    st(ov, j, float(x1 * cs - x2 * sn));
-    st(ov, j + half, float(x2 * cs + x1 * sn));
+    for (int64_t h = 0; h < H; ++h) {
+      const double x1 = double(ld(xt, h * D + j)), x2 = double(ld(xt, h * D + j + half));
+      st(ot, h * D + j, float(x1 * cs - x2 * sn));
+      st(ot, h * D + j + half, float(x2 * cs + x1 * sn));
+    }
   }
 }
 
@@ -118,7 +121,7 @@ __global__ void rope_kernel(const T* x, const int32_t* pos, T* out, int64_t B, i
 
 void launch_rope(cudaStream_t s, ST t, const void* x, const int32_t* pos, void* out, int64_t B, int64_t T, int64_t H,
                  int64_t D, int64_t rotary_dim, float theta, bool inverse, bool per_batch) {
-  const int64_t n = B * T * H * (rotary_dim / 2 + (D - rotary_dim));
+  const int64_t n = B * T * (rotary_dim / 2 + (D - rotary_dim));
   if (n == 0) return;
   DEW_CUDA_DISPATCH(t, TT,
                     DEW_LAUNCH(blocks_for(n), 256, 0, s, rope_kernel<TT>)(

@@ -7,6 +7,8 @@
 // Backward of a normalisation over M values with xhat = (x - mean) * rstd and g = dy * scale:
 //   layer/group norm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat));   rms: dx = rstd * (g - xhat * mean(g *
 //   xhat)).
+// g is rounded on its own (__fmul_rn: nvcc would otherwise contract g - mean(g) into fma(dy, scale, -mean(g)),
+// whose unrounded product leaves dx != 0 where it is exactly 0, e.g. a row of one value).
 #include "device.cuh"
 
 namespace dew::cuda {
@@ -122,7 +124,7 @@ __global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const 
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
       const float scale = w ? ld(w, j) + offset : 1.0f;
-      const float g = ld(gr, j) * scale, xhat = (ld(xr, j) - mu) * rs;
+      const float g = __fmul_rn(ld(gr, j), scale), xhat = (ld(xr, j) - mu) * rs;
       sg += g;
       sgx += g * xhat;
     }
@@ -130,7 +132,7 @@ __global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const 
     const float mean_gx = block_sum(sgx, shared) / float(D);
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
       const float scale = w ? ld(w, j) + offset : 1.0f;
-      const float g = ld(gr, j) * scale, xhat = (ld(xr, j) - mu) * rs;
+      const float g = __fmul_rn(ld(gr, j), scale), xhat = (ld(xr, j) - mu) * rs;
       st(dxr, j, rs * (g - mean_g - xhat * mean_gx));
     }
   }
