@@ -63,7 +63,7 @@ class GPT(nn.Module):
         for b in self.blocks:
             x = b(x, self.cos, self.sin)
         logits = F.linear(self.norm(x), self.emb.weight)  # tied head
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def matmul_peak(dtype):
@@ -97,9 +97,10 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_model = torch.compile(model) if a.compile else model
     data = torch.randint(0, V, (4, B, T + 1), device="cuda")
+    batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
     times, losses = [], []
     for i in range(a.warmup + a.steps):
-        x, y = data[i % 4, :, :-1], data[i % 4, :, 1:]
+        x, y = batches[i % len(batches)]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16-mixed"):
