@@ -9,7 +9,8 @@
 #   3. dew-bench: the kernel shapes (attention in f32 and bf16, the bf16 one on the tensor-core kernels, then
 #      again on the warp-per-row kernel: attention=warp), the char-small and DiT training steps on cuda (f32 and bf16-mixed), and
 #      the GPT-2-small-size step (configs/gpt2-small.ini) in f32 and bf16-mixed: the MFU of issues 17 and 18,
-#      against the GPU's own measured matmul peak (mfu_device);
+#      against the GPU's own measured matmul peak (mfu_device), and PyTorch's same step beside them
+#      (tools/bench/torch_gpt_cuda.py, where python3 has torch with CUDA; skipped otherwise);
 #   4. a 200-step char-small training run on cpu and on cuda (f32): the loss curves must agree within 1e-3
 #      relative at step 200; the same on cuda with TF32 (matmul_precision = high) within 5e-2, and in
 #      bf16-mixed (bf16 activations and tensor-core operands, f32 master weights) within 2e-2.
@@ -69,7 +70,7 @@ step() {  # step NAME COMMAND...: runs it under its own time limit, prints its o
     echo "=== $name: ok"
   elif [ $rc -eq 77 ]; then
     echo "=== $name: SKIPPED (exit 77)"
-    failed+=("$name (skipped)")
+    case $name in peer:*) ;; *) failed+=("$name (skipped)") ;; esac  # a missing peer fails nothing of dew's
   else
     echo "=== $name: FAILED (exit $rc)"
     failed+=("$name")
@@ -93,6 +94,14 @@ build_all() {
   local plugins
   plugins=$(ninja -C "$build" -t targets all | sed -n 's|^\(lib/dew/plugins/[^:]*\.so\):.*|\1|p' | sort -u)
   ninja -C "$build" -j"$jobs" dew-run dew-conformance dew-bench dew-tokenize test_backend_cuda_gpu $plugins
+}
+
+# The PyTorch peer of the gpt2-small steps (tools/bench/torch_gpt_cuda.py), where python3 has torch with CUDA; run
+# without the bundle's LD_LIBRARY_PATH (torch brings its own CUDA libraries).
+torch_peer() {
+  env -u LD_LIBRARY_PATH python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 77)' 2>/dev/null ||
+    { echo "skipped: no python3 with torch and CUDA here"; return 77; }
+  env -u LD_LIBRARY_PATH python3 tools/bench/torch_gpt_cuda.py --precision "$1" --steps 10
 }
 
 # A byte-level token corpus: the fortunes when present, else this repository's text (any text will do to
@@ -141,7 +150,7 @@ PY
 
 # The steps run in child shells (their own time limits): they need these.
 export build work steps jobs
-export -f gpu_info configure build_all make_corpus train_run compare_curves
+export -f gpu_info configure build_all make_corpus train_run compare_curves torch_peer
 
 step "gpu" gpu_info
 if [ -n "$prebuilt" ]; then
@@ -168,6 +177,8 @@ step "bench train dit bf16-mixed" "$build/bin/dew-bench" train --config dit --ba
 step "bench train gpt2-small f32" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda --steps 10
 step "bench train gpt2-small bf16-mixed" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda \
   --steps 10 --precision bf16-mixed
+step "peer: PyTorch gpt2-small bf16-mixed" torch_peer bf16-mixed
+step "peer: PyTorch gpt2-small f32" torch_peer f32
 if [ -n "${DEW_CHECK_REFERENCE:-}" ]; then
   echo; echo "=== corpus and cpu run from $DEW_CHECK_REFERENCE"
   mkdir -p "$work" && cp -r "$DEW_CHECK_REFERENCE"/corpus* "$DEW_CHECK_REFERENCE"/cpu "$work/"
