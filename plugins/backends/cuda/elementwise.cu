@@ -634,17 +634,17 @@ __global__ void __launch_bounds__(kTileCols* kTilePhases)
 void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer, int64_t reduce, int64_t inner,
                    ReduceOp op) {
   if (outer * inner == 0) return;
+  const int64_t col_tiles = outer * ((inner + kTileCols - 1) / kTileCols);
   DEW_CUDA_DISPATCH(t, T, {
     if (inner == 1 && reduce >= 64)
       DEW_LAUNCH(grid_rows(outer > 65535 * 8 ? 65535 * 8 : outer), 256, 0, s, reduce_rows_kernel<T>)
       (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, op);
-      else if (reduce >= 64) DEW_LAUNCH(grid_rows(outer * ((inner + kTileCols - 1) / kTileCols) > 65535 * 8
-                                                      ? 65535 * 8
-                                                      : outer * ((inner + kTileCols - 1) / kTileCols)),
-                                        kTileCols * kTilePhases, 0, s, reduce_col_tiles_kernel<T>)(
-          static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
-      else DEW_LAUNCH(blocks_for(outer * inner), 256, 0, s, reduce_cols_kernel<T>)(
-          static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
+    else if (reduce >= 64)
+      DEW_LAUNCH(row_grid(col_tiles), kTileCols * kTilePhases, 0, s, reduce_col_tiles_kernel<T>)
+      (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
+    else
+      DEW_LAUNCH(blocks_for(outer * inner), 256, 0, s, reduce_cols_kernel<T>)
+      (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
   });
   check_launch("reduce");
 }
