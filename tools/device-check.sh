@@ -8,8 +8,8 @@
 #      (tests/backends_cuda/lm_matches_cpu.sh);
 #   3. dew-bench: the kernel shapes (attention in f32 and bf16, the bf16 one on the tensor-core kernels, then
 #      again on the warp-per-row kernel: attention=warp), the char-small and DiT training steps on cuda (f32 and bf16-mixed), and
-#      the GPT-2-small-size step (configs/gpt2-small.ini) in f32 and bf16-mixed: the MFU of issues 17 and 18,
-#      against the GPU's own measured matmul peak (mfu_device), and PyTorch's same step beside them
+#      the GPT-2-small-size step (configs/gpt2-small.ini) in f32 and bf16-mixed (and its --profile): the MFU of
+#      issues 17 and 18, against the GPU's own measured matmul peak (mfu_device), and PyTorch's same step beside them
 #      (tools/bench/torch_gpt_cuda.py, where python3 has torch with CUDA; skipped otherwise);
 #   4. a 200-step char-small training run on cpu and on cuda (f32): the loss curves must agree within 1e-3
 #      relative at step 200; the same on cuda with TF32 (matmul_precision = high) within 5e-2, and in
@@ -177,6 +177,8 @@ step "bench train dit bf16-mixed" "$build/bin/dew-bench" train --config dit --ba
 step "bench train gpt2-small f32" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda --steps 10
 step "bench train gpt2-small bf16-mixed" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda \
   --steps 10 --precision bf16-mixed
+step "profile gpt2-small bf16-mixed (synchronised per kernel: where the step goes)" "$build/bin/dew-bench" train \
+  --config configs/gpt2-small.ini --backend cuda --steps 3 --precision bf16-mixed --profile
 step "peer: PyTorch gpt2-small bf16-mixed" torch_peer bf16-mixed
 step "peer: PyTorch gpt2-small f32" torch_peer f32
 if [ -n "${DEW_CHECK_REFERENCE:-}" ]; then
