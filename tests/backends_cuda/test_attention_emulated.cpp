@@ -374,8 +374,10 @@ TEST_CASE("f32 attention by products (cuda-emulated) against the warp kernel and
       return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
     };
     const Out r = run(ref());
-    const Out w = run(create_backend("cuda-emulated", Options(std::map<std::string, std::string>{{"attention", "warp"}})));
-    const Out e = run(create_backend("cuda-emulated", Options(std::map<std::string, std::string>{{"attention", "products"}})));
+    const Out w =
+        run(create_backend("cuda-emulated", Options(std::map<std::string, std::string>{{"attention", "warp"}})));
+    const Out e =
+        run(create_backend("cuda-emulated", Options(std::map<std::string, std::string>{{"attention", "products"}})));
     const auto check_all = [](const Out& got, const Out& want, const std::string& vs) {
       check_close(got.o, want.o, 1e-5, "out " + vs);
       check_lse(got.lse, want.lse, 1e-5, "lse " + vs);

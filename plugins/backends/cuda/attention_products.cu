@@ -4,7 +4,8 @@
 // [s0, s0 + nc); its scratch rows are laid out [Hq][tc][nc] (row r = h * tc + i is query t0 + i of head h) and the
 // lse is dew's [B, Hq, T]. One block per row (grid-stride), sums and maxima in f32 by block_sum / block_max.
 // Invariants:
-//  * the mask is the warp kernel's own (attention_mask.cuh: visible_keys, same_doc, cap), applied per element: a hidden key
+//  * the mask is the warp kernel's own (attention_mask.cuh: visible_keys, same_doc, cap), applied per element: a hidden
+//  key
 //    gets P = 0 and dS = 0 whatever the product wrote there, so a chunk's key range may be any superset of what
 //    its rows see;
 //  * a row with no visible key writes P = 0 (so O = P V = 0) and lse = -inf, and its backward P and dS are 0;
@@ -81,8 +82,8 @@ __global__ void products_probs_kernel(float* sc, const int32_t* seg, const float
 
 // In: P, dp = dO . V. Out: dp = dS = P (dp - Di), Di = rowsum(dO * O), times 1 - tanh^2 under a softcap (the tanh
 // read back from P: cap(score) = log P + lse). P = 0 (hidden keys, underflow) gives dS = 0.
-__global__ void products_dscore_kernel(const float* P, float* dp, const float* out, const float* dout,
-                                       const float* lse, ProductsChunk c, AttnDims d, AttentionParams p) {
+__global__ void products_dscore_kernel(const float* P, float* dp, const float* out, const float* dout, const float* lse,
+                                       ProductsChunk c, AttnDims d, AttentionParams p) {
   __shared__ float shared[32];
   const int64_t rows = d.Hq * c.tc;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -128,8 +129,8 @@ void launch_products_dscore(cudaStream_t s, const float* P, float* dp, const flo
                             const float* lse, const ProductsChunk& c, const AttnDims& d, const AttentionParams& p) {
   const int64_t rows = d.Hq * c.tc;
   if (rows * c.nc == 0) return;
-  DEW_LAUNCH(row_grid(rows), row_threads(c.nc > d.Dv ? c.nc : d.Dv), 0, s,
-             products_dscore_kernel)(P, dp, out, dout, lse, c, d, p);
+  DEW_LAUNCH(row_grid(rows), row_threads(c.nc > d.Dv ? c.nc : d.Dv), 0, s, products_dscore_kernel)
+  (P, dp, out, dout, lse, c, d, p);
   check_launch("attention_backward (products): dS");
 }
 

@@ -200,9 +200,9 @@ class CudaBackend final : public Backend {
   bool attention_products_applies(const Tensor& q, const Tensor& k, const Tensor& v, const AttnDims& d) const;
   void attention_products(const float* q, const float* k, const float* v, const int32_t* seg, float* out, float* lse,
                           const AttnDims& d, const AttentionParams& p);
-  void attention_products_backward(const float* q, const float* k, const float* v, const int32_t* seg,
-                                   const float* out, const float* lse, const float* dout, float* dq, float* dk,
-                                   float* dv, const AttnDims& d, const AttentionParams& p);
+  void attention_products_backward(const float* q, const float* k, const float* v, const int32_t* seg, const float* out,
+                                   const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                                   const AttnDims& d, const AttentionParams& p);
   enum class ConvKind : uint8_t { forward, backward_data, backward_weight };
   std::shared_ptr<ConvPlan> conv_plan(ConvKind kind, const ConvDims& d, const Conv2dParams& p, DType dt);
 
