@@ -4,9 +4,9 @@
 // Work is cut in chunks: batch b, query rows [t0, t0 + tc) of every head, and the keys [s0, s0 + nc) that any of
 // those rows can see under causal / window (the mask itself is applied per element by the row kernels, so segment
 // ids and ragged ranges are exact). A chunk's scores live in scratch [Hq][tc][nc] (f32; the forward one buffer, the
-// backward two), at most kChunkFloats floats each (tc shrinks to fit; at GPT-2-small's shape, Hq 12 and T = S =
-// 1024, a batch is one chunk of 48 MiB); a causal call of T >= 512 also cuts its rows in 4 chunks, so the keys no
-// row of a chunk sees are not multiplied (5/8 of the full rectangle).
+// backward two), at most kChunkFloats floats each (tc shrinks to fit: Hq 12 and T = S = 1024 not causal is one
+// chunk of 48 MiB per batch); a causal call of T >= 512 also cuts its rows in 4 chunks, so the keys no row of a
+// chunk sees are not multiplied (5/8 of the full rectangle; GPT-2-small's step: chunks of 256 rows, <= 12 MiB).
 // Forward, per chunk: S = scale Q K^T (product), P = softmax(cap(S)) with the mask, lse (row kernel), O = P V.
 // Backward, per chunk: S again, P = exp(cap(S) - lse) (row kernel), dV += P^T dO, dP = dO V^T,
 // dS = P (dP - rowsum(dO * O)) (times 1 - (cap(S)/cap)^2 under a softcap, cap(S) read back as log P + lse; row
@@ -22,10 +22,11 @@
 // Selection (CudaBackend::attention / attention_backward): q, k, v all f32, B, T, S, Dk, Dv >= 1, and
 //   `attention = products`: always;  `attention = auto` (the default): T * S >= kAutoMinScores (2^14, 128 x 128);
 //   `attention = warp`: never.
-// Why 2^14: a chunk costs ~4 launches forward and ~8 backward, a few microseconds each, while the warp kernel spends
-// 4 D flops per (query, key) pair at ~1.2 TFLOP/s forward: at T = S = 128, D = 64 and 48 heads (B 4, H 12) that is
-// ~0.17 ms forward against ~4 x 4 launches; from there up the products' 40x rate wins by more with every doubling,
-// and below it both are launch-bound. An estimate from the H200 rates above, not yet timed at the threshold itself.
+// Why 2^14: a chunk costs 3 launches forward and 7 backward (MHA), a few microseconds each, while the warp kernel
+// spends 4 D flops per (query, key) pair at ~1.2 TFLOP/s forward: at T = S = 128, D = 64 and 48 heads (B 4, H 12) that
+// is ~0.17 ms forward (half of it under a causal mask) against 4 x 3 launches; from there up the products' 40x rate
+// wins by more with every doubling, and below it both are launch-bound. An estimate from the H200 rates above, not yet
+// timed at the threshold itself.
 #include <algorithm>
 
 #include "cuda_backend.hpp"
