@@ -5,11 +5,12 @@
 #   1. the GPU and driver (nvidia-smi), configure + build in Release (the binaries and every plugin);
 #   2. the GPU unit tests (test_backend_cuda_gpu), dew-conformance --backend cuda against ref and cpu, and 12
 #      bf16-mixed updates of a small language model on the tensor-core attention against cpu
-#      (tests/backends_cuda/lm_matches_cpu.sh);
-#   3. dew-bench: the kernel shapes (attention in f32 and bf16, the bf16 one on the tensor-core kernels, then
-#      again on the warp-per-row kernel: attention=warp), the char-small and DiT training steps on cuda (f32 and bf16-mixed), and
-#      the GPT-2-small-size step (configs/gpt2-small.ini) in f32 and bf16-mixed (and its --profile): the MFU of
-#      issues 17 and 18, against the GPU's own measured matmul peak (mfu_device), and PyTorch's same step beside them
+#      (tests/backends_cuda/lm_matches_cpu.sh), and the same model in f32 on the attention by cuBLASLt products;
+#   3. dew-bench: the kernel shapes (attention in f32 and bf16, the bf16 one on the tensor-core kernels and the
+#      f32 one by cuBLASLt products where T * S >= 2^14, then again on the warp-per-row kernel: attention=warp),
+#      the char-small and DiT training steps on cuda (f32 and bf16-mixed), and the GPT-2-small-size step
+#      (configs/gpt2-small.ini) in f32 and bf16-mixed (and its --profile): the MFU of issues 17 and 18, against
+#      the GPU's own measured matmul peak (mfu_device), and PyTorch's same step beside them
 #      (tools/bench/torch_gpt_cuda.py, where python3 has torch with CUDA; skipped otherwise);
 #   4. a 200-step char-small training run on cpu and on cuda (f32): the loss curves must agree within 1e-3
 #      relative at step 200; the same on cuda with TF32 (matmul_precision = high) within 5e-2, and in
@@ -166,8 +167,10 @@ step "conformance cuda vs ref" "$build/bin/dew-conformance" --backend cuda --aga
 step "conformance cuda vs cpu" "$build/bin/dew-conformance" --backend cuda --against cpu
 step "lm bf16-mixed on the tensor-core attention vs cpu (2e-3)" bash tests/backends_cuda/lm_matches_cpu.sh \
   "$build/bin" "$work/lm-match" cuda
+step "lm f32 on the attention by cuBLASLt products vs cpu (2e-3)" bash tests/backends_cuda/lm_matches_cpu.sh \
+  "$build/bin" "$work/lm-f32-match" cuda --run.precision f32 --data.seq_len 160
 step "bench kernels" "$build/bin/dew-bench" kernels --backend cuda
-step "bench attention, warp kernel (A/B with the tensor-core one above)" "$build/bin/dew-bench" kernels --backend cuda \
+step "bench attention, warp kernel (A/B with the tensor-core and f32 products ones above)" "$build/bin/dew-bench" kernels --backend cuda \
   --only attention --backend-option attention=warp
 step "bench train char-small" "$build/bin/dew-bench" train --config char-small --backend cuda --steps 20
 step "bench train dit" "$build/bin/dew-bench" train --config dit --backend cuda --steps 20

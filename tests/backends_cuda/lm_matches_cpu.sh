@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# tests/backends_cuda/lm_matches_cpu.sh BIN_DIR WORK_DIR [BACKEND] — lm-d64.ini (bf16-mixed, head width 64, GQA,
-# packed documents: the tensor-core attention forward and backward, the bf16 casts, norms, SwiGLU, cross-entropy
+# tests/backends_cuda/lm_matches_cpu.sh BIN_DIR WORK_DIR [BACKEND [TRAIN_ARGS...]] — lm-d64.ini (bf16-mixed, head
+# width 64, GQA, packed documents: the tensor-core attention forward and backward, the bf16 casts, norms, SwiGLU, cross-entropy
 # and AdamW of a language-model step) trained 12 updates on BACKEND (default cuda; cuda-emulated for the plugin
 # run on the CPU) and on cpu: every logged loss must agree within 2e-3 relative (bf16-mixed on both; measured
-# 2e-4 on the emulation). Exits 77 (skipped) where BACKEND cannot run.
+# 2e-4 on the emulation). TRAIN_ARGS go to both trainings (e.g. --run.precision f32 --data.seq_len 160: f32, with
+# T * S large enough for the f32 attention by cuBLASLt products). Exits 77 (skipped) where BACKEND cannot run.
 set -uo pipefail
 bin=$1 work=$2 backend=${3:-cuda}
+shift $(( $# < 3 ? $# : 3 ))
 here=$(cd "$(dirname "$0")" && pwd)
 if ! "$bin/dew-run" plugins 2>/dev/null | grep -E "^ +backend $backend " | grep -qF '[can run here]'; then
   echo "skipped: the $backend backend cannot run on this machine"; exit 77
@@ -18,7 +20,7 @@ awk 'BEGIN { srand(7); for (i = 0; i < 400; i++) { n = 1 + int(rand() * 6);
 "$bin/dew-tokenize" --input "$work/docs.txt" --out "$work/corpus" --separator % --val-fraction 0.1 > "$work/tok.log" ||
   { cat "$work/tok.log"; exit 1; }
 for be in cpu "$backend"; do
-  "$bin/dew-run" train --config "$here/lm-d64.ini" --data.path "$work/corpus" --run-dir "$work/$be" --backend "$be" \
+  "$bin/dew-run" train --config "$here/lm-d64.ini" --data.path "$work/corpus" --run-dir "$work/$be" --backend "$be" "$@" \
     >"$work/$be.log" 2>&1 || { echo "FAIL: training on $be:"; cat "$work/$be.log"; exit 1; }
 done
 python3 - "$work/cpu/metrics.jsonl" "$work/$backend/metrics.jsonl" "$backend" <<'PY'

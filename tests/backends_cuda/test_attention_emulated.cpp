@@ -19,12 +19,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "attention_checks.hpp"
 #include "dew/backend.hpp"
 #include "dew/dtype.hpp"
+#include "dew/options.hpp"
 #include "dew/random.hpp"
 #include "dew/registry.hpp"
 #include "dew/tensor.hpp"
@@ -312,5 +314,83 @@ TEST_CASE("warp-per-row attention kernels, emulated on the CPU, against ref (f32
       });
       check_close(o, r.o, 1e-5, "decode form (bf16 K/V): out");
     }
+  }
+}
+
+// The f32 attention by cuBLASLt products (attention_products.cpp / .cu) on the whole emulated plugin
+// (backend "cuda-emulated": its row kernels by cuda_emulation.hpp, its products by emulation/fake_cublaslt.cpp),
+// against `attention = warp` on the same plugin and inputs, and both against ref: f32 at 1e-5 (out, lse) and 1e-4
+// (gradients). Cases: GQA with causal, window, softcap and q_offset; documents with padding rows (no visible key:
+// out 0, lse -inf) under MQA, not causal; and a causal T = S = 512 call, which the products path cuts in four row
+// chunks whose key ranges start past 0 (window) and end at the causal edge, with dK / dV added over the chunks.
+TEST_CASE("f32 attention by products (cuda-emulated) against the warp kernel and ref") {
+  static const bool loaded = [] {
+    Registry::global().load(DEW_CUDA_EMULATED_PLUGIN_PATH);
+    return true;
+  }();
+  (void)loaded;
+  struct Case {
+    const char* what;
+    int64_t B, T, S, Hq, Hkv, D;
+    bool causal;
+    int64_t window;
+    float softcap;
+    bool segments;
+  };
+  const Case cases[] = {
+      {"GQA 4/2, causal, window 6, softcap 5, q_offset 4, D 40", 1, 20, 24, 4, 2, 40, true, 6, 5.0f, false},
+      {"MQA 3/1, documents with padding, not causal, D 72", 2, 18, 18, 3, 1, 72, false, 0, 0.0f, true},
+      {"causal 512 x 512 (four row chunks), window 40, softcap 30, GQA 2/1, D 16", 1, 512, 512, 2, 1, 16, true, 40,
+       30.0f, false},
+  };
+  for (const Case& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(float(c.D));
+    p.causal = c.causal;
+    p.window = c.window;
+    p.softcap = c.softcap;
+    p.q_offset = c.S - c.T;
+    const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 51, 2.0f),
+               kv = host_uniform(c.B * c.S * c.Hkv * c.D, 52, 2.0f);
+    const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 53, 1.0f),
+               gv = host_uniform(c.B * c.T * c.Hq * c.D, 54, 1.0f);
+    std::vector<int32_t> seg;
+    for (int64_t b = 0; b < c.B && c.segments; ++b)
+      for (int64_t s = 0; s < c.S; ++s) seg.push_back(s < 5 ? 1 : s < 13 ? 2 + int32_t(b) : s < c.S - 2 ? 3 : 0);
+    const auto run = [&](const BackendPtr& be) {
+      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
+             k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
+      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
+             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
+      Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
+      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
+      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
+      Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
+      be->attention(q, k, v, sg, o, lse, p);
+      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
+      be->synchronize();
+      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+    };
+    const Out r = run(ref());
+    const Out w =
+        run(create_backend("cuda-emulated", Options(std::map<std::string, std::string>{{"attention", "warp"}})));
+    const Out e =
+        run(create_backend("cuda-emulated", Options(std::map<std::string, std::string>{{"attention", "products"}})));
+    const auto check_all = [](const Out& got, const Out& want, const std::string& vs) {
+      check_close(got.o, want.o, 1e-5, "out " + vs);
+      check_lse(got.lse, want.lse, 1e-5, "lse " + vs);
+      check_close(got.dq, want.dq, 1e-4, "dq " + vs);
+      check_close(got.dk, want.dk, 1e-4, "dk " + vs);
+      check_close(got.dv, want.dv, 1e-4, "dv " + vs);
+    };
+    check_all(e, w, "products vs warp");
+    check_all(e, r, "products vs ref");
+    check_all(w, r, "warp vs ref");
+    if (c.segments)  // padding queries (segment 0): exact zeros
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t t = c.T - 2; t < c.T; ++t)
+          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
   }
 }

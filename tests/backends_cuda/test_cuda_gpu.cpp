@@ -1,8 +1,8 @@
 // test_cuda_gpu.cpp — the `cuda` backend on a GPU, against the `ref` backend (the oracle): Philox streams
 // bit for bit, the matmul paths (plain, transposed, batched with a shared operand, bias + activation
-// epilogues, bf16), the caching allocator's reuse, staged host->device copies, and index errors raised
-// at the next synchronisation. The exhaustive kernel-by-kernel comparison is conformance_cuda.
-// Without a usable GPU it prints the probe's reason and exits 77 (CTest: skipped).
+// epilogues, bf16), the attention kernels (warp-per-row, tensor-core, f32 by products), the caching allocator's reuse,
+// staged host->device copies, and index errors raised at the next synchronisation. The exhaustive kernel-by-kernel
+// comparison is conformance_cuda. Without a usable GPU it prints the probe's reason and exits 77 (CTest: skipped).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -306,6 +306,76 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
         for (int64_t t = attention_checks::padding_start(c.segments); t < c.T; ++t)
           for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(tc.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
     }
+  }
+}
+
+// The f32 attention by cuBLASLt products (attention_products.cpp; `attention = products` takes every f32 call, auto
+// those with T * S >= 2^14) against ref, and the warp kernel (`attention = warp`) on the same calls: GQA with window,
+// softcap and q_offset; documents with padding rows (out 0, lse -inf) under MQA; and GPT-2-small's head shape
+// (T 1024, D 64, causal: four row chunks of 256, each multiplying the keys up to its causal edge). Tolerances (not
+// yet run on a device when written): out 2e-5, lse 1e-5, gradients 2e-4 of |want| + rms(want) (the emulated plugin,
+// whose products sum in double, passes at half of each).
+TEST_CASE("f32 attention by cuBLASLt products against ref, and the warp kernel on the same calls") {
+  struct Case {
+    const char* what;
+    int64_t B, T, S, Hq, Hkv, D;
+    bool causal;
+    int64_t window;
+    float softcap;
+    bool segments;
+  };
+  const Case cases[] = {
+      {"GQA 4/2, causal, window 6, softcap 5, q_offset 4, D 40", 2, 20, 24, 4, 2, 40, true, 6, 5.0f, false},
+      {"MQA 3/1, documents with padding, not causal, D 72", 2, 150, 150, 3, 1, 72, false, 0, 0.0f, true},
+      {"GPT-2 small's heads: causal 1024 x 1024, D 64", 1, 1024, 1024, 2, 2, 64, true, 0, 0.0f, false},
+  };
+  BackendPtr products = create_backend("cuda", Options({{"attention", "products"}}, "test"));
+  BackendPtr warp = create_backend("cuda", Options({{"attention", "warp"}}, "test"));
+  for (const Case& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(float(c.D));
+    p.causal = c.causal;
+    p.window = c.window;
+    p.softcap = c.softcap;
+    p.q_offset = c.S - c.T;
+    const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 61, -2.0f, 2.0f),
+               kv = host_uniform(c.B * c.S * c.Hkv * c.D, 62, -2.0f, 2.0f);
+    const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 63), gv = host_uniform(c.B * c.T * c.Hq * c.D, 64);
+    std::vector<int32_t> seg;
+    for (int64_t b = 0; b < c.B && c.segments; ++b)
+      for (int64_t s = 0; s < c.S; ++s) seg.push_back(s < 5 ? 1 : s < 70 ? 2 + int32_t(b) : s < c.S - 2 ? 3 : 0);
+    struct Out {
+      std::vector<float> o, lse, dq, dk, dv;
+    };
+    auto run = [&](const BackendPtr& be) {
+      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
+             k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
+      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
+             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
+      Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
+      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
+      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
+      Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
+      be->attention(q, k, v, sg, o, lse, p);
+      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
+      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+    };
+    const Out r = run(g_ref), e = run(products), w = run(warp);
+    for (const auto& [got, name] : {std::pair{&e, "products"}, std::pair{&w, "warp"}}) {
+      const std::string n = name;
+      check_close(got->o, r.o, 2e-5, n + ": out");
+      attention_checks::check_lse(got->lse, r.lse, 1e-5, n + ": lse");
+      check_close(got->dq, r.dq, 2e-4, n + ": dq");
+      check_close(got->dk, r.dk, 2e-4, n + ": dk");
+      check_close(got->dv, r.dv, 2e-4, n + ": dv");
+    }
+    CHECK_MESSAGE(e.o != w.o, "products and the warp kernel gave the same bits: is `attention` switching?");
+    if (c.segments)  // padding queries (segment 0): exact zeros
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t t = c.T - 2; t < c.T; ++t)
+          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
   }
 }
 

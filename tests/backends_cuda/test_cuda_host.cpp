@@ -75,6 +75,7 @@ TEST_CASE("options: defaults, the precision names, and refusals naming the key")
     CHECK(c.caching_allocator);
     CHECK(c.workspace_mb == 32);
     CHECK(c.flash_attention);
+    CHECK(c.f32_attention == CudaOptions::F32Attention::automatic);
   }
   {
     Options o({{"matmul_precision", "high"}, {"device", "1"}, {"allocator", "direct"}, {"workspace_mb", "64"},
@@ -85,8 +86,11 @@ TEST_CASE("options: defaults, the precision names, and refusals naming the key")
     CHECK_FALSE(c.caching_allocator);
     CHECK(c.workspace_mb == 64);
     CHECK_FALSE(c.flash_attention);
+    CHECK(c.f32_attention == CudaOptions::F32Attention::warp);
     CHECK_NOTHROW(o.check_all_used());  // every declared key is read
   }
+  CHECK(parse_options(opts("attention", "products")).f32_attention == CudaOptions::F32Attention::products);
+  CHECK(parse_options(opts("attention", "products")).flash_attention);
   CHECK(parse_options(opts("matmul_precision", "tf32")).matmul == Precision::high);
   CHECK(parse_options(opts("matmul_precision", "medium")).matmul == Precision::medium);
   CHECK(parse_options(opts("matmul_precision", "bf16")).matmul == Precision::medium);

@@ -17,7 +17,8 @@
 // bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the forward's K/V element type is its own
 // template parameter, each element widened (exactly) as it is loaded; the arithmetic is the f32 kernel's.
 // Every output row is written by exactly one warp (deterministic, no atomics). Simple and exact, no tensor cores:
-// the backend sends bf16 calls at head widths 64 and 128 to flash_attention.cu, everything else here.
+// the backend sends bf16 calls at head widths 64 and 128 to flash_attention.cu, large f32 calls to
+// attention_products.cpp (cuBLASLt products; `attention = warp` keeps them here), everything else here.
 // The kernels are in attention.cuh (tests/backends_cuda run their source on the CPU too); this file: the launchers.
 #include "attention.cuh"
 

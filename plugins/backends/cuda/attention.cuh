@@ -4,6 +4,7 @@
 // the CUDA built-ins and intrinsics).
 #pragma once
 
+#include "attention_mask.cuh"
 #include "device.cuh"
 
 namespace dew::cuda::warp_attention {
@@ -12,21 +13,10 @@ namespace dew::cuda::warp_attention {
 constexpr int kChunks = kAttnMaxHeadDim / 32;
 constexpr int kWarps = 4;  // warps per block
 
-struct Vis {
-  int64_t lo, hi;  // visible keys [lo, hi] (empty when lo > hi)
-};
-__device__ __forceinline__ Vis visible_keys(const AttentionParams& p, int64_t t, int64_t S) {
-  const int64_t pos = p.q_offset + t;
-  int64_t lo = 0, hi = S - 1;
-  if (p.causal && pos < hi) hi = pos;
-  if (p.window > 0 && pos - p.window + 1 > lo) lo = pos - p.window + 1;
-  return {lo, hi};
-}
-
-// Whether key s is in query position pos's document (always, without segment ids).
-__device__ __forceinline__ bool same_doc(const int32_t* seg_row, int64_t pos, int64_t s) {
-  return seg_row == nullptr || (seg_row[pos] != 0 && seg_row[s] == seg_row[pos]);
-}
+using attention_mask::cap;
+using attention_mask::same_doc;
+using attention_mask::Vis;
+using attention_mask::visible_keys;
 
 template <class T>
 __device__ __forceinline__ void load_row(const T* row, int64_t D, float (&r)[kChunks]) {
@@ -56,9 +46,6 @@ __device__ __forceinline__ void store_row(T* row, int64_t D, const float (&r)[kC
     const int64_t d = lane + 32 * c;
     if (d < D) st(row, d, r[c] * scale);
   }
-}
-__device__ __forceinline__ float cap(float r, float softcap) {
-  return softcap > 0.0f ? softcap * tanhf(r / softcap) : r;
 }
 
 // Query rows are numbered r = (b * Hq + h) * T + t (the lse layout), so the warps of a block share K/V.

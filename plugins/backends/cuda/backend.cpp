@@ -503,6 +503,9 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   expect_f32(lse, d.B * d.Hq * d.T, K, "lse");
   if (opt_.flash_attention && flash_attention_applies(t, kv, d, {q.data(), k.data(), v.data(), out.data()}))
     launch_flash_attention(stream_, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
+  else if (attention_products_applies(q, k, v, d))  // f32: cuBLASLt products (attention_products.cpp)
+    attention_products(q.data_as<float>(), k.data_as<float>(), v.data_as<float>(), seg, out.data_as<float>(),
+                       lse.data_as<float>(), d, p);
   else
     launch_attention(stream_, t, kv, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
 }
@@ -525,6 +528,10 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
                                                                 dq.data(), dk.data(), dv.data()}))
     launch_flash_attention_backward(stream_, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(),
                                     dout.data(), dq.data(), dk.data(), dv.data(), d, p, s.f32());
+  else if (attention_products_applies(q, k, v, d))
+    attention_products_backward(q.data_as<float>(), k.data_as<float>(), v.data_as<float>(), seg, out.data_as<float>(),
+                                lse.data_as<float>(), dout.data_as<float>(), dq.data_as<float>(), dk.data_as<float>(),
+                                dv.data_as<float>(), d, p);
   else
     launch_attention_backward(stream_, t, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(),
                               dout.data(), dq.data(), dk.data(), dv.data(), d, p, s.f32());

@@ -55,8 +55,12 @@ struct CudaOptions {
   bool caching_allocator = true;
   int64_t workspace_mb = 32;  // cuBLASLt workspace
   // `attention = auto`: the tensor-core kernels (flash_attention.cu) wherever they apply (bf16, head width 64 or
-  // 128), the warp-per-row kernel (attention.cu) elsewhere; `warp`: the warp-per-row kernel everywhere.
+  // 128); f32 calls by cuBLASLt products (attention_products.cpp) where T * S is large enough that they win
+  // (its top comment states the rule), the warp-per-row kernel (attention.cu) elsewhere; `products`: as auto, but
+  // every f32 call by products; `warp`: the warp-per-row kernel everywhere.
   bool flash_attention = true;
+  enum class F32Attention : uint8_t { automatic, products, warp };
+  F32Attention f32_attention = F32Attention::automatic;
 };
 // Reads and validates the backend's options (usage errors name the key).
 CudaOptions parse_options(const Options& o);
@@ -93,6 +97,23 @@ StridedDesc coalesce_copy(const StridedCopyParams& p, int64_t src_numel, int64_t
 StridedDesc broadcast_desc(const Shape& a, const Shape& b, const Shape& out);
 // The bit pattern of `value` stored in dtype dt (little-endian, in the low bytes), as ref's fill writes it.
 uint64_t fill_pattern(DType dt, double value);
+
+// A row-major f32 product for CudaBackend::gemm_f32 (matmul.cpp): per batch q < batch,
+//   C_q [m, n] = alpha op(A_q) op(B_q) + beta C_q,
+// A_q stored [m, k] (or [k, m] when trans_a) with row stride lda, at a + q * stride_a; B_q likewise [k, n] (or
+// [n, k] when trans_b); C_q [m, n] with row stride ldc at c + q * stride_c. A stride of 0 shares the operand.
+struct RawGemm {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  const float* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  bool trans_a = false;
+  const float* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  bool trans_b = false;
+  float* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
 
 // ---------------------------------------------------------------- the backend
 
@@ -171,6 +192,17 @@ class CudaBackend final : public Backend {
   std::unordered_map<std::string, std::shared_ptr<MatmulPlan>> matmul_plans_;
   std::unordered_map<std::string, std::shared_ptr<ConvPlan>> conv_plans_;
   void matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p);
+  // Raw-pointer f32 products (strided batches, explicit row strides), on the same plan cache; f32 compute follows
+  // matmul_precision as matmul's does.
+  void gemm_f32(const RawGemm& g);
+
+  // ---- f32 attention by products (attention_products.cpp) ----
+  bool attention_products_applies(const Tensor& q, const Tensor& k, const Tensor& v, const AttnDims& d) const;
+  void attention_products(const float* q, const float* k, const float* v, const int32_t* seg, float* out, float* lse,
+                          const AttnDims& d, const AttentionParams& p);
+  void attention_products_backward(const float* q, const float* k, const float* v, const int32_t* seg, const float* out,
+                                   const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                                   const AttnDims& d, const AttentionParams& p);
   enum class ConvKind : uint8_t { forward, backward_data, backward_weight };
   std::shared_ptr<ConvPlan> conv_plan(ConvKind kind, const ConvDims& d, const Conv2dParams& p, DType dt);
 

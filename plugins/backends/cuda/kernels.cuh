@@ -125,6 +125,21 @@ void launch_flash_attention_backward(cudaStream_t s, const void* q, const void* 
 void launch_attention_max_logit(cudaStream_t s, ST t, const void* q, const void* k, const int32_t* seg, float* out,
                                 const AttnDims& d, const AttentionParams& p, float* scratch);
 
+// ---- attention_products.cu: the row kernels of the f32 attention by products (attention_products.cpp) ----
+// A chunk: batch b, query rows [t0, t0 + tc) of every query head, keys [s0, s0 + nc); scratch rows [Hq][tc][nc].
+struct ProductsChunk {
+  int64_t b, t0, tc, s0, nc;
+};
+// sc: scale * q.k in, P out (masked softmax; hidden keys 0); lse [B, Hq, T] written for the chunk's rows.
+void launch_products_softmax(cudaStream_t s, float* sc, const int32_t* seg, float* lse, const ProductsChunk& c,
+                             const AttnDims& d, const AttentionParams& p);
+// sc: scale * q.k in, P = exp(cap(score) - lse) out (hidden keys 0).
+void launch_products_probs(cudaStream_t s, float* sc, const int32_t* seg, const float* lse, const ProductsChunk& c,
+                           const AttnDims& d, const AttentionParams& p);
+// dp: dO . V in, dS = P (dp - rowsum(dO * O)) (times the softcap's derivative) out.
+void launch_products_dscore(cudaStream_t s, const float* P, float* dp, const float* out, const float* dout,
+                            const float* lse, const ProductsChunk& c, const AttnDims& d, const AttentionParams& p);
+
 // ---- loss.cu, optim.cu ----
 void launch_cross_entropy(cudaStream_t s, ST t, const void* logits, const int32_t* targets, float* loss, float* lse,
                           int64_t N, int64_t V, int64_t ignore_index, ErrWord* err);

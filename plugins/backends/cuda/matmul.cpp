@@ -166,4 +166,72 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
   if (post_act) launch_bias_act(stream_, bf ? ST::bf16 : ST::f32, out.data(), nullptr, p.batch * p.m, p.n, p.act, 1.0f);
 }
 
+// Raw-pointer f32 products (attention_products.cpp): the same row-major -> column-major reading as matmul_lt
+// (cuBLASLt's "A" = g.b, its "B" = g.a, D = C^T), with the row strides given as leading dimensions; plans in the
+// same cache, keyed by every stride and the pointers' alignments.
+void CudaBackend::gemm_f32(const RawGemm& g) {
+  if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+  DEW_CHECK(g.k > 0, "cuda.gemm_f32: k = ", g.k, " (an empty sum is the caller's to handle)");
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (opt_.matmul == Precision::high) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (opt_.matmul == Precision::medium) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+  const bool batched = g.batch > 1;
+  const uint32_t al_a = alignment(g.b, batched ? g.stride_b * 4 : 0);
+  const uint32_t al_b = alignment(g.a, batched ? g.stride_a * 4 : 0);
+  const uint32_t al_c = alignment(g.c, batched ? g.stride_c * 4 : 0);
+  char key[320];
+  std::snprintf(key, sizeof key, "raw %lld %lld %lld %lld | %lld %lld %d | %lld %lld %d | %lld %lld | %d %u %u %u",
+                (long long)g.batch, (long long)g.m, (long long)g.n, (long long)g.k, (long long)g.lda,
+                (long long)(batched ? g.stride_a : 0), int(g.trans_a), (long long)g.ldb,
+                (long long)(batched ? g.stride_b : 0), int(g.trans_b), (long long)g.ldc,
+                (long long)(batched ? g.stride_c : 0), int(compute), al_a, al_b, al_c);
+
+  std::lock_guard lock(plan_mu_);
+  std::shared_ptr<MatmulPlan>& slot = matmul_plans_[key];
+  if (!slot) {
+    auto plan = std::make_shared<MatmulPlan>();
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+    const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // on g.b
+    const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // on g.a
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    DEW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    // Column-major stored shapes: g.b [k, n] row-major is n x k column-major ([n, k]: k x n), g.a likewise.
+    const uint64_t a_rows = g.trans_b ? uint64_t(g.k) : uint64_t(g.n), a_cols = g.trans_b ? g.n : g.k;
+    const uint64_t b_rows = g.trans_a ? uint64_t(g.m) : uint64_t(g.k), b_cols = g.trans_a ? g.k : g.m;
+    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, CUDA_R_32F, a_rows, a_cols, g.ldb));
+    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, CUDA_R_32F, b_rows, b_cols, g.lda));
+    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, CUDA_R_32F, uint64_t(g.n), uint64_t(g.m), g.ldc));
+    set_layout_batch(plan->la, g.batch, g.stride_b);
+    set_layout_batch(plan->lb, g.batch, g.stride_a);
+    set_layout_batch(plan->lc, g.batch, g.stride_c);
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&plan->pref));
+    const uint64_t ws = lt_workspace_bytes_;
+    DEW_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                          sizeof al_a));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                          sizeof al_b));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                          sizeof al_c));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                                          sizeof al_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
+                                                             plan->pref, 1, &result, &found);
+    DEW_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0, "cuda.gemm_f32: cuBLASLt has no algorithm for batch=", g.batch,
+              " m=", g.m, " n=", g.n, " k=", g.k, " lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
+              " trans_a=", g.trans_a, " trans_b=", g.trans_b, " (", cublasLtGetStatusName(hs), ")");
+    plan->algo = result.algo;
+    slot = std::move(plan);
+  }
+  MatmulPlan& plan = *slot;
+  const float alpha = g.alpha, beta = g.beta;
+  DEW_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, g.b, plan.la, g.a, plan.lb, &beta, g.c, plan.lc, g.c, plan.lc,
+                                  &plan.algo, lt_workspace_, lt_workspace_bytes_, stream_));
+}
+
 }  // namespace dew::cuda

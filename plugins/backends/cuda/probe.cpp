@@ -50,10 +50,15 @@ CudaOptions parse_options(const Options& o) {
   DEW_USAGE_CHECK(c.workspace_mb >= 1 && c.workspace_mb <= 4096,
                   "cuda backend: option 'workspace_mb' = ", c.workspace_mb, " must be in [1, 4096]");
   const std::string attention = o.get_string("attention", "auto");
-  DEW_USAGE_CHECK(attention == "auto" || attention == "warp", "cuda backend: option 'attention' = '", attention,
-                  "' is not one of auto (tensor cores for bf16 with head width 64 or 128), warp (the warp-per-row "
-                  "kernel everywhere)");
-  c.flash_attention = attention == "auto";
+  DEW_USAGE_CHECK(attention == "auto" || attention == "warp" || attention == "products",
+                  "cuda backend: option 'attention' = '", attention,
+                  "' is not one of auto (tensor cores for bf16 with head width 64 or 128, cuBLASLt products for large "
+                  "f32 calls), products (as auto, with every f32 call by products), warp (the warp-per-row kernel "
+                  "everywhere)");
+  c.flash_attention = attention != "warp";
+  c.f32_attention = attention == "warp"       ? CudaOptions::F32Attention::warp
+                    : attention == "products" ? CudaOptions::F32Attention::products
+                                              : CudaOptions::F32Attention::automatic;
   return c;
 }
 
