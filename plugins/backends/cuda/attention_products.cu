@@ -4,10 +4,9 @@
 // [s0, s0 + nc); its scratch rows are laid out [Hq][tc][nc] (row r = h * tc + i is query t0 + i of head h) and the
 // lse is dew's [B, Hq, T]. One block per row (grid-stride), sums and maxima in f32 by block_sum / block_max.
 // Invariants:
-//  * the mask is the warp kernel's own (attention_mask.cuh: visible_keys, same_doc, cap), applied per element: a hidden
-//  key
-//    gets P = 0 and dS = 0 whatever the product wrote there, so a chunk's key range may be any superset of what
-//    its rows see;
+//  * the mask is the warp kernel's own (attention_mask.cuh: visible_keys, same_doc, cap), applied per element: a
+//    hidden key gets P = 0 and dS = 0 whatever the product wrote there, so a chunk's key range may be any superset
+//    of what its rows see;
 //  * a row with no visible key writes P = 0 (so O = P V = 0) and lse = -inf, and its backward P and dS are 0;
 //  * every element of a chunk's scratch rows [0, nc) is written (the products read all of them).
 #include "attention_mask.cuh"
