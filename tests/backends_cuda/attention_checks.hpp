@@ -1,6 +1,7 @@
 // tests/backends_cuda/attention_checks.hpp — what the cuda attention tests (test_cuda_gpu.cpp on a device,
 // test_attention_emulated.cpp on the CPU) hold results to, written once: the closeness rule, the lse rule (rows
-// with no visible key at -inf in both), and the tensor-core cases' document layouts.
+// with no visible key at -inf in both), the cases' document layouts and parameters, and one attention forward and
+// backward on a backend, read back.
 // Include after doctest.
 #pragma once
 #include <algorithm>
@@ -8,6 +9,9 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "dew/backend.hpp"
+#include "dew/tensor.hpp"
 
 namespace attention_checks {
 
@@ -59,6 +63,63 @@ inline std::vector<int32_t> document_ids(int kind, int64_t B, int64_t S) {
       else
         seg.push_back(s < 100 ? 7 : s < padding_start(2) ? 9 : 0);
   return seg;
+}
+
+// Documents [B, S] of the warp-kernel and products cases: keys [0, 5) one document, [5, second_end) a second (its id
+// differs per batch row), a third up to the last two keys, which are padding (id 0: their queries see no key).
+inline std::vector<int32_t> three_documents(int64_t B, int64_t S, int64_t second_end) {
+  std::vector<int32_t> seg;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) seg.push_back(s < 5 ? 1 : s < second_end ? 2 + int32_t(b) : s < S - 2 ? 3 : 0);
+  return seg;
+}
+
+// out [B, T, width]: the rows t >= from of every batch row are exact zeros (padding queries see no key).
+inline void check_zero_rows(const std::vector<float>& out, int64_t B, int64_t T, int64_t width, int64_t from) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = from; t < T; ++t)
+      for (int64_t i = 0; i < width; ++i) CHECK(out[size_t((b * T + t) * width + i)] == 0.0f);
+}
+
+// A case's sizes: q and dO [B, T, Hq, D], k and v [B, S, Hkv, D].
+struct Sizes {
+  int64_t B, T, S, Hq, Hkv, D;
+};
+
+// The cases' parameters: scale 1 / sqrt(D), the queries at the last T of the S positions (q_offset = S - T).
+inline dew::AttentionParams params_of(const Sizes& s, bool causal, int64_t window, float softcap) {
+  dew::AttentionParams p;
+  p.scale = 1.0f / std::sqrt(float(s.D));
+  p.causal = causal;
+  p.window = window;
+  p.softcap = softcap;
+  p.q_offset = s.S - s.T;
+  return p;
+}
+
+// One attention forward and backward, read back as f32.
+struct Result {
+  std::vector<float> o, lse, dq, dk, dv;
+};
+
+// attention then attention_backward on `be`, q, k, v, dO and the results in dt (lse in f32), with segment ids [B, S]
+// where `seg` is not empty.
+inline Result run_attention(const dew::BackendPtr& be, dew::DType dt, const Sizes& s, const std::vector<float>& qv,
+                            const std::vector<float>& kv, const std::vector<float>& vv, const std::vector<float>& gv,
+                            const std::vector<int32_t>& seg, const dew::AttentionParams& p) {
+  using dew::Tensor;
+  Tensor q = Tensor::from_vector(qv, {s.B, s.T, s.Hq, s.D}, be, dt);
+  Tensor k = Tensor::from_vector(kv, {s.B, s.S, s.Hkv, s.D}, be, dt);
+  Tensor v = Tensor::from_vector(vv, {s.B, s.S, s.Hkv, s.D}, be, dt);
+  Tensor g = Tensor::from_vector(gv, {s.B, s.T, s.Hq, s.D}, be, dt);
+  Tensor sg = seg.empty() ? Tensor() : Tensor::from_ints(seg, {s.B, s.S}, be);
+  Tensor o = Tensor::empty(q.shape(), dt, be), lse = Tensor::empty({s.B, s.Hq, s.T}, dew::DType::f32, be);
+  Tensor dq = Tensor::empty(q.shape(), dt, be), dk = Tensor::empty(k.shape(), dt, be);
+  Tensor dv = Tensor::empty(v.shape(), dt, be);
+  be->attention(q, k, v, sg, o, lse, p);
+  be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
+  be->synchronize();
+  return Result{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
 }
 
 }  // namespace attention_checks

@@ -70,9 +70,7 @@ std::vector<float> to_floats(const std::vector<bf16>& v) {
   return r;
 }
 
-struct Out {
-  std::vector<float> o, lse, dq, dk, dv;
-};
+using Out = attention_checks::Result;
 
 // The launchers of flash_attention.cu, with emu::launch for <<< >>>.
 template <int D>
@@ -130,12 +128,8 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
   for (const Case& c : cases) {
     const std::string what = c.what;  // a string: CAPTURE of a char* prints the pointer
     CAPTURE(what);
-    AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(c.D));
-    p.causal = c.causal;
-    p.window = c.window;
-    p.softcap = c.softcap;
-    p.q_offset = c.S - c.T;
+    const attention_checks::Sizes sz{c.B, c.T, c.S, c.Hq, c.Hkv, c.D};
+    const AttentionParams p = attention_checks::params_of(sz, c.causal, c.window, c.softcap);
     const cuda::AttnDims d{c.B, c.T, c.S, c.Hq, c.Hkv, c.D, c.D};
     const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 31, 2.0f),
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 32, 2.0f);
@@ -145,18 +139,7 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
 
     const auto ref_run = [&](const std::vector<float>& qv, const std::vector<float>& kv, const std::vector<float>& vv,
                              const std::vector<float>& gv) {
-      const BackendPtr be = ref();
-      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
-             k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
-      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
-             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
-      Tensor sg = c.segments != 0 ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
-      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
-      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
-      Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-      be->attention(q, k, v, sg, o, lse, p);
-      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
-      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+      return attention_checks::run_attention(ref(), DType::f32, sz, qv, kv, vv, gv, seg, p);
     };
     // Under both schedules (cuda_emulation.hpp: warps in lockstep with late copies, and skewed with early ones),
     // which must give the same bits: a missing barrier or wait shows as a difference.
@@ -195,9 +178,7 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
     check_close(e.dk, r.dk, 5e-2, "dk");
     check_close(e.dv, r.dv, 5e-2, "dv");
     if (c.segments != 0)  // padding queries: exact zeros
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = attention_checks::padding_start(c.segments); t < c.T; ++t)
-          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
+      attention_checks::check_zero_rows(e.o, c.B, c.T, c.Hq * c.D, attention_checks::padding_start(c.segments));
   }
 }
 
@@ -223,39 +204,26 @@ TEST_CASE("warp-per-row attention kernels, emulated on the CPU, against ref (f32
   for (const Case& c : cases) {
     const std::string what = c.what;  // a string: CAPTURE of a char* prints the pointer
     CAPTURE(what);
-    AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(c.D));
-    p.causal = c.causal;
-    p.window = c.window;
-    p.softcap = c.softcap;
-    p.q_offset = c.S - c.T;
+    const attention_checks::Sizes sz{c.B, c.T, c.S, c.Hq, c.Hkv, c.D};
+    const AttentionParams p = attention_checks::params_of(sz, c.causal, c.window, c.softcap);
     const cuda::AttnDims d{c.B, c.T, c.S, c.Hq, c.Hkv, c.D, c.D};
     // bf16-representable inputs, so the bf16 case's storage loses nothing on the way in
     const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 41, 2.0f),
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 42, 2.0f);
     const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 43, 1.0f),
                gv = host_uniform(c.B * c.T * c.Hq * c.D, 44, 1.0f);
-    std::vector<int32_t> seg;
-    for (int64_t b = 0; b < c.B && c.segments; ++b)
-      for (int64_t s = 0; s < c.S; ++s) seg.push_back(s < 5 ? 1 : s < 13 ? 2 + int32_t(b) : s < c.S - 2 ? 3 : 0);
+    const std::vector<int32_t> seg = c.segments ? attention_checks::three_documents(c.B, c.S, 13) : std::vector<int32_t>();
     const int32_t* sp = seg.empty() ? nullptr : seg.data();
 
-    Out r;
+    const Out r = attention_checks::run_attention(ref(), DType::f32, sz, qv, kv, vv, gv, seg, p);
     std::vector<float> r_max;
     {
       const BackendPtr be = ref();
       Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
              k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
-      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
-             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
       Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
-      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
-      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
-      Tensor dv = Tensor::empty(v.shape(), DType::f32, be), mx = Tensor::empty({c.Hq}, DType::f32, be);
-      be->attention(q, k, v, sg, o, lse, p);
-      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
+      Tensor mx = Tensor::empty({c.Hq}, DType::f32, be);
       be->attention_max_logit(q, k, sg, mx, p);
-      r = Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
       r_max = mx.to_floats();
     }
     const int64_t qrows = d.B * d.Hq * d.T, krows = d.B * d.Hkv * d.S;
@@ -346,32 +314,15 @@ TEST_CASE("f32 attention by products (cuda-emulated) against the warp kernel and
   for (const Case& c : cases) {
     const std::string what = c.what;
     CAPTURE(what);
-    AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(c.D));
-    p.causal = c.causal;
-    p.window = c.window;
-    p.softcap = c.softcap;
-    p.q_offset = c.S - c.T;
+    const attention_checks::Sizes sz{c.B, c.T, c.S, c.Hq, c.Hkv, c.D};
+    const AttentionParams p = attention_checks::params_of(sz, c.causal, c.window, c.softcap);
     const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 51, 2.0f),
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 52, 2.0f);
     const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 53, 1.0f),
                gv = host_uniform(c.B * c.T * c.Hq * c.D, 54, 1.0f);
-    std::vector<int32_t> seg;
-    for (int64_t b = 0; b < c.B && c.segments; ++b)
-      for (int64_t s = 0; s < c.S; ++s) seg.push_back(s < 5 ? 1 : s < 13 ? 2 + int32_t(b) : s < c.S - 2 ? 3 : 0);
+    const std::vector<int32_t> seg = c.segments ? attention_checks::three_documents(c.B, c.S, 13) : std::vector<int32_t>();
     const auto run = [&](const BackendPtr& be) {
-      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
-             k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
-      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
-             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
-      Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
-      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
-      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
-      Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-      be->attention(q, k, v, sg, o, lse, p);
-      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
-      be->synchronize();
-      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+      return attention_checks::run_attention(be, DType::f32, sz, qv, kv, vv, gv, seg, p);
     };
     const Out r = run(ref());
     const Out w =
@@ -388,9 +339,6 @@ TEST_CASE("f32 attention by products (cuda-emulated) against the warp kernel and
     check_all(e, w, "products vs warp");
     check_all(e, r, "products vs ref");
     check_all(w, r, "warp vs ref");
-    if (c.segments)  // padding queries (segment 0): exact zeros
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = c.T - 2; t < c.T; ++t)
-          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
+    if (c.segments) attention_checks::check_zero_rows(e.o, c.B, c.T, c.Hq * c.D, c.T - 2);  // padding queries
   }
 }

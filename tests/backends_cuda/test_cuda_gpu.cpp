@@ -194,28 +194,15 @@ TEST_CASE("an index out of range is raised at the next synchronisation, naming t
 
 TEST_CASE("attention forward and backward against ref (GQA, causal, window, softcap, q_offset)") {
   const int64_t B = 2, T = 9, S = 13, Hq = 4, Hkv = 2, D = 40;
-  AttentionParams p;
+  const attention_checks::Sizes sz{B, T, S, Hq, Hkv, D};
+  AttentionParams p = attention_checks::params_of(sz, true, 6, 5.0f);
   p.scale = 0.2f;
-  p.causal = true;
-  p.window = 6;
-  p.softcap = 5.0f;
-  p.q_offset = S - T;
   const auto qv = host_uniform(B * T * Hq * D, 21), kv = host_uniform(B * S * Hkv * D, 22),
              vv = host_uniform(B * S * Hkv * D, 23), gv = host_uniform(B * T * Hq * D, 24);
-  struct Out {
-    std::vector<float> o, lse, dq, dk, dv;
+  const auto run = [&](const BackendPtr& be) {
+    return attention_checks::run_attention(be, DType::f32, sz, qv, kv, vv, gv, {}, p);
   };
-  auto run = [&](const BackendPtr& be) {
-    Tensor q = Tensor::from_vector(qv, {B, T, Hq, D}, be), k = Tensor::from_vector(kv, {B, S, Hkv, D}, be);
-    Tensor v = Tensor::from_vector(vv, {B, S, Hkv, D}, be), g = Tensor::from_vector(gv, {B, T, Hq, D}, be);
-    Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({B, Hq, T}, DType::f32, be);
-    Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
-    Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-    be->attention(q, k, v, Tensor(), o, lse, p);
-    be->attention_backward(q, k, v, Tensor(), o, lse, g, dq, dk, dv, p);
-    return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
-  };
-  const Out c = run(g_cuda), r = run(g_ref);
+  const attention_checks::Result c = run(g_cuda), r = run(g_ref);
   check_close(c.o, r.o, 1e-5, "out");
   check_close(c.lse, r.lse, 1e-5, "lse");
   check_close(c.dq, r.dq, 1e-4, "dq");
@@ -256,12 +243,8 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
   for (const Case& c : cases) {
     const std::string what = c.what;  // a string: CAPTURE of a char* prints the pointer
     CAPTURE(what);
-    AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(c.D));
-    p.causal = c.causal;
-    p.window = c.window;
-    p.softcap = c.softcap;
-    p.q_offset = c.S - c.T;
+    const attention_checks::Sizes sz{c.B, c.T, c.S, c.Hq, c.Hkv, c.D};
+    const AttentionParams p = attention_checks::params_of(sz, c.causal, c.window, c.softcap);
     auto rounded = [](std::vector<float> v, float mul) {
       for (float& x : v) x = bf16_to_f32(f32_to_bf16(x * mul));
       return v;
@@ -271,21 +254,9 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
     const auto vv = rounded(host_uniform(c.B * c.S * c.Hkv * c.D, 33), 1.0f);
     const auto gv = rounded(host_uniform(c.B * c.T * c.Hq * c.D, 34), 1.0f);
     const std::vector<int32_t> seg = attention_checks::document_ids(c.segments, c.B, c.S);
-    struct Out {
-      std::vector<float> o, lse, dq, dk, dv;
-    };
-    auto run = [&](const BackendPtr& be, DType dt) {
-      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be, dt);
-      Tensor k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be, dt);
-      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be, dt);
-      Tensor g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be, dt);
-      Tensor sg = c.segments != 0 ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
-      Tensor o = Tensor::empty(q.shape(), dt, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
-      Tensor dq = Tensor::empty(q.shape(), dt, be), dk = Tensor::empty(k.shape(), dt, be);
-      Tensor dv = Tensor::empty(v.shape(), dt, be);
-      be->attention(q, k, v, sg, o, lse, p);
-      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
-      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
+    using Out = attention_checks::Result;
+    const auto run = [&](const BackendPtr& be, DType dt) {
+      return attention_checks::run_attention(be, dt, sz, qv, kv, vv, gv, seg, p);
     };
     const Out r = run(g_ref, DType::f32);
     const Out tc = run(g_cuda, DType::bf16);
@@ -301,11 +272,8 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
     check_close(w.dk, r.dk, 3e-2, "warp: dk");
     check_close(w.dv, r.dv, 3e-2, "warp: dv");
     CHECK_MESSAGE(tc.o != w.o, "the tensor-core and warp kernels gave the same bits: is `attention` switching?");
-    if (c.segments != 0) {  // padding queries see no key: zeros (and lse -inf, checked above)
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = attention_checks::padding_start(c.segments); t < c.T; ++t)
-          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(tc.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
-    }
+    if (c.segments != 0)  // padding queries see no key: zeros (and lse -inf, checked above)
+      attention_checks::check_zero_rows(tc.o, c.B, c.T, c.Hq * c.D, attention_checks::padding_start(c.segments));
   }
 }
 
@@ -334,35 +302,16 @@ TEST_CASE("f32 attention by cuBLASLt products against ref, and the warp kernel o
   for (const Case& c : cases) {
     const std::string what = c.what;
     CAPTURE(what);
-    AttentionParams p;
-    p.scale = 1.0f / std::sqrt(float(c.D));
-    p.causal = c.causal;
-    p.window = c.window;
-    p.softcap = c.softcap;
-    p.q_offset = c.S - c.T;
+    const attention_checks::Sizes sz{c.B, c.T, c.S, c.Hq, c.Hkv, c.D};
+    const AttentionParams p = attention_checks::params_of(sz, c.causal, c.window, c.softcap);
     const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 61, -2.0f, 2.0f),
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 62, -2.0f, 2.0f);
     const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 63), gv = host_uniform(c.B * c.T * c.Hq * c.D, 64);
-    std::vector<int32_t> seg;
-    for (int64_t b = 0; b < c.B && c.segments; ++b)
-      for (int64_t s = 0; s < c.S; ++s) seg.push_back(s < 5 ? 1 : s < 70 ? 2 + int32_t(b) : s < c.S - 2 ? 3 : 0);
-    struct Out {
-      std::vector<float> o, lse, dq, dk, dv;
+    const std::vector<int32_t> seg = c.segments ? attention_checks::three_documents(c.B, c.S, 70) : std::vector<int32_t>();
+    const auto run = [&](const BackendPtr& be) {
+      return attention_checks::run_attention(be, DType::f32, sz, qv, kv, vv, gv, seg, p);
     };
-    auto run = [&](const BackendPtr& be) {
-      Tensor q = Tensor::from_vector(qv, {c.B, c.T, c.Hq, c.D}, be),
-             k = Tensor::from_vector(kv, {c.B, c.S, c.Hkv, c.D}, be);
-      Tensor v = Tensor::from_vector(vv, {c.B, c.S, c.Hkv, c.D}, be),
-             g = Tensor::from_vector(gv, {c.B, c.T, c.Hq, c.D}, be);
-      Tensor sg = c.segments ? Tensor::from_ints(seg, {c.B, c.S}, be) : Tensor();
-      Tensor o = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({c.B, c.Hq, c.T}, DType::f32, be);
-      Tensor dq = Tensor::empty(q.shape(), DType::f32, be), dk = Tensor::empty(k.shape(), DType::f32, be);
-      Tensor dv = Tensor::empty(v.shape(), DType::f32, be);
-      be->attention(q, k, v, sg, o, lse, p);
-      be->attention_backward(q, k, v, sg, o, lse, g, dq, dk, dv, p);
-      return Out{o.to_floats(), lse.to_floats(), dq.to_floats(), dk.to_floats(), dv.to_floats()};
-    };
-    const Out r = run(g_ref), e = run(products), w = run(warp);
+    const attention_checks::Result r = run(g_ref), e = run(products), w = run(warp);
     for (const auto& [got, name] : {std::pair{&e, "products"}, std::pair{&w, "warp"}}) {
       const std::string n = name;
       check_close(got->o, r.o, 2e-5, n + ": out");
@@ -372,10 +321,7 @@ TEST_CASE("f32 attention by cuBLASLt products against ref, and the warp kernel o
       check_close(got->dv, r.dv, 2e-4, n + ": dv");
     }
     CHECK_MESSAGE(e.o != w.o, "products and the warp kernel gave the same bits: is `attention` switching?");
-    if (c.segments)  // padding queries (segment 0): exact zeros
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = c.T - 2; t < c.T; ++t)
-          for (int64_t i = 0; i < c.Hq * c.D; ++i) CHECK(e.o[size_t((b * c.T + t) * c.Hq * c.D + i)] == 0.0f);
+    if (c.segments) attention_checks::check_zero_rows(e.o, c.B, c.T, c.Hq * c.D, c.T - 2);  // padding queries
   }
 }
 

@@ -20,6 +20,28 @@ struct CudaBackend::MatmulPlan {
   cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool with_bias = false;
+  // With the descriptor and layouts set: the preference (workspace bound, the operands' alignments: cuBLASLt's A,
+  // B, and C = D) and cuBLASLt's first heuristic choice into algo; the status and the count found, for the
+  // caller's message.
+  cublasStatus_t choose_algorithm(cublasLtHandle_t lt, uint64_t workspace, uint32_t al_a, uint32_t al_b,
+                                  uint32_t al_c, int& found) {
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                          sizeof workspace));
+    DEW_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    DEW_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    DEW_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+    DEW_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &result, &found);
+    if (hs == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
+    return hs;
+  }
   ~MatmulPlan() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
@@ -36,6 +58,13 @@ uint32_t alignment(const void* p, int64_t batch_stride_bytes) {
   uint64_t a = reinterpret_cast<uint64_t>(p) | 256u;
   if (batch_stride_bytes > 0) a |= uint64_t(batch_stride_bytes);
   return uint32_t(a & (~a + 1));
+}
+
+// The compute type of an f32 product under matmul_precision (top comment).
+cublasComputeType_t f32_compute(Precision precision) {
+  if (precision == Precision::high) return CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (precision == Precision::medium) return CUBLAS_COMPUTE_32F_FAST_16BF;
+  return CUBLAS_COMPUTE_32F;
 }
 
 void set_layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
@@ -84,9 +113,7 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
   const bool with_bias = bias.defined();
   const cublasLtEpilogue_t epi = with_bias ? (fuse_relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                            : (fuse_relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  if (!bf && opt_.matmul == Precision::high) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-  if (!bf && opt_.matmul == Precision::medium) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+  const cublasComputeType_t compute = bf ? CUBLAS_COMPUTE_32F : f32_compute(opt_.matmul);
   const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
 
   // cuBLASLt "A" = dew b, "B" = dew a, C/D = out^T (column-major n x m).
@@ -129,28 +156,13 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
     set_layout_batch(plan->la, p.batch, p.b_batch_stride);
     set_layout_batch(plan->lb, p.batch, p.a_batch_stride);
     set_layout_batch(plan->lc, p.batch, p.m * p.n);
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&plan->pref));
-    const uint64_t ws = lt_workspace_bytes_;
-    DEW_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                                          sizeof al_a));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                                          sizeof al_b));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                                          sizeof al_c));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                                          sizeof al_c));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
     // No algorithm comes back as CUBLAS_STATUS_NOT_SUPPORTED, not as success with none found: either way the
     // message names the shapes and the status.
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
-                                                             plan->pref, 1, &result, &found);
+    int found = 0;
+    const cublasStatus_t hs = plan->choose_algorithm(lt_, lt_workspace_bytes_, al_a, al_b, al_c, found);
     DEW_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0, "cuda.matmul: cuBLASLt has no algorithm for ",
               bf ? "bf16" : "f32", " batch=", p.batch, " m=", p.m, " n=", p.n, " k=", p.k, " trans_a=", p.trans_a,
               " trans_b=", p.trans_b, " (", cublasLtGetStatusName(hs), ")");
-    plan->algo = result.algo;
     plan->with_bias = with_bias;
     slot = std::move(plan);
   }
@@ -172,9 +184,7 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
 void CudaBackend::gemm_f32(const RawGemm& g) {
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
   DEW_CHECK(g.k > 0, "cuda.gemm_f32: k = ", g.k, " (an empty sum is the caller's to handle)");
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  if (opt_.matmul == Precision::high) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-  if (opt_.matmul == Precision::medium) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+  const cublasComputeType_t compute = f32_compute(opt_.matmul);
   const bool batched = g.batch > 1;
   const uint32_t al_a = alignment(g.b, batched ? g.stride_b * 4 : 0);
   const uint32_t al_b = alignment(g.a, batched ? g.stride_a * 4 : 0);
@@ -206,26 +216,11 @@ void CudaBackend::gemm_f32(const RawGemm& g) {
     set_layout_batch(plan->la, g.batch, g.stride_b);
     set_layout_batch(plan->lb, g.batch, g.stride_a);
     set_layout_batch(plan->lc, g.batch, g.stride_c);
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&plan->pref));
-    const uint64_t ws = lt_workspace_bytes_;
-    DEW_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                                          sizeof al_a));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                                          sizeof al_b));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                                          sizeof al_c));
-    DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(plan->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                                          sizeof al_c));
-    cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
-                                                             plan->pref, 1, &result, &found);
+    const cublasStatus_t hs = plan->choose_algorithm(lt_, lt_workspace_bytes_, al_a, al_b, al_c, found);
     DEW_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0, "cuda.gemm_f32: cuBLASLt has no algorithm for batch=", g.batch,
               " m=", g.m, " n=", g.n, " k=", g.k, " lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
               " trans_a=", g.trans_a, " trans_b=", g.trans_b, " (", cublasLtGetStatusName(hs), ")");
-    plan->algo = result.algo;
     slot = std::move(plan);
   }
   MatmulPlan& plan = *slot;
