@@ -212,7 +212,8 @@ TEST_CASE("warp-per-row attention kernels, emulated on the CPU, against ref (f32
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 42, 2.0f);
     const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 43, 1.0f),
                gv = host_uniform(c.B * c.T * c.Hq * c.D, 44, 1.0f);
-    const std::vector<int32_t> seg = c.segments ? attention_checks::three_documents(c.B, c.S, 13) : std::vector<int32_t>();
+    const std::vector<int32_t> seg =
+        c.segments ? attention_checks::three_documents(c.B, c.S, 13) : std::vector<int32_t>();
     const int32_t* sp = seg.empty() ? nullptr : seg.data();
 
     const Out r = attention_checks::run_attention(ref(), DType::f32, sz, qv, kv, vv, gv, seg, p);
@@ -320,7 +321,8 @@ TEST_CASE("f32 attention by products (cuda-emulated) against the warp kernel and
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 52, 2.0f);
     const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 53, 1.0f),
                gv = host_uniform(c.B * c.T * c.Hq * c.D, 54, 1.0f);
-    const std::vector<int32_t> seg = c.segments ? attention_checks::three_documents(c.B, c.S, 13) : std::vector<int32_t>();
+    const std::vector<int32_t> seg =
+        c.segments ? attention_checks::three_documents(c.B, c.S, 13) : std::vector<int32_t>();
     const auto run = [&](const BackendPtr& be) {
       return attention_checks::run_attention(be, DType::f32, sz, qv, kv, vv, gv, seg, p);
     };

@@ -307,7 +307,8 @@ TEST_CASE("f32 attention by cuBLASLt products against ref, and the warp kernel o
     const auto qv = host_uniform(c.B * c.T * c.Hq * c.D, 61, -2.0f, 2.0f),
                kv = host_uniform(c.B * c.S * c.Hkv * c.D, 62, -2.0f, 2.0f);
     const auto vv = host_uniform(c.B * c.S * c.Hkv * c.D, 63), gv = host_uniform(c.B * c.T * c.Hq * c.D, 64);
-    const std::vector<int32_t> seg = c.segments ? attention_checks::three_documents(c.B, c.S, 70) : std::vector<int32_t>();
+    const std::vector<int32_t> seg =
+        c.segments ? attention_checks::three_documents(c.B, c.S, 70) : std::vector<int32_t>();
     const auto run = [&](const BackendPtr& be) {
       return attention_checks::run_attention(be, DType::f32, sz, qv, kv, vv, gv, seg, p);
     };

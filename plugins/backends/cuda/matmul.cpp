@@ -23,8 +23,8 @@ struct CudaBackend::MatmulPlan {
   // With the descriptor and layouts set: the preference (workspace bound, the operands' alignments: cuBLASLt's A,
   // B, and C = D) and cuBLASLt's first heuristic choice into algo; the status and the count found, for the
   // caller's message.
-  cublasStatus_t choose_algorithm(cublasLtHandle_t lt, uint64_t workspace, uint32_t al_a, uint32_t al_b,
-                                  uint32_t al_c, int& found) {
+  cublasStatus_t choose_algorithm(cublasLtHandle_t lt, uint64_t workspace, uint32_t al_a, uint32_t al_b, uint32_t al_c,
+                                  int& found) {
     DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     DEW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                           sizeof workspace));
