@@ -6,10 +6,10 @@
 //   * the CUDA keywords (__global__, __device__, __shared__ = one static per kernel for all blocks, which run
 //     one after another), threadIdx / blockIdx / gridDim / blockDim, dynamic shared memory (DEW_DYNAMIC_SMEM);
 //   * __syncthreads, __syncthreads_or: barriers over the block's fibers; a fiber waiting at one yields;
-//   * warp collectives (__shfl_xor_sync, __reduce_min/max_sync, and the flash kernels' mma_bf16 and
-//     ldmatrix_x4_trans) exchange through per-lane slots between two warp barriers, so every lane sees the
-//     others' values as the hardware shows them; mma.m16n8k16 and ldmatrix .trans gather their operands by the
-//     PTX ISA's fragment layouts (written out below, independently of the kernels' loaders);
+//   * warp collectives (__shfl_xor_sync, __reduce_min/max_sync, and the flash kernels' mma_bf16,
+//     ldmatrix_x4 and ldmatrix_x4_trans) exchange through per-lane slots between two warp barriers, so every lane sees
+//     the others' values as the hardware shows them; mma.m16n8k16 and ldmatrix .trans gather their operands by the PTX
+//     ISA's fragment layouts (written out below, independently of the kernels' loaders);
 //   * two schedules (Schedule below): warps in lockstep with cp.async copies landing at the wait that requires
 //     them (the latest the hardware allows), and warps skewed as far as the barriers let them with copies landing
 //     at issue (the earliest); a kernel missing a barrier or a wait gives different bits under the two;
@@ -503,6 +503,23 @@ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   }
   ::emu::syncwarp();
   for (int e = 0; e < 4; ++e) c[e] = out[e];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane i gives row i % 8 of matrix i / 8 (16 bytes, 16-byte aligned);
+// register j of lane (g, c) = matrix j's row g, cols 2c (low) and 2c + 1 (high).
+inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    std::fprintf(stderr, "emulated ldmatrix: row address %p is not 16-byte aligned\n", static_cast<const void*>(p));
+    std::abort();
+  }
+  ::emu::slot(::emu::tid())[0] = reinterpret_cast<uintptr_t>(p);
+  ::emu::syncwarp();
+  const int base = ::emu::warp_base(), ln = ::emu::lane(), g = ln / 4, cc = ln % 4;
+  for (int j = 0; j < 4; ++j) {
+    const auto* row = reinterpret_cast<const bf16*>(::emu::slot(base + j * 8 + g)[0]);
+    r[j] = uint32_t(row[2 * cc].bits) | (uint32_t(row[2 * cc + 1].bits) << 16);
+  }
+  ::emu::syncwarp();
 }
 
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane i gives row i % 8 of matrix i / 8 (16 bytes, 16-byte

@@ -35,6 +35,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// Four 8 x 8 bf16 matrices: thread i gives the address of row i % 8 of matrix i / 8 (16 bytes, 16-byte aligned);
+// register j gets matrix j's row g, columns 2c and 2c + 1 (the A and B fragments' order).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
 // Four 8 x 8 bf16 matrices, transposed: thread i gives the address of row i % 8 of matrix i / 8 (16 bytes,
 // 16-byte aligned); register j gets matrix j's elements (2c, g) and (2c + 1, g).
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
@@ -58,23 +66,18 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 #endif
 
-__device__ __forceinline__ uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-// The A fragment of rows [r0, r0 + 16), columns [16 kc, 16 kc + 16) of a shared tile with row stride ld.
+// The A fragment of rows [r0, r0 + 16), columns [16 kc, 16 kc + 16) of a shared tile with row stride ld: one
+// ldmatrix (matrices: rows r0 / r0 + 8 by columns 16 kc / 16 kc + 8, in a[0..3]'s order).
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int ld, int r0, int kc) {
-  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
-  const bf16* p = tile + (r0 + g) * ld + kc * 16 + 2 * c;
-  a[0] = ld_pair(p);
-  a[1] = ld_pair(p + 8 * ld);
-  a[2] = ld_pair(p + 8);
-  a[3] = ld_pair(p + 8 * ld + 8);
+  const int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+  ldmatrix_x4(a, tile + (r0 + 8 * (m & 1) + r) * ld + kc * 16 + 8 * (m >> 1));
 }
-// The B fragment (k = feature, n = row) of rows [n0, n0 + 8), features [16 kc, 16 kc + 16) of a shared tile: the
-// product with a row-major tile's transpose (Q K^T, dO V^T, K Q^T, V dO^T).
-__device__ __forceinline__ void load_b_rows(uint32_t& b0, uint32_t& b1, const bf16* tile, int ld, int n0, int kc) {
-  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
-  const bf16* p = tile + (n0 + g) * ld + kc * 16 + 2 * c;
-  b0 = ld_pair(p);
-  b1 = ld_pair(p + 8);
+// The B fragments (k = feature, n = row) of rows [n0, n0 + 16), features [16 kc, 16 kc + 16) of a shared tile,
+// for the product with a row-major tile's transpose (Q K^T, dO V^T, K Q^T, V dO^T): b[0], b[1] for the n-tile of
+// rows n0 .. n0 + 7, b[2], b[3] for n0 + 8 .. n0 + 15; one ldmatrix.
+__device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], const bf16* tile, int ld, int n0, int kc) {
+  const int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+  ldmatrix_x4(b, tile + (n0 + 8 * (m >> 1) + r) * ld + kc * 16 + 8 * (m & 1));
 }
 // The B fragments (k = row, n = feature) of rows [16 kr, 16 kr + 16), features [f0, f0 + 16) of a shared tile:
 // b[0], b[1] for features f0 .. f0 + 7, b[2], b[3] for f0 + 8 .. f0 + 15 (P V, dS K, P^T dO, dS^T Q).
@@ -122,12 +125,14 @@ __device__ __forceinline__ void two_products_abt(float (&s1)[N / 8][4], float (&
     load_a(a1f, a1, ld, rw, kc);
     load_a(a2f, a2, ld, rw, kc);
 #pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt) {
-      uint32_t b0, bb1;
-      load_b_rows(b0, bb1, b1, ld, nt * 8, kc);
-      mma_bf16(s1[nt], a1f, b0, bb1);
-      load_b_rows(b0, bb1, b2, ld, nt * 8, kc);
-      mma_bf16(s2[nt], a2f, b0, bb1);
+    for (int nt = 0; nt < N / 8; nt += 2) {
+      uint32_t b[4];
+      load_b_rows(b, b1, ld, nt * 8, kc);
+      mma_bf16(s1[nt], a1f, b[0], b[1]);
+      mma_bf16(s1[nt + 1], a1f, b[2], b[3]);
+      load_b_rows(b, b2, ld, nt * 8, kc);
+      mma_bf16(s2[nt], a2f, b[0], b[1]);
+      mma_bf16(s2[nt + 1], a2f, b[2], b[3]);
     }
   }
 }
@@ -175,6 +180,24 @@ __device__ __forceinline__ float cap_slope(float raw, float softcap) {
   const float th = tanhf(raw / softcap);
   return 1.0f - th * th;
 }
+
+// The softmax's units. A score enters exp2 as u * to_log2 minus its row's base: u is the raw product q.k when the
+// scale is positive and there is no softcap (to_log2 = scale log2 e: one FFMA and one MUFU.EX2 per score, the row
+// maximum taken on the raw products), else the scaled and capped score (prescale; to_log2 = log2 e). natural
+// turns u into natural-log units (lse). The branches on it are uniform and stay outside the per-score loops, so
+// those loops are straight-line code the compiler interleaves (a branch per score serialised their latencies).
+constexpr float kLog2e = 1.4426950408889634f;
+struct ScoreUnits {
+  bool prescale;
+  float to_log2, natural;
+};
+__device__ __forceinline__ ScoreUnits score_units(const AttentionParams& p) {
+  const bool pre = p.softcap > 0.0f || !(p.scale > 0.0f);
+  return ScoreUnits{pre, pre ? kLog2e : p.scale * kLog2e, pre ? 1.0f : p.scale};
+}
+// An lse in natural-log units as the backward's exp2 base: lse log2 e, or +inf for a row that sees no key (so
+// every P of it is exp2(-inf) = 0).
+__device__ __forceinline__ float lse_base(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
 // Whether the causal and window ranges and the edges let every query of [t0, t0 + R) see every key of
 // [s0, s0 + C) (segment ids aside). Uniform over the block.
@@ -267,10 +290,23 @@ __device__ __forceinline__ void store_rows(bf16* row0, bf16* row1, const float (
   }
 }
 
+// The first query row of a forward or dQ block: the last tiles first, since under a causal mask they see the most
+// keys (the longest blocks start first and the grid's tail is short ones).
+__device__ __forceinline__ int64_t query_tile_start() { return int64_t(gridDim.y - 1 - blockIdx.y) * kRowTile; }
+
+// Blocks per SM the kernels are compiled for (__launch_bounds__): 3 with 64-wide heads, at most 168 registers a
+// thread, so 12 warps an SM hide the mma, shared-memory and exp2 latencies (the forward fits without spilling; the
+// backward kernels spill a few accumulators to L1 and still gain: on an H200, GPT-2-small's attention forward +
+// backward 0.543 ms unbounded (201-235 registers, 8 warps an SM), 0.481 ms bounded); 2 with 128-wide heads.
+template <int D>
+constexpr int min_blocks() {
+  return D == 64 ? 3 : 2;
+}
+
 // ---------------------------------------------------------------- forward
 // grid (B * Hq, ceil(T / 64)); shared: the Q tile [64][D + kPad], then two K and two V tiles (double-buffered).
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<D>())
     flash_forward_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, bf16* out, float* lse,
                          AttnDims d, AttentionParams p) {
   constexpr int ld = D + kPad;
@@ -281,7 +317,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto Kbuf = [&](int j) { return Qs + (kRowTile + j * kKeyTile) * ld; };
   const auto Vbuf = [&](int j) { return Qs + (kRowTile + (2 + j) * kKeyTile) * ld; };
   const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
+  const int64_t t0 = query_tile_start();
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
   const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
   const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
@@ -309,6 +345,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int kc = 0; kc < D / 16; ++kc) load_a(qa[kc], Qs, ld, rw, kc);
 
   const int64_t ta = t0 + rw + g, tb = ta + 8;  // this thread's two query rows
+  const ScoreUnits units = score_units(p);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[D / 8][4];
 #pragma unroll
@@ -334,39 +371,47 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
 #pragma unroll
-      for (int nt = 0; nt < kKeyTile / 8; ++nt) {
-        uint32_t b0, b1;
-        load_b_rows(b0, b1, Ks, ld, nt * 8, kc);
-        mma_bf16(sc[nt], qa[kc], b0, b1);
+      for (int nt = 0; nt < kKeyTile / 8; nt += 2) {
+        uint32_t b[4];
+        load_b_rows(b, Ks, ld, nt * 8, kc);
+        mma_bf16(sc[nt], qa[kc], b[0], b[1]);
+        mma_bf16(sc[nt + 1], qa[kc], b[2], b[3]);
       }
 
+    // u (score_units) in sc; hidden keys -inf; the row maxima of u
+    if (units.prescale)
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] = capped(p.scale * sc[nt][e], p.softcap);
+    if (mask != TileMask::whole)
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!sees(p, seg_row, e < 2 ? ta : tb, s0 + nt * 8 + 2 * c + (e & 1), d.T, d.S)) sc[nt][e] = -INFINITY;
     float mx[2] = {-INFINITY, -INFINITY};
-    const bool all_seen = mask == TileMask::whole;
 #pragma unroll
-    for (int nt = 0; nt < kKeyTile / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t t = e < 2 ? ta : tb, s = s0 + nt * 8 + 2 * c + (e & 1);
-        const float x =
-            all_seen || sees(p, seg_row, t, s, d.T, d.S) ? capped(p.scale * sc[nt][e], p.softcap) : -INFINITY;
-        sc[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
+    for (int nt = 0; nt < kKeyTile / 8; ++nt) {
+      mx[0] = fmaxf(mx[0], fmaxf(sc[nt][0], sc[nt][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(sc[nt][2], sc[nt][3]));
+    }
     float base[2], alpha[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {  // the row's maximum over the 4 threads holding it
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       const float m_new = fmaxf(m[i], mx[i]);
-      base[i] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: every exp below is exp(-inf) = 0
-      alpha[i] = expf(m[i] - base[i]);
+      // no key seen yet: every exp2 below is exp2(-inf) = 0
+      base[i] = m_new == -INFINITY ? 0.0f : m_new * units.to_log2;
+      alpha[i] = exp2f(fmaf(m[i], units.to_log2, -base[i]));
       m[i] = m_new;
     }
 #pragma unroll
     for (int nt = 0; nt < kKeyTile / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = expf(sc[nt][e] - base[e >> 1]);
+        const float pe = exp2f(fmaf(sc[nt][e], units.to_log2, -base[e >> 1]));
         sc[nt][e] = pe;
         rs[e >> 1] += pe;
       }
@@ -400,8 +445,8 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<D>(row0, row1, o, l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f);
   if (c == 0) {
     float* lrow = lse + (b * d.Hq + h) * d.T;
-    if (ta < d.T) lrow[ta] = l[0] > 0.0f ? m[0] + logf(l[0]) : -INFINITY;
-    if (tb < d.T) lrow[tb] = l[1] > 0.0f ? m[1] + logf(l[1]) : -INFINITY;
+    if (ta < d.T) lrow[ta] = l[0] > 0.0f ? m[0] * units.natural + logf(l[0]) : -INFINITY;
+    if (tb < d.T) lrow[tb] = l[1] > 0.0f ? m[1] * units.natural + logf(l[1]) : -INFINITY;
   }
 }
 
@@ -425,7 +470,7 @@ __global__ void flash_di_kernel(const bf16* out, const bf16* dout, float* Di, At
 // dQ = scale * sum over visible keys of dS K, dS = P (dP - Di) (times the softcap's slope), P = exp(score - lse),
 // dP = dO V^T. grid (B * Hq, ceil(T / 64)); shared: Q, dO, K, V tiles [64][D + kPad].
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<D>())
     flash_dq_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, const float* lse, const bf16* dout,
                     const float* Di, bf16* dq, AttnDims d, AttentionParams p) {
   constexpr int ld = D + kPad;
@@ -435,7 +480,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto Kbuf = [&](int j) { return Gs + (kRowTile + j * kKeyTile) * ld; };  // as in the forward
   const auto Vbuf = [&](int j) { return Gs + (kRowTile + (2 + j) * kKeyTile) * ld; };
   const int64_t b = int64_t(blockIdx.x) / d.Hq, h = int64_t(blockIdx.x) % d.Hq, hk = h / (d.Hq / d.Hkv);
-  const int64_t t0 = int64_t(blockIdx.y) * kRowTile;
+  const int64_t t0 = query_tile_start();
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3, rw = warp * 16;
   const int64_t qstride = d.Hq * D, kstride = d.Hkv * D;
   const bf16* kb = k + (b * d.S * d.Hkv + hk) * D;
@@ -460,7 +505,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t ta = t0 + rw + g, tb = ta + 8;
   const float* lrow = lse + (b * d.Hq + h) * d.T;
   const float* drow = Di + (b * d.Hq + h) * d.T;
-  const float L[2] = {ta < d.T ? lrow[ta] : -INFINITY, tb < d.T ? lrow[tb] : -INFINITY};
+  const float L2[2] = {lse_base(ta < d.T ? lrow[ta] : -INFINITY), lse_base(tb < d.T ? lrow[tb] : -INFINITY)};
+  const ScoreUnits units = score_units(p);
   const float Dr[2] = {ta < d.T ? drow[ta] : 0.0f, tb < d.T ? drow[tb] : 0.0f};
   float acc[D / 8][4];
 #pragma unroll
@@ -481,21 +527,30 @@ __global__ void __launch_bounds__(kThreads)
 
     float sc[kKeyTile / 8][4], dp[kKeyTile / 8][4];
     two_products_abt<D, kKeyTile>(sc, dp, Qs, Ks, Gs, Vs, ld, rw);  // S = Q K^T, dP = dO V^T
-    const bool all_seen = mask == TileMask::whole;
+    // dS into sc: P = exp2(u to_log2 - lse log2 e) (0 for a row without keys), then zero where a key is hidden
+    if (units.prescale)
 #pragma unroll
-    for (int nt = 0; nt < kKeyTile / 8; ++nt)
+      for (int nt = 0; nt < kKeyTile / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e >> 1;
-        const int64_t t = i == 0 ? ta : tb, s = s0 + nt * 8 + 2 * c + (e & 1);
-        float ds = 0.0f;
-        if (L[i] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
+        for (int e = 0; e < 4; ++e) {
           const float raw = p.scale * sc[nt][e];
-          const float P = expf(capped(raw, p.softcap) - L[i]);
-          ds = P * (dp[nt][e] - Dr[i]) * cap_slope(raw, p.softcap);
+          const float P = exp2f(fmaf(capped(raw, p.softcap), kLog2e, -L2[e >> 1]));
+          sc[nt][e] = P * (dp[nt][e] - Dr[e >> 1]) * cap_slope(raw, p.softcap);
         }
-        sc[nt][e] = ds;
-      }
+    else
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float P = exp2f(fmaf(sc[nt][e], units.to_log2, -L2[e >> 1]));
+          sc[nt][e] = P * (dp[nt][e] - Dr[e >> 1]);
+        }
+    if (mask != TileMask::whole)
+#pragma unroll
+      for (int nt = 0; nt < kKeyTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!sees(p, seg_row, e < 2 ? ta : tb, s0 + nt * 8 + 2 * c + (e & 1), d.T, d.S)) sc[nt][e] = 0.0f;
 #pragma unroll
     for (int kr = 0; kr < kKeyTile / 16; ++kr) {
       uint32_t da[4];
@@ -515,7 +570,7 @@ __global__ void __launch_bounds__(kThreads)
 // grid (B * Hkv, ceil(S / 64)); shared: K, V tiles [64][D + kPad], Q, dO tiles [32][D + kPad], lse and Di of
 // the query tile.
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<D>())
     flash_dkdv_kernel(const bf16* q, const bf16* k, const bf16* v, const int32_t* seg, const float* lse,
                       const bf16* dout, const float* Di, bf16* dk, bf16* dv, AttnDims d, AttentionParams p) {
   constexpr int ld = D + kPad;
@@ -540,6 +595,7 @@ __global__ void __launch_bounds__(kThreads)
   const int k_valid = int(min(int64_t(kRowTile), d.S - s0));
   const SegRange k_docs = seg_row ? seg_range(seg_row, s0, k_valid, kRowTile, red) : SegRange{};
   const int64_t sa = s0 + rw + g, sb = sa + 8;  // this thread's two key rows
+  const ScoreUnits units = score_units(p);
   float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
@@ -576,7 +632,7 @@ __global__ void __launch_bounds__(kThreads)
     const float* drow = Di + (b * d.Hq + h) * d.T;
     for (int i = threadIdx.x; i < kQueryTile; i += kThreads) {
       const bool in = t0 + i < d.T;
-      Lbuf(into)[i] = in ? lrow[t0 + i] : -INFINITY;
+      Lbuf(into)[i] = lse_base(in ? lrow[t0 + i] : -INFINITY);
       Dbuf(into)[i] = in ? drow[t0 + i] : 0.0f;
     }
   };
@@ -599,22 +655,36 @@ __global__ void __launch_bounds__(kThreads)
 
     float st[kQueryTile / 8][4], dpt[kQueryTile / 8][4];
     two_products_abt<D, kQueryTile>(st, dpt, Ks, Qs, Vs, Gs, ld, rw);  // S^T = K Q^T, dP^T = V dO^T
-    const bool all_seen = mask == TileMask::whole;
+    // P into st, dS into dpt (queries along the columns: their lse base and Di from shared), then zeros where
+    // a query does not see the key
+    if (units.prescale)
 #pragma unroll
-    for (int nt = 0; nt < kQueryTile / 8; ++nt)
+      for (int nt = 0; nt < kQueryTile / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tl = nt * 8 + 2 * c + (e & 1);
-        const int64_t s = e < 2 ? sa : sb, t = t0 + tl;
-        float P = 0.0f, ds = 0.0f;
-        if (Ls[tl] != -INFINITY && (all_seen || sees(p, seg_row, t, s, d.T, d.S))) {
+        for (int e = 0; e < 4; ++e) {
+          const int tl = nt * 8 + 2 * c + (e & 1);
           const float raw = p.scale * st[nt][e];
-          P = expf(capped(raw, p.softcap) - Ls[tl]);
-          ds = P * (dpt[nt][e] - Ds[tl]) * cap_slope(raw, p.softcap);
+          const float P = exp2f(fmaf(capped(raw, p.softcap), kLog2e, -Ls[tl]));
+          st[nt][e] = P;
+          dpt[nt][e] = P * (dpt[nt][e] - Ds[tl]) * cap_slope(raw, p.softcap);
         }
-        st[nt][e] = P;
-        dpt[nt][e] = ds;
-      }
+    else
+#pragma unroll
+      for (int nt = 0; nt < kQueryTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tl = nt * 8 + 2 * c + (e & 1);
+          const float P = exp2f(fmaf(st[nt][e], units.to_log2, -Ls[tl]));
+          st[nt][e] = P;
+          dpt[nt][e] = P * (dpt[nt][e] - Ds[tl]);
+        }
+    if (mask != TileMask::whole)
+#pragma unroll
+      for (int nt = 0; nt < kQueryTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!sees(p, seg_row, t0 + nt * 8 + 2 * c + (e & 1), e < 2 ? sa : sb, d.T, d.S))
+            st[nt][e] = dpt[nt][e] = 0.0f;
 #pragma unroll
     for (int kr = 0; kr < kQueryTile / 16; ++kr) {
       uint32_t pa[4], da[4];
