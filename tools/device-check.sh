@@ -180,7 +180,7 @@ step "bench train dit bf16-mixed" "$build/bin/dew-bench" train --config dit --ba
 step "bench train gpt2-small f32" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda --steps 10
 step "bench train gpt2-small bf16-mixed" "$build/bin/dew-bench" train --config configs/gpt2-small.ini --backend cuda \
   --steps 10 --precision bf16-mixed
-step "profile gpt2-small bf16-mixed (synchronised per kernel: where the step goes)" "$build/bin/dew-bench" train \
+step "profile gpt2-small bf16-mixed (by the device clock: where the step goes)" "$build/bin/dew-bench" train \
   --config configs/gpt2-small.ini --backend cuda --steps 3 --precision bf16-mixed --profile
 step "peer: PyTorch gpt2-small bf16-mixed" torch_peer bf16-mixed
 step "peer: PyTorch gpt2-small f32" torch_peer f32

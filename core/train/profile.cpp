@@ -33,15 +33,29 @@ std::string ProfilingBackend::report(int64_t steps, double step_ms) const {
     std::snprintf(line, sizeof line, fmt, args...);
     out += line;
   };
-  add("profile: %lld steps, %.1f ms per step, %.1f ms of it in kernels (%.1f %%)\n", (long long)steps, step_ms,
-      total_ms, 100.0 * total_ms / step_ms);
+  if (device_clock_)
+    add("profile: %lld steps, %.1f ms per step, %.1f ms of it in kernels by the device clock (%.1f %%; the step "
+        "unsynchronised)\n",
+        (long long)steps, step_ms, total_ms, 100.0 * total_ms / step_ms);
+  else
+    add("profile: %lld steps, %.1f ms per step, %.1f ms of it in kernels (%.1f %%; synchronised per kernel)\n",
+        (long long)steps, step_ms, total_ms, 100.0 * total_ms / step_ms);
   add("%9s %8s %6s  %s\n", "ms/step", "calls", "share", "kernel");
   for (const auto& [label, s] : rows)
     add("%9.3f %8.1f %5.1f%%  %s\n", s.seconds * 1e3 / n, double(s.calls) / n, 100.0 * s.seconds * 1e3 / n / step_ms,
         label.c_str());
-  add("%9.3f %8s %5.1f%%  outside the kernels (autograd, allocation, dispatch, host code)\n", step_ms - total_ms, "",
-      100.0 * (step_ms - total_ms) / step_ms);
+  add("%9.3f %8s %5.1f%%  %s\n", step_ms - total_ms, "", 100.0 * (step_ms - total_ms) / step_ms,
+      device_clock_ ? "device idle (host work not hidden behind the kernels: autograd, allocation, dispatch)"
+                    : "outside the kernels (autograd, allocation, dispatch, host code)");
   return out;
+}
+
+void ProfilingBackend::settle() {
+  if (pending_.empty()) return;
+  inner_->synchronize();
+  for (const Pending& p : pending_) p.stat->seconds += inner_->device_elapsed_ms(p.from, p.to) * 1e-3;
+  pending_.clear();
+  inner_->device_marks_release();
 }
 
 void ProfilingBackend::copy_from_host(void* dst, const void* src, size_t bytes) {

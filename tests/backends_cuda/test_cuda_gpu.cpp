@@ -278,11 +278,11 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
 }
 
 // The f32 attention by cuBLASLt products (attention_products.cpp; `attention = products` takes every f32 call, auto
-// those with T * S >= 2^14) against ref, and the warp kernel (`attention = warp`) on the same calls: GQA with window,
+// those with T * S >= 2^15) against ref, and the warp kernel (`attention = warp`) on the same calls: GQA with window,
 // softcap and q_offset; documents with padding rows (out 0, lse -inf) under MQA; and GPT-2-small's head shape
-// (T 1024, D 64, causal: four row chunks of 256, each multiplying the keys up to its causal edge). Tolerances (not
-// yet run on a device when written): out 2e-5, lse 1e-5, gradients 2e-4 of |want| + rms(want) (the emulated plugin,
-// whose products sum in double, passes at half of each).
+// (T 1024, D 64, causal: four row chunks of 256, each multiplying the keys up to its causal edge). Tolerances (passed
+// on an H200, session 19): out 2e-5, lse 1e-5, gradients 2e-4 of |want| + rms(want) (the emulated plugin, whose
+// products sum in double, passes at half of each).
 TEST_CASE("f32 attention by cuBLASLt products against ref, and the warp kernel on the same calls") {
   struct Case {
     const char* what;

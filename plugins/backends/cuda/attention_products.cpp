@@ -20,13 +20,12 @@
 // inputs); the row kernels are f32. P is normalised before O = P V (the warp kernel divides the accumulator
 // instead): the two agree to f32 rounding.
 // Selection (CudaBackend::attention / attention_backward): q, k, v all f32, B, T, S, Dk, Dv >= 1, and
-//   `attention = products`: always;  `attention = auto` (the default): T * S >= kAutoMinScores (2^14, 128 x 128);
+//   `attention = products`: always;  `attention = auto` (the default): T * S >= kAutoMinScores (2^15);
 //   `attention = warp`: never.
-// Why 2^14: a chunk costs 3 launches forward and 7 backward (MHA), a few microseconds each, while the warp kernel
-// spends 4 D flops per (query, key) pair at ~1.2 TFLOP/s forward: at T = S = 128, D = 64 and 48 heads (B 4, H 12) that
-// is ~0.17 ms forward (half of it under a causal mask) against 4 x 3 launches; from there up the products' 40x rate
-// wins by more with every doubling, and below it both are launch-bound. An estimate from the H200 rates above, not yet
-// timed at the threshold itself.
+// Why 2^15 (timed on an H200, dew-bench kernels --only attention, session 19): at T = S = 256 (char-small: B 8,
+// H 6, D 64, causal) the products take 0.78 ms forward + backward against the warp kernel's 1.74; at T = S = 128
+// (gpt-mini: B 16, H 4, D 32) 1.22 ms against 0.63 — there the launches (3 forward, 7 backward per chunk) and the
+// small products lose. 2^15 puts 128 x 128 on the warp kernel and 256 x 256 on the products; between them untimed.
 #include <algorithm>
 
 #include "cuda_backend.hpp"
@@ -36,7 +35,7 @@ namespace dew::cuda {
 namespace {
 
 constexpr int64_t kChunkFloats = int64_t(32) << 20;  // 128 MiB of f32 per scratch buffer
-constexpr int64_t kAutoMinScores = int64_t(1) << 14;
+constexpr int64_t kAutoMinScores = int64_t(1) << 15;
 
 // Keys [s0, s0 + nc) that some row of [t0, t0 + tc) may see (causal / window); at least one key (S >= 1), so an
 // empty range becomes one hidden key the row kernels mask, and no product has an empty sum.

@@ -40,6 +40,7 @@ CudaBackend::~CudaBackend() {
     if (s.done) cudaEventDestroy(s.done);
     if (s.host) cudaFreeHost(s.host);
   }
+  for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   {
     std::lock_guard lock(plan_mu_);
     matmul_plans_.clear();
@@ -59,6 +60,25 @@ void CudaBackend::make_current() const { cudaSetDevice(device_); }
 void CudaBackend::synchronize() {
   DEW_CUDA_CHECK(cudaStreamSynchronize(stream_));
   raise_device_errors();
+}
+
+int64_t CudaBackend::device_mark() {
+  make_current();
+  if (marks_used_ == marks_.size()) {
+    cudaEvent_t e = nullptr;
+    DEW_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+    marks_.push_back(e);
+  }
+  DEW_CUDA_CHECK(cudaEventRecord(marks_[marks_used_], stream_));
+  return int64_t(marks_used_++);
+}
+
+double CudaBackend::device_elapsed_ms(int64_t from, int64_t to) {
+  DEW_CHECK(from >= 0 && to >= 0 && size_t(from) < marks_used_ && size_t(to) < marks_used_,
+            "cuda: device_elapsed_ms of marks ", from, " and ", to, ": not recorded since the last release");
+  float ms = 0.0f;
+  DEW_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[size_t(from)], marks_[size_t(to)]));
+  return double(ms);
 }
 
 void CudaBackend::raise_device_errors() {

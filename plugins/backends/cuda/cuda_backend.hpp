@@ -141,6 +141,11 @@ class CudaBackend final : public Backend {
   // adds the caching allocator's free blocks. cuBLASLt's fixed workspace and the pinned staging are not counted.
   MemoryStats memory_stats() const override;
   void reset_memory_peak() override { memory_.reset_peak(); }
+  // The device clock (the profiler's): cudaEvents with timing recorded on the stream, a pool reused after
+  // device_marks_release().
+  int64_t device_mark() override;
+  double device_elapsed_ms(int64_t from, int64_t to) override;
+  void device_marks_release() override { marks_used_ = 0; }
 
   // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
   DEW_KERNEL_OVERRIDES
@@ -184,6 +189,10 @@ class CudaBackend final : public Backend {
   };
   std::mutex staging_mu_;
   std::vector<Staging> staging_;
+
+  // ---- device clock ----
+  std::vector<cudaEvent_t> marks_;
+  size_t marks_used_ = 0;
 
   // ---- matmul (matmul.cpp) and convolution (conv.cpp) plans ----
   struct MatmulPlan;

@@ -171,6 +171,57 @@ __device__ __forceinline__ bool sees(const AttentionParams& p, const int32_t* se
   if (p.window > 0 && s <= pos - p.window) return false;
   return seg_row == nullptr || (seg_row[pos] != 0 && seg_row[s] == seg_row[pos]);
 }
+// The causal and window ranges and the edges (sees() without segment ids) as spans of one thread's tile
+// columns: offsets j from `first` (the thread's first column) with lo <= j <= hi visible, empty past the
+// rows; clamped, so 32-bit compares against compile-time offsets test each score (the int64 rule took ~20
+// instructions a score on the diagonal tiles).
+struct Span {
+  int lo, hi;
+};
+__device__ __forceinline__ Span clamp_span(int64_t lo, int64_t hi, int64_t first) {
+  constexpr int64_t kFar = int64_t(1) << 20;
+  return Span{int(max(int64_t(-1), min(kFar, lo - first))), int(max(int64_t(-1), min(kFar, hi - first)))};
+}
+// The keys query t sees.
+__device__ __forceinline__ Span key_span(const AttentionParams& p, int64_t t, int64_t first, int64_t T, int64_t S) {
+  if (t >= T) return Span{1, 0};
+  const int64_t pos = p.q_offset + t;
+  int64_t lo = 0, hi = S - 1;
+  if (p.causal) hi = min(hi, pos);
+  if (p.window > 0) lo = max(lo, pos - p.window + 1);
+  return clamp_span(lo, hi, first);
+}
+// The queries that see key s.
+__device__ __forceinline__ Span query_span(const AttentionParams& p, int64_t s, int64_t first, int64_t T, int64_t S) {
+  if (s >= S) return Span{1, 0};
+  int64_t lo = 0, hi = T - 1;
+  if (p.causal) lo = max(lo, s - p.q_offset);
+  if (p.window > 0) hi = min(hi, s - p.q_offset + p.window - 1);
+  return clamp_span(lo, hi, first);
+}
+// x[nt][e] = fill where a C-fragment tile's score is hidden: rows (e < 2: a, else b) and columns first +
+// nt * 8 + (e & 1) of the thread; visible(row a?, column offset) is the rule with segment ids, the spans without.
+template <int N, class Visible>
+__device__ __forceinline__ void mask_scores(float (&x)[N / 8][4], float fill, bool segmented, Span a, Span b,
+                                            Visible&& visible) {
+  if (segmented) {
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!visible(e < 2, nt * 8 + (e & 1))) x[nt][e] = fill;
+    return;
+  }
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = nt * 8 + (e & 1);
+      const Span& r = e < 2 ? a : b;
+      if (j < r.lo || j > r.hi) x[nt][e] = fill;
+    }
+}
+
 __device__ __forceinline__ float capped(float raw, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(raw / softcap) : raw;
 }
@@ -384,12 +435,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>())
       for (int nt = 0; nt < kKeyTile / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[nt][e] = capped(p.scale * sc[nt][e], p.softcap);
-    if (mask != TileMask::whole)
-#pragma unroll
-      for (int nt = 0; nt < kKeyTile / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!sees(p, seg_row, e < 2 ? ta : tb, s0 + nt * 8 + 2 * c + (e & 1), d.T, d.S)) sc[nt][e] = -INFINITY;
+    if (mask != TileMask::whole) {
+      const int64_t first = s0 + 2 * c;
+      mask_scores<kKeyTile>(sc, -INFINITY, seg_row != nullptr, key_span(p, ta, first, d.T, d.S),
+                            key_span(p, tb, first, d.T, d.S),
+                            [&](bool a, int j) { return sees(p, seg_row, a ? ta : tb, first + j, d.T, d.S); });
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < kKeyTile / 8; ++nt) {
@@ -545,12 +596,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>())
           const float P = exp2f(fmaf(sc[nt][e], units.to_log2, -L2[e >> 1]));
           sc[nt][e] = P * (dp[nt][e] - Dr[e >> 1]);
         }
-    if (mask != TileMask::whole)
-#pragma unroll
-      for (int nt = 0; nt < kKeyTile / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!sees(p, seg_row, e < 2 ? ta : tb, s0 + nt * 8 + 2 * c + (e & 1), d.T, d.S)) sc[nt][e] = 0.0f;
+    if (mask != TileMask::whole) {
+      const int64_t first = s0 + 2 * c;
+      mask_scores<kKeyTile>(sc, 0.0f, seg_row != nullptr, key_span(p, ta, first, d.T, d.S),
+                            key_span(p, tb, first, d.T, d.S),
+                            [&](bool a, int j) { return sees(p, seg_row, a ? ta : tb, first + j, d.T, d.S); });
+    }
 #pragma unroll
     for (int kr = 0; kr < kKeyTile / 16; ++kr) {
       uint32_t da[4];
@@ -678,13 +729,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>())
           st[nt][e] = P;
           dpt[nt][e] = P * (dpt[nt][e] - Ds[tl]);
         }
-    if (mask != TileMask::whole)
-#pragma unroll
-      for (int nt = 0; nt < kQueryTile / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!sees(p, seg_row, t0 + nt * 8 + 2 * c + (e & 1), e < 2 ? sa : sb, d.T, d.S))
-            st[nt][e] = dpt[nt][e] = 0.0f;
+    if (mask != TileMask::whole) {
+      const int64_t first = t0 + 2 * c;
+      const Span a = query_span(p, sa, first, d.T, d.S), b = query_span(p, sb, first, d.T, d.S);
+      const auto visible = [&](bool ra, int j) { return sees(p, seg_row, first + j, ra ? sa : sb, d.T, d.S); };
+      mask_scores<kQueryTile>(st, 0.0f, seg_row != nullptr, a, b, visible);
+      mask_scores<kQueryTile>(dpt, 0.0f, seg_row != nullptr, a, b, visible);
+    }
 #pragma unroll
     for (int kr = 0; kr < kQueryTile / 16; ++kr) {
       uint32_t pa[4], da[4];

@@ -251,6 +251,19 @@ class Backend {
   virtual MemoryStats memory_stats() const { return {}; }
   virtual void reset_memory_peak() {}
 
+  // ---- device clock (asynchronous backends; the profiler's) ----
+  // device_mark() records a point on the backend's queue without waiting and returns its handle, or -1 when
+  // the backend has no device clock (the default: the profiler then synchronises around each call and reads
+  // the wall clock). After synchronize(), device_elapsed_ms(a, b) is the device time from mark a to mark b;
+  // device_marks_release() lets every handle be reused.
+  virtual int64_t device_mark() { return -1; }
+  virtual double device_elapsed_ms(int64_t from, int64_t to) {
+    (void)from;
+    (void)to;
+    return 0.0;
+  }
+  virtual void device_marks_release() {}
+
   // ---- kernel algebra: one pure virtual per entry of dew/kernel_table.hpp (contracts there) ----
 #define DEW_KERNEL_PURE_VIRTUAL_(name, params, args) virtual void name params = 0;
   DEW_KERNEL_TABLE(DEW_KERNEL_PURE_VIRTUAL_)

@@ -2,20 +2,22 @@
 // `dew-bench train --profile`).
 //
 // ProfilingBackend wraps a backend: while enabled, every call of the kernel algebra is forwarded and timed
-// (wall clock around the call, after synchronize() on asynchronous backends so the time is the kernel's,
-// not its enqueueing), and aggregated under a label — the kernel's name, with the op for unary / binary /
-// reduce and the shape for matmul (m x k x n, transposes, batch). Memory calls are forwarded untimed.
-// Tensors allocated through the wrapper carry it as their backend, so every op of the model reaches it.
-// The report sorts labels by time and says what share of the timed steps they cover; the rest is the
-// framework around the kernels (autograd, allocation, dispatch). While disabled (the default) calls are
-// forwarded untimed. Invariant: results are the wrapped backend's, bit for bit (the wrapper only reads
-// the clock). Not thread-safe while enabled: profile one training loop at a time.
+// (by the backend's device clock where it has one — two marks on its queue around the call, read when the
+// profiler stops, so the step runs unsynchronised and each kernel's time is its device time in the pipelined
+// step; else by the wall clock around the call, after synchronize()), and aggregated under a label — the kernel's name,
+// with the op for unary / binary / reduce and the shape for matmul (m x k x n, transposes, batch). Memory calls are
+// forwarded untimed. Tensors allocated through the wrapper carry it as their backend, so every op of the model reaches
+// it. The report sorts labels by time and says what share of the timed steps they cover; the rest is the framework
+// around the kernels (autograd, allocation, dispatch). While disabled (the default) calls are forwarded untimed.
+// Invariant: results are the wrapped backend's, bit for bit (the wrapper only reads the clock). Not thread-safe while
+// enabled: profile one training loop at a time.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "dew/backend.hpp"
 
@@ -28,9 +30,20 @@ class ProfilingBackend final : public Backend {
   // Starts (or restarts) timing from zero: call it after the warm-up steps.
   void start() {
     stats_.clear();
+    pending_.clear();
+    inner_->synchronize();
+    inner_->device_marks_release();
+    device_clock_ = inner_->device_mark() >= 0;
+    inner_->device_marks_release();
     enabled_ = true;
   }
-  void stop() { enabled_ = false; }
+  // Stops timing; with a device clock, waits for the device and reads every pending mark pair.
+  void stop() {
+    enabled_ = false;
+    settle();
+  }
+  // Whether the times are device times (marks on the backend's queue) rather than synchronised wall times.
+  bool device_clock() const { return device_clock_; }
   // Continues timing without clearing (between stop() and resume() nothing is counted).
   void resume() { enabled_ = true; }
   // The table: a header line, then one line per label, biggest first (milliseconds and calls per step
@@ -51,6 +64,9 @@ class ProfilingBackend final : public Backend {
   void copy_device(void* dst, const void* src, size_t bytes) override;
   MemoryStats memory_stats() const override { return inner_->memory_stats(); }
   void reset_memory_peak() override { inner_->reset_memory_peak(); }
+  int64_t device_mark() override { return inner_->device_mark(); }
+  double device_elapsed_ms(int64_t from, int64_t to) override { return inner_->device_elapsed_ms(from, to); }
+  void device_marks_release() override { inner_->device_marks_release(); }
 
   // Every kernel of the table (dew/kernel_table.hpp): forwarded, and timed under kernel_label(...).
 #define DEW_PROFILE_FORWARD_(name, params, args)                                             \
@@ -80,31 +96,44 @@ class ProfilingBackend final : public Backend {
     int64_t calls = 0;
     double seconds = 0;
   };
-  // Runs f (one forwarded call) and, while enabled, adds its wall time to `label`: a string, or a callable
-  // that makes one (built only while enabled).
+  // A call timed by the device clock, read at settle().
+  struct Pending {
+    Stat* stat;
+    int64_t from, to;
+  };
+  // Runs f (one forwarded call) and, while enabled, adds its time to `label`: a string, or a callable that
+  // makes one (built only while enabled).
   template <class Label, class F>
   void timed(Label&& label, F&& f) {
     if (!enabled_) {
       f();
       return;
     }
-    inner_->synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    inner_->synchronize();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Stat* s;
     if constexpr (std::is_invocable_v<Label>)
       s = &stats_[label()];
     else
       s = &stats_[std::string(label)];
     ++s->calls;
-    s->seconds += dt;
+    if (device_clock_) {
+      const int64_t from = inner_->device_mark();
+      f();
+      pending_.push_back(Pending{s, from, inner_->device_mark()});
+      return;
+    }
+    inner_->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    inner_->synchronize();
+    s->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  // Waits for the device and adds every pending call's device time to its label.
+  void settle();
 
   BackendPtr inner_;
-  bool enabled_ = false;
-  std::map<std::string, Stat> stats_;
+  bool enabled_ = false, device_clock_ = false;
+  std::map<std::string, Stat> stats_;  // node-based: Pending keeps pointers into it
+  std::vector<Pending> pending_;
 };
 
 }  // namespace dew

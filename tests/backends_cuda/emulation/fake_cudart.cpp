@@ -7,9 +7,11 @@
 // otherwise hide: cudaFree of a pointer that is not a live allocation, a copy whose direction does not match
 // where its pointers live (a host pointer passed as device memory, or the reverse), memset / copies that run
 // past the end of an allocation, and dynamic shared memory above 48 KiB without cudaFuncSetAttribute.
-// Not modelled: concurrency (streams, events, host-device overlap), multiple devices, timing.
+// Not modelled: concurrency (streams, events, host-device overlap), multiple devices, device timing (an event
+// records the host clock, so the profiler's device clock reads the emulated kernels' host time).
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,6 +108,7 @@ cudaError_t set(void* p, int value, size_t n) {
 
 struct Token {
   int kind;
+  double recorded_ms = 0;  // an event's: the host clock at its record (kernels run at their launch)
 };
 
 }  // namespace
@@ -217,7 +220,15 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<Token*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  reinterpret_cast<Token*>(e)->recorded_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t from, cudaEvent_t to) {
+  *ms = float(reinterpret_cast<Token*>(to)->recorded_ms - reinterpret_cast<Token*>(from)->recorded_ms);
+  return cudaSuccess;
+}
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 
