@@ -169,11 +169,20 @@ void add_cast(Table& t) {
     float lo, hi;
     Shape shape;
   };
-  const C cs[] = {{DT::f32, DT::bf16, -10, 10, {1031}}, {DT::bf16, DT::f32, -10, 10, {1031}},
-                  {DT::f32, DT::f16, -10, 10, {1031}},  {DT::f16, DT::f32, -10, 10, {1031}},
-                  {DT::f32, DT::f64, -10, 10, {1031}},  {DT::f64, DT::f32, -10, 10, {1031}},
-                  {DT::bf16, DT::f16, -10, 10, {257}},  {DT::f32, DT::i32, -100, 100, {1031}},
-                  {DT::f32, DT::f32, -10, 10, {7, 129}}};
+  const C cs[] = {{DT::f32, DT::bf16, -10, 10, {1031}},
+                  {DT::bf16, DT::f32, -10, 10, {1031}},
+                  {DT::f32, DT::f16, -10, 10, {1031}},
+                  {DT::f16, DT::f32, -10, 10, {1031}},
+                  {DT::f32, DT::f64, -10, 10, {1031}},
+                  {DT::f64, DT::f32, -10, 10, {1031}},
+                  {DT::bf16, DT::f16, -10, 10, {257}},
+                  {DT::f32, DT::i32, -100, 100, {1031}},
+                  {DT::f32, DT::f32, -10, 10, {7, 129}},
+                  // multiples of 8 (cuda moves them 16 bytes at a time)
+                  {DT::f32, DT::bf16, -10, 10, {24, 40}},
+                  {DT::bf16, DT::f32, -10, 10, {24, 40}},
+                  {DT::f64, DT::bf16, -10, 10, {1032}},
+                  {DT::f32, DT::i32, -100, 100, {1032}}};
   for (const C& c : cs) {
     t.add(
         std::string("cast/") + dims(c.shape) + "_" + dtype_name(c.from) + "_to_" + dtype_name(c.to) + "/" +
@@ -798,13 +807,18 @@ void add_rms_norm(Table& t) {
          r.w ? out("dweight", {D}, DT::f32, tol(16, double(rows))) : undefined_out("dweight")},
         [off](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], off); });
   }
-  t.add(
-      "rms_norm/4x7x96_w/bf16", Kernel::rms_norm, {DT::bf16},
-      [](Gen& g) {
-        return In{g.uniform({4, 7, 96}, -1, 1, DT::bf16), g.uniform({96}, 0.5f, 1.5f, DT::bf16)};
-      },
-      {out("y", {4, 7, 96}, DT::bf16, tol(16, 96)), out("rstd", {28}, DT::f32, tol(16, 96))},
-      [eps](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], eps, 0.0f); });
+  // bf16 rows whose width is a multiple of 8 (cuda reads them 16 bytes at a time) and rows that are not (element by
+  // element, the tail of each lane's last chunk empty).
+  for (const Shape& sh : {Shape{4, 7, 96}, Shape{5, 33}}) {
+    const int64_t D = sh.back(), rows = numel_of(sh) / D;
+    t.add(
+        "rms_norm/" + dims(sh) + "_w/bf16", Kernel::rms_norm, {DT::bf16},
+        [sh, D](Gen& g) {
+          return In{g.uniform(sh, -1, 1, DT::bf16), g.uniform({D}, 0.5f, 1.5f, DT::bf16)};
+        },
+        {out("y", sh, DT::bf16, tol(16, double(D))), out("rstd", {rows}, DT::f32, tol(16, double(D)))},
+        [eps](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], eps, 0.0f); });
+  }
 }
 
 void add_group_norm(Table& t) {
