@@ -14,6 +14,8 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
+#include <initializer_list>
 
 #include "dew/error.hpp"
 #include "kernels.cuh"
@@ -110,6 +112,39 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   r = warp_max(r);
   __syncthreads();
   return r;
+}
+
+// Eight consecutive elements [j, j + 8) as f32, and back, through 16-byte accesses (one uint4 of bf16, two of
+// f32; scalar 2- and 4-byte accesses keep too few bytes in flight to reach the memory bandwidth). p + j must be
+// 16-byte aligned. The bytes become T through memcpy (no aliasing); values are ld / st's, so a kernel's vectorised
+// path gives the bits of its element-wise one.
+template <class T>
+__device__ __forceinline__ void load8(const T* p, int64_t j, float (&v)[8]) {
+  uint4 u[sizeof(T) / 2];
+#pragma unroll
+  for (int q = 0; q < int(sizeof(T)) / 2; ++q) u[q] = reinterpret_cast<const uint4*>(p + j)[q];
+  T tmp[8];
+  memcpy(tmp, u, sizeof tmp);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = ld(tmp, k);
+}
+template <class T>
+__device__ __forceinline__ void store8(T* p, int64_t j, const float (&v)[8]) {
+  T tmp[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) st(tmp, k, v[k]);
+  uint4 u[sizeof(T) / 2];
+  memcpy(u, tmp, sizeof tmp);
+#pragma unroll
+  for (int q = 0; q < int(sizeof(T)) / 2; ++q) reinterpret_cast<uint4*>(p + j)[q] = u[q];
+}
+// Whether n elements behind these pointers (null ones ignored) can go eight at a time: n % 8 == 0, all 16-byte
+// aligned.
+inline bool vectorisable(int64_t n, std::initializer_list<const void*> ptrs) {
+  if (n % 8 != 0) return false;
+  for (const void* p : ptrs)
+    if (p && (reinterpret_cast<uintptr_t>(p) & 15u) != 0) return false;
+  return true;
 }
 
 // Threads per block for a row of D elements processed by one block.

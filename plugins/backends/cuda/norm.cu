@@ -13,9 +13,6 @@
 //   xhat)).
 // g is rounded on its own (__fmul_rn: nvcc would otherwise contract g - mean(g) into fma(dy, scale, -mean(g)),
 // whose unrounded product leaves dx != 0 where it is exactly 0, e.g. a row of one value).
-#include <cstring>
-#include <initializer_list>
-
 #include "device.cuh"
 
 namespace dew::cuda {
@@ -92,45 +89,33 @@ namespace {
 
 constexpr int kRowWarps = 8;  // rows (warps) per block of the warp-per-row kernels
 
-// Elements [j, j + 8) of a row of n as f32: one or two 16-byte loads when kVec (then j + 8 <= n and p + j is
+// Elements [j, j + 8) of a row of n as f32: device.cuh's 16-byte load8 when kVec (then j + 8 <= n and p + j is
 // 16-byte aligned), else one by one with 0 past n.
 template <class T, bool kVec>
-__device__ __forceinline__ void load8(const T* p, int64_t j, int64_t n, float (&v)[8]) {
-  if constexpr (kVec) {  // the bytes move as uint4 and are read back as T through memcpy (no aliasing)
-    uint4 u[sizeof(T) / 2];
-#pragma unroll
-    for (int q = 0; q < int(sizeof(T)) / 2; ++q) u[q] = reinterpret_cast<const uint4*>(p + j)[q];
-    T tmp[8];
-    memcpy(tmp, u, sizeof tmp);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = ld(tmp, k);
+__device__ __forceinline__ void row_load8(const T* p, int64_t j, int64_t n, float (&v)[8]) {
+  if constexpr (kVec) {
+    load8(p, j, v);
   } else {
 #pragma unroll
     for (int k = 0; k < 8; ++k) v[k] = j + k < n ? ld(p, j + k) : 0.0f;
   }
 }
-// Stores v into elements [j, j + 8) of a row of n (as load8: vectorised when kVec, else only those below n).
+// Stores v into elements [j, j + 8) of a row of n (as row_load8: vectorised when kVec, else only those below n).
 template <class T, bool kVec>
-__device__ __forceinline__ void store8(T* p, int64_t j, int64_t n, const float (&v)[8]) {
+__device__ __forceinline__ void row_store8(T* p, int64_t j, int64_t n, const float (&v)[8]) {
   if constexpr (kVec) {
-    T tmp[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) st(tmp, k, v[k]);
-    uint4 u[sizeof(T) / 2];
-    memcpy(u, tmp, sizeof tmp);
-#pragma unroll
-    for (int q = 0; q < int(sizeof(T)) / 2; ++q) reinterpret_cast<uint4*>(p + j)[q] = u[q];
+    store8(p, j, v);
   } else {
 #pragma unroll
     for (int k = 0; k < 8; ++k)
       if (j + k < n) st(p, j + k, v[k]);
   }
 }
-// The row's weights (1 when w is null) plus offset, as load8.
+// The row's weights (1 when w is null) plus offset, as row_load8.
 template <class T, bool kVec>
-__device__ __forceinline__ void load8_scale(const T* w, int64_t j, int64_t n, float offset, float (&v)[8]) {
+__device__ __forceinline__ void row_load8_scale(const T* w, int64_t j, int64_t n, float offset, float (&v)[8]) {
   if (w) {
-    load8<T, kVec>(w, j, n, v);
+    row_load8<T, kVec>(w, j, n, v);
 #pragma unroll
     for (int k = 0; k < 8; ++k) v[k] += offset;
   } else {
@@ -139,12 +124,7 @@ __device__ __forceinline__ void load8_scale(const T* w, int64_t j, int64_t n, fl
   }
 }
 // Whether the rows can take the vectorised path: D a multiple of 8 and every pointer 16-byte aligned.
-inline bool rows_vectorised(int64_t D, std::initializer_list<const void*> ptrs) {
-  if (D % 8 != 0) return false;
-  for (const void* p : ptrs)
-    if (p && (reinterpret_cast<uintptr_t>(p) & 15u) != 0) return false;
-  return true;
-}
+inline bool rows_vectorised(int64_t D, std::initializer_list<const void*> ptrs) { return vectorisable(D, ptrs); }
 inline unsigned warp_row_blocks(int64_t rows) { return blocks_for(rows, kRowWarps); }
 // Runs `launch` with the vectorised or the element-wise instantiation.
 #define DEW_ROWS_VEC(vec, kVec, ...) \
@@ -168,14 +148,14 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, floa
     T* yr = y + r * D;
     float sum = 0.0f, v[8];
     for (int64_t j = 8 * lane; j < D; j += 256) {
-      load8<T, kVec>(xr, j, D, v);
+      row_load8<T, kVec>(xr, j, D, v);
 #pragma unroll
       for (int k = 0; k < 8; ++k) sum += v[k];
     }
     const float mu = warp_sum(sum) / float(D);
     float var = 0.0f;
     for (int64_t j = 8 * lane; j < D; j += 256) {
-      load8<T, kVec>(xr, j, D, v);
+      row_load8<T, kVec>(xr, j, D, v);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const float c = j + k < D ? v[k] - mu : 0.0f;
@@ -186,16 +166,16 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, floa
     const float rs = 1.0f / sqrtf(var + eps);
     for (int64_t j = 8 * lane; j < D; j += 256) {
       float sc[8], sh[8];
-      load8<T, kVec>(xr, j, D, v);
-      load8_scale<T, kVec>(w, j, D, 0.0f, sc);
+      row_load8<T, kVec>(xr, j, D, v);
+      row_load8_scale<T, kVec>(w, j, D, 0.0f, sc);
       if (b)
-        load8<T, kVec>(b, j, D, sh);
+        row_load8<T, kVec>(b, j, D, sh);
       else
 #pragma unroll
         for (int k = 0; k < 8; ++k) sh[k] = 0.0f;
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = (v[k] - mu) * rs * sc[k] + sh[k];
-      store8<T, kVec>(yr, j, D, v);
+      row_store8<T, kVec>(yr, j, D, v);
     }
     if (lane == 0) {
       mean[r] = mu;
@@ -217,9 +197,9 @@ __global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const 
     const float mu = center ? mean[r] : 0.0f, rs = rstd[r];
     float sg = 0.0f, sgx = 0.0f, xv[8], gv[8], sc[8];
     for (int64_t j = 8 * lane; j < D; j += 256) {
-      load8<T, kVec>(xr, j, D, xv);
-      load8<T, kVec>(gr, j, D, gv);
-      load8_scale<T, kVec>(w, j, D, offset, sc);
+      row_load8<T, kVec>(xr, j, D, xv);
+      row_load8<T, kVec>(gr, j, D, gv);
+      row_load8_scale<T, kVec>(w, j, D, offset, sc);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const float g = __fmul_rn(gv[k], sc[k]), xhat = (xv[k] - mu) * rs;  // 0 past D: gv is 0 there
@@ -230,15 +210,15 @@ __global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const 
     const float mean_g = center ? warp_sum(sg) / float(D) : 0.0f;
     const float mean_gx = warp_sum(sgx) / float(D);
     for (int64_t j = 8 * lane; j < D; j += 256) {
-      load8<T, kVec>(xr, j, D, xv);
-      load8<T, kVec>(gr, j, D, gv);
-      load8_scale<T, kVec>(w, j, D, offset, sc);
+      row_load8<T, kVec>(xr, j, D, xv);
+      row_load8<T, kVec>(gr, j, D, gv);
+      row_load8_scale<T, kVec>(w, j, D, offset, sc);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const float g = __fmul_rn(gv[k], sc[k]), xhat = (xv[k] - mu) * rs;
         xv[k] = rs * (g - mean_g - xhat * mean_gx);
       }
-      store8<T, kVec>(dxr, j, D, xv);
+      row_store8<T, kVec>(dxr, j, D, xv);
     }
   }
 }
@@ -253,17 +233,17 @@ __global__ void rms_norm_kernel(const T* x, const T* w, T* y, float* rstd, int64
     T* yr = y + r * D;
     float ss = 0.0f, v[8], sc[8];
     for (int64_t j = 8 * lane; j < D; j += 256) {
-      load8<T, kVec>(xr, j, D, v);
+      row_load8<T, kVec>(xr, j, D, v);
 #pragma unroll
       for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
     }
     const float rs = 1.0f / sqrtf(warp_sum(ss) / float(D) + eps);
     for (int64_t j = 8 * lane; j < D; j += 256) {
-      load8<T, kVec>(xr, j, D, v);
-      load8_scale<T, kVec>(w, j, D, offset, sc);
+      row_load8<T, kVec>(xr, j, D, v);
+      row_load8_scale<T, kVec>(w, j, D, offset, sc);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = v[k] * rs * sc[k];
-      store8<T, kVec>(yr, j, D, v);
+      row_store8<T, kVec>(yr, j, D, v);
     }
     if (lane == 0) rstd[r] = rs;
   }
