@@ -970,6 +970,14 @@ void add_attention(Table& t) {
       {"empty_rows", 1, 8, 8, 2, 2, 16, true, 4, 0.0f, 5, 0.0f, 1.0f, true},
       {"gpt_mini", 2, 128, 128, 4, 4, 32},
       {"char_small", 1, 256, 256, 6, 6, 64},
+      // the DiT's rows (64 tokens, heads of 64, bidirectional); long bidirectional rows with a short last block (cpu:
+      // several rescaled key blocks into query-row O, dq / dk / dv set by their first product); a causal query
+      // block at an offset that is no multiple of 64 (cpu: its backward query blocks straddle the dq blocks); odd
+      // head widths over several blocks (cpu: padded V and K copies)
+      {"dit", 2, 64, 64, 4, 4, 64, false},
+      {"noncausal_long", 1, 200, 200, 2, 2, 64, false},
+      {"qoffset_long", 1, 150, 230, 4, 2, 32, true, 0, 0.0f, 80},
+      {"odd_headdim_long", 1, 100, 100, 2, 2, 24, false},
       // document masking (segment ids): short and long documents, padding, grouped heads, decoding rows,
       // a window, and rows long enough that most 64 x 64 tiles are skipped
       {"segments", 2, 40, 40, 4, 4, 16, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 6},
