@@ -455,7 +455,11 @@ std::vector<UnarySpec> unary_specs() {
           {UnaryOp::relu, 1, 0, -2, 2, ""},
           {UnaryOp::gelu, 1, 0, -5, 5, ""},
           {UnaryOp::gelu_tanh, 1, 0, -5, 5, ""},
+          // past the tails of cpu's act_exp (e^z is taken as 0 below z = -87: v > ~9.6 for GELU-tanh, v > 87 for
+          // SiLU; capped at e^80 above: v < ~-9.2, v < -80), so a lost cap or cut-off shows
+          {UnaryOp::gelu_tanh, 1, 0, -12, 12, "wide"},
           {UnaryOp::silu, 1, 0, -6, 6, ""},
+          {UnaryOp::silu, 1, 0, -100, 100, "wide"},
           {UnaryOp::sin, 1, 0, -6, 6, ""},
           {UnaryOp::cos, 1, 0, -6, 6, ""},
           {UnaryOp::reciprocal, 1, 0, 0.2f, 4, ""},
@@ -986,6 +990,14 @@ void add_attention(Table& t) {
       {"empty_rows", 1, 8, 8, 2, 2, 16, true, 4, 0.0f, 5, 0.0f, 1.0f, true},
       {"gpt_mini", 2, 128, 128, 4, 4, 32},
       {"char_small", 1, 256, 256, 6, 6, 64},
+      // the DiT's rows (64 tokens, heads of 64, bidirectional); long bidirectional rows with a short last block (cpu:
+      // several rescaled key blocks into query-row O, dq / dk / dv set by their first product); a causal query
+      // block at an offset that is no multiple of 64 (cpu: its backward query blocks straddle the dq blocks); odd
+      // head widths over several blocks (cpu: padded V and K copies)
+      {"dit", 2, 64, 64, 4, 4, 64, false},
+      {"noncausal_long", 1, 200, 200, 2, 2, 64, false},
+      {"qoffset_long", 1, 150, 230, 4, 2, 32, true, 0, 0.0f, 80},
+      {"odd_headdim_long", 1, 100, 100, 2, 2, 24, false},
       // document masking (segment ids): short and long documents, padding, grouped heads, decoding rows,
       // a window, and rows long enough that most 64 x 64 tiles are skipped
       {"segments", 2, 40, 40, 4, 4, 16, true, 0, 0.0f, 0, 0.0f, 1.0f, false, 6},

@@ -8,8 +8,10 @@
 // Forward — one task per (batch, query head, block of <= 64 queries), OpenMP dynamic schedule, biggest first:
 //   scores are held transposed, S^T [key, query], so the 16 lanes of a vector run over queries. The online
 //   softmax (running max m, running sum l, rescale alpha = exp(m_old - m_new)) is then plain vertical vector
-//   code, and both products S^T = K Q^T and O^T = alpha O^T + V^T P^T are register-blocked micro-kernels that
-//   broadcast one operand straight from the input rows and load the other from a packed tile (Q^T, P^T).
+//   code. Both products, S^T = K Q^T and O = alpha O + P V (O in query rows: no transpose back), are
+//   register-blocked micro-kernels that broadcast one operand (K's input rows, P^T's rows) and load the other
+//   from a packed tile or the input rows (Q^T, V). The first key block a task sees sets O; later ones rescale
+//   its rows by alpha inside the product.
 //   Short queries (T <= 4: decoding) take a row path instead (dot products over D, exact two-pass softmax).
 //   A row task is one query position and a group of its heads (all of them unless the threads need more
 //   tasks), walked together over the positions, so the cache streams as whole position rows instead of one
@@ -23,11 +25,14 @@
 //   max_logit take f32 only; below, "every tensor is f32" reads "q, out and the statistics are f32" for this form.
 // Backward (FlashAttention-2) — for each key block K^T and V^T are packed once; for each query block that
 //   can see it P = exp(S - lse) is recomputed from the saved lse, dP = dO V^T, dS = scale P (dP - Dsum) with
-//   Dsum = rowsum(dO * O), and dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K (lanes run over keys). A task is
-//   one (batch, kv head): it owns dk/dv of that kv head and dq of the Hq/Hkv query heads that read it, so no
-//   two threads write the same element and dq is summed in place. When there are too few (batch, kv head)
-//   pairs to balance the threads, tasks become (batch, kv head, key block) and every thread sums its dq into
-//   a private buffer; the buffers are added at the end (still race-free).
+//   Dsum = rowsum(dO * O), and dV += P^T dO, dK += dS^T Q (key rows, written in place: no transpose back),
+//   dQ += dS K (lanes run over keys). A task is one (batch, kv head): it owns dk/dv of that kv head and dq of
+//   the Hq/Hkv query heads that read it, so no two threads write the same element and dq is summed in place.
+//   When there are too few (batch, kv head) pairs to balance the threads, tasks become (batch, kv head, key
+//   block) and every thread sums its dq into a private buffer; the buffers are added at the end (still
+//   race-free). dK / dV of a key block, and a query block's dq rows (when the task owns them), are set by the
+//   first product that spans them, not zeroed and added to (the same bits). Rows of K, Q, dO (read) and dK, dV
+//   (written) are used in place when D is a multiple of 16, else through copies zero padded to Dp.
 // Masking: key blocks hidden by causality or the window are never visited, fully visible blocks skip the mask,
 //   and inside a block on the causal diagonal the 16 x 16 sub-tiles above the diagonal are not computed.
 // Documents (segment_ids [B, S], packed rows): a key is also hidden unless its segment equals the query's and
@@ -214,36 +219,17 @@ DEW_AI void pack_t(const float* src, int64_t lds, int64_t nr, int64_t nc, float*
   }
 }
 
-// dst[r * ldd + c] = rowmul[r] * src[c * lds + r] for r < nr, c < nc (src holds at least roundup(nr, 16) lanes).
-DEW_AI void unpack_t(const float* src, int64_t lds, int64_t nc, int64_t nr, const float* rowmul, float* dst,
-                     int64_t ldd) {
-  for (int64_t r0 = 0; r0 < nr; r0 += L) {
-    int64_t c0 = 0;
-    for (; c0 + L <= nc; c0 += L) {
-      vf x[16];
-#pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c) x[c] = vload(src + (c0 + c) * lds + r0);
-      transpose16(x);
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r)
-        if (r0 + r < nr) vstore(dst + (r0 + r) * ldd + c0, x[r] * rowmul[r0 + r]);
-    }
-    for (; c0 < nc; ++c0)
-      for (int r = 0; r < 16 && r0 + r < nr; ++r) dst[(r0 + r) * ldd + c0] = rowmul[r0 + r] * src[c0 * lds + r0 + r];
-  }
-}
-
 // ---------------------------------------------------------------- micro-kernels
 
-// How a product starts: C = A B (kSet), C += A B (kAdd), C = C * colscale + A B (kScaleAdd; colscale has one
-// factor per column, the online-softmax rescale).
-enum Init { kSet, kAdd, kScaleAdd };
+// How a product starts: C = A B (kSet), C += A B (kAdd), C = C * scale + A B with one factor of `scale` per row
+// (kScaleRowAdd: the forward's online-softmax rescale, scale[r] for row r of the call).
+enum Init { kSet, kAdd, kScaleRowAdd };
 
 // C[r][0, 16 NV) (op)= sum_k A[r * ars + k * aks] * B[k * ldb + (0, 16 NV)] for r < R: one broadcast of A
 // and NV loads of B feed R * NV accumulators held in registers.
 template <int R, int NV, int INIT>
 DEW_AI void mk(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t ars, int64_t aks,
-               const float* __restrict B, int64_t ldb, int64_t K, const float* __restrict colscale) {
+               const float* __restrict B, int64_t ldb, int64_t K, const float* __restrict rowscale) {
   vf acc[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -251,7 +237,7 @@ DEW_AI void mk(float* __restrict C, int64_t ldc, const float* __restrict A, int6
     for (int v = 0; v < NV; ++v) {
       if constexpr (INIT == kSet) acc[r][v] = vf{};
       if constexpr (INIT == kAdd) acc[r][v] = vload(C + r * ldc + v * L);
-      if constexpr (INIT == kScaleAdd) acc[r][v] = vload(C + r * ldc + v * L) * vload(colscale + v * L);
+      if constexpr (INIT == kScaleRowAdd) acc[r][v] = vload(C + r * ldc + v * L) * rowscale[r];
     }
   for (int64_t k = 0; k < K; ++k) {
     const float* b = B + k * ldb;
@@ -292,27 +278,29 @@ constexpr int rows_for(int nv) {
 
 template <int NV, int INIT>
 DEW_AI void gemm_nv(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
-                    int64_t M, int64_t K, const float* colscale) {
+                    int64_t M, int64_t K, const float* rs) {
   constexpr int RM = rows_for(NV);
+  const auto at = [rs](int64_t r) { return INIT == kScaleRowAdd ? rs + r : rs; };  // (rs: nullptr otherwise)
   int64_t r = 0;
-  for (; r + RM <= M; r += RM) mk<RM, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
+  for (; r + RM <= M; r += RM) mk<RM, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
   if constexpr (RM > 4) {
-    for (; r + 4 <= M; r += 4) mk<4, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
+    for (; r + 4 <= M; r += 4) mk<4, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
   }
   if constexpr (RM > 2) {
-    for (; r + 2 <= M; r += 2) mk<2, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
+    for (; r + 2 <= M; r += 2) mk<2, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
   }
   if constexpr (RM > 1) {
-    for (; r < M; ++r) mk<1, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, colscale);
+    for (; r < M; ++r) mk<1, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
   }
 }
 
-// C [M, N] (op)= A [M, K] B [K, N] with A[m][k] at A + m * ars + k * aks; N a multiple of 16.
+// C [M, N] (op)= A [M, K] B [K, N] with A[m][k] at A + m * ars + k * aks; N a multiple of 16; rowscale [M]
+// for kScaleRowAdd (else unread).
 template <int INIT>
 DEW_AI void gemm(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
-                 int64_t M, int64_t K, int64_t N, const float* colscale = nullptr) {
+                 int64_t M, int64_t K, int64_t N, const float* rowscale = nullptr) {
   for (int64_t n0 = 0; n0 < N; n0 += kMaxNV * L) {
-    const float* cs = INIT == kScaleAdd ? colscale + n0 : nullptr;
+    const float* cs = rowscale;
     if constexpr (kMaxNV == 1) {
       gemm_nv<1, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, cs);
     } else {
@@ -389,7 +377,9 @@ DEW_AI Vis classify_all(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int
 
 // ---------------------------------------------------------------- forward
 
-size_t fwd_lane_ws(const Geo& g) { return size_t(2 * g.D * TILE + FWD_BK * TILE); }
+size_t fwd_lane_ws(const Geo& g) {
+  return size_t(g.D * TILE + TILE * g.Dp + FWD_BK * TILE + (g.D % L ? FWD_BK * g.Dp : 0));
+}
 int64_t fwd_row_ws_per_head(const Geo& g) { return 2 * g.Dp + g.S + L; }
 size_t fwd_row_ws(const Geo& g) { return size_t(g.row_heads * fwd_row_ws_per_head(g)); }
 
@@ -402,13 +392,16 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
   const int NV = int((nq + L - 1) / L);
   const int64_t LN = int64_t(NV) * L;
 
-  float* QT = ws;             // [D][TILE]  scale * Q^T
-  float* OT = QT + D * TILE;  // [D][TILE]  unnormalised O^T
-  float* ST = OT + D * TILE;  // [FWD_BK][TILE]  S^T, then P^T
+  const int64_t Dp = g.Dp;
+  float* QT = ws;                    // [D][TILE]  scale * Q^T
+  float* O = QT + D * TILE;          // [TILE][Dp]  unnormalised O (query rows; set by the first key block seen)
+  float* ST = O + TILE * Dp;         // [FWD_BK][TILE]  S^T, then P^T
+  float* Vp = ST + FWD_BK * TILE;    // [FWD_BK][Dp]  V rows zero padded to Dp (D % 16 != 0 only)
+  const bool v_direct = D % L == 0;  // the P V product reads V's rows in place
 
   const float* qb = P.q + ((b * g.T + t0) * g.Hq + h) * D;
   pack_t(qb, g.qrs, nq, D, QT, TILE, LN, g.scale);
-  for (int64_t d = 0; d < D; ++d) std::memset(OT + d * TILE, 0, size_t(LN) * sizeof(float));
+  bool started = false;  // O holds the sums of some key block
 
   vf mv[4], lv[4];
   for (int v = 0; v < 4; ++v) mv[v] = vset(kNegInf), lv[v] = vf{};
@@ -421,7 +414,9 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
   const float inv_cap = g.cap > 0 ? 1.0f / g.cap : 0.0f;
   const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
   alignas(64) int32_t qseg[TILE];  // the query lanes' segments (-1 past nq: those lanes are never stored)
-  for (int64_t i = 0; i < TILE; ++i) qseg[i] = segrow && i < nq ? segrow[pmin + i] : -1;
+  if (segrow)  // (filled only with segments: GCC vectorises the fill into masked loads, off a null row a
+               // fault-suppression assist per task, ~5 % of a DiT-shape forward)
+    for (int64_t i = 0; i < TILE; ++i) qseg[i] = i < nq ? segrow[pmin + i] : -1;
 
   for (int64_t s0 = slo; s0 < shi; s0 += FWD_BK) {
     const int64_t s1 = std::min(s0 + FWD_BK, shi), nk = s1 - s0;
@@ -488,19 +483,37 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
       lv[v] = lv[v] * a + sum;
       vstore(alpha + v * L, a);
     }
-    // O^T[d][i] = alpha[i] O^T[d][i] + sum_j V[s0 + j][d] * P^T[j][i]. P^T is 0 left of first[c]; the first run
-    // rescales its lanes, and the lanes left of it saw no key here (alpha = exp(0) = 1 exactly).
+    // O[i][d] = alpha[i] O[i][d] + sum_j P^T[j][i] V[s0 + j][d], in query rows (the broadcast runs along a row of
+    // P^T, V's rows are read in place), so O needs no transpose back. P^T is 0 left of first[c]; the first run
+    // rescales its rows, and the rows above it saw no key here (alpha = exp(0) = 1 exactly). The first key block
+    // seen sets O (rows above its first run, never reached by it, are zeroed) instead of rescaling zeros.
+    const float* vsrc = vb + s0 * g.krs;
+    int64_t vld = g.krs;
+    if (!v_direct) {
+      for (int64_t j = 0; j < nk; ++j) {
+        std::memcpy(Vp + j * Dp, vsrc + j * g.krs, size_t(D) * sizeof(float));
+        for (int64_t d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
+      }
+      vsrc = Vp, vld = Dp;
+    }
     for (int c0 = 0, c1; c0 < nch; c0 = c1) {
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 >= LN) continue;
-      if (c0 == 0)
-        gemm<kScaleAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0, LN - l0,
-                        alpha + l0);
-      else
-        gemm<kAdd>(OT + l0, TILE, vb + (s0 + r0) * g.krs, 1, g.krs, ST + r0 * TILE + l0, TILE, D, r1 - r0, LN - l0);
+      float* C = O + l0 * Dp;
+      const float* A = ST + r0 * TILE + l0;
+      if (c0 == 0 && !started) {
+        std::memset(O, 0, size_t(l0 * Dp) * sizeof(float));
+        gemm<kSet>(C, Dp, A, 1, TILE, vsrc + r0 * vld, vld, nq - l0, r1 - r0, Dp);
+        started = true;
+      } else if (c0 == 0) {
+        gemm<kScaleRowAdd>(C, Dp, A, 1, TILE, vsrc + r0 * vld, vld, nq - l0, r1 - r0, Dp, alpha + l0);
+      } else {
+        gemm<kAdd>(C, Dp, A, 1, TILE, vsrc + r0 * vld, vld, nq - l0, r1 - r0, Dp);
+      }
     }
   }
+  if (!started) std::memset(O, 0, size_t(nq * Dp) * sizeof(float));  // no key block seen: zeros
 
   float mf[TILE], lf[TILE], inv[TILE];
   for (int v = 0; v < 4; ++v) vstore(mf + v * L, mv[v]), vstore(lf + v * L, lv[v]);
@@ -514,7 +527,13 @@ DEW_AI void fwd_lane_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) 
       lse[i] = kNegInf;
     }
   }
-  unpack_t(OT, TILE, D, nq, inv, P.out + ((b * g.T + t0) * g.Hq + h) * D, g.qrs);
+  float* ob = P.out + ((b * g.T + t0) * g.Hq + h) * D;
+  for (int64_t i = 0; i < nq; ++i) {
+    const float* src = O + i * Dp;
+    float* dst = ob + i * g.qrs;
+    const float w = inv[i];
+    for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * w;
+  }
 }
 
 // Prefetches the D elements at p (a K or V row of the row path) when `valid`, one line of 64 bytes at a time;
@@ -643,7 +662,8 @@ DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws,
   const float* kb = P.k + b * g.S * g.krs + hk * D;
   const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
   alignas(64) int32_t qseg[TILE];  // the query lanes' segments (-1 past nq: excluded below anyway)
-  for (int64_t i = 0; i < TILE; ++i) qseg[i] = segrow && i < nq ? segrow[pmin + i] : -1;
+  if (segrow)                      // (as in fwd_lane_task: filled only with segments)
+    for (int64_t i = 0; i < TILE; ++i) qseg[i] = i < nq ? segrow[pmin + i] : -1;
   for (int64_t s0 = slo; s0 < shi; s0 += FWD_BK) {
     const int64_t s1 = std::min(s0 + FWD_BK, shi), nk = s1 - s0;
     bool seg_mask = false;
@@ -694,48 +714,88 @@ DEW_AI void max_logit_task(const Geo& g, const Ptrs& P, int64_t task, float* ws,
 enum DqMode { kDqDirect, kDqLocal, kDqShared };
 
 size_t bwd_ws(const Geo& g, DqMode mode) {
-  return size_t(4 * g.D * TILE + TILE * g.Dp + 3 * BWD_BQ * TILE + g.G * g.T +
-                (mode == kDqLocal ? g.G * g.T * g.Dp : 0));
+  const int64_t nqb = (g.T + BWD_BQ - 1) / BWD_BQ;
+  return size_t(2 * g.D * TILE + 3 * TILE * g.Dp + 3 * BWD_BQ * TILE + (g.D % L ? 2 * BWD_BQ * g.Dp : 0) + g.G * g.T +
+                g.G * nqb + (mode == kDqLocal ? g.G * g.T * g.Dp : 0));
 }
 
 // Key blocks [jb0, jb1) of (b, kv head hk), all G query heads reading it (see DqMode for dq_shared).
 DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t jb0, int64_t jb1, float* dq_shared,
                      DqMode mode, float* ws) {
   const int64_t D = g.D, Dp = g.Dp, G = g.G, T = g.T;
+  const bool rows_direct = D % L == 0;  // K, Q, dO rows read in place and dK, dV rows written in place
   float* KT = ws;                    // [D][TILE]
   float* VT = KT + D * TILE;         // [D][TILE]
-  float* dKT = VT + D * TILE;        // [D][TILE]
-  float* dVT = dKT + D * TILE;       // [D][TILE]
-  float* Kp = dVT + D * TILE;        // [TILE][Dp]  K rows, zero padded to Dp
+  float* dKb = VT + D * TILE;        // [TILE][Dp]  dK rows (odd D; else written in place)
+  float* dVb = dKb + TILE * Dp;      // [TILE][Dp]  dV rows (odd D)
+  float* Kp = dVb + TILE * Dp;       // [TILE][Dp]  K rows, zero padded to Dp (odd D)
   float* Pt = Kp + TILE * Dp;        // [BWD_BQ][TILE]  P
   float* dSt = Pt + BWD_BQ * TILE;   // [BWD_BQ][TILE]  dP, then dS
   float* TH = dSt + BWD_BQ * TILE;   // [BWD_BQ][TILE]  tanh(s / cap)
-  float* Dsum = TH + BWD_BQ * TILE;  // [G][T]
+  float* Qp = TH + BWD_BQ * TILE;    // [BWD_BQ][Dp]  Q rows, zero padded (odd D)
+  float* dOp = Qp + (rows_direct ? 0 : BWD_BQ * Dp);    // [BWD_BQ][Dp]  dO rows, zero padded (odd D)
+  float* Dsum = dOp + (rows_direct ? 0 : BWD_BQ * Dp);  // [G][T]
+  const int64_t nqb = (T + BWD_BQ - 1) / BWD_BQ;
+  float* dq_unset = Dsum + G * T;  // [G][nqb]  kDqDirect: 1 while the dq rows of (gi, query block) hold nothing
   // dq rows of query head gi: dqacc + gi * dq_hs + t * dq_ld
-  float* dqacc = mode == kDqDirect ? P.dq + (b * T * g.Hq + hk * G) * D : mode == kDqLocal ? Dsum + G * T : dq_shared;
+  float* dqacc = mode == kDqDirect  ? P.dq + (b * T * g.Hq + hk * G) * D
+                 : mode == kDqLocal ? dq_unset + G * nqb
+                                    : dq_shared;
   const int64_t dq_hs = mode == kDqDirect ? D : T * Dp, dq_ld = mode == kDqDirect ? g.qrs : Dp;
+  // kDqDirect: a query block's dq rows are set by the first dS K product that covers them all (or zeroed just
+  // before a partial one, or at the end when no key reached them) instead of zeroed up front (16 KB a DiT head).
+  const auto zero_dq_block = [&](int64_t gi, int64_t qb) {
+    for (int64_t t = qb * BWD_BQ; t < std::min(T, (qb + 1) * BWD_BQ); ++t)
+      std::memset(dqacc + gi * dq_hs + t * dq_ld, 0, size_t(D) * sizeof(float));
+  };
 
-  for (int64_t gi = 0; gi < G; ++gi) {
+  // Dsum = rowsum(dO * O): up front when the task has several key blocks; with one (the DiT's 64-token rows)
+  // per query block just before its dS, its O rows prefetched before the block's two products: up front, the
+  // first touch of dO and O stalled with no work to hide it (~9 % of a DiT-shape backward in perf).
+  const bool dsum_late = jb1 - jb0 == 1;
+  const auto dsum_rows = [&](int64_t gi, int64_t t_begin, int64_t t_end) {
     const int64_t h = hk * G + gi;
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
       const int64_t row = ((b * T + t) * g.Hq + h) * D;
       Dsum[gi * T + t] = dot(P.dout + row, P.o + row, D);
     }
-  }
+  };
+  if (!dsum_late)
+    for (int64_t gi = 0; gi < G; ++gi) dsum_rows(gi, 0, T);
   if (mode == kDqLocal) std::memset(dqacc, 0, size_t(G * T * Dp) * sizeof(float));
-  if (mode == kDqDirect)
-    for (int64_t gi = 0; gi < G; ++gi)
-      for (int64_t t = 0; t < T; ++t) std::memset(dqacc + gi * dq_hs + t * dq_ld, 0, size_t(D) * sizeof(float));
+  for (int64_t i = 0; i < G * nqb; ++i) dq_unset[i] = mode == kDqDirect ? 1.0f : 0.0f;
 
   const float* kb = P.k + b * g.S * g.krs + hk * D;
   const float* vb = P.v + b * g.S * g.krs + hk * D;
   const float inv_cap = g.cap > 0 ? 1.0f / g.cap : 0.0f;
-  float one_row[TILE];
-  for (int64_t i = 0; i < TILE; ++i) one_row[i] = 1.0f;
+  // rows [0, n) of `rows` (ld apart) copied to dst [n][Dp], zero padded past D
+  const auto pad_rows = [D, Dp](const float* rows, int64_t ld, int64_t n, float* dst) {
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(dst + r * Dp, rows + r * ld, size_t(D) * sizeof(float));
+      for (int64_t d = D; d < Dp; ++d) dst[r * Dp + d] = 0.0f;
+    }
+  };
 
   const int32_t* segrow = g.seg ? g.seg + b * g.S : nullptr;
   for (int64_t jb = jb0; jb < jb1; ++jb) {
     const int64_t s0 = jb * TILE, s1 = std::min(s0 + TILE, g.S), nk = s1 - s0;
+    // dK and dV of the block's keys: rows of dk / dv in place (D a multiple of 16), else of dKb / dVb copied out
+    float* dkr = rows_direct ? P.dk + (b * g.S + s0) * g.krs + hk * D : dKb;
+    float* dvr = rows_direct ? P.dv + (b * g.S + s0) * g.krs + hk * D : dVb;
+    const int64_t dkv_ld = rows_direct ? g.krs : Dp;
+    const auto zero_dkv = [&] {
+      for (int64_t j = 0; j < nk; ++j) {
+        std::memset(dkr + j * dkv_ld, 0, size_t(Dp) * sizeof(float));
+        std::memset(dvr + j * dkv_ld, 0, size_t(Dp) * sizeof(float));
+      }
+    };
+    const auto store_dkv = [&] {
+      if (rows_direct) return;
+      for (int64_t j = 0; j < nk; ++j) {
+        std::memcpy(P.dk + (b * g.S + s0 + j) * g.krs + hk * D, dKb + j * Dp, size_t(D) * sizeof(float));
+        std::memcpy(P.dv + (b * g.S + s0 + j) * g.krs + hk * D, dVb + j * Dp, size_t(D) * sizeof(float));
+      }
+    };
     // query blocks that see nothing of this key block, segment-wise too, are skipped before any packing
     if (segrow) {
       const int64_t tq_lo = g.causal ? std::clamp<int64_t>(s0 - g.qoff, 0, T) : 0;
@@ -743,21 +803,25 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
       for (int64_t t0 = tq_lo; t0 < T && !any; t0 += BWD_BQ)
         any = classify_segments(g, b, g.qoff + t0, g.qoff + std::min(t0 + BWD_BQ, T) - 1, s0, s1) != kNone;
       if (!any) {
-        std::memset(dKT, 0, size_t(2 * D * TILE) * sizeof(float));
-        unpack_t(dKT, TILE, D, nk, one_row, P.dk + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
-        unpack_t(dVT, TILE, D, nk, one_row, P.dv + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
+        zero_dkv();
+        store_dkv();
         continue;
       }
     }
     alignas(64) int32_t kseg[TILE];  // the key lanes' segments (-2 past nk: masked by the lane count anyway)
-    for (int64_t j = 0; j < TILE; ++j) kseg[j] = segrow && j < nk ? segrow[s0 + j] : -2;
+    if (segrow)                      // (as in fwd_lane_task: filled only with segments)
+      for (int64_t j = 0; j < TILE; ++j) kseg[j] = j < nk ? segrow[s0 + j] : -2;
     pack_t(kb + s0 * g.krs, g.krs, nk, D, KT, TILE, TILE, 1.0f);
     pack_t(vb + s0 * g.krs, g.krs, nk, D, VT, TILE, TILE, 1.0f);
-    for (int64_t j = 0; j < nk; ++j) {
-      std::memcpy(Kp + j * Dp, kb + (s0 + j) * g.krs, size_t(D) * sizeof(float));
-      for (int64_t d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
+    // K's rows for dQ += dS K: in place when D is a multiple of 16, else copied zero padded to Dp
+    const float* krows = kb + s0 * g.krs;
+    int64_t kld = g.krs;
+    if (!rows_direct) {
+      pad_rows(kb + s0 * g.krs, g.krs, nk, Kp);
+      krows = Kp, kld = Dp;
     }
-    std::memset(dKT, 0, size_t(2 * D * TILE) * sizeof(float));  // dKT and dVT
+    // dK and dV are set by the first product pair when it spans every key, else zeroed before it
+    bool dkv_unset = true;
 
     // queries that can see some key of the block: pos >= s0 (causal), pos < s1 - 1 + window
     const int64_t t_lo = g.causal ? std::clamp<int64_t>(s0 - g.qoff, 0, T) : 0;
@@ -798,6 +862,10 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
           run_r0[nruns] = c0 * L, run_r1[nruns] = std::min<int64_t>(nq, c1 * L), run_lanes[nruns] = lanes[c0];
           ++nruns;
         }
+        if (dsum_late)  // (a hint: O's rows arrive while S and dP are computed)
+          for (int64_t i = 0; i < nq; ++i)
+            for (int64_t d = 0; d < D; d += 16)
+              __builtin_prefetch(P.o + ((b * T + t0 + i) * g.Hq + hk * G + gi) * D + d);
         // S = Q K^T, then P = exp(scale S [capped] - lse), masked to 0
         for (int r = 0; r < nruns; ++r)
           gemm<kSet>(Pt + run_r0[r] * TILE, TILE, qh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, KT, TILE,
@@ -840,6 +908,7 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
         for (int r = 0; r < nruns; ++r)
           gemm<kSet>(dSt + run_r0[r] * TILE, TILE, doh + (t0 + run_r0[r]) * g.qrs, g.qrs, 1, VT, TILE,
                      run_r1[r] - run_r0[r], D, run_lanes[r]);
+        if (dsum_late) dsum_rows(gi, t0, t1);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
           const vf di = vset(Dh[t0 + i]);
@@ -854,17 +923,51 @@ DEW_AI void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, int64_t
           }
         }
         // dV^T[d][j] += sum_i dO[i][d] P[i][j];  dK^T[d][j] += sum_i Q[i][d] dS[i][j];  dQ[i][:] += dS[i][j] K[j][:]
+        // (kSet where a product spans every element it will own: the bits of kAdd onto zeros)
+        const int64_t qb0 = t0 / BWD_BQ, qb1 = (t0 + nq - 1) / BWD_BQ;
+        const bool dq_set = mode == kDqDirect && t0 % BWD_BQ == 0 && nq == std::min(BWD_BQ, T - t0) && nruns == 1 &&
+                            run_r0[0] == 0 && run_r1[0] == nq && dq_unset[gi * nqb + qb0] != 0.0f;
+        for (int64_t qb = qb0; qb <= qb1; ++qb) {
+          if (!dq_set && dq_unset[gi * nqb + qb] != 0.0f) zero_dq_block(gi, qb);
+          dq_unset[gi * nqb + qb] = 0.0f;
+        }
+        const bool dkv_set = dkv_unset && nruns == 1 && run_lanes[0] == key_lanes;
+        if (dkv_unset && !dkv_set) zero_dkv();
+        dkv_unset = false;
+        // Q and dO rows of the block for dK, dV: in place, or padded copies
+        const float* qB = qh + t0 * g.qrs;
+        const float* doB = doh + t0 * g.qrs;
+        int64_t bld = g.qrs;
+        if (!rows_direct) {
+          pad_rows(qB, g.qrs, nq, Qp);
+          pad_rows(doB, g.qrs, nq, dOp);
+          qB = Qp, doB = dOp, bld = Dp;
+        }
         for (int r = 0; r < nruns; ++r) {
-          const int64_t r0 = run_r0[r], nr = run_r1[r] - r0, nl = run_lanes[r];
-          gemm<kAdd>(dVT, TILE, doh + (t0 + r0) * g.qrs, 1, g.qrs, Pt + r0 * TILE, TILE, D, nr, nl);
-          gemm<kAdd>(dKT, TILE, qh + (t0 + r0) * g.qrs, 1, g.qrs, dSt + r0 * TILE, TILE, D, nr, nl);
-          gemm<kAdd>(dqh + (t0 + r0) * dq_ld, dq_ld, dSt + r0 * TILE, TILE, 1, Kp, Dp, nr, std::min(nk, nl), Dp);
+          const int64_t r0 = run_r0[r], nr = run_r1[r] - r0, nl = run_lanes[r], nkr = std::min(nk, nl);
+          float* dqr = dqh + (t0 + r0) * dq_ld;
+          // dV[j][:] (+)= sum_i P[i][j] dO[i][:]; dK[j][:] (+)= sum_i dS[i][j] Q[i][:] (key rows: the broadcast
+          // runs along a row of P / dS, dO and Q rows are read as they lie)
+          if (dkv_set) {
+            gemm<kSet>(dvr, dkv_ld, Pt + r0 * TILE, 1, TILE, doB + r0 * bld, bld, nkr, nr, Dp);
+            gemm<kSet>(dkr, dkv_ld, dSt + r0 * TILE, 1, TILE, qB + r0 * bld, bld, nkr, nr, Dp);
+          } else {
+            gemm<kAdd>(dvr, dkv_ld, Pt + r0 * TILE, 1, TILE, doB + r0 * bld, bld, nkr, nr, Dp);
+            gemm<kAdd>(dkr, dkv_ld, dSt + r0 * TILE, 1, TILE, qB + r0 * bld, bld, nkr, nr, Dp);
+          }
+          if (dq_set)
+            gemm<kSet>(dqr, dq_ld, dSt + r0 * TILE, TILE, 1, krows, kld, nr, std::min(nk, nl), Dp);
+          else
+            gemm<kAdd>(dqr, dq_ld, dSt + r0 * TILE, TILE, 1, krows, kld, nr, std::min(nk, nl), Dp);
         }
       }
     }
-    unpack_t(dKT, TILE, D, nk, one_row, P.dk + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
-    unpack_t(dVT, TILE, D, nk, one_row, P.dv + b * g.S * g.krs + s0 * g.krs + hk * D, g.krs);
+    if (dkv_unset) zero_dkv();  // no query saw the block
+    store_dkv();
   }
+  for (int64_t gi = 0; gi < G; ++gi)  // dq rows no key reached
+    for (int64_t qb = 0; qb < nqb; ++qb)
+      if (dq_unset[gi * nqb + qb] != 0.0f) zero_dq_block(gi, qb);
 
   if (mode == kDqLocal) {
     for (int64_t gi = 0; gi < G; ++gi) {
