@@ -8,12 +8,12 @@
 // with window, softcap and q_offset; short documents with a padding tail (rows that see no key: out 0, lse
 // -inf); long documents (tile pairs skipped, unmasked and masked per element); not causal; two shapes whose
 // visible range starts at a tile's last key or query, and two whose causal or window edge falls one key inside a
-// tile pair. Every case also runs a mask probe (q = 0: lse = log of the visible keys, exactly), so an off-by-one
-// in a tile range or in the unmasked-tile test fails (checked by mutating each bound by hand).
-// Tolerances as the GPU test's: |err| <= rtol (|want| + rms(want)), 2e-2 for out (P is rounded to bf16 for P V),
-// 1e-3 for lse, 5e-2 for the gradients (dS rounded too). Each emulated run goes twice, under cuda_emulation.hpp's
-// two schedules, which must give the same bits: a missing barrier or cp.async wait shows (checked by deleting
-// each one).
+// tile pair; head width 32 (GQA ragged, and window + softcap over short documents). Every case also runs a mask probe
+// (q = 0: lse = log of the visible keys, exactly), so an off-by-one in a tile range or in the unmasked-tile test fails
+// (checked by mutating each bound by hand). Tolerances as the GPU test's: |err| <= rtol (|want| + rms(want)), 2e-2 for
+// out (P is rounded to bf16 for P V), 1e-3 for lse, 5e-2 for the gradients (dS rounded too). Each emulated run goes
+// twice, under cuda_emulation.hpp's two schedules, which must give the same bits: a missing barrier or cp.async wait
+// shows (checked by deleting each one).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -115,6 +115,8 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
       {"D 64, short documents with a padding tail", 2, 130, 130, 1, 1, 64, true, 0, 0.0f, 1},
       {"D 64, long documents (skipped, unmasked and masked tiles)", 1, 320, 320, 1, 1, 64, true, 0, 0.0f, 2},
       {"D 128, not causal, 33 x 100", 1, 33, 100, 1, 1, 128, false, 0, 0.0f, 0},
+      {"D 32, causal, ragged 150 x 150, GQA 2", 1, 150, 150, 4, 2, 32, true, 0, 0.0f, 0},
+      {"D 32, window 40, softcap 10, short documents", 2, 100, 100, 1, 1, 32, true, 40, 10.0f, 1},
       // Range edges: the window's first key (63) ends a key tile (q_offset 80, rows 64.. start at 144 - 82 + 1);
       // q_offset 65: query 63 (position 128) is the last of the first 64-query tile and the only one of its
       // 32-query tile of dK/dV to see key 128, the first of a key tile.
@@ -147,6 +149,7 @@ TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16
                              const std::vector<float>& gv) {
       const auto run = [&](emu::Schedule schedule) {
         emu::state().schedule = schedule;
+        if (c.D == 32) return run_emulated<32>(d, p, qv, kv, vv, gv, seg);
         return c.D == 64 ? run_emulated<64>(d, p, qv, kv, vv, gv, seg) : run_emulated<128>(d, p, qv, kv, vv, gv, seg);
       };
       const Out lockstep = run(emu::Schedule::lockstep), skewed = run(emu::Schedule::skewed);

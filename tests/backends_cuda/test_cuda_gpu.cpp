@@ -210,7 +210,7 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
   check_close(c.dv, r.dv, 1e-4, "dv");
 }
 
-// The tensor-core kernels (flash_attention.cu: bf16, head width 64 or 128) against ref in f32 on the same
+// The tensor-core kernels (flash_attention.cu: bf16, head width 32, 64 or 128) against ref in f32 on the same
 // bf16-rounded inputs, at shapes with ragged edges (T, S not multiples of the 64-row tiles), GQA, causal, sliding
 // window with softcap and q_offset, documents (segment ids, with padding rows that see no key: out 0, lse -inf;
 // short ones, and long ones whose tiles are skipped, unmasked or masked per element), non-causal, and a shape
@@ -221,7 +221,7 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
 // numerics), so 2e-2 for out and 5e-2 for the gradients; lse comes from f32 scores: 1e-3. The warp kernel's
 // gradients: 3e-2 — its backward reads the bf16-rounded out (D = rowsum(dO * O)) where ref has f32, and on an
 // H200 (session 18) dq of the 192 x 192 case needed rtol 0.027 (9 of 24576 elements over 2e-2).
-TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the warp kernel on the same call") {
+TEST_CASE("tensor-core attention (bf16, head width 32, 64 and 128) against ref; the warp kernel on the same call") {
   struct Case {
     const char* what;
     int64_t B, T, S, Hq, Hkv, D;
@@ -238,6 +238,7 @@ TEST_CASE("tensor-core attention (bf16, head width 64 and 128) against ref; the 
       {"D 64, documents with a padding tail", 2, 130, 130, 2, 2, 64, true, 0, 0.0f, 1},
       {"D 64, long documents (whole, mixed and hidden tiles)", 1, 320, 320, 2, 2, 64, true, 0, 0.0f, 2},
       {"D 128, not causal, 33 x 200", 1, 33, 200, 2, 2, 128, false, 0, 0.0f, 0},
+      {"D 32, causal, ragged 150 x 150, GQA 2", 2, 150, 150, 4, 2, 32, true, 0, 0.0f, 0},
   };
   BackendPtr warp_cuda = create_backend("cuda", Options({{"attention", "warp"}}, "test"));
   for (const Case& c : cases) {

@@ -54,8 +54,8 @@ struct CudaOptions {
   Precision matmul = Precision::highest;
   bool caching_allocator = true;
   int64_t workspace_mb = 32;  // cuBLASLt workspace
-  // `attention = auto`: the tensor-core kernels (flash_attention.cu) wherever they apply (bf16, head width 64 or
-  // 128); f32 calls by cuBLASLt products (attention_products.cpp) where T * S is large enough that they win
+  // `attention = auto`: the tensor-core kernels (flash_attention.cu) wherever they apply (bf16, head width 32, 64
+  // or 128); f32 calls by cuBLASLt products (attention_products.cpp) where T * S is large enough that they win
   // (its top comment states the rule), the warp-per-row kernel (attention.cu) elsewhere; `products`: as auto, but
   // every f32 call by products; `warp`: the warp-per-row kernel everywhere.
   bool flash_attention = true;

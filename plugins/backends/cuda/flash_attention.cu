@@ -1,4 +1,4 @@
-// cuda/flash_attention.cu — tensor-core attention: bf16 q, k, v, out (lse f32), head width 64 or 128 (Dk == Dv),
+// cuda/flash_attention.cu — tensor-core attention: bf16 q, k, v, out (lse f32), head width 32, 64 or 128 (Dk == Dv),
 // forward and backward, in the FlashAttention-2 form on mma.sync m16n8k16 (bf16 operands, f32 accumulation,
 // sm_80 and newer). Everything attention.cu's warp-per-row kernel does: causal, sliding window, GQA, softcap,
 // q_offset, segment ids (document masking), a row without a visible key (zeros, lse = -inf).
@@ -88,7 +88,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 }  // namespace
 
 bool flash_attention_applies(ST t, ST kv, const AttnDims& d, std::initializer_list<const void*> ptrs) {
-  if (t != ST::bf16 || kv != ST::bf16 || d.Dk != d.Dv || (d.Dk != 64 && d.Dk != 128)) return false;
+  if (t != ST::bf16 || kv != ST::bf16 || d.Dk != d.Dv || (d.Dk != 32 && d.Dk != 64 && d.Dk != 128)) return false;
   // grid.x holds B * Hq (or B * Hkv), grid.y the row tiles
   if (d.B * d.Hq > 2147483647LL || (d.T + kRowTile - 1) / kRowTile > 65535 || (d.S + kRowTile - 1) / kRowTile > 65535)
     return false;
@@ -104,7 +104,9 @@ void launch_flash_attention(cudaStream_t s, const void* q, const void* k, const 
   const auto* ks = static_cast<const bf16*>(k);
   const auto* vs = static_cast<const bf16*>(v);
   auto* os = static_cast<bf16*>(out);
-  if (d.Dk == 64)
+  if (d.Dk == 32)
+    forward<32>(s, qs, ks, vs, seg, os, lse, d, p);
+  else if (d.Dk == 64)
     forward<64>(s, qs, ks, vs, seg, os, lse, d, p);
   else
     forward<128>(s, qs, ks, vs, seg, os, lse, d, p);
@@ -122,7 +124,9 @@ void launch_flash_attention_backward(cudaStream_t s, const void* q, const void* 
   auto* dqs = static_cast<bf16*>(dq);
   auto* dks = static_cast<bf16*>(dk);
   auto* dvs = static_cast<bf16*>(dv);
-  if (d.Dk == 64)
+  if (d.Dk == 32)
+    backward<32>(s, qs, ks, vs, seg, os, lse, gs, dqs, dks, dvs, d, p, scratch);
+  else if (d.Dk == 64)
     backward<64>(s, qs, ks, vs, seg, os, lse, gs, dqs, dks, dvs, d, p, scratch);
   else
     backward<128>(s, qs, ks, vs, seg, os, lse, gs, dqs, dks, dvs, d, p, scratch);

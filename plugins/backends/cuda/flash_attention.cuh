@@ -348,10 +348,11 @@ __device__ __forceinline__ int64_t query_tile_start() { return int64_t(gridDim.y
 // Blocks per SM the kernels are compiled for (__launch_bounds__): 3 with 64-wide heads, at most 168 registers a
 // thread, so 12 warps an SM hide the mma, shared-memory and exp2 latencies (the forward fits without spilling; the
 // backward kernels spill a few accumulators to L1 and still gain: on an H200, GPT-2-small's attention forward +
-// backward 0.543 ms unbounded (201-235 registers, 8 warps an SM), 0.481 ms bounded); 2 with 128-wide heads.
+// backward 0.543 ms unbounded (201-235 registers, 8 warps an SM), 0.481 ms bounded); 3 with 32-wide heads (they
+// fit without spilling); 2 with 128-wide heads.
 template <int D>
 constexpr int min_blocks() {
-  return D == 64 ? 3 : 2;
+  return D <= 64 ? 3 : 2;
 }
 
 // ---------------------------------------------------------------- forward
