@@ -126,7 +126,7 @@ __device__ __forceinline__ void row_load8_scale(const T* w, int64_t j, int64_t n
 // Whether the rows can take the vectorised path: D a multiple of 8 and every pointer 16-byte aligned.
 inline bool rows_vectorised(int64_t D, std::initializer_list<const void*> ptrs) { return vectorisable(D, ptrs); }
 inline unsigned warp_row_blocks(int64_t rows) { return blocks_for(rows, kRowWarps); }
-// Runs `launch` with the vectorised or the element-wise instantiation.
+// Runs the statement with the constant kVec = vec (the vectorised or the element-wise instantiation).
 #define DEW_ROWS_VEC(vec, kVec, ...) \
   do {                               \
     if (vec) {                       \
