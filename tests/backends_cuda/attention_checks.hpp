@@ -86,6 +86,17 @@ struct Sizes {
   int64_t B, T, S, Hq, Hkv, D;
 };
 
+// One attention case of the tensor-core and products tests: sizes, mask and documents (segments 0: none; else the
+// test's layout: document_ids' kind 1 or 2 in the tensor-core tests, three_documents in the products tests).
+struct Case {
+  const char* what;
+  int64_t B, T, S, Hq, Hkv, D;
+  bool causal;
+  int64_t window;
+  float softcap;
+  int segments;
+};
+
 // The cases' parameters: scale 1 / sqrt(D), the queries at the last T of the S positions (q_offset = S - T).
 inline dew::AttentionParams params_of(const Sizes& s, bool causal, int64_t window, float softcap) {
   dew::AttentionParams p;

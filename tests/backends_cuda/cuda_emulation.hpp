@@ -505,39 +505,44 @@ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   for (int e = 0; e < 4; ++e) c[e] = out[e];
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane i gives row i % 8 of matrix i / 8 (16 bytes, 16-byte aligned);
-// register j of lane (g, c) = matrix j's row g, cols 2c (low) and 2c + 1 (high).
-inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+// ldmatrix .x4 (plain and .trans): lane i gives row i % 8 of matrix i / 8 (16 bytes, 16-byte aligned, checked),
+// then reads its registers from the rows the warp gave (row_of), between two warp barriers.
+template <class Read>
+inline void ldmatrix_x4_rows(const bf16* p, Read&& read) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
     std::fprintf(stderr, "emulated ldmatrix: row address %p is not 16-byte aligned\n", static_cast<const void*>(p));
     std::abort();
   }
   ::emu::slot(::emu::tid())[0] = reinterpret_cast<uintptr_t>(p);
   ::emu::syncwarp();
-  const int base = ::emu::warp_base(), ln = ::emu::lane(), g = ln / 4, cc = ln % 4;
-  for (int j = 0; j < 4; ++j) {
-    const auto* row = reinterpret_cast<const bf16*>(::emu::slot(base + j * 8 + g)[0]);
-    r[j] = uint32_t(row[2 * cc].bits) | (uint32_t(row[2 * cc + 1].bits) << 16);
-  }
+  const int base = ::emu::warp_base();
+  read([base](int i) { return reinterpret_cast<const bf16*>(::emu::slot(base + i)[0]); });
   ::emu::syncwarp();
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane i gives row i % 8 of matrix i / 8 (16 bytes, 16-byte
-// aligned); register j of lane (g, c) = matrix j's elements (row 2c, col g) low and (row 2c + 1, col g) high.
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: register j of lane (g, c) = matrix j's row g, cols 2c (low) and 2c + 1
+// (high).
+inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  ldmatrix_x4_rows(p, [&r](auto row_of) {
+    const int ln = ::emu::lane(), g = ln / 4, cc = ln % 4;
+    for (int j = 0; j < 4; ++j) {
+      const bf16* row = row_of(j * 8 + g);
+      r[j] = uint32_t(row[2 * cc].bits) | (uint32_t(row[2 * cc + 1].bits) << 16);
+    }
+  });
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: register j of lane (g, c) = matrix j's elements (row 2c, col g)
+// low and (row 2c + 1, col g) high.
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-    std::fprintf(stderr, "emulated ldmatrix: row address %p is not 16-byte aligned\n", static_cast<const void*>(p));
-    std::abort();
-  }
-  ::emu::slot(::emu::tid())[0] = reinterpret_cast<uintptr_t>(p);
-  ::emu::syncwarp();
-  const int base = ::emu::warp_base(), ln = ::emu::lane(), g = ln / 4, cc = ln % 4;
-  for (int j = 0; j < 4; ++j) {
-    const auto* r0 = reinterpret_cast<const bf16*>(::emu::slot(base + j * 8 + 2 * cc)[0]);
-    const auto* r1 = reinterpret_cast<const bf16*>(::emu::slot(base + j * 8 + 2 * cc + 1)[0]);
-    r[j] = uint32_t(r0[g].bits) | (uint32_t(r1[g].bits) << 16);
-  }
-  ::emu::syncwarp();
+  ldmatrix_x4_rows(p, [&r](auto row_of) {
+    const int ln = ::emu::lane(), g = ln / 4, cc = ln % 4;
+    for (int j = 0; j < 4; ++j) {
+      const bf16* r0 = row_of(j * 8 + 2 * cc);
+      const bf16* r1 = row_of(j * 8 + 2 * cc + 1);
+      r[j] = uint32_t(r0[g].bits) | (uint32_t(r1[g].bits) << 16);
+    }
+  });
 }
 
 }  // namespace dew::cuda

@@ -55,6 +55,7 @@ std::vector<float> host_uniform(int64_t n, uint64_t seed, float mul) {
   return v;
 }
 
+using attention_checks::Case;
 using attention_checks::check_close;
 using attention_checks::check_lse;
 
@@ -100,14 +101,7 @@ Out run_emulated(const cuda::AttnDims& d, const AttentionParams& p, const std::v
 }  // namespace
 
 TEST_CASE("tensor-core attention kernels, emulated on the CPU, against ref (bf16 inputs, f32 oracle)") {
-  struct Case {
-    const char* what;
-    int64_t B, T, S, Hq, Hkv, D;
-    bool causal;
-    int64_t window;
-    float softcap;
-    int segments;  // 0: none; 1: short documents and a padding tail; 2: long documents
-  };
+  // segments 0: none; 1: short documents and a padding tail; 2: long documents
   const Case cases[] = {
       {"D 64, causal, ragged 100 x 100, GQA 2", 1, 100, 100, 2, 1, 64, true, 0, 0.0f, 0},
       {"D 64, causal, 192 x 192 (unmasked inner tiles)", 1, 192, 192, 1, 1, 64, true, 0, 0.0f, 0},
@@ -301,19 +295,12 @@ TEST_CASE("f32 attention by products (cuda-emulated) against the warp kernel and
     return true;
   }();
   (void)loaded;
-  struct Case {
-    const char* what;
-    int64_t B, T, S, Hq, Hkv, D;
-    bool causal;
-    int64_t window;
-    float softcap;
-    bool segments;
-  };
+  // segments 1: three_documents
   const Case cases[] = {
-      {"GQA 4/2, causal, window 6, softcap 5, q_offset 4, D 40", 1, 20, 24, 4, 2, 40, true, 6, 5.0f, false},
-      {"MQA 3/1, documents with padding, not causal, D 72", 2, 18, 18, 3, 1, 72, false, 0, 0.0f, true},
+      {"GQA 4/2, causal, window 6, softcap 5, q_offset 4, D 40", 1, 20, 24, 4, 2, 40, true, 6, 5.0f, 0},
+      {"MQA 3/1, documents with padding, not causal, D 72", 2, 18, 18, 3, 1, 72, false, 0, 0.0f, 1},
       {"causal 512 x 512 (four row chunks), window 40, softcap 30, GQA 2/1, D 16", 1, 512, 512, 2, 1, 16, true, 40,
-       30.0f, false},
+       30.0f, 0},
   };
   for (const Case& c : cases) {
     const std::string what = c.what;

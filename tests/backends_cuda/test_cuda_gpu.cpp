@@ -31,6 +31,7 @@ std::vector<float> host_uniform(int64_t n, uint64_t seed, float lo = -1.0f, floa
   return v;
 }
 
+using attention_checks::Case;
 using attention_checks::check_close;
 
 void matmul_case(const MatmulParams& p, const Shape& as, const Shape& bs, bool with_bias, DType dt, double rtol,
@@ -222,15 +223,8 @@ TEST_CASE("attention forward and backward against ref (GQA, causal, window, soft
 // gradients: 3e-2 — its backward reads the bf16-rounded out (D = rowsum(dO * O)) where ref has f32, and on an
 // H200 (session 18) dq of the 192 x 192 case needed rtol 0.027 (9 of 24576 elements over 2e-2).
 TEST_CASE("tensor-core attention (bf16, head width 32, 64 and 128) against ref; the warp kernel on the same call") {
-  struct Case {
-    const char* what;
-    int64_t B, T, S, Hq, Hkv, D;
-    bool causal;
-    int64_t window;
-    float softcap;
-    int segments;  // 0: none; 1: short documents and a padding tail; 2: long documents (64-row tiles inside one,
-                   // across two, and hidden: query documents no key tile shares)
-  };
+  // segments 0: none; 1: short documents and a padding tail; 2: long documents (64-row tiles inside one, across two,
+  // and hidden: query documents no key tile shares)
   const Case cases[] = {
       {"D 64, causal, ragged 100 x 100, GQA 2", 2, 100, 100, 4, 2, 64, true, 0, 0.0f, 0},
       {"D 64, causal, 192 x 192 (full inner tiles)", 1, 192, 192, 2, 1, 64, true, 0, 0.0f, 0},
@@ -285,18 +279,11 @@ TEST_CASE("tensor-core attention (bf16, head width 32, 64 and 128) against ref; 
 // on an H200, session 19): out 2e-5, lse 1e-5, gradients 2e-4 of |want| + rms(want) (the emulated plugin, whose
 // products sum in double, passes at half of each).
 TEST_CASE("f32 attention by cuBLASLt products against ref, and the warp kernel on the same calls") {
-  struct Case {
-    const char* what;
-    int64_t B, T, S, Hq, Hkv, D;
-    bool causal;
-    int64_t window;
-    float softcap;
-    bool segments;
-  };
+  // segments 1: three_documents
   const Case cases[] = {
-      {"GQA 4/2, causal, window 6, softcap 5, q_offset 4, D 40", 2, 20, 24, 4, 2, 40, true, 6, 5.0f, false},
-      {"MQA 3/1, documents with padding, not causal, D 72", 2, 150, 150, 3, 1, 72, false, 0, 0.0f, true},
-      {"GPT-2 small's heads: causal 1024 x 1024, D 64", 1, 1024, 1024, 2, 2, 64, true, 0, 0.0f, false},
+      {"GQA 4/2, causal, window 6, softcap 5, q_offset 4, D 40", 2, 20, 24, 4, 2, 40, true, 6, 5.0f, 0},
+      {"MQA 3/1, documents with padding, not causal, D 72", 2, 150, 150, 3, 1, 72, false, 0, 0.0f, 1},
+      {"GPT-2 small's heads: causal 1024 x 1024, D 64", 1, 1024, 1024, 2, 2, 64, true, 0, 0.0f, 0},
   };
   BackendPtr products = create_backend("cuda", Options({{"attention", "products"}}, "test"));
   BackendPtr warp = create_backend("cuda", Options({{"attention", "warp"}}, "test"));

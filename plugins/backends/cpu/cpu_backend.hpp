@@ -187,14 +187,10 @@ std::string kernel_paths();
 using contracts::last_dim;
 using contracts::rows_of;
 
-// exp(x) for f32 that vectorises under `omp simd` (Cephes-style range reduction + degree-6 polynomial,
-// ~1-2 ulp); overflow -> inf, gradual underflow to denormals and 0, NaN -> NaN. Branch-free.
-[[gnu::always_inline]] inline float fast_exp(float x) {
-  float xc = x > -104.0f ? x : -104.0f;  // NaN -> -104 here; restored by the last select
-  xc = xc < 88.8f ? xc : 88.8f;
-  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
-  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
-  float r = xc - n * 0.693359375f;
+// e^x / 2^n for x = n ln 2 + r (n the integer nearest x log2 e): Cephes' two-part ln 2 reduction and degree-6
+// polynomial, shared by fast_exp and act_exp (the same operations, so the same bits).
+[[gnu::always_inline]] inline float exp_reduced(float x, float n) {
+  float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -202,7 +198,16 @@ using contracts::rows_of;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+// exp(x) for f32 that vectorises under `omp simd` (Cephes-style range reduction + degree-6 polynomial,
+// ~1-2 ulp); overflow -> inf, gradual underflow to denormals and 0, NaN -> NaN. Branch-free.
+[[gnu::always_inline]] inline float fast_exp(float x) {
+  float xc = x > -104.0f ? x : -104.0f;  // NaN -> -104 here; restored by the last select
+  xc = xc < 88.8f ? xc : 88.8f;
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
+  const float p = exp_reduced(xc, n);
   // 2^n as two normal factors so n in [-150, 128] needs no special cases.
   const int32_t ni = int32_t(n);
   const int32_t n1 = ni >> 1, n2 = ni - n1;
@@ -244,15 +249,7 @@ using contracts::rows_of;
   const float kRound = 12582912.0f;  // 1.5 * 2^23: t's low mantissa bits hold n + 0x400000
   const float t = z * 1.44269504088896341f + kRound;
   const float n = t - kRound;
-  float r = z - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  const float p = exp_reduced(z, n);
   uint32_t tb;
   std::memcpy(&tb, &t, 4);
   const uint32_t sb = (tb + 127u) << 23;  // (0x4B400000 + n + 127) << 23 = (n + 127) << 23 (mod 2^32)

@@ -195,30 +195,34 @@ __global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const 
     const T* gr = dy + r * D;
     T* dxr = dx + r * D;
     const float mu = center ? mean[r] : 0.0f, rs = rstd[r];
-    float sg = 0.0f, sgx = 0.0f, xv[8], gv[8], sc[8];
-    for (int64_t j = 8 * lane; j < D; j += 256) {
-      row_load8<T, kVec>(xr, j, D, xv);
-      row_load8<T, kVec>(gr, j, D, gv);
+    // g = dy * scale and xhat of the chunk at j (g is 0 past D: dy reads 0 there)
+    const auto chunk = [&](int64_t j, float(&g)[8], float(&xhat)[8]) {
+      float sc[8];
+      row_load8<T, kVec>(xr, j, D, xhat);
+      row_load8<T, kVec>(gr, j, D, g);
       row_load8_scale<T, kVec>(w, j, D, offset, sc);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const float g = __fmul_rn(gv[k], sc[k]), xhat = (xv[k] - mu) * rs;  // 0 past D: gv is 0 there
-        sg += g;
-        sgx += g * xhat;
+        g[k] = __fmul_rn(g[k], sc[k]);
+        xhat[k] = (xhat[k] - mu) * rs;
+      }
+    };
+    float sg = 0.0f, sgx = 0.0f, g[8], xhat[8];
+    for (int64_t j = 8 * lane; j < D; j += 256) {
+      chunk(j, g, xhat);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        sg += g[k];
+        sgx += g[k] * xhat[k];
       }
     }
     const float mean_g = center ? warp_sum(sg) / float(D) : 0.0f;
     const float mean_gx = warp_sum(sgx) / float(D);
     for (int64_t j = 8 * lane; j < D; j += 256) {
-      row_load8<T, kVec>(xr, j, D, xv);
-      row_load8<T, kVec>(gr, j, D, gv);
-      row_load8_scale<T, kVec>(w, j, D, offset, sc);
+      chunk(j, g, xhat);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float g = __fmul_rn(gv[k], sc[k]), xhat = (xv[k] - mu) * rs;
-        xv[k] = rs * (g - mean_g - xhat * mean_gx);
-      }
-      row_store8<T, kVec>(dxr, j, D, xv);
+      for (int k = 0; k < 8; ++k) g[k] = rs * (g[k] - mean_g - xhat[k] * mean_gx);
+      row_store8<T, kVec>(dxr, j, D, g);
     }
   }
 }
