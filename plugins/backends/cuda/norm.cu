@@ -89,8 +89,9 @@ namespace {
 
 constexpr int kRowWarps = 8;  // rows (warps) per block of the warp-per-row kernels
 
-// Elements [j, j + 8) of a row of n as f32: device.cuh's 16-byte load8 when kVec (then j + 8 <= n and p + j is
-// 16-byte aligned), else one by one with 0 past n.
+// Elements [j, j + 8) of a row of n as f32: device.cuh's 16-byte load8 when kVec (the launchers set it where
+// device.cuh's vectorisable(D, pointers) holds: then j + 8 <= n and p + j is 16-byte aligned), else one by one
+// with 0 past n.
 template <class T, bool kVec>
 __device__ __forceinline__ void row_load8(const T* p, int64_t j, int64_t n, float (&v)[8]) {
   if constexpr (kVec) {
@@ -123,8 +124,6 @@ __device__ __forceinline__ void row_load8_scale(const T* w, int64_t j, int64_t n
     for (int k = 0; k < 8; ++k) v[k] = 1.0f;
   }
 }
-// Whether the rows can take the vectorised path: D a multiple of 8 and every pointer 16-byte aligned.
-inline bool rows_vectorised(int64_t D, std::initializer_list<const void*> ptrs) { return vectorisable(D, ptrs); }
 inline unsigned warp_row_blocks(int64_t rows) { return blocks_for(rows, kRowWarps); }
 // Runs the statement with the constant kVec = vec (the vectorised or the element-wise instantiation).
 #define DEW_ROWS_VEC(vec, kVec, ...) \
@@ -258,7 +257,7 @@ __global__ void rms_norm_kernel(const T* x, const T* w, T* y, float* rstd, int64
 void launch_layer_norm(cudaStream_t s, ST t, const void* x, const void* w, const void* b, void* y, float* mean,
                        float* rstd, int64_t rows, int64_t D, float eps) {
   if (rows == 0) return;
-  const bool vec = rows_vectorised(D, {x, w, b, y});
+  const bool vec = vectorisable(D, {x, w, b, y});
   DEW_CUDA_DISPATCH(t, T,
                     DEW_ROWS_VEC(vec, kVec,
                                  DEW_LAUNCH(warp_row_blocks(rows), 32 * kRowWarps, 0, s, layer_norm_kernel<T, kVec>)(
@@ -274,7 +273,7 @@ void launch_layer_norm_backward(cudaStream_t s, ST t, const void* x, const void*
     const T* xs = static_cast<const T*>(x);
     const T* gs = static_cast<const T*>(dy);
     if (rows > 0)
-      DEW_ROWS_VEC(rows_vectorised(D, {x, w, dy, dx}), kVec,
+      DEW_ROWS_VEC(vectorisable(D, {x, w, dy, dx}), kVec,
                    DEW_LAUNCH(warp_row_blocks(rows), 32 * kRowWarps, 0, s, norm_dx_kernel<T, kVec>)(
                        xs, static_cast<const T*>(w), mean, rstd, gs, static_cast<T*>(dx), rows, D, 0.0f, true));
     column_grads<T>(s, xs, gs, mean, rstd, rows, D, static_cast<T*>(dw), static_cast<T*>(db), scratch);
@@ -285,7 +284,7 @@ void launch_layer_norm_backward(cudaStream_t s, ST t, const void* x, const void*
 void launch_rms_norm(cudaStream_t s, ST t, const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t D,
                      float eps, float offset) {
   if (rows == 0) return;
-  const bool vec = rows_vectorised(D, {x, w, y});
+  const bool vec = vectorisable(D, {x, w, y});
   DEW_CUDA_DISPATCH(t, T,
                     DEW_ROWS_VEC(vec, kVec,
                                  DEW_LAUNCH(warp_row_blocks(rows), 32 * kRowWarps, 0, s, rms_norm_kernel<T, kVec>)(
@@ -300,7 +299,7 @@ void launch_rms_norm_backward(cudaStream_t s, ST t, const void* x, const void* w
     const T* xs = static_cast<const T*>(x);
     const T* gs = static_cast<const T*>(dy);
     if (rows > 0)
-      DEW_ROWS_VEC(rows_vectorised(D, {x, w, dy, dx}), kVec,
+      DEW_ROWS_VEC(vectorisable(D, {x, w, dy, dx}), kVec,
                    DEW_LAUNCH(warp_row_blocks(rows), 32 * kRowWarps, 0, s, norm_dx_kernel<T, kVec>)(
                        xs, static_cast<const T*>(w), nullptr, rstd, gs, static_cast<T*>(dx), rows, D, offset, false));
     column_grads<T>(s, xs, gs, nullptr, rstd, rows, D, static_cast<T*>(dw), nullptr, scratch);
