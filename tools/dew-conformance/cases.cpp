@@ -918,7 +918,8 @@ void add_rope(Table& t) {
                   {"partial_inverse", {2, 9, 2, 24}, true, 0, 64, 16, true, 10000},
                   {"theta5e5", {1, 64, 6, 64}, false, 0, 64, 0, false, 500000},
                   {"decode", {2, 7, 4, 32}, false, 1000, 1007, 0, false, 10000},
-                  {"transformer", {2, 256, 6, 64}, false, 0, 256, 0, false, 10000}};
+                  {"transformer", {2, 256, 6, 64}, false, 0, 256, 0, false, 10000},
+                  {"heads12", {2, 9, 12, 16}, false, 0, 9, 12, false, 10000}};  // heads in groups (cuda)
   for (const R& r : rs) {
     const int64_t B = r.x[0], T = r.x[1];
     RopeParams p{r.theta, r.rotary, r.inverse};

@@ -306,7 +306,8 @@ void CudaBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
   expect_same(out, x, p.outer * p.inner, Kernel::reduce, "out");
   DEW_CHECK(p.reduce > 0 || (p.op != ReduceOp::max && p.op != ReduceOp::min),
             "cuda.reduce: max/min over an empty axis");
-  launch_reduce(stream_, t, x.data(), out.data(), p.outer, p.reduce, p.inner, p.op);
+  Scratch s(this, size_t(reduce_scratch_doubles(p.outer, p.reduce, p.inner)) * sizeof(double));
+  launch_reduce(stream_, t, x.data(), out.data(), p.outer, p.reduce, p.inner, p.op, static_cast<double*>(s.ptr));
 }
 
 void CudaBackend::argmax(const Tensor& x, Tensor& out) {

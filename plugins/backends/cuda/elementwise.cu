@@ -670,55 +670,90 @@ __global__ void reduce_cols_kernel(const T* x, T* out, int64_t outer, int64_t re
   }
 }
 
-// Tiles of 32 columns (inner >= 2, a long reduced axis: bias gradients, sums over the batch): 1024 threads per
-// tile, lane = column, warp = row phase (rows w, w + 32, ...), then the 32 phases combined in a fixed order
-// through shared memory (deterministic). One thread per column (reduce_cols_kernel) would run [8192, 768]
-// on 768 threads: three blocks on a GPU of 132 multiprocessors.
-constexpr int kTileCols = 32, kTilePhases = 32;
+// Column sums over a long reduced axis (inner >= 2, reduce >= 64: bias gradients, sums over the batch), in two
+// stages so that a [8192, 768] bias gradient spreads over the whole GPU (one block per 32-column tile gave it 24
+// blocks): a block of kColThreads threads takes kColThreads consecutive columns of one outer index and one slice
+// of `per` consecutive rows, a thread summing its column over the slice in order (coalesced across the warp);
+// the second stage combines each column's P slices in slice order. Deterministic, no atomics. With one slice
+// the first stage writes the result itself.
+constexpr int kColThreads = 256;
+
+struct ColSplit {
+  int64_t tiles, parts, per;  // column tiles per outer index, row slices, rows per slice
+};
+ColSplit col_split(int64_t outer, int64_t reduce, int64_t inner) {
+  ColSplit c;
+  c.tiles = (inner + kColThreads - 1) / kColThreads;
+  c.parts = (reduce + 63) / 64;
+  if (c.parts > 256) c.parts = 256;
+  while (c.parts > 1 && c.parts * outer * inner > (int64_t(1) << 22)) c.parts = (c.parts + 1) / 2;  // <= 32 MiB
+  c.per = (reduce + c.parts - 1) / c.parts;
+  c.parts = (reduce + c.per - 1) / c.per;  // no empty slice
+  return c;
+}
+
 template <class T>
-__global__ void __launch_bounds__(kTileCols* kTilePhases)
-    reduce_col_tiles_kernel(const T* x, T* out, int64_t outer, int64_t reduce, int64_t inner, ReduceOp op) {
-  __shared__ double part[kTilePhases][kTileCols + 1];
-  const int lane = threadIdx.x % kTileCols, phase = threadIdx.x / kTileCols;
-  const int64_t tiles = (inner + kTileCols - 1) / kTileCols;
-  for (int64_t b = blockIdx.x; b < outer * tiles; b += gridDim.x) {
-    const int64_t o = b / tiles, c = (b % tiles) * kTileCols + lane;
-    double acc = identity(op);
-    if (c < inner) {
-      const T* base = x + o * reduce * inner + c;
-      for (int64_t r = phase; r < reduce; r += kTilePhases) {
-        const double v = double(ld(base, r * inner));
-        acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
-      }
-    }
-    part[phase][lane] = acc;
-    __syncthreads();
-    if (phase == 0 && c < inner) {
-      double r = part[0][lane];
-      for (int k = 1; k < kTilePhases; ++k) r = combine(op, r, part[k][lane]);
-      if (op == ReduceOp::mean) r /= double(reduce);
-      st(out, o * inner + c, float(r));
-    }
-    __syncthreads();
+__global__ void reduce_col_parts_kernel(const T* x, T* out, double* parts, int64_t outer, int64_t reduce, int64_t inner,
+                                        ColSplit cs, ReduceOp op) {
+  const int64_t o = blockIdx.x / cs.tiles, c = (blockIdx.x % cs.tiles) * kColThreads + threadIdx.x;
+  const int64_t p = blockIdx.y;
+  if (o >= outer || c >= inner) return;
+  const int64_t r0 = p * cs.per, r1 = r0 + cs.per < reduce ? r0 + cs.per : reduce;
+  const T* base = x + o * reduce * inner + c;
+  double acc = identity(op);
+  for (int64_t r = r0; r < r1; ++r) {
+    const double v = double(ld(base, r * inner));
+    acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
+  }
+  if (cs.parts > 1) {
+    parts[(o * cs.parts + p) * inner + c] = acc;
+  } else {
+    if (op == ReduceOp::mean) acc /= double(reduce);
+    st(out, o * inner + c, float(acc));
   }
 }
 
+template <class T>
+__global__ void reduce_col_finish_kernel(const double* parts, T* out, int64_t outer, int64_t reduce, int64_t inner,
+                                         int64_t P, ReduceOp op) {
+  DEW_GRID_STRIDE(i, outer * inner) {
+    const int64_t o = i / inner, c = i % inner;
+    double acc = parts[o * P * inner + c];
+    for (int64_t p = 1; p < P; ++p) acc = combine(op, acc, parts[(o * P + p) * inner + c]);
+    if (op == ReduceOp::mean) acc /= double(reduce);
+    st(out, i, float(acc));
+  }
+}
+
+bool column_stages(int64_t reduce, int64_t inner) { return inner >= 2 && reduce >= 64; }
+
 }  // namespace
 
+int64_t reduce_scratch_doubles(int64_t outer, int64_t reduce, int64_t inner) {
+  if (!column_stages(reduce, inner)) return 0;
+  const ColSplit c = col_split(outer, reduce, inner);
+  return c.parts > 1 ? c.parts * outer * inner : 0;
+}
+
 void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer, int64_t reduce, int64_t inner,
-                   ReduceOp op) {
+                   ReduceOp op, double* scratch) {
   if (outer * inner == 0) return;
-  const int64_t col_tiles = outer * ((inner + kTileCols - 1) / kTileCols);
   DEW_CUDA_DISPATCH(t, T, {
-    if (inner == 1 && reduce >= 64)
-      DEW_LAUNCH(grid_rows(outer > 65535 * 8 ? 65535 * 8 : outer), 256, 0, s, reduce_rows_kernel<T>)
-      (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, op);
-    else if (reduce >= 64)
-      DEW_LAUNCH(row_grid(col_tiles), kTileCols * kTilePhases, 0, s, reduce_col_tiles_kernel<T>)
-      (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
-    else
-      DEW_LAUNCH(blocks_for(outer * inner), 256, 0, s, reduce_cols_kernel<T>)
-      (static_cast<const T*>(x), static_cast<T*>(out), outer, reduce, inner, op);
+    const T* xs = static_cast<const T*>(x);
+    T* os = static_cast<T*>(out);
+    if (inner == 1 && reduce >= 64) {
+      DEW_LAUNCH(row_grid(outer), 256, 0, s, reduce_rows_kernel<T>)(xs, os, outer, reduce, op);
+    } else if (column_stages(reduce, inner)) {
+      const ColSplit c = col_split(outer, reduce, inner);
+      DEW_CHECK(outer * c.tiles <= 2147483647, "cuda.reduce: ", outer, " x ", inner, " columns are too many");
+      DEW_LAUNCH(dim3(unsigned(outer * c.tiles), unsigned(c.parts)), kColThreads, 0, s, reduce_col_parts_kernel<T>)
+      (xs, os, scratch, outer, reduce, inner, c, op);
+      if (c.parts > 1)
+        DEW_LAUNCH(blocks_for(outer * inner), 256, 0, s, reduce_col_finish_kernel<T>)
+        (scratch, os, outer, reduce, inner, c.parts, op);
+    } else {
+      DEW_LAUNCH(blocks_for(outer * inner), 256, 0, s, reduce_cols_kernel<T>)(xs, os, outer, reduce, inner, op);
+    }
   });
   check_launch("reduce");
 }
@@ -736,7 +771,17 @@ __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi)
   return i < bi;
 }
 
-template <class T>
+// A thread scans the row's elements (8 at a time through 16-byte loads when kVec: D % 8 == 0 and x 16-byte
+// aligned), then the warp and the block merge their candidates; `better` is a total order, so the result does not
+// depend on which thread saw what.
+__device__ __forceinline__ void consider(float v, int64_t j, float& bv, int64_t& bi) {
+  if (bi == INT64_MAX || better(v, j, bv, bi)) {
+    bv = v;
+    bi = j;
+  }
+}
+
+template <class T, bool kVec>
 __global__ void argmax_kernel(const T* x, int32_t* out, int64_t rows, int64_t D) {
   __shared__ float sv[32];
   __shared__ int64_t si[32];
@@ -744,21 +789,21 @@ __global__ void argmax_kernel(const T* x, int32_t* out, int64_t rows, int64_t D)
     const T* row = x + r * D;
     float bv = -INFINITY;
     int64_t bi = INT64_MAX;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-      const float v = ld(row, j);
-      if (bi == INT64_MAX || better(v, j, bv, bi)) {
-        bv = v;
-        bi = j;
+    if (kVec) {
+      for (int64_t j = 8 * int64_t(threadIdx.x); j < D; j += 8 * int64_t(blockDim.x)) {
+        float v[8];
+        load8(row, j, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) consider(v[k], j + k, bv, bi);
       }
+    } else {
+      for (int64_t j = threadIdx.x; j < D; j += blockDim.x) consider(ld(row, j), j, bv, bi);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
       const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (oi != INT64_MAX && (bi == INT64_MAX || better(ov, oi, bv, bi))) {
-        bv = ov;
-        bi = oi;
-      }
+      if (oi != INT64_MAX) consider(ov, oi, bv, bi);
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     if (lane == 0) {
@@ -770,10 +815,7 @@ __global__ void argmax_kernel(const T* x, int32_t* out, int64_t rows, int64_t D)
       float v = sv[0];
       int64_t idx = si[0];
       for (int w = 1; w < nwarps; ++w)
-        if (si[w] != INT64_MAX && (idx == INT64_MAX || better(sv[w], si[w], v, idx))) {
-          v = sv[w];
-          idx = si[w];
-        }
+        if (si[w] != INT64_MAX) consider(sv[w], si[w], v, idx);
       out[r] = int32_t(idx == INT64_MAX ? 0 : idx);
     }
     __syncthreads();
@@ -784,9 +826,14 @@ __global__ void argmax_kernel(const T* x, int32_t* out, int64_t rows, int64_t D)
 
 void launch_argmax(cudaStream_t s, ST t, const void* x, int32_t* out, int64_t rows, int64_t D) {
   if (rows == 0) return;
-  DEW_CUDA_DISPATCH(t, T,
-                    DEW_LAUNCH(grid_rows(rows > 65535 * 8 ? 65535 * 8 : rows), 256, 0, s, argmax_kernel<T>)(
-                        static_cast<const T*>(x), out, rows, D));
+  const bool vec = vectorisable(D, {x});
+  DEW_CUDA_DISPATCH(t, T, {
+    const T* xs = static_cast<const T*>(x);
+    if (vec)
+      DEW_LAUNCH(row_grid(rows), row_threads((D + 7) / 8), 0, s, argmax_kernel<T, true>)(xs, out, rows, D);
+    else
+      DEW_LAUNCH(row_grid(rows), row_threads(D), 0, s, argmax_kernel<T, false>)(xs, out, rows, D);
+  });
   check_launch("argmax");
 }
 

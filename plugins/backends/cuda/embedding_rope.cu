@@ -109,10 +109,22 @@ __global__ void rope_kernel(const T* x, const int32_t* pos, T* out, int64_t B, i
     const double freq = pow(theta, -2.0 * double(j) / double(rd));
     double sn, cs;
     sincos(sign * position * freq, &sn, &cs);
-    for (int64_t h = 0; h < H; ++h) {
-      const double x1 = double(ld(xt, h * D + j)), x2 = double(ld(xt, h * D + j + half));
-      st(ot, h * D + j, float(x1 * cs - x2 * sn));
-      st(ot, h * D + j + half, float(x2 * cs + x1 * sn));
+    // Heads in groups of kGroup: the group's loads are all issued before its stores (out may be x, so the
+    // compiler keeps each store after the loads that precede it in the source; one head at a time made every
+    // head a full memory round trip).
+    constexpr int kGroup = 8;
+    for (int64_t h0 = 0; h0 < H; h0 += kGroup) {
+      const int n = H - h0 < kGroup ? int(H - h0) : kGroup;
+      float x1[kGroup], x2[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g)
+        if (g < n) x1[g] = ld(xt, (h0 + g) * D + j), x2[g] = ld(xt, (h0 + g) * D + j + half);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g)
+        if (g < n) {
+          st(ot, (h0 + g) * D + j, float(double(x1[g]) * cs - double(x2[g]) * sn));
+          st(ot, (h0 + g) * D + j + half, float(double(x2[g]) * cs + double(x1[g]) * sn));
+        }
     }
   }
 }

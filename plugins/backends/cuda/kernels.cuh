@@ -53,8 +53,10 @@ void launch_gated_activation_backward(cudaStream_t s, ST t, const void* gate, co
 // same_shape: a, b and out have identical shapes (no index arithmetic).
 void launch_binary(cudaStream_t s, ST t, const void* a, const void* b, void* out, DType out_dtype, BinaryOp op,
                    const StridedDesc& d, int64_t n, bool same_shape);
+// Scratch for the column sums' row slices: reduce_scratch_doubles(outer, reduce, inner) doubles (0: none needed).
+int64_t reduce_scratch_doubles(int64_t outer, int64_t reduce, int64_t inner);
 void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer, int64_t reduce, int64_t inner,
-                   ReduceOp op);
+                   ReduceOp op, double* scratch);
 void launch_argmax(cudaStream_t s, ST t, const void* x, int32_t* out, int64_t rows, int64_t D);
 // out[r, j] = act(keep * out[r, j] + bias[j]) over rows x n (bias may be null; keep == 0 never reads out):
 // the matmul epilogues cuBLASLt cannot fuse (gelu with erf, silu: keep = 1) and the k == 0 product
