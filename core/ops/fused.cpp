@@ -10,12 +10,6 @@ namespace dew {
 
 using detail::stat_dtype;
 
-namespace {
-Tensor row(const Tensor& t, int64_t b, const Shape& shape) {
-  return t.slice0(b, b + 1).reshape(shape);  // a view (t is detached: no graph)
-}
-}  // namespace
-
 Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps) {
   if (detail::autocast_differs(shift, x) || detail::autocast_differs(scale, x))
     return modulated_layer_norm(x, detail::autocast_like(shift, x), detail::autocast_like(scale, x), eps);
@@ -33,23 +27,16 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.backend_ptr());
   Tensor mean = Tensor::empty({b, n}, stat_dtype(x), x.backend_ptr());
   Tensor rstd = Tensor::empty({b, n}, stat_dtype(x), x.backend_ptr());
-  for (int64_t i = 0; i < b; ++i) {
-    Tensor yi = row(y, i, {n, d}), mi = row(mean, i, {n}), ri = row(rstd, i, {n});
-    be.layer_norm(row(xd, i, {n, d}), row(w, i, {d}), row(sd, i, {d}), yi, mi, ri, eps);
-  }
+  if (b > 0) be.layer_norm(xd, w, sd, y, mean, rstd, eps);  // [B, D] weight / bias: row group i = sample i
   if (needs_grad({&x, &shift, &scale})) {
     record(
         y, {x, shift, scale},
-        [xd, w, mean, rstd, b, n, d](const Tensor& g) {
+        [xd, w, mean, rstd, b, d](const Tensor& g) {
           detail::KernelCall bk = detail::kernels(xd);
           Tensor dx = Tensor::empty(xd.shape(), xd.dtype(), xd.backend_ptr());
           Tensor dscale = Tensor::empty({b, d}, xd.dtype(), xd.backend_ptr());
           Tensor dshift = Tensor::empty({b, d}, xd.dtype(), xd.backend_ptr());
-          for (int64_t i = 0; i < b; ++i) {
-            Tensor dxi = row(dx, i, {n, d}), dwi = row(dscale, i, {d}), dbi = row(dshift, i, {d});
-            bk.layer_norm_backward(row(xd, i, {n, d}), row(w, i, {d}), row(mean, i, {n}), row(rstd, i, {n}),
-                                   row(g, i, {n, d}), dxi, dwi, dbi);
-          }
+          if (b > 0) bk.layer_norm_backward(xd, w, mean, rstd, g, dx, dscale, dshift);
           return std::vector<Tensor>{dx, dshift, dscale};
         },
         "modulated_layer_norm");

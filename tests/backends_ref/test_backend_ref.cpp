@@ -314,6 +314,49 @@ TEST_CASE("ref: layer_norm_backward on analytic cases") {
   check_close(dx, Vec(8, 0.0), 1e-12);
 }
 
+TEST_CASE("ref: layer_norm with [G, D] weight / bias is one call per group of rows") {
+  // 3 groups of 2 rows of 4 (x [3, 2, 4]); each group's parameter row differs, so reading the wrong row shows.
+  Vec xv(24), wv(12), bv(12), gv(24);
+  for (size_t i = 0; i < 24; ++i) {
+    xv[i] = std::sin(double(i) * 1.7) + 0.1 * double(i);
+    gv[i] = std::cos(double(i) * 0.9);
+  }
+  for (size_t i = 0; i < 12; ++i) {
+    wv[i] = 0.5 + 0.1 * double(i);
+    bv[i] = -0.3 + 0.05 * double(i);
+  }
+  const DType dt = DType::f64;
+  Tensor x = make(xv, {3, 2, 4}, dt), w = make(wv, {3, 4}, dt), b = make(bv, {3, 4}, dt), dy = make(gv, {3, 2, 4}, dt);
+  Tensor y = empty({3, 2, 4}, dt), mean = empty({6}, dt), rstd = empty({6}, dt);
+  ref()->layer_norm(x, w, b, y, mean, rstd, 1e-5f);
+  Tensor dx = empty({3, 2, 4}, dt), dw = empty({3, 4}, dt), db = empty({3, 4}, dt);
+  ref()->layer_norm_backward(x, w, mean, rstd, dy, dx, dw, db);
+  for (int64_t g = 0; g < 3; ++g) {
+    auto part = [&](const Vec& v, int64_t n) { return Vec(v.begin() + g * n, v.begin() + (g + 1) * n); };
+    Tensor xg = make(part(xv, 8), {2, 4}, dt), wg = make(part(wv, 4), {4}, dt), bg = make(part(bv, 4), {4}, dt);
+    Tensor yg = empty({2, 4}, dt), mg = empty({2}, dt), rg = empty({2}, dt);
+    ref()->layer_norm(xg, wg, bg, yg, mg, rg, 1e-5f);
+    Tensor dxg = empty({2, 4}, dt), dwg = empty({4}, dt), dbg = empty({4}, dt);
+    ref()->layer_norm_backward(xg, wg, mg, rg, make(part(gv, 8), {2, 4}, dt), dxg, dwg, dbg);
+    const double* yp = y.data_as<double>() + g * 8;
+    const double* dxp = dx.data_as<double>() + g * 8;
+    for (int64_t i = 0; i < 8; ++i) {
+      CHECK(yp[i] == yg.data_as<double>()[i]);
+      CHECK(dxp[i] == dxg.data_as<double>()[i]);
+    }
+    for (int64_t j = 0; j < 4; ++j) {
+      CHECK(dw.data_as<double>()[g * 4 + j] == dwg.data_as<double>()[j]);
+      CHECK(db.data_as<double>()[g * 4 + j] == dbg.data_as<double>()[j]);
+    }
+  }
+  // Groups that do not divide the rows, or parameters of two shapes, are refused.
+  Tensor w4 = make(Vec(16, 1.0), {4, 4}, dt), y2 = empty({3, 2, 4}, dt);
+  CHECK_THROWS_WITH_AS(ref()->layer_norm(x, w4, Tensor(), y2, mean, rstd, 1e-5f),
+                       doctest::Contains("do not split into 4 equal groups"), dew::Error);
+  CHECK_THROWS_WITH_AS(ref()->layer_norm(x, w, make(Vec(4, 0.0), {4}, dt), y2, mean, rstd, 1e-5f),
+                       doctest::Contains("must all be [4] or all [G, 4]"), dew::Error);
+}
+
 TEST_CASE("ref: rms_norm and its backward") {
   Tensor x = make({3, 4}, {1, 2}, DType::f64), y = empty({1, 2}, DType::f64), rstd = empty({1}, DType::f64);
   // weight 0 with offset 1 scales by 1 (Gemma-style (1 + w)).

@@ -718,13 +718,22 @@ void add_layer_norm(Table& t) {
     Shape shape;
     bool w, b;
     float mean;
+    int64_t groups = 1;  // > 1: weight / bias [groups, D], one parameter row per run of rows / groups rows
   };
-  const L ls[] = {{{4, 7, 96}, true, true, 0},  {{6, 33}, false, false, 0}, {{4, 384}, true, false, 0},
-                  {{8, 384}, true, true, 4.0f}, {{3, 1024}, true, true, 0}, {{5, 1}, true, true, 0}};
+  // The grouped cases have distinct parameter rows (uniform draws), so a backend that reads one row for every
+  // group, or sums the gradients of all groups into one, fails them; 4x7x96 splits [B, N, D] by sample (adaLN),
+  // 6x5x33 (rows 30 in 3 groups of 10) crosses the samples and has an odd D.
+  const L ls[] = {{{4, 7, 96}, true, true, 0},        {{6, 33}, false, false, 0},     {{4, 384}, true, false, 0},
+                  {{8, 384}, true, true, 4.0f},       {{3, 1024}, true, true, 0},     {{5, 1}, true, true, 0},
+                  {{4, 7, 96}, true, true, 0, 4},     {{6, 5, 33}, true, true, 0, 3}, {{4, 16, 64}, false, true, 0, 4},
+                  {{2, 8, 256}, true, false, 1.0f, 2}};
   const float eps = 1e-5f;
   for (const L& l : ls) {
     const int64_t D = l.shape.back(), rows = numel_of(l.shape) / D;
-    std::string sh = dims(l.shape) + (l.w ? "_w" : "") + (l.b ? "_b" : "") + (l.mean != 0 ? "_mean" + fmt(l.mean) : "");
+    const Shape ps = l.groups > 1 ? Shape{l.groups, D} : Shape{D};  // weight / bias and their gradients
+    std::string sh = dims(l.shape) + (l.w ? "_w" : "") + (l.b ? "_b" : "") +
+                     (l.mean != 0 ? "_mean" + fmt(l.mean) : "") +
+                     (l.groups > 1 ? "_groups" + std::to_string(l.groups) : "");
     // D == 1: x - mean is exactly 0, so y is the bias (or 0) and rstd is 1/sqrt(eps).
     Check c = tol(16, double(D));
     c.zeros_ok = D == 1;
@@ -732,22 +741,22 @@ void add_layer_norm(Table& t) {
     cw.zeros_ok = D == 1;
     t.add(
         "layer_norm/" + sh + "/f32", Kernel::layer_norm, {DT::f32},
-        [l, D](Gen& g) {
-          return In{g.uniform(l.shape, l.mean - 1, l.mean + 1), l.w ? g.uniform({D}, 0.5f, 1.5f) : undef(),
-                    l.b ? g.uniform({D}, -0.5f, 0.5f) : undef()};
+        [l, ps](Gen& g) {
+          return In{g.uniform(l.shape, l.mean - 1, l.mean + 1), l.w ? g.uniform(ps, 0.5f, 1.5f) : undef(),
+                    l.b ? g.uniform(ps, -0.5f, 0.5f) : undef()};
         },
         {out("y", l.shape, DT::f32, c), out("mean", {rows}, DT::f32, tol(16, double(D))),
          out("rstd", {rows}, DT::f32, tol(16, double(D)))},
         [eps](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], eps); });
     std::vector<OutSpec> bo{out("dx", l.shape, DT::f32, c)};
-    bo.push_back(l.w ? out("dweight", {D}, DT::f32, cw) : undefined_out("dweight"));
-    bo.push_back(l.b ? out("dbias", {D}, DT::f32, tol(16, double(rows))) : undefined_out("dbias"));
+    bo.push_back(l.w ? out("dweight", ps, DT::f32, cw) : undefined_out("dweight"));
+    bo.push_back(l.b ? out("dbias", ps, DT::f32, tol(16, double(rows))) : undefined_out("dbias"));
     t.add(
         "layer_norm_backward/" + sh + "/f32", Kernel::layer_norm_backward, {DT::f32},
-        [l, D, rows, eps](Gen& g) {
+        [l, ps, rows, eps](Gen& g) {
           Tensor x = g.uniform(l.shape, l.mean - 1, l.mean + 1);
-          Tensor w = l.w ? g.uniform({D}, 0.5f, 1.5f) : undef();
-          Tensor b = l.b ? g.uniform({D}, -0.5f, 0.5f) : undef();
+          Tensor w = l.w ? g.uniform(ps, 0.5f, 1.5f) : undef();
+          Tensor b = l.b ? g.uniform(ps, -0.5f, 0.5f) : undef();
           Tensor y = Tensor::empty(l.shape, DT::f32, g.backend());
           Tensor mean = Tensor::empty({rows}, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
           g.backend()->layer_norm(x, w, b, y, mean, rstd, eps);
@@ -775,6 +784,15 @@ void add_layer_norm(Table& t) {
       [](Gen& g) {
         return In{g.uniform({4, 7, 96}, -1, 1, DT::bf16), g.uniform({96}, 0.5f, 1.5f, DT::bf16),
                   g.uniform({96}, -0.5f, 0.5f, DT::bf16)};
+      },
+      {out("y", {4, 7, 96}, DT::bf16, tol(16, 96)), out("mean", {28}, DT::f32, tol(16, 96)),
+       out("rstd", {28}, DT::f32, tol(16, 96))},
+      [eps](Backend& be, In& in, Out& o) { be.layer_norm(in[0], in[1], in[2], o[0], o[1], o[2], eps); });
+  t.add(
+      "layer_norm/4x7x96_w_b_groups4/bf16", Kernel::layer_norm, {DT::bf16},
+      [](Gen& g) {
+        return In{g.uniform({4, 7, 96}, -1, 1, DT::bf16), g.uniform({4, 96}, 0.5f, 1.5f, DT::bf16),
+                  g.uniform({4, 96}, -0.5f, 0.5f, DT::bf16)};
       },
       {out("y", {4, 7, 96}, DT::bf16, tol(16, 96)), out("mean", {28}, DT::f32, tol(16, 96)),
        out("rstd", {28}, DT::f32, tol(16, 96))},

@@ -375,6 +375,8 @@ void* opt_out(Tensor& t, const Tensor& like, int64_t n, Kernel k, const char* wh
 }
 }  // namespace
 
+// A [G, D] weight / bias (kernel_table.hpp) runs as G launches over the groups' runs of rows, each with its
+// parameter row: the DiT's per-sample modulation, 16 small launches where a GPU would want one (not tuned).
 void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                              Tensor& rstd, float eps) {
   constexpr Kernel K = Kernel::layer_norm;
@@ -383,8 +385,16 @@ void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor
   expect_same(y, x, x.numel(), K, "y");
   expect_f32(mean, rows, K, "mean");
   expect_f32(rstd, rows, K, "rstd");
-  launch_layer_norm(stream_, t, x.data(), opt_ptr(weight, x, D, K, "weight"), opt_ptr(bias, x, D, K, "bias"), y.data(),
-                    mean.data_as<float>(), rstd.data_as<float>(), rows, D, eps);
+  const int64_t G = contracts::norm_groups("cuda.layer_norm", rows, D, {&weight, &bias}), per = rows / G;
+  const auto* w = static_cast<const char*>(opt_ptr(weight, x, G * D, K, "weight"));
+  const auto* b = static_cast<const char*>(opt_ptr(bias, x, G * D, K, "bias"));
+  const size_t es = dtype_size(x.dtype());
+  for (int64_t g = 0; g < G; ++g) {
+    const size_t xo = size_t(g * per * D) * es, po = size_t(g * D) * es;
+    launch_layer_norm(stream_, t, static_cast<const char*>(x.data()) + xo, w ? w + po : nullptr, b ? b + po : nullptr,
+                      static_cast<char*>(y.data()) + xo, mean.data_as<float>() + g * per,
+                      rstd.data_as<float>() + g * per, per, D, eps);
+  }
 }
 
 void CudaBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
@@ -396,12 +406,20 @@ void CudaBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, con
   expect_same(dx, x, x.numel(), K, "dx");
   expect_f32(mean, rows, K, "mean");
   expect_f32(rstd, rows, K, "rstd");
-  const void* w = opt_ptr(weight, x, D, K, "weight");
-  void* dw = opt_out(dweight, x, D, K, "dweight");
-  void* db = opt_out(dbias, x, D, K, "dbias");
-  Scratch s(this, (dw || db) ? size_t(norm_scratch_floats(rows, D)) * sizeof(float) : 0);
-  launch_layer_norm_backward(stream_, t, x.data(), w, mean.data_as<float>(), rstd.data_as<float>(), dy.data(),
-                             dx.data(), dw, db, rows, D, s.f32());
+  const int64_t G = contracts::norm_groups("cuda.layer_norm_backward", rows, D, {&weight, &dweight, &dbias});
+  const int64_t per = rows / G;
+  const auto* w = static_cast<const char*>(opt_ptr(weight, x, G * D, K, "weight"));
+  auto* dw = static_cast<char*>(opt_out(dweight, x, G * D, K, "dweight"));
+  auto* db = static_cast<char*>(opt_out(dbias, x, G * D, K, "dbias"));
+  Scratch s(this, (dw || db) ? size_t(norm_scratch_floats(per, D)) * sizeof(float) : 0);
+  const size_t es = dtype_size(x.dtype());
+  for (int64_t g = 0; g < G; ++g) {  // one group after the other on the stream: they share the scratch
+    const size_t xo = size_t(g * per * D) * es, po = size_t(g * D) * es;
+    launch_layer_norm_backward(stream_, t, static_cast<const char*>(x.data()) + xo, w ? w + po : nullptr,
+                               mean.data_as<float>() + g * per, rstd.data_as<float>() + g * per,
+                               static_cast<const char*>(dy.data()) + xo, static_cast<char*>(dx.data()) + xo,
+                               dw ? dw + po : nullptr, db ? db + po : nullptr, per, D, s.f32());
+  }
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,

@@ -1,12 +1,14 @@
 // norm.cpp — layer norm, RMS norm and group norm with their backwards.
 // Invariants: statistics are computed in double (two-pass mean / biased variance) and saved in the
 // dtype of the mean/rstd tensors (f32 or f64); the backwards read those saved statistics; weight and
-// bias may be undefined (scale 1, shift 0); dweight/dbias are overwritten when defined.
+// bias may be undefined (scale 1, shift 0); dweight/dbias are overwritten when defined. layer norm's
+// weight / bias may be [G, D]: row r uses parameter row r / (rows / G), and the gradients are [G, D] too.
 // Backward of a normalisation over a set of M values with xhat = (x - mean) * rstd and g = dy * scale:
 //   layer/group norm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   rms norm:         dx = rstd * (g - xhat * mean(g * xhat))      (xhat = x * rstd)
 #include <vector>
 
+#include "dew/kernel_contracts.hpp"
 #include "ref_backend.hpp"
 
 namespace dew::ref {
@@ -45,8 +47,10 @@ void RefBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
     expect(y, x.dtype(), x.numel(), K, "y");
     expect_stat(mean, rows, K, "mean");
     expect_stat(rstd, rows, K, "rstd");
-    const Optional<T> w(weight, x.dtype(), D, 1.0, K, "weight"), b(bias, x.dtype(), D, 0.0, K, "bias");
+    const int64_t G = contracts::norm_groups("ref.layer_norm", rows, D, {&weight, &bias}), per = rows / G;
+    const Optional<T> w(weight, x.dtype(), G * D, 1.0, K, "weight"), b(bias, x.dtype(), G * D, 0.0, K, "bias");
     for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p0 = (r / per) * D;  // this row's weight / bias row
       const T* xr = x.data_as<T>() + r * D;
       T* yr = y.data_as<T>() + r * D;
       double mu = 0;
@@ -56,7 +60,7 @@ void RefBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
       for (int64_t j = 0; j < D; ++j) var += (double(xr[j]) - mu) * (double(xr[j]) - mu);
       var /= double(D);
       const double rs = 1.0 / std::sqrt(var + double(eps));
-      for (int64_t j = 0; j < D; ++j) yr[j] = T((double(xr[j]) - mu) * rs * w[j] + b[j]);
+      for (int64_t j = 0; j < D; ++j) yr[j] = T((double(xr[j]) - mu) * rs * w[p0 + j] + b[p0 + j]);
       store_stat(mean, r, mu);
       store_stat(rstd, r, rs);
     }
@@ -73,31 +77,34 @@ void RefBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, cons
     expect(dx, x.dtype(), x.numel(), K, "dx");
     expect_stat(mean, rows, K, "mean");
     expect_stat(rstd, rows, K, "rstd");
-    const Optional<T> w(weight, x.dtype(), D, 1.0, K, "weight");
-    if (dweight.defined()) expect(dweight, x.dtype(), D, K, "dweight");
-    if (dbias.defined()) expect(dbias, x.dtype(), D, K, "dbias");
-    std::vector<double> dw(size_t(D), 0.0), db(size_t(D), 0.0);
+    const int64_t G = contracts::norm_groups("ref.layer_norm_backward", rows, D, {&weight, &dweight, &dbias});
+    const int64_t per = rows / G;
+    const Optional<T> w(weight, x.dtype(), G * D, 1.0, K, "weight");
+    if (dweight.defined()) expect(dweight, x.dtype(), G * D, K, "dweight");
+    if (dbias.defined()) expect(dbias, x.dtype(), G * D, K, "dbias");
+    std::vector<double> dw(size_t(G * D), 0.0), db(size_t(G * D), 0.0);
     for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p0 = (r / per) * D;  // this row's weight row and gradient row
       const T* xr = x.data_as<T>() + r * D;
       const T* gr = dy.data_as<T>() + r * D;
       T* dxr = dx.data_as<T>() + r * D;
       const double mu = load_stat(mean, r), rs = load_stat(rstd, r);
       double mean_g = 0, mean_gx = 0;
       for (int64_t j = 0; j < D; ++j) {
-        const double xhat = (double(xr[j]) - mu) * rs, g = double(gr[j]) * w[j];
+        const double xhat = (double(xr[j]) - mu) * rs, g = double(gr[j]) * w[p0 + j];
         mean_g += g;
         mean_gx += g * xhat;
-        dw[size_t(j)] += double(gr[j]) * xhat;
-        db[size_t(j)] += double(gr[j]);
+        dw[size_t(p0 + j)] += double(gr[j]) * xhat;
+        db[size_t(p0 + j)] += double(gr[j]);
       }
       mean_g /= double(D);
       mean_gx /= double(D);
       for (int64_t j = 0; j < D; ++j) {
-        const double xhat = (double(xr[j]) - mu) * rs, g = double(gr[j]) * w[j];
+        const double xhat = (double(xr[j]) - mu) * rs, g = double(gr[j]) * w[p0 + j];
         dxr[j] = T(rs * (g - mean_g - xhat * mean_gx));
       }
     }
-    for (int64_t j = 0; j < D; ++j) {
+    for (int64_t j = 0; j < G * D; ++j) {
       if (dweight.defined()) dweight.data_as<T>()[j] = T(dw[size_t(j)]);
       if (dbias.defined()) dbias.data_as<T>()[j] = T(db[size_t(j)]);
     }

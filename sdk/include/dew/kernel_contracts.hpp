@@ -31,6 +31,24 @@ inline int64_t rows_of(const Tensor& t) {
   return d == 0 ? 0 : t.numel() / d;
 }
 
+// layer_norm's weight groups (dew/kernel_table.hpp): G when the defined tensors of `params` (weight, bias; or
+// weight, dweight, dbias) are all [G, D] with rows % G == 0, 1 when they are all [D] (or none is defined);
+// anything else throws naming `who` ("cpu.layer_norm"). Row r then uses parameter row r / (rows / G).
+inline int64_t norm_groups(const char* who, int64_t rows, int64_t dim, std::initializer_list<const Tensor*> params) {
+  int64_t g = -1;
+  for (const Tensor* t : params) {
+    if (!t->defined()) continue;
+    const int64_t tg = t->ndim() == 2 ? t->shape()[0] : 1;
+    DEW_CHECK((t->ndim() == 1 || t->ndim() == 2) && t->shape().back() == dim && (g < 0 || tg == g), who,
+              ": weight / bias (and their gradients) must all be [", dim, "] or all [G, ", dim, "], got ",
+              shape_str(t->shape()));
+    g = tg;
+  }
+  if (g < 0) return 1;
+  DEW_CHECK(g > 0 && rows % g == 0, who, ": ", rows, " rows do not split into ", g, " equal groups");
+  return g;
+}
+
 // The weight-only matmul form (dew/generate.hpp, store_matmul_weights_as): f32 activations `a` against a bf16
 // weight `b`, or a quantized i8 one (b.quantized(): i8 with f32 scales, dew/tensor.hpp), f32 accumulation and
 // output, the one matmul whose operands differ in dtype. The core lets it through linear() for inference only;

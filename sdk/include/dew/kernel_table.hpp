@@ -43,10 +43,13 @@
   X(softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))                              \
   X(log_softmax, (const Tensor& x, Tensor& y), (x, y))                                                           \
   X(log_softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))                          \
-  /* x [rows, D] (any leading shape); weight, bias [D] or undefined; mean, rstd f32 [rows] */                    \
+  /* x [rows, D] (any leading shape); weight, bias [D], [G, D] or undefined; mean, rstd f32 [rows]. [G, D]:   */ \
+  /* rows % G == 0 and row r uses row r / (rows / G) of weight / bias (G equal runs of rows: adaLN's         */ \
+  /* per-sample modulation in one call); weight and bias have one shape when both are defined               */ \
   X(layer_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,             \
                  Tensor& rstd, float eps), (x, weight, bias, y, mean, rstd, eps))                                \
-  /* dweight / dbias (when defined) are overwritten with this call's gradient */                                 \
+  /* dweight / dbias (when defined) are overwritten with this call's gradient. Groups as in the forward:     */ \
+  /* weight, dweight and dbias, those defined, all [D] or all [G, D] (group g's rows summed into row g)      */ \
   X(layer_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,         \
                           const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias),                         \
     (x, weight, mean, rstd, dy, dx, dweight, dbias))                                                             \

@@ -112,8 +112,8 @@ Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionPara
 
 // ---- fused blocks: one kernel call where the composition would take extra passes ----
 // LN(x) * (1 + scale) + shift, LN without affine: x [B, N, D], shift and scale [B, D] (adaLN, DiT). One
-// layer_norm call per sample with weight 1 + scale_b and bias shift_b, so the modulation costs no extra
-// pass and its gradients come out of layer_norm_backward directly.
+// layer_norm call over all B * N rows with the [B, D] weight 1 + scale and bias shift (one weight row per
+// sample), so the modulation costs no extra pass and its gradients come out of layer_norm_backward directly.
 Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps = 1e-6f);
 // Multi-head attention straight from one packed projection: qkv [B, T, 3 H Dh] (q, k, v each
 // [B, T, H, Dh], in that order along the last axis: the DiT / timm layout) -> [B, T, H Dh]. The
