@@ -1117,7 +1117,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const int64_t ntasks =
       rows ? g.B * g.T * ((g.Hq + g.row_heads - 1) / g.row_heads) : g.B * g.Hq * ((g.T + TILE - 1) / TILE);
   const size_t ws_size = rows ? fwd_row_ws(g) : fwd_lane_ws(g);
-#pragma omp parallel if (ntasks > 1)
+  if (ntasks <= 1 || omp_get_max_threads() == 1) {  // no region on one thread (cpu_backend.hpp: team_of_many)
+    float* ws = scratch(ws_size);
+    for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
+    return;
+  }
+#pragma omp parallel
   {
     float* ws = scratch(ws_size);
 #pragma omp for schedule(dynamic, 1)

@@ -155,6 +155,28 @@ class RopeTables {
 // Work (in elements) below which a kernel stays on one thread: a parallel region costs ~1-5 us.
 inline constexpr int64_t kParallelGrain = 1 << 14;
 inline bool parallel_worth(int64_t work) { return work >= kParallelGrain && omp_get_max_threads() > 1; }
+// Whether a region asked for (`wanted`) would have more than one thread. A region costs even when its `if`
+// clause is false or the team is one thread: libgomp still builds a team, and the barrier that closes it
+// wakes waiters with a futex system call (unconditionally), which measured ~7 % of a bf16-weight decode token
+// on the Zen 5 VM of session 20 (docs/benchmarks.md; perf: rope, rms_norm, strided_copy, attention). So the
+// kernels on a decode token's path run their body on the caller's thread, entering no OpenMP construct, unless
+// this holds (the same arithmetic per row or task either way: only who computes what changes).
+inline bool team_of_many(bool wanted) { return wanted && omp_get_max_threads() > 1; }
+// Calls body(lo, hi) over [0, n): one contiguous block per OpenMP thread when team_of_many(parallel), else
+// body(0, n) on the caller's thread (no region). For rows, tasks: blocks start anywhere (for_blocks: elements).
+template <class F>
+inline void for_rows(int64_t n, bool parallel, F&& body) {
+  if (!team_of_many(parallel)) {
+    body(int64_t(0), n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    if (lo < hi) body(lo, hi);
+  }
+}
 // Calls body(lo, hi) over [0, n): on one contiguous block per OpenMP thread when `parallel` (blocks start
 // at multiples of 16 elements), else once on the caller's thread. Let the body call a function that takes
 // its pointers and scalars by value and carries the `#pragma omp simd` loop: floats captured by a lambda

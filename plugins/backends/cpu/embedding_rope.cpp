@@ -97,11 +97,12 @@ void gather_rows(CpuBackend& self, const Tensor& src, const Tensor& idx, Tensor&
   const char* sp = static_cast<const char*>(src.data());
   char* op = static_cast<char*>(out.data());
   const int64_t n = s.B * s.K;
-#pragma omp parallel for schedule(static) if (parallel_worth(out.numel()))
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = s.Bs == 1 ? 0 : i / s.K;
-    std::memcpy(op + size_t(i) * row_bytes, sp + size_t(b * s.R + ix[i]) * row_bytes, row_bytes);
-  }
+  for_rows(n, parallel_worth(out.numel()), [&](int64_t i0, int64_t i1) {  // no region on one thread
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = s.Bs == 1 ? 0 : i / s.K;
+      std::memcpy(op + size_t(i) * row_bytes, sp + size_t(b * s.R + ix[i]) * row_bytes, row_bytes);
+    }
+  });
 }
 
 void scatter_add_rows(CpuBackend& self, const Tensor& dout, const Tensor& idx, Tensor& dsrc) {
@@ -182,11 +183,9 @@ void rope(CpuBackend& self, const Tensor& x, const Tensor& positions, Tensor& ou
   const float* xs = x.data_as<float>();
   float* o = out.data_as<float>();
   const int64_t rows = B * T;
-#pragma omp parallel if (parallel_worth(x.numel()))
-  {
+  for_rows(rows, parallel_worth(x.numel()), [&](int64_t r0, int64_t r1) {  // no region on one thread
     std::vector<float> local(negative ? size_t(2 * half) : 0);
-#pragma omp for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t row = r0; row < r1; ++row) {
       const int64_t pos = per_batch ? ps[row] : ps[row % T];
       const float* cs;
       if (table) {
@@ -210,7 +209,7 @@ void rope(CpuBackend& self, const Tensor& x, const Tensor& positions, Tensor& ou
         for (int64_t i = rd; i < D; ++i) orow[i] = xr[i];
       }
     }
-  }
+  });
 }
 
 #endif  // DEW_CPU_ISA

@@ -6,21 +6,21 @@
 // (blocks of J weight rows x R rows of x share their loads), each thread its own blocks of output columns.
 // Invariants: every y[r, j] is formed by one thread as two 16-lane accumulators over blocks of 16 (s0 the
 // even blocks, s1 the odd; s += x w, FMA on avx512 and avx2), then s0 + s1 lane by lane, a fixed tree over the
-// 16 lanes (isa.hpp's hsum16: halves, quarters, pairs), then the k % 16 tail in order: R, J, m, r's place in a block and the thread count only decide which
-// products share a load, never a sum's arithmetic (continuous batching's served = solo relies on it).
-// avx512 holds a 16-lane vector in one zmm, avx2 in two ymm (lanes 0-7, 8-15), both with FMA, so avx512 and
-// avx2 agree bit for bit; portable (GCC vectors at the baseline, no FMA) rounds each product separately.
+// 16 lanes (isa.hpp's hsum16: halves, quarters, pairs), then the k % 16 tail in order: R, J, m, r's place in a block
+// and the thread count only decide which products share a load, never a sum's arithmetic (continuous batching's served
+// = solo relies on it). avx512 holds a 16-lane vector in one zmm, avx2 in two ymm (lanes 0-7, 8-15), both with FMA, so
+// avx512 and avx2 agree bit for bit; portable (GCC vectors at the baseline, no FMA) rounds each product separately.
 // bf16 weights widen exactly to f32 (their bits << 16: vpmovzxwd + vpslld on the vector paths), so the bf16
 // path is the f32 path on the rounded weight. int8 weights (with per-group scales) take integer blocks of 32
 // against x rounded to int16 (vpmovsxbw + vpmaddwd: exact dots), or the f32 widening for other group lengths
 // (matmul_rowwise.hpp says which and how they sum). Why integers: widening int8 to f32 (vpmovsxbd + vcvtdq2ps
 // per 8 weights) bound the kernel at ~13.8 G weights/s on the AVX2 EPYC, under what the cache delivers.
 // The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
-// Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators), and while it streams, the
-// next block's rows (contiguous in memory) are prefetched a block ahead, one line per line loaded, so the next
-// block's misses are in flight before its first load (avx512: 8 rows; avx2 reads one row at a time with no
-// software prefetch, which streams fastest on the AVX2 EPYC it was measured on: kJ1 below). Prefetches never
-// fault and never change a result.
+// Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators), and while it streams, a later
+// block's rows (contiguous in memory) are prefetched, one line per line loaded, so that block's misses are in
+// flight before its first load (avx512: 8 rows, the next block; bf16 weights 2 rows, the block four on, which
+// measured faster on the Zen 5; avx2 reads one row at a time with no software prefetch, which streams fastest
+// on the AVX2 EPYC it was measured on: kJ1 below). Prefetches never fault and never change a result.
 // The file is compiled once per path through isa_clones.hpp (namespaces avx512 / avx2 / portable; the
 // vector paths inside `#pragma GCC target` regions, so their intrinsics and OpenMP-free helpers get the
 // target); the first pass holds the dispatch and the OpenMP split over columns.
@@ -452,27 +452,35 @@ DEW_AI void column_block(const float* x, const W* w, float* y, int64_t m, int64_
 // 22-24 GB/s where 2-6 rows interleaved read at 9-11 (a stand-alone loop), and dew's decode went from
 // 2.8-3.1 ms/token (4 rows, next block prefetched) to 1.9-2.3 (1 row, none). The avx512 blocking was
 // measured on the AVX-512 Xeon and Zen 4 (0.88 of the bandwidth roofline) and is kept.
+// avx512 with bf16 weights decodes two weight rows a block, prefetching the block four on (the same 4 rows x
+// 768 bytes = 6 KiB ahead as 8 rows one block on; char-small's 384-column rows): on the Zen 5 of session 20
+// (docs/benchmarks.md) that took a bf16 token's CPU time from 0.927 to 0.875 ms (6 runs alternated) where f32
+// weights measured slower that way (1.811 -> 1.927 ms), so f32 and int8 keep 8 rows one block on.
 #if defined(DEW_CPU_ISA_IS_AVX512)
 constexpr int kJ1 = 8, kRM = 2, kJM = 4;
+constexpr int kJ1Bf16 = 2, kAheadBf16 = 4;
 constexpr bool kPrefetchNext = true;
 #elif defined(DEW_CPU_ISA_IS_AVX2)
 constexpr int kJ1 = 1, kRM = 3, kJM = 1;
+constexpr int kJ1Bf16 = kJ1, kAheadBf16 = 1;
 constexpr bool kPrefetchNext = false;
 #else
 constexpr int kJ1 = 1, kRM = 1, kJM = 1;
+constexpr int kJ1Bf16 = kJ1, kAheadBf16 = 1;
 constexpr bool kPrefetchNext = true;
 #endif
 
 // One path over output columns [j0, j1): J1 weight rows per block when m == 1 (decode), RM x JM blocks when
-// m > 1, the columns left over one at a time. Each block prefetches the next one's rows while it still has a
-// next block in [j0, j1) (at m == 1 only where kPrefetchNext).
-template <int J1, int RM, int JM, class W, class Q>
-DEW_AI void rowwise_range(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                          int64_t j1, const Q& q) {
+// m > 1, the columns left over one at a time. Each block prefetches the rows of the block AHEAD blocks on (at
+// m > 1 the next one) while that block is in [j0, j1) (at m == 1 only where kPrefetchNext).
+template <int J1, int AHEAD, int RM, int JM, class W, class Q>
+DEW_AI void rowwise_range(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1,
+                          const Q& q) {
   int64_t j = j0;
   if (m == 1)
     for (; j + J1 <= j1; j += J1)
-      column_block<1, J1>(x, w, y, m, n, k, j, kPrefetchNext && j + 2 * J1 <= j1 ? w + (j + J1) * k : nullptr, q);
+      column_block<1, J1>(x, w, y, m, n, k, j,
+                          kPrefetchNext && j + (AHEAD + 1) * J1 <= j1 ? w + (j + AHEAD * J1) * k : nullptr, q);
   else
     for (; j + JM <= j1; j += JM)
       column_block<RM, JM>(x, w, y, m, n, k, j, j + 2 * JM <= j1 ? w + (j + JM) * k : nullptr, q);
@@ -531,17 +539,17 @@ DEW_AI void epilogue(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, 
 // Called once per thread with its own columns (the OpenMP region is in the first pass: DEW_CPU_ISA_CALL).
 void rowwise_columns(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                      int64_t j1, const RowwiseEpilogue& ep) {
-  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1, NoScales{});
+  rowwise_range<kJ1, 1, kRM, kJM>(x, w, y, m, n, k, j0, j1, NoScales{});
   epilogue(ep, y, m, n, j0, j1);
 }
 void rowwise_columns(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                      int64_t j1, const RowwiseEpilogue& ep) {
-  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1, NoScales{});
+  rowwise_range<kJ1Bf16, kAheadBf16, kRM, kJM>(x, w, y, m, n, k, j0, j1, NoScales{});
   epilogue(ep, y, m, n, j0, j1);
 }
 void rowwise_columns(const float* x, const int8_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                      int64_t j1, const RowwiseEpilogue& ep, const QuantScales& q) {
-  rowwise_range<kJ1, kRM, kJM>(x, w, y, m, n, k, j0, j1, q);
+  rowwise_range<kJ1, 1, kRM, kJM>(x, w, y, m, n, k, j0, j1, q);
   epilogue(ep, y, m, n, j0, j1);
 }
 

@@ -318,34 +318,29 @@ void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
     }
   };
   const bool par = total >= (int64_t(1) << 15) && outer > 1;
-#pragma omp parallel if (par)
-  {
-    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int64_t begin = outer * tid / nt, end = outer * (tid + 1) / nt;
-    if (begin < end) {
-      // Decompose `begin` into the outer multi-index, then step it like an odometer.
-      std::vector<int64_t> idx(size_t(std::max(nd2 - 1, 1)), 0);
-      int64_t rem = begin, so = 0, dof = 0;
+  for_rows(outer, par, [&](int64_t begin, int64_t end) {  // no region on one thread (cpu_backend.hpp)
+    // Decompose `begin` into the outer multi-index, then step it like an odometer.
+    std::vector<int64_t> idx(size_t(std::max(nd2 - 1, 1)), 0);
+    int64_t rem = begin, so = 0, dof = 0;
+    for (int d = nd2 - 2; d >= 0; --d) {
+      idx[size_t(d)] = rem % shape[size_t(d)];
+      rem /= shape[size_t(d)];
+      so += idx[size_t(d)] * ss[size_t(d)];
+      dof += idx[size_t(d)] * ds[size_t(d)];
+    }
+    for (int64_t o = begin; o < end; ++o) {
+      run_inner(sbase + so * int64_t(es), dbase + dof * int64_t(es));
       for (int d = nd2 - 2; d >= 0; --d) {
-        idx[size_t(d)] = rem % shape[size_t(d)];
-        rem /= shape[size_t(d)];
-        so += idx[size_t(d)] * ss[size_t(d)];
-        dof += idx[size_t(d)] * ds[size_t(d)];
-      }
-      for (int64_t o = begin; o < end; ++o) {
-        run_inner(sbase + so * int64_t(es), dbase + dof * int64_t(es));
-        for (int d = nd2 - 2; d >= 0; --d) {
-          ++idx[size_t(d)];
-          so += ss[size_t(d)];
-          dof += ds[size_t(d)];
-          if (idx[size_t(d)] < shape[size_t(d)]) break;
-          so -= ss[size_t(d)] * shape[size_t(d)];
-          dof -= ds[size_t(d)] * shape[size_t(d)];
-          idx[size_t(d)] = 0;
-        }
+        ++idx[size_t(d)];
+        so += ss[size_t(d)];
+        dof += ds[size_t(d)];
+        if (idx[size_t(d)] < shape[size_t(d)]) break;
+        so -= ss[size_t(d)] * shape[size_t(d)];
+        dof -= ds[size_t(d)] * shape[size_t(d)];
+        idx[size_t(d)] = 0;
       }
     }
-  }
+  });
 }
 
 }  // namespace dew::cpu

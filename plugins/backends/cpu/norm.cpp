@@ -333,6 +333,28 @@ void layer_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight
 
 // ---------------------------------------------------------------- RMS norm
 
+// Rows [i0, i1) of rms_norm. One out-of-line body for the OpenMP team and the caller's thread alike (noinline:
+// the double reduction below is vectorised once, so the sum's lanes are the same whichever path runs it).
+[[gnu::noinline]] static void rms_norm_rows(const float* xs, const float* w, float* ys, float* rs, int64_t dim,
+                                            float eps, float off, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* xr = xs + i * dim;
+    float* yr = ys + i * dim;
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * double(xr[j]);
+    const float r = float(1.0 / std::sqrt(ss / double(dim) + double(eps)));
+    rs[i] = r;
+    if (w) {
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r * (w[j] + off);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r;
+    }
+  }
+}
+
 void rms_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
                           float weight_offset) {
   if (is_bf16_call(x)) return rms_norm_bf16(self, x, weight, y, rstd, eps, weight_offset);  // half.cpp
@@ -349,23 +371,8 @@ void rms_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, Tensor& y
   float* ys = y.data_as<float>();
   float* rs = rstd.data_as<float>();
   const float off = weight_offset;
-#pragma omp parallel for schedule(static) if (parallel_worth(x.numel()))
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = xs + i * dim;
-    float* yr = ys + i * dim;
-    double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * double(xr[j]);
-    const float r = float(1.0 / std::sqrt(ss / double(dim) + double(eps)));
-    rs[i] = r;
-    if (w) {
-#pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r * (w[j] + off);
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r;
-    }
-  }
+  for_rows(rows, parallel_worth(x.numel()),
+           [=](int64_t i0, int64_t i1) { rms_norm_rows(xs, w, ys, rs, dim, eps, off, i0, i1); });
 }
 
 void rms_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
