@@ -198,6 +198,36 @@ inline void for_blocks(int64_t n, bool parallel, F&& body) {
   }
 }
 
+// Rows [begin, end) of a coalesced two-operand walk (dew/kernel_contracts.hpp's StridedPair: every axis but the
+// last is an outer one, the last the row): calls row(r, a, b) with row r's offsets along plan.a and plan.b, in
+// order. `begin` is decomposed once into the outer multi-index, which then steps like an odometer (strided_copy,
+// the broadcasting binary kernel).
+template <class F>
+inline void walk_rows(const std::vector<int64_t>& shape, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb,
+                      int64_t begin, int64_t end, F&& row) {
+  const int m = int(shape.size());
+  std::vector<int64_t> idx(size_t(std::max(m - 1, 1)), 0);
+  int64_t rem = begin, ao = 0, bo = 0;
+  for (int d = m - 2; d >= 0; --d) {
+    idx[size_t(d)] = rem % shape[size_t(d)];
+    rem /= shape[size_t(d)];
+    ao += idx[size_t(d)] * sa[size_t(d)];
+    bo += idx[size_t(d)] * sb[size_t(d)];
+  }
+  for (int64_t r = begin; r < end; ++r) {
+    row(r, ao, bo);
+    for (int d = m - 2; d >= 0; --d) {
+      ++idx[size_t(d)];
+      ao += sa[size_t(d)];
+      bo += sb[size_t(d)];
+      if (idx[size_t(d)] < shape[size_t(d)]) break;
+      ao -= sa[size_t(d)] * shape[size_t(d)];
+      bo -= sb[size_t(d)] * shape[size_t(d)];
+      idx[size_t(d)] = 0;
+    }
+  }
+}
+
 // Throws unless t is defined and f32 (the dtype every compute kernel of this backend takes).
 void require_f32(const Tensor& t, const char* kernel, const char* arg);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);

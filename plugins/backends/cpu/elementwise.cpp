@@ -508,40 +508,16 @@ void binary_impl(const Tensor& a, const Tensor& b, Tensor& out) {
   }
   // General broadcasting: right-align, zero the strides of broadcast dims, coalesce.
   const Shape& os = out.shape();
-  const int nd = int(os.size());
   const contracts::StridedPair plan = contracts::coalesce(os, contracts::broadcast_strides("cpu.binary", a.shape(), os),
                                                            contracts::broadcast_strides("cpu.binary", b.shape(), os));
   const std::vector<int64_t>&shape = plan.shape, &sa = plan.a, &sb = plan.b;
-  const int m = int(shape.size());
   const int64_t inner = shape.back(), isa = sa.back(), isb = sb.back();
   const int64_t outer = n / inner;
-#pragma omp parallel if (parallel_worth(n) && outer > 1)
-  {
-    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = outer * t / nt, end = outer * (t + 1) / nt;
-    if (begin < end) {
-      std::vector<int64_t> idx(size_t(std::max(m - 1, 1)), 0);
-      int64_t rem = begin, ao = 0, bo = 0;
-      for (int d = m - 2; d >= 0; --d) {
-        idx[size_t(d)] = rem % shape[size_t(d)];
-        rem /= shape[size_t(d)];
-        ao += idx[size_t(d)] * sa[size_t(d)];
-        bo += idx[size_t(d)] * sb[size_t(d)];
-      }
-      for (int64_t r = begin; r < end; ++r) {
-        bin_inner<op>(ap + ao, bp + bo, op_ + r * inner, inner, isa, isb);
-        for (int d = m - 2; d >= 0; --d) {
-          ++idx[size_t(d)];
-          ao += sa[size_t(d)];
-          bo += sb[size_t(d)];
-          if (idx[size_t(d)] < shape[size_t(d)]) break;
-          ao -= sa[size_t(d)] * shape[size_t(d)];
-          bo -= sb[size_t(d)] * shape[size_t(d)];
-          idx[size_t(d)] = 0;
-        }
-      }
-    }
-  }
+  for_rows(outer, parallel_worth(n) && outer > 1, [&](int64_t begin, int64_t end) {
+    walk_rows(shape, sa, sb, begin, end, [&](int64_t r, int64_t ao, int64_t bo) {
+      bin_inner<op>(ap + ao, bp + bo, op_ + r * inner, inner, isa, isb);
+    });
+  });
 }
 
 }  // namespace

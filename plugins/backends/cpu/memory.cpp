@@ -319,27 +319,9 @@ void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyP
   };
   const bool par = total >= (int64_t(1) << 15) && outer > 1;
   for_rows(outer, par, [&](int64_t begin, int64_t end) {  // no region on one thread (cpu_backend.hpp)
-    // Decompose `begin` into the outer multi-index, then step it like an odometer.
-    std::vector<int64_t> idx(size_t(std::max(nd2 - 1, 1)), 0);
-    int64_t rem = begin, so = 0, dof = 0;
-    for (int d = nd2 - 2; d >= 0; --d) {
-      idx[size_t(d)] = rem % shape[size_t(d)];
-      rem /= shape[size_t(d)];
-      so += idx[size_t(d)] * ss[size_t(d)];
-      dof += idx[size_t(d)] * ds[size_t(d)];
-    }
-    for (int64_t o = begin; o < end; ++o) {
+    walk_rows(shape, ss, ds, begin, end, [&](int64_t, int64_t so, int64_t dof) {
       run_inner(sbase + so * int64_t(es), dbase + dof * int64_t(es));
-      for (int d = nd2 - 2; d >= 0; --d) {
-        ++idx[size_t(d)];
-        so += ss[size_t(d)];
-        dof += ds[size_t(d)];
-        if (idx[size_t(d)] < shape[size_t(d)]) break;
-        so -= ss[size_t(d)] * shape[size_t(d)];
-        dof -= ds[size_t(d)] * shape[size_t(d)];
-        idx[size_t(d)] = 0;
-      }
-    }
+    });
   });
 }
 
