@@ -295,6 +295,61 @@ TEST_CASE("conv_transpose2d is the adjoint of conv2d") {
   CHECK(dew::sum(dew::mul(cx, y)).item() == doctest::Approx(dew::sum(dew::mul(x, ty)).item()).epsilon(1e-12));
 }
 
+namespace dew {
+// `ref` as a device would look to core: not host-accessible (every kernel forwarded, host copies through the
+// backend's own calls), so ops take their device paths.
+class DeviceLikeRef final : public Backend {
+ public:
+  explicit DeviceLikeRef(BackendPtr inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "ref-as-device"; }
+  bool host_accessible() const override { return false; }
+  Support supports(Kernel k, DType dtype) const override { return inner_->supports(k, dtype); }
+  void synchronize() override { inner_->synchronize(); }
+  void* allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  void deallocate(void* ptr, size_t bytes) override { inner_->deallocate(ptr, bytes); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override { inner_->copy_from_host(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    ++host_reads;
+    inner_->copy_to_host(dst, src, bytes);
+  }
+  void copy_device(void* dst, const void* src, size_t bytes) override { inner_->copy_device(dst, src, bytes); }
+#define DEW_TEST_FORWARD_(name, params, args) \
+  void name params override { inner_->name args; }
+  DEW_KERNEL_TABLE(DEW_TEST_FORWARD_)
+#undef DEW_TEST_FORWARD_
+  int host_reads = 0;
+
+ private:
+  BackendPtr inner_;
+};
+}  // namespace dew
+
+TEST_CASE("cross_entropy on a device counts its targets there: no host read, the host path's bits") {
+  auto dev = std::make_shared<dew::DeviceLikeRef>(ref());
+  for (DType dt : {DType::f64, DType::f32}) {
+    for (const std::vector<int32_t>& tg :
+         {std::vector<int32_t>{1, -100, 3, 0, -100}, std::vector<int32_t>{-100, -100, -100, -100, -100},
+          std::vector<int32_t>{0, 1, 2, 3, 0}}) {
+      const std::vector<double> init = rnd({5, 4}, 124, -2, 2).to_doubles();
+      auto make = [&](const BackendPtr& be) {
+        Tensor lg = dew::cast(Tensor::from_host(init.data(), {5, 4}, DType::f64, be), dt).set_requires_grad(true);
+        Tensor tt = Tensor::from_host(tg.data(), {5}, DType::i32, be);
+        return std::pair{lg, tt};
+      };
+      auto [lh, th] = make(ref());
+      auto [ld, td] = make(dev);
+      Tensor host_loss = dew::cross_entropy(lh, th);
+      dev->host_reads = 0;
+      Tensor dev_loss = dew::cross_entropy(ld, td);
+      host_loss.backward();
+      dev_loss.backward();
+      CHECK(dev->host_reads == 0);  // neither the forward nor the backward read anything back
+      CHECK(dev_loss.to_doubles() == host_loss.to_doubles());
+      CHECK(ld.grad().to_doubles() == lh.grad().to_doubles());
+    }
+  }
+}
+
 TEST_CASE("gradcheck cross_entropy (with ignored rows)") {
   Tensor targets = ints({1, -100, 3, 0, -100}, {5});
   gradcheck([targets](const V& x) { return dew::cross_entropy(x[0], targets); }, {rnd({5, 4}, 120, -2, 2)},
