@@ -2,7 +2,8 @@
 # tools/bench/sitting.sh [ROUNDS] [BUILD_DIR] — issue 18's speed table in one sitting on this machine: the CPU
 # model and flags first, then decode.sh (dew / llama.cpp / PyTorch decode), dew-bench roofline (char-small,
 # 1 thread), run-lm.sh (char-small and gpt-mini training, char-small decode, against PyTorch, 1 and 2
-# threads) and run-dit.sh (the DiT step against PyTorch), each with its own medians. Run it with nothing else
+# threads), run-dit.sh (the DiT step against PyTorch) and run-mixed.sh (issue 17: char-small in bf16-mixed against
+# dew f32 and PyTorch's bf16 autocast), each with its own medians. Run it with nothing else
 # on the machine: every ratio is read from runs that alternate within these minutes.
 # On CPUs without AVX512-BF16 run-dit.sh runs f32 only (DEW_DIT_PRECISIONS overrides): dew's `medium` stays f32
 # there, and PyTorch 1.13's bf16 autocast has no native kernel (gpt-mini: 395 tokens/s against 6,900 in f32 on
@@ -19,4 +20,5 @@ echo "## decode"; tools/bench/decode.sh "$rounds" "$build"
 echo "## roofline"; OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" roofline --config char-small --threads 1
 echo "## training (run-lm.sh)"; tools/bench/run-lm.sh "$rounds" "$build"
 echo "## DiT (run-dit.sh)"; tools/bench/run-dit.sh "$rounds" "$build"
+echo "## mixed precision, issue 17 (run-mixed.sh)"; tools/bench/run-mixed.sh "$rounds" "$build"
 echo "# end: $(date -u '+%H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
