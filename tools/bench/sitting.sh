@@ -5,10 +5,11 @@
 # threads), run-dit.sh (the DiT step against PyTorch) and run-mixed.sh (issue 17: char-small in bf16-mixed against
 # dew f32 and PyTorch's bf16 autocast), each with its own medians. Run it with nothing else
 # on the machine: every ratio is read from runs that alternate within these minutes.
-# Every run (dew and its peers alike) runs at real-time priority (`chrt -f 10`, where the user may set it;
-# DEW_SITTING_RT=0 turns it off): a daemon or a neighbour's job waking up then waits instead of taking a core
-# from a 2-thread step mid-barrier (session 21, under two other engineers' compiles: oneDNN's char-small products
-# ran 0.34-1.0x faster at 2 threads than at 1 without it, 1.89-2.09x with it; char-small's 2-thread step 1.86-1.95x).
+# DEW_SITTING_RT=1 runs every measurement (dew and its peers alike) at real-time priority (`chrt -f 10`) for a
+# sitting on a shared host: a neighbour's job then waits instead of taking a core from a 2-thread step mid-barrier
+# (session 21, under two other engineers' compiles: oneDNN's char-small products ran 0.34-1.0x faster at 2 threads
+# than at 1 at normal priority, 1.89-2.09x at real-time priority). Off by default: the kernel throttles real-time
+# tasks (sched_rt_runtime_us: 50 ms of every second once a core is saturated), which a quiet host does not need.
 # On CPUs without AVX512-BF16 run-dit.sh runs f32 only (DEW_DIT_PRECISIONS overrides): dew's `medium` stays f32
 # there, and PyTorch 1.13's bf16 autocast has no native kernel (gpt-mini: 395 tokens/s against 6,900 in f32 on
 # the AVX2 EPYC), so one autocast peer run takes minutes and says nothing about dew.
@@ -20,8 +21,8 @@ echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), family $(lscpu |
 echo "# flags: $(grep -o -w -E 'avx2|fma|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "# dew: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (modified)'), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 rt=()
-if [ "${DEW_SITTING_RT:-1}" = 1 ] && chrt -f 10 true 2>/dev/null; then rt=(chrt -f 10); fi
-echo "# priority: ${rt[*]:-normal (chrt -f unavailable or DEW_SITTING_RT=0)}"
+if [ "${DEW_SITTING_RT:-0}" = 1 ] && chrt -f 10 true 2>/dev/null; then rt=(chrt -f 10); fi
+echo "# priority: ${rt[*]:-normal}"
 if [ -z "${DEW_DIT_PRECISIONS:-}" ] && ! grep -qw avx512_bf16 /proc/cpuinfo; then export DEW_DIT_PRECISIONS="highest"; fi
 echo "## decode"; "${rt[@]}" tools/bench/decode.sh "$rounds" "$build"
 echo "## roofline"; "${rt[@]}" env OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" roofline --config char-small --threads 1
