@@ -40,11 +40,11 @@ std::string ProfilingBackend::report(int64_t steps, double step_ms) const {
   else
     add("profile: %lld steps, %.1f ms per step, %.1f ms of it in kernels (%.1f %%; synchronised per kernel)\n",
         (long long)steps, step_ms, total_ms, 100.0 * total_ms / step_ms);
-  add("%9s %8s %6s  %s\n", "ms/step", "calls", "share", "kernel");
+  add("%9s %8s %6s %9s  %s\n", "ms/step", "calls", "share", "longest", "kernel");
   for (const auto& [label, s] : rows)
-    add("%9.3f %8.1f %5.1f%%  %s\n", s.seconds * 1e3 / n, double(s.calls) / n, 100.0 * s.seconds * 1e3 / n / step_ms,
-        label.c_str());
-  add("%9.3f %8s %5.1f%%  %s\n", step_ms - total_ms, "", 100.0 * (step_ms - total_ms) / step_ms,
+    add("%9.3f %8.1f %5.1f%% %9.3f  %s\n", s.seconds * 1e3 / n, double(s.calls) / n,
+        100.0 * s.seconds * 1e3 / n / step_ms, s.longest * 1e3, label.c_str());
+  add("%9.3f %8s %5.1f%% %9s  %s\n", step_ms - total_ms, "", 100.0 * (step_ms - total_ms) / step_ms, "",
       device_clock_ ? "device idle (host work not hidden behind the kernels: autograd, allocation, dispatch)"
                     : "outside the kernels (autograd, allocation, dispatch, host code)");
   return out;
@@ -53,7 +53,7 @@ std::string ProfilingBackend::report(int64_t steps, double step_ms) const {
 void ProfilingBackend::settle() {
   if (pending_.empty()) return;
   inner_->synchronize();
-  for (const Pending& p : pending_) p.stat->seconds += inner_->device_elapsed_ms(p.from, p.to) * 1e-3;
+  for (const Pending& p : pending_) p.stat->add(inner_->device_elapsed_ms(p.from, p.to) * 1e-3);
   pending_.clear();
   inner_->device_marks_release();
 }

@@ -2,7 +2,7 @@
 # tests/train/profile.sh BIN_DIR WORK_DIR — [trainer] profile times every kernel without changing a result.
 # Two cpu runs of tiny.ini, one with --trainer.profile 5: the per-step losses must be identical, and the
 # profiled run's log and RUN_DIR/profile.txt must hold the table (the optimizer and matmul lines, the
-# share outside the kernels).
+# share outside the kernels, every row's longest call no shorter than its mean call).
 set -euo pipefail
 bin=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,6 +19,9 @@ for want in "profile: 5 steps" "adamw_update" "matmul 48x64x32 Bt +bias" "outsid
   grep -qF -- "$want" "$work/profiled/log.txt" || { echo "the log lacks '$want'"; exit 1; }
 done
 # 5 profiled steps of 4 AdamW updates each (two weights, two biases): 4.0 calls per step
-grep -E '^ +[0-9.]+ +4\.0 +[0-9.]+%  adamw_update$' "$table" > /dev/null || { echo "adamw_update is not 4 calls per step:"; cat "$table"; exit 1; }
+grep -E '^ +[0-9.]+ +4\.0 +[0-9.]+% +[0-9.]+  adamw_update$' "$table" > /dev/null || { echo "adamw_update is not 4 calls per step:"; cat "$table"; exit 1; }
+# the longest call of a row is at least its mean call (ms/step / calls), to the table's 3 decimals
+awk '$3 ~ /%$/ && $2 > 0 && $4 + 0.0015 < $1 / $2 { print "longest " $4 " below the mean call " $1 / $2 ": " $0; bad = 1 }
+     END { exit bad }' "$table" || { cat "$table"; exit 1; }
 test ! -f "$work/plain/profile.txt" || { echo "an unprofiled run wrote profile.txt"; exit 1; }
 echo "profiling leaves the losses unchanged and writes the table"

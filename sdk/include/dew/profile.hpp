@@ -12,6 +12,7 @@
 // Invariant: results are the wrapped backend's, bit for bit (the wrapper only reads the clock). Not thread-safe while
 // enabled: profile one training loop at a time.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -47,7 +48,8 @@ class ProfilingBackend final : public Backend {
   // Continues timing without clearing (between stop() and resume() nothing is counted).
   void resume() { enabled_ = true; }
   // The table: a header line, then one line per label, biggest first (milliseconds and calls per step
-  // over `steps` steps, share of `step_ms`, the measured step time), then the time outside the kernels.
+  // over `steps` steps, share of `step_ms`, the measured step time, and the longest single call in ms: a call
+  // far above ms/step / calls is a stall, not the kernel), then the time outside the kernels.
   std::string report(int64_t steps, double step_ms) const;
   const BackendPtr& inner() const { return inner_; }
 
@@ -95,6 +97,11 @@ class ProfilingBackend final : public Backend {
   struct Stat {
     int64_t calls = 0;
     double seconds = 0;
+    double longest = 0;  // the longest single call, seconds: a stall (a preempted thread) shows here
+    void add(double t) {
+      seconds += t;
+      longest = std::max(longest, t);
+    }
   };
   // A call timed by the device clock, read at settle().
   struct Pending {
@@ -125,7 +132,7 @@ class ProfilingBackend final : public Backend {
     const auto t0 = std::chrono::steady_clock::now();
     f();
     inner_->synchronize();
-    s->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s->add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   // Waits for the device and adds every pending call's device time to its label.
   void settle();
