@@ -6,9 +6,9 @@
 # (where it would share the L3 and the memory bandwidth). The spin loops end with CMD.
 # Session 21 (2 cores, two compiles running): at normal priority oneDNN's char-small products ran 2 threads at
 # 0.2-1.0x their 1-thread speed, and some 1-thread runs at 30 of ~190 GFLOP/s; isolated, 1.89-2.09x and ~190.
-# Caveat: the kernel throttles real-time tasks on a saturated core for 50 ms of every second
-# (sched_rt_runtime_us), which shows as a rare ~50 ms outlier in a run of many short timings: compare medians or
-# minima. Without the right to set real-time priority (not root) CMD runs as it is, with a warning.
+# Caveat: real-time tasks are throttled here, ~5 % of the wall time in stalls of ~50 ms (session 21: a clock-reading
+# loop under chrt -f 10 lost 4.9 % in gaps of 48-54 ms, at normal priority 0.8 % in gaps under 5 ms), which show as
+# a rare ~50 ms call (`--profile`'s "longest" column) in a run of many short timings: compare medians or minima. Without the right to set real-time priority (not root) CMD runs as it is, with a warning.
 set -euo pipefail
 threads=${1:?usage: tools/bench/isolated.sh THREADS CMD [ARGS...]}
 shift

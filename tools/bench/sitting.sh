@@ -8,8 +8,8 @@
 # DEW_SITTING_RT=1 runs every measurement (dew and its peers alike) at real-time priority (`chrt -f 10`) for a
 # sitting on a shared host: a neighbour's job then waits instead of taking a core from a 2-thread step mid-barrier
 # (session 21, under two other engineers' compiles: oneDNN's char-small products ran 0.34-1.0x faster at 2 threads
-# than at 1 at normal priority, 1.89-2.09x at real-time priority). Off by default: the kernel throttles real-time
-# tasks (sched_rt_runtime_us: 50 ms of every second once a core is saturated), which a quiet host does not need.
+# than at 1 at normal priority, 1.89-2.09x at real-time priority). Off by default: real-time tasks are throttled
+# here (~5 % of the wall time, in stalls of ~50 ms; tools/bench/isolated.sh), which a quiet host does not need.
 # On CPUs without AVX512-BF16 run-dit.sh runs f32 only (DEW_DIT_PRECISIONS overrides): dew's `medium` stays f32
 # there, and PyTorch 1.13's bf16 autocast has no native kernel (gpt-mini: 395 tokens/s against 6,900 in f32 on
 # the AVX2 EPYC), so one autocast peer run takes minutes and says nothing about dew.
