@@ -590,12 +590,14 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   const KV* kb = kv_rows<KV>(P.k, P.k16) + b * g.S * g.krs + hk0 * D;
   const KV* vb = kv_rows<KV>(P.v, P.v16) + b * g.S * g.krs + hk0 * D;
   const int64_t n = hi - lo, npad = (n + L - 1) / L * L;
+  int64_t koff[kMaxRowHeads];  // head h's slice of a position's span, (h / G - hk0) * D: no division per position
+  for (int64_t h = h0; h < h1; ++h) koff[h - h0] = (h / g.G - hk0) * D;
   // K and V rows are g.krs apart: the span kRowAhead positions on is prefetched while a row is used (decoding
   // streams the whole cache once per token).
   for (int64_t j = 0; j < n; ++j) {
     prefetch_row(kb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
     const KV* krow = kb + (lo + j) * g.krs;
-    for (int64_t h = h0; h < h1; ++h) sc_of(h)[j] = dot(qs_of(h), krow + (h / g.G - hk0) * D, D);
+    for (int64_t h = h0; h < h1; ++h) sc_of(h)[j] = dot(qs_of(h), krow + koff[h - h0], D);
   }
   bool live[kMaxRowHeads];
   float inv[kMaxRowHeads];
@@ -632,7 +634,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     prefetch_row(vb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
     const KV* vrow = vb + (lo + j) * g.krs;
     for (int64_t h = h0; h < h1; ++h)
-      if (live[h - h0]) axpy(acc_of(h), sc_of(h)[j], vrow + (h / g.G - hk0) * D, D);
+      if (live[h - h0]) axpy(acc_of(h), sc_of(h)[j], vrow + koff[h - h0], D);
   }
   for (int64_t h = h0; h < h1; ++h) {
     if (!live[h - h0]) continue;
