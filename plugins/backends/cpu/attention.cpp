@@ -18,9 +18,10 @@
 //   head's strided slice per pass (on the AVX2 EPYC: attention 0.28 -> 0.16 ms of a char-small bf16 decode
 //   token, with the avx2 bf16 load below); the span 8 positions ahead is prefetched, a hint that changes no
 //   result. The grouping changes no bit: each (head, key) product and each head's sums run as for one head.
-//   On avx512 (D % 16 == 0) a head's scores are made 16 positions at a time, the 16 dots' final trees reduced
-//   together by shuffles doing the very adds of hsum16 (hsum16x16): the same bits, a bf16 cache's row task
-//   7.5 -> 6.4 us (one char-small layer at position 143, cache warm, Zen 5).
+//   On avx512 (D % 16 == 0) the scores are made 16 positions at a time: the rows still stream in order, each head's
+//   16 lane sums are kept, and the 16 dots' final trees are reduced together by shuffles doing the very adds of
+//   hsum16 (hsum16x16): the same bits; a bf16 cache's row task 8.4 -> 6.7 us warm, 10 -> 8-9 us cold (one
+//   char-small layer at position 143, Zen 5; f32 unchanged: its time is the stream).
 // bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the row path reads the bf16 rows and widens
 //   them in registers (exact: the bits shifted up 16), so it streams half the bytes and computes exactly what it
 //   computes on the widened f32 rows, bit for bit (dot's scalar tail runs one shared loop); longer queries
@@ -639,19 +640,21 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   // streams the whole cache once per token).
   int64_t j = 0;
 #if defined(DEW_CPU_ISA_IS_AVX512)
-  // 16 positions at a time per head: their dots' lane sums, then the 16 trees together (hsum16x16: the bits of
-  // dot() one position at a time). D % 16 == 0 only (no scalar tail).
-  if (D % L == 0)
+  // 16 positions at a time: every head's dot lane sums position by position (the rows stream in order, as in the
+  // loop below), then per head the 16 trees together (hsum16x16: the bits of dot() one position at a time).
+  // D % 16 == 0 only (no scalar tail). A head-major walk of the 16 rows measured slower on a cold f32 cache.
+  if (D % L == 0) {
+    vf lanes[kMaxRowHeads][L];  // [head][position of the block]
     for (; j + L <= n; j += L) {
-      for (int64_t p = j; p < j + L; ++p) prefetch_row(kb + (lo + p + kRowAhead) * g.krs, span, p + kRowAhead < n);
-      const KV* kblk = kb + (lo + j) * g.krs;
-      for (int64_t h = h0; h < h1; ++h) {
-        vf u[L];
-#pragma GCC unroll 16
-        for (int p = 0; p < L; ++p) u[p] = dot_lanes(qs_of(h), kblk + p * g.krs + koff[h - h0], D);
-        hsum16x16(u, sc_of(h) + j);
+      // position by position, as the loop below (the rows stream in order): each head's lane sums
+      for (int64_t p = 0; p < L; ++p) {
+        prefetch_row(kb + (lo + j + p + kRowAhead) * g.krs, span, j + p + kRowAhead < n);
+        const KV* krow = kb + (lo + j + p) * g.krs;
+        for (int64_t h = h0; h < h1; ++h) lanes[h - h0][p] = dot_lanes(qs_of(h), krow + koff[h - h0], D);
       }
+      for (int64_t h = h0; h < h1; ++h) hsum16x16(lanes[h - h0], sc_of(h) + j);
     }
+  }
 #endif
   for (; j < n; ++j) {
     prefetch_row(kb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
