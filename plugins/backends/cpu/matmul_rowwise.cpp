@@ -39,6 +39,25 @@
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vector arguments: everything below is inlined
 
+namespace dew::cpu {
+// x's rows rounded to int16 per block of 32 columns (matmul_rowwise.hpp): scale absmax / 32767, values
+// nearbyint(x / scale) (nearest even) in [-32767, 32767]; an all-zero block has scale 0, a block with a NaN or an
+// infinity a NaN scale (and zero values). Plain scalar code at the baseline ISA: the reference the vector paths
+// (quantize_rows below) equal bit for bit, and what they run on a block whose scale is not a positive number.
+static void quantize_block_int16(const float* src, int16_t* xq, float* xs) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int i = 0; i < 32; ++i) {
+    finite = finite && std::isfinite(src[i]);
+    amax = std::max(amax, std::fabs(src[i]));
+  }
+  const float scale = !finite ? std::numeric_limits<float>::quiet_NaN() : amax / 32767.0f;
+  *xs = scale;
+  for (int i = 0; i < 32; ++i)
+    xq[i] = !finite || amax == 0.0f ? 0 : int16_t(std::clamp(std::nearbyint(src[i] / scale), -32767.0f, 32767.0f));
+}
+}  // namespace dew::cpu
+
 #define DEW_CPU_ISA_SELF "matmul_rowwise.cpp"
 #include "isa_clones.hpp"
 
@@ -76,25 +95,6 @@ void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int6
   run_split(isa, x, w, y, m, n, k, ep);
 }
 
-// x's rows rounded to int16 per block of 32 columns (matmul_rowwise.hpp): scale absmax / 32767, values
-// nearbyint(x / scale) (nearest even) in [-32767, 32767]; an all-zero block has scale 0, a block with a NaN or an
-// infinity a NaN scale (and zero values). Plain scalar code at the baseline ISA: the same bits on every path.
-static void quantize_rows_int16(const float* x, int64_t m, int64_t k, int16_t* xq, float* xs) {
-  for (int64_t b = 0; b < m * k / 32; ++b) {
-    const float* src = x + b * 32;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int i = 0; i < 32; ++i) {
-      finite = finite && std::isfinite(src[i]);
-      amax = std::max(amax, std::fabs(src[i]));
-    }
-    const float scale = !finite ? std::numeric_limits<float>::quiet_NaN() : amax / 32767.0f;
-    xs[b] = scale;
-    for (int i = 0; i < 32; ++i)
-      xq[b * 32 + i] = !finite || amax == 0.0f ? 0 : int16_t(std::clamp(std::nearbyint(src[i] / scale), -32767.0f, 32767.0f));
-  }
-}
-
 void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales& scales, float* y, int64_t m,
                     int64_t n, int64_t k, const RowwiseEpilogue& ep) {
   if ((k / scales.groups) % 32 != 0) return run_split(isa, x, w, y, m, n, k, ep, scales);
@@ -102,7 +102,7 @@ void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales&
   thread_local std::vector<float> xs;
   xq.resize(size_t(m * k));
   xs.resize(size_t(m * k / 32));
-  quantize_rows_int16(x, m, k, xq.data(), xs.data());
+  DEW_CPU_ISA_CALL(isa, quantize_rows, x, m * k / 32, xq.data(), xs.data());
   QuantScales q = scales;
   q.xq = xq.data();
   q.xs = xs.data();
@@ -535,6 +535,70 @@ DEW_AI void epilogue(const RowwiseEpilogue& ep, float* y, int64_t m, int64_t n, 
 
 
 }  // namespace
+
+// x's rows rounded to int16, `blocks` blocks of 32 (quantize_block_int16 above, the scalar reference). The vector
+// paths compute the same operations on 16 or 8 lanes: |x| and its maximum (exact), amax / 32767 (the same scalar
+// division), x / scale (vdivps: correctly rounded like the scalar division), round to nearest even (vroundps /
+// vrndscaleps), the clamp (no NaN can reach it: x is finite and scale > 0) and the exact conversion of an integral
+// float, so every value and scale has the scalar loop's bits. A block holding a NaN or an infinity, or whose scale
+// is 0 (all zeros, or underflowed), takes the scalar reference.
+void quantize_rows(const float* x, int64_t blocks, int16_t* xq, float* xs) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* src = x + b * 32;
+    int16_t* dst = xq + b * 32;
+#if defined(DEW_CPU_ISA_IS_AVX512)
+    const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16);
+    const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+    const __m512 big = _mm512_set1_ps(std::numeric_limits<float>::max());
+    const bool finite = (_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ)) == 0xffff;
+    const float scale = finite ? _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 32767.0f : 0.0f;
+    if (!(scale > 0.0f)) {
+      quantize_block_int16(src, dst, xs + b);
+      continue;
+    }
+    xs[b] = scale;
+    const __m512 sv = _mm512_set1_ps(scale), hi = _mm512_set1_ps(32767.0f), lo = _mm512_set1_ps(-32767.0f);
+    auto q16 = [&](__m512 v) {
+      const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(v, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      return _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi)));
+    };
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), q16(v0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16), q16(v1));
+#elif defined(DEW_CPU_ISA_IS_AVX2)
+    __m256 v[4], a[4];
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(std::numeric_limits<float>::max());
+    int ok = 0xff;
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(src + 8 * i);
+      a[i] = _mm256_andnot_ps(sign, v[i]);
+      ok &= _mm256_movemask_ps(_mm256_cmp_ps(a[i], big, _CMP_LE_OQ));
+    }
+    __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float scale = ok == 0xff ? _mm_cvtss_f32(m4) / 32767.0f : 0.0f;
+    if (!(scale > 0.0f)) {
+      quantize_block_int16(src, dst, xs + b);
+      continue;
+    }
+    xs[b] = scale;
+    const __m256 sv = _mm256_set1_ps(scale), hi = _mm256_set1_ps(32767.0f), lo = _mm256_set1_ps(-32767.0f);
+    __m256i r[4];
+    for (int i = 0; i < 4; ++i)
+      r[i] = _mm256_cvtps_epi32(_mm256_min_ps(
+          _mm256_max_ps(_mm256_round_ps(_mm256_div_ps(v[i], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo),
+          hi));
+    // packs interleaves the 128-bit lanes of its operands; the permute puts columns back in order
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xd8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16),
+                        _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xd8));
+#else
+    quantize_block_int16(src, dst, xs + b);
+#endif
+  }
+}
 
 // Called once per thread with its own columns (the OpenMP region is in the first pass: DEW_CPU_ISA_CALL).
 void rowwise_columns(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
