@@ -1055,7 +1055,13 @@ TEST_CASE("dew-run serve: a freshly trained run (EMA weights), solo-equal comple
   });
   while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   REQUIRE(::kill(pid, SIGTERM) == 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Wait until the server says it drains (/health 503) or has closed its listener: a fixed sleep raced the
+  // signal thread on a loaded host (the late request below was once served).
+  for (int i = 0; i < 2000; ++i) {
+    auto h = c.Get("/health");
+    if (!h || h->status == 503) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   auto late = post(c, json{{"prompt", "x"}, {"max_tokens", 2}});
   CHECK((!late || late->status == 503));  // refused while draining, or the listener is already closed
   streamer.join();
