@@ -78,15 +78,21 @@ void gelu_tanh_fwd(const float* x, float* o, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_value(x[i]);
 }
+// d * gelu_tanh'(v) and d * silu'(v): one expression each, shared by the backward loops below and
+// unary_backward_sum's (the same contraction, so the same bits).
+[[gnu::always_inline]] inline float gelu_tanh_grad(float v, float d) {
+  const float e = act_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));
+  const float s = 1.0f / (1.0f + e);
+  const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
+  return d * (s + v * ((e * s) * s) * du2);
+}
+[[gnu::always_inline]] inline float silu_grad(float v, float d) {
+  const float e = act_exp(act_arg(-v)), s = 1.0f / (1.0f + e);
+  return d * (s + v * ((e * s) * s));
+}
 void gelu_tanh_bwd(const float* x, const float* dy, float* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float e = act_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));
-    const float s = 1.0f / (1.0f + e);
-    const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
-    o[i] = dy[i] * (s + v * ((e * s) * s) * du2);
-  }
+  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_grad(x[i], dy[i]);
 }
 void silu_fwd(const float* x, float* o, int64_t n) {
 #pragma omp simd
@@ -94,9 +100,23 @@ void silu_fwd(const float* x, float* o, int64_t n) {
 }
 void silu_bwd(const float* x, const float* dy, float* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i], e = act_exp(act_arg(-v)), s = 1.0f / (1.0f + e);
-    o[i] = dy[i] * (s + v * ((e * s) * s));
+  for (int64_t i = 0; i < n; ++i) o[i] = silu_grad(x[i], dy[i]);
+}
+// Rows [r0, r1) of [*, d]: o = grad(x, dy) and acc[j] += double(o[j]) row by row, in one pass (the sums from
+// the registers: dx is never read back).
+template <class Grad>
+void grad_rows_sum(const float* x, const float* dy, float* o, double* acc, int64_t d, int64_t r0, int64_t r1,
+                   Grad grad) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * d;
+    const float* gr = dy + r * d;
+    float* orow = o + r * d;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const float v = grad(xr[j], gr[j]);
+      orow[j] = v;
+      acc[j] += double(v);
+    }
   }
 }
 
@@ -791,8 +811,9 @@ void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& 
 // ---------------------------------------------------------------- unary_backward_sum
 
 // dx as unary_backward writes it and dsum as reduce(sum) over dx's rows would give, at the same thread count,
-// in one pass: a block of rows' dx is computed (unary_backward_slice) and, while in cache, added row by row into
-// double column sums (add_rows). With reduce's own split (reduce_row_split: a contiguous block of rows per
+// in one pass: gelu_tanh and silu add each row's values into the double column sums as they are stored
+// (grad_rows_sum); the other ops compute a block of rows (unary_backward_slice) and add it while in cache
+// (add_rows). With reduce's own split (reduce_row_split: a contiguous block of rows per
 // thread, the double partials added in thread order when red >= 4 threads, else one sequential sum) the bits
 // equal unary_backward then reduce, thread count for thread count; on one thread no OpenMP region is entered.
 void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum,
@@ -815,7 +836,15 @@ void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Ten
   const int64_t chunk = std::max<int64_t>(1, 8192 / d);  // rows per block: ~32 KB of dx, re-read from cache
   auto rows_into = [=, &part](int64_t r0, int64_t r1, int t) {
     double* acc = part.data() + size_t(t) * size_t(d);
-    for (int64_t r = r0; r < r1; r += chunk) {
+    if (p.op == UnaryOp::gelu_tanh) {  // the MLP activations: one pass, the sums from the registers
+      grad_rows_sum(xs, g, o, acc, d, r0, r1, [](float v, float dd) { return gelu_tanh_grad(v, dd); });
+      return;
+    }
+    if (p.op == UnaryOp::silu) {
+      grad_rows_sum(xs, g, o, acc, d, r0, r1, [](float v, float dd) { return silu_grad(v, dd); });
+      return;
+    }
+    for (int64_t r = r0; r < r1; r += chunk) {  // any other op: blocks of rows, each summed while in cache
       const int64_t r2 = std::min(r1, r + chunk);
       unary_backward_slice(xs + r * d, g + r * d, o + r * d, (r2 - r) * d, p);
       add_rows(o, r, r2, d, 0, d, false, acc);
