@@ -1,7 +1,7 @@
-// core/ops/fused.cpp — fused differentiable blocks (dew/ops.hpp): modulated_layer_norm, packed_attention,
-// qkv_attention. Each is the composition its comment names, computed with fewer passes over memory (the
-// training step is memory-bound on CPUs); the gradient checks against finite differences and the
-// equality with the unfused composition are in tests/autograd/test_fused_ops.cpp.
+// core/ops/fused.cpp — fused differentiable blocks (dew/ops.hpp): modulated_layer_norm, gated_residual,
+// packed_attention, qkv_attention. Each is the composition its comment names, computed with fewer passes over memory
+// (the training step is memory-bound on CPUs); the gradient checks against finite differences and the equality with the
+// unfused composition are in tests/autograd/test_fused_ops.cpp.
 #include <cmath>
 
 #include "op_util.hpp"
@@ -40,6 +40,51 @@ Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& 
           return std::vector<Tensor>{dx, dshift, dscale};
         },
         "modulated_layer_norm");
+  }
+  return y;
+}
+
+Tensor gated_residual(const Tensor& x, const Tensor& f, const Tensor& gate) {
+  // Elementwise promotion under autocast, as add and mul: a half operand meeting an f32 one is widened.
+  if (detail::autocast_differs(f, x) || detail::autocast_differs(gate, x) || detail::autocast_differs(gate, f)) {
+    const bool wide = x.dtype() == DType::f32 || f.dtype() == DType::f32 || gate.dtype() == DType::f32;
+    auto w = [wide](const Tensor& t) { return wide && t.dtype() != DType::f32 ? cast(t, DType::f32) : t; };
+    if (wide) return gated_residual(w(x), w(f), w(gate));
+  }
+  DEW_CHECK(x.ndim() == 3, "gated_residual: x must be [B, N, D], got ", shape_str(x.shape()));
+  const int64_t b = x.shape()[0], d = x.shape()[2];
+  DEW_CHECK(f.shape() == x.shape(), "gated_residual: f ", shape_str(f.shape()), " must have x's shape ",
+            shape_str(x.shape()));
+  DEW_CHECK(gate.shape() == Shape({b, d}), "gated_residual: gate must be [", b, ", ", d, "], got ",
+            shape_str(gate.shape()));
+  DEW_CHECK(f.dtype() == x.dtype() && gate.dtype() == x.dtype(),
+            "gated_residual: x, f and gate must have one dtype, got ", dtype_name(x.dtype()), ", ",
+            dtype_name(f.dtype()), " and ", dtype_name(gate.dtype()));
+  detail::check_same_backend(x, f, "gated_residual");
+  detail::check_same_backend(x, gate, "gated_residual");
+  // A backend without the kernel in this dtype (cpu's bf16: its native bf16 mul and add beat the core's conversion
+  // around the f32 kernel) gets the composition the kernel fuses.
+  if (!x.backend().supports(Kernel::gated_residual, x.dtype()).ok ||
+      !x.backend().supports(Kernel::gated_residual_backward, x.dtype()).ok)
+    return add(x, mul(f, reshape(gate, {b, 1, d})));
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.backend_ptr());
+  if (b == 0) return y;
+  const Tensor fd = f.detach(), gd = gate.detach();
+  detail::kernels(x).gated_residual(x.detach(), fd, gd, y);
+  if (needs_grad({&x, &f, &gate})) {
+    const bool gf = needs_grad({&f}), gg = needs_grad({&gate});
+    record(
+        y, {x, f, gate},
+        [fd, gd, gf, gg](const Tensor& g) {
+          Tensor df, dgate;
+          if (gf || gg) {
+            df = Tensor::empty(fd.shape(), fd.dtype(), fd.backend_ptr());
+            dgate = Tensor::empty(gd.shape(), gd.dtype(), gd.backend_ptr());
+            detail::kernels(fd).gated_residual_backward(fd, gd, g, df, dgate);
+          }
+          return std::vector<Tensor>{g, gf ? df : Tensor(), gg ? dgate : Tensor()};
+        },
+        "gated_residual");
   }
   return y;
 }

@@ -111,6 +111,57 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return out;
 }
 
+// act(x W^T + b) recording one node, for a bias that needs its gradient: the backward's activation derivative and
+// the bias gradient (its column sums) come out of one unary_backward_sum pass, where activation(linear(...))
+// would read the derivative back for the bias's sum(g, 0). The same values as that composition
+// (dew/kernel_table.hpp: dx as unary_backward, dsum as reduce sums).
+static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+  UnaryOp op = UnaryOp::relu;
+  switch (act) {
+    case Activation::relu:
+      op = UnaryOp::relu;
+      break;
+    case Activation::gelu:
+      op = UnaryOp::gelu;
+      break;
+    case Activation::gelu_tanh:
+      op = UnaryOp::gelu_tanh;
+      break;
+    case Activation::silu:
+      op = UnaryOp::silu;
+      break;
+    case Activation::none:
+      DEW_INTERNAL_ASSERT(false);
+  }
+  const UnaryParams up{op, 1.0f, 0.0f};
+  Shape out_shape = x.shape();
+  out_shape.back() = w.shape()[0];
+  const Tensor x2 = reshape(x.detach(), {-1, x.shape().back()}), wd = w.detach();
+  const Tensor pre = matmul_raw(x2, wd, false, true, bias.detach(), Activation::none);  // [rows, out]
+  Tensor y = empty_like(pre);
+  if (y.numel() > 0) kernels(pre).unary(pre, y, up);
+  Tensor out = reshape(y, out_shape);
+  const bool gx = needs_grad({&x}), gw = needs_grad({&w});
+  const Shape xs = x.shape();
+  record(
+      out, {x, w, bias},
+      [x2, wd, pre, up, xs, gx, gw](const Tensor& g) {
+        const Tensor g2 = reshape(g, {-1, g.shape().back()});
+        Tensor dpre = empty_like(pre);
+        Tensor db = Tensor::empty({pre.shape()[1]}, pre.dtype(), pre.backend_ptr());
+        if (pre.numel() > 0)
+          kernels(pre).unary_backward_sum(pre, g2, dpre, db, up);
+        else if (db.numel() > 0)
+          kernels(db).fill(db, 0.0);
+        Tensor dx, dw;
+        if (gx) dx = reshape(matmul_raw(dpre, wd, false, false, Tensor(), Activation::none), xs);
+        if (gw) dw = matmul_raw(dpre, x2, true, false, Tensor(), Activation::none);
+        return std::vector<Tensor>{dx, dw, db};
+      },
+      "linear");
+  return out;
+}
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
   if (autocast_lowers({&x, &w, &bias})) return linear(autocast_lower(x), autocast_lower(w), autocast_lower(bias), act);
   DEW_CHECK(w.ndim() == 2, "linear: weight must be [out, in], got ", shape_str(w.shape()));
@@ -121,7 +172,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   const bool grad = needs_grad({&x, &w, &bias});
   DEW_CHECK(!grad || !contracts::is_weight_only_matmul(x, w), "linear: f32 input against a ", dtype_name(w.dtype()),
             " weight is the decoding path (weight-only storage) and records no gradient");
-  if (grad && act != Activation::none) return activation(linear(x, w, bias, Activation::none), act);
+  if (grad && act != Activation::none) {
+    if (!needs_grad({&bias}) || !x.backend().supports(Kernel::unary_backward_sum, x.dtype()).ok)
+      return activation(linear(x, w, bias, Activation::none), act);
+    return linear_activation_with_bias(x, w, bias, act);
+  }
 
   Shape out_shape = x.shape();
   out_shape.back() = w.shape()[0];

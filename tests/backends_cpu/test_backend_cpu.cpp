@@ -294,6 +294,84 @@ TEST_CASE("cpu: unary and unary_backward, every op") {
   check_close({x.c, want.r}, 8 * kEps, 8 * kEps, "unary in place");
 }
 
+TEST_CASE("cpu: unary_backward_sum equals unary_backward then reduce bit for bit in f32, and ref within tolerance") {
+  // 1024 x 1024 (the DiT's fc1: the threaded row split when the team has several threads), 5 x 33 (odd).
+  for (const Shape& sh : {Shape{1024, 1024}, Shape{5, 33}}) {
+    for (UnaryOp op : {UnaryOp::gelu_tanh, UnaryOp::silu, UnaryOp::gelu}) {
+      CAPTURE(int(op));
+      CAPTURE(sh[0]);
+      const int64_t rows = sh[0], d = sh[1];
+      const UnaryParams p{op, 1.0f, 0.0f};
+      Pair x = rnd(sh, 30, -4.0f, 4.0f), dy = rnd(sh, 31);
+      Pair dx = empty(sh), ds = empty({d});
+      cpu()->unary_backward_sum(x.c, dy.c, dx.c, ds.c, p);
+      ref()->unary_backward_sum(x.r, dy.r, dx.r, ds.r, p);
+      check_close(dx, 16 * kEps, 16 * kEps, "unary_backward_sum dx against ref");
+      check_close(ds, 16 * kEps, 16 * kEps, "unary_backward_sum dsum against ref");
+      Tensor want_dx = Tensor::empty(sh, DType::f32, cpu()), want_ds = Tensor::empty({d}, DType::f32, cpu());
+      cpu()->unary_backward(x.c, dy.c, want_dx, p);
+      ReduceParams rp;
+      rp.op = ReduceOp::sum;
+      rp.outer = 1;
+      rp.reduce = rows;
+      rp.inner = d;
+      cpu()->reduce(want_dx, want_ds, rp);
+      check_equal({dx.c, want_dx}, "dx against unary_backward");
+      check_equal({ds.c, want_ds}, "dsum against reduce");
+    }
+  }
+}
+
+TEST_CASE("cpu: gated_residual equals the unfused ops bit for bit in f32, and ref within tolerance") {
+  // [rows, D] in G groups: the DiT's 16 x 64 x 256 (split over the team when it has several threads), and an odd
+  // shape with groups of 5 rows.
+  struct S {
+    int64_t groups, per, d;
+  };
+  for (const S& sh : {S{16, 64, 256}, S{3, 5, 37}}) {
+    const int64_t b = sh.groups, n = sh.per, d = sh.d;
+    CAPTURE(d);
+    Pair x = rnd({b, n, d}, 20, -2.0f, 2.0f), f = rnd({b, n, d}, 21, -2.0f, 2.0f), g = rnd({b, d}, 22),
+         dy = rnd({b, n, d}, 23);
+    Pair y = empty({b, n, d}), df = empty({b, n, d}), dg = empty({b, d});
+    cpu()->gated_residual(x.c, f.c, g.c, y.c);
+    ref()->gated_residual(x.r, f.r, g.r, y.r);
+    check_equal(y, "gated_residual against ref");
+    cpu()->gated_residual_backward(f.c, g.c, dy.c, df.c, dg.c);
+    ref()->gated_residual_backward(f.r, g.r, dy.r, df.r, dg.r);
+    check_equal(df, "gated_residual_backward df against ref");
+    check_close(dg, 4 * kEps, 4 * kEps, "gated_residual_backward dgate against ref");
+    // The unfused ops as the DiT made them: t = f * gate (broadcast), y = x + t; df = dy * gate, dgate = the sum
+    // over each sample's rows of dy * f (reduce [B, N, D] over N).
+    const Tensor gb = g.c.reshape({b, 1, d});
+    Tensor t = Tensor::empty({b, n, d}, DType::f32, cpu()), want = Tensor::empty({b, n, d}, DType::f32, cpu());
+    cpu()->binary(f.c, gb, t, BinaryOp::mul);
+    cpu()->binary(x.c, t, want, BinaryOp::add);
+    check_equal({y.c, want}, "fused forward against mul then add");
+    Tensor want_df = Tensor::empty({b, n, d}, DType::f32, cpu()), p = Tensor::empty({b, n, d}, DType::f32, cpu());
+    Tensor want_dg = Tensor::empty({b, d}, DType::f32, cpu());
+    cpu()->binary(dy.c, gb, want_df, BinaryOp::mul);
+    cpu()->binary(dy.c, f.c, p, BinaryOp::mul);
+    ReduceParams rp;
+    rp.op = ReduceOp::sum;
+    rp.outer = b;
+    rp.reduce = n;
+    rp.inner = d;
+    cpu()->reduce(p, want_dg, rp);
+    check_equal({df.c, want_df}, "fused df against mul");
+    check_equal({dg.c, want_dg}, "fused dgate against mul then reduce");
+    // In place: y over x, then over f.
+    Tensor xi = x.c.clone(), fi = f.c.clone();
+    cpu()->gated_residual(xi, f.c, g.c, xi);
+    cpu()->gated_residual(x.c, fi, g.c, fi);
+    check_equal({xi, want}, "in place over x");
+    check_equal({fi, want}, "in place over f");
+  }
+  Pair f = rnd({4, 8}, 24), g = rnd({3, 8}, 25), y = empty({4, 8});
+  CHECK_THROWS_WITH_AS(cpu()->gated_residual(f.c, f.c, g.c, y.c), doctest::Contains("G dividing the 4 rows"),
+                       dew::Error);
+}
+
 TEST_CASE("cpu: gated_activation equals the unfused ops bit for bit in f32, and ref within tolerance") {
   const Activation acts[] = {Activation::none, Activation::relu, Activation::gelu, Activation::gelu_tanh,
                              Activation::silu};

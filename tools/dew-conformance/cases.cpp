@@ -9,7 +9,7 @@
 //   exact   fill, cast, strided_copy, gather_rows, random, dropout mask, argmax, reduce max/min: pure data
 //           movement / selection / the Philox contract, no rounding freedom.
 //   k = 0   binary add/sub/mul/div/max/min/compare: one correctly rounded operation (k_store = 2 covers a
-//           backend that divides through a reciprocal).
+//           backend that divides through a reciprocal); gated_residual and its df (mul then add's roundings).
 //   k = 8   unary / unary_backward, gated_activation (+ backward) (K = 1): transcendental functions, a few
 //           ulp for vectorised exp/log/tanh/erf.
 //   k = 4   reduce sum/mean/sumsq, K = reduce length: a plain accumulation (blocked or sequential).
@@ -567,6 +567,84 @@ void add_gated(Table& t) {
         {out("dgate", {1031}, DT::f32, c, 0), out("dup", {1031}, DT::f32, c, 1)},
         [act](Backend& be, In& in, Out& o) { be.gated_activation_backward(o[0], o[1], in[2], o[0], o[1], act); });
   }
+}
+
+// unary_backward and the column sums of its dx (a bias gradient) in one call: the DiT MLP's activations on
+// odd shapes (one row, rows of 33), a 3-D input, relu (half the derivatives zero), and 300 x 1024 (>= 2^18
+// elements: the threaded path, rows split over the team). dx k = 8 as unary_backward; dsum k = 8 with K = rows
+// (a sum of rows terms, each a few ulp off).
+void add_unary_backward_sum(Table& t) {
+  struct U {
+    Shape shape;
+    UnaryOp op;
+    const char* name;
+  };
+  const U us[] = {{{5, 33}, UnaryOp::gelu_tanh, "gelu_tanh"},
+                  {{1, 65}, UnaryOp::gelu, "gelu"},
+                  {{3, 4, 100}, UnaryOp::silu, "silu"},
+                  {{9, 17}, UnaryOp::relu, "relu"},
+                  {{300, 1024}, UnaryOp::gelu_tanh, "gelu_tanh"}};
+  for (const U& u : us) {
+    const int64_t D = u.shape.back(), rows = numel_of(u.shape) / D;
+    Check c = tol(8), cs = tol(8, double(rows));
+    c.zeros_ok = u.op == UnaryOp::relu;
+    const UnaryParams p{u.op, 1, 0};
+    t.add(
+        std::string("unary_backward_sum/") + u.name + "_" + dims(u.shape) + "/f32", Kernel::unary_backward_sum,
+        {DT::f32},
+        [u](Gen& g) {
+          return In{g.uniform(u.shape, -3, 3), g.uniform(u.shape, -1, 1)};
+        },
+        {out("dx", u.shape, DT::f32, c), out("dsum", {D}, DT::f32, cs)},
+        [p](Backend& be, In& in, Out& o) { be.unary_backward_sum(in[0], in[1], o[0], o[1], p); });
+  }
+}
+
+// adaLN-Zero's gated residual y = x + gate[g] * f and its backward (df = dy * gate[g], dgate[g] = the column sums
+// of dy * f over group g's rows). Every gate row is a distinct draw, so a backend that reads one gate row for
+// every group, picks the row by r % G, or sums every group into one dgate row fails: 4x7x96 groups by sample
+// (the DiT), 6x5x33 has groups of 10 rows that cross the samples and an odd D, 3x1031 one row a group, 16x64x256
+// is the DiT's shape at >= 2^18 elements (the threaded path); y over x and over f in place. k = 0 forward
+// (two correctly rounded operations, as mul then add), dgate k = 4 with K = the rows of a group (reduce's sum).
+void add_gated_residual(Table& t) {
+  struct R {
+    Shape shape;
+    int64_t groups;
+  };
+  const R rs[] = {{{4, 7, 96}, 4}, {{6, 5, 33}, 3}, {{3, 1031}, 3}, {{2, 9, 40}, 1}, {{16, 64, 256}, 16}};
+  for (const R& r : rs) {
+    const int64_t D = r.shape.back(), rows = numel_of(r.shape) / D, per = rows / r.groups;
+    const Shape gs{r.groups, D};
+    const std::string sh = dims(r.shape) + "_groups" + std::to_string(r.groups);
+    t.add(
+        "gated_residual/" + sh + "/f32", Kernel::gated_residual, {DT::f32},
+        [r, gs](Gen& g) {
+          return In{g.uniform(r.shape, -2, 2), g.uniform(r.shape, -2, 2), g.uniform(gs, -1.5f, 1.5f)};
+        },
+        {out("y", r.shape, DT::f32, tol(0))},
+        [](Backend& be, In& in, Out& o) { be.gated_residual(in[0], in[1], in[2], o[0]); });
+    t.add(
+        "gated_residual_backward/" + sh + "/f32", Kernel::gated_residual_backward, {DT::f32},
+        [r, gs](Gen& g) {
+          return In{g.uniform(r.shape, -2, 2), g.uniform(gs, -1.5f, 1.5f), g.uniform(r.shape, -1, 1)};
+        },
+        {out("df", r.shape, DT::f32, tol(0)), out("dgate", gs, DT::f32, tol(4, double(per)))},
+        [](Backend& be, In& in, Out& o) { be.gated_residual_backward(in[0], in[1], in[2], o[0], o[1]); });
+  }
+  t.add(
+      "gated_residual/4x7x96_groups4_inplace_x/f32", Kernel::gated_residual, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({4, 7, 96}, -2, 2), g.uniform({4, 7, 96}, -2, 2), g.uniform({4, 96}, -1, 1)};
+      },
+      {out("y", {4, 7, 96}, DT::f32, tol(0), 0)},
+      [](Backend& be, In& in, Out& o) { be.gated_residual(o[0], in[1], in[2], o[0]); });
+  t.add(
+      "gated_residual/4x7x96_groups4_inplace_f/f32", Kernel::gated_residual, {DT::f32},
+      [](Gen& g) {
+        return In{g.uniform({4, 7, 96}, -2, 2), g.uniform({4, 7, 96}, -2, 2), g.uniform({4, 96}, -1, 1)};
+      },
+      {out("y", {4, 7, 96}, DT::f32, tol(0), 1)},
+      [](Backend& be, In& in, Out& o) { be.gated_residual(in[0], o[0], in[2], o[0]); });
 }
 
 void add_binary(Table& t) {
@@ -1588,6 +1666,29 @@ void add_half(Table& t) {
           [act](Backend& be, In& in, Out& o) { be.gated_activation_backward(in[0], in[1], in[2], o[0], o[1], act); });
     }
     t.add(
+        "unary_backward_sum/gelu_tanh_40x96" + tag, Kernel::unary_backward_sum, {dt},
+        [dt](Gen& g) {
+          return In{g.uniform({40, 96}, -3, 3, dt), g.uniform({40, 96}, -1, 1, dt)};
+        },
+        {out("dx", {40, 96}, dt, tol(8)), out("dsum", {96}, dt, tol(8, 40))},
+        [](Backend& be, In& in, Out& o) {
+          be.unary_backward_sum(in[0], in[1], o[0], o[1], UnaryParams{UnaryOp::gelu_tanh, 1, 0});
+        });
+    t.add(
+        "gated_residual/4x7x96_groups4" + tag, Kernel::gated_residual, {dt},
+        [dt](Gen& g) {
+          return In{g.uniform({4, 7, 96}, -2, 2, dt), g.uniform({4, 7, 96}, -2, 2, dt), g.uniform({4, 96}, -1, 1, dt)};
+        },
+        {out("y", {4, 7, 96}, dt, tol(2))},
+        [](Backend& be, In& in, Out& o) { be.gated_residual(in[0], in[1], in[2], o[0]); });
+    t.add(
+        "gated_residual_backward/4x7x96_groups4" + tag, Kernel::gated_residual_backward, {dt},
+        [dt](Gen& g) {
+          return In{g.uniform({4, 7, 96}, -2, 2, dt), g.uniform({4, 96}, -1, 1, dt), g.uniform({4, 7, 96}, -1, 1, dt)};
+        },
+        {out("df", {4, 7, 96}, dt, tol(2)), out("dgate", {4, 96}, dt, tol(4, 7))},
+        [](Backend& be, In& in, Out& o) { be.gated_residual_backward(in[0], in[1], in[2], o[0], o[1]); });
+    t.add(
         "unary/silu_100003" + tag, Kernel::unary, {dt}, [dt](Gen& g) { return In{g.uniform({100003}, -4, 4, dt)}; },
         {out("out", {100003}, dt, tol(8))},
         [](Backend& be, In& in, Out& o) { be.unary(in[0], o[0], UnaryParams{UnaryOp::silu, 1, 0}); });
@@ -1754,6 +1855,8 @@ std::vector<Case> all_cases() {
   add_matmul(t);
   add_unary(t);
   add_gated(t);
+  add_gated_residual(t);
+  add_unary_backward_sum(t);
   add_binary(t);
   add_reduce(t);
   add_softmax(t);

@@ -3,7 +3,7 @@
 // The fast host backend: oneDNN 2.6 primitives for matmul, convolution, layer norm and (log-)softmax,
 // hand-written OpenMP + `omp simd` kernels for everything oneDNN 2.6 lacks or does poorly. One file per
 // kernel family (entry, memory, elementwise, matmul, conv, norm, softmax, embedding_rope, loss, optim,
-// random); attention lives in attention.cpp behind attention.hpp.
+// random, residual); attention lives in attention.cpp behind attention.hpp.
 // Invariants:
 //  * floating kernels compute in f32 (statistics and long reductions accumulate in double); only the
 //    dtype-agnostic memory kernels (fill, cast, strided_copy, gather_rows) take other dtypes;

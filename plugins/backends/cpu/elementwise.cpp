@@ -12,6 +12,8 @@
 //   backward then unary_backward, whose incoming gradient is dy * up rounded to f32), so in f32 the fused
 //   kernels give the unfused ops' bits (tests/backends_cpu checks it) while reading 2 and writing 1 tensor
 //   forward (3 and 2 unfused: the activation's output round trip) and reading 3, writing 2 backward (6 and 3).
+// * unary_backward_sum: unary_backward and the column sums of its output (a bias gradient) in one pass over
+//   blocks of rows; the bits of unary_backward then reduce (see the kernel).
 // * binary: numpy broadcasting. Fast paths: equal shapes (one flat loop), a scalar operand, and the
 //   general case after coalescing dimensions, whose innermost loop is contiguous for the common
 //   [N, D] (+) [D] row broadcast. Comparisons write 1/0. maximum/minimum propagate NaN.
@@ -36,6 +38,9 @@ namespace dew::cpu {
 
 DEW_CPU_ISA_KERNEL(unary, (const Tensor& x, Tensor& out, const UnaryParams& p), (x, out, p))
 DEW_CPU_ISA_KERNEL(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))
+DEW_CPU_ISA_KERNEL(unary_backward_sum,
+                   (const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum, const UnaryParams& p),
+                   (x, dy, dx, dsum, p))
 DEW_CPU_ISA_KERNEL(gated_activation, (const Tensor& gate, const Tensor& up, Tensor& out, Activation act),
                    (gate, up, out, act))
 DEW_CPU_ISA_KERNEL(gated_activation_backward,
@@ -73,15 +78,21 @@ void gelu_tanh_fwd(const float* x, float* o, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_value(x[i]);
 }
+// d * gelu_tanh'(v) and d * silu'(v): one expression each, shared by the backward loops below and
+// unary_backward_sum's (the same contraction, so the same bits).
+[[gnu::always_inline]] inline float gelu_tanh_grad(float v, float d) {
+  const float e = act_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));
+  const float s = 1.0f / (1.0f + e);
+  const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
+  return d * (s + v * ((e * s) * s) * du2);
+}
+[[gnu::always_inline]] inline float silu_grad(float v, float d) {
+  const float e = act_exp(act_arg(-v)), s = 1.0f / (1.0f + e);
+  return d * (s + v * ((e * s) * s));
+}
 void gelu_tanh_bwd(const float* x, const float* dy, float* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float e = act_exp(act_arg(-2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v)));
-    const float s = 1.0f / (1.0f + e);
-    const float du2 = 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
-    o[i] = dy[i] * (s + v * ((e * s) * s) * du2);
-  }
+  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_grad(x[i], dy[i]);
 }
 void silu_fwd(const float* x, float* o, int64_t n) {
 #pragma omp simd
@@ -89,9 +100,23 @@ void silu_fwd(const float* x, float* o, int64_t n) {
 }
 void silu_bwd(const float* x, const float* dy, float* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i], e = act_exp(act_arg(-v)), s = 1.0f / (1.0f + e);
-    o[i] = dy[i] * (s + v * ((e * s) * s));
+  for (int64_t i = 0; i < n; ++i) o[i] = silu_grad(x[i], dy[i]);
+}
+// Rows [r0, r1) of [*, d]: o = grad(x, dy) and acc[j] += double(o[j]) row by row, in one pass (the sums from
+// the registers: dx is never read back).
+template <class Grad>
+void grad_rows_sum(const float* x, const float* dy, float* o, double* acc, int64_t d, int64_t r0, int64_t r1,
+                   Grad grad) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * d;
+    const float* gr = dy + r * d;
+    float* orow = o + r * d;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const float v = grad(xr[j], gr[j]);
+      orow[j] = v;
+      acc[j] += double(v);
+    }
   }
 }
 
@@ -222,6 +247,109 @@ void unary(CpuBackend& self, const Tensor& x, Tensor& out, const UnaryParams& p)
   }
 }
 
+namespace {
+// dx = dy * op'(x) over one contiguous range on the caller's thread (unary_backward's elements: the same
+// expression per element whatever the range, so any split gives the same bits).
+void unary_backward_slice(const float* xs, const float* g, float* o, int64_t n, const UnaryParams& p) {
+  // map2_slice hands (x, dy) to each lambda.
+  const float al = p.alpha, be = p.beta;
+  switch (p.op) {
+    case UnaryOp::neg:
+      map2_slice(xs, g, o, n, [](float, float d) { return -d; });
+      break;
+    case UnaryOp::exp:
+      map2_slice(xs, g, o, n, [](float v, float d) { return d * fast_exp(v); });
+      break;
+    case UnaryOp::log:
+      map2_slice(xs, g, o, n, [](float v, float d) { return d / v; });
+      break;
+    case UnaryOp::sqrt:
+      map2_slice(xs, g, o, n, [](float v, float d) { return d * 0.5f / std::sqrt(v); });
+      break;
+    case UnaryOp::rsqrt:
+      map2_slice(xs, g, o, n, [](float v, float d) {
+        const float r = 1.0f / std::sqrt(v);
+        return -0.5f * d * r * r * r;
+      });
+      break;
+    case UnaryOp::square:
+      map2_slice(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
+      break;
+    case UnaryOp::abs:
+      map2_slice(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : (v < 0.0f ? -d : 0.0f); });
+      break;
+    case UnaryOp::tanh:
+      map2_slice(xs, g, o, n, [](float v, float d) {
+        const float t = fast_tanh(v);
+        return d * (1.0f - t * t);
+      });
+      break;
+    case UnaryOp::sigmoid:
+      map2_slice(xs, g, o, n, [](float v, float d) {
+        const float s = fast_sigmoid(v);
+        return d * s * (1.0f - s);
+      });
+      break;
+    case UnaryOp::relu:
+      map2_slice(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : 0.0f; });
+      break;
+    case UnaryOp::gelu:
+      map2_slice(xs, g, o, n, [](float v, float d) {
+        const float cdf = 0.5f * (1.0f + std::erf(v * kSqrt1_2));
+        const float pdf = kInvSqrt2Pi * fast_exp(-0.5f * v * v);
+        return d * (cdf + v * pdf);
+      });
+      break;
+    case UnaryOp::gelu_tanh: {
+      gelu_tanh_bwd(xs, g, o, n);
+      break;
+    }
+    case UnaryOp::silu: {
+      silu_bwd(xs, g, o, n);
+      break;
+    }
+    case UnaryOp::sin:
+      map2_slice(xs, g, o, n, [](float v, float d) { return d * std::cos(v); });
+      break;
+    case UnaryOp::cos:
+      map2_slice(xs, g, o, n, [](float v, float d) { return -d * std::sin(v); });
+      break;
+    case UnaryOp::reciprocal:
+      map2_slice(xs, g, o, n, [](float v, float d) {
+        const float r = 1.0f / v;
+        return -d * r * r;
+      });
+      break;
+    case UnaryOp::affine:
+      map2_slice(xs, g, o, n, [al](float, float d) { return al * d; });
+      break;
+    case UnaryOp::pow:
+      if (al == 2.0f)
+        map2_slice(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
+      else if (al == 1.0f)
+        map2_slice(xs, g, o, n, [](float, float d) { return d; });
+      else if (al == 0.0f)
+        map2_slice(xs, g, o, n, [](float, float) { return 0.0f; });
+      else
+        map2_slice(xs, g, o, n, [al](float v, float d) { return d * al * std::pow(v, al - 1.0f); });
+      break;
+    case UnaryOp::clamp:
+      map2_slice(xs, g, o, n, [al, be](float v, float d) { return (v > al && v < be) ? d : 0.0f; });
+      break;
+    case UnaryOp::softcap: {
+      const float inv = 1.0f / al;
+      map2_slice(xs, g, o, n, [inv](float v, float d) {
+        const float t = fast_tanh(v * inv);
+        return d * (1.0f - t * t);
+      });
+      break;
+    }
+    default:
+      DEW_CHECK(false, "cpu unary_backward: unknown op ", int(p.op));
+  }
+}
+}  // namespace
+
 void unary_backward(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
   if (is_bf16_call(x)) return unary_backward_bf16(self, x, dy, dx, p);  // half.cpp
   require_f32(x, "unary_backward", "x");
@@ -233,104 +361,7 @@ void unary_backward(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor&
   const float* xs = x.data_as<float>();
   const float* g = dy.data_as<float>();
   float* o = dx.data_as<float>();
-  const float al = p.alpha, be = p.beta;
-  // map2 hands (x, dy) to each lambda.
-  switch (p.op) {
-    case UnaryOp::neg:
-      map2(xs, g, o, n, [](float, float d) { return -d; });
-      break;
-    case UnaryOp::exp:
-      map2(xs, g, o, n, [](float v, float d) { return d * fast_exp(v); });
-      break;
-    case UnaryOp::log:
-      map2(xs, g, o, n, [](float v, float d) { return d / v; });
-      break;
-    case UnaryOp::sqrt:
-      map2(xs, g, o, n, [](float v, float d) { return d * 0.5f / std::sqrt(v); });
-      break;
-    case UnaryOp::rsqrt:
-      map2(xs, g, o, n, [](float v, float d) {
-        const float r = 1.0f / std::sqrt(v);
-        return -0.5f * d * r * r * r;
-      });
-      break;
-    case UnaryOp::square:
-      map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
-      break;
-    case UnaryOp::abs:
-      map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : (v < 0.0f ? -d : 0.0f); });
-      break;
-    case UnaryOp::tanh:
-      map2(xs, g, o, n, [](float v, float d) {
-        const float t = fast_tanh(v);
-        return d * (1.0f - t * t);
-      });
-      break;
-    case UnaryOp::sigmoid:
-      map2(xs, g, o, n, [](float v, float d) {
-        const float s = fast_sigmoid(v);
-        return d * s * (1.0f - s);
-      });
-      break;
-    case UnaryOp::relu:
-      map2(xs, g, o, n, [](float v, float d) { return v > 0.0f ? d : 0.0f; });
-      break;
-    case UnaryOp::gelu:
-      map2(xs, g, o, n, [](float v, float d) {
-        const float cdf = 0.5f * (1.0f + std::erf(v * kSqrt1_2));
-        const float pdf = kInvSqrt2Pi * fast_exp(-0.5f * v * v);
-        return d * (cdf + v * pdf);
-      });
-      break;
-    case UnaryOp::gelu_tanh: {
-      const auto k = gelu_tanh_bwd;
-      split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, g + lo, o + lo, hi - lo); });
-      break;
-    }
-    case UnaryOp::silu: {
-      const auto k = silu_bwd;
-      split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, g + lo, o + lo, hi - lo); });
-      break;
-    }
-    case UnaryOp::sin:
-      map2(xs, g, o, n, [](float v, float d) { return d * std::cos(v); });
-      break;
-    case UnaryOp::cos:
-      map2(xs, g, o, n, [](float v, float d) { return -d * std::sin(v); });
-      break;
-    case UnaryOp::reciprocal:
-      map2(xs, g, o, n, [](float v, float d) {
-        const float r = 1.0f / v;
-        return -d * r * r;
-      });
-      break;
-    case UnaryOp::affine:
-      map2(xs, g, o, n, [al](float, float d) { return al * d; });
-      break;
-    case UnaryOp::pow:
-      if (al == 2.0f)
-        map2(xs, g, o, n, [](float v, float d) { return 2.0f * v * d; });
-      else if (al == 1.0f)
-        map2(xs, g, o, n, [](float, float d) { return d; });
-      else if (al == 0.0f)
-        map2(xs, g, o, n, [](float, float) { return 0.0f; });
-      else
-        map2(xs, g, o, n, [al](float v, float d) { return d * al * std::pow(v, al - 1.0f); });
-      break;
-    case UnaryOp::clamp:
-      map2(xs, g, o, n, [al, be](float v, float d) { return (v > al && v < be) ? d : 0.0f; });
-      break;
-    case UnaryOp::softcap: {
-      const float inv = 1.0f / al;
-      map2(xs, g, o, n, [inv](float v, float d) {
-        const float t = fast_tanh(v * inv);
-        return d * (1.0f - t * t);
-      });
-      break;
-    }
-    default:
-      DEW_CHECK(false, "cpu unary_backward: unknown op ", int(p.op));
-  }
+  split(n, [&](int64_t lo, int64_t hi) { unary_backward_slice(xs + lo, g + lo, o + lo, hi - lo, p); });
 }
 
 // ---------------------------------------------------------------- gated activation
@@ -745,13 +776,14 @@ void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& 
       }
       return;
     }
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t oi = 0; oi < outer; ++oi) {
-      const float* row = xs + oi * red;
-      Acc acc = start(row, op);
-      reduce_strided(row, 0, red, 1, op, acc);
-      o[oi] = finish(acc, op, red);
-    }
+    for_rows(outer, par, [=](int64_t lo, int64_t hi) {
+      for (int64_t oi = lo; oi < hi; ++oi) {
+        const float* row = xs + oi * red;
+        Acc acc = start(row, op);
+        reduce_strided(row, 0, red, 1, op, acc);
+        o[oi] = finish(acc, op, red);
+      }
+    });
     return;
   }
   // inner > 1 and one outer row (a bias gradient) on several threads: split the rows (reduce_row_split).
@@ -767,11 +799,70 @@ void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& 
   const int64_t want = par ? std::max<int64_t>(1, (nthreads + outer - 1) / outer) : 1;  // blocks per outer row
   const int64_t kBlock = std::clamp<int64_t>(((inner + want - 1) / want + 15) / 16 * 16, 64, 8192);
   const int64_t blocks = (inner + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t t = 0; t < outer * blocks; ++t) {
-    const int64_t oi = t / blocks, bi = t % blocks;
-    const int64_t j0 = bi * kBlock, j1 = std::min(inner, j0 + kBlock);
-    reduce_columns(xs + oi * red * inner, o + oi * inner, red, inner, j0, j1, op);
+  for_rows(outer * blocks, par, [=](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t oi = t / blocks, bi = t % blocks;
+      const int64_t j0 = bi * kBlock, j1 = std::min(inner, j0 + kBlock);
+      reduce_columns(xs + oi * red * inner, o + oi * inner, red, inner, j0, j1, op);
+    }
+  });
+}
+
+// ---------------------------------------------------------------- unary_backward_sum
+
+// dx as unary_backward writes it and dsum as reduce(sum) over dx's rows would give, at the same thread count,
+// in one pass: gelu_tanh and silu add each row's values into the double column sums as they are stored
+// (grad_rows_sum); the other ops compute a block of rows (unary_backward_slice) and add it while in cache
+// (add_rows). With reduce's own split (reduce_row_split: a contiguous block of rows per
+// thread, the double partials added in thread order when red >= 4 threads, else one sequential sum) the bits
+// equal unary_backward then reduce, thread count for thread count; on one thread no OpenMP region is entered.
+void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum,
+                        const UnaryParams& p) {
+  contracts::check_unary_backward_sum("cpu.unary_backward_sum", x, dy, dx, dsum);
+  require_f32(x, "unary_backward_sum", "x");
+  const int64_t d = last_dim(x), rows = rows_of(x), n = x.numel();
+  float* s = dsum.data_as<float>();
+  if (d == 0) return;
+  if (rows == 0) {
+    std::fill(s, s + d, 0.0f);
+    return;
+  }
+  const float* xs = x.data_as<float>();
+  const float* g = dy.data_as<float>();
+  float* o = dx.data_as<float>();
+  const int nthreads = omp_get_max_threads();
+  const int parts = parallel_worth(n) && rows >= 4 * nthreads && d <= kRowSplitMaxInner ? nthreads : 1;
+  std::vector<double> part(size_t(parts) * size_t(d), 0.0);
+  const int64_t chunk = std::max<int64_t>(1, 8192 / d);  // rows per block: ~32 KB of dx, re-read from cache
+  auto rows_into = [=, &part](int64_t r0, int64_t r1, int t) {
+    double* acc = part.data() + size_t(t) * size_t(d);
+    if (p.op == UnaryOp::gelu_tanh) {  // the MLP activations: one pass, the sums from the registers
+      grad_rows_sum(xs, g, o, acc, d, r0, r1, [](float v, float dd) { return gelu_tanh_grad(v, dd); });
+      return;
+    }
+    if (p.op == UnaryOp::silu) {
+      grad_rows_sum(xs, g, o, acc, d, r0, r1, [](float v, float dd) { return silu_grad(v, dd); });
+      return;
+    }
+    for (int64_t r = r0; r < r1; r += chunk) {  // any other op: blocks of rows, each summed while in cache
+      const int64_t r2 = std::min(r1, r + chunk);
+      unary_backward_slice(xs + r * d, g + r * d, o + r * d, (r2 - r) * d, p);
+      add_rows(o, r, r2, d, 0, d, false, acc);
+    }
+  };
+  if (parts == 1) {
+    rows_into(0, rows, 0);
+  } else {
+#pragma omp parallel num_threads(parts)
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      rows_into(rows * t / nt, rows * (t + 1) / nt, t);
+    }
+  }
+  for (int64_t j = 0; j < d; ++j) {
+    double v = part[size_t(j)];
+    for (int t = 1; t < parts; ++t) v += part[size_t(t) * size_t(d) + size_t(j)];
+    s[j] = float(v);
   }
 }
 
@@ -785,18 +876,19 @@ void argmax(CpuBackend& self, const Tensor& x, Tensor& out) {
   DEW_CHECK(out.numel() == rows, "cpu argmax: out has ", out.numel(), " elements for ", rows, " rows");
   const float* xs = x.data_as<float>();
   int32_t* o = out.data_as<int32_t>();
-#pragma omp parallel for schedule(static) if (parallel_worth(x.numel()))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = xs + r * d;
-    float best = row[0];
-    int64_t bi = 0;
-    for (int64_t j = 1; j < d && best == best; ++j)
-      if (row[j] > best || row[j] != row[j]) {
-        best = row[j];
-        bi = j;
-      }
-    o[r] = int32_t(bi);
-  }
+  for_rows(rows, parallel_worth(x.numel()), [=](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* row = xs + r * d;
+      float best = row[0];
+      int64_t bi = 0;
+      for (int64_t j = 1; j < d && best == best; ++j)
+        if (row[j] > best || row[j] != row[j]) {
+          best = row[j];
+          bi = j;
+        }
+      o[r] = int32_t(bi);
+    }
+  });
 }
 
 #endif  // DEW_CPU_ISA

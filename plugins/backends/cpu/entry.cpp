@@ -100,8 +100,9 @@ void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Ten
 std::string kernel_paths() {
   const char* path = isa_name(best_isa());
   std::string s = "kernel paths on this CPU (option isa = best):";
-  const char* families[] = {"matmul_rowwise", "attention", "elementwise", "activations", "reduce", "norms", "softmax",
-                            "cross_entropy", "optimizers", "rope", "embedding", "casts"};
+  const char* families[] = {"matmul_rowwise", "attention", "elementwise",   "activations", "reduce",
+                            "norms",          "softmax",   "cross_entropy", "optimizers",  "rope",
+                            "embedding",      "casts",     "gated_residual"};
   for (size_t i = 0; i < sizeof families / sizeof *families; ++i)
     s += std::string(i ? ", " : " ") + families[i] + " " + path;
   return s + "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice";

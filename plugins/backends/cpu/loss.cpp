@@ -82,13 +82,14 @@ void cross_entropy(CpuBackend& self, const Tensor& logits, const Tensor& targets
   float* l = loss.data_as<float>();
   float* ls = lse.data_as<float>();
   const int64_t ignore = p.ignore_index;
-#pragma omp parallel for schedule(static) if (parallel_worth(logits.numel()))
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = x + i * v;
-    const float z = row_lse(row, v);
-    ls[i] = z;
-    l[i] = t[i] == ignore ? 0.0f : z - row[t[i]];
-  }
+  for_rows(n, parallel_worth(logits.numel()), [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* row = x + i * v;
+      const float z = row_lse(row, v);
+      ls[i] = z;
+      l[i] = t[i] == ignore ? 0.0f : z - row[t[i]];
+    }
+  });
 }
 
 void cross_entropy_backward(CpuBackend& self, const Tensor& logits, const Tensor& targets, const Tensor& lse,
@@ -111,19 +112,20 @@ void cross_entropy_backward(CpuBackend& self, const Tensor& logits, const Tensor
   const float* g = dloss.data_as<float>();
   float* dx = dlogits.data_as<float>();
   const int64_t ignore = p.ignore_index;
-#pragma omp parallel for schedule(static) if (parallel_worth(logits.numel()))
-  for (int64_t i = 0; i < n; ++i) {
-    float* dr = dx + i * v;
-    if (t[i] == ignore) {
-      std::fill(dr, dr + v, 0.0f);
-      continue;
-    }
-    const float* row = x + i * v;
-    const float z = ls[i], gi = g[i];
+  for_rows(n, parallel_worth(logits.numel()), [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float* dr = dx + i * v;
+      if (t[i] == ignore) {
+        std::fill(dr, dr + v, 0.0f);
+        continue;
+      }
+      const float* row = x + i * v;
+      const float z = ls[i], gi = g[i];
 #pragma omp simd
-    for (int64_t j = 0; j < v; ++j) dr[j] = fast_exp(row[j] - z) * gi;
-    dr[t[i]] = (fast_exp(row[t[i]] - z) - 1.0f) * gi;
-  }
+      for (int64_t j = 0; j < v; ++j) dr[j] = fast_exp(row[j] - z) * gi;
+      dr[t[i]] = (fast_exp(row[t[i]] - z) - 1.0f) * gi;
+    }
+  });
 }
 
 #endif  // DEW_CPU_ISA

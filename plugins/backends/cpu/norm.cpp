@@ -93,10 +93,10 @@ Tensor param_row(const Tensor& t, int64_t dim, int64_t g) {
 // Layer norm of f32 rows with [G, D] parameters (w, b may be null: 1 and 0): row r uses parameter row
 // r / per. Per row in f32: the mean, then the variance of x - mean (two passes over the row in cache), then
 // y = (x - mean) * rstd * w + b. Rows are independent: split over the threads.
-void grouped_ln_f32(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
-                    int64_t dim, int64_t per, float eps) {
-#pragma omp parallel for schedule(static) if (parallel_worth(rows * dim))
-  for (int64_t r = 0; r < rows; ++r) {
+// Rows [r0, r1) (pointers and scalars by value: see for_blocks in cpu_backend.hpp).
+void grouped_ln_rows(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t dim,
+                     int64_t per, float eps, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
     const int64_t p0 = (r / per) * dim;
@@ -119,15 +119,20 @@ void grouped_ln_f32(const float* x, const float* w, const float* b, float* y, fl
     rstd[r] = rs;
   }
 }
+void grouped_ln_f32(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
+                    int64_t dim, int64_t per, float eps) {
+  for_rows(rows, parallel_worth(rows * dim),
+           [=](int64_t r0, int64_t r1) { grouped_ln_rows(x, w, b, y, mean, rstd, dim, per, eps, r0, r1); });
+}
 
 // Its backward (w, dw, db may be null): per row, with xhat = (x - mean) * rstd and g = dy * w,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dw[group] += dy * xhat and db[group] += dy row by row
 // in order, in f32 (a group is one sample's rows: 64 in the DiT). Groups are independent and split over the
 // threads, so the bits do not depend on the thread count.
-void grouped_ln_backward_f32(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
-                             float* dx, float* dw, float* db, int64_t groups, int64_t dim, int64_t per) {
-#pragma omp parallel for schedule(static) if (parallel_worth(groups * per * dim) && groups > 1)
-  for (int64_t gi = 0; gi < groups; ++gi) {
+// Groups [g0, g1).
+void grouped_ln_backward_groups(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
+                                float* dx, float* dw, float* db, int64_t dim, int64_t per, int64_t g0, int64_t g1) {
+  for (int64_t gi = g0; gi < g1; ++gi) {
     const float* wg = w ? w + gi * dim : nullptr;
     float* dwg = dw ? dw + gi * dim : nullptr;
     float* dbg = db ? db + gi * dim : nullptr;
@@ -172,6 +177,12 @@ void grouped_ln_backward_f32(const float* x, const float* w, const float* mean, 
       }
     }
   }
+}
+void grouped_ln_backward_f32(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
+                             float* dx, float* dw, float* db, int64_t groups, int64_t dim, int64_t per) {
+  for_rows(groups, parallel_worth(groups * per * dim) && groups > 1, [=](int64_t g0, int64_t g1) {
+    grouped_ln_backward_groups(x, w, mean, rstd, dy, dx, dw, db, dim, per, g0, g1);
+  });
 }
 
 void layer_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
@@ -375,6 +386,38 @@ void rms_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, Tensor& y
            [=](int64_t i0, int64_t i1) { rms_norm_rows(xs, w, ys, rs, dim, eps, off, i0, i1); });
 }
 
+// rms_norm_backward's rows [r0, r1), adding dweight's terms into pw (may be null) in double (pointers and
+// scalars by value: see for_blocks in cpu_backend.hpp).
+void rms_norm_backward_rows(const float* xs, const float* w, const float* g, const float* rs, float* o, double* pw,
+                            int64_t dim, float off, int64_t r0, int64_t r1) {
+  for (int64_t i = r0; i < r1; ++i) {
+    const float* xr = xs + i * dim;
+    const float* gr = g + i * dim;
+    float* dr = o + i * dim;
+    const float r = rs[i];
+    double dot = 0.0;  // sum_j (w_j + off) * dy_j * x_j
+    if (w) {
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < dim; ++j) dot += double((w[j] + off) * gr[j]) * double(xr[j]);
+    } else {
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * double(xr[j]);
+    }
+    const float c = float(dot / double(dim)) * r * r;
+    if (w) {
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) dr[j] = r * ((w[j] + off) * gr[j] - xr[j] * c);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) dr[j] = r * (gr[j] - xr[j] * c);
+    }
+    if (pw) {
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) pw[j] += double(gr[j] * xr[j] * r);
+    }
+  }
+}
+
 void rms_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                                    Tensor& dx, Tensor& dweight, float weight_offset) {
   if (is_bf16_call(x)) return rms_norm_backward_bf16(self, x, weight, rstd, dy, dx, dweight, weight_offset);  // half.cpp
@@ -396,36 +439,14 @@ void rms_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, 
   const bool want_dw = dweight.defined();
   const int nthreads = parallel_worth(x.numel()) ? omp_get_max_threads() : 1;
   std::vector<double> partial(want_dw ? size_t(nthreads) * size_t(dim) : 0, 0.0);
+  if (nthreads == 1) {  // no OpenMP region on one thread (team_of_many in cpu_backend.hpp)
+    rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.data() : nullptr, dim, off, 0, rows);
+  } else {
 #pragma omp parallel num_threads(nthreads)
-  {
-    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
-    double* pw = want_dw ? partial.data() + size_t(t) * size_t(dim) : nullptr;
-    for (int64_t i = r0; i < r1; ++i) {
-      const float* xr = xs + i * dim;
-      const float* gr = g + i * dim;
-      float* dr = o + i * dim;
-      const float r = rs[i];
-      double dot = 0.0;  // sum_j (w_j + off) * dy_j * x_j
-      if (w) {
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < dim; ++j) dot += double((w[j] + off) * gr[j]) * double(xr[j]);
-      } else {
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * double(xr[j]);
-      }
-      const float c = float(dot / double(dim)) * r * r;
-      if (w) {
-#pragma omp simd
-        for (int64_t j = 0; j < dim; ++j) dr[j] = r * ((w[j] + off) * gr[j] - xr[j] * c);
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < dim; ++j) dr[j] = r * (gr[j] - xr[j] * c);
-      }
-      if (pw) {
-#pragma omp simd
-        for (int64_t j = 0; j < dim; ++j) pw[j] += double(gr[j] * xr[j] * r);
-      }
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.data() + size_t(t) * size_t(dim) : nullptr, dim, off,
+                             rows * t / nt, rows * (t + 1) / nt);
     }
   }
   if (want_dw) {

@@ -107,7 +107,11 @@ inline void normal_range(uint64_t seed, uint64_t stream, uint64_t offset, int64_
 // Splits [0, n) over the team in chunks aligned to 4 elements of the global index.
 template <class F>
 void parallel_chunks(int64_t n, F&& f) {
-#pragma omp parallel if (n >= 4096 && omp_get_max_threads() > 1)
+  if (n < 4096 || omp_get_max_threads() == 1) {  // no OpenMP region on one thread (team_of_many, cpu_backend.hpp)
+    if (n > 0) f(int64_t(0), n);
+    return;
+  }
+#pragma omp parallel
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t lo = t == 0 ? 0 : ((n * t / nt) & ~int64_t(3)),

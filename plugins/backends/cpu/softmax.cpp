@@ -119,19 +119,20 @@ void log_softmax(CpuBackend& self, const Tensor& x, Tensor& y) {
   if (rows == 0 || dim == 0) return;
   const float* in = x.data_as<float>();
   float* out = y.data_as<float>();
-#pragma omp parallel for schedule(static) if (rows * dim > 32768)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = in + r * dim;
-    float* yr = out + r * dim;
-    float mx = xr[0];
-    for (int64_t i = 1; i < dim; ++i) mx = std::max(mx, xr[i]);
-    double sum = 0.0;
+  for_rows(rows, rows * dim > 32768, [=](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = in + r * dim;
+      float* yr = out + r * dim;
+      float mx = xr[0];
+      for (int64_t i = 1; i < dim; ++i) mx = std::max(mx, xr[i]);
+      double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < dim; ++i) sum += double(fast_exp(xr[i] - mx));
-    const float lse = float(std::log(sum));
+      for (int64_t i = 0; i < dim; ++i) sum += double(fast_exp(xr[i] - mx));
+      const float lse = float(std::log(sum));
 #pragma omp simd
-    for (int64_t i = 0; i < dim; ++i) yr[i] = (xr[i] - mx) - lse;
-  }
+      for (int64_t i = 0; i < dim; ++i) yr[i] = (xr[i] - mx) - lse;
+    }
+  });
 }
 void softmax_backward(CpuBackend& self, const Tensor& y, const Tensor& dy, Tensor& dx) {
   if (is_bf16_call(y)) return softmax_like_backward_bf16(self, y, dy, dx, false);  // half.cpp

@@ -272,6 +272,26 @@ void CudaBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, 
   launch_unary_backward(stream_, t, x.data(), dy.data(), dx.data(), x.numel(), p.op, p.alpha, p.beta);
 }
 
+// unary_backward, then reduce's column sums over dx's rows: two launches (the GPU reads dx back at its
+// bandwidth; the fused pass is the CPU's saving, cpu/elementwise.cpp).
+void CudaBackend::unary_backward_sum(const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum,
+                                     const UnaryParams& p) {
+  compute_type(x, Kernel::unary_backward_sum, "x");
+  contracts::check_unary_backward_sum("cuda.unary_backward_sum", x, dy, dx, dsum);
+  if (dsum.numel() == 0) return;
+  if (x.numel() == 0) {
+    fill(dsum, 0.0);
+    return;
+  }
+  unary_backward(x, dy, dx, p);
+  ReduceParams rp;
+  rp.op = ReduceOp::sum;
+  rp.outer = 1;
+  rp.reduce = contracts::rows_of(x);
+  rp.inner = contracts::last_dim(x);
+  reduce(dx, dsum, rp);
+}
+
 void CudaBackend::gated_activation(const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
   const ST t = compute_type(gate, Kernel::gated_activation, "gate");
   contracts::check_gated("cuda.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
@@ -285,6 +305,27 @@ void CudaBackend::gated_activation_backward(const Tensor& gate, const Tensor& up
                          {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
   launch_gated_activation_backward(stream_, t, gate.data(), up.data(), dy.data(), dgate.data(), dup.data(),
                                    gate.numel(), act);
+}
+
+void CudaBackend::gated_residual(const Tensor& x, const Tensor& f, const Tensor& gate, Tensor& y) {
+  const ST t = compute_type(f, Kernel::gated_residual, "f");
+  const int64_t per = contracts::gated_residual_group("cuda.gated_residual", f, gate, {{&x, "x"}, {&y, "y"}}, {});
+  launch_gated_residual(stream_, t, x.data(), f.data(), gate.data(), y.data(), contracts::rows_of(f), gate.shape()[1],
+                        per);
+}
+
+void CudaBackend::gated_residual_backward(const Tensor& f, const Tensor& gate, const Tensor& dy, Tensor& df,
+                                          Tensor& dgate) {
+  const ST t = compute_type(f, Kernel::gated_residual_backward, "f");
+  const int64_t per = contracts::gated_residual_group("cuda.gated_residual_backward", f, gate,
+                                                      {{&dy, "dy"}, {&df, "df"}}, {{&dgate, "dgate"}});
+  if (gate.numel() == 0) return;
+  if (per == 0) {  // no rows: every group's sum is 0
+    fill(dgate, 0.0);
+    return;
+  }
+  launch_gated_residual_backward(stream_, t, f.data(), gate.data(), dy.data(), df.data(), dgate.data(),
+                                 contracts::rows_of(f), gate.shape()[1], per);
 }
 
 void CudaBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {

@@ -488,6 +488,65 @@ void launch_gated_activation_backward(cudaStream_t s, ST t, const void* gate, co
   check_launch("gated_activation_backward");
 }
 
+// ---------------------------------------------------------------- gated residual
+
+namespace {
+
+// y = x + gate[r / per] * f: the product rounded on its own (__fmul_rn: no contraction into an fma), as mul then
+// add round it; a bf16 call computes in f32 and rounds y once.
+template <class T>
+__global__ void gated_residual_kernel(const T* x, const T* f, const T* gate, T* y, int64_t n, int64_t d, int64_t per) {
+  DEW_GRID_STRIDE(i, n) {
+    const int64_t r = i / d, j = i - r * d;
+    st(y, i, ld(x, i) + __fmul_rn(ld(f, i), ld(gate, (r / per) * d + j)));
+  }
+}
+
+template <class T>
+__global__ void gated_residual_df_kernel(const T* gate, const T* dy, T* df, int64_t n, int64_t d, int64_t per) {
+  DEW_GRID_STRIDE(i, n) {
+    const int64_t r = i / d, j = i - r * d;
+    st(df, i, ld(dy, i) * ld(gate, (r / per) * d + j));
+  }
+}
+
+// One thread per (group, column): the group's rows in order, the f32 products dy * f summed in double.
+template <class T>
+__global__ void gated_residual_dgate_kernel(const T* f, const T* dy, T* dgate, int64_t groups, int64_t d, int64_t per) {
+  DEW_GRID_STRIDE(k, groups * d) {
+    const int64_t g = k / d, j = k - g * d;
+    double s = 0.0;
+    for (int64_t r = g * per; r < (g + 1) * per; ++r) s += double(__fmul_rn(ld(dy, r * d + j), ld(f, r * d + j)));
+    st(dgate, k, float(s));
+  }
+}
+
+}  // namespace
+
+void launch_gated_residual(cudaStream_t s, ST t, const void* x, const void* f, const void* gate, void* y, int64_t rows,
+                           int64_t d, int64_t per) {
+  const int64_t n = rows * d;
+  if (n == 0) return;
+  DEW_CUDA_DISPATCH(t, T,
+                    DEW_LAUNCH(blocks_for(n), 256, 0, s, gated_residual_kernel<T>)(
+                        static_cast<const T*>(x), static_cast<const T*>(f), static_cast<const T*>(gate),
+                        static_cast<T*>(y), n, d, per));
+  check_launch("gated_residual");
+}
+
+void launch_gated_residual_backward(cudaStream_t s, ST t, const void* f, const void* gate, const void* dy, void* df,
+                                    void* dgate, int64_t rows, int64_t d, int64_t per) {
+  if (d == 0 || per == 0) return;
+  const int64_t n = rows * d, groups = rows / per;
+  DEW_CUDA_DISPATCH(t, T, {
+    DEW_LAUNCH(blocks_for(n), 256, 0, s, gated_residual_df_kernel<T>)
+    (static_cast<const T*>(gate), static_cast<const T*>(dy), static_cast<T*>(df), n, d, per);
+    DEW_LAUNCH(blocks_for(groups * d), 256, 0, s, gated_residual_dgate_kernel<T>)
+    (static_cast<const T*>(f), static_cast<const T*>(dy), static_cast<T*>(dgate), groups, d, per);
+  });
+  check_launch("gated_residual_backward");
+}
+
 // ---------------------------------------------------------------- binary
 
 namespace {

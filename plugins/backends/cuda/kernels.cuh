@@ -49,6 +49,12 @@ void launch_gated_activation(cudaStream_t s, ST t, const void* gate, const void*
                              Activation act);
 void launch_gated_activation_backward(cudaStream_t s, ST t, const void* gate, const void* up, const void* dy,
                                       void* dgate, void* dup, int64_t n, Activation act);
+// y = x + gate[r / per] * f over [rows, d]; backward: df = dy * gate[g], dgate [rows / per, d] = column sums
+// of dy * f over each group's per rows (one thread per (group, column), rows in order, in f32).
+void launch_gated_residual(cudaStream_t s, ST t, const void* x, const void* f, const void* gate, void* y, int64_t rows,
+                           int64_t d, int64_t per);
+void launch_gated_residual_backward(cudaStream_t s, ST t, const void* f, const void* gate, const void* dy, void* df,
+                                    void* dgate, int64_t rows, int64_t d, int64_t per);
 // out[i] (dtype out_dtype) = op(a[...], b[...]); d.a / d.b are broadcast strides over d.shape (out's shape).
 // same_shape: a, b and out have identical shapes (no index arithmetic).
 void launch_binary(cudaStream_t s, ST t, const void* a, const void* b, void* out, DType out_dtype, BinaryOp op,

@@ -1,5 +1,6 @@
-// elementwise.cpp — unary ops and their derivatives, the gated activation act(gate) * up and its
-// derivatives, broadcasting binary ops, reductions and argmax.
+// elementwise.cpp — unary ops and their derivatives (and a derivative with its column sums), the gated
+// activation act(gate) * up and its derivatives, the gated residual x + gate * f and its derivatives,
+// broadcasting binary ops, reductions and argmax.
 // The gated activation rounds as the unfused ops do (act(gate) and dy * up stored in the dtype before the
 // next product), so a model that called unary + mul gives the same bits on ref (tests/models' fixtures).
 // Invariants: every element is computed in double and rounded once to the output type; out may alias
@@ -189,6 +190,22 @@ void RefBackend::unary_backward(const Tensor& x, const Tensor& dy, Tensor& dx, c
   });
 }
 
+// unary_backward's dx, then its column sums in double, row by row (reduce's order).
+void RefBackend::unary_backward_sum(const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum, const UnaryParams& p) {
+  contracts::check_unary_backward_sum("ref.unary_backward_sum", x, dy, dx, dsum);
+  unary_backward(x, dy, dx, p);
+  dispatch_float(x.dtype(), Kernel::unary_backward_sum, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t d = contracts::last_dim(x), rows = contracts::rows_of(x);
+    const T* o = dx.data_as<T>();
+    T* s = dsum.data_as<T>();
+    std::vector<double> acc(size_t(d), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < d; ++j) acc[size_t(j)] += double(o[r * d + j]);
+    for (int64_t j = 0; j < d; ++j) s[j] = T(acc[size_t(j)]);
+  });
+}
+
 // ---------------------------------------------------------------- gated activation
 
 namespace {
@@ -244,6 +261,52 @@ void RefBackend::gated_activation_backward(const Tensor& gate, const Tensor& up,
       const double da = double(T(dd * uu)), a = double(T(act_value(act, v)));  // the unfused ops' roundings
       dg[i] = T(da * act_derivative(act, v));
       du[i] = T(dd * a);
+    }
+  });
+}
+
+// ---------------------------------------------------------------- gated residual
+
+// y = x + gate[g] * f with the unfused ops' roundings (the product rounded to T, then the sum); the backward's
+// gate gradient sums the rounded products dy * f of each group's rows in double, row by row, as reduce does.
+void RefBackend::gated_residual(const Tensor& x, const Tensor& f, const Tensor& gate, Tensor& y) {
+  const int64_t per = contracts::gated_residual_group("ref.gated_residual", f, gate, {{&x, "x"}, {&y, "y"}}, {});
+  dispatch_float(f.dtype(), Kernel::gated_residual, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xs = x.data_as<T>();
+    const T* fs = f.data_as<T>();
+    const T* g = gate.data_as<T>();
+    T* o = y.data_as<T>();
+    const int64_t d = gate.shape()[1];
+    for (int64_t i = 0; i < f.numel(); ++i) {
+      const int64_t gi = (i / d) / per;
+      o[i] = T(double(xs[i]) + double(T(double(fs[i]) * double(g[gi * d + i % d]))));
+    }
+  });
+}
+
+void RefBackend::gated_residual_backward(const Tensor& f, const Tensor& gate, const Tensor& dy, Tensor& df,
+                                         Tensor& dgate) {
+  const int64_t per = contracts::gated_residual_group("ref.gated_residual_backward", f, gate,
+                                                      {{&dy, "dy"}, {&df, "df"}}, {{&dgate, "dgate"}});
+  dispatch_float(f.dtype(), Kernel::gated_residual_backward, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* fs = f.data_as<T>();
+    const T* g = gate.data_as<T>();
+    const T* d = dy.data_as<T>();
+    T* o = df.data_as<T>();
+    T* dg = dgate.data_as<T>();
+    const int64_t groups = gate.shape()[0], dim = gate.shape()[1];
+    std::vector<double> acc(static_cast<size_t>(dim));
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t r = gi * per; r < (gi + 1) * per; ++r)
+        for (int64_t j = 0; j < dim; ++j) {
+          const int64_t i = r * dim + j;
+          acc[size_t(j)] += double(T(double(d[i]) * double(fs[i])));
+          o[i] = T(double(d[i]) * double(g[gi * dim + j]));
+        }
+      for (int64_t j = 0; j < dim; ++j) dg[gi * dim + j] = T(acc[size_t(j)]);
     }
   });
 }

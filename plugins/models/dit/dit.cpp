@@ -20,7 +20,8 @@
 // Options ([model]): image_size (32; "H" or "H,W"), in_channels (3), out_channels (= in_channels),
 //   num_classes (0 = unconditional), patch (4), dim (256), depth (6), heads (4), mlp_ratio (4), plus the
 //   time-embedding keys of nn::TimeEmbeddingConfig. Built from the SDK blocks (dew/nn.hpp): nn::Attention
-//   (fused layout), nn::MLP, nn::AdaLNModulation, nn::TimestepEmbedder, and dew::modulated_layer_norm. With the
+//   (fused layout), nn::MLP, nn::AdaLNModulation, nn::TimestepEmbedder, dew::modulated_layer_norm and
+//   dew::gated_residual (x + gate * f in one kernel pass, its backward in one). With the
 //   defaults and the DiT time embedding (time_max_freq = 1) this is exactly ../shared/peers/torch_dit_train.py's model
 //   (same parameters).
 // FLOPs per sample (forward): 2 * (N * per-token matmul weights + per-image matmul weights)
@@ -104,13 +105,11 @@ class DitBlock final : public dew::nn::Module {
 
   // x [B, N, D]; sc = SiLU(c) [B, D].
   Tensor forward(const Tensor& x0, const Tensor& sc) const {
-    const int64_t d = ada->dim, b = x0.shape()[0];
     const std::vector<Tensor> m = ada->forward_activated(sc);  // 6 x [B, D]
-    auto gate = [&](const Tensor& g) { return dew::reshape(g, {b, 1, d}); };
     Tensor h = dew::modulated_layer_norm(x0, m[0], m[1]);
-    Tensor x = dew::add(x0, dew::mul(attn->forward(h, Tensor()), gate(m[2])));
+    Tensor x = dew::gated_residual(x0, attn->forward(h, Tensor()), m[2]);  // x0 + gate1 * attn(...), one pass
     h = dew::modulated_layer_norm(x, m[3], m[4]);
-    return dew::add(x, dew::mul(mlp->forward(h), gate(m[5])));
+    return dew::gated_residual(x, mlp->forward(h), m[5]);
   }
 
   std::shared_ptr<dew::nn::Attention> attn;

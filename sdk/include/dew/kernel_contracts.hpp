@@ -130,4 +130,45 @@ inline void check_gated(const std::string& who, const Tensor& gate,
   }
 }
 
+// unary_backward_sum: x is a defined floating tensor, dy and dx defined, of its dtype and element count, dsum
+// defined, of its dtype, with last_dim(x) elements (x of no axes: one row of one).
+inline void check_unary_backward_sum(const std::string& who, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                                     const Tensor& dsum) {
+  DEW_CHECK(x.defined() && is_floating(x.dtype()), who, ": x must be a defined floating tensor");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&dy, "dy"}, {&dx, "dx"}}) {
+    DEW_CHECK(t->defined() && t->dtype() == x.dtype() && t->numel() == x.numel(), who, ": ", name, " must be defined, ",
+              dtype_name(x.dtype()), " with x's ", x.numel(), " elements");
+  }
+  DEW_CHECK(dsum.defined() && dsum.dtype() == x.dtype() && dsum.numel() == last_dim(x), who, ": dsum must be ",
+            dtype_name(x.dtype()), " with ", last_dim(x), " elements (x's last axis), got ",
+            dsum.defined() ? shape_str(dsum.shape()) : std::string("undefined"));
+}
+
+// gated_residual (+ backward): f is a defined floating [rows, D] tensor (D its last axis), gate a [G, D]
+// tensor of f's dtype with G > 0 and rows % G == 0; every tensor of `same` is defined, of f's dtype and element
+// count, every tensor of `like_gate` of gate's dtype and shape. Returns rows / G, the rows of one group.
+inline int64_t gated_residual_group(const std::string& who, const Tensor& f, const Tensor& gate,
+                                    std::initializer_list<std::pair<const Tensor*, const char*>> same,
+                                    std::initializer_list<std::pair<const Tensor*, const char*>> like_gate) {
+  DEW_CHECK(f.defined() && is_floating(f.dtype()), who, ": f must be a defined floating tensor");
+  DEW_CHECK(gate.defined() && gate.dtype() == f.dtype(), who, ": gate must be defined and of f's dtype ",
+            dtype_name(f.dtype()));
+  const int64_t d = last_dim(f), rows = rows_of(f);
+  DEW_CHECK(gate.ndim() == 2 && gate.shape()[1] == d && gate.shape()[0] > 0 && rows % gate.shape()[0] == 0, who,
+            ": gate ", shape_str(gate.shape()), " must be [G, ", d, "] with G dividing the ", rows, " rows of f ",
+            shape_str(f.shape()));
+  for (const auto& [t, name] : same) {
+    DEW_CHECK(t->defined(), who, ": ", name, " is undefined");
+    DEW_CHECK(t->dtype() == f.dtype(), who, ": ", name, " is ", dtype_name(t->dtype()), ", f is ",
+              dtype_name(f.dtype()));
+    DEW_CHECK(t->numel() == f.numel(), who, ": ", name, " ", shape_str(t->shape()), " and f ", shape_str(f.shape()),
+              " differ in size");
+  }
+  for (const auto& [t, name] : like_gate) {
+    DEW_CHECK(t->defined() && t->dtype() == gate.dtype() && t->shape() == gate.shape(), who, ": ", name, " must be ",
+              dtype_name(gate.dtype()), " ", shape_str(gate.shape()), " like gate");
+  }
+  return rows / gate.shape()[0];
+}
+
 }  // namespace dew::contracts

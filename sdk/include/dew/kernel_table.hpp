@@ -28,6 +28,11 @@
   X(unary, (const Tensor& x, Tensor& out, const UnaryParams& p), (x, out, p))                                    \
   /* dx = dy * d op(x) / dx */                                                                                   \
   X(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))       \
+  /* unary_backward's dx, and dsum [D] = the sums of dx over its rows (D = x's last axis, rows = numel / D):  */ \
+  /* an activation's backward and the bias gradient of the linear layer that feeds it, in one pass (dx as    */ \
+  /* unary_backward writes it; dsum summed as reduce sums: in f64 on ref and cpu). Overwritten; no aliasing.  */ \
+  X(unary_backward_sum, (const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum, const UnaryParams& p),     \
+    (x, dy, dx, dsum, p))                                                                                        \
   X(binary, (const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op), (a, b, out, op))                       \
   /* out = act(gate) * up: the gated MLP's GLU (SwiGLU with silu, GeGLU with gelu / gelu_tanh, plain        */ \
   /* bilinear with none). gate, up, out: one size and float dtype. Rounds as mul(unary(gate), up) does in    */ \
@@ -37,6 +42,16 @@
   /* dgate = dy * up * act'(gate), dup = dy * act(gate), both overwritten (dgate may alias gate, dup up) */       \
   X(gated_activation_backward, (const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,          \
                                 Tensor& dup, Activation act), (gate, up, dy, dgate, dup, act))                  \
+  /* y = x + gate[g] * f, adaLN-Zero's gated residual: x, f, y [rows, D] (any leading shape), gate [G, D],   */ \
+  /* rows % G == 0, row r uses gate row r / (rows / G) (one sample's tokens a group); one float dtype. Rounds */ \
+  /* as add(x, mul(f, gate)) does: the product in the dtype, then the sum (a half dtype: f32, rounded once). */ \
+  /* Elementwise: y may alias x or f.                                                                        */ \
+  X(gated_residual, (const Tensor& x, const Tensor& f, const Tensor& gate, Tensor& y), (x, f, gate, y))          \
+  /* df = dy * gate[g] and dgate [G, D] = the sums over each group's rows of dy * f (each product rounded to */ \
+  /* the dtype, as mul's, summed as reduce sums: in f64 on ref and cpu), both overwritten; no aliasing.      */ \
+  /* (dx = dy: the op passes the gradient through.)                                                          */ \
+  X(gated_residual_backward, (const Tensor& f, const Tensor& gate, const Tensor& dy, Tensor& df, Tensor& dgate), \
+    (f, gate, dy, df, dgate))                                                                                    \
   X(reduce, (const Tensor& x, Tensor& out, const ReduceParams& p), (x, out, p))                                  \
   /* along the last axis; rows = numel / last */                                                                 \
   X(softmax, (const Tensor& x, Tensor& y), (x, y))                                                               \

@@ -115,6 +115,10 @@ Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionPara
 // layer_norm call over all B * N rows with the [B, D] weight 1 + scale and bias shift (one weight row per
 // sample), so the modulation costs no extra pass and its gradients come out of layer_norm_backward directly.
 Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps = 1e-6f);
+// x + gate * f with gate broadcast over the tokens: x, f [B, N, D], gate [B, D] (adaLN-Zero's gated residual, DiT).
+// add(x, mul(f, reshape(gate, {B, 1, D}))) in one kernel pass forward and one backward (the gradient of gate
+// without the product's round trip through memory); the same values as that composition (dew/kernel_table.hpp).
+Tensor gated_residual(const Tensor& x, const Tensor& f, const Tensor& gate);
 // Multi-head attention straight from one packed projection: qkv [B, T, 3 H Dh] (q, k, v each
 // [B, T, H, Dh], in that order along the last axis: the DiT / timm layout) -> [B, T, H Dh]. The
 // backward writes dq, dk, dv into one [B, T, 3 H Dh] gradient, no zero-fill.

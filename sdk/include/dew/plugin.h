@@ -17,7 +17,7 @@
 #define DEW_SDK_VERSION "0.5.0"
 /* The version of the kernel table (dew/kernel_table.hpp): bumped whenever a kernel is added, removed or
  * changes its parameters, since a backend's vtable and every caller depend on it. */
-#define DEW_KERNEL_ALGEBRA_VERSION 5
+#define DEW_KERNEL_ALGEBRA_VERSION 6
 #define DEW_PLUGIN_ENTRY_SYMBOL "dew_plugin_entry"
 
 #define DEW_STR_(x) #x

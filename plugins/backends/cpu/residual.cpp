@@ -1,0 +1,110 @@
+// cpu/residual.cpp — adaLN-Zero's gated residual y = x + gate[g] * f in one pass, and its backward in one pass
+// (f32; bf16 calls are widened by the core, core/ops/kernel_call.hpp).
+//
+// Each element is the expression the unfused ops compute: mul(f, gate) rounded to f32, then add(x, ·); the
+// backward's df = dy * gate[g] is mul's, and dgate[g] sums the f32 products dy * f of group g's rows in double,
+// row by row from 0, as reduce does. So the fused kernels give the unfused ops' bits (tests/backends_cpu checks
+// it) while reading 3 and writing 1 tensor forward (5 and 2 unfused: the product's round trip) and reading 3,
+// writing 1 backward (5 and 2, plus reduce's pass over the product). This file is compiled with
+// -ffp-contract=off (CMakeLists.txt): a contracted x + f * g would round once, not as the unfused ops do.
+// Threads: forward rows split over the team; backward whole groups (a group's column sums stay on one thread),
+// so the bits do not depend on the thread count. At one thread no OpenMP region is entered (for_rows).
+// ISA: compiled once per path (isa_clones.hpp); uncontracted single operations and double sums in row order:
+// the same bits on every path.
+#ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
+#include <algorithm>
+#include <vector>
+
+#include "cpu_backend.hpp"
+#include "dew/kernel_contracts.hpp"
+
+#define DEW_CPU_ISA_SELF "residual.cpp"
+#include "isa_clones.hpp"
+
+namespace dew::cpu {
+
+DEW_CPU_ISA_KERNEL(gated_residual, (const Tensor& x, const Tensor& f, const Tensor& gate, Tensor& y), (x, f, gate, y))
+DEW_CPU_ISA_KERNEL(gated_residual_backward,
+                   (const Tensor& f, const Tensor& gate, const Tensor& dy, Tensor& df, Tensor& dgate),
+                   (f, gate, dy, df, dgate))
+
+}  // namespace dew::cpu
+
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+
+namespace {
+
+// Rows [r0, r1) of y = x + g * f, gate row r / per. Pointers and sizes by value: the simd loops see no captured
+// float that a store could alias (see for_blocks in cpu_backend.hpp).
+void gated_residual_rows(const float* x, const float* f, const float* gate, float* y, int64_t d, int64_t per,
+                         int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * d;
+    const float* fr = f + r * d;
+    const float* gr = gate + (r / per) * d;
+    float* yr = y + r * d;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const float t = fr[j] * gr[j];
+      yr[j] = xr[j] + t;
+    }
+  }
+}
+
+// Groups [g0, g1): df = dy * gate[g], dgate[g] = sum over the group's rows of double(dy * f), row by row.
+void gated_residual_backward_groups(const float* f, const float* gate, const float* dy, float* df, float* dgate,
+                                    int64_t d, int64_t per, int64_t g0, int64_t g1) {
+  std::vector<double> acc(static_cast<size_t>(d));
+  double* a = acc.data();
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* gr = gate + g * d;
+    std::fill(a, a + d, 0.0);
+    for (int64_t r = g * per; r < (g + 1) * per; ++r) {
+      const float* fr = f + r * d;
+      const float* dr = dy + r * d;
+      float* o = df + r * d;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) {
+        const float p = dr[j] * fr[j];
+        a[j] += double(p);
+        o[j] = dr[j] * gr[j];
+      }
+    }
+    float* dg = dgate + g * d;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) dg[j] = float(a[j]);
+  }
+}
+
+}  // namespace
+
+void gated_residual(CpuBackend& self, const Tensor& x, const Tensor& f, const Tensor& gate, Tensor& y) {
+  const int64_t per = contracts::gated_residual_group("cpu.gated_residual", f, gate, {{&x, "x"}, {&y, "y"}}, {});
+  require_f32(f, "gated_residual", "f");
+  const int64_t d = gate.shape()[1], rows = rows_of(f);
+  if (f.numel() == 0) return;
+  const float* xs = x.data_as<float>();
+  const float* fs = f.data_as<float>();
+  const float* g = gate.data_as<float>();
+  float* ys = y.data_as<float>();
+  for_rows(rows, parallel_worth(f.numel()) && rows > 1,
+           [=](int64_t r0, int64_t r1) { gated_residual_rows(xs, fs, g, ys, d, per, r0, r1); });
+}
+
+void gated_residual_backward(CpuBackend& self, const Tensor& f, const Tensor& gate, const Tensor& dy, Tensor& df,
+                             Tensor& dgate) {
+  const int64_t per = contracts::gated_residual_group("cpu.gated_residual_backward", f, gate,
+                                                      {{&dy, "dy"}, {&df, "df"}}, {{&dgate, "dgate"}});
+  require_f32(f, "gated_residual_backward", "f");
+  const int64_t groups = gate.shape()[0], d = gate.shape()[1];
+  if (gate.numel() == 0) return;
+  const float* fs = f.data_as<float>();
+  const float* g = gate.data_as<float>();
+  const float* dys = dy.data_as<float>();
+  float* dfs = df.data_as<float>();
+  float* dg = dgate.data_as<float>();
+  for_rows(groups, parallel_worth(f.numel()) && groups > 1,
+           [=](int64_t g0, int64_t g1) { gated_residual_backward_groups(fs, g, dys, dfs, dg, d, per, g0, g1); });
+}
+
+#endif  // DEW_CPU_ISA
