@@ -1,5 +1,6 @@
 // cpu/residual.cpp — adaLN-Zero's gated residual y = x + gate[g] * f in one pass, and its backward in one pass
-// (f32; bf16 calls are widened by the core, core/ops/kernel_call.hpp).
+// (f32; the backend declares no bf16 variant, so core/ops/fused.cpp runs a bf16 gated residual as the composition
+// it fuses, bf16 mul then add, which this backend has natively).
 //
 // Each element is the expression the unfused ops compute: mul(f, gate) rounded to f32, then add(x, ·); the
 // backward's df = dy * gate[g] is mul's, and dgate[g] sums the f32 products dy * f of group g's rows in double,
