@@ -159,21 +159,7 @@ Tensor pow(const Tensor& x, float p) { return unary(x, UnaryOp::pow, p); }
 Tensor clamp(const Tensor& x, float lo, float hi) { return unary(x, UnaryOp::clamp, lo, hi); }
 Tensor softcap(const Tensor& x, float cap) { return unary(x, UnaryOp::softcap, cap); }
 
-Tensor activation(const Tensor& x, Activation act) {
-  switch (act) {
-    case Activation::none:
-      return x;
-    case Activation::relu:
-      return relu(x);
-    case Activation::gelu:
-      return gelu(x, false);
-    case Activation::gelu_tanh:
-      return gelu(x, true);
-    case Activation::silu:
-      return silu(x);
-  }
-  return x;
-}
+Tensor activation(const Tensor& x, Activation act) { return act == Activation::none ? x : unary(x, unary_op_of(act)); }
 
 Tensor gated_activation(const Tensor& gate, const Tensor& up, Activation act) {
   if (autocast_differs(gate, up)) return gated_activation(autocast_widen(gate, up), autocast_widen(up, gate), act);

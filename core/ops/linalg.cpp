@@ -116,24 +116,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 // would read the derivative back for the bias's sum(g, 0). The same values as that composition
 // (dew/kernel_table.hpp: dx as unary_backward, dsum as reduce sums).
 static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
-  UnaryOp op = UnaryOp::relu;
-  switch (act) {
-    case Activation::relu:
-      op = UnaryOp::relu;
-      break;
-    case Activation::gelu:
-      op = UnaryOp::gelu;
-      break;
-    case Activation::gelu_tanh:
-      op = UnaryOp::gelu_tanh;
-      break;
-    case Activation::silu:
-      op = UnaryOp::silu;
-      break;
-    case Activation::none:
-      DEW_INTERNAL_ASSERT(false);
-  }
-  const UnaryParams up{op, 1.0f, 0.0f};
+  const UnaryParams up{unary_op_of(act), 1.0f, 0.0f};
   Shape out_shape = x.shape();
   out_shape.back() = w.shape()[0];
   const Tensor x2 = reshape(x.detach(), {-1, x.shape().back()}), wd = w.detach();

@@ -11,6 +11,23 @@ namespace dew::detail {
 
 inline Tensor empty_like(const Tensor& x) { return Tensor::empty(x.shape(), x.dtype(), x.backend_ptr()); }
 inline Tensor empty_as(const Tensor& x, const Shape& shape) { return Tensor::empty(shape, x.dtype(), x.backend_ptr()); }
+// The unary op an Activation applies (act != none): activation() and linear()'s fused backward share it.
+inline UnaryOp unary_op_of(Activation act) {
+  switch (act) {
+    case Activation::relu:
+      return UnaryOp::relu;
+    case Activation::gelu:
+      return UnaryOp::gelu;
+    case Activation::gelu_tanh:
+      return UnaryOp::gelu_tanh;
+    case Activation::silu:
+      return UnaryOp::silu;
+    case Activation::none:
+      break;
+  }
+  DEW_INTERNAL_ASSERT(false);
+  return UnaryOp::relu;
+}
 // Saved statistics (mean, rstd, lse, per-row losses): f64 for f64 inputs, else f32.
 inline DType stat_dtype(const Tensor& x) { return x.dtype() == DType::f64 ? DType::f64 : DType::f32; }
 // x / d, with d held in x's dtype (scale() takes a float, which would round d's reciprocal for f64 inputs).
