@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -1232,4 +1235,137 @@ TEST_CASE("cpu: every hand-written family on each ISA path: avx512 == avx2 bit f
       }
     }
   if (has_avx2) CHECK(portable_differs);  // no FMA on the portable path: some product rounds differently
+}
+
+// The bf16 kernels written once over their storage type (bf16_bits.hpp: unary and its backward, the gated
+// activation and its backward, RMS norm and its backward, RoPE) compute in f32 on the widened inputs and round each
+// output once: on every ISA path and at 1 and 2 threads, each equals this backend's own f32 kernel on the widened
+// inputs, rounded to bf16, bit for bit (NaN, infinities, denormals and ties included; the same ISA path and thread
+// count on both sides, so even the norms' lane sums match). A kernel that rounded an intermediate to bf16, read a
+// half-written in-place input, or widened inexactly would fail here.
+TEST_CASE("cpu: bf16 kernels over storage equal the f32 kernel on the widened inputs, rounded once") {
+  cpu();
+  const int saved = omp_get_max_threads();
+  // Inputs: uniform draws with special values spliced in, rounded to bf16 (the values a bf16 tensor can hold).
+  const auto draws = [](int64_t n, uint64_t seed, float lo, float hi, bool specials) {
+    std::vector<float> v = host_uniform(n, seed, lo, hi);
+    if (specials) {
+      const float sp[] = {0.0f,
+                          -0.0f,
+                          1e-39f,
+                          -3e-40f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          30.0f,
+                          -30.0f,
+                          100.0f,
+                          -100.0f};
+      for (size_t i = 0; i < std::size(sp) && 7 * i < v.size(); ++i) v[7 * i] = sp[i];
+    }
+    return v;
+  };
+  const auto same_bits = [](const Tensor& got16, const Tensor& want32, const std::string& what) {
+    INFO(what);
+    const std::vector<float> g = got16.to_floats(), w = want32.to_floats();
+    REQUIRE(g.size() == w.size());
+    int64_t bad = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const float r = bf16_to_f32(f32_to_bf16(w[i]));
+      if (std::memcmp(&g[i], &r, sizeof r) != 0 && bad++ < 3) INFO(i << ": " << g[i] << " vs " << r);
+    }
+    CHECK(bad == 0);
+  };
+  for (const std::string& isa : cpu_isa_paths().names)
+    for (const int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      CAPTURE(isa);
+      CAPTURE(threads);
+      BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+      const auto half = [&](const std::vector<float>& v, const Shape& s) {
+        return Tensor::from_vector(v, s, be, DType::bf16);
+      };
+      const auto wide = [&](const Tensor& h) {
+        Tensor w = Tensor::empty(h.shape(), DType::f32, be);
+        be->cast(h, w);
+        return w;
+      };
+      const auto like16 = [&](const Tensor& t) { return Tensor::empty(t.shape(), DType::bf16, be); };
+      const auto like32 = [&](const Tensor& t) { return Tensor::empty(t.shape(), DType::f32, be); };
+      const int64_t n = 70001;  // past the parallel grain, with a tail past every vector width
+      const Tensor x = half(draws(n, 11, -6.0f, 6.0f, true), {n}), y = half(draws(n, 12, -2.0f, 2.0f, true), {n});
+      const Tensor xp = half(draws(n, 13, 0.05f, 4.0f, false), {n});
+      const Tensor dy = half(draws(n, 14, -1.0f, 1.0f, true), {n});
+      for (const UnaryOp op : {UnaryOp::gelu_tanh, UnaryOp::silu, UnaryOp::gelu, UnaryOp::exp, UnaryOp::tanh,
+                               UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::log, UnaryOp::rsqrt, UnaryOp::softcap}) {
+        UnaryParams p;
+        p.op = op;
+        p.alpha = op == UnaryOp::softcap ? 5.0f : p.alpha;
+        const Tensor& in = op == UnaryOp::log || op == UnaryOp::rsqrt ? xp : x;
+        Tensor o16 = like16(in), o32 = like32(in), d16 = like16(in), d32 = like32(in);
+        be->unary(in, o16, p);
+        be->unary(wide(in), o32, p);
+        same_bits(o16, o32, std::string("unary ") + unary_op_name(op));
+        be->unary_backward(in, dy, d16, p);
+        be->unary_backward(wide(in), wide(dy), d32, p);
+        same_bits(d16, d32, std::string("unary_backward ") + unary_op_name(op));
+      }
+      for (const Activation act :
+           {Activation::silu, Activation::gelu_tanh, Activation::gelu, Activation::relu, Activation::none}) {
+        CAPTURE(int(act));
+        Tensor o16 = like16(x), o32 = like32(x);
+        be->gated_activation(x, y, o16, act);
+        be->gated_activation(wide(x), wide(y), o32, act);
+        same_bits(o16, o32, "gated_activation");
+        // The backward in place, as the autograd op may call it: dgate over gate, dup over up.
+        Tensor g16 = x.clone(), u16 = y.clone(), g32 = wide(x), u32 = wide(y);
+        be->gated_activation_backward(g16, u16, dy, g16, u16, act);
+        be->gated_activation_backward(g32, u32, wide(dy), g32, u32, act);
+        same_bits(g16, g32, "gated_activation_backward dgate");
+        same_bits(u16, u32, "gated_activation_backward dup");
+      }
+      {  // RMS norm: rows of 100 (a tail), with and without a weight, an offset (Gemma's 1 + w)
+        const int64_t rows = 700, d = 100;
+        const Tensor xr = half(draws(rows * d, 21, -3.0f, 3.0f, false), {rows, d});
+        const Tensor gr = half(draws(rows * d, 22, -1.0f, 1.0f, false), {rows, d});
+        const Tensor w = half(draws(d, 23, 0.5f, 1.5f, false), {d});
+        for (const bool with_w : {true, false})
+          for (const float off : {0.0f, 1.0f}) {
+            CAPTURE(with_w);
+            CAPTURE(off);
+            const Tensor w16 = with_w ? w : Tensor(), w32 = with_w ? wide(w) : Tensor();
+            Tensor y16 = like16(xr), y32 = like32(xr);
+            Tensor r16 = Tensor::empty({rows}, DType::f32, be), r32 = Tensor::empty({rows}, DType::f32, be);
+            be->rms_norm(xr, w16, y16, r16, 1e-5f, off);
+            be->rms_norm(wide(xr), w32, y32, r32, 1e-5f, off);
+            same_bits(y16, y32, "rms_norm y");
+            CHECK(r16.to_floats() == r32.to_floats());
+            Tensor dx16 = like16(xr), dx32 = like32(xr);
+            Tensor dw16 = with_w ? like16(w) : Tensor(), dw32 = with_w ? like32(w) : Tensor();
+            be->rms_norm_backward(xr, w16, r32, gr, dx16, dw16, off);
+            be->rms_norm_backward(wide(xr), w32, r32, wide(gr), dx32, dw32, off);
+            same_bits(dx16, dx32, "rms_norm_backward dx");
+            if (with_w) same_bits(dw16, dw32, "rms_norm_backward dweight");
+          }
+      }
+      {  // RoPE [B, T, H, D]: a partial rotary_dim (the rest copied), positions [T] and [B, T], forward and inverse
+        const Shape s{3, 9, 2, 20};
+        const Tensor xr = half(draws(numel_of(s), 31, -3.0f, 3.0f, true), s);
+        const Tensor pos_t = Tensor::from_ints({0, 1, 2, 3, 4, 5, 6, 7, 8}, {9}, be);
+        std::vector<int32_t> pb(27);
+        for (size_t i = 0; i < pb.size(); ++i) pb[i] = int32_t(i * 5 % 17);
+        const Tensor pos_bt = Tensor::from_ints(pb, {3, 9}, be);
+        for (const bool inverse : {false, true})
+          for (const Tensor* pos : {&pos_t, &pos_bt}) {
+            RopeParams p;
+            p.rotary_dim = 12;
+            p.inverse = inverse;
+            Tensor o16 = like16(xr), o32 = like32(xr);
+            be->rope(xr, *pos, o16, p);
+            be->rope(wide(xr), *pos, o32, p);
+            same_bits(o16, o32, "rope");
+          }
+      }
+    }
+  omp_set_num_threads(saved);
 }

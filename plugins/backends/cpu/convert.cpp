@@ -22,7 +22,10 @@ bool cast_bf16_fast(Isa isa, const Tensor& x, Tensor& out) { return DEW_CPU_ISA_
 
 }  // namespace dew::cpu
 
-#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but
+       // bf16_bits.hpp)
+
+#include "bf16_bits.hpp"
 
 namespace {
 
@@ -41,19 +44,7 @@ void bf16_to_f32_range(const uint16_t* s, uint32_t* d, int64_t lo, int64_t hi) {
 }
 
 // o = a (op) b on bf16 bits, each element widened, combined in f32 and rounded once as above: the
-// residual adds and gating multiplies of a bf16 step, without f32 copies.
-[[gnu::always_inline]] inline float widen_bits(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-}
-[[gnu::always_inline]] inline uint16_t round_bits(float f) {
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
+// residual adds and gating multiplies of a bf16 step, without f32 copies (widen_bits / round_bits: bf16_bits.hpp).
 void bf16_add(const uint16_t* a, const uint16_t* b, uint16_t* o, int64_t lo, int64_t hi) {
 #pragma omp simd
   for (int64_t i = lo; i < hi; ++i) o[i] = round_bits(widen_bits(a[i]) + widen_bits(b[i]));

@@ -230,6 +230,8 @@ inline void walk_rows(const std::vector<int64_t>& shape, const std::vector<int64
 
 // Throws unless t is defined and f32 (the dtype every compute kernel of this backend takes).
 void require_f32(const Tensor& t, const char* kernel, const char* arg);
+// Throws unless t is defined and bf16 (every data tensor of a bf16 call; half.cpp).
+void require_bf16(const Tensor& t, const char* kernel, const char* arg);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);
 // True on CPUs whose AVX512-BF16 dot products make bf16 matmuls faster than f32 ones.
 bool cpu_has_bf16_dot();
@@ -423,29 +425,20 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
                                          dnnl::memory::data_type operands, dnnl::memory::data_type output);
 // The epilogue's activation of one f32 value (the k = 0 paths, which oneDNN does not run).
 float activate(float v, Activation act);
-// The memory-bound kernels in bf16: blocks of rows widened around this backend's f32 kernels (half.cpp),
-// and the bf16 matmul (oneDNN's bf16 kernel, or widened around the f32 product without AVX512-BF16).
+// The memory-bound kernels in bf16 that are not written over their storage type (bf16_bits.hpp): blocks of rows
+// widened around this backend's f32 kernels (half.cpp), and the bf16 matmul (oneDNN's bf16 kernel, or widened around
+// the f32 product without AVX512-BF16).
 class CpuBackend;
 void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
                  const MatmulParams& p);
 bool is_bf16_call(const Tensor& t);  // t is defined and bf16: the kernel forwards to its *_bf16 variant
-void unary_bf16(CpuBackend& be, const Tensor& x, Tensor& out, const UnaryParams& p);
-void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p);
 void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op);
-void gated_activation_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);
-void gated_activation_backward_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, const Tensor& dy,
-                                    Tensor& dgate, Tensor& dup, Activation act);
 void softmax_like_bf16(CpuBackend& be, const Tensor& x, Tensor& y, bool log);
 void softmax_like_backward_bf16(CpuBackend& be, const Tensor& y, const Tensor& dy, Tensor& dx, bool log);
 void layer_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                      Tensor& rstd, float eps);
 void layer_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& mean,
                               const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias);
-void rms_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
-                   float weight_offset);
-void rms_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                            Tensor& dx, Tensor& dweight, float weight_offset);
-void rope_bf16(CpuBackend& be, const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p);
 void cross_entropy_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
                         const CrossEntropyParams& p);
 void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, const Tensor& lse,

@@ -1,5 +1,5 @@
 // cpu/elementwise.cpp — unary (+ backward), the gated activation (+ backward), broadcasting binary,
-// reduce and argmax (f32).
+// reduce and argmax (f32; unary and the gated activation also bf16).
 //
 // Hand-written because oneDNN 2.6 has no backward for binary/reduction and its eltwise set lacks
 // softcap/affine-backward/etc.; these loops are memory-bound, so one fused pass per op is the goal.
@@ -12,6 +12,8 @@
 //   backward then unary_backward, whose incoming gradient is dy * up rounded to f32), so in f32 the fused
 //   kernels give the unfused ops' bits (tests/backends_cpu checks it) while reading 2 and writing 1 tensor
 //   forward (3 and 2 unfused: the activation's output round trip) and reading 3, writing 2 backward (6 and 3).
+// * bf16 (unary, the gated activation, forward and backward): the same loops over bf16 storage (bf16_bits.hpp's
+//   ld / st), so each output is the f32 kernel's value on the widened inputs, rounded once.
 // * unary_backward_sum: unary_backward and the column sums of its output (a bias gradient) in one pass over
 //   blocks of rows; the bits of unary_backward then reduce (see the kernel).
 // * binary: numpy broadcasting. Fast paths: equal shapes (one flat loop), a scalar operand, and the
@@ -52,7 +54,10 @@ DEW_CPU_ISA_KERNEL(argmax, (const Tensor& x, Tensor& out), (x, out))
 
 }  // namespace dew::cpu
 
-#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but
+       // bf16_bits.hpp)
+
+#include "bf16_bits.hpp"  // ld / st: an element of float or bf16 (uint16_t) storage, computed on in f32
 
 namespace {
 
@@ -74,9 +79,10 @@ constexpr float kGeluC = 0.044715f;
 // bits without its clamps and NaN select (0 below z = -87, where 1 + e = 1 anyway): these loops were ALU-bound
 // on fast_exp (DiT step: 0.51 -> 0.27 ms forward, 0.63 -> 0.41 ms backward per [1024, 1024] on one Zen 5 thread).
 // (act_arg, silu_value, gelu_tanh_value: cpu_backend.hpp, shared with the row-wise products' epilogue.)
-void gelu_tanh_fwd(const float* x, float* o, int64_t n) {
+template <class T>
+void gelu_tanh_fwd(const T* x, T* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_value(x[i]);
+  for (int64_t i = 0; i < n; ++i) st(o + i, gelu_tanh_value(ld(x[i])));
 }
 // d * gelu_tanh'(v) and d * silu'(v): one expression each, shared by the backward loops below and
 // unary_backward_sum's (the same contraction, so the same bits).
@@ -90,17 +96,20 @@ void gelu_tanh_fwd(const float* x, float* o, int64_t n) {
   const float e = act_exp(act_arg(-v)), s = 1.0f / (1.0f + e);
   return d * (s + v * ((e * s) * s));
 }
-void gelu_tanh_bwd(const float* x, const float* dy, float* o, int64_t n) {
+template <class T>
+void gelu_tanh_bwd(const T* x, const T* dy, T* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_grad(x[i], dy[i]);
+  for (int64_t i = 0; i < n; ++i) st(o + i, gelu_tanh_grad(ld(x[i]), ld(dy[i])));
 }
-void silu_fwd(const float* x, float* o, int64_t n) {
+template <class T>
+void silu_fwd(const T* x, T* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = silu_value(x[i]);
+  for (int64_t i = 0; i < n; ++i) st(o + i, silu_value(ld(x[i])));
 }
-void silu_bwd(const float* x, const float* dy, float* o, int64_t n) {
+template <class T>
+void silu_bwd(const T* x, const T* dy, T* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = silu_grad(x[i], dy[i]);
+  for (int64_t i = 0; i < n; ++i) st(o + i, silu_grad(ld(x[i]), ld(dy[i])));
 }
 // Rows [r0, r1) of [*, d]: o = grad(x, dy) and acc[j] += double(o[j]) row by row, in one pass (the sums from
 // the registers: dx is never read back).
@@ -122,31 +131,23 @@ void grad_rows_sum(const float* x, const float* dy, float* o, double* acc, int64
 
 // o[i] = op(x[i]) (map1) and o[i] = op(x[i], y[i]) (map2) over [0, n), split over the team in contiguous
 // slices when n is large. The functor takes values, not indices, and the loop bodies see only local
-// pointers, so every `omp simd` loop vectorises (lambdas indexing captured pointers did not).
-template <class Op>
-inline void map1_slice(const float* x, float* o, int64_t n, Op op) {
+// pointers, so every `omp simd` loop vectorises (lambdas indexing captured pointers did not). T is the
+// storage (float, or bf16 bits: widened on load, rounded once on store; bf16_bits.hpp).
+template <class T, class Op>
+inline void map1_slice(const T* x, T* o, int64_t n, Op op) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = op(x[i]);
+  for (int64_t i = 0; i < n; ++i) st(o + i, op(ld(x[i])));
 }
-template <class Op>
-inline void map2_slice(const float* x, const float* y, float* o, int64_t n, Op op) {
+template <class T, class Op>
+inline void map2_slice(const T* x, const T* y, T* o, int64_t n, Op op) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = op(x[i], y[i]);
+  for (int64_t i = 0; i < n; ++i) st(o + i, op(ld(x[i]), ld(y[i])));
 }
 // Contiguous slices over the team when n is large (for_blocks, cpu_backend.hpp).
 template <class Slice>
 inline void split(int64_t n, Slice&& slice) {
   for_blocks(n, parallel_worth(n), slice);
 }
-template <class Op>
-void map1(const float* x, float* o, int64_t n, Op op) {
-  split(n, [&](int64_t lo, int64_t hi) { map1_slice(x + lo, o + lo, hi - lo, op); });
-}
-template <class Op>
-void map2(const float* x, const float* y, float* o, int64_t n, Op op) {
-  split(n, [&](int64_t lo, int64_t hi) { map2_slice(x + lo, y + lo, o + lo, hi - lo, op); });
-}
-
 void check_same_numel(const Tensor& a, const Tensor& b, const char* kernel) {
   DEW_CHECK(a.numel() == b.numel(), "cpu ", kernel, ": ", shape_str(a.shape()), " vs ", shape_str(b.shape()),
             " (element counts differ)");
@@ -156,101 +157,112 @@ void check_same_numel(const Tensor& a, const Tensor& b, const char* kernel) {
 
 // ---------------------------------------------------------------- unary
 
-void unary(CpuBackend& self, const Tensor& x, Tensor& out, const UnaryParams& p) {
-  if (is_bf16_call(x)) return unary_bf16(self, x, out, p);  // half.cpp
-  require_f32(x, "unary", "x");
-  require_f32(out, "unary", "out");
-  check_same_numel(x, out, "unary");
-  const int64_t n = x.numel();
-  const float* xs = x.data_as<float>();
-  float* o = out.data_as<float>();
+namespace {
+// out = op(x) over one contiguous range on the caller's thread (one expression per element: any split gives the
+// same bits). T: float, or bf16 bits.
+template <class T>
+void unary_slice(const T* xs, T* o, int64_t n, const UnaryParams& p) {
   const float al = p.alpha, be = p.beta;
   switch (p.op) {
     case UnaryOp::neg:
-      map1(xs, o, n, [](float v) { return -v; });
+      map1_slice(xs, o, n, [](float v) { return -v; });
       break;
     case UnaryOp::exp:
-      map1(xs, o, n, [](float v) { return fast_exp(v); });
+      map1_slice(xs, o, n, [](float v) { return fast_exp(v); });
       break;
     case UnaryOp::log:
-      map1(xs, o, n, [](float v) { return std::log(v); });
+      map1_slice(xs, o, n, [](float v) { return std::log(v); });
       break;
     case UnaryOp::sqrt:
-      map1(xs, o, n, [](float v) { return std::sqrt(v); });
+      map1_slice(xs, o, n, [](float v) { return std::sqrt(v); });
       break;
     case UnaryOp::rsqrt:
-      map1(xs, o, n, [](float v) { return 1.0f / std::sqrt(v); });
+      map1_slice(xs, o, n, [](float v) { return 1.0f / std::sqrt(v); });
       break;
     case UnaryOp::square:
-      map1(xs, o, n, [](float v) { return v * v; });
+      map1_slice(xs, o, n, [](float v) { return v * v; });
       break;
     case UnaryOp::abs:
-      map1(xs, o, n, [](float v) { return std::fabs(v); });
+      map1_slice(xs, o, n, [](float v) { return std::fabs(v); });
       break;
     case UnaryOp::tanh:
-      map1(xs, o, n, [](float v) { return fast_tanh(v); });
+      map1_slice(xs, o, n, [](float v) { return fast_tanh(v); });
       break;
     case UnaryOp::sigmoid:
-      map1(xs, o, n, [](float v) { return fast_sigmoid(v); });
+      map1_slice(xs, o, n, [](float v) { return fast_sigmoid(v); });
       break;
     case UnaryOp::relu:
-      map1(xs, o, n, [](float v) { return v < 0.0f ? 0.0f : v; });
+      map1_slice(xs, o, n, [](float v) { return v < 0.0f ? 0.0f : v; });
       break;
     case UnaryOp::gelu:
-      map1(xs, o, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); });
+      map1_slice(xs, o, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); });
       break;
-    case UnaryOp::gelu_tanh: {
-      const auto k = gelu_tanh_fwd;
-      split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, o + lo, hi - lo); });
+    case UnaryOp::gelu_tanh:
+      gelu_tanh_fwd(xs, o, n);
       break;
-    }
-    case UnaryOp::silu: {
-      const auto k = silu_fwd;
-      split(n, [&](int64_t lo, int64_t hi) { k(xs + lo, o + lo, hi - lo); });
+    case UnaryOp::silu:
+      silu_fwd(xs, o, n);
       break;
-    }
     case UnaryOp::sin:
-      map1(xs, o, n, [](float v) { return std::sin(v); });
+      map1_slice(xs, o, n, [](float v) { return std::sin(v); });
       break;
     case UnaryOp::cos:
-      map1(xs, o, n, [](float v) { return std::cos(v); });
+      map1_slice(xs, o, n, [](float v) { return std::cos(v); });
       break;
     case UnaryOp::reciprocal:
-      map1(xs, o, n, [](float v) { return 1.0f / v; });
+      map1_slice(xs, o, n, [](float v) { return 1.0f / v; });
       break;
     case UnaryOp::affine:
-      map1(xs, o, n, [al, be](float v) { return al * v + be; });
+      map1_slice(xs, o, n, [al, be](float v) { return al * v + be; });
       break;
     case UnaryOp::pow:
       if (al == 2.0f)
-        map1(xs, o, n, [](float v) { return v * v; });
+        map1_slice(xs, o, n, [](float v) { return v * v; });
       else if (al == 1.0f)
-        map1(xs, o, n, [](float v) { return v; });
+        map1_slice(xs, o, n, [](float v) { return v; });
       else if (al == 0.5f)
-        map1(xs, o, n, [](float v) { return std::sqrt(v); });
+        map1_slice(xs, o, n, [](float v) { return std::sqrt(v); });
       else
-        map1(xs, o, n, [al](float v) { return std::pow(v, al); });
+        map1_slice(xs, o, n, [al](float v) { return std::pow(v, al); });
       break;
     case UnaryOp::clamp:
-      map1(xs, o, n, [al, be](float v) {
+      map1_slice(xs, o, n, [al, be](float v) {
         v = v < al ? al : v;  // NaN stays NaN (both compares are false)
         return v > be ? be : v;
       });
       break;
     case UnaryOp::softcap: {
       const float inv = 1.0f / al;
-      map1(xs, o, n, [al, inv](float v) { return al * fast_tanh(v * inv); });
+      map1_slice(xs, o, n, [al, inv](float v) { return al * fast_tanh(v * inv); });
       break;
     }
     default:
       DEW_CHECK(false, "cpu unary: unknown op ", int(p.op));
   }
 }
+}  // namespace
+
+void unary(CpuBackend&, const Tensor& x, Tensor& out, const UnaryParams& p) {
+  check_same_numel(x, out, "unary");
+  const int64_t n = x.numel();
+  if (is_bf16_call(x)) {  // bf16 storage, f32 arithmetic: the f32 kernel's bits on the widened x, rounded once
+    require_bf16(out, "unary", "out");
+    const uint16_t* xs = x.data_as<uint16_t>();
+    uint16_t* o = out.data_as<uint16_t>();
+    return split(n, [&](int64_t lo, int64_t hi) { unary_slice(xs + lo, o + lo, hi - lo, p); });
+  }
+  require_f32(x, "unary", "x");
+  require_f32(out, "unary", "out");
+  const float* xs = x.data_as<float>();
+  float* o = out.data_as<float>();
+  split(n, [&](int64_t lo, int64_t hi) { unary_slice(xs + lo, o + lo, hi - lo, p); });
+}
 
 namespace {
 // dx = dy * op'(x) over one contiguous range on the caller's thread (unary_backward's elements: the same
 // expression per element whatever the range, so any split gives the same bits).
-void unary_backward_slice(const float* xs, const float* g, float* o, int64_t n, const UnaryParams& p) {
+template <class T>
+void unary_backward_slice(const T* xs, const T* g, T* o, int64_t n, const UnaryParams& p) {
   // map2_slice hands (x, dy) to each lambda.
   const float al = p.alpha, be = p.beta;
   switch (p.op) {
@@ -350,14 +362,21 @@ void unary_backward_slice(const float* xs, const float* g, float* o, int64_t n, 
 }
 }  // namespace
 
-void unary_backward(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
-  if (is_bf16_call(x)) return unary_backward_bf16(self, x, dy, dx, p);  // half.cpp
-  require_f32(x, "unary_backward", "x");
-  require_f32(dy, "unary_backward", "dy");
-  require_f32(dx, "unary_backward", "dx");
+void unary_backward(CpuBackend&, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
   check_same_numel(x, dy, "unary_backward");
   check_same_numel(x, dx, "unary_backward");
   const int64_t n = x.numel();
+  if (is_bf16_call(x)) {  // bf16 storage, f32 arithmetic (as unary)
+    require_bf16(dy, "unary_backward", "dy");
+    require_bf16(dx, "unary_backward", "dx");
+    const uint16_t* xs = x.data_as<uint16_t>();
+    const uint16_t* g = dy.data_as<uint16_t>();
+    uint16_t* o = dx.data_as<uint16_t>();
+    return split(n, [&](int64_t lo, int64_t hi) { unary_backward_slice(xs + lo, g + lo, o + lo, hi - lo, p); });
+  }
+  require_f32(x, "unary_backward", "x");
+  require_f32(dy, "unary_backward", "dy");
+  require_f32(dx, "unary_backward", "dx");
   const float* xs = x.data_as<float>();
   const float* g = dy.data_as<float>();
   float* o = dx.data_as<float>();
@@ -402,18 +421,18 @@ struct GatedIdentity {  // Activation::none: the bilinear gate * up
   [[gnu::always_inline]] static float grad(float, float d) { return d; }
 };
 
-template <class A>
-void gated_fwd_slice(const float* g, const float* u, float* o, int64_t n) {
+template <class A, class T>
+void gated_fwd_slice(const T* g, const T* u, T* o, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = A::value(g[i]) * u[i];
+  for (int64_t i = 0; i < n; ++i) st(o + i, A::value(ld(g[i])) * ld(u[i]));
 }
-template <class A>
-void gated_bwd_slice(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) {
+template <class A, class T>
+void gated_bwd_slice(const T* g, const T* u, const T* dy, T* dg, T* du, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float v = g[i], d = dy[i], t = d * u[i];  // read every input of element i before writing it
-    du[i] = d * A::value(v);
-    dg[i] = A::grad(v, t);
+    const float v = ld(g[i]), d = ld(dy[i]), t = d * ld(u[i]);  // read every input of element i before writing it
+    st(du + i, d * A::value(v));
+    st(dg + i, A::grad(v, t));
   }
 }
 
@@ -436,36 +455,56 @@ void with_gated_act(Activation act, F&& f) {
 
 }  // namespace
 
-void gated_activation(CpuBackend& self, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
-  if (is_bf16_call(gate)) return gated_activation_bf16(self, gate, up, out, act);  // half.cpp
-  contracts::check_gated("cpu.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
-  require_f32(gate, "gated_activation", "gate");
-  const float* g = gate.data_as<float>();
-  const float* u = up.data_as<float>();
-  float* o = out.data_as<float>();
+namespace {
+template <class T>
+void gated_activation_typed(const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
+  const T* g = gate.data_as<T>();
+  const T* u = up.data_as<T>();
+  T* o = out.data_as<T>();
   with_gated_act(act, [&](auto a) {
     using A = decltype(a);
     split(gate.numel(), [&](int64_t lo, int64_t hi) { gated_fwd_slice<A>(g + lo, u + lo, o + lo, hi - lo); });
   });
 }
-
-void gated_activation_backward(CpuBackend& self, const Tensor& gate, const Tensor& up, const Tensor& dy,
-                               Tensor& dgate, Tensor& dup, Activation act) {
-  if (is_bf16_call(gate)) return gated_activation_backward_bf16(self, gate, up, dy, dgate, dup, act);  // half.cpp
-  contracts::check_gated("cpu.gated_activation_backward", gate,
-                         {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
-  require_f32(gate, "gated_activation_backward", "gate");
-  const float* g = gate.data_as<float>();
-  const float* u = up.data_as<float>();
-  const float* d = dy.data_as<float>();
-  float* dg = dgate.data_as<float>();
-  float* du = dup.data_as<float>();
+template <class T>
+void gated_activation_backward_typed(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate, Tensor& dup,
+                                     Activation act) {
+  const T* g = gate.data_as<T>();
+  const T* u = up.data_as<T>();
+  const T* d = dy.data_as<T>();
+  T* dg = dgate.data_as<T>();
+  T* du = dup.data_as<T>();
   with_gated_act(act, [&](auto a) {
     using A = decltype(a);
     split(gate.numel(), [&](int64_t lo, int64_t hi) {
       gated_bwd_slice<A>(g + lo, u + lo, d + lo, dg + lo, du + lo, hi - lo);
     });
   });
+}
+}  // namespace
+
+void gated_activation(CpuBackend&, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
+  contracts::check_gated("cpu.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
+  if (is_bf16_call(gate)) {  // bf16 storage, f32 arithmetic: the f32 kernel's bits on widened inputs, rounded once
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&up, &out})
+      require_bf16(*t, "gated_activation", "up / out");
+    return gated_activation_typed<uint16_t>(gate, up, out, act);
+  }
+  require_f32(gate, "gated_activation", "gate");
+  gated_activation_typed<float>(gate, up, out, act);
+}
+
+void gated_activation_backward(CpuBackend&, const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,
+                               Tensor& dup, Activation act) {
+  contracts::check_gated("cpu.gated_activation_backward", gate,
+                         {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
+  if (is_bf16_call(gate)) {  // as gated_activation
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&up, &dy, &dgate, &dup})
+      require_bf16(*t, "gated_activation_backward", "up / dy / dgate / dup");
+    return gated_activation_backward_typed<uint16_t>(gate, up, dy, dgate, dup, act);
+  }
+  require_f32(gate, "gated_activation_backward", "gate");
+  gated_activation_backward_typed<float>(gate, up, dy, dgate, dup, act);
 }
 
 // ---------------------------------------------------------------- binary

@@ -8,7 +8,8 @@
 //   sources in (b, k) order — the same order as a serial loop, whatever the thread count.
 // * rope uses the "rotate half" pairing (i, i + rotary_dim/2) with cos/sin tables computed in double
 //   once per (theta, rotary_dim) and reused across calls (RopeTables); negative positions are computed
-//   directly. inverse rotates by -angle. Features past rotary_dim are copied.
+//   directly. inverse rotates by -angle. Features past rotary_dim are copied. bf16 x / out: the same rows over
+//   bf16 storage (bf16_bits.hpp), the f32 kernel's values on the widened x rounded once.
 // ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`. gather is a copy and
 //   scatter_add adds rows in index order, RoPE one rotation per pair from the same double-built table: the
 //   same bits on avx512 and avx2 (FMA on both); portable differs in RoPE by FMA roundings.
@@ -65,7 +66,10 @@ DEW_CPU_ISA_KERNEL(rope, (const Tensor& x, const Tensor& positions, Tensor& out,
 
 }  // namespace dew::cpu
 
-#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but
+       // bf16_bits.hpp)
+
+#include "bf16_bits.hpp"  // ld / st: rope's rows of float or bf16 (uint16_t) storage, computed on in f32
 
 namespace {
 
@@ -154,10 +158,36 @@ void scatter_add_rows(CpuBackend& self, const Tensor& dout, const Tensor& idx, T
 
 // ---------------------------------------------------------------- rope
 
+namespace {
+// Rows [r0, r1) of [B * T] (each H heads of D): x / out of float or bf16 (uint16_t) storage, computed on in f32
+// (bf16_bits.hpp). cs(row) gives the row's cos / sin table (half cosines, then half sines).
+template <class T, class Table>
+void rope_rows(const T* xs, T* o, int64_t r0, int64_t r1, int64_t H, int64_t D, int64_t rd, float sign,
+               Table&& cs_of_row) {
+  const int64_t half = rd / 2;
+  for (int64_t row = r0; row < r1; ++row) {
+    const float* cs = cs_of_row(row);
+    const float* c = cs;
+    const float* sn = cs + half;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* xr = xs + (row * H + h) * D;
+      T* orow = o + (row * H + h) * D;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = ld(xr[i]), x2 = ld(xr[i + half]);
+        const float s = sign * sn[i];
+        st(orow + i, x1 * c[i] - x2 * s);
+        st(orow + i + half, x2 * c[i] + x1 * s);
+      }
+      for (int64_t i = rd; i < D; ++i) orow[i] = xr[i];
+    }
+  }
+}
+}  // namespace
+
 void rope(CpuBackend& self, const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
-  if (is_bf16_call(x)) return rope_bf16(self, x, positions, out, p);  // half.cpp
-  require_f32(x, "rope", "x");
-  require_f32(out, "rope", "out");
+  const bool half_storage = is_bf16_call(x);  // bf16 x and out: the f32 kernel's bits on widened x, rounded once
+  half_storage ? require_bf16(out, "rope", "out") : (require_f32(x, "rope", "x"), require_f32(out, "rope", "out"));
   require_i32(positions, "rope", "positions");
   DEW_CHECK(x.ndim() == 4, "cpu rope: x must be [B, T, H, D], got ", shape_str(x.shape()));
   DEW_CHECK(out.shape() == x.shape(), "cpu rope: out ", shape_str(out.shape()), " differs from x ",
@@ -180,36 +210,19 @@ void rope(CpuBackend& self, const Tensor& x, const Tensor& positions, Tensor& ou
   std::shared_ptr<const RopeTable> table;
   if (!negative) table = self.rope_tables().get(p.theta, rd, max_pos);
   const float sign = p.inverse ? -1.0f : 1.0f;
-  const float* xs = x.data_as<float>();
-  float* o = out.data_as<float>();
   const int64_t rows = B * T;
-  for_rows(rows, parallel_worth(x.numel()), [&](int64_t r0, int64_t r1) {  // no region on one thread
-    std::vector<float> local(negative ? size_t(2 * half) : 0);
-    for (int64_t row = r0; row < r1; ++row) {
-      const int64_t pos = per_batch ? ps[row] : ps[row % T];
-      const float* cs;
-      if (table) {
-        cs = table->cs.data() + pos * 2 * half;
-      } else {
+  auto run = [&](auto* xs, auto* o) {
+    for_rows(rows, parallel_worth(x.numel()), [&](int64_t r0, int64_t r1) {  // no region on one thread
+      std::vector<float> local(negative ? size_t(2 * half) : 0);
+      rope_rows(xs, o, r0, r1, H, D, rd, sign, [&](int64_t row) -> const float* {
+        const int64_t pos = per_batch ? ps[row] : ps[row % T];
+        if (table) return table->cs.data() + pos * 2 * half;
         rope_angles_direct(double(p.theta), rd, pos, local.data());
-        cs = local.data();
-      }
-      const float* c = cs;
-      const float* sn = cs + half;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* xr = xs + (row * H + h) * D;
-        float* orow = o + (row * H + h) * D;
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          const float x1 = xr[i], x2 = xr[i + half];
-          const float s = sign * sn[i];
-          orow[i] = x1 * c[i] - x2 * s;
-          orow[i + half] = x2 * c[i] + x1 * s;
-        }
-        for (int64_t i = rd; i < D; ++i) orow[i] = xr[i];
-      }
-    }
-  });
+        return local.data();
+      });
+    });
+  };
+  half_storage ? run(x.data_as<uint16_t>(), out.data_as<uint16_t>()) : run(x.data_as<float>(), out.data_as<float>());
 }
 
 #endif  // DEW_CPU_ISA

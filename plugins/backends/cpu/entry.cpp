@@ -17,6 +17,11 @@ void require_f32(const Tensor& t, const char* kernel, const char* arg) {
   DEW_CHECK(t.dtype() == DType::f32, "cpu ", kernel, ": ", arg, " is ", dtype_name(t.dtype()),
             "; the cpu backend computes in f32 only (use the ref backend for f64)");
 }
+void require_bf16(const Tensor& t, const char* kernel, const char* arg) {
+  DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
+  DEW_CHECK(t.dtype() == DType::bf16, "cpu ", kernel, " (bf16): ", arg, " is ", dtype_name(t.dtype()),
+            "; a bf16 call takes every data tensor in bf16");
+}
 bool cpu_has_bf16_dot() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&

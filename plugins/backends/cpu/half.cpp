@@ -15,12 +15,16 @@
 //    f32 activations against a bf16 weight (weight-only decode storage, matmul.cpp), is never taken for it: the
 //    core would widen every bf16 weight to f32 on every call (per decode token, 4x the weight bytes streamed:
 //    bf16 decode ran at 0.19 of its bandwidth roofline on an AVX2 EPYC, slower than f32 decode).
-//  * the memory-bound kernels (unary, binary, gated activation, norms, softmax, rope, cross-entropy,
-//    attention): the f32 kernel of this backend on blocks of rows (a sample for attention and rope) widened
-//    into f32 scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the
-//    bf16 bytes; outputs are rounded once. Norm weight / bias gradients (sums over rows) add the blocks'
-//    f32 partials in f32 and round once at the end. Each block's result is the f32 kernel's result on
-//    those rows, so a bf16 kernel is exactly "widen, run the f32 kernel, round" (conformance bounds it).
+//  * unary (+ backward), the gated activation (+ backward), RMS norm (+ backward) and RoPE are not here: their
+//    kernels are written once over the storage type (bf16_bits.hpp) and read / write bf16 directly, computing
+//    what the f32 kernel computes on the widened inputs (tests/backends_cpu checks it bit for bit); at
+//    char-small's bf16-mixed step that took those five from 35 to 22 ms (docs/benchmarks.md, session 22).
+//  * the other memory-bound kernels (binary broadcasts, layer norm, softmax, cross-entropy, attention): the
+//    f32 kernel of this backend on blocks of rows (a sample for attention) widened into f32 scratch of at most
+//    ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the bf16 bytes; outputs are
+//    rounded once. Layer norm's weight / bias gradients (sums over rows) add the blocks' f32 partials in f32
+//    and round once at the end. Each block's result is the f32 kernel's result on those rows, so a bf16
+//    kernel is exactly "widen, run the f32 kernel, round" (conformance bounds it).
 #include "cpu_backend.hpp"
 #include "attention.hpp"
 
@@ -58,12 +62,6 @@ namespace {
 
 using dnnl::memory;
 using dims = memory::dims;
-
-void require_bf16(const Tensor& t, const char* kernel, const char* arg) {
-  DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
-  DEW_CHECK(t.dtype() == DType::bf16, "cpu ", kernel, " (bf16): ", arg, " is ", dtype_name(t.dtype()),
-            "; a bf16 call takes every data tensor in bf16");
-}
 
 }  // namespace
 
@@ -157,50 +155,6 @@ void accumulate(CpuBackend& be, Tensor& acc, const Tensor& part) { be.binary(acc
 
 bool is_bf16_call(const Tensor& t) { return bf(t); }
 
-void unary_bf16(CpuBackend& be, const Tensor& x, Tensor& out, const UnaryParams& p) {
-  require_all_bf16({&x, &out}, Kernel::unary);
-  DEW_CHECK(x.numel() == out.numel(), "cpu unary: x and out differ in size");
-  for_row_blocks(x.numel(), 1, [&](int64_t lo, int64_t hi) {
-    Tensor w = widen(be.isa(), elems(x, lo, hi));
-    be.unary(w, w, p);
-    narrow_into(be.isa(), w, elems(out, lo, hi));
-  });
-}
-
-void unary_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
-  require_all_bf16({&x, &dy, &dx}, Kernel::unary_backward);
-  DEW_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), "cpu unary_backward: x, dy and dx differ in size");
-  for_row_blocks(x.numel(), 1, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(be.isa(), elems(x, lo, hi)), wd = widen(be.isa(), elems(dy, lo, hi));
-    be.unary_backward(wx, wd, wd, p);
-    narrow_into(be.isa(), wd, elems(dx, lo, hi));
-  });
-}
-
-void gated_activation_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
-  require_all_bf16({&gate, &up, &out}, Kernel::gated_activation);
-  contracts::check_gated("cpu.gated_activation", gate, {{&up, "up"}, {&out, "out"}});
-  for_row_blocks(gate.numel(), 1, [&](int64_t lo, int64_t hi) {
-    Tensor wg = widen(be.isa(), elems(gate, lo, hi)), wu = widen(be.isa(), elems(up, lo, hi));
-    be.gated_activation(wg, wu, wg, act);
-    narrow_into(be.isa(), wg, elems(out, lo, hi));
-  });
-}
-
-void gated_activation_backward_bf16(CpuBackend& be, const Tensor& gate, const Tensor& up, const Tensor& dy,
-                                    Tensor& dgate, Tensor& dup, Activation act) {
-  require_all_bf16({&gate, &up, &dy, &dgate, &dup}, Kernel::gated_activation_backward);
-  contracts::check_gated("cpu.gated_activation_backward", gate,
-                         {{&up, "up"}, {&dy, "dy"}, {&dgate, "dgate"}, {&dup, "dup"}});
-  for_row_blocks(gate.numel(), 1, [&](int64_t lo, int64_t hi) {
-    Tensor wg = widen(be.isa(), elems(gate, lo, hi)), wu = widen(be.isa(), elems(up, lo, hi));
-    Tensor wd = widen(be.isa(), elems(dy, lo, hi));
-    be.gated_activation_backward(wg, wu, wd, wg, wu, act);  // in place: dgate over gate, dup over up
-    narrow_into(be.isa(), wg, elems(dgate, lo, hi));
-    narrow_into(be.isa(), wu, elems(dup, lo, hi));
-  });
-}
-
 void binary_bf16(CpuBackend& be, const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op) {
   require_all_bf16({&a, &b, &out}, Kernel::binary);
   if (binary_bf16_same_shape(be.isa(), a, b, out, op)) return;  // convert.cpp
@@ -287,46 +241,6 @@ void layer_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& wei
   });
   if (dweight.defined()) narrow_into(be.isa(), dw_sum, dweight);
   if (dbias.defined()) narrow_into(be.isa(), db_sum, dbias);
-}
-
-void rms_norm_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
-                   float weight_offset) {
-  require_all_bf16({&x, &weight, &y}, Kernel::rms_norm);
-  const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
-  const Tensor w = widen_opt(be.isa(), weight);
-  for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(be.isa(), rows(x, d, lo, hi)), o = scratch_like(wx);
-    Tensor r = rstd.slice0(lo, hi);
-    be.rms_norm(wx, w, o, r, eps, weight_offset);
-    narrow_into(be.isa(), o, rows(y, d, lo, hi));
-  });
-}
-
-void rms_norm_backward_bf16(CpuBackend& be, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                            Tensor& dx, Tensor& dweight, float weight_offset) {
-  require_all_bf16({&x, &weight, &dy, &dx, &dweight}, Kernel::rms_norm_backward);
-  const int64_t d = x.shape().back(), n = x.numel() / std::max<int64_t>(d, 1);
-  const Tensor w = widen_opt(be.isa(), weight);
-  Tensor dw_sum = dweight.defined() ? Tensor::zeros({d}, DType::f32, x.backend_ptr()) : Tensor();
-  for_row_blocks(n, d, [&](int64_t lo, int64_t hi) {
-    Tensor wx = widen(be.isa(), rows(x, d, lo, hi)), wd = widen(be.isa(), rows(dy, d, lo, hi)), o = scratch_like(wx);
-    Tensor dw = dweight.defined() ? scratch_like(dw_sum) : Tensor();
-    be.rms_norm_backward(wx, w, rstd.slice0(lo, hi), wd, o, dw, weight_offset);
-    narrow_into(be.isa(), o, rows(dx, d, lo, hi));
-    if (dw.defined()) accumulate(be, dw_sum, dw);
-  });
-  if (dweight.defined()) narrow_into(be.isa(), dw_sum, dweight);
-}
-
-void rope_bf16(CpuBackend& be, const Tensor& x, const Tensor& positions, Tensor& out, const RopeParams& p) {
-  require_all_bf16({&x, &out}, Kernel::rope);
-  DEW_CHECK(x.ndim() == 4 && out.numel() == x.numel(), "cpu rope: x ", shape_str(x.shape()), " is not [B, T, H, D]");
-  const bool per_batch = positions.ndim() == 2;
-  for (int64_t b = 0; b < x.shape()[0]; ++b) {
-    Tensor w = widen(be.isa(), x.slice0(b, b + 1)), o = scratch_like(w);
-    be.rope(w, per_batch ? positions.slice0(b, b + 1) : positions, o, p);
-    narrow_into(be.isa(), o, out.reshape(x.shape()).slice0(b, b + 1));
-  }
 }
 
 void cross_entropy_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,

@@ -13,6 +13,8 @@
 // * rms_norm (oneDNN 2.6 has none): one fused pass per row: sum of squares in double, then
 //   y = x * rstd * (w + offset). Backward per row: dx = rstd * (g*dy - x * rstd^2 * mean(g*dy*x)), with
 //   g = w + offset; dweight = sum over rows of dy * x * rstd, from per-thread partials summed in order.
+//   bf16 (x, weight, y / dy, dx, dweight; rstd f32): the same rows over bf16 storage (bf16_bits.hpp), so every
+//   output is the f32 kernel's on the widened values, rounded once.
 // * group_norm (oneDNN 2.6 has none): statistics per (n, group) over the contiguous C/groups * spatial
 //   block, in double; backward dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat)), gy = dy * w[c];
 //   dweight/dbias from per-(n, c) sums reduced over n in order (deterministic, no atomics).
@@ -40,7 +42,10 @@ DEW_CPU_ISA_KERNEL(group_norm_backward, (const Tensor& x, const Tensor& weight, 
 
 }  // namespace dew::cpu
 
-#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include here)
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but
+       // bf16_bits.hpp)
+
+#include "bf16_bits.hpp"  // ld / st: rms norm's rows of float or bf16 (uint16_t) storage, computed on in f32
 
 namespace {
 
@@ -346,101 +351,108 @@ void layer_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight
 
 // Rows [i0, i1) of rms_norm. One out-of-line body for the OpenMP team and the caller's thread alike (noinline:
 // the double reduction below is vectorised once, so the sum's lanes are the same whichever path runs it).
-[[gnu::noinline]] static void rms_norm_rows(const float* xs, const float* w, float* ys, float* rs, int64_t dim,
-                                            float eps, float off, int64_t i0, int64_t i1) {
+// T: x / y storage, float or bf16 bits (bf16_bits.hpp: the f32 arithmetic on widened values, y rounded once).
+template <class T>
+[[gnu::noinline]] static void rms_norm_rows(const T* xs, const float* w, T* ys, float* rs, int64_t dim, float eps,
+                                            float off, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
-    const float* xr = xs + i * dim;
-    float* yr = ys + i * dim;
+    const T* xr = xs + i * dim;
+    T* yr = ys + i * dim;
     double ss = 0.0;
 #pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * double(xr[j]);
+    for (int64_t j = 0; j < dim; ++j) ss += double(ld(xr[j])) * double(ld(xr[j]));
     const float r = float(1.0 / std::sqrt(ss / double(dim) + double(eps)));
     rs[i] = r;
     if (w) {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r * (w[j] + off);
+      for (int64_t j = 0; j < dim; ++j) st(yr + j, ld(xr[j]) * r * (w[j] + off));
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * r;
+      for (int64_t j = 0; j < dim; ++j) st(yr + j, ld(xr[j]) * r);
     }
   }
 }
 
-void rms_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
-                          float weight_offset) {
-  if (is_bf16_call(x)) return rms_norm_bf16(self, x, weight, y, rstd, eps, weight_offset);  // half.cpp
-  require_f32(x, "rms_norm", "x");
-  require_f32(y, "rms_norm", "y");
+// A bf16 call's [D] parameter widened once (empty when undefined); an f32 one is used in place.
+std::vector<float> widened_param(const Tensor& w, int64_t dim, const char* kernel) {
+  if (!w.defined()) return {};
+  require_bf16(w, kernel, "weight");
+  DEW_CHECK(w.numel() == dim, "cpu ", kernel, ": weight has ", w.numel(), " elements, expected ", dim);
+  std::vector<float> out(static_cast<size_t>(dim));
+  const uint16_t* p = w.data_as<uint16_t>();
+  for (int64_t j = 0; j < dim; ++j) out[size_t(j)] = ld(p[j]);
+  return out;
+}
+
+void rms_norm(CpuBackend&, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+              float weight_offset) {
+  const bool half = is_bf16_call(x);  // bf16 x, weight, y (rstd f32): the f32 kernel's bits on widened values
+  half ? require_bf16(y, "rms_norm", "y") : (require_f32(x, "rms_norm", "x"), require_f32(y, "rms_norm", "y"));
   require_f32(rstd, "rms_norm", "rstd");
   const int64_t dim = last_dim(x), rows = rows_of(x);
-  check_vec(weight, dim, "rms_norm", "weight");
+  const std::vector<float> wide = half ? widened_param(weight, dim, "rms_norm") : std::vector<float>();
+  if (!half) check_vec(weight, dim, "rms_norm", "weight");
   DEW_CHECK(y.numel() == x.numel() && rstd.numel() == rows, "cpu rms_norm: y/rstd sizes do not match x ",
             shape_str(x.shape()));
   if (rows == 0) return;
-  const float* xs = x.data_as<float>();
-  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
-  float* ys = y.data_as<float>();
+  const float* w = !weight.defined() ? nullptr : half ? wide.data() : weight.data_as<float>();
   float* rs = rstd.data_as<float>();
   const float off = weight_offset;
-  for_rows(rows, parallel_worth(x.numel()),
-           [=](int64_t i0, int64_t i1) { rms_norm_rows(xs, w, ys, rs, dim, eps, off, i0, i1); });
+  auto run = [&](auto* xs, auto* ys) {
+    for_rows(rows, parallel_worth(x.numel()),
+             [=](int64_t i0, int64_t i1) { rms_norm_rows(xs, w, ys, rs, dim, eps, off, i0, i1); });
+  };
+  half ? run(x.data_as<uint16_t>(), y.data_as<uint16_t>()) : run(x.data_as<float>(), y.data_as<float>());
 }
 
 // rms_norm_backward's rows [r0, r1), adding dweight's terms into pw (may be null) in double (pointers and
 // scalars by value: see for_blocks in cpu_backend.hpp).
-void rms_norm_backward_rows(const float* xs, const float* w, const float* g, const float* rs, float* o, double* pw,
-                            int64_t dim, float off, int64_t r0, int64_t r1) {
+// T: as rms_norm_rows.
+template <class T>
+void rms_norm_backward_rows(const T* xs, const float* w, const T* g, const float* rs, T* o, double* pw, int64_t dim,
+                            float off, int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; ++i) {
-    const float* xr = xs + i * dim;
-    const float* gr = g + i * dim;
-    float* dr = o + i * dim;
+    const T* xr = xs + i * dim;
+    const T* gr = g + i * dim;
+    T* dr = o + i * dim;
     const float r = rs[i];
     double dot = 0.0;  // sum_j (w_j + off) * dy_j * x_j
     if (w) {
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += double((w[j] + off) * gr[j]) * double(xr[j]);
+      for (int64_t j = 0; j < dim; ++j) dot += double((w[j] + off) * ld(gr[j])) * double(ld(xr[j]));
     } else {
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * double(xr[j]);
+      for (int64_t j = 0; j < dim; ++j) dot += double(ld(gr[j])) * double(ld(xr[j]));
     }
     const float c = float(dot / double(dim)) * r * r;
+    if (pw) {  // before dx: dx may overwrite dy in place
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) pw[j] += double(ld(gr[j]) * ld(xr[j]) * r);
+    }
     if (w) {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) dr[j] = r * ((w[j] + off) * gr[j] - xr[j] * c);
+      for (int64_t j = 0; j < dim; ++j) st(dr + j, r * ((w[j] + off) * ld(gr[j]) - ld(xr[j]) * c));
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) dr[j] = r * (gr[j] - xr[j] * c);
-    }
-    if (pw) {
-#pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) pw[j] += double(gr[j] * xr[j] * r);
+      for (int64_t j = 0; j < dim; ++j) st(dr + j, r * (ld(gr[j]) - ld(xr[j]) * c));
     }
   }
 }
 
-void rms_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                                   Tensor& dx, Tensor& dweight, float weight_offset) {
-  if (is_bf16_call(x)) return rms_norm_backward_bf16(self, x, weight, rstd, dy, dx, dweight, weight_offset);  // half.cpp
-  require_f32(x, "rms_norm_backward", "x");
-  require_f32(dy, "rms_norm_backward", "dy");
-  require_f32(dx, "rms_norm_backward", "dx");
-  require_f32(rstd, "rms_norm_backward", "rstd");
+namespace {
+template <class T>
+void rms_norm_backward_typed(const Tensor& x, const float* w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                             Tensor& dweight, float off) {
   const int64_t dim = last_dim(x), rows = rows_of(x);
-  check_vec(weight, dim, "rms_norm_backward", "weight");
-  check_vec(dweight, dim, "rms_norm_backward", "dweight");
-  DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && rstd.numel() == rows,
-            "cpu rms_norm_backward: dy/dx/rstd sizes do not match x ", shape_str(x.shape()));
-  const float* xs = x.data_as<float>();
-  const float* w = weight.defined() ? weight.data_as<float>() : nullptr;
-  const float* g = dy.data_as<float>();
+  const T* xs = x.data_as<T>();
+  const T* g = dy.data_as<T>();
   const float* rs = rstd.data_as<float>();
-  float* o = dx.data_as<float>();
-  const float off = weight_offset;
+  T* o = dx.data_as<T>();
   const bool want_dw = dweight.defined();
   const int nthreads = parallel_worth(x.numel()) ? omp_get_max_threads() : 1;
   std::vector<double> partial(want_dw ? size_t(nthreads) * size_t(dim) : 0, 0.0);
   if (nthreads == 1) {  // no OpenMP region on one thread (team_of_many in cpu_backend.hpp)
-    rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.data() : nullptr, dim, off, 0, rows);
+    rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.data() : nullptr, dim, off, int64_t(0), rows);
   } else {
 #pragma omp parallel num_threads(nthreads)
     {
@@ -450,13 +462,35 @@ void rms_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight, 
     }
   }
   if (want_dw) {
-    float* dw = dweight.data_as<float>();
+    T* dw = dweight.data_as<T>();
     for (int64_t j = 0; j < dim; ++j) {
       double s = 0.0;
       for (int t = 0; t < nthreads; ++t) s += partial[size_t(t) * size_t(dim) + size_t(j)];
-      dw[j] = float(s);
+      st(dw + j, float(s));
     }
   }
+}
+}  // namespace
+
+void rms_norm_backward(CpuBackend&, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                       Tensor& dx, Tensor& dweight, float weight_offset) {
+  const bool half = is_bf16_call(x);  // bf16 x, weight, dy, dx, dweight (rstd f32), as rms_norm
+  const char* k = "rms_norm_backward";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &dy, &dx})
+    half ? require_bf16(*t, k, "x / dy / dx") : require_f32(*t, k, "x / dy / dx");
+  require_f32(rstd, k, "rstd");
+  const int64_t dim = last_dim(x), rows = rows_of(x);
+  const std::vector<float> wide = half ? widened_param(weight, dim, k) : std::vector<float>();
+  if (!half) check_vec(weight, dim, k, "weight");
+  if (half && dweight.defined()) require_bf16(dweight, k, "dweight");
+  if (!half) check_vec(dweight, dim, k, "dweight");
+  DEW_CHECK(!dweight.defined() || dweight.numel() == dim, "cpu rms_norm_backward: dweight has ", dweight.numel(),
+            " elements, expected ", dim);
+  DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && rstd.numel() == rows,
+            "cpu rms_norm_backward: dy/dx/rstd sizes do not match x ", shape_str(x.shape()));
+  const float* w = !weight.defined() ? nullptr : half ? wide.data() : weight.data_as<float>();
+  half ? rms_norm_backward_typed<uint16_t>(x, w, rstd, dy, dx, dweight, weight_offset)
+       : rms_norm_backward_typed<float>(x, w, rstd, dy, dx, dweight, weight_offset);
 }
 
 // ---------------------------------------------------------------- group norm
