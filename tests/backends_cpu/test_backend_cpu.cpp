@@ -1238,7 +1238,8 @@ TEST_CASE("cpu: every hand-written family on each ISA path: avx512 == avx2 bit f
 }
 
 // The bf16 kernels written once over their storage type (bf16_bits.hpp: unary and its backward, the gated
-// activation and its backward, RMS norm and its backward, RoPE) compute in f32 on the widened inputs and round each
+// activation and its backward, RMS norm and its backward, the layer norm with [G, D] parameters and its backward,
+// RoPE) compute in f32 on the widened inputs and round each
 // output once: on every ISA path and at 1 and 2 threads, each equals this backend's own f32 kernel on the widened
 // inputs, rounded to bf16, bit for bit (NaN, infinities, denormals and ties included; the same ISA path and thread
 // count on both sides, so even the norms' lane sums match). A kernel that rounded an intermediate to bf16, read a
@@ -1347,6 +1348,35 @@ TEST_CASE("cpu: bf16 kernels over storage equal the f32 kernel on the widened in
             same_bits(dx16, dx32, "rms_norm_backward dx");
             if (with_w) same_bits(dw16, dw32, "rms_norm_backward dweight");
           }
+      }
+      {  // layer norm with [G, D] parameters (adaLN's modulation): 4 groups of 7 rows of 100; both parameters, one
+         // of them, in the backward with and without their gradients
+        const int64_t G = 4, per = 7, d = 100;
+        const Tensor xr = half(draws(G * per * d, 41, -3.0f, 3.0f, false), {G * per, d});
+        const Tensor gr = half(draws(G * per * d, 42, -1.0f, 1.0f, false), {G * per, d});
+        const Tensor w = half(draws(G * d, 43, 0.5f, 1.5f, false), {G, d}),
+                     b = half(draws(G * d, 44, -1, 1, false), {G, d});
+        for (const int which : {0, 1, 2}) {  // both, weight only, bias only
+          CAPTURE(which);
+          const Tensor w16 = which != 2 ? w : Tensor(), b16 = which != 1 ? b : Tensor();
+          const Tensor w32 = w16.defined() ? wide(w16) : Tensor(), b32 = b16.defined() ? wide(b16) : Tensor();
+          Tensor y16 = like16(xr), y32 = like32(xr);
+          Tensor m16 = Tensor::empty({G * per}, DType::f32, be), r16 = Tensor::empty({G * per}, DType::f32, be);
+          Tensor m32 = Tensor::empty({G * per}, DType::f32, be), r32 = Tensor::empty({G * per}, DType::f32, be);
+          be->layer_norm(xr, w16, b16, y16, m16, r16, 1e-6f);
+          be->layer_norm(wide(xr), w32, b32, y32, m32, r32, 1e-6f);
+          same_bits(y16, y32, "grouped layer_norm y");
+          CHECK(m16.to_floats() == m32.to_floats());
+          CHECK(r16.to_floats() == r32.to_floats());
+          Tensor dx16 = like16(xr), dx32 = like32(xr);
+          Tensor dw16 = which != 2 ? like16(w) : Tensor(), dw32 = which != 2 ? like32(w) : Tensor();
+          Tensor db16 = which != 1 ? like16(b) : Tensor(), db32 = which != 1 ? like32(b) : Tensor();
+          be->layer_norm_backward(xr, w16, m32, r32, gr, dx16, dw16, db16);
+          be->layer_norm_backward(wide(xr), w32, m32, r32, wide(gr), dx32, dw32, db32);
+          same_bits(dx16, dx32, "grouped layer_norm_backward dx");
+          if (which != 2) same_bits(dw16, dw32, "grouped layer_norm_backward dweight");
+          if (which != 1) same_bits(db16, db32, "grouped layer_norm_backward dbias");
+        }
       }
       {  // RoPE [B, T, H, D]: a partial rotary_dim (the rest copied), positions [T] and [B, T], forward and inverse
         const Shape s{3, 9, 2, 20};

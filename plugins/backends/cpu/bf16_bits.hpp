@@ -30,3 +30,13 @@
 [[gnu::always_inline]] inline float ld(uint16_t h) { return widen_bits(h); }
 [[gnu::always_inline]] inline void st(float* p, float v) { *p = v; }
 [[gnu::always_inline]] inline void st(uint16_t* p, float v) { *p = round_bits(v); }
+
+// A row as f32: an f32 row itself, a bf16 row widened into buf (n floats). For kernels whose reductions must run the
+// very loops of the f32 instantiation (a loop that loads bf16 may be vectorised with other lanes, i.e. another
+// summation order): the bf16 instantiation widens the row once (in L1) and reduces over the same f32 code.
+[[gnu::always_inline]] inline const float* f32_row(const float* p, int64_t, float*) { return p; }
+[[gnu::always_inline]] inline const float* f32_row(const uint16_t* p, int64_t n, float* buf) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) buf[i] = widen_bits(p[i]);
+  return buf;
+}

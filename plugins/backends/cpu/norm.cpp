@@ -9,7 +9,8 @@
 // * layer_norm with [G, D] weight / bias (kernel_table.hpp; adaLN's per-sample modulation, the DiT's 16
 //   groups of 64 rows of 256): hand-written in f32 (grouped_ln_f32 and its backward), one pass set per row;
 //   at that shape 1.6x (forward) and 2.2x (backward) faster than 16 oneDNN calls, which are per-call bound.
-//   bf16 runs one call per group through half.cpp.
+//   bf16: the same rows over bf16 storage (bf16_bits.hpp), parameters widened once, parameter gradients summed
+//   in f32 and rounded once: the f32 kernel's bits on the widened values (was one half.cpp call per group).
 // * rms_norm (oneDNN 2.6 has none): one fused pass per row: sum of squares in double, then
 //   y = x * rstd * (w + offset). Backward per row: dx = rstd * (g*dy - x * rstd^2 * mean(g*dy*x)), with
 //   g = w + offset; dweight = sum over rows of dy * x * rstd, from per-thread partials summed in order.
@@ -57,6 +58,18 @@ void check_vec(const Tensor& t, int64_t n, const char* kernel, const char* arg) 
   DEW_CHECK(t.numel() == n, "cpu ", kernel, ": ", arg, " has ", t.numel(), " elements, expected ", n);
 }
 
+// A bf16 call's parameter ([D], or [G, D] of n = G * D) widened once (empty when undefined); an f32 one is used in
+// place.
+std::vector<float> widened_param(const Tensor& w, int64_t n, const char* kernel) {
+  if (!w.defined()) return {};
+  require_bf16(w, kernel, "a parameter");
+  DEW_CHECK(w.numel() == n, "cpu ", kernel, ": a parameter has ", w.numel(), " elements, expected ", n);
+  std::vector<float> out(static_cast<size_t>(n));
+  const uint16_t* p = w.data_as<uint16_t>();
+  for (int64_t j = 0; j < n; ++j) out[size_t(j)] = ld(p[j]);
+  return out;
+}
+
 // ---------------------------------------------------------------- layer norm (oneDNN)
 
 struct LnEntry : BoundPrimitive {
@@ -85,25 +98,19 @@ void ln_mds(LnEntry& e, int64_t rows, int64_t dim) {
 
 }  // namespace
 
-// Row block [lo, hi) of t seen as [rows, dim], of a statistics tensor seen as [rows], and row g of a [G, dim]
-// parameter as [dim] (views).
-Tensor row_block(const Tensor& t, int64_t dim, int64_t lo, int64_t hi) {
-  return t.reshape({t.numel() / dim, dim}).slice0(lo, hi);
-}
-Tensor stat_block(const Tensor& t, int64_t lo, int64_t hi) { return t.reshape({t.numel()}).slice0(lo, hi); }
-Tensor param_row(const Tensor& t, int64_t dim, int64_t g) {
-  return t.defined() ? t.slice0(g, g + 1).reshape({dim}) : Tensor();
-}
-
-// Layer norm of f32 rows with [G, D] parameters (w, b may be null: 1 and 0): row r uses parameter row
+// Layer norm of rows with [G, D] parameters (w, b may be null: 1 and 0): row r uses parameter row
 // r / per. Per row in f32: the mean, then the variance of x - mean (two passes over the row in cache), then
-// y = (x - mean) * rstd * w + b. Rows are independent: split over the threads.
+// y = (x - mean) * rstd * w + b. Rows are independent: split over the threads. T: x / y storage, float or bf16
+// bits (bf16_bits.hpp; a bf16 row is widened first, so the sums run the f32 loops: the same bits; the parameters
+// are f32 here: a bf16 call's are widened once by the caller).
 // Rows [r0, r1) (pointers and scalars by value: see for_blocks in cpu_backend.hpp).
-void grouped_ln_rows(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t dim,
+template <class T>
+void grouped_ln_rows(const T* x, const float* w, const float* b, T* y, float* mean, float* rstd, int64_t dim,
                      int64_t per, float eps, int64_t r0, int64_t r1) {
+  std::vector<float> buf(sizeof(T) == sizeof(float) ? 0 : size_t(dim));  // a bf16 row widened (f32_row)
   for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
+    const float* xr = f32_row(x + r * dim, dim, buf.data());
+    T* yr = y + r * dim;
     const int64_t p0 = (r / per) * dim;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -115,17 +122,18 @@ void grouped_ln_rows(const float* x, const float* w, const float* b, float* y, f
     const float rs = 1.0f / std::sqrt(v / float(dim) + eps);
     if (w && b) {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - mu) * rs * w[p0 + j] + b[p0 + j];
+      for (int64_t j = 0; j < dim; ++j) st(yr + j, (xr[j] - mu) * rs * w[p0 + j] + b[p0 + j]);
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - mu) * rs * (w ? w[p0 + j] : 1.0f) + (b ? b[p0 + j] : 0.0f);
+      for (int64_t j = 0; j < dim; ++j) st(yr + j, (xr[j] - mu) * rs * (w ? w[p0 + j] : 1.0f) + (b ? b[p0 + j] : 0.0f));
     }
     mean[r] = mu;
     rstd[r] = rs;
   }
 }
-void grouped_ln_f32(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
-                    int64_t dim, int64_t per, float eps) {
+template <class T>
+void grouped_ln(const T* x, const float* w, const float* b, T* y, float* mean, float* rstd, int64_t rows, int64_t dim,
+                int64_t per, float eps) {
   for_rows(rows, parallel_worth(rows * dim),
            [=](int64_t r0, int64_t r1) { grouped_ln_rows(x, w, b, y, mean, rstd, dim, per, eps, r0, r1); });
 }
@@ -133,10 +141,13 @@ void grouped_ln_f32(const float* x, const float* w, const float* b, float* y, fl
 // Its backward (w, dw, db may be null): per row, with xhat = (x - mean) * rstd and g = dy * w,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dw[group] += dy * xhat and db[group] += dy row by row
 // in order, in f32 (a group is one sample's rows: 64 in the DiT). Groups are independent and split over the
-// threads, so the bits do not depend on the thread count.
+// threads, so the bits do not depend on the thread count. T: x / dy / dx storage (dw, db f32, as grouped_ln_rows;
+// bf16 rows widened into f32 first, so every sum runs the f32 instantiation's loop: the same bits).
 // Groups [g0, g1).
-void grouped_ln_backward_groups(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
-                                float* dx, float* dw, float* db, int64_t dim, int64_t per, int64_t g0, int64_t g1) {
+template <class T>
+void grouped_ln_backward_groups(const T* x, const float* w, const float* mean, const float* rstd, const T* dy, T* dx,
+                                float* dw, float* db, int64_t dim, int64_t per, int64_t g0, int64_t g1) {
+  std::vector<float> buf(sizeof(T) == sizeof(float) ? 0 : size_t(2 * dim));  // bf16 x and dy rows widened
   for (int64_t gi = g0; gi < g1; ++gi) {
     const float* wg = w ? w + gi * dim : nullptr;
     float* dwg = dw ? dw + gi * dim : nullptr;
@@ -144,9 +155,9 @@ void grouped_ln_backward_groups(const float* x, const float* w, const float* mea
     if (dwg) std::fill(dwg, dwg + dim, 0.0f);
     if (dbg) std::fill(dbg, dbg + dim, 0.0f);
     for (int64_t r = gi * per; r < (gi + 1) * per; ++r) {
-      const float* xr = x + r * dim;
-      const float* gr = dy + r * dim;
-      float* dxr = dx + r * dim;
+      const float* xr = f32_row(x + r * dim, dim, buf.data());
+      const float* gr = f32_row(dy + r * dim, dim, buf.data() + dim);
+      T* dxr = dx + r * dim;
       const float mu = mean[r], rs = rstd[r];
       float sg = 0.0f, sgx = 0.0f;
       if (wg && dwg && dbg) {  // the modulated norm's case: the sums and both gradients in one pass
@@ -178,13 +189,14 @@ void grouped_ln_backward_groups(const float* x, const float* w, const float* mea
 #pragma omp simd
       for (int64_t j = 0; j < dim; ++j) {
         const float xh = (xr[j] - mu) * rs, g = wg ? gr[j] * wg[j] : gr[j];
-        dxr[j] = rs * (g - mg - xh * mgx);
+        st(dxr + j, rs * (g - mg - xh * mgx));
       }
     }
   }
 }
-void grouped_ln_backward_f32(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
-                             float* dx, float* dw, float* db, int64_t groups, int64_t dim, int64_t per) {
+template <class T>
+void grouped_ln_backward(const T* x, const float* w, const float* mean, const float* rstd, const T* dy, T* dx,
+                         float* dw, float* db, int64_t groups, int64_t dim, int64_t per) {
   for_rows(groups, parallel_worth(groups * per * dim) && groups > 1, [=](int64_t g0, int64_t g1) {
     grouped_ln_backward_groups(x, w, mean, rstd, dy, dx, dw, db, dim, per, g0, g1);
   });
@@ -201,17 +213,22 @@ void layer_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, const T
       DEW_CHECK(y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
                 "cpu layer_norm: y/mean/rstd sizes do not match x ", shape_str(x.shape()));
       if (rows == 0) return;
-      return grouped_ln_f32(x.data_as<float>(), weight.defined() ? weight.data_as<float>() : nullptr,
-                            bias.defined() ? bias.data_as<float>() : nullptr, y.data_as<float>(), mean.data_as<float>(),
-                            rstd.data_as<float>(), rows, dim, per, eps);
+      return grouped_ln(x.data_as<float>(), weight.defined() ? weight.data_as<float>() : nullptr,
+                        bias.defined() ? bias.data_as<float>() : nullptr, y.data_as<float>(), mean.data_as<float>(),
+                        rstd.data_as<float>(), rows, dim, per, eps);
     }
-    for (int64_t g = 0; g < groups; ++g) {  // bf16: one call per group (half.cpp widens each)
-      Tensor yg = row_block(y, dim, g * per, (g + 1) * per), mg = stat_block(mean, g * per, (g + 1) * per),
-             rg = stat_block(rstd, g * per, (g + 1) * per);
-      self.layer_norm(row_block(x, dim, g * per, (g + 1) * per), param_row(weight, dim, g), param_row(bias, dim, g), yg,
-                      mg, rg, eps);
-    }
-    return;
+    // bf16 x, parameters, y (statistics f32): the same rows over bf16 storage, the parameters widened once
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&weight, &bias, &y})
+      if (t->defined()) require_bf16(*t, "layer_norm", "weight / bias / y");
+    require_f32(mean, "layer_norm", "mean");
+    require_f32(rstd, "layer_norm", "rstd");
+    DEW_CHECK(y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
+              "cpu layer_norm: y/mean/rstd sizes do not match x ", shape_str(x.shape()));
+    if (rows == 0) return;
+    const std::vector<float> w = widened_param(weight, groups * dim, "layer_norm"),
+                             b = widened_param(bias, groups * dim, "layer_norm");
+    return grouped_ln(x.data_as<uint16_t>(), w.empty() ? nullptr : w.data(), b.empty() ? nullptr : b.data(),
+                      y.data_as<uint16_t>(), mean.data_as<float>(), rstd.data_as<float>(), rows, dim, per, eps);
   }
   if (is_bf16_call(x)) return layer_norm_bf16(self, x, weight, bias, y, mean, rstd, eps);  // half.cpp
   require_f32(x, "layer_norm", "x");
@@ -265,17 +282,28 @@ void layer_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight
         if (t->defined()) require_f32(*t, "layer_norm_backward", "an argument");
       DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
                 "cpu layer_norm_backward: dy/dx/mean/rstd sizes do not match x ", shape_str(x.shape()));
-      return grouped_ln_backward_f32(x.data_as<float>(), weight.defined() ? weight.data_as<float>() : nullptr,
-                                     mean.data_as<float>(), rstd.data_as<float>(), dy.data_as<float>(),
-                                     dx.data_as<float>(), dweight.defined() ? dweight.data_as<float>() : nullptr,
-                                     dbias.defined() ? dbias.data_as<float>() : nullptr, groups, dim, per);
+      return grouped_ln_backward(x.data_as<float>(), weight.defined() ? weight.data_as<float>() : nullptr,
+                                 mean.data_as<float>(), rstd.data_as<float>(), dy.data_as<float>(), dx.data_as<float>(),
+                                 dweight.defined() ? dweight.data_as<float>() : nullptr,
+                                 dbias.defined() ? dbias.data_as<float>() : nullptr, groups, dim, per);
     }
-    for (int64_t g = 0; g < groups; ++g) {  // bf16: one call per group (half.cpp widens each)
-      const int64_t lo = g * per, hi = (g + 1) * per;
-      Tensor dxg = row_block(dx, dim, lo, hi), dwg = param_row(dweight, dim, g), dbg = param_row(dbias, dim, g);
-      self.layer_norm_backward(row_block(x, dim, lo, hi), param_row(weight, dim, g), stat_block(mean, lo, hi),
-                               stat_block(rstd, lo, hi), row_block(dy, dim, lo, hi), dxg, dwg, dbg);
-    }
+    // bf16 (statistics f32): as the forward; the parameter gradients summed in f32 scratch, rounded once
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&weight, &dy, &dx, &dweight, &dbias})
+      if (t->defined()) require_bf16(*t, "layer_norm_backward", "weight / dy / dx / dweight / dbias");
+    require_f32(mean, "layer_norm_backward", "mean");
+    require_f32(rstd, "layer_norm_backward", "rstd");
+    DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
+              "cpu layer_norm_backward: dy/dx/mean/rstd sizes do not match x ", shape_str(x.shape()));
+    const std::vector<float> w = widened_param(weight, groups * dim, "layer_norm_backward");
+    std::vector<float> dw(dweight.defined() ? size_t(groups * dim) : 0), db(dbias.defined() ? size_t(groups * dim) : 0);
+    grouped_ln_backward(x.data_as<uint16_t>(), w.empty() ? nullptr : w.data(), mean.data_as<float>(),
+                        rstd.data_as<float>(), dy.data_as<uint16_t>(), dx.data_as<uint16_t>(),
+                        dw.empty() ? nullptr : dw.data(), db.empty() ? nullptr : db.data(), groups, dim, per);
+    for (auto [acc, out] : {std::pair{&dw, &dweight}, std::pair{&db, &dbias}})
+      if (out->defined()) {
+        uint16_t* o = out->data_as<uint16_t>();
+        for (size_t j = 0; j < acc->size(); ++j) st(o + j, (*acc)[j]);
+      }
     return;
   }
   if (is_bf16_call(x)) return layer_norm_backward_bf16(self, x, weight, mean, rstd, dy, dx, dweight, dbias);  // half.cpp
@@ -351,37 +379,28 @@ void layer_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight
 
 // Rows [i0, i1) of rms_norm. One out-of-line body for the OpenMP team and the caller's thread alike (noinline:
 // the double reduction below is vectorised once, so the sum's lanes are the same whichever path runs it).
-// T: x / y storage, float or bf16 bits (bf16_bits.hpp: the f32 arithmetic on widened values, y rounded once).
+// T: x / y storage, float or bf16 bits (bf16_bits.hpp: a bf16 row is widened first, so the double sum runs the f32
+// loop and every output is the f32 kernel's value rounded once).
 template <class T>
 [[gnu::noinline]] static void rms_norm_rows(const T* xs, const float* w, T* ys, float* rs, int64_t dim, float eps,
                                             float off, int64_t i0, int64_t i1) {
+  std::vector<float> buf(sizeof(T) == sizeof(float) ? 0 : size_t(dim));  // a bf16 row widened (f32_row)
   for (int64_t i = i0; i < i1; ++i) {
-    const T* xr = xs + i * dim;
+    const float* xr = f32_row(xs + i * dim, dim, buf.data());
     T* yr = ys + i * dim;
     double ss = 0.0;
 #pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < dim; ++j) ss += double(ld(xr[j])) * double(ld(xr[j]));
+    for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * double(xr[j]);
     const float r = float(1.0 / std::sqrt(ss / double(dim) + double(eps)));
     rs[i] = r;
     if (w) {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) st(yr + j, ld(xr[j]) * r * (w[j] + off));
+      for (int64_t j = 0; j < dim; ++j) st(yr + j, xr[j] * r * (w[j] + off));
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) st(yr + j, ld(xr[j]) * r);
+      for (int64_t j = 0; j < dim; ++j) st(yr + j, xr[j] * r);
     }
   }
-}
-
-// A bf16 call's [D] parameter widened once (empty when undefined); an f32 one is used in place.
-std::vector<float> widened_param(const Tensor& w, int64_t dim, const char* kernel) {
-  if (!w.defined()) return {};
-  require_bf16(w, kernel, "weight");
-  DEW_CHECK(w.numel() == dim, "cpu ", kernel, ": weight has ", w.numel(), " elements, expected ", dim);
-  std::vector<float> out(static_cast<size_t>(dim));
-  const uint16_t* p = w.data_as<uint16_t>();
-  for (int64_t j = 0; j < dim; ++j) out[size_t(j)] = ld(p[j]);
-  return out;
 }
 
 void rms_norm(CpuBackend&, const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
@@ -411,30 +430,31 @@ void rms_norm(CpuBackend&, const Tensor& x, const Tensor& weight, Tensor& y, Ten
 template <class T>
 void rms_norm_backward_rows(const T* xs, const float* w, const T* g, const float* rs, T* o, double* pw, int64_t dim,
                             float off, int64_t r0, int64_t r1) {
+  std::vector<float> buf(sizeof(T) == sizeof(float) ? 0 : size_t(2 * dim));  // bf16 x and dy rows widened
   for (int64_t i = r0; i < r1; ++i) {
-    const T* xr = xs + i * dim;
-    const T* gr = g + i * dim;
+    const float* xr = f32_row(xs + i * dim, dim, buf.data());
+    const float* gr = f32_row(g + i * dim, dim, buf.data() + dim);
     T* dr = o + i * dim;
     const float r = rs[i];
     double dot = 0.0;  // sum_j (w_j + off) * dy_j * x_j
     if (w) {
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += double((w[j] + off) * ld(gr[j])) * double(ld(xr[j]));
+      for (int64_t j = 0; j < dim; ++j) dot += double((w[j] + off) * gr[j]) * double(xr[j]);
     } else {
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += double(ld(gr[j])) * double(ld(xr[j]));
+      for (int64_t j = 0; j < dim; ++j) dot += double(gr[j]) * double(xr[j]);
     }
     const float c = float(dot / double(dim)) * r * r;
     if (pw) {  // before dx: dx may overwrite dy in place
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) pw[j] += double(ld(gr[j]) * ld(xr[j]) * r);
+      for (int64_t j = 0; j < dim; ++j) pw[j] += double(gr[j] * xr[j] * r);
     }
     if (w) {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) st(dr + j, r * ((w[j] + off) * ld(gr[j]) - ld(xr[j]) * c));
+      for (int64_t j = 0; j < dim; ++j) st(dr + j, r * ((w[j] + off) * gr[j] - xr[j] * c));
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) st(dr + j, r * (ld(gr[j]) - ld(xr[j]) * c));
+      for (int64_t j = 0; j < dim; ++j) st(dr + j, r * (gr[j] - xr[j] * c));
     }
   }
 }
