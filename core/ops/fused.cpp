@@ -62,8 +62,8 @@ Tensor gated_residual(const Tensor& x, const Tensor& f, const Tensor& gate) {
             dtype_name(f.dtype()), " and ", dtype_name(gate.dtype()));
   detail::check_same_backend(x, f, "gated_residual");
   detail::check_same_backend(x, gate, "gated_residual");
-  // A backend without the kernel in this dtype (cpu's bf16: its native bf16 mul and add beat the core's conversion
-  // around the f32 kernel) gets the composition the kernel fuses.
+  // A backend without the kernel in this dtype gets the composition the kernel fuses (its own mul and add, or the
+  // core's conversion around them).
   if (!x.backend().supports(Kernel::gated_residual, x.dtype()).ok ||
       !x.backend().supports(Kernel::gated_residual_backward, x.dtype()).ok)
     return add(x, mul(f, reshape(gate, {b, 1, d})));

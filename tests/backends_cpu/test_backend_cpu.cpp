@@ -1239,7 +1239,7 @@ TEST_CASE("cpu: every hand-written family on each ISA path: avx512 == avx2 bit f
 
 // The bf16 kernels written once over their storage type (bf16_bits.hpp: unary and its backward, the gated
 // activation and its backward, RMS norm and its backward, the layer norm with [G, D] parameters and its backward,
-// RoPE) compute in f32 on the widened inputs and round each
+// RoPE, reduce, the gated residual and its backward) compute in f32 on the widened inputs and round each
 // output once: on every ISA path and at 1 and 2 threads, each equals this backend's own f32 kernel on the widened
 // inputs, rounded to bf16, bit for bit (NaN, infinities, denormals and ties included; the same ISA path and thread
 // count on both sides, so even the norms' lane sums match). A kernel that rounded an intermediate to bf16, read a
@@ -1377,6 +1377,47 @@ TEST_CASE("cpu: bf16 kernels over storage equal the f32 kernel on the widened in
           if (which != 2) same_bits(dw16, dw32, "grouped layer_norm_backward dweight");
           if (which != 1) same_bits(db16, db32, "grouped layer_norm_backward dbias");
         }
+      }
+      {  // reduce: column sums of one outer row (a bias gradient: the row split at 2 threads), of 3 outer rows, max,
+         // mean, sumsq, and row reductions (inner == 1: through f32 copies)
+        const Tensor xr = half(draws(3 * 700 * 130, 51, -3.0f, 3.0f, true), {3 * 700 * 130});
+        struct Form {
+          int64_t outer, red, inner;
+          ReduceOp op;
+        };
+        for (const Form f :
+             {Form{1, 2100, 130, ReduceOp::sum}, Form{3, 700, 130, ReduceOp::sum}, Form{3, 700, 130, ReduceOp::max},
+              Form{1, 2100, 130, ReduceOp::mean}, Form{1, 2100, 130, ReduceOp::sumsq},
+              Form{2100, 130, 1, ReduceOp::sum}, Form{130, 2100, 1, ReduceOp::min}}) {
+          CAPTURE(f.outer);
+          CAPTURE(f.inner);
+          CAPTURE(int(f.op));
+          ReduceParams p;
+          p.outer = f.outer;
+          p.reduce = f.red;
+          p.inner = f.inner;
+          p.op = f.op;
+          Tensor o16 = Tensor::empty({f.outer * f.inner}, DType::bf16, be), o32 = like32(o16);
+          be->reduce(xr, o16, p);
+          be->reduce(wide(xr), o32, p);
+          same_bits(o16, o32, "reduce");
+        }
+      }
+      {  // the gated residual y = x + gate[g] * f, 5 groups of 6 rows of 130, and its backward
+        const int64_t G = 5, per = 6, d = 130;
+        const Tensor xr = half(draws(G * per * d, 61, -3.0f, 3.0f, true), {G, per, d});
+        const Tensor fr = half(draws(G * per * d, 62, -3.0f, 3.0f, false), {G, per, d});
+        const Tensor gr = half(draws(G * per * d, 63, -1.0f, 1.0f, false), {G, per, d});
+        const Tensor gate = half(draws(G * d, 64, -2.0f, 2.0f, false), {G, d});
+        Tensor y16 = like16(xr), y32 = like32(xr);
+        be->gated_residual(xr, fr, gate, y16);
+        be->gated_residual(wide(xr), wide(fr), wide(gate), y32);
+        same_bits(y16, y32, "gated_residual");
+        Tensor df16 = like16(fr), df32 = like32(fr), dg16 = like16(gate), dg32 = like32(gate);
+        be->gated_residual_backward(fr, gate, gr, df16, dg16);
+        be->gated_residual_backward(wide(fr), wide(gate), wide(gr), df32, dg32);
+        same_bits(df16, df32, "gated_residual_backward df");
+        same_bits(dg16, dg32, "gated_residual_backward dgate");
       }
       {  // RoPE [B, T, H, D]: a partial rotary_dim (the rest copied), positions [T] and [B, T], forward and inverse
         const Shape s{3, 9, 2, 20};

@@ -707,44 +707,50 @@ inline Acc start(const float* x, ReduceOp op) {
 }
 
 // sp[j] += x[r, j0 + j] (squared when `sq`) for rows r in [r0, r1) in order, j < w, in double; rows are
-// `inner` floats apart. The one accumulation of the column sums (reduce_columns, reduce_row_split).
-void add_rows(const float* x, int64_t r0, int64_t r1, int64_t inner, int64_t j0, int64_t w, bool sq, double* sp) {
+// `inner` elements apart. The one accumulation of the column sums (reduce_columns, reduce_row_split). T: float or
+// bf16 bits (widened exactly; each column is summed row by row, so the lanes do not change its order: a bf16 x
+// sums to the bits of its widening).
+template <class T>
+void add_rows(const T* x, int64_t r0, int64_t r1, int64_t inner, int64_t j0, int64_t w, bool sq, double* sp) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* row = x + r * inner + j0;
+    const T* row = x + r * inner + j0;
     if (sq) {
 #pragma omp simd
-      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]) * double(row[j]);
+      for (int64_t j = 0; j < w; ++j) sp[j] += double(ld(row[j])) * double(ld(row[j]));
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < w; ++j) sp[j] += double(row[j]);
+      for (int64_t j = 0; j < w; ++j) sp[j] += double(ld(row[j]));
     }
   }
 }
 
-// A block of columns [j0, j1) over all reduce rows, vectorised across columns (inner > 1).
-void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, int64_t j0, int64_t j1, ReduceOp op) {
+// A block of columns [j0, j1) over all reduce rows, vectorised across columns (inner > 1). T: as add_rows (out
+// rounded once).
+template <class T>
+void reduce_columns(const T* x, T* out, int64_t reduce, int64_t inner, int64_t j0, int64_t j1, ReduceOp op) {
   const int64_t w = j1 - j0;
   if (op == ReduceOp::max || op == ReduceOp::min) {
-    std::vector<float> m(x + j0, x + j1);
+    std::vector<float> m(static_cast<size_t>(w));
+    for (int64_t j = 0; j < w; ++j) m[size_t(j)] = ld(x[j0 + j]);
     std::vector<char> nan(size_t(w), 0);
     const bool mx = op == ReduceOp::max;
     for (int64_t r = 0; r < reduce; ++r) {
-      const float* row = x + r * inner + j0;
+      const T* row = x + r * inner + j0;
 #pragma omp simd
       for (int64_t j = 0; j < w; ++j) {
-        const float v = row[j];
+        const float v = ld(row[j]);
         nan[size_t(j)] |= char(v != v);
         m[size_t(j)] = mx ? (v > m[size_t(j)] ? v : m[size_t(j)]) : (v < m[size_t(j)] ? v : m[size_t(j)]);
       }
     }
-    for (int64_t j = 0; j < w; ++j) out[j0 + j] = nan[size_t(j)] ? NAN : m[size_t(j)];
+    for (int64_t j = 0; j < w; ++j) st(out + j0 + j, nan[size_t(j)] ? NAN : m[size_t(j)]);
     return;
   }
   std::vector<double> s(size_t(w), 0.0);
   double* sp = s.data();
   add_rows(x, 0, reduce, inner, j0, w, op == ReduceOp::sumsq, sp);
   const double scale = op == ReduceOp::mean ? 1.0 / double(reduce) : 1.0;
-  for (int64_t j = 0; j < w; ++j) out[j0 + j] = float(op == ReduceOp::mean ? sp[j] * scale : sp[j]);
+  for (int64_t j = 0; j < w; ++j) st(out + j0 + j, float(op == ReduceOp::mean ? sp[j] * scale : sp[j]));
 }
 
 // One sum over the rows of [red, inner] (a bias gradient) on `nthreads` threads: each thread sums its own
@@ -755,7 +761,8 @@ void reduce_columns(const float* x, float* out, int64_t reduce, int64_t inner, i
 // the DiT's 60 bias gradients per step took 4.4-7.1 ms at 2 threads that way against 4.5 at 1, and 2.1-3.6
 // split by rows (`dew-bench train --config dit --threads 2 --profile`, alternated).
 constexpr int64_t kRowSplitMaxInner = int64_t(1) << 16;  // partials: nthreads x inner doubles
-void reduce_row_split(const float* x, float* out, int64_t red, int64_t inner, ReduceOp op, int nthreads) {
+template <class T>
+void reduce_row_split(const T* x, T* out, int64_t red, int64_t inner, ReduceOp op, int nthreads) {
   std::vector<double> part(size_t(nthreads) * size_t(inner), 0.0);
   const bool sq = op == ReduceOp::sumsq;
 #pragma omp parallel num_threads(nthreads)
@@ -767,19 +774,61 @@ void reduce_row_split(const float* x, float* out, int64_t red, int64_t inner, Re
   for (int64_t j = 0; j < inner; ++j) {
     double s = part[size_t(j)];
     for (int t = 1; t < nthreads; ++t) s += part[size_t(t) * size_t(inner) + size_t(j)];
-    out[j] = float(op == ReduceOp::mean ? s * scale : s);
+    st(out + j, float(op == ReduceOp::mean ? s * scale : s));
   }
+}
+
+// Column reductions (inner > 1, red > 0) of float or bf16 storage: reduce_row_split for one outer row on several
+// threads (sums), else blocks of columns. Every column is summed row by row in order, so a bf16 x gives the bits
+// of its widening (then rounded once).
+template <class T>
+void reduce_inner(const T* xs, T* o, int64_t outer, int64_t red, int64_t inner, ReduceOp op) {
+  const int nthreads = omp_get_max_threads();
+  const bool par = parallel_worth(outer * red * inner);
+  // one outer row (a bias gradient) on several threads: split the rows (reduce_row_split).
+  if (par && outer == 1 && op != ReduceOp::max && op != ReduceOp::min && red >= 4 * nthreads &&
+      inner <= kRowSplitMaxInner)
+    return reduce_row_split(xs, o, red, inner, op, nthreads);
+  // otherwise: columns are contiguous; tile them in blocks and parallelise over (outer, block). Blocks are
+  // as wide as the threads allow (up to 8192 columns of double accumulators): a narrow column strip walks the rows
+  // with a page-sized stride, whole rows stream sequentially (the bias gradient of a [1024, 1024] activation: 0.34 ->
+  // 0.22 ms cold). At least 64 columns (256-byte pieces of each row): the bias gradients of d = 256 layers then split
+  // over 2 threads too (with a 256-column minimum they ran on one, 3.2 ms per DiT step at 2 threads against 2.7 at
+  // 1). Every column is still summed row by row in order: the blocking changes no result.
+  const int64_t want = par ? std::max<int64_t>(1, (nthreads + outer - 1) / outer) : 1;  // blocks per outer row
+  const int64_t kBlock = std::clamp<int64_t>(((inner + want - 1) / want + 15) / 16 * 16, 64, 8192);
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  for_rows(outer * blocks, par, [=](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t oi = t / blocks, bi = t % blocks;
+      const int64_t j0 = bi * kBlock, j1 = std::min(inner, j0 + kBlock);
+      reduce_columns(xs + oi * red * inner, o + oi * inner, red, inner, j0, j1, op);
+    }
+  });
 }
 
 }  // namespace
 
 void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& p) {
-  require_f32(x, "reduce", "x");
-  require_f32(out, "reduce", "out");
   const int64_t outer = p.outer, red = p.reduce, inner = p.inner;
   DEW_CHECK(outer >= 0 && red >= 0 && inner >= 0 && outer * red * inner == x.numel() && outer * inner == out.numel(),
             "cpu reduce: [", outer, ", ", red, ", ", inner, "] does not match x ", shape_str(x.shape()), " and out ",
             shape_str(out.shape()));
+  if (is_bf16_call(x)) {
+    require_bf16(out, "reduce", "out");
+    if (out.numel() == 0) return;
+    // Column reductions (bias gradients) over bf16 storage; row reductions (inner == 1, lane-ordered sums) and an
+    // empty axis through f32 copies (widen, the f32 kernel, round once): the f32 kernel's bits either way.
+    if (inner > 1 && red > 0)
+      return reduce_inner(x.data_as<uint16_t>(), out.data_as<uint16_t>(), outer, red, inner, p.op);
+    Tensor wx = Tensor::empty(x.shape(), DType::f32, x.backend_ptr()),
+           wo = Tensor::empty(out.shape(), DType::f32, out.backend_ptr());
+    self.cast(x, wx);
+    reduce(self, wx, wo, p);
+    return self.cast(wo, out);
+  }
+  require_f32(x, "reduce", "x");
+  require_f32(out, "reduce", "out");
   if (out.numel() == 0) return;
   const float* xs = x.data_as<float>();
   float* o = out.data_as<float>();
@@ -825,26 +874,7 @@ void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& 
     });
     return;
   }
-  // inner > 1 and one outer row (a bias gradient) on several threads: split the rows (reduce_row_split).
-  if (par && outer == 1 && op != ReduceOp::max && op != ReduceOp::min && red >= 4 * nthreads &&
-      inner <= kRowSplitMaxInner)
-    return reduce_row_split(xs, o, red, inner, op, nthreads);
-  // inner > 1 otherwise: columns are contiguous; tile them in blocks and parallelise over (outer, block). Blocks are
-  // as wide as the threads allow (up to 8192 columns of double accumulators): a narrow column strip walks the rows
-  // with a page-sized stride, whole rows stream sequentially (the bias gradient of a [1024, 1024] activation: 0.34 ->
-  // 0.22 ms cold). At least 64 columns (256-byte pieces of each row): the bias gradients of d = 256 layers then split
-  // over 2 threads too (with a 256-column minimum they ran on one, 3.2 ms per DiT step at 2 threads against 2.7 at
-  // 1). Every column is still summed row by row in order: the blocking changes no result.
-  const int64_t want = par ? std::max<int64_t>(1, (nthreads + outer - 1) / outer) : 1;  // blocks per outer row
-  const int64_t kBlock = std::clamp<int64_t>(((inner + want - 1) / want + 15) / 16 * 16, 64, 8192);
-  const int64_t blocks = (inner + kBlock - 1) / kBlock;
-  for_rows(outer * blocks, par, [=](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t oi = t / blocks, bi = t % blocks;
-      const int64_t j0 = bi * kBlock, j1 = std::min(inner, j0 + kBlock);
-      reduce_columns(xs + oi * red * inner, o + oi * inner, red, inner, j0, j1, op);
-    }
-  });
+  reduce_inner(xs, o, outer, red, inner, op);  // inner > 1
 }
 
 // ---------------------------------------------------------------- unary_backward_sum

@@ -51,6 +51,9 @@ Support bf16_support(Kernel k) {
     case Kernel::attention_backward:
     case Kernel::cross_entropy:
     case Kernel::cross_entropy_backward:
+    case Kernel::reduce:
+    case Kernel::gated_residual:
+    case Kernel::gated_residual_backward:
       return Support::yes();
     default:
       return Support::no(std::string("cpu has no bf16 ") + kernel_name(k) +
