@@ -109,12 +109,12 @@ BA_AI __m512i pair_rows(const uint16_t* a, const uint16_t* b) {
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
-// e^x for x <= 88, exactly 0 below -87 (attention.cpp's vexp_upto88, Cephes expf).
-BA_AI vf vexp_upto88(const vf& x) {
-  const vf magic = vset(12582912.0f);
-  const vf t = x * vset(1.44269504088896341f) + magic;
-  const vf n = t - magic;
-  const vu ni = (vu)t - (vu)viset(0x4B400000);
+// e^x for x <= 88 (softmax arguments are <= 0), -inf included: 2^n e^r with n = round(x log2 e), |r| <= ln 2 / 2,
+// e^r by attention.cpp's Cephes polynomial (relative error ~1e-7) and 2^n applied by vscalefps (0 once x < -104:
+// the clamp keeps r finite for x = -inf).
+BA_AI vf vexp_upto88(const vf& x0) {
+  const vf x = vmax(x0, vset(-104.0f));
+  const vf n = (vf)_mm512_roundscale_ps((__m512)(x * vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
   vf r = x - n * vset(0.693359375f);
   r = r - n * vset(-2.12194440e-4f);
   vf p = vset(1.9875691500e-4f);
@@ -124,8 +124,7 @@ BA_AI vf vexp_upto88(const vf& x) {
   p = p * r + vset(1.6666665459e-1f);
   p = p * r + vset(5.0000001201e-1f);
   const vf e = p * (r * r) + r + vset(1.0f);
-  const vf res = e * (vf)((ni + (vu)viset(127)) << 23);
-  return vsel(x < vset(-87.0f), vf{}, res);
+  return (vf)_mm512_scalef_ps((__m512)e, (__m512)n);
 }
 BA_AI vf vexp(const vf& x) { return vexp_upto88(vsel(x > vset(88.0f), vset(88.0f), x)); }
 BA_AI vf vtanh(const vf& y) {
@@ -208,7 +207,7 @@ enum Init { kSet, kAdd, kScaleRowAdd };
 // f32 accumulators (vdpbf16ps: acc += a.lo b.lo + a.hi b.hi per lane).
 template <int R, int NV, int INIT>
 BA_AI void mk(float* __restrict C, int64_t ldc, const uint32_t* __restrict A, int64_t ars, int64_t aks,
-              const uint32_t* __restrict B, int64_t ldb, int64_t K, const float* __restrict rowscale) {
+              const uint32_t* __restrict B, int64_t ldb, int64_t K, const float* __restrict rowscale, float cs) {
   __m512 acc[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -235,7 +234,10 @@ BA_AI void mk(float* __restrict C, int64_t ldc, const uint32_t* __restrict A, in
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * L, acc[r][v]);
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (INIT == kSet) acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(cs));
+      _mm512_storeu_ps(C + r * ldc + v * L, acc[r][v]);
+    }
 }
 
 // 32 zmm: R * NV accumulators, NV of B, one broadcast.
@@ -243,21 +245,21 @@ constexpr int rows_for(int nv) { return std::min(8, (32 - nv - 1) / nv); }
 
 template <int NV, int INIT>
 BA_AI void gemm_nv(float* C, int64_t ldc, const uint32_t* A, int64_t ars, int64_t aks, const uint32_t* B, int64_t ldb,
-                   int64_t M, int64_t K, const float* rs) {
+                   int64_t M, int64_t K, const float* rs, float cs) {
   constexpr int RM = rows_for(NV);
   const auto at = [rs](int64_t r) { return INIT == kScaleRowAdd ? rs + r : rs; };
   int64_t r = 0;
-  for (; r + RM <= M; r += RM) mk<RM, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
-  for (; r + 4 <= M; r += 4) mk<4, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
-  for (; r + 2 <= M; r += 2) mk<2, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
-  for (; r < M; ++r) mk<1, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r));
+  for (; r + RM <= M; r += RM) mk<RM, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r), cs);
+  for (; r + 4 <= M; r += 4) mk<4, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r), cs);
+  for (; r + 2 <= M; r += 2) mk<2, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r), cs);
+  for (; r < M; ++r) mk<1, NV, INIT>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, at(r), cs);
 }
 
 // C [M, N] (op)= A [M, K pairs] B [K pairs, N]: A's pair (m, k) at A[m * ars + k * aks], B's row k at B + k * ldb
-// (N words: N columns); N % 16 == 0.
+// (N words: N columns); N % 16 == 0. kSet stores cs times the sums (one f32 multiply: the softmax scale).
 template <int INIT>
 BA_AI void gemm(float* C, int64_t ldc, const uint32_t* A, int64_t ars, int64_t aks, const uint32_t* B, int64_t ldb,
-                int64_t M, int64_t K, int64_t N, const float* rowscale = nullptr) {
+                int64_t M, int64_t K, int64_t N, const float* rowscale = nullptr, float cs = 1.0f) {
   if (M <= 0 || K <= 0) {
     if (INIT == kSet && K <= 0)
       for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * sizeof(float));
@@ -269,16 +271,16 @@ BA_AI void gemm(float* C, int64_t ldc, const uint32_t* A, int64_t ars, int64_t a
   for (int64_t n0 = 0; n0 < N; n0 += 4 * L) {
     switch (std::min<int64_t>(4, (N - n0) / L)) {
       case 4:
-        gemm_nv<4, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale);
+        gemm_nv<4, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale, cs);
         break;
       case 3:
-        gemm_nv<3, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale);
+        gemm_nv<3, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale, cs);
         break;
       case 2:
-        gemm_nv<2, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale);
+        gemm_nv<2, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale, cs);
         break;
       default:
-        gemm_nv<1, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale);
+        gemm_nv<1, INIT>(C + n0, ldc, A, ars, aks, B + n0, ldb, M, K, rowscale, cs);
         break;
     }
   }
@@ -379,42 +381,49 @@ void fwd_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
         const int64_t x = s0 + c * L - (pmin + L - 1);
         first[c] = x <= 0 ? 0 : int(std::min<int64_t>(NV, (x + L - 1) / L));
       }
-    // S^T[j][i] = sum over D pairs of K[s0 + j] . Q[i] (vdpbf16ps; scale applied below in f32)
+    // S^T[j][i] = scale * sum over D pairs of K[s0 + j] . Q[i] (vdpbf16ps, f32 sums; the scale at the store)
     for (int c0 = 0, c1; c0 < nch; c0 = c1) {
       for (c1 = c0 + 1; c1 < nch && first[c1] == first[c0];) ++c1;
       const int64_t r0 = c0 * L, r1 = std::min<int64_t>(nk, c1 * L), l0 = first[c0] * L;
       if (l0 < LN)
-        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * krw, krw, 1, QTp + l0, TILE, r1 - r0, g.Dw, LN - l0);
+        gemm<kSet>(ST + r0 * TILE + l0, TILE, kb + (s0 + r0) * krw, krw, 1, QTp + l0, TILE, r1 - r0, g.Dw, LN - l0,
+                   nullptr, g.scale);
     }
-    // scale, softcap, masks (skipped sub-tiles are exactly masked ones: set to -inf here, unread before)
-    for (int64_t j = 0; j < nk; ++j) {
-      const vi sv = viset(int32_t(s0 + j));
-      for (int v = 0; v < NV; ++v) {
-        float* s = ST + j * TILE + v * L;
-        vf x = vload(s) * g.scale;
-        if (g.cap > 0) x = vtanh(x * inv_cap) * g.cap;
-        if (vis == kPartial) {
-          const vi pos = viset(int32_t(pmin + v * L)) + iota();
-          if (g.causal) x = vsel(sv <= pos, x, vset(kNegInf));
-          if (g.window) x = vsel((pos - sv) < viset(int32_t(g.window)), x, vset(kNegInf));
-          if (seg_mask) {
-            const vi qs = viload(qseg + v * L);
-            x = vsel(qs == viset(segrow[s0 + j]), x, vset(kNegInf));
-            x = vsel(qs != vi{}, x, vset(kNegInf));
+    // softcap and masks (skipped sub-tiles are exactly masked ones: set to -inf here, unread before), with the
+    // running maxima of the query lanes
+    vf mx[4] = {mv[0], mv[1], mv[2], mv[3]};
+    if (g.cap > 0 || vis == kPartial) {
+      for (int64_t j = 0; j < nk; ++j) {
+        const vi sv = viset(int32_t(s0 + j));
+        for (int v = 0; v < NV; ++v) {
+          float* s = ST + j * TILE + v * L;
+          vf x = vload(s);
+          if (g.cap > 0) x = vtanh(x * inv_cap) * g.cap;
+          if (vis == kPartial) {
+            const vi pos = viset(int32_t(pmin + v * L)) + iota();
+            if (g.causal) x = vsel(sv <= pos, x, vset(kNegInf));
+            if (g.window) x = vsel((pos - sv) < viset(int32_t(g.window)), x, vset(kNegInf));
+            if (seg_mask) {
+              const vi qs = viload(qseg + v * L);
+              x = vsel(qs == viset(segrow[s0 + j]), x, vset(kNegInf));
+              x = vsel(qs != vi{}, x, vset(kNegInf));
+            }
           }
+          vstore(s, x);
+          mx[v] = vmax(mx[v], x);
         }
-        vstore(s, x);
       }
+    } else {
+      for (int64_t j = 0; j < nk; ++j)
+        for (int v = 0; v < NV; ++v) mx[v] = vmax(mx[v], vload(ST + j * TILE + v * L));
     }
     // online softmax (f32), per vector of 16 queries; P^T rounded to bf16 pairs along keys into Pp
     float alpha[TILE];
     const int64_t nkp = (nk + 1) / 2;
     for (int v = 0; v < NV; ++v) {
-      vf mx = mv[v];
-      for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(ST + j * TILE + v * L));
-      const vf muse = vsel(mx == vset(kNegInf), vf{}, mx);
+      const vf muse = vsel(mx[v] == vset(kNegInf), vf{}, mx[v]);
       const vf a = vexp_upto88(mv[v] - muse);
-      mv[v] = mx;
+      mv[v] = mx[v];
       vf sum = {};
       for (int64_t jp = 0; jp < nkp; ++jp) {
         const vf p0 = vexp_upto88(vload(ST + 2 * jp * TILE + v * L) - muse);
@@ -536,7 +545,7 @@ void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, float* wsf, co
   float* dKacc = wsf + W.dkacc;     // [64][D]  f32 dk rows of the block
   float* dVacc = wsf + W.dvacc;     // [64][D]
   float* Pt = wsf + W.pt;           // [64 queries][64 keys]  P (f32)
-  float* dSt = wsf + W.dst;         // [64][64]  dP, then dS (f32)
+  float* dSt = wsf + W.dst;         // [64][64]  dP (f32)
   float* TH = wsf + W.th;           // [64][64]  tanh(s / cap)
   uint32_t* PTp = wsu + W.ptp;      // [32 query pairs][64 keys]  P^T, bf16 pairs along queries
   uint32_t* dSTp = wsu + W.dstp;    // [32][64]  dS^T, bf16 pairs along queries
@@ -638,10 +647,10 @@ void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, float* wsf, co
           run_r0[nruns] = c0 * L, run_r1[nruns] = std::min<int64_t>(nq, c1 * L), run_lanes[nruns] = lanes[c0];
           ++nruns;
         }
-        // S = Q K^T (bf16 pairs along D, f32 sums), then P = exp(scale S [capped] - lse) in f32, masked to 0
+        // S = scale Q K^T (bf16 pairs along D, f32 sums), then P = exp(S [capped] - lse) in f32, masked to 0
         for (int r = 0; r < nruns; ++r)
           gemm<kSet>(Pt + run_r0[r] * TILE, TILE, qw + (t0 + run_r0[r]) * qrw, qrw, 1, KTp, TILE, run_r1[r] - run_r0[r],
-                     Dw, run_lanes[r]);
+                     Dw, run_lanes[r], nullptr, g.scale);
         for (int64_t i = 0; i < nq; ++i) {
           const int nv = int(lanes[i / L] / L);
           float* prow = Pt + i * TILE;
@@ -655,7 +664,7 @@ void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, float* wsf, co
           const vi pos = viset(int32_t(g.qoff + t0 + i));
           const int32_t qs = segrow ? segrow[g.qoff + t0 + i] : 0;
           for (int v = 0; v < nv; ++v) {
-            vf x = vload(prow + v * L) * g.scale;
+            vf x = vload(prow + v * L);
             if (g.cap > 0) {
               const vf th = vtanh(x * inv_cap);
               vstore(throw_ + v * L, th);
@@ -677,34 +686,33 @@ void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, float* wsf, co
             vstore(prow + v * L, p);
           }
         }
-        // dP = dO V^T; dS = scale P (dP - Dsum) [* (1 - tanh^2)] in f32
+        // dP = dO V^T; dS = scale P (dP - Dsum) [* (1 - tanh^2)] in f32, by pairs of query rows: dS rounded
+        // to bf16 into dSb (rows: pairs along keys, for dQ) and, with P, into dS^T / P^T pairs along queries (the
+        // row past nq: zero)
         for (int r = 0; r < nruns; ++r)
           gemm<kSet>(dSt + run_r0[r] * TILE, TILE, dow + (t0 + run_r0[r]) * qrw, qrw, 1, VTp, TILE,
                      run_r1[r] - run_r0[r], Dw, run_lanes[r]);
-        for (int64_t i = 0; i < nq; ++i) {
-          const int nv = int(lanes[i / L] / L);
-          const vf di = vset(Dh[t0 + i]);
-          for (int v = 0; v < nv; ++v) {
-            float* ds = dSt + i * TILE + v * L;
-            vf x = vload(Pt + i * TILE + v * L) * g.scale * (vload(ds) - di);
-            if (g.cap > 0) {
-              const vf th = vload(TH + i * TILE + v * L);
-              x *= vset(1.0f) - th * th;
-            }
-            vstore(ds, x);
-            vstore_bf16(dSb + i * TILE + v * L, x);  // dS as the dQ product's operand (pairs along keys)
-          }
-        }
-        // P^T and dS^T in bf16 pairs along queries (the row past nq: zero)
         for (int64_t ip = 0; ip < (nq + 1) / 2; ++ip) {
-          const int64_t i0 = 2 * ip;
-          const int nv = int(lanes[i0 / L] / L);
-          const bool two = i0 + 1 < nq;
+          const int64_t i0 = 2 * ip, i1 = i0 + 1;
+          const bool two = i1 < nq;
+          const int nv = int(lanes[i0 / L] / L);  // (rows i0, i1 lie in one chunk of 16)
+          const vf di0 = vset(Dh[t0 + i0]), di1 = vset(two ? Dh[t0 + i1] : 0.0f);
           for (int v = 0; v < nv; ++v) {
-            const vf p1 = two ? vload(Pt + (i0 + 1) * TILE + v * L) : vf{};
-            const vf d1 = two ? vload(dSt + (i0 + 1) * TILE + v * L) : vf{};
-            _mm512_storeu_si512(PTp + ip * TILE + v * L, pair_bf16(vload(Pt + i0 * TILE + v * L), p1));
-            _mm512_storeu_si512(dSTp + ip * TILE + v * L, pair_bf16(vload(dSt + i0 * TILE + v * L), d1));
+            const vf p0 = vload(Pt + i0 * TILE + v * L), p1 = two ? vload(Pt + i1 * TILE + v * L) : vf{};
+            vf x0 = p0 * g.scale * (vload(dSt + i0 * TILE + v * L) - di0);
+            vf x1 = two ? p1 * g.scale * (vload(dSt + i1 * TILE + v * L) - di1) : vf{};
+            if (g.cap > 0) {
+              const vf th0 = vload(TH + i0 * TILE + v * L);
+              x0 *= vset(1.0f) - th0 * th0;
+              if (two) {
+                const vf th1 = vload(TH + i1 * TILE + v * L);
+                x1 *= vset(1.0f) - th1 * th1;
+              }
+            }
+            vstore_bf16(dSb + i0 * TILE + v * L, x0);
+            if (two) vstore_bf16(dSb + i1 * TILE + v * L, x1);
+            _mm512_storeu_si512(PTp + ip * TILE + v * L, pair_bf16(p0, p1));
+            _mm512_storeu_si512(dSTp + ip * TILE + v * L, pair_bf16(x0, x1));
           }
         }
         // dV[j][:] += sum_i P[i][j] dO[i][:];  dK[j][:] += sum_i dS[i][j] Q[i][:] (pairs along queries);
