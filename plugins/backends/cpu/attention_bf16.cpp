@@ -1,6 +1,58 @@
 // cpu/attention_bf16.cpp — bf16 attention of the `cpu` backend on AVX512-BF16: FlashAttention-2 forward and
-// backward whose products take bf16 operands, in pairs, through vdpbf16ps, with f32 accumulators.
-// (TOP COMMENT: written at the end, see below.)
+// backward whose products take bf16 operands, in pairs, through vdpbf16ps (acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1],
+// f32 accumulators), for bf16-mixed training.
+//
+// Which calls: half.cpp's attention_bf16 / attention_backward_bf16 take these kernels when the backend's path is
+// avx512 (option `isa`: avx2 and portable keep the widened path), the CPU has AVX512-BF16 (+F, BW, VL, DQ), q, k, v
+// (and out, dout, dq, dk, dv) are bf16 with D % 16 == 0, D <= 256 and T > 4 (attention_bf16_fast_covers), and, for
+// the backward, its (batch, kv head) tasks keep the threads busy: one thread, one key block, B * Hkv a multiple of
+// the threads or at least 4 per thread (attention_bf16_fast_backward_covers). Causal with q_offset, window, GQA,
+// softcap and segment_ids are all covered. Every other bf16 call (decode rows T <= 4, odd D, D > 256, one kv head
+// over several key blocks at 2+ threads, ...) takes half.cpp's path: per sample, widened to f32, attention.cpp's f32
+// kernel, rounded once. The bf16 decode-cache form (f32 q over bf16 k / v) is attention.cpp's, not this file's.
+//
+// Precision of each step (bf16 eps = 2^-8; operands are exact bf16 values, a bf16 x bf16 product is exact in f32):
+//   forward   S = scale * (Q K^T): bf16 q, k as they are, f32 sums; the scale multiplies the f32 sums. Softcap,
+//             masks, the online softmax (running max, sum l, rescale alpha) in f32; P = exp(S - m) in f32, summed
+//             into l in f32, and rounded to bf16 (nearest even) as the operand of O += P V (V bf16, f32 sums).
+//             lse = m + log l in f32; out = O / l rounded to bf16 once. (PyTorch's CPU flash attention rounds P the
+//             same way for bf16.) Error against exact attention on the bf16 inputs: <= eps * max |V| (P's roundings,
+//             then out's).
+//   backward  P = exp(scale Q K^T [capped] - lse) recomputed in f32 from the saved lse; dP = dO V^T (bf16 operands,
+//             f32 sums); Dsum = rowsum(dO * O) in f32 from the bf16 dO and out; dS = scale P (dP - Dsum)
+//             [* (1 - tanh^2)] in f32. P and dS are rounded to bf16 as the operands of dV += P^T dO, dK += dS^T Q,
+//             dQ += dS K; dQ, dK, dV accumulate in f32 over the whole row / key range and are rounded to bf16 once.
+//   tests/backends_cpu_attention (the "bf16 (vdpbf16ps)" cases) bounds out at 1.01 eps absolute (V in [-1, 1]),
+//   dq / dk / dv at 4 eps of their largest magnitude (measured 0.6-1.6 eps), lse at 1e-4.
+//
+// Layout: a vdpbf16ps operand holds 16 words of bf16 pairs; one operand is a broadcast word (a pair), the other
+// 16 words of pairs along the same axis. attention.cpp's tiles (64 queries x 64 keys), S^T layout in the forward
+// (lanes over queries: the online softmax is vertical vector code), register-blocked micro-kernel (mk: R rows x NV
+// vectors of accumulators, 6 x 4 at most) and causal sub-tile skipping are kept; what changes is the pairing:
+//   forward   S^T = K Q^T: pairs along D. K's rows are read in place (a word = two adjacent d), Q^T is packed per
+//             task as [D / 2][64 queries] words (a 16 x 16 word transpose). O = alpha O + P V: pairs along keys.
+//             P^T is written as [32 key pairs][64 queries] words (two S^T rows interleaved while rounding); V is
+//             packed once per call, for the whole batch, as [B][Hkv][S / 2][D] words (rows 2j, 2j+1 interleaved).
+//   backward  S = Q K^T and dP = dO V^T: pairs along D (Q, dO rows in place; K^T, V^T packed per key block as
+//             [D / 2][64 keys]). dV = P^T dO and dK = dS^T Q: pairs along queries (P^T, dS^T written as [32 query
+//             pairs][64 keys]; Q and dO packed once per task as [T / 2][D] words). dQ = dS K: pairs along keys (dS
+//             rows in bf16 are already pairs; K packed per key block as [32 key pairs][D]). A query block starts at an
+//             even row (a causal start rounded down: the extra row sees nothing of the key block and is masked).
+//   Odd T, S, nk, nq: the pair's missing half is zero on both sides (a zero P / dS row or key, a zero padding row).
+// Tasks and threads: the forward's task is (batch, query head, block of 64 queries), biggest first, OpenMP dynamic
+// schedule (V's pair packing first, split statically); the backward's is (batch, kv head): all key blocks and the
+// G query heads that read it, so it owns dk / dv of the kv head and dq of its query heads (no reduction). At one
+// thread (or one task) no OpenMP region is opened. Every output element is computed by one task in a fixed order,
+// so results are the same bits at every thread count (tested at 1 to 3). Workspace: per thread, kept for the life
+// of the (pooled) thread; the forward's V pairs live in the calling thread's buffer (4 bytes per V element).
+// Measured on the Zen 5 (docs/benchmarks.md, session 22): char-small's shape at one thread, forward 3.2-3.4 ->
+// 2.2-2.7 ms, backward 7.2-8.3 -> 6.0-6.6 ms (dew-bench kernels, widening included in the old path); the products
+// run at ~2x the f32 FMA rate (210 vs 102 GMAC/s in a 6 x 4 micro-kernel loop), so exp, masks and packing (f32,
+// unchanged in kind) are now about half of the time.
+//
+// Compiled at the plugin's baseline except the kernels, which sit in a `#pragma GCC target` region for AVX-512 +
+// AVX512-BF16 and are called only after attention_bf16_fast_cpu() (the entry points check it); all headers are
+// included before that region, so no inline function of a header is emitted with AVX-512 code.
 #include "attention_bf16.hpp"
 
 #include <immintrin.h>
@@ -484,6 +536,14 @@ void pack_v_pairs(const Geo& g, const uint16_t* v, uint32_t* dst, int64_t b, int
   }
 }
 
+// Per-thread scratch kept for the life of the (pooled) OpenMP thread (attention.cpp's): no allocation or page
+// faults per call; it grows to the largest request seen.
+float* scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 void forward_impl(const Geo& g, Ptrs P, uint32_t* vpairs) {
   const int nth = omp_get_max_threads();
   const int64_t npairs = g.B * g.Sh;
@@ -492,17 +552,17 @@ void forward_impl(const Geo& g, Ptrs P, uint32_t* vpairs) {
   const size_t ws_size = fwd_ws(g);
   if (nth == 1 || ntasks <= 1) {
     for (int64_t i = 0; i < npairs; ++i) pack_v_pairs(g, P.v, vpairs, i / g.Sh, i % g.Sh);
-    std::vector<float> ws(ws_size + 16);
-    for (int64_t task = 0; task < ntasks; ++task) fwd_task(g, P, task, ws.data());
+    float* ws = scratch(ws_size);
+    for (int64_t task = 0; task < ntasks; ++task) fwd_task(g, P, task, ws);
     return;
   }
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < npairs; ++i) pack_v_pairs(g, P.v, vpairs, i / g.Sh, i % g.Sh);
-    std::vector<float> ws(ws_size + 16);
+    float* ws = scratch(ws_size);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntasks; ++task) fwd_task(g, P, task, ws.data());
+    for (int64_t task = 0; task < ntasks; ++task) fwd_task(g, P, task, ws);
   }
 }
 
@@ -741,17 +801,15 @@ void backward_impl(const Geo& g, const Ptrs& P) {
   const int64_t units = g.B * g.Hkv;
   const BwdWs W = bwd_ws(g);
   if (omp_get_max_threads() == 1 || units <= 1) {
-    thread_local std::vector<float> ws;
-    if (ws.size() < W.total) ws.resize(W.total);
-    for (int64_t u = 0; u < units; ++u) bwd_task(g, P, u / g.Hkv, u % g.Hkv, ws.data(), W);
+    float* ws = scratch(W.total);
+    for (int64_t u = 0; u < units; ++u) bwd_task(g, P, u / g.Hkv, u % g.Hkv, ws, W);
     return;
   }
 #pragma omp parallel
   {
-    thread_local std::vector<float> ws;
-    if (ws.size() < W.total) ws.resize(W.total);
+    float* ws = scratch(W.total);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < units; ++u) bwd_task(g, P, u / g.Hkv, u % g.Hkv, ws.data(), W);
+    for (int64_t u = 0; u < units; ++u) bwd_task(g, P, u / g.Hkv, u % g.Hkv, ws, W);
   }
 }
 
