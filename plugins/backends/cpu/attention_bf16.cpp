@@ -45,10 +45,10 @@
 // thread (or one task) no OpenMP region is opened. Every output element is computed by one task in a fixed order,
 // so results are the same bits at every thread count (tested at 1 to 3). Workspace: per thread, kept for the life
 // of the (pooled) thread; the forward's V pairs live in the calling thread's buffer (4 bytes per V element).
-// Measured on the Zen 5 (docs/benchmarks.md, session 22): char-small's shape at one thread, forward 3.2-3.4 ->
-// 2.2-2.7 ms, backward 7.2-8.3 -> 6.0-6.6 ms (dew-bench kernels, widening included in the old path); the products
-// run at ~2x the f32 FMA rate (210 vs 102 GMAC/s in a 6 x 4 micro-kernel loop), so exp, masks and packing (f32,
-// unchanged in kind) are now about half of the time.
+// Measured on the Zen 5 (docs/benchmarks.md, session 22; dew-bench kernels, one thread, against the widened path):
+// char-small's shape forward 3.04 -> 1.87 ms, forward + backward 10.1 -> 6.6 ms; the DiT's 0.51 -> 0.29 and
+// 1.75 -> 0.96 ms. The products run at ~2x the f32 FMA rate (210 vs 102 GMAC/s in a 6 x 4 micro-kernel loop), so
+// exp, masks and packing (f32, unchanged in kind) are now about half of the forward's time.
 //
 // Compiled at the plugin's baseline except the kernels, which sit in a `#pragma GCC target` region for AVX-512 +
 // AVX512-BF16 and are called only after attention_bf16_fast_cpu() (the entry points check it); all headers are
