@@ -6,6 +6,8 @@
 // bf16 K/V under f32 q (a bf16 decode cache): on every instruction-set path this CPU runs, the forward equals
 // the f32 kernel on the exactly widened K/V bit for bit (the decode row path widens in registers, a prefill
 // widens once and takes the lane path), at 1 to 3 threads; k and v of two dtypes, and the backward, are refused.
+// bf16 q, k, v on AVX512-BF16 (attention_bf16.cpp's vdpbf16ps kernels): against the reference on the bf16-rounded
+// inputs within bounds in bf16 epsilons (see that section), the same bits at 1 to 3 threads; skipped without the ISA.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <omp.h>
@@ -354,8 +356,8 @@ TEST_CASE("cpu attention: row tasks over head groups, the same bits at every thr
 //     absolute at 1.01 eps.
 //   lse: f32 from f32 scores: 1e-4 (the f32 kernel's tolerance).
 //   dv = sum_i P_ij dO_i: P rounded (eps / 2 per term) and dv rounded once; dk = sum_i dS_ij Q_i and
-//     dq = sum_j dS_ij K_j with dS = P (dP - Dsum) rounded once as an operand, P inside it rounded too, and Dsum
-//     computed from the rounded out (the reference's from the exact one): a few eps / 2 per term. The terms have
+//     dq = sum_j dS_ij K_j with dS = P (dP - Dsum) computed in f32 and rounded once as an operand, Dsum computed
+//     from the rounded out (the reference's from the exact one): a few eps / 2 per term. The terms have
 //     mixed signs, so the error is measured against the tensor's largest |want| (its scale): err <= 4 eps max |want|.
 //     (Measured on a Zen 5: 0.6-1.6 eps; the MESSAGE lines print it.)
 // Every check runs at 1, 2 and 3 threads, and the results must be the same bits at every thread count (tasks own

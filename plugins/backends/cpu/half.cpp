@@ -18,9 +18,9 @@
 //  * attention with AVX512-BF16 on the avx512 path: attention_bf16.cpp's vdpbf16ps kernels where they cover the
 //    call (attention_bf16 below says which), bf16 product operands (P and dS rounded to bf16) with f32 sums.
 //  * the memory-bound kernels (unary, binary, gated activation, norms, softmax, rope, cross-entropy,
-//    attention otherwise): the f32 kernel of this backend on blocks of rows (a sample for attention and rope) widened
-//    into f32 scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the
-//    bf16 bytes; outputs are rounded once. Norm weight / bias gradients (sums over rows) add the blocks'
+//    attention otherwise): the f32 kernel of this backend on blocks of rows (a sample for attention and rope)
+//    widened into f32 scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic
+//    is the bf16 bytes; outputs are rounded once. Norm weight / bias gradients (sums over rows) add the blocks'
 //    f32 partials in f32 and round once at the end. Each block's result is the f32 kernel's result on
 //    those rows, so a bf16 kernel is exactly "widen, run the f32 kernel, round" (conformance bounds it).
 #include "attention.hpp"
