@@ -109,11 +109,38 @@ bool attention_bf16_fast_backward_covers(const Tensor& q, const Tensor& k, const
 
 }  // namespace dew::cpu
 
+// The problem, as the kernels see it (data only: no code outside the target region below).
+namespace dew::cpu::avx512bf16 {
+namespace {
+
+struct Geo {
+  int64_t B, T, S, Hq, Hkv, G, D, Dw;  // Dw = D / 2: words (bf16 pairs) of a row
+  int64_t qrs, krs;                    // row strides of q/out/dout and of k/v, in elements
+  int64_t Sh;                          // ceil(S / 2): key pairs
+  float scale, cap;
+  bool causal;
+  int64_t window;
+  int64_t qoff;
+  const int32_t* seg;
+};
+
+struct Ptrs {
+  const uint16_t *q, *k, *v, *o, *dout;
+  const float* lse;
+  uint16_t *out, *dq, *dk, *dv;
+  float* lse_out;
+  const uint32_t* vpairs;  // forward: V as key pairs [B][Hkv][Sh][D] words
+};
+
+}  // namespace
+}  // namespace dew::cpu::avx512bf16
+
 // ==================================================================== the kernels (AVX-512 + AVX512-BF16)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 
-namespace dew::cpu {
+// (namespace avx512bf16: tests/backends_cpu/check_baseline.py allows AVX-512 code there and in the per-ISA paths only)
+namespace dew::cpu::avx512bf16 {
 namespace {
 
 #define BA_AI inline __attribute__((always_inline))
@@ -339,25 +366,6 @@ BA_AI void gemm(float* C, int64_t ldc, const uint32_t* A, int64_t ars, int64_t a
 }
 
 // ---------------------------------------------------------------- problem description (as attention.cpp)
-
-struct Geo {
-  int64_t B, T, S, Hq, Hkv, G, D, Dw;  // Dw = D / 2: words (bf16 pairs) of a row
-  int64_t qrs, krs;                    // row strides of q/out/dout and of k/v, in elements
-  int64_t Sh;                          // ceil(S / 2): key pairs
-  float scale, cap;
-  bool causal;
-  int64_t window;
-  int64_t qoff;
-  const int32_t* seg;
-};
-
-struct Ptrs {
-  const uint16_t *q, *k, *v, *o, *dout;
-  const float* lse;
-  uint16_t *out, *dq, *dk, *dv;
-  float* lse_out;
-  const uint32_t* vpairs;  // forward: V as key pairs [B][Hkv][Sh][D] words
-};
 
 enum Vis { kNone, kPartial, kFull };
 
@@ -814,13 +822,17 @@ void backward_impl(const Geo& g, const Ptrs& P) {
 }
 
 }  // namespace
-}  // namespace dew::cpu
+
+}  // namespace dew::cpu::avx512bf16
 
 #pragma GCC pop_options
 
 // ==================================================================== entry points (baseline code)
 namespace dew::cpu {
 namespace {
+
+using avx512bf16::Geo;
+using avx512bf16::Ptrs;
 
 void check_bf16(const Tensor& t, const char* what) {
   DEW_CHECK(t.defined(), "cpu attention (bf16): ", what, " is undefined");
@@ -887,7 +899,7 @@ void attention_bf16_fast_forward(const Tensor& q, const Tensor& k, const Tensor&
   thread_local std::vector<uint32_t> vpairs;  // grows to the largest call (kept: no page faults per call)
   const size_t need = size_t(g.B * g.Hkv * g.Sh * g.D);
   if (vpairs.size() < need) vpairs.resize(need);
-  forward_impl(g, P, vpairs.data());
+  avx512bf16::forward_impl(g, P, vpairs.data());
 }
 
 void attention_bf16_fast_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
@@ -919,7 +931,7 @@ void attention_bf16_fast_backward(const Tensor& q, const Tensor& k, const Tensor
   P.dq = dq.data_as<uint16_t>();
   P.dk = dk.data_as<uint16_t>();
   P.dv = dv.data_as<uint16_t>();
-  backward_impl(g, P);
+  avx512bf16::backward_impl(g, P);
 }
 
 }  // namespace dew::cpu
