@@ -302,7 +302,7 @@ BA_AI void mk(float* __restrict C, int64_t ldc, const uint32_t* __restrict A, in
     __m512bh bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + v * L);
-    const uint32_t* a = A + k * aks;
+    const u32a* a = A + k * aks;  // (words of bf16 storage or of scratch written by intrinsics)
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512bh av = (__m512bh)_mm512_set1_epi32(int32_t(a[r * ars]));
