@@ -6,6 +6,8 @@
 // bf16 K/V under f32 q (a bf16 decode cache): on every instruction-set path this CPU runs, the forward equals
 // the f32 kernel on the exactly widened K/V bit for bit (the decode row path widens in registers, a prefill
 // widens once and takes the lane path), at 1 to 3 threads; k and v of two dtypes, and the backward, are refused.
+// bf16 q, k, v on AVX512-BF16 (attention_bf16.cpp's vdpbf16ps kernels): against the reference on the bf16-rounded
+// inputs within bounds in bf16 epsilons (see that section), the same bits at 1 to 3 threads; skipped without the ISA.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <omp.h>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "attention.hpp"
+#include "attention_bf16.hpp"
 #include "dew/backend.hpp"
 #include "dew/dtype.hpp"
 #include "dew/error.hpp"
@@ -52,8 +55,10 @@ struct Ref {
 };
 
 // Naive attention in double, one query row at a time.
+// seg: segment ids [B, S] (packed documents: a key is also hidden unless its segment equals the query's and that
+// is not 0), or nullptr.
 Ref reference(const Config& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-              const std::vector<float>& dout, double scale) {
+              const std::vector<float>& dout, double scale, const std::vector<int32_t>* seg = nullptr) {
   const int64_t G = c.Hq / c.Hkv, D = c.D;
   Ref r;
   r.out.assign(size_t(c.B * c.T * c.Hq * D), 0.0);
@@ -71,6 +76,10 @@ Ref reference(const Config& c, const std::vector<float>& q, const std::vector<fl
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < c.S; ++j) {
           vis[size_t(j)] = (!c.causal || j <= pos) && (c.window == 0 || pos - j < c.window);
+          if (seg) {
+            const int32_t qs = (*seg)[size_t(b * c.S + pos)], ks = (*seg)[size_t(b * c.S + j)];
+            vis[size_t(j)] = vis[size_t(j)] && qs == ks && qs != 0;
+          }
           if (!vis[size_t(j)]) continue;
           const size_t krow = size_t(((b * c.S + j) * c.Hkv + hk) * D);
           double dot = 0;
@@ -334,4 +343,180 @@ TEST_CASE("cpu attention: row tasks over head groups, the same bits at every thr
     }
     omp_set_num_threads(saved);
   }
+}
+
+// ---------------------------------------------------------------- bf16 on vdpbf16ps (attention_bf16.cpp)
+//
+// The kernel against the double reference of attention on the bf16-rounded inputs (q, k, v, dout rounded to bf16,
+// then exact arithmetic). Its products are exact bf16 x bf16 products summed in f32 (~1e-6 relative), so the error
+// is the bf16 roundings (eps = 2^-8; one rounding is at most eps / 2 relative):
+//   out = sum_j P_j V_j / l with each P_j rounded to bf16 as a product operand (each term off by <= eps / 2
+//     relative, |sum of errors| <= eps / 2 * max |V| since the P_j / l sum to 1), then out rounded once (eps / 2 of
+//     |out| <= max |V|): |error| <= eps * max |V| = eps here (V in [-1, 1]), plus f32 sums and exp (~1e-6): checked
+//     absolute at 1.01 eps.
+//   lse: f32 from f32 scores: 1e-4 (the f32 kernel's tolerance).
+//   dv = sum_i P_ij dO_i: P rounded (eps / 2 per term) and dv rounded once; dk = sum_i dS_ij Q_i and
+//     dq = sum_j dS_ij K_j with dS = P (dP - Dsum) computed in f32 and rounded once as an operand, Dsum computed
+//     from the rounded out (the reference's from the exact one): a few eps / 2 per term. The terms have
+//     mixed signs, so the error is measured against the tensor's largest |want| (its scale): err <= 4 eps max |want|.
+//     (Measured on a Zen 5: 0.6-1.6 eps; the MESSAGE lines print it.)
+// Every check runs at 1, 2 and 3 threads, and the results must be the same bits at every thread count (tasks own
+// their outputs). The widened path (the f32 kernel on the widened inputs, rounded once: today's fallback) must agree
+// with the fast path within the same tolerance.
+namespace {
+
+constexpr double kBf16Eps = 1.0 / 256.0;
+
+struct Bf16Case {
+  Config c;
+  int64_t doc_len = 0;  // > 0: packed documents of 1 .. 2 doc_len - 1 tokens, the last S / 8 keys padding (segment 0)
+};
+
+// max |got - want| / max(max |want|, tiny); infinite on a non-finite mismatch
+double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double e = 0, scale = 1e-30;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (double(got[i]) != want[i]) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    scale = std::max(scale, std::fabs(want[i]));
+    const double d = std::fabs(double(got[i]) - want[i]);
+    if (!(d <= e)) e = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+  }
+  return e / scale;
+}
+std::vector<double> to_doubles(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+
+std::vector<int32_t> packed_docs(int64_t B, int64_t S, int64_t doc_len, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int64_t> len(1, 2 * doc_len - 1);
+  std::vector<int32_t> seg(size_t(B * S));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = 0;
+    for (int64_t s = 0, left = 0; s < S; ++s, --left) {
+      if (left == 0) left = len(gen), ++id;
+      seg[size_t(b * S + s)] = s < S - S / 8 ? id : 0;
+    }
+  }
+  return seg;
+}
+
+struct Bf16Out {
+  Tensor out, lse, dq, dk, dv;
+};
+
+void run_bf16(const Bf16Case& bc) {
+  const Config& c = bc.c;
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const Shape qs{c.B, c.T, c.Hq, c.D}, ks{c.B, c.S, c.Hkv, c.D}, ls{c.B, c.Hq, c.T};
+  const BackendPtr be = host();
+  const Tensor q = Tensor::from_vector(random_vec(size_t(numel_of(qs)), 21), qs, be, DType::bf16);
+  const Tensor k = Tensor::from_vector(random_vec(size_t(numel_of(ks)), 22), ks, be, DType::bf16);
+  const Tensor v = Tensor::from_vector(random_vec(size_t(numel_of(ks)), 23), ks, be, DType::bf16);
+  const Tensor dout = Tensor::from_vector(random_vec(size_t(numel_of(qs)), 24), qs, be, DType::bf16);
+  std::vector<int32_t> segv;
+  Tensor seg;
+  if (bc.doc_len > 0) {
+    segv = packed_docs(c.B, c.S, bc.doc_len, 25);
+    seg = Tensor::from_ints(segv, {c.B, c.S}, be);
+  }
+  const Ref want = reference(c, q.to_floats(), k.to_floats(), v.to_floats(), dout.to_floats(), scale,
+                             segv.empty() ? nullptr : &segv);
+  AttentionParams p;
+  p.scale = float(scale);
+  p.causal = c.causal;
+  p.window = c.window;
+  p.softcap = c.softcap;
+  p.q_offset = c.q_offset;
+  REQUIRE(cpu::attention_bf16_fast_covers(q, k, p));
+
+  const int saved = omp_get_max_threads();
+  Bf16Out first;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Bf16Out r{Tensor::full(qs, 7.0, DType::bf16, be), Tensor::full(ls, 7.0, DType::f32, be),
+              Tensor::full(qs, 7.0, DType::bf16, be), Tensor::full(ks, 7.0, DType::bf16, be),
+              Tensor::full(ks, 7.0, DType::bf16, be)};  // poisoned: the kernel must overwrite
+    cpu::attention_bf16_fast_forward(q, k, v, seg, r.out, r.lse, p);
+    cpu::attention_bf16_fast_backward(q, k, v, seg, r.out, r.lse, dout, r.dq, r.dk, r.dv, p);
+    INFO(c.name, " threads=", threads);
+    const double eo = max_err(r.out, want.out), eq = rel_err(r.dq.to_floats(), want.dq),
+                 ek = rel_err(r.dk.to_floats(), want.dk), ev = rel_err(r.dv.to_floats(), want.dv);
+    if (threads == 1)
+      MESSAGE(c.name, ": |error| of out, and error / max|want| of dq, dk, dv, in bf16 eps: out ", eo / kBf16Eps,
+              ", dq ", eq / kBf16Eps, ", dk ", ek / kBf16Eps, ", dv ", ev / kBf16Eps);
+    CHECK(eo < 1.01 * kBf16Eps);
+    CHECK(max_err(r.lse, want.lse) < 1e-4);
+    CHECK(eq < 4 * kBf16Eps);
+    CHECK(ek < 4 * kBf16Eps);
+    CHECK(ev < 4 * kBf16Eps);
+    if (threads == 1) {
+      first = r;
+      // today's widened path: the f32 kernel on the widened inputs (its outputs compared before rounding)
+      const auto wide = [&](const Tensor& t) { return Tensor::from_vector(t.to_floats(), t.shape(), be); };
+      const Tensor wq = wide(q), wk = wide(k), wv = wide(v), wd = wide(dout);
+      Tensor wo = Tensor::empty(qs, DType::f32, be), wl = Tensor::empty(ls, DType::f32, be);
+      Tensor gq = Tensor::empty(qs, DType::f32, be), gk = Tensor::empty(ks, DType::f32, be),
+             gv = Tensor::empty(ks, DType::f32, be);
+      cpu::attention_forward(wq, wk, wv, seg, wo, wl, p);
+      cpu::attention_backward(wq, wk, wv, seg, wide(r.out), r.lse, wd, gq, gk, gv, p);
+      CHECK(max_err(r.out, to_doubles(wo.to_floats())) < 1.01 * kBf16Eps);
+      CHECK(max_err(r.lse, to_doubles(wl.to_floats())) < 1e-4);
+      CHECK(rel_err(r.dq.to_floats(), to_doubles(gq.to_floats())) < 4 * kBf16Eps);
+      CHECK(rel_err(r.dk.to_floats(), to_doubles(gk.to_floats())) < 4 * kBf16Eps);
+      CHECK(rel_err(r.dv.to_floats(), to_doubles(gv.to_floats())) < 4 * kBf16Eps);
+    } else {
+      CHECK(same_bits(r.out, first.out));
+      CHECK(same_bits(r.lse, first.lse));
+      CHECK(same_bits(r.dq, first.dq));
+      CHECK(same_bits(r.dk, first.dk));
+      CHECK(same_bits(r.dv, first.dv));
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
+
+TEST_CASE("cpu attention bf16 (vdpbf16ps): against the double reference on the rounded inputs, 1-3 threads") {
+  if (!cpu::attention_bf16_fast_cpu()) {
+    MESSAGE("skipped: this CPU has no AVX512-BF16 (the bf16 calls take the widened f32 kernel)");
+    return;
+  }
+  //       name                                  B   T    S   Hq Hkv  D   causal win softcap qoff [scale]
+  const std::vector<Bf16Case> cases = {
+      {{"char-small causal B2 T256 H6 D64", 2, 256, 256, 6, 6, 64, true, 0, 0.0f, 0}},
+      {{"DiT noncausal B3 T64 H4 D64", 3, 64, 64, 4, 4, 64, false, 0, 0.0f, 0}},
+      {{"causal T70 H3 D32 (T % 64 != 0)", 2, 70, 70, 3, 3, 32, true, 0, 0.0f, 0}},
+      {{"noncausal T37 S45 D128 (odd T, S)", 2, 37, 45, 2, 2, 128, false, 0, 0.0f, 0}},
+      {{"gqa causal T100 H4/2 D64", 2, 100, 100, 4, 2, 64, true, 0, 0.0f, 0}},
+      {{"mqa noncausal T80 S90 H4/1 D32", 1, 80, 90, 4, 1, 32, false, 0, 0.0f, 0}},
+      {{"window 50 causal T150 D64", 1, 150, 150, 2, 2, 64, true, 50, 0.0f, 0}},
+      {{"window 7 noncausal T70 D16", 2, 70, 70, 2, 1, 16, false, 7, 0.0f, 0}},
+      {{"softcap 5 causal T70 D64 scale 1", 1, 70, 70, 2, 2, 64, true, 0, 5.0f, 0, 1.0f}},
+      {{"q_offset 70 T20 S90 gqa", 1, 20, 90, 4, 2, 64, true, 0, 0.0f, 70}},
+      {{"q_offset 33 T67 S100 window 40", 1, 67, 100, 2, 2, 32, true, 40, 0.0f, 33}},
+      {{"negative offset: rows without keys", 1, 70, 70, 2, 2, 64, true, 0, 0.0f, -5}},
+      {{"segments causal T150 docs ~20 + padding", 2, 150, 150, 2, 2, 64, true, 0, 0.0f, 0}, 20},
+      {{"segments gqa noncausal T130 docs ~9", 2, 130, 130, 4, 2, 32, false, 0, 0.0f, 0}, 9},
+      {{"segments window softcap T90", 1, 90, 90, 2, 2, 64, true, 12, 3.0f, 0}, 15},
+  };
+  for (const Bf16Case& bc : cases) run_bf16(bc);
+}
+
+TEST_CASE("cpu attention bf16 (vdpbf16ps): coverage") {
+  const BackendPtr be = host();
+  AttentionParams p;
+  const auto t = [&](Shape s, DType dt = DType::bf16) { return Tensor::empty(s, dt, be); };
+  const bool cpu_ok = cpu::attention_bf16_fast_cpu();
+  CHECK(cpu::attention_bf16_fast_covers(t({2, 64, 4, 64}), t({2, 64, 4, 64}), p) == cpu_ok);
+  CHECK_FALSE(cpu::attention_bf16_fast_covers(t({2, 4, 4, 64}), t({2, 64, 4, 64}), p));     // T <= 4: decode rows
+  CHECK_FALSE(cpu::attention_bf16_fast_covers(t({2, 64, 4, 24}), t({2, 64, 4, 24}), p));    // D % 16 != 0
+  CHECK_FALSE(cpu::attention_bf16_fast_covers(t({2, 64, 4, 512}), t({2, 64, 4, 512}), p));  // D > 256
+  CHECK_FALSE(cpu::attention_bf16_fast_covers(t({2, 64, 4, 64}, DType::f32), t({2, 64, 4, 64}), p));
+  // the backward at 2 threads: 1 (batch, kv head) task over 2 key blocks leaves a thread idle
+  CHECK_FALSE(cpu::attention_bf16_fast_backward_covers(t({1, 128, 1, 64}), t({1, 128, 1, 64}), p, 2));
+  CHECK(cpu::attention_bf16_fast_backward_covers(t({8, 256, 6, 64}), t({8, 256, 6, 64}), p, 2) == cpu_ok);
 }

@@ -88,7 +88,8 @@ int run_kernels(const BenchOptions& opt) {
 
   // Fused attention forward and forward + backward at the three training workloads' shapes ([B, T, H, D]
   // tensors, the step's own layout), and on a device at GPT-2-small's too (configs/gpt2-small.ini: T 1024, 12
-  // heads of 64), in f32 and bf16 there (bf16-mixed runs attention on bf16 tensors: cuda's tensor-core kernels).
+  // heads of 64), in f32 and, where the backend takes bf16 attention, bf16 (bf16-mixed runs attention on bf16
+  // tensors: cuda's tensor-core kernels; cpu's vdpbf16ps kernel with AVX512-BF16, else its widened f32 kernel).
   // GFLOP/s count the products a causal mask leaves (T (T + 1) / 2 query-key pairs, 4 D FLOPs each forward:
   // S = Q K^T and O = P V; 2.5 times that more backward: S again, dP, dV, dK, dQ), not the exps.
   struct AttnShape {
@@ -105,7 +106,9 @@ int run_kernels(const BenchOptions& opt) {
   };
   const bool device = !be->host_accessible();
   std::vector<DType> attn_dtypes = {DType::f32};
-  if (device) attn_dtypes.push_back(DType::bf16);
+  if (device ||
+      (be->supports(Kernel::attention, DType::bf16).ok && be->supports(Kernel::attention_backward, DType::bf16).ok))
+    attn_dtypes.push_back(DType::bf16);
   for (const AttnShape& a : attn_shapes)
     for (DType dt : attn_dtypes) {
       if (opt.only == "matmul" || (a.device_only && !device)) break;

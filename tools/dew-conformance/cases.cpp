@@ -1765,7 +1765,8 @@ void add_half(Table& t) {
     struct A {
       std::string what;
       int64_t B, T, H, Hkv, D;
-      bool packed;  // segment ids: documents of 20 tokens (packed rows)
+      bool packed;         // segment ids: documents of 20 tokens (packed rows)
+      bool causal = true;  // false: bidirectional (the DiT's rows; cpu's vdpbf16ps kernel without masks)
     };
     // Undefined, or i32 [B, T] with a new document every 20 positions.
     auto segments = [](Gen& g, int64_t B, int64_t T, bool packed) {
@@ -1775,12 +1776,16 @@ void add_half(Table& t) {
       return g.from_ints(v, {B, T});
     };
     // Head widths 64 and 128 are where cuda's tensor-core kernels take bf16 (flash_attention.cu): ragged tiles, GQA,
-    // documents straddling its 64-row tiles.
-    for (const A& a : {A{"causal", 2, 16, 4, 4, 16, false}, A{"causal_gqa", 2, 64, 4, 2, 32, false},
-                       A{"causal_packed", 2, 64, 4, 2, 32, true}, A{"causal_gqa_d64", 1, 96, 4, 2, 64, false},
-                       A{"causal_packed_d128", 1, 80, 2, 1, 128, true}}) {
+    // documents straddling its 64-row tiles. Bidirectional rows too (the DiT's; with GQA, documents and odd T), and
+    // all but the one-kv-head D 128 backward at 2+ threads reach cpu's vdpbf16ps kernel (attention_bf16.cpp).
+    for (const A& a :
+         {A{"causal", 2, 16, 4, 4, 16, false}, A{"causal_gqa", 2, 64, 4, 2, 32, false},
+          A{"causal_packed", 2, 64, 4, 2, 32, true}, A{"causal_gqa_d64", 1, 96, 4, 2, 64, false},
+          A{"causal_packed_d128", 1, 80, 2, 1, 128, true}, A{"noncausal_d64", 2, 64, 4, 4, 64, false, false},
+          A{"noncausal_gqa_packed_odd", 2, 70, 4, 2, 32, true, false}}) {
       AttentionParams p;
       p.scale = 1.0f / std::sqrt(float(a.D));
+      p.causal = a.causal;
       const Shape qs{a.B, a.T, a.H, a.D}, ks{a.B, a.T, a.Hkv, a.D}, ls{a.B, a.H, a.T};
       const std::string sh = a.what + "_B" + std::to_string(a.B) + "T" + std::to_string(a.T) + "H" + std::to_string(a.H) +
                              "kv" + std::to_string(a.Hkv) + "D" + std::to_string(a.D);

@@ -15,18 +15,22 @@
 //    f32 activations against a bf16 weight (weight-only decode storage, matmul.cpp), is never taken for it: the
 //    core would widen every bf16 weight to f32 on every call (per decode token, 4x the weight bytes streamed:
 //    bf16 decode ran at 0.19 of its bandwidth roofline on an AVX2 EPYC, slower than f32 decode).
-//  * unary (+ backward), the gated activation (+ backward), RMS norm (+ backward) and RoPE are not here: their
+//  * unary (+ backward), the gated activation (+ backward), RMS norm (+ backward), the layer norm with [G, D]
+//    parameters (+ backward), RoPE, reduce's column sums and the gated residual (+ backward) are not here: their
 //    kernels are written once over the storage type (bf16_bits.hpp) and read / write bf16 directly, computing
 //    what the f32 kernel computes on the widened inputs (tests/backends_cpu checks it bit for bit); at
-//    char-small's bf16-mixed step that took those five from 35 to 22 ms (docs/benchmarks.md, session 22).
-//  * the other memory-bound kernels (binary broadcasts, layer norm, softmax, cross-entropy, attention): the
-//    f32 kernel of this backend on blocks of rows (a sample for attention) widened into f32 scratch of at most
-//    ~256 KiB per tensor, so the f32 copies stay in cache and memory traffic is the bf16 bytes; outputs are
-//    rounded once. Layer norm's weight / bias gradients (sums over rows) add the blocks' f32 partials in f32
-//    and round once at the end. Each block's result is the f32 kernel's result on those rows, so a bf16
-//    kernel is exactly "widen, run the f32 kernel, round" (conformance bounds it).
-#include "cpu_backend.hpp"
+//    char-small's bf16-mixed step that took the first five from 35 to 22 ms (docs/benchmarks.md, session 22).
+//  * attention with AVX512-BF16 on the avx512 path: attention_bf16.cpp's vdpbf16ps kernels where they cover the
+//    call (attention_bf16 below says which), bf16 product operands (P and dS rounded to bf16) with f32 sums.
+//  * the other memory-bound kernels (binary broadcasts, the layer norm with [D] parameters, softmax,
+//    cross-entropy, attention otherwise): the f32 kernel of this backend on blocks of rows (a sample for
+//    attention) widened into f32 scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and
+//    memory traffic is the bf16 bytes; outputs are rounded once. Layer norm's weight / bias gradients (sums over
+//    rows) add the blocks' f32 partials in f32 and round once at the end. Each block's result is the f32 kernel's
+//    result on those rows, so a bf16 kernel is exactly "widen, run the f32 kernel, round" (conformance bounds it).
 #include "attention.hpp"
+#include "attention_bf16.hpp"
+#include "cpu_backend.hpp"
 
 namespace dew::cpu {
 
@@ -269,12 +273,17 @@ void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Ten
   });
 }
 
-// One sample at a time: q, k, v, out [B, ...], segment_ids [B, S] and lse [B, H, T] all split on the
-// batch axis.
+// On the avx512 path of a CPU with AVX512-BF16, calls attention_bf16.cpp covers (D % 16 == 0, D <= 256, T > 4; the
+// backward also needs enough (batch, kv head) tasks for the threads) take its vdpbf16ps kernels, bf16 operands with
+// f32 sums (P and dS rounded to bf16 as product operands), the whole batch in one call. Otherwise one sample at a
+// time: q, k, v, out [B, ...], segment_ids [B, S] and lse [B, H, T] all split on the batch axis, widened, the f32
+// kernel, rounded once.
 void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
                     Tensor& lse, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out}, Kernel::attention);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention: q, k, v must be [B, T, H, D]");
+  if (isa == Isa::avx512 && attention_bf16_fast_covers(q, k, p))
+    return attention_bf16_fast_forward(q, k, v, segment_ids, out, lse, p);
   for (int64_t b = 0; b < q.shape()[0]; ++b) {
     Tensor wq = widen(isa, q.slice0(b, b + 1)), wk = widen(isa, k.slice0(b, b + 1)), wv = widen(isa, v.slice0(b, b + 1));
     Tensor o = scratch_like(wq), l = lse.slice0(b, b + 1);
@@ -288,6 +297,8 @@ void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Te
                              Tensor& dv, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, Kernel::attention_backward);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention_backward: q, k, v must be [B, T, H, D]");
+  if (isa == Isa::avx512 && attention_bf16_fast_backward_covers(q, k, p, omp_get_max_threads()))
+    return attention_bf16_fast_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
   for (int64_t b = 0; b < q.shape()[0]; ++b) {
     Tensor wq = widen(isa, q.slice0(b, b + 1)), wk = widen(isa, k.slice0(b, b + 1)), wv = widen(isa, v.slice0(b, b + 1));
     Tensor wo = widen(isa, out.slice0(b, b + 1)), wd = widen(isa, dout.slice0(b, b + 1));
