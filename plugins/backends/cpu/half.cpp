@@ -23,7 +23,7 @@
 //  * attention with AVX512-BF16 on the avx512 path: attention_bf16.cpp's vdpbf16ps kernels where they cover the
 //    call (attention_bf16 below says which), bf16 product operands (P and dS rounded to bf16) with f32 sums.
 //  * the other memory-bound kernels (binary broadcasts, the layer norm with [D] parameters, softmax,
-//    cross-entropy, attention otherwise): the f32 kernel of this backend on blocks of rows (a sample for
+//    cross-entropy, attention otherwise): the f32 kernel of this backend on blocks of rows (a few samples for
 //    attention) widened into f32 scratch of at most ~256 KiB per tensor, so the f32 copies stay in cache and
 //    memory traffic is the bf16 bytes; outputs are rounded once. Layer norm's weight / bias gradients (sums over
 //    rows) add the blocks' f32 partials in f32 and round once at the end. Each block's result is the f32 kernel's
@@ -275,20 +275,35 @@ void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Ten
 
 // On the avx512 path of a CPU with AVX512-BF16, calls attention_bf16.cpp covers (D % 16 == 0, D <= 256, T > 4; the
 // backward also needs enough (batch, kv head) tasks for the threads) take its vdpbf16ps kernels, bf16 operands with
-// f32 sums (P and dS rounded to bf16 as product operands), the whole batch in one call. Otherwise one sample at a
-// time: q, k, v, out [B, ...], segment_ids [B, S] and lse [B, H, T] all split on the batch axis, widened, the f32
-// kernel, rounded once.
+// f32 sums (P and dS rounded to bf16 as product operands), the whole batch in one call. Otherwise a few samples at a
+// time (attention_samples_per_call): q, k, v, out [B, ...], segment_ids [B, S] and lse [B, H, T] all split on the
+// batch axis, widened, the f32 kernel, rounded once.
+namespace {
+// Samples per widened call: enough tasks for 4 per thread (one sample of the DiT is 4 (batch, kv head) tasks: at
+// 2 threads the f32 kernel ran 16 one-sample calls slower than at 1, session 22), while a chunk's f32 copy of one
+// tensor stays under ~1 MiB (2^18 floats).
+int64_t attention_samples_per_call(const Tensor& q, int64_t tasks_per_sample) {
+  const int64_t threads = omp_get_max_threads(), per_sample = std::max<int64_t>(q.numel() / q.shape()[0], 1);
+  if (threads <= 1 || tasks_per_sample <= 0) return 1;
+  const int64_t want = (4 * threads + tasks_per_sample - 1) / tasks_per_sample;
+  return std::clamp<int64_t>(std::min(want, (int64_t(1) << 18) / per_sample), 1, q.shape()[0]);
+}
+}  // namespace
+
 void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
                     Tensor& lse, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out}, Kernel::attention);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention: q, k, v must be [B, T, H, D]");
   if (isa == Isa::avx512 && attention_bf16_fast_covers(q, k, p))
     return attention_bf16_fast_forward(q, k, v, segment_ids, out, lse, p);
-  for (int64_t b = 0; b < q.shape()[0]; ++b) {
-    Tensor wq = widen(isa, q.slice0(b, b + 1)), wk = widen(isa, k.slice0(b, b + 1)), wv = widen(isa, v.slice0(b, b + 1));
-    Tensor o = scratch_like(wq), l = lse.slice0(b, b + 1);
-    attention_forward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), o, l, p, isa);
-    narrow_into(isa, o, out.reshape(q.shape()).slice0(b, b + 1));
+  const int64_t B = q.shape()[0], T = q.shape()[1], H = q.shape()[2];
+  const int64_t step = attention_samples_per_call(q, H * ((T + 63) / 64));  // forward tasks: (head, 64 queries)
+  for (int64_t b = 0; b < B; b += step) {
+    const int64_t e = std::min(B, b + step);
+    Tensor wq = widen(isa, q.slice0(b, e)), wk = widen(isa, k.slice0(b, e)), wv = widen(isa, v.slice0(b, e));
+    Tensor o = scratch_like(wq), l = lse.slice0(b, e);
+    attention_forward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, e) : Tensor(), o, l, p, isa);
+    narrow_into(isa, o, out.reshape(q.shape()).slice0(b, e));
   }
 }
 
@@ -299,15 +314,18 @@ void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Te
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention_backward: q, k, v must be [B, T, H, D]");
   if (isa == Isa::avx512 && attention_bf16_fast_backward_covers(q, k, p, omp_get_max_threads()))
     return attention_bf16_fast_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
-  for (int64_t b = 0; b < q.shape()[0]; ++b) {
-    Tensor wq = widen(isa, q.slice0(b, b + 1)), wk = widen(isa, k.slice0(b, b + 1)), wv = widen(isa, v.slice0(b, b + 1));
-    Tensor wo = widen(isa, out.slice0(b, b + 1)), wd = widen(isa, dout.slice0(b, b + 1));
+  const int64_t B = q.shape()[0];
+  const int64_t step = attention_samples_per_call(q, k.shape()[2]);  // backward tasks: (batch, kv head)
+  for (int64_t b = 0; b < B; b += step) {
+    const int64_t e = std::min(B, b + step);
+    Tensor wq = widen(isa, q.slice0(b, e)), wk = widen(isa, k.slice0(b, e)), wv = widen(isa, v.slice0(b, e));
+    Tensor wo = widen(isa, out.slice0(b, e)), wd = widen(isa, dout.slice0(b, e));
     Tensor gq = scratch_like(wq), gk = scratch_like(wk), gv = scratch_like(wv);
-    cpu::attention_backward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, b + 1) : Tensor(), wo,
-                            lse.slice0(b, b + 1), wd, gq, gk, gv, p, isa);
-    narrow_into(isa, gq, dq.reshape(q.shape()).slice0(b, b + 1));
-    narrow_into(isa, gk, dk.reshape(k.shape()).slice0(b, b + 1));
-    narrow_into(isa, gv, dv.reshape(v.shape()).slice0(b, b + 1));
+    cpu::attention_backward(wq, wk, wv, segment_ids.defined() ? segment_ids.slice0(b, e) : Tensor(), wo,
+                            lse.slice0(b, e), wd, gq, gk, gv, p, isa);
+    narrow_into(isa, gq, dq.reshape(q.shape()).slice0(b, e));
+    narrow_into(isa, gk, dk.reshape(k.shape()).slice0(b, e));
+    narrow_into(isa, gv, dv.reshape(v.shape()).slice0(b, e));
   }
 }
 
