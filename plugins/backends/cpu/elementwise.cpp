@@ -148,6 +148,11 @@ template <class Slice>
 inline void split(int64_t n, Slice&& slice) {
   for_blocks(n, parallel_worth(n), slice);
 }
+// An op value outside the enum is refused here, on the caller's thread: the slices' own check would throw inside an
+// OpenMP region (std::terminate).
+void check_unary_op(const UnaryParams& p, const char* kernel) {
+  DEW_CHECK(p.op <= UnaryOp::softcap, "cpu ", kernel, ": unknown op ", int(p.op));
+}
 void check_same_numel(const Tensor& a, const Tensor& b, const char* kernel) {
   DEW_CHECK(a.numel() == b.numel(), "cpu ", kernel, ": ", shape_str(a.shape()), " vs ", shape_str(b.shape()),
             " (element counts differ)");
@@ -243,6 +248,7 @@ void unary_slice(const T* xs, T* o, int64_t n, const UnaryParams& p) {
 }  // namespace
 
 void unary(CpuBackend&, const Tensor& x, Tensor& out, const UnaryParams& p) {
+  check_unary_op(p, "unary");
   check_same_numel(x, out, "unary");
   const int64_t n = x.numel();
   if (is_bf16_call(x)) {  // bf16 storage, f32 arithmetic: the f32 kernel's bits on the widened x, rounded once
@@ -363,6 +369,7 @@ void unary_backward_slice(const T* xs, const T* g, T* o, int64_t n, const UnaryP
 }  // namespace
 
 void unary_backward(CpuBackend&, const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p) {
+  check_unary_op(p, "unary_backward");
   check_same_numel(x, dy, "unary_backward");
   check_same_numel(x, dx, "unary_backward");
   const int64_t n = x.numel();
@@ -888,6 +895,7 @@ void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& 
 void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum,
                         const UnaryParams& p) {
   contracts::check_unary_backward_sum("cpu.unary_backward_sum", x, dy, dx, dsum);
+  check_unary_op(p, "unary_backward_sum");
   require_f32(x, "unary_backward_sum", "x");
   const int64_t d = last_dim(x), rows = rows_of(x), n = x.numel();
   float* s = dsum.data_as<float>();

@@ -46,7 +46,7 @@ DEW_CPU_ISA_KERNEL(group_norm_backward, (const Tensor& x, const Tensor& weight, 
 #else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but
        // bf16_bits.hpp)
 
-#include "bf16_bits.hpp"  // ld / st: rms norm's rows of float or bf16 (uint16_t) storage, computed on in f32
+#include "bf16_bits.hpp"  // ld / st / f32_row: the norms over float or bf16 (uint16_t) storage, computed on in f32
 
 namespace {
 
