@@ -8,6 +8,7 @@
 #include <dew/registry.hpp>
 
 #include "attention.hpp"
+#include "attention_bf16.hpp"
 #include "cpu_backend.hpp"
 
 namespace dew::cpu {
@@ -110,6 +111,10 @@ std::string kernel_paths() {
                             "embedding",      "casts",     "gated_residual"};
   for (size_t i = 0; i < sizeof families / sizeof *families; ++i)
     s += std::string(i ? ", " : " ") + families[i] + " " + path;
+  // bf16 attention: attention_bf16.cpp's vdpbf16ps kernels on the avx512 path of a CPU with AVX512-BF16, else the
+  // f32 kernel on widened samples (half.cpp)
+  s += std::string(", attention bf16 ") +
+       (best_isa() == Isa::avx512 && attention_bf16_fast_cpu() ? "avx512bf16" : std::string("widened ") + path);
   return s + "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice";
 }
 
