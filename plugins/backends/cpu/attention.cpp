@@ -104,7 +104,8 @@ void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment
 
 }  // namespace dew::cpu
 
-#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but vec16.hpp)
+#else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but vec16.hpp and
+       // attention_visibility.hpp)
 
 // This path's 16-lane vectors and their helpers: vf / vi / vu, vload, vstore, viload, vload_bf16, vset, viset, iota,
 // vsel, vmax, hsum16, transpose16 (native code on every path: one zmm per vector on avx512, two ymm on avx2, four
@@ -385,39 +386,7 @@ struct Ptrs {
   const uint16_t *k16, *v16;  // bf16 K/V (their bits) for the row path, instead of k and v
 };
 
-enum Vis { kNone, kPartial, kFull };
-
-// Visibility of keys [s0, s1) to query positions [pmin, pmax] (kNone may be conservative: a kPartial block
-// with nothing visible is still correct).
-DEW_AI Vis classify(const Geo& g, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1) {
-  if (g.causal && s0 > pmax) return kNone;
-  if (g.window && pmin - (s1 - 1) >= g.window) return kNone;
-  const bool full = (!g.causal || s1 - 1 <= pmin) && (!g.window || pmax - s0 < g.window);
-  return full ? kFull : kPartial;
-}
-
-// Segment visibility of keys [s0, s1) to queries at positions [pmin, pmax] of batch row b: kNone when their
-// segment ranges do not meet (or every query is padding), kFull when all are one nonzero segment.
-DEW_AI Vis classify_segments(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1) {
-  if (!g.seg) return kFull;
-  const int32_t* row = g.seg + b * g.S;
-  int32_t qlo = row[pmin], qhi = row[pmin], klo = row[s0], khi = row[s0];
-  for (int64_t i = pmin + 1; i <= pmax; ++i) qlo = std::min(qlo, row[i]), qhi = std::max(qhi, row[i]);
-  for (int64_t i = s0 + 1; i < s1; ++i) klo = std::min(klo, row[i]), khi = std::max(khi, row[i]);
-  if (qhi == 0 || qhi < klo || khi < qlo) return kNone;
-  return qlo == qhi && klo == khi && qlo == klo ? kFull : kPartial;
-}
-
-// Both rules at once; *seg_mask tells whether the segment mask must be applied inside the pair.
-DEW_AI Vis classify_all(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1, bool* seg_mask) {
-  const Vis pv = classify(g, pmin, pmax, s0, s1);
-  *seg_mask = false;
-  if (pv == kNone) return kNone;
-  const Vis sv = classify_segments(g, b, pmin, pmax, s0, s1);
-  if (sv == kNone) return kNone;
-  *seg_mask = sv == kPartial;
-  return pv == kFull && sv == kFull ? kFull : kPartial;
-}
+#include "attention_visibility.hpp"  // Vis, classify, classify_segments, classify_all
 
 // ---------------------------------------------------------------- forward
 

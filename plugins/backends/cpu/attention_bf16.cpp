@@ -365,34 +365,9 @@ BA_AI void gemm(float* C, int64_t ldc, const uint32_t* A, int64_t ars, int64_t a
   }
 }
 
-// ---------------------------------------------------------------- problem description (as attention.cpp)
+// ---------------------------------------------------------------- visibility of key blocks (shared with attention.cpp)
 
-enum Vis { kNone, kPartial, kFull };
-
-BA_AI Vis classify(const Geo& g, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1) {
-  if (g.causal && s0 > pmax) return kNone;
-  if (g.window && pmin - (s1 - 1) >= g.window) return kNone;
-  const bool full = (!g.causal || s1 - 1 <= pmin) && (!g.window || pmax - s0 < g.window);
-  return full ? kFull : kPartial;
-}
-BA_AI Vis classify_segments(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1) {
-  if (!g.seg) return kFull;
-  const int32_t* row = g.seg + b * g.S;
-  int32_t qlo = row[pmin], qhi = row[pmin], klo = row[s0], khi = row[s0];
-  for (int64_t i = pmin + 1; i <= pmax; ++i) qlo = std::min(qlo, row[i]), qhi = std::max(qhi, row[i]);
-  for (int64_t i = s0 + 1; i < s1; ++i) klo = std::min(klo, row[i]), khi = std::max(khi, row[i]);
-  if (qhi == 0 || qhi < klo || khi < qlo) return kNone;
-  return qlo == qhi && klo == khi && qlo == klo ? kFull : kPartial;
-}
-BA_AI Vis classify_all(const Geo& g, int64_t b, int64_t pmin, int64_t pmax, int64_t s0, int64_t s1, bool* seg_mask) {
-  const Vis pv = classify(g, pmin, pmax, s0, s1);
-  *seg_mask = false;
-  if (pv == kNone) return kNone;
-  const Vis sv = classify_segments(g, b, pmin, pmax, s0, s1);
-  if (sv == kNone) return kNone;
-  *seg_mask = sv == kPartial;
-  return pv == kFull && sv == kFull ? kFull : kPartial;
-}
+#include "attention_visibility.hpp"  // Vis, classify, classify_segments, classify_all
 
 // ---------------------------------------------------------------- forward
 

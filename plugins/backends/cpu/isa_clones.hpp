@@ -9,11 +9,11 @@
 // (`#if defined(...)`: matmul_rowwise.cpp; immintrin.h is included by the first pass, its functions carry
 // their own targets). The family's kernels (#if defined(DEW_CPU_ISA) part) must include no header
 // (everything is included by the first pass, outside the target regions, so no inline function of a header
-// is ever emitted with AVX-512 code) but vec16.hpp and bf16_bits.hpp, which are written for it (only always-inline
-// helpers and types of the path's own namespace: the per-path 16-lane vectors); DEW_CPU_ISA_CALL / DEW_CPU_ISA_KERNEL
-// call the copy a backend was given. Every function defined in a region gets its target, lambdas and OpenMP-outlined
-// bodies too (checked on GCC 12: the `#pragma omp parallel` child of a region function is AVX-512 code), so a family
-// keeps its OpenMP loops as written.
+// is ever emitted with AVX-512 code) but vec16.hpp, bf16_bits.hpp and attention_visibility.hpp, which are written for
+// it (only always-inline helpers and types of the path's own namespace: the per-path 16-lane vectors); DEW_CPU_ISA_CALL
+// / DEW_CPU_ISA_KERNEL call the copy a backend was given. Every function defined in a region gets its target, lambdas
+// and OpenMP-outlined bodies too (checked on GCC 12: the `#pragma omp parallel` child of a region function is AVX-512
+// code), so a family keeps its OpenMP loops as written.
 #ifndef DEW_CPU_ISA_SELF
 #error "define DEW_CPU_ISA_SELF (the family's own file name) before including isa_clones.hpp"
 #endif
