@@ -7,6 +7,7 @@
 // (nn::Attention::project and nn::GatedMLP::forward take it when they find their weights adjacent).
 // store_decode_weights_as adds the decoder's K/V cache to the same choice (CausalDecoder::set_cache_dtype), so
 // `--weights bf16` halves the cache bytes a token reads too (int8 weights keep a bf16 cache).
+// store_matmul_weights_in_panels lays them out in the backend's decode panels (dew/tensor.hpp), for decoding only.
 // Invariant: the tensors keep their identity (the impl is re-pointed at the cast or packed storage), so
 // modules, caches and parameter lists that hold them see the new dtype and place without being rebuilt;
 // their values are unchanged by packing (it copies bits, scales included).
@@ -107,6 +108,27 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
     ++changed;
   }
   for (const auto& g : input_groups(params)) pack_group(g);
+  return changed;
+}
+
+int64_t store_matmul_weights_in_panels(const std::vector<std::pair<std::string, Tensor>>& params) {
+  NoGradGuard no_grad;
+  int64_t changed = 0;
+  for (const auto& [name, p] : params) {
+    if (!p.defined() || p.ndim() != 2 || name.find("embed") != std::string::npos || p.panel_rows() > 0 || p.quantized())
+      continue;
+    const int64_t rows = p.backend().decode_panel_rows(p.dtype());
+    if (rows <= 0 || p.size(0) % rows != 0) continue;
+    // In place, in the storage the tensor already has (a group placed back to back stays so: its members'
+    // rows are whole panels, so each member's panels are where its rows were).
+    std::vector<unsigned char> values(p.nbytes());
+    p.copy_to_host(values.data());
+    p.impl()->panel = rows;
+    p.impl()->requires_grad = false;
+    p.impl()->grad.reset();
+    Tensor(p).copy_from_host(values.data());
+    ++changed;
+  }
   return changed;
 }
 

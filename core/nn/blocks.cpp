@@ -112,7 +112,7 @@ AttentionParams Attention::params() const {
 namespace {
 constexpr int64_t kFusedMaxRows = 32;
 
-// A [sum rows, cols] view over the tensors `ts` when they are defined, 2-D, of one dtype and width, and lie
+// A [sum rows, cols] view over the tensors `ts` when they are defined, 2-D, of one dtype, width and layout, and lie
 // back to back in one storage, in order (a quantized group's scales too); an undefined tensor otherwise.
 Tensor adjacent_rows(const std::vector<const TensorImpl*>& ts) {
   const TensorImpl* f = ts.front();
@@ -121,7 +121,8 @@ Tensor adjacent_rows(const std::vector<const TensorImpl*>& ts) {
   int64_t rows = 0;
   for (const TensorImpl* t : ts) {
     if (!t || t->shape.size() != 2 || t->shape[1] != cols || t->dtype != f->dtype || t->storage != f->storage ||
-        t->offset != f->offset + size_t(rows * cols) || (t->scales == nullptr) != (f->scales == nullptr))
+        t->offset != f->offset + size_t(rows * cols) || (t->scales == nullptr) != (f->scales == nullptr) ||
+        t->panel != f->panel)
       return Tensor();
     rows += t->shape[0];
   }
@@ -130,6 +131,7 @@ Tensor adjacent_rows(const std::vector<const TensorImpl*>& ts) {
   impl->offset = f->offset;
   impl->shape = {rows, cols};
   impl->dtype = f->dtype;
+  impl->panel = f->panel;  // whole panels back to back are the group's panels (dew/tensor.hpp)
   if (f->scales) {
     std::vector<const TensorImpl*> scales;
     for (const TensorImpl* t : ts) scales.push_back(t->scales.get());

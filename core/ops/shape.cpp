@@ -46,6 +46,11 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
               shape_str(x.shape()), " tensor keeps its last axis; ", shape_str(target), " does not");
     impl->scales = x.impl()->scales;
   }
+  if (x.panel_rows() > 0) {  // panels are of a [n, k] tensor (dew/tensor.hpp)
+    DEW_CHECK(target == x.shape(), "reshape: a weight in panels ", shape_str(x.shape()), " keeps its shape; ",
+              shape_str(target), " does not");
+    impl->panel = x.panel_rows();
+  }
   Tensor out(std::move(impl));
   if (needs_grad({&x})) {
     Shape original = x.shape();
@@ -82,6 +87,11 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
     DEW_CHECK(ndim() >= 2, "slice0: a 1-D quantized tensor is one row; it cannot be sliced");
     const int64_t per_lead = shape()[0] == 0 ? 0 : numel() / shape()[0] / shape().back();
     impl->scales = scales().slice0(begin * per_lead, end * per_lead).impl_ptr();
+  }
+  if (panel_rows() > 0) {  // whole panels only: their rows are where the row-major rows would be
+    DEW_CHECK(begin % panel_rows() == 0 && end % panel_rows() == 0, "slice0: rows [", begin, ", ", end,
+              ") of a weight in panels of ", panel_rows(), " rows cut a panel");
+    impl->panel = panel_rows();
   }
   Tensor out(std::move(impl));
   if (needs_grad({this})) {

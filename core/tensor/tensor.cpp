@@ -128,18 +128,53 @@ int64_t Tensor::size(int axis) const {
   return shape()[size_t(a)];
 }
 
+namespace {
+// The first element's address in the backend's space, whatever the layout.
+void* storage_at(const TensorImpl& t) { return static_cast<char*>(t.storage->data) + t.offset * dtype_size(t.dtype); }
+
+// Row-major bytes `rows_major` <-> the panel layout `panels` of a [n, k] tensor in panels of P rows, `es` bytes an
+// element (dew/tensor.hpp): element (r, c) at ((r / P) * k + c) * P + r % P.
+void panels_to_rows(const unsigned char* panels, unsigned char* rows, int64_t n, int64_t k, int64_t P, size_t es) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      std::memcpy(rows + size_t(r * k + c) * es, panels + size_t(((r / P) * k + c) * P + r % P) * es, es);
+}
+void rows_to_panels(const unsigned char* rows, unsigned char* panels, int64_t n, int64_t k, int64_t P, size_t es) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      std::memcpy(panels + size_t(((r / P) * k + c) * P + r % P) * es, rows + size_t(r * k + c) * es, es);
+}
+}  // namespace
+
 void* Tensor::data() const {
   DEW_CHECK(impl_, "use of an undefined tensor");
-  return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(impl_->dtype);
+  DEW_CHECK(impl_->panel == 0, "a ", dtype_name(impl_->dtype), " ", shape_str(impl_->shape), " weight in panels of ",
+            impl_->panel, " rows (decode storage, dew/generate.hpp) is read by linear() only");
+  return storage_at(*impl_);
+}
+
+void* Tensor::panel_data() const {
+  DEW_CHECK(impl_, "use of an undefined tensor");
+  DEW_CHECK(impl_->panel > 0, "panel_data() on a row-major tensor");
+  return storage_at(*impl_);
 }
 
 // ---------------------------------------------------------------- host access
 
 void Tensor::copy_to_host(void* dst) const {
-  if (nbytes() > 0) backend().copy_to_host(dst, data(), nbytes());
+  if (nbytes() == 0) return;
+  if (panel_rows() == 0) return backend().copy_to_host(dst, data(), nbytes());
+  std::vector<unsigned char> packed(nbytes());
+  backend().copy_to_host(packed.data(), panel_data(), nbytes());
+  panels_to_rows(packed.data(), static_cast<unsigned char*>(dst), size(0), size(1), panel_rows(), dtype_size(dtype()));
 }
 void Tensor::copy_from_host(const void* src) {
-  if (nbytes() > 0) backend().copy_from_host(data(), src, nbytes());
+  if (nbytes() == 0) return;
+  if (panel_rows() == 0) return backend().copy_from_host(data(), src, nbytes());
+  std::vector<unsigned char> packed(nbytes());
+  rows_to_panels(static_cast<const unsigned char*>(src), packed.data(), size(0), size(1), panel_rows(),
+                 dtype_size(dtype()));
+  backend().copy_from_host(panel_data(), packed.data(), nbytes());
 }
 
 std::vector<double> Tensor::to_doubles() const {
@@ -230,12 +265,14 @@ Tensor Tensor::detach() const {
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;
   impl->scales = impl_->scales;
+  impl->panel = impl_->panel;
   return Tensor(std::move(impl));
 }
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), backend_ptr());
-  if (nbytes() > 0) backend().copy_device(t.data(), data(), nbytes());
+  t.impl()->panel = panel_rows();  // the same bytes, the same layout
+  if (nbytes() > 0) backend().copy_device(storage_at(*t.impl()), storage_at(*impl_), nbytes());
   if (quantized()) t.impl()->scales = scales().clone().impl_ptr();
   return t;
 }
@@ -255,6 +292,8 @@ void Tensor::copy_(const Tensor& src) {
   DEW_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: shape/dtype mismatch ", shape_str(src.shape()),
             " ", dtype_name(src.dtype()), " -> ", shape_str(shape()), " ", dtype_name(dtype()));
   DEW_CHECK(!src.quantized() && !quantized(), "copy_: a quantized tensor's values need its scales; clone() it");
+  DEW_CHECK(src.panel_rows() == 0 && panel_rows() == 0,
+            "copy_: a weight in panels (decode storage) is not copied in place; clone() it");
   if (nbytes() == 0) return;
   if (src.backend_ptr() == backend_ptr()) {
     backend().copy_device(data(), src.data(), nbytes());

@@ -200,10 +200,14 @@ int g_inference_threads = 0;  // set_inference_threads(): 0 = the run's stored [
 DType g_inference_weights = DType::f32;  // set_inference_weights()
 
 // The weights of an inference command (eval, sample, serve) in the storage --weights asked for, and the decoder's
-// K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32).
-void store_inference_weights(const LoadedRun& lr) {
+// K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32). `decoding` (sample, serve) with a model
+// that decodes: also in the backend's decode panels (store_matmul_weights_in_panels); eval's long rows keep the
+// row-major weights the backend's large products take.
+void store_inference_weights(const LoadedRun& lr, bool decoding) {
   auto* decoder = dynamic_cast<CausalDecoder*>(lr.run.objective->main_model());
-  store_decode_weights_as(decoder, lr.run.objective->parameters(), g_inference_weights);
+  const NamedTensors params = lr.run.objective->parameters();
+  store_decode_weights_as(decoder, params, g_inference_weights);
+  if (decoding && decoder) store_matmul_weights_in_panels(params);
 }
 
 LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name) {
@@ -272,7 +276,7 @@ std::string resolve_checkpoint(const std::string& run_dir, const std::string& st
 std::map<std::string, double> evaluate(const std::string& run_dir, const std::string& step, bool use_ema,
                                        const std::string& backend_name, Options& request) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
-  store_inference_weights(lr);
+  store_inference_weights(lr, false);
   NoGradGuard no_grad;
   auto loader = make_loader(lr.config.section("data"), "val", lr.run.seed);
   ValidationResult vr = lr.run.objective->evaluate(*loader, request, StepInfo{lr.updates, 0, lr.run.seed});
@@ -294,7 +298,7 @@ std::map<std::string, double> evaluate(const std::string& run_dir, const std::st
 void sample(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name,
             Options& request) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
-  store_inference_weights(lr);
+  store_inference_weights(lr, true);
   NoGradGuard no_grad;
   lr.run.objective->sample(request);
 }
@@ -302,7 +306,7 @@ void sample(const std::string& run_dir, const std::string& step, bool use_ema, c
 std::unique_ptr<InferenceRun> load_inference_run(const std::string& run_dir, const std::string& step, bool use_ema,
                                                  const std::string& backend_name) {
   LoadedRun lr = load_run(run_dir, step, use_ema, backend_name);
-  store_inference_weights(lr);
+  store_inference_weights(lr, true);
   auto r = std::make_unique<InferenceRun>();
   r->checkpoint = resolve_checkpoint(run_dir, step, lr.run.backend);
   r->config = std::move(lr.config);

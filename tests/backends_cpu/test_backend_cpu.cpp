@@ -20,6 +20,7 @@
 
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
+#include "dew/generate.hpp"
 #include "dew/ops.hpp"
 #include "dew/random.hpp"
 #include "dew/registry.hpp"
@@ -941,6 +942,135 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
   CHECK_THROWS_AS(cpu()->matmul(Tensor::zeros({1, 8, 8}, DType::f32, cpu()), wb, Tensor(), out,
                                 matmul_params(1, 8, 8, 8, false, false, 1.0f, 0.0f, Activation::none)),
                   Error);
+}
+
+// Decode weights in panels (dew/tensor.hpp, Backend::decode_panel_rows, matmul_rowwise.hpp): the cpu backend asks for
+// panels of 32 rows for f32 and bf16 (none with decode_panels = off, none for int8; ref none);
+// store_matmul_weights_in_panels lays them out in place (the panel bytes where the layout says, the row-major values
+// back from copy_to_host) and leaves a weight whose rows 32 does not divide. The panel kernel's outputs, on every ISA
+// path: on avx512 and avx2 exactly the documented sums (two FMA chains over the even and odd columns in order, added;
+// computed here with std::fma), bit-equal across the two paths, for every row count (m 1 .. 40: R-row blocks, single
+// rows, and past 32) a row alone equal to that row of the batch, equal at 1 and 2 threads; the epilogue (bias, silu)
+// close to ref. A tensor in panels is read by linear() only: data(), a slice through a panel, a reshape and a
+// non-linear product are refused.
+TEST_CASE("cpu: decode weights in panels: layout, the documented sums on every ISA path, batch- and thread-invariant") {
+  cpu();
+  const IsaPaths isa_paths = cpu_isa_paths();
+  CHECK(cpu()->decode_panel_rows(DType::f32) == 32);
+  CHECK(cpu()->decode_panel_rows(DType::bf16) == 32);
+  CHECK(cpu()->decode_panel_rows(DType::i8) == 0);
+  CHECK(ref()->decode_panel_rows(DType::f32) == 0);
+  CHECK(create_backend("cpu", Options({{"decode_panels", "off"}}, "test"))->decode_panel_rows(DType::f32) == 0);
+  CHECK_THROWS_AS(create_backend("cpu", Options({{"decode_panels", "maybe"}}, "test")), Error);
+  struct Case {
+    int64_t n, k;
+  };
+  // k = 1 and 77: a lone column and an odd count (the last column in the even chain); 384 / 1024: decode shapes.
+  const Case cases[] = {{32, 1}, {64, 77}, {96, 384}, {1024, 384}, {64, 1024}};
+  uint64_t seed = 9100;
+  for (const DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : cases) {
+      CAPTURE(dtype_name(dt));
+      CAPTURE(c.n);
+      CAPTURE(c.k);
+      std::vector<float> w = host_uniform(c.n * c.k, seed++, -1.0f, 1.0f);
+      const auto [w16, widened] = rounded_to_bf16(w);
+      if (dt == DType::bf16) w = widened;
+      const std::vector<float> bias = host_uniform(c.n, seed++, -1.0f, 1.0f);
+      std::vector<std::vector<float>> by_path;
+      for (const std::string& isa : isa_paths.names) {
+        CAPTURE(isa);
+        BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+        Tensor wt = dt == DType::f32 ? Tensor::from_vector(w, {c.n, c.k}, be) : Tensor::empty({c.n, c.k}, dt, be);
+        if (dt == DType::bf16) wt.copy_from_host(w16.data());
+        const std::vector<std::pair<std::string, Tensor>> params = {{"layers.0.w.weight", wt}};
+        REQUIRE(store_matmul_weights_in_panels(params) == 1);
+        REQUIRE(wt.panel_rows() == 32);
+        CHECK(wt.to_floats() == w);  // the values, row-major
+        {                            // the bytes where the layout puts them: (r, c) at ((r / 32) * k + c) * 32 + r % 32
+          const size_t es = dtype_size(dt);
+          std::vector<unsigned char> raw(wt.nbytes()), rows(wt.nbytes());
+          be->copy_to_host(raw.data(), wt.panel_data(), raw.size());
+          wt.copy_to_host(rows.data());
+          int misplaced = 0;
+          for (int64_t r = 0; r < c.n; ++r)
+            for (int64_t i = 0; i < c.k; ++i)
+              misplaced += std::memcmp(raw.data() + size_t(((r / 32) * c.k + i) * 32 + r % 32) * es,
+                                       rows.data() + size_t(r * c.k + i) * es, es) != 0;
+          CHECK(misplaced == 0);
+        }
+        for (const int64_t m : {1, 3, 4, 5, 40}) {
+          CAPTURE(m);
+          const std::vector<float> x = host_uniform(m * c.k, seed + uint64_t(m), -1.0f, 1.0f);
+          const Tensor xt = Tensor::from_vector(x, {1, m, c.k}, be);
+          std::vector<float> plain[2];
+          for (int threads : {1, 2}) {
+            be->set_threads(threads);
+            Tensor got = Tensor::empty({1, m, c.n}, DType::f32, be);
+            be->matmul(xt, wt, Tensor(), got, matmul_params(1, m, c.n, c.k, false, true, 1.0f, 0.0f, Activation::none));
+            plain[threads - 1] = got.to_floats();
+          }
+          be->set_threads(1);
+          CHECK(plain[0] == plain[1]);
+          if (isa != "portable") {  // the documented sums, exactly
+            int off = 0;
+            for (int64_t r = 0; r < m; ++r)
+              for (int64_t j = 0; j < c.n; ++j) {
+                float e = 0.0f, o = 0.0f;
+                for (int64_t i = 0; i < c.k; ++i) {
+                  float& chain = i % 2 == 0 ? e : o;
+                  chain = std::fma(x[size_t(r * c.k + i)], w[size_t(j * c.k + i)], chain);
+                }
+                off += plain[0][size_t(r * c.n + j)] != e + o;
+              }
+            CHECK(off == 0);
+          }
+          for (int64_t r = 0; r < m; r += 2) {  // a row alone is that row of the batch
+            const std::vector<float> xr(x.begin() + r * c.k, x.begin() + (r + 1) * c.k);
+            Tensor solo = Tensor::empty({1, 1, c.n}, DType::f32, be);
+            be->matmul(Tensor::from_vector(xr, {1, 1, c.k}, be), wt, Tensor(), solo,
+                       matmul_params(1, 1, c.n, c.k, false, true, 1.0f, 0.0f, Activation::none));
+            const std::vector<float> sv = solo.to_floats();
+            CHECK(std::equal(sv.begin(), sv.end(), plain[0].begin() + r * c.n));
+          }
+          if (m == 40) by_path.push_back(plain[0]);
+          // The epilogue: bias and silu, close to ref's product of the row-major values.
+          const MatmulParams pe = matmul_params(1, m, c.n, c.k, false, true, 1.0f, 0.0f, Activation::silu);
+          Tensor got = Tensor::empty({1, m, c.n}, DType::f32, be), want = Tensor::empty({1, m, c.n}, DType::f32, ref());
+          be->matmul(xt, wt, Tensor::from_vector(bias, {c.n}, be), got, pe);
+          ref()->matmul(Tensor::from_vector(x, {1, m, c.k}, ref()), Tensor::from_vector(w, {1, c.n, c.k}, ref()),
+                        Tensor::from_vector(bias, {c.n}, ref()), want, pe);
+          check_close({got, want}, 1e-5, 4 * kEps * double(c.k), "panel matmul " + isa);
+        }
+      }
+      if (isa_paths.avx512) CHECK(by_path[1] == by_path[2]);  // avx2 and avx512: the same arithmetic
+    }
+  // A weight whose rows 32 does not divide, an embedding and a 1-D tensor keep their rows; ref asks for none.
+  const std::vector<std::pair<std::string, Tensor>> keep = {
+      {"a.weight", Tensor::zeros({40, 8}, DType::f32, cpu())},
+      {"embed_tokens.weight", Tensor::zeros({64, 8}, DType::f32, cpu())},
+      {"norm.weight", Tensor::zeros({64}, DType::f32, cpu())},
+      {"r.weight", Tensor::zeros({64, 8}, DType::f32, ref())}};
+  CHECK(store_matmul_weights_in_panels(keep) == 0);
+  // Read by linear() only.
+  Tensor w = Tensor::from_vector(host_uniform(64 * 8, 5, -1.0f, 1.0f), {64, 8}, cpu());
+  const std::vector<float> values = w.to_floats();
+  REQUIRE(store_matmul_weights_in_panels({{"w.weight", w}}) == 1);
+  CHECK_THROWS_AS(w.data(), Error);
+  CHECK_THROWS_AS(w.slice0(0, 16), Error);
+  CHECK(w.slice0(32, 64).panel_rows() == 32);
+  CHECK(w.slice0(32, 64).to_floats() == std::vector<float>(values.begin() + 32 * 8, values.end()));
+  CHECK_THROWS_AS(reshape(w, {8, 64}), Error);
+  CHECK(w.clone().panel_rows() == 32);
+  CHECK(w.clone().to_floats() == values);
+  CHECK(w.to(ref()).panel_rows() == 0);
+  CHECK(w.to(ref()).to_floats() == values);
+  Tensor out = Tensor::empty({1, 8, 64}, DType::f32, cpu());
+  CHECK_THROWS_AS(cpu()->matmul(Tensor::zeros({1, 8, 8}, DType::f32, cpu()), w, Tensor(), out,
+                                matmul_params(1, 8, 64, 8, false, false, 1.0f, 0.0f, Activation::none)),
+                  Error);
+  CHECK_THROWS_AS(matmul(Tensor::zeros({8, 64}, DType::f32, cpu()), w), Error);  // not linear()'s form
+  CHECK(linear(Tensor::from_vector(std::vector<float>(8, 1.0f), {1, 8}, cpu()), w).shape() == Shape{1, 64});
 }
 
 // Weight-only int8 (f32 x against a quantized weight: i8 [n, k] with f32 scales [n, G], dew/tensor.hpp): on every

@@ -351,8 +351,7 @@ namespace {
 // store_matmul_weights_as, so a model decodes through the separate products.
 void unpack(const dew::NamedTensors& params) {
   for (const auto& [name, p] : params) {
-    Tensor own = Tensor::empty(p.shape(), p.dtype(), p.backend_ptr());
-    p.backend().copy_device(own.data(), p.data(), p.nbytes());
+    Tensor own = p.clone();  // the same bytes and layout (a weight in panels keeps its panels)
     p.impl()->storage = own.impl()->storage;
     p.impl()->offset = own.impl()->offset;
     if (p.quantized()) p.impl()->scales = p.scales().clone().impl_ptr();  // its own scales too
@@ -374,34 +373,53 @@ std::vector<std::vector<float>> decode_logits(dew::CausalDecoder& dec) {
 // then makes one product per group (core/nn/blocks.cpp): the logits are those of the separate products, bit
 // for bit, in f32 and with bf16 and int8 weights (the row-wise products sum each column alike whatever the other
 // rows; an int8 group's scales are packed beside its rows).
+// In panels too (f32 and bf16: store_matmul_weights_in_panels): the panel kernel sums each column alike whatever
+// the other panels, and a group's members are whole panels back to back; and their logits are close to the
+// row-major weights' (another order of the same sums).
 TEST_CASE("decode fusion: packed q/k/v and gate/up weights decode bit-equal to the separate products (cpu)") {
-  for (const dew::DType dt : {dew::DType::f32, dew::DType::bf16, dew::DType::i8}) {
-    CAPTURE(dew::dtype_name(dt));
-    auto m = tiny_model("cpu", 64, 64);
-    const dew::NamedTensors params = m->named_parameters();
-    dew::store_matmul_weights_as(params, dt);
-    std::map<std::string, Tensor> by;
-    for (const auto& [n, p] : params) by[n] = p;
-    for (const std::string l : {"model.layers.0.", "model.layers.1."}) {  // packed: one storage, in order
-      const Tensor& q = by.at(l + "self_attn.q_proj.weight");
-      const Tensor& k = by.at(l + "self_attn.k_proj.weight");
-      const Tensor& g = by.at(l + "mlp.gate_proj.weight");
-      const Tensor& u = by.at(l + "mlp.up_proj.weight");
-      CHECK(static_cast<const char*>(k.data()) == static_cast<const char*>(q.data()) + q.nbytes());
-      CHECK(static_cast<const char*>(u.data()) == static_cast<const char*>(g.data()) + g.nbytes());
-      if (dt == dew::DType::i8) {  // and their scales
-        CHECK(static_cast<const char*>(k.scales().data()) ==
-              static_cast<const char*>(q.scales().data()) + q.scales().nbytes());
-        CHECK(static_cast<const char*>(u.scales().data()) ==
-              static_cast<const char*>(g.scales().data()) + g.scales().nbytes());
+  for (const bool panels : {false, true})
+    for (const dew::DType dt : {dew::DType::f32, dew::DType::bf16, dew::DType::i8}) {
+      if (panels && dt == dew::DType::i8) continue;  // int8 keeps its rows
+      CAPTURE(panels);
+      CAPTURE(dew::dtype_name(dt));
+      auto m = tiny_model("cpu", 64, 64);
+      const dew::NamedTensors params = m->named_parameters();
+      dew::store_matmul_weights_as(params, dt);
+      std::vector<std::vector<float>> rows_logits;
+      if (panels) {
+        rows_logits = decode_logits(decoder_of(m));
+        CHECK(dew::store_matmul_weights_in_panels(params) == 14);  // 2 layers x q, k, v, o, gate, up, down
+      }
+      std::map<std::string, Tensor> by;
+      for (const auto& [n, p] : params) by[n] = p;
+      for (const std::string l : {"model.layers.0.", "model.layers.1."}) {  // packed: one storage, in order
+        const Tensor& q = by.at(l + "self_attn.q_proj.weight");
+        const Tensor& k = by.at(l + "self_attn.k_proj.weight");
+        const Tensor& g = by.at(l + "mlp.gate_proj.weight");
+        const Tensor& u = by.at(l + "mlp.up_proj.weight");
+        auto at = [&](const Tensor& t) { return static_cast<const char*>(panels ? t.panel_data() : t.data()); };
+        CHECK(at(k) == at(q) + q.nbytes());
+        CHECK(at(u) == at(g) + g.nbytes());
+        if (dt == dew::DType::i8) {  // and their scales
+          CHECK(static_cast<const char*>(k.scales().data()) ==
+                static_cast<const char*>(q.scales().data()) + q.scales().nbytes());
+          CHECK(static_cast<const char*>(u.scales().data()) ==
+                static_cast<const char*>(g.scales().data()) + g.scales().nbytes());
+        }
+      }
+      const auto fused = decode_logits(decoder_of(m));
+      unpack(params);
+      const auto separate = decode_logits(decoder_of(m));
+      REQUIRE(fused.size() == separate.size());
+      for (size_t i = 0; i < fused.size(); ++i) CHECK_MESSAGE(same_bits(fused[i], separate[i]), "step ", i);
+      for (size_t i = 0; i < rows_logits.size(); ++i) {  // panels against rows: the same sums in another order
+        REQUIRE(rows_logits[i].size() == fused[i].size());
+        double worst = 0.0;
+        for (size_t j = 0; j < fused[i].size(); ++j)
+          worst = std::max(worst, double(std::fabs(rows_logits[i][j] - fused[i][j])));
+        CHECK_MESSAGE(worst < 1e-3, "step ", i, ": ", worst);
       }
     }
-    const auto fused = decode_logits(decoder_of(m));
-    unpack(params);
-    const auto separate = decode_logits(decoder_of(m));
-    REQUIRE(fused.size() == separate.size());
-    for (size_t i = 0; i < fused.size(); ++i) CHECK_MESSAGE(same_bits(fused[i], separate[i]), "step ", i);
-  }
 }
 
 namespace {
@@ -457,9 +475,14 @@ void expect_equal(const dew::Generation& got, const dew::Generation& want, size_
 
 TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each equal their solo result") {
   auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
-  for (const char* be : {"ref", "cpu"}) {
+  for (const std::string be : {"ref", "cpu", "cpu in panels"}) {
     CAPTURE(be);
-    auto m = tiny_model(be);
+    const bool panels = be == "cpu in panels";
+    auto m = panels ? tiny_model("cpu", 64) : tiny_model(be);
+    if (panels) {  // what dew-run serve does with f32 weights: q/k/v, gate/up back to back, in the backend's panels
+      dew::store_matmul_weights_as(m->named_parameters(), dew::DType::f32);
+      CHECK(dew::store_matmul_weights_in_panels(m->named_parameters()) == 14);
+    }
     dew::CausalDecoder& dec = decoder_of(m);
     const std::vector<Case> cs = mixed_cases(dec, *tok);
     std::vector<dew::Generation> solo;

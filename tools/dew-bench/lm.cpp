@@ -302,6 +302,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   dew::NoGradGuard no_grad;
   const dew::NamedTensors params = b.objective->parameters();
   dew::store_decode_weights_as(decoder, params, dew::weights_dtype_from_name(lo.weights, "--weights"));  // + K/V
+  dew::store_matmul_weights_in_panels(params);  // the backend's decode layout (none on ref / cuda)
   const int64_t P = lo.prompt_len, N = lo.tokens, V = decoder->vocab_size();
   DEW_USAGE_CHECK(P > 0 && N > 1, "dew-bench generate: --prompt-len must be >= 1 and --tokens >= 2");
   std::mt19937 rng(1337);

@@ -365,6 +365,8 @@ class CpuBackend final : public Backend {
   // In use: blocks handed out (at their rounded size); reserved adds the blocks the BlockCache keeps.
   MemoryStats memory_stats() const override { return memory_.stats(int64_t(blocks_->cached_bytes())); }
   void reset_memory_peak() override { memory_.reset_peak(); }
+  // f32 and bf16 decode weights in panels of kPanelRows (matmul_rowwise.hpp), unless option decode_panels = off.
+  int64_t decode_panel_rows(DType dtype) const override;
 
   // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
   DEW_KERNEL_OVERRIDES
@@ -382,6 +384,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Dnnl> dnnl_;
   bool bf16_matmul_ = false;
   Isa isa_ = Isa::portable;
+  bool decode_panels_ = true;
   std::unique_ptr<BlockCache> blocks_;
   MemoryCounter memory_;
   RopeTables rope_tables_;

@@ -10,6 +10,7 @@
 #include "attention.hpp"
 #include "attention_bf16.hpp"
 #include "cpu_backend.hpp"
+#include "matmul_rowwise.hpp"  // kPanelRows
 
 namespace dew::cpu {
 
@@ -51,6 +52,15 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   std::string why = check_max_isa_env();
   DEW_USAGE_CHECK(why.empty(), "cpu backend: ", why);
   DEW_USAGE_CHECK(parse_isa(isa, isa_, why), "cpu backend: option 'isa' = ", why);
+  const std::string panels = options.get_string("decode_panels", "on");
+  DEW_USAGE_CHECK(panels == "on" || panels == "off", "cpu backend: option 'decode_panels' = '", panels,
+                  "' is not one of on, off");
+  decode_panels_ = panels == "on";
+}
+
+// Decode weights in panels of kPanelRows rows (matmul_rowwise.hpp): f32 and bf16 weights; int8 keeps its rows.
+int64_t CpuBackend::decode_panel_rows(DType dtype) const {
+  return decode_panels_ && (dtype == DType::f32 || dtype == DType::bf16) ? kPanelRows : 0;
 }
 CpuBackend::~CpuBackend() = default;
 
@@ -126,9 +136,10 @@ std::string kernel_paths() {
 DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
   registrar.add<dew::Backend>({
       .name = "cpu",
-      .description = "host backend: oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(
-                         DNNL_VERSION_MINOR) " matmul/conv/norm/softmax + OpenMP kernels (f32; bf16 for mixed precision); " +
-                     dew::cpu::kernel_paths(),
+      .description =
+          "host backend: oneDNN " DEW_STR(DNNL_VERSION_MAJOR) "." DEW_STR(
+              DNNL_VERSION_MINOR) " matmul/conv/norm/softmax + OpenMP kernels (f32; bf16 for mixed precision); " +
+          dew::cpu::kernel_paths(),
       .factory = [](const dew::Options& o) { return std::make_shared<dew::cpu::CpuBackend>(o); },
       .probe = []() -> dew::Support {
         return dew::Support::yes();  // any x86-64: the portable path needs nothing past the baseline
@@ -140,6 +151,9 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
                    "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"},
                   {"isa", "best",
                    "instruction-set path of the hand-written kernels (every family but oneDNN's): best (the CPU's "
-                   "widest) | avx512 | avx2 | portable; a path this CPU cannot run is refused"}},
+                   "widest) | avx512 | avx2 | portable; a path this CPU cannot run is refused"},
+                  {"decode_panels", "on",
+                   "on: decode weights (dew-run sample / serve, dew-bench generate) are laid out in panels of 32 "
+                   "rows, read as one stream by the decode products; off: they stay row-major"}},
   });
 }

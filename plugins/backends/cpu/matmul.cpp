@@ -254,10 +254,11 @@ constexpr int64_t kRowwiseMaxM = 32;
 
 namespace {
 
-// Weight-only storage (dew/generate.hpp): f32 x [m, k] against a bf16 or quantized int8 weight [n, k]
-// (linear: batch 1, trans_b, beta 0), f32 accumulation and output. Every row takes the row-wise kernel, 32
-// rows per pass over the weight (a prompt's prefill as well as each decode step), so a token's logits are the
-// same whether it came in a prompt, alone or batched. Why not oneDNN: 2.6 multiplies bf16 only by bf16 and
+// Weight-only storage (dew/generate.hpp): f32 x [m, k] against a bf16 or quantized int8 weight [n, k], or an
+// f32 / bf16 weight in panels (linear: batch 1, trans_b, beta 0), f32 accumulation and output. Every row takes
+// the row-wise kernel, 32 rows per pass over the weight, or the panel kernel (matmul_rowwise.hpp) for a weight in
+// panels (a prompt's prefill as well as each decode step), so a token's logits are the same whether it came in a
+// prompt, alone or batched. Why not oneDNN: 2.6 multiplies bf16 only by bf16 and
 // int8 only by int8 (u8/s8 activations), which would round the activations too.
 void matmul_weight_only(Isa isa, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
                         const MatmulParams& p) {
@@ -275,6 +276,18 @@ void matmul_weight_only(Isa isa, const Tensor& a, const Tensor& b, const Tensor&
   }
   const float* x = a.data_as<float>();
   float* y = out.data_as<float>();
+  if (b.panel_rows() > 0) {  // a weight in panels (decode_panel_rows): the panel kernel for every m
+    DEW_CHECK(b.panel_rows() == kPanelRows && b.ndim() == 2 && b.size(0) == p.n && b.size(1) == p.k &&
+                  (b.dtype() == DType::f32 || b.dtype() == DType::bf16),
+              "cpu matmul: a weight in panels is f32 or bf16 [n, k] in panels of ", kPanelRows, " rows, got ",
+              dtype_name(b.dtype()), " ", shape_str(b.shape()), " in panels of ", b.panel_rows());
+    const RowwiseEpilogue ep{bp, p.alpha, p.act};
+    if (b.dtype() == DType::f32)
+      panel_dot_f32(isa, x, static_cast<const float*>(b.panel_data()), y, p.m, p.n, p.k, ep);
+    else
+      panel_dot_bf16(isa, x, static_cast<const uint16_t*>(b.panel_data()), y, p.m, p.n, p.k, ep);
+    return;
+  }
   QuantScales q;
   if (b.quantized()) {
     q.groups = contracts::check_quantized_weight("cpu matmul", b);

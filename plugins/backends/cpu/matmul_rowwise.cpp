@@ -95,6 +95,32 @@ void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int6
   run_split(isa, x, w, y, m, n, k, ep);
 }
 
+// Panels split over threads (whole panels each: a thread's columns are the columns one thread would make).
+template <class W>
+void run_panels(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
+                const RowwiseEpilogue& ep) {
+  DEW_CHECK(n % kPanelRows == 0, "cpu matmul: a weight in panels of ", kPanelRows, " rows has ", n, " rows");
+  const int64_t panels = n / kPanelRows;
+  if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
+    return DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, 0, panels, ep);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t p0 = panels * t / T, p1 = panels * (t + 1) / T;
+    if (p0 < p1) DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, p0, p1, ep);
+  }
+}
+
+void panel_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+                   const RowwiseEpilogue& ep) {
+  run_panels(isa, x, w, y, m, n, k, ep);
+}
+
+void panel_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                    const RowwiseEpilogue& ep) {
+  run_panels(isa, x, w, y, m, n, k, ep);
+}
+
 void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales& scales, float* y, int64_t m,
                     int64_t n, int64_t k, const RowwiseEpilogue& ep) {
   if ((k / scales.groups) % 32 != 0) return run_split(isa, x, w, y, m, n, k, ep, scales);
@@ -139,6 +165,7 @@ DEW_AI V qdot32(const int8_t* w, const int16_t* x) {
   return {_mm512_cvtepi32_ps(_mm512_madd_epi16(w16, _mm512_loadu_si512(x)))};
 }
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {_mm512_fmadd_ps(x.v, w.v, s.v)}; }
+DEW_AI void vstore16(float* p, const V& v) { _mm512_storeu_ps(p, v.v); }
 DEW_AI float vsum(const V& s) {
   const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(s.v), _mm512_extractf32x8_ps(s.v, 1));
   const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -174,6 +201,7 @@ DEW_AI V qdot32(const int8_t* w, const int16_t* x) {  // lanes 0-7: columns 0-15
 DEW_AI V vfma(const V& x, const V& w, const V& s) {
   return {_mm256_fmadd_ps(x.lo, w.lo, s.lo), _mm256_fmadd_ps(x.hi, w.hi, s.hi)};
 }
+DEW_AI void vstore16(float* p, const V& v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
 DEW_AI float vsum(const V& s) {
   const __m256 a = _mm256_add_ps(s.lo, s.hi);
   const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -208,6 +236,7 @@ DEW_AI V qdot32(const int8_t* w, const int16_t* x) {
   return r;
 }
 DEW_AI V vfma(const V& x, const V& w, const V& s) { return {s.v + x.v * w.v}; }
+DEW_AI void vstore16(float* p, const V& v) { __builtin_memcpy(p, &v.v, sizeof v.v); }
 DEW_AI float vsum(const V& s) { return hsum16(s.v); }
 constexpr bool kFma = false;
 #endif
@@ -487,6 +516,51 @@ DEW_AI void rowwise_range(const float* x, const W* w, float* y, int64_t m, int64
   for (; j < j1; ++j) column_block<1, 1>(x, w, y, m, n, k, j, static_cast<const W*>(nullptr), q);
 }
 
+// ---- weights in panels (matmul_rowwise.hpp: kPanelRows rows, column-major inside a panel). A panel's column i
+// is its 32 rows' weights at column i, back to back: two 16-lane vectors, y's 32 columns as lanes. Column i goes
+// into chain i % 2 (FMA, x[r, i] broadcast), the chains are added lane by lane at the end: the same arithmetic for
+// every y[r, j] whatever R, m, the thread count and the path's register width are (avx512: one zmm a vector,
+// avx2: two ymm). The weight streams in address order, one sequential read per panel: no software prefetch (the
+// hardware's stream prefetcher sees one stream; measured on the Zen 5, docs/benchmarks.md, session 23).
+// Column i of a panel into acc: acc[r][h] += x[r, i] * w[i][16 h .. 16 h + 16) for the R rows of x.
+template <int R, class W>
+DEW_AI void panel_column(const float* x, const W* wp, int64_t k, int64_t i, V (&acc)[R][2]) {
+  const V w0 = vload16(wp + i * kPanelRows), w1 = vload16(wp + i * kPanelRows + 16);
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r) {
+    const V xv = vset1(x[r * k + i]);
+    acc[r][0] = vfma(xv, w0, acc[r][0]);
+    acc[r][1] = vfma(xv, w1, acc[r][1]);
+  }
+}
+
+// y[r, j0 .. j0 + 32) for R rows of x against one panel wp (32 rows x k columns).
+template <int R, class W>
+DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_t k, int64_t j0) {
+  V s[2][R][2];
+#pragma GCC unroll 32
+  for (int c = 0; c < 2; ++c)
+#pragma GCC unroll 32
+    for (int r = 0; r < R; ++r) s[c][r][0] = vzero(), s[c][r][1] = vzero();
+  int64_t i = 0;
+  for (; i + 2 <= k; i += 2) {
+    panel_column<R>(x, wp, k, i, s[0]);
+    panel_column<R>(x, wp, k, i + 1, s[1]);
+  }
+  if (i < k) panel_column<R>(x, wp, k, i, s[0]);
+#pragma GCC unroll 32
+  for (int r = 0; r < R; ++r) {
+    vstore16(y + r * n + j0, vadd(s[0][r][0], s[1][r][0]));
+    vstore16(y + r * n + j0 + 16, vadd(s[0][r][1], s[1][r][1]));
+  }
+}
+
+#if defined(DEW_CPU_ISA_IS_AVX512)
+constexpr int kPanelR = 4;  // rows of x a panel pass serves: 4 x 2 chains x 2 vectors = 16 zmm accumulators
+#else
+constexpr int kPanelR = 1;  // avx2: 8 ymm accumulators a row of x, 4 more for the column; portable: xmm quads
+#endif
+
 // ---- the epilogue over y[r, j0 .. j1) (matmul_rowwise.hpp): one expression per element.
 struct Identity {
   DEW_AI float operator()(float v) const { return v; }
@@ -615,6 +689,28 @@ void rowwise_columns(const float* x, const int8_t* w, float* y, int64_t m, int64
                      int64_t j1, const RowwiseEpilogue& ep, const QuantScales& q) {
   rowwise_range<kJ1, 1, kRM, kJM>(x, w, y, m, n, k, j0, j1, q);
   epilogue(ep, y, m, n, j0, j1);
+}
+
+// Panels [p0, p1) of a weight in panels (y's columns [32 p0, 32 p1)), all m rows: rows in blocks of kPanelR,
+// the rest one at a time, then the epilogue on those columns.
+template <class W>
+DEW_AI void panel_columns_t(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t p0,
+                            int64_t p1, const RowwiseEpilogue& ep) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const W* wp = w + p * kPanelRows * k;
+    int64_t r = 0;
+    for (; r + kPanelR <= m; r += kPanelR) panel_block<kPanelR>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+    for (; r < m; ++r) panel_block<1>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+  }
+  epilogue(ep, y, m, n, p0 * kPanelRows, p1 * kPanelRows);
+}
+void panel_columns(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t p0, int64_t p1,
+                   const RowwiseEpilogue& ep) {
+  panel_columns_t(x, w, y, m, n, k, p0, p1, ep);
+}
+void panel_columns(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t p0, int64_t p1,
+                   const RowwiseEpilogue& ep) {
+  panel_columns_t(x, w, y, m, n, k, p0, p1, ep);
 }
 
 #endif  // DEW_CPU_ISA

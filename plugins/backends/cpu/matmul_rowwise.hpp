@@ -28,6 +28,17 @@ void rowwise_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t 
                      const RowwiseEpilogue& ep = {});
 void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                       const RowwiseEpilogue& ep = {});
+// A weight in panels (Backend::decode_panel_rows, dew/tensor.hpp): w holds n / kPanelRows panels of kPanelRows rows
+// (n % kPanelRows == 0), each column-major: weight (j, i) at ((j / 32) * k + i) * 32 + j % 32, so a decode step
+// reads it in address order as one stream (the row-major form streams J rows side by side). y[r, j] = e + o, where
+// e is the FMA chain x[r, i] w[j, i] + ... over the even columns i in order and o over the odd ones, the same way
+// whatever m, r, the thread count and the path are (avx512 and avx2 agree bit for bit; portable rounds each
+// product); then the epilogue as above. Not the row-major path's sums: a weight's layout picks its kernel.
+constexpr int64_t kPanelRows = 32;
+void panel_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+                   const RowwiseEpilogue& ep = {});
+void panel_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                    const RowwiseEpilogue& ep = {});
 // An int8 weight (dew/tensor.hpp's quantized tensor): w [n, k] int8 in `groups` groups of k / groups columns per
 // row, the scale of row j's group g at scales[j * groups + g]. Two forms, chosen per call by rowwise_dot_i8:
 // * integer blocks, when 32 divides k / groups (the weight's layout alone decides): each row of x is rounded once to int16 per

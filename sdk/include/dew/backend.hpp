@@ -3,7 +3,8 @@
 //
 // A backend is a device plugin. The core allocates every output before calling a kernel, so kernels
 // never allocate tensors; all tensors handed to a kernel are contiguous row-major (data() already
-// points at the first element). Unless a kernel says otherwise:
+// points at the first element), but a decode weight in panels that the backend asked for (decode_panel_rows)
+// handed to matmul. Unless a kernel says otherwise:
 //  * inputs and outputs have the same floating dtype; index tensors are i32; saved statistics
 //    (mean, rstd, lse) are f32 even for f64 inputs on `ref`, except that `ref` keeps them in f64
 //    when the inputs are f64 (gradient checks run wholly in double);
@@ -250,6 +251,16 @@ class Backend {
   // say "not tracked", so a backend plugin that predates them still builds and loads.
   virtual MemoryStats memory_stats() const { return {}; }
   virtual void reset_memory_peak() {}
+
+  // ---- decode weights ----
+  // Rows per panel in which this backend's weight-only matmul reads a `dtype` weight fastest (dew/tensor.hpp's
+  // tensors in panels; dew/generate.hpp store_matmul_weights_in_panels), or 0 when it multiplies row-major
+  // weights only (the default). A backend that answers P > 0 takes such a weight wherever is_weight_only_matmul
+  // lets it through (dew/kernel_contracts.hpp), for every m.
+  virtual int64_t decode_panel_rows(DType dtype) const {
+    (void)dtype;
+    return 0;
+  }
 
   // ---- device clock (asynchronous backends; the profiler's) ----
   // device_mark() records a point on the backend's queue without waiting and returns its handle, or -1 when

@@ -157,6 +157,14 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
 // Returns the tensors cast.
 int64_t store_decode_weights_as(CausalDecoder* decoder, const std::vector<std::pair<std::string, Tensor>>& params,
                                 DType dtype);
+// Lays the matmul weights of `params` (those store_matmul_weights_as stores: 2-D, no "embed" in the name) out in
+// the panels their backend's decode products read fastest (Backend::decode_panel_rows; dew/tensor.hpp's tensors
+// in panels), in place and values unchanged: a weight whose row count the panel does not divide, or on a backend
+// that answers 0, keeps its rows. For decoding only (dew-run sample / serve, dew-bench generate): such a weight
+// is then read by linear() alone, through the backend's panel kernel at every row count, so call it after
+// store_decode_weights_as and only for a model that decodes. Groups placed back to back stay so (whole panels).
+// Returns the tensors laid out.
+int64_t store_matmul_weights_in_panels(const std::vector<std::pair<std::string, Tensor>>& params);
 // "f32" | "bf16" | "int8" -> the dtype of --weights (int8: DType::i8); anything else is one usage error naming
 // `what`.
 DType weights_dtype_from_name(const std::string& name, const char* what);

@@ -54,9 +54,11 @@ inline int64_t norm_groups(const char* who, int64_t rows, int64_t dim, std::init
 // output, the one matmul whose operands differ in dtype. The core lets it through linear() for inference only;
 // a backend takes bf16 natively or widens the weight itself, and takes i8 when supports(matmul, i8) says so
 // (otherwise the core hands it the dequantized f32 weight: core/ops/linalg.cpp).
+// A weight in panels (dew/tensor.hpp: f32 or bf16, b.panel_rows() > 0, made for a backend that asked for them)
+// takes the same form, f32 included.
 inline bool is_weight_only_matmul(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.dtype() == DType::f32 &&
-         (b.dtype() == DType::bf16 || (b.dtype() == DType::i8 && b.quantized()));
+         (b.dtype() == DType::bf16 || (b.dtype() == DType::i8 && b.quantized()) || b.panel_rows() > 0);
 }
 
 // A quantized weight as linear() multiplies it: i8 [n, k] (2-D, n rows of k) with f32 scales [n, G], G >= 1

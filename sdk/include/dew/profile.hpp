@@ -66,6 +66,7 @@ class ProfilingBackend final : public Backend {
   void copy_device(void* dst, const void* src, size_t bytes) override;
   MemoryStats memory_stats() const override { return inner_->memory_stats(); }
   void reset_memory_peak() override { inner_->reset_memory_peak(); }
+  int64_t decode_panel_rows(DType dtype) const override { return inner_->decode_panel_rows(dtype); }
   int64_t device_mark() override { return inner_->device_mark(); }
   double device_elapsed_ms(int64_t from, int64_t to) override { return inner_->device_elapsed_ms(from, to); }
   void device_marks_release() override { inner_->device_marks_release(); }

@@ -11,6 +11,14 @@
 //    one scale per row).
 //    Views that keep whole rows (slice0, detach, reshape keeping the last axis) carry their rows' scales;
 //    clone and to() copy them; to_doubles() gives the dequantized values.
+//  * A tensor in panels (decode weights, dew/generate.hpp store_matmul_weights_in_panels) is a 2-D [n, k] f32 or
+//    bf16 weight whose rows are stored in panels of P = panel rows (n % P == 0), column-major inside a panel:
+//    element (r, c) at ((r / P) * k + c) * P + r % P, the layout a backend's decode product streams in address
+//    order (Backend::decode_panel_rows). It is the one tensor that is not row-major: only linear() multiplies
+//    it (the backends' weight-only matmul, which reads panel_data()); data() refuses it, so no other kernel can
+//    read it as rows. copy_to_host / to_doubles / to() give its values row-major, copy_from_host takes them
+//    row-major (and packs them); detach, clone and slice0 at panel boundaries keep the panels; reshape to
+//    another shape and copy_ refuse.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -49,6 +57,7 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf (same shape, dtype, backend)
   std::shared_ptr<Node> grad_fn;     // the node that produced this tensor (null for leaves)
   std::shared_ptr<TensorImpl> scales;  // a quantized i8 tensor's f32 [rows, G] scales (above); null otherwise
+  int64_t panel = 0;                   // rows per panel of a tensor in panels (above); 0: row-major
 };
 
 class Tensor {
@@ -87,9 +96,13 @@ class Tensor {
   // A quantized tensor's scales (f32 [rows, G], top comment); undefined for every other tensor.
   Tensor scales() const { return impl_ && impl_->scales ? Tensor(impl_->scales) : Tensor(); }
   bool quantized() const { return impl_ && impl_->scales != nullptr; }
+  // Rows per panel of a tensor in panels (top comment); 0 for every row-major tensor.
+  int64_t panel_rows() const { return impl_ ? impl_->panel : 0; }
 
-  // Pointer to the first element in the backend's address space (host memory for ref/cpu).
+  // Pointer to the first element in the backend's address space (host memory for ref/cpu). Refuses a tensor
+  // in panels (top comment): a kernel that reads one takes panel_data() and the layout with it.
   void* data() const;
+  void* panel_data() const;  // the first panel of a tensor in panels (refuses a row-major one)
   template <class T>
   T* data_as() const {
     return static_cast<T*>(data());
@@ -99,8 +112,8 @@ class Tensor {
   std::vector<float> to_floats() const;
   std::vector<double> to_doubles() const;
   std::vector<int32_t> to_ints() const;  // i32/i64/u8 tensors
-  void copy_to_host(void* dst) const;    // raw bytes of this tensor
-  void copy_from_host(const void* src);  // raw bytes into this tensor
+  void copy_to_host(void* dst) const;    // raw bytes of this tensor (row-major, a tensor in panels too)
+  void copy_from_host(const void* src);  // raw bytes into this tensor (row-major, a tensor in panels too)
   double item() const;                   // a one-element tensor's value
 
   // ---- views and copies ----
