@@ -125,6 +125,8 @@ std::string kernel_paths() {
   // f32 kernel on widened samples (half.cpp)
   s += std::string(", attention bf16 ") +
        (best_isa() == Isa::avx512 && attention_bf16_fast_cpu() ? "avx512bf16" : std::string("widened ") + path);
+  s += std::string("; decode weights in panels of ") + std::to_string(kPanelRows) +
+       " rows (f32, bf16; option decode_panels)";
   return s + "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice";
 }
 

@@ -15,6 +15,11 @@
 // against x rounded to int16 (vpmovsxbw + vpmaddwd: exact dots), or the f32 widening for other group lengths
 // (matmul_rowwise.hpp says which and how they sum). Why integers: widening int8 to f32 (vpmovsxbd + vcvtdq2ps
 // per 8 weights) bound the kernel at ~13.8 G weights/s on the AVX2 EPYC, under what the cache delivers.
+// Weights in panels (matmul_rowwise.hpp: 32 rows a panel, column-major inside; what decoding lays its weights out
+// in, dew/generate.hpp) take panel_dot_*: the weight is read in address order as one stream, a column's 32 weights
+// two 16-lane vectors against x[r, i] broadcast, two FMA chains per output (even / odd columns). Why: on the Zen 5
+// the row-major form's J rows streamed side by side (with software prefetch) read at ~0.75 of a plain read loop,
+// the panels at about its rate (docs/benchmarks.md, session 23).
 // The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
 // Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators), and while it streams, a later
 // block's rows (contiguous in memory) are prefetched, one line per line loaded, so that block's misses are in
