@@ -945,7 +945,7 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
 }
 
 // Decode weights in panels (dew/tensor.hpp, Backend::decode_panel_rows, matmul_rowwise.hpp): the cpu backend asks for
-// panels of 32 rows for f32 and bf16 (none with decode_panels = off, none for int8; ref none);
+// panels of 32 rows for f32 and bf16 (none with decode_panels = off or on the portable path, none for int8; ref none);
 // store_matmul_weights_in_panels lays them out in place (the panel bytes where the layout says, the row-major values
 // back from copy_to_host) and leaves a weight whose rows 32 does not divide. The panel kernel's outputs, on every ISA
 // path: on avx512 and avx2 exactly the documented sums (two FMA chains over the even and odd columns in order, added;
@@ -961,6 +961,7 @@ TEST_CASE("cpu: decode weights in panels: layout, the documented sums on every I
   CHECK(cpu()->decode_panel_rows(DType::i8) == 0);
   CHECK(ref()->decode_panel_rows(DType::f32) == 0);
   CHECK(create_backend("cpu", Options({{"decode_panels", "off"}}, "test"))->decode_panel_rows(DType::f32) == 0);
+  CHECK(create_backend("cpu", Options({{"isa", "portable"}}, "test"))->decode_panel_rows(DType::f32) == 0);
   CHECK_THROWS_AS(create_backend("cpu", Options({{"decode_panels", "maybe"}}, "test")), Error);
   struct Case {
     int64_t n, k;
@@ -984,7 +985,18 @@ TEST_CASE("cpu: decode weights in panels: layout, the documented sums on every I
         Tensor wt = dt == DType::f32 ? Tensor::from_vector(w, {c.n, c.k}, be) : Tensor::empty({c.n, c.k}, dt, be);
         if (dt == DType::bf16) wt.copy_from_host(w16.data());
         const std::vector<std::pair<std::string, Tensor>> params = {{"layers.0.w.weight", wt}};
-        REQUIRE(store_matmul_weights_in_panels(params) == 1);
+        if (isa == "portable") {  // asks for none (slower there); its kernel still serves a weight laid out by hand
+          REQUIRE(store_matmul_weights_in_panels(params) == 0);
+          const std::vector<unsigned char> bytes = [&] {
+            std::vector<unsigned char> b(wt.nbytes());
+            wt.copy_to_host(b.data());
+            return b;
+          }();
+          wt.impl()->panel = 32;
+          wt.copy_from_host(bytes.data());
+        } else {
+          REQUIRE(store_matmul_weights_in_panels(params) == 1);
+        }
         REQUIRE(wt.panel_rows() == 32);
         CHECK(wt.to_floats() == w);  // the values, row-major
         {                            // the bytes where the layout puts them: (r, c) at ((r / 32) * k + c) * 32 + r % 32

@@ -58,9 +58,10 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   decode_panels_ = panels == "on";
 }
 
-// Decode weights in panels of kPanelRows rows (matmul_rowwise.hpp): f32 and bf16 weights; int8 keeps its rows.
+// Decode weights in panels of kPanelRows rows (matmul_rowwise.hpp): f32 and bf16 weights on the avx512 and avx2
+// paths; int8 keeps its rows, and so does every weight on the portable path (slower there: matmul_rowwise.cpp).
 int64_t CpuBackend::decode_panel_rows(DType dtype) const {
-  return decode_panels_ && (dtype == DType::f32 || dtype == DType::bf16) ? kPanelRows : 0;
+  return decode_panels_ && isa_ != Isa::portable && (dtype == DType::f32 || dtype == DType::bf16) ? kPanelRows : 0;
 }
 CpuBackend::~CpuBackend() = default;
 
@@ -126,7 +127,7 @@ std::string kernel_paths() {
   s += std::string(", attention bf16 ") +
        (best_isa() == Isa::avx512 && attention_bf16_fast_cpu() ? "avx512bf16" : std::string("widened ") + path);
   s += std::string("; decode weights in panels of ") + std::to_string(kPanelRows) +
-       " rows (f32, bf16; option decode_panels)";
+       " rows (f32, bf16, avx512 / avx2 paths; option decode_panels)";
   return s + "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice";
 }
 

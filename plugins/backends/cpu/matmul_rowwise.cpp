@@ -574,6 +574,26 @@ DEW_AI void panel_store<uint16_t>(float* y, const V& even, const V& odd) {
 #endif
 
 // y[r, j0 .. j0 + 32) for R rows of x against one panel wp (32 rows x k columns).
+#if defined(DEW_CPU_ISA_IS_PORTABLE)
+// portable: one half of the panel (16 rows) at a time, so that a row's two chains (8 xmm) and a half column (4)
+// fit SSE2's 16 registers (both halves at once spilled: 3x slower than the row-major kernel); the same sums. Still
+// ~7 % slower than the row-major kernel there (compute-bound without FMA), so a backend on the portable path asks
+// for no panels (CpuBackend::decode_panel_rows); this serves a tensor laid out by hand.
+template <int R, class W>
+DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_t k, int64_t j0) {
+  for (int h = 0; h < 2; ++h) {
+    V s[2][R];
+    for (int c = 0; c < 2; ++c)
+      for (int r = 0; r < R; ++r) s[c][r] = vzero();
+    const W* half = wp + 16 * h;
+    for (int64_t i = 0; i < k; ++i) {
+      const V wv = vload16(half + i * kPanelRows);
+      for (int r = 0; r < R; ++r) s[i % 2][r] = vfma(vset1(x[r * k + i]), wv, s[i % 2][r]);
+    }
+    for (int r = 0; r < R; ++r) vstore16(y + r * n + j0 + 16 * h, vadd(s[0][r], s[1][r]));
+  }
+}
+#else
 template <int R, class W>
 DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_t k, int64_t j0) {
   V s[2][R][2];
@@ -592,6 +612,7 @@ DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_
     panel_store<W>(y + r * n + j0, vadd(s[0][r][0], s[1][r][0]), vadd(s[0][r][1], s[1][r][1]));
   }
 }
+#endif
 
 #if defined(DEW_CPU_ISA_IS_AVX512)
 constexpr int kPanelR = 4;  // rows of x a panel pass serves: 4 x 2 chains x 2 vectors = 16 zmm accumulators
