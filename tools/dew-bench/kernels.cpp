@@ -2,7 +2,8 @@
 // (dew::matmul, which allocates its output and dispatches to the backend) next to oneDNN 2.6 called
 // directly on the same shape and thread count (primitive made once, plain row-major memory: the
 // ceiling; on a CPU backend only — a device's products stand alone), and the fused attention forward and
-// forward+backward times at the char-small, gpt-mini and DiT shapes (`--only matmul|attention` runs one part). One JSON
+// forward+backward times at the char-small, gpt-mini and DiT shapes, and the decode products against one weight,
+// row-major and in the backend's decode panels (`--only matmul|attention|decode` runs one part). One JSON
 // line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
@@ -14,6 +15,7 @@
 
 #include "bench.hpp"
 #include "dew/autograd.hpp"
+#include "dew/generate.hpp"
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
 
@@ -68,7 +70,7 @@ int run_kernels(const BenchOptions& opt) {
       {2048, 384, 256, "d384 lm head"},
   };
   for (const Shape3& s : shapes) {
-    if (opt.only == "attention") break;
+    if (!opt.only.empty() && opt.only != "matmul") break;
     Tensor a = Tensor::uniform({s.m, s.k}, -1, 1, 1, 1, be), b = Tensor::uniform({s.k, s.n}, -1, 1, 1, 2, be);
     const double dew_s = median_seconds([&] { Tensor c = matmul(a, b); }, opt, [&] { be->synchronize(); });
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
@@ -111,7 +113,7 @@ int run_kernels(const BenchOptions& opt) {
     attn_dtypes.push_back(DType::bf16);
   for (const AttnShape& a : attn_shapes)
     for (DType dt : attn_dtypes) {
-      if (opt.only == "matmul" || (a.device_only && !device)) break;
+      if ((!opt.only.empty() && opt.only != "attention") || (a.device_only && !device)) break;
       const int64_t B = a.B, H = a.H, T = a.T, D = a.D;
       const auto normal = [&](uint64_t stream) { return cast(Tensor::normal({B, T, H, D}, 0, 1, 2, stream, be), dt); };
       Tensor q = normal(1), k = normal(2), v = normal(3), dout = normal(4);
@@ -139,6 +141,30 @@ int run_kernels(const BenchOptions& opt) {
           opt.backend.c_str(), opt.threads, fwd * 1e3, fwd_bwd * 1e3, fwd_flop / fwd * 1e-9,
           bwd_flop / std::max(fwd_bwd - fwd, 1e-12) * 1e-9);
       std::fflush(stdout);
+    }
+
+  // Decode products (linear() against one weight, as a decode or serve step makes them): char-small's gate/up
+  // weight [2048, 384] in f32 and bf16, row-major and, where the backend asks for them (decode_panel_rows), in
+  // its panels, at m = 1 (a token), 4 and 16 (a server's batched slots) and 32 rows. The weight is warm (the same
+  // one every call: 3.1 / 1.6 MB in the cache), so this is the kernels' compute and cache rate; a decode token's
+  // DRAM-bound rate is `generate`'s.
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const bool panels : {false, true}) {
+      if (!opt.only.empty() && opt.only != "decode") break;
+      if (panels && be->decode_panel_rows(dt) == 0) break;
+      const int64_t n = 2048, k = 384;
+      Tensor w = cast(Tensor::uniform({n, k}, -1, 1, 3, 1, be), dt);
+      if (panels) store_matmul_weights_in_panels({{"mlp.gate_up.weight", w}});
+      for (const int64_t m : {1, 4, 16, 32}) {
+        Tensor x = Tensor::uniform({m, k}, -1, 1, 3, 2, be);
+        const double sec = median_seconds([&] { Tensor y = linear(x, w); }, opt, [&] { be->synchronize(); });
+        std::printf(
+            "{\"bench\":\"decode_matmul\",\"shape\":\"%lldx%lldx%lld\",\"weights\":\"%s\",\"layout\":\"%s\","
+            "\"backend\":\"%s\",\"threads\":%d,\"us\":%.2f,\"gflops\":%.1f,\"weight_gbs\":%.1f}\n",
+            (long long)m, (long long)k, (long long)n, dtype_name(dt), panels ? "panels" : "rows", opt.backend.c_str(),
+            opt.threads, sec * 1e6, 2.0 * double(m * n * k) / sec * 1e-9, double(w.nbytes()) / sec * 1e-9);
+        std::fflush(stdout);
+      }
     }
   return 0;
 }
