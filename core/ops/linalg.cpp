@@ -63,12 +63,11 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
   }
   DEW_CHECK(!a.quantized(), "matmul: a quantized tensor is a weight (the second operand of linear())");
   DEW_CHECK(a.panel_rows() == 0, "matmul: a weight in panels is the second operand of linear()");
-  if (b.panel_rows() >
-      0)  // decode weights in panels (dew/tensor.hpp): the backend that asked for them, linear()'s form
+  // Decode weights in panels (dew/tensor.hpp): linear()'s form, on the backend that asked for them.
+  if (b.panel_rows() > 0)
     DEW_CHECK(!ta && tb && a.dtype() == DType::f32 && b.panel_rows() == b.backend().decode_panel_rows(b.dtype()),
-              "matmul: a weight in panels of ", b.panel_rows(),
-              " rows takes linear()'s product (f32 x, the weight "
-              "transposed) on the backend that laid it out");
+              "matmul: a weight in panels of ", b.panel_rows(), " rows takes linear()'s product (f32 x, the ",
+              "weight transposed) on the backend that laid it out");
   if (!contracts::is_weight_only_matmul(a, b)) check_same_dtype(a, b, "matmul");
   MatmulShape plan = plan_matmul(a, b, ta, tb);
   plan.p.act = act;

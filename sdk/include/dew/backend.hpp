@@ -3,8 +3,8 @@
 //
 // A backend is a device plugin. The core allocates every output before calling a kernel, so kernels
 // never allocate tensors; all tensors handed to a kernel are contiguous row-major (data() already
-// points at the first element), but a decode weight in panels that the backend asked for (decode_panel_rows)
-// handed to matmul. Unless a kernel says otherwise:
+// points at the first element), except a decode weight in panels that the backend asked for
+// (decode_panel_rows), which only matmul is handed. Unless a kernel says otherwise:
 //  * inputs and outputs have the same floating dtype; index tensors are i32; saved statistics
 //    (mean, rstd, lse) are f32 even for f64 inputs on `ref`, except that `ref` keeps them in f64
 //    when the inputs are f64 (gradient checks run wholly in double);
