@@ -236,6 +236,20 @@ void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
   dst.backend().strided_copy(src, dst, p);
 }
 
+// Appends src [B, T, Hkv, D] (f32) to a cache [B, S, Hkv, D] at position `at`, in the cache's dtype: for one
+// sequence the T rows are contiguous in the cache, so one cast kernel writes them there (rounding once for a bf16
+// cache, a copy for f32: the bits of as_cache_dtype + write_rows, without the temporary and the second call, twice
+// a layer in every decode step); several sequences take as_cache_dtype + write_rows.
+void append_rows(const Tensor& src, Tensor& cache, int64_t at) {
+  if (src.shape()[0] != 1 || cache.ndim() != 4 || cache.shape()[0] != 1)
+    return write_rows(as_cache_dtype(src, cache), cache, at);
+  const int64_t t = src.shape()[1], row = src.shape()[2] * src.shape()[3], s = cache.shape()[1];
+  DEW_CHECK(cache.shape()[2] * cache.shape()[3] == row && at >= 0 && at + t <= s, "Attention: a cache ",
+            shape_str(cache.shape()), " cannot take ", t, " positions at ", at, " of ", shape_str(src.shape()));
+  Tensor dst = reshape(cache, {s, row}).slice0(at, at + t);
+  cache.backend().cast(reshape(src, {t, row}), dst);
+}
+
 // The first n positions of a cache tensor [B, S, Hkv, D]: a view when B == 1, else a copy.
 Tensor prefix(const Tensor& cache, int64_t n) {
   const Shape& s = cache.shape();
@@ -249,8 +263,8 @@ Tensor Attention::forward_cached(const Tensor& x, const Tensor& positions, Tenso
                                  int64_t past) const {
   auto [q, k, v] = project(x, positions);
   const int64_t b = x.shape()[0], t = x.shape()[1];
-  write_rows(as_cache_dtype(k, k_cache), k_cache, past);
-  write_rows(as_cache_dtype(v, v_cache), v_cache, past);
+  append_rows(k, k_cache, past);
+  append_rows(v, v_cache, past);
   AttentionParams p = params();
   p.q_offset = past;
   const Tensor o = attention(q, prefix(k_cache, past + t), prefix(v_cache, past + t), p);
