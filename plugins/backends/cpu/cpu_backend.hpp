@@ -232,6 +232,8 @@ inline void walk_rows(const std::vector<int64_t>& shape, const std::vector<int64
 void require_f32(const Tensor& t, const char* kernel, const char* arg);
 // Throws unless t is defined and bf16 (every data tensor of a bf16 call; half.cpp).
 void require_bf16(const Tensor& t, const char* kernel, const char* arg);
+// Throws unless every defined tensor of `ts` is bf16 (a bf16 call's data tensors, optional ones included).
+void require_bf16_if_defined(std::initializer_list<const Tensor*> ts, const char* kernel);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);
 // True on CPUs whose AVX512-BF16 dot products make bf16 matmuls faster than f32 ones.
 bool cpu_has_bf16_dot();

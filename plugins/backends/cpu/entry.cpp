@@ -24,6 +24,11 @@ void require_bf16(const Tensor& t, const char* kernel, const char* arg) {
   DEW_CHECK(t.dtype() == DType::bf16, "cpu ", kernel, " (bf16): ", arg, " is ", dtype_name(t.dtype()),
             "; a bf16 call takes every data tensor in bf16");
 }
+void require_bf16_if_defined(std::initializer_list<const Tensor*> ts, const char* kernel) {
+  for (const Tensor* t : ts)
+    DEW_CHECK(!t->defined() || t->dtype() == DType::bf16, "cpu ", kernel, " (bf16): a data tensor is ",
+              dtype_name(t->dtype()), "; a bf16 call takes every data tensor in bf16 (statistics in f32)");
+}
 bool cpu_has_bf16_dot() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&

@@ -150,9 +150,7 @@ void for_row_blocks(int64_t n_rows, int64_t width, F&& body) {
 }
 
 void require_all_bf16(std::initializer_list<const Tensor*> ts, Kernel k) {
-  for (const Tensor* t : ts)
-    DEW_CHECK(!t->defined() || t->dtype() == DType::bf16, "cpu ", kernel_name(k), " (bf16): a data tensor is ",
-              dtype_name(t->dtype()), "; a bf16 call takes every data tensor in bf16 (statistics in f32)");
+  require_bf16_if_defined(ts, kernel_name(k));
 }
 
 // acc (f32) += part (f32), both [D].

@@ -218,8 +218,7 @@ void layer_norm(CpuBackend& self, const Tensor& x, const Tensor& weight, const T
                         rstd.data_as<float>(), rows, dim, per, eps);
     }
     // bf16 x, parameters, y (statistics f32): the same rows over bf16 storage, the parameters widened once
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&weight, &bias, &y})
-      if (t->defined()) require_bf16(*t, "layer_norm", "weight / bias / y");
+    require_bf16_if_defined({&weight, &bias, &y}, "layer_norm");
     require_f32(mean, "layer_norm", "mean");
     require_f32(rstd, "layer_norm", "rstd");
     DEW_CHECK(y.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
@@ -288,8 +287,7 @@ void layer_norm_backward(CpuBackend& self, const Tensor& x, const Tensor& weight
                                  dbias.defined() ? dbias.data_as<float>() : nullptr, groups, dim, per);
     }
     // bf16 (statistics f32): as the forward; the parameter gradients summed in f32 scratch, rounded once
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&weight, &dy, &dx, &dweight, &dbias})
-      if (t->defined()) require_bf16(*t, "layer_norm_backward", "weight / dy / dx / dweight / dbias");
+    require_bf16_if_defined({&weight, &dy, &dx, &dweight, &dbias}, "layer_norm_backward");
     require_f32(mean, "layer_norm_backward", "mean");
     require_f32(rstd, "layer_norm_backward", "rstd");
     DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && mean.numel() == rows && rstd.numel() == rows,
