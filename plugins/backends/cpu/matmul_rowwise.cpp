@@ -18,8 +18,9 @@
 // Weights in panels (matmul_rowwise.hpp: 32 rows a panel, column-major inside; what decoding lays its weights out
 // in, dew/generate.hpp) take panel_dot_*: the weight is read in address order as one stream, a column's 32 weights
 // two 16-lane vectors against x[r, i] broadcast, two FMA chains per output (even / odd columns). Why: on the Zen 5
-// the row-major form's J rows streamed side by side (with software prefetch) read at ~0.75 of a plain read loop,
-// the panels at about its rate (docs/benchmarks.md, session 23).
+// the row-major form read char-small's weights at 0.63 of a plain read loop over the same buffers (8 rows side by
+// side, software prefetch; one row at a time: 0.85), the panels at its rate, and at 4-32 rows of x they multiply
+// at twice the row-major rate (docs/benchmarks.md, session 23).
 // The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
 // Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators), and while it streams, a later
 // block's rows (contiguous in memory) are prefetched, one line per line loaded, so that block's misses are in
