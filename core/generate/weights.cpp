@@ -7,7 +7,7 @@
 // (nn::Attention::project and nn::GatedMLP::forward take it when they find their weights adjacent).
 // store_decode_weights_as adds the decoder's K/V cache to the same choice (CausalDecoder::set_cache_dtype), so
 // `--weights bf16` halves the cache bytes a token reads too (int8 weights keep a bf16 cache).
-// store_matmul_weights_in_panels lays them out in the backend's decode panels (dew/tensor.hpp), for decoding only.
+// store_matmul_weights_in_panels lays them out in the backend's decode panels (dew/tensor.hpp), for inference only.
 // Invariant: the tensors keep their identity (the impl is re-pointed at the cast or packed storage), so
 // modules, caches and parameter lists that hold them see the new dtype and place without being rebuilt;
 // their values are unchanged by packing (it copies bits, scales included).

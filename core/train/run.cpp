@@ -200,14 +200,15 @@ int g_inference_threads = 0;  // set_inference_threads(): 0 = the run's stored [
 DType g_inference_weights = DType::f32;  // set_inference_weights()
 
 // The weights of an inference command (eval, sample, serve) in the storage --weights asked for, and the decoder's
-// K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32). `decoding` (sample, serve) with a model
-// that decodes: also in the backend's decode panels (store_matmul_weights_in_panels); eval's long rows keep the
-// row-major weights the backend's large products take.
+// K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32). A model that decodes also gets the
+// backend's decode panels (store_matmul_weights_in_panels) when `decoding` (sample, serve), and in eval when the
+// weights are bf16 (every row then takes the weight-only product, whose panel kernel is the faster one at any row
+// count); eval's f32 weights keep the rows the backend's large products (oneDNN on cpu) take.
 void store_inference_weights(const LoadedRun& lr, bool decoding) {
   auto* decoder = dynamic_cast<CausalDecoder*>(lr.run.objective->main_model());
   const NamedTensors params = lr.run.objective->parameters();
   store_decode_weights_as(decoder, params, g_inference_weights);
-  if (decoding && decoder) store_matmul_weights_in_panels(params);
+  if (decoder && (decoding || g_inference_weights == DType::bf16)) store_matmul_weights_in_panels(params);
 }
 
 LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend_name) {

@@ -161,7 +161,7 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
                    "instruction-set path of the hand-written kernels (every family but oneDNN's): best (the CPU's "
                    "widest) | avx512 | avx2 | portable; a path this CPU cannot run is refused"},
                   {"decode_panels", "on",
-                   "on: decode weights (dew-run sample / serve, dew-bench generate) are laid out in panels of 32 "
-                   "rows, read as one stream by the decode products; off: they stay row-major"}},
+                   "on: decode weights (dew-run sample / serve, eval with bf16 weights, dew-bench generate) are laid "
+                   "out in panels of 32 rows, read as one stream by the decode products; off: they stay row-major"}},
   });
 }

@@ -160,10 +160,10 @@ int64_t store_decode_weights_as(CausalDecoder* decoder, const std::vector<std::p
 // Lays the matmul weights of `params` (those store_matmul_weights_as stores: 2-D, no "embed" in the name) out in
 // the panels their backend's decode products read fastest (Backend::decode_panel_rows; dew/tensor.hpp's tensors
 // in panels), in place and values unchanged: a weight whose row count the panel does not divide, or on a backend
-// that answers 0, keeps its rows. For decoding only (dew-run sample / serve, dew-bench generate): such a weight
-// is then read by linear() alone, through the backend's panel kernel at every row count, so call it after
-// store_decode_weights_as and only for a model that decodes. Groups placed back to back stay so (whole panels).
-// Returns the tensors laid out.
+// that answers 0, keeps its rows. For inference only (dew-run sample / serve, eval with bf16 weights, dew-bench
+// generate): such a weight is then read by linear() alone, through the backend's panel kernel at every row count,
+// so call it after store_decode_weights_as and only for a model that decodes. Groups placed back to back stay so (whole
+// panels). Returns the tensors laid out.
 int64_t store_matmul_weights_in_panels(const std::vector<std::pair<std::string, Tensor>>& params);
 // "f32" | "bf16" | "int8" -> the dtype of --weights (int8: DType::i8); anything else is one usage error naming
 // `what`.
