@@ -221,13 +221,20 @@ Tensor as_cache_dtype(const Tensor& src, const Tensor& cache) {
   return src.dtype() == cache.dtype() ? src : cast(src, cache.dtype());
 }
 
-// Writes src [B, T, Hkv, D] into dst [B, S, Hkv, D] at sequence position `at` (no autograd: a cache).
-void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
+// Checks that a cache dst [B, S, Hkv, D] can take src [B, T, Hkv, D] at sequence position `at`.
+void check_cache_rows(const Tensor& src, const Tensor& dst, int64_t at) {
   const int64_t b = src.shape()[0], t = src.shape()[1], row = src.shape()[2] * src.shape()[3];
-  const int64_t s = dst.shape()[1];
-  DEW_CHECK(dst.ndim() == 4 && dst.shape()[0] == b && dst.shape()[2] * dst.shape()[3] == row && at >= 0 && at + t <= s,
+  DEW_CHECK(dst.ndim() == 4 && dst.shape()[0] == b && dst.shape()[2] * dst.shape()[3] == row && at >= 0 &&
+                at + t <= dst.shape()[1],
             "Attention: a cache ", shape_str(dst.shape()), " cannot take ", t, " positions at ", at, " of ",
             shape_str(src.shape()));
+}
+
+// Writes src [B, T, Hkv, D] into dst [B, S, Hkv, D] at sequence position `at` (no autograd: a cache).
+void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
+  check_cache_rows(src, dst, at);
+  const int64_t b = src.shape()[0], t = src.shape()[1], row = src.shape()[2] * src.shape()[3];
+  const int64_t s = dst.shape()[1];
   StridedCopyParams p;
   p.shape = {b, t, row};
   p.src_strides = {t * row, row, 1};
@@ -243,9 +250,8 @@ void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
 void append_rows(const Tensor& src, Tensor& cache, int64_t at) {
   if (src.shape()[0] != 1 || cache.ndim() != 4 || cache.shape()[0] != 1)
     return write_rows(as_cache_dtype(src, cache), cache, at);
+  check_cache_rows(src, cache, at);
   const int64_t t = src.shape()[1], row = src.shape()[2] * src.shape()[3], s = cache.shape()[1];
-  DEW_CHECK(cache.shape()[2] * cache.shape()[3] == row && at >= 0 && at + t <= s, "Attention: a cache ",
-            shape_str(cache.shape()), " cannot take ", t, " positions at ", at, " of ", shape_str(src.shape()));
   Tensor dst = reshape(cache, {s, row}).slice0(at, at + t);
   cache.backend().cast(reshape(src, {t, row}), dst);
 }

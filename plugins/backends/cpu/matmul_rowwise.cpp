@@ -74,19 +74,28 @@ namespace {
 // Column ranges per thread are multiples of 8 (a multiple of every path's block width), so the blocks a
 // thread makes are the blocks one thread would make: the split changes nothing but who computes what.
 // `scales`: the weight's row scales (QuantScales, int8 weights only).
+// Calls f(u0, u1) once per thread with its share [u0, u1) of `units` work units (non-empty shares only), or once
+// with all of them on the caller's thread when the product (m n k) is small, with one thread, or inside a
+// parallel region: the split of both product forms below.
+template <class F>
+void split_units(int64_t units, int64_t mnk, const F& f) {
+  if (mnk < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return f(int64_t(0), units);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
+    if (u0 < u1) f(u0, u1);
+  }
+}
+
 template <class W, class... Scales>
 void run_split(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
                const RowwiseEpilogue& ep, const Scales&... scales) {
   constexpr int64_t kGranule = 8;
-  if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
-    return DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, 0, n, ep, scales...);
-  const int64_t granules = (n + kGranule - 1) / kGranule;
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t j0 = std::min(n, granules * t / T * kGranule), j1 = std::min(n, granules * (t + 1) / T * kGranule);
-    if (j0 < j1) DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, j0, j1, ep, scales...);
-  }
+  split_units((n + kGranule - 1) / kGranule, m * n * k, [&](int64_t g0, int64_t g1) {
+    const int64_t j0 = std::min(n, g0 * kGranule), j1 = std::min(n, g1 * kGranule);
+    DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, j0, j1, ep, scales...);
+  });
 }
 
 }  // namespace
@@ -106,15 +115,8 @@ template <class W>
 void run_panels(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
                 const RowwiseEpilogue& ep) {
   DEW_CHECK(n % kPanelRows == 0, "cpu matmul: a weight in panels of ", kPanelRows, " rows has ", n, " rows");
-  const int64_t panels = n / kPanelRows;
-  if (m * n * k < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
-    return DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, 0, panels, ep);
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t p0 = panels * t / T, p1 = panels * (t + 1) / T;
-    if (p0 < p1) DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, p0, p1, ep);
-  }
+  split_units(n / kPanelRows, m * n * k,
+              [&](int64_t p0, int64_t p1) { DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, p0, p1, ep); });
 }
 
 void panel_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
