@@ -264,6 +264,73 @@ TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumu
   CHECK_THROWS_AS(create_backend("cpu", Options({{"matmul_precision", "fast"}}, "test")), Error);
 }
 
+// matmul.cpp's split rule: at 2+ threads a weight gradient's product (A transposed, m <= 512, k >= 1024) runs as one
+// single-thread oneDNN primitive per thread over a block of C's rows (m >= n) or columns. Cases: rows split unevenly
+// (200 = 112 + 88) with a bias; columns (n = 300 > m) with B transposed, alpha (the bias as a post-op) and beta;
+// an activation; three threads (400 = 144 + 144 + 112); and the bf16 kernel (half.cpp) and matmul_precision = medium,
+// which build their primitives through the same rule. Each against ref, and against the same backend at one thread
+// (no split) and with matmul_split = off at the same threads (oneDNN's own split), within the product's tolerance.
+TEST_CASE("cpu: weight gradients split over the threads (matmul_split) equal the unsplit products") {
+  cpu();
+  const BackendPtr off = create_backend("cpu", Options({{"matmul_split", "off"}}, "test"));
+  const BackendPtr medium = cpu_medium();
+  struct Case {
+    int64_t m, n, k;
+    bool tb, bias;
+    float alpha, beta;
+    Activation act;
+    int threads;
+  };
+  const Case cases[] = {
+      {200, 72, 1100, false, true, 1.0f, 0.0f, Activation::none, 2},
+      {64, 300, 1024, true, true, 0.5f, 0.75f, Activation::none, 2},
+      {130, 130, 1030, false, false, 1.0f, 0.0f, Activation::relu, 2},
+      {400, 40, 1024, false, true, 1.0f, 1.0f, Activation::none, 3},
+  };
+  const int saved = omp_get_max_threads();
+  uint64_t seed = 1300;
+  for (const Case& c : cases) {
+    CAPTURE(c.m);
+    CAPTURE(c.n);
+    const MatmulParams p = matmul_params(1, c.m, c.n, c.k, true, c.tb, c.alpha, c.beta, c.act);
+    Pair a = rnd({1, c.k, c.m}, seed++);
+    Pair b = rnd({1, c.tb ? c.n : c.k, c.tb ? c.k : c.n}, seed++);
+    Pair bias = c.bias ? rnd({c.n}, seed++) : Pair{};
+    const Pair out0 = rnd({1, c.m, c.n}, seed++);  // beta != 0 reads it
+    // f32: split (c.threads), unsplit (1 thread), oneDNN's split (matmul_split = off), ref
+    auto as = [](const Tensor& t, DType dt) {  // t in dtype dt (a cpu cast; the same tensor when it already is)
+      if (!t.defined() || t.dtype() == dt) return t;
+      Tensor out = Tensor::empty(t.shape(), dt, cpu());
+      cpu()->cast(t, out);
+      return out;
+    };
+    auto run = [&](const BackendPtr& be, int threads, const Tensor& x, const Tensor& w, const Tensor& bb) {
+      be->set_threads(threads);
+      Tensor out = x.dtype() == DType::f32 ? out0.c.clone() : as(out0.c, x.dtype());
+      be->matmul(x, w, as(bb, x.dtype()), out, p);
+      be->set_threads(saved);
+      return out;
+    };
+    const Tensor split = run(cpu(), c.threads, a.c, b.c, bias.c);
+    const Tensor whole = run(cpu(), 1, a.c, b.c, bias.c);
+    const Tensor onednn = run(off, c.threads, a.c, b.c, bias.c);
+    Tensor want = out0.r.clone();
+    ref()->matmul(a.r, b.r, bias.r, want, p);
+    const double tol = 4 * kEps * double(c.k);
+    check_close({split, want}, 1e-5, tol, "split vs ref");
+    check_close({split, whole}, 1e-5, tol, "split vs one thread");
+    check_close({split, onednn}, 1e-5, tol, "split vs oneDNN's own split");
+    // bf16 operands and output (half.cpp): split against one thread, within a few bf16 roundings of the output
+    const Tensor a16 = as(a.c, DType::bf16), b16 = as(b.c, DType::bf16);
+    const Tensor s16 = run(cpu(), c.threads, a16, b16, bias.c), w16 = run(cpu(), 1, a16, b16, bias.c);
+    check_close({as(s16, DType::f32), as(w16, DType::f32)}, 1.0 / 64, tol, "bf16 split vs one thread");
+    // matmul_precision = medium: f32 in and out, bf16 operands
+    const Tensor sm = run(medium, c.threads, a.c, b.c, bias.c), wm = run(medium, 1, a.c, b.c, bias.c);
+    check_close({sm, wm}, 1e-5, tol, "medium split vs one thread");
+  }
+  CHECK_THROWS_AS(create_backend("cpu", Options({{"matmul_split", "sometimes"}}, "test")), Error);
+}
+
 TEST_CASE("cpu: unary and unary_backward, every op") {
   const UnaryOp ops[] = {UnaryOp::neg,        UnaryOp::exp,       UnaryOp::log,  UnaryOp::sqrt,    UnaryOp::rsqrt,
                          UnaryOp::square,     UnaryOp::abs,       UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::relu,

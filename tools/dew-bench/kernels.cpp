@@ -88,6 +88,36 @@ int run_kernels(const BenchOptions& opt) {
     std::fflush(stdout);
   }
 
+  // Weight gradients dW = X^T dY (A transposed, summed over the batch's rows): the backward products oneDNN splits
+  // over the threads least well, which the cpu backend splits itself at 2+ threads (matmul.cpp: option matmul_split;
+  // `--backend-option matmul_split=off` for oneDNN's own split). M x K x N as above: the weight's rows, the batch
+  // rows, its columns. The DiT (1024 rows: d 256, MLP 1024) and char-small (2048 rows: d 384, SwiGLU 1024).
+  const Shape3 grad_shapes[] = {
+      {256, 1024, 256, "dit qkv/proj weight grad"},      {256, 1024, 1024, "dit mlp down weight grad"},
+      {1024, 1024, 256, "dit mlp up weight grad"},       {384, 2048, 384, "d384 q/k/v/out weight grad"},
+      {384, 2048, 1024, "d384 swiglu down weight grad"}, {1024, 2048, 384, "d384 swiglu up weight grad"},
+  };
+  std::string split = "on";
+  for (const std::string& kv : opt.backend_options)
+    if (kv.rfind("matmul_split=", 0) == 0) split = kv.substr(13);
+  for (const Shape3& s : grad_shapes) {
+    if (!opt.only.empty() && opt.only != "matmul") break;
+    Tensor x = Tensor::uniform({s.k, s.m}, -1, 1, 1, 3, be), dy = Tensor::uniform({s.k, s.n}, -1, 1, 1, 4, be);
+    Tensor dw = Tensor::empty({s.m, s.n}, DType::f32, be);
+    MatmulParams p;
+    p.m = s.m;
+    p.n = s.n;
+    p.k = s.k;
+    p.trans_a = true;
+    const double dew_s = median_seconds([&] { be->matmul(x, dy, Tensor(), dw, p); }, opt, [&] { be->synchronize(); });
+    std::printf(
+        "{\"bench\":\"matmul\",\"shape\":\"%lldx%lldx%lld At\",\"what\":\"%s\",\"backend\":\"%s\","
+        "\"matmul_precision\":\"%s\",\"threads\":%d,\"matmul_split\":\"%s\",\"gflops\":%.1f}\n",
+        (long long)s.m, (long long)s.k, (long long)s.n, s.what, opt.backend.c_str(), opt.matmul_precision.c_str(),
+        opt.threads, split.c_str(), 2.0 * double(s.m) * double(s.n) * double(s.k) / dew_s * 1e-9);
+    std::fflush(stdout);
+  }
+
   // Fused attention forward and forward + backward at the three training workloads' shapes ([B, T, H, D]
   // tensors, the step's own layout), and on a device at GPT-2-small's too (configs/gpt2-small.ini: T 1024, 12
   // heads of 64), in f32 and, where the backend takes bf16 attention, bf16 (bf16-mixed runs attention on bf16

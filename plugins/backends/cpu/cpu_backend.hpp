@@ -111,6 +111,8 @@ struct Dnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   PrimitiveCache cache;
+  // Weight-gradient products split over the threads by dew (matmul.cpp's top comment; option matmul_split).
+  bool split_products = true;
 };
 
 // A cached primitive with its execution arguments: the memory objects are created once (without data)
@@ -416,8 +418,21 @@ struct MatmulEntry : BoundPrimitive {
   // > 0: the primitive multiplies one matrix and run_matmul calls it this many times, stepping A, B and C by
   // these byte strides (matmul.cpp's top comment: oneDNN 2.6's AMX kernel on batched B stored [n, k]).
   int64_t batches = 0, a_step = 0, b_step = 0, c_step = 0;
-  // out = A B (+ bias): one execution, or `batches` of them.
+  // Non-empty: the product runs as these parts instead, part i on OpenMP thread i, each a primitive planned for
+  // one thread over a block of C's rows (parts_along_m) or columns, part_size of them (the last part takes the
+  // rest), reading A, B and C in place with the whole product's strides (matmul.cpp's top comment: products
+  // split over the threads). A part's primitive takes a user scratchpad of scratchpad_bytes (per thread).
+  std::vector<std::shared_ptr<MatmulEntry>> parts;
+  bool parts_along_m = true;
+  int64_t part_size = 0;
+  size_t scratchpad_bytes = 0;
+  // Element sizes in bytes of A and B (the operands) and of C and the bias (the output), and the whole product's
+  // k and n: the parts' offsets.
+  int64_t operand_bytes = 4, output_bytes = 4, k = 0, n = 0;
+  bool trans_a = false, trans_b = false;
+  // out = A B (+ bias): one execution, `batches` of them, or the parts over the threads.
   void run_matmul(Dnnl& d, const void* a, const void* b, void* c, const void* bias) {
+    if (!parts.empty()) return run_parts(d, a, b, c, bias);
     if (batches == 0) return run(d, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {bias_arg, bias}});
     for (int64_t i = 0; i < batches; ++i)
       run(d, {{DNNL_ARG_SRC, static_cast<const char*>(a) + i * a_step},
@@ -425,6 +440,8 @@ struct MatmulEntry : BoundPrimitive {
               {DNNL_ARG_DST, static_cast<char*>(c) + i * c_step},
               {bias_arg, bias}});
   }
+  // The parts, one per thread of an OpenMP team (in turn on fewer threads, e.g. inside a parallel region).
+  void run_parts(Dnnl& d, const void* a, const void* b, void* c, const void* bias);
 };
 std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
                                          dnnl::memory::data_type operands, dnnl::memory::data_type output);

@@ -61,6 +61,10 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   DEW_USAGE_CHECK(panels == "on" || panels == "off", "cpu backend: option 'decode_panels' = '", panels,
                   "' is not one of on, off");
   decode_panels_ = panels == "on";
+  const std::string split = options.get_string("matmul_split", "on");
+  DEW_USAGE_CHECK(split == "on" || split == "off", "cpu backend: option 'matmul_split' = '", split,
+                  "' is not one of on, off");
+  dnnl_->split_products = split == "on";
 }
 
 // Decode weights in panels of kPanelRows rows (matmul_rowwise.hpp): f32 and bf16 weights on the avx512 and avx2
@@ -133,7 +137,9 @@ std::string kernel_paths() {
        (best_isa() == Isa::avx512 && attention_bf16_fast_cpu() ? "avx512bf16" : std::string("widened ") + path);
   s += std::string("; decode weights in panels of ") + std::to_string(kPanelRows) +
        " rows (f32, bf16, avx512 / avx2 paths; option decode_panels)";
-  return s + "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice";
+  return s +
+         "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice (weight gradients split over the "
+         "threads by dew: option matmul_split)";
 }
 
 }  // namespace dew::cpu
@@ -152,16 +158,20 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
       .probe = []() -> dew::Support {
         return dew::Support::yes();  // any x86-64: the portable path needs nothing past the baseline
       },
-      .options = {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"},
-                  {"cache_mb", "1024", "MiB of freed blocks kept for reuse by size (0 = none)"},
-                  {"matmul_precision", "highest",
-                   "f32 matmul/conv precision: highest and high = f32; medium = inputs rounded to bf16, f32 "
-                   "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"},
-                  {"isa", "best",
-                   "instruction-set path of the hand-written kernels (every family but oneDNN's): best (the CPU's "
-                   "widest) | avx512 | avx2 | portable; a path this CPU cannot run is refused"},
-                  {"decode_panels", "on",
-                   "on: decode weights (dew-run sample / serve, eval with bf16 weights, dew-bench generate) are laid "
-                   "out in panels of 32 rows, read as one stream by the decode products; off: they stay row-major"}},
+      .options =
+          {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"},
+           {"cache_mb", "1024", "MiB of freed blocks kept for reuse by size (0 = none)"},
+           {"matmul_precision", "highest",
+            "f32 matmul/conv precision: highest and high = f32; medium = inputs rounded to bf16, f32 "
+            "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"},
+           {"isa", "best",
+            "instruction-set path of the hand-written kernels (every family but oneDNN's): best (the CPU's "
+            "widest) | avx512 | avx2 | portable; a path this CPU cannot run is refused"},
+           {"decode_panels", "on",
+            "on: decode weights (dew-run sample / serve, eval with bf16 weights, dew-bench generate) are laid "
+            "out in panels of 32 rows, read as one stream by the decode products; off: they stay row-major"},
+           {"matmul_split", "on",
+            "on: at 2+ threads a weight gradient's product (A transposed, <= 512 rows of C, >= 1024 summed) runs "
+            "as one single-thread oneDNN product per thread over a block of C; off: oneDNN splits it"}},
   });
 }

@@ -40,6 +40,18 @@
 // matmul/bf16_* cases on an H200 machine's Xeon, session 18). So where oneDNN picks an AMX implementation
 // for such a batch, the primitive is built for one matrix and executed once per matrix
 // (MatmulEntry::run_matmul).
+// Products split over the threads by dew (option matmul_split, on by default): at 2+ threads oneDNN 2.6 scales a
+// weight gradient (A transposed: C = A^T B summed over the batch's k rows) with few rows of C poorly — 1.6-1.9x at 2
+// threads on the Zen 5 for the DiT's and char-small's, where one single-thread primitive per thread over its own block
+// of C reaches 2.1-2.4x (each block's working set stays in its core's cache). So a product with A transposed, batch 1,
+// m <= 512 and k >= 1024 is built as parts: one primitive per thread, planned for one thread (oneDNN reads the
+// thread count when a primitive is created), over a block of C's rows (m >= n) or columns, a multiple of 16 and at
+// least 64 wide, reading A, B and C in place with the whole product's strides; each part takes a user scratchpad of
+// its thread's and a stream of its own, so parts run concurrently without sharing oneDNN's global scratchpad. The
+// rule is the shape and the thread count only, never timing; a part sums each element over all k, as the whole
+// product does, but in oneDNN's blocking for the part's size, so its bits may differ from the unsplit product's
+// (tests/backends_cpu: equal within the product's tolerance, f32, bf16 and medium). The primitive cache's key holds
+// the thread count. Measured: docs/benchmarks.md, session 24 (`dew-bench kernels --only matmul`, the At rows).
 // Products of at most 32 rows against a [n, k] weight (trans_b, batch 1, beta 0: Linear layers while
 // decoding) take a hand-written row-wise path instead, whose rows do not depend on each other
 // (matmul_rowwise.cpp, dispatched by ISA at run time), in f32 whatever the precision.
@@ -47,6 +59,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <string>
 
 #include "cpu_backend.hpp"
@@ -98,15 +112,24 @@ int64_t padded_ld(int64_t ld, int64_t other) { return ld % 256 == 0 && other >= 
 
 }  // namespace
 
-// A and B of dtype `operands` (same strides either way), bias and C of dtype `output`.
-std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
-                                         memory::data_type operands, memory::data_type output) {
+namespace {
+
+// Row strides (elements) a primitive reads its operands and writes C with, 0 = dense for its own shape: the padded
+// copies (a_ld, b_ld: A stored [k, m] / B stored [k, n]) or a part of a split product (the whole product's strides;
+// c_ld: C's row stride), and whether the primitive takes a user scratchpad (a part: run on a pool thread).
+struct EntryLayout {
+  int64_t a_ld = 0, b_ld = 0, c_ld = 0;
+  bool user_scratchpad = false;
+};
+
+// The primitive for p in `layout`, its descriptors and bound arguments (no split, no padded copies decided here).
+std::shared_ptr<MatmulEntry> make_entry(const Dnnl& d, const MatmulParams& p, bool has_bias, memory::data_type operands,
+                                        memory::data_type output, const EntryLayout& layout) {
   auto e = std::make_shared<MatmulEntry>();
   const int64_t m = p.m, n = p.n, k = p.k;
   // oneDNN 2.x applies the output scale after the bias (alpha * (A B + bias)); to get alpha * A B + bias
   // the bias then moves to a binary_add post-op, which runs after the scale (and the sum).
   const bool bias_as_post_op = has_bias && p.alpha != 1.0f;
-  // a_ld / b_ld: row strides of A stored [k, m] (trans_a) / B stored [k, n] (!trans_b), 0 = dense.
   bool one_matrix = p.batch == 1;  // a 2-D primitive (also for a batch, run once per matrix: e->batches)
   auto build = [&](int64_t a_ld, int64_t b_ld) {
     const dims a_inner_strides = p.trans_a ? dims{1, a_ld ? a_ld : m} : dims{k, 1};
@@ -114,7 +137,7 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
     if (one_matrix) {
       e->a_md = memory::desc({m, k}, operands, a_inner_strides);
       e->b_md = memory::desc({k, n}, operands, b_inner_strides);
-      e->c_md = memory::desc({m, n}, output, dims{n, 1});
+      e->c_md = memory::desc({m, n}, output, dims{layout.c_ld ? layout.c_ld : n, 1});
       if (has_bias) e->bias_md = memory::desc({1, n}, output, dims{n, 1});
     } else {
       const int64_t ab = p.a_batch_stride == 0 ? 1 : p.batch, bb = p.b_batch_stride == 0 ? 1 : p.batch;
@@ -135,12 +158,13 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
     if (p.act != Activation::none)
       po.append_eltwise(1.0f, eltwise_of(p.act), p.act == Activation::silu ? 1.0f : 0.0f, 0.0f);
     attr.set_post_ops(po);
+    if (layout.user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const dnnl::matmul::desc desc = has_bias && !bias_as_post_op
                                         ? dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md)
                                         : dnnl::matmul::desc(e->a_md, e->b_md, e->c_md);
     return dnnl::matmul::primitive_desc(desc, attr, d.eng);
   };
-  dnnl::matmul::primitive_desc pd = build(0, 0);
+  dnnl::matmul::primitive_desc pd = build(layout.a_ld, layout.b_ld);
   // The AMX rule (top comment): batched bf16 with B stored [n, k] runs as one 2-D product per matrix.
   // DEW_CPU_MATMUL_PER_MATRIX=1 takes this path on any CPU (the test that runs it without AMX).
   static const bool forced = [] {
@@ -158,7 +182,7 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
     e->c_step = m * n * out_size;
   }
   // The padding rule (top comment): f32, one matrix, and oneDNN's AVX2 sgemm in its no-copy mode.
-  if (operands == memory::data_type::f32 && p.batch == 1 && avx2_sgemm_nocopy(pd, m, n)) {
+  if (operands == memory::data_type::f32 && p.batch == 1 && !layout.user_scratchpad && avx2_sgemm_nocopy(pd, m, n)) {
     e->a_ld = p.trans_a ? padded_ld(m, n) : 0;
     e->b_ld = p.trans_b ? 0 : padded_ld(n, m);
     if (e->a_ld || e->b_ld) pd = build(e->a_ld, e->b_ld);
@@ -172,7 +196,110 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
         bias_as_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(p.beta != 0.0f ? 1 : 0) | DNNL_ARG_SRC_1) : DNNL_ARG_BIAS;
     e->arg(d, e->bias_arg, e->bias_md);
   }
+  if (layout.user_scratchpad) {
+    const memory::desc sp = pd.scratchpad_desc();
+    e->scratchpad_bytes = sp.get_size();
+    if (e->scratchpad_bytes > 0) e->arg(d, DNNL_ARG_SCRATCHPAD, sp);
+  }
+  e->operand_bytes = operands == memory::data_type::bf16 ? 2 : 4;
+  e->output_bytes = output == memory::data_type::bf16 ? 2 : 4;
+  e->k = k;
+  e->n = n;
+  e->trans_a = p.trans_a;
+  e->trans_b = p.trans_b;
   return e;
+}
+
+// The split rule (top comment): a weight gradient (A transposed: C = A^T B summed over k rows) of at most 512 rows
+// of C, over at least 1024 rows of the batch, at 2+ threads: parts along the larger of C's two sides (rows on a
+// tie), as many as the threads, of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split.
+int64_t split_parts(const Dnnl& d, const MatmulParams& p, int64_t& part_size, bool& along_m) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (!d.split_products || threads < 2 || p.batch != 1 || !p.trans_a || p.m > 512 || p.k < 1024) return 0;
+  along_m = p.m >= p.n;
+  const int64_t side = along_m ? p.m : p.n;
+  const int64_t parts = std::min<int64_t>(threads, side / 64);
+  if (parts < 2) return 0;
+  part_size = (side + parts - 1) / parts;
+  part_size = (part_size + 15) / 16 * 16;
+  return (side + part_size - 1) / part_size;
+}
+
+}  // namespace
+
+// A and B of dtype `operands` (same strides either way), bias and C of dtype `output`.
+std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
+                                         memory::data_type operands, memory::data_type output) {
+  std::shared_ptr<MatmulEntry> e = make_entry(d, p, has_bias, operands, output, EntryLayout{});
+  int64_t part_size = 0;
+  bool along_m = true;
+  const int64_t parts = e->a_ld || e->b_ld || e->batches ? 0 : split_parts(d, p, part_size, along_m);
+  if (parts == 0) return e;
+  // Each part's primitive is planned for one thread (oneDNN reads the OpenMP thread count when it is created).
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (int64_t i = 0; i < parts; ++i) {
+    MatmulParams q = p;
+    EntryLayout layout;
+    layout.user_scratchpad = true;
+    layout.a_ld = p.trans_a ? p.m : 0;  // A stored [k, m]: a block of its columns
+    layout.b_ld = p.trans_b ? 0 : p.n;  // B stored [k, n]: a block of its columns
+    layout.c_ld = p.n;
+    (along_m ? q.m : q.n) = std::min(part_size, (along_m ? p.m : p.n) - i * part_size);
+    e->parts.push_back(make_entry(d, q, has_bias, operands, output, layout));
+  }
+  omp_set_num_threads(threads);
+  e->parts_along_m = along_m;
+  e->part_size = part_size;
+  return e;
+}
+
+void MatmulEntry::run_parts(Dnnl& d, const void* a, const void* b, void* c, const void* bias) {
+  const int64_t count = int64_t(parts.size());
+  auto run_part = [&](int64_t i) {
+    MatmulEntry& part = *parts[size_t(i)];
+    const int64_t at = i * part_size;  // the part's first row (along m) or column of C
+    const char* pa = static_cast<const char*>(a);
+    const char* pb = static_cast<const char*>(b);
+    char* pc = static_cast<char*>(c);
+    const char* pbias = static_cast<const char*>(bias);
+    if (parts_along_m) {
+      pa += (trans_a ? at : at * k) * operand_bytes;  // A stored [k, m]: columns; [m, k]: rows
+      pc += at * n * output_bytes;
+    } else {
+      pb += (trans_b ? at * k : at) * operand_bytes;  // B stored [n, k]: rows; [k, n]: columns
+      pc += at * output_bytes;
+      if (pbias) pbias += at * output_bytes;
+    }
+    thread_local std::vector<char> scratchpad;  // 64 bytes more, for the alignment oneDNN's buffers expect
+    if (scratchpad.size() < part.scratchpad_bytes + 64) scratchpad.resize(part.scratchpad_bytes + 64);
+    void* sp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratchpad.data()) + 63) & ~uintptr_t(63));
+    dnnl::stream strm(d.eng);  // a stream of this thread's own (creating one allocates a small object)
+    std::lock_guard<std::mutex> lock(part.mu);
+    part.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<char*>(pa));
+    part.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<char*>(pb));
+    part.args.at(DNNL_ARG_DST).set_data_handle(pc);
+    if (part.bias_arg != 0) part.args.at(part.bias_arg).set_data_handle(const_cast<char*>(pbias));
+    if (part.scratchpad_bytes > 0) part.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(sp);
+    part.prim.execute(strm, part.args);
+    strm.wait();
+  };
+  if (omp_in_parallel() || omp_get_max_threads() < 2) {  // no team to split over: the parts in turn
+    for (int64_t i = 0; i < count; ++i) run_part(i);
+    return;
+  }
+  std::exception_ptr failure;  // an exception may not leave the region: the first is rethrown after it
+  std::mutex failure_mu;
+#pragma omp parallel num_threads(int(count))
+  for (int64_t i = omp_get_thread_num(); i < count; i += omp_get_num_threads()) {
+    try {
+      run_part(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mu);
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 float activate(float v, Activation act) {
@@ -359,7 +486,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
       .add(int64_t(p.trans_a) | int64_t(p.trans_b) << 1 | int64_t(has_bias) << 2)
       .add(p.alpha)
       .add(p.beta)
-      .add(int64_t(p.act));
+      .add(int64_t(p.act))
+      .add(int64_t(omp_get_max_threads()));  // oneDNN plans a primitive for the threads it is created at
   Dnnl& d = *dnnl_;
   const memory::data_type operands = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   auto e = d.cache.get<MatmulEntry>(key, [&] { return make_matmul(d, p, has_bias, operands, memory::data_type::f32); });
