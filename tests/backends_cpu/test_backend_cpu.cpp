@@ -264,11 +264,12 @@ TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumu
   CHECK_THROWS_AS(create_backend("cpu", Options({{"matmul_precision", "fast"}}, "test")), Error);
 }
 
-// matmul.cpp's split rule: at 2+ threads a weight gradient's product (A transposed, m <= 512, k >= 1024) runs as one
-// single-thread oneDNN primitive per thread over a block of C's rows (m >= n) or columns. Cases: rows split unevenly
-// (200 = 112 + 88) with a bias; columns (n = 300 > m) with B transposed, alpha (the bias as a post-op) and beta;
-// an activation; three threads (400 = 144 + 144 + 112); and the bf16 kernel (half.cpp) and matmul_precision = medium,
-// which build their primitives through the same rule. Each against ref, and against the same backend at one thread
+// matmul.cpp's split rule: at 2+ threads an f32 weight gradient's product (A transposed, m <= 512, k >= 1024) and a
+// large bf16-operand product run as one single-thread oneDNN primitive per thread over a block of C's rows (m >= n) or
+// columns. Cases: rows split unevenly (200 = 112 + 88) with a bias; columns (n = 300 > m) with B transposed, alpha (the
+// bias as a post-op) and beta; an activation; three threads (400 = 144 + 144 + 112); a forward product (A not
+// transposed: split in bf16 only, 600 = 304 + 296). f32, the bf16 kernel (half.cpp) and matmul_precision = medium,
+// which build their primitives through the same rule; each against ref, and against the same backend at one thread
 // (no split) and with matmul_split = off at the same threads (oneDNN's own split), within the product's tolerance.
 TEST_CASE("cpu: weight gradients split over the threads (matmul_split) equal the unsplit products") {
   cpu();
@@ -276,24 +277,25 @@ TEST_CASE("cpu: weight gradients split over the threads (matmul_split) equal the
   const BackendPtr medium = cpu_medium();
   struct Case {
     int64_t m, n, k;
-    bool tb, bias;
+    bool ta, tb, bias;
     float alpha, beta;
     Activation act;
     int threads;
   };
   const Case cases[] = {
-      {200, 72, 1100, false, true, 1.0f, 0.0f, Activation::none, 2},
-      {64, 300, 1024, true, true, 0.5f, 0.75f, Activation::none, 2},
-      {130, 130, 1030, false, false, 1.0f, 0.0f, Activation::relu, 2},
-      {400, 40, 1024, false, true, 1.0f, 1.0f, Activation::none, 3},
+      {200, 72, 1100, true, false, true, 1.0f, 0.0f, Activation::none, 2},
+      {64, 300, 1024, true, true, true, 0.5f, 0.75f, Activation::none, 2},
+      {130, 130, 1030, true, false, false, 1.0f, 0.0f, Activation::relu, 2},
+      {400, 40, 1024, true, false, true, 1.0f, 1.0f, Activation::none, 3},
+      {600, 200, 256, false, true, true, 1.0f, 0.0f, Activation::gelu_tanh, 2},
   };
   const int saved = omp_get_max_threads();
   uint64_t seed = 1300;
   for (const Case& c : cases) {
     CAPTURE(c.m);
     CAPTURE(c.n);
-    const MatmulParams p = matmul_params(1, c.m, c.n, c.k, true, c.tb, c.alpha, c.beta, c.act);
-    Pair a = rnd({1, c.k, c.m}, seed++);
+    const MatmulParams p = matmul_params(1, c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta, c.act);
+    Pair a = rnd({1, c.ta ? c.k : c.m, c.ta ? c.m : c.k}, seed++);
     Pair b = rnd({1, c.tb ? c.n : c.k, c.tb ? c.k : c.n}, seed++);
     Pair bias = c.bias ? rnd({c.n}, seed++) : Pair{};
     const Pair out0 = rnd({1, c.m, c.n}, seed++);  // beta != 0 reads it

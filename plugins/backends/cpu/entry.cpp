@@ -138,8 +138,8 @@ std::string kernel_paths() {
   s += std::string("; decode weights in panels of ") + std::to_string(kPanelRows) +
        " rows (f32, bf16, avx512 / avx2 paths; option decode_panels)";
   return s +
-         "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice (weight gradients split over the "
-         "threads by dew: option matmul_split)";
+         "; oneDNN matmul/conv/layer_norm/softmax: its own run-time choice (weight gradients and bf16 products "
+         "split over the threads by dew: option matmul_split)";
 }
 
 }  // namespace dew::cpu
@@ -171,7 +171,8 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
             "on: decode weights (dew-run sample / serve, eval with bf16 weights, dew-bench generate) are laid "
             "out in panels of 32 rows, read as one stream by the decode products; off: they stay row-major"},
            {"matmul_split", "on",
-            "on: at 2+ threads a weight gradient's product (A transposed, <= 512 rows of C, >= 1024 summed) runs "
-            "as one single-thread oneDNN product per thread over a block of C; off: oneDNN splits it"}},
+            "on: at 2+ threads an f32 weight gradient's product (A transposed, <= 512 rows of C, >= 1024 summed) "
+            "and a bf16-operand product (128+ rows, 2^24+ multiply-adds) run as one single-thread oneDNN product "
+            "per thread over a block of C; off: oneDNN splits them"}},
   });
 }

@@ -43,15 +43,18 @@
 // Products split over the threads by dew (option matmul_split, on by default): at 2+ threads oneDNN 2.6 scales a
 // weight gradient (A transposed: C = A^T B summed over the batch's k rows) with few rows of C poorly — 1.6-1.9x at 2
 // threads on the Zen 5 for the DiT's and char-small's, where one single-thread primitive per thread over its own block
-// of C reaches 2.1-2.4x (each block's working set stays in its core's cache). So a product with A transposed, batch 1,
-// m <= 512 and k >= 1024 is built as parts: one primitive per thread, planned for one thread (oneDNN reads the
-// thread count when a primitive is created), over a block of C's rows (m >= n) or columns, a multiple of 16 and at
-// least 64 wide, reading A, B and C in place with the whole product's strides; each part takes a user scratchpad of
-// its thread's and a stream of its own, so parts run concurrently without sharing oneDNN's global scratchpad. The
+// of C reaches 2.1-2.4x (each block's working set stays in its core's cache) — and its bf16 products of every kind
+// 1.6-1.9x (1.9-2.1x split). So an f32 product with A transposed, batch 1, m <= 512 and k >= 1024, and a bf16-operand
+// product (bf16-mixed, matmul_precision = medium) of batch 1, 128+ rows and 2^24+ multiply-adds, is built as parts:
+// one primitive per thread, planned for one thread (oneDNN reads the thread count when a primitive is created), over
+// a block of C's rows (m >= n) or columns, a multiple of 16 and at least 64 wide, reading A, B and C in place with the
+// whole product's strides; each part takes a user scratchpad of its thread's and a stream of its own, so parts run
+// concurrently without sharing oneDNN's global scratchpad. The
 // rule is the shape and the thread count only, never timing; a part sums each element over all k, as the whole
 // product does, but in oneDNN's blocking for the part's size, so its bits may differ from the unsplit product's
 // (tests/backends_cpu: equal within the product's tolerance, f32, bf16 and medium). The primitive cache's key holds
-// the thread count. Measured: docs/benchmarks.md, session 24 (`dew-bench kernels --only matmul`, the At rows).
+// the thread count. Measured: docs/benchmarks.md, session 24 (`dew-bench kernels --only matmul`, the At rows, and
+// `dew-bench train` at 2 threads).
 // Products of at most 32 rows against a [n, k] weight (trans_b, batch 1, beta 0: Linear layers while
 // decoding) take a hand-written row-wise path instead, whose rows do not depend on each other
 // (matmul_rowwise.cpp, dispatched by ISA at run time), in f32 whatever the precision.
@@ -210,12 +213,16 @@ std::shared_ptr<MatmulEntry> make_entry(const Dnnl& d, const MatmulParams& p, bo
   return e;
 }
 
-// The split rule (top comment): a weight gradient (A transposed: C = A^T B summed over k rows) of at most 512 rows
-// of C, over at least 1024 rows of the batch, at 2+ threads: parts along the larger of C's two sides (rows on a
-// tie), as many as the threads, of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split.
-int64_t split_parts(const Dnnl& d, const MatmulParams& p, int64_t& part_size, bool& along_m) {
+// The split rule (top comment), at 2+ threads and batch 1: an f32 weight gradient (A transposed: C = A^T B summed over
+// k rows) of at most 512 rows of C over at least 1024 summed rows; any bf16-operand product of at least 2^24
+// multiply-adds with 128+ rows of C. Parts along the larger of C's two sides (rows on a tie), as many as the threads,
+// of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split.
+int64_t split_parts(const Dnnl& d, const MatmulParams& p, bool bf16, int64_t& part_size, bool& along_m) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (!d.split_products || threads < 2 || p.batch != 1 || !p.trans_a || p.m > 512 || p.k < 1024) return 0;
+  if (!d.split_products || threads < 2 || p.batch != 1) return 0;
+  const bool weight_grad = p.trans_a && p.m <= 512 && p.k >= 1024;
+  const bool bf16_product = bf16 && p.m >= 128 && double(p.m) * double(p.n) * double(p.k) >= double(1 << 24);
+  if (!weight_grad && !bf16_product) return 0;
   along_m = p.m >= p.n;
   const int64_t side = along_m ? p.m : p.n;
   const int64_t parts = std::min<int64_t>(threads, side / 64);
@@ -233,11 +240,16 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
   std::shared_ptr<MatmulEntry> e = make_entry(d, p, has_bias, operands, output, EntryLayout{});
   int64_t part_size = 0;
   bool along_m = true;
-  const int64_t parts = e->a_ld || e->b_ld || e->batches ? 0 : split_parts(d, p, part_size, along_m);
+  const int64_t parts =
+      e->a_ld || e->b_ld || e->batches ? 0 : split_parts(d, p, operands == memory::data_type::bf16, part_size, along_m);
   if (parts == 0) return e;
-  // Each part's primitive is planned for one thread (oneDNN reads the OpenMP thread count when it is created).
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  // Each part's primitive is planned for one thread (oneDNN reads the OpenMP thread count when it is created); the
+  // caller's count comes back however this ends (oneDNN may throw).
+  struct OneThread {
+    int saved = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(saved); }
+  } one_thread;
   for (int64_t i = 0; i < parts; ++i) {
     MatmulParams q = p;
     EntryLayout layout;
@@ -248,7 +260,6 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
     (along_m ? q.m : q.n) = std::min(part_size, (along_m ? p.m : p.n) - i * part_size);
     e->parts.push_back(make_entry(d, q, has_bias, operands, output, layout));
   }
-  omp_set_num_threads(threads);
   e->parts_along_m = along_m;
   e->part_size = part_size;
   return e;
