@@ -148,10 +148,19 @@ BackendPtr cpu_medium() {
   static BackendPtr b = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
   return b;
 }
+// The backend multiplies bf16 natively: the CPU has AVX512-BF16 and oneDNN may use it (ONEDNN_MAX_CPU_ISA, or the
+// older DNNL_MAX_CPU_ISA, caps oneDNN's ISA to stand in for an older CPU; the backend follows the cap: entry.cpp).
 bool native_bf16() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl"))
+    return false;
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
+  if (cap == nullptr) return true;
+  const std::string c = cap;  // the caps at or above AVX512_CORE_BF16 in oneDNN's order
+  return c == "ALL" || c == "AVX512_CORE_BF16" || c == "AVX512_CORE_FP16" || c == "AVX512_CORE_AMX" ||
+         c == "AVX512_CORE_AMX_FP16";
 }
 // x rounded to the nearest bf16 (ties to even), as vcvtneps2bf16 and oneDNN's reorders do.
 float round_to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }

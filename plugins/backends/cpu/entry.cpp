@@ -31,8 +31,11 @@ void require_bf16_if_defined(std::initializer_list<const Tensor*> ts, const char
 }
 bool cpu_has_bf16_dot() {
   __builtin_cpu_init();
+  // oneDNN multiplies the bf16 products: its own ISA cap (ONEDNN_MAX_CPU_ISA, standing in for an older CPU) counts,
+  // or a capped run would ask it for bf16 primitives it then refuses to create.
+  constexpr unsigned kOnednnBf16 = unsigned(dnnl_cpu_isa_avx512_core_bf16);
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+         __builtin_cpu_supports("avx512vl") && (unsigned(dnnl::get_effective_cpu_isa()) & kOnednnBf16) == kOnednnBf16;
 }
 void require_i32(const Tensor& t, const char* kernel, const char* arg) {
   DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");

@@ -216,10 +216,15 @@ std::shared_ptr<MatmulEntry> make_entry(const Dnnl& d, const MatmulParams& p, bo
 // The split rule (top comment), at 2+ threads and batch 1: an f32 weight gradient (A transposed: C = A^T B summed over
 // k rows) of at most 512 rows of C over at least 1024 summed rows; any bf16-operand product of at least 2^24
 // multiply-adds with 128+ rows of C. Parts along the larger of C's two sides (rows on a tie), as many as the threads,
-// of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split.
+// of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split. Only where oneDNN runs AVX-512 (its
+// brgemm kernels): below that its gemm:jit parts read 1 KiB-strided operands in place (the padding rule above), and a
+// split 384x2048x1024 At ran at 90 GFLOP/s against 177-188 whole (ONEDNN_MAX_CPU_ISA=AVX2 on the Zen 5).
 int64_t split_parts(const Dnnl& d, const MatmulParams& p, bool bf16, int64_t& part_size, bool& along_m) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (!d.split_products || threads < 2 || p.batch != 1) return 0;
+  constexpr unsigned kAvx512Core = unsigned(dnnl_cpu_isa_avx512_core);
+  if (!d.split_products || threads < 2 || p.batch != 1 ||
+      (unsigned(dnnl::get_effective_cpu_isa()) & kAvx512Core) != kAvx512Core)
+    return 0;
   const bool weight_grad = p.trans_a && p.m <= 512 && p.k >= 1024;
   const bool bf16_product = bf16 && p.m >= 128 && double(p.m) * double(p.n) * double(p.k) >= double(1 << 24);
   if (!weight_grad && !bf16_product) return 0;
