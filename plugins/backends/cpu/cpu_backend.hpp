@@ -126,14 +126,15 @@ struct BoundPrimitive {
     args.emplace(id, dnnl::memory(md, d.eng, DNNL_MEMORY_NONE));
   }
   // Under `mu`: point every argument at its buffer (pairs with id 0 are absent optional arguments),
-  // execute, wait.
-  void run(Dnnl& d, std::initializer_list<std::pair<int, const void*>> buffers) {
+  // execute on `strm` (the backend's, or a thread's own: MatmulEntry::run_parts), wait.
+  void run(dnnl::stream& strm, std::initializer_list<std::pair<int, const void*>> buffers) {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& [id, p] : buffers)
       if (id != 0) args.at(id).set_data_handle(const_cast<void*>(p));
-    prim.execute(d.strm, args);
-    d.strm.wait();
+    prim.execute(strm, args);
+    strm.wait();
   }
+  void run(Dnnl& d, std::initializer_list<std::pair<int, const void*>> buffers) { run(d.strm, buffers); }
 };
 
 // cos/sin of pos * theta^(-2i/rotary_dim) for pos in [0, positions), i in [0, rotary_dim/2), computed

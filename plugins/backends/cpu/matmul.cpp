@@ -49,12 +49,11 @@
 // one primitive per thread, planned for one thread (oneDNN reads the thread count when a primitive is created), over
 // a block of C's rows (m >= n) or columns, a multiple of 16 and at least 64 wide, reading A, B and C in place with the
 // whole product's strides; each part takes a user scratchpad of its thread's and a stream of its own, so parts run
-// concurrently without sharing oneDNN's global scratchpad. The
-// rule is the shape and the thread count only, never timing; a part sums each element over all k, as the whole
-// product does, but in oneDNN's blocking for the part's size, so its bits may differ from the unsplit product's
-// (tests/backends_cpu: equal within the product's tolerance, f32, bf16 and medium). The primitive cache's key holds
-// the thread count. Measured: docs/benchmarks.md, session 24 (`dew-bench kernels --only matmul`, the At rows, and
-// `dew-bench train` at 2 threads).
+// concurrently without sharing oneDNN's library scratchpad. The rule is the shape, the thread count and oneDNN's ISA
+// (AVX-512 only: split_parts), never timing; a part sums each element over all k, as the whole product does, but in
+// oneDNN's blocking for the part's size, so its bits may differ from the unsplit product's (tests/backends_cpu: equal
+// within the product's tolerance, f32, bf16 and medium). The primitive cache's key holds the thread count. Measured:
+// docs/benchmarks.md, session 24 (`dew-bench kernels --only matmul`, the At rows, and `dew-bench train` at 2 threads).
 // Products of at most 32 rows against a [n, k] weight (trans_b, batch 1, beta 0: Linear layers while
 // decoding) take a hand-written row-wise path instead, whose rows do not depend on each other
 // (matmul_rowwise.cpp, dispatched by ISA at run time), in f32 whatever the precision.
@@ -125,7 +124,8 @@ struct EntryLayout {
   bool user_scratchpad = false;
 };
 
-// The primitive for p in `layout`, its descriptors and bound arguments (no split, no padded copies decided here).
+// The primitive for p in `layout`, its descriptors and bound arguments: the AMX and padding rules (top comment)
+// apply here, the split is make_matmul's.
 std::shared_ptr<MatmulEntry> make_entry(const Dnnl& d, const MatmulParams& p, bool has_bias, memory::data_type operands,
                                         memory::data_type output, const EntryLayout& layout) {
   auto e = std::make_shared<MatmulEntry>();
@@ -291,14 +291,11 @@ void MatmulEntry::run_parts(Dnnl& d, const void* a, const void* b, void* c, cons
     if (scratchpad.size() < part.scratchpad_bytes + 64) scratchpad.resize(part.scratchpad_bytes + 64);
     void* sp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratchpad.data()) + 63) & ~uintptr_t(63));
     dnnl::stream strm(d.eng);  // a stream of this thread's own (creating one allocates a small object)
-    std::lock_guard<std::mutex> lock(part.mu);
-    part.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<char*>(pa));
-    part.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<char*>(pb));
-    part.args.at(DNNL_ARG_DST).set_data_handle(pc);
-    if (part.bias_arg != 0) part.args.at(part.bias_arg).set_data_handle(const_cast<char*>(pbias));
-    if (part.scratchpad_bytes > 0) part.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(sp);
-    part.prim.execute(strm, part.args);
-    strm.wait();
+    part.run(strm, {{DNNL_ARG_SRC, pa},
+                    {DNNL_ARG_WEIGHTS, pb},
+                    {DNNL_ARG_DST, pc},
+                    {part.bias_arg, pbias},
+                    {part.scratchpad_bytes > 0 ? DNNL_ARG_SCRATCHPAD : 0, sp}});
   };
   if (omp_in_parallel() || omp_get_max_threads() < 2) {  // no team to split over: the parts in turn
     for (int64_t i = 0; i < count; ++i) run_part(i);
