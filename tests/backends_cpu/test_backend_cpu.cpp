@@ -280,7 +280,7 @@ TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumu
 // transposed: split in bf16 only, 600 = 304 + 296). f32, the bf16 kernel (half.cpp) and matmul_precision = medium,
 // which build their primitives through the same rule; each against ref, and against the same backend at one thread
 // (no split) and with matmul_split = off at the same threads (oneDNN's own split), within the product's tolerance.
-TEST_CASE("cpu: weight gradients split over the threads (matmul_split) equal the unsplit products") {
+TEST_CASE("cpu: products split over the threads (matmul_split) equal the unsplit products") {
   cpu();
   const BackendPtr off = create_backend("cpu", Options({{"matmul_split", "off"}}, "test"));
   const BackendPtr medium = cpu_medium();

@@ -111,7 +111,8 @@ struct Dnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   PrimitiveCache cache;
-  // Weight-gradient products split over the threads by dew (matmul.cpp's top comment; option matmul_split).
+  // Products split over the threads by dew: f32 weight gradients, bf16 products (matmul.cpp's top comment;
+  // option matmul_split).
   bool split_products = true;
 };
 
