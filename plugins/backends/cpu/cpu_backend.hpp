@@ -428,8 +428,8 @@ struct MatmulEntry : BoundPrimitive {
   bool parts_along_m = true;
   int64_t part_size = 0;
   size_t scratchpad_bytes = 0;
-  // Element sizes in bytes of A and B (the operands) and of C and the bias (the output), and the whole product's
-  // k and n: the parts' offsets.
+  // A split product's: element sizes in bytes of A and B (the operands) and of C and the bias (the output), its
+  // k, n and transposes: the parts' offsets.
   int64_t operand_bytes = 4, output_bytes = 4, k = 0, n = 0;
   bool trans_a = false, trans_b = false;
   // out = A B (+ bias): one execution, `batches` of them, or the parts over the threads.
@@ -447,6 +447,9 @@ struct MatmulEntry : BoundPrimitive {
 };
 std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
                                          dnnl::memory::data_type operands, dnnl::memory::data_type output);
+// The primitive cache's key of a matmul call in kernel family `family` (the f32 path's, the bf16 kernel's): its
+// shape, strides, transposes, bias, epilogue and the thread count (oneDNN plans a primitive for its threads).
+Key matmul_key(int64_t family, const MatmulParams& p, bool has_bias);
 // The epilogue's activation of one f32 value (the k = 0 paths, which oneDNN does not run).
 float activate(float v, Activation act);
 // The memory-bound kernels in bf16 that are not written over their storage type (bf16_bits.hpp): blocks of rows

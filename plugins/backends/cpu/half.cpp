@@ -101,18 +101,7 @@ void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, cons
     }
     return;
   }
-  Key key(kMatmulBf16);
-  key.add(p.batch)
-      .add(p.m)
-      .add(p.n)
-      .add(p.k)
-      .add(p.batch > 1 ? p.a_batch_stride : 0)
-      .add(p.batch > 1 ? p.b_batch_stride : 0)
-      .add(int64_t(p.trans_a) | int64_t(p.trans_b) << 1 | int64_t(has_bias) << 2)
-      .add(p.alpha)
-      .add(p.beta)
-      .add(int64_t(p.act))
-      .add(int64_t(omp_get_max_threads()));  // oneDNN plans a primitive for the threads it is created at
+  const Key key = matmul_key(kMatmulBf16, p, has_bias);
   auto e = d.cache.get<MatmulEntry>(
       key, [&] { return make_matmul(d, p, has_bias, memory::data_type::bf16, memory::data_type::bf16); });
   e->run_matmul(d, a.data(), b.data(), out.data(), has_bias ? bias.data() : nullptr);

@@ -204,12 +204,6 @@ std::shared_ptr<MatmulEntry> make_entry(const Dnnl& d, const MatmulParams& p, bo
     e->scratchpad_bytes = sp.get_size();
     if (e->scratchpad_bytes > 0) e->arg(d, DNNL_ARG_SCRATCHPAD, sp);
   }
-  e->operand_bytes = operands == memory::data_type::bf16 ? 2 : 4;
-  e->output_bytes = output == memory::data_type::bf16 ? 2 : 4;
-  e->k = k;
-  e->n = n;
-  e->trans_a = p.trans_a;
-  e->trans_b = p.trans_b;
   return e;
 }
 
@@ -242,12 +236,21 @@ int64_t split_parts(const Dnnl& d, const MatmulParams& p, bool bf16, int64_t& pa
 // A and B of dtype `operands` (same strides either way), bias and C of dtype `output`.
 std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, bool has_bias,
                                          memory::data_type operands, memory::data_type output) {
-  std::shared_ptr<MatmulEntry> e = make_entry(d, p, has_bias, operands, output, EntryLayout{});
   int64_t part_size = 0;
   bool along_m = true;
-  const int64_t parts =
-      e->a_ld || e->b_ld || e->batches ? 0 : split_parts(d, p, operands == memory::data_type::bf16, part_size, along_m);
-  if (parts == 0) return e;
+  const int64_t parts = split_parts(d, p, operands == memory::data_type::bf16, part_size, along_m);
+  if (parts == 0) return make_entry(d, p, has_bias, operands, output, EntryLayout{});
+  // A split product has no primitive of its own, only the parts (the AMX and padding rules never meet the split:
+  // it takes batch 1 and oneDNN's avx512_core).
+  auto e = std::make_shared<MatmulEntry>();
+  e->parts_along_m = along_m;
+  e->part_size = part_size;
+  e->operand_bytes = operands == memory::data_type::bf16 ? 2 : 4;
+  e->output_bytes = output == memory::data_type::bf16 ? 2 : 4;
+  e->k = p.k;
+  e->n = p.n;
+  e->trans_a = p.trans_a;
+  e->trans_b = p.trans_b;
   // Each part's primitive is planned for one thread (oneDNN reads the OpenMP thread count when it is created); the
   // caller's count comes back however this ends (oneDNN may throw).
   struct OneThread {
@@ -265,9 +268,23 @@ std::shared_ptr<MatmulEntry> make_matmul(const Dnnl& d, const MatmulParams& p, b
     (along_m ? q.m : q.n) = std::min(part_size, (along_m ? p.m : p.n) - i * part_size);
     e->parts.push_back(make_entry(d, q, has_bias, operands, output, layout));
   }
-  e->parts_along_m = along_m;
-  e->part_size = part_size;
   return e;
+}
+
+Key matmul_key(int64_t family, const MatmulParams& p, bool has_bias) {
+  Key key(family);
+  key.add(p.batch)
+      .add(p.m)
+      .add(p.n)
+      .add(p.k)
+      .add(p.batch > 1 ? p.a_batch_stride : 0)
+      .add(p.batch > 1 ? p.b_batch_stride : 0)
+      .add(int64_t(p.trans_a) | int64_t(p.trans_b) << 1 | int64_t(has_bias) << 2)
+      .add(p.alpha)
+      .add(p.beta)
+      .add(int64_t(p.act))
+      .add(int64_t(omp_get_max_threads()));  // oneDNN plans a primitive for the threads it is created at
+  return key;
 }
 
 void MatmulEntry::run_parts(Dnnl& d, const void* a, const void* b, void* c, const void* bias) {
@@ -488,19 +505,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
     return;
   }
   const bool bf16 = bf16_matmul_;
-  Key key(kMatmul);
-  key.add(int64_t(bf16))
-      .add(p.batch)
-      .add(p.m)
-      .add(p.n)
-      .add(p.k)
-      .add(p.batch > 1 ? p.a_batch_stride : 0)
-      .add(p.batch > 1 ? p.b_batch_stride : 0)
-      .add(int64_t(p.trans_a) | int64_t(p.trans_b) << 1 | int64_t(has_bias) << 2)
-      .add(p.alpha)
-      .add(p.beta)
-      .add(int64_t(p.act))
-      .add(int64_t(omp_get_max_threads()));  // oneDNN plans a primitive for the threads it is created at
+  Key key = matmul_key(kMatmul, p, has_bias);
+  key.add(int64_t(bf16));
   Dnnl& d = *dnnl_;
   const memory::data_type operands = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   auto e = d.cache.get<MatmulEntry>(key, [&] { return make_matmul(d, p, has_bias, operands, memory::data_type::f32); });
