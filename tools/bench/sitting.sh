@@ -3,7 +3,8 @@
 # model and flags first, then decode.sh (dew / llama.cpp / PyTorch decode), dew-bench roofline (char-small,
 # 1 thread), run-lm.sh (char-small and gpt-mini training, char-small decode, against PyTorch, 1 and 2
 # threads), run-dit.sh (the DiT step against PyTorch) and run-mixed.sh (issue 17: char-small in bf16-mixed against
-# dew f32 and PyTorch's bf16 autocast), each with its own medians. Run it with nothing else
+# dew f32 and PyTorch's bf16 autocast), each with its own medians; last, the issues' bars as one table, met or not
+# (sitting_bars.py over the whole output). Run it with nothing else
 # on the machine: every ratio is read from runs that alternate within these minutes.
 # DEW_SITTING_RT=1 runs every measurement (dew and its peers alike) at real-time priority (`chrt -f 10`) for a
 # sitting on a shared host: a neighbour's job then waits instead of taking a core from a 2-thread step mid-barrier
@@ -17,16 +18,23 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
 build=${2:-build}
-echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), family $(lscpu | sed -n 's/^CPU family: *//p'), model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores"
-echo "# flags: $(grep -o -w -E 'avx2|fma|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-echo "# dew: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (modified)'), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-rt=()
-if [ "${DEW_SITTING_RT:-0}" = 1 ] && chrt -f 10 true 2>/dev/null; then rt=(chrt -f 10); fi
-echo "# priority: ${rt[*]:-normal}"
-if [ -z "${DEW_DIT_PRECISIONS:-}" ] && ! grep -qw avx512_bf16 /proc/cpuinfo; then export DEW_DIT_PRECISIONS="highest"; fi
-echo "## decode"; "${rt[@]}" tools/bench/decode.sh "$rounds" "$build"
-echo "## roofline"; "${rt[@]}" env OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" roofline --config char-small --threads 1
-echo "## training (run-lm.sh)"; "${rt[@]}" tools/bench/run-lm.sh "$rounds" "$build"
-echo "## DiT (run-dit.sh)"; "${rt[@]}" tools/bench/run-dit.sh "$rounds" "$build"
-echo "## mixed precision, issue 17 (run-mixed.sh)"; "${rt[@]}" tools/bench/run-mixed.sh "$rounds" "$build"
-echo "# end: $(date -u '+%H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+sitting() {
+  echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), family $(lscpu | sed -n 's/^CPU family: *//p'), model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores"
+  echo "# flags: $(grep -o -w -E 'avx2|fma|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  echo "# dew: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (modified)'), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  rt=()
+  if [ "${DEW_SITTING_RT:-0}" = 1 ] && chrt -f 10 true 2>/dev/null; then rt=(chrt -f 10); fi
+  echo "# priority: ${rt[*]:-normal}"
+  if [ -z "${DEW_DIT_PRECISIONS:-}" ] && ! grep -qw avx512_bf16 /proc/cpuinfo; then export DEW_DIT_PRECISIONS="highest"; fi
+  echo "## decode"; "${rt[@]}" tools/bench/decode.sh "$rounds" "$build"
+  echo "## roofline"; "${rt[@]}" env OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" roofline --config char-small --threads 1
+  echo "## training (run-lm.sh)"; "${rt[@]}" tools/bench/run-lm.sh "$rounds" "$build"
+  echo "## DiT (run-dit.sh)"; "${rt[@]}" tools/bench/run-dit.sh "$rounds" "$build"
+  echo "## mixed precision, issue 17 (run-mixed.sh)"; "${rt[@]}" tools/bench/run-mixed.sh "$rounds" "$build"
+  echo "# end: $(date -u '+%H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+sitting 2>&1 | tee "$log"
+echo "## bars (tools/bench/sitting_bars.py: medians of the per-round ratios)"
+python3 tools/bench/sitting_bars.py "$log"
