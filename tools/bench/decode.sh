@@ -21,6 +21,7 @@
 # for llama.cpp. ms/token = 1000 / llama-bench's mean tokens per second.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tools/bench/pin.sh
 rounds=${1:-3}
 build=${2:-build}
 peers=${DEW_PEERS:-../shared/peers}  # the checkout's sibling shared/ (set DEW_PEERS from a worktree elsewhere)
@@ -46,11 +47,11 @@ field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().spl
 for r in $(seq "$rounds"); do
   for t in $threads; do
     for w in ${DEW_DECODE_WEIGHTS:-f32 bf16 int8}; do
-      j=$(OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" generate --config char-small --threads "$t" \
+      j=$(pinned "$t" "$build/bin/dew-bench" generate --config char-small --threads "$t" \
         --weights "$w" --repeats 5)
       record dew "$w" "$t" "$(echo "$j" | field ms_per_token)" "$(echo "$j" | field cpu_ms_per_token)"
       if [ -n "$baseline" ] && [ "$w" != int8 ]; then
-        j=$(OMP_PROC_BIND=close OMP_PLACES=cores "$baseline/bin/dew-bench" generate --config char-small --threads "$t" \
+        j=$(pinned "$t" "$baseline/bin/dew-bench" generate --config char-small --threads "$t" \
           --weights "$w" --repeats 5)
         record dew-baseline "$w" "$t" "$(echo "$j" | field ms_per_token)" "$(echo "$j" | field cpu_ms_per_token)"
       fi

@@ -13,6 +13,7 @@
 # libopenblas0-openmp` for the peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tools/bench/pin.sh
 rounds=${1:-3}
 build=${2:-build}
 peers=${DEW_PEERS:-../shared/peers}
@@ -26,7 +27,7 @@ for r in $(seq "$rounds"); do
       echo "# round $r threads $t precision $p" | tee -a "$log"
       mode=(--matmul-precision "$p")
       [ "$p" = bf16-mixed ] && mode=(--precision bf16-mixed)
-      OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config dit --threads "$t" \
+      pinned "$t" "$build/bin/dew-bench" train --config dit --threads "$t" \
         "${mode[@]}" | tee -a "$log"
       load
       peer="$peers/torch_dit_train.py"

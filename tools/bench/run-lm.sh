@@ -6,6 +6,7 @@
 # Needs `apt-get install python3-torch python3-numpy libopenblas0-openmp` for the peers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tools/bench/pin.sh
 rounds=${1:-2}
 build=${2:-build}
 peers=${DEW_PEERS:-../shared/peers}
@@ -16,11 +17,11 @@ runs() {
   for r in $(seq "$rounds"); do
     for t in 1 2; do
       for c in char-small gpt-mini; do
-        OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config "$c" --threads "$t"; load
+        pinned "$t" "$build/bin/dew-bench" train --config "$c" --threads "$t"; load
         DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 "$peers/torch_gpt_train.py" --config "$c" --norm rms \
           --mlp swiglu --foreach on --threads "$t" 2>/dev/null | tail -n 1; load
       done
-      OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" generate --config char-small --threads "$t"; load
+      pinned "$t" "$build/bin/dew-bench" generate --config char-small --threads "$t"; load
       DEW_PEERS="$peers" tools/bench/torch_env.sh "$t" /usr/bin/python3 "$peers/torch_generate.py" --config char-small --norm rms \
         --mlp swiglu --threads "$t" 2>/dev/null | tail -n 1; load
     done

@@ -9,6 +9,7 @@
 # products convert around f32 ones: the script says so and measures dew only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tools/bench/pin.sh
 rounds=${1:-3}
 build=${2:-build}
 peers=${DEW_PEERS:-../shared/peers}
@@ -20,7 +21,7 @@ load() { echo "# load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"; }
 for r in $(seq "$rounds"); do
   echo "# round $r" | tee -a "$log"
   for p in f32 bf16-mixed; do
-    OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" train --config char-small --threads 1 --precision "$p" |
+    pinned 1 "$build/bin/dew-bench" train --config char-small --threads 1 --precision "$p" |
       tee -a "$log"
     load
   done
