@@ -19,13 +19,13 @@ DECODE_LINE = re.compile(r"^(dew|dew-baseline|llama\.cpp|torch) (f32|bf16|int8|q
 
 
 def sections(text):
-    """[(header, lines)], cut at lines starting with '## ' (the text before the first header: header '')."""
-    out = [("", [])]
+    """The log's lines in sections, cut at lines starting with '## ' (the lines before the first header: one more)."""
+    out = [[]]
     for line in text.splitlines():
         if line.startswith("## "):
-            out.append((line[3:].strip(), []))
+            out.append([])
         else:
-            out[-1][1].append(line)
+            out[-1].append(line)
     return out
 
 
@@ -45,24 +45,25 @@ def runs_of(lines):
             continue
         bench = d.get("bench")
         dew = d.get("backend") == "cpu"
+        who = "dew" if dew else "torch"
         threads = d.get("threads", d.get("threads_requested"))
         if bench == "gpt_train":
             prec = d.get("precision", "f32") if dew else ("bf16" if d.get("dtype") == "bf16-autocast" else "f32")
-            runs[("train", "dew" if dew else "torch", d["config"], threads, prec)].append(d["tokens_per_sec"])
+            runs[("train", who, d["config"], threads, prec)].append(d["tokens_per_sec"])
+            if dew and d.get("mem_activations_mb") is not None:
+                runs[("act_mb", d["config"], threads, prec)].append(d["mem_activations_mb"])
         elif bench == "dit_train":
             if dew:
                 prec = "bf16-mixed" if d.get("precision") == "bf16-mixed" else (
                     "bf16" if d.get("matmul_precision") == "medium" else "f32")
             else:
                 prec = "bf16" if d.get("dtype") == "bf16-autocast" else "f32"
-            runs[("dit", "dew" if dew else "torch", threads, prec)].append(d["images_per_sec"])
+            runs[("dit", who, threads, prec)].append(d["images_per_sec"])
         elif bench == "generate":
             w = d.get("weights", "f32") if dew else ("bf16" if d.get("dtype") == "bf16" else "f32")
-            runs[("generate", "dew" if dew else "torch", threads, w)].append(d["ms_per_token"])
+            runs[("generate", who, threads, w)].append(d["ms_per_token"])
         elif bench in ("roofline_train", "roofline_decode"):
             runs[(bench, d.get("weights", ""), d.get("threads"))].append(d["fraction"])
-        if bench == "gpt_train" and dew and d.get("mem_activations_mb") is not None:
-            runs[("act_mb", d["config"], threads, d.get("precision", "f32"))].append(d["mem_activations_mb"])
     return runs
 
 
@@ -87,7 +88,7 @@ def main():
         rows.append((what, ("≥ " if higher else "≤ ") + f"{bar:g}", f"{value:.2f}",
                      ", ".join(f"{x:.2f}" for x in rounds), "met" if met else "**not met**"))
 
-    for _header, lines in sections(open(sys.argv[1], errors="replace").read()):
+    for lines in sections(open(sys.argv[1], errors="replace").read()):
         R = runs_of(lines)
         for config, bar in (("char-small", 1.4), ("gpt-mini", 1.6)):
             add(f"{config} train, dew / PyTorch, 1 thread", bar,
