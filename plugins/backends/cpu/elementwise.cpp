@@ -81,8 +81,10 @@ constexpr float kGeluC = 0.044715f;
 // (act_arg, silu_value, gelu_tanh_value: cpu_backend.hpp, shared with the row-wise products' epilogue.)
 template <class T>
 void gelu_tanh_fwd(const T* x, T* o, int64_t n) {
+  map_chunks(x, o, n, [](const float* xf, float* of, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) st(o + i, gelu_tanh_value(ld(x[i])));
+    for (int64_t i = 0; i < c; ++i) of[i] = gelu_tanh_value(xf[i]);
+  });
 }
 // d * gelu_tanh'(v) and d * silu'(v): one expression each, shared by the backward loops below and
 // unary_backward_sum's (the same contraction, so the same bits).
@@ -98,18 +100,24 @@ void gelu_tanh_fwd(const T* x, T* o, int64_t n) {
 }
 template <class T>
 void gelu_tanh_bwd(const T* x, const T* dy, T* o, int64_t n) {
+  map_chunks2(x, dy, o, n, [](const float* xf, const float* gf, float* of, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) st(o + i, gelu_tanh_grad(ld(x[i]), ld(dy[i])));
+    for (int64_t i = 0; i < c; ++i) of[i] = gelu_tanh_grad(xf[i], gf[i]);
+  });
 }
 template <class T>
 void silu_fwd(const T* x, T* o, int64_t n) {
+  map_chunks(x, o, n, [](const float* xf, float* of, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) st(o + i, silu_value(ld(x[i])));
+    for (int64_t i = 0; i < c; ++i) of[i] = silu_value(xf[i]);
+  });
 }
 template <class T>
 void silu_bwd(const T* x, const T* dy, T* o, int64_t n) {
+  map_chunks2(x, dy, o, n, [](const float* xf, const float* gf, float* of, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) st(o + i, silu_grad(ld(x[i]), ld(dy[i])));
+    for (int64_t i = 0; i < c; ++i) of[i] = silu_grad(xf[i], gf[i]);
+  });
 }
 // Rows [r0, r1) of [*, d]: o = grad(x, dy) and acc[j] += double(o[j]) row by row, in one pass (the sums from
 // the registers: dx is never read back).
@@ -135,13 +143,17 @@ void grad_rows_sum(const float* x, const float* dy, float* o, double* acc, int64
 // storage (float, or bf16 bits: widened on load, rounded once on store; bf16_bits.hpp).
 template <class T, class Op>
 inline void map1_slice(const T* x, T* o, int64_t n, Op op) {
+  map_chunks(x, o, n, [op](const float* xf, float* of, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) st(o + i, op(ld(x[i])));
+    for (int64_t i = 0; i < c; ++i) of[i] = op(xf[i]);
+  });
 }
 template <class T, class Op>
 inline void map2_slice(const T* x, const T* y, T* o, int64_t n, Op op) {
+  map_chunks2(x, y, o, n, [op](const float* xf, const float* yf, float* of, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) st(o + i, op(ld(x[i]), ld(y[i])));
+    for (int64_t i = 0; i < c; ++i) of[i] = op(xf[i], yf[i]);
+  });
 }
 // Contiguous slices over the team when n is large (for_blocks, cpu_backend.hpp).
 template <class Slice>
@@ -430,17 +442,22 @@ struct GatedIdentity {  // Activation::none: the bilinear gate * up
 
 template <class A, class T>
 void gated_fwd_slice(const T* g, const T* u, T* o, int64_t n) {
+  map_chunks2(g, u, o, n, [](const float* gf, const float* uf, float* of, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) st(o + i, A::value(ld(g[i])) * ld(u[i]));
+    for (int64_t i = 0; i < c; ++i) of[i] = A::value(gf[i]) * uf[i];
+  });
 }
 template <class A, class T>
 void gated_bwd_slice(const T* g, const T* u, const T* dy, T* dg, T* du, int64_t n) {
+  map_chunks3_2(g, u, dy, dg, du, n,
+                [](const float* gf, const float* uf, const float* df, float* dgf, float* duf, int64_t c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = ld(g[i]), d = ld(dy[i]), t = d * ld(u[i]);  // read every input of element i before writing it
-    st(du + i, d * A::value(v));
-    st(dg + i, A::grad(v, t));
-  }
+                  for (int64_t i = 0; i < c; ++i) {
+                    const float v = gf[i], d = df[i], t = d * uf[i];  // every input of element i read before writing
+                    duf[i] = d * A::value(v);
+                    dgf[i] = A::grad(v, t);
+                  }
+                });
 }
 
 template <class F>
