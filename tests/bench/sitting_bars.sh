@@ -28,11 +28,15 @@ for d1, t1, d2 in ((300, 200, 560), (260, 200, 520), (280, 210, 470)):
     j(bench="gpt_train", config="char-small", threads_requested=1, dtype="fp32", tokens_per_sec=t1)
     j(bench="gpt_train", backend="cpu", config="char-small", threads=2, precision="f32", tokens_per_sec=d2)
 out.write("## DiT (run-dit.sh)\n")
-for dew, medium, tf, ta in ((140, 150, 100, 90), (150, 170, 100, 90)):
+# as run-dit.sh: the autocast peer runs after medium and again after bf16-mixed (each pairs with the run it follows)
+for dew, medium, mixed, tf, ta, ta_mixed in ((140, 150, 180, 100, 90, 100), (150, 170, 190, 100, 90, 95)):
     j(bench="dit_train", backend="cpu", threads=1, matmul_precision="highest", images_per_sec=dew)
     j(bench="dit_train", threads_requested=1, dtype="fp32", images_per_sec=tf)
     j(bench="dit_train", backend="cpu", threads=1, matmul_precision="medium", images_per_sec=medium)
     j(bench="dit_train", threads_requested=1, dtype="bf16-autocast", images_per_sec=ta)
+    j(bench="dit_train", backend="cpu", threads=1, matmul_precision="highest", precision="bf16-mixed",
+      images_per_sec=mixed)
+    j(bench="dit_train", threads_requested=1, dtype="bf16-autocast", images_per_sec=ta_mixed)
 out.write("## mixed precision, issue 17 (run-mixed.sh)\n")
 for f32, mixed, auto in ((100, 160, 120), (1000, 1600, 1300)):
     j(bench="gpt_train", backend="cpu", config="char-small", threads=1, precision="f32", tokens_per_sec=f32,
@@ -62,6 +66,8 @@ check("char-small train, dew / PyTorch, 1 thread", "1.33", "1.50, 1.30, 1.33", F
 check("char-small train, 2 threads / 1 thread (dew)", "1.87", "1.87, 2.00, 1.68", True)
 check("DiT train f32, dew / PyTorch, 1 thread", "1.45", "1.40, 1.50", True)
 check("DiT bf16 operands (medium) / PyTorch bf16 autocast, 1 thread", "1.78", "1.67, 1.89", False)
+check("DiT bf16-mixed / PyTorch bf16 autocast, 1 thread (medium's counterpart: bf16 activations, as autocast's)", "1.90",
+      "1.80, 2.00", True)
 check("bf16-mixed / dew f32, char-small (issue 17)", "1.60", "1.60, 1.60", True)
 check("bf16-mixed / PyTorch bf16 autocast, char-small (issue 17)", "1.28", "1.33, 1.23", False)
 check("activation memory bf16-mixed / f32, char-small (issue 17)", "0.50", "0.50, 0.50", True)

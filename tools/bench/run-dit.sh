@@ -41,15 +41,17 @@ done
 python3 - "$log" <<'PY'
 import json, statistics, sys
 runs = {}  # (threads, who, precision) -> [images/s] in round order
+last = "f32"  # the last dew run's precision: the autocast peer run after a bf16-mixed one is that run's pair
 for line in open(sys.argv[1]):
     if not line.startswith("{"):
         continue
     d = json.loads(line)
     if d.get("backend") == "cpu":
         who = "dew"
-        prec = "bf16-mixed" if d.get("precision") == "bf16-mixed" else "bf16" if d.get("matmul_precision") == "medium" else "f32"
+        prec = last = "bf16-mixed" if d.get("precision") == "bf16-mixed" else "bf16" if d.get("matmul_precision") == "medium" else "f32"
     else:
-        who, prec = "torch", "bf16" if d.get("dtype") == "bf16-autocast" else "f32"
+        who = "torch"
+        prec = "f32" if d.get("dtype") != "bf16-autocast" else "bf16 after bf16-mixed" if last == "bf16-mixed" else "bf16"
     t = d.get("threads", d.get("threads_requested"))
     runs.setdefault((t, who, prec), []).append(d["images_per_sec"])
 def line(t, a, b, label):
@@ -62,6 +64,6 @@ def line(t, a, b, label):
 for t in sorted({k[0] for k in runs}):
     line(t, ("dew", "f32"), ("torch", "f32"), "f32 vs f32")
     line(t, ("dew", "bf16"), ("torch", "bf16"), "bf16 operands vs bf16-autocast")
-    line(t, ("dew", "bf16-mixed"), ("torch", "bf16"), "bf16-mixed vs bf16-autocast")
+    line(t, ("dew", "bf16-mixed"), ("torch", "bf16 after bf16-mixed"), "bf16-mixed vs bf16-autocast")
     line(t, ("dew", "bf16"), ("torch", "f32"), "bf16 operands vs f32 peer")
 PY

@@ -5,7 +5,9 @@ LOG is what tools/bench/sitting.sh printed (it runs this at its end), or the out
 (run-lm.sh runs it on its own output): the JSON lines of dew-bench and the PyTorch peers, and decode.sh's run lines
 ("system weights threads ms_per_token cpu_ms load"). The log is cut at its "## " section headers, so each section's
 runs pair with their own peers: the i-th dew run of a key with the i-th peer run of the same key (the scripts
-alternate them within each round), and every ratio is the median of those per-round ratios. Prints one Markdown
+alternate them within each round; run-dit.sh's bf16-autocast peer runs twice a round, after the medium run and after
+the bf16-mixed one, and each is keyed by the dew run it follows), and every ratio is the median of those per-round
+ratios. Prints one Markdown
 table: the bar, the value measured, its per-round values and whether it is met. Bars with no data in the log are
 left out. Independent of the build: it only reads the log.
 """
@@ -32,6 +34,7 @@ def sections(text):
 def runs_of(lines):
     """(key -> [value, ...] in log order) for every run line of one section."""
     runs = defaultdict(list)
+    last_dit = "f32"  # the precision of the last dew DiT run: the autocast peer run after it is its pair
     for line in lines:
         m = DECODE_LINE.match(line)
         if m:
@@ -54,10 +57,11 @@ def runs_of(lines):
                 runs[("act_mb", d["config"], threads, prec)].append(d["mem_activations_mb"])
         elif bench == "dit_train":
             if dew:
-                prec = "bf16-mixed" if d.get("precision") == "bf16-mixed" else (
+                prec = last_dit = "bf16-mixed" if d.get("precision") == "bf16-mixed" else (
                     "bf16" if d.get("matmul_precision") == "medium" else "f32")
-            else:
-                prec = "bf16" if d.get("dtype") == "bf16-autocast" else "f32"
+            else:  # "bf16": after medium (or alone); "bf16 after bf16-mixed": bf16-mixed's own pair
+                prec = "f32" if d.get("dtype") != "bf16-autocast" else (
+                    "bf16 after bf16-mixed" if last_dit == "bf16-mixed" else "bf16")
             runs[("dit", who, threads, prec)].append(d["images_per_sec"])
         elif bench == "generate":
             w = d.get("weights", "f32") if dew else ("bf16" if d.get("dtype") == "bf16" else "f32")
@@ -100,6 +104,8 @@ def main():
         add("DiT train f32, dew / PyTorch, 1 thread", 1.4, ratio(R[("dit", "dew", 1, "f32")], R[("dit", "torch", 1, "f32")]))
         add("DiT bf16 operands (medium) / PyTorch bf16 autocast, 1 thread", 1.8,
             ratio(R[("dit", "dew", 1, "bf16")], R[("dit", "torch", 1, "bf16")]))
+        add("DiT bf16-mixed / PyTorch bf16 autocast, 1 thread (medium's counterpart: bf16 activations, as autocast's)",
+            1.8, ratio(R[("dit", "dew", 1, "bf16-mixed")], R[("dit", "torch", 1, "bf16 after bf16-mixed")]))
         add("DiT train f32, 2 threads / 1 thread (dew)", 1.8, ratio(R[("dit", "dew", 2, "f32")], R[("dit", "dew", 1, "f32")]))
         add("decode f32, PyTorch / dew ms, 1 thread (decode.sh)", 2.0,
             ratio(R[("decode", "dew", "f32", 1)], R[("decode", "torch", "f32", 1)], invert=True))
