@@ -4,7 +4,8 @@
 // What: ld(p[i]) gives an element as f32 (a bf16 widened exactly: its bits shifted up 16); st(p + i, v) stores an
 // f32 value (a bf16 rounded as dew/dtype.hpp's f32_to_bf16: nearest even on the bits, denormals kept, NaN made
 // quiet; unlike vcvtneps2bf16, which flushes denormals). Both are branch-free, so an `omp simd` loop over them
-// vectorises (vpmovzxwd + shift on the load, an add / shift / blend on the store).
+// vectorises (vpmovzxwd + shift on the load, an add / shift / blend on the store). f32_row widens a row for a
+// reduction; map_chunks runs an elementwise loop's f32 code on widened chunks (below).
 // Invariant: a kernel instantiated for uint16_t computes, element for element, what its f32 instantiation computes
 // on the widened inputs, then rounds each output once: "widen, run the f32 kernel, round", without the f32 copies.
 // Included by a family's kernels (the #if defined(DEW_CPU_ISA) part), like vec16.hpp: once per path, inside that
@@ -34,13 +35,20 @@
 // A row as f32: an f32 row itself, a bf16 row widened into buf (n floats). For kernels whose reductions must run the
 // very loops of the f32 instantiation (a loop that loads bf16 may be vectorised with other lanes, i.e. another
 // summation order): the bf16 instantiation widens the row once (in L1) and reduces over the same f32 code.
+[[gnu::always_inline]] inline const float* f32_row(const float* p, int64_t, float*) { return p; }
+[[gnu::always_inline]] inline const float* f32_row(const uint16_t* p, int64_t n, float* buf) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) buf[i] = widen_bits(p[i]);
+  return buf;
+}
+
 // Elementwise loops over a storage type through their f32 code: map_chunks(x, o, n, loop) calls loop(xf, of, c) with
 // f32 pointers — the caller's own for f32 storage; for bf16, chunks of kMapChunk elements widened into L1 buffers,
 // whose results are rounded once into o. So the f32 loop is the one compiled code for both storages (the same bits per
 // element), and its arithmetic is not interleaved with the bf16 unpacking: a loop with ld / st inside made GCC
-// if-convert GELU-tanh's expression into twice the divisions, 1.6x the f32 loop's time for half its bytes (Zen 5,
-// [1024, 1024]). An output may be an input (a chunk is widened before it is written). map_chunks2: two inputs, one
-// output; map_chunks3_2: three inputs, two outputs.
+// if-convert GELU-tanh's expression into twice the divisions: 1.7x the f32 loop's time forward, 1.4x backward, for half
+// its bytes (Zen 5, [1024, 1024]). An output may be an input (a chunk is widened before it is written). map_chunks2:
+// two inputs, one output; map_chunks3_2: three inputs, two outputs.
 constexpr int64_t kMapChunk = 512;
 [[gnu::always_inline]] inline void widen_into(const uint16_t* p, float* buf, int64_t n) {
 #pragma omp simd
@@ -99,11 +107,4 @@ template <class Loop>
     round_into(o1b, o1 + i, m);
     round_into(o2b, o2 + i, m);
   }
-}
-
-[[gnu::always_inline]] inline const float* f32_row(const float* p, int64_t, float*) { return p; }
-[[gnu::always_inline]] inline const float* f32_row(const uint16_t* p, int64_t n, float* buf) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) buf[i] = widen_bits(p[i]);
-  return buf;
 }

@@ -12,8 +12,9 @@
 //   backward then unary_backward, whose incoming gradient is dy * up rounded to f32), so in f32 the fused
 //   kernels give the unfused ops' bits (tests/backends_cpu checks it) while reading 2 and writing 1 tensor
 //   forward (3 and 2 unfused: the activation's output round trip) and reading 3, writing 2 backward (6 and 3).
-// * bf16 (unary, the gated activation, forward and backward): the same loops over bf16 storage (bf16_bits.hpp's
-//   ld / st), so each output is the f32 kernel's value on the widened inputs, rounded once.
+// * bf16 (unary, the gated activation, forward and backward): the same f32 loops over bf16 storage, run on chunks
+//   widened in L1 (bf16_bits.hpp's map_chunks), so each output is the f32 kernel's value on the widened inputs,
+//   rounded once.
 // * unary_backward_sum: unary_backward and the column sums of its output (a bias gradient) in one pass over
 //   blocks of rows; the bits of unary_backward then reduce (see the kernel).
 // * binary: numpy broadcasting. Fast paths: equal shapes (one flat loop), a scalar operand, and the
