@@ -7,9 +7,8 @@ LOG is what tools/bench/sitting.sh printed (it runs this at its end), or the out
 runs pair with their own peers: the i-th dew run of a key with the i-th peer run of the same key (the scripts
 alternate them within each round; run-dit.sh's bf16-autocast peer runs twice a round, after the medium run and after
 the bf16-mixed one, and each is keyed by the dew run it follows), and every ratio is the median of those per-round
-ratios. Prints one Markdown
-table: the bar, the value measured, its per-round values and whether it is met. Bars with no data in the log are
-left out. Independent of the build: it only reads the log.
+ratios. Prints one Markdown table: the bar, the value measured, its per-round values and whether it is met. Bars with
+no data in the log are left out. Independent of the build: it only reads the log.
 """
 import json
 import re
