@@ -39,21 +39,10 @@ for r in $(seq "$rounds"); do
   done
 done
 python3 - "$log" <<'PY'
-import json, statistics, sys
-runs = {}  # (threads, who, precision) -> [images/s] in round order
-last = "f32"  # the last dew run's precision: the autocast peer run after a bf16-mixed one is that run's pair
-for line in open(sys.argv[1]):
-    if not line.startswith("{"):
-        continue
-    d = json.loads(line)
-    if d.get("backend") == "cpu":
-        who = "dew"
-        prec = last = "bf16-mixed" if d.get("precision") == "bf16-mixed" else "bf16" if d.get("matmul_precision") == "medium" else "f32"
-    else:
-        who = "torch"
-        prec = "f32" if d.get("dtype") != "bf16-autocast" else "bf16 after bf16-mixed" if last == "bf16-mixed" else "bf16"
-    t = d.get("threads", d.get("threads_requested"))
-    runs.setdefault((t, who, prec), []).append(d["images_per_sec"])
+import statistics, sys
+sys.path.insert(0, "tools/bench")
+from sitting_bars import runs_of  # the one parser and pairing rule (each autocast run keyed by the dew run it follows)
+runs = {(k[2], k[1], k[3]): v for k, v in runs_of(open(sys.argv[1]).read().splitlines()).items() if k[0] == "dit"}
 def line(t, a, b, label):
     x, y = runs.get((t,) + a, []), runs.get((t,) + b, [])
     if not x or not y:

@@ -369,17 +369,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_ran
 const uint16_t* to_bf16(const float* src, int64_t n, std::vector<uint16_t>& scratch) {
   if (int64_t(scratch.size()) < n) scratch.resize(size_t(n));
   uint16_t* dst = scratch.data();
-  if (!parallel_worth(n)) {  // one thread: no OpenMP region (~3.5 us each, ~170 a DiT step; cpu_backend.hpp)
-    to_bf16_range(src, dst, n);
-    return dst;
-  }
-  constexpr int64_t kChunk = int64_t(1) << 14;  // multiple of 32: only the last chunk has a tail
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk;
-    to_bf16_range(src + begin, dst + begin, std::min(kChunk, n - begin));
-  }
+  // a block per thread, or the caller's thread alone and no OpenMP region (~170 calls a DiT step; cpu_backend.hpp)
+  for_blocks(n, parallel_worth(n), [=](int64_t lo, int64_t hi) { to_bf16_range(src + lo, dst + lo, hi - lo); });
   return dst;
 }
 
