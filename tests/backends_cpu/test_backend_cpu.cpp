@@ -274,12 +274,14 @@ TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumu
 }
 
 // matmul.cpp's split rule: at 2+ threads an f32 weight gradient's product (A transposed, m <= 512, k >= 1024) and a
-// large bf16-operand product run as one single-thread oneDNN primitive per thread over a block of C's rows (m >= n) or
-// columns. Cases: rows split unevenly (200 = 112 + 88) with a bias; columns (n = 300 > m) with B transposed, alpha (the
-// bias as a post-op) and beta; an activation; three threads (400 = 144 + 144 + 112); a forward product (A not
-// transposed: split in bf16 only, 600 = 304 + 296). f32, the bf16 kernel (half.cpp) and matmul_precision = medium,
-// which build their primitives through the same rule; each against ref, and against the same backend at one thread
-// (no split) and with matmul_split = off at the same threads (oneDNN's own split), within the product's tolerance.
+// large bf16-operand product, and an f32 product of A's rows with 512+ rows, m >= n and at most 2^28 multiply-adds, run
+// as one single-thread oneDNN primitive per thread over a block of C's rows (m >= n) or columns. Cases: rows split
+// unevenly (200 = 112 + 88) with a bias; columns (n = 300 > m) with B transposed, alpha (the bias as a post-op) and
+// beta; an activation; three threads (400 = 144 + 144 + 112); forward products (A not transposed, rows split: 600 =
+// 304 + 296 with B transposed and GELU, 1024 = 512 + 512 over a plain B with beta). f32, the bf16 kernel (half.cpp) and
+// matmul_precision = medium, which build their primitives through the same rule; each against ref, and against the same
+// backend at one thread (no split) and with matmul_split = off at the same threads (oneDNN's own split), within the
+// product's tolerance.
 TEST_CASE("cpu: products split over the threads (matmul_split) equal the unsplit products") {
   cpu();
   const BackendPtr off = create_backend("cpu", Options({{"matmul_split", "off"}}, "test"));
@@ -297,6 +299,7 @@ TEST_CASE("cpu: products split over the threads (matmul_split) equal the unsplit
       {130, 130, 1030, true, false, false, 1.0f, 0.0f, Activation::relu, 2},
       {400, 40, 1024, true, false, true, 1.0f, 1.0f, Activation::none, 3},
       {600, 200, 256, false, true, true, 1.0f, 0.0f, Activation::gelu_tanh, 2},
+      {1024, 96, 160, false, false, false, 1.0f, 1.0f, Activation::none, 2},
   };
   const int saved = omp_get_max_threads();
   uint64_t seed = 1300;

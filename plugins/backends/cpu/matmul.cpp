@@ -45,7 +45,15 @@
 // threads on the Zen 5 for the DiT's and char-small's, where one single-thread primitive per thread over its own block
 // of C reaches 2.1-2.4x (each block's working set stays in its core's cache) — and its bf16 products of every kind
 // 1.6-1.9x (1.9-2.1x split). So an f32 product with A transposed, batch 1, m <= 512 and k >= 1024, and a bf16-operand
-// product (bf16-mixed, matmul_precision = medium) of batch 1, 128+ rows and 2^24+ multiply-adds, is built as parts:
+// product (bf16-mixed, matmul_precision = medium) of batch 1, 128+ rows and 2^24+ multiply-adds, is built as parts;
+// so is an f32 product of A's rows (batch 1, A not transposed) with 512+ rows, m >= n and at most 2^28 multiply-adds,
+// split by rows: the DiT's forward and input-gradient products (1024 rows of 256 or 1024), for the kernels after them
+// more than for themselves — each thread then holds the rows its own core wrote, as the row-split kernels that read
+// them next (bias column sums, the GELU backward with its bias sum, attention: a contiguous run of rows per thread)
+// expect. Alternated `dew-bench train --config dit --threads 2 --profile`, 6 runs each, AMD EPYC Zen 5: the bias
+// sums 2.17 -> 1.18 ms a step, the GELU backward 2.20 -> 1.87, the three split product shapes 28.8 -> 26.4, the rest
+// within noise (the whole table 102.6 -> 100.2 ms). Char-small's larger products (2048 rows, 2^28.2+ multiply-adds)
+// showed no gain (396 -> 401 ms, within noise), hence the bound. A split product is
 // one primitive per thread, planned for one thread (oneDNN reads the thread count when a primitive is created), over
 // a block of C's rows (m >= n) or columns, a multiple of 16 and at least 64 wide, reading A, B and C in place with the
 // whole product's strides; each part takes a user scratchpad of its thread's and a stream of its own, so parts run
@@ -209,19 +217,23 @@ std::shared_ptr<MatmulEntry> make_entry(const Dnnl& d, const MatmulParams& p, bo
 
 // The split rule (top comment), at 2+ threads and batch 1: an f32 weight gradient (A transposed: C = A^T B summed over
 // k rows) of at most 512 rows of C over at least 1024 summed rows; any bf16-operand product of at least 2^24
-// multiply-adds with 128+ rows of C. Parts along the larger of C's two sides (rows on a tie), as many as the threads,
-// of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split. Only where oneDNN runs AVX-512 (its
-// brgemm kernels): below that its gemm:jit parts read 1 KiB-strided operands in place (the padding rule above), and a
-// split 384x2048x1024 At ran at 90 GFLOP/s against 177-188 whole (ONEDNN_MAX_CPU_ISA=AVX2 on the Zen 5).
+// multiply-adds with 128+ rows of C; an f32 product of A's rows (not transposed) with 512+ rows of C, no more columns
+// than rows and at most 2^28 multiply-adds (split by rows). Parts along the larger of C's two sides (rows on a tie), as
+// many as the threads, of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split. Only where oneDNN
+// runs AVX-512 (its brgemm kernels): below that its gemm:jit parts read 1 KiB-strided operands in place (the padding
+// rule above), and a split 384x2048x1024 At ran at 90 GFLOP/s against 177-188 whole (ONEDNN_MAX_CPU_ISA=AVX2 on the Zen
+// 5).
 int64_t split_parts(const Dnnl& d, const MatmulParams& p, bool bf16, int64_t& part_size, bool& along_m) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   constexpr unsigned kAvx512Core = unsigned(dnnl_cpu_isa_avx512_core);
   if (!d.split_products || threads < 2 || p.batch != 1 ||
       (unsigned(dnnl::get_effective_cpu_isa()) & kAvx512Core) != kAvx512Core)
     return 0;
+  const double macs = double(p.m) * double(p.n) * double(p.k);
   const bool weight_grad = p.trans_a && p.m <= 512 && p.k >= 1024;
-  const bool bf16_product = bf16 && p.m >= 128 && double(p.m) * double(p.n) * double(p.k) >= double(1 << 24);
-  if (!weight_grad && !bf16_product) return 0;
+  const bool bf16_product = bf16 && p.m >= 128 && macs >= double(1 << 24);
+  const bool row_product = !bf16 && !p.trans_a && p.m >= 512 && p.m >= p.n && macs <= double(1 << 28);
+  if (!weight_grad && !bf16_product && !row_product) return 0;
   along_m = p.m >= p.n;
   const int64_t side = along_m ? p.m : p.n;
   const int64_t parts = std::min<int64_t>(threads, side / 64);
