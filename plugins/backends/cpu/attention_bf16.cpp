@@ -40,7 +40,7 @@
 //             even row (a causal start rounded down: the extra row sees nothing of the key block and is masked).
 //   Odd T, S, nk, nq: the pair's missing half is zero on both sides (a zero P / dS row or key, a zero padding row).
 // Tasks and threads: the forward's task is (batch, query head, block of 64 queries), biggest first, OpenMP dynamic
-// schedule, or static in batch order when the tasks cost the same (attention.cpp: "tasks of one cost"; V's pair
+// schedule, or static in batch order when the runs cost the same (attention.cpp: "runs of batches"; V's pair
 // packing first, split statically); the backward's is (batch, kv head), static without segments: all key blocks and the
 // G query heads that read it, so it owns dk / dv of the kv head and dq of its query heads (no reduction). At one
 // thread (or one task) no OpenMP region is opened. Every output element is computed by one task in a fixed order,
@@ -125,8 +125,10 @@ struct Geo {
   const int32_t* seg;
 };
 
-// attention.cpp's "tasks of one cost": the forward's (batch, head, query block) tasks all cost the same.
-inline bool uniform_forward_tasks(const Geo& g) { return !g.seg && ((!g.causal && g.window == 0) || g.T <= 64); }
+// attention.cpp's "runs of batches": the forward's runs of (batch, head, query block) tasks cost the same.
+inline bool static_forward_runs(const Geo& g, int threads) {
+  return !g.seg && ((!g.causal && g.window == 0) || g.T <= 64 || (g.B * g.Hq) % threads == 0);
+}
 
 struct Ptrs {
   const uint16_t *q, *k, *v, *o, *dout;
@@ -548,7 +550,7 @@ void forward_impl(const Geo& g, Ptrs P, uint32_t* vpairs) {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < npairs; ++i) pack_v_pairs(g, P.v, vpairs, i / g.Sh, i % g.Sh);
     float* ws = scratch(ws_size);
-    if (uniform_forward_tasks(g)) {  // attention.cpp's "tasks of one cost": contiguous runs of batches per thread
+    if (static_forward_runs(g, nth)) {  // attention.cpp's "runs of batches": one contiguous run per thread
       const int64_t nqb = (g.T + TILE - 1) / TILE, bhs = g.B * g.Hq;
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < ntasks; ++i) fwd_task(g, P, (nqb - 1 - i % nqb) * bhs + i / nqb, ws);  // (b, h, block)
@@ -801,7 +803,7 @@ void backward_impl(const Geo& g, const Ptrs& P) {
 #pragma omp parallel
   {
     float* ws = scratch(W.total);
-    if (!g.seg) {  // tasks of one cost (attention.cpp): contiguous runs of batches per thread
+    if (!g.seg) {  // attention.cpp's "runs of batches": every (batch, kv head) task costs the same
 #pragma omp for schedule(static)
       for (int64_t u = 0; u < units; ++u) bwd_task(g, P, u / g.Hkv, u % g.Hkv, ws, W);
     } else {
