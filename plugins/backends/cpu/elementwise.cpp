@@ -788,17 +788,17 @@ void reduce_columns(const T* x, T* out, int64_t reduce, int64_t inner, int64_t j
 constexpr int64_t kRowSplitMaxInner = int64_t(1) << 16;  // partials: nthreads x inner doubles
 template <class T>
 void reduce_row_split(const T* x, T* out, int64_t red, int64_t inner, ReduceOp op, int nthreads) {
-  std::vector<double> part(size_t(nthreads) * size_t(inner), 0.0);
+  ThreadPartials part(nthreads, inner);
   const bool sq = op == ReduceOp::sumsq;
 #pragma omp parallel num_threads(nthreads)
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    add_rows(x, red * t / nt, red * (t + 1) / nt, inner, 0, inner, sq, part.data() + size_t(t) * size_t(inner));
+    add_rows(x, red * t / nt, red * (t + 1) / nt, inner, 0, inner, sq, part.of(t));
   }
   const double scale = op == ReduceOp::mean ? 1.0 / double(red) : 1.0;
   for (int64_t j = 0; j < inner; ++j) {
-    double s = part[size_t(j)];
-    for (int t = 1; t < nthreads; ++t) s += part[size_t(t) * size_t(inner) + size_t(j)];
+    double s = part.of(0)[j];
+    for (int t = 1; t < nthreads; ++t) s += part.of(t)[j];
     st(out + j, float(op == ReduceOp::mean ? s * scale : s));
   }
 }
@@ -927,10 +927,10 @@ void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Ten
   float* o = dx.data_as<float>();
   const int nthreads = omp_get_max_threads();
   const int parts = parallel_worth(n) && rows >= 4 * nthreads && d <= kRowSplitMaxInner ? nthreads : 1;
-  std::vector<double> part(size_t(parts) * size_t(d), 0.0);
+  ThreadPartials part(parts, d);
   const int64_t chunk = std::max<int64_t>(1, 8192 / d);  // rows per block: ~32 KB of dx, re-read from cache
   auto rows_into = [=, &part](int64_t r0, int64_t r1, int t) {
-    double* acc = part.data() + size_t(t) * size_t(d);
+    double* acc = part.of(t);
     if (p.op == UnaryOp::gelu_tanh) {  // the MLP activations: one pass, the sums from the registers
       grad_rows_sum(xs, g, o, acc, d, r0, r1, [](float v, float dd) { return gelu_tanh_grad(v, dd); });
       return;
@@ -955,8 +955,8 @@ void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Ten
     }
   }
   for (int64_t j = 0; j < d; ++j) {
-    double v = part[size_t(j)];
-    for (int t = 1; t < parts; ++t) v += part[size_t(t) * size_t(d) + size_t(j)];
+    double v = part.of(0)[j];
+    for (int t = 1; t < parts; ++t) v += part.of(t)[j];
     s[j] = float(v);
   }
 }

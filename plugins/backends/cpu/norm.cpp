@@ -468,22 +468,22 @@ void rms_norm_backward_typed(const Tensor& x, const float* w, const Tensor& rstd
   T* o = dx.data_as<T>();
   const bool want_dw = dweight.defined();
   const int nthreads = parallel_worth(x.numel()) ? omp_get_max_threads() : 1;
-  std::vector<double> partial(want_dw ? size_t(nthreads) * size_t(dim) : 0, 0.0);
+  ThreadPartials partial(want_dw ? nthreads : 0, dim);
   if (nthreads == 1) {  // no OpenMP region on one thread (team_of_many in cpu_backend.hpp)
-    rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.data() : nullptr, dim, off, int64_t(0), rows);
+    rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.of(0) : nullptr, dim, off, int64_t(0), rows);
   } else {
 #pragma omp parallel num_threads(nthreads)
     {
       const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-      rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.data() + size_t(t) * size_t(dim) : nullptr, dim, off,
-                             rows * t / nt, rows * (t + 1) / nt);
+      rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.of(t) : nullptr, dim, off, rows * t / nt,
+                             rows * (t + 1) / nt);
     }
   }
   if (want_dw) {
     T* dw = dweight.data_as<T>();
     for (int64_t j = 0; j < dim; ++j) {
       double s = 0.0;
-      for (int t = 0; t < nthreads; ++t) s += partial[size_t(t) * size_t(dim) + size_t(j)];
+      for (int t = 0; t < nthreads; ++t) s += partial.of(t)[j];
       st(dw + j, float(s));
     }
   }
