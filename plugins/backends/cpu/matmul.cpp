@@ -221,8 +221,8 @@ std::shared_ptr<MatmulEntry> make_entry(const Dnnl& d, const MatmulParams& p, bo
 // than rows and at most 2^28 multiply-adds (split by rows). Parts along the larger of C's two sides (rows on a tie), as
 // many as the threads, of a multiple of 16 and at least 64 rows / columns each. 0 parts: no split. Only where oneDNN
 // runs AVX-512 (its brgemm kernels): below that its gemm:jit parts read 1 KiB-strided operands in place (the padding
-// rule above), and a split 384x2048x1024 At ran at 90 GFLOP/s against 177-188 whole (ONEDNN_MAX_CPU_ISA=AVX2 on the Zen
-// 5).
+// rule above), and a split 384x2048x1024 At ran at 90 GFLOP/s against 177-188 whole (the Zen 5 capped to AVX2 by
+// ONEDNN_MAX_CPU_ISA).
 int64_t split_parts(const Dnnl& d, const MatmulParams& p, bool bf16, int64_t& part_size, bool& along_m) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   constexpr unsigned kAvx512Core = unsigned(dnnl_cpu_isa_avx512_core);
