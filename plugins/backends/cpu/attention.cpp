@@ -6,7 +6,7 @@
 // in the backward. Here at most one 64 x 64 tile of scores (plus its dP/dS companions) exists per thread.
 //
 // Forward — one task per (batch, query head, block of <= 64 queries), OpenMP dynamic schedule, biggest first
-//   (static, a run of batches per thread, when the runs cost the same: see "Runs of batches" below):
+//   (static, a run of batches per thread, when the runs cost the same: attention_visibility.hpp, "runs of batches"):
 //   scores are held transposed, S^T [key, query], so the 16 lanes of a vector run over queries. The online
 //   softmax (running max m, running sum l, rescale alpha = exp(m_old - m_new)) is then plain vertical vector
 //   code. Both products, S^T = K Q^T and O = alpha O + P V (O in query rows: no transpose back), are
@@ -381,29 +381,13 @@ struct Geo {
   int64_t row_heads;   // the row path's query heads per task (<= kMaxRowHeads; set by attention_forward)
 };
 
-// Runs of batches. At 2+ threads attention's tasks are split into one contiguous run of batches per thread (static
-// schedule over the tasks in (batch, head, query block) order) instead of handed out one at a time (dynamic), wherever
-// the runs cost the same: no segments (packed documents make a task's cost depend on its batch), and for the forward
-// either tasks of one cost (no causal mask or window, or one block of queries a head) or a (batch, head) count the
-// threads divide (each thread then gets whole (batch, head)s, which all cost the same, causal or not); the backward's
-// (batch, kv head) tasks cost the same causal or not. The products around attention split their rows in contiguous
-// blocks per thread too (oneDNN's and dew's), so a thread reads the q, k, v rows its own core wrote and writes the rows
-// its core's next product reads, instead of half of them from the other core's cache. At 2 threads, medians of
-// alternated `dew-bench train --profile` runs on the AMD EPYC Zen 5 (every static run faster than every dynamic one):
-// the DiT (B16 H4 T64 D64) forward 2.80 -> 2.09 ms a step and backward 5.08 -> 4.08 (8 runs each), bf16-mixed 5.0 ->
-// 4.1 both together; char-small's causal forward (B8 H6 T256) 12.96 -> 10.40 (5 each; its backward moved within
-// noise). Which thread runs a task changes none of its bits.
-inline bool static_forward_runs(const Geo& g, int threads) {
-  return !g.seg && ((!g.causal && g.window == 0) || g.T <= TILE || (g.B * g.Hq) % threads == 0);
-}
-
 struct Ptrs {
   const float *q, *k, *v, *o, *lse, *dout;
   float *out, *lse_out, *dq, *dk, *dv;
   const uint16_t *k16, *v16;  // bf16 K/V (their bits) for the row path, instead of k and v
 };
 
-#include "attention_visibility.hpp"  // Vis, classify, classify_segments, classify_all
+#include "attention_visibility.hpp"  // Vis, classify, classify_segments, classify_all; runs of batches
 
 // ---------------------------------------------------------------- forward
 
@@ -1172,21 +1156,18 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
     return;
   }
-  if (!rows && static_forward_runs(g, omp_get_max_threads())) {  // contiguous runs of batches per thread
-    const int64_t nqb = (g.T + TILE - 1) / TILE, bhs = g.B * g.Hq;
-#pragma omp parallel
-    {
-      float* ws = scratch(ws_size);
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < ntasks; ++i) fn(g, P, (nqb - 1 - i % nqb) * bhs + i / nqb, ws);  // (b, h, block)
-    }
-    return;
-  }
+  const int64_t nqb = (g.T + TILE - 1) / TILE;
+  const bool runs = !rows && static_forward_runs(g, nqb, omp_get_max_threads());
 #pragma omp parallel
   {
     float* ws = scratch(ws_size);
+    if (runs) {  // one contiguous run of batches per thread (attention_visibility.hpp)
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < ntasks; ++i) fn(g, P, forward_task_in_batch_order(g, i, nqb), ws);
+    } else {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
+      for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
+    }
   }
 }
 
@@ -1226,20 +1207,17 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (coarse) {
     const DqMode mode = g.D % L == 0 ? kDqDirect : kDqLocal;
     const size_t ws_size = bwd_ws(g, mode);
-    if (!g.seg) {  // every (batch, kv head) task costs the same: runs of batches (above)
-#pragma omp parallel if (units > 1)
-      {
-        float* ws = scratch(ws_size);
-#pragma omp for schedule(static)
-        for (int64_t u = 0; u < units; ++u) fn(g, P, u / g.Hkv, u % g.Hkv, 0, nkb, nullptr, mode, ws);
-      }
-      return;
-    }
+    const bool runs = static_backward_runs(g);
 #pragma omp parallel if (units > 1)
     {
       float* ws = scratch(ws_size);
+      if (runs) {  // one contiguous run of batches per thread (attention_visibility.hpp)
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < units; ++u) fn(g, P, u / g.Hkv, u % g.Hkv, 0, nkb, nullptr, mode, ws);
+      } else {
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t u = 0; u < units; ++u) fn(g, P, u / g.Hkv, u % g.Hkv, 0, nkb, nullptr, mode, ws);
+        for (int64_t u = 0; u < units; ++u) fn(g, P, u / g.Hkv, u % g.Hkv, 0, nkb, nullptr, mode, ws);
+      }
     }
     return;
   }

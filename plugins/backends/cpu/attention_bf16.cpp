@@ -40,7 +40,7 @@
 //             even row (a causal start rounded down: the extra row sees nothing of the key block and is masked).
 //   Odd T, S, nk, nq: the pair's missing half is zero on both sides (a zero P / dS row or key, a zero padding row).
 // Tasks and threads: the forward's task is (batch, query head, block of 64 queries), biggest first, OpenMP dynamic
-// schedule, or static in batch order when the runs cost the same (attention.cpp: "runs of batches"; V's pair
+// schedule, or static in batch order when the runs cost the same (attention_visibility.hpp: "runs of batches"; V's pair
 // packing first, split statically); the backward's is (batch, kv head), static without segments: all key blocks and the
 // G query heads that read it, so it owns dk / dv of the kv head and dq of its query heads (no reduction). At one
 // thread (or one task) no OpenMP region is opened. Every output element is computed by one task in a fixed order,
@@ -124,11 +124,6 @@ struct Geo {
   int64_t qoff;
   const int32_t* seg;
 };
-
-// attention.cpp's "runs of batches": the forward's runs of (batch, head, query block) tasks cost the same.
-inline bool static_forward_runs(const Geo& g, int threads) {
-  return !g.seg && ((!g.causal && g.window == 0) || g.T <= 64 || (g.B * g.Hq) % threads == 0);
-}
 
 struct Ptrs {
   const uint16_t *q, *k, *v, *o, *dout;
@@ -373,7 +368,7 @@ BA_AI void gemm(float* C, int64_t ldc, const uint32_t* A, int64_t ars, int64_t a
 
 // ---------------------------------------------------------------- visibility of key blocks (shared with attention.cpp)
 
-#include "attention_visibility.hpp"  // Vis, classify, classify_segments, classify_all
+#include "attention_visibility.hpp"  // Vis, classify, classify_segments, classify_all; runs of batches
 
 // ---------------------------------------------------------------- forward
 
@@ -537,7 +532,7 @@ void forward_impl(const Geo& g, Ptrs P, uint32_t* vpairs) {
   const int nth = omp_get_max_threads();
   const int64_t npairs = g.B * g.Sh;
   P.vpairs = vpairs;
-  const int64_t ntasks = g.B * g.Hq * ((g.T + TILE - 1) / TILE);
+  const int64_t nqb = (g.T + TILE - 1) / TILE, ntasks = g.B * g.Hq * nqb;
   const size_t ws_size = fwd_ws(g);
   if (nth == 1 || ntasks <= 1) {
     for (int64_t i = 0; i < npairs; ++i) pack_v_pairs(g, P.v, vpairs, i / g.Sh, i % g.Sh);
@@ -550,10 +545,9 @@ void forward_impl(const Geo& g, Ptrs P, uint32_t* vpairs) {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < npairs; ++i) pack_v_pairs(g, P.v, vpairs, i / g.Sh, i % g.Sh);
     float* ws = scratch(ws_size);
-    if (static_forward_runs(g, nth)) {  // attention.cpp's "runs of batches": one contiguous run per thread
-      const int64_t nqb = (g.T + TILE - 1) / TILE, bhs = g.B * g.Hq;
+    if (static_forward_runs(g, nqb, nth)) {  // one contiguous run of batches per thread (attention_visibility.hpp)
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < ntasks; ++i) fwd_task(g, P, (nqb - 1 - i % nqb) * bhs + i / nqb, ws);  // (b, h, block)
+      for (int64_t i = 0; i < ntasks; ++i) fwd_task(g, P, forward_task_in_batch_order(g, i, nqb), ws);
     } else {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < ntasks; ++task) fwd_task(g, P, task, ws);
@@ -803,7 +797,7 @@ void backward_impl(const Geo& g, const Ptrs& P) {
 #pragma omp parallel
   {
     float* ws = scratch(W.total);
-    if (!g.seg) {  // attention.cpp's "runs of batches": every (batch, kv head) task costs the same
+    if (static_backward_runs(g)) {  // one contiguous run of batches per thread (attention_visibility.hpp)
 #pragma omp for schedule(static)
       for (int64_t u = 0; u < units; ++u) bwd_task(g, P, u / g.Hkv, u % g.Hkv, ws, W);
     } else {

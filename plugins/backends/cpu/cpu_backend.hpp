@@ -174,16 +174,18 @@ inline bool team_of_many(bool wanted) { return wanted && omp_get_max_threads() >
 class ThreadPartials {
  public:
   ThreadPartials(int threads, int64_t width)
-      : stride_((std::max<int64_t>(width, 1) + 7) / 8 * 8), buf_(size_t(threads) * size_t(stride_) + 8, 0.0) {}
-  double* of(int thread) {
+      : stride_((std::max<int64_t>(width, 1) + 7) / 8 * 8), buf_(size_t(threads) * size_t(stride_) + 8, 0.0) {
     const uintptr_t at = reinterpret_cast<uintptr_t>(buf_.data());
-    double* base = buf_.data() + ((64 - at % 64) % 64) / sizeof(double);  // first 64-byte boundary
-    return base + size_t(thread) * size_t(stride_);
+    base_ = buf_.data() + ((64 - at % 64) % 64) / sizeof(double);  // the first 64-byte boundary
   }
+  ThreadPartials(const ThreadPartials&) = delete;  // base_ points into buf_
+  ThreadPartials& operator=(const ThreadPartials&) = delete;
+  double* of(int thread) const { return base_ + size_t(thread) * size_t(stride_); }
 
  private:
   int64_t stride_;
   std::vector<double> buf_;
+  double* base_;
 };
 
 // Calls body(lo, hi) over [0, n): one contiguous block per OpenMP thread when team_of_many(parallel), else
