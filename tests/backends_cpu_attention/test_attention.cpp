@@ -217,6 +217,11 @@ TEST_CASE("cpu attention: q_offset with T < S (prefill on a cache, decoding)") {
   run({"offset 120 T80 S200 window 64", 1, 80, 200, 2, 1, 64, true, 64, 0.0f, 120});
   run({"decode T1 S77", 2, 1, 77, 4, 2, 64, true, 0, 0.0f, 76});
   run({"decode T3 S77 window 20 softcap", 1, 3, 77, 2, 2, 16, true, 20, 5.0f, 74});
+  // the row path's P V sums held in registers, HC heads at a time over blocks of 32 positions (D = 32, 64, 128):
+  // chunks of heads that are whole and partial, position counts that are not a multiple of the block
+  run({"decode T1 S150 H6 D64", 1, 1, 150, 6, 6, 64, true, 0, 0.0f, 149});
+  run({"decode T1 S100 H12/3 D32 window 70", 2, 1, 100, 12, 3, 32, true, 70, 0.0f, 99});
+  run({"decode T2 S130 H6/2 D128 softcap", 1, 2, 130, 6, 2, 128, true, 0, 5.0f, 120});
 }
 
 TEST_CASE("cpu attention: odd head width (D = 24, 40) and fully masked rows") {

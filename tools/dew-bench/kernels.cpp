@@ -3,7 +3,8 @@
 // directly on the same shape and thread count (primitive made once, plain row-major memory: the
 // ceiling; on a CPU backend only — a device's products stand alone), and the fused attention forward and
 // forward+backward times at the char-small, gpt-mini and DiT shapes, and the decode products against one weight,
-// row-major and in the backend's decode panels (`--only matmul|attention|decode` runs one part). One JSON
+// row-major and in the backend's decode panels, and the decode attention (one query against a cache) (`--only
+// matmul|attention|decode` runs one part). One JSON
 // line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
@@ -196,6 +197,33 @@ int run_kernels(const BenchOptions& opt) {
         std::fflush(stdout);
       }
     }
+
+  // Decode attention: one query (T = 1, at position S - 1) against a cache of S positions, char-small's 6 heads of
+  // 64, f32 and bf16 K/V (the decode cache takes the weights' dtype), as `generate` calls it once a layer. Warm (the
+  // same cache every call: 0.2-6 MB), so this is the row path's compute and cache rate; kv_gbs counts K and V once.
+  for (DType kv : {DType::f32, DType::bf16}) {
+    if (!opt.only.empty() && opt.only != "decode") break;
+    if (!be->supports(Kernel::attention, kv).ok) continue;
+    for (const int64_t S : {256, 1024, 4096}) {
+      const int64_t H = 6, D = 64;
+      Tensor q = Tensor::normal({1, 1, H, D}, 0, 1, 2, 5, be);
+      Tensor k = cast(Tensor::normal({1, S, H, D}, 0, 1, 2, 6, be), kv),
+             v = cast(Tensor::normal({1, S, H, D}, 0, 1, 2, 7, be), kv);
+      AttentionParams p;
+      p.scale = float(1.0 / std::sqrt(double(D)));
+      p.causal = true;
+      p.q_offset = S - 1;
+      Tensor out = Tensor::empty(q.shape(), DType::f32, be), lse = Tensor::empty({1, H, 1}, DType::f32, be);
+      const double sec =
+          median_seconds([&] { be->attention(q, k, v, Tensor(), out, lse, p); }, opt, [&] { be->synchronize(); });
+      std::printf(
+          "{\"bench\":\"decode_attention\",\"shape\":\"B1xH%lldxT1xS%lldxD%lld\",\"kv\":\"%s\",\"backend\":\"%s\","
+          "\"threads\":%d,\"us\":%.2f,\"kv_gbs\":%.1f}\n",
+          (long long)H, (long long)S, (long long)D, dtype_name(kv), opt.backend.c_str(), opt.threads, sec * 1e6,
+          double(k.nbytes() + v.nbytes()) / sec * 1e-9);
+      std::fflush(stdout);
+    }
+  }
   return 0;
 }
 

@@ -22,7 +22,10 @@
 //   On avx512 (D % 16 == 0) the scores are made 16 positions at a time: the rows still stream in order, each head's
 //   16 lane sums are kept, and the 16 dots' final trees are reduced together by shuffles doing the very adds of
 //   hsum16 (hsum16x16): the same bits; a bf16 cache's row task 8.4 -> 6.7 us warm, 10 -> 8-9 us cold (one
-//   char-small layer at position 143, Zen 5; f32 unchanged: its time is the stream).
+//   char-small layer at position 143, Zen 5; f32 unchanged: its time is the stream). The P V sums of up to 16
+//   vectors (4 heads of 64) stay in registers over blocks of 32 positions (pv_in_registers) and the max runs over
+//   16 lanes: the same bits, one query against 6 heads x 1024 positions 1.4-2x faster on avx512 and avx2
+//   (`dew-bench kernels --only decode`, decode_attention; docs/benchmarks.md, session 28).
 // bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the row path reads the bf16 rows and widens
 //   them in registers (exact: the bits shifted up 16), so it streams half the bytes and computes exactly what it
 //   computes on the widened f32 rows, bit for bit (dot's scalar tail runs one shared loop); longer queries
@@ -568,6 +571,82 @@ DEW_AI const KV* kv_rows(const float* f32, const uint16_t* bf16) {
     return bf16;
 }
 
+// The row task's P V sums in registers: acc_h[d] += P_h[j] V_j[h's slice][d] for the positions j in order, one FMA
+// per element and position, the very arithmetic of axpy() position by position (the same bits), but the sums of HC
+// heads (HC * VD vectors, VD = D / 16) stay in registers across a block of kPvBlock positions instead of going
+// through memory at every position (a load, an FMA and a store per vector and position, each position's FMA waiting
+// on the last one's store: ~40 % of a decode token's attention). Between blocks the sums are stored and reloaded
+// (exact), and a block's V rows (at most 32 x 2 KiB f32) are read once per chunk of heads, from L1 after the first.
+// Heads are the live ones of the task, in order; sc and acc are the first head's scores and sums, `stride` floats
+// apart per head (fwd_row_task's workspace). false (nothing done) where D is not 16 VD for a VD below, or on the
+// portable path (its 16-lane vectors are four xmm each: a chunk would not stay in 16 registers).
+constexpr int64_t kPvBlock = 32;
+template <int VD, int HC, class KV>
+DEW_AI void pv_chunks(const KV* vb, int64_t krs, int64_t lo, int64_t n, int64_t span, const int64_t* heads,
+                      int64_t nheads, const int64_t* koff, float* sc, float* acc, int64_t stride) {
+  for (int64_t j0 = 0; j0 < n; j0 += kPvBlock) {
+    const int64_t j1 = std::min(n, j0 + kPvBlock);
+    for (int64_t c0 = 0; c0 < nheads; c0 += HC) {
+      const int64_t nc = std::min<int64_t>(HC, nheads - c0);
+      vf a[HC][VD];
+#pragma GCC unroll 16
+      for (int c = 0; c < HC; ++c)
+#pragma GCC unroll 16
+        for (int v = 0; v < VD; ++v) a[c][v] = c < nc ? vload(acc + heads[c0 + c] * stride + v * L) : vf{};
+      for (int64_t j = j0; j < j1; ++j) {
+        if (c0 == 0) prefetch_row(vb + (lo + j + kRowAhead) * krs, span, j + kRowAhead < n);
+        const KV* vrow = vb + (lo + j) * krs;
+#pragma GCC unroll 16
+        for (int c = 0; c < HC; ++c) {
+          if (c >= nc) break;
+          const int64_t h = heads[c0 + c];
+          const float p = sc[h * stride + j];
+          const KV* x = vrow + koff[h];
+#pragma GCC unroll 16
+          for (int v = 0; v < VD; ++v) a[c][v] = a[c][v] + p * vload_row(x + v * L);
+        }
+      }
+#pragma GCC unroll 16
+      for (int c = 0; c < HC; ++c)
+        if (c < nc)
+#pragma GCC unroll 16
+          for (int v = 0; v < VD; ++v) vstore(acc + heads[c0 + c] * stride + v * L, a[c][v]);
+    }
+  }
+}
+template <class KV>
+DEW_AI bool pv_in_registers(const KV* vb, int64_t krs, int64_t lo, int64_t n, int64_t span, int64_t D, int64_t nh,
+                            const bool* live, const int64_t* koff, float* sc, float* acc, int64_t stride) {
+#if defined(DEW_CPU_ISA_IS_PORTABLE)
+  return false;
+#else
+#if defined(DEW_CPU_ISA_IS_AVX512)
+  constexpr int kRegs = 16;  // sums a chunk keeps: 16 of the 32 zmm
+#else
+  constexpr int kRegs = 4;  // avx2: 4 16-lane sums = 8 of the 16 ymm
+#endif
+  int64_t heads[kMaxRowHeads], nheads = 0;
+  for (int64_t h = 0; h < nh; ++h)
+    if (live[h]) heads[nheads++] = h;
+  switch (D) {
+    case 32:
+      pv_chunks<2, kRegs / 2>(vb, krs, lo, n, span, heads, nheads, koff, sc, acc, stride);
+      return true;
+    case 64:
+      pv_chunks<4, kRegs / 4>(vb, krs, lo, n, span, heads, nheads, koff, sc, acc, stride);
+      return true;
+    case 128:
+      if constexpr (kRegs >= 8) {
+        pv_chunks<8, kRegs / 8>(vb, krs, lo, n, span, heads, nheads, koff, sc, acc, stride);
+        return true;
+      }
+      return false;
+    default:
+      return false;
+  }
+#endif
+}
+
 // One query position (b, t) for the query heads [h0, h1) of its group (task = (b * T + t) * groups + group, groups
 // of g.row_heads heads): per head an exact softmax over the visible keys, vectorised over D. For T <= ROW_PATH_MAX_T.
 // The heads of a task walk the positions together, so K and V are read as one stream of whole position rows
@@ -613,18 +692,26 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   // 16 positions at a time: every head's dot lane sums position by position (the rows stream in order, as in the
   // loop below), then per head the 16 trees together (hsum16x16: the bits of dot() one position at a time).
   // D % 16 == 0 only (no scalar tail). A head-major walk of the 16 rows measured slower on a cold f32 cache.
-  if (D % L == 0) {
+  // The common head widths take a copy of the loop with D a constant: dot_lanes' loop unrolled, the same sums.
+  const auto score_blocks = [&](auto width) {
+    const int64_t Dc = width.value ? int64_t(width.value) : D;
     vf lanes[kMaxRowHeads][L];  // [head][position of the block]
     for (; j + L <= n; j += L) {
       // position by position, as the loop below (the rows stream in order): each head's lane sums
       for (int64_t p = 0; p < L; ++p) {
         prefetch_row(kb + (lo + j + p + kRowAhead) * g.krs, span, j + p + kRowAhead < n);
         const KV* krow = kb + (lo + j + p) * g.krs;
-        for (int64_t h = h0; h < h1; ++h) lanes[h - h0][p] = dot_lanes(qs_of(h), krow + koff[h - h0], D);
+        for (int64_t h = h0; h < h1; ++h) lanes[h - h0][p] = dot_lanes(qs_of(h), krow + koff[h - h0], Dc);
       }
       for (int64_t h = h0; h < h1; ++h) hsum16x16(lanes[h - h0], sc_of(h) + j);
     }
-  }
+  };
+  if (D == 64)
+    score_blocks(std::integral_constant<int, 64>{});
+  else if (D == 128)
+    score_blocks(std::integral_constant<int, 128>{});
+  else if (D % L == 0)
+    score_blocks(std::integral_constant<int, 0>{});
 #endif
   for (; j < n; ++j) {
     prefetch_row(kb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
@@ -643,8 +730,19 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     if (segrow)
       for (int64_t j = 0; j < n; ++j)
         if (segrow[lo + j] != segrow[pos]) sc[j] = kNegInf;
-    float m = kNegInf;
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, sc[j]);
+    float m = kNegInf;  // the largest score; m = max(m, s) in any order is exact (a NaN never enters: s > m fails)
+    {
+      vf mv = vset(kNegInf);
+      int64_t j = 0;
+      for (; j + L <= n; j += L) {
+        const vf s = vload(sc + j);
+        mv = vsel(s > mv, s, mv);
+      }
+      float ml[L];
+      vstore(ml, mv);
+      for (int l = 0; l < L; ++l) m = std::max(m, ml[l]);
+      for (; j < n; ++j) m = std::max(m, sc[j]);
+    }
     live[h - h0] = m != kNegInf;
     if (!live[h - h0]) {  // every key in reach belongs to another document
       std::memset(orow + h * D, 0, size_t(D) * sizeof(float));
@@ -662,12 +760,13 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     inv[h - h0] = 1.0f / l;
     std::memset(acc_of(h), 0, size_t(D) * sizeof(float));
   }
-  for (int64_t j = 0; j < n; ++j) {
-    prefetch_row(vb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
-    const KV* vrow = vb + (lo + j) * g.krs;
-    for (int64_t h = h0; h < h1; ++h)
-      if (live[h - h0]) axpy(acc_of(h), sc_of(h)[j], vrow + koff[h - h0], D);
-  }
+  if (!pv_in_registers(vb, g.krs, lo, n, span, D, nh, live, koff, sc_of(h0), acc_of(h0), stride))
+    for (int64_t j = 0; j < n; ++j) {
+      prefetch_row(vb + (lo + j + kRowAhead) * g.krs, span, j + kRowAhead < n);
+      const KV* vrow = vb + (lo + j) * g.krs;
+      for (int64_t h = h0; h < h1; ++h)
+        if (live[h - h0]) axpy(acc_of(h), sc_of(h)[j], vrow + koff[h - h0], D);
+    }
   for (int64_t h = h0; h < h1; ++h) {
     if (!live[h - h0]) continue;
     const float* acc = acc_of(h);
