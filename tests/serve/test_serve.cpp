@@ -248,6 +248,23 @@ TEST_CASE("slot decoding with bf16 and int8 weights: served rows equal solo bit 
     }
   CHECK(changed == matrices);
   CHECK(changed >= 2 * 7);  // q, k, v, o, gate, up, down per layer
+  // ... all in one storage, in the parameters' order (a decode step's), each where the one before ends, holding
+  // the very values a cast of the f32 weight alone gives
+  const dew::NamedTensors f32_params = f32_model->named_parameters();
+  const dew::Storage* one = nullptr;
+  size_t end = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    if (p.ndim() != 2 || name.find("embed") != std::string::npos) continue;
+    CAPTURE(name);
+    if (!one) one = p.impl()->storage.get();
+    CHECK(p.impl()->storage.get() == one);
+    const size_t begin = p.impl()->offset * dew::dtype_size(dt);
+    CHECK(begin == end);
+    end = begin + p.nbytes();
+    if (dt == dew::DType::bf16) CHECK(p.to_floats() == dew::cast(f32_params[i].second, dt).to_floats());
+  }
+  CHECK(end == one->bytes);
   dew::NoGradGuard ng;
   const Tensor prompt = Tensor::from_ints(random_tokens(9, 5), {1, 9}, backend("cpu"));
   auto c16 = decoder_of(m).make_cache(1, 32), c32 = decoder_of(f32_model).make_cache(1, 32);

@@ -147,9 +147,10 @@ std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tok
 // activations by the bf16 weight with f32 accumulation: the weights are rounded once, nothing else is
 // (inference only: such a linear records no gradient). DType::i8 quantizes them instead (quantize_int8,
 // dew/ops.hpp: an f32 scale per block of 32 columns, per row when 32 does not divide the width; a quarter of
-// the f32 bytes). Any dtype also places the weights that multiply
-// one input (q/k/v projections, gate/up) back to back in one storage, values unchanged, so a decode step
-// makes one product per group (nn::Attention, nn::GatedMLP); f32 changes no value. Returns the tensors cast.
+// the f32 bytes); the tensors cast all go into one storage, back to back in the order of `params` (a decode
+// step's: it streams them as one buffer). Any dtype also places the weights that multiply one input (q/k/v
+// projections, gate/up) back to back in one storage, values unchanged, so a decode step makes one product per
+// group (nn::Attention, nn::GatedMLP); f32 changes no value. Returns the tensors cast.
 int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype);
 // What `--weights` chooses (dew-run eval|sample|serve, dew-bench generate|roofline), in one call:
 // store_matmul_weights_as(params, dtype) and, when `decoder` is not null, its K/V cache in the same dtype
