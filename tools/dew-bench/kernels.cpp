@@ -204,7 +204,7 @@ int run_kernels(const BenchOptions& opt) {
   for (DType kv : {DType::f32, DType::bf16}) {
     if (!opt.only.empty() && opt.only != "decode") break;
     if (!be->supports(Kernel::attention, kv).ok) continue;
-    for (const int64_t S : {256, 1024, 4096}) {
+    for (const int64_t S : {256, 512, 1024, 4096}) {
       const int64_t H = 6, D = 64;
       Tensor q = Tensor::normal({1, 1, H, D}, 0, 1, 2, 5, be);
       Tensor k = cast(Tensor::normal({1, S, H, D}, 0, 1, 2, 6, be), kv),

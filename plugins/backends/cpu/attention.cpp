@@ -124,6 +124,8 @@ constexpr int64_t FWD_BK = 64;  // keys per forward step
 constexpr int64_t BWD_BQ = 64;  // queries per backward step
 constexpr int64_t ROW_PATH_MAX_T = 4;
 constexpr int64_t kMaxRowHeads = 16;  // query heads one row task walks together
+constexpr int64_t kRowSerialBytes = int64_t(1)
+                                    << 20;  // row work reading less K/V runs on one thread (attention_forward)
 static_assert(FWD_BK <= TILE && BWD_BQ <= TILE, "the causal sub-tile tables hold 4 chunks of 16");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -1221,8 +1223,14 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
   if (g.B == 0 || g.T == 0 || g.Hq == 0) return;
   const bool rows = g.T <= ROW_PATH_MAX_T, bf16_kv = k.dtype() == DType::bf16;
+  // Row work under kRowSerialBytes of K/V reads (a decode step at a short context) stays on the calling thread: there
+  // the region's fork and join cost more than the split saves (bits do not depend on it: a row task's grouping changes
+  // none). One query against 6 heads of 64 (`dew-bench kernels --only decode`, Zen 5, us, 1 / 2 threads): S 256 f32
+  // 11.3 / 12.9, bf16 7.5 / 10.0; S 512 f32 25.2 / 20.9, bf16 15.2 / 14.3; S 1024 bf16 33 / 27.
+  const int64_t row_bytes = g.B * g.T * g.Hq * g.S * g.D * 2 * int64_t(bf16_kv ? sizeof(uint16_t) : sizeof(float));
+  const int threads = rows && row_bytes < kRowSerialBytes ? 1 : omp_get_max_threads();
   if (rows) {  // row tasks: all heads of a position together, split only as far as the threads need
-    const int64_t groups = std::min<int64_t>(g.Hq, (omp_get_max_threads() + g.B * g.T - 1) / (g.B * g.T));
+    const int64_t groups = std::min<int64_t>(g.Hq, (threads + g.B * g.T - 1) / (g.B * g.T));
     g.row_heads = std::min<int64_t>(kMaxRowHeads, (g.Hq + groups - 1) / groups);
   }
   Ptrs P{};
@@ -1250,7 +1258,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const int64_t ntasks =
       rows ? g.B * g.T * ((g.Hq + g.row_heads - 1) / g.row_heads) : g.B * g.Hq * ((g.T + TILE - 1) / TILE);
   const size_t ws_size = rows ? fwd_row_ws(g) : fwd_lane_ws(g);
-  if (ntasks <= 1 || omp_get_max_threads() == 1) {  // no region on one thread (cpu_backend.hpp: team_of_many)
+  if (ntasks <= 1 || threads == 1) {  // no region on one thread (cpu_backend.hpp: team_of_many)
     float* ws = scratch(ws_size);
     for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
     return;

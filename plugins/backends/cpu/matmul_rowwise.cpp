@@ -75,11 +75,23 @@ namespace {
 // thread makes are the blocks one thread would make: the split changes nothing but who computes what.
 // `scales`: the weight's row scales (QuantScales, int8 weights only).
 // Calls f(u0, u1) once per thread with its share [u0, u1) of `units` work units (non-empty shares only), or once
-// with all of them on the caller's thread when the product (m n k) is small, with one thread, or inside a
-// parallel region: the split of both product forms below.
+// with all of them on the caller's thread when the product is small (a weight under kSplitMinBytes and under
+// kSplitMinMacs multiply-adds), with one thread, or inside a parallel region: the split of both product forms below.
+// Why the bounds: a parallel region costs ~3.2 us on the Zen 5 VM (2 threads, spinning: an empty one, measured), as
+// much as half of a small decode product takes; char-small's bf16 decode at 2 threads, its six 1x384x384 products
+// (295 KB each) 0.045-0.051 -> 0.027-0.028 ms a token on one thread, its f32 head (393 KB) 0.009 -> 0.006, the f32
+// 384x384 (590 KB) alike either way (docs/benchmarks.md, session 28).
+constexpr int64_t kSplitMinBytes = int64_t(512) << 10, kSplitMinMacs = int64_t(1) << 20;
+// A weight's bytes for that bound; int8 counts two a weight (its kernel multiplies at about bf16's rate per weight:
+// compute-bound, not streaming).
+template <class W>
+int64_t split_bytes(int64_t n, int64_t k) {
+  return n * k * int64_t(std::max<size_t>(sizeof(W), 2));
+}
 template <class F>
-void split_units(int64_t units, int64_t mnk, const F& f) {
-  if (mnk < (int64_t(1) << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return f(int64_t(0), units);
+void split_units(int64_t units, int64_t mnk, int64_t weight_bytes, const F& f) {
+  if ((weight_bytes < kSplitMinBytes && mnk < kSplitMinMacs) || omp_get_max_threads() == 1 || omp_in_parallel())
+    return f(int64_t(0), units);
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
@@ -92,7 +104,7 @@ template <class W, class... Scales>
 void run_split(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
                const RowwiseEpilogue& ep, const Scales&... scales) {
   constexpr int64_t kGranule = 8;
-  split_units((n + kGranule - 1) / kGranule, m * n * k, [&](int64_t g0, int64_t g1) {
+  split_units((n + kGranule - 1) / kGranule, m * n * k, split_bytes<W>(n, k), [&](int64_t g0, int64_t g1) {
     const int64_t j0 = std::min(n, g0 * kGranule), j1 = std::min(n, g1 * kGranule);
     DEW_CPU_ISA_CALL(isa, rowwise_columns, x, w, y, m, n, k, j0, j1, ep, scales...);
   });
@@ -115,7 +127,7 @@ template <class W>
 void run_panels(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
                 const RowwiseEpilogue& ep) {
   DEW_CHECK(n % kPanelRows == 0, "cpu matmul: a weight in panels of ", kPanelRows, " rows has ", n, " rows");
-  split_units(n / kPanelRows, m * n * k,
+  split_units(n / kPanelRows, m * n * k, split_bytes<W>(n, k),
               [&](int64_t p0, int64_t p1) { DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, p0, p1, ep); });
 }
 
