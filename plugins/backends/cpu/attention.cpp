@@ -124,8 +124,8 @@ constexpr int64_t FWD_BK = 64;  // keys per forward step
 constexpr int64_t BWD_BQ = 64;  // queries per backward step
 constexpr int64_t ROW_PATH_MAX_T = 4;
 constexpr int64_t kMaxRowHeads = 16;  // query heads one row task walks together
-constexpr int64_t kRowSerialBytes = int64_t(1)
-                                    << 20;  // row work reading less K/V runs on one thread (attention_forward)
+// Row work (a decode step's attention) reading less K/V than this runs on one thread (attention_forward).
+constexpr int64_t kRowSerialBytes = int64_t(1) << 20;
 static_assert(FWD_BK <= TILE && BWD_BQ <= TILE, "the causal sub-tile tables hold 4 chunks of 16");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -577,11 +577,12 @@ DEW_AI const KV* kv_rows(const float* f32, const uint16_t* bf16) {
 // per element and position, the very arithmetic of axpy() position by position (the same bits), but the sums of HC
 // heads (HC * VD vectors, VD = D / 16) stay in registers across a block of kPvBlock positions instead of going
 // through memory at every position (a load, an FMA and a store per vector and position, each position's FMA waiting
-// on the last one's store: ~40 % of a decode token's attention). Between blocks the sums are stored and reloaded
-// (exact), and a block's V rows (at most 32 x 2 KiB f32) are read once per chunk of heads, from L1 after the first.
-// Heads are the live ones of the task, in order; sc and acc are the first head's scores and sums, `stride` floats
-// apart per head (fwd_row_task's workspace). false (nothing done) where D is not 16 VD for a VD below, or on the
-// portable path (its 16-lane vectors are four xmm each: a chunk would not stay in 16 registers).
+// on the last one's store: ~40 % of the row task's samples). Between blocks the sums are stored and reloaded
+// (exact), and a block's 32 rows of the task's span (6 heads of 64: 24 KiB bf16, 48 f32) are read once per chunk of
+// heads, from L1 or L2 after the first. Heads are the live ones of the task, in order; sc and acc are the first head's
+// scores and sums, `stride` floats apart per head (fwd_row_task's workspace). false (nothing done) where D is not 16 VD
+// for a VD below, or on the portable path (its 16-lane vectors are four xmm each: a chunk would not stay in 16
+// registers).
 constexpr int64_t kPvBlock = 32;
 template <int VD, int HC, class KV>
 DEW_AI void pv_chunks(const KV* vb, int64_t krs, int64_t lo, int64_t n, int64_t span, const int64_t* heads,
