@@ -737,10 +737,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     {
       vf mv = vset(kNegInf);
       int64_t j = 0;
-      for (; j + L <= n; j += L) {
-        const vf s = vload(sc + j);
-        mv = vsel(s > mv, s, mv);
-      }
+      for (; j + L <= n; j += L) mv = vmax(vload(sc + j), mv);
       float ml[L];
       vstore(ml, mv);
       for (int l = 0; l < L; ++l) m = std::max(m, ml[l]);
