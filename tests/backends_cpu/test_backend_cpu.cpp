@@ -15,6 +15,7 @@
 #include <iterator>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -912,6 +913,91 @@ TEST_CASE("cpu: attention is wired to attention.cpp (forward and backward, GQA, 
   check_close(dq, 1e-4, 1e-5, "attention dq");
   check_close(dk, 1e-4, 1e-5, "attention dk");
   check_close(dv, 1e-4, 1e-5, "attention dv");
+}
+
+// matmul_precision = medium: attention's products take bf16 operands where attention_bf16.cpp's vdpbf16ps kernels
+// cover the call (half.cpp's attention_medium: the avx512 path of an AVX512-BF16 CPU, D % 16 == 0, T > 4), with f32
+// sums and f32 outputs; elsewhere (decode rows, odd D, no AVX512-BF16) the f32 kernel, bit for bit. Against ref on
+// the bf16-rounded q, k, v (and out, dout for the backward, which medium rounds too): out within 0.51 bf16 eps (V in
+// [-1, 1]: P rounded as an operand, eps / 2 of max |V|; out itself is not rounded), dq, dk, dv within 4 bf16 eps of
+// their largest |value| (dS rounded as an operand; tests/backends_cpu_attention bounds the same kernels).
+TEST_CASE("cpu: matmul_precision = medium runs attention's products on bf16 operands, f32 in and out") {
+  const BackendPtr medium = cpu_medium();
+  const bool native = native_bf16() && cpu_isa_paths().avx512;
+  constexpr double kBf16Eps = 1.0 / 256.0;
+  struct Case {
+    int64_t B, T, S, Hq, Hkv, D;
+    bool causal, covered;
+  };
+  const Case cases[] = {
+      {2, 64, 64, 4, 4, 64, false, true},  // the DiT's form
+      {1, 70, 70, 4, 2, 32, true, true},   // causal, grouped-query heads, T % 64 != 0
+      {2, 3, 9, 2, 2, 64, true, false},    // decode rows (T <= 4): the f32 kernel
+      {1, 40, 40, 2, 2, 24, false, false}  // D % 16 != 0: the f32 kernel
+  };
+  uint64_t seed = 1400;
+  for (const Case& c : cases) {
+    CAPTURE(c.T);
+    CAPTURE(c.D);
+    const bool rounds = native && c.covered;
+    const Shape qs{c.B, c.T, c.Hq, c.D}, ks{c.B, c.S, c.Hkv, c.D}, ls{c.B, c.Hq, c.T};
+    const std::vector<float> qv = host_uniform(numel_of(qs), seed++, -1.0f, 1.0f),
+                             kv = host_uniform(numel_of(ks), seed++, -1.0f, 1.0f),
+                             vv = host_uniform(numel_of(ks), seed++, -1.0f, 1.0f),
+                             dv_ = host_uniform(numel_of(qs), seed++, -1.0f, 1.0f);
+    const auto on = [](const std::vector<float>& x, const Shape& s, const BackendPtr& be, bool round) {
+      std::vector<float> y = x;
+      if (round)
+        for (float& e : y) e = round_to_bf16(e);
+      return Tensor::from_vector(y, s, be);
+    };
+    AttentionParams p;
+    p.scale = float(1.0 / std::sqrt(double(c.D)));
+    p.causal = c.causal;
+    p.q_offset = c.S - c.T;
+    const Tensor q = on(qv, qs, cpu(), false), k = on(kv, ks, cpu(), false), v = on(vv, ks, cpu(), false),
+                 dout = on(dv_, qs, cpu(), false);
+    Tensor mo = Tensor::full(qs, 7.0, DType::f32, cpu()), ml = Tensor::full(ls, 7.0, DType::f32, cpu());
+    medium->attention(q, k, v, Tensor(), mo, ml, p);
+    Tensor mq = Tensor::full(qs, 7.0, DType::f32, cpu()), mk = Tensor::full(ks, 7.0, DType::f32, cpu()),
+           mv = Tensor::full(ks, 7.0, DType::f32, cpu());
+    medium->attention_backward(q, k, v, Tensor(), mo, ml, dout, mq, mk, mv, p);
+    // the f32 kernel (matmul_precision = highest) on the same tensors
+    Tensor fo = Tensor::empty(qs, DType::f32, cpu()), fl = Tensor::empty(ls, DType::f32, cpu());
+    cpu()->attention(q, k, v, Tensor(), fo, fl, p);
+    Tensor fq = Tensor::empty(qs, DType::f32, cpu()), fk = Tensor::empty(ks, DType::f32, cpu()),
+           fv = Tensor::empty(ks, DType::f32, cpu());
+    cpu()->attention_backward(q, k, v, Tensor(), mo, ml, dout, fq, fk, fv, p);
+    if (!rounds) {
+      check_equal({mo, fo}, "medium attention out (f32 kernel)");
+      check_equal({ml, fl}, "medium attention lse (f32 kernel)");
+      check_equal({mq, fq}, "medium attention dq (f32 kernel)");
+      check_equal({mk, fk}, "medium attention dk (f32 kernel)");
+      check_equal({mv, fv}, "medium attention dv (f32 kernel)");
+      continue;
+    }
+    // ref on the rounded inputs medium is expected to use
+    const Tensor qr = on(qv, qs, ref(), true), kr = on(kv, ks, ref(), true), vr = on(vv, ks, ref(), true),
+                 dr = on(dv_, qs, ref(), true);
+    Tensor wo = Tensor::empty(qs, DType::f32, ref()), wl = Tensor::empty(ls, DType::f32, ref());
+    ref()->attention(qr, kr, vr, Tensor(), wo, wl, p);
+    check_close({mo, wo}, 0.0, 0.51 * kBf16Eps, "medium attention out vs ref on bf16-rounded q, k, v");
+    check_close({ml, wl}, 1e-5, 1e-5, "medium attention lse vs ref on bf16-rounded q, k");
+    CHECK(max_abs_diff(mo, fo) > 1e-4);  // rounding q, k, v moves out by ~2^-9: far outside the f32 kernel's error
+    Tensor wq = Tensor::empty(qs, DType::f32, ref()), wk = Tensor::empty(ks, DType::f32, ref()),
+           wv = Tensor::empty(ks, DType::f32, ref());
+    const Tensor wo_rounded = on(wo.to_floats(), qs, ref(), true);
+    ref()->attention_backward(qr, kr, vr, Tensor(), wo_rounded, wl, dr, wq, wk, wv, p);
+    for (const auto& [got, want, what] :
+         {std::tuple<const Tensor*, const Tensor*, const char*>{&mq, &wq, "dq"}, {&mk, &wk, "dk"}, {&mv, &wv, "dv"}}) {
+      CAPTURE(what);
+      const std::vector<double> g = got->to_doubles(), w = want->to_doubles();
+      double scale = 0, err = 0;
+      for (size_t i = 0; i < w.size(); ++i) scale = std::max(scale, std::fabs(w[i]));
+      for (size_t i = 0; i < w.size(); ++i) err = std::max(err, std::fabs(g[i] - w[i]));
+      CHECK(err <= 4 * kBf16Eps * scale);
+    }
+  }
 }
 
 // The row-wise decode path (m <= 32, trans_b, batch 1, beta 0) in each ISA path the CPU runs (the `isa`

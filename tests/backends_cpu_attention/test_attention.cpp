@@ -7,7 +7,8 @@
 // the f32 kernel on the exactly widened K/V bit for bit (the decode row path widens in registers, a prefill
 // widens once and takes the lane path), at 1 to 3 threads; k and v of two dtypes, and the backward, are refused.
 // bf16 q, k, v on AVX512-BF16 (attention_bf16.cpp's vdpbf16ps kernels): against the reference on the bf16-rounded
-// inputs within bounds in bf16 epsilons (see that section), the same bits at 1 to 3 threads; skipped without the ISA.
+// inputs within bounds in bf16 epsilons (see that section), the same bits at 1 to 3 threads; their f32-output (medium)
+// form rounds to the bf16 outputs bit for bit; skipped without the ISA.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <omp.h>
@@ -457,6 +458,22 @@ void run_bf16(const Bf16Case& bc) {
     CHECK(eq < 4 * kBf16Eps);
     CHECK(ek < 4 * kBf16Eps);
     CHECK(ev < 4 * kBf16Eps);
+    // the medium form (f32 outputs, matmul_precision = medium): the same f32 sums unrounded, so rounding them gives
+    // the bf16 outputs bit for bit (the backward reads the bf16 out, as medium's entry rounds its f32 out)
+    Bf16Out m{Tensor::full(qs, 7.0, DType::f32, be), Tensor::full(ls, 7.0, DType::f32, be),
+              Tensor::full(qs, 7.0, DType::f32, be), Tensor::full(ks, 7.0, DType::f32, be),
+              Tensor::full(ks, 7.0, DType::f32, be)};
+    cpu::attention_bf16_fast_forward(q, k, v, seg, m.out, m.lse, p);
+    cpu::attention_bf16_fast_backward(q, k, v, seg, r.out, r.lse, dout, m.dq, m.dk, m.dv, p);
+    const auto rounded = [&](const Tensor& t) {
+      return Tensor::from_vector(t.to_floats(), t.shape(), be, DType::bf16);
+    };
+    CHECK(same_bits(rounded(m.out), r.out));
+    CHECK(same_bits(m.lse, r.lse));
+    CHECK(same_bits(rounded(m.dq), r.dq));
+    CHECK(same_bits(rounded(m.dk), r.dk));
+    CHECK(same_bits(rounded(m.dv), r.dv));
+    CHECK_THROWS_AS(cpu::attention_bf16_fast_backward(q, k, v, seg, r.out, r.lse, dout, m.dq, r.dk, m.dv, p), Error);
     if (threads == 1) {
       first = r;
       // today's widened path: the f32 kernel on the widened inputs (its outputs compared before rounding)

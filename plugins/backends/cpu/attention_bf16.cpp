@@ -1,6 +1,8 @@
 // cpu/attention_bf16.cpp — bf16 attention of the `cpu` backend on AVX512-BF16: FlashAttention-2 forward and
 // backward whose products take bf16 operands, in pairs, through vdpbf16ps (acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1],
-// f32 accumulators), for bf16-mixed training.
+// f32 accumulators), for bf16-mixed training, and for f32 training under matmul_precision = medium (half.cpp's
+// attention_medium rounds q, k, v, out, dout to bf16 and takes f32 outputs: out, dq, dk, dv are then the f32 sums
+// this file otherwise rounds once, Ptrs::f32_out).
 //
 // Which calls: half.cpp's attention_bf16 / attention_backward_bf16 take these kernels when the backend's path is
 // avx512 (option `isa`: avx2 and portable keep the widened path), the CPU has AVX512-BF16 (+F, BW, VL, DQ), q, k, v
@@ -86,8 +88,10 @@ namespace {
 constexpr int64_t kMaxD = 256;
 constexpr int64_t kRowPathMaxT = 4;  // attention.cpp's ROW_PATH_MAX_T: decoding rows
 
+// q and k both bf16, or both f32 (the medium form, rounded to bf16 by the caller), of a shape the kernels take
 bool covered_shape(const Tensor& q, const Tensor& k) {
-  if (!q.defined() || !k.defined() || q.dtype() != DType::bf16 || k.dtype() != DType::bf16) return false;
+  if (!q.defined() || !k.defined() || q.dtype() != k.dtype()) return false;
+  if (q.dtype() != DType::bf16 && q.dtype() != DType::f32) return false;
   if (q.ndim() != 4 || k.ndim() != 4) return false;
   const int64_t D = q.size(3), T = q.size(1);
   return D > 0 && D % 16 == 0 && D <= kMaxD && T > kRowPathMaxT;
@@ -128,7 +132,8 @@ struct Geo {
 struct Ptrs {
   const uint16_t *q, *k, *v, *o, *dout;
   const float* lse;
-  uint16_t *out, *dq, *dk, *dv;
+  void *out, *dq, *dk, *dv;  // bf16, or f32 when f32_out (matmul_precision = medium: f32 in and out)
+  bool f32_out;
   float* lse_out;
   const uint32_t* vpairs;  // forward: V as key pairs [B][Hkv][Sh][D] words
 };
@@ -173,6 +178,14 @@ BA_AI vf vload_bf16(const uint16_t* p) {
 // 16 f32 rounded to bf16 (nearest even), stored
 BA_AI void vstore_bf16(uint16_t* p, const vf& x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh((__m512)x));
+}
+// 16 output elements at element index i of an output (out, dq, dk, dv): rounded to bf16 once, or the f32 sums as
+// they are (Ptrs::f32_out)
+BA_AI void vstore_out(void* base, int64_t i, const vf& x, bool f32) {
+  if (f32)
+    vstore(static_cast<float*>(base) + i, x);
+  else
+    vstore_bf16(static_cast<uint16_t*>(base) + i, x);
 }
 // Lane i: the bf16 pair (x0[i], x1[i]) (x0 in the low half), each rounded nearest even: a vdpbf16ps operand
 // whose pairs run along the axis x0 and x1 are two steps of.
@@ -495,7 +508,7 @@ void fwd_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   float mf[TILE], lf[TILE];
   for (int v = 0; v < 4; ++v) vstore(mf + v * L, mv[v]), vstore(lf + v * L, lv[v]);
   float* lse = P.lse_out + (b * g.Hq + h) * g.T + t0;
-  uint16_t* ob = P.out + ((b * g.T + t0) * g.Hq + h) * D;
+  const int64_t ob = ((b * g.T + t0) * g.Hq + h) * D;
   for (int64_t i = 0; i < nq; ++i) {
     float inv = 0.0f;
     if (lf[i] > 0.0f) {
@@ -504,7 +517,7 @@ void fwd_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     } else {
       lse[i] = kNegInf;
     }
-    for (int64_t d = 0; d < D; d += L) vstore_bf16(ob + i * g.qrs + d, vload(O + i * D + d) * inv);
+    for (int64_t d = 0; d < D; d += L) vstore_out(P.out, ob + i * g.qrs + d, vload(O + i * D + d) * inv, P.f32_out);
   }
 }
 
@@ -628,11 +641,10 @@ void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, float* wsf, co
     std::memset(dVacc, 0, size_t(nk * D) * sizeof(float));
     const auto store_dkv = [&] {
       for (int64_t j = 0; j < nk; ++j) {
-        uint16_t* dkr = P.dk + ((b * g.S + s0 + j) * g.Hkv + hk) * D;
-        uint16_t* dvr = P.dv + ((b * g.S + s0 + j) * g.Hkv + hk) * D;
+        const int64_t row = ((b * g.S + s0 + j) * g.Hkv + hk) * D;
         for (int64_t d = 0; d < D; d += L) {
-          vstore_bf16(dkr + d, vload(dKacc + j * D + d));
-          vstore_bf16(dvr + d, vload(dVacc + j * D + d));
+          vstore_out(P.dk, row + d, vload(dKacc + j * D + d), P.f32_out);
+          vstore_out(P.dv, row + d, vload(dVacc + j * D + d), P.f32_out);
         }
       }
     };
@@ -780,8 +792,8 @@ void bwd_task(const Geo& g, const Ptrs& P, int64_t b, int64_t hk, float* wsf, co
   for (int64_t gi = 0; gi < G; ++gi) {
     const int64_t h = hk * G + gi;
     for (int64_t t = 0; t < T; ++t) {
-      uint16_t* dst = P.dq + ((b * T + t) * g.Hq + h) * D;
-      for (int64_t d = 0; d < D; d += L) vstore_bf16(dst + d, vload(dQacc + (gi * T + t) * D + d));
+      const int64_t row = ((b * T + t) * g.Hq + h) * D;
+      for (int64_t d = 0; d < D; d += L) vstore_out(P.dq, row + d, vload(dQacc + (gi * T + t) * D + d), P.f32_out);
     }
   }
 }
@@ -823,6 +835,12 @@ using avx512bf16::Ptrs;
 void check_bf16(const Tensor& t, const char* what) {
   DEW_CHECK(t.defined(), "cpu attention (bf16): ", what, " is undefined");
   DEW_CHECK(t.dtype() == DType::bf16, "cpu attention (bf16): ", what, " must be bf16, got ", dtype_name(t.dtype()));
+}
+// An output: bf16, or f32 when `f32` (the medium form: every output of the call f32)
+void check_output(const Tensor& t, bool f32, const char* what) {
+  DEW_CHECK(t.defined(), "cpu attention (bf16): ", what, " is undefined");
+  DEW_CHECK(t.dtype() == (f32 ? DType::f32 : DType::bf16), "cpu attention (bf16): ", what, " must be ",
+            f32 ? "f32 (as dq)" : "bf16", ", got ", dtype_name(t.dtype()));
 }
 void check_shape(const Tensor& t, const Shape& want, const char* what) {
   DEW_CHECK(t.shape() == want, "cpu attention (bf16): ", what, " has shape ", shape_str(t.shape()), ", expected ",
@@ -871,7 +889,7 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& se
 void attention_bf16_fast_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                  Tensor& out, Tensor& lse, const AttentionParams& p) {
   const Geo g = make_geo(q, k, v, segment_ids, p);
-  check_bf16(out, "out");
+  check_output(out, out.dtype() == DType::f32, "out");
   check_shape(out, q.shape(), "out");
   DEW_CHECK(lse.defined() && lse.dtype() == DType::f32, "cpu attention (bf16): lse must be f32");
   check_shape(lse, Shape{g.B, g.Hq, g.T}, "lse");
@@ -880,7 +898,8 @@ void attention_bf16_fast_forward(const Tensor& q, const Tensor& k, const Tensor&
   P.q = q.data_as<const uint16_t>();
   P.k = k.data_as<const uint16_t>();
   P.v = v.data_as<const uint16_t>();
-  P.out = out.data_as<uint16_t>();
+  P.out = out.data();
+  P.f32_out = out.dtype() == DType::f32;
   P.lse_out = lse.data_as<float>();
   thread_local std::vector<uint32_t> vpairs;  // grows to the largest call (kept: no page faults per call)
   const size_t need = size_t(g.B * g.Hkv * g.Sh * g.D);
@@ -892,12 +911,15 @@ void attention_bf16_fast_backward(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                   Tensor& dv, const AttentionParams& p) {
   const Geo g = make_geo(q, k, v, segment_ids, p);
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&out, "out"}, {&dout, "dout"}, {&dq, "dq"}}) {
+  const bool f32_out = dq.defined() && dq.dtype() == DType::f32;
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&out, "out"}, {&dout, "dout"}}) {
     check_bf16(*t, what);
     check_shape(*t, q.shape(), what);
   }
+  check_output(dq, f32_out, "dq");
+  check_shape(dq, q.shape(), "dq");
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&dk, "dk"}, {&dv, "dv"}}) {
-    check_bf16(*t, what);
+    check_output(*t, f32_out, what);
     check_shape(*t, k.shape(), what);
   }
   DEW_CHECK(lse.defined() && lse.dtype() == DType::f32, "cpu attention (bf16): lse must be f32");
@@ -914,9 +936,10 @@ void attention_bf16_fast_backward(const Tensor& q, const Tensor& k, const Tensor
   P.o = out.data_as<const uint16_t>();
   P.dout = dout.data_as<const uint16_t>();
   P.lse = lse.data_as<const float>();
-  P.dq = dq.data_as<uint16_t>();
-  P.dk = dk.data_as<uint16_t>();
-  P.dv = dv.data_as<uint16_t>();
+  P.dq = dq.data();
+  P.dk = dk.data();
+  P.dv = dv.data();
+  P.f32_out = f32_out;
   avx512bf16::backward_impl(g, P);
 }
 

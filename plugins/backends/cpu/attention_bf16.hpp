@@ -5,6 +5,9 @@
 // k, v, dk, dv [B, S, Hkv, D]; lse f32 [B, Hq, T]; segment_ids undefined or i32 [B, S]. A caller asks
 // attention_bf16_fast_covers / attention_bf16_fast_backward_covers first and takes half.cpp's widened path
 // otherwise (cpu_backend.hpp: attention_bf16).
+// The medium form (matmul_precision = medium: f32 attention whose products take bf16 operands, half.cpp's
+// attention_medium): the inputs as above, rounded to bf16 by the caller, and f32 outputs (out; dq, dk, dv): the
+// f32 sums the bf16 form rounds once, as they are. The covers functions take f32 q, k for it.
 #pragma once
 #include "dew/backend.hpp"
 #include "dew/tensor.hpp"
@@ -13,8 +16,8 @@ namespace dew::cpu {
 
 // This CPU runs vdpbf16ps (AVX512-BF16 with F, BW, VL, DQ).
 bool attention_bf16_fast_cpu();
-// The forward kernel covers this call: the CPU has AVX512-BF16, q, k, v bf16 [B, T|S, H, D] with D % 16 == 0,
-// D <= 256, T > 4 (shorter queries are decoding rows: the widened row path).
+// The forward kernel covers this call: the CPU has AVX512-BF16, q, k bf16 (or both f32: the medium form)
+// [B, T|S, H, D] with D % 16 == 0, D <= 256, T > 4 (shorter queries are decoding rows: the widened row path).
 bool attention_bf16_fast_covers(const Tensor& q, const Tensor& k, const AttentionParams& p);
 // The backward kernel covers this call at `threads` OpenMP threads: the forward's conditions, and enough
 // (batch, kv head) tasks to keep the threads busy (see attention_bf16.cpp).

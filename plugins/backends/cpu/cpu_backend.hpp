@@ -497,5 +497,12 @@ void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, 
 void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                              const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                              Tensor& dv, const AttentionParams& p);
+// matmul_precision = medium: f32 attention whose products take bf16 operands (half.cpp). Each returns false, having
+// done nothing, where the vdpbf16ps kernels do not cover the call (the caller then runs the f32 kernel).
+bool attention_medium(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                      Tensor& out, Tensor& lse, const AttentionParams& p);
+bool attention_backward_medium(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                               const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                               Tensor& dv, const AttentionParams& p);
 
 }  // namespace dew::cpu

@@ -110,12 +110,14 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                            Tensor& out, Tensor& lse, const AttentionParams& p) {
   if (is_bf16_call(q)) return attention_bf16(isa_, q, k, v, segment_ids, out, lse, p);  // half.cpp
+  if (bf16_matmul_ && attention_medium(isa_, q, k, v, segment_ids, out, lse, p)) return;  // half.cpp
   attention_forward(q, k, v, segment_ids, out, lse, p, isa_);  // f32 q; k, v f32 or bf16 (a bf16 decode cache)
 }
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                     Tensor& dv, const AttentionParams& p) {
   if (is_bf16_call(q)) return attention_backward_bf16(isa_, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
+  if (bf16_matmul_ && attention_backward_medium(isa_, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p)) return;
   cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p, isa_);
 }
 void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
@@ -134,9 +136,9 @@ std::string kernel_paths() {
                             "embedding",      "casts",     "gated_residual"};
   for (size_t i = 0; i < sizeof families / sizeof *families; ++i)
     s += std::string(i ? ", " : " ") + families[i] + " " + path;
-  // bf16 attention: attention_bf16.cpp's vdpbf16ps kernels on the avx512 path of a CPU with AVX512-BF16, else the
-  // f32 kernel on widened samples (half.cpp)
-  s += std::string(", attention bf16 ") +
+  // bf16 attention (and f32 attention under matmul_precision = medium): attention_bf16.cpp's vdpbf16ps kernels on
+  // the avx512 path of a CPU with AVX512-BF16, else the f32 kernel (on widened samples for bf16; half.cpp)
+  s += std::string(", attention bf16 (and f32 under matmul_precision = medium) ") +
        (best_isa() == Isa::avx512 && attention_bf16_fast_cpu() ? "avx512bf16" : std::string("widened ") + path);
   s += std::string("; decode weights in panels of ") + std::to_string(kPanelRows) +
        " rows (f32, bf16, avx512 / avx2 paths; option decode_panels)";
