@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -847,6 +848,40 @@ TEST_CASE("cpu: fused optimizer updates over three steps") {
   check_close(ps, 1e-5, 1e-6, "sgd param");
   check_close(buf, 1e-5, 1e-6, "sgd momentum");
   check_close(pl, 1e-5, 1e-6, "lamb param");
+}
+
+// Normal draws run log and cos as SIMD polynomials and recompute with libm only where the f32 rounding could differ
+// (cpu/random.cpp): 2^22 draws from an odd offset, on every ISA path and at 1 and 2 threads, must be philox::normal's
+// (the scalar libm expression ref uses) bit for bit, and the map a + b z must round as ref's does.
+TEST_CASE("cpu: normal draws equal philox::normal bit for bit, every ISA path, 2^22 draws") {
+  cpu();  // loads the plugin
+  const int64_t n = int64_t(1) << 22;
+  const uint64_t seed = 0x9e3779b97f4a7c15ull, stream = 77, offset = 1001;
+  std::vector<uint32_t> want(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    want[size_t(i)] = std::bit_cast<uint32_t>(philox::normal(seed, stream, offset + uint64_t(i)));
+  const int saved = omp_get_max_threads();
+  for (const std::string& isa : cpu_isa_paths().names)
+    for (int threads : {1, 2}) {
+      CAPTURE(isa);
+      CAPTURE(threads);
+      omp_set_num_threads(threads);
+      BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+      Tensor t = Tensor::empty({n}, DType::f32, be);
+      be->random(t, RandomParams{Distribution::normal, seed, stream, offset, 0.0f, 1.0f});
+      const std::vector<float> got = t.to_floats();
+      int64_t bad = 0, first = -1;
+      for (int64_t i = 0; i < n; ++i)
+        if (std::bit_cast<uint32_t>(got[size_t(i)]) != want[size_t(i)] && bad++ == 0) first = i;
+      CHECK_MESSAGE(bad == 0, bad, " of ", n, " draws differ, the first at ", first);
+    }
+  omp_set_num_threads(saved);
+  // a + b z rounds as ref's map
+  Pair small = empty({4099});
+  const RandomParams p{Distribution::normal, seed, stream, offset, 0.25f, -3.0f};
+  cpu()->random(small.c, p);
+  ref()->random(small.r, p);
+  check_equal(small, "random normal a + b z");
 }
 
 TEST_CASE("cpu: random and dropout equal ref bit for bit, fill, cast, strided_copy") {
