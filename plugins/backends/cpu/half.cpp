@@ -323,11 +323,14 @@ void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Te
 // vdpbf16ps kernels run (P and dS rounded to bf16 as operands, softmax and statistics in f32), and out, dq, dk, dv
 // are their f32 sums, unrounded: round(medium's out) is the bf16 kernel's out on the rounded inputs, bit for bit
 // (tests/backends_cpu_attention). Only where those kernels cover the call (avx512 path, AVX512-BF16, f32 q, k, v,
-// D % 16 == 0, D <= 256, T > 4; the backward's thread rule); elsewhere (decode rows, odd D, AVX2 CPUs) the f32
-// kernel runs, as medium's matmuls stay f32 where oneDNN has no bf16 kernel. Measured: docs/benchmarks.md, session 29.
+// D % 16 == 0, D <= 256, T > 4) and cover its backward too (the thread rule), forward and backward alike, so that a
+// backward recomputes P from the scores its forward's lse came from; elsewhere (decode rows, odd D, AVX2 CPUs) the
+// f32 kernel runs, as medium's matmuls stay f32 where oneDNN has no bf16 kernel. Measured: docs/benchmarks.md,
+// session 29.
 namespace {
 bool medium_covers(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
-  return isa == Isa::avx512 && v.defined() && v.dtype() == DType::f32 && attention_bf16_fast_covers(q, k, p);
+  return isa == Isa::avx512 && v.defined() && v.dtype() == DType::f32 &&
+         attention_bf16_fast_backward_covers(q, k, p, omp_get_max_threads());  // the forward's conditions and more
 }
 Tensor narrow(Isa isa, const Tensor& w) {
   Tensor h = Tensor::empty(w.shape(), DType::bf16, w.backend_ptr());
@@ -346,8 +349,7 @@ bool attention_medium(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v
 bool attention_backward_medium(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                Tensor& dv, const AttentionParams& p) {
-  if (!medium_covers(isa, q, k, v, p) || !attention_bf16_fast_backward_covers(q, k, p, omp_get_max_threads()))
-    return false;
+  if (!medium_covers(isa, q, k, v, p)) return false;
   attention_bf16_fast_backward(narrow(isa, q), narrow(isa, k), narrow(isa, v), segment_ids, narrow(isa, out), lse,
                                narrow(isa, dout), dq, dk, dv, p);
   return true;
