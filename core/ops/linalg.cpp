@@ -11,6 +11,28 @@ using namespace detail;
 
 namespace {
 
+// Brackets a backward's two products that read the same gradient (Backend::operand_reuse): the backend may keep what
+// it did to that operand for the second product (cpu under matmul_precision = medium: its bf16 rounding). Only the
+// products run inside; their outputs are fresh tensors.
+class OperandReuse {
+ public:
+  OperandReuse(const Tensor& t, bool both) : be_(both ? &t.backend() : nullptr) {
+    if (be_) be_->operand_reuse(true);
+  }
+  ~OperandReuse() {
+    if (be_) be_->operand_reuse(false);
+  }
+  OperandReuse(const OperandReuse&) = delete;
+  OperandReuse& operator=(const OperandReuse&) = delete;
+
+ private:
+  Backend* be_;
+};
+
+}  // namespace
+
+namespace {
+
 struct MatmulShape {
   MatmulParams p;
   Shape out_shape;
@@ -93,6 +115,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         out, {a, b},
         [ad, bd, ta, tb, ga, gb](const Tensor& g) {
           Tensor da, db;
+          OperandReuse reuse(g, ga && gb);
           if (ga) {
             da = ta ? matmul_raw(bd, g, tb, true, Tensor(), Activation::none)     // (op(B) g^T) stored as [K, M]
                     : matmul_raw(g, bd, false, !tb, Tensor(), Activation::none);  // g op(B)^T
@@ -143,8 +166,11 @@ static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, cons
         else if (db.numel() > 0)
           kernels(db).fill(db, 0.0);
         Tensor dx, dw;
-        if (gx) dx = reshape(matmul_raw(dpre, wd, false, false, Tensor(), Activation::none), xs);
-        if (gw) dw = matmul_raw(dpre, x2, true, false, Tensor(), Activation::none);
+        {
+          OperandReuse reuse(dpre, gx && gw);
+          if (gx) dx = reshape(matmul_raw(dpre, wd, false, false, Tensor(), Activation::none), xs);
+          if (gw) dw = matmul_raw(dpre, x2, true, false, Tensor(), Activation::none);
+        }
         return std::vector<Tensor>{dx, dw, db};
       },
       "linear");
@@ -181,8 +207,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
         [x2, wd, xs, gx, gw, gbias](const Tensor& g) {
           Tensor g2 = reshape(g, {-1, g.shape().back()});
           Tensor dx, dw, db;
-          if (gx) dx = reshape(matmul_raw(g2, wd, false, false, Tensor(), Activation::none), xs);
-          if (gw) dw = matmul_raw(g2, x2, true, false, Tensor(), Activation::none);
+          {
+            OperandReuse reuse(g2, gx && gw);
+            if (gx) dx = reshape(matmul_raw(g2, wd, false, false, Tensor(), Activation::none), xs);
+            if (gw) dw = matmul_raw(g2, x2, true, false, Tensor(), Activation::none);
+          }
           if (gbias) db = sum(g2, 0);
           return std::vector<Tensor>{dx, dw, db};
         },

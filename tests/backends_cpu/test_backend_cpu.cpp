@@ -950,6 +950,45 @@ TEST_CASE("cpu: attention is wired to attention.cpp (forward and backward, GQA, 
   check_close(dv, 1e-4, 1e-5, "attention dv");
 }
 
+// Backend::operand_reuse: inside a bracket the medium backend rounds an operand once for the products that read it
+// (matmul.cpp's ReusedOperands). The products must be the bits they are outside a bracket; closing it must drop the
+// roundings (new contents at the same address after a bracket are rounded afresh); a view at the same address with
+// another element count is its own operand.
+TEST_CASE("cpu: operand_reuse brackets give the products' own bits, and forget at close") {
+  const BackendPtr medium = cpu_medium();
+  const int64_t rows = 96, out = 40, in = 24;
+  const std::vector<float> gv = host_uniform(rows * out, 1500, -1.0f, 1.0f),
+                           wv = host_uniform(out * in, 1501, -1.0f, 1.0f),
+                           xv = host_uniform(rows * in, 1502, -1.0f, 1.0f),
+                           g2v = host_uniform(rows * out, 1503, -1.0f, 1.0f);
+  Tensor g = Tensor::from_vector(gv, {rows, out}, cpu()), w = Tensor::from_vector(wv, {out, in}, cpu()),
+         x = Tensor::from_vector(xv, {rows, in}, cpu());
+  const MatmulParams pdx = matmul_params(1, rows, in, out, false, false, 1.0f, 0.0f, Activation::none);  // g W
+  const MatmulParams pdw = matmul_params(1, out, in, rows, true, false, 1.0f, 0.0f, Activation::none);   // g^T x
+  const MatmulParams phalf = matmul_params(1, rows / 2, in, out, false, false, 1.0f, 0.0f, Activation::none);
+  const auto run = [&](const Tensor& a, const Tensor& b, const MatmulParams& p) {
+    Tensor o = Tensor::empty({p.m, p.n}, DType::f32, cpu());
+    medium->matmul(a, b, Tensor(), o, p);
+    return o;
+  };
+  const Tensor dx0 = run(g, w, pdx), dw0 = run(g, x, pdw), half0 = run(g.slice0(0, rows / 2), w, phalf);
+  medium->operand_reuse(true);
+  const Tensor dx1 = run(g, w, pdx), dw1 = run(g, x, pdw), half1 = run(g.slice0(0, rows / 2), w, phalf);
+  medium->operand_reuse(false);
+  check_equal({dx1, dx0}, "dx in a bracket");
+  check_equal({dw1, dw0}, "dW in a bracket (g read again, transposed)");
+  check_equal({half1, half0}, "a shorter view of g in the same bracket");
+  // new contents at g's address: the next bracket must round them, not find the last bracket's copy
+  g.copy_from_host(g2v.data());
+  const Tensor dx2 = run(g, w, pdx);
+  medium->operand_reuse(true);
+  const Tensor dx3 = run(g, w, pdx), dw3 = run(g, x, pdw);
+  medium->operand_reuse(false);
+  check_equal({dx3, dx2}, "dx after new contents");
+  check_equal({dw3, run(g, x, pdw)}, "dW after new contents");
+  if (native_bf16()) CHECK(max_abs_diff(dx2, dx0) > 1e-3);  // the new contents do change the product
+}
+
 // matmul_precision = medium: attention's products take bf16 operands where attention_bf16.cpp's vdpbf16ps kernels
 // cover the call (half.cpp's attention_medium: the avx512 path of an AVX512-BF16 CPU, D % 16 == 0, T > 4), with f32
 // sums and f32 outputs; elsewhere (decode rows, odd D, no AVX512-BF16) the f32 kernel, bit for bit. Against ref on

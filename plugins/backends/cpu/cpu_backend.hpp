@@ -395,6 +395,8 @@ class CpuBackend final : public Backend {
   void reset_memory_peak() override { memory_.reset_peak(); }
   // f32 and bf16 decode weights in panels of kPanelRows (matmul_rowwise.hpp), unless option decode_panels = off.
   int64_t decode_panel_rows(DType dtype) const override;
+  // Under matmul_precision = medium, a bracket's products reuse an operand's bf16 rounding (matmul.cpp).
+  void operand_reuse(bool open) override;
 
   // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
   DEW_KERNEL_OVERRIDES

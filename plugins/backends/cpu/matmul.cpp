@@ -70,6 +70,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <mutex>
 #include <string>
 
@@ -386,6 +387,37 @@ const uint16_t* to_bf16(const float* src, int64_t n, std::vector<uint16_t>& scra
   return dst;
 }
 
+// The operands rounded inside an operand_reuse bracket (dew/backend.hpp), per calling thread: a linear layer's
+// backward rounds its gradient g once for dx = g W and dW = g^T x, where each product rounded it (7 % of the DiT's
+// medium step went to rounding, a third of it a second rounding of such a g). An entry is (first element, element
+// count) and its copy; a product finds its operand there by both, or rounds it into a free entry (4: two products'
+// A and B), or, with none free, into the product's own scratch. Closing the bracket empties the table (the copies'
+// memory is kept for the next one). Only pointers the bracket's products read are ever looked up, and the core
+// promises no kernel writes them in between, so a copy found is the operand's rounding.
+struct ReusedOperands {
+  struct Entry {
+    const float* src = nullptr;
+    int64_t n = 0;
+    std::vector<uint16_t> bf16;
+  };
+  bool open = false;
+  int used = 0;
+  Entry entries[4];
+};
+thread_local ReusedOperands reused_operands;
+
+const uint16_t* to_bf16_operand(const float* src, int64_t n, std::vector<uint16_t>& scratch) {
+  ReusedOperands& r = reused_operands;
+  if (!r.open) return to_bf16(src, n, scratch);
+  for (int i = 0; i < r.used; ++i)
+    if (r.entries[i].src == src && r.entries[i].n == n) return r.entries[i].bf16.data();
+  if (r.used == int(std::size(r.entries))) return to_bf16(src, n, scratch);
+  ReusedOperands::Entry& e = r.entries[r.used++];
+  e.src = src;
+  e.n = n;
+  return to_bf16(src, n, e.bf16);
+}
+
 // Copies `rows` rows of `cols` floats, row stride `ld` in src, into `scratch` (grown on demand, reused by
 // later calls on this thread) with row stride `padded`; returns the copy, 64-byte aligned.
 const float* to_padded(const float* src, int64_t rows, int64_t cols, int64_t ld, int64_t padded,
@@ -522,8 +554,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
   const void* b_data = b.data();
   if (bf16) {  // the elements A and B cover, rounded into per-thread scratch with the same strides
     thread_local std::vector<uint16_t> a_scratch, b_scratch;
-    a_data = to_bf16(a.data_as<float>(), span(p.batch, p.a_batch_stride, p.m * p.k), a_scratch);
-    b_data = to_bf16(b.data_as<float>(), span(p.batch, p.b_batch_stride, p.k * p.n), b_scratch);
+    a_data = to_bf16_operand(a.data_as<float>(), span(p.batch, p.a_batch_stride, p.m * p.k), a_scratch);
+    b_data = to_bf16_operand(b.data_as<float>(), span(p.batch, p.b_batch_stride, p.k * p.n), b_scratch);
   }
   if (e->a_ld != 0 || e->b_ld != 0) {  // padded copies (top comment; batch 1, f32, so never with bf16)
     thread_local std::vector<float> a_pad, b_pad;
@@ -531,6 +563,11 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Te
     if (e->b_ld != 0) b_data = to_padded(b.data_as<float>(), p.k, p.n, p.n, e->b_ld, b_pad);
   }
   e->run_matmul(d, a_data, b_data, o, has_bias ? bias.data() : nullptr);
+}
+
+void CpuBackend::operand_reuse(bool open) {
+  reused_operands.open = open;
+  reused_operands.used = 0;
 }
 
 }  // namespace dew::cpu

@@ -275,6 +275,15 @@ class Backend {
   }
   virtual void device_marks_release() {}
 
+  // ---- operands read again ----
+  // operand_reuse(true) ... operand_reuse(false) brackets products that read the same operands (a linear layer's
+  // backward: dx = g W and dW = g^T x both read g): the core promises that in between no kernel writes memory a matmul
+  // of the bracket reads (outputs are fresh tensors, operands stay alive), so a backend may keep work it did on an
+  // operand for a later product of the bracket (cpu under matmul_precision = medium: the operand rounded to bf16) and
+  // must drop it at operand_reuse(false). Brackets do not nest; the calls come from the thread that runs the products.
+  // Default: nothing.
+  virtual void operand_reuse(bool open) { (void)open; }
+
   // ---- kernel algebra: one pure virtual per entry of dew/kernel_table.hpp (contracts there) ----
 #define DEW_KERNEL_PURE_VIRTUAL_(name, params, args) virtual void name params = 0;
   DEW_KERNEL_TABLE(DEW_KERNEL_PURE_VIRTUAL_)

@@ -70,6 +70,7 @@ class ProfilingBackend final : public Backend {
   int64_t device_mark() override { return inner_->device_mark(); }
   double device_elapsed_ms(int64_t from, int64_t to) override { return inner_->device_elapsed_ms(from, to); }
   void device_marks_release() override { inner_->device_marks_release(); }
+  void operand_reuse(bool open) override { inner_->operand_reuse(open); }
 
   // Every kernel of the table (dew/kernel_table.hpp): forwarded, and timed under kernel_label(...).
 #define DEW_PROFILE_FORWARD_(name, params, args)                                             \
