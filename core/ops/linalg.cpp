@@ -29,10 +29,6 @@ class OperandReuse {
   Backend* be_;
 };
 
-}  // namespace
-
-namespace {
-
 struct MatmulShape {
   MatmulParams p;
   Shape out_shape;

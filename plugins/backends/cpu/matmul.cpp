@@ -389,7 +389,7 @@ const uint16_t* to_bf16(const float* src, int64_t n, std::vector<uint16_t>& scra
 
 // The operands rounded inside an operand_reuse bracket (dew/backend.hpp), per calling thread: a linear layer's
 // backward rounds its gradient g once for dx = g W and dW = g^T x, where each product rounded it (7 % of the DiT's
-// medium step went to rounding, a third of it a second rounding of such a g). An entry is (first element, element
+// medium step went to rounding, ~15 % of that a second rounding of such a g). An entry is (first element, element
 // count) and its copy; a product finds its operand there by both, or rounds it into a free entry (4: two products'
 // A and B), or, with none free, into the product's own scratch. Closing the bracket empties the table (the copies'
 // memory is kept for the next one). Only pointers the bracket's products read are ever looked up, and the core
