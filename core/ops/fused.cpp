@@ -158,15 +158,18 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
   detail::KernelCall be = detail::kernels(x);
   const Tensor xd = x.detach().reshape({rows, din}), wd = w.detach(), bd = bias.defined() ? bias.detach() : Tensor();
   Tensor parts[3];
-  for (int j = 0; j < 3; ++j) {
-    parts[j] = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
-    MatmulParams mp;
-    mp.m = rows;
-    mp.n = dm;
-    mp.k = din;
-    mp.trans_b = true;
-    be.matmul(xd, wd.slice0(j * dm, (j + 1) * dm), bd.defined() ? bd.slice0(j * dm, (j + 1) * dm) : Tensor(), parts[j],
-              mp);
+  {
+    detail::OperandReuse reuse(x, true);  // the three projections read x
+    for (int j = 0; j < 3; ++j) {
+      parts[j] = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
+      MatmulParams mp;
+      mp.m = rows;
+      mp.n = dm;
+      mp.k = din;
+      mp.trans_b = true;
+      be.matmul(xd, wd.slice0(j * dm, (j + 1) * dm), bd.defined() ? bd.slice0(j * dm, (j + 1) * dm) : Tensor(),
+                parts[j], mp);
+    }
   }
   Tensor out = Tensor::empty({b, t, heads, hd}, x.dtype(), x.backend_ptr());
   Tensor lse = Tensor::empty({b, heads, t}, stat_dtype(x), x.backend_ptr());
@@ -185,30 +188,34 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
           for (int j = 0; j < 3; ++j) dparts[j] = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
           bk.attention_backward(q, k, v, seg, od, lse, g.reshape(q.shape()), dparts[0], dparts[1], dparts[2], p);
           Tensor dx, dw, db;
-          if (gx) {
-            dx = Tensor::empty({rows, din}, xd.dtype(), xd.backend_ptr());
-            for (int j = 0; j < 3; ++j) {  // dx = dq Wq + dk Wk + dv Wv
-              MatmulParams mp;
-              mp.m = rows;
-              mp.n = din;
-              mp.k = dm;
-              mp.beta = j == 0 ? 0.0f : 1.0f;
-              bk.matmul(dparts[j].reshape({rows, dm}), wd.slice0(j * dm, (j + 1) * dm), Tensor(), dx, mp);
+          if (gx) dx = Tensor::empty({rows, din}, xd.dtype(), xd.backend_ptr());
+          if (gw) dw = Tensor::empty(wd.shape(), wd.dtype(), wd.backend_ptr());
+          {
+            // each of dq, dk, dv is read by its two products, x by the three dW_j: one bracket, part by part, so the
+            // backend's table of operands (4 on cpu) still holds x and the part when their second reader comes
+            detail::OperandReuse reuse(xd, gx || gw);
+            for (int j = 0; j < 3; ++j) {
+              const Tensor dpart = dparts[j].reshape({rows, dm});
+              if (gw) {  // dW_j = d_j^T x
+                Tensor block = dw.slice0(j * dm, (j + 1) * dm);
+                MatmulParams mp;
+                mp.m = dm;
+                mp.n = din;
+                mp.k = rows;
+                mp.trans_a = true;
+                bk.matmul(dpart, xd, Tensor(), block, mp);
+              }
+              if (gx) {  // dx = dq Wq + dk Wk + dv Wv
+                MatmulParams mp;
+                mp.m = rows;
+                mp.n = din;
+                mp.k = dm;
+                mp.beta = j == 0 ? 0.0f : 1.0f;
+                bk.matmul(dpart, wd.slice0(j * dm, (j + 1) * dm), Tensor(), dx, mp);
+              }
             }
-            dx = dx.reshape(xs);
           }
-          if (gw) {
-            dw = Tensor::empty(wd.shape(), wd.dtype(), wd.backend_ptr());
-            for (int j = 0; j < 3; ++j) {  // dW_j = d_j^T x
-              Tensor block = dw.slice0(j * dm, (j + 1) * dm);
-              MatmulParams mp;
-              mp.m = dm;
-              mp.n = din;
-              mp.k = rows;
-              mp.trans_a = true;
-              bk.matmul(dparts[j].reshape({rows, dm}), xd, Tensor(), block, mp);
-            }
-          }
+          if (gx) dx = dx.reshape(xs);
           if (gb) {
             db = Tensor::empty({3 * dm}, xd.dtype(), xd.backend_ptr());
             for (int j = 0; j < 3; ++j) {  // db_j = column sums of d_j

@@ -11,24 +11,6 @@ using namespace detail;
 
 namespace {
 
-// Brackets a backward's two products that read the same gradient (Backend::operand_reuse): the backend may keep what
-// it did to that operand for the second product (cpu under matmul_precision = medium: its bf16 rounding). Only the
-// products run inside; their outputs are fresh tensors.
-class OperandReuse {
- public:
-  OperandReuse(const Tensor& t, bool both) : be_(both ? &t.backend() : nullptr) {
-    if (be_) be_->operand_reuse(true);
-  }
-  ~OperandReuse() {
-    if (be_) be_->operand_reuse(false);
-  }
-  OperandReuse(const OperandReuse&) = delete;
-  OperandReuse& operator=(const OperandReuse&) = delete;
-
- private:
-  Backend* be_;
-};
-
 struct MatmulShape {
   MatmulParams p;
   Shape out_shape;

@@ -80,4 +80,22 @@ inline Tensor autocast_widen(const Tensor& x, const Tensor& other) {
                                                                                              : x;
 }
 
+// Brackets products that read a common operand, none of which is written in between (Backend::operand_reuse): the
+// backend may keep what it did to such an operand for the later products (cpu under matmul_precision = medium: its
+// bf16 rounding). Only the products run inside; their outputs are fresh tensors. `open` false: no bracket.
+class OperandReuse {
+ public:
+  OperandReuse(const Tensor& t, bool open) : be_(open ? &t.backend() : nullptr) {
+    if (be_) be_->operand_reuse(true);
+  }
+  ~OperandReuse() {
+    if (be_) be_->operand_reuse(false);
+  }
+  OperandReuse(const OperandReuse&) = delete;
+  OperandReuse& operator=(const OperandReuse&) = delete;
+
+ private:
+  Backend* be_;
+};
+
 }  // namespace dew::detail

@@ -989,6 +989,42 @@ TEST_CASE("cpu: operand_reuse brackets give the products' own bits, and forget a
   if (native_bf16()) CHECK(max_abs_diff(dx2, dx0) > 1e-3);  // the new contents do change the product
 }
 
+// More operands than the table holds (qkv_attention's backward: x, W and dq, dk, dv in one bracket): a product whose
+// two operands are both new when the table is full must not lose its first operand's rounding to its second (the
+// least recently used entry goes), and an operand read again after it was evicted is rounded afresh.
+TEST_CASE("cpu: operand_reuse with more operands than the table, as qkv_attention's backward") {
+  const BackendPtr medium = cpu_medium();
+  const int64_t rows = 64, dm = 32, din = 48;
+  Tensor x = Tensor::from_vector(host_uniform(rows * din, 1510, -1.0f, 1.0f), {rows, din}, cpu());
+  std::vector<Tensor> parts, weights;
+  for (int j = 0; j < 3; ++j) {
+    parts.push_back(Tensor::from_vector(host_uniform(rows * dm, 1511 + j, -1.0f, 1.0f), {rows, dm}, cpu()));
+    weights.push_back(Tensor::from_vector(host_uniform(dm * din, 1521 + j, -1.0f, 1.0f), {dm, din}, cpu()));
+  }
+  const MatmulParams pdw = matmul_params(1, dm, din, rows, true, false, 1.0f, 0.0f, Activation::none);   // d^T x
+  const MatmulParams pdx = matmul_params(1, rows, din, dm, false, false, 1.0f, 0.0f, Activation::none);  // d W
+  const auto run = [&](const Tensor& a, const Tensor& b, const MatmulParams& p) {
+    Tensor o = Tensor::empty({p.m, p.n}, DType::f32, cpu());
+    medium->matmul(a, b, Tensor(), o, p);
+    return o;
+  };
+  std::vector<Tensor> bare, bracketed;
+  const auto sequence = [&](std::vector<Tensor>& into) {
+    for (int j = 0; j < 3; ++j) {
+      into.push_back(run(parts[size_t(j)], x, pdw));
+      into.push_back(run(parts[size_t(j)], weights[size_t(j)], pdx));
+    }
+    into.push_back(run(parts[1], weights[0], pdx));  // both evicted by now: two new operands, table full
+    into.push_back(run(parts[0], weights[2], pdx));  // parts[0] rounded afresh, weights[2] still held
+  };
+  sequence(bare);
+  medium->operand_reuse(true);
+  sequence(bracketed);
+  medium->operand_reuse(false);
+  REQUIRE(bare.size() == bracketed.size());
+  for (size_t i = 0; i < bare.size(); ++i) check_equal({bracketed[i], bare[i]}, "product in a full bracket");
+}
+
 // matmul_precision = medium: attention's products take bf16 operands where attention_bf16.cpp's vdpbf16ps kernels
 // cover the call (half.cpp's attention_medium: the avx512 path of an AVX512-BF16 CPU, D % 16 == 0, T > 4), with f32
 // sums and f32 outputs; elsewhere (decode rows, odd D, no AVX512-BF16) the f32 kernel, bit for bit. Against ref on

@@ -389,19 +389,23 @@ const uint16_t* to_bf16(const float* src, int64_t n, std::vector<uint16_t>& scra
 
 // The operands rounded inside an operand_reuse bracket (dew/backend.hpp), per calling thread: a linear layer's
 // backward rounds its gradient g once for dx = g W and dW = g^T x, where each product rounded it (7 % of the DiT's
-// medium step went to rounding, ~15 % of that a second rounding of such a g). An entry is (first element, element
-// count) and its copy; a product finds its operand there by both, or rounds it into a free entry (4: two products'
-// A and B), or, with none free, into the product's own scratch. Closing the bracket empties the table (the copies'
-// memory is kept for the next one). Only pointers the bracket's products read are ever looked up, and the core
-// promises no kernel writes them in between, so a copy found is the operand's rounding.
+// medium step went to rounding, ~15 % of that a second rounding of such a g), and qkv_attention rounds x once for its
+// three projections (forward and dW) and each of dq, dk, dv once for its two products. An entry is (first element,
+// element count) and its copy; a product finds its operand there by both, or rounds it into a free entry, or, with
+// none free, into the least recently used one (never the other operand of the same product: that one was used last).
+// Closing the bracket empties the table (the copies' memory is kept for the next one). Only pointers the bracket's
+// products read are ever looked up, and the core promises no kernel writes them in between, so a copy found is the
+// operand's rounding.
 struct ReusedOperands {
   struct Entry {
     const float* src = nullptr;
     int64_t n = 0;
+    uint64_t last_use = 0;
     std::vector<uint16_t> bf16;
   };
   bool open = false;
   int used = 0;
+  uint64_t clock = 0;
   Entry entries[4];
 };
 thread_local ReusedOperands reused_operands;
@@ -409,13 +413,22 @@ thread_local ReusedOperands reused_operands;
 const uint16_t* to_bf16_operand(const float* src, int64_t n, std::vector<uint16_t>& scratch) {
   ReusedOperands& r = reused_operands;
   if (!r.open) return to_bf16(src, n, scratch);
+  ++r.clock;
   for (int i = 0; i < r.used; ++i)
-    if (r.entries[i].src == src && r.entries[i].n == n) return r.entries[i].bf16.data();
-  if (r.used == int(std::size(r.entries))) return to_bf16(src, n, scratch);
-  ReusedOperands::Entry& e = r.entries[r.used++];
-  e.src = src;
-  e.n = n;
-  return to_bf16(src, n, e.bf16);
+    if (r.entries[i].src == src && r.entries[i].n == n) {
+      r.entries[i].last_use = r.clock;
+      return r.entries[i].bf16.data();
+    }
+  ReusedOperands::Entry* e = &r.entries[0];
+  if (r.used < int(std::size(r.entries)))
+    e = &r.entries[r.used++];
+  else
+    for (ReusedOperands::Entry& c : r.entries)
+      if (c.last_use < e->last_use) e = &c;
+  e->src = src;
+  e->n = n;
+  e->last_use = r.clock;
+  return to_bf16(src, n, e->bf16);
 }
 
 // Copies `rows` rows of `cols` floats, row stride `ld` in src, into `scratch` (grown on demand, reused by
