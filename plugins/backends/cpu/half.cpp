@@ -125,6 +125,12 @@ void narrow_into(Isa isa, const Tensor& w, const Tensor& h) {
   Tensor out = h;
   DEW_INTERNAL_ASSERT(cast_bf16_fast(isa, w, out));
 }
+// A bf16 copy of an f32 tensor (nearest even).
+Tensor narrow(Isa isa, const Tensor& w) {
+  Tensor h = Tensor::empty(w.shape(), DType::bf16, w.backend_ptr());
+  DEW_INTERNAL_ASSERT(cast_bf16_fast(isa, w, h));
+  return h;
+}
 // Rows [lo, hi) of t seen as [numel / width, width] (a view).
 Tensor rows(const Tensor& t, int64_t width, int64_t lo, int64_t hi) {
   return t.reshape({t.numel() / width, width}).slice0(lo, hi);
@@ -331,11 +337,6 @@ namespace {
 bool medium_covers(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
   return isa == Isa::avx512 && v.defined() && v.dtype() == DType::f32 &&
          attention_bf16_fast_backward_covers(q, k, p, omp_get_max_threads());  // the forward's conditions and more
-}
-Tensor narrow(Isa isa, const Tensor& w) {
-  Tensor h = Tensor::empty(w.shape(), DType::bf16, w.backend_ptr());
-  DEW_INTERNAL_ASSERT(cast_bf16_fast(isa, w, h));
-  return h;
 }
 }  // namespace
 

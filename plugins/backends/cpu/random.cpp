@@ -21,6 +21,7 @@
 #include "dew/random.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 
@@ -101,6 +102,32 @@ inline void uniform_range(uint64_t seed, uint64_t stream, uint64_t offset, int64
   }
 }
 
+// p = (..((c[0] t + c[1]) t + c[2]) ..) t + c[N-1]: the polynomials below, each in this one evaluation order.
+template <size_t N>
+[[gnu::always_inline]] inline double horner(double t, const std::array<double, N>& c) {
+  double p = c[0];
+#pragma GCC unroll 32
+  for (size_t i = 1; i < N; ++i) p = p * t + c[i];
+  return p;
+}
+// 1/23, 1/21, .., 1/3: atanh(s) = s + s t (1/3 + t (1/5 + ..)), t = s^2
+constexpr std::array<double, 11> kAtanhSeries = {1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13,
+                                                 1.0 / 11, 1.0 / 9,  1.0 / 7,  1.0 / 5,  1.0 / 3};
+// cos r = 1 - t/2! + t^2/4! - .. - t^9/18! and sin r = r + r t (-1/3! + t/5! - .. + t^8/17!), t = r^2
+constexpr std::array<double, 10> kCosSeries = {-1.0 / 6402373705728000.0,
+                                               1.0 / 20922789888000.0,
+                                               -1.0 / 87178291200.0,
+                                               1.0 / 479001600.0,
+                                               -1.0 / 3628800.0,
+                                               1.0 / 40320.0,
+                                               -1.0 / 720.0,
+                                               1.0 / 24.0,
+                                               -0.5,
+                                               1.0};
+constexpr std::array<double, 8> kSinSeries = {
+    1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0, -1.0 / 39916800.0,
+    1.0 / 362880.0,          -1.0 / 5040.0,          1.0 / 120.0,        -1.0 / 6.0};
+
 // log(u) for u in (0, 1] (u1 of a normal draw: a multiple of 2^-32): u = 2^e m, m in [sqrt(1/2), sqrt(2)), log m =
 // 2 atanh(s) with s = (m - 1) / (m + 1), |s| <= 0.1716, by its series to s^23 (truncation < 2^-60 relative), and e
 // ln 2 in two parts. m - 1 is exact, m + 1 and s round once each (<= 1.5 ulp of s), the Horner sum a few ulp more,
@@ -115,17 +142,7 @@ inline double log_unit(double u) {
   e = big ? e + 1.0 : e;
   const double f = m - 1.0;  // exact (Sterbenz)
   const double s = f / (2.0 + f), t = s * s;
-  double p = 1.0 / 23;
-  p = p * t + 1.0 / 21;
-  p = p * t + 1.0 / 19;
-  p = p * t + 1.0 / 17;
-  p = p * t + 1.0 / 15;
-  p = p * t + 1.0 / 13;
-  p = p * t + 1.0 / 11;
-  p = p * t + 1.0 / 9;
-  p = p * t + 1.0 / 7;
-  p = p * t + 1.0 / 5;
-  p = p * t + 1.0 / 3;
+  const double p = horner(t, kAtanhSeries);
   const double log_m = 2.0 * s + 2.0 * s * (t * p);
   constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;  // hi: 32 bits
   return e * kLn2Hi + (log_m + e * kLn2Lo);
@@ -138,25 +155,9 @@ inline double cos_turn(double x) {
   constexpr double kPio2Hi = 1.57079632673412561417e+00, kPio2Lo = 6.07710050650619224932e-11;  // hi: 33 bits
   const double kd = std::floor(x * 0.63661977236758134308 + 0.5);
   const double r = (x - kd * kPio2Hi) - kd * kPio2Lo, t = r * r;
-  double c = -1.0 / 6402373705728000.0;  // -1 / 18!
-  c = c * t + 1.0 / 20922789888000.0;
-  c = c * t - 1.0 / 87178291200.0;
-  c = c * t + 1.0 / 479001600.0;
-  c = c * t - 1.0 / 3628800.0;
-  c = c * t + 1.0 / 40320.0;
-  c = c * t - 1.0 / 720.0;
-  c = c * t + 1.0 / 24.0;
-  c = c * t - 0.5;
-  c = c * t + 1.0;
-  double sn = 1.0 / 355687428096000.0;  // 1 / 17!
-  sn = sn * t - 1.0 / 1307674368000.0;
-  sn = sn * t + 1.0 / 6227020800.0;
-  sn = sn * t - 1.0 / 39916800.0;
-  sn = sn * t + 1.0 / 362880.0;
-  sn = sn * t - 1.0 / 5040.0;
-  sn = sn * t + 1.0 / 120.0;
-  sn = sn * t - 1.0 / 6.0;
-  sn = r + r * (t * sn);
+  const double c = horner(t, kCosSeries);
+  const double sn0 = horner(t, kSinSeries);
+  const double sn = r + r * (t * sn0);
   const double q = kd - 4.0 * std::floor(kd * 0.25);  // k mod 4, in a double (no int conversion in the SIMD lanes)
   const double v = (q == 1.0 || q == 3.0) ? sn : c;
   return (q == 1.0 || q == 2.0) ? -v : v;
