@@ -82,7 +82,8 @@ inline Tensor autocast_widen(const Tensor& x, const Tensor& other) {
 
 // Brackets products that read a common operand, none of which is written in between (Backend::operand_reuse): the
 // backend may keep what it did to such an operand for the later products (cpu under matmul_precision = medium: its
-// bf16 rounding). Only the products run inside; their outputs are fresh tensors. `open` false: no bracket.
+// bf16 rounding). Whatever runs inside writes only tensors no product of the bracket reads (fresh outputs, a sum the
+// products accumulate into). `open` false: no bracket.
 class OperandReuse {
  public:
   OperandReuse(const Tensor& t, bool open) : be_(open ? &t.backend() : nullptr) {

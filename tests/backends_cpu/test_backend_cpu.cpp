@@ -150,6 +150,12 @@ BackendPtr cpu_medium() {
   static BackendPtr b = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
   return b;
 }
+// a op(B) on the medium backend, into a fresh [m, n] f32 tensor (no bias, p's alpha and beta).
+Tensor medium_product(const Tensor& a, const Tensor& b, const MatmulParams& p) {
+  Tensor o = Tensor::empty({p.m, p.n}, DType::f32, cpu());
+  cpu_medium()->matmul(a, b, Tensor(), o, p);
+  return o;
+}
 // The backend multiplies bf16 natively: the CPU has AVX512-BF16 and oneDNN may use it (ONEDNN_MAX_CPU_ISA, or the
 // older DNNL_MAX_CPU_ISA, caps oneDNN's ISA to stand in for an older CPU; the backend follows the cap: entry.cpp).
 bool native_bf16() {
@@ -966,26 +972,23 @@ TEST_CASE("cpu: operand_reuse brackets give the products' own bits, and forget a
   const MatmulParams pdx = matmul_params(1, rows, in, out, false, false, 1.0f, 0.0f, Activation::none);  // g W
   const MatmulParams pdw = matmul_params(1, out, in, rows, true, false, 1.0f, 0.0f, Activation::none);   // g^T x
   const MatmulParams phalf = matmul_params(1, rows / 2, in, out, false, false, 1.0f, 0.0f, Activation::none);
-  const auto run = [&](const Tensor& a, const Tensor& b, const MatmulParams& p) {
-    Tensor o = Tensor::empty({p.m, p.n}, DType::f32, cpu());
-    medium->matmul(a, b, Tensor(), o, p);
-    return o;
-  };
-  const Tensor dx0 = run(g, w, pdx), dw0 = run(g, x, pdw), half0 = run(g.slice0(0, rows / 2), w, phalf);
+  const Tensor dx0 = medium_product(g, w, pdx), dw0 = medium_product(g, x, pdw),
+               half0 = medium_product(g.slice0(0, rows / 2), w, phalf);
   medium->operand_reuse(true);
-  const Tensor dx1 = run(g, w, pdx), dw1 = run(g, x, pdw), half1 = run(g.slice0(0, rows / 2), w, phalf);
+  const Tensor dx1 = medium_product(g, w, pdx), dw1 = medium_product(g, x, pdw),
+               half1 = medium_product(g.slice0(0, rows / 2), w, phalf);
   medium->operand_reuse(false);
   check_equal({dx1, dx0}, "dx in a bracket");
   check_equal({dw1, dw0}, "dW in a bracket (g read again, transposed)");
   check_equal({half1, half0}, "a shorter view of g in the same bracket");
   // new contents at g's address: the next bracket must round them, not find the last bracket's copy
   g.copy_from_host(g2v.data());
-  const Tensor dx2 = run(g, w, pdx);
+  const Tensor dx2 = medium_product(g, w, pdx);
   medium->operand_reuse(true);
-  const Tensor dx3 = run(g, w, pdx), dw3 = run(g, x, pdw);
+  const Tensor dx3 = medium_product(g, w, pdx), dw3 = medium_product(g, x, pdw);
   medium->operand_reuse(false);
   check_equal({dx3, dx2}, "dx after new contents");
-  check_equal({dw3, run(g, x, pdw)}, "dW after new contents");
+  check_equal({dw3, medium_product(g, x, pdw)}, "dW after new contents");
   if (native_bf16()) CHECK(max_abs_diff(dx2, dx0) > 1e-3);  // the new contents do change the product
 }
 
@@ -1003,19 +1006,14 @@ TEST_CASE("cpu: operand_reuse with more operands than the table, as qkv_attentio
   }
   const MatmulParams pdw = matmul_params(1, dm, din, rows, true, false, 1.0f, 0.0f, Activation::none);   // d^T x
   const MatmulParams pdx = matmul_params(1, rows, din, dm, false, false, 1.0f, 0.0f, Activation::none);  // d W
-  const auto run = [&](const Tensor& a, const Tensor& b, const MatmulParams& p) {
-    Tensor o = Tensor::empty({p.m, p.n}, DType::f32, cpu());
-    medium->matmul(a, b, Tensor(), o, p);
-    return o;
-  };
   std::vector<Tensor> bare, bracketed;
   const auto sequence = [&](std::vector<Tensor>& into) {
     for (int j = 0; j < 3; ++j) {
-      into.push_back(run(parts[size_t(j)], x, pdw));
-      into.push_back(run(parts[size_t(j)], weights[size_t(j)], pdx));
+      into.push_back(medium_product(parts[size_t(j)], x, pdw));
+      into.push_back(medium_product(parts[size_t(j)], weights[size_t(j)], pdx));
     }
-    into.push_back(run(parts[1], weights[0], pdx));  // both evicted by now: two new operands, table full
-    into.push_back(run(parts[0], weights[2], pdx));  // parts[0] rounded afresh, weights[2] still held
+    into.push_back(medium_product(parts[1], weights[0], pdx));  // both evicted by now: two new operands, table full
+    into.push_back(medium_product(parts[0], weights[2], pdx));  // parts[0] rounded afresh, weights[2] still held
   };
   sequence(bare);
   medium->operand_reuse(true);
