@@ -144,10 +144,15 @@ Shape conv_output_shape(const Shape& x, const Shape& w, const Conv2dParams& p) {
   return {x[0], w[0], oh, ow};
 }
 
-// matmul_precision = medium: a second cpu backend; it rounds to bf16 only on CPUs with AVX512-BF16.
+bool native_bf16();
+// matmul_precision = medium: a second cpu backend; it rounds to bf16 on CPUs with AVX512-BF16, whether or not bf16
+// pays there (bf16_dot = native: the native paths are tested on every CPU that has them; the auto choice has its
+// own test below).
 BackendPtr cpu_medium() {
   cpu();  // loads the plugin
-  static BackendPtr b = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
+  static BackendPtr b =
+      create_backend("cpu", native_bf16() ? Options({{"matmul_precision", "medium"}, {"bf16_dot", "native"}}, "test")
+                                          : Options({{"matmul_precision", "medium"}}, "test"));
   return b;
 }
 // a op(B) on the medium backend, into a fresh [m, n] f32 tensor (no bias, p's alpha and beta).
@@ -279,6 +284,51 @@ TEST_CASE("cpu: matmul_precision = medium rounds the operands to bf16 and accumu
       CHECK(max_diff == 0.0);  // f32 (no native bf16, or the row-wise path): the f32 result bit for bit
   }
   CHECK_THROWS_AS(create_backend("cpu", Options({{"matmul_precision", "fast"}}, "test")), Error);
+}
+
+// Option bf16_dot: which bf16 work runs natively. widened: matmul_precision = medium multiplies in f32, bit for bit the
+// highest product, and a bf16 product is the f32 product of its exact widening, rounded once; native: medium rounds
+// its operands (on a CPU with AVX512-BF16; refused elsewhere); auto: one of the two, as the plugin's description
+// says (bf16_dot.cpp measures vdpbf16ps against the f32 FMA: 0.49x on Emerald Rapids without AMX, ~2x on Zen 5).
+TEST_CASE("cpu: bf16_dot decides whether bf16 products run natively or widened to f32") {
+  cpu();
+  const BackendPtr widened =
+      create_backend("cpu", Options({{"matmul_precision", "medium"}, {"bf16_dot", "widened"}}, "test"));
+  const BackendPtr automatic = create_backend("cpu", Options({{"matmul_precision", "medium"}}, "test"));
+  const int64_t m = 96, n = 80, k = 77;
+  const MatmulParams p = matmul_params(1, m, n, k, false, true, 1.0f, 0.0f, Activation::none);
+  const std::vector<float> a = host_uniform(m * k, 950, -1.0f, 1.0f), b = host_uniform(n * k, 951, -1.0f, 1.0f);
+  const Tensor ta = Tensor::from_vector(a, {1, m, k}, cpu()), tb = Tensor::from_vector(b, {1, n, k}, cpu());
+  const auto product = [&](const BackendPtr& be, const Tensor& x, const Tensor& y, DType out_dtype) {
+    Tensor o = Tensor::empty({1, m, n}, out_dtype, cpu());
+    be->matmul(x, y, Tensor(), o, p);
+    return o;
+  };
+  const Tensor f32 = product(cpu(), ta, tb, DType::f32);
+  CHECK(max_abs_diff(product(widened, ta, tb, DType::f32), f32) == 0.0);  // medium stays f32, bit for bit
+  // A bf16 product, widened: the f32 product of the widened operands, rounded once.
+  const Tensor ha = cast(ta, DType::bf16), hb = cast(tb, DType::bf16);
+  const Tensor of_widened = cast(product(cpu(), cast(ha, DType::f32), cast(hb, DType::f32), DType::f32), DType::bf16);
+  CHECK(max_abs_diff(product(widened, ha, hb, DType::bf16), of_widened) == 0.0);
+  const std::string& about = Registry::global().find("backend", "cpu").description;
+  const bool told =
+      about.find("vdpbf16ps at") != std::string::npos || about.find("no AVX512-BF16") != std::string::npos;
+  CHECK(told);  // the measured rate, or why none was measured
+  const bool auto_native = about.find("bf16 products native") != std::string::npos;
+  const double auto_vs_f32 = max_abs_diff(product(automatic, ta, tb, DType::f32), f32);
+  if (auto_native)
+    CHECK(auto_vs_f32 > 1e-3);
+  else
+    CHECK(auto_vs_f32 == 0.0);
+  if (native_bf16()) {
+    const Tensor rounded = product(cpu_medium(), ta, tb, DType::f32);
+    CHECK(max_abs_diff(rounded, f32) > 1e-3);  // native: the operands were rounded
+    if (auto_native) CHECK(max_abs_diff(product(automatic, ta, tb, DType::f32), rounded) == 0.0);
+  } else {
+    CHECK_FALSE(auto_native);
+    CHECK_THROWS_AS(create_backend("cpu", Options({{"bf16_dot", "native"}}, "test")), Error);
+  }
+  CHECK_THROWS_AS(create_backend("cpu", Options({{"bf16_dot", "sometimes"}}, "test")), Error);
 }
 
 // matmul.cpp's split rule: at 2+ threads an f32 weight gradient's product (A transposed, m <= 512, k >= 1024) and a

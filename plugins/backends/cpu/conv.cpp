@@ -11,7 +11,7 @@
 // dx's shape names the input size: right padding is implied by oneDNN's floor division, which is what
 // conv_transpose2d (the data-gradient of a convolution, possibly with output padding) relies on.
 // oneDNN dilation counts the gaps (d - 1).
-// With bf16_matmul() (matmul_precision = medium on an AVX512-BF16 CPU) the inputs of each direction
+// With bf16_matmul() (matmul_precision = medium where bf16 products pay: bf16_dot.cpp) the inputs of each direction
 // (x and w forward, dy and w backward-data, x and dy backward-weights) are taken as bf16 by the
 // primitive: the reorders into its layouts round them (nearest even); the plain-layout cases get a
 // rounding reorder to plain bf16. Outputs, bias and accumulation stay f32 (PyTorch autocast's conv).

@@ -261,8 +261,30 @@ void require_bf16(const Tensor& t, const char* kernel, const char* arg);
 // Throws unless every defined tensor of `ts` is bf16 (a bf16 call's data tensors, optional ones included).
 void require_bf16_if_defined(std::initializer_list<const Tensor*> ts, const char* kernel);
 void require_i32(const Tensor& t, const char* kernel, const char* arg);
-// True on CPUs whose AVX512-BF16 dot products make bf16 matmuls faster than f32 ones.
+// ---- bf16 arithmetic on this CPU (bf16_dot.cpp: the measurement and why) ----
+// The CPU runs AVX512-BF16 (with the F, BW and VL subsets).
+bool cpu_has_avx512_bf16();
+// ... and oneDNN may use it for bf16 products (its ISA cap counts).
 bool cpu_has_bf16_dot();
+// vdpbf16ps's flop rate over vfmadd231ps's on this core, measured once per process (0 without AVX512-BF16).
+double bf16_dot_rate();
+// oneDNN's products may use AMX tiles on this CPU.
+bool onednn_has_amx();
+// bf16 arithmetic runs natively where vdpbf16ps reaches this multiple of the f32 FMA flop rate (Zen 5: ~2; Emerald
+// Rapids without AMX: 0.49).
+constexpr double kNativeBf16Rate = 1.25;
+// oneDNN's bf16 products beat the f32 products of their widened operands here (the rate above, or AMX).
+bool bf16_products_pay();
+// attention_bf16.cpp's vdpbf16ps kernels beat the f32 kernel on widened operands here (the rate above).
+bool bf16_attention_pays();
+// Which bf16 work a backend runs natively: option bf16_dot = auto (the two above), native (both, on a CPU with
+// AVX512-BF16 that oneDNN may use; refused elsewhere) or widened (neither).
+struct Bf16Choice {
+  bool products = false, attention = false;
+};
+Bf16Choice bf16_choice(const std::string& option);
+// One line for `dew-run plugins`: what auto chooses here and the measured rate.
+std::string bf16_dot_summary();
 // One line naming the ISA path each kernel family takes on this CPU (entry.cpp; `dew-run plugins`).
 std::string kernel_paths();
 // Product of the leading dims ("rows") and the last dim of t (dew/kernel_contracts.hpp).
@@ -402,9 +424,13 @@ class CpuBackend final : public Backend {
   DEW_KERNEL_OVERRIDES
 
   Dnnl& dnnl() { return *dnnl_; }
-  // True when matmuls and convolutions round their inputs to bf16 ([run] matmul_precision = medium on a
-  // CPU with AVX512-BF16; see matmul.cpp, conv.cpp).
+  // True when matmuls and convolutions round their inputs to bf16 ([run] matmul_precision = medium where bf16
+  // products pay: bf16_choice; see matmul.cpp, conv.cpp).
   bool bf16_matmul() const { return bf16_matmul_; }
+  // bf16 products (bf16 tensors, medium's rounded operands) on oneDNN's bf16 kernels, else widened to f32.
+  bool bf16_products() const { return bf16_.products; }
+  // bf16 attention (bf16 tensors, medium's rounded q, k, v) on attention_bf16.cpp's kernels, else widened to f32.
+  bool bf16_attention() const { return bf16_.attention; }
   // The instruction-set path of the kernels that dispatch per backend (the row-wise matmul): the widest
   // this CPU runs, capped by the `isa` option (isa.hpp).
   Isa isa() const { return isa_; }
@@ -413,6 +439,7 @@ class CpuBackend final : public Backend {
  private:
   std::unique_ptr<Dnnl> dnnl_;
   bool bf16_matmul_ = false;
+  Bf16Choice bf16_;
   Isa isa_ = Isa::portable;
   bool decode_panels_ = true;
   std::unique_ptr<BlockCache> blocks_;
@@ -478,7 +505,7 @@ Key matmul_key(int64_t family, const MatmulParams& p, bool has_bias);
 float activate(float v, Activation act);
 // The memory-bound kernels in bf16 that are not written over their storage type (bf16_bits.hpp): blocks of rows
 // widened around this backend's f32 kernels (half.cpp), and the bf16 matmul (oneDNN's bf16 kernel, or widened around
-// the f32 product without AVX512-BF16).
+// the f32 product where bf16 products do not pay: CpuBackend::bf16_products()).
 class CpuBackend;
 void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
                  const MatmulParams& p);
@@ -494,11 +521,13 @@ void cross_entropy_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targ
                         const CrossEntropyParams& p);
 void cross_entropy_backward_bf16(CpuBackend& be, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                  const Tensor& dloss, Tensor& dlogits, const CrossEntropyParams& p);
-void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
-                    Tensor& lse, const AttentionParams& p);
-void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
-                             const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
-                             Tensor& dv, const AttentionParams& p);
+// `native`: attention_bf16.cpp's kernels where they cover the call (the backend's bf16_attention()); else, and always
+// when false, the f32 kernel on widened samples.
+void attention_bf16(Isa isa, bool native, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                    Tensor& out, Tensor& lse, const AttentionParams& p);
+void attention_backward_bf16(Isa isa, bool native, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& segment_ids, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                             Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
 // matmul_precision = medium: f32 attention whose products take bf16 operands (half.cpp). Each returns false, having
 // done nothing, where the vdpbf16ps kernels do not cover the call (the caller then runs the f32 kernel).
 bool attention_medium(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,

@@ -29,14 +29,6 @@ void require_bf16_if_defined(std::initializer_list<const Tensor*> ts, const char
     DEW_CHECK(!t->defined() || t->dtype() == DType::bf16, "cpu ", kernel, " (bf16): a data tensor is ",
               dtype_name(t->dtype()), "; a bf16 call takes every data tensor in bf16 (statistics in f32)");
 }
-bool cpu_has_bf16_dot() {
-  __builtin_cpu_init();
-  // oneDNN multiplies the bf16 products: its own ISA cap (ONEDNN_MAX_CPU_ISA, standing in for an older CPU) counts,
-  // or a capped run would ask it for bf16 primitives it then refuses to create.
-  constexpr unsigned kOnednnBf16 = unsigned(dnnl_cpu_isa_avx512_core_bf16);
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && (unsigned(dnnl::get_effective_cpu_isa()) & kOnednnBf16) == kOnednnBf16;
-}
 void require_i32(const Tensor& t, const char* kernel, const char* arg) {
   DEW_CHECK(t.defined(), "cpu ", kernel, ": ", arg, " is undefined");
   DEW_CHECK(t.dtype() == DType::i32, "cpu ", kernel, ": ", arg, " must be i32, got ", dtype_name(t.dtype()));
@@ -52,10 +44,11 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   const std::string precision = options.get_string("matmul_precision", "highest");
   DEW_USAGE_CHECK(precision == "highest" || precision == "high" || precision == "medium",
                   "cpu backend: option 'matmul_precision' = '", precision, "' is not one of highest, high, medium");
-  // high (TF32) has no CPU counterpart: f32. medium is a permission: bf16 operands only where the CPU
-  // multiplies bf16 natively (AVX512-BF16 doubles the f32 rate); elsewhere oneDNN would emulate it slower
-  // than f32, so it stays f32.
-  bf16_matmul_ = precision == "medium" && cpu_has_bf16_dot();
+  // high (TF32) has no CPU counterpart: f32. medium is a permission: bf16 operands only where bf16 products
+  // out-run f32 ones on this CPU (bf16_dot.cpp: AVX512-BF16 at Zen 5's rate, or AMX); elsewhere (no AVX512-BF16,
+  // or Intel's half-rate vdpbf16ps without AMX) they would be slower than f32, so it stays f32.
+  bf16_ = bf16_choice(options.get_string("bf16_dot", "auto"));
+  bf16_matmul_ = precision == "medium" && bf16_.products;
   const std::string isa = options.get_string("isa", "best");
   std::string why = check_max_isa_env();
   DEW_USAGE_CHECK(why.empty(), "cpu backend: ", why);
@@ -109,15 +102,18 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 // ---- attention: implemented in attention.cpp ----
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                            Tensor& out, Tensor& lse, const AttentionParams& p) {
-  if (is_bf16_call(q)) return attention_bf16(isa_, q, k, v, segment_ids, out, lse, p);  // half.cpp
-  if (bf16_matmul_ && attention_medium(isa_, q, k, v, segment_ids, out, lse, p)) return;  // half.cpp
+  if (is_bf16_call(q)) return attention_bf16(isa_, bf16_.attention, q, k, v, segment_ids, out, lse, p);      // half.cpp
+  if (bf16_matmul_ && bf16_.attention && attention_medium(isa_, q, k, v, segment_ids, out, lse, p)) return;  // half.cpp
   attention_forward(q, k, v, segment_ids, out, lse, p, isa_);  // f32 q; k, v f32 or bf16 (a bf16 decode cache)
 }
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                     Tensor& dv, const AttentionParams& p) {
-  if (is_bf16_call(q)) return attention_backward_bf16(isa_, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
-  if (bf16_matmul_ && attention_backward_medium(isa_, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p)) return;
+  if (is_bf16_call(q))
+    return attention_backward_bf16(isa_, bf16_.attention, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
+  if (bf16_matmul_ && bf16_.attention &&
+      attention_backward_medium(isa_, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p))
+    return;
   cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p, isa_);
 }
 void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
@@ -137,9 +133,10 @@ std::string kernel_paths() {
   for (size_t i = 0; i < sizeof families / sizeof *families; ++i)
     s += std::string(i ? ", " : " ") + families[i] + " " + path;
   // bf16 attention (and f32 attention under matmul_precision = medium): attention_bf16.cpp's vdpbf16ps kernels on
-  // the avx512 path of a CPU with AVX512-BF16, else the f32 kernel (on widened samples for bf16; half.cpp)
+  // the avx512 path where they pay (bf16_dot.cpp), else the f32 kernel (on widened samples for bf16; half.cpp)
   s += std::string(", attention bf16 (and f32 under matmul_precision = medium) ") +
-       (best_isa() == Isa::avx512 && attention_bf16_fast_cpu() ? "avx512bf16" : std::string("widened ") + path);
+       (best_isa() == Isa::avx512 && bf16_attention_pays() ? "avx512bf16" : std::string("widened ") + path);
+  s += "; " + bf16_dot_summary();
   s += std::string("; decode weights in panels of ") + std::to_string(kPanelRows) +
        " rows (f32, bf16, avx512 / avx2 paths; option decode_panels)";
   return s +
@@ -168,7 +165,12 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
            {"cache_mb", "1024", "MiB of freed blocks kept for reuse by size (0 = none)"},
            {"matmul_precision", "highest",
             "f32 matmul/conv precision: highest and high = f32; medium = inputs rounded to bf16, f32 "
-            "accumulation (CPUs with AVX512-BF16 only; f32 elsewhere); set from [run] matmul_precision"},
+            "accumulation, where bf16 products out-run f32 ones on this CPU (option bf16_dot; f32 elsewhere); set "
+            "from [run] matmul_precision"},
+           {"bf16_dot", "auto",
+            "bf16 arithmetic (bf16-mixed tensors, matmul_precision = medium): auto = natively where it out-runs f32 "
+            "on this CPU (vdpbf16ps measured against the f32 FMA at load, or oneDNN with AMX), else widened to f32 "
+            "(medium then stays f32) | native (needs AVX512-BF16) | widened"},
            {"isa", "best",
             "instruction-set path of the hand-written kernels (every family but oneDNN's): best (the CPU's "
             "widest) | avx512 | avx2 | portable; a path this CPU cannot run is refused"},

@@ -2,15 +2,17 @@
 // kernel files so those stay as they are.
 //
 // supports(k, bf16) says yes to the kernels below on every CPU; for the others the core converts around the
-// f32 kernel (core/ops/kernel_call.hpp). How the bf16 matmul runs is decided at run time by the CPU's features
-// (cpu_has_bf16_dot: AVX512-BF16), never by the build machine's flags, and results never depend on which path
-// ran beyond the rounding the conformance suite bounds.
+// f32 kernel (core/ops/kernel_call.hpp). How the bf16 matmul and attention run is decided at run time by the CPU
+// (bf16_dot.cpp: AVX512-BF16 and whether its vdpbf16ps out-runs the f32 FMA here; the backend's bf16_products() and
+// bf16_attention()), never by the build machine's flags, and results never depend on which path ran beyond the
+// rounding the conformance suite bounds.
 // Contract of a bf16 call (as cuda's): every data tensor (a, b, bias, out) is bf16; the statistics
 // (mean, rstd, lse, losses) stay f32; arithmetic is f32 and each output is rounded once (nearest even).
-//  * matmul: with AVX512-BF16 (or AMX), oneDNN's bf16 matmul, bf16 src / weights / bias / dst, f32
-//    accumulation: matmul.cpp's primitive (make_matmul, the same fused epilogue: alpha, beta as a sum post-op,
-//    activation) built for bf16 operands and output. Without it (AVX2 CPUs, AVX-512 before Cooper Lake / Zen 4),
-//    the operands are widened exactly into f32 temporaries, the f32 product runs and the output is rounded once:
+//  * matmul: where bf16 products pay (AVX512-BF16 at Zen 5's rate, or AMX), oneDNN's bf16 matmul, bf16 src /
+//    weights / bias / dst, f32 accumulation: matmul.cpp's primitive (make_matmul, the same fused epilogue: alpha,
+//    beta as a sum post-op, activation) built for bf16 operands and output. Elsewhere (AVX2 CPUs, AVX-512 before
+//    Cooper Lake / Zen 4, Intel's half-rate vdpbf16ps without AMX) the operands are widened exactly into f32
+//    temporaries, the f32 product runs and the output is rounded once:
 //    the bits of the core's conversion, done here so that the form this backend has a kernel for on every CPU,
 //    f32 activations against a bf16 weight (weight-only decode storage, matmul.cpp), is never taken for it: the
 //    core would widen every bf16 weight to f32 on every call (per decode token, 4x the weight bytes streamed:
@@ -20,7 +22,7 @@
 //    kernels are written once over the storage type (bf16_bits.hpp) and read / write bf16 directly, computing
 //    what the f32 kernel computes on the widened inputs (tests/backends_cpu checks it bit for bit); at
 //    char-small's bf16-mixed step that took the first five from 35 to 22 ms (docs/benchmarks.md, session 22).
-//  * attention with AVX512-BF16 on the avx512 path: attention_bf16.cpp's vdpbf16ps kernels where they cover the
+//  * attention on the avx512 path where vdpbf16ps pays: attention_bf16.cpp's kernels where they cover the
 //    call (attention_bf16 below says which), bf16 product operands (P and dS rounded to bf16) with f32 sums.
 //  * the other memory-bound kernels (binary broadcasts, the layer norm with [D] parameters, softmax,
 //    cross-entropy, attention otherwise): the f32 kernel of this backend on blocks of rows (a few samples for
@@ -81,7 +83,7 @@ void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, cons
   if (has_bias) require_bf16(bias, "matmul", "bias");
   check_matmul_shapes(a, b, bias, out, p);
   if (out.numel() == 0) return;
-  if (!cpu_has_bf16_dot()) {  // widened exactly, the f32 product (same fused epilogue), rounded once
+  if (!be.bf16_products()) {  // widened exactly, the f32 product (same fused epilogue), rounded once
     auto wide = [&](const Tensor& t) {
       Tensor w = Tensor::empty(t.shape(), DType::f32, t.backend_ptr());
       be.cast(t, w);
@@ -284,11 +286,11 @@ int64_t attention_samples_per_call(const Tensor& q, int64_t tasks_per_sample) {
 }
 }  // namespace
 
-void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, Tensor& out,
-                    Tensor& lse, const AttentionParams& p) {
+void attention_bf16(Isa isa, bool native, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                    Tensor& out, Tensor& lse, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out}, Kernel::attention);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention: q, k, v must be [B, T, H, D]");
-  if (isa == Isa::avx512 && attention_bf16_fast_covers(q, k, p))
+  if (native && isa == Isa::avx512 && attention_bf16_fast_covers(q, k, p))
     return attention_bf16_fast_forward(q, k, v, segment_ids, out, lse, p);
   const int64_t B = q.shape()[0], T = q.shape()[1], H = q.shape()[2];
   const int64_t step = attention_samples_per_call(q, H * ((T + 63) / 64));  // forward tasks: (head, 64 queries)
@@ -301,12 +303,12 @@ void attention_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, 
   }
 }
 
-void attention_backward_bf16(Isa isa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
-                             const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
-                             Tensor& dv, const AttentionParams& p) {
+void attention_backward_bf16(Isa isa, bool native, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& segment_ids, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                             Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) {
   require_all_bf16({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, Kernel::attention_backward);
   DEW_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "cpu attention_backward: q, k, v must be [B, T, H, D]");
-  if (isa == Isa::avx512 && attention_bf16_fast_backward_covers(q, k, p, omp_get_max_threads()))
+  if (native && isa == Isa::avx512 && attention_bf16_fast_backward_covers(q, k, p, omp_get_max_threads()))
     return attention_bf16_fast_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
   const int64_t B = q.shape()[0];
   const int64_t step = attention_samples_per_call(q, k.shape()[2]);  // backward tasks: (batch, kv head)

@@ -9,7 +9,7 @@
 // One primitive per (shape, strides, transposes, alpha, beta, act, bias?) is created and cached; a call
 // then costs a hash lookup, re-pointing 3-4 cached memory objects at the caller's buffers and the
 // execution: nothing is allocated per call.
-// With matmul_precision = medium on a CPU with AVX512-BF16 (bf16_matmul()), A and B are first rounded
+// With matmul_precision = medium where bf16 products pay (bf16_matmul(): bf16_dot.cpp), A and B are first rounded
 // to bf16 (nearest even, one pass over the span each matrix covers, into per-thread scratch kept across
 // calls) and multiplied by oneDNN's bf16 kernel with f32 accumulation, f32 bias, epilogue and output:
 // PyTorch's "medium" float32 matmul precision. It runs at twice the f32 rate on Zen 4 (oneDNN reads
