@@ -9,8 +9,9 @@
 // instruction's presence does not decide: its measured rate does.
 // bf16_dot_rate() measures it once per process: 12 independent accumulator chains (more than latency x issue width
 // on any core) of each instruction on 512-bit registers, after a warm-up that lets the core reach its AVX-512
-// clock, best of 7 alternated rounds of ~40-80 us; the rate is the ratio of the two flop rates.
-// bf16 work runs natively where the rate is at least kNativeRate (bf16_products_pay, bf16_attention_pays);
+// clock, best of 7 alternated rounds of 48,000 instructions each (~10-40 us; ~0.5 ms in all, once, at plugin load);
+// the rate is the ratio of the two flop rates.
+// bf16 work runs natively where the rate is at least kNativeBf16Rate (bf16_products_pay, bf16_attention_pays);
 // oneDNN's products also where oneDNN can use AMX (its tile kernels do not run on vdpbf16ps). Elsewhere medium's
 // products stay f32 and bf16 tensors are multiplied as their exact f32 widening (half.cpp). Every CPU measured sits
 // 2x either side of the threshold, so the choice (and with it the products' bits: a resumed run multiplies as
