@@ -105,7 +105,8 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
                   " is out of range: 0 (all cores) up to ", max_threads, " (8 per core of this machine)");
   // [run] matmul_precision (PyTorch's float32 matmul precision): highest = f32, high = TF32, medium = bf16
   // inputs with f32 accumulation. A permission, not a demand: a backend without such a mode runs f32 (ref
-  // always; cpu has no TF32, and bf16 only on CPUs with AVX512-BF16).
+  // always; cpu has no TF32, and bf16 only where the CPU's bf16 products out-run f32:
+  // plugins/backends/cpu/bf16_dot.cpp).
   Options backend_options;
   if (rs.has("matmul_precision")) {
     const std::string prec = rs.get_string("matmul_precision", "highest");

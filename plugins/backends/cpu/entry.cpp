@@ -1,10 +1,11 @@
 // cpu/entry.cpp — registration of the `cpu` backend, its construction, supports() and threading.
 //
 // The plugin registers one Backend, "cpu", which runs on any x86-64: its hand-written kernels are compiled
-// per instruction-set path and chosen at construction (isa.hpp, option `isa`). supports() says yes to f32 for every kernel, to every dtype for the memory
-// kernels (fill, cast, strided_copy, gather_rows), bf16 for the kernels half.cpp implements (matmul only
-// on CPUs with AVX512-BF16, checked at run time), and no with a reason for the rest.
-// Threads: OpenMP's team size; oneDNN (built on the OpenMP runtime) follows it.
+// per instruction-set path and chosen at construction (isa.hpp, option `isa`). supports() says yes to f32 for every
+// kernel, to every dtype for the memory kernels (fill, cast, strided_copy, gather_rows), bf16 for the kernels half.cpp
+// implements (natively where bf16_dot.cpp finds bf16 arithmetic pays on this CPU, else widened to f32 inside the
+// backend), and no with a reason for the rest. Threads: OpenMP's team size; oneDNN (built on the OpenMP runtime)
+// follows it.
 #include <dew/registry.hpp>
 
 #include "attention.hpp"
