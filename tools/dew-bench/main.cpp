@@ -95,11 +95,11 @@ int main(int argc, char** argv) {
   d.add_options()("threads", po::value(&opt.threads)->default_value(1), "threads")(
       "backend", po::value(&opt.backend)->default_value("cpu"), "backend")(
       "matmul-precision", po::value(&opt.matmul_precision)->default_value("highest"),
-      "highest | high | medium ([run] matmul_precision; cpu: medium = bf16 operands on AVX512-BF16 CPUs)")(
+      "highest | high | medium ([run] matmul_precision; cpu: medium = bf16 operands where they pay: bf16_dot)")(
       "isa", po::value(&opt.isa)->default_value("best"),
       "cpu: path of the hand-written kernels, best | avx512 | avx2 | portable (the backend's isa option)")(
       "backend-option", po::value(&opt.backend_options)->composing(),
-      "KEY=VALUE for the backend, repeatable (cuda: attention=auto|warp, matmul_precision=...; cpu: isa=...)")(
+      "KEY=VALUE for the backend, repeatable (cuda: attention=auto|warp, matmul_precision=...; cpu: isa=..., bf16_dot=auto|native|widened)")(
       "seconds", po::value(&opt.seconds)->default_value(0.3), "kernels: seconds per repeat")(
       "only", po::value(&opt.only), "kernels: matmul | attention | decode (one part alone)")(
       "repeats", po::value<int>(), "kernels: repeats (the median is printed; 5); generate: timed generations (5)")(
