@@ -24,6 +24,8 @@ sitting() {
   echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), family $(lscpu | sed -n 's/^CPU family: *//p'), model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores"
   echo "# flags: $(grep -o -w -E 'avx2|fma|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   echo "# dew: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (modified)'), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  # the cpu backend's bf16 choice on this CPU (plugins/backends/cpu/bf16_dot.cpp: what medium and bf16-mixed multiply in)
+  echo "# cpu backend: $("$build/bin/dew-run" plugins 2>/dev/null | grep -o 'bf16 products[^)]*)' | head -1)"
   rt=()
   if [ "${DEW_SITTING_RT:-0}" = 1 ] && chrt -f 10 true 2>/dev/null; then rt=(chrt -f 10); fi
   echo "# priority: ${rt[*]:-normal}"
