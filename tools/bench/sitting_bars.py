@@ -100,15 +100,14 @@ def main():
         rows.append((what, ("≥ " if higher else "≤ ") + f"{bar:g}", f"{value:.2f}",
                      ", ".join(f"{x:.2f}" for x in rounds), verdict))
 
-    text = open(sys.argv[1], errors="replace").read()
-    floors = [v for lines in sections(text) for v in runs_of(lines).get(("decode_floor_ms", "f32", 1), [])]
+    section_runs = [runs_of(lines) for lines in sections(open(sys.argv[1], errors="replace").read())]
+    floors = [v for R in section_runs for v in R.get(("decode_floor_ms", "f32", 1), [])]
     floor_ms = statistics.median(floors) if floors else None
 
     def ceiling_over(peer_ms):  # the largest peer / dew ratio any decoder could reach against these peer times
         return statistics.median(peer_ms) / floor_ms if floor_ms and peer_ms else None
 
-    for lines in sections(text):
-        R = runs_of(lines)
+    for R in section_runs:
         for config, bar in (("char-small", 1.4), ("gpt-mini", 1.6)):
             add(f"{config} train, dew / PyTorch, 1 thread", bar,
                 ratio(R[("train", "dew", config, 1, "f32")], R[("train", "torch", config, 1, "f32")]))

@@ -9,7 +9,7 @@
 // instruction's presence does not decide: its measured rate does.
 // bf16_dot_rate() measures it once per process: 12 independent accumulator chains (more than latency x issue width
 // on any core) of each instruction on 512-bit registers, after a warm-up that lets the core reach its AVX-512
-// clock, best of 7 alternated rounds of 48,000 instructions each (~10-40 us; ~0.5 ms in all, once, at plugin load);
+// clock, best of 7 alternated rounds of 48,000 instructions each (~10-40 us; ~0.6 ms in all, once, at plugin load);
 // the rate is the ratio of the two flop rates.
 // bf16 work runs natively where the rate is at least kNativeBf16Rate (bf16_products_pay, bf16_attention_pays);
 // oneDNN's products also where oneDNN can use AMX (its tile kernels do not run on vdpbf16ps). Elsewhere medium's
@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "attention_bf16.hpp"  // attention_bf16_fast_cpu: what its kernels need of the CPU
 #include "cpu_backend.hpp"
 
 namespace dew::cpu {
@@ -96,7 +97,7 @@ bool onednn_has_amx() {
 }
 
 bool bf16_products_pay() { return cpu_has_bf16_dot() && (onednn_has_amx() || bf16_dot_rate() >= kNativeBf16Rate); }
-bool bf16_attention_pays() { return cpu_has_avx512_bf16() && bf16_dot_rate() >= kNativeBf16Rate; }
+bool bf16_attention_pays() { return attention_bf16_fast_cpu() && bf16_dot_rate() >= kNativeBf16Rate; }
 
 Bf16Choice bf16_choice(const std::string& option) {
   if (option == "auto") return {bf16_products_pay(), bf16_attention_pays()};
