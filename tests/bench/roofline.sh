@@ -6,6 +6,8 @@
 # 2. each decode line has three rounds, and its measured_ms, bandwidth_gbs and fraction are the medians of the
 #    rounds' (to the printed digits); memory_ms is bytes_per_token at bandwidth_gbs, roofline_ms the larger of
 #    memory_ms and compute_ms; each round's fraction is that round's roofline over its ms/token;
+#    the train line likewise: three rounds, its measured_ms, peak_gflops, fraction and matmul_fraction the
+#    medians of the rounds', each round's fraction (FLOPs at that round's peak + memory_ms) over its step;
 # 3. --threads 0 is refused with one line and exit status 2.
 set -euo pipefail
 bin=$1 work=$2
@@ -36,6 +38,17 @@ for d in decode:
         want = roof / x["measured_ms"]
         close(x["fraction"], want, 0.0006 + want * (0.002 + 0.05 / x["bandwidth_gbs"]) + 0.001 / x["measured_ms"])
         assert 0 < x["fraction"] and x["measured_ms"] > 0 and x["bandwidth_gbs"] > 0, x
+t = next(l for l in lines if l["bench"] == "roofline_train")
+r = t["rounds"]
+assert len(r) == 3, r
+close(t["measured_ms"], statistics.median(x["measured_ms"] for x in r), 0.006)
+close(t["peak_gflops"], statistics.median(x["peak_gflops"] for x in r), 0.051)
+close(t["fraction"], statistics.median(x["fraction"] for x in r), 0.0015)
+close(t["matmul_fraction"], statistics.median(x["matmul_fraction"] for x in r), 0.0015)
+for x in r:
+    want = (t["flops"] / (x["peak_gflops"] * 1e9) * 1e3 + t["memory_ms"]) / x["measured_ms"]
+    close(x["fraction"], want, 0.0006 + want * (0.001 + 0.06 / x["peak_gflops"]) + 0.006 / x["measured_ms"])
+    assert 0 < x["fraction"] and x["matmul_fraction"] > 0, x
 print("roofline output: ok", [round(d["fraction"], 3) for d in decode])
 PY
 set +e

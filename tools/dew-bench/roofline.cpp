@@ -14,7 +14,10 @@
 //   the bytes the step must move outside its matmuls (the AdamW update reads p, g, m, v and writes p, m, v,
 //   and zeroing writes g: 32 B per parameter) at the bandwidth of that working set: roofline_ms. The
 //   phases do not overlap, hence the sum. matmul_ms: the step's products at the rate oneDNN reaches on
-//   each one's own shape, the attention FLOPs at the peak: what the matmuls alone allow.
+//   each one's own shape, the attention FLOPs at the peak: what the matmuls alone allow. Three rounds, each
+//   a `train` measurement and the step's product rates right after it (`rounds`), as decode's below:
+//   measured_ms, peak_gflops and both fractions are the medians of the rounds' (a peak read a minute after the
+//   step moved the fraction 0.84 <-> 0.93 on the Emerald Rapids Xeon: its per-shape rates drift by ~5 %).
 // * roofline_decode (weights f32, bf16 and int8 as `generate --weights` keeps them): the bytes one decode
 //   token must read (every N_mm weight once as stored, int8's scales included, and the K/V cache, f32 with f32
 //   weights and bf16 with the others, at the
@@ -291,9 +294,41 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
   const bool bf16_run = opt.matmul_precision == "medium";
   const std::string cpu = cpu_model();
   const int cores = omp_get_num_procs();
+  // The run precision's peak (bf16 falls back to f32 where oneDNN has no bf16 matmul).
+  auto run_peak_of = [&](const double* pk) { return pk[int(bf16_run)] > 0 ? pk[int(bf16_run)] : pk[0]; };
 
-  // The workloads first (measured as `train` and `generate` measure them), then the limits.
-  const TrainFigures tf = measure_train(lo, opt);
+  // Matmul limits at the step's own products, in f32 and bf16: the best rate of each precision and the
+  // step's products at their own shapes' rates (attention's FLOPs at the best).
+  struct Limits {
+    double peak[2] = {0, 0}, matmul_s = 0;
+    std::string peak_shape[2];
+  };
+  auto measure_limits = [&](const TrainFigures& tf) {
+    Limits l;
+    for (const auto& [p, count] : step_products(tf.matmul_weights, tf.batch * tf.seq_len))
+      for (int bf = 0; bf < 2; ++bf) {
+        const double g = onednn_matmul_gflops(p.m, p.k, p.n, bf == 1, opt);
+        if (g > l.peak[bf]) {
+          l.peak[bf] = g;
+          l.peak_shape[bf] = shape_name(p.m, p.k, p.n);
+        }
+        if (bf == int(bf16_run) && g > 0)
+          l.matmul_s += count * 2.0 * double(p.m) * double(p.k) * double(p.n) / (g * 1e9);
+      }
+    l.matmul_s += tf.attn_flops / (run_peak_of(l.peak) * 1e9);
+    return l;
+  };
+
+  // Training: kTrainRounds rounds, each a `train` measurement and the limits right after it, so the two see
+  // the same moment of a shared host (as decode's rounds below).
+  constexpr int kTrainRounds = 3;
+  std::vector<TrainFigures> train_rounds;
+  std::vector<Limits> limit_rounds;
+  for (int r = 0; r < kTrainRounds; ++r) {
+    train_rounds.push_back(measure_train(lo, opt));
+    limit_rounds.push_back(measure_limits(train_rounds.back()));
+  }
+  const TrainFigures& tf = train_rounds.front();
   // Decode: kDecodeRounds rounds, each a `generate` measurement and, right after it, the read bandwidth at its
   // working set (--threads): on a shared host the two then see the same moment, and the fraction is the
   // median of the per-round fractions (a limit measured minutes away moved it by 20 % on the AVX2 EPYC).
@@ -317,22 +352,14 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
     std::fprintf(stderr, "# roofline: no decode workload (%s)\n", e.what());
   }
 
-  // Matmul limits at the step's own products.
-  const int64_t rows = tf.batch * tf.seq_len;
-  const auto products = step_products(tf.matmul_weights, rows);
-  double peak[2] = {0, 0}, matmul_s = 0;
-  std::string peak_shape[2];
-  for (const auto& [p, count] : products)
-    for (int bf = 0; bf < 2; ++bf) {
-      const double g = onednn_matmul_gflops(p.m, p.k, p.n, bf == 1, opt);
-      if (g > peak[bf]) {
-        peak[bf] = g;
-        peak_shape[bf] = shape_name(p.m, p.k, p.n);
-      }
-      if (bf == int(bf16_run) && g > 0) matmul_s += count * 2.0 * double(p.m) * double(p.k) * double(p.n) / (g * 1e9);
-    }
-  const double run_peak = peak[int(bf16_run)] > 0 ? peak[int(bf16_run)] : peak[0];
-  matmul_s += tf.attn_flops / (run_peak * 1e9);
+  // The machine's peaks: the median round's (by the run precision's peak), its shapes with it.
+  std::vector<size_t> by_peak(kTrainRounds);
+  for (int r = 0; r < kTrainRounds; ++r) by_peak[size_t(r)] = size_t(r);
+  std::sort(by_peak.begin(), by_peak.end(),
+            [&](size_t a, size_t b) { return run_peak_of(limit_rounds[a].peak) < run_peak_of(limit_rounds[b].peak); });
+  const Limits& mid = limit_rounds[by_peak[kTrainRounds / 2]];
+  const double* peak = mid.peak;
+  const std::string* peak_shape = mid.peak_shape;
 
   // Bandwidth at each workload's working set: 1 thread, --threads, every core.
   const char* isa = "";
@@ -371,16 +398,36 @@ int run_roofline(const LmOptions& lo, const BenchOptions& opt) {
           kDecodeWeights[s], decode_bytes[s] / 1e6, decode_bw[s].one, decode_bw[s].run, decode_bw[s].all);
   std::printf("]}\n");
 
-  const double t_compute = tf.flops / (run_peak * 1e9), t_memory = train_bytes / (train_bw.run * 1e9);
-  const double t_roof = t_compute + t_memory;
+  // Per round: the roofline at that round's peak over that round's step.
+  const double t_memory = train_bytes / (train_bw.run * 1e9);
+  std::vector<double> t_meas, t_median, t_peak, t_matmul, t_frac, t_mfrac;
+  std::string train_rounds_json;
+  for (int r = 0; r < kTrainRounds; ++r) {
+    const TrainFigures& t = train_rounds[size_t(r)];
+    const Limits& l = limit_rounds[size_t(r)];
+    const double roof = t.flops / (run_peak_of(l.peak) * 1e9) + t_memory;
+    t_meas.push_back(t.mean_s);
+    t_median.push_back(t.median_s);
+    t_peak.push_back(run_peak_of(l.peak));
+    t_frac.push_back(roof / t.mean_s);
+    t_matmul.push_back(l.matmul_s);
+    t_mfrac.push_back(l.matmul_s / t.mean_s);
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "%s{\"measured_ms\":%.2f,\"peak_gflops\":%.1f,\"fraction\":%.3f,\"matmul_fraction\":%.3f}",
+                  r ? "," : "", t.mean_s * 1e3, t_peak.back(), t_frac.back(), t_mfrac.back());
+    train_rounds_json += buf;
+  }
+  const double run_peak = median(t_peak), measured_s = median(t_meas);
+  const double t_compute = tf.flops / (run_peak * 1e9), t_roof = t_compute + t_memory;
   std::printf(
       "{\"bench\":\"roofline_train\",\"config\":\"%s\",\"cpu\":\"%s\",\"threads\":%d,\"matmul_precision\":\"%s\","
       "\"flops\":%.0f,\"bytes\":%.0f,\"peak_gflops\":%.1f,\"bandwidth_gbs\":%.1f,\"compute_ms\":%.2f,"
       "\"memory_ms\":%.2f,\"roofline_ms\":%.2f,\"matmul_ms\":%.2f,\"measured_ms\":%.2f,\"measured_ms_median\":%.2f,"
-      "\"fraction\":%.3f,\"matmul_fraction\":%.3f}\n",
+      "\"fraction\":%.3f,\"matmul_fraction\":%.3f,\"rounds\":[%s]}\n",
       tf.label.c_str(), cpu.c_str(), opt.threads, opt.matmul_precision.c_str(), tf.flops, train_bytes, run_peak,
-      train_bw.run, t_compute * 1e3, t_memory * 1e3, t_roof * 1e3, matmul_s * 1e3, tf.mean_s * 1e3, tf.median_s * 1e3,
-      t_roof / tf.mean_s, matmul_s / tf.mean_s);
+      train_bw.run, t_compute * 1e3, t_memory * 1e3, t_roof * 1e3, median(t_matmul) * 1e3, measured_s * 1e3,
+      median(t_median) * 1e3, median(t_frac), median(t_mfrac), train_rounds_json.c_str());
   auto decode_line = [&](const DecodeRounds& dd, double bytes) {
     const DecodeFigures& d = dd.fig;
     const double d_compute = d.flops_per_token / (peak[0] * 1e9);
