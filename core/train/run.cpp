@@ -107,7 +107,14 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   // inputs with f32 accumulation. A permission, not a demand: a backend without such a mode runs f32 (ref
   // always; cpu has no TF32, and bf16 only where the CPU's bf16 products out-run f32:
   // plugins/backends/cpu/bf16_dot.cpp).
-  Options backend_options;
+  // [backend]: the chosen backend's own options, passed as written (`dew-run plugins` lists each backend's:
+  // cpu's bf16_dot, isa, cache_mb, ...; cuda's device, attention, ...). A key the backend does not read stays
+  // unread in the section, so the launcher refuses it as a misspelt option; threads and matmul_precision
+  // have their [run] keys.
+  Options& backend_section = config.section("backend");
+  for (const char* key : {"threads", "matmul_precision"})
+    DEW_USAGE_CHECK(!backend_section.has(key), "option 'backend.", key, "': set it as [run] ", key);
+  Options backend_options(backend_section.values(), "[backend]");
   if (rs.has("matmul_precision")) {
     const std::string prec = rs.get_string("matmul_precision", "highest");
     DEW_USAGE_CHECK(prec == "highest" || prec == "high" || prec == "medium", "option 'run.matmul_precision' = '", prec,
@@ -120,6 +127,8 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   run.precision = precision_from_name(rs.get_string("precision", "f32"));
   run.loss_scale = LossScaleOptions::read(rs);
   run.backend = create_backend(backend_name, backend_options);
+  for (const auto& [key, value] : backend_section.values())
+    if (backend_options.was_read(key)) backend_section.get_string(key, value);  // taken by the backend
   if (threads > 0) run.backend->set_threads(int(threads));
   // [trainer] profile: every tensor of the run is allocated through the wrapper, so every kernel reaches it.
   if (profile) run.backend = std::make_shared<ProfilingBackend>(run.backend);

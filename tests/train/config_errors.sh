@@ -25,9 +25,16 @@ expect "unknown model 'resnet999'" --model.plugin resnet999
 expect "unknown optimizer" --optim.name adam2
 expect "trainer.profile" --trainer.profile -1   # bad value
 expect "run.matmul_precision' = 'bf16x'" --run.matmul_precision bf16x --backend cpu   # bad precision
+expect "option 'isa' = 'sse9'" --backend.isa sse9 --backend cpu   # [backend] reaches the backend, which refuses
+expect "unknown option 'backend.bf16_dotx'" --backend.bf16_dotx widened --backend cpu   # a key no backend reads
+expect "set it as [run] threads" --backend.threads 2 --backend cpu   # [run]'s own keys are not duplicated
 expect "/no/such/folder" --data.source idx --data.path /no/such/folder   # missing data file
 # an existing run directory is never trained over without --resume
 "$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/existing" --trainer.steps 2 >/dev/null 2>&1
 out=$("$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/existing" --trainer.steps 2 2>&1 >/dev/null); rc=$?
 if [ "$rc" -ne 2 ] || ! printf '%s' "$out" | grep -q -- "--resume"; then echo "FAIL: existing run dir: rc=$rc $out"; fails=$((fails+1)); else echo "ok: existing run dir refused"; fi
+# a [backend] option the backend takes is used and kept in the run's config.ini (so --resume keeps it)
+"$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/isa" --trainer.steps 2 --backend cpu --backend.isa portable >/dev/null 2>&1
+if ! grep -A1 -F '[backend]' "$work/isa/config.ini" 2>/dev/null | grep -qx 'isa = portable'; then
+  echo "FAIL: [backend] isa = portable not kept in config.ini"; fails=$((fails+1)); else echo "ok: [backend] kept"; fi
 exit $fails
