@@ -18,6 +18,7 @@
 #include "dew/ops.hpp"
 #include "dew/random.hpp"
 #include "dew/tokenizer.hpp"
+#include "step_program.hpp"
 
 namespace dew {
 
@@ -154,10 +155,90 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stop, 
   return best;
 }
 
-StartFn decoder_start(CausalDecoder& model) {
-  return [&model](int64_t capacity) -> DecodeFn {
+// One sequence's decoding over its cache: eager (model.forward_cached) until a step program
+// (step_program.hpp) is recorded from two one-token steps and checked bit for bit against a third, eager one;
+// then every later one-token step is a replay. A program that cannot be built, or differs, leaves decoding eager.
+class ReplayingDecoder {
+ public:
+  ReplayingDecoder(CausalDecoder& model, std::shared_ptr<DecodeCache> cache)
+      : model_(model), cache_(std::move(cache)) {}
+
+  Tensor step(const Tensor& tokens) {
+    const bool one = tokens.ndim() == 2 && tokens.shape()[0] == 1 && tokens.shape()[1] == 1;
+    if (program_) {
+      DEW_CHECK(one, "decode program: a sequence being replayed takes one token a step, got ",
+                shape_str(tokens.shape()));
+      const int64_t i = next_++;
+      DEW_CHECK(base_ + i < cache_->capacity(), "decode: the cache holds ", cache_->capacity(), " tokens; ", base_ + i,
+                " are in it and 1 more was fed");
+      return program_->run(tokens, i);
+    }
+    if (eager_ || !one || cache_->length() + 1 >= cache_->capacity()) {  // (a prefill restarts the recording)
+      recorded_.clear();
+      candidate_.reset();
+      return model_.forward_cached(tokens, *cache_);
+    }
+    if (candidate_) return check(tokens);
+    // Record this step (it runs as usual); two make a candidate program.
+    if (recorded_.empty()) base_ = cache_->length();
+    Recording r;
+    r.in = tokens;
+    r.rec = std::make_unique<detail::StepRecorder>();
+    {
+      detail::StepRecording on(r.rec.get());
+      r.out = model_.forward_cached(tokens, *cache_);
+    }
+    const Tensor out = r.out;
+    recorded_.push_back(std::move(r));
+    if (recorded_.size() == 2) {
+      Recording& a = recorded_[0];
+      Recording& b = recorded_[1];
+      candidate_ = detail::DecodeProgram::build(*a.rec, a.in, a.out, *b.rec, b.in, b.out, nullptr);
+      recorded_.clear();
+      if (!candidate_) eager_ = true;
+    }
+    return out;
+  }
+
+ private:
+  struct Recording {
+    Tensor in, out;
+    std::unique_ptr<detail::StepRecorder> rec;
+  };
+  // The third step, replayed and then eager: the program is kept only if the two agree bit for bit. The
+  // replay goes first: the only state outliving a step that it writes is the cache rows of this position
+  // (moving views), which the eager step then writes again, so a wrong program leaves no trace.
+  Tensor check(const Tensor& tokens) {
+    const Tensor replayed = candidate_->run(tokens, 2);
+    std::vector<unsigned char> got(replayed.nbytes());
+    replayed.copy_to_host(got.data());
+    const Tensor eager = model_.forward_cached(tokens, *cache_);
+    std::vector<unsigned char> want(eager.nbytes());
+    eager.copy_to_host(want.data());
+    if (replayed.shape() == eager.shape() && replayed.dtype() == eager.dtype() && want == got) {
+      program_ = std::move(candidate_);
+      next_ = 3;
+    } else {
+      candidate_.reset();
+      eager_ = true;
+    }
+    return eager;
+  }
+
+  CausalDecoder& model_;
+  std::shared_ptr<DecodeCache> cache_;
+  std::vector<Recording> recorded_;
+  std::unique_ptr<detail::DecodeProgram> candidate_, program_;
+  int64_t base_ = 0, next_ = 0;  // the cache position of the first recorded step; the next replay's step index
+  bool eager_ = false;
+};
+
+StartFn decoder_start(CausalDecoder& model, bool replay) {
+  return [&model, replay](int64_t capacity) -> DecodeFn {
     std::shared_ptr<DecodeCache> cache = model.make_cache(1, capacity);
-    return [&model, cache](const Tensor& tokens) { return model.forward_cached(tokens, *cache); };
+    if (!replay) return [&model, cache](const Tensor& tokens) { return model.forward_cached(tokens, *cache); };
+    auto decoder = std::make_shared<ReplayingDecoder>(model, cache);
+    return [decoder](const Tensor& tokens) { return decoder->step(tokens); };
   };
 }
 

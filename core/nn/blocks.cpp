@@ -12,6 +12,7 @@
 #include "dew/nn.hpp"
 #include "dew/qk_clip.hpp"
 #include "dew/random.hpp"
+#include "ops/kernel_call.hpp"
 
 namespace dew::nn {
 
@@ -240,7 +241,7 @@ void write_rows(const Tensor& src, Tensor& dst, int64_t at) {
   p.src_strides = {t * row, row, 1};
   p.dst_strides = {s * row, row, 1};
   p.dst_offset = at * row;
-  dst.backend().strided_copy(src, dst, p);
+  detail::kernels(dst).strided_copy(src, dst, p);
 }
 
 // Appends src [B, T, Hkv, D] (f32) to a cache [B, S, Hkv, D] at position `at`, in the cache's dtype: for one
@@ -253,7 +254,7 @@ void append_rows(const Tensor& src, Tensor& cache, int64_t at) {
   check_cache_rows(src, cache, at);
   const int64_t t = src.shape()[1], row = src.shape()[2] * src.shape()[3], s = cache.shape()[1];
   Tensor dst = reshape(cache, {s, row}).slice0(at, at + t);
-  cache.backend().cast(reshape(src, {t, row}), dst);
+  detail::kernels(cache).cast(reshape(src, {t, row}), dst);
 }
 
 // The first n positions of a cache tensor [B, S, Hkv, D]: a view when B == 1, else a copy.

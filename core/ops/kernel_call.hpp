@@ -6,6 +6,7 @@
 // (filled from the output first for the kernels that read their outputs: scatter_add_rows, matmul with
 // beta, the optimizers), the f32 kernel runs, and the temporaries are rounded back (nearest even) into
 // the outputs. So every backend runs mixed precision; a backend makes it fast by supporting the dtype.
+// Every call is shown first to the thread's step recorder, when one records (step_record.hpp).
 // Invariants: the dtype-agnostic kernels (fill, cast, strided_copy, gather_rows) are called directly;
 // statistics (mean, rstd, lse, losses) are f32 and never converted; a supported call is a plain call.
 #pragma once
@@ -16,6 +17,7 @@
 
 #include "dew/backend.hpp"
 #include "dew/tensor.hpp"
+#include "step_record.hpp"
 
 namespace dew::detail {
 
@@ -75,6 +77,7 @@ void call_widened(Backend& be, Kernel k, void (Backend::*fn)(P...), std::index_s
 template <class... P, class... A>
 void call_kernel(Backend& be, Kernel k, void (Backend::*fn)(P...), A&... args) {
   static_assert(sizeof...(P) == sizeof...(A));
+  if (StepRecorder* r = active_step_recorder()) r->kernel(be, k, fn, args...);  // a step program records
   if (k == Kernel::fill || k == Kernel::cast || k == Kernel::strided_copy || k == Kernel::gather_rows)
     return (be.*fn)(args...);
   DType half = DType::f32;

@@ -8,6 +8,7 @@
 #include "dew/autograd.hpp"
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
+#include "ops/kernel_call.hpp"
 
 namespace dew {
 
@@ -51,13 +52,15 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, const BackendPtr& backend)
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, const BackendPtr& backend) {
   Tensor t = empty(shape, dtype, backend);
-  if (t.numel() > 0) backend->fill(t, value);
+  if (t.numel() > 0) detail::kernels(*backend).fill(t, value);
   return t;
 }
 
 Tensor Tensor::from_host(const void* data, const Shape& shape, DType dtype, const BackendPtr& backend) {
   Tensor t = empty(shape, dtype, backend);
-  if (t.nbytes() > 0) backend->copy_from_host(t.data(), data, t.nbytes());
+  if (t.nbytes() == 0) return t;
+  backend->copy_from_host(t.data(), data, t.nbytes());
+  if (detail::StepRecorder* r = detail::active_step_recorder()) r->upload(t, data, t.nbytes());
   return t;
 }
 
@@ -66,7 +69,7 @@ Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape, cons
   Tensor f = from_host(v.data(), shape, DType::f32, backend);
   if (dtype == DType::f32) return f;
   Tensor t = empty(shape, dtype, backend);
-  backend->cast(f, t);
+  detail::kernels(*backend).cast(f, t);
   return t;
 }
 
@@ -77,10 +80,10 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& v, const Shape& shape, cons
 
 static Tensor random_tensor(const Shape& shape, const RandomParams& p, const BackendPtr& backend, DType dtype) {
   Tensor f = Tensor::empty(shape, DType::f32, backend);
-  if (f.numel() > 0) backend->random(f, p);
+  if (f.numel() > 0) detail::kernels(*backend).random(f, p);
   if (dtype == DType::f32) return f;
   Tensor t = Tensor::empty(shape, dtype, backend);
-  backend->cast(f, t);
+  detail::kernels(*backend).cast(f, t);
   return t;
 }
 
@@ -163,6 +166,7 @@ void* Tensor::panel_data() const {
 
 void Tensor::copy_to_host(void* dst) const {
   if (nbytes() == 0) return;
+  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;
   if (panel_rows() == 0) return backend().copy_to_host(dst, data(), nbytes());
   std::vector<unsigned char> packed(nbytes());
   backend().copy_to_host(packed.data(), panel_data(), nbytes());
@@ -170,7 +174,13 @@ void Tensor::copy_to_host(void* dst) const {
 }
 void Tensor::copy_from_host(const void* src) {
   if (nbytes() == 0) return;
-  if (panel_rows() == 0) return backend().copy_from_host(data(), src, nbytes());
+  detail::StepRecorder* r = detail::active_step_recorder();
+  if (panel_rows() == 0) {
+    backend().copy_from_host(data(), src, nbytes());
+    if (r) r->upload(*this, src, nbytes());
+    return;
+  }
+  if (r) r->opaque = true;
   std::vector<unsigned char> packed(nbytes());
   rows_to_panels(static_cast<const unsigned char*>(src), packed.data(), size(0), size(1), panel_rows(),
                  dtype_size(dtype()));
@@ -272,6 +282,7 @@ Tensor Tensor::detach() const {
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), backend_ptr());
   t.impl()->panel = panel_rows();  // the same bytes, the same layout
+  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;
   if (nbytes() > 0) backend().copy_device(storage_at(*t.impl()), storage_at(*impl_), nbytes());
   if (quantized()) t.impl()->scales = scales().clone().impl_ptr();
   return t;
@@ -295,6 +306,7 @@ void Tensor::copy_(const Tensor& src) {
   DEW_CHECK(src.panel_rows() == 0 && panel_rows() == 0,
             "copy_: a weight in panels (decode storage) is not copied in place; clone() it");
   if (nbytes() == 0) return;
+  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;
   if (src.backend_ptr() == backend_ptr()) {
     backend().copy_device(data(), src.data(), nbytes());
   } else {

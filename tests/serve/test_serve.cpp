@@ -9,6 +9,10 @@
 //    number of bf16 epsilons of the f32 cache's and never equal to them;
 //  * decode fusion: with q/k/v and gate/up packed back to back (store_matmul_weights_as) a decode step's one
 //    product per group gives the separate products' logits bit for bit (cpu, f32 and bf16 weights);
+//  * the decode step program (decoder_start's replay): every one-token step's logits bit-equal to eager decoding
+//    (ref, cpu; f32, bf16 and int8 weights; f32 and bf16 caches), the model called for the prefill and three
+//    steps only, greedy and sampled generations equal, a context crop re-recording, and a decoder whose step
+//    reads back to the host left eager (and still equal);
 //  * the scheduler: mixed prompt lengths (one token, longer than the context), budgets (0, 1, past the
 //    context: refill), sampling settings, EOS and stop strings, more requests than slots — each result
 //    equals dew::generate() alone (tokens, text, finish reason); slot reuse happens in the very next
@@ -489,6 +493,82 @@ void expect_equal(const dew::Generation& got, const dew::Generation& want, size_
 }
 
 }  // namespace
+
+// Counts forward_cached calls; with `read_back` each call also reads its logits to the host inside the step (as
+// a decoder whose control flow looked at values would), which no step program can replay.
+class CountingDecoder final : public dew::CausalDecoder {
+ public:
+  CountingDecoder(dew::CausalDecoder& inner, bool read_back) : inner_(inner), read_back_(read_back) {}
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  std::unique_ptr<dew::DecodeCache> make_cache(int64_t b, int64_t c) const override { return inner_.make_cache(b, c); }
+  Tensor forward_cached(const Tensor& t, dew::DecodeCache& c) override {
+    ++calls;
+    Tensor out = inner_.forward_cached(t, c);
+    if (read_back_) (void)out.to_floats();
+    return out;
+  }
+  double flops_per_sequence(int64_t n) const override { return inner_.flops_per_sequence(n); }
+  int64_t context_length() const override { return inner_.context_length(); }
+  int64_t calls = 0;
+
+ private:
+  dew::CausalDecoder& inner_;
+  bool read_back_;
+};
+
+TEST_CASE("decode program: replayed one-token steps equal eager decoding bit for bit; the model runs 3 of them") {
+  dew::NoGradGuard ng;
+  for (const std::string be_name : {"ref", "cpu"})
+    for (const dew::DType weights : {dew::DType::f32, dew::DType::bf16, dew::DType::i8}) {
+      if (be_name == "ref" && weights == dew::DType::i8) continue;
+      CAPTURE(be_name);
+      CAPTURE(dew::dtype_name(weights));
+      auto m = tiny_model(be_name, 64, 64);
+      const dew::BackendPtr be = backend(be_name);
+      dew::CausalDecoder& dec = decoder_of(m);
+      if (weights != dew::DType::f32) dew::store_decode_weights_as(&dec, m->named_parameters(), weights);  // + bf16 K/V
+      dew::store_matmul_weights_in_panels(m->named_parameters());
+      // Teacher-forced: a prompt, then one token a step; every step's logits, both ways.
+      const std::vector<int32_t> seq = random_tokens(40, 17);
+      auto logits = [&](bool replay, CountingDecoder& counted) {
+        const dew::DecodeFn step = dew::decoder_start(counted, replay)(64);
+        std::vector<std::vector<float>> out;
+        out.push_back(step(Tensor::from_ints({seq.begin(), seq.begin() + 6}, {1, 6}, be)).to_floats());
+        for (size_t i = 6; i < seq.size(); ++i)
+          out.push_back(step(Tensor::from_ints({seq[i]}, {1, 1}, be)).to_floats());
+        return out;
+      };
+      CountingDecoder eager_dec(dec, false), replay_dec(dec, false), opaque_dec(dec, true);
+      const auto eager = logits(false, eager_dec), replayed = logits(true, replay_dec),
+                 opaque = logits(true, opaque_dec);
+      REQUIRE(eager.size() == replayed.size());
+      for (size_t i = 0; i < eager.size(); ++i) {
+        CAPTURE(i);
+        CHECK(same_bits(eager[i], replayed[i]));
+        CHECK(same_bits(eager[i], opaque[i]));
+      }
+      CHECK(eager_dec.calls == int64_t(eager.size()));
+      CHECK(replay_dec.calls == 4);  // the prefill, two recorded steps, the step checked against its replay
+      CHECK(opaque_dec.calls == int64_t(eager.size()));  // no program: every step eager
+      // Generations: greedy and sampled, within the context and past it (a crop starts a new cache and program).
+      for (const float temperature : {0.0f, 0.9f})
+        for (const int64_t context : {int64_t(0), int64_t(24)}) {
+          CAPTURE(temperature);
+          CAPTURE(context);
+          dew::SamplingParams sp;
+          sp.max_new_tokens = 50;
+          sp.temperature = temperature;
+          sp.top_k = 40;
+          sp.seed = 5;
+          CountingDecoder a(dec, false), b(dec, false);
+          const auto ge = dew::generate(dew::decoder_start(a, false), {random_tokens(5, 3)}, sp, nullptr, context);
+          const auto gr = dew::generate(dew::decoder_start(b, true), {random_tokens(5, 3)}, sp, nullptr, context);
+          CHECK(ge[0].tokens == gr[0].tokens);
+          CHECK(ge[0].tokens.size() == 50);
+          CHECK(b.calls < a.calls);
+        }
+    }
+}
 
 TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each equal their solo result") {
   auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());

@@ -17,7 +17,9 @@
 // at the same thread count and precision; on a device backend mfu_device instead, the best of dew::matmul on
 // it at those shapes and 8192^3 (measured on this machine, every run: no chip's peak is written in).
 //
-// generate: greedy decoding with the KV cache (CausalDecoder::forward_cached), the peer's protocol:
+// generate: greedy decoding with the KV cache (dew::decoder_start over CausalDecoder::forward_cached, as
+// dew-run sample decodes: with --replay on, the default, one-token steps after the first three are a recorded
+// step program's replays, core/generate/step_program.hpp; off: every step eager), the peer's protocol:
 // a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
 // --tokens - 1 single-token decode calls (default 256 new tokens, cache capacity prompt + tokens), argmax
 // on the host. --warmup (1) untimed generation, then the median of --repeats (5). --weights bf16 keeps the
@@ -315,20 +317,22 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     const std::vector<float> row = dew::reshape(logits, {t, V}).slice0(t - 1, t).to_floats();
     return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
   };
+  DEW_USAGE_CHECK(lo.replay == "on" || lo.replay == "off", "dew-bench generate: --replay is on or off, not '",
+                  lo.replay, "'");
+  const dew::StartFn start = dew::decoder_start(*decoder, lo.replay == "on");
   std::vector<double> pre, dec, dec_cpu;
   std::vector<int32_t> reference;
   for (int r = 0; r < lo.gen_warmup + lo.repeats; ++r) {
-    auto cache = decoder->make_cache(1, P + N);
+    const dew::DecodeFn step = start(P + N);
     std::vector<int32_t> out = prompt;
     const auto t0 = clock_type::now();
-    out.push_back(argmax_last(decoder->forward_cached(dew::Tensor::from_ints(prompt, {1, P}, b.backend), *cache)));
+    out.push_back(argmax_last(step(dew::Tensor::from_ints(prompt, {1, P}, b.backend))));
     if (r == lo.gen_warmup) profile_reset(b.backend);  // the first timed decode loop: start from zero
     if (r > lo.gen_warmup) profile_resume(b.backend);
     const auto t1 = clock_type::now();
     const double c1 = process_cpu_seconds();
     for (int64_t i = 1; i < N; ++i)
-      out.push_back(
-          argmax_last(decoder->forward_cached(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend), *cache)));
+      out.push_back(argmax_last(step(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend))));
     b.backend->synchronize();
     profile_pause(b.backend);
     const double tp = std::chrono::duration<double>(t1 - t0).count(), td = seconds_since(t1);
@@ -390,11 +394,12 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
       "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
       "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
       "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
-      "\"repeats\":%d,\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"weight_mb\":%.1f,\"cpu_ms_per_token\":%.3f,"
-      "\"cpu\":\"%s\"}\n",
+      "\"repeats\":%d,\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"replay\":\"%s\",\"weight_mb\":%.1f,"
+      "\"cpu_ms_per_token\":%.3f,\"cpu\":\"%s\"}\n",
       f.label.c_str(), opt.backend.c_str(), opt.threads, f.ms_per_token, f.ms_min, f.ms_max, f.prefill_ms,
       1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len, (long long)f.new_tokens,
-      lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), f.weight_bytes / 1e6, f.cpu_ms_per_token, cpu_model().c_str());
+      lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), lo.replay.c_str(), f.weight_bytes / 1e6, f.cpu_ms_per_token,
+      cpu_model().c_str());
   std::fflush(stdout);
   return 0;
 }

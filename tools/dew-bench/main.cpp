@@ -26,7 +26,7 @@ const char* kUsage =
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       (every suite: [--backend-option KEY=VALUE ...], e.g. attention=warp on cuda)\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [--weights f32|bf16|int8] [--profile] [-v]\n"
+    "[--repeats 5] [--weights f32|bf16|int8] [--replay on|off] [--profile] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -99,8 +99,9 @@ int main(int argc, char** argv) {
       "isa", po::value(&opt.isa)->default_value("best"),
       "cpu: path of the hand-written kernels, best | avx512 | avx2 | portable (the backend's isa option)")(
       "backend-option", po::value(&opt.backend_options)->composing(),
-      "KEY=VALUE for the backend, repeatable (cuda: attention=auto|warp, matmul_precision=...; cpu: isa=..., bf16_dot=auto|native|widened)")(
-      "seconds", po::value(&opt.seconds)->default_value(0.3), "kernels: seconds per repeat")(
+      "KEY=VALUE for the backend, repeatable (cuda: attention=auto|warp, matmul_precision=...; cpu: isa=..., "
+      "bf16_dot=auto|native|widened)")("seconds", po::value(&opt.seconds)->default_value(0.3),
+                                       "kernels: seconds per repeat")(
       "only", po::value(&opt.only), "kernels: matmul | attention | decode (one part alone)")(
       "repeats", po::value<int>(), "kernels: repeats (the median is printed; 5); generate: timed generations (5)")(
       "config", po::value(&lm.config)->default_value("char-small"), "train/generate: config name or .ini path")(
@@ -120,7 +121,10 @@ int main(int argc, char** argv) {
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
       "weights", po::value(&lm.weights)->default_value("f32"),
       "generate: decode weights stored as f32 | bf16 | int8 (K/V cache f32 | bf16 | bf16; f32 activations and "
-      "accumulation)")("verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
+      "accumulation)")("replay", po::value(&lm.replay)->default_value("on"),
+                       "generate: on = one-token steps replayed as a recorded step program after the first three "
+                       "(dew::decoder_start, as dew-run sample); off = every step eager")(
+      "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {
     po::variables_map vm;

@@ -120,8 +120,11 @@ using DecodeFn = std::function<Tensor(const Tensor& tokens)>;
 // Starts a sequence: a DecodeFn over a fresh cache holding up to `capacity` tokens.
 using StartFn = std::function<DecodeFn(int64_t capacity)>;
 
-// A StartFn over a CausalDecoder (a batch-1 cache per sequence).
-StartFn decoder_start(CausalDecoder& model);
+// A StartFn over a CausalDecoder (a batch-1 cache per sequence). With `replay` (the default) a sequence's
+// one-token steps become a recorded step program once two of them have been recorded and a third agrees with
+// its replay bit for bit: the same kernels on the same buffers, without the host work around them (its logits
+// then live in the program's buffer until the next step). Eager wherever a program cannot be built.
+StartFn decoder_start(CausalDecoder& model, bool replay = true);
 
 struct Generation {
   std::vector<int32_t> tokens;  // the continuation (without the prompt, without EOS, cut at a stop string)
