@@ -516,7 +516,7 @@ class CountingDecoder final : public dew::CausalDecoder {
   bool read_back_;
 };
 
-TEST_CASE("decode program: replayed one-token steps equal eager decoding bit for bit; the model runs 3 of them") {
+TEST_CASE("decode program: replayed one-token steps equal eager decoding bit for bit, the model runs 3 of them") {
   dew::NoGradGuard ng;
   for (const std::string be_name : {"ref", "cpu"})
     for (const dew::DType weights : {dew::DType::f32, dew::DType::bf16, dew::DType::i8}) {
