@@ -155,6 +155,8 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stop, 
   return best;
 }
 
+namespace {
+
 // One sequence's decoding over its cache: eager (model.forward_cached) until a step program
 // (step_program.hpp) is recorded from two one-token steps and checked bit for bit against a third, eager one;
 // then every later one-token step is a replay. A program that cannot be built, or differs, leaves decoding eager.
@@ -232,6 +234,8 @@ class ReplayingDecoder {
   int64_t base_ = 0, next_ = 0;  // the cache position of the first recorded step; the next replay's step index
   bool eager_ = false;
 };
+
+}  // namespace
 
 StartFn decoder_start(CausalDecoder& model, bool replay) {
   return [&model, replay](int64_t capacity) -> DecodeFn {
