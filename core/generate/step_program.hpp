@@ -36,7 +36,6 @@ class DecodeProgram {
                                               const Tensor& b_in, const Tensor& b_out, std::string* why);
   // Step i (i = 0: recording a's position) on `ids` ([1, 1] i32, the input's backend): the logits.
   Tensor run(const Tensor& ids, int64_t i);
-  size_t calls() const { return calls_.size(); }
 
  private:
   struct MovingView {

@@ -5,6 +5,7 @@
 #include "dew/error.hpp"
 #include "dew/nn.hpp"
 #include "dew/random.hpp"
+#include "ops/kernel_call.hpp"
 
 namespace dew::nn {
 
@@ -14,13 +15,13 @@ void init_tensor(Tensor& t, const Init& init, uint64_t seed, uint64_t stream) {
   switch (init.kind) {
     case Init::automatic:
     case Init::zeros:
-      t.backend().fill(t, 0.0);
+      detail::kernels(t).fill(t, 0.0);
       return;
     case Init::ones:
-      t.backend().fill(t, 1.0);
+      detail::kernels(t).fill(t, 1.0);
       return;
     case Init::constant:
-      t.backend().fill(t, init.a);
+      detail::kernels(t).fill(t, init.a);
       return;
     case Init::normal:
       t.copy_(Tensor::normal(t.shape(), init.a, init.b, seed, stream, t.backend_ptr(), t.dtype()));

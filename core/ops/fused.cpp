@@ -2,15 +2,18 @@
 // packed_attention, qkv_attention. Each is the composition its comment names, computed with fewer passes over memory
 // (the training step is memory-bound on CPUs); the gradient checks against finite differences and the equality with the
 // unfused composition are in tests/autograd/test_fused_ops.cpp.
+// Their forwards call the backend directly (not through call_kernel), so a step program's recording that meets one
+// is marked opaque (step_record.hpp): such a step is never replayed.
 #include <cmath>
 
-#include "op_util.hpp"
+#include "op_util.hpp"  // (and kernel_call.hpp: the step recorder)
 
 namespace dew {
 
 using detail::stat_dtype;
 
 Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps) {
+  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;  // direct calls below
   if (detail::autocast_differs(shift, x) || detail::autocast_differs(scale, x))
     return modulated_layer_norm(x, detail::autocast_like(shift, x), detail::autocast_like(scale, x), eps);
   DEW_CHECK(x.ndim() == 3, "modulated_layer_norm: x must be [B, N, D], got ", shape_str(x.shape()));
@@ -90,6 +93,7 @@ Tensor gated_residual(const Tensor& x, const Tensor& f, const Tensor& gate) {
 }
 
 Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p, const Tensor& segment_ids) {
+  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;  // direct calls below
   if (detail::autocast_lowers({&qkv})) return packed_attention(detail::autocast_lower(qkv), heads, p, segment_ids);
   DEW_CHECK(heads > 0 && qkv.ndim() == 3 && qkv.shape()[2] % (3 * heads) == 0,
             "packed_attention: qkv must be [B, T, 3 * ", heads, " * head_dim], got ", shape_str(qkv.shape()));
@@ -141,6 +145,7 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams&
 
 Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
                      const Tensor& segment_ids) {
+  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;  // direct calls below
   if (detail::autocast_lowers({&x, &w, &bias}))
     return qkv_attention(detail::autocast_lower(x), detail::autocast_lower(w), detail::autocast_lower(bias), heads, p,
                          segment_ids);

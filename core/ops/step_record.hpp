@@ -5,9 +5,10 @@
 // call before making it, with the call's arguments copied (tensors share their impls, so every buffer the
 // step touches stays alive), and Tensor's host transfers report themselves. Nothing else changes: the calls
 // run as they would unrecorded. Invariant: every kernel the core makes goes through call_kernel (the ops'
-// kernels(x).name(...) and Tensor's own fills and casts), so a recording misses none.
+// kernels(x).name(...), Tensor's own fills, casts and draws, module initialisation), except the fused training
+// ops' direct calls (core/ops/fused.cpp, attention_max_logit), which mark the recording opaque instead: a recording
+// misses no call, or it is not replayed.
 #pragma once
-#include <cstring>
 #include <memory>
 #include <tuple>
 #include <type_traits>
