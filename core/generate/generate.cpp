@@ -162,19 +162,32 @@ namespace {
 // then every later one-token step is a replay. A program that cannot be built, or differs, leaves decoding eager.
 class ReplayingDecoder {
  public:
-  ReplayingDecoder(CausalDecoder& model, std::shared_ptr<DecodeCache> cache)
-      : model_(model), cache_(std::move(cache)) {}
+  ReplayingDecoder(CausalDecoder& model, std::shared_ptr<DecodeCache> cache, DecodeReplayReport* report)
+      : model_(model), cache_(std::move(cache)), report_(report) {}
 
   Tensor step(const Tensor& tokens) {
+    const bool replays = program_ != nullptr;
+    if (report_) ++(replays ? report_->replayed_steps : report_->eager_steps);
+    return replays ? replay(tokens) : eager_step(tokens);
+  }
+
+ private:
+  struct Recording {
+    Tensor in, out;
+    std::unique_ptr<detail::StepRecorder> rec;
+  };
+
+  Tensor replay(const Tensor& tokens) {
     const bool one = tokens.ndim() == 2 && tokens.shape()[0] == 1 && tokens.shape()[1] == 1;
-    if (program_) {
-      DEW_CHECK(one, "decode program: a sequence being replayed takes one token a step, got ",
-                shape_str(tokens.shape()));
-      const int64_t i = next_++;
-      DEW_CHECK(base_ + i < cache_->capacity(), "decode: the cache holds ", cache_->capacity(), " tokens; ", base_ + i,
-                " are in it and 1 more was fed");
-      return program_->run(tokens, i);
-    }
+    DEW_CHECK(one, "decode program: a sequence being replayed takes one token a step, got ", shape_str(tokens.shape()));
+    const int64_t i = next_++;
+    DEW_CHECK(base_ + i < cache_->capacity(), "decode: the cache holds ", cache_->capacity(), " tokens; ", base_ + i,
+              " are in it and 1 more was fed");
+    return program_->run(tokens, i);
+  }
+
+  Tensor eager_step(const Tensor& tokens) {
+    const bool one = tokens.ndim() == 2 && tokens.shape()[0] == 1 && tokens.shape()[1] == 1;
     if (eager_ || !one || cache_->length() + 1 >= cache_->capacity()) {  // (a prefill restarts the recording)
       recorded_.clear();
       candidate_.reset();
@@ -195,18 +208,14 @@ class ReplayingDecoder {
     if (recorded_.size() == 2) {
       Recording& a = recorded_[0];
       Recording& b = recorded_[1];
-      candidate_ = detail::DecodeProgram::build(*a.rec, a.in, a.out, *b.rec, b.in, b.out, nullptr);
+      std::string why;
+      candidate_ = detail::DecodeProgram::build(*a.rec, a.in, a.out, *b.rec, b.in, b.out, &why);
       recorded_.clear();
-      if (!candidate_) eager_ = true;
+      if (!candidate_) give_up(why);
     }
     return out;
   }
 
- private:
-  struct Recording {
-    Tensor in, out;
-    std::unique_ptr<detail::StepRecorder> rec;
-  };
   // The third step, replayed and then eager: the program is kept only if the two agree bit for bit. The
   // replay goes first: the only state outliving a step that it writes is the cache rows of this position
   // (moving views), which the eager step then writes again, so a wrong program leaves no trace.
@@ -222,13 +231,19 @@ class ReplayingDecoder {
       next_ = 3;
     } else {
       candidate_.reset();
-      eager_ = true;
+      give_up("the replayed step differs from the eager one");
     }
     return eager;
   }
 
+  void give_up(const std::string& why) {
+    eager_ = true;
+    if (report_) report_->eager_reason = why;
+  }
+
   CausalDecoder& model_;
   std::shared_ptr<DecodeCache> cache_;
+  DecodeReplayReport* report_;
   std::vector<Recording> recorded_;
   std::unique_ptr<detail::DecodeProgram> candidate_, program_;
   int64_t base_ = 0, next_ = 0;  // the cache position of the first recorded step; the next replay's step index
@@ -237,11 +252,15 @@ class ReplayingDecoder {
 
 }  // namespace
 
-StartFn decoder_start(CausalDecoder& model, bool replay) {
-  return [&model, replay](int64_t capacity) -> DecodeFn {
+StartFn decoder_start(CausalDecoder& model, bool replay, DecodeReplayReport* report) {
+  return [&model, replay, report](int64_t capacity) -> DecodeFn {
     std::shared_ptr<DecodeCache> cache = model.make_cache(1, capacity);
-    if (!replay) return [&model, cache](const Tensor& tokens) { return model.forward_cached(tokens, *cache); };
-    auto decoder = std::make_shared<ReplayingDecoder>(model, cache);
+    if (!replay)
+      return [&model, cache, report](const Tensor& tokens) {
+        if (report) ++report->eager_steps;
+        return model.forward_cached(tokens, *cache);
+      };
+    auto decoder = std::make_shared<ReplayingDecoder>(model, cache, report);
     return [decoder](const Tensor& tokens) { return decoder->step(tokens); };
   };
 }

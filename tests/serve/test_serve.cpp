@@ -530,8 +530,8 @@ TEST_CASE("decode program: replayed one-token steps equal eager decoding bit for
       dew::store_matmul_weights_in_panels(m->named_parameters());
       // Teacher-forced: a prompt, then one token a step; every step's logits, both ways.
       const std::vector<int32_t> seq = random_tokens(40, 17);
-      auto logits = [&](bool replay, CountingDecoder& counted) {
-        const dew::DecodeFn step = dew::decoder_start(counted, replay)(64);
+      auto logits = [&](bool replay, CountingDecoder& counted, dew::DecodeReplayReport* report) {
+        const dew::DecodeFn step = dew::decoder_start(counted, replay, report)(64);
         std::vector<std::vector<float>> out;
         out.push_back(step(Tensor::from_ints({seq.begin(), seq.begin() + 6}, {1, 6}, be)).to_floats());
         for (size_t i = 6; i < seq.size(); ++i)
@@ -539,8 +539,9 @@ TEST_CASE("decode program: replayed one-token steps equal eager decoding bit for
         return out;
       };
       CountingDecoder eager_dec(dec, false), replay_dec(dec, false), opaque_dec(dec, true);
-      const auto eager = logits(false, eager_dec), replayed = logits(true, replay_dec),
-                 opaque = logits(true, opaque_dec);
+      dew::DecodeReplayReport replay_report, opaque_report;
+      const auto eager = logits(false, eager_dec, nullptr), replayed = logits(true, replay_dec, &replay_report),
+                 opaque = logits(true, opaque_dec, &opaque_report);
       REQUIRE(eager.size() == replayed.size());
       for (size_t i = 0; i < eager.size(); ++i) {
         CAPTURE(i);
@@ -550,6 +551,11 @@ TEST_CASE("decode program: replayed one-token steps equal eager decoding bit for
       CHECK(eager_dec.calls == int64_t(eager.size()));
       CHECK(replay_dec.calls == 4);  // the prefill, two recorded steps, the step checked against its replay
       CHECK(opaque_dec.calls == int64_t(eager.size()));  // no program: every step eager
+      CHECK(replay_report.replayed_steps == int64_t(eager.size()) - 4);
+      CHECK(replay_report.eager_steps == 4);
+      CHECK(replay_report.eager_reason.empty());
+      CHECK(opaque_report.replayed_steps == 0);
+      CHECK(opaque_report.eager_reason.find("reads back to the host") != std::string::npos);
       // Generations: greedy and sampled, within the context and past it (a crop starts a new cache and program).
       for (const float temperature : {0.0f, 0.9f})
         for (const int64_t context : {int64_t(0), int64_t(24)}) {

@@ -122,6 +122,7 @@ struct DecodeFigures {
   std::string weights = "f32";
   std::string kv_dtype = "f32";  // the K/V cache's dtype (bf16 with --weights bf16)
   double weight_bytes = 0;       // the bytes of N_mm's matrices as stored (a tied head stays f32)
+  int64_t replayed_steps = 0, eager_steps = 0;  // decode steps as step-program replays / eager (warm-up included)
 };
 TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt);
 DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt);

@@ -19,7 +19,8 @@
 //
 // generate: greedy decoding with the KV cache (dew::decoder_start over CausalDecoder::forward_cached, as
 // dew-run sample decodes: with --replay on, the default, one-token steps after the first three are a recorded
-// step program's replays, core/generate/step_program.hpp; off: every step eager), the peer's protocol:
+// step program's replays, core/generate/step_program.hpp; off: every step eager; replayed_steps / eager_steps in
+// the JSON line count them, and why a program was not used goes to stderr), the peer's protocol:
 // a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
 // --tokens - 1 single-token decode calls (default 256 new tokens, cache capacity prompt + tokens), argmax
 // on the host. --warmup (1) untimed generation, then the median of --repeats (5). --weights bf16 keeps the
@@ -319,7 +320,8 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   };
   DEW_USAGE_CHECK(lo.replay == "on" || lo.replay == "off", "dew-bench generate: --replay is on or off, not '",
                   lo.replay, "'");
-  const dew::StartFn start = dew::decoder_start(*decoder, lo.replay == "on");
+  dew::DecodeReplayReport replay_report;
+  const dew::StartFn start = dew::decoder_start(*decoder, lo.replay == "on", &replay_report);
   std::vector<double> pre, dec, dec_cpu;
   std::vector<int32_t> reference;
   for (int r = 0; r < lo.gen_warmup + lo.repeats; ++r) {
@@ -349,6 +351,8 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     }
   }
   DEW_USAGE_CHECK(!dec.empty(), "dew-bench generate: --repeats must be positive");
+  if (lo.replay == "on" && !replay_report.eager_reason.empty())
+    std::fprintf(stderr, "# decode program not used: %s\n", replay_report.eager_reason.c_str());
   const double dmed = median(dec), pmed = median(pre);
   double dsum = 0;
   for (double t : dec) dsum += t;
@@ -364,6 +368,8 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   f.ms_max = *std::max_element(dec.begin(), dec.end()) / double(N - 1) * 1e3;
   f.prefill_ms = pmed * 1e3;
   f.cpu_ms_per_token = median(dec_cpu) / double(N - 1) * 1e3;
+  f.replayed_steps = replay_report.replayed_steps;
+  f.eager_steps = replay_report.eager_steps;
   f.flops_per_token = dec_flops / double(N - 1);
   f.n_mm = n_mm;
   f.prompt_len = P;
@@ -394,12 +400,12 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
       "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
       "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
       "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
-      "\"repeats\":%d,\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"replay\":\"%s\",\"weight_mb\":%.1f,"
-      "\"cpu_ms_per_token\":%.3f,\"cpu\":\"%s\"}\n",
+      "\"repeats\":%d,\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"replay\":\"%s\",\"replayed_steps\":%lld,"
+      "\"eager_steps\":%lld,\"weight_mb\":%.1f,\"cpu_ms_per_token\":%.3f,\"cpu\":\"%s\"}\n",
       f.label.c_str(), opt.backend.c_str(), opt.threads, f.ms_per_token, f.ms_min, f.ms_max, f.prefill_ms,
       1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len, (long long)f.new_tokens,
-      lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), lo.replay.c_str(), f.weight_bytes / 1e6, f.cpu_ms_per_token,
-      cpu_model().c_str());
+      lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), lo.replay.c_str(), (long long)f.replayed_steps,
+      (long long)f.eager_steps, f.weight_bytes / 1e6, f.cpu_ms_per_token, cpu_model().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -123,8 +123,13 @@ using StartFn = std::function<DecodeFn(int64_t capacity)>;
 // A StartFn over a CausalDecoder (a batch-1 cache per sequence). With `replay` (the default) a sequence's
 // one-token steps become a recorded step program once two of them have been recorded and a third agrees with
 // its replay bit for bit: the same kernels on the same buffers, without the host work around them (its logits
-// then live in the program's buffer until the next step). Eager wherever a program cannot be built.
-StartFn decoder_start(CausalDecoder& model, bool replay = true);
+// then live in the program's buffer until the next step). Eager wherever a program cannot be built; `report`
+// (when given; it must outlive the sequences) counts the steps each way and keeps why a program was not built.
+struct DecodeReplayReport {
+  int64_t replayed_steps = 0, eager_steps = 0;  // over every sequence started (prefills count as eager)
+  std::string eager_reason;                     // the last reason a sequence's program was not built or kept
+};
+StartFn decoder_start(CausalDecoder& model, bool replay = true, DecodeReplayReport* report = nullptr);
 
 struct Generation {
   std::vector<int32_t> tokens;  // the continuation (without the prompt, without EOS, cut at a stop string)
