@@ -13,7 +13,7 @@ namespace dew {
 using detail::stat_dtype;
 
 Tensor modulated_layer_norm(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps) {
-  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;  // direct calls below
+  detail::mark_step_opaque();  // direct calls below
   if (detail::autocast_differs(shift, x) || detail::autocast_differs(scale, x))
     return modulated_layer_norm(x, detail::autocast_like(shift, x), detail::autocast_like(scale, x), eps);
   DEW_CHECK(x.ndim() == 3, "modulated_layer_norm: x must be [B, N, D], got ", shape_str(x.shape()));
@@ -93,7 +93,7 @@ Tensor gated_residual(const Tensor& x, const Tensor& f, const Tensor& gate) {
 }
 
 Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams& p, const Tensor& segment_ids) {
-  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;  // direct calls below
+  detail::mark_step_opaque();  // direct calls below
   if (detail::autocast_lowers({&qkv})) return packed_attention(detail::autocast_lower(qkv), heads, p, segment_ids);
   DEW_CHECK(heads > 0 && qkv.ndim() == 3 && qkv.shape()[2] % (3 * heads) == 0,
             "packed_attention: qkv must be [B, T, 3 * ", heads, " * head_dim], got ", shape_str(qkv.shape()));
@@ -145,7 +145,7 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams&
 
 Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
                      const Tensor& segment_ids) {
-  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;  // direct calls below
+  detail::mark_step_opaque();  // direct calls below
   if (detail::autocast_lowers({&x, &w, &bias}))
     return qkv_attention(detail::autocast_lower(x), detail::autocast_lower(w), detail::autocast_lower(bias), heads, p,
                          segment_ids);

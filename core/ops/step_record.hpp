@@ -72,6 +72,11 @@ class StepRecorder {
 // The thread's active recorder (null: not recording).
 StepRecorder*& active_step_recorder();
 
+// Marks the thread's recording (if any) opaque: the caller is about to do what a program does not replay.
+inline void mark_step_opaque() {
+  if (StepRecorder* r = active_step_recorder()) r->opaque = true;
+}
+
 // Records the thread's calls into `r` for its lifetime (nests: restores the previous recorder).
 class StepRecording {
  public:

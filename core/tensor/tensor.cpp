@@ -166,7 +166,7 @@ void* Tensor::panel_data() const {
 
 void Tensor::copy_to_host(void* dst) const {
   if (nbytes() == 0) return;
-  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;
+  detail::mark_step_opaque();
   if (panel_rows() == 0) return backend().copy_to_host(dst, data(), nbytes());
   std::vector<unsigned char> packed(nbytes());
   backend().copy_to_host(packed.data(), panel_data(), nbytes());
@@ -174,13 +174,12 @@ void Tensor::copy_to_host(void* dst) const {
 }
 void Tensor::copy_from_host(const void* src) {
   if (nbytes() == 0) return;
-  detail::StepRecorder* r = detail::active_step_recorder();
   if (panel_rows() == 0) {
     backend().copy_from_host(data(), src, nbytes());
-    if (r) r->upload(*this, src, nbytes());
+    if (detail::StepRecorder* r = detail::active_step_recorder()) r->upload(*this, src, nbytes());
     return;
   }
-  if (r) r->opaque = true;
+  detail::mark_step_opaque();
   std::vector<unsigned char> packed(nbytes());
   rows_to_panels(static_cast<const unsigned char*>(src), packed.data(), size(0), size(1), panel_rows(),
                  dtype_size(dtype()));
@@ -282,7 +281,7 @@ Tensor Tensor::detach() const {
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), backend_ptr());
   t.impl()->panel = panel_rows();  // the same bytes, the same layout
-  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;
+  detail::mark_step_opaque();
   if (nbytes() > 0) backend().copy_device(storage_at(*t.impl()), storage_at(*impl_), nbytes());
   if (quantized()) t.impl()->scales = scales().clone().impl_ptr();
   return t;
@@ -306,7 +305,7 @@ void Tensor::copy_(const Tensor& src) {
   DEW_CHECK(src.panel_rows() == 0 && panel_rows() == 0,
             "copy_: a weight in panels (decode storage) is not copied in place; clone() it");
   if (nbytes() == 0) return;
-  if (detail::StepRecorder* r = detail::active_step_recorder()) r->opaque = true;
+  detail::mark_step_opaque();
   if (src.backend_ptr() == backend_ptr()) {
     backend().copy_device(data(), src.data(), nbytes());
   } else {

@@ -297,6 +297,8 @@ int run_train(const LmOptions& lo, const BenchOptions& opt) {
 }
 
 DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
+  DEW_USAGE_CHECK(lo.replay == "on" || lo.replay == "off", "dew-bench generate: --replay is on or off, not '",
+                  lo.replay, "'");
   Built b = build(lo, opt);
   dew::Model* model = b.objective->main_model();
   auto* decoder = dynamic_cast<dew::CausalDecoder*>(model);
@@ -318,8 +320,6 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     const std::vector<float> row = dew::reshape(logits, {t, V}).slice0(t - 1, t).to_floats();
     return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
   };
-  DEW_USAGE_CHECK(lo.replay == "on" || lo.replay == "off", "dew-bench generate: --replay is on or off, not '",
-                  lo.replay, "'");
   dew::DecodeReplayReport replay_report;
   const dew::StartFn start = dew::decoder_start(*decoder, lo.replay == "on", &replay_report);
   std::vector<double> pre, dec, dec_cpu;
