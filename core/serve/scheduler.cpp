@@ -353,34 +353,57 @@ bool Scheduler::step() {
   return true;
 }
 
-void Scheduler::start() {
-  DEW_CHECK(!loop_.joinable(), "serve: the scheduler is already running");
-  loop_ = std::thread([this] {
-    for (;;) {
-      bool worked = false;
-      try {
-        worked = step();
-      } catch (const std::exception& e) {
-        fail_all(e.what());
-        worked = true;
-      }
-      std::unique_lock<std::mutex> lk(mu_);
-      if (stop_) return;
-      if (!worked) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
+// The loop of start() and run(): step() until stopped, sleeping while there is no work.
+void Scheduler::loop() {
+  for (;;) {
+    bool worked = false;
+    try {
+      worked = step();
+    } catch (const std::exception& e) {
+      fail_all(e.what());
+      worked = true;
     }
-  });
+    std::unique_lock<std::mutex> lk(mu_);
+    if (stop_) return;
+    if (!worked) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+  }
+}
+
+void Scheduler::start() {
+  std::lock_guard<std::mutex> lk(mu_);
+  DEW_CHECK(!loop_.joinable() && !running_, "serve: the scheduler is already running");
+  loop_ = std::thread([this] { loop(); });
+}
+
+void Scheduler::run() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    DEW_CHECK(!loop_.joinable() && !running_, "serve: the scheduler is already running");
+    if (draining_ || stop_) return;  // a drain() that found no loop runs (or ran) the iterations itself
+    running_ = true;
+  }
+  loop();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();
 }
 
 void Scheduler::drain() {
+  bool looping;
   {
     std::lock_guard<std::mutex> lk(mu_);
     draining_ = true;
+    looping = loop_.joinable() || running_;
   }
   cv_.notify_all();
-  if (!loop_.joinable()) {
+  if (!looping) {  // no loop: the iterations run here, and a later run() returns at once
     while (step()) {
     }
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
     return;
   }
   {
@@ -389,7 +412,12 @@ void Scheduler::drain() {
     stop_ = true;
   }
   cv_.notify_all();
-  loop_.join();
+  if (loop_.joinable()) {
+    loop_.join();
+  } else {  // run() on another thread: wait for it to return
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return !running_; });
+  }
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -16,6 +16,7 @@
 #include <iterator>
 #include <limits>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -43,6 +44,12 @@ BackendPtr cpu() {
 BackendPtr ref() {
   static BackendPtr b = load("ref", DEW_REF_PLUGIN_PATH);
   return b;
+}
+// The shared cpu backend's thread count: a kernel call gives its caller the backend's count.
+int cpu_threads() {
+  Tensor t = Tensor::empty({1}, DType::f32, cpu());
+  cpu()->fill(t, 0.0);
+  return omp_get_max_threads();
 }
 
 // The same values on both backends.
@@ -196,6 +203,33 @@ TEST_CASE("cpu: identity and supports()") {
   const Support no = cpu()->supports(Kernel::matmul, DType::f64);
   CHECK_FALSE(no.ok);
   CHECK(!no.reason.empty());
+}
+
+// OpenMP's team size is a per-thread setting: a kernel called from a thread that never called set_threads
+// (a server's model thread, a worker) must still run on the backend's count, not on that thread's own.
+TEST_CASE("cpu: a kernel runs on the backend's thread count whichever thread calls it") {
+  BackendPtr be = create_backend("cpu", Options({{"threads", "1"}}, "test"));
+  Tensor t = Tensor::empty({4096}, DType::f32, be);
+  std::vector<float> host(4096);
+  int after_fill = -1, after_copy = -1;
+  std::thread([&] {
+    omp_set_num_threads(3);  // this thread's own setting, as a fresh thread's default could be
+    be->fill(t, 1.0);
+    after_fill = omp_get_max_threads();
+    omp_set_num_threads(3);
+    be->copy_to_host(host.data(), t.data(), host.size() * sizeof(float));
+    after_copy = omp_get_max_threads();
+  }).join();
+  CHECK(after_fill == 1);
+  CHECK(after_copy == 1);
+  CHECK(host[4095] == 1.0f);
+  be->set_threads(2);  // a later set_threads reaches every thread at its next kernel
+  std::thread([&] {
+    omp_set_num_threads(1);
+    be->fill(t, 2.0);
+    after_fill = omp_get_max_threads();
+  }).join();
+  CHECK(after_fill == 2);
 }
 
 TEST_CASE("cpu: matmul (transposes, batch broadcast, bias, alpha/beta, activations)") {
@@ -623,9 +657,9 @@ TEST_CASE("cpu: reduce [outer, reduce, inner], every op, serial and split paths"
   // too wide for the row split's partials, column blocks wider than one (8192).
   const int64_t dims[][3] = {{7, 33, 1},     {3, 50, 17},   {1, 100000, 1}, {2, 40, 700},  {64, 512, 1},
                              {1, 40, 1000},  {1, 30, 9000}, {1, 1001, 37},  {1, 5, 5000}, {1, 20, 70000}};
-  const int saved = omp_get_max_threads();
+  const int saved = cpu_threads();
   for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
+    cpu()->set_threads(threads);
     uint64_t seed = 300;
     for (const auto& d : dims) {
       Pair x = rnd({d[0], d[1], d[2]}, seed++);
@@ -641,7 +675,7 @@ TEST_CASE("cpu: reduce [outer, reduce, inner], every op, serial and split paths"
       }
     }
   }
-  omp_set_num_threads(saved);
+  cpu()->set_threads(saved);
   Pair x = rnd({6, 50}, 301);
   Pair am = empty({6}, DType::i32);
   cpu()->argmax(x.c, am.c);

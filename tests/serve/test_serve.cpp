@@ -749,6 +749,32 @@ TEST_CASE("scheduler: streamed text (background thread) concatenates to the fina
   CHECK(sched.stats().active == 0);
 }
 
+// dew-run serve runs the scheduler's loop on the thread that loaded the model (run()); drain() from another
+// thread lets every request finish, then run() returns. A drain() before run() makes run() return at once.
+TEST_CASE("scheduler: run() loops on the calling thread until drain() from another thread") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  auto m = tiny_model("ref");
+  dew::CausalDecoder& dec = decoder_of(m);
+  const std::vector<Case> cs = mixed_cases(dec, *tok);
+  dew::serve::Scheduler sched(dec, tok, {2, 0, 64});
+  std::thread model_thread([&] { sched.run(); });
+  std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+  for (const Case& c : cs) tickets.push_back(sched.submit({c.prompt, c.params, 0}).ticket);
+  sched.drain();  // returns once run() has returned: every request ended
+  model_thread.join();
+  for (size_t i = 0; i < cs.size(); ++i) {
+    REQUIRE(tickets[i]->done());
+    const dew::Generation solo =
+        dew::generate(dew::decoder_start(dec), {cs[i].prompt}, cs[i].params, tok.get(), dec.context_length())[0];
+    expect_equal(tickets[i]->wait(), solo, i);
+  }
+  CHECK(sched.submit({cs[0].prompt, cs[0].params, 0}).status == dew::serve::Scheduler::Admission::draining);
+  dew::serve::Scheduler early(dec, tok, {2, 0, 4});
+  early.drain();
+  early.run();  // drained before it started: returns at once
+  CHECK(early.stats().iterations == 0);
+}
+
 // ---------------------------------------------------------------- HTTP
 
 namespace {
@@ -759,7 +785,7 @@ struct Server {
   std::shared_ptr<const dew::Tokenizer> tok{dew::make_byte_tokenizer()};
   std::unique_ptr<dew::serve::Scheduler> sched;
   std::unique_ptr<dew_run::HttpServer> http;
-  std::thread thread;
+  std::thread model_thread, thread;
   int port = 0;
 
   explicit Server(int64_t slots = 4, int64_t queue = 16) {
@@ -775,11 +801,12 @@ struct Server {
     info.tokenizer = "byte";
     http = std::make_unique<dew_run::HttpServer>(*sched, info, o);
     port = http->bind();
-    sched->start();
+    model_thread = std::thread([this] { sched->run(); });  // as dew-run serve runs it (on its main thread)
     thread = std::thread([this] { http->listen(); });
   }
   ~Server() {
     http->shutdown();
+    model_thread.join();
     thread.join();
   }
   httplib::Client client() const {
@@ -1262,6 +1289,7 @@ TEST_CASE("http images: a tiny diffusion run's PNGs by label equal the objective
   o.max_steps = 10;
   auto http = std::make_unique<dew_run::HttpServer>(images, info, o);
   const int port = http->bind();
+  std::thread model_thread([&] { images.run(); });  // as dew-run serve runs it: the requests' images made there
   std::thread thread([&] { http->listen(); });
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(std::chrono::seconds(60));
@@ -1325,8 +1353,10 @@ TEST_CASE("http images: a tiny diffusion run's PNGs by label equal the objective
   const json mj = json::parse(m->body);
   CHECK(mj["data"][0]["dew"]["kind"] == "images");
   CHECK(mj["data"][0]["dew"]["image_size"] == "8");
+  CHECK(images.served() >= 6);  // through run()'s loop (errors thrown there reached their handlers above)
 
-  http->shutdown();
+  http->shutdown();  // stops run() too
+  model_thread.join();
   thread.join();
   fs::remove_all(dir);
 }

@@ -2,12 +2,12 @@
 //
 // cpp-httplib's thread pool runs the handlers: each one parses and checks the JSON body, encodes the
 // prompt and submits one scheduler request per choice (`n`), then waits on the tickets (non-streaming)
-// or writes server-sent events as the tickets release final text (`stream`). The scheduler thread alone
-// runs the model. A streaming client that goes away cancels its requests (their slots free at the next
-// iteration). Every response is counted in flight from routing until httplib has written it (the
-// logger callback), so shutdown() can wait for the last byte before it stops the listener.
-// An image run has no scheduler: POST /v1/images handlers take turns on the ImageService (one request
-// at a time), and past `--queue` waiting requests the server answers 429.
+// or writes server-sent events as the tickets release final text (`stream`). The main thread, which loaded
+// the model, alone runs it (Scheduler::run; image requests through ImageService::run). A streaming client that goes
+// away cancels its requests (their slots free at the next iteration). Every response is counted in flight from routing
+// until httplib has written it (the logger callback), so shutdown() can wait for the last byte before it stops the
+// listener. An image run has no scheduler: POST /v1/images handlers queue their requests on the ImageService (one at a
+// time, run on the main thread), and past `--queue` waiting requests the server answers 429.
 #include "serve.hpp"
 
 #include <httplib.h>
@@ -451,11 +451,50 @@ HttpServer::HttpServer(ImageService& images, ModelInfo info, const ServeOptions&
 
 std::vector<dew::GeneratedImage> ImageService::generate(dew::Options& request, int64_t max_images) {
   ++waiting_;
+  std::unique_lock<std::mutex> jobs_lk(jobs_mu_);
+  if (looping_) {  // run() makes the images on its thread; this one waits for them
+    std::packaged_task<std::vector<dew::GeneratedImage>()> task([&] {
+      --waiting_;
+      std::vector<dew::GeneratedImage> out = objective_->generate_images(request, max_images);
+      ++served_;
+      return out;
+    });
+    std::future<std::vector<dew::GeneratedImage>> done = task.get_future();
+    jobs_.emplace_back([&task] { task(); });
+    jobs_lk.unlock();
+    jobs_cv_.notify_all();
+    return done.get();  // rethrows the generation's error here
+  }
+  jobs_lk.unlock();
   std::unique_lock<std::mutex> lk(mu_);
   --waiting_;
   std::vector<dew::GeneratedImage> out = objective_->generate_images(request, max_images);
   ++served_;
   return out;
+}
+
+void ImageService::run() {
+  std::unique_lock<std::mutex> lk(jobs_mu_);
+  if (stopping_) return;
+  looping_ = true;
+  for (;;) {
+    jobs_cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) break;  // stopping, nothing left
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lk.unlock();
+    job();
+    lk.lock();
+  }
+  looping_ = false;
+}
+
+void ImageService::stop() {
+  {
+    std::lock_guard<std::mutex> lk(jobs_mu_);
+    stopping_ = true;
+  }
+  jobs_cv_.notify_all();
 }
 
 HttpServer::~HttpServer() = default;
@@ -484,6 +523,7 @@ void HttpServer::shutdown() {
     impl_->cv.wait_for(lk, std::chrono::seconds(30), [&] { return impl_->in_flight == 0; });
   }
   impl_->svr.stop();
+  if (impl_->images) impl_->images->stop();  // the model thread's loop returns (serve())
 }
 
 int serve(const std::string& run_dir, const std::string& step, bool use_ema, const std::string& backend,
@@ -542,7 +582,6 @@ int serve(const std::string& run_dir, const std::string& step, bool use_ema, con
                                                  : std::make_unique<HttpServer>(*image_service, info, opts);
   HttpServer& server = *server_ptr;
   const int port = server.bind();
-  if (sched) sched->start();
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
@@ -564,11 +603,19 @@ int serve(const std::string& run_dir, const std::string& step, bool use_ema, con
     std::printf("dew-run serve: listening on http://%s:%d  (model '%s', step %lld%s, images: POST /v1/images)\n",
                 options.host.c_str(), port, info.id.c_str(), (long long)info.step, info.ema ? ", EMA weights" : "");
   std::fflush(stdout);
-  const bool ok = server.listen();
-  if (!waiter.joinable()) return ok ? 0 : 1;
-  if (!ok) {  // the listener failed on its own: wake the waiter so it drains and returns
-    kill(getpid(), SIGTERM);
-  }
+  bool ok = true;
+  std::thread listener([&] {
+    ok = server.listen();
+    if (!ok) kill(getpid(), SIGTERM);  // the listener failed on its own: the waiter drains and returns
+  });
+  // The model runs here, on the thread that loaded it, until shutdown() has drained: kernels from one thread
+  // only, so the process keeps one OpenMP pool (two make libgomp sleep and wake its workers at every parallel
+  // region: half the tokens a second on 2 cores; the cpu backend's cpu_backend.hpp).
+  if (sched)
+    sched->run();
+  else
+    image_service->run();
+  listener.join();
   waiter.join();
   std::fprintf(stderr, "dew-run serve: stopped\n");
   return ok ? 0 : 1;

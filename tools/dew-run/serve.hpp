@@ -11,6 +11,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,18 +56,28 @@ struct ModelInfo {
 };
 
 // The image side of the server (an objective whose generates_images() is true): one request at a time
-// on the objective (the model is not thread-safe); waiting() counts the requests queued behind it.
+// on the objective (the model is not thread-safe); waiting() counts the requests queued behind it. While
+// run() loops, every request's generation runs on run()'s thread (the thread that loaded the model: one
+// OpenMP pool in the process, see the cpu backend's cpu_backend.hpp); otherwise on the caller's.
 class ImageService {
  public:
   explicit ImageService(std::shared_ptr<dew::Objective> objective) : objective_(std::move(objective)) {}
   // The images of one request (the keys of `dew-run sample` minus --out); UsageError for a bad request.
   std::vector<dew::GeneratedImage> generate(dew::Options& request, int64_t max_images);
+  // Runs the requests' generations on the calling thread until stop() (from another thread) and every
+  // request queued before it has run.
+  void run();
+  void stop();
   int64_t waiting() const { return waiting_; }
   int64_t served() const { return served_; }
 
  private:
   std::shared_ptr<dew::Objective> objective_;
-  std::mutex mu_;
+  std::mutex mu_;                    // one generation at a time when no run() loops
+  std::mutex jobs_mu_;               // guards jobs_, looping_, stopping_
+  std::condition_variable jobs_cv_;  // a job queued, or stop()
+  std::deque<std::function<void()>> jobs_;
+  bool looping_ = false, stopping_ = false;
   std::atomic<int64_t> waiting_{0}, served_{0};
 };
 

@@ -182,7 +182,7 @@ void check_conv_tensors(const char* kernel, std::initializer_list<std::pair<cons
 
 }  // namespace
 
-void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) {
+void CpuBackend::conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p) {
   check_conv_tensors("conv2d", {{&x, "x"}, {&w, "w"}, {&y, "y"}});
   const bool has_bias = bias.defined();
   if (has_bias) {
@@ -211,7 +211,7 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Te
              {has_bias ? DNNL_ARG_BIAS : 0, has_bias ? bias.data() : nullptr}});
 }
 
-void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) {
+void CpuBackend::conv2d_backward_data_kernel(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p) {
   check_conv_tensors("conv2d_backward_data", {{&dy, "dy"}, {&w, "w"}, {&dx, "dx"}});
   if (dx.numel() == 0) return;
   Dnnl& d = *dnnl_;
@@ -240,8 +240,8 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
   e->run(d, {{DNNL_ARG_DIFF_DST, dy.data()}, {DNNL_ARG_WEIGHTS, w.data()}, {DNNL_ARG_DIFF_SRC, dx.data()}});
 }
 
-void CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
-                                        const Conv2dParams& p) {
+void CpuBackend::conv2d_backward_weight_kernel(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& dbias,
+                                               const Conv2dParams& p) {
   check_conv_tensors("conv2d_backward_weight", {{&x, "x"}, {&dy, "dy"}, {&dw, "dw"}});
   const bool has_bias = dbias.defined();
   if (has_bias) {

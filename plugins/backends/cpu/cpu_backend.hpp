@@ -11,7 +11,12 @@
 //    with their memory objects, which are re-pointed at the caller's buffers on each call (no oneDNN
 //    object is created per call); only convolution reorders, into blocked layouts (see conv.cpp);
 //  * kernels are deterministic for a given thread count (no atomics; reductions combine per-thread
-//    partials in a fixed order).
+//    partials in a fixed order);
+//  * a kernel runs on the calling thread's OpenMP team, of the backend's thread count whichever thread calls
+//    (every entry binds its caller: bind_calling_thread). OpenMP keeps one pool of workers per thread that
+//    starts parallel regions, and two pools on a 2-core machine make libgomp stop spinning (a futex sleep and
+//    wake per region, ~5x slower regions): a process should run its kernels from one thread (dew-run serve
+//    runs its model on the thread that loaded it).
 // Built at the x86-64 baseline (loads on any x86-64); the hand-written families are compiled once more per
 // instruction-set path and chosen per backend by CPU features and the `isa` option (isa.hpp, isa_clones.hpp).
 // The one exception to "f32 in, f32 out at f32 precision": with matmul_precision = medium (PyTorch's
@@ -22,6 +27,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,9 +39,9 @@
 #include <vector>
 
 #include "dew/backend.hpp"
-#include "dew/kernel_contracts.hpp"
 #include "dew/dtype.hpp"
 #include "dew/error.hpp"
+#include "dew/kernel_contracts.hpp"
 #include "dew/options.hpp"
 #include "dew/tensor.hpp"
 #include "isa.hpp"
@@ -420,8 +426,26 @@ class CpuBackend final : public Backend {
   // Under matmul_precision = medium, a bracket's products reuse an operand's bf16 rounding (matmul.cpp).
   void operand_reuse(bool open) override;
 
-  // The kernel algebra: one definition per entry of dew/kernel_table.hpp, in the family files.
-  DEW_KERNEL_OVERRIDES
+  // The kernel algebra, one entry per kernel of dew/kernel_table.hpp: the override binds the calling thread, then
+  // runs <kernel>_kernel, defined in the family files.
+#define DEW_CPU_KERNEL_ENTRY_(name, params, args) \
+  void name params override {                     \
+    bind_calling_thread();                        \
+    name##_kernel args;                           \
+  }                                               \
+  void name##_kernel params;
+  DEW_KERNEL_TABLE(DEW_CPU_KERNEL_ENTRY_)
+#undef DEW_CPU_KERNEL_ENTRY_
+
+  // OpenMP's team size is a setting of each thread (omp_set_num_threads sets the caller's only), so a kernel
+  // called from another thread than the one that called set_threads (serve's scheduler, a test's worker) would
+  // run on OMP_NUM_THREADS or every core. Every entry first gives its caller this backend's count (one
+  // thread-local read when it already has it). Inside a parallel region it leaves the region's setting alone.
+  void bind_calling_thread() const {
+    const int t = threads_.load(std::memory_order_relaxed);
+    if (omp_get_max_threads() != t && !omp_in_parallel()) omp_set_num_threads(t);
+  }
+  int threads() const { return threads_.load(std::memory_order_relaxed); }
 
   Dnnl& dnnl() { return *dnnl_; }
   // True when matmuls and convolutions round their inputs to bf16 ([run] matmul_precision = medium where bf16
@@ -438,6 +462,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<Dnnl> dnnl_;
+  std::atomic<int> threads_{1};  // the team size of every kernel call (set_threads; bind_calling_thread)
   bool bf16_matmul_ = false;
   Bf16Choice bf16_;
   Isa isa_ = Isa::portable;

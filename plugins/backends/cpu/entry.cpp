@@ -36,6 +36,7 @@ void require_i32(const Tensor& t, const char* kernel, const char* arg) {
 }
 
 CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>()) {
+  threads_.store(omp_get_max_threads(), std::memory_order_relaxed);  // the creating thread's (OMP_NUM_THREADS)
   const int64_t threads = options.get_int("threads", 0);
   DEW_USAGE_CHECK(threads >= 0, "cpu backend: threads = ", threads, " must be >= 0 (0 = OpenMP default)");
   if (threads > 0) set_threads(int(threads));
@@ -71,8 +72,10 @@ int64_t CpuBackend::decode_panel_rows(DType dtype) const {
 }
 CpuBackend::~CpuBackend() = default;
 
+// The count every kernel call runs on, from whichever thread (bind_calling_thread); the caller's now.
 void CpuBackend::set_threads(int threads) {
   DEW_CHECK(threads > 0, "cpu backend: set_threads(", threads, "): need at least one thread");
+  threads_.store(threads, std::memory_order_relaxed);
   omp_set_num_threads(threads);
 }
 
@@ -101,15 +104,15 @@ Support CpuBackend::supports(Kernel k, DType dtype) const {
 }
 
 // ---- attention: implemented in attention.cpp ----
-void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
-                           Tensor& out, Tensor& lse, const AttentionParams& p) {
+void CpuBackend::attention_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                                  Tensor& out, Tensor& lse, const AttentionParams& p) {
   if (is_bf16_call(q)) return attention_bf16(isa_, bf16_.attention, q, k, v, segment_ids, out, lse, p);      // half.cpp
   if (bf16_matmul_ && bf16_.attention && attention_medium(isa_, q, k, v, segment_ids, out, lse, p)) return;  // half.cpp
   attention_forward(q, k, v, segment_ids, out, lse, p, isa_);  // f32 q; k, v f32 or bf16 (a bf16 decode cache)
 }
-void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
-                                    const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
-                                    Tensor& dv, const AttentionParams& p) {
+void CpuBackend::attention_backward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
+                                           const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq,
+                                           Tensor& dk, Tensor& dv, const AttentionParams& p) {
   if (is_bf16_call(q))
     return attention_backward_bf16(isa_, bf16_.attention, q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p);
   if (bf16_matmul_ && bf16_.attention &&
@@ -117,8 +120,8 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
     return;
   cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p, isa_);
 }
-void CpuBackend::attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
-                                     const AttentionParams& p) {
+void CpuBackend::attention_max_logit_kernel(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
+                                            const AttentionParams& p) {
   cpu::attention_max_logit(q, k, segment_ids, out, p, isa_);
 }
 

@@ -109,7 +109,7 @@ inline bool parse_isa(const std::string& name, Isa& out, std::string& why) {
 // `fn(*this, args...)` of the backend's path: DEW_CPU_ISA_KERNEL(rms_norm, (const Tensor& x, ...), (x, ...)).
 #define DEW_CPU_ISA_ARGS_(...) __VA_ARGS__
 #define DEW_CPU_ISA_KERNEL(name, params, args) \
-  void CpuBackend::name params { DEW_CPU_ISA_CALL(isa_, name, *this, DEW_CPU_ISA_ARGS_ args); }
+  void CpuBackend::name##_kernel params { DEW_CPU_ISA_CALL(isa_, name, *this, DEW_CPU_ISA_ARGS_ args); }
 
 // ---- 16-lane logical vectors (GCC vector extensions, no intrinsics): one zmm on avx512, two ymm on avx2,
 // four xmm on the portable path. Below avx512 GCC 12 lowers their comparisons, selects and shuffles lane by

@@ -531,7 +531,8 @@ void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, c
             shape_str(b.shape()), " is too small for the batch");
 }
 
-void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p) {
+void CpuBackend::matmul_kernel(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+                               const MatmulParams& p) {
   if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*this, *dnnl_, a, b, bias, out, p);  // half.cpp
   if (contracts::is_weight_only_matmul(a, b) && p.k > 0)
     return matmul_weight_only(isa_, a, b, bias, out, p);  // bf16 / int8 decode weights (matmul_rowwise.cpp)

@@ -112,9 +112,18 @@ static void parallel_memcpy(void* dst, const void* src, size_t bytes) {
     std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, std::min(kChunk, bytes - off));
   }
 }
-void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) { parallel_memcpy(dst, src, bytes); }
-void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { parallel_memcpy(dst, src, bytes); }
-void CpuBackend::copy_device(void* dst, const void* src, size_t bytes) { parallel_memcpy(dst, src, bytes); }
+void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  bind_calling_thread();
+  parallel_memcpy(dst, src, bytes);
+}
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  bind_calling_thread();
+  parallel_memcpy(dst, src, bytes);
+}
+void CpuBackend::copy_device(void* dst, const void* src, size_t bytes) {
+  bind_calling_thread();
+  parallel_memcpy(dst, src, bytes);
+}
 
 // ---------------------------------------------------------------- element conversions
 
@@ -239,7 +248,7 @@ void fill_typed(T* p, int64_t n, T v) {
 
 }  // namespace
 
-void CpuBackend::fill(Tensor& out, double value) {
+void CpuBackend::fill_kernel(Tensor& out, double value) {
   const int64_t n = out.numel();
   if (n == 0) return;
   dispatch_dtype(out.dtype(), [&](auto tag) {
@@ -253,7 +262,7 @@ void CpuBackend::fill(Tensor& out, double value) {
   });
 }
 
-void CpuBackend::cast(const Tensor& x, Tensor& out) {
+void CpuBackend::cast_kernel(const Tensor& x, Tensor& out) {
   const int64_t n = x.numel();
   DEW_CHECK(out.numel() == n, "cpu cast: ", shape_str(x.shape()), " into ", shape_str(out.shape()),
             " (element counts differ)");
@@ -277,7 +286,7 @@ void CpuBackend::cast(const Tensor& x, Tensor& out) {
 
 // ---------------------------------------------------------------- strided_copy
 
-void CpuBackend::strided_copy(const Tensor& src, Tensor& dst, const StridedCopyParams& p) {
+void CpuBackend::strided_copy_kernel(const Tensor& src, Tensor& dst, const StridedCopyParams& p) {
   // Checks, then unit dims dropped and contiguous neighbours merged (dew/kernel_contracts.hpp).
   const contracts::StridedPair plan = contracts::check_strided_copy("cpu.strided_copy", src, dst, p);
   if (plan.shape.empty()) return;

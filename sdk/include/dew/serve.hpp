@@ -107,7 +107,13 @@ class Scheduler {
 
   // Runs step() on a background thread, sleeping while there is no work.
   void start();
-  // Refuses new requests, lets every queued and running one finish, then stops the thread.
+  // The same loop on the calling thread, until drain() (from another thread) has let every request finish:
+  // for a server whose model runs on the thread that loaded it (one OpenMP pool in the process; see the cpu
+  // backend's cpu_backend.hpp). Returns at once once drain() has begun without a loop (drain() then runs
+  // the iterations itself).
+  void run();
+  // Refuses new requests, lets every queued and running one finish, then stops the loop (start()'s thread or
+  // run()) and waits for it.
   void drain();
 
   SchedulerStats stats() const;
@@ -118,6 +124,7 @@ class Scheduler {
   struct Active;
   void finish(Active& a, const std::string& reason);
   void fail_all(const std::string& message);
+  void loop();
 
   CausalDecoder& model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -126,12 +133,13 @@ class Scheduler {
   BackendPtr backend_;
   std::unique_ptr<SlotCache> cache_;
 
-  mutable std::mutex mu_;  // guards queue_, draining_, stop_, the stats counters and active_count_
+  mutable std::mutex mu_;  // guards queue_, draining_, stop_, running_, the stats counters and active_count_
   std::condition_variable cv_;
   std::deque<std::pair<Request, std::shared_ptr<Ticket>>> queue_;
   std::vector<std::unique_ptr<Active>> active_;  // by slot (null: free); step() only
   int64_t active_count_ = 0;
   bool draining_ = false, stop_ = false;
+  bool running_ = false;  // run() is looping on some thread
   SchedulerStats counters_;
   std::thread loop_;
 };
