@@ -208,6 +208,7 @@ TEST_CASE("cpu: identity and supports()") {
 // OpenMP's team size is a per-thread setting: a kernel called from a thread that never called set_threads
 // (a server's model thread, a worker) must still run on the backend's count, not on that thread's own.
 TEST_CASE("cpu: a kernel runs on the backend's thread count whichever thread calls it") {
+  cpu();  // loads the plugin
   BackendPtr be = create_backend("cpu", Options({{"threads", "1"}}, "test"));
   Tensor t = Tensor::empty({4096}, DType::f32, be);
   std::vector<float> host(4096);

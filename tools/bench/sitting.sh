@@ -14,6 +14,10 @@
 # On CPUs without AVX512-BF16 run-dit.sh runs f32 only (DEW_DIT_PRECISIONS overrides): dew's `medium` stays f32
 # there, and PyTorch 1.13's bf16 autocast has no native kernel (gpt-mini: 395 tokens/s against 6,900 in f32 on
 # the AVX2 EPYC), so one autocast peer run takes minutes and says nothing about dew.
+# DEW_CPU_MAX_ISA=avx2 stands the sitting in for an AVX2-only CPU on an AVX-512 one: dew's kernels on their avx2
+# path, oneDNN capped alike (ONEDNN_MAX_CPU_ISA=AVX2, set here when unset), PyTorch on OpenBLAS's Haswell kernels
+# and ATen AVX2 (torch_env.sh), the DiT in f32 only; point DEW_LLAMA_BENCH at a llama.cpp built without AVX-512
+# (-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
@@ -29,7 +33,13 @@ sitting() {
   rt=()
   if [ "${DEW_SITTING_RT:-0}" = 1 ] && chrt -f 10 true 2>/dev/null; then rt=(chrt -f 10); fi
   echo "# priority: ${rt[*]:-normal}"
-  if [ -z "${DEW_DIT_PRECISIONS:-}" ] && ! grep -qw avx512_bf16 /proc/cpuinfo; then export DEW_DIT_PRECISIONS="highest"; fi
+  if [ "${DEW_CPU_MAX_ISA:-}" = avx2 ]; then
+    export ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2}
+    echo "# standing in for an AVX2 CPU: DEW_CPU_MAX_ISA=avx2 ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA, llama.cpp ${DEW_LLAMA_BENCH:-(default build: set DEW_LLAMA_BENCH to an AVX2 one)}"
+  fi
+  if [ -z "${DEW_DIT_PRECISIONS:-}" ] && { ! grep -qw avx512_bf16 /proc/cpuinfo || [ "${DEW_CPU_MAX_ISA:-}" = avx2 ]; }; then
+    export DEW_DIT_PRECISIONS="highest"
+  fi
   echo "## decode"; "${rt[@]}" tools/bench/decode.sh "$rounds" "$build"
   echo "## roofline"; "${rt[@]}" env OMP_PROC_BIND=close OMP_PLACES=cores "$build/bin/dew-bench" roofline --config char-small --threads 1
   echo "## training (run-lm.sh)"; "${rt[@]}" tools/bench/run-lm.sh "$rounds" "$build"
