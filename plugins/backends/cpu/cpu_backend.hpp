@@ -445,7 +445,6 @@ class CpuBackend final : public Backend {
     const int t = threads_.load(std::memory_order_relaxed);
     if (omp_get_max_threads() != t && !omp_in_parallel()) omp_set_num_threads(t);
   }
-  int threads() const { return threads_.load(std::memory_order_relaxed); }
 
   Dnnl& dnnl() { return *dnnl_; }
   // True when matmuls and convolutions round their inputs to bf16 ([run] matmul_precision = medium where bf16
