@@ -1371,7 +1371,7 @@ TEST_CASE("cpu: decode weights in panels: layout, the documented sums on every I
                                        rows.data() + size_t(r * c.k + i) * es, es) != 0;
           CHECK(misplaced == 0);
         }
-        for (const int64_t m : {1, 3, 4, 5, 16, 40}) {  // avx512 passes of 6, 4, 2 and 1 rows
+        for (const int64_t m : {1, 3, 4, 5, 16, 40}) {  // passes of 6, 4, 2, 1 rows (avx512), 3, 1 (avx2)
           CAPTURE(m);
           const std::vector<float> x = host_uniform(m * c.k, seed + uint64_t(m), -1.0f, 1.0f);
           const Tensor xt = Tensor::from_vector(x, {1, m, c.k}, be);

@@ -629,13 +629,47 @@ DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_
 }
 #endif
 
+#if defined(DEW_CPU_ISA_IS_AVX2)
+// avx2, several rows of x: one half of the panel (16 of y's columns) at a time, R rows a pass: a row's two chains
+// are 2 ymm each, so R rows take 4R ymm of the 16, where whole panels (panel_block) leave room for one row only;
+// the same sums. A lone row keeps panel_block: the halves read the panel as two strided streams, and a decode
+// token's one row is bound by that read (1 x 384 x 2048 f32 12 GFLOP/s against 16).
+template <int R, class W>
+DEW_AI void panel_block_halves(const float* x, const W* wp, float* y, int64_t n, int64_t k, int64_t j0) {
+  for (int h = 0; h < 2; ++h) {
+    const W* half = wp + 16 * h;
+    V even[R], odd[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) even[r] = vzero(), odd[r] = vzero();
+    int64_t i = 0;
+    for (; i + 2 <= k; i += 2) {
+      const V a = vload16(half + i * kPanelRows);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) even[r] = vfma(vset1(x[r * k + i]), a, even[r]);
+      const V b = vload16(half + (i + 1) * kPanelRows);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) odd[r] = vfma(vset1(x[r * k + i + 1]), b, odd[r]);
+    }
+    if (i < k) {
+      const V a = vload16(half + i * kPanelRows);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) even[r] = vfma(vset1(x[r * k + i]), a, even[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) vstore16(y + r * n + j0 + 16 * h, vadd(even[r], odd[r]));
+  }
+}
+#endif
+
 #if defined(DEW_CPU_ISA_IS_AVX512)
 // Rows of x a panel pass serves: 6 x 2 chains x 2 vectors = 24 zmm accumulators (4 before: a server's 16 rows took
 // 4 passes over each panel, now 3; `dew-bench kernels --only decode`, Emerald Rapids, 1 thread: 16 x 384 x 2048
 // f32 111.6 -> 120-121 GFLOP/s, bf16 134.9 -> 143-145; 7 rows: 32 rows faster, 16 slower, 16 + 2 rows a pass).
 constexpr int kPanelR = 6;
+#elif defined(DEW_CPU_ISA_IS_AVX2)
+constexpr int kPanelR = 3;  // half panels (panel_block_halves): 3 rows x 2 chains x 2 ymm = 12 ymm accumulators
 #else
-constexpr int kPanelR = 1;  // avx2: 8 ymm accumulators a row of x, 4 more for the column; portable: xmm quads
+constexpr int kPanelR = 1;  // portable: a row's two chains of xmm quads
 #endif
 
 // ---- the epilogue over y[r, j0 .. j1) (matmul_rowwise.hpp): one expression per element.
@@ -777,7 +811,11 @@ DEW_AI void panel_columns_t(const float* x, const W* w, float* y, int64_t m, int
   for (int64_t p = p0; p < p1; ++p) {
     const W* wp = w + p * kPanelRows * k;
     int64_t r = 0;
+#if defined(DEW_CPU_ISA_IS_AVX2)
+    for (; r + kPanelR <= m; r += kPanelR) panel_block_halves<kPanelR>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+#else
     for (; r + kPanelR <= m; r += kPanelR) panel_block<kPanelR>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+#endif
     if constexpr (kPanelR > 4) {
       for (; r + 4 <= m; r += 4) panel_block<4>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
       for (; r + 2 <= m; r += 2) panel_block<2>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
