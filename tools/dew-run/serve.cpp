@@ -483,7 +483,10 @@ void ImageService::run() {
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
     lk.unlock();
-    job();
+    {
+      std::lock_guard<std::mutex> model(mu_);  // after a generate() that began inline before run() did
+      job();
+    }
     lk.lock();
   }
   looping_ = false;

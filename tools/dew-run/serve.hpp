@@ -73,7 +73,7 @@ class ImageService {
 
  private:
   std::shared_ptr<dew::Objective> objective_;
-  std::mutex mu_;                    // one generation at a time when no run() loops
+  std::mutex mu_;                    // one generation at a time (inline, or run()'s jobs)
   std::mutex jobs_mu_;               // guards jobs_, looping_, stopping_
   std::condition_variable jobs_cv_;  // a job queued, or stop()
   std::deque<std::function<void()>> jobs_;

@@ -20,7 +20,8 @@
 // two 16-lane vectors against x[r, i] broadcast, two FMA chains per output (even / odd columns). Why: on the Zen 5
 // the row-major form read char-small's weights at 0.63 of a plain read loop over the same buffers (8 rows side by
 // side, software prefetch; one row at a time: 0.85), the panels at its rate, and at 4-32 rows of x they multiply
-// at twice the row-major rate (docs/benchmarks.md, session 23).
+// at twice the row-major rate (docs/benchmarks.md, session 23). Several rows of x share a pass over a panel (avx512:
+// 6; avx2: 3, over half panels, its 16 ymm holding one row's whole-panel chains only; session 33).
 // The epilogue (bias, alpha, activation) runs in the same call, on the columns the thread just made.
 // Speed: at m == 1 a block is J1 whole weight rows (J1 independent accumulators), and while it streams, a later
 // block's rows (contiguous in memory) are prefetched, one line per line loaded, so that block's misses are in
@@ -802,9 +803,9 @@ void rowwise_columns(const float* x, const int8_t* w, float* y, int64_t m, int64
   epilogue(ep, y, m, n, j0, j1);
 }
 
-// Panels [p0, p1) of a weight in panels (y's columns [32 p0, 32 p1)), all m rows: rows in blocks of kPanelR,
-// the rest in blocks of 4, 2 and 1 (avx512), then the epilogue on those columns. A row's sums are the same
-// whichever block it is in.
+// Panels [p0, p1) of a weight in panels (y's columns [32 p0, 32 p1)), all m rows: rows in blocks of kPanelR (avx2:
+// over half panels), the rest in blocks of 4 and 2 (avx512) and one at a time, then the epilogue on those columns.
+// A row's sums are the same whichever block it is in.
 template <class W>
 DEW_AI void panel_columns_t(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t p0,
                             int64_t p1, const RowwiseEpilogue& ep) {
