@@ -6,7 +6,7 @@
 # ratios (bf16-mixed over dew f32: bar 1.5x; over the autocast peer: bar 1.3x) and dew's activation memory
 # (mem_activations_mb, bar <= 0.6x f32) and peak memory of the two precisions.
 # On CPUs without AVX512-BF16 PyTorch 1.13's bf16 autocast has no native kernel (minutes a run) and dew's bf16
-# products convert around f32 ones: the script says so and measures dew only.
+# products convert around f32 ones: the script says so and measures dew only (so under DEW_CPU_MAX_ISA=avx2 too).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tools/bench/pin.sh
@@ -15,6 +15,7 @@ build=${2:-build}
 peers=${DEW_PEERS:-../shared/peers}
 peer=1
 grep -qw avx512_bf16 /proc/cpuinfo || { peer=0; echo "# no AVX512-BF16 on this CPU: dew only"; }
+if [ "${DEW_CPU_MAX_ISA:-}" = avx2 ]; then peer=0; echo "# standing in for an AVX2 CPU (DEW_CPU_MAX_ISA=avx2): dew only"; fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 load() { echo "# load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"; }
