@@ -43,12 +43,13 @@ serve_levels() {  # serve_levels BUILD LABEL: one server, every client level; on
   out=$(mktemp)
   "$b/bin/dew-run" serve --run-dir "$run" --port 0 --slots 16 ${threads:+--threads "$threads"} >"$out" 2>&1 &
   pid=$!
-  for _ in $(seq 600); do grep -q "listening on" "$out" && break; sleep 0.1; done
+  for _ in $(seq 600); do grep -q "listening on" "$out" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out")
   echo "# $label: $(head -n 1 "$out"); load $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$build/bin/dew-bench" serve --url "http://127.0.0.1:$port" --clients "$clients" --requests 16 \
-    --max-tokens 64 --prompt-len 16 --config char-small | sed "s/^{/{\"system\":\"$label\",/"
-  kill -TERM "$pid"
+  { "$build/bin/dew-bench" serve --url "http://127.0.0.1:$port" --clients "$clients" --requests 16 \
+    --max-tokens 64 --prompt-len 16 --config char-small | sed "s/^{/{\"system\":\"$label\",/"; } ||
+    echo "# $label: dew-bench serve failed (server log: $(tail -n 1 "$out"))"
+  kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   rm -f "$out"
 }
