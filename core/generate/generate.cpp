@@ -177,9 +177,13 @@ class ReplayingDecoder {
     std::unique_ptr<detail::StepRecorder> rec;
   };
 
+  static bool one_token(const Tensor& tokens) {
+    return tokens.ndim() == 2 && tokens.shape()[0] == 1 && tokens.shape()[1] == 1;
+  }
+
   Tensor replay(const Tensor& tokens) {
-    const bool one = tokens.ndim() == 2 && tokens.shape()[0] == 1 && tokens.shape()[1] == 1;
-    DEW_CHECK(one, "decode program: a sequence being replayed takes one token a step, got ", shape_str(tokens.shape()));
+    DEW_CHECK(one_token(tokens), "decode program: a sequence being replayed takes one token a step, got ",
+              shape_str(tokens.shape()));
     const int64_t i = next_++;
     DEW_CHECK(base_ + i < cache_->capacity(), "decode: the cache holds ", cache_->capacity(), " tokens; ", base_ + i,
               " are in it and 1 more was fed");
@@ -187,8 +191,8 @@ class ReplayingDecoder {
   }
 
   Tensor eager_step(const Tensor& tokens) {
-    const bool one = tokens.ndim() == 2 && tokens.shape()[0] == 1 && tokens.shape()[1] == 1;
-    if (eager_ || !one || cache_->length() + 1 >= cache_->capacity()) {  // (a prefill restarts the recording)
+    if (eager_ || !one_token(tokens) ||
+        cache_->length() + 1 >= cache_->capacity()) {  // (a prefill restarts the recording)
       recorded_.clear();
       candidate_.reset();
       return model_.forward_cached(tokens, *cache_);

@@ -146,12 +146,12 @@ std::unique_ptr<DecodeProgram> DecodeProgram::build(StepRecorder& a, const Tenso
 Tensor DecodeProgram::run(const Tensor& ids, int64_t i) {
   input_.copy_(ids);
   for (MovingView& v : views_) {
-    v.impl->offset = size_t(v.offset0 + i * v.doffset);
+    const int64_t offset = v.offset0 + i * v.doffset;
     for (size_t d = 0; d < v.shape0.size(); ++d) v.impl->shape[d] = v.shape0[d] + i * v.dshape[d];
-    const int64_t end = v.offset0 + i * v.doffset + numel_of(v.impl->shape);
-    DEW_CHECK(v.offset0 + i * v.doffset >= 0 && size_t(end) * dtype_size(v.impl->dtype) <= v.impl->storage->bytes,
-              "decode program: step ", i, " runs past its cache (", shape_str(v.impl->shape), " at ",
-              v.offset0 + i * v.doffset, ")");
+    const int64_t end = offset + numel_of(v.impl->shape);
+    DEW_CHECK(offset >= 0 && size_t(end) * dtype_size(v.impl->dtype) <= v.impl->storage->bytes, "decode program: step ",
+              i, " runs past its cache (", shape_str(v.impl->shape), " at ", offset, ")");
+    v.impl->offset = size_t(offset);
   }
   for (MovingFields& f : fields_) {
     for (size_t k = 0; k < f.base.size(); ++k) f.now[k] = f.base[k] + i * f.step[k];

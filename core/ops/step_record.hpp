@@ -77,6 +77,11 @@ inline void mark_step_opaque() {
   if (StepRecorder* r = active_step_recorder()) r->opaque = true;
 }
 
+// Reports a host upload of `bytes` bytes from `src` into `dst` to the thread's recording (if any).
+inline void record_step_upload(const Tensor& dst, const void* src, size_t bytes) {
+  if (StepRecorder* r = active_step_recorder()) r->upload(dst, src, bytes);
+}
+
 // Records the thread's calls into `r` for its lifetime (nests: restores the previous recorder).
 class StepRecording {
  public:

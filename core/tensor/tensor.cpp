@@ -60,7 +60,7 @@ Tensor Tensor::from_host(const void* data, const Shape& shape, DType dtype, cons
   Tensor t = empty(shape, dtype, backend);
   if (t.nbytes() == 0) return t;
   backend->copy_from_host(t.data(), data, t.nbytes());
-  if (detail::StepRecorder* r = detail::active_step_recorder()) r->upload(t, data, t.nbytes());
+  detail::record_step_upload(t, data, t.nbytes());
   return t;
 }
 
@@ -176,7 +176,7 @@ void Tensor::copy_from_host(const void* src) {
   if (nbytes() == 0) return;
   if (panel_rows() == 0) {
     backend().copy_from_host(data(), src, nbytes());
-    if (detail::StepRecorder* r = detail::active_step_recorder()) r->upload(*this, src, nbytes());
+    detail::record_step_upload(*this, src, nbytes());
     return;
   }
   detail::mark_step_opaque();

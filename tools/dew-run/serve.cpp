@@ -449,16 +449,19 @@ HttpServer::HttpServer(Scheduler& scheduler, ModelInfo info, const ServeOptions&
 HttpServer::HttpServer(ImageService& images, ModelInfo info, const ServeOptions& options)
     : impl_(std::make_unique<Impl>(nullptr, &images, std::move(info), options)) {}
 
+// One request's images on the calling thread (it no longer waits).
+std::vector<dew::GeneratedImage> ImageService::make(dew::Options& request, int64_t max_images) {
+  --waiting_;
+  std::vector<dew::GeneratedImage> out = objective_->generate_images(request, max_images);
+  ++served_;
+  return out;
+}
+
 std::vector<dew::GeneratedImage> ImageService::generate(dew::Options& request, int64_t max_images) {
   ++waiting_;
   std::unique_lock<std::mutex> jobs_lk(jobs_mu_);
   if (looping_) {  // run() makes the images on its thread; this one waits for them
-    std::packaged_task<std::vector<dew::GeneratedImage>()> task([&] {
-      --waiting_;
-      std::vector<dew::GeneratedImage> out = objective_->generate_images(request, max_images);
-      ++served_;
-      return out;
-    });
+    std::packaged_task<std::vector<dew::GeneratedImage>()> task([&] { return make(request, max_images); });
     std::future<std::vector<dew::GeneratedImage>> done = task.get_future();
     jobs_.emplace_back([&task] { task(); });
     jobs_lk.unlock();
@@ -466,11 +469,8 @@ std::vector<dew::GeneratedImage> ImageService::generate(dew::Options& request, i
     return done.get();  // rethrows the generation's error here
   }
   jobs_lk.unlock();
-  std::unique_lock<std::mutex> lk(mu_);
-  --waiting_;
-  std::vector<dew::GeneratedImage> out = objective_->generate_images(request, max_images);
-  ++served_;
-  return out;
+  std::lock_guard<std::mutex> lk(mu_);
+  return make(request, max_images);
 }
 
 void ImageService::run() {

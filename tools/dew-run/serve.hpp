@@ -72,6 +72,7 @@ class ImageService {
   int64_t served() const { return served_; }
 
  private:
+  std::vector<dew::GeneratedImage> make(dew::Options& request, int64_t max_images);
   std::shared_ptr<dew::Objective> objective_;
   std::mutex mu_;                    // one generation at a time (inline, or run()'s jobs)
   std::mutex jobs_mu_;               // guards jobs_, looping_, stopping_
