@@ -14,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -27,6 +28,7 @@
 #include "dew/model.hpp"
 #include "dew/objective.hpp"
 #include "dew/ops.hpp"
+#include "dew/random.hpp"
 #include "dew/registry.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
@@ -367,6 +369,104 @@ TEST_CASE("sample_token: greedy, top_k = 1, small top_p, seeds, penalties, min_p
   bad = {};
   bad.temperature = -1;
   CHECK_THROWS_AS(dew::validate(bad), dew::UsageError);
+}
+
+// The chain as first written: rank every token with a stable sort, then walk the ranked list (the reference the
+// selection-based chain of generate.cpp must agree with).
+struct FullSortChain {
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+};
+FullSortChain full_sort_chain(const std::vector<float>& logits, const dew::SamplingParams& p,
+                              const std::vector<int32_t>& history) {
+  std::vector<double> z(logits.begin(), logits.end());
+  std::set<int32_t> seen(history.begin(), history.end());
+  for (int32_t t : seen)
+    z[size_t(t)] = z[size_t(t)] < 0 ? z[size_t(t)] * p.repetition_penalty : z[size_t(t)] / p.repetition_penalty;
+  for (double& v : z) v = std::isnan(v / p.temperature) ? -INFINITY : v / p.temperature;
+  FullSortChain r;
+  r.ids.resize(z.size());
+  for (size_t i = 0; i < z.size(); ++i) r.ids[i] = int32_t(i);
+  std::stable_sort(r.ids.begin(), r.ids.end(), [&](int32_t a, int32_t b) { return z[size_t(a)] > z[size_t(b)]; });
+  size_t n = p.top_k > 0 ? std::min(z.size(), size_t(p.top_k)) : z.size();
+  const double top = z[size_t(r.ids[0])];
+  double total = 0;
+  for (size_t i = 0; i < n; ++i)
+    total += r.probs.emplace_back(std::isinf(top) ? (i == 0) : std::exp(z[size_t(r.ids[i])] - top));
+  for (double& q : r.probs) q /= total;
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < n && (cum += r.probs[keep++]) < double(p.top_p) - 1e-12) {
+    }
+    n = keep;
+  }
+  size_t keep = 1;
+  while (keep < n && r.probs[keep] >= double(p.min_p) * r.probs[0]) ++keep;
+  r.probs.resize(keep);
+  r.ids.resize(keep);
+  total = 0;
+  for (double q : r.probs) total += q;
+  for (double& q : r.probs) q /= total;
+  return r;
+}
+
+TEST_CASE("sample_token: the chain without a full sort draws what a full sort draws, 50,257 tokens") {
+  // Logits of a real vocabulary's size: flat (most tokens matter to top_p and the draw) and peaked, with ties (equal
+  // logits, the largest among them) and NaN / -inf entries; every filter alone and together.
+  std::mt19937 rng(7);
+  for (const double spread : {0.3, 4.0}) {
+    std::normal_distribution<float> nd(0.0f, float(spread));
+    std::vector<float> logits(50257);
+    for (float& v : logits) v = nd(rng);
+    const float high = *std::max_element(logits.begin(), logits.end());
+    for (size_t i : {17, 5000, 40000}) logits[i] = high;               // a three-way tie at the top
+    for (size_t i = 100; i < 50257; i += 997) logits[i] = logits[99];  // ties in the body
+    logits[321] = NAN;
+    logits[654] = -INFINITY;
+    const std::vector<int32_t> history{17, 99, 2024, 2024, 3};
+    for (const float temperature : {0.7f, 1.3f})
+      for (const int64_t top_k : {int64_t(0), int64_t(1), int64_t(50), int64_t(60000)})
+        for (const float top_p : {1.0f, 0.9f, 0.2f})
+          for (const float min_p : {0.0f, 0.05f})
+            for (const float penalty : {1.0f, 1.3f}) {
+              dew::SamplingParams p;
+              p.temperature = temperature;
+              p.top_k = top_k;
+              p.top_p = top_p;
+              p.min_p = min_p;
+              p.repetition_penalty = penalty;
+              p.seed = 11;
+              CAPTURE(spread);
+              CAPTURE(temperature);
+              CAPTURE(top_k);
+              CAPTURE(top_p);
+              CAPTURE(min_p);
+              CAPTURE(penalty);
+              const FullSortChain r = full_sort_chain(logits, p, history);
+              const std::vector<double> dist = dew::sampling_distribution(logits.data(), 50257, p, history);
+              std::vector<double> want_dist(logits.size(), 0.0);
+              for (size_t i = 0; i < r.ids.size(); ++i) want_dist[size_t(r.ids[i])] = r.probs[i];
+              double worst = 0;
+              for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, std::abs(dist[i] - want_dist[i]));
+              CHECK(worst < 1e-12);
+              int mismatched = 0;
+              for (uint64_t draw = 0; draw < 16; ++draw) {
+                // The draw: philox::uniform on the chain's stream (generate.cpp's kSampleStream, "sample"), walked
+                // down the ranked list.
+                const double u = double(dew::philox::uniform(p.seed, 0x73616d706c650000ull ^ 5, draw));
+                double cum = 0;
+                int32_t want = r.ids.back();
+                for (size_t i = 0; i < r.ids.size(); ++i)
+                  if (u < (cum += r.probs[i])) {
+                    want = r.ids[i];
+                    break;
+                  }
+                mismatched += dew::sample_token(logits.data(), 50257, p, history, draw, 5) != want;
+              }
+              CHECK(mismatched == 0);
+            }
+  }
 }
 
 TEST_CASE("generate: a scripted decoder, eos, max_new_tokens, stop strings trimmed, KV use") {

@@ -75,6 +75,7 @@ struct LmOptions {
   int gen_warmup = 1, repeats = 5;
   std::string weights = "f32";     // generate: the decode weights' storage (f32 | bf16 | int8, dew/generate.hpp)
   std::string replay = "on";       // generate: one-token steps as a recorded step program (dew::decoder_start)
+  float temperature = 0;           // generate: 0 = greedy (argmax), else every token drawn by dew::sample_token
   bool verbose = false;            // per-step lines on stderr
   std::string precision = "f32";   // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
   bool activation_memory = false;  // train: the RSS the first forward adds (cpu with cache_mb = 0)

@@ -315,10 +315,17 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   std::vector<int32_t> prompt(static_cast<size_t>(P));
   for (auto& x : prompt) x = id(rng);
 
-  auto argmax_last = [&](const dew::Tensor& logits) {
+  DEW_USAGE_CHECK(std::isfinite(lo.temperature) && lo.temperature >= 0,
+                  "dew-bench generate: --temperature must be >= 0, got ", lo.temperature);
+  dew::SamplingParams sampling;
+  sampling.temperature = lo.temperature;
+  sampling.seed = 1;
+  // The next token from the last row of the logits: the argmax, or a seeded draw through the sampling chain.
+  auto next_token = [&](const dew::Tensor& logits, const std::vector<int32_t>& history) {
     const int64_t t = logits.shape()[1];
     const std::vector<float> row = dew::reshape(logits, {t, V}).slice0(t - 1, t).to_floats();
-    return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    if (lo.temperature == 0) return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    return dew::sample_token(row.data(), V, sampling, history, uint64_t(history.size()));
   };
   dew::DecodeReplayReport replay_report;
   const dew::StartFn start = dew::decoder_start(*decoder, lo.replay == "on", &replay_report);
@@ -328,19 +335,19 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     const dew::DecodeFn step = start(P + N);
     std::vector<int32_t> out = prompt;
     const auto t0 = clock_type::now();
-    out.push_back(argmax_last(step(dew::Tensor::from_ints(prompt, {1, P}, b.backend))));
+    out.push_back(next_token(step(dew::Tensor::from_ints(prompt, {1, P}, b.backend)), out));
     if (r == lo.gen_warmup) profile_reset(b.backend);  // the first timed decode loop: start from zero
     if (r > lo.gen_warmup) profile_resume(b.backend);
     const auto t1 = clock_type::now();
     const double c1 = process_cpu_seconds();
     for (int64_t i = 1; i < N; ++i)
-      out.push_back(argmax_last(step(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend))));
+      out.push_back(next_token(step(dew::Tensor::from_ints({out.back()}, {1, 1}, b.backend)), out));
     b.backend->synchronize();
     profile_pause(b.backend);
     const double tp = std::chrono::duration<double>(t1 - t0).count(), td = seconds_since(t1);
     const double cd = process_cpu_seconds() - c1;
     if (reference.empty()) reference = out;
-    DEW_CHECK(out == reference, "dew-bench generate: greedy generation is not deterministic");
+    DEW_CHECK(out == reference, "dew-bench generate: the generation is not deterministic");
     if (lo.verbose)
       std::fprintf(stderr, "# gen %d %s prefill %.2f ms decode %.1f ms (%.3f ms/token)\n", r,
                    r < lo.gen_warmup ? "warm" : "time", tp * 1e3, td * 1e3, td * 1e3 / double(N - 1));
@@ -399,13 +406,14 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
   std::printf(
       "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
       "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
-      "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"sampling\":\"greedy\","
+      "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"temperature\":%g,"
       "\"repeats\":%d,\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"replay\":\"%s\",\"replayed_steps\":%lld,"
       "\"eager_steps\":%lld,\"weight_mb\":%.1f,\"cpu_ms_per_token\":%.3f,\"cpu\":\"%s\"}\n",
       f.label.c_str(), opt.backend.c_str(), opt.threads, f.ms_per_token, f.ms_min, f.ms_max, f.prefill_ms,
       1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len, (long long)f.new_tokens,
-      lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), lo.replay.c_str(), (long long)f.replayed_steps,
-      (long long)f.eager_steps, f.weight_bytes / 1e6, f.cpu_ms_per_token, cpu_model().c_str());
+      double(lo.temperature), lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), lo.replay.c_str(),
+      (long long)f.replayed_steps, (long long)f.eager_steps, f.weight_bytes / 1e6, f.cpu_ms_per_token,
+      cpu_model().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -26,7 +26,7 @@ const char* kUsage =
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       (every suite: [--backend-option KEY=VALUE ...], e.g. attention=warp on cuda)\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [--weights f32|bf16|int8] [--replay on|off] [--profile] [-v]\n"
+    "[--repeats 5] [--weights f32|bf16|int8] [--replay on|off] [--temperature T] [--profile] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -124,7 +124,9 @@ int main(int argc, char** argv) {
       "accumulation)")("replay", po::value(&lm.replay)->default_value("on"),
                        "generate: on = one-token steps replayed as a recorded step program after the first three "
                        "(dew::decoder_start, as dew-run sample); off = every step eager")(
-      "verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
+      "temperature", po::value(&lm.temperature)->default_value(0.0f),
+      "generate: 0 = greedy; > 0 = every token drawn through the sampling chain (dew::sample_token), as "
+      "dew-run sample and serve draw")("verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {
     po::variables_map vm;
