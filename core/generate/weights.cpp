@@ -9,6 +9,8 @@
 // one stream on 2 MiB pages instead of ~40 blocks on 4 KiB ones (char-small's bf16 token 3-10 % faster on the Zen 5,
 // docs/benchmarks.md, session 28); f32 weights, not cast, keep their storages (placing them likewise measured no
 // faster, and would copy them all).
+// A tied head (the token embedding as the output projection) is kept in bf16 under bf16 and int8 alike: a decode
+// token streams it whole, and the lookup reads whole rows of it (nn::Embedding widens them to f32, exactly).
 // store_decode_weights_as adds the decoder's K/V cache to the same choice (CausalDecoder::set_cache_dtype), so
 // `--weights bf16` halves the cache bytes a token reads too (int8 weights keep a bf16 cache).
 // store_matmul_weights_in_panels lays them out in the backend's decode panels (dew/tensor.hpp), for inference only.
@@ -116,6 +118,22 @@ void place_in_one_storage(const std::vector<TensorImpl*>& ts) {
   }
 }
 
+// The token embedding when it is also the output projection (a tied head: no "lm_head.weight" beside a
+// "...embed_tokens.weight", the Hugging Face names the bundled decoder uses), else null. A decode token streams
+// all of it: 154 MB of gpt2-small's f32 token, against 170 MB for every other matmul weight in bf16.
+Tensor* tied_head(const std::vector<std::pair<std::string, Tensor>>& params) {
+  const std::string table = "embed_tokens.weight", head = "lm_head.weight";
+  const auto ends_with = [](const std::string& name, const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const Tensor* found = nullptr;
+  for (const auto& [name, p] : params) {
+    if (ends_with(name, head)) return nullptr;
+    if (ends_with(name, table) && p.defined() && p.ndim() == 2) found = &p;
+  }
+  return const_cast<Tensor*>(found);  // a handle: the cast re-points its impl, which the model shares
+}
+
 }  // namespace
 
 int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype) {
@@ -144,6 +162,16 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
   }
   place_in_one_storage(cast_ones);  // in the parameters' order: groups (q, k, v; gate, up) come out back to back
   for (const auto& g : input_groups(params)) pack_group(g);
+  if (Tensor* table = tied_head(params); table && dtype != DType::f32 && table->dtype() == DType::f32) {
+    const Tensor c = cast(table->detach(), DType::bf16);  // int8 too: a lookup reads whole rows, not blocks
+    TensorImpl& impl = *table->impl();
+    impl.storage = c.impl()->storage;
+    impl.offset = c.impl()->offset;
+    impl.dtype = DType::bf16;
+    impl.requires_grad = false;
+    impl.grad.reset();
+    ++changed;
+  }
   return changed;
 }
 

@@ -7,6 +7,7 @@
 // separate products; see "decode-step fusion" below); everything else keeps the separate products.
 #include <cmath>
 
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
 #include "dew/nn.hpp"
@@ -31,7 +32,13 @@ Tensor Linear::forward(const Tensor& x, Activation act) const { return linear(x,
 Embedding::Embedding(int64_t num, int64_t dim, Init init) {
   weight = register_parameter("weight", {num, dim}, or_default(init, Init::Normal(1.0f)));
 }
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  const Tensor rows = embedding(weight, ids);
+  // A table kept in bf16 for decoding (a tied head, store_matmul_weights_as): its rows widened to f32, exactly,
+  // as the f32 activations after it expect (under autocast the rows stay in the half dtype).
+  if (weight.dtype() == DType::bf16 && !weight.requires_grad() && !autocast_enabled()) return cast(rows, DType::f32);
+  return rows;
+}
 
 RMSNorm::RMSNorm(int64_t dim, float e, float offset) : eps(e), weight_offset(offset) {
   weight = register_parameter("weight", {dim}, offset != 0.0f ? Init::Zeros() : Init::Ones());
