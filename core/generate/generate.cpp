@@ -233,7 +233,7 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stop, 
 
 namespace {
 
-// One sequence's decoding over its cache: eager (model.forward_cached) until a step program
+// One sequence's decoding over its cache: eager (model.forward_cached_last) until a step program
 // (step_program.hpp) is recorded from two one-token steps and checked bit for bit against a third, eager one;
 // then every later one-token step is a replay. A program that cannot be built, or differs, leaves decoding eager.
 class ReplayingDecoder {
@@ -271,7 +271,7 @@ class ReplayingDecoder {
         cache_->length() + 1 >= cache_->capacity()) {  // (a prefill restarts the recording)
       recorded_.clear();
       candidate_.reset();
-      return model_.forward_cached(tokens, *cache_);
+      return model_.forward_cached_last(tokens, *cache_);
     }
     if (candidate_) return check(tokens);
     // Record this step (it runs as usual); two make a candidate program.
@@ -281,7 +281,7 @@ class ReplayingDecoder {
     r.rec = std::make_unique<detail::StepRecorder>();
     {
       detail::StepRecording on(r.rec.get());
-      r.out = model_.forward_cached(tokens, *cache_);
+      r.out = model_.forward_cached_last(tokens, *cache_);
     }
     const Tensor out = r.out;
     recorded_.push_back(std::move(r));
@@ -303,7 +303,7 @@ class ReplayingDecoder {
     const Tensor replayed = candidate_->run(tokens, 2);
     std::vector<unsigned char> got(replayed.nbytes());
     replayed.copy_to_host(got.data());
-    const Tensor eager = model_.forward_cached(tokens, *cache_);
+    const Tensor eager = model_.forward_cached_last(tokens, *cache_);
     std::vector<unsigned char> want(eager.nbytes());
     eager.copy_to_host(want.data());
     if (replayed.shape() == eager.shape() && replayed.dtype() == eager.dtype() && want == got) {
@@ -338,7 +338,7 @@ StartFn decoder_start(CausalDecoder& model, bool replay, DecodeReplayReport* rep
     if (!replay)
       return [&model, cache, report](const Tensor& tokens) {
         if (report) ++report->eager_steps;
-        return model.forward_cached(tokens, *cache);
+        return model.forward_cached_last(tokens, *cache);
       };
     auto decoder = std::make_shared<ReplayingDecoder>(model, cache, report);
     return [decoder](const Tensor& tokens) { return decoder->step(tokens); };

@@ -1,4 +1,5 @@
-// core/generate/slots.cpp — the default slot decoding of dew::CausalDecoder (dew/generate.hpp).
+// core/generate/slots.cpp — the default slot decoding of dew::CausalDecoder (dew/generate.hpp), and the default
+// last-position forms (forward_cached_last, forward_slots_last: the full forms' logits, sliced).
 //
 // Any incremental decoder serves through it: one batch-1 DecodeCache per slot, made when a slot is first
 // fed after a clear(), and forward_slots() feeds the rows one at a time through forward_cached(). Every
@@ -57,6 +58,23 @@ Tensor CausalDecoder::forward_slots(const Tensor& tokens, const std::vector<int6
     rows.push_back(forward_cached(tokens.slice0(int64_t(i), int64_t(i) + 1), *c));
   }
   return rows.size() == 1 ? rows[0] : concat(rows, 0);
+}
+
+namespace {
+// The last position of logits [N, T, V], as [N, 1, V].
+Tensor last_position(const Tensor& logits) {
+  DEW_CHECK(logits.ndim() == 3, "decoder: logits must be [N, T, V], got ", shape_str(logits.shape()));
+  const int64_t t = logits.shape()[1];
+  return t == 1 ? logits : slice(logits, 1, t - 1, t);
+}
+}  // namespace
+
+Tensor CausalDecoder::forward_cached_last(const Tensor& tokens, DecodeCache& cache) {
+  return last_position(forward_cached(tokens, cache));
+}
+
+Tensor CausalDecoder::forward_slots_last(const Tensor& tokens, const std::vector<int64_t>& slots, SlotCache& cache) {
+  return last_position(forward_slots(tokens, slots, cache));
 }
 
 }  // namespace dew

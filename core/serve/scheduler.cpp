@@ -334,7 +334,7 @@ bool Scheduler::step() {
   for (int64_t s : prefill_slots) {
     const std::vector<int32_t>& p = active_[size_t(s)]->pending;
     prefill_tokens += int64_t(p.size());
-    last_rows(model_.forward_slots(Tensor::from_ints(p, {1, int64_t(p.size())}, backend_), {s}, *cache_), {s});
+    last_rows(model_.forward_slots_last(Tensor::from_ints(p, {1, int64_t(p.size())}, backend_), {s}, *cache_), {s});
     draw();
   }
   if (!decode_slots.empty()) {

@@ -132,6 +132,7 @@ void check_slot_rows(dew::CausalDecoder& dec, const dew::BackendPtr& be, int64_t
   struct Seq {
     std::vector<int32_t> prompt, rest;
     std::vector<std::vector<float>> solo;  // logits of the prompt's last position, then of each rest token
+    std::vector<float> solo_last;          // the prompt's last position through forward_cached_last
     int64_t slot = -1;
     size_t fed = 0;  // rest tokens fed
   };
@@ -150,6 +151,10 @@ void check_slot_rows(dew::CausalDecoder& dec, const dew::BackendPtr& be, int64_t
     s.solo.push_back(
         last_row(dec.forward_cached(Tensor::from_ints(s.prompt, {1, int64_t(s.prompt.size())}, be), *cache)));
     for (int32_t t : s.rest) s.solo.push_back(last_row(dec.forward_cached(Tensor::from_ints({t}, {1, 1}, be), *cache)));
+    auto fresh = dec.make_cache(1, 32);
+    const Tensor last = dec.forward_cached_last(Tensor::from_ints(s.prompt, {1, int64_t(s.prompt.size())}, be), *fresh);
+    REQUIRE(last.shape() == dew::Shape{1, 1, 256});
+    s.solo_last = last.to_floats();
     seqs.push_back(std::move(s));
   }
   auto cache = dec.make_slot_cache(slots, 32);
@@ -194,11 +199,18 @@ void check_slot_rows(dew::CausalDecoder& dec, const dew::BackendPtr& be, int64_t
         ever[size_t(sl)] = busy[size_t(sl)] = true;
         s.slot = sl;
         CHECK(cache->length(sl) == 0);
-        const Tensor logits =
-            dec.forward_slots(Tensor::from_ints(s.prompt, {1, int64_t(s.prompt.size())}, be), {sl}, *cache);
-        const int64_t t = logits.shape()[1];
-        CHECK_MESSAGE(same_bits(dew::reshape(logits, {t, 256}).slice0(t - 1, t).to_floats(), s.solo[0]),
-                      "prefill of sequence ", next);
+        // Every other prefill through the last-position form (serving's), against forward_cached_last alone.
+        const Tensor prompt = Tensor::from_ints(s.prompt, {1, int64_t(s.prompt.size())}, be);
+        if (next % 2 == 1) {
+          const Tensor logits = dec.forward_slots_last(prompt, {sl}, *cache);
+          REQUIRE(logits.shape() == dew::Shape{1, 1, 256});
+          CHECK_MESSAGE(same_bits(logits.to_floats(), s.solo_last), "last-position prefill of sequence ", next);
+        } else {
+          const Tensor logits = dec.forward_slots(prompt, {sl}, *cache);
+          const int64_t t = logits.shape()[1];
+          CHECK_MESSAGE(same_bits(dew::reshape(logits, {t, 256}).slice0(t - 1, t).to_floats(), s.solo[0]),
+                        "prefill of sequence ", next);
+        }
         ++next;
         break;
       }
@@ -235,6 +247,36 @@ TEST_CASE("slot decoding: batched rows equal solo decoding bit for bit (ref, cpu
 // become bf16 (or int8 with per-block scales) in place, the logits stay f32 and close to the f32 model's (the
 // weights' rounding only: bf16 keeps 8 bits of mantissa, int8 blocks +-127 steps of absmax / 127), and a
 // sequence batched with others still decodes bit-equal to itself alone.
+// forward_cached_last / forward_slots_last (a prefill that needs the next token only): the head runs on the last
+// position alone; its logits are the full form's last position (bit for bit on ref, whose products compute each row
+// alone; within rounding on cpu, whose one-row product takes another path), and the cache fills as the full form's
+// (the next step's logits equal bit for bit).
+TEST_CASE("last-position prefill: the full form's last logits, the same cache (ref, cpu), 2 sequences") {
+  for (const std::string be_name : {"ref", "cpu"}) {
+    CAPTURE(be_name);
+    auto m = tiny_model(be_name, 64, 64);
+    dew::CausalDecoder& dec = decoder_of(m);
+    const dew::BackendPtr be = backend(be_name);
+    dew::NoGradGuard ng;
+    const Tensor prompt = Tensor::from_ints(random_tokens(2 * 9, 21), {2, 9}, be);
+    auto full_cache = dec.make_cache(2, 16), last_cache = dec.make_cache(2, 16);
+    const Tensor full = dec.forward_cached(prompt, *full_cache);
+    const Tensor last = dec.forward_cached_last(prompt, *last_cache);
+    REQUIRE(last.shape() == dew::Shape{2, 1, 256});
+    const std::vector<float> want = dew::slice(full, 1, 8, 9).to_floats(), got = last.to_floats();
+    double diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, double(std::fabs(want[i] - got[i])));
+    if (be_name == "ref")
+      CHECK(same_bits(want, got));
+    else
+      CHECK(diff < 1e-4);
+    CHECK(last_cache->length() == 9);
+    const Tensor next = Tensor::from_ints({5, 7}, {2, 1}, be);
+    CHECK(same_bits(dec.forward_cached(next, *full_cache).to_floats(),
+                    dec.forward_cached(next, *last_cache).to_floats()));
+  }
+}
+
 TEST_CASE("slot decoding with bf16 and int8 weights: served rows equal solo bit for bit, logits near f32's") {
  for (const dew::DType dt : {dew::DType::bf16, dew::DType::i8}) {
   CAPTURE(dew::dtype_name(dt));

@@ -327,7 +327,12 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     return cache;
   }
 
-  Tensor forward_cached(const Tensor& tokens, dew::DecodeCache& cache) override {
+  Tensor forward_cached(const Tensor& tokens, dew::DecodeCache& cache) override { return cached(tokens, cache, false); }
+  Tensor forward_cached_last(const Tensor& tokens, dew::DecodeCache& cache) override {
+    return cached(tokens, cache, true);
+  }
+  // `last_only`: the logits of the last position alone ([B, 1, V]: the other positions skip the head).
+  Tensor cached(const Tensor& tokens, dew::DecodeCache& cache, bool last_only) {
     auto* kv = dynamic_cast<KVCache*>(&cache);
     DEW_CHECK(kv != nullptr, "causal_transformer: forward_cached needs a cache made by this model's make_cache()");
     check_tokens(tokens);
@@ -335,7 +340,7 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
               " sequences fed to a cache of batch ", kv->batch_);
     DEW_CHECK(kv->length_ + tokens.shape()[1] <= kv->capacity_, "causal_transformer: the cache holds ", kv->capacity_,
               " tokens; ", kv->length_, " are in it and ", tokens.shape()[1], " more were fed");
-    Tensor logits = run(tokens, kv, 0, 0);
+    Tensor logits = run(tokens, kv, 0, 0, nullptr, nullptr, last_only);
     kv->length_ += tokens.shape()[1];
     return logits;
   }
@@ -357,6 +362,12 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   // T == 1: one batched step over the rows (per-row positions and attention). T > 1 (prefill): each row
   // through the batch-1 path on its slot's view of the cache.
   Tensor forward_slots(const Tensor& tokens, const std::vector<int64_t>& slots, dew::SlotCache& cache) override {
+    return slot_step(tokens, slots, cache, false);
+  }
+  Tensor forward_slots_last(const Tensor& tokens, const std::vector<int64_t>& slots, dew::SlotCache& cache) override {
+    return slot_step(tokens, slots, cache, true);
+  }
+  Tensor slot_step(const Tensor& tokens, const std::vector<int64_t>& slots, dew::SlotCache& cache, bool last_only) {
     auto* kv = dynamic_cast<SlotKV*>(&cache);
     DEW_CHECK(kv != nullptr, "causal_transformer: forward_slots needs a cache made by this model's make_slot_cache()");
     check_tokens(tokens);
@@ -387,7 +398,7 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
           one.k.push_back(kv->k[size_t(l)].slice0(s, s + 1));
           one.v.push_back(kv->v[size_t(l)].slice0(s, s + 1));
         }
-        out.push_back(run(tokens.slice0(i, i + 1), &one, 0, 0));
+        out.push_back(run(tokens.slice0(i, i + 1), &one, 0, 0, nullptr, nullptr, last_only));
       }
       logits = n == 1 ? out[0] : dew::concat(out, 0);
     }
@@ -496,9 +507,10 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
     return dew::add(x, drop(m, i, "mlp", seed, step));
   }
 
-  // `rows` (slot decoding, T == 1): row i is a slot at its own position (positions [N, 1]).
+  // `rows` (slot decoding, T == 1): row i is a slot at its own position (positions [N, 1]). `last_only`: the
+  // final norm and the head see the last position alone (logits [B, 1, V]).
   Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step, const SlotRows* rows = nullptr,
-             const Packing* packed = nullptr) const {
+             const Packing* packed = nullptr, bool last_only = false) const {
     const int64_t t = tokens.shape()[1];
     const int64_t past = cache ? cache->length_ : 0;
     std::vector<int32_t> pos(static_cast<size_t>(t));
@@ -532,6 +544,7 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
       x = dew::add(x, drop(m, i, "mlp", seed, step));
     }
+    if (last_only && t > 1) x = dew::slice(x, 1, t - 1, t);
     x = model_->norm->forward(x);
     Tensor logits = c_.tie ? dew::linear(x, model_->embed_tokens->weight) : lm_head_->forward(x);
     if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);

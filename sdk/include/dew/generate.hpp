@@ -90,6 +90,13 @@ class CausalDecoder {
   // returns their logits f32 [B, T, V] (equal to the matching rows of a full forward). Run it in a
   // NoGradGuard.
   virtual Tensor forward_cached(const Tensor& tokens, DecodeCache& cache) = 0;
+  // forward_cached() for a decoder that reads only the last position's logits (a prefill: the next token's
+  // draw): the same cache effect, logits f32 [B, 1, V] of the last position. A backbone overrides it to skip the
+  // output projection of the other positions (T x vocab x dim multiply-adds and T x vocab floats: a quarter of
+  // a 512-token gpt2-small prefill); the default slices forward_cached()'s. With T = 1 both forms are one call,
+  // and whatever decodes a sequence takes this one throughout (decoder_start, serving's prefill through
+  // forward_slots_last), so served and solo logits keep the same bits.
+  virtual Tensor forward_cached_last(const Tensor& tokens, DecodeCache& cache);
   // FLOPs (2 x multiply-adds) of one forward pass over one sequence of `length` tokens.
   virtual double flops_per_sequence(int64_t length) const = 0;
   // The context the model was trained for (positions past it are extrapolated); 0: unlimited.
@@ -113,9 +120,13 @@ class CausalDecoder {
   // The defaults keep one batch-1 cache per slot and feed the rows one at a time (correct for every
   // decoder); a backbone overrides both to batch the rows (causal_transformer does for T == 1).
   virtual Tensor forward_slots(const Tensor& tokens, const std::vector<int64_t>& slots, SlotCache& cache);
+  // forward_slots() returning each row's last position only, f32 [N, 1, V] (what forward_cached_last is to
+  // forward_cached); the default slices forward_slots()'s.
+  virtual Tensor forward_slots_last(const Tensor& tokens, const std::vector<int64_t>& slots, SlotCache& cache);
 };
 
-// Feeds one sequence's next tokens (i32 [1, T]) and returns their logits f32 [1, T, V].
+// Feeds one sequence's next tokens (i32 [1, T]) and returns the logits of the last of them, f32 [1, 1, V] (a
+// DecodeFn written by hand may return all T positions, [1, T, V]: generate() reads the last).
 using DecodeFn = std::function<Tensor(const Tensor& tokens)>;
 // Starts a sequence: a DecodeFn over a fresh cache holding up to `capacity` tokens.
 using StartFn = std::function<DecodeFn(int64_t capacity)>;
