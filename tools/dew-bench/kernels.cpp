@@ -3,8 +3,9 @@
 // directly on the same shape and thread count (primitive made once, plain row-major memory: the
 // ceiling; on a CPU backend only — a device's products stand alone), and the fused attention forward and
 // forward+backward times at the char-small, gpt-mini and DiT shapes, and the decode products against one weight,
-// row-major and in the backend's decode panels, and the decode attention (one query against a cache) (`--only
-// matmul|attention|decode` runs one part). One JSON
+// row-major and in the backend's decode panels, the decode attention (one query against a cache), and one sampling
+// draw (dew::sample_token, host code) at three vocabulary sizes (`--only matmul|attention|decode|sampling` runs one
+// part). One JSON
 // line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
@@ -224,6 +225,31 @@ int run_kernels(const BenchOptions& opt) {
       std::fflush(stdout);
     }
   }
+
+  // Sampling: one draw through dew::sample_token (host code, whatever the backend) from logits of a byte, GPT-2 and
+  // Qwen-sized vocabulary, flat (spread 0.05: every token matters to top_p and the draw) and peaked (4), with
+  // temperature alone, top_k 50 and top_p 0.9 (the filters of `dew-run sample` and serving's requests).
+  if (opt.only.empty() || opt.only == "sampling")
+    for (const int64_t vocab : {256, 50304, 151936})
+      for (const float spread : {0.05f, 4.0f}) {
+        const std::vector<float> logits = Tensor::normal({vocab}, 0, spread, 3, 9, be).to_floats();
+        const std::vector<int32_t> history(64, 1);
+        for (const char* filter : {"temperature", "top_k", "top_p"}) {
+          SamplingParams sp;
+          sp.temperature = 0.8f;
+          if (std::string(filter) == "top_k") sp.top_k = 50;
+          if (std::string(filter) == "top_p") sp.top_p = 0.9f;
+          uint64_t draw = 0;
+          int64_t sink = 0;
+          const double sec =
+              median_seconds([&] { sink += sample_token(logits.data(), vocab, sp, history, draw++); }, opt, [] {});
+          std::printf(
+              "{\"bench\":\"sampling\",\"vocab\":%lld,\"spread\":%.2f,\"filter\":\"%s\",\"temperature\":0.8,"
+              "\"us_per_token\":%.1f,\"checksum\":%lld,\"cpu\":\"%s\"}\n",
+              (long long)vocab, double(spread), filter, sec * 1e6, (long long)(sink % 1000), cpu_model().c_str());
+          std::fflush(stdout);
+        }
+      }
   return 0;
 }
 
