@@ -178,6 +178,10 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
 int64_t store_matmul_weights_in_panels(const std::vector<std::pair<std::string, Tensor>>& params) {
   NoGradGuard no_grad;
   int64_t changed = 0;
+  std::map<Backend*, int64_t> streamed;  // per backend: the bytes of every matrix (decode_weights_placed)
+  for (const auto& [name, p] : params)
+    if (p.defined() && p.ndim() == 2)
+      streamed[&p.backend()] += int64_t(p.nbytes()) + (p.quantized() ? int64_t(p.scales().nbytes()) : 0);
   for (const auto& [name, p] : params) {
     if (!p.defined() || p.ndim() != 2 || name.find("embed") != std::string::npos || p.panel_rows() > 0 || p.quantized())
       continue;
@@ -193,6 +197,7 @@ int64_t store_matmul_weights_in_panels(const std::vector<std::pair<std::string, 
     Tensor(p).copy_from_host(values.data());
     ++changed;
   }
+  for (const auto& [backend, bytes] : streamed) backend->decode_weights_placed(bytes);
   return changed;
 }
 

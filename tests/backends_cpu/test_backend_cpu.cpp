@@ -1310,9 +1310,9 @@ TEST_CASE("cpu: matmul with a bf16 weight equals the f32 row-wise product on the
 // back from copy_to_host) and leaves a weight whose rows 32 does not divide. The panel kernel's outputs, on every ISA
 // path: on avx512 and avx2 exactly the documented sums (two FMA chains over the even and odd columns in order, added;
 // computed here with std::fma), bit-equal across the two paths, for every row count (m 1 .. 40: R-row blocks, single
-// rows, and past 32) a row alone equal to that row of the batch, equal at 1 and 2 threads; the epilogue (bias, silu)
-// close to ref. A tensor in panels is read by linear() only: data(), a slice through a panel, a reshape and a
-// non-linear product are refused.
+// rows, and past 32) a row alone equal to that row of the batch, equal at 1 and 2 threads, bf16 through the prefetching
+// kernel (decode_prefetch = on); the epilogue (bias, silu) close to ref. A tensor in panels is read by linear() only:
+// data(), a slice through a panel, a reshape and a non-linear product are refused.
 TEST_CASE("cpu: decode weights in panels: layout, the documented sums on every ISA path, batch- and thread-invariant") {
   cpu();
   const IsaPaths isa_paths = cpu_isa_paths();
@@ -1323,6 +1323,7 @@ TEST_CASE("cpu: decode weights in panels: layout, the documented sums on every I
   CHECK(create_backend("cpu", Options({{"decode_panels", "off"}}, "test"))->decode_panel_rows(DType::f32) == 0);
   CHECK(create_backend("cpu", Options({{"isa", "portable"}}, "test"))->decode_panel_rows(DType::f32) == 0);
   CHECK_THROWS_AS(create_backend("cpu", Options({{"decode_panels", "maybe"}}, "test")), Error);
+  CHECK_THROWS_AS(create_backend("cpu", Options({{"decode_prefetch", "maybe"}}, "test")), Error);
   struct Case {
     int64_t n, k;
   };
@@ -1341,7 +1342,9 @@ TEST_CASE("cpu: decode weights in panels: layout, the documented sums on every I
       std::vector<std::vector<float>> by_path;
       for (const std::string& isa : isa_paths.names) {
         CAPTURE(isa);
-        BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+        // bf16 with decode_prefetch = on: the prefetching kernel (weights streamed from memory) makes the same sums.
+        BackendPtr be = create_backend(
+            "cpu", Options({{"isa", isa}, {"decode_prefetch", dt == DType::bf16 ? "on" : "off"}}, "test"));
         Tensor wt = dt == DType::f32 ? Tensor::from_vector(w, {c.n, c.k}, be) : Tensor::empty({c.n, c.k}, dt, be);
         if (dt == DType::bf16) wt.copy_from_host(w16.data());
         const std::vector<std::pair<std::string, Tensor>> params = {{"layers.0.w.weight", wt}};

@@ -423,6 +423,10 @@ class CpuBackend final : public Backend {
   void reset_memory_peak() override { memory_.reset_peak(); }
   // f32 and bf16 decode weights in panels of kPanelRows (matmul_rowwise.hpp), unless option decode_panels = off.
   int64_t decode_panel_rows(DType dtype) const override;
+  // Option decode_prefetch = auto: bf16 panels are prefetched ahead once the model's matrices exceed 3/4 of the
+  // last-level cache (entry.cpp, last_level_cache_bytes; matmul_rowwise.hpp, panel_dot_bf16); on / off: always / never.
+  void decode_weights_placed(int64_t bytes) override;
+  bool prefetch_panels() const { return prefetch_panels_.load(std::memory_order_relaxed); }
   // Under matmul_precision = medium, a bracket's products reuse an operand's bf16 rounding (matmul.cpp).
   void operand_reuse(bool open) override;
 
@@ -466,6 +470,8 @@ class CpuBackend final : public Backend {
   Bf16Choice bf16_;
   Isa isa_ = Isa::portable;
   bool decode_panels_ = true;
+  std::string decode_prefetch_ = "auto";      // option decode_prefetch: auto | on | off
+  std::atomic<bool> prefetch_panels_{false};  // decode_weights_placed's choice (read by every decode product)
   std::unique_ptr<BlockCache> blocks_;
   MemoryCounter memory_;
   RopeTables rope_tables_;

@@ -6,7 +6,10 @@
 // implements (natively where bf16_dot.cpp finds bf16 arithmetic pays on this CPU, else widened to f32 inside the
 // backend), and no with a reason for the rest. Threads: OpenMP's team size; oneDNN (built on the OpenMP runtime)
 // follows it.
+#include <cstdlib>
 #include <dew/registry.hpp>
+#include <fstream>
+#include <string>
 
 #include "attention.hpp"
 #include "attention_bf16.hpp"
@@ -59,6 +62,10 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   DEW_USAGE_CHECK(panels == "on" || panels == "off", "cpu backend: option 'decode_panels' = '", panels,
                   "' is not one of on, off");
   decode_panels_ = panels == "on";
+  decode_prefetch_ = options.get_string("decode_prefetch", "auto");
+  DEW_USAGE_CHECK(decode_prefetch_ == "auto" || decode_prefetch_ == "on" || decode_prefetch_ == "off",
+                  "cpu backend: option 'decode_prefetch' = '", decode_prefetch_, "' is not one of auto, on, off");
+  prefetch_panels_ = decode_prefetch_ == "on";
   const std::string split = options.get_string("matmul_split", "on");
   DEW_USAGE_CHECK(split == "on" || split == "off", "cpu backend: option 'matmul_split' = '", split,
                   "' is not one of on, off");
@@ -70,6 +77,32 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
 int64_t CpuBackend::decode_panel_rows(DType dtype) const {
   return decode_panels_ && isa_ != Isa::portable && (dtype == DType::f32 || dtype == DType::bf16) ? kPanelRows : 0;
 }
+namespace {
+// The last-level cache's size, from sysfs (the highest cache level of cpu0), or 32 MiB when it cannot be read.
+int64_t last_level_cache_bytes() {
+  int64_t best = 0;
+  int best_level = -1;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_file(dir + "level"), size_file(dir + "size");
+    int level = 0;
+    std::string size;
+    if (!(level_file >> level) || !(size_file >> size) || size.empty()) continue;
+    int64_t bytes = std::atoll(size.c_str());
+    if (size.back() == 'K') bytes <<= 10;
+    if (size.back() == 'M') bytes <<= 20;
+    if (level > best_level && bytes > 0) best = bytes, best_level = level;
+  }
+  return best > 0 ? best : int64_t(32) << 20;
+}
+}  // namespace
+
+void CpuBackend::decode_weights_placed(int64_t bytes) {
+  if (decode_prefetch_ != "auto") return;
+  static const int64_t llc = last_level_cache_bytes();
+  prefetch_panels_ = bytes > llc / 4 * 3;
+}
+
 CpuBackend::~CpuBackend() = default;
 
 // The count every kernel call runs on, from whichever thread (bind_calling_thread); the caller's now.
@@ -181,6 +214,9 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
            {"decode_panels", "on",
             "on: decode weights (dew-run sample / serve, eval with bf16 weights, dew-bench generate) are laid "
             "out in panels of 32 rows, read as one stream by the decode products; off: they stay row-major"},
+           {"decode_prefetch", "auto",
+            "bf16 decode weights in panels prefetched ahead (a hint: no value changes): auto = when the model's "
+            "matrices exceed 3/4 of the last-level cache (streamed from memory, not the cache) | on | off"},
            {"matmul_split", "on",
             "on: at 2+ threads an f32 weight gradient's product (A transposed, <= 512 rows of C, >= 1024 summed) "
             "and a bf16-operand product (128+ rows, 2^24+ multiply-adds) run as one single-thread oneDNN product "

@@ -471,7 +471,7 @@ namespace {
 // prompt, alone or batched. Why not oneDNN: 2.6 multiplies bf16 only by bf16 and
 // int8 only by int8 (u8/s8 activations), which would round the activations too.
 void matmul_weight_only(Isa isa, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
-                        const MatmulParams& p) {
+                        const MatmulParams& p, bool prefetch_panels) {
   require_f32(a, "matmul", "a");
   require_f32(out, "matmul", "out");
   DEW_CHECK(p.batch == 1 && p.trans_b && !p.trans_a && p.beta == 0.0f, "cpu matmul: a ", dtype_name(b.dtype()),
@@ -495,7 +495,7 @@ void matmul_weight_only(Isa isa, const Tensor& a, const Tensor& b, const Tensor&
     if (b.dtype() == DType::f32)
       panel_dot_f32(isa, x, static_cast<const float*>(b.panel_data()), y, p.m, p.n, p.k, ep);
     else
-      panel_dot_bf16(isa, x, static_cast<const uint16_t*>(b.panel_data()), y, p.m, p.n, p.k, ep);
+      panel_dot_bf16(isa, x, static_cast<const uint16_t*>(b.panel_data()), y, p.m, p.n, p.k, ep, prefetch_panels);
     return;
   }
   QuantScales q;
@@ -535,7 +535,8 @@ void CpuBackend::matmul_kernel(const Tensor& a, const Tensor& b, const Tensor& b
                                const MatmulParams& p) {
   if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*this, *dnnl_, a, b, bias, out, p);  // half.cpp
   if (contracts::is_weight_only_matmul(a, b) && p.k > 0)
-    return matmul_weight_only(isa_, a, b, bias, out, p);  // bf16 / int8 decode weights (matmul_rowwise.cpp)
+    return matmul_weight_only(isa_, a, b, bias, out, p,
+                              prefetch_panels());  // bf16 / int8 decode weights (matmul_rowwise.cpp)
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");
   require_f32(out, "matmul", "out");

@@ -126,20 +126,21 @@ void rowwise_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int6
 // Panels split over threads (whole panels each: a thread's columns are the columns one thread would make).
 template <class W>
 void run_panels(Isa isa, const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k,
-                const RowwiseEpilogue& ep) {
+                const RowwiseEpilogue& ep, bool prefetch) {
   DEW_CHECK(n % kPanelRows == 0, "cpu matmul: a weight in panels of ", kPanelRows, " rows has ", n, " rows");
-  split_units(n / kPanelRows, m * n * k, split_bytes<W>(n, k),
-              [&](int64_t p0, int64_t p1) { DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, p0, p1, ep); });
+  split_units(n / kPanelRows, m * n * k, split_bytes<W>(n, k), [&](int64_t p0, int64_t p1) {
+    DEW_CPU_ISA_CALL(isa, panel_columns, x, w, y, m, n, k, p0, p1, ep, prefetch);
+  });
 }
 
 void panel_dot_f32(Isa isa, const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
                    const RowwiseEpilogue& ep) {
-  run_panels(isa, x, w, y, m, n, k, ep);
+  run_panels(isa, x, w, y, m, n, k, ep, false);
 }
 
 void panel_dot_bf16(Isa isa, const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                    const RowwiseEpilogue& ep) {
-  run_panels(isa, x, w, y, m, n, k, ep);
+                    const RowwiseEpilogue& ep, bool prefetch) {
+  run_panels(isa, x, w, y, m, n, k, ep, prefetch);
 }
 
 void rowwise_dot_i8(Isa isa, const float* x, const int8_t* w, const QuantScales& scales, float* y, int64_t m,
@@ -595,7 +596,7 @@ DEW_AI void panel_store<uint16_t>(float* y, const V& even, const V& odd) {
 // fit SSE2's 16 registers (both halves at once spilled: 3x slower than the row-major kernel); the same sums. Still
 // ~7 % slower than the row-major kernel there (compute-bound without FMA), so a backend on the portable path asks
 // for no panels (CpuBackend::decode_panel_rows); this serves a tensor laid out by hand.
-template <int R, class W>
+template <int R, class W, bool Prefetch = false>  // (no prefetch on this path)
 DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_t k, int64_t j0) {
   for (int h = 0; h < 2; ++h) {
     V s[2][R];
@@ -610,7 +611,9 @@ DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_
   }
 }
 #else
-template <int R, class W>
+// Prefetch: every line of the two columns kPanelPrefetchBytes on in the stream (the next panel past the end of this
+// one: panels lie back to back) is prefetched into L2 first (a hint: no value changes).
+template <int R, class W, bool Prefetch = false>
 DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_t k, int64_t j0) {
   V s[2][R][2];
 #pragma GCC unroll 32
@@ -619,6 +622,11 @@ DEW_AI void panel_block(const float* x, const W* wp, float* y, int64_t n, int64_
     for (int r = 0; r < R; ++r) s[c][r][0] = vzero(), s[c][r][1] = vzero();
   int64_t i = 0;
   for (; i + 2 <= k; i += 2) {
+    if constexpr (Prefetch) {
+      const char* ahead = reinterpret_cast<const char*>(wp + i * kPanelRows) + kPanelPrefetchBytes;
+#pragma GCC unroll 4
+      for (int l = 0; l < int(2 * kPanelRows * sizeof(W)) / 64; ++l) __builtin_prefetch(ahead + 64 * l, 0, 2);
+    }
     panel_column<R>(x, wp, k, i, s[0]);
     panel_column<R>(x, wp, k, i + 1, s[1]);
   }
@@ -806,7 +814,9 @@ void rowwise_columns(const float* x, const int8_t* w, float* y, int64_t m, int64
 // Panels [p0, p1) of a weight in panels (y's columns [32 p0, 32 p1)), all m rows: rows in blocks of kPanelR (avx2:
 // over half panels), the rest in blocks of 4 and 2 (avx512) and one at a time, then the epilogue on those columns.
 // A row's sums are the same whichever block it is in.
-template <class W>
+// Prefetch: each pass over a panel prefetches the stream ahead (panel_block; not avx2's multi-row half-panel passes,
+// nor the portable path).
+template <class W, bool Prefetch>
 DEW_AI void panel_columns_t(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t p0,
                             int64_t p1, const RowwiseEpilogue& ep) {
   for (int64_t p = p0; p < p1; ++p) {
@@ -815,23 +825,28 @@ DEW_AI void panel_columns_t(const float* x, const W* w, float* y, int64_t m, int
 #if defined(DEW_CPU_ISA_IS_AVX2)
     for (; r + kPanelR <= m; r += kPanelR) panel_block_halves<kPanelR>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
 #else
-    for (; r + kPanelR <= m; r += kPanelR) panel_block<kPanelR>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+    for (; r + kPanelR <= m; r += kPanelR)
+      panel_block<kPanelR, W, Prefetch>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
 #endif
     if constexpr (kPanelR > 4) {
-      for (; r + 4 <= m; r += 4) panel_block<4>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
-      for (; r + 2 <= m; r += 2) panel_block<2>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+      for (; r + 4 <= m; r += 4) panel_block<4, W, Prefetch>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+      for (; r + 2 <= m; r += 2) panel_block<2, W, Prefetch>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
     }
-    for (; r < m; ++r) panel_block<1>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
+    for (; r < m; ++r) panel_block<1, W, Prefetch>(x + r * k, wp, y + r * n, n, k, p * kPanelRows);
   }
   epilogue(ep, y, m, n, p0 * kPanelRows, p1 * kPanelRows);
 }
 void panel_columns(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int64_t p0, int64_t p1,
-                   const RowwiseEpilogue& ep) {
-  panel_columns_t(x, w, y, m, n, k, p0, p1, ep);
+                   const RowwiseEpilogue& ep, bool prefetch) {
+  (void)prefetch;  // f32 panels stream at the memory's rate without it (docs/benchmarks.md, session 34)
+  panel_columns_t<float, false>(x, w, y, m, n, k, p0, p1, ep);
 }
 void panel_columns(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k, int64_t p0, int64_t p1,
-                   const RowwiseEpilogue& ep) {
-  panel_columns_t(x, w, y, m, n, k, p0, p1, ep);
+                   const RowwiseEpilogue& ep, bool prefetch) {
+  if (prefetch)
+    panel_columns_t<uint16_t, true>(x, w, y, m, n, k, p0, p1, ep);
+  else
+    panel_columns_t<uint16_t, false>(x, w, y, m, n, k, p0, p1, ep);
 }
 
 #endif  // DEW_CPU_ISA

@@ -261,6 +261,11 @@ class Backend {
     (void)dtype;
     return 0;
   }
+  // store_matmul_weights_in_panels tells the backend the bytes of the model's matrices (in panels or not, a tied
+  // head's embedding included): about what one decode token streams. A backend may read a stream larger than its
+  // caches differently (cpu: bf16 panels prefetched ahead, matmul_rowwise.hpp). Values never depend on it.
+  // Default: nothing.
+  virtual void decode_weights_placed(int64_t bytes) { (void)bytes; }
 
   // ---- device clock (asynchronous backends; the profiler's) ----
   // device_mark() records a point on the backend's queue without waiting and returns its handle, or -1 when
