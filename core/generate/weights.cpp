@@ -9,8 +9,8 @@
 // one stream on 2 MiB pages instead of ~40 blocks on 4 KiB ones (char-small's bf16 token 3-10 % faster on the Zen 5,
 // docs/benchmarks.md, session 28); f32 weights, not cast, keep their storages (placing them likewise measured no
 // faster, and would copy them all).
-// A tied head (the token embedding as the output projection) is kept in bf16 under bf16 and int8 alike: a decode
-// token streams it whole, and the lookup reads whole rows of it (nn::Embedding widens them to f32, exactly).
+// A tied head (the token embedding as the output projection) is stored the same way: a decode token streams it whole;
+// the lookup widens a bf16 row to f32 exactly (nn::Embedding) and dequantizes an int8 one (dew::embedding).
 // store_decode_weights_as adds the decoder's K/V cache to the same choice (CausalDecoder::set_cache_dtype), so
 // `--weights bf16` halves the cache bytes a token reads too (int8 weights keep a bf16 cache).
 // store_matmul_weights_in_panels lays them out in the backend's decode panels (dew/tensor.hpp), for inference only.
@@ -163,11 +163,14 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
   place_in_one_storage(cast_ones);  // in the parameters' order: groups (q, k, v; gate, up) come out back to back
   for (const auto& g : input_groups(params)) pack_group(g);
   if (Tensor* table = tied_head(params); table && dtype != DType::f32 && table->dtype() == DType::f32) {
-    const Tensor c = cast(table->detach(), DType::bf16);  // int8 too: a lookup reads whole rows, not blocks
+    const int64_t k = table->shape()[1];
+    const Tensor c = dtype == DType::i8 ? quantize_int8(table->detach(), k % kInt8Block == 0 ? k / kInt8Block : 1)
+                                        : cast(table->detach(), dtype);
     TensorImpl& impl = *table->impl();
     impl.storage = c.impl()->storage;
     impl.offset = c.impl()->offset;
-    impl.dtype = DType::bf16;
+    impl.dtype = dtype;
+    impl.scales = c.impl()->scales;
     impl.requires_grad = false;
     impl.grad.reset();
     ++changed;

@@ -149,6 +149,18 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   DEW_CHECK(table.ndim() == 2, "embedding: table must be [V, D], got ", shape_str(table.shape()));
   Shape out_shape = ids.shape();
   out_shape.push_back(table.shape()[1]);
+  if (table.quantized()) {  // int8 rows and their scales (a tied head stored for decoding): gathered, dequantized
+    Tensor values = table.detach();
+    values.impl()->scales.reset();  // the int8 values alone, rows of bytes to gather
+    const Tensor scales = table.scales().detach();
+    const Tensor flat_ids = reshape(ids, {1, ids.numel()});
+    Tensor rows = reshape(gather_rows(reshape(values, {1, table.shape()[0], table.shape()[1]}), flat_ids),
+                          {ids.numel(), table.shape()[1]});
+    rows.impl()->scales = reshape(gather_rows(reshape(scales, {1, scales.shape()[0], scales.shape()[1]}), flat_ids),
+                                  {ids.numel(), scales.shape()[1]})
+                              .impl_ptr();
+    return reshape(dequantize(rows), out_shape);
+  }
   Tensor rows = gather_rows(reshape(table, {1, table.shape()[0], table.shape()[1]}), reshape(ids, {1, ids.numel()}));
   return autocast_lower(reshape(rows, out_shape));  // autocast: the rows in the half dtype
 }

@@ -289,10 +289,23 @@ TEST_CASE("slot decoding with bf16 and int8 weights: served rows equal solo bit 
       ++matrices;
       CHECK_MESSAGE(p.dtype() == dt, name);
       CHECK_MESSAGE(p.quantized() == (dt == dew::DType::i8), name);
-    } else if (name == "model.embed_tokens.weight") {  // the tied head: bf16 under both, values rounded once
+    } else if (name == "model.embed_tokens.weight") {  // the tied head, stored as the other matrices
       ++matrices;
-      CHECK(p.dtype() == dew::DType::bf16);
-      CHECK(p.to_floats() == dew::cast(f32_model->named_parameters()[0].second, dew::DType::bf16).to_floats());
+      CHECK(p.dtype() == dt);
+      CHECK(p.quantized() == (dt == dew::DType::i8));
+      const Tensor f32_table = f32_model->named_parameters()[0].second;
+      if (dt == dew::DType::bf16) CHECK(p.to_floats() == dew::cast(f32_table, dt).to_floats());
+      // the lookup gives its rows as stored: bf16 (nn::Embedding widens them), int8 dequantized to f32
+      const Tensor ids = Tensor::from_ints({7, 0, 255, 7}, {2, 2}, backend("cpu"));
+      const Tensor rows = dew::embedding(p, ids);
+      CHECK(rows.shape() == dew::Shape{2, 2, 64});
+      CHECK(rows.dtype() == (dt == dew::DType::i8 ? dew::DType::f32 : dew::DType::bf16));
+      const std::vector<float> all = dew::cast(p, dew::DType::f32).to_floats(), got = rows.to_floats();
+      int off = 0;
+      const int32_t picked[] = {7, 0, 255, 7};
+      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 64; ++c) off += got[size_t(r * 64 + c)] != all[size_t(picked[r] * 64 + c)];
+      CHECK(off == 0);
     } else {
       CHECK_MESSAGE(p.dtype() == dew::DType::f32, name);  // norms stay f32
     }

@@ -162,15 +162,15 @@ std::vector<Generation> generate_text(CausalDecoder& model, const Tokenizer& tok
 // ---- weight-only storage for decoding (core/generate/weights.cpp) ----
 // Stores the matmul weights of `params` in `dtype`, in place: every 2-D parameter whose name has no
 // "embed" (token and position embeddings are lookups and stay f32), and a token embedding that is also the
-// output projection (tied: "...embed_tokens.weight" without "lm_head.weight") in bf16 under bf16 and int8
-// alike (a decode token streams all of it; the lookup widens its rows to f32, nn::Embedding). The modules holding them
-// see the new dtype, and linear() then multiplies f32 activations by the bf16 weight with f32 accumulation: the weights
-// are rounded once, nothing else is (inference only: such a linear records no gradient). DType::i8 quantizes them
-// instead (quantize_int8, dew/ops.hpp: an f32 scale per block of 32 columns, per row when 32 does not divide the width;
-// a quarter of the f32 bytes); the tensors cast all go into one storage, back to back in the order of `params` (a
-// decode step's: it streams them as one buffer). Any dtype also places the weights that multiply one input (q/k/v
-// projections, gate/up) back to back in one storage, values unchanged, so a decode step makes one product per
-// group (nn::Attention, nn::GatedMLP); f32 changes no value. Returns the tensors cast.
+// output projection (tied: "...embed_tokens.weight" without "lm_head.weight"): a decode token streams all of
+// it, and the lookup widens its bf16 rows (nn::Embedding) or dequantizes its int8 ones (dew::embedding). The modules
+// holding them see the new dtype, and linear() then multiplies f32 activations by the bf16 weight with f32
+// accumulation: the weights are rounded once, nothing else is (inference only: such a linear records no gradient).
+// DType::i8 quantizes them instead (quantize_int8, dew/ops.hpp: an f32 scale per block of 32 columns, per row when 32
+// does not divide the width; a quarter of the f32 bytes); the tensors cast all go into one storage, back to back in the
+// order of `params` (a decode step's: it streams them as one buffer). Any dtype also places the weights that multiply
+// one input (q/k/v projections, gate/up) back to back in one storage, values unchanged, so a decode step makes one
+// product per group (nn::Attention, nn::GatedMLP); f32 changes no value. Returns the tensors cast.
 int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>>& params, DType dtype);
 // What `--weights` chooses (dew-run eval|sample|serve, dew-bench generate|roofline), in one call:
 // store_matmul_weights_as(params, dtype) and, when `decoder` is not null, its K/V cache in the same dtype
