@@ -17,7 +17,8 @@
 // at the same thread count and precision; on a device backend mfu_device instead, the best of dew::matmul on
 // it at those shapes and 8192^3 (measured on this machine, every run: no chip's peak is written in).
 //
-// generate: greedy decoding with the KV cache (dew::decoder_start over CausalDecoder::forward_cached, as
+// generate: greedy decoding (--temperature T > 0: every token drawn by dew::sample_token, seed 1) with the KV cache
+// (dew::decoder_start over CausalDecoder::forward_cached_last, as
 // dew-run sample decodes: with --replay on, the default, one-token steps after the first three are a recorded
 // step program's replays, core/generate/step_program.hpp; off: every step eager; replayed_steps / eager_steps in
 // the JSON line count them, and why a program was not used goes to stderr), the peer's protocol:

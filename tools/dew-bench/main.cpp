@@ -1,6 +1,7 @@
 // tools/dew-bench/main.cpp — `dew-bench <suite> [options]`: prints one JSON line per measurement.
-// Suites: kernels (matmul through dew's API next to oneDNN called directly; fused attention fwd+bwd),
-// train (a language-model training step on a named config, lm.cpp), generate (KV-cached greedy decoding),
+// Suites: kernels (matmul through dew's API next to oneDNN called directly; fused attention fwd+bwd; decode
+// products; sampling), train (a language-model training step on a named config, lm.cpp), generate (KV-cached
+// decoding, greedy or sampled),
 // roofline (this machine's matmul peak and read bandwidth, and each workload's fraction of them,
 // roofline.cpp), serve (a load generator for `dew-run serve`, serve.cpp).
 #include <boost/program_options.hpp>

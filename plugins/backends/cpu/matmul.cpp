@@ -534,9 +534,8 @@ void check_matmul_shapes(const Tensor& a, const Tensor& b, const Tensor& bias, c
 void CpuBackend::matmul_kernel(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
                                const MatmulParams& p) {
   if (a.defined() && a.dtype() == DType::bf16) return matmul_bf16(*this, *dnnl_, a, b, bias, out, p);  // half.cpp
-  if (contracts::is_weight_only_matmul(a, b) && p.k > 0)
-    return matmul_weight_only(isa_, a, b, bias, out, p,
-                              prefetch_panels());  // bf16 / int8 decode weights (matmul_rowwise.cpp)
+  if (contracts::is_weight_only_matmul(a, b) && p.k > 0)  // bf16 / int8 decode weights (matmul_rowwise.cpp)
+    return matmul_weight_only(isa_, a, b, bias, out, p, prefetch_panels());
   require_f32(a, "matmul", "a");
   require_f32(b, "matmul", "b");
   require_f32(out, "matmul", "out");

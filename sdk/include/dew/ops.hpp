@@ -96,7 +96,9 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
                   float eps = 1e-5f);  // NCHW
 
 // ---- indexing ----
-Tensor embedding(const Tensor& table, const Tensor& ids);  // table [V, D], ids i32 [...] -> [..., D]
+// table [V, D], ids i32 [...] -> [..., D] rows in the table's dtype; an int8 quantized table (a tied head stored for
+// decoding, dew/generate.hpp) gives its rows dequantized to f32 (no gradient).
+Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor gather_rows(const Tensor& x, const Tensor& idx);    // x [B, T, D], idx i32 [B, K] -> [B, K, D]
 
 // ---- transformer pieces ----
