@@ -120,18 +120,36 @@ void place_in_one_storage(const std::vector<TensorImpl*>& ts) {
 
 // The token embedding when it is also the output projection (a tied head: no "lm_head.weight" beside a
 // "...embed_tokens.weight", the Hugging Face names the bundled decoder uses), else null. A decode token streams
-// all of it: 154 MB of gpt2-small's f32 token, against 170 MB for every other matmul weight in bf16.
-Tensor* tied_head(const std::vector<std::pair<std::string, Tensor>>& params) {
+// all of it: 154 MB of gpt2-small's f32 token, against 170 MB for every other matmul weight in bf16. (A handle: what
+// store_as does to its impl, the model's tensor sees.)
+Tensor tied_head(const std::vector<std::pair<std::string, Tensor>>& params) {
   const std::string table = "embed_tokens.weight", head = "lm_head.weight";
   const auto ends_with = [](const std::string& name, const std::string& tail) {
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
-  const Tensor* found = nullptr;
+  Tensor found;
   for (const auto& [name, p] : params) {
-    if (ends_with(name, head)) return nullptr;
-    if (ends_with(name, table) && p.defined() && p.ndim() == 2) found = &p;
+    if (ends_with(name, head)) return Tensor();
+    if (ends_with(name, table) && p.defined() && p.ndim() == 2) found = p;
   }
-  return const_cast<Tensor*>(found);  // a handle: the cast re-points its impl, which the model shares
+  return found;
+}
+
+// Re-points the f32 matrix `p` at its values stored in `dtype`, in place (modules holding it see the new dtype): bf16
+// rounded once, or int8 quantized with one scale per kInt8Block columns (per row when that does not divide the
+// width). Inference only: the tensor stops requiring gradients. Returns its impl.
+TensorImpl& store_as(const Tensor& p, DType dtype) {
+  const int64_t k = p.shape()[1];
+  const Tensor c = dtype == DType::i8 ? quantize_int8(p.detach(), k % kInt8Block == 0 ? k / kInt8Block : 1)
+                                      : cast(p.detach(), dtype);
+  TensorImpl& impl = *p.impl();
+  impl.storage = c.impl()->storage;
+  impl.offset = c.impl()->offset;
+  impl.dtype = dtype;
+  impl.scales = c.impl()->scales;
+  impl.requires_grad = false;
+  impl.grad.reset();
+  return impl;
 }
 
 }  // namespace
@@ -147,32 +165,13 @@ int64_t store_matmul_weights_as(const std::vector<std::pair<std::string, Tensor>
     if (p.ndim() != 2 || name.find("embed") != std::string::npos || p.dtype() == dtype) continue;
     DEW_CHECK(p.dtype() == DType::f32, "store_matmul_weights_as: ", name, " is ", dtype_name(p.dtype()),
               ", not f32");
-    const int64_t k = p.shape()[1];
-    const Tensor c = dtype == DType::i8 ? quantize_int8(p.detach(), k % kInt8Block == 0 ? k / kInt8Block : 1)
-                                        : cast(p.detach(), dtype);
-    TensorImpl& impl = *p.impl();
-    impl.storage = c.impl()->storage;
-    impl.offset = c.impl()->offset;
-    impl.dtype = dtype;
-    impl.scales = c.impl()->scales;
-    impl.requires_grad = false;
-    impl.grad.reset();
-    cast_ones.push_back(&impl);
+    cast_ones.push_back(&store_as(p, dtype));
     ++changed;
   }
   place_in_one_storage(cast_ones);  // in the parameters' order: groups (q, k, v; gate, up) come out back to back
   for (const auto& g : input_groups(params)) pack_group(g);
-  if (Tensor* table = tied_head(params); table && dtype != DType::f32 && table->dtype() == DType::f32) {
-    const int64_t k = table->shape()[1];
-    const Tensor c = dtype == DType::i8 ? quantize_int8(table->detach(), k % kInt8Block == 0 ? k / kInt8Block : 1)
-                                        : cast(table->detach(), dtype);
-    TensorImpl& impl = *table->impl();
-    impl.storage = c.impl()->storage;
-    impl.offset = c.impl()->offset;
-    impl.dtype = dtype;
-    impl.scales = c.impl()->scales;
-    impl.requires_grad = false;
-    impl.grad.reset();
+  if (const Tensor table = tied_head(params); table.defined() && dtype != DType::f32 && table.dtype() == DType::f32) {
+    store_as(table, dtype);
     ++changed;
   }
   return changed;
