@@ -362,6 +362,11 @@ TEST_CASE("sample_token: greedy, top_k = 1, small top_p, seeds, penalties, min_p
   p = {};
   p.temperature = 0.1f;
   CHECK(dew::sampling_distribution(logits.data(), 5, p, {})[1] > 0.7);
+  // A temperature so small that logit / T overflows: still the argmax alone (not every positive logit as a tie at
+  // +inf, which the first id would win).
+  p.temperature = 1e-30f;
+  CHECK(dew::sampling_distribution(logits.data(), 5, p, {})[1] == 1.0);
+  CHECK(dew::sample_token(logits.data(), 5, p, {}, 3) == 1);
 
   dew::SamplingParams bad;
   bad.top_p = 0;
@@ -372,7 +377,7 @@ TEST_CASE("sample_token: greedy, top_k = 1, small top_p, seeds, penalties, min_p
 }
 
 // The chain as first written: rank every token with a stable sort, then walk the ranked list (the reference the
-// selection-based chain of generate.cpp must agree with).
+// selection-based chain of sampling.cpp must agree with).
 struct FullSortChain {
   std::vector<int32_t> ids;
   std::vector<double> probs;
@@ -426,7 +431,7 @@ TEST_CASE("sample_token: the chain without a full sort draws what a full sort dr
     logits[654] = -INFINITY;
     const std::vector<int32_t> history{17, 99, 2024, 2024, 3};
     for (const float temperature : {0.7f, 1.3f})
-      for (const int64_t top_k : {int64_t(0), int64_t(1), int64_t(50), int64_t(60000)})
+      for (const int64_t top_k : {int64_t(0), int64_t(1), int64_t(50), int64_t(5000), int64_t(60000)})
         for (const float top_p : {1.0f, 0.9f, 0.2f})
           for (const float min_p : {0.0f, 0.05f})
             for (const float penalty : {1.0f, 1.3f}) {
@@ -452,7 +457,7 @@ TEST_CASE("sample_token: the chain without a full sort draws what a full sort dr
               CHECK(worst < 1e-12);
               int mismatched = 0;
               for (uint64_t draw = 0; draw < 16; ++draw) {
-                // The draw: philox::uniform on the chain's stream (generate.cpp's kSampleStream, "sample"), walked
+                // The draw: philox::uniform on the chain's stream (sampling.cpp's kSampleStream, "sample"), walked
                 // down the ranked list.
                 const double u = double(dew::philox::uniform(p.seed, 0x73616d706c650000ull ^ 5, draw));
                 double cum = 0;
