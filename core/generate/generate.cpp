@@ -182,7 +182,15 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
         step = start(context);
         fed = 0;
       }
-      Tensor logits = step(Tensor::from_ints(pending, {1, int64_t(pending.size())}, default_backend()));
+      // Fed in chunks of prefill_chunk tokens (SamplingParams): the last chunk's logits are drawn from.
+      Tensor logits;
+      for (size_t at = 0; at < pending.size();) {
+        const size_t n = params.prefill_chunk > 0 ? std::min(pending.size() - at, size_t(params.prefill_chunk))
+                                                  : pending.size() - at;
+        const std::vector<int32_t> chunk(pending.begin() + long(at), pending.begin() + long(at + n));
+        logits = step(Tensor::from_ints(chunk, {1, int64_t(n)}, default_backend()));
+        at += n;
+      }
       fed += int64_t(pending.size());
       DEW_CHECK(logits.ndim() == 3 && logits.shape()[0] == 1, "generate: the decoder returned logits ",
                 shape_str(logits.shape()), ", expected [1, T, V]");

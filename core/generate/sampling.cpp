@@ -431,6 +431,8 @@ void validate(const SamplingParams& p) {
   constexpr int64_t kMaxNewTokens = int64_t(1) << 24;
   DEW_USAGE_CHECK(p.max_new_tokens >= 0 && p.max_new_tokens <= kMaxNewTokens,
                   "sampling: max_new_tokens must be in [0, ", kMaxNewTokens, "], got ", p.max_new_tokens);
+  DEW_USAGE_CHECK(p.prefill_chunk >= 0, "sampling: prefill_chunk must be >= 0 (0 = whole prompts), got ",
+                  p.prefill_chunk);
   for (const std::string& s : p.stop) DEW_USAGE_CHECK(!s.empty(), "sampling: a stop string is empty");
 }
 

@@ -77,6 +77,8 @@ struct Scheduler::Active {
   std::string text;          // decoded continuation (no stop cut yet)
   std::vector<size_t> ends;  // text size after each token
   size_t checked = 0, longest_stop = 0;
+  uint64_t admitted = 0;   // admission order
+  int64_t chunks_fed = 0;  // prefill calls of its current prompt (or refill) so far
 };
 
 Scheduler::Scheduler(CausalDecoder& model, std::shared_ptr<const Tokenizer> tokenizer, const SchedulerOptions& options)
@@ -84,6 +86,8 @@ Scheduler::Scheduler(CausalDecoder& model, std::shared_ptr<const Tokenizer> toke
   DEW_USAGE_CHECK(options.slots > 0, "serve: --slots must be positive, got ", options.slots);
   DEW_USAGE_CHECK(options.max_queue >= 0, "serve: --queue must be >= 0, got ", options.max_queue);
   DEW_USAGE_CHECK(options.context >= 0, "serve: the context must be >= 0 (0 = the model's), got ", options.context);
+  DEW_USAGE_CHECK(options.prefill_chunk >= 0, "serve: --prefill-chunk must be >= 0 (0 = whole prompts), got ",
+                  options.prefill_chunk);
   context_ = options.context > 0 ? options.context : model.context_length();
   DEW_USAGE_CHECK(context_ > 0, "serve: the model has no context length: set one (--context)");
   vocab_ = model.vocab_size();
@@ -119,6 +123,7 @@ Scheduler::Submitted Scheduler::submit(Request request) {
   for (int32_t t : request.prompt)
     DEW_USAGE_CHECK(t >= 0 && t < vocab_, "serve: prompt token ", t, " is outside the vocabulary [0, ", vocab_, ")");
   DEW_USAGE_CHECK(request.params.stop.empty() || tokenizer_, "serve: stop strings need a tokenizer");
+  request.params.prefill_chunk = options_.prefill_chunk;  // how this scheduler feeds prompts (its solo equivalent's)
   auto ticket = std::make_shared<Ticket>();
   ticket->prompt_tokens_ = int64_t(request.prompt.size());
   ticket->submitted = Clock::now();
@@ -220,6 +225,7 @@ bool Scheduler::step() {
         continue;
       }
       a->slot = int64_t(s);
+      a->admitted = admissions_++;
       a->history = a->req.prompt;
       a->pending = a->history;
       if (int64_t(a->pending.size()) > context_) a->pending.erase(a->pending.begin(), a->pending.end() - context_);
@@ -248,6 +254,7 @@ bool Scheduler::step() {
       // The context is full: the slot restarts with the last half of it (as generate() does).
       const int64_t keep = std::min<int64_t>(int64_t(a->history.size()), std::max<int64_t>(1, context_ / 2));
       a->pending.assign(a->history.end() - keep, a->history.end());
+      a->chunks_fed = 0;
       cache_->clear(int64_t(s));
     }
     if (a->pending.size() == 1) {
@@ -328,13 +335,29 @@ bool Scheduler::step() {
     }
     rows.clear();
   };
-  // Each prefill's first token is published as soon as it is drawn (time to first token), then the rows
-  // of the batched decode.
+  // Prompts go in chunks of prefill_chunk tokens (generate()'s cuts), up to prefill_chunk prompt tokens an
+  // iteration: the first waiting chunk always, then those that still fit, the slots with the fewest chunks fed
+  // first (then by admission). A prompt's last chunk draws its first token, published at once (time to first
+  // token); the rows of the batched decode follow.
+  std::sort(prefill_slots.begin(), prefill_slots.end(), [&](int64_t x, int64_t y) {
+    const Active &a = *active_[size_t(x)], &b = *active_[size_t(y)];
+    return a.chunks_fed != b.chunks_fed ? a.chunks_fed < b.chunks_fed : a.admitted < b.admitted;
+  });
+  const int64_t chunk = options_.prefill_chunk;
   int64_t prefill_tokens = 0;
   for (int64_t s : prefill_slots) {
-    const std::vector<int32_t>& p = active_[size_t(s)]->pending;
-    prefill_tokens += int64_t(p.size());
-    last_rows(model_.forward_slots_last(Tensor::from_ints(p, {1, int64_t(p.size())}, backend_), {s}, *cache_), {s});
+    Active& a = *active_[size_t(s)];
+    const int64_t n = chunk > 0 ? std::min<int64_t>(chunk, int64_t(a.pending.size())) : int64_t(a.pending.size());
+    if (chunk > 0 && prefill_tokens > 0 && prefill_tokens + n > chunk) continue;  // the iteration's budget
+    prefill_tokens += n;
+    ++a.chunks_fed;
+    const std::vector<int32_t> fed(a.pending.begin(), a.pending.begin() + n);
+    const Tensor logits = model_.forward_slots_last(Tensor::from_ints(fed, {1, n}, backend_), {s}, *cache_);
+    if (n < int64_t(a.pending.size())) {  // more of the prompt to come: these logits are not drawn from
+      a.pending.erase(a.pending.begin(), a.pending.begin() + n);
+      continue;
+    }
+    last_rows(logits, {s});
     draw();
   }
   if (!decode_slots.empty()) {

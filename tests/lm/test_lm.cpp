@@ -527,6 +527,21 @@ TEST_CASE("generate: a scripted decoder, eos, max_new_tokens, stop strings trimm
   g = dew::generate(start, {{'a', 'b', 'c', 'd', 'e', 'f'}}, p, tok.get(), 4);  // a long prompt keeps its last 4
   CHECK(g[0].text == "g");
   CHECK(calls == std::vector<int64_t>{4});
+  // Prompts (and refills) in chunks of prefill_chunk tokens, cut at its multiples; the last chunk draws.
+  calls.clear();
+  p.max_new_tokens = 3;
+  p.prefill_chunk = 3;
+  g = dew::generate(start, {{'a', 'b', 'c', 'd', 'e', 'f', 'g'}}, p, tok.get());
+  CHECK(g[0].text == "hij");
+  CHECK(calls == std::vector<int64_t>{3, 3, 1, 1, 1});
+  calls.clear();
+  p.max_new_tokens = 4;
+  g = dew::generate(start, {{'a', 'b', 'c', 'd', 'e'}}, p, tok.get(), 6);  // refill of 3 at the 3rd token
+  CHECK(g[0].text == "fghi");
+  CHECK(calls == std::vector<int64_t>{3, 2, 1, 3, 1});
+  p.prefill_chunk = -1;
+  CHECK_THROWS_AS(dew::generate(start, {{'a'}}, p, tok.get()), dew::UsageError);
+  p.prefill_chunk = dew::kPrefillChunk;
   CHECK(dew::find_stop("hello world", {"wor", "lo"}) == 3);
   p.stop = {"x"};
   CHECK_THROWS_AS(dew::generate(start, {{'a'}}, p, nullptr), dew::UsageError);

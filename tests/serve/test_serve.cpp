@@ -646,35 +646,129 @@ TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each eq
       CHECK(dew::store_matmul_weights_in_panels(m->named_parameters()) == 14);
     }
     dew::CausalDecoder& dec = decoder_of(m);
-    const std::vector<Case> cs = mixed_cases(dec, *tok);
-    std::vector<dew::Generation> solo;
-    for (const Case& c : cs)
-      solo.push_back(dew::generate(dew::decoder_start(dec), {c.prompt}, c.params, tok.get(), dec.context_length())[0]);
-    CHECK(solo[4].tokens.empty());
-    CHECK(solo[8].finish_reason == "eos");
-    CHECK(solo[9].finish_reason == "stop");
-    CHECK(solo[3].tokens.size() == 40);
-    for (int64_t slots : {1, 3, 16}) {
-      CAPTURE(slots);
-      dew::serve::Scheduler sched(dec, tok, {slots, 0, 64});
-      std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
-      for (const Case& c : cs) {
-        auto s = sched.submit({c.prompt, c.params, 0});
-        REQUIRE(s.status == dew::serve::Scheduler::Admission::accepted);
-        tickets.push_back(s.ticket);
+    std::vector<Case> cs = mixed_cases(dec, *tok);
+    // Whole prompts (the default chunk: longer than the context), and prompts and refills in chunks of 4 tokens.
+    for (const int64_t chunk : {dew::kPrefillChunk, int64_t(4)}) {
+      CAPTURE(chunk);
+      std::vector<dew::Generation> solo;
+      for (Case& c : cs) {
+        c.params.prefill_chunk = chunk;
+        solo.push_back(
+            dew::generate(dew::decoder_start(dec), {c.prompt}, c.params, tok.get(), dec.context_length())[0]);
       }
-      int steps = 0;
-      while (sched.step()) ++steps;
-      for (size_t i = 0; i < cs.size(); ++i) {
-        REQUIRE(tickets[i]->done());
-        expect_equal(tickets[i]->wait(), solo[i], i);
+      CHECK(solo[4].tokens.empty());
+      CHECK(solo[8].finish_reason == "eos");
+      CHECK(solo[9].finish_reason == "stop");
+      CHECK(solo[3].tokens.size() == 40);
+      for (int64_t slots : {1, 3, 16}) {
+        CAPTURE(slots);
+        dew::serve::Scheduler sched(dec, tok, {slots, 0, 64, chunk});
+        std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+        for (const Case& c : cs) {
+          auto s = sched.submit({c.prompt, c.params, 0});
+          REQUIRE(s.status == dew::serve::Scheduler::Admission::accepted);
+          tickets.push_back(s.ticket);
+        }
+        int steps = 0;
+        while (sched.step()) ++steps;
+        for (size_t i = 0; i < cs.size(); ++i) {
+          REQUIRE(tickets[i]->done());
+          expect_equal(tickets[i]->wait(), solo[i], i);
+        }
+        const auto st = sched.stats();
+        CHECK(st.completed == int64_t(cs.size()));
+        CHECK(st.active == 0);
+        CHECK(st.queued == 0);
+        if (slots == 16) CHECK(st.decode_rows > steps);  // rows really were batched
       }
-      const auto st = sched.stats();
-      CHECK(st.completed == int64_t(cs.size()));
-      CHECK(st.active == 0);
-      CHECK(st.queued == 0);
-      if (slots == 16) CHECK(st.decode_rows > steps);  // rows really were batched
     }
+  }
+}
+
+TEST_CASE("prefill in chunks: near the whole prompt's logits (ref, cpu); other slots decode between the chunks") {
+  for (const std::string be_name : {"ref", "cpu"}) {
+    CAPTURE(be_name);
+    auto m = tiny_model(be_name, 64, 64);
+    dew::CausalDecoder& dec = decoder_of(m);
+    const dew::BackendPtr be = backend(be_name);
+    dew::NoGradGuard ng;
+    // A 23-token prompt in one call, and in chunks of 5 (5, 5, 5, 5, 3), through a batch-1 cache and a slot.
+    const std::vector<int32_t> prompt = random_tokens(23, 31);
+    auto whole_cache = dec.make_cache(1, 32), chunk_cache = dec.make_cache(1, 32);
+    auto slots = dec.make_slot_cache(2, 32);
+    const std::vector<float> whole =
+        dec.forward_cached_last(Tensor::from_ints(prompt, {1, 23}, be), *whole_cache).to_floats();
+    std::vector<float> chunked, slotted;
+    for (size_t at = 0; at < prompt.size(); at += 5) {
+      const std::vector<int32_t> part(prompt.begin() + long(at),
+                                      prompt.begin() + long(std::min(at + 5, prompt.size())));
+      const Tensor t = Tensor::from_ints(part, {1, int64_t(part.size())}, be);
+      chunked = dec.forward_cached_last(t, *chunk_cache).to_floats();
+      slotted = dec.forward_slots_last(t, {1}, *slots).to_floats();
+    }
+    CHECK(chunk_cache->length() == 23);
+    CHECK(slots->length(1) == 23);
+    CHECK(same_bits(chunked, slotted));
+    REQUIRE(whole.size() == chunked.size());
+    double diff = 0;
+    for (size_t i = 0; i < whole.size(); ++i) diff = std::max(diff, double(std::fabs(whole[i] - chunked[i])));
+    CHECK(diff < 1e-4);
+    // The next token over either cache.
+    const Tensor next = Tensor::from_ints({9}, {1, 1}, be);
+    const std::vector<float> a = dec.forward_cached_last(next, *whole_cache).to_floats(),
+                             b = dec.forward_cached_last(next, *chunk_cache).to_floats();
+    diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    CHECK(diff < 1e-4);
+  }
+
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  auto m = tiny_model("cpu", 32, 64);
+  dew::CausalDecoder& dec = decoder_of(m);
+  auto request = [](size_t len, int64_t budget, uint64_t seed) {
+    dew::serve::Request r;
+    r.prompt = random_tokens(len, uint32_t(seed));
+    r.params.max_new_tokens = budget;
+    r.params.seed = seed;
+    return r;
+  };
+  auto solo = [&](dew::serve::Request r) {
+    r.params.prefill_chunk = 5;
+    return dew::generate(dew::decoder_start(dec), {r.prompt}, r.params, tok.get(), dec.context_length())[0];
+  };
+  {  // A decodes one token in every iteration while B's 18-token prompt goes in (5, 5, 5, then 3 and its draw)
+    dew::serve::Scheduler sched(dec, tok, {2, 0, 4, 5});
+    auto a = sched.submit(request(2, 15, 1)).ticket;
+    REQUIRE(sched.step());
+    auto b = sched.submit(request(18, 3, 2)).ticket;
+    for (int i = 1; i <= 3; ++i) {
+      REQUIRE(sched.step());
+      CHECK(sched.stats().decode_rows == i);
+      CHECK(sched.stats().prefill_tokens == 2 + 5 * i);
+      CHECK(b->first_token.time_since_epoch().count() == 0);
+    }
+    REQUIRE(sched.step());
+    CHECK(b->first_token.time_since_epoch().count() != 0);
+    CHECK(sched.stats().prefill_tokens == 2 + 18);
+    while (sched.step()) {
+    }
+    expect_equal(a->wait(), solo(request(2, 15, 1)), 0);
+    expect_equal(b->wait(), solo(request(18, 3, 2)), 1);
+  }
+  {  // a short prompt admitted while a long one is half in goes first, within the iteration's 5 tokens
+    dew::serve::Scheduler sched(dec, tok, {3, 0, 4, 5});
+    auto l = sched.submit(request(20, 2, 3)).ticket;
+    REQUIRE(sched.step());
+    CHECK(sched.stats().prefill_tokens == 5);
+    auto s = sched.submit(request(3, 2, 4)).ticket;
+    REQUIRE(sched.step());
+    CHECK(s->first_token.time_since_epoch().count() != 0);
+    CHECK(l->first_token.time_since_epoch().count() == 0);
+    CHECK(sched.stats().prefill_tokens == 8);  // the short prompt's 3; the long one's next 5 would pass 5
+    while (sched.step()) {
+    }
+    expect_equal(l->wait(), solo(request(20, 2, 3)), 0);
+    expect_equal(s->wait(), solo(request(3, 2, 4)), 1);
   }
 }
 

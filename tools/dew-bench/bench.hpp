@@ -76,6 +76,7 @@ struct LmOptions {
   std::string weights = "f32";     // generate: the decode weights' storage (f32 | bf16 | int8, dew/generate.hpp)
   std::string replay = "on";       // generate: one-token steps as a recorded step program (dew::decoder_start)
   float temperature = 0;           // generate: 0 = greedy (argmax), else every token drawn by dew::sample_token
+  int64_t prefill_chunk = 0;       // generate: the prompt fed in chunks of this many tokens (0: one call)
   bool verbose = false;            // per-step lines on stderr
   std::string precision = "f32";   // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
   bool activation_memory = false;  // train: the RSS the first forward adds (cpu with cache_mb = 0)

@@ -22,7 +22,8 @@
 // dew-run sample decodes: with --replay on, the default, one-token steps after the first three are a recorded
 // step program's replays, core/generate/step_program.hpp; off: every step eager; replayed_steps / eager_steps in
 // the JSON line count them, and why a program was not used goes to stderr), the peer's protocol:
-// a random prompt of --prompt-len (16) tokens prefilled in one call (its last logits give token 1), then
+// a random prompt of --prompt-len (16) tokens prefilled in one call (--prefill-chunk C: in calls of C tokens, as
+// dew-run sample and serve feed long prompts; its last logits give token 1), then
 // --tokens - 1 single-token decode calls (default 256 new tokens, cache capacity prompt + tokens), argmax
 // on the host. --warmup (1) untimed generation, then the median of --repeats (5). --weights bf16 keeps the
 // matmul weights and the K/V cache in bf16, --weights int8 the weights in int8 (an f32 scale per block of 32)
@@ -311,6 +312,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   dew::store_matmul_weights_in_panels(params);  // the backend's decode layout (none on ref / cuda)
   const int64_t P = lo.prompt_len, N = lo.tokens, V = decoder->vocab_size();
   DEW_USAGE_CHECK(P > 0 && N > 1, "dew-bench generate: --prompt-len must be >= 1 and --tokens >= 2");
+  DEW_USAGE_CHECK(lo.prefill_chunk >= 0, "dew-bench generate: --prefill-chunk must be >= 0, got ", lo.prefill_chunk);
   std::mt19937 rng(1337);
   std::uniform_int_distribution<int32_t> id(0, int32_t(V - 1));
   std::vector<int32_t> prompt(static_cast<size_t>(P));
@@ -336,7 +338,13 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
     const dew::DecodeFn step = start(P + N);
     std::vector<int32_t> out = prompt;
     const auto t0 = clock_type::now();
-    out.push_back(next_token(step(dew::Tensor::from_ints(prompt, {1, P}, b.backend)), out));
+    dew::Tensor prefilled;  // the prompt in chunks of --prefill-chunk tokens (generate()'s cuts), or in one call
+    const int64_t chunk = lo.prefill_chunk > 0 ? lo.prefill_chunk : P;
+    for (int64_t at = 0; at < P; at += chunk) {
+      const std::vector<int32_t> part(prompt.begin() + at, prompt.begin() + std::min(P, at + chunk));
+      prefilled = step(dew::Tensor::from_ints(part, {1, int64_t(part.size())}, b.backend));
+    }
+    out.push_back(next_token(prefilled, out));
     if (r == lo.gen_warmup) profile_reset(b.backend);  // the first timed decode loop: start from zero
     if (r > lo.gen_warmup) profile_resume(b.backend);
     const auto t1 = clock_type::now();
@@ -407,14 +415,15 @@ int run_generate(const LmOptions& lo, const BenchOptions& opt) {
   std::printf(
       "{\"bench\":\"generate\",\"config\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_per_token\":%.3f,"
       "\"ms_per_token_min\":%.3f,\"ms_per_token_max\":%.3f,\"prefill_ms\":%.2f,\"tokens_per_sec\":%.1f,"
-      "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"new_tokens\":%lld,\"temperature\":%g,"
+      "\"decode_gflops\":%.2f,\"kv_cache\":true,\"prompt_len\":%lld,\"prefill_chunk\":%lld,\"new_tokens\":%lld,"
+      "\"temperature\":%g,"
       "\"repeats\":%d,\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"replay\":\"%s\",\"replayed_steps\":%lld,"
       "\"eager_steps\":%lld,\"weight_mb\":%.1f,\"cpu_ms_per_token\":%.3f,\"cpu\":\"%s\"}\n",
       f.label.c_str(), opt.backend.c_str(), opt.threads, f.ms_per_token, f.ms_min, f.ms_max, f.prefill_ms,
-      1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len, (long long)f.new_tokens,
-      double(lo.temperature), lo.repeats, f.weights.c_str(), f.kv_dtype.c_str(), lo.replay.c_str(),
-      (long long)f.replayed_steps, (long long)f.eager_steps, f.weight_bytes / 1e6, f.cpu_ms_per_token,
-      cpu_model().c_str());
+      1e3 / f.ms_per_token, f.flops_per_token / f.ms_per_token * 1e-6, (long long)f.prompt_len,
+      (long long)lo.prefill_chunk, (long long)f.new_tokens, double(lo.temperature), lo.repeats, f.weights.c_str(),
+      f.kv_dtype.c_str(), lo.replay.c_str(), (long long)f.replayed_steps, (long long)f.eager_steps,
+      f.weight_bytes / 1e6, f.cpu_ms_per_token, cpu_model().c_str());
   std::fflush(stdout);
   return 0;
 }

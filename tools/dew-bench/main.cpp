@@ -27,7 +27,7 @@ const char* kUsage =
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       (every suite: [--backend-option KEY=VALUE ...], e.g. attention=warp on cuda)\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--repeats 5] [--weights f32|bf16|int8] [--replay on|off] [--temperature T] [--profile] [-v]\n"
+    "[--prefill-chunk C] [--repeats 5] [--weights f32|bf16|int8] [--replay on|off] [--temperature T] [--profile] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -120,11 +120,14 @@ int main(int argc, char** argv) {
       "train: none | blocks (recompute each block in the backward, [trainer] recompute)")(
       "tokens", po::value(&lm.tokens)->default_value(256), "generate: new tokens")(
       "prompt-len", po::value(&lm.prompt_len)->default_value(16), "generate: prompt tokens")(
-      "weights", po::value(&lm.weights)->default_value("f32"),
-      "generate: decode weights stored as f32 | bf16 | int8 (K/V cache f32 | bf16 | bf16; f32 activations and "
-      "accumulation)")("replay", po::value(&lm.replay)->default_value("on"),
-                       "generate: on = one-token steps replayed as a recorded step program after the first three "
-                       "(dew::decoder_start, as dew-run sample); off = every step eager")(
+      "prefill-chunk", po::value(&lm.prefill_chunk)->default_value(0),
+      "generate: the prompt fed in chunks of this many tokens, as dew-run sample / serve --prefill-chunk (0: one "
+      "call)")("weights", po::value(&lm.weights)->default_value("f32"),
+               "generate: decode weights stored as f32 | bf16 | int8 (K/V cache f32 | bf16 | bf16; f32 activations and "
+               "accumulation)")(
+      "replay", po::value(&lm.replay)->default_value("on"),
+      "generate: on = one-token steps replayed as a recorded step program after the first three "
+      "(dew::decoder_start, as dew-run sample); off = every step eager")(
       "temperature", po::value(&lm.temperature)->default_value(0.0f),
       "generate: 0 = greedy; > 0 = every token drawn through the sampling chain (dew::sample_token), as "
       "dew-run sample and serve draw")("verbose,v", po::bool_switch(&lm.verbose), "per-step lines on stderr")(

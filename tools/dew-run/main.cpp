@@ -349,9 +349,11 @@ int cmd_serve(const std::vector<std::string>& args) {
   d.add_options()("port", po::value(&so.port)->default_value(8000), "TCP port (0: any free port)")(
       "host", po::value(&so.host)->default_value("127.0.0.1"), "address to listen on")(
       "slots", po::value(&so.scheduler.slots)->default_value(8), "sequences decoded together")(
-      "queue", po::value(&so.scheduler.max_queue)->default_value(64),
-      "requests that may wait for a slot (429 past it)")("context", po::value(&so.scheduler.context)->default_value(0),
-                                                         "tokens per slot (0: the model's context)")(
+      "prefill-chunk", po::value(&so.scheduler.prefill_chunk)->default_value(dew::kPrefillChunk),
+      "prompt tokens per prefill call and per iteration (0: whole prompts; `dew-run sample --prefill_chunk` the "
+      "same)")("queue", po::value(&so.scheduler.max_queue)->default_value(64),
+               "requests that may wait for a slot (429 past it)")(
+      "context", po::value(&so.scheduler.context)->default_value(0), "tokens per slot (0: the model's context)")(
       "max-tokens", po::value(&so.max_tokens)->default_value(4096), "the most max_tokens a request may ask")(
       "max-images", po::value(&so.max_images)->default_value(64), "image runs: the most images a request may ask")(
       "max-steps", po::value(&so.max_steps)->default_value(1000),

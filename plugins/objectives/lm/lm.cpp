@@ -306,6 +306,7 @@ class LanguageModel final : public dew::Objective {
     sp.top_p = float(req.get_double("top_p", 1.0));
     sp.min_p = float(req.get_double("min_p", 0.0));
     sp.repetition_penalty = float(req.get_double("repetition_penalty", 1.0));
+    sp.prefill_chunk = req.get_int("prefill_chunk", dew::kPrefillChunk);
     const int64_t seed = req.get_int("seed", 0);
     DEW_USAGE_CHECK(seed >= 0, "--seed must not be negative");
     sp.seed = uint64_t(seed);
@@ -350,6 +351,7 @@ class LanguageModel final : public dew::Objective {
     sp.top_p = float(req.get_double("top_p", 1.0));
     sp.min_p = float(req.get_double("min_p", 0.0));
     sp.repetition_penalty = float(req.get_double("repetition_penalty", 1.0));
+    sp.prefill_chunk = req.get_int("prefill_chunk", dew::kPrefillChunk);
     const int64_t seed = req.get_int("seed", 0);
     DEW_USAGE_CHECK(seed >= 0, "--seed must not be negative");
     sp.seed = uint64_t(seed);

@@ -32,6 +32,9 @@ namespace dew {
 
 class Tokenizer;  // dew/tokenizer.hpp
 
+// The default prefill chunk (SamplingParams::prefill_chunk): llama.cpp's default micro-batch.
+constexpr int64_t kPrefillChunk = 512;
+
 struct SamplingParams {
   float temperature = 1.0f;         // 0: greedy
   float top_p = 1.0f;               // nucleus: the smallest set of tokens with cumulative probability >= top_p
@@ -42,10 +45,16 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop strings (need a tokenizer to decode the text)
   int32_t eos_id = -1;            // -1: none
   int64_t max_new_tokens = 100;
+  // Prompt tokens fed per model call: a longer prompt (or a context refill) goes in chunks of this many, cut at
+  // multiples of it from its start, and the last chunk's last logits are drawn from (0: the whole prompt in one
+  // call). Bounds a prefill's activations and, in serving, lets other sequences decode between the chunks; a
+  // chunk's logits may differ in the last bits from a whole-prompt call's, so a served request equals a solo
+  // generate() with the same chunk (the scheduler stamps its own, SchedulerOptions::prefill_chunk).
+  int64_t prefill_chunk = kPrefillChunk;
 };
 
 // Checks the ranges (temperature >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty > 0,
-// top_k >= 0, 0 <= max_new_tokens <= 2^24); throws a UsageError naming the field.
+// top_k >= 0, 0 <= max_new_tokens <= 2^24, prefill_chunk >= 0); throws a UsageError naming the field.
 void validate(const SamplingParams& params);
 
 // One token from `logits` [vocab] (host floats). `history`: the tokens the repetition penalty applies to

@@ -2,14 +2,15 @@
 //
 // A fixed number of slots share one resident cache (CausalDecoder::make_slot_cache). Each iteration
 // (step()) drops cancelled requests, admits waiting requests into free slots (first come, first served),
-// prefills each admitted prompt and decodes one token for every other active slot in one batched call
+// feeds prompts in chunks (up to SchedulerOptions::prefill_chunk prompt tokens an iteration; a prompt's last
+// chunk draws its first token) and decodes one token for every other active slot in one batched call
 // (CausalDecoder::forward_slots), then draws one token per row. A slot frees when its request ends (EOS,
 // a stop string, its budget, or cancel()) and is reused in the same iteration's admission of the next.
 //
 // Invariant: a request's tokens and text are exactly those of dew::generate() for the same prompt and
-// SamplingParams alone (draws keyed by the request's own seed, Philox stream and token index, never by
-// slot or batch; the same prompt cropping, context refill, EOS and stop-string rules), given a decoder
-// whose forward_slots rows are bit-equal to solo decoding (see dew/generate.hpp).
+// SamplingParams alone, its prefill_chunk the scheduler's (draws keyed by the request's own seed, Philox stream and
+// token index, never by slot or batch; the same prompt cropping, context refill, EOS and stop-string rules), given a
+// decoder whose forward_slots rows are bit-equal to solo decoding (see dew/generate.hpp).
 //
 // Threads: submit(), Ticket methods and stats() are thread-safe; step() runs on one thread at a time
 // (start() runs it on a background thread while there is work). The model is only touched by step().
@@ -76,6 +77,11 @@ struct SchedulerOptions {
   int64_t slots = 8;       // sequences decoded together
   int64_t context = 0;     // tokens per slot; 0: the model's context_length() (required when it has none)
   int64_t max_queue = 64;  // requests waiting for a slot; submit() refuses more
+  // Prompt tokens per prefill call, stamped on every request's SamplingParams::prefill_chunk (0: whole prompts),
+  // and the prompt tokens an iteration prefills before its decode rows run: the first waiting prefill always
+  // goes, then others whose next chunk still fits, those with the fewest chunks fed first (a new short prompt
+  // before the rest of a long one), so a long prompt delays the other slots' next tokens by one chunk's time.
+  int64_t prefill_chunk = kPrefillChunk;
 };
 
 struct SchedulerStats {
@@ -137,6 +143,7 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::pair<Request, std::shared_ptr<Ticket>>> queue_;
   std::vector<std::unique_ptr<Active>> active_;  // by slot (null: free); step() only
+  uint64_t admissions_ = 0;                      // requests admitted so far (their order); step() only
   int64_t active_count_ = 0;
   bool draining_ = false, stop_ = false;
   bool running_ = false;  // run() is looping on some thread
