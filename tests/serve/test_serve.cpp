@@ -685,7 +685,7 @@ TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each eq
   }
 }
 
-TEST_CASE("prefill in chunks: near the whole prompt's logits (ref, cpu); other slots decode between the chunks") {
+TEST_CASE("prefill in chunks: near the whole prompt's logits (ref, cpu), other slots decode between the chunks") {
   for (const std::string be_name : {"ref", "cpu"}) {
     CAPTURE(be_name);
     auto m = tiny_model(be_name, 64, 64);
