@@ -4,8 +4,8 @@
 // ceiling; on a CPU backend only — a device's products stand alone), and the fused attention forward and
 // forward+backward times at the char-small, gpt-mini and DiT shapes, and the decode products against one weight,
 // row-major and in the backend's decode panels, the decode attention (one query against a cache), and one sampling
-// draw (dew::sample_token, host code) at three vocabulary sizes (`--only matmul|attention|decode|sampling` runs one
-// part). One JSON
+// draw (dew::sample_token, host code) at three vocabulary sizes, and the cross-entropy forward, backward and argmax
+// over logits of those vocabularies (`--only matmul|attention|decode|loss|sampling` runs one part). One JSON
 // line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
@@ -225,6 +225,36 @@ int run_kernels(const BenchOptions& opt) {
       std::fflush(stdout);
     }
   }
+
+  // The loss over a vocabulary: the fused cross-entropy forward and backward and argmax (the LM objective's token
+  // accuracy) over logits [rows, V] of a byte, GPT-2 and Qwen-sized vocabulary: memory-bound passes, so GB/s counts
+  // the bytes each must move (the forward and argmax read the logits; the backward reads them and writes dlogits).
+  if (opt.only.empty() || opt.only == "loss")
+    for (const int64_t vocab : {int64_t(256), int64_t(50304), int64_t(151936)}) {
+      const int64_t rows = vocab > 100000 ? 512 : 2048;
+      const Tensor logits = Tensor::normal({rows, vocab}, 0, 2, 5, 1, be);
+      std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
+      for (int64_t i = 0; i < rows; ++i) ids[size_t(i)] = int32_t((i * 7919) % vocab);
+      const Tensor targets = Tensor::from_ints(ids, {rows}, be);
+      Tensor loss = Tensor::empty({rows}, DType::f32, be), lse = Tensor::empty({rows}, DType::f32, be);
+      const Tensor dloss = Tensor::full({rows}, 1.0 / double(rows), DType::f32, be);
+      Tensor dlogits = Tensor::empty({rows, vocab}, DType::f32, be), am = Tensor::empty({rows}, DType::i32, be);
+      const CrossEntropyParams p;
+      const auto sync = [&] { be->synchronize(); };
+      const double fwd = median_seconds([&] { be->cross_entropy(logits, targets, loss, lse, p); }, opt, sync);
+      const double bwd =
+          median_seconds([&] { be->cross_entropy_backward(logits, targets, lse, dloss, dlogits, p); }, opt, sync);
+      const double amax = median_seconds([&] { be->argmax(logits, am); }, opt, sync);
+      const double bytes = double(rows) * double(vocab) * 4.0;
+      std::printf(
+          "{\"bench\":\"loss\",\"rows\":%lld,\"vocab\":%lld,\"backend\":\"%s\",\"threads\":%d,\"ms_cross_entropy\":%."
+          "3f,"
+          "\"ms_cross_entropy_backward\":%.3f,\"ms_argmax\":%.3f,\"gbs_cross_entropy\":%.1f,"
+          "\"gbs_cross_entropy_backward\":%.1f,\"gbs_argmax\":%.1f,\"cpu\":\"%s\"}\n",
+          (long long)rows, (long long)vocab, opt.backend.c_str(), opt.threads, fwd * 1e3, bwd * 1e3, amax * 1e3,
+          bytes / fwd * 1e-9, 2 * bytes / bwd * 1e-9, bytes / amax * 1e-9, cpu_model().c_str());
+      std::fflush(stdout);
+    }
 
   // Sampling: one draw through dew::sample_token (host code, whatever the backend) from logits of a byte, GPT-2 and
   // Qwen-sized vocabulary, flat (spread 0.05: every token matters to top_p and the draw) and peaked (4), with

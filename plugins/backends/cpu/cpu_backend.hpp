@@ -377,11 +377,20 @@ using contracts::rows_of;
 
 // Reuses freed blocks of the same rounded size (>= kMinBytes: every block, sizes being multiples of 64)
 // instead of returning them to the C library: a training step allocates the same sizes every step, and
-// fresh large blocks cost page faults (~7 % of a char-small step measured with perf); a decode token makes
-// ~100 small tensors (a row of activations, scores, positions), which then come from here instead of
-// malloc / free (whose consolidation of freed chunks showed up at ~3.5 % of a bf16 decode token). At most
-// `limit` bytes stay cached; past that, blocks are freed at once. Thread-safe. Frees everything it holds
-// when destroyed (the backend outlives every Storage: each holds a reference to it).
+// fresh large blocks cost page faults (~7 % of a char-small step measured with perf; with a 50,304-token
+// vocabulary the kernel's page clearing was 22 % of the step, its logits and their gradient 412 MB each); a
+// decode token makes ~100 small tensors (a row of activations, scores, positions), which then come from here
+// instead of malloc / free (whose consolidation of freed chunks showed up at ~3.5 % of a bf16 decode token).
+// What it keeps (limit 0: nothing): every freed block, while the footprint (memory in use plus cached) stays
+// within the high-water mark of the memory in use plus `limit`: a free does not change the footprint, and before
+// a block that is not cached is made fresh, make_room() frees cached blocks, the largest first, until the
+// footprint with the new block fits again. The slack is needed because the cache reuses a block for its own size
+// only: a step's sizes peak at different times. A steady training step thus takes every block from the cache
+// (with a 50,304-token vocabulary the old rule, at most `limit` cached whatever the peak, freed the logits'
+// gradient at every step), and a run whose sizes change (serving, evaluation) never holds more than its peak
+// need plus `limit`. When the system still refuses a fresh block, release() frees everything cached and the
+// allocation is tried again. Thread-safe. Frees everything it holds when destroyed (the backend outlives every
+// Storage: each holds a reference to it).
 class BlockCache {
  public:
   static constexpr size_t kMinBytes = 64;
@@ -390,7 +399,12 @@ class BlockCache {
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
   void* take(size_t rounded);          // nullptr when none is cached
-  bool give(void* p, size_t rounded);  // false: not cached, the caller frees it
+  bool give(void* p, size_t rounded);  // false: not cached (no cache), the caller frees it
+  // Before a fresh block of `rounded` bytes, with `in_use` bytes handed out: frees cached blocks until the
+  // footprint with it fits the cap (or nothing is cached).
+  void make_room(size_t rounded, size_t in_use);
+  void note_in_use(size_t in_use);  // after an allocation: the high-water mark
+  void release();                   // frees every cached block
   size_t cached_bytes() const {
     std::lock_guard lock(mutex_);
     return cached_;
@@ -400,6 +414,7 @@ class BlockCache {
   mutable std::mutex mutex_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_ = 0, limit_;
+  std::atomic<size_t> high_water_{0};
 };
 
 class CpuBackend final : public Backend {

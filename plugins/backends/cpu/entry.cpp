@@ -199,7 +199,8 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
       },
       .options =
           {{"threads", "0", "OpenMP threads for cpu kernels and oneDNN (0 = OMP_NUM_THREADS / all cores)"},
-           {"cache_mb", "1024", "MiB of freed blocks kept for reuse by size (0 = none)"},
+           {"cache_mb", "1024",
+            "MiB the freed blocks kept for reuse by size may add to the peak of memory in use (0 = no cache)"},
            {"matmul_precision", "highest",
             "f32 matmul/conv precision: highest and high = f32; medium = inputs rounded to bf16, f32 "
             "accumulation, where bf16 products out-run f32 ones on this CPU (option bf16_dot; f32 elsewhere); set "

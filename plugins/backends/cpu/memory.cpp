@@ -76,20 +76,55 @@ void* BlockCache::take(size_t rounded) {
 }
 
 bool BlockCache::give(void* p, size_t rounded) {
-  if (rounded < kMinBytes) return false;
+  if (rounded < kMinBytes || limit_ == 0) return false;
   std::lock_guard lock(mutex_);
-  if (cached_ + rounded > limit_) return false;
   free_[rounded].push_back(p);
   cached_ += rounded;
   return true;
 }
 
+void BlockCache::make_room(size_t rounded, size_t in_use) {
+  const size_t cap = high_water_.load(std::memory_order_relaxed) + limit_;
+  std::lock_guard lock(mutex_);
+  while (cached_ > 0 && in_use + cached_ + rounded > cap) {
+    auto largest = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (!it->second.empty() && (largest == free_.end() || it->first > largest->first)) largest = it;
+    free_block(largest->second.back(), largest->first);
+    largest->second.pop_back();
+    cached_ -= largest->first;
+    if (largest->second.empty()) free_.erase(largest);
+  }
+}
+
+void BlockCache::note_in_use(size_t in_use) {
+  size_t high = high_water_.load(std::memory_order_relaxed);
+  while (in_use > high && !high_water_.compare_exchange_weak(high, in_use, std::memory_order_relaxed)) {
+  }
+}
+
+void BlockCache::release() {
+  std::lock_guard lock(mutex_);
+  for (auto& [size, blocks] : free_)
+    for (void* p : blocks) free_block(p, size);
+  free_.clear();
+  cached_ = 0;
+}
+
 void* CpuBackend::allocate(size_t bytes) {
   const size_t n = round_block(bytes);
   void* p = blocks_->take(n);
-  if (!p) p = new_block(n);
+  if (!p) {
+    blocks_->make_room(n, size_t(memory_.stats().in_use));
+    p = new_block(n);
+  }
+  if (!p) {  // the system refused: give back what the cache holds, then try once more
+    blocks_->release();
+    p = new_block(n);
+  }
   DEW_CHECK(p != nullptr, "cpu backend: out of host memory allocating ", bytes, " bytes");
   memory_.allocated(n);  // memory_stats(): counted at the block size, cached or fresh
+  blocks_->note_in_use(size_t(memory_.stats().in_use));
   return p;
 }
 void CpuBackend::deallocate(void* ptr, size_t bytes) {
