@@ -15,6 +15,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -1984,4 +1985,46 @@ TEST_CASE(
   BackendPtr none = create_backend("cpu", Options({{"cache_mb", "0"}}, "test"));
   { Tensor t = Tensor::empty({kMiB}, DType::f32, none); }
   CHECK(none->memory_stats().reserved == none->memory_stats().in_use);
+}
+
+TEST_CASE("cpu argmax on every ISA path: the first largest, the first NaN, ties, -inf rows, every row length") {
+  cpu();  // the plugin, loaded
+  // The reference: a plain scan (the first NaN wins, else the first strictly larger value).
+  const auto want = [](const float* row, int64_t d) {
+    int32_t at = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      if (row[j] != row[j]) return int32_t(j);
+      if (row[j] > row[at]) at = int32_t(j);
+    }
+    return at;
+  };
+  std::mt19937 rng(5);
+  std::vector<std::vector<float>> rows;
+  for (const int64_t d : {1, 2, 15, 16, 17, 31, 32, 33, 50, 255, 50304}) {
+    std::uniform_int_distribution<int> small(-3, 3);  // few distinct values: many ties
+    for (int kind = 0; kind < 8; ++kind) {
+      std::vector<float> r(static_cast<size_t>(d), 0.0f);
+      for (float& v : r) v = float(small(rng));
+      const size_t pick = size_t(rng() % uint32_t(d)), other = size_t(rng() % uint32_t(d));
+      if (kind == 1) r[pick] = NAN;
+      if (kind == 2) r[pick] = NAN, r[other] = NAN;
+      if (kind == 3) std::fill(r.begin(), r.end(), -INFINITY);
+      if (kind == 4) r[pick] = INFINITY, r[other] = INFINITY;
+      if (kind == 5) r[d - 1] = 9.0f;  // the largest in the tail
+      if (kind == 6) std::fill(r.begin(), r.end(), NAN);
+      if (kind == 7 && d >= 64) r[19] = NAN, r[51] = NAN;  // two NaNs in one lane of 16: the first wins
+      rows.push_back(r);
+    }
+  }
+  for (const std::string& isa : cpu_isa_paths().names) {
+    CAPTURE(isa);
+    BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+    for (const auto& r : rows) {
+      const int64_t d = int64_t(r.size());
+      CAPTURE(d);
+      Tensor x = Tensor::from_vector(r, {1, d}, be), out = Tensor::empty({1}, DType::i32, be);
+      be->argmax(x, out);
+      CHECK(out.to_ints()[0] == want(r.data(), d));
+    }
+  }
 }
