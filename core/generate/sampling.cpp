@@ -11,14 +11,16 @@
 // allocates nothing) in ascending id order. The keys are the penalised logits themselves (dividing by a positive
 // temperature does not change their order); the temperature enters with the weights, e = exp((z - max z) / T),
 // from an exp written here (vectorisable, within 1 ulp of libm's over [-708, 0]) instead of a libm call per token.
-// Every pass over a vocabulary is a loop the compiler vectorises (or GCC vector code), compiled once per ISA and
-// chosen at load (target_clones: x86-64-v4 = AVX-512, v3 = AVX2 + FMA, the baseline); sums run in a fixed lane
-// order and no product is contracted but where written (std::fma: one rounding on every path; core/CMakeLists.txt
-// compiles this file with -ffp-contract=off), so every clone computes the same bits and a draw does not depend on
-// the CPU it runs on (checked by building the chain for each ISA alone: the same distributions and draws).
+// Every pass over a vocabulary is a loop the compiler vectorises at each clone's width (min / max over ordered
+// integer keys; sums as GCC vector code in a fixed lane order), compiled once per ISA and chosen at load
+// (target_clones: x86-64-v4 = AVX-512, v3 = AVX2 + FMA, the baseline), with no contraction into FMAs
+// (core/CMakeLists.txt: -ffp-contract=off) and none written, so every clone computes the same bits and a draw does
+// not depend on the CPU it runs on (checked by building the chain for each ISA alone: the same distributions and
+// draws over 13K settings).
 // Measured (dew-bench kernels --only sampling, Emerald Rapids Xeon, 1 thread, 50,304 ids): a temperature draw
-// 0.68-0.88 ms -> 0.15, top_k 50 0.60-0.83 -> 0.07, top_p 0.9 0.76-1.42 -> 0.20-0.39; the libm calls were a fifth
-// of the old chain, its array-of-structs passes and the nth_element most of the rest.
+// 0.88-0.99 ms -> 0.18-0.24, top_k 50 0.83-0.88 -> 0.08, top_p 0.9 1.02-1.42 -> 0.26-0.35; the x86-64-v3 and baseline
+// builds of the chain alone 0.27 and 0.41 ms a temperature draw. The libm calls were a fifth of the old chain, its
+// array-of-structs passes and the nth_element most of the rest.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -37,6 +39,8 @@
 #else
 #define DEW_SAMPLING_CLONES
 #endif
+
+#pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vectors returned by always-inline helpers (sum_of's Lanes)
 
 namespace dew {
 
@@ -87,11 +91,10 @@ DEW_SAMPLING_CLONES void widened_keys(const float* logits, size_t n, double* z) 
   }
 }
 
-// Eight doubles as one GCC vector: AVX-512 code in the x86-64-v4 clone, two or four registers in the others, the
-// same lane arithmetic in each. Loops over a vocabulary keep four of them in flight (32 running values, by index
-// mod 32), so that no pass waits on one chain of latencies.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vectors returned by always-inline helpers
+// Eight doubles as one GCC vector, for sums (the one pass whose bits depend on its order): AVX-512 code in the
+// x86-64-v4 clone, two or four registers in the others (GCC splits + natively; it would not split compares or
+// selects: those passes are plain loops), the same lane arithmetic in each. sum_of keeps four in flight (32
+// running sums, by index mod 32), so that it does not wait on one chain of latencies.
 typedef double Lanes __attribute__((vector_size(64)));
 constexpr size_t kWidth = 8, kBlock = 32;
 [[gnu::always_inline]] inline Lanes load_lanes(const double* p) {
@@ -101,48 +104,51 @@ constexpr size_t kWidth = 8, kBlock = 32;
 }
 [[gnu::always_inline]] inline Lanes splat(double x) { return Lanes{x, x, x, x, x, x, x, x}; }
 
+// Doubles (no NaN) as int64 keys in the same order, so that min / max reductions vectorise at each clone's own
+// width (GCC keeps floating-point min / max reductions scalar without -ffinite-math-only, and 64-byte vector
+// compares on AVX2 lane by lane): negative values have their magnitude bits flipped. Exact both ways.
+inline int64_t order_key(double z) {
+  const int64_t b = std::bit_cast<int64_t>(z);
+  return b ^ ((b >> 63) & INT64_MAX);
+}
+inline double from_order_key(int64_t k) { return std::bit_cast<double>(k ^ ((k >> 63) & INT64_MAX)); }
+
 // The largest z (z holds no NaN; -inf when n is 0).
 DEW_SAMPLING_CLONES double max_of(const double* z, size_t n) {
-  Lanes m[4] = {splat(-INFINITY), splat(-INFINITY), splat(-INFINITY), splat(-INFINITY)};
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (size_t j = 0; j < 4; ++j) {
-      const Lanes v = load_lanes(z + i + kWidth * j);
-      m[j] = v > m[j] ? v : m[j];
-    }
-  double top = -INFINITY;
-  for (; i < n; ++i) top = z[i] > top ? z[i] : top;
-  for (size_t j = 0; j < 4; ++j)
-    for (size_t k = 0; k < kWidth; ++k) top = m[j][k] > top ? m[j][k] : top;
-  return top;
+  int64_t m = order_key(-INFINITY);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = order_key(z[i]);
+    m = k > m ? k : m;
+  }
+  return from_order_key(m);
 }
 
 // exp(x) for x <= 0 (-inf included), within a few ulp: x = k ln2 + r (Cody-Waite: ln2's high part has 32 bits, so
 // k ln2_hi is exact for |k| < 2^11), |r| <= ln2 / 2, exp(r) by its Taylor series to degree 13 (truncation below
-// 2^-57) in fused multiply-adds (std::fma: one rounding each, on every path), times 2^k built in the exponent
-// field. Below -708 (where 2^k would be subnormal) the weight is 0: such a token is over 300 orders of magnitude
-// below the most likely one.
+// 2^-57), times 2^k built in the exponent field. Plain products and sums (no std::fma: the baseline clone would
+// call libm's software fma, ~30x slower), so every clone computes the same bits. Below -708 (where 2^k would be
+// subnormal) the weight is 0: such a token is over 300 orders of magnitude below the most likely one.
 inline double exp_nonpositive(double x) {
   constexpr double kLog2e = 0x1.71547652b82fep0, kShifter = 0x1.8p52;
   constexpr double kLn2Hi = 0x1.62e42feep-1, kLn2Lo = 0x1.a39ef35793c76p-33;
-  const double xc = x < -708.0 ? -708.0 : x;        // -inf too
-  const double t = std::fma(xc, kLog2e, kShifter);  // k in t's low mantissa bits, rounded to nearest
+  const double xc = x < -708.0 ? -708.0 : x;  // -inf too
+  const double t = xc * kLog2e + kShifter;    // k in t's low mantissa bits, rounded to nearest
   const double k = t - kShifter;
-  const double r = std::fma(-k, kLn2Lo, std::fma(-k, kLn2Hi, xc));
+  const double r = (xc - k * kLn2Hi) - k * kLn2Lo;
   double p = 1.0 / 6227020800.0;  // 1 / 13!
-  p = std::fma(p, r, 1.0 / 479001600.0);
-  p = std::fma(p, r, 1.0 / 39916800.0);
-  p = std::fma(p, r, 1.0 / 3628800.0);
-  p = std::fma(p, r, 1.0 / 362880.0);
-  p = std::fma(p, r, 1.0 / 40320.0);
-  p = std::fma(p, r, 1.0 / 5040.0);
-  p = std::fma(p, r, 1.0 / 720.0);
-  p = std::fma(p, r, 1.0 / 120.0);
-  p = std::fma(p, r, 1.0 / 24.0);
-  p = std::fma(p, r, 1.0 / 6.0);
-  p = std::fma(p, r, 0.5);
-  p = std::fma(p, r, 1.0);
-  p = std::fma(p, r, 1.0);
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
   const int64_t ki = std::bit_cast<int64_t>(t) - std::bit_cast<int64_t>(kShifter);  // k, in [-1022, 0]
   const double scale = std::bit_cast<double>(uint64_t(ki + 1023) << 52);
   return x < -708.0 ? 0.0 : p * scale;
@@ -168,50 +174,32 @@ DEW_SAMPLING_CLONES double sum_of(const double* e, size_t n) {
 
 // The range of z over the tokens of positive weight, and their count.
 DEW_SAMPLING_CLONES size_t positive_range(const double* z, const double* e, size_t n, double* lo, double* hi) {
-  Lanes l[4], h[4], c[4];  // the count in doubles too: exact below 2^53
-  for (size_t j = 0; j < 4; ++j) l[j] = splat(INFINITY), h[j] = splat(-INFINITY), c[j] = splat(0);
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (size_t j = 0; j < 4; ++j) {
-      const Lanes v = load_lanes(z + i + kWidth * j), w = load_lanes(e + i + kWidth * j);
-      const auto positive = w > 0;
-      const Lanes low = positive ? v : splat(INFINITY), high = positive ? v : splat(-INFINITY);
-      l[j] = low < l[j] ? low : l[j];
-      h[j] = high > h[j] ? high : h[j];
-      c[j] += positive ? splat(1) : splat(0);
-    }
-  double low = INFINITY, high = -INFINITY, count = 0;
-  for (; i < n; ++i)
-    if (e[i] > 0) {
-      low = z[i] < low ? z[i] : low;
-      high = z[i] > high ? z[i] : high;
-      count += 1;
-    }
-  for (size_t j = 0; j < 4; ++j)
-    for (size_t k = 0; k < kWidth; ++k) {
-      low = l[j][k] < low ? l[j][k] : low;
-      high = h[j][k] > high ? h[j][k] : high;
-      count += c[j][k];
-    }
-  *lo = low;
-  *hi = high;
-  return size_t(count);
+  int64_t l = order_key(INFINITY), h = order_key(-INFINITY), c = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool positive = e[i] > 0;
+    const int64_t k = order_key(z[i]);
+    const int64_t low = positive ? k : order_key(INFINITY), high = positive ? k : order_key(-INFINITY);
+    l = low < l ? low : l;
+    h = high > h ? high : h;
+    c += positive;
+  }
+  *lo = from_order_key(l);
+  *hi = from_order_key(h);
+  return size_t(c);
 }
 
-// The first index from `from` on whose z exceeds `threshold` (n when none): eight compares a step.
+// The first index from `from` on whose z exceeds `threshold` (n when none): eight branch-free compares a step.
 DEW_SAMPLING_CLONES size_t first_above(const double* z, size_t from, size_t n, double threshold) {
   size_t i = from;
-  for (; i + kWidth <= n; i += kWidth) {
-    const auto above = load_lanes(z + i) > splat(threshold);
-    int64_t any = 0;
-    for (size_t k = 0; k < kWidth; ++k) any |= above[k];
+  for (; i + 8 <= n; i += 8) {
+    bool any = false;
+    for (size_t k = 0; k < 8; ++k) any |= z[i + k] > threshold;
     if (any) break;
   }
   for (; i < n; ++i)
     if (z[i] > threshold) return i;
   return n;
 }
-#pragma GCC diagnostic pop
 
 // slice[i] = which of 256 equal slices of [lo, hi] holds z[i], counted from the top (0 holds hi); z below lo (and
 // -inf) in the last. Differences of halves, so that no range of finite keys overflows.

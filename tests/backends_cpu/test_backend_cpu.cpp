@@ -1949,7 +1949,7 @@ TEST_CASE("cpu: bf16 kernels over storage equal the f32 kernel on the widened in
 }
 
 TEST_CASE(
-    "cpu block cache: a repeated step reuses every block within its peak plus cache_mb; changing sizes stay bounded") {
+    "cpu block cache: a repeated step reuses every block within its peak plus cache_mb, changing sizes stay bounded") {
   constexpr int64_t kMiB = int64_t(1) << 20;
   cpu();  // the plugin, loaded
   BackendPtr be = create_backend("cpu", Options({{"cache_mb", "16"}}, "test"));

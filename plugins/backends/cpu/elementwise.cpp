@@ -982,16 +982,19 @@ int32_t row_argmax(const float* row, int64_t d) {
   int64_t at = 0, nan_at = best != best ? 0 : kNone;
   int64_t j = 0;
   if (d >= L) {
+    alignas(64) static constexpr int32_t kNones[L] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone,
+                                                      kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
+    const vi none = viload(kNones);  // (a load: viset here was left out of line, a 64-byte return)
     vf lane_best = vload(row);
     vi lane_at = iota();
-    vi lane_nan = vsel(lane_best != lane_best, iota(), viset(kNone));
+    vi lane_nan = vsel(lane_best != lane_best, iota(), none);
     for (j = L; j + L <= d; j += L) {
       const vf x = vload(row + j);
       const vi idx = iota() + int32_t(j);
       const vi greater = x > lane_best;
       lane_best = vsel(greater, x, lane_best);
       lane_at = vsel(greater, idx, lane_at);
-      lane_nan = vsel((x != x) & (lane_nan == viset(kNone)), idx, lane_nan);
+      lane_nan = vsel((x != x) & (lane_nan == none), idx, lane_nan);
     }
     alignas(64) float bv[L];
     alignas(64) int32_t bi[L], bn[L];
