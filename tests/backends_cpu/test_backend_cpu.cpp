@@ -2028,3 +2028,46 @@ TEST_CASE("cpu argmax on every ISA path: the first largest, the first NaN, ties,
     }
   }
 }
+
+TEST_CASE("cpu cross_entropy on every ISA path: vocabularies across blocks and tails, NaN, +inf and -inf rows") {
+  cpu();  // the plugin, loaded
+  for (const std::string& isa : cpu_isa_paths().names) {
+    CAPTURE(isa);
+    BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+    for (const int64_t V : {int64_t(5), int64_t(64), int64_t(1000), int64_t(3001)}) {
+      CAPTURE(V);
+      const int64_t N = 6;
+      const Tensor xr = Tensor::uniform({N, V}, -8.0f, 8.0f, 7, uint64_t(V), ref());
+      std::vector<int32_t> t(static_cast<size_t>(N), 0);
+      for (int64_t i = 0; i < N; ++i) t[size_t(i)] = int32_t((i * 37) % V);
+      const Tensor tr = Tensor::from_ints(t, {N}, ref()), dl = Tensor::full({N}, 0.5, DType::f32, ref());
+      Tensor lr = Tensor::empty({N}, DType::f32, ref()), sr = Tensor::empty({N}, DType::f32, ref());
+      Tensor gr = Tensor::empty({N, V}, DType::f32, ref());
+      ref()->cross_entropy(xr, tr, lr, sr, {});
+      ref()->cross_entropy_backward(xr, tr, sr, dl, gr, {});
+      const Tensor xc = xr.to(be), tc = tr.to(be), dc = dl.to(be);
+      Tensor lc = Tensor::empty({N}, DType::f32, be), sc = Tensor::empty({N}, DType::f32, be);
+      Tensor gc = Tensor::empty({N, V}, DType::f32, be);
+      be->cross_entropy(xc, tc, lc, sc, {});
+      be->cross_entropy_backward(xc, tc, sc, dc, gc, {});
+      const std::vector<float> want_l = lr.to_floats(), got_l = lc.to_floats(), want_g = gr.to_floats(),
+                               got_g = gc.to_floats();
+      for (size_t i = 0; i < want_l.size(); ++i) CHECK(got_l[i] == doctest::Approx(want_l[i]).epsilon(1e-5));
+      double worst = 0;
+      for (size_t i = 0; i < want_g.size(); ++i) worst = std::max(worst, double(std::fabs(got_g[i] - want_g[i])));
+      CHECK(worst < 1e-6);
+      // A NaN logit propagates to the row's lse; a +inf logit makes it +inf; a row of -inf gives -inf.
+      std::vector<float> special(static_cast<size_t>(3 * V), 0.5f);
+      special[size_t(V / 2)] = NAN;
+      special[size_t(V + V - 1)] = INFINITY;
+      std::fill(special.begin() + 2 * V, special.end(), -INFINITY);
+      const Tensor xs = Tensor::from_vector(special, {3, V}, be), ts = Tensor::from_ints({0, 0, 0}, {3}, be);
+      Tensor ls = Tensor::empty({3}, DType::f32, be), ss = Tensor::empty({3}, DType::f32, be);
+      be->cross_entropy(xs, ts, ls, ss, {});
+      const std::vector<float> lse = ss.to_floats();
+      CHECK(std::isnan(lse[0]));
+      CHECK(lse[1] == INFINITY);
+      CHECK(lse[2] == -INFINITY);
+    }
+  }
+}

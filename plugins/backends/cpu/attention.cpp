@@ -133,27 +133,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------- vector helpers (vf, vload, vsel, ...: vec16.hpp)
 
-// e^x for x <= 88 (softmax arguments are <= 0); exactly 0 below -87, so exp(-inf) = 0 (far below -87 the
-// integer exponent is garbage, but the final select discards it).
-DEW_AI vf vexp_upto88(const vf& x) {
-  const vf magic = vset(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
-  const vf t = x * vset(1.44269504088896341f) + magic;
-  const vf n = t - magic;
-  const vu ni = (vu)t - (vu)viset(0x4B400000);  // n as an integer (unsigned: no signed overflow on garbage)
-  vf r = x - n * vset(0.693359375f);
-  r = r - n * vset(-2.12194440e-4f);
-  vf p = vset(1.9875691500e-4f);
-  p = p * r + vset(1.3981999507e-3f);
-  p = p * r + vset(8.3334519073e-3f);
-  p = p * r + vset(4.1665795894e-2f);
-  p = p * r + vset(1.6666665459e-1f);
-  p = p * r + vset(5.0000001201e-1f);
-  const vf e = p * (r * r) + r + vset(1.0f);
-  const vf res = e * (vf)((ni + (vu)viset(127)) << 23);  // e * 2^n
-  return vsel(x < vset(-87.0f), vf{}, res);
-}
-// e^x for any x; saturates at e^88.
-DEW_AI vf vexp(const vf& x) { return vexp_upto88(vsel(x > vset(88.0f), vset(88.0f), x)); }
+// vexp_upto88 / vexp (e^x for softmax arguments): vec16.hpp, shared with the loss.
 
 // tanh(y) = sign(y) (1 - 2 / (e^{2|y|} + 1)); absolute error ~1e-7.
 DEW_AI vf vtanh(const vf& y) {

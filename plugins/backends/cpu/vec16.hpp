@@ -26,6 +26,7 @@
 //   vset viset        a scalar in every lane; iota(): lanes 0, 1, ..., 15
 //   hsum16            isa.hpp's fixed tree: halves, then quarters, then pairs
 //   transpose16       in-register 16 x 16 transpose
+//   vexp_upto88 vexp  e^x (Cephes expf, ~1e-7): exactly 0 below -87; vexp saturates at e^88
 // Included by a family's kernels (the #if defined(DEW_CPU_ISA) part, at namespace scope), so once per path inside
 // that path's namespace and `#pragma GCC target` region: its names hide isa.hpp's there, and every helper is
 // compiled for the path that inlines it. That matters: GCC 12 gimplifies a vector `?:` or comparison in the
@@ -377,5 +378,29 @@ DEW_AI void transpose16(vf (&x)[16]) {
   }
 }
 #endif
+
+// ---- shared on every path: e^x in 16 lanes (Cephes expf, relative error ~1e-7; attention's softmax and the loss)
+
+// e^x for x <= 88 (softmax arguments are <= 0); exactly 0 below -87, so exp(-inf) = 0 (far below -87 the
+// integer exponent is garbage, but the final select discards it).
+DEW_AI vf vexp_upto88(const vf& x) {
+  const vf magic = vset(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
+  const vf t = x * vset(1.44269504088896341f) + magic;
+  const vf n = t - magic;
+  const vu ni = (vu)t - (vu)viset(0x4B400000);  // n as an integer (unsigned: no signed overflow on garbage)
+  vf r = x - n * vset(0.693359375f);
+  r = r - n * vset(-2.12194440e-4f);
+  vf p = vset(1.9875691500e-4f);
+  p = p * r + vset(1.3981999507e-3f);
+  p = p * r + vset(8.3334519073e-3f);
+  p = p * r + vset(4.1665795894e-2f);
+  p = p * r + vset(1.6666665459e-1f);
+  p = p * r + vset(5.0000001201e-1f);
+  const vf e = p * (r * r) + r + vset(1.0f);
+  const vf res = e * (vf)((ni + (vu)viset(127)) << 23);  // e * 2^n
+  return vsel(x < vset(-87.0f), vf{}, res);
+}
+// e^x for any x; saturates at e^88.
+DEW_AI vf vexp(const vf& x) { return vexp_upto88(vsel(x > vset(88.0f), vset(88.0f), x)); }
 
 #pragma GCC diagnostic pop
