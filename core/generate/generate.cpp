@@ -197,7 +197,9 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
       const int64_t t = logits.shape()[1], v = logits.shape()[2];
       Tensor last = reshape(logits, {t, v}).slice0(t - 1, t);
       const std::vector<float> row = last.dtype() == DType::f32 ? last.to_floats() : cast(last, DType::f32).to_floats();
-      const int32_t tok = sample_token(row.data(), v, params, history, uint64_t(n), uint64_t(i));
+      // Ids the tokenizer has no text for (a vocabulary padded past it, as GPT-2's 50,257 to 50,304) are never drawn.
+      const int64_t drawable = tokenizer && tokenizer->vocab_size() < v ? tokenizer->vocab_size() : v;
+      const int32_t tok = sample_token(row.data(), drawable, params, history, uint64_t(n), uint64_t(i));
       if (params.eos_id >= 0 && tok == params.eos_id) {
         g.finish_reason = "eos";
         break;

@@ -91,6 +91,7 @@ Scheduler::Scheduler(CausalDecoder& model, std::shared_ptr<const Tokenizer> toke
   context_ = options.context > 0 ? options.context : model.context_length();
   DEW_USAGE_CHECK(context_ > 0, "serve: the model has no context length: set one (--context)");
   vocab_ = model.vocab_size();
+  drawable_ = tokenizer_ && tokenizer_->vocab_size() < vocab_ ? tokenizer_->vocab_size() : vocab_;  // as generate()
   backend_ = default_backend();
   cache_ = model.make_slot_cache(options.slots, context_);
   active_.resize(size_t(options.slots));
@@ -288,7 +289,7 @@ bool Scheduler::step() {
       Active& a = *active_[size_t(s)];
       const SamplingParams& sp = a.req.params;
       const uint64_t drawn = a.tokens.size();
-      const int32_t tok = sample_token(logits.data(), vocab_, sp, a.history, drawn, a.req.stream);
+      const int32_t tok = sample_token(logits.data(), drawable_, sp, a.history, drawn, a.req.stream);
       if (drawn == 0) {
         std::lock_guard<std::mutex> lk(a.ticket->mu_);
         a.ticket->first_token = now;

@@ -547,6 +547,30 @@ TEST_CASE("generate: a scripted decoder, eos, max_new_tokens, stop strings trimm
   CHECK_THROWS_AS(dew::generate(start, {{'a'}}, p, nullptr), dew::UsageError);
 }
 
+TEST_CASE("generate: ids past the tokenizer's vocabulary (a padded head) are never drawn") {
+  ref();
+  // 300 logits, the largest at id 280 (no byte has it), the next at 'b'.
+  dew::StartFn start = [&](int64_t) -> dew::DecodeFn {
+    return [&](const Tensor& t) {
+      std::vector<float> out(300, 0.0f);
+      out[280] = 9.0f;
+      out['b'] = 5.0f;
+      return Tensor::from_vector(out, {1, 1, 300}, ref());
+    };
+  };
+  auto tok = dew::make_byte_tokenizer();
+  dew::SamplingParams p;
+  p.max_new_tokens = 4;
+  for (const float temperature : {0.0f, 1.0f}) {
+    p.temperature = temperature;
+    const auto g = dew::generate(start, {{'a'}}, p, tok.get());
+    for (int32_t id : g[0].tokens) CHECK(id < 256);
+    CHECK(g[0].text.size() == 4);
+  }
+  p.temperature = 0;
+  CHECK(dew::generate(start, {{'a'}}, p, nullptr)[0].tokens == std::vector<int32_t>(4, 280));  // no tokenizer: any id
+}
+
 TEST_CASE("generate_text on the causal_transformer: seeded runs reproduce, greedy equals a full-forward argmax") {
   auto m = make_model({{"vocab_size", "256"}, {"dim", "16"}, {"n_layers", "2"}, {"n_heads", "2"}}, 9);
   auto* dec = dynamic_cast<dew::CausalDecoder*>(m.get());

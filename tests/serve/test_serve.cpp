@@ -772,6 +772,35 @@ TEST_CASE("prefill in chunks: near the whole prompt's logits (ref, cpu), other s
   }
 }
 
+TEST_CASE("scheduler: a vocabulary padded past the tokenizer's draws tokenizer ids only, as solo does") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  backend("cpu");
+  dew::Options o({{"vocab_size", "320"}, {"dim", "32"}, {"n_layers", "2"}, {"n_heads", "4"}, {"max_seq_len", "24"}},
+                 "model");
+  auto m = dew::Registry::global().create<dew::Model>("causal_transformer", o);
+  m->initialize(5);
+  m->set_training(false);
+  dew::CausalDecoder& dec = decoder_of(m);
+  dew::serve::Scheduler sched(dec, tok, {2, 0, 4});
+  std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+  std::vector<dew::Generation> solo;
+  for (uint64_t seed : {1, 2, 3}) {
+    dew::serve::Request r;
+    r.prompt = random_tokens(5, uint32_t(seed));
+    r.params.max_new_tokens = 30;
+    r.params.temperature = 2.0f;  // flat enough that ids past 255 would be drawn if they could be
+    r.params.seed = seed;
+    solo.push_back(dew::generate(dew::decoder_start(dec), {r.prompt}, r.params, tok.get(), dec.context_length())[0]);
+    tickets.push_back(sched.submit(r).ticket);
+  }
+  while (sched.step()) {
+  }
+  for (size_t i = 0; i < solo.size(); ++i) {
+    expect_equal(tickets[i]->wait(), solo[i], i);
+    for (int32_t id : solo[i].tokens) CHECK(id < 256);
+  }
+}
+
 TEST_CASE("scheduler: a finished request's slot is reused in the next iteration") {
   auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
   auto m = tiny_model("ref");

@@ -158,7 +158,9 @@ struct Generation {
 };
 
 // `prompts`: token ids (each non-empty). `tokenizer` may be null (then stop strings cannot apply: refused
-// when params.stop is not empty). `context` (> 0): the model's context length (see above); 0: unlimited.
+// when params.stop is not empty); with one whose vocabulary is smaller than the logits (a vocabulary padded past
+// the tokenizer's, as GPT-2's 50,257 to 50,304, or a byte corpus on a larger model), only its ids are drawn, as
+// llm.c samples. `context` (> 0): the model's context length (see above); 0: unlimited.
 std::vector<Generation> generate(const StartFn& start, const std::vector<std::vector<int32_t>>& prompts,
                                  const SamplingParams& params, const Tokenizer* tokenizer = nullptr,
                                  int64_t context = 0);

@@ -135,7 +135,7 @@ class Scheduler {
   CausalDecoder& model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   SchedulerOptions options_;
-  int64_t context_ = 0, vocab_ = 0;
+  int64_t context_ = 0, vocab_ = 0, drawable_ = 0;  // drawable_: ids drawn (the tokenizer's, when smaller)
   BackendPtr backend_;
   std::unique_ptr<SlotCache> cache_;
 
