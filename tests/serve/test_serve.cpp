@@ -123,6 +123,14 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// The largest |a[i] - b[i]| (a and b of one size).
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+  return diff;
+}
+
 // Teacher-forced decoding of several sequences through a slot cache with `slots` rows: sequence i joins
 // at step i (its prompt prefilled alone), every step decodes one token of each other active sequence in
 // one batched call, sequences leave when their tokens are used up and their slots are reused. Each row's
@@ -264,8 +272,7 @@ TEST_CASE("last-position prefill: the full form's last logits, the same cache (r
     const Tensor last = dec.forward_cached_last(prompt, *last_cache);
     REQUIRE(last.shape() == dew::Shape{2, 1, 256});
     const std::vector<float> want = dew::slice(full, 1, 8, 9).to_floats(), got = last.to_floats();
-    double diff = 0;
-    for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, double(std::fabs(want[i] - got[i])));
+    const double diff = max_abs_diff(want, got);
     if (be_name == "ref")
       CHECK(same_bits(want, got));
     else
@@ -709,17 +716,11 @@ TEST_CASE("prefill in chunks: near the whole prompt's logits (ref, cpu), other s
     CHECK(chunk_cache->length() == 23);
     CHECK(slots->length(1) == 23);
     CHECK(same_bits(chunked, slotted));
-    REQUIRE(whole.size() == chunked.size());
-    double diff = 0;
-    for (size_t i = 0; i < whole.size(); ++i) diff = std::max(diff, double(std::fabs(whole[i] - chunked[i])));
-    CHECK(diff < 1e-4);
+    CHECK(max_abs_diff(whole, chunked) < 1e-4);
     // The next token over either cache.
     const Tensor next = Tensor::from_ints({9}, {1, 1}, be);
-    const std::vector<float> a = dec.forward_cached_last(next, *whole_cache).to_floats(),
-                             b = dec.forward_cached_last(next, *chunk_cache).to_floats();
-    diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    CHECK(diff < 1e-4);
+    CHECK(max_abs_diff(dec.forward_cached_last(next, *whole_cache).to_floats(),
+                       dec.forward_cached_last(next, *chunk_cache).to_floats()) < 1e-4);
   }
 
   auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());

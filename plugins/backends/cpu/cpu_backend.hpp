@@ -382,7 +382,9 @@ using contracts::rows_of;
 // decode token makes ~100 small tensors (a row of activations, scores, positions), which then come from here
 // instead of malloc / free (whose consolidation of freed chunks showed up at ~3.5 % of a bf16 decode token).
 // What it keeps (limit 0: nothing): every freed block, while the footprint (memory in use plus cached) stays
-// within the high-water mark of the memory in use plus `limit`: a free does not change the footprint, and before
+// within the high-water mark of the memory in use plus `limit` (the cache's own mark: reset_memory_peak() lowers
+// the backend's reported peak, not this, so a validation after a reset does not evict a step's blocks): a free does
+// not change the footprint, and before
 // a block that is not cached is made fresh, make_room() frees cached blocks, the largest first, until the
 // footprint with the new block fits again. The slack is needed because the cache reuses a block for its own size
 // only: a step's sizes peak at different times. A steady training step thus takes every block from the cache

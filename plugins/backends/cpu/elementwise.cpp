@@ -1003,11 +1003,10 @@ int32_t row_argmax(const float* row, int64_t d) {
     vstore(reinterpret_cast<float*>(bn), (vf)lane_nan);
     best = -INFINITY;
     at = kNone;
-    for (int64_t k = 0; k < L; ++k) {
+    for (int64_t k = 0; k < L; ++k) {  // (a row of -inf: lane 0 ties best = -inf at the lowest index)
       nan_at = std::min<int64_t>(nan_at, bn[k]);
       if (bv[k] > best || (bv[k] == best && bi[k] < at)) best = bv[k], at = bi[k];
     }
-    if (at == kNone) at = bi[0];  // every lane -inf: (-inf > -inf is false) the first index
   }
   for (; j < d; ++j) {  // the tail (or a row shorter than a vector), in order
     if (row[j] != row[j]) nan_at = std::min<int64_t>(nan_at, j);
