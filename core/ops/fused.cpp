@@ -1,9 +1,10 @@
 // core/ops/fused.cpp — fused differentiable blocks (dew/ops.hpp): modulated_layer_norm, gated_residual,
-// packed_attention, qkv_attention. Each is the composition its comment names, computed with fewer passes over memory
-// (the training step is memory-bound on CPUs); the gradient checks against finite differences and the equality with the
-// unfused composition are in tests/autograd/test_fused_ops.cpp.
-// Their forwards call the backend directly (not through call_kernel), so a step program's recording that meets one
-// is marked opaque (step_record.hpp): such a step is never replayed.
+// packed_attention, qkv_attention, linear_cross_entropy. Each is the composition its comment names, computed with fewer
+// passes over memory (the training step is memory-bound on CPUs); the gradient checks against finite differences and
+// the equality with the unfused composition are in tests/autograd/test_fused_ops.cpp. Their forwards call the backend
+// directly (not through call_kernel), so a step program's recording that meets one is marked opaque (step_record.hpp):
+// such a step is never replayed.
+#include <algorithm>
 #include <cmath>
 
 #include "op_util.hpp"  // (and kernel_call.hpp: the step recorder)
@@ -238,6 +239,148 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
         "qkv_attention");
   }
   return y;
+}
+
+// ---------------------------------------------------------------- linear_cross_entropy
+
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, const LinearCrossEntropyOptions& o) {
+  DEW_USAGE_CHECK(o.chunk_rows >= 0 && o.chunk_mb > 0, "linear_cross_entropy: chunk_rows must be >= 0 and chunk_mb > 0",
+                  " (got ", o.chunk_rows, ", ", o.chunk_mb, ")");
+  const int64_t fit = int64_t(o.chunk_mb * 1048576.0 / (4.0 * double(std::max<int64_t>(vocab, 1))));
+  return std::clamp<int64_t>(o.chunk_rows > 0 ? o.chunk_rows : fit, 1, std::max<int64_t>(rows, 1));
+}
+
+// Per chunk of rows [r0, r1): z = h_c w^T (in h's dtype; widened to f32 for a half dtype, as the causal
+// transformer's head does), zc = softcap(z), the per-row losses and lse of cross_entropy on zc, argmax(zc) when asked;
+// with a gradient: dzc = cross_entropy_backward(zc) for dloss = 1 / divisor (the mean's g = 1), dz = softcap's
+// backward, then dh_c = dz w (written into its rows of dh) and dw += dz^T h_c (beta = 1 after the first chunk; a half
+// dtype's chunk products are widened and summed in f32). The backward multiplies dh and dw by g, unless g is 1 on a
+// host backend (a pass over [V, D] saved).
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
+                            const LinearCrossEntropyOptions& o) {
+  detail::mark_step_opaque();  // direct calls below
+  if (detail::autocast_lowers({&h, &w}))
+    return linear_cross_entropy(detail::autocast_lower(h), detail::autocast_lower(w), targets, o);
+  DEW_CHECK(h.ndim() == 2 && w.ndim() == 2 && h.shape()[1] == w.shape()[1], "linear_cross_entropy: h must be [N, D] ",
+            "and w [V, D], got ", shape_str(h.shape()), " and ", shape_str(w.shape()));
+  DEW_CHECK(is_floating(h.dtype()) && h.dtype() == w.dtype(), "linear_cross_entropy: h and w must have one float ",
+            "dtype, got ", dtype_name(h.dtype()), " and ", dtype_name(w.dtype()));
+  DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == h.shape()[0],
+            "linear_cross_entropy: targets must be i32 [", h.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
+            shape_str(targets.shape()));
+  DEW_CHECK(o.softcap >= 0.0f, "linear_cross_entropy: softcap must be >= 0, got ", o.softcap);
+  detail::check_same_backend(h, w, "linear_cross_entropy");
+  detail::check_same_backend(h, targets, "linear_cross_entropy");
+  const int64_t n = h.shape()[0], d = h.shape()[1], v = w.shape()[0];
+  const int64_t chunk = linear_cross_entropy_chunk_rows(n, v, o);
+  const DType dt = h.dtype(), lt = dt == DType::f64 ? DType::f64 : DType::f32;  // products' dtype; logits' and loss's
+  const bool half = dt != lt;
+  const auto& bp = h.backend_ptr();
+  detail::KernelCall be = detail::kernels(h);
+  const Tensor hd = h.detach(), wd = w.detach();
+  const bool gh = needs_grad({&h}), gw = needs_grad({&w});
+  const CrossEntropyParams cp{o.ignore_index};
+  const UnaryParams cap{UnaryOp::softcap, o.softcap, 0.0f};
+
+  Tensor loss_rows = Tensor::empty({n}, lt, bp);
+  Tensor predictions;
+  if (o.predictions) predictions = Tensor::empty({n}, DType::i32, bp);
+  const Tensor divisor = detail::cross_entropy_divisor(targets, o.ignore_index, lt);
+  Tensor dloss, dh, dw;  // dloss [n]: 1 / divisor in every row; dw: in lt (a half dtype's f32 sum)
+  if (gh || gw) {
+    NoGradGuard no_grad;
+    dloss = contiguous_copy(broadcast_to(div(Tensor::full({1}, 1.0, lt, bp), divisor), {n}));
+    if (gh) dh = Tensor::empty({n, d}, dt, bp);
+    if (gw) dw = Tensor::empty({v, d}, lt, bp);
+  }
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t r1 = std::min(n, r0 + chunk), m = r1 - r0;
+    const Tensor hc = hd.slice0(r0, r1), tc = targets.slice0(r0, r1);
+    Tensor z = Tensor::empty({m, v}, dt, bp);
+    {
+      MatmulParams mp;
+      mp.m = m;
+      mp.n = v;
+      mp.k = d;
+      mp.trans_b = true;
+      be.matmul(hc, wd, Tensor(), z, mp);
+    }
+    if (half) {
+      Tensor wide = Tensor::empty({m, v}, lt, bp);
+      be.cast(z, wide);
+      z = wide;
+    }
+    Tensor zc = z;
+    if (o.softcap > 0.0f) {
+      zc = Tensor::empty({m, v}, lt, bp);
+      be.unary(z, zc, cap);
+    }
+    Tensor lse = Tensor::empty({m}, lt, bp);
+    Tensor loss_c = loss_rows.slice0(r0, r1);
+    be.cross_entropy(zc, tc, loss_c, lse, cp);
+    if (o.predictions) {
+      Tensor pc = predictions.slice0(r0, r1);
+      be.argmax(zc, pc);
+    }
+    if (!gh && !gw) continue;
+    Tensor dz = Tensor::empty({m, v}, lt, bp);
+    be.cross_entropy_backward(zc, tc, lse, dloss.slice0(r0, r1), dz, cp);
+    if (o.softcap > 0.0f) {  // dz = dzc * softcap'(z), into zc's buffer (no longer read)
+      be.unary_backward(z, dz, zc, cap);
+      dz = zc;
+    }
+    if (half) {
+      Tensor narrow = Tensor::empty({m, v}, dt, bp);
+      be.cast(dz, narrow);
+      dz = narrow;
+    }
+    if (gh) {  // dh_c = dz w
+      Tensor dhc = dh.slice0(r0, r1);
+      MatmulParams mp;
+      mp.m = m;
+      mp.n = d;
+      mp.k = v;
+      be.matmul(dz, wd, Tensor(), dhc, mp);
+    }
+    if (gw) {  // dw += dz^T h_c
+      MatmulParams mp;
+      mp.m = v;
+      mp.n = d;
+      mp.k = m;
+      mp.trans_a = true;
+      if (!half) {
+        mp.beta = r0 == 0 ? 0.0f : 1.0f;
+        be.matmul(dz, hc, Tensor(), dw, mp);
+      } else {
+        Tensor part = Tensor::empty({v, d}, dt, bp), wide = r0 == 0 ? dw : Tensor::empty({v, d}, lt, bp);
+        be.matmul(dz, hc, Tensor(), part, mp);
+        be.cast(part, wide);
+        if (r0 > 0) be.binary(dw, wide, dw, BinaryOp::add);
+      }
+    }
+  }
+  if (o.predictions) *o.predictions = predictions;
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = div(sum(loss_rows), divisor);
+  }
+  if (gh || gw) {
+    record(
+        out, {h, w},
+        [dh, dw, dt](const Tensor& g) {
+          const bool one = g.backend().host_accessible() && g.numel() == 1 && g.item() == 1.0;
+          Tensor dhs = dh, dws = dw;
+          if (!one) {
+            if (dhs.defined()) dhs = mul(dhs, cast(g.reshape({1}), dhs.dtype()));
+            if (dws.defined()) dws = mul(dws, cast(g.reshape({1}), dws.dtype()));
+          }
+          if (dws.defined() && dws.dtype() != dt) dws = cast(dws, dt);  // a half dtype's f32 sum, rounded once
+          return std::vector<Tensor>{dhs, dws};
+        },
+        "linear_cross_entropy");
+  }
+  return out;
 }
 
 }  // namespace dew

@@ -347,15 +347,13 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
 
 // ---------------------------------------------------------------- losses
 
-namespace {
-
 // The mean's divisor: max(1, the number of targets that are not ignore_index), a [1] tensor of `dtype` on the
 // targets' backend. On a host backend counted here; on a device counted there (targets widened to f32, exact
 // below 2^24, compared with ignore_index and summed: a sum of ones, exact in any order), so a training step
 // makes no device-to-host transfer for it. The same integer either way, so the mean total / divisor has the
 // same bits. With no target counted the divisor is 1 and the mean 0: ignored rows add 0 to the total and get
 // a zero gradient row from the kernels.
-Tensor cross_entropy_divisor(const Tensor& targets, int64_t ignore_index, DType dtype) {
+Tensor detail::cross_entropy_divisor(const Tensor& targets, int64_t ignore_index, DType dtype) {
   const int64_t n = targets.numel();
   constexpr int64_t kExactInF32 = int64_t(1) << 24;
   const bool count_here = targets.backend().host_accessible() || n >= kExactInF32 || ignore_index >= kExactInF32 ||
@@ -370,8 +368,6 @@ Tensor cross_entropy_divisor(const Tensor& targets, int64_t ignore_index, DType 
   return cast(maximum(sub(f32(double(n)), ignored), f32(1.0)), dtype);
 }
 
-}  // namespace
-
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   DEW_CHECK(logits.ndim() == 2, "cross_entropy: logits must be [N, V], got ", shape_str(logits.shape()));
   DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == logits.shape()[0],
@@ -382,7 +378,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   Tensor loss = stats(logits, {n}), lse = stats(logits, {n});
   if (n > 0) kernels(logits).cross_entropy(logits.detach(), targets, loss, lse, p);
   Tensor total = sum(loss);
-  const Tensor divisor = cross_entropy_divisor(targets, ignore_index, total.dtype());
+  const Tensor divisor = detail::cross_entropy_divisor(targets, ignore_index, total.dtype());
   Tensor out = div(total, divisor);
   if (out.dtype() != logits.dtype() && !autocast_enabled()) out = cast(out, logits.dtype());  // autocast: f32 loss
   if (needs_grad({&logits})) {

@@ -52,6 +52,9 @@ inline std::vector<int64_t> contiguous_strides(const Shape& s) {
   return st;
 }
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+// cross_entropy's divisor: max(1, the targets that are not ignore_index), a [1] tensor of `dtype` on the targets'
+// backend (core/ops/nn_ops.cpp); linear_cross_entropy shares it.
+Tensor cross_entropy_divisor(const Tensor& targets, int64_t ignore_index, DType dtype);
 
 // ---- autocast (dew/autocast.hpp): an op that casts calls itself again with the cast operands ----
 // True when autocast is on and one of the defined tensors is f32 (a matmul-class op then casts them).

@@ -1,12 +1,14 @@
 // tests/autograd/test_fused_ops.cpp — the fused blocks of dew/ops.hpp (core/ops/fused.cpp):
-// modulated_layer_norm, gated_residual, packed_attention and qkv_attention, and linear's activation-and-bias
-// backward (unary_backward_sum, core/ops/linalg.cpp). Their gradients against central finite
+// modulated_layer_norm, gated_residual, packed_attention, qkv_attention and linear_cross_entropy, and linear's
+// activation-and-bias backward (unary_backward_sum, core/ops/linalg.cpp). Their gradients against central finite
 // differences in double on ref; each equals the composition it fuses (on ref in f64, and qkv_attention
 // against packed_attention(linear) on cpu, values and gradients, where it takes oneDNN); shapes are
 // checked. (Moved from tests/diffusion_models with the ops, which were private to the dit and unet
 // plugins before.)
 #include <cmath>
+#include <cstring>
 
+#include "dew/autocast.hpp"
 #include "gradcheck.hpp"
 
 using namespace gc;
@@ -157,4 +159,226 @@ TEST_CASE("fused ops: bad shapes are refused by name") {
                        doctest::Contains("gated_residual: gate must be [2, 8]"), dew::Error);
   CHECK_THROWS_WITH_AS(dew::gated_residual(z({2, 4, 8}), z({2, 5, 8}), z({2, 8})),
                        doctest::Contains("gated_residual: f [2, 5, 8] must have x's shape"), dew::Error);
+}
+
+namespace {
+// cross_entropy(softcap(linear(h, w))) as the causal transformer and the lm objective compose it unfused.
+Tensor unfused_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t ignore, float cap) {
+  Tensor logits = dew::linear(h, w);
+  if (logits.dtype() != DType::f32 && logits.dtype() != DType::f64) logits = dew::cast(logits, DType::f32);
+  if (cap > 0) logits = dew::softcap(logits, cap);
+  return dew::cross_entropy(logits, targets, ignore);
+}
+// Targets in [0, v) with every third row ignored (ignore = -1), and a run of ignored rows that fills a whole chunk
+// of 3 (rows 3..5) so a chunk without a counted target is covered.
+Tensor head_targets(int64_t n, int64_t v, const BackendPtr& be) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back((i >= 3 && i < 6) || i % 3 == 2 ? -1 : int32_t((i * 7 + 3) % v));
+  return Tensor::from_ints(t, {n}, be);
+}
+}  // namespace
+
+TEST_CASE("linear_cross_entropy: gradcheck in double, chunked, with and without softcap") {
+  const Tensor t = head_targets(9, 11, ref());
+  for (float cap : {0.0f, 1.5f}) {
+    for (int64_t chunk : {int64_t(3), int64_t(4), int64_t(0)}) {
+      CAPTURE(cap);
+      CAPTURE(chunk);
+      dew::LinearCrossEntropyOptions o;
+      o.ignore_index = -1;
+      o.softcap = cap;
+      o.chunk_rows = chunk;
+      gradcheck([&](const V& in) { return dew::linear_cross_entropy(in[0], in[1], t, o); },
+                {rnd({9, 5}, 60), rnd({11, 5}, 61, -2.0, 2.0)}, "linear_cross_entropy");
+    }
+  }
+}
+
+TEST_CASE("linear_cross_entropy equals cross_entropy(softcap(linear)) (f64, ref): loss, gradients, predictions") {
+  const int64_t n = 10, d = 6, v = 13;
+  const Tensor t = head_targets(n, v, ref()), h0 = rnd({n, d}, 62), w0 = rnd({v, d}, 63, -2.0, 2.0);
+  for (float cap : {0.0f, 2.0f}) {
+    // g = 1 (the loss's own backward: the op skips its scaling pass on a host backend) and g = 2.5
+    for (double g : {1.0, 2.5}) {
+      std::vector<std::vector<double>> want;
+      {
+        Tensor h = h0.detach(), w = w0.detach();
+        h.set_requires_grad(true);
+        w.set_requires_grad(true);
+        const Tensor loss = unfused_head_loss(h, w, t, -1, cap);
+        dew::scale(loss, float(g)).backward();
+        Tensor logits = dew::linear(h0, w0);
+        if (cap > 0) logits = dew::softcap(logits, cap);
+        const std::vector<int32_t> pred = dew::argmax(logits).to_ints();
+        want = {loss.to_doubles(), h.grad().to_doubles(), w.grad().to_doubles(), {pred.begin(), pred.end()}};
+      }
+      for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7), n}) {
+        CAPTURE(cap);
+        CAPTURE(g);
+        CAPTURE(chunk);
+        Tensor h = h0.detach(), w = w0.detach(), pred;
+        h.set_requires_grad(true);
+        w.set_requires_grad(true);
+        dew::LinearCrossEntropyOptions o;
+        o.ignore_index = -1;
+        o.softcap = cap;
+        o.chunk_rows = chunk;
+        o.predictions = &pred;
+        const Tensor loss = dew::linear_cross_entropy(h, w, t, o);
+        dew::scale(loss, float(g)).backward();
+        const std::vector<int32_t> p = pred.to_ints();
+        const std::vector<std::vector<double>> got = {
+            loss.to_doubles(), h.grad().to_doubles(), w.grad().to_doubles(), {p.begin(), p.end()}};
+        for (size_t k = 0; k < got.size(); ++k) {
+          REQUIRE(got[k].size() == want[k].size());
+          for (size_t i = 0; i < got[k].size(); ++i)
+            CHECK_MESSAGE(std::fabs(got[k][i] - want[k][i]) <= 1e-13 * (1 + std::fabs(want[k][i])), "tensor ", k,
+                          " element ", i, ": ", got[k][i], " vs ", want[k][i]);
+        }
+      }
+    }
+  }
+  // Every target ignored: the mean is 0 and so is every gradient (as cross_entropy's).
+  Tensor h = h0.detach(), w = w0.detach();
+  h.set_requires_grad(true);
+  w.set_requires_grad(true);
+  dew::LinearCrossEntropyOptions o;
+  o.ignore_index = -1;
+  o.chunk_rows = 4;
+  const Tensor none = Tensor::from_ints(std::vector<int32_t>(size_t(n), -1), {n}, ref());
+  const Tensor loss = dew::linear_cross_entropy(h, w, none, o);
+  CHECK(loss.item() == 0.0);
+  loss.backward();
+  for (double x : h.grad().to_doubles()) CHECK(x == 0.0);
+  for (double x : w.grad().to_doubles()) CHECK(x == 0.0);
+  // Without a gradient: the same loss, nothing recorded.
+  dew::NoGradGuard no_grad;
+  o.ignore_index = -1;
+  const Tensor plain = dew::linear_cross_entropy(h0, w0, t, o);
+  CHECK_FALSE(plain.requires_grad());
+  CHECK(plain.item() == doctest::Approx(unfused_head_loss(h0, w0, t, -1, 0.0f).item()).epsilon(1e-13));
+}
+
+TEST_CASE("linear_cross_entropy on cpu: one chunk is the composition bit for bit; chunks agree to rounding") {
+  // 300 rows, a 1,000-token head of width 64: oneDNN's products (more than 32 rows), and chunks of 20 rows, which
+  // take the row-wise products. With g = 1 one chunk runs the composition's kernels on the same operands.
+  const int64_t n = 300, d = 64, v = 1000;
+  auto draw = [](const dew::Shape& s, uint64_t stream, float sd) {
+    return Tensor::normal(s, 0.0f, sd, 3, stream, cpu());
+  };
+  const Tensor h0 = draw({n, d}, 1, 1.0f), w0 = draw({v, d}, 2, 0.3f), t = head_targets(n, v, cpu());
+  for (float cap : {0.0f, 5.0f}) {
+    std::vector<std::vector<float>> want;
+    std::vector<int32_t> want_pred;
+    {
+      Tensor h = h0.detach(), w = w0.detach();
+      h.set_requires_grad(true);
+      w.set_requires_grad(true);
+      const Tensor loss = unfused_head_loss(h, w, t, -1, cap);
+      loss.backward();
+      Tensor logits = dew::linear(h0, w0);
+      if (cap > 0) logits = dew::softcap(logits, cap);
+      want_pred = dew::argmax(logits).to_ints();
+      want = {loss.to_floats(), h.grad().to_floats(), w.grad().to_floats()};
+    }
+    for (int64_t chunk : {n, int64_t(128), int64_t(20)}) {
+      CAPTURE(cap);
+      CAPTURE(chunk);
+      Tensor h = h0.detach(), w = w0.detach(), pred;
+      h.set_requires_grad(true);
+      w.set_requires_grad(true);
+      dew::LinearCrossEntropyOptions o;
+      o.ignore_index = -1;
+      o.softcap = cap;
+      o.chunk_rows = chunk;
+      o.predictions = &pred;
+      const Tensor loss = dew::linear_cross_entropy(h, w, t, o);
+      loss.backward();
+      const std::vector<std::vector<float>> got = {loss.to_floats(), h.grad().to_floats(), w.grad().to_floats()};
+      if (chunk == n) {
+        for (size_t k = 0; k < got.size(); ++k)
+          CHECK_MESSAGE(std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)) == 0, "tensor ", k);
+        CHECK(pred.to_ints() == want_pred);
+        continue;
+      }
+      for (size_t k = 0; k < got.size(); ++k) {
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < got[k].size(); ++i) {
+          worst = std::max(worst, double(std::fabs(got[k][i] - want[k][i])));
+          scale = std::max(scale, double(std::fabs(want[k][i])));
+        }
+        CHECK_MESSAGE(scale > 1e-4, "tensor ", k, " is degenerate");
+        CHECK_MESSAGE(worst <= 2e-6 * std::max(1.0, scale) + 1e-6 * scale, "tensor ", k, " differs by ", worst,
+                      " (scale ", scale, ")");
+      }
+      const std::vector<int32_t> p = pred.to_ints();
+      int64_t same = 0;
+      for (size_t i = 0; i < p.size(); ++i) same += p[i] == want_pred[i];
+      CHECK(same >= n - 2);  // a near-tie may flip under another product's rounding
+    }
+  }
+}
+
+TEST_CASE("linear_cross_entropy under bf16 autocast on cpu follows the unfused head") {
+  // Autocast lowers h and w to bf16 as linear() does; the logits are widened to f32 (the causal transformer's
+  // cast) before the loss. dW: per chunk in bf16, summed in f32, rounded once.
+  const int64_t n = 96, d = 32, v = 500;
+  auto draw = [](const dew::Shape& s, uint64_t stream, float sd) {
+    return Tensor::normal(s, 0.0f, sd, 4, stream, cpu());
+  };
+  const Tensor h0 = draw({n, d}, 1, 1.0f), w0 = draw({v, d}, 2, 0.3f), t = head_targets(n, v, cpu());
+  std::vector<std::vector<float>> got[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    Tensor h = h0.detach(), w = w0.detach();
+    h.set_requires_grad(true);
+    w.set_requires_grad(true);
+    Tensor loss;
+    {
+      dew::AutocastGuard autocast(DType::bf16);
+      dew::LinearCrossEntropyOptions o;
+      o.ignore_index = -1;
+      o.chunk_rows = 40;
+      loss = fused ? dew::linear_cross_entropy(h, w, t, o) : unfused_head_loss(h, w, t, -1, 0.0f);
+    }
+    CHECK(loss.dtype() == DType::f32);
+    loss.backward();
+    CHECK(h.grad().dtype() == DType::f32);
+    CHECK(w.grad().dtype() == DType::f32);
+    got[fused] = {loss.to_floats(), h.grad().to_floats(), w.grad().to_floats()};
+  }
+  CHECK(got[1][0][0] == doctest::Approx(got[0][0][0]).epsilon(1e-6));  // the same bf16 logits, summed alike
+  for (size_t k = 1; k < 3; ++k) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < got[0][k].size(); ++i) {
+      worst = std::max(worst, double(std::fabs(got[0][k][i] - got[1][k][i])));
+      scale = std::max(scale, double(std::fabs(got[0][k][i])));
+    }
+    CHECK_MESSAGE(scale > 1e-4, "tensor ", k, " is degenerate");
+    CHECK_MESSAGE(worst <= 1e-2 * scale, "tensor ", k, " differs by ", worst, " (scale ", scale, ")");
+  }
+}
+
+TEST_CASE("linear_cross_entropy: bad input is refused by name") {
+  const auto z = [](const dew::Shape& s) { return Tensor::zeros(s, DType::f64, ref()); };
+  const Tensor t = Tensor::from_ints({0, 1, 2, 3}, {4}, ref());
+  CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), z({7, 6}), t),
+                       doctest::Contains("linear_cross_entropy: h must be [N, D] and w [V, D], got [4, 5] and [7, 6]"),
+                       dew::Error);
+  CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), z({7, 5}), Tensor::from_ints({0, 1, 2}, {3}, ref())),
+                       doctest::Contains("linear_cross_entropy: targets must be i32 [4], got i32 [3]"), dew::Error);
+  CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), Tensor::zeros({7, 5}, DType::f32, ref()), t),
+                       doctest::Contains("linear_cross_entropy: h and w must have one float dtype"), dew::Error);
+  dew::LinearCrossEntropyOptions o;
+  o.softcap = -1.0f;
+  CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), z({7, 5}), t, o), doctest::Contains("softcap must be >= 0"),
+                       dew::Error);
+  o.softcap = 0.0f;
+  o.chunk_rows = -2;
+  CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), z({7, 5}), t, o),
+                       doctest::Contains("chunk_rows must be >= 0"), dew::Error);
+  o.chunk_rows = 0;
+  o.chunk_mb = 1e-9;  // less than a row: one row a chunk
+  CHECK(dew::linear_cross_entropy_chunk_rows(4, 7, o) == 1);
+  o.chunk_mb = 64.0;
+  CHECK(dew::linear_cross_entropy_chunk_rows(1000, 50304, o) == 333);  // 64 MiB / (50,304 x 4 bytes)
 }

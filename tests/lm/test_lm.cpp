@@ -28,6 +28,7 @@
 #include "dew/model.hpp"
 #include "dew/objective.hpp"
 #include "dew/ops.hpp"
+#include "dew/profile.hpp"
 #include "dew/random.hpp"
 #include "dew/registry.hpp"
 #include "dew/tokenizer.hpp"
@@ -617,6 +618,21 @@ class PatternSource final : public dew::DataSource {
   int64_t n_, s_;
 };
 
+// The calls a step of `kernel` in a ProfilingBackend's report (its line "ms calls share longest label").
+double calls_of(const std::string& report, const std::string& kernel) {
+  std::istringstream in(report);
+  for (std::string line; std::getline(in, line);) {
+    if (line.size() < kernel.size() + 2 ||
+        line.compare(line.size() - kernel.size() - 2, std::string::npos, "  " + kernel) != 0)
+      continue;
+    std::istringstream fields(line.substr(1));
+    double ms = 0, calls = 0;
+    fields >> ms >> calls;
+    return calls;
+  }
+  return 0;
+}
+
 }  // namespace
 
 TEST_CASE("lm objective: build fills the model keys, step and validate") {
@@ -682,6 +698,74 @@ TEST_CASE("lm objective: build fills the model keys, step and validate") {
   for (size_t i = 0; i < text.size(); ++i)
     if (i % 9 != 0 && text[i] == 0) ++zeros;
   CHECK(r.device_tokens.item() == 32 - zeros);
+}
+
+TEST_CASE("lm objective: the head fused into the loss (fused_head) gives the unfused step and validation") {
+  // fused_head = true runs dew::linear_cross_entropy over chunks of 3 rows (fused_head_mb: 3 rows of 7 f32 logits);
+  // false the model's logits and cross_entropy. Same loss, token accuracy, parameter gradients (tied and untied
+  // heads, with a final softcap and a pad_id) and validation metrics, up to the chunks' summation order.
+  ref();
+  PatternSource src(10, 8);
+  std::vector<int32_t> text;
+  for (int64_t i = 0; i < 4; ++i) {
+    const dew::Record rec = src.get(i);
+    const int32_t* p = rec.at("text").as<int32_t>();
+    text.insert(text.end(), p, p + 9);
+  }
+  for (const std::string model_extra : {"", "tie_embeddings = false\nfinal_softcap = 3\n"}) {
+    CAPTURE(model_extra);
+    std::vector<std::vector<float>> grads[2];
+    double loss[2], accuracy[2];
+    dew::ValidationResult vr[2];
+    std::ostringstream three_rows;  // 3 rows of 7 f32 logits, in MiB, to the last digit
+    three_rows.precision(17);
+    three_rows << 3 * 7 * 4 / 1048576.0;
+    const std::string mb_of_three_rows = three_rows.str();
+    for (int fused = 0; fused < 2; ++fused) {
+      dew::Config cfg = dew::Config::parse_ini(
+          std::string("[objective]\nplugin = lm\nsample_tokens = 0\nvocab_size = 7\npad_id = 0\nfused_head = ") +
+          (fused ? "true" : "false") + "\nfused_head_mb = " + mb_of_three_rows +
+          "\n[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 1\nn_heads = 2\n" + model_extra);
+      auto obj = dew::Registry::global().create<dew::Objective>("lm", cfg.section("objective"));
+      auto profiler = std::make_shared<dew::ProfilingBackend>(ref());  // counts the cross_entropy calls
+      dew::ObjectiveContext ctx{&cfg, profiler, 1, &src};
+      obj->build(ctx);
+      profiler->start();
+      dew::StepResult r = obj->step({{"text", Tensor::from_ints(text, {4, 9}, profiler)}}, {0, 0, 1});
+      profiler->stop();
+      // one call a chunk: 32 targets in chunks of 3 rows (fused), or one over the [32, 7] logits
+      CHECK(calls_of(profiler->report(1, 1.0), "cross_entropy") == (fused ? 11 : 1));
+      loss[fused] = r.loss.item();
+      accuracy[fused] = r.device_metrics.at("token_accuracy").item();
+      r.loss.backward();
+      for (auto& [name, t] : obj->parameters()) {
+        REQUIRE_MESSAGE(t.grad().defined(), name);
+        grads[fused].push_back(t.grad().to_floats());
+      }
+      auto shared = std::shared_ptr<dew::DataSource>(&src, [](dew::DataSource*) {});
+      dew::LoaderConfig lc;
+      lc.batch_size = 3;
+      lc.shuffle = false;
+      dew::DataLoader loader(shared, lc);
+      vr[fused] = obj->validate(loader, {1, 0, 1});
+    }
+    CHECK(loss[1] == doctest::Approx(loss[0]).epsilon(1e-6));
+    CHECK(accuracy[1] == accuracy[0]);
+    REQUIRE(grads[0].size() == grads[1].size());
+    for (size_t k = 0; k < grads[0].size(); ++k) {
+      CHECK(max_diff(grads[0][k], grads[1][k]) <= 1e-6);
+      double scale = 0;
+      for (float g : grads[0][k]) scale = std::max(scale, double(std::fabs(g)));
+      CHECK_MESSAGE(scale > 0, "parameter ", k, " has no gradient");
+    }
+    for (const char* m : {"ce", "token_accuracy", "tokens"})
+      CHECK(vr[1].metrics.at(m) == doctest::Approx(vr[0].metrics.at(m)).epsilon(1e-6));
+  }
+  // A value other than auto / true / false, and a chunk size <= 0, are usage errors.
+  for (const char* bad : {"fused_head = yes", "fused_head_mb = 0"}) {
+    dew::Config cfg = dew::Config::parse_ini(std::string("[objective]\nplugin = lm\n") + bad + "\n");
+    CHECK_THROWS_AS(dew::Registry::global().create<dew::Objective>("lm", cfg.section("objective")), dew::UsageError);
+  }
 }
 
 TEST_CASE("lm objective: a tokens folder (byte tokenizer) gives vocab 256, bits per byte and text samples") {

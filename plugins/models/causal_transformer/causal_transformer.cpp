@@ -269,7 +269,7 @@ class Decoder final : public dew::nn::Module {
   std::shared_ptr<dew::nn::RMSNorm> norm;
 };
 
-class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
+class CausalTransformer final : public dew::Model, public dew::CausalDecoder, public dew::LinearHeadModel {
  public:
   explicit CausalTransformer(const Options& o) : c_(read_config(o)) {
     model_ = register_module("model", std::make_shared<Decoder>(c_));
@@ -279,6 +279,12 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   }
 
   Tensor forward(const dew::Batch& inputs) override {
+    const dew::HiddenAndHead o = forward_hidden(inputs);
+    return head(o.hidden);
+  }
+
+  // ---- LinearHeadModel: the final norm's output and the head, for a loss that fuses the head ----
+  dew::HiddenAndHead forward_hidden(const dew::Batch& inputs) override {
     auto it = inputs.find("tokens");
     DEW_CHECK(it != inputs.end(), "causal_transformer: forward needs a 'tokens' input (i32 [B, T])");
     const Tensor& tokens = it->second;
@@ -298,7 +304,7 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       seed = random_key().seed;
       step = random_key().step;
     }
-    return run(tokens, nullptr, seed, step, nullptr, &packed);
+    return {hidden(tokens, nullptr, seed, step, nullptr, &packed), head_weight(), float(c_.final_softcap)};
   }
 
   // ---- CausalDecoder ----
@@ -511,6 +517,19 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
   // final norm and the head see the last position alone (logits [B, 1, V]).
   Tensor run(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step, const SlotRows* rows = nullptr,
              const Packing* packed = nullptr, bool last_only = false) const {
+    return head(hidden(tokens, cache, seed, step, rows, packed, last_only));
+  }
+  const Tensor& head_weight() const { return c_.tie ? model_->embed_tokens->weight : lm_head_->weight; }
+  // logits f32 = softcap(x @ head^T), the last step of run()
+  Tensor head(const Tensor& x) const {
+    Tensor logits = dew::linear(x, head_weight());
+    if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);
+    if (c_.final_softcap > 0) logits = dew::softcap(logits, float(c_.final_softcap));
+    return logits;
+  }
+  // The final norm's output [B, T, D] (run() without the head).
+  Tensor hidden(const Tensor& tokens, KVCache* cache, uint64_t seed, uint64_t step, const SlotRows* rows = nullptr,
+                const Packing* packed = nullptr, bool last_only = false) const {
     const int64_t t = tokens.shape()[1];
     const int64_t past = cache ? cache->length_ : 0;
     std::vector<int32_t> pos(static_cast<size_t>(t));
@@ -545,11 +564,7 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder {
       x = dew::add(x, drop(m, i, "mlp", seed, step));
     }
     if (last_only && t > 1) x = dew::slice(x, 1, t - 1, t);
-    x = model_->norm->forward(x);
-    Tensor logits = c_.tie ? dew::linear(x, model_->embed_tokens->weight) : lm_head_->forward(x);
-    if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);
-    if (c_.final_softcap > 0) logits = dew::softcap(logits, float(c_.final_softcap));
-    return logits;
+    return model_->norm->forward(x);
   }
 
   Config c_;

@@ -29,7 +29,11 @@
 // the backbone, which must implement dew::CausalDecoder to sample.
 // Options ([objective]): pad_id (-1 = none), vocab_size (0 = from the data), sample_prompt ("The "),
 // sample_tokens (200; 0 = no sample), sample_temperature (0.8), sample_top_k (0), sample_top_p (0.95),
-// sample_seed (0), eval_batches (0 = the whole split; else at most this many batches per validation).
+// sample_seed (0), eval_batches (0 = the whole split; else at most this many batches per validation),
+// fused_head (auto | true | false) and fused_head_mb (64): with a model that exposes its last hidden states and
+// head (dew::LinearHeadModel: the causal_transformer), the loss is dew::linear_cross_entropy over chunks of at most
+// fused_head_mb MiB of f32 logits, so a real vocabulary's [rows, V] logits and their gradient never exist (auto:
+// when one micro-batch's logits exceed one chunk). Training and validation alike; same loss up to rounding.
 // Parameters: the model's, unprefixed, so checkpoints and safetensors exports carry the backbone's own
 // names (the causal_transformer's are the Hugging Face ones: model.layers.0.self_attn.q_proj.weight).
 #include <algorithm>
@@ -155,6 +159,9 @@ class LanguageModel final : public dew::Objective {
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
     decoder_ = dynamic_cast<dew::CausalDecoder*>(model_.get());
+    head_model_ = dynamic_cast<dew::LinearHeadModel*>(model_.get());
+    DEW_USAGE_CHECK(fused_head_ != "true" || head_model_, "lm: fused_head = true needs a model with a linear head ",
+                    "(dew::LinearHeadModel); model '", model_plugin_, "' has none");
     vocab_ = std::atoll(model.values().at("vocab_size").c_str());
     if (has_meta_)
       DEW_USAGE_CHECK(vocab_ >= meta_.vocab_size, "lm: model.vocab_size = ", vocab_,
@@ -180,14 +187,14 @@ class LanguageModel final : public dew::Objective {
       model_->set_random_key({info.seed & 0x7fffffffu, uint64_t(info.step * 1024 + info.micro) & 0x7fffffffu});
     Tensor mask;  // f32 [b * s], 1 where a target counts (chat data: the assistant tokens)
     const Tensor targets = masked_targets(batch, text, mask);
-    Tensor logits = flat_logits(model_->forward(in), b * s);
+    Tensor predictions;
     dew::StepResult r;
-    r.loss = dew::cross_entropy(logits, targets, ignore_index());
+    r.loss = loss_of(in, targets, b * s, predictions);
     r.samples = b;
     // Token accuracy and the trained-token count stay on the device (the trainer reads them with the loss).
     dew::NoGradGuard no_grad;
     const Tensor truth = dew::cast(targets, dew::DType::f32);  // ids < 2^24: exact in f32
-    Tensor hits = dew::compare(dew::cast(dew::argmax(logits.detach()), dew::DType::f32), truth, dew::BinaryOp::eq);
+    Tensor hits = dew::compare(dew::cast(predictions, dew::DType::f32), truth, dew::BinaryOp::eq);
     Tensor counted;
     if (pad_id_ >= 0 || mask.defined()) {  // (packed rows set mask too)
       const Tensor ign = Tensor::full({1}, double(ignore_index()), dew::DType::f32, backend_);
@@ -219,10 +226,11 @@ class LanguageModel final : public dew::Objective {
                                const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
                                Tensor mask;
                                const Tensor targets = masked_targets(bt, text, mask);
-                               Tensor logits = flat_logits(model_->forward(model_inputs(bt, text)), b * s);
+                               Tensor predictions;
+                               const Tensor loss = loss_of(model_inputs(bt, text), targets, b * s, predictions);
                                int64_t h = 0, c = 0;
-                               score(logits, targets, h, c);
-                               if (c > 0) nats += dew::cross_entropy(logits, targets, ignore_index()).item() * double(c);
+                               score(predictions, targets, h, c);
+                               if (c > 0) nats += loss.item() * double(c);
                                hits += h;
                                counted += c;
                              });
@@ -379,6 +387,11 @@ class LanguageModel final : public dew::Objective {
     sample_top_p_ = o.get_double("sample_top_p", 0.95);
     sample_seed_ = o.get_int("sample_seed", 0);
     eval_batches_ = o.get_int("eval_batches", 0);
+    fused_head_ = o.get_string("fused_head", "auto");
+    fused_head_mb_ = o.get_double("fused_head_mb", 64.0);
+    DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
+                    "option 'objective.fused_head' must be auto, true or false, got '", fused_head_, "'");
+    DEW_USAGE_CHECK(fused_head_mb_ > 0, "option 'objective.fused_head_mb' must be > 0, got ", fused_head_mb_);
     DEW_USAGE_CHECK(pad_id_ >= -1, "option 'objective.pad_id' must be -1 (none) or a token id, got ", pad_id_);
     DEW_USAGE_CHECK(sample_tokens_ >= 0, "option 'objective.sample_tokens' must be >= 0, got ", sample_tokens_);
     DEW_USAGE_CHECK(eval_batches_ >= 0, "option 'objective.eval_batches' must be >= 0, got ", eval_batches_);
@@ -497,11 +510,40 @@ class LanguageModel final : public dew::Objective {
     return l;
   }
 
+  // The mean cross-entropy of the model on `in` against targets [rows], and the argmax predictions i32 [rows]:
+  // the head fused into the loss (dew::linear_cross_entropy: no [rows, V] logits) when fused_head says so, else
+  // cross_entropy over the model's logits.
+  Tensor loss_of(const dew::Batch& in, const Tensor& targets, int64_t rows, Tensor& predictions) const {
+    if (fuse_head(rows)) {
+      const dew::HiddenAndHead o = head_model_->forward_hidden(in);
+      DEW_CHECK(o.hidden.ndim() == 3 && o.hidden.shape()[0] * o.hidden.shape()[1] == rows && o.weight.ndim() == 2 &&
+                    o.weight.shape()[0] == vocab_,
+                "lm: the model's hidden states ", dew::shape_str(o.hidden.shape()), " and head ",
+                dew::shape_str(o.weight.shape()), " do not give [", rows, ", ", vocab_, "] logits");
+      dew::LinearCrossEntropyOptions lo;
+      lo.ignore_index = ignore_index();
+      lo.softcap = o.softcap;
+      lo.chunk_mb = fused_head_mb_;
+      lo.predictions = &predictions;
+      return dew::linear_cross_entropy(dew::reshape(o.hidden, {rows, o.hidden.shape()[2]}), o.weight, targets, lo);
+    }
+    const Tensor logits = flat_logits(model_->forward(in), rows);
+    Tensor loss = dew::cross_entropy(logits, targets, ignore_index());
+    dew::NoGradGuard no_grad;
+    predictions = dew::argmax(logits.detach());
+    return loss;
+  }
+  // fused_head = true, or auto and one micro-batch's f32 logits past fused_head_mb (more than one chunk).
+  bool fuse_head(int64_t rows) const {
+    if (!head_model_ || fused_head_ == "false") return false;
+    return fused_head_ == "true" || 4.0 * double(rows) * double(vocab_) > fused_head_mb_ * 1048576.0;
+  }
+
   // Correct argmax predictions and counted targets (targets != pad_id; ids checked against the vocab).
-  void score(const Tensor& logits, const Tensor& targets, int64_t& hits, int64_t& counted) const {
+  void score(const Tensor& predictions, const Tensor& targets, int64_t& hits, int64_t& counted) const {
     const std::vector<int32_t> truth = targets.to_ints();
-    const std::vector<int32_t> pred = dew::argmax(logits.detach()).to_ints();
-    const int64_t v = logits.shape()[1];
+    const std::vector<int32_t> pred = predictions.to_ints();
+    const int64_t v = vocab_;
     for (size_t i = 0; i < truth.size(); ++i) {
       if (truth[i] == ignore_index()) continue;  // pad_id, or a masked target
       DEW_CHECK(truth[i] >= 0 && truth[i] < v, "lm: token id ", truth[i], " is outside the model's vocabulary [0, ", v,
@@ -537,6 +579,7 @@ class LanguageModel final : public dew::Objective {
 
   std::shared_ptr<dew::Model> model_;
   dew::CausalDecoder* decoder_ = nullptr;
+  dew::LinearHeadModel* head_model_ = nullptr;  // the model's hidden states and head, when it has them
   std::shared_ptr<dew::Tokenizer> tokenizer_;
   dew::TokenMeta meta_;
   bool has_meta_ = false, dropout_ = false;
@@ -544,8 +587,8 @@ class LanguageModel final : public dew::Objective {
   uint64_t seed_ = 0;
   int64_t pad_id_ = -1, vocab_size_ = 0, vocab_ = 0, seq_len_ = 0, sample_tokens_ = 200, sample_top_k_ = 0,
           sample_seed_ = 0, eval_batches_ = 0;
-  double sample_temperature_ = 0.8, sample_top_p_ = 0.95;
-  std::string sample_prompt_ = "The ", model_plugin_, data_path_;
+  double sample_temperature_ = 0.8, sample_top_p_ = 0.95, fused_head_mb_ = 64.0;
+  std::string sample_prompt_ = "The ", model_plugin_, data_path_, fused_head_ = "auto";
 };
 
 }  // namespace
@@ -564,6 +607,10 @@ DEW_PLUGIN("lm", "0.1.0") {
                   {"sample_top_k", "0", "top-k of the validation sample (0: off)"},
                   {"sample_top_p", "0.95", "top-p of the validation sample"},
                   {"sample_seed", "0", "seed of the validation sample"},
-                  {"eval_batches", "0", "at most this many validation batches (0: the whole split)"}},
+                  {"eval_batches", "0", "at most this many validation batches (0: the whole split)"},
+                  {"fused_head", "auto",
+                   "auto | true | false: the head fused into the loss, no [rows, V] logits (auto: when one "
+                   "micro-batch's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
+                  {"fused_head_mb", "64", "MiB of f32 logits per chunk of the fused head"}},
   });
 }

@@ -45,6 +45,21 @@ class Model : public nn::Module {
   RandomKey random_key_;
 };
 
+// A model whose output is a bias-free linear head over its last hidden states: forward(inputs) equals
+// softcap(hidden @ weight^T) (cap * tanh(z / cap) when softcap > 0) for {hidden, weight, softcap} =
+// forward_hidden(inputs), in f32. An objective that finds it (dynamic_cast, as CausalDecoder) may fuse the head
+// into its loss (dew::linear_cross_entropy) so the [rows, vocabulary] logits never exist; the lm objective does.
+struct HiddenAndHead {
+  Tensor hidden;  // [B, T, D], differentiable
+  Tensor weight;  // [V, D]: the head (a tied embedding included), differentiable
+  float softcap = 0.0f;
+};
+class LinearHeadModel {
+ public:
+  virtual ~LinearHeadModel() = default;
+  virtual HiddenAndHead forward_hidden(const Batch& inputs) = 0;
+};
+
 // Creates the model named by `section`'s "plugin" key with the rest of the section as its options.
 std::shared_ptr<Model> create_model(Options& section);
 
