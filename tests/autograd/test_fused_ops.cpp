@@ -181,7 +181,7 @@ Tensor head_targets(int64_t n, int64_t v, const BackendPtr& be) {
 TEST_CASE("linear_cross_entropy: gradcheck in double, chunked, with and without softcap") {
   const Tensor t = head_targets(9, 11, ref());
   for (float cap : {0.0f, 1.5f}) {
-    for (int64_t chunk : {int64_t(3), int64_t(4), int64_t(0)}) {
+    for (int64_t chunk : {int64_t(3), int64_t(5), int64_t(0)}) {  // chunks of 3; of 5 and 4; one
       CAPTURE(cap);
       CAPTURE(chunk);
       dew::LinearCrossEntropyOptions o;
@@ -380,5 +380,10 @@ TEST_CASE("linear_cross_entropy: bad input is refused by name") {
   o.chunk_mb = 1e-9;  // less than a row: one row a chunk
   CHECK(dew::linear_cross_entropy_chunk_rows(4, 7, o) == 1);
   o.chunk_mb = 64.0;
-  CHECK(dew::linear_cross_entropy_chunk_rows(1000, 50304, o) == 333);  // 64 MiB / (50,304 x 4 bytes)
+  CHECK(dew::linear_cross_entropy_chunk_rows(999, 50304, o) == 333);   // 64 MiB / (50,304 x 4 bytes)
+  CHECK(dew::linear_cross_entropy_chunk_rows(1000, 50304, o) == 250);  // 4 equal chunks, not 3 of 333 and 1 row
+  CHECK(dew::linear_cross_entropy_chunk_rows(200, 50304, o) == 200);
+  o.chunk_rows = 4;
+  CHECK(dew::linear_cross_entropy_chunk_rows(10, 50304, o) == 4);  // 3 chunks: 4, 4, 2 (ceil(10 / 3) = 4)
+  CHECK(dew::linear_cross_entropy_chunk_rows(9, 50304, o) == 3);
 }

@@ -30,7 +30,7 @@
 // Options ([objective]): pad_id (-1 = none), vocab_size (0 = from the data), sample_prompt ("The "),
 // sample_tokens (200; 0 = no sample), sample_temperature (0.8), sample_top_k (0), sample_top_p (0.95),
 // sample_seed (0), eval_batches (0 = the whole split; else at most this many batches per validation),
-// fused_head (auto | true | false) and fused_head_mb (64): with a model that exposes its last hidden states and
+// fused_head (auto | true | false) and fused_head_mb (256): with a model that exposes its last hidden states and
 // head (dew::LinearHeadModel: the causal_transformer), the loss is dew::linear_cross_entropy over chunks of at most
 // fused_head_mb MiB of f32 logits, so a real vocabulary's [rows, V] logits and their gradient never exist (auto:
 // when one micro-batch's logits exceed one chunk). Training and validation alike; same loss up to rounding.
@@ -388,7 +388,7 @@ class LanguageModel final : public dew::Objective {
     sample_seed_ = o.get_int("sample_seed", 0);
     eval_batches_ = o.get_int("eval_batches", 0);
     fused_head_ = o.get_string("fused_head", "auto");
-    fused_head_mb_ = o.get_double("fused_head_mb", 64.0);
+    fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
     DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
                     "option 'objective.fused_head' must be auto, true or false, got '", fused_head_, "'");
     DEW_USAGE_CHECK(fused_head_mb_ > 0, "option 'objective.fused_head_mb' must be > 0, got ", fused_head_mb_);
@@ -587,7 +587,7 @@ class LanguageModel final : public dew::Objective {
   uint64_t seed_ = 0;
   int64_t pad_id_ = -1, vocab_size_ = 0, vocab_ = 0, seq_len_ = 0, sample_tokens_ = 200, sample_top_k_ = 0,
           sample_seed_ = 0, eval_batches_ = 0;
-  double sample_temperature_ = 0.8, sample_top_p_ = 0.95, fused_head_mb_ = 64.0;
+  double sample_temperature_ = 0.8, sample_top_p_ = 0.95, fused_head_mb_ = 256.0;
   std::string sample_prompt_ = "The ", model_plugin_, data_path_, fused_head_ = "auto";
 };
 
@@ -611,6 +611,6 @@ DEW_PLUGIN("lm", "0.1.0") {
                   {"fused_head", "auto",
                    "auto | true | false: the head fused into the loss, no [rows, V] logits (auto: when one "
                    "micro-batch's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
-                  {"fused_head_mb", "64", "MiB of f32 logits per chunk of the fused head"}},
+                  {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
   });
 }
