@@ -283,6 +283,10 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   detail::KernelCall be = detail::kernels(h);
   const Tensor hd = h.detach(), wd = w.detach();
   const bool gh = needs_grad({&h}), gw = needs_grad({&w});
+  // The chunk gradients are formed before the loss scale arrives (the backward's g): in f16 their entries (about
+  // softmax / tokens) would flush to zero, which is what f16-mixed's loss scale exists to prevent.
+  DEW_CHECK(dt != DType::f16 || (!gh && !gw), "linear_cross_entropy: no gradient in f16 (the chunks' gradients would ",
+            "underflow before the loss scale reaches them); use the unfused head, or bf16");
   const CrossEntropyParams cp{o.ignore_index};
   const UnaryParams cap{UnaryOp::softcap, o.softcap, 0.0f};
 

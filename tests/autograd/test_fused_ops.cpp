@@ -368,6 +368,12 @@ TEST_CASE("linear_cross_entropy: bad input is refused by name") {
                        doctest::Contains("linear_cross_entropy: targets must be i32 [4], got i32 [3]"), dew::Error);
   CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), Tensor::zeros({7, 5}, DType::f32, ref()), t),
                        doctest::Contains("linear_cross_entropy: h and w must have one float dtype"), dew::Error);
+  {  // f16 with a gradient (its chunk gradients would underflow before the loss scale)
+    Tensor h = Tensor::zeros({4, 5}, DType::f16, cpu()), w = Tensor::zeros({7, 5}, DType::f16, cpu());
+    h.set_requires_grad(true);
+    CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(h, w, Tensor::from_ints({0, 1, 2, 3}, {4}, cpu())),
+                         doctest::Contains("linear_cross_entropy: no gradient in f16"), dew::Error);
+  }
   dew::LinearCrossEntropyOptions o;
   o.softcap = -1.0f;
   CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), z({7, 5}), t, o), doctest::Contains("softcap must be >= 0"),

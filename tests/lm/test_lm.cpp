@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/config.hpp"
 #include "dew/data.hpp"
@@ -760,6 +761,30 @@ TEST_CASE("lm objective: the head fused into the loss (fused_head) gives the unf
     }
     for (const char* m : {"ce", "token_accuracy", "tokens"})
       CHECK(vr[1].metrics.at(m) == doctest::Approx(vr[0].metrics.at(m)).epsilon(1e-6));
+  }
+  // Under f16-mixed the fused head's gradients would come before the loss scale (and underflow): auto keeps the
+  // unfused head there, true is refused with a usage error.
+  for (const char* mode : {"auto", "true"}) {
+    dew::Config cfg = dew::Config::parse_ini(std::string("[objective]\nplugin = lm\nsample_tokens = 0\nvocab_size = 7\n"
+                                                         "fused_head_mb = 1e-9\nfused_head = ") +
+                                             mode +
+                                             "\n[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 1\n"
+                                             "n_heads = 2\n");
+    auto obj = dew::Registry::global().create<dew::Objective>("lm", cfg.section("objective"));
+    auto profiler = std::make_shared<dew::ProfilingBackend>(ref());
+    dew::ObjectiveContext ctx{&cfg, profiler, 1, &src};
+    obj->build(ctx);
+    dew::AutocastGuard f16(dew::DType::f16);
+    const dew::Batch b{{"text", Tensor::from_ints(text, {4, 9}, profiler)}};
+    if (std::string(mode) == "true") {
+      CHECK_THROWS_WITH_AS(obj->step(b, {0, 0, 1}), doctest::Contains("does not train under f16-mixed"),
+                           dew::UsageError);
+      continue;
+    }
+    profiler->start();
+    obj->step(b, {0, 0, 1});
+    profiler->stop();
+    CHECK(calls_of(profiler->report(1, 1.0), "cross_entropy") == 1);
   }
   // A value other than auto / true / false, and a chunk size <= 0, are usage errors.
   for (const char* bad : {"fused_head = yes", "fused_head_mb = 0"}) {

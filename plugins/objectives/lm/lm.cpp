@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <dew/autocast.hpp>
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
@@ -533,9 +534,15 @@ class LanguageModel final : public dew::Objective {
     predictions = dew::argmax(logits.detach());
     return loss;
   }
-  // fused_head = true, or auto and one micro-batch's f32 logits past fused_head_mb (more than one chunk).
+  // fused_head = true, or auto and one micro-batch's f32 logits past fused_head_mb (more than one chunk); never
+  // under f16-mixed with gradients (linear_cross_entropy refuses it: its gradients precede the loss scale).
   bool fuse_head(int64_t rows) const {
     if (!head_model_ || fused_head_ == "false") return false;
+    if (dew::autocast_dtype() == dew::DType::f16 && dew::grad_enabled()) {
+      DEW_USAGE_CHECK(fused_head_ != "true", "lm: fused_head = true does not train under f16-mixed (the fused ",
+                      "head's gradients would underflow before the loss scale); use bf16-mixed or fused_head = auto");
+      return false;
+    }
     return fused_head_ == "true" || 4.0 * double(rows) * double(vocab_) > fused_head_mb_ * 1048576.0;
   }
 

@@ -155,7 +155,8 @@ Tensor mse(const Tensor& a, const Tensor& b);  // mean of squared differences ->
 // logits). Same values as the composition up to the
 // summation order of dW over the chunks (one chunk: the composition's bits); the loss is f32 (f64 for f64 h and w).
 // Under autocast h and w are cast as linear() casts them and the logits widened to f32, as the causal
-// transformer does; dW is then summed over the chunks in f32 and rounded once.
+// transformer does; dW is then summed over the chunks in f32 and rounded once. f16 with a gradient is refused: the
+// chunk gradients (about softmax / rows) would underflow before f16-mixed's loss scale reaches them in the backward.
 struct LinearCrossEntropyOptions {
   int64_t ignore_index = -100;
   float softcap = 0.0f;    // > 0: logits = softcap * tanh(logits / softcap) (Gemma's final softcap)
