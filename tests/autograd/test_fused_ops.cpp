@@ -259,7 +259,7 @@ TEST_CASE("linear_cross_entropy equals cross_entropy(softcap(linear)) (f64, ref)
   CHECK(plain.item() == doctest::Approx(unfused_head_loss(h0, w0, t, -1, 0.0f).item()).epsilon(1e-13));
 }
 
-TEST_CASE("linear_cross_entropy on cpu: one chunk is the composition bit for bit; chunks agree to rounding") {
+TEST_CASE("linear_cross_entropy on cpu: one chunk is the composition bit for bit, more agree to rounding") {
   // 300 rows, a 1,000-token head of width 64: oneDNN's products (more than 32 rows), and chunks of 20 rows, which
   // take the row-wise products. With g = 1 one chunk runs the composition's kernels on the same operands.
   const int64_t n = 300, d = 64, v = 1000;
