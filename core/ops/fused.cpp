@@ -256,10 +256,10 @@ int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, const Linea
 
 // Per chunk of rows [r0, r1): z = h_c w^T (in h's dtype; widened to f32 for a half dtype, as the causal
 // transformer's head does), zc = softcap(z), the per-row losses and lse of cross_entropy on zc, argmax(zc) when asked;
-// with a gradient: dzc = cross_entropy_backward(zc) for dloss = 1 / divisor (the mean's g = 1), dz = softcap's
-// backward, then dh_c = dz w (written into its rows of dh) and dw += dz^T h_c (beta = 1 after the first chunk; a half
-// dtype's chunk products are widened and summed in f32). The backward multiplies dh and dw by g, unless g is 1 on a
-// host backend (a pass over [V, D] saved).
+// with a gradient: dzc = cross_entropy_backward(zc) for dloss = 1 / divisor (the mean's g = 1) over zc, dz = softcap's
+// backward over z, then dh_c = dz w (written into its rows of dh) and dw += dz^T h_c (beta = 1 after the first chunk; a
+// half dtype's chunk products are widened and summed in f32). The backward multiplies dh and dw by g, unless g is 1 on
+// a host backend (a pass over [V, D] saved).
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
                             const LinearCrossEntropyOptions& o) {
   detail::mark_step_opaque();  // direct calls below
@@ -331,11 +331,13 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
       be.argmax(zc, pc);
     }
     if (!gh && !gw) continue;
-    Tensor dz = Tensor::empty({m, v}, lt, bp);
-    be.cross_entropy_backward(zc, tc, lse, dloss.slice0(r0, r1), dz, cp);
-    if (o.softcap > 0.0f) {  // dz = dzc * softcap'(z), into zc's buffer (no longer read)
-      be.unary_backward(z, dz, zc, cap);
-      dz = zc;
+    // The gradients in place over the logits (the kernels' contract allows it): one chunk of [m, V] lives at a time
+    // (two with a softcap).
+    be.cross_entropy_backward(zc, tc, lse, dloss.slice0(r0, r1), zc, cp);
+    Tensor dz = zc;
+    if (o.softcap > 0.0f) {  // dz = dzc * softcap'(z), over z
+      be.unary_backward(z, zc, z, cap);
+      dz = z;
     }
     if (half) {
       Tensor narrow = Tensor::empty({m, v}, dt, bp);

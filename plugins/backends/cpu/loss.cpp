@@ -139,11 +139,12 @@ void cross_entropy_backward(CpuBackend& self, const Tensor& logits, const Tensor
       }
       const float* row = x + i * v;
       const float z = ls[i], gi = g[i];
+      const float target = row[t[i]];  // read before the row is written: dlogits may be logits (in place)
       const vf zv = vset(z), gv = vset(gi);
       int64_t j = 0;
       for (; j + 16 <= v; j += 16) vstore(dr + j, vexp(vload(row + j) - zv) * gv);
       for (; j < v; ++j) dr[j] = fast_exp(row[j] - z) * gi;
-      dr[t[i]] = (fast_exp(row[t[i]] - z) - 1.0f) * gi;
+      dr[t[i]] = (fast_exp(target - z) - 1.0f) * gi;
     }
   });
 }

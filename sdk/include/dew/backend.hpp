@@ -10,7 +10,8 @@
 //    when the inputs are f64 (gradient checks run wholly in double);
 //  * outputs are overwritten, never accumulated into ("+=" only where the comment says so);
 //  * an output never aliases an input, except the elementwise kernels (unary, binary, cast with equal
-//    dtype) whose output may be the same buffer as an input of the same shape;
+//    dtype) whose output may be the same buffer as an input of the same shape, and cross_entropy_backward,
+//    whose dlogits may be its logits;
 //  * a kernel given a dtype or shape it does not handle throws dew::Error; supports() says so first.
 // Shape comments use B batch, T query length, S key length, H heads, D head/feature width, V vocab.
 #pragma once

@@ -112,6 +112,7 @@
                           const AttentionParams& p), (q, k, segment_ids, out, p))                                \
   X(cross_entropy, (const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,                      \
                     const CrossEntropyParams& p), (logits, targets, loss, lse, p))                               \
+  /* dlogits may be logits (in place: linear_cross_entropy's chunks; each element is read before it is written) */ \
   X(cross_entropy_backward, (const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss, \
                              Tensor& dlogits, const CrossEntropyParams& p), (logits, targets, lse, dloss, dlogits, p)) \
   X(adamw_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p),               \
