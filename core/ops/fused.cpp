@@ -1,9 +1,9 @@
 // core/ops/fused.cpp — fused differentiable blocks (dew/ops.hpp): modulated_layer_norm, gated_residual,
-// packed_attention, qkv_attention, linear_cross_entropy. Each is the composition its comment names, computed with fewer
-// passes over memory (the training step is memory-bound on CPUs); the gradient checks against finite differences and
-// the equality with the unfused composition are in tests/autograd/test_fused_ops.cpp. Their forwards call the backend
-// directly (not through call_kernel), so a step program's recording that meets one is marked opaque (step_record.hpp):
-// such a step is never replayed.
+// packed_attention, qkv_attention, linear_cross_entropy, linear_token_logprobs. Each is the composition its comment
+// names, computed with fewer passes over memory (the training step is memory-bound on CPUs); the gradient checks
+// against finite differences and the equality with the unfused composition are in tests/autograd/test_fused_ops.cpp.
+// Their forwards call the backend directly (not through call_kernel), so a step program's recording that meets one is
+// marked opaque (step_record.hpp): such a step is never replayed.
 #include <algorithm>
 #include <cmath>
 
@@ -254,120 +254,160 @@ int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, const Linea
   return (std::max<int64_t>(rows, 1) + chunks - 1) / chunks;
 }
 
-// Per chunk of rows [r0, r1): z = h_c w^T (in h's dtype; widened to f32 for a half dtype, as the causal
-// transformer's head does), zc = softcap(z), the per-row losses and lse of cross_entropy on zc, argmax(zc) when asked;
-// with a gradient: dzc = cross_entropy_backward(zc) for dloss = 1 / divisor (the mean's g = 1) over zc, dz = softcap's
-// backward over z, then dh_c = dz w (written into its rows of dh) and dw += dz^T h_c (beta = 1 after the first chunk; a
-// half dtype's chunk products are widened and summed in f32). The backward multiplies dh and dw by g, unless g is 1 on
-// a host backend (a pass over [V, D] saved).
-Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
-                            const LinearCrossEntropyOptions& o) {
-  detail::mark_step_opaque();  // direct calls below
-  if (detail::autocast_lowers({&h, &w}))
-    return linear_cross_entropy(detail::autocast_lower(h), detail::autocast_lower(w), targets, o);
-  DEW_CHECK(h.ndim() == 2 && w.ndim() == 2 && h.shape()[1] == w.shape()[1], "linear_cross_entropy: h must be [N, D] ",
-            "and w [V, D], got ", shape_str(h.shape()), " and ", shape_str(w.shape()));
-  DEW_CHECK(is_floating(h.dtype()) && h.dtype() == w.dtype(), "linear_cross_entropy: h and w must have one float ",
-            "dtype, got ", dtype_name(h.dtype()), " and ", dtype_name(w.dtype()));
-  DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == h.shape()[0],
-            "linear_cross_entropy: targets must be i32 [", h.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
-            shape_str(targets.shape()));
-  DEW_CHECK(o.softcap >= 0.0f, "linear_cross_entropy: softcap must be >= 0, got ", o.softcap);
-  detail::check_same_backend(h, w, "linear_cross_entropy");
-  detail::check_same_backend(h, targets, "linear_cross_entropy");
-  const int64_t n = h.shape()[0], d = h.shape()[1], v = w.shape()[0];
-  const int64_t chunk = linear_cross_entropy_chunk_rows(n, v, o);
-  const DType dt = h.dtype(), lt = dt == DType::f64 ? DType::f64 : DType::f32;  // products' dtype; logits' and loss's
-  const bool half = dt != lt;
-  const auto& bp = h.backend_ptr();
-  detail::KernelCall be = detail::kernels(h);
-  const Tensor hd = h.detach(), wd = w.detach();
-  const bool gh = needs_grad({&h}), gw = needs_grad({&w});
-  // The chunk gradients are formed before the loss scale arrives (the backward's g): in f16 their entries (about
-  // softmax / tokens) would flush to zero, which is what f16-mixed's loss scale exists to prevent.
-  DEW_CHECK(dt != DType::f16 || (!gh && !gw), "linear_cross_entropy: no gradient in f16 (the chunks' gradients would ",
-            "underflow before the loss scale reaches them); use the unfused head, or bf16");
-  const CrossEntropyParams cp{o.ignore_index};
-  const UnaryParams cap{UnaryOp::softcap, o.softcap, 0.0f};
+namespace {
 
-  Tensor loss_rows = Tensor::empty({n}, lt, bp);
-  Tensor predictions;
-  if (o.predictions) predictions = Tensor::empty({n}, DType::i32, bp);
-  const Tensor divisor = detail::cross_entropy_divisor(targets, o.ignore_index, lt);
-  Tensor dloss, dh, dw;  // dloss [n]: 1 / divisor in every row; dw: in lt (a half dtype's f32 sum)
-  if (gh || gw) {
-    NoGradGuard no_grad;
-    dloss = contiguous_copy(broadcast_to(div(Tensor::full({1}, 1.0, lt, bp), divisor), {n}));
-    if (gh) dh = Tensor::empty({n, d}, dt, bp);
-    if (gw) dw = Tensor::empty({v, d}, lt, bp);
+// What linear_cross_entropy and linear_token_logprobs share: h [N, D] and w [V, D] checked and detached, the dtypes,
+// the chunk plan, and the two halves of a chunk's work.
+//   logits(r0, r1): z = h_c w^T in the products' dtype (widened to f32 for a half dtype, as the causal transformer's
+//     head does) and zc = softcap(z) (zc is z without a softcap).
+//   backward(chunk, dloss_c): dzc = cross_entropy_backward(zc) over zc, dz = softcap's backward over z (the kernels'
+//     contract allows both in place: one [rows, V] chunk alive, two with a softcap), then dh_c = dz w into its rows
+//     of dh and dw += dz^T h_c (beta = 1 after the first chunk; a half dtype's chunk products widened and summed in
+//     f32 into dw, rounded once by the caller).
+struct LinearHead {
+  struct Chunk {
+    int64_t r0, r1;
+    Tensor z, zc;
+  };
+  LinearHead(const char* op, const Tensor& h, const Tensor& w, const Tensor& targets, float softcap)
+      : op(op), be(detail::kernels(h)), cap{UnaryOp::softcap, softcap, 0.0f} {
+    DEW_CHECK(h.ndim() == 2 && w.ndim() == 2 && h.shape()[1] == w.shape()[1], op, ": h must be [N, D] and w [V, D], ",
+              "got ", shape_str(h.shape()), " and ", shape_str(w.shape()));
+    DEW_CHECK(is_floating(h.dtype()) && h.dtype() == w.dtype(), op, ": h and w must have one float dtype, got ",
+              dtype_name(h.dtype()), " and ", dtype_name(w.dtype()));
+    DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == h.shape()[0], op,
+              ": targets must be i32 [", h.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
+              shape_str(targets.shape()));
+    DEW_CHECK(softcap >= 0.0f, op, ": softcap must be >= 0, got ", softcap);
+    detail::check_same_backend(h, w, op);
+    detail::check_same_backend(h, targets, op);
+    hd = h.detach();
+    wd = w.detach();
+    n = h.shape()[0];
+    d = h.shape()[1];
+    v = w.shape()[0];
+    dt = h.dtype();
+    lt = dt == DType::f64 ? DType::f64 : DType::f32;
+    half = dt != lt;
   }
-  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-    const int64_t r1 = std::min(n, r0 + chunk), m = r1 - r0;
-    const Tensor hc = hd.slice0(r0, r1), tc = targets.slice0(r0, r1);
-    Tensor z = Tensor::empty({m, v}, dt, bp);
-    {
-      MatmulParams mp;
-      mp.m = m;
-      mp.n = v;
-      mp.k = d;
-      mp.trans_b = true;
-      be.matmul(hc, wd, Tensor(), z, mp);
-    }
+  Chunk logits(int64_t r0, int64_t r1) {
+    const BackendPtr& bp = hd.backend_ptr();
+    Chunk c{r0, r1, Tensor::empty({r1 - r0, v}, dt, bp), Tensor()};
+    MatmulParams mp;
+    mp.m = r1 - r0;
+    mp.n = v;
+    mp.k = d;
+    mp.trans_b = true;
+    be.matmul(hd.slice0(r0, r1), wd, Tensor(), c.z, mp);
     if (half) {
-      Tensor wide = Tensor::empty({m, v}, lt, bp);
-      be.cast(z, wide);
-      z = wide;
+      Tensor wide = Tensor::empty({r1 - r0, v}, lt, bp);
+      be.cast(c.z, wide);
+      c.z = wide;
     }
-    Tensor zc = z;
-    if (o.softcap > 0.0f) {
-      zc = Tensor::empty({m, v}, lt, bp);
-      be.unary(z, zc, cap);
+    c.zc = c.z;
+    if (cap.alpha > 0.0f) {
+      c.zc = Tensor::empty({r1 - r0, v}, lt, bp);
+      be.unary(c.z, c.zc, cap);
     }
-    Tensor lse = Tensor::empty({m}, lt, bp);
-    Tensor loss_c = loss_rows.slice0(r0, r1);
-    be.cross_entropy(zc, tc, loss_c, lse, cp);
-    if (o.predictions) {
-      Tensor pc = predictions.slice0(r0, r1);
-      be.argmax(zc, pc);
-    }
-    if (!gh && !gw) continue;
-    // The gradients in place over the logits (the kernels' contract allows it): one chunk of [m, V] lives at a time
-    // (two with a softcap).
-    be.cross_entropy_backward(zc, tc, lse, dloss.slice0(r0, r1), zc, cp);
-    Tensor dz = zc;
-    if (o.softcap > 0.0f) {  // dz = dzc * softcap'(z), over z
-      be.unary_backward(z, zc, z, cap);
-      dz = z;
+    return c;
+  }
+  void backward(Chunk& c, const Tensor& targets_c, const Tensor& lse_c, const Tensor& dloss_c,
+                const CrossEntropyParams& p, Tensor& dh, Tensor& dw) {
+    const BackendPtr& bp = hd.backend_ptr();
+    const int64_t m = c.r1 - c.r0;
+    be.cross_entropy_backward(c.zc, targets_c, lse_c, dloss_c, c.zc, p);
+    Tensor dz = c.zc;
+    if (cap.alpha > 0.0f) {
+      be.unary_backward(c.z, c.zc, c.z, cap);
+      dz = c.z;
     }
     if (half) {
       Tensor narrow = Tensor::empty({m, v}, dt, bp);
       be.cast(dz, narrow);
       dz = narrow;
     }
-    if (gh) {  // dh_c = dz w
-      Tensor dhc = dh.slice0(r0, r1);
+    if (dh.defined()) {  // dh_c = dz w
+      Tensor dhc = dh.slice0(c.r0, c.r1);
       MatmulParams mp;
       mp.m = m;
       mp.n = d;
       mp.k = v;
       be.matmul(dz, wd, Tensor(), dhc, mp);
     }
-    if (gw) {  // dw += dz^T h_c
+    if (dw.defined()) {  // dw += dz^T h_c
+      const Tensor hc = hd.slice0(c.r0, c.r1);
       MatmulParams mp;
       mp.m = v;
       mp.n = d;
       mp.k = m;
       mp.trans_a = true;
       if (!half) {
-        mp.beta = r0 == 0 ? 0.0f : 1.0f;
+        mp.beta = c.r0 == 0 ? 0.0f : 1.0f;
         be.matmul(dz, hc, Tensor(), dw, mp);
       } else {
-        Tensor part = Tensor::empty({v, d}, dt, bp), wide = r0 == 0 ? dw : Tensor::empty({v, d}, lt, bp);
+        Tensor part = Tensor::empty({v, d}, dt, bp), wide = c.r0 == 0 ? dw : Tensor::empty({v, d}, lt, bp);
         be.matmul(dz, hc, Tensor(), part, mp);
         be.cast(part, wide);
-        if (r0 > 0) be.binary(dw, wide, dw, BinaryOp::add);
+        if (c.r0 > 0) be.binary(dw, wide, dw, BinaryOp::add);
       }
     }
+  }
+  // dh [N, D] in the products' dtype, dw [V, D] in the logits' (f32 for a half dtype), those asked for.
+  void gradients(bool gh, bool gw, Tensor& dh, Tensor& dw) const {
+    if (gh) dh = Tensor::empty({n, d}, dt, hd.backend_ptr());
+    if (gw) dw = Tensor::empty({v, d}, lt, hd.backend_ptr());
+  }
+  const char* op;
+  detail::KernelCall be;
+  UnaryParams cap;
+  Tensor hd, wd;
+  int64_t n = 0, d = 0, v = 0;
+  DType dt = DType::f32, lt = DType::f32;  // the products' dtype; the logits', the loss's and lse's
+  bool half = false;
+};
+
+}  // namespace
+
+// Per chunk: the logits, the per-row losses and lse of cross_entropy, argmax when asked, and with a gradient the
+// chunk's backward for dloss = 1 / divisor (the mean's g = 1). The backward multiplies dh and dw by g, unless g is 1
+// on a host backend (a pass over [V, D] saved).
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
+                            const LinearCrossEntropyOptions& o) {
+  detail::mark_step_opaque();  // direct calls below
+  if (detail::autocast_lowers({&h, &w}))
+    return linear_cross_entropy(detail::autocast_lower(h), detail::autocast_lower(w), targets, o);
+  LinearHead head("linear_cross_entropy", h, w, targets, o.softcap);
+  const int64_t n = head.n, chunk = linear_cross_entropy_chunk_rows(n, head.v, o);
+  const DType lt = head.lt;
+  const BackendPtr& bp = h.backend_ptr();
+  const bool gh = needs_grad({&h}), gw = needs_grad({&w});
+  // The chunk gradients are formed before the loss scale arrives (the backward's g): in f16 their entries (about
+  // softmax / tokens) would flush to zero, which is what f16-mixed's loss scale exists to prevent.
+  DEW_CHECK(
+      head.dt != DType::f16 || (!gh && !gw), "linear_cross_entropy: no gradient in f16 (the chunks' gradients ",
+      "would underflow before the loss scale reaches them); use the unfused head, bf16, or linear_token_logprobs");
+  const CrossEntropyParams cp{o.ignore_index};
+  Tensor loss_rows = Tensor::empty({n}, lt, bp);
+  Tensor predictions;
+  if (o.predictions) predictions = Tensor::empty({n}, DType::i32, bp);
+  const Tensor divisor = detail::cross_entropy_divisor(targets, o.ignore_index, lt);
+  Tensor dloss, dh, dw;  // dloss [n]: 1 / divisor in every row
+  if (gh || gw) {
+    NoGradGuard no_grad;
+    dloss = contiguous_copy(broadcast_to(div(Tensor::full({1}, 1.0, lt, bp), divisor), {n}));
+    head.gradients(gh, gw, dh, dw);
+  }
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t r1 = std::min(n, r0 + chunk);
+    LinearHead::Chunk c = head.logits(r0, r1);
+    const Tensor tc = targets.slice0(r0, r1);
+    Tensor lse = Tensor::empty({r1 - r0}, lt, bp), loss_c = loss_rows.slice0(r0, r1);
+    head.be.cross_entropy(c.zc, tc, loss_c, lse, cp);
+    if (o.predictions) {
+      Tensor pc = predictions.slice0(r0, r1);
+      head.be.argmax(c.zc, pc);
+    }
+    if (gh || gw) head.backward(c, tc, lse, dloss.slice0(r0, r1), cp, dh, dw);
   }
   if (o.predictions) *o.predictions = predictions;
   Tensor out;
@@ -376,6 +416,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
     out = div(sum(loss_rows), divisor);
   }
   if (gh || gw) {
+    const DType dt = head.dt;
     record(
         out, {h, w},
         [dh, dw, dt](const Tensor& g) {
@@ -389,6 +430,52 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
           return std::vector<Tensor>{dhs, dws};
         },
         "linear_cross_entropy");
+  }
+  return out;
+}
+
+// Forward: per chunk the logits and cross_entropy's rows (logp = -loss; lse kept, N numbers). Backward, with the
+// rows' incoming gradients g: per chunk the logits again and the chunk's backward for dloss = -g.
+Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets,
+                             const LinearCrossEntropyOptions& o) {
+  detail::mark_step_opaque();  // direct calls below
+  if (detail::autocast_lowers({&h, &w}))
+    return linear_token_logprobs(detail::autocast_lower(h), detail::autocast_lower(w), targets, o);
+  DEW_CHECK(o.predictions == nullptr, "linear_token_logprobs: predictions are linear_cross_entropy's");
+  auto head = std::make_shared<LinearHead>("linear_token_logprobs", h, w, targets, o.softcap);
+  const int64_t n = head->n, chunk = linear_cross_entropy_chunk_rows(n, head->v, o);
+  const BackendPtr& bp = h.backend_ptr();
+  const CrossEntropyParams cp{o.ignore_index};
+  Tensor loss_rows = Tensor::empty({n}, head->lt, bp), lse = Tensor::empty({n}, head->lt, bp);
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t r1 = std::min(n, r0 + chunk);
+    const LinearHead::Chunk c = head->logits(r0, r1);
+    Tensor loss_c = loss_rows.slice0(r0, r1), lse_c = lse.slice0(r0, r1);
+    head->be.cross_entropy(c.zc, targets.slice0(r0, r1), loss_c, lse_c, cp);
+  }
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = neg(loss_rows);
+  }
+  const bool gh = needs_grad({&h}), gw = needs_grad({&w});
+  if (gh || gw) {
+    record(
+        out, {h, w},
+        [head, targets, lse, cp, chunk, gh, gw](const Tensor& g) {
+          NoGradGuard no_grad;
+          const Tensor dloss = contiguous_copy(neg(cast(g, head->lt)));
+          Tensor dh, dw;
+          head->gradients(gh, gw, dh, dw);
+          for (int64_t r0 = 0; r0 < head->n; r0 += chunk) {
+            const int64_t r1 = std::min(head->n, r0 + chunk);
+            LinearHead::Chunk c = head->logits(r0, r1);
+            head->backward(c, targets.slice0(r0, r1), lse.slice0(r0, r1), dloss.slice0(r0, r1), cp, dh, dw);
+          }
+          if (dw.defined() && dw.dtype() != head->dt) dw = cast(dw, head->dt);  // a half dtype's f32 sum, rounded once
+          return std::vector<Tensor>{dh, dw};
+        },
+        "linear_token_logprobs");
   }
   return out;
 }

@@ -399,4 +399,31 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   return out;
 }
 
+Tensor token_logprobs(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  DEW_CHECK(logits.ndim() == 2, "token_logprobs: logits must be [N, V], got ", shape_str(logits.shape()));
+  DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == logits.shape()[0],
+            "token_logprobs: targets must be i32 [", logits.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
+            shape_str(targets.shape()));
+  const int64_t n = logits.shape()[0];
+  const CrossEntropyParams p{ignore_index};
+  Tensor loss = stats(logits, {n}), lse = stats(logits, {n});
+  if (n > 0) kernels(logits).cross_entropy(logits.detach(), targets, loss, lse, p);
+  Tensor out = neg(loss);  // the kernel's per-row loss is lse - z[target] (0 on an ignored row)
+  if (needs_grad({&logits})) {
+    Tensor ld = logits.detach();
+    Tensor result = out.detach();
+    record(
+        result, {logits},
+        [ld, targets, lse, p, n](const Tensor& g) {
+          Tensor dloss = contiguous_copy(neg(cast(g, lse.dtype())));  // d(-loss)
+          Tensor dlogits = empty_like(ld);
+          if (n > 0) kernels(ld).cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
+          return std::vector<Tensor>{dlogits};
+        },
+        "token_logprobs");
+    return result;
+  }
+  return out;
+}
+
 }  // namespace dew

@@ -1,5 +1,6 @@
 // tests/autograd/test_fused_ops.cpp — the fused blocks of dew/ops.hpp (core/ops/fused.cpp):
-// modulated_layer_norm, gated_residual, packed_attention, qkv_attention and linear_cross_entropy, and linear's
+// modulated_layer_norm, gated_residual, packed_attention, qkv_attention, linear_cross_entropy and
+// linear_token_logprobs, and linear's
 // activation-and-bias backward (unary_backward_sum, core/ops/linalg.cpp). Their gradients against central finite
 // differences in double on ref; each equals the composition it fuses (on ref in f64, and qkv_attention
 // against packed_attention(linear) on cpu, values and gradients, where it takes oneDNN); shapes are
@@ -176,6 +177,37 @@ Tensor head_targets(int64_t n, int64_t v, const BackendPtr& be) {
   for (int64_t i = 0; i < n; ++i) t.push_back((i >= 3 && i < 6) || i % 3 == 2 ? -1 : int32_t((i * 7 + 3) % v));
   return Tensor::from_ints(t, {n}, be);
 }
+// One run on fresh leaves h, w (copies of h0, w0) and the backward of g * loss: chunk_rows >= 0 runs
+// linear_cross_entropy (its predictions kept), -1 the unfused composition (argmax of its logits).
+struct HeadRun {
+  Tensor loss, dh, dw, pred;
+  const Tensor& tensor(size_t k) const { return k == 0 ? loss : k == 1 ? dh : dw; }
+  std::vector<double> values(size_t k) const { return tensor(k).to_doubles(); }
+};
+HeadRun head_run(const Tensor& h0, const Tensor& w0, const Tensor& t, float cap, int64_t chunk_rows, double g = 1.0) {
+  Tensor h = h0.detach(), w = w0.detach();
+  h.set_requires_grad(true);
+  w.set_requires_grad(true);
+  HeadRun r;
+  if (chunk_rows >= 0) {
+    dew::LinearCrossEntropyOptions o;
+    o.ignore_index = -1;
+    o.softcap = cap;
+    o.chunk_rows = chunk_rows;
+    o.predictions = &r.pred;
+    r.loss = dew::linear_cross_entropy(h, w, t, o);
+  } else {
+    r.loss = unfused_head_loss(h, w, t, -1, cap);
+    dew::NoGradGuard no_grad;
+    Tensor logits = dew::linear(h0, w0);
+    if (cap > 0) logits = dew::softcap(logits, cap);
+    r.pred = dew::argmax(logits);
+  }
+  (g == 1.0 ? r.loss : dew::scale(r.loss, float(g))).backward();
+  r.dh = h.grad();
+  r.dw = w.grad();
+  return r;
+}
 }  // namespace
 
 TEST_CASE("linear_cross_entropy: gradcheck in double, chunked, with and without softcap") {
@@ -200,60 +232,34 @@ TEST_CASE("linear_cross_entropy equals cross_entropy(softcap(linear)) (f64, ref)
   for (float cap : {0.0f, 2.0f}) {
     // g = 1 (the loss's own backward: the op skips its scaling pass on a host backend) and g = 2.5
     for (double g : {1.0, 2.5}) {
-      std::vector<std::vector<double>> want;
-      {
-        Tensor h = h0.detach(), w = w0.detach();
-        h.set_requires_grad(true);
-        w.set_requires_grad(true);
-        const Tensor loss = unfused_head_loss(h, w, t, -1, cap);
-        dew::scale(loss, float(g)).backward();
-        Tensor logits = dew::linear(h0, w0);
-        if (cap > 0) logits = dew::softcap(logits, cap);
-        const std::vector<int32_t> pred = dew::argmax(logits).to_ints();
-        want = {loss.to_doubles(), h.grad().to_doubles(), w.grad().to_doubles(), {pred.begin(), pred.end()}};
-      }
+      const HeadRun want = head_run(h0, w0, t, cap, -1, g);
       for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7), n}) {
         CAPTURE(cap);
         CAPTURE(g);
         CAPTURE(chunk);
-        Tensor h = h0.detach(), w = w0.detach(), pred;
-        h.set_requires_grad(true);
-        w.set_requires_grad(true);
-        dew::LinearCrossEntropyOptions o;
-        o.ignore_index = -1;
-        o.softcap = cap;
-        o.chunk_rows = chunk;
-        o.predictions = &pred;
-        const Tensor loss = dew::linear_cross_entropy(h, w, t, o);
-        dew::scale(loss, float(g)).backward();
-        const std::vector<int32_t> p = pred.to_ints();
-        const std::vector<std::vector<double>> got = {
-            loss.to_doubles(), h.grad().to_doubles(), w.grad().to_doubles(), {p.begin(), p.end()}};
-        for (size_t k = 0; k < got.size(); ++k) {
-          REQUIRE(got[k].size() == want[k].size());
-          for (size_t i = 0; i < got[k].size(); ++i)
-            CHECK_MESSAGE(std::fabs(got[k][i] - want[k][i]) <= 1e-13 * (1 + std::fabs(want[k][i])), "tensor ", k,
-                          " element ", i, ": ", got[k][i], " vs ", want[k][i]);
+        const HeadRun got = head_run(h0, w0, t, cap, chunk, g);
+        for (size_t k = 0; k < 3; ++k) {
+          const std::vector<double> a = got.values(k), b = want.values(k);
+          REQUIRE(a.size() == b.size());
+          for (size_t i = 0; i < a.size(); ++i)
+            CHECK_MESSAGE(std::fabs(a[i] - b[i]) <= 1e-13 * (1 + std::fabs(b[i])), "tensor ", k, " element ", i, ": ",
+                          a[i], " vs ", b[i]);
         }
+        CHECK(got.pred.to_ints() == want.pred.to_ints());
       }
     }
   }
   // Every target ignored: the mean is 0 and so is every gradient (as cross_entropy's).
-  Tensor h = h0.detach(), w = w0.detach();
-  h.set_requires_grad(true);
-  w.set_requires_grad(true);
+  const Tensor none = Tensor::from_ints(std::vector<int32_t>(size_t(n), -1), {n}, ref());
+  const HeadRun ignored = head_run(h0, w0, none, 0.0f, 4);
+  CHECK(ignored.loss.item() == 0.0);
+  for (double x : ignored.dh.to_doubles()) CHECK(x == 0.0);
+  for (double x : ignored.dw.to_doubles()) CHECK(x == 0.0);
+  // Without a gradient: the same loss, nothing recorded.
+  dew::NoGradGuard no_grad;
   dew::LinearCrossEntropyOptions o;
   o.ignore_index = -1;
   o.chunk_rows = 4;
-  const Tensor none = Tensor::from_ints(std::vector<int32_t>(size_t(n), -1), {n}, ref());
-  const Tensor loss = dew::linear_cross_entropy(h, w, none, o);
-  CHECK(loss.item() == 0.0);
-  loss.backward();
-  for (double x : h.grad().to_doubles()) CHECK(x == 0.0);
-  for (double x : w.grad().to_doubles()) CHECK(x == 0.0);
-  // Without a gradient: the same loss, nothing recorded.
-  dew::NoGradGuard no_grad;
-  o.ignore_index = -1;
   const Tensor plain = dew::linear_cross_entropy(h0, w0, t, o);
   CHECK_FALSE(plain.requires_grad());
   CHECK(plain.item() == doctest::Approx(unfused_head_loss(h0, w0, t, -1, 0.0f).item()).epsilon(1e-13));
@@ -268,50 +274,33 @@ TEST_CASE("linear_cross_entropy on cpu: one chunk is the composition bit for bit
   };
   const Tensor h0 = draw({n, d}, 1, 1.0f), w0 = draw({v, d}, 2, 0.3f), t = head_targets(n, v, cpu());
   for (float cap : {0.0f, 5.0f}) {
-    std::vector<std::vector<float>> want;
-    std::vector<int32_t> want_pred;
-    {
-      Tensor h = h0.detach(), w = w0.detach();
-      h.set_requires_grad(true);
-      w.set_requires_grad(true);
-      const Tensor loss = unfused_head_loss(h, w, t, -1, cap);
-      loss.backward();
-      Tensor logits = dew::linear(h0, w0);
-      if (cap > 0) logits = dew::softcap(logits, cap);
-      want_pred = dew::argmax(logits).to_ints();
-      want = {loss.to_floats(), h.grad().to_floats(), w.grad().to_floats()};
-    }
+    const HeadRun want = head_run(h0, w0, t, cap, -1);
+    const std::vector<int32_t> want_pred = want.pred.to_ints();
     for (int64_t chunk : {n, int64_t(128), int64_t(20)}) {
       CAPTURE(cap);
       CAPTURE(chunk);
-      Tensor h = h0.detach(), w = w0.detach(), pred;
-      h.set_requires_grad(true);
-      w.set_requires_grad(true);
-      dew::LinearCrossEntropyOptions o;
-      o.ignore_index = -1;
-      o.softcap = cap;
-      o.chunk_rows = chunk;
-      o.predictions = &pred;
-      const Tensor loss = dew::linear_cross_entropy(h, w, t, o);
-      loss.backward();
-      const std::vector<std::vector<float>> got = {loss.to_floats(), h.grad().to_floats(), w.grad().to_floats()};
-      if (chunk == n) {
-        for (size_t k = 0; k < got.size(); ++k)
-          CHECK_MESSAGE(std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)) == 0, "tensor ", k);
-        CHECK(pred.to_ints() == want_pred);
-        continue;
-      }
-      for (size_t k = 0; k < got.size(); ++k) {
+      const HeadRun got = head_run(h0, w0, t, cap, chunk);
+      for (size_t k = 0; k < 3; ++k) {
+        const std::vector<float> a = got.tensor(k).to_floats(), b = want.tensor(k).to_floats();
+        REQUIRE(a.size() == b.size());
+        if (chunk == n) {
+          CHECK_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, "tensor ", k);
+          continue;
+        }
         double worst = 0, scale = 0;
-        for (size_t i = 0; i < got[k].size(); ++i) {
-          worst = std::max(worst, double(std::fabs(got[k][i] - want[k][i])));
-          scale = std::max(scale, double(std::fabs(want[k][i])));
+        for (size_t i = 0; i < a.size(); ++i) {
+          worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+          scale = std::max(scale, double(std::fabs(b[i])));
         }
         CHECK_MESSAGE(scale > 1e-4, "tensor ", k, " is degenerate");
         CHECK_MESSAGE(worst <= 2e-6 * std::max(1.0, scale) + 1e-6 * scale, "tensor ", k, " differs by ", worst,
                       " (scale ", scale, ")");
       }
-      const std::vector<int32_t> p = pred.to_ints();
+      const std::vector<int32_t> p = got.pred.to_ints();
+      if (chunk == n) {
+        CHECK(p == want_pred);
+        continue;
+      }
       int64_t same = 0;
       for (size_t i = 0; i < p.size(); ++i) same += p[i] == want_pred[i];
       CHECK(same >= n - 2);  // a near-tie may flip under another product's rounding
@@ -358,6 +347,104 @@ TEST_CASE("linear_cross_entropy under bf16 autocast on cpu follows the unfused h
   }
 }
 
+TEST_CASE("linear_token_logprobs: gradcheck in double, and token_logprobs(softcap(linear)) on ref and cpu") {
+  const Tensor t = head_targets(9, 11, ref());
+  for (float cap : {0.0f, 1.5f})
+    for (int64_t chunk : {int64_t(3), int64_t(5), int64_t(0)}) {
+      CAPTURE(cap);
+      CAPTURE(chunk);
+      dew::LinearCrossEntropyOptions o;
+      o.ignore_index = -1;
+      o.softcap = cap;
+      o.chunk_rows = chunk;
+      gradcheck([&](const V& in) { return dew::linear_token_logprobs(in[0], in[1], t, o); },
+                {rnd({9, 5}, 64), rnd({11, 5}, 65, -2.0, 2.0)}, "linear_token_logprobs");
+    }
+  // Against the composition with unequal row gradients (a weighted sum of the rows): f64 on ref to 1e-13, f32 on
+  // cpu to rounding (one chunk: the composition's kernels, bit for bit).
+  for (int on_cpu = 0; on_cpu < 2; ++on_cpu) {
+    const int64_t n = on_cpu ? 200 : 10, d = on_cpu ? 48 : 6, v = on_cpu ? 700 : 13;
+    const BackendPtr& be = on_cpu ? cpu() : ref();
+    auto draw = [&](const dew::Shape& s, uint64_t stream, float sd) {
+      return on_cpu ? Tensor::normal(s, 0.0f, sd, 6, stream, cpu()) : rnd(s, stream, -sd, sd);
+    };
+    const Tensor h0 = draw({n, d}, 1, 1.0f), w0 = draw({v, d}, 2, on_cpu ? 0.3f : 2.0f), t2 = head_targets(n, v, be),
+                 r = draw({n}, 3, 1.0f);
+    for (float cap : {0.0f, 3.0f}) {
+      std::vector<std::vector<double>> want;  // the composition's (chunk -1 comes first)
+      for (int64_t chunk : {int64_t(-1), n, int64_t(7), int64_t(64)}) {
+        CAPTURE(on_cpu);
+        CAPTURE(cap);
+        CAPTURE(chunk);
+        Tensor h = h0.detach(), w = w0.detach();
+        h.set_requires_grad(true);
+        w.set_requires_grad(true);
+        Tensor lp;
+        if (chunk < 0) {
+          Tensor logits = dew::linear(h, w);
+          if (cap > 0) logits = dew::softcap(logits, cap);
+          lp = dew::token_logprobs(logits, t2, -1);
+        } else {
+          dew::LinearCrossEntropyOptions o;
+          o.ignore_index = -1;
+          o.softcap = cap;
+          o.chunk_rows = chunk;
+          lp = dew::linear_token_logprobs(h, w, t2, o);
+        }
+        dew::sum(dew::mul(lp, r)).backward();
+        const std::vector<std::vector<double>> got = {lp.to_doubles(), h.grad().to_doubles(), w.grad().to_doubles()};
+        if (chunk < 0) {
+          want = got;
+          continue;
+        }
+        for (size_t k = 0; k < 3; ++k) {
+          double worst = 0, scale = 0;
+          for (size_t i = 0; i < got[k].size(); ++i) {
+            worst = std::max(worst, std::fabs(got[k][i] - want[k][i]));
+            scale = std::max(scale, std::fabs(want[k][i]));
+          }
+          CHECK_MESSAGE(scale > 1e-3, "tensor ", k, " is degenerate");
+          const double bound = !on_cpu ? 1e-13 * (1 + scale) : chunk == n ? 0.0 : 2e-6 * std::max(1.0, scale);
+          CHECK_MESSAGE(worst <= bound, "tensor ", k, " differs by ", worst, " (scale ", scale, ")");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_token_logprobs in f16 keeps its gradient (the backward holds the loss scale)") {
+  // f16-mixed's reason to refuse linear_cross_entropy does not hold here: the rows' gradients, loss scale included,
+  // arrive before any chunk gradient is formed. Against the same product in f32 on cpu.
+  const Tensor h0 = Tensor::normal({64, 32}, 0.0f, 1.0f, 8, 1, cpu()),
+               w0 = Tensor::normal({300, 32}, 0.0f, 0.3f, 8, 2, cpu());
+  const Tensor t = head_targets(64, 300, cpu());
+  std::vector<float> grads[2];
+  for (int f16 = 0; f16 < 2; ++f16) {
+    Tensor h = h0.detach(), w = w0.detach();
+    h.set_requires_grad(true);
+    w.set_requires_grad(true);
+    dew::LinearCrossEntropyOptions o;
+    o.ignore_index = -1;
+    o.chunk_rows = 16;
+    Tensor lp;
+    {
+      dew::AutocastGuard autocast(f16 ? DType::f16 : DType::f32);
+      lp = dew::linear_token_logprobs(h, w, t, o);
+    }
+    dew::scale(dew::sum(lp), 1024.0f).backward();  // a loss scale
+    grads[f16] = w.grad().to_floats();
+  }
+  double worst = 0, scale = 0;
+  int64_t zero_in_f16 = 0;
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    worst = std::max(worst, double(std::fabs(grads[0][i] - grads[1][i])));
+    scale = std::max(scale, double(std::fabs(grads[0][i])));
+    zero_in_f16 += grads[1][i] == 0.0f && grads[0][i] != 0.0f;
+  }
+  CHECK(zero_in_f16 == 0);
+  CHECK_MESSAGE(worst <= 5e-3 * scale, "f16 differs by ", worst, " (scale ", scale, ")");
+}
+
 TEST_CASE("linear_cross_entropy: bad input is refused by name") {
   const auto z = [](const dew::Shape& s) { return Tensor::zeros(s, DType::f64, ref()); };
   const Tensor t = Tensor::from_ints({0, 1, 2, 3}, {4}, ref());
@@ -379,6 +466,13 @@ TEST_CASE("linear_cross_entropy: bad input is refused by name") {
   CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), z({7, 5}), t, o), doctest::Contains("softcap must be >= 0"),
                        dew::Error);
   o.softcap = 0.0f;
+  Tensor pred;
+  o.predictions = &pred;
+  CHECK_THROWS_WITH_AS(dew::linear_token_logprobs(z({4, 5}), z({7, 5}), t, o),
+                       doctest::Contains("linear_token_logprobs: predictions are linear_cross_entropy's"), dew::Error);
+  CHECK_THROWS_WITH_AS(dew::linear_token_logprobs(z({4, 5}), z({7, 6}), t),
+                       doctest::Contains("linear_token_logprobs: h must be [N, D] and w [V, D]"), dew::Error);
+  o.predictions = nullptr;
   o.chunk_rows = -2;
   CHECK_THROWS_WITH_AS(dew::linear_cross_entropy(z({4, 5}), z({7, 5}), t, o),
                        doctest::Contains("chunk_rows must be >= 0"), dew::Error);

@@ -350,6 +350,34 @@ TEST_CASE("cross_entropy on a device counts its targets there: no host read, the
   }
 }
 
+TEST_CASE("token_logprobs: gradcheck and the log-softmax of each target (0 where ignored)") {
+  Tensor targets = ints({1, -1, 3, 0, -1, 2}, {6});
+  gradcheck([targets](const V& x) { return dew::token_logprobs(x[0], targets, -1); }, {rnd({6, 4}, 124, -3, 3)},
+            "token_logprobs");
+  Tensor logits = rnd({6, 4}, 125, -3, 3);
+  const auto v = logits.to_doubles();
+  const int tg[6] = {1, -1, 3, 0, -1, 2};
+  std::vector<double> want;
+  for (int r = 0; r < 6; ++r) {
+    double m = -1e300, s = 0;
+    for (int c = 0; c < 4; ++c) m = std::max(m, v[size_t(r * 4 + c)]);
+    for (int c = 0; c < 4; ++c) s += std::exp(v[size_t(r * 4 + c)] - m);
+    want.push_back(tg[r] < 0 ? 0.0 : v[size_t(r * 4 + tg[r])] - m - std::log(s));
+  }
+  const Tensor lp = dew::token_logprobs(logits, targets, -1);
+  CHECK(lp.dtype() == dew::DType::f64);
+  check_values(lp, want, 1e-13, "token_logprobs values");
+  // an ignored row gets no gradient even where its logits would give one
+  Tensor lg = rnd({2, 3}, 126).set_requires_grad(true);
+  dew::sum(dew::token_logprobs(lg, ints({2, -1}, {2}), -1)).backward();
+  const auto g = lg.grad().to_doubles();
+  for (int c = 3; c < 6; ++c) CHECK(g[size_t(c)] == 0.0);
+  CHECK(g[2] > 0.0);  // d log p_2 / d z_2 = 1 - p_2 (the target), d log p_2 / d z_0 = -p_0
+  CHECK(g[0] < 0.0);
+  CHECK_THROWS_WITH_AS(dew::token_logprobs(logits, ints({1, 2}, {2})),
+                       doctest::Contains("token_logprobs: targets must be i32 [6], got i32 [2]"), dew::Error);
+}
+
 TEST_CASE("gradcheck cross_entropy (with ignored rows)") {
   Tensor targets = ints({1, -100, 3, 0, -100}, {5});
   gradcheck([targets](const V& x) { return dew::cross_entropy(x[0], targets); }, {rnd({5, 4}, 120, -2, 2)},

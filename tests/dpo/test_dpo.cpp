@@ -23,6 +23,7 @@
 #include "dew/error.hpp"
 #include "dew/objective.hpp"
 #include "dew/ops.hpp"
+#include "dew/profile.hpp"
 #include "dew/registry.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
@@ -86,14 +87,15 @@ struct Batch4 {
   std::vector<int32_t> c, r, cm, rm;
   std::vector<float> rc, rr;
   int64_t b = 0, n = 0;
-  dew::Batch batch(bool with_ref) const {
-    dew::Batch bt{{"chosen", Tensor::from_ints(c, {b, n}, ref())},
-                  {"rejected", Tensor::from_ints(r, {b, n}, ref())},
-                  {"chosen_mask", Tensor::from_ints(cm, {b, n}, ref())},
-                  {"rejected_mask", Tensor::from_ints(rm, {b, n}, ref())}};
+  dew::Batch batch(bool with_ref, dew::BackendPtr be = nullptr) const {
+    if (!be) be = ref();
+    dew::Batch bt{{"chosen", Tensor::from_ints(c, {b, n}, be)},
+                  {"rejected", Tensor::from_ints(r, {b, n}, be)},
+                  {"chosen_mask", Tensor::from_ints(cm, {b, n}, be)},
+                  {"rejected_mask", Tensor::from_ints(rm, {b, n}, be)}};
     if (with_ref) {
-      bt["ref_chosen_logp"] = Tensor::from_vector(rc, {b}, ref());
-      bt["ref_rejected_logp"] = Tensor::from_vector(rr, {b}, ref());
+      bt["ref_chosen_logp"] = Tensor::from_vector(rc, {b}, be);
+      bt["ref_rejected_logp"] = Tensor::from_vector(rr, {b}, be);
     }
     return bt;
   }
@@ -282,6 +284,71 @@ TEST_CASE("dpo with the starting weights as reference: log 2 first, then the dou
   const dew::NamedTensors st = obj->state();
   CHECK(st.back().first == "reference_ready");
   CHECK(st.back().second.item() == 1.0);
+}
+
+TEST_CASE("dpo with the head fused (fused_head): the unfused loss and gradients, the logits in chunks") {
+  // fused_head = true: dew::linear_token_logprobs over chunks of 7 rows (fused_head_mb: 7 rows of 256 f32 logits), for
+  // the policy (its backward computes each chunk's logits again) and the reference; false: the model's logits and
+  // dew::token_logprobs. After a perturbation of the policy (so the loss is not log 2 and every gradient is live),
+  // with the SFT term: the same loss, metrics and parameter gradients.
+  ref();
+  TempDir d("fused");
+  const std::string bytes = byte_folder(d.path), pairs = write_pairs(d.path, false);
+  auto src = dew::Registry::global().create<dew::DataSource>(
+      "preference_jsonl", dew::Options({{"path", pairs}, {"tokenizer", bytes}, {"seq_len", "24"}}, "data"));
+  const Batch4 b = gather(*src, 4);
+  std::ostringstream seven_rows;
+  seven_rows.precision(17);
+  seven_rows << 7 * 256 * 4 / 1048576.0;
+  double loss[2], margin[2];
+  std::vector<std::vector<float>> grads[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    dew::Config cfg = tiny_config(bytes, pairs);
+    cfg.section("objective").set("sft_weight", "0.5");
+    cfg.section("objective").set("fused_head", fused ? "true" : "false");
+    cfg.section("objective").set("fused_head_mb", seven_rows.str());
+    auto profiler = std::make_shared<dew::ProfilingBackend>(ref());
+    auto obj = dew::Registry::global().create<dew::Objective>("dpo", cfg.section("objective"));
+    dew::ObjectiveContext ctx{&cfg, profiler, 5, src.get()};
+    obj->build(ctx);
+    obj->step(b.batch(false, profiler), {0, 0, 5});  // freezes the reference
+    {
+      dew::NoGradGuard g;
+      for (auto& [n, t] : obj->parameters()) {
+        std::vector<float> v = t.to_floats();
+        std::mt19937 rng(uint32_t(n.size()));
+        std::normal_distribution<float> noise(0.0f, 0.05f);
+        for (float& x : v) x += noise(rng);
+        t.copy_(Tensor::from_vector(v, t.shape(), profiler));
+      }
+    }
+    profiler->start();
+    dew::StepResult r = obj->step(b.batch(false, profiler), {1, 0, 5});
+    profiler->stop();
+    // 8 sequences (chosen and rejected) x (n - 1) targets in chunks of 7 rows, for the policy and for the reference;
+    // unfused one call each
+    const int64_t rows = 8 * (b.n - 1), chunks = (rows + 6) / 7;
+    CHECK(profiler->calls("cross_entropy") == (fused ? 2 * chunks : 2));
+    loss[fused] = r.loss.item();
+    margin[fused] = r.metrics.at("reward_margin");
+    r.loss.backward();
+    for (auto& [n, t] : obj->parameters()) {
+      REQUIRE_MESSAGE(t.grad().defined(), n);
+      grads[fused].push_back(t.grad().to_floats());
+    }
+  }
+  CHECK(std::fabs(loss[0] - std::log(2.0)) > 1e-4);
+  CHECK(loss[1] == doctest::Approx(loss[0]).epsilon(1e-5));
+  CHECK(margin[1] == doctest::Approx(margin[0]).epsilon(1e-4));
+  for (size_t k = 0; k < grads[0].size(); ++k) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < grads[0][k].size(); ++i) {
+      worst = std::max(worst, double(std::fabs(grads[0][k][i] - grads[1][k][i])));
+      scale = std::max(scale, double(std::fabs(grads[0][k][i])));
+    }
+    CHECK_MESSAGE(scale > 0, "parameter ", k, " has no gradient");
+    CHECK_MESSAGE(worst <= 1e-5 * std::max(1.0, scale), "parameter ", k, " differs by ", worst);
+  }
 }
 
 TEST_CASE("dpo training raises the reward accuracy above 0.9 on a synthetic preference set") {

@@ -14,12 +14,16 @@
 // r_w > r_l; ties count as wrong), reward_margin (mean r_w - r_l), chosen_reward, rejected_reward (means),
 // and sft_nll when sft_weight > 0. The primary metric is reward_accuracy (higher is better).
 // Options ([objective]): beta (0.1), sft_weight (0), vocab_size (0: from the tokenizer's meta.json, the
-// [data] tokenizer folder). Parameters: the model's, unprefixed (so init_from an lm run loads by name).
+// [data] tokenizer folder), fused_head (auto | true | false) and fused_head_mb (256): per-token log-probabilities are
+// the cross-entropy kernel's rows (dew::token_logprobs), and with a dew::LinearHeadModel whose [rows, V] f32 logits
+// would pass fused_head_mb they come from dew::linear_token_logprobs, the head in chunks, the logits never whole.
+// Parameters: the model's, unprefixed (so init_from an lm run loads by name).
 #include <algorithm>
 #include <cmath>
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
+#include <dew/model.hpp>
 #include <dew/objective.hpp>
 #include <dew/ops.hpp>
 #include <dew/registry.hpp>
@@ -136,6 +140,11 @@ class Dpo final : public dew::Objective {
     beta_ = o.get_double("beta", 0.1);
     sft_weight_ = o.get_double("sft_weight", 0.0);
     vocab_size_ = o.get_int("vocab_size", 0);
+    fused_head_ = o.get_string("fused_head", "auto");
+    fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
+    DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
+                    "option 'objective.fused_head' must be auto, true or false, got '", fused_head_, "'");
+    DEW_USAGE_CHECK(fused_head_mb_ > 0, "option 'objective.fused_head_mb' must be > 0, got ", fused_head_mb_);
     DEW_USAGE_CHECK(beta_ > 0 && std::isfinite(beta_), "option 'objective.beta' must be positive, got ", beta_);
     DEW_USAGE_CHECK(sft_weight_ >= 0, "option 'objective.sft_weight' must be >= 0, got ", sft_weight_);
   }
@@ -152,26 +161,45 @@ class Dpo final : public dew::Objective {
     reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
   }
 
-  // Summed log-probabilities of the masked targets: ids, mask [R, S + 1] -> [R].
+  // Summed log-probabilities of the masked targets: ids, mask [R, S + 1] -> [R]. Per token the cross-entropy
+  // kernel's row (dew::token_logprobs), targets outside the mask ignored (0): no [R*S, V] log-softmax or one-hot.
+  // With fused_head (a dew::LinearHeadModel, the rows' f32 logits past fused_head_mb, or fused_head = true) the head
+  // is fused: dew::linear_token_logprobs over chunks, the logits never whole (their backward computes them again).
   Tensor sequence_logp(dew::Model& m, const Tensor& ids, const Tensor& mask) const {
     const int64_t rows = ids.shape()[0], s = ids.shape()[1] - 1;
-    const Tensor inputs = dew::slice(ids, 1, 0, s);
-    Tensor logits = m.forward({{"tokens", inputs}});
-    DEW_CHECK(logits.ndim() == 3 && logits.shape()[2] == vocab_, "dpo: the model returned logits ",
-              dew::shape_str(logits.shape()), "; expected [R, S, ", vocab_, "]");
-    logits = dew::reshape(logits, {rows * s, vocab_});
-    if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);
-    const std::vector<int32_t> targets = dew::slice(ids, 1, 1, s + 1).to_ints();
-    std::vector<float> onehot(size_t(rows * s * vocab_), 0.0f);
+    const dew::Batch inputs{{"tokens", dew::slice(ids, 1, 0, s)}};
+    std::vector<int32_t> targets = dew::slice(ids, 1, 1, s + 1).to_ints();
+    const std::vector<int32_t> in_mask = dew::cast(dew::slice(mask, 1, 1, s + 1), dew::DType::i32).to_ints();
     for (size_t i = 0; i < targets.size(); ++i) {
       DEW_CHECK(targets[i] >= 0 && targets[i] < vocab_, "dpo: token id ", targets[i], " is outside the vocabulary");
-      onehot[i * size_t(vocab_) + size_t(targets[i])] = 1.0f;
+      if (in_mask[i] == 0) targets[i] = kOutsideMask;
     }
-    const Tensor picked =
-        dew::sum(dew::log_softmax(logits) * Tensor::from_vector(onehot, {rows * s, vocab_}, backend_), 1);  // [R*S]
-    const Tensor m_f = dew::cast(dew::reshape(dew::slice(mask, 1, 1, s + 1), {rows * s}), dew::DType::f32);
-    return dew::sum(dew::reshape(picked * m_f, {rows, s}), 1);
+    const Tensor t = Tensor::from_ints(targets, {rows * s}, backend_);
+    Tensor logp;
+    auto* head = dynamic_cast<dew::LinearHeadModel*>(&m);
+    if (head && fused_head_ != "false" &&
+        (fused_head_ == "true" || 4.0 * double(rows * s) * double(vocab_) > fused_head_mb_ * 1048576.0)) {
+      const dew::HiddenAndHead o = head->forward_hidden(inputs);
+      DEW_CHECK(o.hidden.ndim() == 3 && o.hidden.shape()[0] * o.hidden.shape()[1] == rows * s && o.weight.ndim() == 2 &&
+                    o.weight.shape()[0] == vocab_,
+                "dpo: the model's hidden states ", dew::shape_str(o.hidden.shape()), " and head ",
+                dew::shape_str(o.weight.shape()), " do not give [", rows * s, ", ", vocab_, "] logits");
+      dew::LinearCrossEntropyOptions lo;
+      lo.ignore_index = kOutsideMask;
+      lo.softcap = o.softcap;
+      lo.chunk_mb = fused_head_mb_;
+      logp = dew::linear_token_logprobs(dew::reshape(o.hidden, {rows * s, o.hidden.shape()[2]}), o.weight, t, lo);
+    } else {
+      Tensor logits = m.forward(inputs);
+      DEW_CHECK(logits.ndim() == 3 && logits.shape()[2] == vocab_, "dpo: the model returned logits ",
+                dew::shape_str(logits.shape()), "; expected [R, S, ", vocab_, "]");
+      logits = dew::reshape(logits, {rows * s, vocab_});
+      if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);
+      logp = dew::token_logprobs(logits, t, kOutsideMask);
+    }
+    return dew::sum(dew::reshape(logp, {rows, s}), 1);
   }
+  static constexpr int32_t kOutsideMask = -1;  // the ignored target of a token outside the response mask
 
   Tensor field(const dew::Batch& b, const char* name) const {
     auto it = b.find(name);
@@ -245,8 +273,9 @@ class Dpo final : public dew::Objective {
   std::shared_ptr<dew::Tokenizer> tokenizer_;
   Tensor reference_ready_;
   dew::BackendPtr backend_;
-  double beta_ = 0.1, sft_weight_ = 0.0;
+  double beta_ = 0.1, sft_weight_ = 0.0, fused_head_mb_ = 256.0;
   int64_t vocab_size_ = 0, vocab_ = 0;
+  std::string fused_head_ = "auto";
 };
 
 }  // namespace
@@ -259,6 +288,10 @@ DEW_PLUGIN("dpo", "0.1.0") {
       .factory = [](const dew::Options& o) { return std::make_shared<Dpo>(o); },
       .options = {{"beta", "0.1", "the DPO temperature beta"},
                   {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
-                  {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"}},
+                  {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
+                  {"fused_head", "auto",
+                   "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "
+                   "one forward's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
+                  {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
   });
 }

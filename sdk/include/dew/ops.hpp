@@ -143,6 +143,10 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
 // logits [N, V] (f32), targets i32 [N]: mean over non-ignored rows (0 when all are ignored).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 Tensor mse(const Tensor& a, const Tensor& b);  // mean of squared differences -> [1]
+// log softmax(logits)[i, targets[i]] per row -> [N] (f32; f64 for f64 logits), 0 where targets[i] == ignore_index:
+// the cross_entropy kernel's per-row loss negated, differentiable (its backward is cross_entropy_backward with the
+// rows' incoming gradients), so no [N, V] log-softmax or one-hot exists (DPO's sequence log-probabilities).
+Tensor token_logprobs(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
 // A linear head fused into its cross-entropy: cross_entropy(softcap(h @ w^T), targets, ignore_index) for h [N, D]
 // and a bias-free head w [V, D] (a language model's output projection), without the [N, V] logits: the rows
@@ -168,5 +172,12 @@ struct LinearCrossEntropyOptions {
 int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, const LinearCrossEntropyOptions& o);
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
                             const LinearCrossEntropyOptions& o = {});
+// token_logprobs(softcap(h @ w^T), targets, ignore_index) -> [N] without the [N, V] logits, in the same chunks. A
+// per-row output has no scalar to form the gradients against in the forward, so the backward computes each chunk's
+// logits again (one more [N, D] x [D, V] product than the composition) and takes the rows' gradients through
+// cross_entropy_backward; only lse [N] is kept between the two. Any float dtype (the backward has the loss scale);
+// predictions must be null. DPO's sequence log-probabilities at a real vocabulary.
+Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets,
+                             const LinearCrossEntropyOptions& o = {});
 
 }  // namespace dew

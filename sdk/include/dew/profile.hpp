@@ -51,6 +51,11 @@ class ProfilingBackend final : public Backend {
   // over `steps` steps, share of `step_ms`, the measured step time, and the longest single call in ms: a call
   // far above ms/step / calls is a stall, not the kernel), then the time outside the kernels.
   std::string report(int64_t steps, double step_ms) const;
+  // The calls counted under `label` (a kernel's name, e.g. "cross_entropy") since start(); 0 when none.
+  int64_t calls(const std::string& label) const {
+    auto it = stats_.find(label);
+    return it == stats_.end() ? 0 : it->second.calls;
+  }
   const BackendPtr& inner() const { return inner_; }
 
   std::string name() const override { return inner_->name(); }
