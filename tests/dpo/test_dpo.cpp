@@ -261,6 +261,17 @@ TEST_CASE("dpo with the starting weights as reference: log 2 first, then the dou
   dew::StepResult r = obj->step(b.batch(false), {0, 0, 5});
   CHECK(r.loss.item() == doctest::Approx(std::log(2.0)).epsilon(1e-6));
   CHECK(r.metrics.at("reward_accuracy") == 0.0);  // ties
+  // The policy and the reference give the same log-probabilities bit for bit (d = 0 exactly), and the loss's gradient
+  // there is -sigmoid(0) beta (grad log pi(y_w) - grad log pi(y_l)), not 0: the first update is a real one. (The
+  // former log(1 + exp(-|d|)) - min(d, 0) gave exactly 0 at d = 0.)
+  CHECK(r.metrics.at("reward_margin") == 0.0);
+  r.loss.backward();
+  double grad_sq = 0;
+  for (auto& [n, t] : obj->parameters())
+    if (t.grad().defined())
+      for (float g : t.grad().to_floats()) grad_sq += double(g) * g;
+  CHECK(grad_sq > 1e-12);
+  for (auto& [n, t] : obj->parameters()) t.zero_grad();
   // Change the policy; the reference keeps the starting weights.
   {
     dew::NoGradGuard g;

@@ -8,8 +8,8 @@
 // The reference is either the starting weights (a frozen copy of the model, made at the first step,
 // i.e. after [trainer] init_from loaded the SFT weights; kept in checkpoints as state, so resume and
 // eval see the same reference) or, when the records carry ref_chosen_logp / ref_rejected_logp, those
-// precomputed numbers (the frozen copy is then never run). -log sigmoid(d) is computed as
-// log(1 + exp(-|d|)) - min(d, 0), finite for every d.
+// precomputed numbers (the frozen copy is then never run). -log sigmoid(d) is computed as -log_softmax([0, d])[1],
+// finite for every d and with its true gradient -sigmoid(-d) at d = 0 (the first step's d with that reference).
 // Metrics (training and validation): loss, dpo_loss, reward_accuracy (the share of pairs with
 // r_w > r_l; ties count as wrong), reward_margin (mean r_w - r_l), chosen_reward, rejected_reward (means),
 // and sft_nll when sft_weight > 0. The primary metric is reward_accuracy (higher is better).
@@ -231,9 +231,13 @@ class Dpo final : public dew::Objective {
     }
     const Tensor reward_w = (pc - rc) * float(beta_), reward_l = (pr - rr) * float(beta_);
     const Tensor d = reward_w - reward_l;
-    // -log sigmoid(d) = log(1 + exp(-|d|)) - min(d, 0)
-    const Tensor zero = Tensor::full({b}, 0.0, dew::DType::f32, backend_);
-    const Tensor nls = dew::log(dew::exp(-dew::abs(d)) + 1.0f) - dew::minimum(d, zero);
+    // -log sigmoid(d) = -log_softmax([0, d])[1]: finite for every d and smooth at d = 0, where every run with the
+    // starting weights as reference begins (policy and reference give the same log-probabilities bit for bit, so
+    // d = 0 exactly). The earlier log(1 + exp(-|d|)) - min(d, 0) had a zero gradient there (|d|'s and min's kinks):
+    // the first update was lost.
+    const Tensor zero = Tensor::full({b, 1}, 0.0, dew::DType::f32, backend_);
+    const Tensor nls =
+        -dew::reshape(dew::slice(dew::log_softmax(dew::concat({zero, dew::reshape(d, {b, 1})}, 1)), 1, 1, 2), {b});
     const Tensor dpo = dew::mean(nls);
     Parts p;
     p.rows = b;
