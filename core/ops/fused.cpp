@@ -257,7 +257,7 @@ int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, const Linea
 namespace {
 
 // What linear_cross_entropy and linear_token_logprobs share: h [N, D] and w [V, D] checked and detached, the dtypes,
-// the chunk plan, and the two halves of a chunk's work.
+// and the two halves of a chunk's work.
 //   logits(r0, r1): z = h_c w^T in the products' dtype (widened to f32 for a half dtype, as the causal transformer's
 //     head does) and zc = softcap(z) (zc is z without a softcap).
 //   backward(chunk, dloss_c): dzc = cross_entropy_backward(zc) over zc, dz = softcap's backward over z (the kernels'
@@ -270,7 +270,7 @@ struct LinearHead {
     Tensor z, zc;
   };
   LinearHead(const char* op, const Tensor& h, const Tensor& w, const Tensor& targets, float softcap)
-      : op(op), be(detail::kernels(h)), cap{UnaryOp::softcap, softcap, 0.0f} {
+      : be(detail::kernels(h)), cap{UnaryOp::softcap, softcap, 0.0f} {
     DEW_CHECK(h.ndim() == 2 && w.ndim() == 2 && h.shape()[1] == w.shape()[1], op, ": h must be [N, D] and w [V, D], ",
               "got ", shape_str(h.shape()), " and ", shape_str(w.shape()));
     DEW_CHECK(is_floating(h.dtype()) && h.dtype() == w.dtype(), op, ": h and w must have one float dtype, got ",
@@ -357,7 +357,6 @@ struct LinearHead {
     if (gh) dh = Tensor::empty({n, d}, dt, hd.backend_ptr());
     if (gw) dw = Tensor::empty({v, d}, lt, hd.backend_ptr());
   }
-  const char* op;
   detail::KernelCall be;
   UnaryParams cap;
   Tensor hd, wd;
