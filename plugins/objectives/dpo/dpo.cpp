@@ -69,6 +69,9 @@ class Dpo final : public dew::Objective {
     reference_ = dew::create_model(model);  // overwritten by the starting weights at the first step
     reference_->initialize(ctx.seed);
     reference_->set_training(false);
+    DEW_USAGE_CHECK(fused_head_ != "true" || dynamic_cast<dew::LinearHeadModel*>(model_.get()),
+                    "dpo: fused_head = true needs a model with a linear head (dew::LinearHeadModel); model '",
+                    model.get_string("plugin", ""), "' has none");
     vocab_ = std::atoll(model.values().at("vocab_size").c_str());
     reference_ready_ = Tensor::full({1}, 0.0, dew::DType::f32, backend_);
   }
