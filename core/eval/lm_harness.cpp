@@ -76,9 +76,9 @@ std::vector<Scored> score(const LogitsFn& logits, const std::vector<std::vector<
       DEW_CHECK(t >= 0 && t < v, "lm_eval: token id ", t, " is outside the vocabulary [0, ", v, ")");
     const Tensor flat = reshape(lg, {rows, v});
     const std::vector<int32_t> am = argmax(flat).to_ints();
-    const Tensor picked =
-        gather_rows(reshape(log_softmax(flat), {rows, v, 1}), Tensor::from_ints(targets, {rows, 1}, lg.backend_ptr()));
-    const std::vector<float> vals = picked.to_floats();
+    // each target's log-probability from the cross-entropy kernel's row (no [rows, V] log-softmax)
+    const std::vector<float> vals =
+        token_logprobs(flat, Tensor::from_ints(targets, {rows}, lg.backend_ptr())).to_floats();
     for (size_t r = 0; r < n; ++r) {
       const size_t jid = order[start + r];
       const Job& j = jobs[jid];
