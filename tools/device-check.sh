@@ -5,7 +5,8 @@
 #   1. the GPU and driver (nvidia-smi), configure + build in Release (the binaries and every plugin);
 #   2. the GPU unit tests (test_backend_cuda_gpu), dew-conformance --backend cuda against ref and cpu, and 12
 #      bf16-mixed updates of a small language model on the tensor-core attention against cpu
-#      (tests/backends_cuda/lm_matches_cpu.sh), and the same model in f32 on the attention by cuBLASLt products;
+#      (tests/backends_cuda/lm_matches_cpu.sh), the same model in f32 on the attention by cuBLASLt products, and in
+#      f32 with its head fused into the loss (dew::linear_cross_entropy in 16 chunks);
 #   3. dew-bench: the kernel shapes (attention in f32 and bf16, the bf16 one on the tensor-core kernels and the
 #      f32 one by cuBLASLt products where T * S >= 2^14, then again on the warp-per-row kernel: attention=warp),
 #      the char-small and DiT training steps on cuda (f32 and bf16-mixed), and the GPT-2-small-size step
@@ -169,6 +170,8 @@ step "lm bf16-mixed on the tensor-core attention vs cpu (2e-3)" bash tests/backe
   "$build/bin" "$work/lm-match" cuda
 step "lm f32 on the attention by cuBLASLt products vs cpu (2e-3)" bash tests/backends_cuda/lm_matches_cpu.sh \
   "$build/bin" "$work/lm-f32-match" cuda --run.precision f32 --data.seq_len 160
+step "lm f32 with the head fused into the loss vs cpu (2e-3)" bash tests/backends_cuda/lm_matches_cpu.sh \
+  "$build/bin" "$work/lm-fused-match" cuda --run.precision f32 --objective.fused_head true --objective.fused_head_mb 0.01
 step "bench kernels" "$build/bin/dew-bench" kernels --backend cuda
 step "bench attention, warp kernel (A/B with the tensor-core and f32 products ones above)" "$build/bin/dew-bench" kernels --backend cuda \
   --only attention --backend-option attention=warp
