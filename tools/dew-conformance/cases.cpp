@@ -1324,32 +1324,23 @@ void add_cross_entropy(Table& t) {
     t.add("cross_entropy/" + sh + "/f32", Kernel::cross_entropy, {DT::f32}, make,
           {out("loss", {c.N}, DT::f32, cl), out("lse", {c.N}, DT::f32, tol(8, double(c.V)))},
           [p](Backend& be, In& in, Out& o) { be.cross_entropy(in[0], in[1], o[0], o[1], p); });
-    t.add(
-        "cross_entropy_backward/" + sh + "/f32", Kernel::cross_entropy_backward, {DT::f32},
-        [make, c, p](Gen& g) {
-          In in = make(g);
-          Tensor loss = Tensor::empty({c.N}, DT::f32, g.backend()), lse = Tensor::empty({c.N}, DT::f32, g.backend());
-          g.backend()->cross_entropy(in[0], in[1], loss, lse, p);
-          in.push_back(lse);
-          in.push_back(g.uniform({c.N}, 0.1f, 1));
-          return in;
-        },
-        {out("dlogits", {c.N, c.V}, DT::f32, cd)},
-        [p](Backend& be, In& in, Out& o) { be.cross_entropy_backward(in[0], in[1], in[2], in[3], o[0], p); });
+    // logits, targets, the forward's lse and per-row incoming gradients
+    auto make_backward = [make, c, p](Gen& g) {
+      In in = make(g);
+      Tensor loss = Tensor::empty({c.N}, DT::f32, g.backend()), lse = Tensor::empty({c.N}, DT::f32, g.backend());
+      g.backend()->cross_entropy(in[0], in[1], loss, lse, p);
+      in.push_back(lse);
+      in.push_back(g.uniform({c.N}, 0.1f, 1));
+      return in;
+    };
+    t.add("cross_entropy_backward/" + sh + "/f32", Kernel::cross_entropy_backward, {DT::f32}, make_backward,
+          {out("dlogits", {c.N, c.V}, DT::f32, cd)},
+          [p](Backend& be, In& in, Out& o) { be.cross_entropy_backward(in[0], in[1], in[2], in[3], o[0], p); });
     if (c.N != 64) continue;
     // In place (dlogits over logits, as linear_cross_entropy's chunks call it): each element read before written.
-    t.add(
-        "cross_entropy_backward/" + sh + "_inplace/f32", Kernel::cross_entropy_backward, {DT::f32},
-        [make, c, p](Gen& g) {
-          In in = make(g);
-          Tensor loss = Tensor::empty({c.N}, DT::f32, g.backend()), lse = Tensor::empty({c.N}, DT::f32, g.backend());
-          g.backend()->cross_entropy(in[0], in[1], loss, lse, p);
-          in.push_back(lse);
-          in.push_back(g.uniform({c.N}, 0.1f, 1));
-          return in;
-        },
-        {out("dlogits", {c.N, c.V}, DT::f32, cd, 0)},
-        [p](Backend& be, In& in, Out& o) { be.cross_entropy_backward(o[0], in[1], in[2], in[3], o[0], p); });
+    t.add("cross_entropy_backward/" + sh + "_inplace/f32", Kernel::cross_entropy_backward, {DT::f32}, make_backward,
+          {out("dlogits", {c.N, c.V}, DT::f32, cd, 0)},
+          [p](Backend& be, In& in, Out& o) { be.cross_entropy_backward(o[0], in[1], in[2], in[3], o[0], p); });
   }
 }
 
