@@ -156,11 +156,11 @@ Tensor token_logprobs(const Tensor& logits, const Tensor& targets, int64_t ignor
 // them by the incoming gradient: the step does the unfused products, once each, and each chunk after the first
 // reads and writes dW once more (8 V D bytes: ~3 % of a 50,304-token char-small-body step on a CPU at 293-row chunks,
 // within noise at 1,024). `predictions` (when not null) gets argmax(logits) i32 [N] (token accuracy without the
-// logits). Same values as the composition up to the
-// summation order of dW over the chunks (one chunk: the composition's bits); the loss is f32 (f64 for f64 h and w).
-// Under autocast h and w are cast as linear() casts them and the logits widened to f32, as the causal
-// transformer does; dW is then summed over the chunks in f32 and rounded once. f16 with a gradient is refused: the
-// chunk gradients (about softmax / rows) would underflow before f16-mixed's loss scale reaches them in the backward.
+// logits). Same values as the composition up to the summation order of dW over the chunks (one chunk: the
+// composition's bits); the loss is f32 (f64 for f64 h and w). Under autocast h and w are cast as linear() casts
+// them and the logits widened to f32, as the causal transformer does; dW is then summed over the chunks in f32 and
+// rounded once. f16 with a gradient is refused: the chunk gradients (about softmax / rows) would underflow before
+// f16-mixed's loss scale reaches them in the backward.
 struct LinearCrossEntropyOptions {
   int64_t ignore_index = -100;
   float softcap = 0.0f;    // > 0: logits = softcap * tanh(logits / softcap) (Gemma's final softcap)
