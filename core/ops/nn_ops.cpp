@@ -368,16 +368,31 @@ Tensor detail::cross_entropy_divisor(const Tensor& targets, int64_t ignore_index
   return cast(maximum(sub(f32(double(n)), ignored), f32(1.0)), dtype);
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  DEW_CHECK(logits.ndim() == 2, "cross_entropy: logits must be [N, V], got ", shape_str(logits.shape()));
-  DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == logits.shape()[0],
-            "cross_entropy: targets must be i32 [", logits.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
+namespace {
+// The cross_entropy kernel's rows for logits [N, V] and targets i32 [N] (checked under `op`'s name): loss [N] =
+// lse - logits[target] (0 on an ignored row) and lse [N]; cross_entropy and token_logprobs are built on them.
+struct CrossEntropyRows {
+  Tensor loss, lse;
+};
+CrossEntropyRows cross_entropy_rows(const char* op, const Tensor& logits, const Tensor& targets,
+                                    const CrossEntropyParams& p) {
+  DEW_CHECK(logits.ndim() == 2, op, ": logits must be [N, V], got ", shape_str(logits.shape()));
+  DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == logits.shape()[0], op,
+            ": targets must be i32 [", logits.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
             shape_str(targets.shape()));
   const int64_t n = logits.shape()[0];
+  CrossEntropyRows r{stats(logits, {n}), stats(logits, {n})};
+  if (n > 0) kernels(logits).cross_entropy(logits.detach(), targets, r.loss, r.lse, p);
+  return r;
+}
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   const CrossEntropyParams p{ignore_index};
-  Tensor loss = stats(logits, {n}), lse = stats(logits, {n});
-  if (n > 0) kernels(logits).cross_entropy(logits.detach(), targets, loss, lse, p);
-  Tensor total = sum(loss);
+  const CrossEntropyRows rows = cross_entropy_rows("cross_entropy", logits, targets, p);
+  const Tensor lse = rows.lse;
+  const int64_t n = lse.numel();
+  Tensor total = sum(rows.loss);
   const Tensor divisor = detail::cross_entropy_divisor(targets, ignore_index, total.dtype());
   Tensor out = div(total, divisor);
   if (out.dtype() != logits.dtype() && !autocast_enabled()) out = cast(out, logits.dtype());  // autocast: f32 loss
@@ -400,15 +415,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 }
 
 Tensor token_logprobs(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  DEW_CHECK(logits.ndim() == 2, "token_logprobs: logits must be [N, V], got ", shape_str(logits.shape()));
-  DEW_CHECK(targets.dtype() == DType::i32 && targets.ndim() == 1 && targets.shape()[0] == logits.shape()[0],
-            "token_logprobs: targets must be i32 [", logits.shape()[0], "], got ", dtype_name(targets.dtype()), " ",
-            shape_str(targets.shape()));
-  const int64_t n = logits.shape()[0];
   const CrossEntropyParams p{ignore_index};
-  Tensor loss = stats(logits, {n}), lse = stats(logits, {n});
-  if (n > 0) kernels(logits).cross_entropy(logits.detach(), targets, loss, lse, p);
-  Tensor out = neg(loss);  // the kernel's per-row loss is lse - z[target] (0 on an ignored row)
+  const CrossEntropyRows rows = cross_entropy_rows("token_logprobs", logits, targets, p);
+  const Tensor lse = rows.lse;
+  const int64_t n = lse.numel();
+  Tensor out = neg(rows.loss);  // the kernel's per-row loss is lse - z[target] (0 on an ignored row)
   if (needs_grad({&logits})) {
     Tensor ld = logits.detach();
     Tensor result = out.detach();

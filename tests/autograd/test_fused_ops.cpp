@@ -30,6 +30,20 @@ const BackendPtr& cpu() {
   }();
   return be;
 }
+// The largest |got - want| (taken in T) and the largest |want| over two equal-length vectors.
+struct Deviation {
+  double worst = 0, scale = 0;
+};
+template <class T>
+Deviation deviation(const std::vector<T>& got, const std::vector<T>& want) {
+  REQUIRE(got.size() == want.size());
+  Deviation d;
+  for (size_t i = 0; i < got.size(); ++i) {
+    d.worst = std::max(d.worst, double(std::fabs(got[i] - want[i])));
+    d.scale = std::max(d.scale, double(std::fabs(want[i])));
+  }
+  return d;
+}
 }  // namespace
 
 TEST_CASE("fused ops: modulated_layer_norm, packed_attention, qkv_attention gradcheck in double") {
@@ -135,13 +149,10 @@ TEST_CASE("fused ops: qkv_attention equals packed_attention(linear) on cpu, valu
       if (with_bias) got[fused].push_back(b.grad().to_floats());
     }
     for (size_t t = 0; t < got[0].size(); ++t) {
-      double worst = 0, scale = 0;
-      for (size_t i = 0; i < got[0][t].size(); ++i) {
-        worst = std::max(worst, double(std::fabs(got[0][t][i] - got[1][t][i])));
-        scale = std::max(scale, double(std::fabs(got[0][t][i])));
-      }
-      CHECK_MESSAGE(scale > 0.1, "tensor ", t, " is degenerate");
-      CHECK_MESSAGE(worst <= 1e-5 * std::max(1.0, scale), "bias ", with_bias, " tensor ", t, " differs by ", worst);
+      const Deviation dv = deviation(got[1][t], got[0][t]);
+      CHECK_MESSAGE(dv.scale > 0.1, "tensor ", t, " is degenerate");
+      CHECK_MESSAGE(dv.worst <= 1e-5 * std::max(1.0, dv.scale), "bias ", with_bias, " tensor ", t, " differs by ",
+                    dv.worst);
     }
   }
 }
@@ -210,20 +221,30 @@ HeadRun head_run(const Tensor& h0, const Tensor& w0, const Tensor& t, float cap,
 }
 }  // namespace
 
-TEST_CASE("linear_cross_entropy: gradcheck in double, chunked, with and without softcap") {
+namespace {
+// Gradchecks op(h [9, 5], w [11, 5], targets, options) in double on ref, with and without a softcap, in chunks of 3,
+// of 5 and 4, and one (the inputs drawn from streams `stream` and `stream` + 1).
+template <class Op>
+void gradcheck_head(Op op, const char* what, uint64_t stream) {
   const Tensor t = head_targets(9, 11, ref());
-  for (float cap : {0.0f, 1.5f}) {
-    for (int64_t chunk : {int64_t(3), int64_t(5), int64_t(0)}) {  // chunks of 3; of 5 and 4; one
+  for (float cap : {0.0f, 1.5f})
+    for (int64_t chunk : {int64_t(3), int64_t(5), int64_t(0)}) {
       CAPTURE(cap);
       CAPTURE(chunk);
       dew::LinearCrossEntropyOptions o;
       o.ignore_index = -1;
       o.softcap = cap;
       o.chunk_rows = chunk;
-      gradcheck([&](const V& in) { return dew::linear_cross_entropy(in[0], in[1], t, o); },
-                {rnd({9, 5}, 60), rnd({11, 5}, 61, -2.0, 2.0)}, "linear_cross_entropy");
+      gradcheck([&](const V& in) { return op(in[0], in[1], t, o); },
+                {rnd({9, 5}, stream), rnd({11, 5}, stream + 1, -2.0, 2.0)}, what);
     }
-  }
+}
+}  // namespace
+
+TEST_CASE("linear_cross_entropy: gradcheck in double, chunked, with and without softcap") {
+  gradcheck_head([](const Tensor& h, const Tensor& w, const Tensor& t,
+                    const dew::LinearCrossEntropyOptions& o) { return dew::linear_cross_entropy(h, w, t, o); },
+                 "linear_cross_entropy", 60);
 }
 
 TEST_CASE("linear_cross_entropy equals cross_entropy(softcap(linear)) (f64, ref): loss, gradients, predictions") {
@@ -287,14 +308,10 @@ TEST_CASE("linear_cross_entropy on cpu: one chunk is the composition bit for bit
           CHECK_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, "tensor ", k);
           continue;
         }
-        double worst = 0, scale = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-          worst = std::max(worst, double(std::fabs(a[i] - b[i])));
-          scale = std::max(scale, double(std::fabs(b[i])));
-        }
-        CHECK_MESSAGE(scale > 1e-4, "tensor ", k, " is degenerate");
-        CHECK_MESSAGE(worst <= 2e-6 * std::max(1.0, scale) + 1e-6 * scale, "tensor ", k, " differs by ", worst,
-                      " (scale ", scale, ")");
+        const Deviation dv = deviation(a, b);
+        CHECK_MESSAGE(dv.scale > 1e-4, "tensor ", k, " is degenerate");
+        CHECK_MESSAGE(dv.worst <= 2e-6 * std::max(1.0, dv.scale) + 1e-6 * dv.scale, "tensor ", k, " differs by ",
+                      dv.worst, " (scale ", dv.scale, ")");
       }
       const std::vector<int32_t> p = got.pred.to_ints();
       if (chunk == n) {
@@ -337,29 +354,16 @@ TEST_CASE("linear_cross_entropy under bf16 autocast on cpu follows the unfused h
   }
   CHECK(got[1][0][0] == doctest::Approx(got[0][0][0]).epsilon(1e-6));  // the same bf16 logits, summed alike
   for (size_t k = 1; k < 3; ++k) {
-    double worst = 0, scale = 0;
-    for (size_t i = 0; i < got[0][k].size(); ++i) {
-      worst = std::max(worst, double(std::fabs(got[0][k][i] - got[1][k][i])));
-      scale = std::max(scale, double(std::fabs(got[0][k][i])));
-    }
-    CHECK_MESSAGE(scale > 1e-4, "tensor ", k, " is degenerate");
-    CHECK_MESSAGE(worst <= 1e-2 * scale, "tensor ", k, " differs by ", worst, " (scale ", scale, ")");
+    const Deviation dv = deviation(got[1][k], got[0][k]);
+    CHECK_MESSAGE(dv.scale > 1e-4, "tensor ", k, " is degenerate");
+    CHECK_MESSAGE(dv.worst <= 1e-2 * dv.scale, "tensor ", k, " differs by ", dv.worst, " (scale ", dv.scale, ")");
   }
 }
 
 TEST_CASE("linear_token_logprobs: gradcheck in double, and token_logprobs(softcap(linear)) on ref and cpu") {
-  const Tensor t = head_targets(9, 11, ref());
-  for (float cap : {0.0f, 1.5f})
-    for (int64_t chunk : {int64_t(3), int64_t(5), int64_t(0)}) {
-      CAPTURE(cap);
-      CAPTURE(chunk);
-      dew::LinearCrossEntropyOptions o;
-      o.ignore_index = -1;
-      o.softcap = cap;
-      o.chunk_rows = chunk;
-      gradcheck([&](const V& in) { return dew::linear_token_logprobs(in[0], in[1], t, o); },
-                {rnd({9, 5}, 64), rnd({11, 5}, 65, -2.0, 2.0)}, "linear_token_logprobs");
-    }
+  gradcheck_head([](const Tensor& h, const Tensor& w, const Tensor& t,
+                    const dew::LinearCrossEntropyOptions& o) { return dew::linear_token_logprobs(h, w, t, o); },
+                 "linear_token_logprobs", 64);
   // Against the composition with unequal row gradients (a weighted sum of the rows): f64 on ref to 1e-13, f32 on
   // cpu to rounding (one chunk: the composition's kernels, bit for bit).
   for (int on_cpu = 0; on_cpu < 2; ++on_cpu) {
@@ -398,14 +402,10 @@ TEST_CASE("linear_token_logprobs: gradcheck in double, and token_logprobs(softca
           continue;
         }
         for (size_t k = 0; k < 3; ++k) {
-          double worst = 0, scale = 0;
-          for (size_t i = 0; i < got[k].size(); ++i) {
-            worst = std::max(worst, std::fabs(got[k][i] - want[k][i]));
-            scale = std::max(scale, std::fabs(want[k][i]));
-          }
-          CHECK_MESSAGE(scale > 1e-3, "tensor ", k, " is degenerate");
-          const double bound = !on_cpu ? 1e-13 * (1 + scale) : chunk == n ? 0.0 : 2e-6 * std::max(1.0, scale);
-          CHECK_MESSAGE(worst <= bound, "tensor ", k, " differs by ", worst, " (scale ", scale, ")");
+          const Deviation dv = deviation(got[k], want[k]);
+          CHECK_MESSAGE(dv.scale > 1e-3, "tensor ", k, " is degenerate");
+          const double bound = !on_cpu ? 1e-13 * (1 + dv.scale) : chunk == n ? 0.0 : 2e-6 * std::max(1.0, dv.scale);
+          CHECK_MESSAGE(dv.worst <= bound, "tensor ", k, " differs by ", dv.worst, " (scale ", dv.scale, ")");
         }
       }
     }
@@ -434,15 +434,11 @@ TEST_CASE("linear_token_logprobs in f16 keeps its gradient (the backward holds t
     dew::scale(dew::sum(lp), 1024.0f).backward();  // a loss scale
     grads[f16] = w.grad().to_floats();
   }
-  double worst = 0, scale = 0;
   int64_t zero_in_f16 = 0;
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    worst = std::max(worst, double(std::fabs(grads[0][i] - grads[1][i])));
-    scale = std::max(scale, double(std::fabs(grads[0][i])));
-    zero_in_f16 += grads[1][i] == 0.0f && grads[0][i] != 0.0f;
-  }
+  for (size_t i = 0; i < grads[0].size(); ++i) zero_in_f16 += grads[1][i] == 0.0f && grads[0][i] != 0.0f;
   CHECK(zero_in_f16 == 0);
-  CHECK_MESSAGE(worst <= 5e-3 * scale, "f16 differs by ", worst, " (scale ", scale, ")");
+  const Deviation dv = deviation(grads[1], grads[0]);
+  CHECK_MESSAGE(dv.worst <= 5e-3 * dv.scale, "f16 differs by ", dv.worst, " (scale ", dv.scale, ")");
 }
 
 TEST_CASE("linear_cross_entropy: bad input is refused by name") {
