@@ -3,7 +3,9 @@
 // Invariants: a tensor with a grad_fn is a non-leaf; leaves accumulate (+=) into .grad only when they
 // require gradients; every node runs at most once per backward and is released afterwards (no
 // retain_graph); the backward pass itself records nothing (it runs under NoGradGuard). With a leaf-ready
-// hook (dew/autograd.hpp), each leaf is reported once, after the last of its incoming edges ran.
+// hook (dew/autograd.hpp), each leaf is reported once, after the last of its incoming edges ran. A backward may
+// add an input's gradient into the sum already gathered for it (accumulation_target) only when nothing else sees
+// that sum, and returns it; the pass then adds nothing for that edge.
 #include "dew/autograd.hpp"
 
 #include <unordered_map>
@@ -63,6 +65,20 @@ void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<T
   out.impl()->requires_grad = true;
 }
 
+// accumulation_target's view of the node whose backward is running in this thread (a stack: checkpoint runs a
+// backward inside a backward). `handed[i]` keeps the tensor given out for input i until the backward returns.
+struct TargetContext {
+  const Node* node = nullptr;
+  const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>* grads = nullptr;
+  std::vector<std::shared_ptr<TensorImpl>> handed;
+};
+thread_local TargetContext* g_target_context = nullptr;
+
+// A non-leaf's pending sum that nothing else sees: the one reference to its impl and to its storage, not a view.
+static bool exclusive(const std::shared_ptr<TensorImpl>& slot) {
+  return slot.use_count() == 1 && slot->storage && slot->storage.use_count() == 1 && slot->offset == 0;
+}
+
 // Pending gradients of non-leaves: out of place, since an op's backward may return aliases of its
 // incoming gradient (add returns g for both inputs); in place only when the pending sum is visible to
 // nothing else (its impl and storage referenced only by this slot, not a view), which saves a buffer
@@ -72,7 +88,7 @@ static void accumulate(std::shared_ptr<TensorImpl>& slot, const Tensor& g) {
     slot = g.impl_ptr();
     return;
   }
-  if (slot.use_count() == 1 && slot->storage && slot->storage.use_count() == 1 && slot->offset == 0) {
+  if (exclusive(slot)) {
     Tensor existing(slot);
     DEW_INTERNAL_ASSERT(existing.shape() == g.shape());
     detail::kernels(g).binary(existing, g, existing, BinaryOp::add);
@@ -100,6 +116,54 @@ static void accumulate_leaf(TensorImpl* leaf, const Tensor& g) {
   Tensor existing(leaf->grad);
   detail::kernels(existing).binary(existing, g, existing, BinaryOp::add);
 }
+
+Tensor accumulation_target(size_t i) {
+  TargetContext* const c = g_target_context;
+  if (!c || i >= c->node->inputs.size()) return Tensor();
+  if (c->handed[i]) return Tensor(c->handed[i]);
+  const Tensor& input = c->node->inputs[i];
+  if (!input.defined()) return Tensor();
+  std::shared_ptr<TensorImpl> sum;
+  if (input.impl()->grad_fn) {
+    const auto it = c->grads->find(input.impl());
+    if (it == c->grads->end() || !exclusive(it->second)) return Tensor();
+    sum = it->second;
+  } else {
+    if (!input.impl()->requires_grad || !input.impl()->grad) return Tensor();
+    sum = input.impl()->grad;
+  }
+  Tensor target(sum);
+  if (target.shape() != input.shape() || target.dtype() != input.dtype() || target.backend_ptr() != input.backend_ptr())
+    return Tensor();
+  c->handed[i] = std::move(sum);
+  return target;
+}
+
+namespace {
+// Runs a node's backward with accumulation_target answering for it; `summed[i]` is the tensor handed out for
+// input i (to recognise it among the returned gradients), or null. The references are dropped on return, so
+// the pending sums are exclusive again for the pass's own accumulation.
+std::vector<Tensor> backward_of(const Node& node, const Tensor& g,
+                                const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>& grads,
+                                std::vector<const TensorImpl*>& summed) {
+  TargetContext context;
+  context.node = &node;
+  context.grads = &grads;
+  context.handed.resize(node.inputs.size());
+  TargetContext* const outer = std::exchange(g_target_context, &context);
+  std::vector<Tensor> in_grads;
+  try {
+    in_grads = node.backward(g);
+  } catch (...) {
+    g_target_context = outer;
+    throw;
+  }
+  g_target_context = outer;
+  summed.assign(node.inputs.size(), nullptr);
+  for (size_t i = 0; i < summed.size(); ++i) summed[i] = context.handed[i].get();
+  return in_grads;
+}
+}  // namespace
 
 void run_backward(const Tensor& root, const Tensor& seed) { run_backward(root, seed, LeafReadyHook{}); }
 
@@ -162,7 +226,8 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& o
     }
     Tensor g(git->second);
     grads.erase(git);
-    std::vector<Tensor> in_grads = node->backward(g);
+    std::vector<const TensorImpl*> summed;
+    std::vector<Tensor> in_grads = backward_of(*node, g, grads, summed);
     DEW_INTERNAL_ASSERT(in_grads.size() == node->inputs.size());
     for (size_t i = 0; i < in_grads.size(); ++i) {
       const Tensor& input = node->inputs[i];
@@ -173,7 +238,9 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& o
       }
       DEW_CHECK(in_grads[i].shape() == input.shape(), "internal error: ", node->name, " produced a gradient of shape ",
                 shape_str(in_grads[i].shape()), " for an input of shape ", shape_str(input.shape()));
-      if (input.impl()->grad_fn) {
+      if (in_grads[i].impl() == summed[i]) {  // the backward added it into the pending sum (accumulation_target)
+        if (on_leaf_ready && !input.impl()->grad_fn) leaf_edge_done(input);  // leaf-ready hook
+      } else if (input.impl()->grad_fn) {
         accumulate(grads[input.impl()], in_grads[i]);
       } else if (input.impl()->requires_grad) {
         accumulate_leaf(input.impl(), in_grads[i]);

@@ -1,6 +1,7 @@
 // core/ops/linalg.cpp — matmul and linear, with their backward passes as further matmuls.
 // Invariant: weights are [out, in] (PyTorch/Hugging Face Linear layout); linear flattens leading dims
-// to rows so that dW is one [out, N] @ [N, in] product, never a batched sum.
+// to rows so that dW is one [out, N] @ [N, in] product, never a batched sum. A backward product whose input
+// already has a gradient gathered (accumulation_target, dew/autograd.hpp) adds into it with beta = 1.
 #include "op_util.hpp"
 
 #include "dew/kernel_contracts.hpp"  // is_weight_only_matmul
@@ -81,6 +82,23 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
   return out;
 }
 
+// A backward's product op(a) op(b) as the gradient of the node's input `input` (shaped `shape`): added into the
+// sum the pass has already gathered for that input (accumulation_target: beta = 1, the bits of the product and a
+// separate add), else a fresh tensor. The gradients a tensor gets from several products (x from the q/k/v or
+// gate/up projections, a weight over micro-batches) are then summed inside the products.
+Tensor product_gradient(size_t input, const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& shape) {
+  Tensor target = accumulation_target(input);
+  if (!target.defined() || target.dtype() != a.dtype() || b.quantized() || b.panel_rows() > 0)
+    return reshape(matmul_raw(a, b, ta, tb, Tensor(), Activation::none), shape);
+  MatmulShape plan = plan_matmul(a, b, ta, tb);
+  DEW_INTERNAL_ASSERT(numel_of(plan.out_shape) == target.numel());
+  if (target.numel() == 0 || plan.p.k == 0) return target;
+  plan.p.beta = 1.0f;
+  Tensor out = reshape(target, plan.out_shape);
+  kernels(a).matmul(a, b, Tensor(), out, plan.p);
+  return target;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
@@ -94,17 +112,23 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         [ad, bd, ta, tb, ga, gb](const Tensor& g) {
           Tensor da, db;
           OperandReuse reuse(g, ga && gb);
-          if (ga) {
-            da = ta ? matmul_raw(bd, g, tb, true, Tensor(), Activation::none)     // (op(B) g^T) stored as [K, M]
-                    : matmul_raw(g, bd, false, !tb, Tensor(), Activation::none);  // g op(B)^T
+          if (ga && ad.ndim() == 2 && g.ndim() == 2) {
+            da = ta ? product_gradient(0, bd, g, tb, true, ad.shape())     // (op(B) g^T) stored as [K, M]
+                    : product_gradient(0, g, bd, false, !tb, ad.shape());  // g op(B)^T
+          } else if (ga) {
+            da = ta ? matmul_raw(bd, g, tb, true, Tensor(), Activation::none)
+                    : matmul_raw(g, bd, false, !tb, Tensor(), Activation::none);
             da = sum_to(da, ad.shape());
           }
           if (gb) {
             if (!ta && bd.ndim() == 2 && ad.ndim() > 2) {  // shared weight: fold the batch into rows
               Tensor a2 = reshape(ad, {-1, ad.shape().back()});
               Tensor g2 = reshape(g, {-1, g.shape().back()});
-              db = tb ? matmul_raw(g2, a2, true, false, Tensor(), Activation::none)
-                      : matmul_raw(a2, g2, true, false, Tensor(), Activation::none);
+              db = tb ? product_gradient(1, g2, a2, true, false, bd.shape())
+                      : product_gradient(1, a2, g2, true, false, bd.shape());
+            } else if (bd.ndim() == 2 && g.ndim() == 2) {
+              db = tb ? product_gradient(1, g, ad, true, ta, bd.shape())     // g^T op(A) stored as [N, K]
+                      : product_gradient(1, ad, g, !ta, false, bd.shape());  // op(A)^T g
             } else {
               db = tb ? matmul_raw(g, ad, true, ta, Tensor(), Activation::none)     // g^T op(A) stored as [N, K]
                       : matmul_raw(ad, g, !ta, false, Tensor(), Activation::none);  // op(A)^T g
@@ -146,8 +170,8 @@ static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, cons
         Tensor dx, dw;
         {
           OperandReuse reuse(dpre, gx && gw);
-          if (gx) dx = reshape(matmul_raw(dpre, wd, false, false, Tensor(), Activation::none), xs);
-          if (gw) dw = matmul_raw(dpre, x2, true, false, Tensor(), Activation::none);
+          if (gx) dx = product_gradient(0, dpre, wd, false, false, xs);
+          if (gw) dw = product_gradient(1, dpre, x2, true, false, wd.shape());
         }
         return std::vector<Tensor>{dx, dw, db};
       },
@@ -187,8 +211,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
           Tensor dx, dw, db;
           {
             OperandReuse reuse(g2, gx && gw);
-            if (gx) dx = reshape(matmul_raw(g2, wd, false, false, Tensor(), Activation::none), xs);
-            if (gw) dw = matmul_raw(g2, x2, true, false, Tensor(), Activation::none);
+            if (gx) dx = product_gradient(0, g2, wd, false, false, xs);
+            if (gw) dw = product_gradient(1, g2, x2, true, false, wd.shape());
           }
           if (gbias) db = sum(g2, 0);
           return std::vector<Tensor>{dx, dw, db};

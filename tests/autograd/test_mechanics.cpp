@@ -1,6 +1,7 @@
 // tests/autograd/test_mechanics.cpp — the autograd machinery itself: accumulation, reuse, no_grad, errors,
 // zero_grad, detach and gradient aliasing. Values are exact (small integers and powers of two in f64).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "dew/profile.hpp"
 #include "gradcheck.hpp"
 
 using namespace gc;
@@ -239,4 +240,121 @@ TEST_CASE("a second backward through a consumed graph is refused and leaves the 
   // An intermediate of the consumed graph reused in a new graph must not act as a silent leaf.
   CHECK_THROWS_WITH_AS(dew::sum(h * 2.0f).backward(), doctest::Contains("already consumed"), dew::Error);
   check_values(x.grad(), {2, 4}, 0, "after the refused backwards");
+}
+
+namespace {
+// An op of the test's own, y = c * x, whose backward takes accumulation_target and records what it saw: with
+// `use`, it adds c * g into the offered sum and returns that sum; else it returns a fresh c * g.
+struct TargetProbe {
+  bool offered = false;
+  std::vector<double> seen;  // the offered sum's values before the backward wrote
+};
+Tensor scaled(const Tensor& x, double c, bool use, TargetProbe& probe) {
+  Tensor out = x.detach() * float(c);
+  dew::record(
+      out, {x},
+      [c, use, &probe](const Tensor& g) {
+        Tensor target = dew::accumulation_target(0);
+        probe.offered = target.defined();
+        if (!target.defined()) return std::vector<Tensor>{g * float(c)};
+        probe.seen = target.to_doubles();
+        CHECK(dew::accumulation_target(0).data() == target.data());  // asked twice: the same tensor
+        if (!use) return std::vector<Tensor>{g * float(c)};
+        const Tensor add = g * float(c);
+        const std::vector<double> a = add.to_doubles();
+        std::vector<double> sum = target.to_doubles();
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += a[i];
+        target.copy_from_host(sum.data());
+        return std::vector<Tensor>{target};
+      },
+      "scaled");
+  return out;
+}
+}  // namespace
+
+TEST_CASE("accumulation_target offers a pending sum only where nothing else sees it") {
+  CHECK_FALSE(dew::accumulation_target(0).defined());  // outside a backward
+  for (const bool use : {true, false}) {
+    CAPTURE(use);
+    // y (a non-leaf) has two consumers; the second backward to run is offered the first one's gradient.
+    Tensor a = leaf({1, -2}, {2});
+    Tensor y = a * 2.0f;
+    TargetProbe p1, p2;
+    Tensor z = scaled(y, 3, use, p1) + scaled(y, 5, use, p2) * 7.0f;
+    dew::sum(z).backward();
+    CHECK(p1.offered != p2.offered);  // exactly one runs second
+    const TargetProbe& second = p1.offered ? p1 : p2;
+    const double first = p1.offered ? 35 : 3;  // the other consumer's gradient of y
+    CHECK(second.seen == std::vector<double>{first, first});
+    check_values(a.grad(), {2 * 38, 2 * 38}, 0, "3 + 5 * 7, summed once");
+  }
+  {  // the pending sum is the alias add's backward returned for both of its inputs: not offered
+    Tensor a = leaf({1, -2}, {2});
+    Tensor y = a * 2.0f;
+    TargetProbe p;
+    const Tensor seed = f64({1, 0.5}, {2});
+    dew::run_backward(y + scaled(y, 3, true, p), seed);  // add hands the seed itself to y and to the scaled branch
+    CHECK_FALSE(p.offered);
+    check_values(a.grad(), {8, 4}, 0, "2 * (1 + 3) * seed");
+    check_values(seed, {1, 0.5}, 0, "the caller's seed untouched");
+  }
+  {  // a leaf's .grad from an earlier backward is offered (it is accumulated in place anyway)
+    Tensor a = leaf({1, -2}, {2});
+    TargetProbe p;
+    dew::sum(scaled(a, 3, true, p)).backward();
+    CHECK_FALSE(p.offered);
+    dew::sum(scaled(a, 3, true, p)).backward();
+    CHECK(p.offered);
+    CHECK(p.seen == std::vector<double>{3, 3});
+    check_values(a.grad(), {6, 6}, 0, "two backwards");
+  }
+}
+
+TEST_CASE("products sum the gradients of a shared input in place: the values of a separate add, no add") {
+  // h = x * 1 (a non-leaf) read by two linears (gate/up), the weights and x over two backward passes
+  // (micro-batches): x.grad and the weights' .grad equal the gradients computed apart and added (on ref in f64,
+  // on cpu in f32, bit for bit: beta = 1 adds the product's rounded value as add does), and no add kernel runs.
+  const dew::BackendPtr cpu = [] {
+    ref();  // loads the plugins
+    return dew::create_backend("cpu");
+  }();
+  for (const auto& [be, dt] : {std::make_pair(ref(), DType::f64), std::make_pair(cpu, DType::f32)}) {
+    CAPTURE(be->name());
+    auto prof = std::make_shared<dew::ProfilingBackend>(be);
+    auto make = [&](const dew::Shape& s, uint64_t seed) {
+      const std::vector<double> v = rand_values(dew::numel_of(s), -1, 1, seed);
+      if (dt == DType::f64) return Tensor::from_host(v.data(), s, dt, prof);
+      return Tensor::from_vector(std::vector<float>(v.begin(), v.end()), s, prof);
+    };
+    const Tensor x0 = make({2, 5, 16}, 1), w10 = make({24, 16}, 2), w20 = make({24, 16}, 3);
+    const Tensor c1 = make({2, 5, 24}, 4), c2 = make({2, 5, 24}, 5);
+    auto backward = [&](const Tensor& x, const Tensor& w1, const Tensor& w2, bool first, bool second) {
+      const Tensor h = x * 1.0f;
+      Tensor l;
+      if (first) l = dew::sum(dew::linear(h, w1) * c1);
+      if (second) l = l.defined() ? l + dew::sum(dew::linear(h, w2) * c2) : dew::sum(dew::linear(h, w2) * c2);
+      prof->start();
+      l.backward();
+      prof->stop();
+    };
+    auto leaves = [&] {
+      return std::vector<Tensor>{x0.clone().set_requires_grad(true), w10.clone().set_requires_grad(true),
+                                 w20.clone().set_requires_grad(true)};
+    };
+    std::vector<Tensor> one = leaves(), two = leaves();
+    backward(one[0], one[1], one[2], true, false);
+    backward(two[0], two[1], two[2], false, true);
+    const Tensor x_apart = one[0].grad() + two[0].grad();
+    std::vector<Tensor> both = leaves();
+    backward(both[0], both[1], both[2], true, true);
+    CHECK(prof->calls("binary add") == 0);  // h's two gradients summed by the second product
+    CHECK(both[0].grad().to_doubles() == x_apart.to_doubles());
+    CHECK(both[1].grad().to_doubles() == one[1].grad().to_doubles());
+    CHECK(both[2].grad().to_doubles() == two[2].grad().to_doubles());
+    backward(both[0], both[1], both[2], true, true);  // a second micro-batch: every leaf's .grad exists
+    CHECK(prof->calls("binary add") == 1);            // x's, through x * 1; the weights' were summed in their products
+    CHECK(both[0].grad().to_doubles() == (x_apart + x_apart).to_doubles());
+    CHECK(both[1].grad().to_doubles() == (one[1].grad() + one[1].grad()).to_doubles());
+    CHECK(both[2].grad().to_doubles() == (two[2].grad() + two[2].grad()).to_doubles());
+  }
 }

@@ -62,6 +62,19 @@ void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<T
 // Runs backward from `root` seeded with `seed` (same shape as root).
 void run_backward(const Tensor& root, const Tensor& seed);
 
+// ---- gradients summed where they are made ----
+// Inside a node's backward: the gradient already gathered for the node's input `input` when the backward may
+// add its own contribution into it in place and return that very tensor as the input's gradient (the pass then
+// adds nothing); undefined otherwise. A product writes there with beta = 1, so a tensor read by several ops (x by
+// the q, k and v projections, a weight over micro-batches) gets its gradients summed inside the products instead
+// of in a separate add pass over a fresh buffer. Defined only when nothing else can see the sum: a non-leaf's
+// pending gradient that is the only reference to its storage (not a view, not an alias another op returned), or
+// the .grad of a leaf that requires one (accumulated in place anyway), with the input's shape, dtype and backend.
+// Outside a backward, or for an input without a gradient so far, undefined. Taking it is optional: a backward
+// that ignores it returns a fresh gradient and the pass adds it as before.
+Tensor accumulation_target(size_t input);
+// ---- end gradients summed where they are made ----
+
 // ---- leaf-ready hook (data-parallel gradient bucketing, core/dist) ----
 // Called during run_backward with each leaf that requires a gradient and is reachable from the root,
 // exactly once, as soon as its .grad holds every contribution of this backward pass (its .grad stays
