@@ -1,7 +1,8 @@
 // core/ops/linalg.cpp — matmul and linear, with their backward passes as further matmuls.
 // Invariant: weights are [out, in] (PyTorch/Hugging Face Linear layout); linear flattens leading dims
 // to rows so that dW is one [out, N] @ [N, in] product, never a batched sum. A backward product whose input
-// already has a gradient gathered (accumulation_target, dew/autograd.hpp) adds into it with beta = 1.
+// already has a gradient gathered (accumulation_target, dew/autograd.hpp) adds into it with beta = 1 where the
+// backend's beta adds the rounded product (the same bits as an add pass).
 #include "op_util.hpp"
 
 #include "dew/kernel_contracts.hpp"  // is_weight_only_matmul
@@ -83,12 +84,15 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
 }
 
 // A backward's product op(a) op(b) as the gradient of the node's input `input` (shaped `shape`): added into the
-// sum the pass has already gathered for that input (accumulation_target: beta = 1, the bits of the product and a
-// separate add), else a fresh tensor. The gradients a tensor gets from several products (x from the q/k/v or
-// gate/up projections, a weight over micro-batches) are then summed inside the products.
+// sum the pass has already gathered for that input (accumulation_target, beta = 1) where the backend gives that
+// the bits of the product and a separate add (Backend::matmul_beta_adds_rounded), else a fresh tensor. The
+// gradients a tensor gets from several products (x from the q/k/v or gate/up projections, a weight over
+// micro-batches) are then summed inside the products, with the same results.
 Tensor product_gradient(size_t input, const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& shape) {
-  Tensor target = accumulation_target(input);
-  if (!target.defined() || target.dtype() != a.dtype() || b.quantized() || b.panel_rows() > 0)
+  Tensor target;
+  if (a.backend().matmul_beta_adds_rounded(a.dtype()) && !b.quantized() && b.panel_rows() == 0)
+    target = accumulation_target(input);
+  if (!target.defined() || target.dtype() != a.dtype())
     return reshape(matmul_raw(a, b, ta, tb, Tensor(), Activation::none), shape);
   MatmulShape plan = plan_matmul(a, b, ta, tb);
   DEW_INTERNAL_ASSERT(numel_of(plan.out_shape) == target.numel());

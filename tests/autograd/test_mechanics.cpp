@@ -310,16 +310,64 @@ TEST_CASE("accumulation_target offers a pending sum only where nothing else sees
   }
 }
 
-TEST_CASE("products sum the gradients of a shared input in place: the values of a separate add, no add") {
-  // h = x * 1 (a non-leaf) read by two linears (gate/up), the weights and x over two backward passes
-  // (micro-batches): x.grad and the weights' .grad equal the gradients computed apart and added (on ref in f64,
-  // on cpu in f32, bit for bit: beta = 1 adds the product's rounded value as add does), and no add kernel runs.
+TEST_CASE("a backend that declares matmul_beta_adds_rounded gives the product's bits plus add's") {
+  // ref in f64 and cpu in f32 (on AVX-512) declare it; ref in f32 (double accumulation, one rounding) does not.
   const dew::BackendPtr cpu = [] {
     ref();  // loads the plugins
     return dew::create_backend("cpu");
   }();
+  CHECK(ref()->matmul_beta_adds_rounded(DType::f64));
+  CHECK_FALSE(ref()->matmul_beta_adds_rounded(DType::f32));
+  CHECK_FALSE(cpu->matmul_beta_adds_rounded(DType::bf16));
+  struct Shape3 {
+    int64_t m, k, n;
+    bool ta, tb;
+  };
+  // the backward products of linear (dx plain, dW with A transposed), a forward-like B^T, odd sizes, a deep k
+  const std::vector<Shape3> shapes = {{96, 64, 48, false, false},
+                                      {48, 96, 64, true, false},
+                                      {37, 29, 53, false, true},
+                                      {64, 4096, 48, true, false},
+                                      {33, 16384, 17, true, false}};
   for (const auto& [be, dt] : {std::make_pair(ref(), DType::f64), std::make_pair(cpu, DType::f32)}) {
+    if (!be->matmul_beta_adds_rounded(dt)) continue;
+    for (const Shape3& s : shapes) {
+      if (be == ref() && s.k > 4096) continue;  // ref's triple loop: the deep case on cpu only
+      CAPTURE(be->name());
+      CAPTURE(s.m);
+      CAPTURE(s.k);
+      auto make = [&](const dew::Shape& shape, uint64_t stream) {
+        return dew::cast(Tensor::normal(shape, 0, 1, 7, stream, be), dt);
+      };
+      const Tensor a = make(s.ta ? dew::Shape{s.k, s.m} : dew::Shape{s.m, s.k}, 1);
+      const Tensor b = make(s.tb ? dew::Shape{s.n, s.k} : dew::Shape{s.k, s.n}, 2);
+      const Tensor c = make({s.m, s.n}, 3);
+      dew::MatmulParams p;
+      p.m = s.m, p.k = s.k, p.n = s.n, p.trans_a = s.ta, p.trans_b = s.tb;
+      Tensor product = Tensor::empty({s.m, s.n}, dt, be);
+      be->matmul(a, b, Tensor(), product, p);
+      const Tensor apart = c + product;
+      Tensor summed = c.clone();
+      p.beta = 1.0f;
+      be->matmul(a, b, Tensor(), summed, p);
+      CHECK(summed.to_doubles() == apart.to_doubles());
+    }
+  }
+}
+
+TEST_CASE("products sum the gradients of a shared input in place: the values of a separate add, no add") {
+  // h = x * 1 (a non-leaf) read by two linears (gate/up), the weights and x over two backward passes
+  // (micro-batches): x.grad and the weights' .grad equal the gradients computed apart and added, bit for bit, and
+  // where the backend declares matmul_beta_adds_rounded (ref f64, cpu f32) no add kernel runs for them.
+  const dew::BackendPtr cpu = [] {
+    ref();  // loads the plugins
+    return dew::create_backend("cpu");
+  }();
+  for (const auto& [be, dt] :
+       {std::make_pair(ref(), DType::f64), std::make_pair(cpu, DType::f32), std::make_pair(ref(), DType::f32)}) {
     CAPTURE(be->name());
+    CAPTURE(dew::dtype_name(dt));
+    const bool sums = be->matmul_beta_adds_rounded(dt);
     auto prof = std::make_shared<dew::ProfilingBackend>(be);
     auto make = [&](const dew::Shape& s, uint64_t seed) {
       const std::vector<double> v = rand_values(dew::numel_of(s), -1, 1, seed);
@@ -347,12 +395,12 @@ TEST_CASE("products sum the gradients of a shared input in place: the values of 
     const Tensor x_apart = one[0].grad() + two[0].grad();
     std::vector<Tensor> both = leaves();
     backward(both[0], both[1], both[2], true, true);
-    CHECK(prof->calls("binary add") == 0);  // h's two gradients summed by the second product
+    CHECK(prof->calls("binary add") == (sums ? 0 : 1));  // h's two gradients: summed by the second product
     CHECK(both[0].grad().to_doubles() == x_apart.to_doubles());
     CHECK(both[1].grad().to_doubles() == one[1].grad().to_doubles());
     CHECK(both[2].grad().to_doubles() == two[2].grad().to_doubles());
     backward(both[0], both[1], both[2], true, true);  // a second micro-batch: every leaf's .grad exists
-    CHECK(prof->calls("binary add") == 1);            // x's, through x * 1; the weights' were summed in their products
+    CHECK(prof->calls("binary add") == (sums ? 1 : 4));  // x's through x * 1; h's and the weights' in the products
     CHECK(both[0].grad().to_doubles() == (x_apart + x_apart).to_doubles());
     CHECK(both[1].grad().to_doubles() == (one[1].grad() + one[1].grad()).to_doubles());
     CHECK(both[2].grad().to_doubles() == (two[2].grad() + two[2].grad()).to_doubles());

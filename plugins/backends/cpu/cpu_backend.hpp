@@ -446,6 +446,7 @@ class CpuBackend final : public Backend {
   bool prefetch_panels() const { return prefetch_panels_.load(std::memory_order_relaxed); }
   // Under matmul_precision = medium, a bracket's products reuse an operand's bf16 rounding (matmul.cpp).
   void operand_reuse(bool open) override;
+  bool matmul_beta_adds_rounded(DType dtype) const override;
 
   // The kernel algebra, one entry per kernel of dew/kernel_table.hpp: the override binds the calling thread, then
   // runs <kernel>_kernel, defined in the family files.

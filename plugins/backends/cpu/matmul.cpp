@@ -579,6 +579,15 @@ void CpuBackend::matmul_kernel(const Tensor& a, const Tensor& b, const Tensor& b
   e->run_matmul(d, a_data, b_data, o, has_bias ? bias.data() : nullptr);
 }
 
+// oneDNN 2.6's f32 products on avx512_core are brgemm kernels, whose sum post-op adds the finished f32 accumulator
+// to out: the product's bits, then the add's (tests/autograd "a backend that declares ..." checks shapes up to
+// k = 16384). Below avx512_core they are gemm:jit's sgemm, which applies beta to its first k block and adds each
+// later block's partial sum into out: other bits. bf16 and f16 outputs round acc + out once.
+bool CpuBackend::matmul_beta_adds_rounded(DType dtype) const {
+  constexpr unsigned kAvx512Core = unsigned(dnnl_cpu_isa_avx512_core);
+  return dtype == DType::f32 && (unsigned(dnnl::get_effective_cpu_isa()) & kAvx512Core) == kAvx512Core;
+}
+
 void CpuBackend::operand_reuse(bool open) {
   reused_operands.open = open;
   reused_operands.used = 0;

@@ -30,6 +30,9 @@ class RefBackend final : public Backend {
  public:
   std::string name() const override { return "ref"; }
   bool host_accessible() const override { return true; }
+  // Its products accumulate in double and add beta * out before the one rounding: the separate add's bits only in
+  // f64, where the product needs no rounding (the backbone fixtures hold ref's f32 bits with the add).
+  bool matmul_beta_adds_rounded(DType dtype) const override { return dtype == DType::f64; }
   Support supports(Kernel k, DType dtype) const override { return support_of(k, dtype); }
 
   void* allocate(size_t bytes) override;

@@ -290,6 +290,17 @@ class Backend {
   // Default: nothing.
   virtual void operand_reuse(bool open) { (void)open; }
 
+  // ---- sums in products ----
+  // True when matmul with beta = 1 (alpha 1, no bias or activation) into an output of `dtype` gives exactly the bits
+  // of the product rounded to `dtype` and then added to the output by binary add, for every shape. The core then
+  // sums gradients inside backward products (dew/autograd.hpp, accumulation_target) instead of separate add passes,
+  // which changes no result; where false it keeps the add. Default false (ref answers true for f64, cpu for f32 on
+  // oneDNN's AVX-512 kernels; cuda false until its cuBLASLt epilogue is checked on a GPU).
+  virtual bool matmul_beta_adds_rounded(DType dtype) const {
+    (void)dtype;
+    return false;
+  }
+
   // ---- kernel algebra: one pure virtual per entry of dew/kernel_table.hpp (contracts there) ----
 #define DEW_KERNEL_PURE_VIRTUAL_(name, params, args) virtual void name params = 0;
   DEW_KERNEL_TABLE(DEW_KERNEL_PURE_VIRTUAL_)

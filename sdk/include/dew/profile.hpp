@@ -76,6 +76,7 @@ class ProfilingBackend final : public Backend {
   double device_elapsed_ms(int64_t from, int64_t to) override { return inner_->device_elapsed_ms(from, to); }
   void device_marks_release() override { inner_->device_marks_release(); }
   void operand_reuse(bool open) override { inner_->operand_reuse(open); }
+  bool matmul_beta_adds_rounded(DType dtype) const override { return inner_->matmul_beta_adds_rounded(dtype); }
 
   // Every kernel of the table (dew/kernel_table.hpp): forwarded, and timed under kernel_label(...).
 #define DEW_PROFILE_FORWARD_(name, params, args)                                             \
