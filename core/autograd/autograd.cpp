@@ -129,7 +129,7 @@ Tensor accumulation_target(size_t i) {
     if (it == c->grads->end() || !exclusive(it->second)) return Tensor();
     sum = it->second;
   } else {
-    if (!input.impl()->requires_grad || !input.impl()->grad) return Tensor();
+    if (!input.impl()->requires_grad || !input.impl()->grad || !exclusive(input.impl()->grad)) return Tensor();
     sum = input.impl()->grad;
   }
   Tensor target(sum);

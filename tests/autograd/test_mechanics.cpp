@@ -307,6 +307,10 @@ TEST_CASE("accumulation_target offers a pending sum only where nothing else sees
     CHECK(p.offered);
     CHECK(p.seen == std::vector<double>{3, 3});
     check_values(a.grad(), {6, 6}, 0, "two backwards");
+    const Tensor held = a.grad();  // the caller keeps the .grad (it could be an operand): not offered
+    dew::sum(scaled(a, 3, true, p)).backward();
+    CHECK_FALSE(p.offered);
+    check_values(a.grad(), {9, 9}, 0, "three backwards");
   }
 }
 

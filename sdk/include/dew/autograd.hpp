@@ -67,9 +67,10 @@ void run_backward(const Tensor& root, const Tensor& seed);
 // add its own contribution into it in place and return that very tensor as the input's gradient (the pass then
 // adds nothing); undefined otherwise. A product writes there with beta = 1, so a tensor read by several ops (x by
 // the q, k and v projections, a weight over micro-batches) gets its gradients summed inside the products instead
-// of in a separate add pass over a fresh buffer. Defined only when nothing else can see the sum: a non-leaf's
-// pending gradient that is the only reference to its storage (not a view, not an alias another op returned), or
-// the .grad of a leaf that requires one (accumulated in place anyway), with the input's shape, dtype and backend.
+// of in a separate add pass over a fresh buffer. Defined only when nothing else can see the sum (so no operand of
+// the backward can alias it): a non-leaf's pending gradient, or the .grad of a leaf that requires one, that is the
+// only reference to its tensor and to its storage (not a view, not an alias another op returned, not a .grad the
+// caller holds), with the input's shape, dtype and backend.
 // Outside a backward, or for an input without a gradient so far, undefined. Taking it is optional: a backward
 // that ignores it returns a fresh gradient and the pass adds it as before.
 Tensor accumulation_target(size_t input);
