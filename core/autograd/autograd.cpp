@@ -150,15 +150,16 @@ std::vector<Tensor> backward_of(const Node& node, const Tensor& g,
   context.node = &node;
   context.grads = &grads;
   context.handed.resize(node.inputs.size());
-  TargetContext* const outer = std::exchange(g_target_context, &context);
+  struct Scope {  // this thread's context while the backward runs, the enclosing one's again after (or on a throw)
+    TargetContext* outer;
+    explicit Scope(TargetContext* c) : outer(std::exchange(g_target_context, c)) {}
+    ~Scope() { g_target_context = outer; }
+  };
   std::vector<Tensor> in_grads;
-  try {
+  {
+    Scope scope(&context);
     in_grads = node.backward(g);
-  } catch (...) {
-    g_target_context = outer;
-    throw;
   }
-  g_target_context = outer;
   summed.assign(node.inputs.size(), nullptr);
   for (size_t i = 0; i < summed.size(); ++i) summed[i] = context.handed[i].get();
   return in_grads;

@@ -1,5 +1,6 @@
 // tests/autograd/test_mechanics.cpp — the autograd machinery itself: accumulation, reuse, no_grad, errors,
-// zero_grad, detach and gradient aliasing. Values are exact (small integers and powers of two in f64).
+// zero_grad, detach and gradient aliasing, gradients summed in place (accumulation_target). Values are exact (small
+// integers and powers of two in f64), or compared bit for bit against the same computation done apart.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "dew/profile.hpp"
 #include "gradcheck.hpp"
@@ -243,6 +244,14 @@ TEST_CASE("a second backward through a consumed graph is refused and leaves the 
 }
 
 namespace {
+const dew::BackendPtr& cpu_backend() {
+  static const dew::BackendPtr be = [] {
+    ref();  // loads the plugins
+    return dew::create_backend("cpu");
+  }();
+  return be;
+}
+
 // An op of the test's own, y = c * x, whose backward takes accumulation_target and records what it saw: with
 // `use`, it adds c * g into the offered sum and returns that sum; else it returns a fresh c * g.
 struct TargetProbe {
@@ -316,10 +325,7 @@ TEST_CASE("accumulation_target offers a pending sum only where nothing else sees
 
 TEST_CASE("a backend that declares matmul_beta_adds_rounded gives the product's bits plus add's") {
   // ref in f64 and cpu in f32 (on AVX-512) declare it; ref in f32 (double accumulation, one rounding) does not.
-  const dew::BackendPtr cpu = [] {
-    ref();  // loads the plugins
-    return dew::create_backend("cpu");
-  }();
+  const dew::BackendPtr& cpu = cpu_backend();
   CHECK(ref()->matmul_beta_adds_rounded(DType::f64));
   CHECK_FALSE(ref()->matmul_beta_adds_rounded(DType::f32));
   CHECK_FALSE(cpu->matmul_beta_adds_rounded(DType::bf16));
@@ -363,14 +369,12 @@ TEST_CASE("products sum the gradients of a shared input in place: the values of 
   // h = x * 1 (a non-leaf) read by two linears (gate/up), the weights and x over two backward passes
   // (micro-batches): x.grad and the weights' .grad equal the gradients computed apart and added, bit for bit, and
   // where the backend declares matmul_beta_adds_rounded (ref f64, cpu f32) no add kernel runs for them.
-  const dew::BackendPtr cpu = [] {
-    ref();  // loads the plugins
-    return dew::create_backend("cpu");
-  }();
+  const dew::BackendPtr& cpu = cpu_backend();
   for (const auto& [be, dt] :
        {std::make_pair(ref(), DType::f64), std::make_pair(cpu, DType::f32), std::make_pair(ref(), DType::f32)}) {
     CAPTURE(be->name());
-    CAPTURE(dew::dtype_name(dt));
+    const std::string dtype = dew::dtype_name(dt);
+    CAPTURE(dtype);
     const bool sums = be->matmul_beta_adds_rounded(dt);
     auto prof = std::make_shared<dew::ProfilingBackend>(be);
     auto make = [&](const dew::Shape& s, uint64_t seed) {
