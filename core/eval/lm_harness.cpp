@@ -19,6 +19,57 @@ LogitsFn model_logits(Model& model) {
   };
 }
 
+namespace {
+void check_targets(const std::vector<int32_t>& targets, int64_t rows, int64_t v) {
+  DEW_CHECK(int64_t(targets.size()) == rows, "lm_eval: ", targets.size(), " targets for ", rows, " positions");
+  for (int32_t t : targets)
+    DEW_CHECK(t >= 0 && t < v, "lm_eval: token id ", t, " is outside the vocabulary [0, ", v, ")");
+}
+}  // namespace
+
+ScoreFn scores_from_logits(LogitsFn logits) {
+  return [logits = std::move(logits)](const Tensor& tokens, const std::vector<int32_t>& targets) {
+    NoGradGuard no_grad;
+    const int64_t n = tokens.shape()[0], width = tokens.shape()[1], rows = n * width;
+    Tensor lg = logits(tokens);
+    DEW_CHECK(lg.ndim() == 3 && lg.shape()[0] == n && lg.shape()[1] == width, "lm_eval: the model returned ",
+              shape_str(lg.shape()), " logits for tokens [", n, ", ", width, "]");
+    const int64_t v = lg.shape()[2];
+    if (lg.dtype() != DType::f32) lg = cast(lg, DType::f32);
+    check_targets(targets, rows, v);
+    const Tensor flat = reshape(lg, {rows, v});
+    // each target's log-probability from the cross-entropy kernel's row (no [rows, V] log-softmax)
+    return TargetScores{token_logprobs(flat, Tensor::from_ints(targets, {rows}, lg.backend_ptr())).to_floats(),
+                        argmax(flat).to_ints()};
+  };
+}
+
+ScoreFn model_scores(Model& model, double chunk_mb) {
+  DEW_CHECK(chunk_mb > 0, "lm_eval: chunk_mb must be > 0, got ", chunk_mb);
+  auto* head = dynamic_cast<LinearHeadModel*>(&model);
+  if (!head) return scores_from_logits(model_logits(model));
+  return [head, chunk_mb](const Tensor& tokens, const std::vector<int32_t>& targets) {
+    NoGradGuard no_grad;
+    const int64_t n = tokens.shape()[0], width = tokens.shape()[1], rows = n * width;
+    const HiddenAndHead o = head->forward_hidden({{"tokens", tokens}});
+    DEW_CHECK(o.hidden.ndim() == 3 && o.hidden.shape()[0] == n && o.hidden.shape()[1] == width &&
+                  o.weight.ndim() == 2 && o.weight.shape()[1] == o.hidden.shape()[2],
+              "lm_eval: the model's hidden states ", shape_str(o.hidden.shape()), " and head ",
+              shape_str(o.weight.shape()), " do not make logits for tokens [", n, ", ", width, "]");
+    check_targets(targets, rows, o.weight.shape()[0]);
+    Tensor h = reshape(o.hidden, {rows, o.hidden.shape()[2]}), w = o.weight;
+    if (h.dtype() != DType::f32) h = cast(h, DType::f32);  // the f32 logits scoring reads, as the logits path
+    if (w.dtype() != DType::f32) w = cast(w, DType::f32);
+    LinearCrossEntropyOptions lo;
+    lo.softcap = o.softcap;
+    lo.chunk_mb = chunk_mb;
+    Tensor predictions;
+    lo.predictions = &predictions;
+    const Tensor lp = linear_token_logprobs(h, w, Tensor::from_ints(targets, {rows}, h.backend_ptr()), lo);
+    return TargetScores{lp.to_floats(), predictions.to_ints()};
+  };
+}
+
 std::vector<Window> plan_windows(int64_t t0, int64_t t1, int64_t max_length, int64_t block) {
   DEW_CHECK(max_length >= 1, "lm_eval: max_length must be >= 1, got ", max_length);
   DEW_CHECK(block >= 1 && block <= max_length, "lm_eval: the block (stride) must be in [1, max_length = ", max_length,
@@ -32,7 +83,7 @@ std::vector<Window> plan_windows(int64_t t0, int64_t t1, int64_t max_length, int
   return out;
 }
 
-std::vector<Scored> score(const LogitsFn& logits, const std::vector<std::vector<int32_t>>& seqs,
+std::vector<Scored> score(const ScoreFn& scores, const std::vector<std::vector<int32_t>>& seqs,
                           const std::vector<int64_t>& t0, int64_t max_length, int64_t block, int64_t batch_size) {
   DEW_CHECK(seqs.size() == t0.size(), "lm_eval::score: ", seqs.size(), " sequences but ", t0.size(), " starts");
   DEW_CHECK(batch_size >= 1, "lm_eval: batch_size must be >= 1, got ", batch_size);
@@ -65,20 +116,11 @@ std::vector<Scored> score(const LogitsFn& logits, const std::vector<std::vector<
         targets[r * size_t(width) + size_t(p - j.w.begin)] = s[size_t(p + 1)];
       }
     }
-    NoGradGuard no_grad;
-    Tensor lg = logits(Tensor::from_ints(ids, {int64_t(n), width}, backend));
-    DEW_CHECK(lg.ndim() == 3 && lg.shape()[0] == int64_t(n) && lg.shape()[1] == width, "lm_eval: the model returned ",
-              shape_str(lg.shape()), " logits for tokens [", n, ", ", width, "]");
-    const int64_t v = lg.shape()[2];
-    if (lg.dtype() != DType::f32) lg = cast(lg, DType::f32);
-    const int64_t rows = int64_t(n) * width;
-    for (int32_t t : targets)
-      DEW_CHECK(t >= 0 && t < v, "lm_eval: token id ", t, " is outside the vocabulary [0, ", v, ")");
-    const Tensor flat = reshape(lg, {rows, v});
-    const std::vector<int32_t> am = argmax(flat).to_ints();
-    // each target's log-probability from the cross-entropy kernel's row (no [rows, V] log-softmax)
-    const std::vector<float> vals =
-        token_logprobs(flat, Tensor::from_ints(targets, {rows}, lg.backend_ptr())).to_floats();
+    const TargetScores sc = scores(Tensor::from_ints(ids, {int64_t(n), width}, backend), targets);
+    DEW_CHECK(sc.logprobs.size() == targets.size() && sc.argmax.size() == targets.size(),
+              "lm_eval: ", sc.logprobs.size(), " scores for ", targets.size(), " targets");
+    const std::vector<float>& vals = sc.logprobs;
+    const std::vector<int32_t>& am = sc.argmax;
     for (size_t r = 0; r < n; ++r) {
       const size_t jid = order[start + r];
       const Job& j = jobs[jid];
@@ -101,7 +143,7 @@ std::vector<Scored> score(const LogitsFn& logits, const std::vector<std::vector<
   return out;
 }
 
-std::vector<Scored> loglikelihood(const LogitsFn& logits,
+std::vector<Scored> loglikelihood(const ScoreFn& scores,
                                   const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
                                   int64_t max_length, int64_t batch_size, int32_t prefix_token) {
   std::vector<std::vector<int32_t>> seqs;
@@ -120,10 +162,10 @@ std::vector<Scored> loglikelihood(const LogitsFn& logits,
     s.insert(s.end(), cont.begin(), cont.end());
     seqs.push_back(std::move(s));
   }
-  return score(logits, seqs, t0, max_length, max_length, batch_size);
+  return score(scores, seqs, t0, max_length, max_length, batch_size);
 }
 
-std::vector<Scored> loglikelihood_rolling(const LogitsFn& logits, const std::vector<std::vector<int32_t>>& docs,
+std::vector<Scored> loglikelihood_rolling(const ScoreFn& scores, const std::vector<std::vector<int32_t>>& docs,
                                           int32_t prefix_token, int64_t max_length, int64_t stride,
                                           int64_t batch_size) {
   DEW_USAGE_CHECK(prefix_token >= 0,
@@ -137,7 +179,7 @@ std::vector<Scored> loglikelihood_rolling(const LogitsFn& logits, const std::vec
     seqs.push_back(std::move(s));
     t0.push_back(1);
   }
-  return score(logits, seqs, t0, max_length, stride, batch_size);
+  return score(scores, seqs, t0, max_length, stride, batch_size);
 }
 
 std::pair<std::vector<int32_t>, std::vector<int32_t>> encode_pair(

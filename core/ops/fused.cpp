@@ -440,18 +440,24 @@ Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& tar
   detail::mark_step_opaque();  // direct calls below
   if (detail::autocast_lowers({&h, &w}))
     return linear_token_logprobs(detail::autocast_lower(h), detail::autocast_lower(w), targets, o);
-  DEW_CHECK(o.predictions == nullptr, "linear_token_logprobs: predictions are linear_cross_entropy's");
   auto head = std::make_shared<LinearHead>("linear_token_logprobs", h, w, targets, o.softcap);
   const int64_t n = head->n, chunk = linear_cross_entropy_chunk_rows(n, head->v, o);
   const BackendPtr& bp = h.backend_ptr();
   const CrossEntropyParams cp{o.ignore_index};
   Tensor loss_rows = Tensor::empty({n}, head->lt, bp), lse = Tensor::empty({n}, head->lt, bp);
+  Tensor predictions;
+  if (o.predictions) predictions = Tensor::empty({n}, DType::i32, bp);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t r1 = std::min(n, r0 + chunk);
     const LinearHead::Chunk c = head->logits(r0, r1);
     Tensor loss_c = loss_rows.slice0(r0, r1), lse_c = lse.slice0(r0, r1);
     head->be.cross_entropy(c.zc, targets.slice0(r0, r1), loss_c, lse_c, cp);
+    if (o.predictions) {
+      Tensor pc = predictions.slice0(r0, r1);
+      head->be.argmax(c.zc, pc);
+    }
   }
+  if (o.predictions) *o.predictions = predictions;
   Tensor out;
   {
     NoGradGuard no_grad;

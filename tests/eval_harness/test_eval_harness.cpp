@@ -1,7 +1,8 @@
 // tests/eval_harness/test_eval_harness.cpp — the evaluation harness on the ref backend: plan_windows
 // scores every target exactly once with the longest context; a zero-weight model's log-likelihoods are
 // computed by hand (-n ln V, greedy only for token 0); a random model's log-likelihoods equal an
-// independent full forward + log-softmax in double; rolling windows give each token its designed
+// independent full forward + log-softmax in double (through model_scores: the head in chunks), and equal the
+// scores of the whole logits; rolling windows give each token its designed
 // context; batching with right padding equals scoring alone; the lm objective's eval tasks
 // (loglikelihood with text pairs, multiple_choice, loglikelihood_rolling, generate_until stopping at the
 // stop string, perplexity of a token file) on a byte-tokenizer run.
@@ -111,7 +112,7 @@ TEST_CASE("plan_windows: every target once, at most max_length inputs, the longe
 
 TEST_CASE("loglikelihood by hand: a zero-weight model is uniform, -n ln V, greedy only for token 0") {
   auto m = model(11, 1, true);
-  const auto fn = le::model_logits(*m);
+  const auto fn = le::model_scores(*m);
   const auto r = le::loglikelihood(fn, {{{3, 4, 5}, {6, 7}}, {{1}, {0, 0, 0}}, {{2, 9}, {0, 4}}}, 64, 2);
   REQUIRE(r.size() == 3);
   CHECK(r[0].logprob == doctest::Approx(-2 * std::log(11.0)).epsilon(1e-6));
@@ -130,7 +131,7 @@ TEST_CASE(
     "loglikelihood equals an independent full forward, batched with padding equals alone, long "
     "continuations in blocks") {
   auto m = model(23, 7);
-  const auto fn = le::model_logits(*m);
+  const auto fn = le::model_scores(*m);
   std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> reqs;
   for (int i = 0; i < 5; ++i) reqs.push_back({random_ids(3 + 2 * i, 23, i), random_ids(1 + i, 23, 100 + i)});
   const auto batched = le::loglikelihood(fn, reqs, 64, 4);
@@ -157,9 +158,27 @@ TEST_CASE(
   CHECK(r.logprob == doctest::Approx(want).epsilon(1e-5));
 }
 
+TEST_CASE("a model's scores with its head in chunks equal the scores of its whole logits") {
+  auto m = model(29, 11);
+  const std::vector<int32_t> ids = random_ids(2 * 9, 29, 3), targets = random_ids(2 * 9, 29, 4);
+  const Tensor tokens = Tensor::from_ints(ids, {2, 9}, ref());
+  const le::TargetScores whole = le::scores_from_logits(le::model_logits(*m))(tokens, targets);
+  // 29 f32 logits a row: 4 rows a chunk (5 chunks, the last of 2), then one chunk
+  for (const double mb : {4.0 * 29 * 4 / 1048576.0, 256.0}) {
+    CAPTURE(mb);
+    const le::TargetScores chunked = le::model_scores(*m, mb)(tokens, targets);
+    REQUIRE(chunked.logprobs.size() == targets.size());
+    CHECK(chunked.argmax == whole.argmax);
+    for (size_t i = 0; i < targets.size(); ++i)
+      CHECK(chunked.logprobs[i] == doctest::Approx(whole.logprobs[i]).epsilon(1e-6));
+  }
+  CHECK_THROWS_WITH_AS(le::model_scores(*m)(tokens, std::vector<int32_t>(18, 29)),
+                       doctest::Contains("token id 29 is outside the vocabulary [0, 29)"), dew::Error);
+}
+
 TEST_CASE("rolling log-likelihood: each token scored exactly once, with the window's context") {
   auto m = model(19, 3);
-  const auto fn = le::model_logits(*m);
+  const auto fn = le::model_scores(*m);
   const std::vector<int32_t> doc = random_ids(23, 19, 5);
   std::vector<int32_t> seq{0};
   seq.insert(seq.end(), doc.begin(), doc.end());

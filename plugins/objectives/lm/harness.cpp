@@ -89,7 +89,7 @@ class Harness {
     limit_ = req_.get_int("limit", 0);
     DEW_USAGE_CHECK(limit_ >= 0, "--limit must be >= 0 (0: every request), got ", limit_);
     prefix_ = int32_t(req_.get_int("prefix_token", c.tokenizer ? c.tokenizer->eos_id() : -1));
-    logits_ = le::model_logits(*c.model);
+    scores_ = le::model_scores(*c.model);
   }
 
   dew::ValidationResult run(const std::string& task) {
@@ -153,7 +153,7 @@ class Harness {
       ids[size_t(i)] = int32_t(v);
     }
     // Every token but the first (no context) is scored once.
-    const auto s = le::score(logits_, {ids}, {1}, max_length_, stride, batch_);
+    const auto s = le::score(scores_, {ids}, {1}, max_length_, stride, batch_);
     const double nats = -s[0].logprob;
     const int64_t tokens = s[0].tokens;
     double bytes = 0;
@@ -210,7 +210,7 @@ class Harness {
     for (const auto& l : lines)
       reqs.push_back(
           pair_of(l.j, where(path, l), "continuation", field(l.j, {"continuation"}), field(l.j, {"continuation_ids"})));
-    const auto s = le::loglikelihood(logits_, reqs, max_length_, batch_, prefix_);
+    const auto s = le::loglikelihood(scores_, reqs, max_length_, batch_, prefix_);
     dew::ValidationResult r;
     std::vector<json> rows;
     double sum = 0;
@@ -275,7 +275,7 @@ class Harness {
                       q.count, " choices)");
       qs.push_back(std::move(q));
     }
-    const auto s = le::loglikelihood(logits_, reqs, max_length_, batch_, prefix_);
+    const auto s = le::loglikelihood(scores_, reqs, max_length_, batch_, prefix_);
     double acc = 0, acc_norm = 0;
     std::vector<json> rows;
     for (const Q& q : qs) {
@@ -323,7 +323,7 @@ class Harness {
       }
       DEW_USAGE_CHECK(!docs.back().empty(), at, ": the document is empty");
     }
-    const auto s = le::loglikelihood_rolling(logits_, docs, prefix_, max_length_, stride, batch_);
+    const auto s = le::loglikelihood_rolling(scores_, docs, prefix_, max_length_, stride, batch_);
     double sum = 0;
     int64_t tokens = 0;
     std::vector<json> rows;
@@ -424,7 +424,7 @@ class Harness {
   std::string task_;
   int64_t max_length_ = 2048, batch_ = 8, limit_ = 0;
   int32_t prefix_ = -1;
-  le::LogitsFn logits_;
+  le::ScoreFn scores_;
 };
 
 }  // namespace

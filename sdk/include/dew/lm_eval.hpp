@@ -30,6 +30,19 @@ using LogitsFn = std::function<Tensor(const Tensor& tokens)>;
 // model.forward({{"tokens", tokens}}) under a NoGradGuard.
 LogitsFn model_logits(Model& model);
 
+// What scoring needs of a forward: per position of tokens [B, W] (row-major), the log-probability of targets[i]
+// (B * W ids in [0, V)) and the argmax token.
+struct TargetScores {
+  std::vector<float> logprobs;
+  std::vector<int32_t> argmax;
+};
+using ScoreFn = std::function<TargetScores(const Tensor& tokens, const std::vector<int32_t>& targets)>;
+// From a LogitsFn: token_logprobs and argmax over the [B * W, V] logits.
+ScoreFn scores_from_logits(LogitsFn logits);
+// A model's scores: a dew::LinearHeadModel's head in chunks of chunk_mb MiB of f32 logits (linear_token_logprobs
+// with predictions: a real vocabulary's [B * W, V] logits never whole); any other model through its logits.
+ScoreFn model_scores(Model& model, double chunk_mb = 256.0);
+
 // One forward window: inputs seq[begin, end - 1) scoring targets [first, end) (begin < first < end).
 struct Window {
   int64_t begin = 0, first = 0, end = 0;
@@ -45,18 +58,18 @@ struct Scored {
 };
 
 // Scores targets [t0[i], seqs[i].size()) of every sequence. batch_size: windows per forward.
-std::vector<Scored> score(const LogitsFn& logits, const std::vector<std::vector<int32_t>>& seqs,
+std::vector<Scored> score(const ScoreFn& scores, const std::vector<std::vector<int32_t>>& seqs,
                           const std::vector<int64_t>& t0, int64_t max_length, int64_t block, int64_t batch_size);
 
 // log P(continuation | context) per request; an empty context needs prefix_token >= 0 (it becomes the
 // context, as lm-evaluation-harness does with the BOS/EOS token); an empty continuation is refused.
-std::vector<Scored> loglikelihood(const LogitsFn& logits,
+std::vector<Scored> loglikelihood(const ScoreFn& scores,
                                   const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
                                   int64_t max_length, int64_t batch_size, int32_t prefix_token = -1);
 
 // The whole document scored once, the first token conditioned on prefix_token (>= 0 required, as in
 // lm-evaluation-harness; use stride = max_length for its disjoint windows).
-std::vector<Scored> loglikelihood_rolling(const LogitsFn& logits, const std::vector<std::vector<int32_t>>& docs,
+std::vector<Scored> loglikelihood_rolling(const ScoreFn& scores, const std::vector<std::vector<int32_t>>& docs,
                                           int32_t prefix_token, int64_t max_length, int64_t stride, int64_t batch_size);
 
 // lm-evaluation-harness's pair encoding: trailing spaces of the context move to the continuation; the

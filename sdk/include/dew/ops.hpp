@@ -176,7 +176,8 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
 // per-row output has no scalar to form the gradients against in the forward, so the backward computes each chunk's
 // logits again (one more [N, D] x [D, V] product than the composition) and takes the rows' gradients through
 // cross_entropy_backward; only lse [N] is kept between the two. Any float dtype (the backward has the loss scale);
-// predictions must be null. DPO's sequence log-probabilities at a real vocabulary.
+// `predictions` as linear_cross_entropy's (argmax per chunk). DPO's sequence log-probabilities and the eval
+// harness's scores (dew/lm_eval.hpp, model_scores) at a real vocabulary.
 Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets,
                              const LinearCrossEntropyOptions& o = {});
 
