@@ -1,7 +1,8 @@
 // core/eval/lm_harness.cpp — scoring windows and the log-likelihood requests of dew/lm_eval.hpp.
 // Invariants: every target of a request is scored exactly once (plan_windows partitions [t0, t1));
 // windows are batched longest first, right-padded with token 0 (causal: padding is never attended by
-// a scored position); results come back in request order.
+// a scored position); results come back in request order. A model with a linear head is scored with the head in
+// chunks (model_scores): no [rows, V] logits.
 #include <algorithm>
 #include <numeric>
 
@@ -58,7 +59,7 @@ ScoreFn model_scores(Model& model, double chunk_mb) {
               shape_str(o.weight.shape()), " do not make logits for tokens [", n, ", ", width, "]");
     check_targets(targets, rows, o.weight.shape()[0]);
     Tensor h = reshape(o.hidden, {rows, o.hidden.shape()[2]}), w = o.weight;
-    if (h.dtype() != DType::f32) h = cast(h, DType::f32);  // the f32 logits scoring reads, as the logits path
+    if (h.dtype() != DType::f32) h = cast(h, DType::f32);  // scored in f32, as the logits path scores its logits
     if (w.dtype() != DType::f32) w = cast(w, DType::f32);
     LinearCrossEntropyOptions lo;
     lo.softcap = o.softcap;
