@@ -311,6 +311,18 @@ struct LinearHead {
     }
     return c;
   }
+  // The chunk's logits and its rows of cross_entropy (loss_c, lse_c), and its argmax rows into `predictions` [N]
+  // when that is defined: the forward both fused heads share.
+  Chunk scored(int64_t r0, int64_t r1, const Tensor& targets, const CrossEntropyParams& p, Tensor& loss_c,
+               Tensor& lse_c, const Tensor& predictions) {
+    Chunk c = logits(r0, r1);
+    be.cross_entropy(c.zc, targets.slice0(r0, r1), loss_c, lse_c, p);
+    if (predictions.defined()) {
+      Tensor pc = predictions.slice0(r0, r1);
+      be.argmax(c.zc, pc);
+    }
+    return c;
+  }
   void backward(Chunk& c, const Tensor& targets_c, const Tensor& lse_c, const Tensor& dloss_c,
                 const CrossEntropyParams& p, Tensor& dh, Tensor& dw) {
     const BackendPtr& bp = hd.backend_ptr();
@@ -398,15 +410,9 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   }
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t r1 = std::min(n, r0 + chunk);
-    LinearHead::Chunk c = head.logits(r0, r1);
-    const Tensor tc = targets.slice0(r0, r1);
     Tensor lse = Tensor::empty({r1 - r0}, lt, bp), loss_c = loss_rows.slice0(r0, r1);
-    head.be.cross_entropy(c.zc, tc, loss_c, lse, cp);
-    if (o.predictions) {
-      Tensor pc = predictions.slice0(r0, r1);
-      head.be.argmax(c.zc, pc);
-    }
-    if (gh || gw) head.backward(c, tc, lse, dloss.slice0(r0, r1), cp, dh, dw);
+    LinearHead::Chunk c = head.scored(r0, r1, targets, cp, loss_c, lse, predictions);
+    if (gh || gw) head.backward(c, targets.slice0(r0, r1), lse, dloss.slice0(r0, r1), cp, dh, dw);
   }
   if (o.predictions) *o.predictions = predictions;
   Tensor out;
@@ -449,13 +455,8 @@ Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& tar
   if (o.predictions) predictions = Tensor::empty({n}, DType::i32, bp);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t r1 = std::min(n, r0 + chunk);
-    const LinearHead::Chunk c = head->logits(r0, r1);
     Tensor loss_c = loss_rows.slice0(r0, r1), lse_c = lse.slice0(r0, r1);
-    head->be.cross_entropy(c.zc, targets.slice0(r0, r1), loss_c, lse_c, cp);
-    if (o.predictions) {
-      Tensor pc = predictions.slice0(r0, r1);
-      head->be.argmax(c.zc, pc);
-    }
+    head->scored(r0, r1, targets, cp, loss_c, lse_c, predictions);
   }
   if (o.predictions) *o.predictions = predictions;
   Tensor out;

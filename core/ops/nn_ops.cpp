@@ -385,6 +385,25 @@ CrossEntropyRows cross_entropy_rows(const char* op, const Tensor& logits, const 
   if (n > 0) kernels(logits).cross_entropy(logits.detach(), targets, r.loss, r.lse, p);
   return r;
 }
+
+// `out` (built on cross_entropy_rows) recording the rows' backward: dlogits = cross_entropy_backward with the per-row
+// gradient dloss_of(g) [N] of the kernel's loss rows.
+Tensor record_rows_backward(const Tensor& out, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const CrossEntropyParams& p, const char* name,
+                            std::function<Tensor(const Tensor&)> dloss_of) {
+  Tensor ld = logits.detach();
+  Tensor result = out.detach();
+  record(
+      result, {logits},
+      [ld, targets, lse, p, dloss_of = std::move(dloss_of)](const Tensor& g) {
+        const Tensor dloss = dloss_of(g);
+        Tensor dlogits = empty_like(ld);
+        if (lse.numel() > 0) kernels(ld).cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
+        return std::vector<Tensor>{dlogits};
+      },
+      name);
+  return result;
+}
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
@@ -396,45 +415,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   const Tensor divisor = detail::cross_entropy_divisor(targets, ignore_index, total.dtype());
   Tensor out = div(total, divisor);
   if (out.dtype() != logits.dtype() && !autocast_enabled()) out = cast(out, logits.dtype());  // autocast: f32 loss
-  if (needs_grad({&logits})) {
-    Tensor ld = logits.detach();
-    Tensor result = out.detach();
-    record(
-        result, {logits},
-        [ld, targets, lse, p, divisor, n](const Tensor& g) {
-          Tensor mean_g = div(cast(g, lse.dtype()), divisor);
-          Tensor dloss = broadcast_to(reshape(mean_g, {1}), {n});
-          Tensor dlogits = empty_like(ld);
-          if (n > 0) kernels(ld).cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
-          return std::vector<Tensor>{dlogits};
-        },
-        "cross_entropy");
-    return result;
-  }
-  return out;
+  if (!needs_grad({&logits})) return out;
+  return record_rows_backward(out, logits, targets, lse, p, "cross_entropy", [lse, divisor, n](const Tensor& g) {
+    return broadcast_to(reshape(div(cast(g, lse.dtype()), divisor), {1}), {n});  // the mean's g on every row
+  });
 }
 
 Tensor token_logprobs(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   const CrossEntropyParams p{ignore_index};
   const CrossEntropyRows rows = cross_entropy_rows("token_logprobs", logits, targets, p);
   const Tensor lse = rows.lse;
-  const int64_t n = lse.numel();
   Tensor out = neg(rows.loss);  // the kernel's per-row loss is lse - z[target] (0 on an ignored row)
-  if (needs_grad({&logits})) {
-    Tensor ld = logits.detach();
-    Tensor result = out.detach();
-    record(
-        result, {logits},
-        [ld, targets, lse, p, n](const Tensor& g) {
-          Tensor dloss = contiguous_copy(neg(cast(g, lse.dtype())));  // d(-loss)
-          Tensor dlogits = empty_like(ld);
-          if (n > 0) kernels(ld).cross_entropy_backward(ld, targets, lse, dloss, dlogits, p);
-          return std::vector<Tensor>{dlogits};
-        },
-        "token_logprobs");
-    return result;
-  }
-  return out;
+  if (!needs_grad({&logits})) return out;
+  return record_rows_backward(out, logits, targets, lse, p, "token_logprobs", [lse](const Tensor& g) {
+    return contiguous_copy(neg(cast(g, lse.dtype())));  // d(-loss)
+  });
 }
 
 }  // namespace dew
