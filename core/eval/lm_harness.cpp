@@ -52,13 +52,9 @@ ScoreFn model_scores(Model& model, double chunk_mb) {
   return [head, chunk_mb](const Tensor& tokens, const std::vector<int32_t>& targets) {
     NoGradGuard no_grad;
     const int64_t n = tokens.shape()[0], width = tokens.shape()[1], rows = n * width;
-    const HiddenAndHead o = head->forward_hidden({{"tokens", tokens}});
-    DEW_CHECK(o.hidden.ndim() == 3 && o.hidden.shape()[0] == n && o.hidden.shape()[1] == width &&
-                  o.weight.ndim() == 2 && o.weight.shape()[1] == o.hidden.shape()[2],
-              "lm_eval: the model's hidden states ", shape_str(o.hidden.shape()), " and head ",
-              shape_str(o.weight.shape()), " do not make logits for tokens [", n, ", ", width, "]");
+    const HiddenAndHead o = head->forward_rows({{"tokens", tokens}}, rows);
     check_targets(targets, rows, o.weight.shape()[0]);
-    Tensor h = reshape(o.hidden, {rows, o.hidden.shape()[2]}), w = o.weight;
+    Tensor h = o.hidden, w = o.weight;
     if (h.dtype() != DType::f32) h = cast(h, DType::f32);  // scored in f32, as the logits path scores its logits
     if (w.dtype() != DType::f32) w = cast(w, DType::f32);
     LinearCrossEntropyOptions lo;

@@ -2,9 +2,9 @@
 // scores every target exactly once with the longest context; a zero-weight model's log-likelihoods are
 // computed by hand (-n ln V, greedy only for token 0); a random model's log-likelihoods equal an
 // independent full forward + log-softmax in double (through model_scores: the head in chunks), and equal the
-// scores of the whole logits; rolling windows give each token its designed
-// context; batching with right padding equals scoring alone; the lm objective's eval tasks
-// (loglikelihood with text pairs, multiple_choice, loglikelihood_rolling, generate_until stopping at the
+// scores of the whole logits (LinearHeadModel::forward_rows gives the head's rows, refuses other shapes); rolling
+// windows give each token its designed context; batching with right padding equals scoring alone; the lm objective's
+// eval tasks (loglikelihood with text pairs, multiple_choice, loglikelihood_rolling, generate_until stopping at the
 // stop string, perplexity of a token file) on a byte-tokenizer run.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -174,6 +174,21 @@ TEST_CASE("a model's scores with its head in chunks equal the scores of its whol
   }
   CHECK_THROWS_WITH_AS(le::model_scores(*m)(tokens, std::vector<int32_t>(18, 29)),
                        doctest::Contains("token id 29 is outside the vocabulary [0, 29)"), dew::Error);
+}
+
+TEST_CASE("LinearHeadModel::forward_rows: forward_hidden's states as the head's rows, shapes refused by name") {
+  auto m = model(29, 11);
+  auto* head = dynamic_cast<dew::LinearHeadModel*>(m.get());
+  REQUIRE(head);
+  dew::NoGradGuard ng;
+  const dew::Batch in{{"tokens", Tensor::from_ints(random_ids(2 * 9, 29, 3), {2, 9}, ref())}};
+  const dew::HiddenAndHead whole = head->forward_hidden(in), rows = head->forward_rows(in, 18, 29);
+  CHECK(rows.hidden.shape() == dew::Shape{18, 16});
+  CHECK(rows.weight.shape() == dew::Shape{29, 16});
+  CHECK(rows.hidden.to_floats() == whole.hidden.to_floats());
+  CHECK(head->forward_rows(in, 18).hidden.shape() == dew::Shape{18, 16});  // any vocabulary
+  CHECK_THROWS_WITH_AS(head->forward_rows(in, 17, 29), doctest::Contains("do not give [17, 29] logits"), dew::Error);
+  CHECK_THROWS_WITH_AS(head->forward_rows(in, 18, 30), doctest::Contains("and linear head [29, 16]"), dew::Error);
 }
 
 TEST_CASE("rolling log-likelihood: each token scored exactly once, with the window's context") {

@@ -182,16 +182,12 @@ class Dpo final : public dew::Objective {
     auto* head = dynamic_cast<dew::LinearHeadModel*>(&m);
     if (head && fused_head_ != "false" &&
         (fused_head_ == "true" || 4.0 * double(rows * s) * double(vocab_) > fused_head_mb_ * 1048576.0)) {
-      const dew::HiddenAndHead o = head->forward_hidden(inputs);
-      DEW_CHECK(o.hidden.ndim() == 3 && o.hidden.shape()[0] * o.hidden.shape()[1] == rows * s && o.weight.ndim() == 2 &&
-                    o.weight.shape()[0] == vocab_,
-                "dpo: the model's hidden states ", dew::shape_str(o.hidden.shape()), " and head ",
-                dew::shape_str(o.weight.shape()), " do not give [", rows * s, ", ", vocab_, "] logits");
+      const dew::HiddenAndHead o = head->forward_rows(inputs, rows * s, vocab_);
       dew::LinearCrossEntropyOptions lo;
       lo.ignore_index = kOutsideMask;
       lo.softcap = o.softcap;
       lo.chunk_mb = fused_head_mb_;
-      logp = dew::linear_token_logprobs(dew::reshape(o.hidden, {rows * s, o.hidden.shape()[2]}), o.weight, t, lo);
+      logp = dew::linear_token_logprobs(o.hidden, o.weight, t, lo);
     } else {
       Tensor logits = m.forward(inputs);
       DEW_CHECK(logits.ndim() == 3 && logits.shape()[2] == vocab_, "dpo: the model returned logits ",

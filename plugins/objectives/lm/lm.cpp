@@ -516,17 +516,13 @@ class LanguageModel final : public dew::Objective {
   // cross_entropy over the model's logits.
   Tensor loss_of(const dew::Batch& in, const Tensor& targets, int64_t rows, Tensor& predictions) const {
     if (fuse_head(rows)) {
-      const dew::HiddenAndHead o = head_model_->forward_hidden(in);
-      DEW_CHECK(o.hidden.ndim() == 3 && o.hidden.shape()[0] * o.hidden.shape()[1] == rows && o.weight.ndim() == 2 &&
-                    o.weight.shape()[0] == vocab_,
-                "lm: the model's hidden states ", dew::shape_str(o.hidden.shape()), " and head ",
-                dew::shape_str(o.weight.shape()), " do not give [", rows, ", ", vocab_, "] logits");
+      const dew::HiddenAndHead o = head_model_->forward_rows(in, rows, vocab_);
       dew::LinearCrossEntropyOptions lo;
       lo.ignore_index = ignore_index();
       lo.softcap = o.softcap;
       lo.chunk_mb = fused_head_mb_;
       lo.predictions = &predictions;
-      return dew::linear_cross_entropy(dew::reshape(o.hidden, {rows, o.hidden.shape()[2]}), o.weight, targets, lo);
+      return dew::linear_cross_entropy(o.hidden, o.weight, targets, lo);
     }
     const Tensor logits = flat_logits(model_->forward(in), rows);
     Tensor loss = dew::cross_entropy(logits, targets, ignore_index());

@@ -58,6 +58,10 @@ class LinearHeadModel {
  public:
   virtual ~LinearHeadModel() = default;
   virtual HiddenAndHead forward_hidden(const Batch& inputs) = 0;
+  // forward_hidden with the hidden states flattened to the head's rows, hidden [rows, D]: what a fused loss
+  // (dew::linear_cross_entropy, linear_token_logprobs) takes. Refuses, naming the shapes, hidden states that
+  // are not [B, T, D] with B * T = rows or a head that is not [vocab, D] (vocab < 0: any vocabulary).
+  HiddenAndHead forward_rows(const Batch& inputs, int64_t rows, int64_t vocab = -1);
 };
 
 // Creates the model named by `section`'s "plugin" key with the rest of the section as its options.
