@@ -81,9 +81,15 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_o
     record(
         y, {x, weight},
         [xd, wd, rstd, gw, weight_offset](const Tensor& g) {
-          Tensor dx = empty_like(xd);
+          // x's gradient gathered so far (a residual stream's, from the readers after the norm), when the pass
+          // lets the kernel add this one into it: no fresh dx and no add pass (the same bits, so only where the
+          // backend runs the dtype itself, not widened around its f32 kernel)
+          Tensor dx =
+              xd.backend().supports(Kernel::rms_norm_backward, xd.dtype()).ok ? accumulation_target(0) : Tensor();
+          const bool accumulate = dx.defined();
+          if (!accumulate) dx = empty_like(xd);
           Tensor dw = maybe_empty_like(wd, gw);
-          kernels(xd).rms_norm_backward(xd, wd, rstd, g, dx, dw, weight_offset);
+          kernels(xd).rms_norm_backward(xd, wd, rstd, g, dx, dw, weight_offset, accumulate);
           return std::vector<Tensor>{dx, dw};
         },
         "rms_norm");

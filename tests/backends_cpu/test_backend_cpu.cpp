@@ -734,8 +734,8 @@ TEST_CASE("cpu: layer_norm, rms_norm, group_norm, forward and backward") {
     ref()->rms_norm(x.r, w.r, y.r, rstd.r, 1e-6f, offset);
     check_close(y, 16 * kEps, 16 * kEps, "rms_norm y");
     check_close(rstd, 8 * kEps, 0.0, "rms_norm rstd");
-    cpu()->rms_norm_backward(x.c, w.c, rstd.r.to(cpu()), dy.c, dx.c, dw.c, offset);
-    ref()->rms_norm_backward(x.r, w.r, rstd.r, dy.r, dx.r, dw.r, offset);
+    cpu()->rms_norm_backward(x.c, w.c, rstd.r.to(cpu()), dy.c, dx.c, dw.c, offset, false);
+    ref()->rms_norm_backward(x.r, w.r, rstd.r, dy.r, dx.r, dw.r, offset, false);
     check_close(dx, 1e-5, 1e-5, "rms_norm dx");
     check_close(dw, 1e-5, 1e-5, "rms_norm dweight");
   }
@@ -755,6 +755,72 @@ TEST_CASE("cpu: layer_norm, rms_norm, group_norm, forward and backward") {
     check_close(dw, 1e-5, 1e-5, "group_norm dweight");
     check_close(db, 1e-5, 1e-5, "group_norm dbias");
   }
+}
+
+// What dew::rms_norm's backward relies on when it hands the kernel x's gradient gathered so far
+// (accumulation_target): dx + the call's dx must be exactly the plain call into a fresh dx followed by a binary add.
+TEST_CASE("rms_norm_backward with accumulate: the bits of the plain call and a binary add (ref, every cpu path)") {
+  const int64_t rows = 200, d = 96;  // 19200 elements: the OpenMP paths run at 2 threads
+  const std::vector<float> xv = host_uniform(rows * d, 520, -2.0f, 3.0f),
+                           dyv = host_uniform(rows * d, 521, -1.0f, 1.0f), wv = host_uniform(d, 522, 0.5f, 1.5f),
+                           sumv = host_uniform(rows * d, 523, -2.0f, 2.0f);
+  (void)cpu();  // registers the cpu plugin
+  const auto check = [&](const BackendPtr& be, DType dt, const std::string& what) {
+    const std::string dtype = dtype_name(dt);
+    CAPTURE(what);
+    CAPTURE(dtype);
+    const auto make = [&](const std::vector<float>& v, const Shape& s) {
+      Tensor f = Tensor::from_vector(v, s, be);
+      if (dt == DType::f32) return f;
+      Tensor t = Tensor::empty(s, dt, be);
+      be->cast(f, t);
+      return t;
+    };
+    const Tensor x = make(xv, {rows, d}), dy = make(dyv, {rows, d}), w = make(wv, {d}), sum0 = make(sumv, {rows, d});
+    Tensor y = Tensor::empty({rows, d}, dt, be), rstd = Tensor::empty({rows}, DType::f32, be);
+    be->rms_norm(x, w, y, rstd, 1e-6f, 0.0f);
+    for (const bool with_w : {true, false}) {
+      CAPTURE(with_w);
+      const Tensor wt = with_w ? w : Tensor();
+      Tensor dx = Tensor::empty({rows, d}, dt, be), dw1 = Tensor::empty({d}, dt, be),
+             want = Tensor::empty({rows, d}, dt, be);
+      be->rms_norm_backward(x, wt, rstd, dy, dx, dw1, 0.0f, false);
+      be->binary(sum0, dx, want, BinaryOp::add);
+      Tensor acc = sum0.clone(), dw2 = Tensor::empty({d}, dt, be);
+      be->rms_norm_backward(x, wt, rstd, dy, acc, dw2, 0.0f, true);
+      Tensor a = acc, b = want, c = dw1, e = dw2;
+      if (dt != DType::f32 && dt != DType::f64) {  // compare the bits through exact widenings
+        a = Tensor::empty({rows, d}, DType::f32, be), b = Tensor::empty({rows, d}, DType::f32, be);
+        c = Tensor::empty({d}, DType::f32, be), e = Tensor::empty({d}, DType::f32, be);
+        be->cast(acc, a), be->cast(want, b), be->cast(dw1, c), be->cast(dw2, e);
+      }
+      if (dt == DType::f64) {
+        CHECK(a.to_doubles() == b.to_doubles());
+        CHECK(c.to_doubles() == e.to_doubles());
+      } else {
+        const std::vector<float> got = a.to_floats(), exp = b.to_floats();
+        int64_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          bad += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(exp[i]);
+        CHECK_MESSAGE(bad == 0, bad, " of ", got.size(), " accumulated dx differ from dx + add");
+        CHECK(c.to_floats() == e.to_floats());  // dweight is not accumulated
+      }
+    }
+  };
+  for (const DType dt : {DType::f64, DType::f32}) check(ref(), dt, "ref");  // (ref has no bf16 norms)
+  const int saved = omp_get_max_threads();
+  for (const std::string& isa : cpu_isa_paths().names)
+    for (const int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      BackendPtr be = create_backend("cpu", Options({{"isa", isa}}, "test"));
+      for (const DType dt : {DType::f32, DType::bf16}) check(be, dt, isa + ", " + std::to_string(threads) + " threads");
+    }
+  omp_set_num_threads(saved);
+  Tensor x = Tensor::from_vector(xv, {rows, d}, cpu()), r = Tensor::empty({rows}, DType::f32, cpu());
+  Tensor dy = Tensor::from_vector(dyv, {rows, d}, cpu()), y = dy.clone(), dw;
+  cpu()->rms_norm(x, Tensor(), y, r, 1e-6f, 0.0f);
+  CHECK_THROWS_WITH_AS(cpu()->rms_norm_backward(x, Tensor(), r, dy, dy, dw, 0.0f, true),
+                       doctest::Contains("an accumulated dx must alias neither x nor dy"), dew::Error);
 }
 
 TEST_CASE("cpu: gather_rows, scatter_add_rows, rope") {
@@ -1697,7 +1763,7 @@ TEST_CASE("cpu: every hand-written family on each ISA path: avx512 == avx2 bit f
       be->rms_norm(rows, vec, y, rstd, 1e-5f, 0.0f);
       put("rms_norm", false, y);
       Tensor dx = Tensor::empty({37, 130}, DType::f32, be), dw = Tensor::empty({130}, DType::f32, be);
-      be->rms_norm_backward(rows, vec, rstd, rows, dx, dw, 0.0f);
+      be->rms_norm_backward(rows, vec, rstd, rows, dx, dw, 0.0f, false);
       put("rms_norm_backward dx", false, dx);
       put("rms_norm_backward dweight", false, dw);
       Tensor ls = Tensor::empty({37, 130}, DType::f32, be);
@@ -1850,8 +1916,8 @@ TEST_CASE("cpu: bf16 kernels over storage equal the f32 kernel on the widened in
             CHECK(r16.to_floats() == r32.to_floats());
             Tensor dx16 = like16(xr), dx32 = like32(xr);
             Tensor dw16 = with_w ? like16(w) : Tensor(), dw32 = with_w ? like32(w) : Tensor();
-            be->rms_norm_backward(xr, w16, r32, gr, dx16, dw16, off);
-            be->rms_norm_backward(wide(xr), w32, r32, wide(gr), dx32, dw32, off);
+            be->rms_norm_backward(xr, w16, r32, gr, dx16, dw16, off, false);
+            be->rms_norm_backward(wide(xr), w32, r32, wide(gr), dx32, dw32, off, false);
             same_bits(dx16, dx32, "rms_norm_backward dx");
             if (with_w) same_bits(dw16, dw32, "rms_norm_backward dweight");
           }

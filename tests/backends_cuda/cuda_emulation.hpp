@@ -405,6 +405,7 @@ cudaError_t cudaFuncSetAttribute(R (*kernel)(A...), cudaFuncAttribute attr, int 
 // ---- the CUDA intrinsics the kernels use. Fibers switch only at barriers and collectives, so a plain
 // read-modify-write is atomic here; __threadfence orders nothing that needs ordering.
 inline float __fmul_rn(float a, float b) { return a * b; }  // no contraction on the host build
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __uint_as_float(uint32_t u) { return ::emu::from_bits<float>(u); }
 inline uint32_t __float_as_uint(float f) { return uint32_t(::emu::bits_of(f)); }
 inline uint32_t __umulhi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }

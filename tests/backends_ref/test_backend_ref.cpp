@@ -366,7 +366,7 @@ TEST_CASE("ref: rms_norm and its backward") {
   check_close(y, {3 * r, 4 * r}, 1e-14);
   // dy along x (the radial direction) has no gradient; dweight = dy * xhat.
   Tensor dy = make({3, 4}, {1, 2}, DType::f64), dx = empty({1, 2}, DType::f64), dw = empty({2}, DType::f64);
-  ref()->rms_norm_backward(x, make({0, 0}, {2}, DType::f64), rstd, dy, dx, dw, 1.0f);
+  ref()->rms_norm_backward(x, make({0, 0}, {2}, DType::f64), rstd, dy, dx, dw, 1.0f, false);
   check_close(dx, {0, 0}, 1e-12);
   check_close(dw, {9 * r, 16 * r}, 1e-12);
 }

@@ -900,18 +900,23 @@ void add_rms_norm(Table& t) {
         },
         {out("y", r.shape, DT::f32, tol(16, double(D))), out("rstd", {rows}, DT::f32, tol(16, double(D)))},
         [eps, off](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], eps, off); });
-    t.add(
-        "rms_norm_backward/" + sh + "/f32", Kernel::rms_norm_backward, {DT::f32},
-        [r, D, rows, eps](Gen& g) {
-          Tensor x = g.uniform(r.shape, -1, 1);
-          Tensor w = r.w ? (r.offset != 0 ? g.uniform({D}, -0.5f, 0.5f) : g.uniform({D}, 0.5f, 1.5f)) : undef();
-          Tensor y = Tensor::empty(r.shape, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
-          g.backend()->rms_norm(x, w, y, rstd, eps, r.offset);
-          return In{x, w, rstd, g.uniform(r.shape, -1, 1)};
-        },
-        {out("dx", r.shape, DT::f32, tol(16, double(D))),
-         r.w ? out("dweight", {D}, DT::f32, tol(16, double(rows))) : undefined_out("dweight")},
-        [off](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], off); });
+    // acc: dx starts as a gradient already gathered (in[4], copied in) and gets the call's added
+    for (const bool acc : {false, true})
+      t.add(
+          "rms_norm_backward/" + sh + (acc ? "_accumulate" : "") + "/f32", Kernel::rms_norm_backward, {DT::f32},
+          [r, D, rows, eps](Gen& g) {
+            Tensor x = g.uniform(r.shape, -1, 1);
+            Tensor w = r.w ? (r.offset != 0 ? g.uniform({D}, -0.5f, 0.5f) : g.uniform({D}, 0.5f, 1.5f)) : undef();
+            Tensor y = Tensor::empty(r.shape, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
+            g.backend()->rms_norm(x, w, y, rstd, eps, r.offset);
+            return In{x, w, rstd, g.uniform(r.shape, -1, 1), g.uniform(r.shape, -2, 2)};
+          },
+          {out("dx", r.shape, DT::f32, tol(16, double(D))),
+           r.w ? out("dweight", {D}, DT::f32, tol(16, double(rows))) : undefined_out("dweight")},
+          [off, acc](Backend& be, In& in, Out& o) {
+            if (acc) be.copy_device(o[0].data(), in[4].data(), in[4].nbytes());
+            be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], off, acc);
+          });
   }
   // bf16 rows whose width is a multiple of 8 (cuda reads them 16 bytes at a time) and rows that are not (element by
   // element, the tail of each lane's last chunk empty).
@@ -1560,7 +1565,7 @@ void add_large(Table& t) {
         return In{x, w, rstd, g.uniform({2048, 384}, -1, 1)};
       },
       {out("dx", {2048, 384}, DT::f32, tol(16, 384)), out("dweight", {384}, DT::f32, tol(16, 2048))},
-      [](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], 0.0f); });
+      [](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], 0.0f, false); });
   t.add(
       "cross_entropy/large_512x1031_ignore-100x9/f32", Kernel::cross_entropy, {DT::f32},
       [](Gen& g) {
@@ -1743,16 +1748,20 @@ void add_half(Table& t) {
           [sh, D, dt](Gen& g) { return In{g.uniform(sh, -1, 1, dt), g.uniform({D}, 0.5f, 1.5f, dt)}; },
           {out("y", sh, dt, tol(16, double(D))), out("rstd", {rows}, DT::f32, tol(16, double(D)))},
           [](Backend& be, In& in, Out& o) { be.rms_norm(in[0], in[1], o[0], o[1], 1e-6f, 0.0f); });
-      t.add(
-          "rms_norm_backward/" + dims(sh) + "_w" + tag, Kernel::rms_norm_backward, {dt},
-          [sh, D, rows, dt](Gen& g) {
-            Tensor x = g.uniform(sh, -1, 1, dt), w = g.uniform({D}, 0.5f, 1.5f, dt);
-            Tensor y = Tensor::empty(sh, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
-            g.backend()->rms_norm(to_dtype(g, x, DT::f32), to_dtype(g, w, DT::f32), y, rstd, 1e-6f, 0.0f);
-            return In{x, w, rstd, g.uniform(sh, -1, 1, dt)};
-          },
-          {out("dx", sh, dt, tol(16, double(D))), out("dweight", {D}, dt, tol(16, double(rows)))},
-          [](Backend& be, In& in, Out& o) { be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], 0.0f); });
+      for (const bool acc : {false, true})  // acc: as the f32 cases above
+        t.add(
+            "rms_norm_backward/" + dims(sh) + "_w" + (acc ? "_accumulate" : "") + tag, Kernel::rms_norm_backward, {dt},
+            [sh, D, rows, dt](Gen& g) {
+              Tensor x = g.uniform(sh, -1, 1, dt), w = g.uniform({D}, 0.5f, 1.5f, dt);
+              Tensor y = Tensor::empty(sh, DT::f32, g.backend()), rstd = Tensor::empty({rows}, DT::f32, g.backend());
+              g.backend()->rms_norm(to_dtype(g, x, DT::f32), to_dtype(g, w, DT::f32), y, rstd, 1e-6f, 0.0f);
+              return In{x, w, rstd, g.uniform(sh, -1, 1, dt), g.uniform(sh, -2, 2, dt)};
+            },
+            {out("dx", sh, dt, tol(16, double(D))), out("dweight", {D}, dt, tol(16, double(rows)))},
+            [acc](Backend& be, In& in, Out& o) {
+              if (acc) be.copy_device(o[0].data(), in[4].data(), in[4].nbytes());
+              be.rms_norm_backward(in[0], in[1], in[2], in[3], o[0], o[1], 0.0f, acc);
+            });
     }
     for (bool batch_pos : {false, true}) {
       const Shape xs{2, 16, 4, 32};

@@ -13,7 +13,10 @@
 //   in f32 and rounded once: the f32 kernel's bits on the widened values (was one half.cpp call per group).
 // * rms_norm (oneDNN 2.6 has none): one fused pass per row: sum of squares in double, then
 //   y = x * rstd * (w + offset). Backward per row: dx = rstd * (g*dy - x * rstd^2 * mean(g*dy*x)), with
-//   g = w + offset; dweight = sum over rows of dy * x * rstd, from per-thread partials summed in order.
+//   g = w + offset; dweight = sum over rows of dy * x * rstd, from per-thread partials summed in order. With
+//   `accumulate` a row's dx is stored to a row buffer first (rounded as the plain call rounds it) and then added
+//   to dx's row, as the binary add kernel adds (f32; bf16 widened, added in f32, rounded once): its bits, and no
+//   FMA contraction of the last product into the add.
 //   bf16 (x, weight, y / dy, dx, dweight; rstd f32): the same rows over bf16 storage (bf16_bits.hpp), so every
 //   output is the f32 kernel's on the widened values, rounded once.
 // * group_norm (oneDNN 2.6 has none): statistics per (n, group) over the contiguous C/groups * spatial
@@ -37,7 +40,10 @@ namespace dew::cpu {
 DEW_CPU_ISA_KERNEL(layer_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd, float eps), (x, weight, bias, y, mean, rstd, eps))
 DEW_CPU_ISA_KERNEL(layer_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias), (x, weight, mean, rstd, dy, dx, dweight, dbias))
 DEW_CPU_ISA_KERNEL(rms_norm, (const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps, float weight_offset), (x, weight, y, rstd, eps, weight_offset))
-DEW_CPU_ISA_KERNEL(rms_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, float weight_offset), (x, weight, rstd, dy, dx, dweight, weight_offset))
+DEW_CPU_ISA_KERNEL(rms_norm_backward,
+                   (const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                    Tensor& dweight, float weight_offset, bool accumulate),
+                   (x, weight, rstd, dy, dx, dweight, weight_offset, accumulate))
 DEW_CPU_ISA_KERNEL(group_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd, int64_t groups, float eps), (x, weight, bias, y, mean, rstd, groups, eps))
 DEW_CPU_ISA_KERNEL(group_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight, Tensor& dbias, int64_t groups), (x, weight, mean, rstd, dy, dx, dweight, dbias, groups))
 
@@ -423,16 +429,17 @@ void rms_norm(CpuBackend&, const Tensor& x, const Tensor& weight, Tensor& y, Ten
 }
 
 // rms_norm_backward's rows [r0, r1), adding dweight's terms into pw (may be null) in double (pointers and
-// scalars by value: see for_blocks in cpu_backend.hpp).
+// scalars by value: see for_blocks in cpu_backend.hpp); `acc`: each row's dx added to o's row (the header).
 // T: as rms_norm_rows.
 template <class T>
 void rms_norm_backward_rows(const T* xs, const float* w, const T* g, const float* rs, T* o, double* pw, int64_t dim,
-                            float off, int64_t r0, int64_t r1) {
+                            float off, bool acc, int64_t r0, int64_t r1) {
   std::vector<float> buf(sizeof(T) == sizeof(float) ? 0 : size_t(2 * dim));  // bf16 x and dy rows widened
+  std::vector<T> row_dx(acc ? size_t(dim) : 0);
   for (int64_t i = r0; i < r1; ++i) {
     const float* xr = f32_row(xs + i * dim, dim, buf.data());
     const float* gr = f32_row(g + i * dim, dim, buf.data() + dim);
-    T* dr = o + i * dim;
+    T* dr = acc ? row_dx.data() : o + i * dim;
     const float r = rs[i];
     double dot = 0.0;  // sum_j (w_j + off) * dy_j * x_j
     if (w) {
@@ -454,13 +461,18 @@ void rms_norm_backward_rows(const T* xs, const float* w, const T* g, const float
 #pragma omp simd
       for (int64_t j = 0; j < dim; ++j) st(dr + j, r * (gr[j] - xr[j] * c));
     }
+    if (acc) {
+      T* sum = o + i * dim;
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) st(sum + j, ld(sum[j]) + ld(dr[j]));
+    }
   }
 }
 
 namespace {
 template <class T>
 void rms_norm_backward_typed(const Tensor& x, const float* w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                             Tensor& dweight, float off) {
+                             Tensor& dweight, float off, bool acc) {
   const int64_t dim = last_dim(x), rows = rows_of(x);
   const T* xs = x.data_as<T>();
   const T* g = dy.data_as<T>();
@@ -470,12 +482,12 @@ void rms_norm_backward_typed(const Tensor& x, const float* w, const Tensor& rstd
   const int nthreads = parallel_worth(x.numel()) ? omp_get_max_threads() : 1;
   ThreadPartials partial(want_dw ? nthreads : 0, dim);
   if (nthreads == 1) {  // no OpenMP region on one thread (team_of_many in cpu_backend.hpp)
-    rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.of(0) : nullptr, dim, off, int64_t(0), rows);
+    rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.of(0) : nullptr, dim, off, acc, int64_t(0), rows);
   } else {
 #pragma omp parallel num_threads(nthreads)
     {
       const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-      rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.of(t) : nullptr, dim, off, rows * t / nt,
+      rms_norm_backward_rows(xs, w, g, rs, o, want_dw ? partial.of(t) : nullptr, dim, off, acc, rows * t / nt,
                              rows * (t + 1) / nt);
     }
   }
@@ -491,7 +503,7 @@ void rms_norm_backward_typed(const Tensor& x, const float* w, const Tensor& rstd
 }  // namespace
 
 void rms_norm_backward(CpuBackend&, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                       Tensor& dx, Tensor& dweight, float weight_offset) {
+                       Tensor& dx, Tensor& dweight, float weight_offset, bool accumulate) {
   const bool half = is_bf16_call(x);  // bf16 x, weight, dy, dx, dweight (rstd f32), as rms_norm
   const char* k = "rms_norm_backward";
   for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &dy, &dx})
@@ -506,9 +518,11 @@ void rms_norm_backward(CpuBackend&, const Tensor& x, const Tensor& weight, const
             " elements, expected ", dim);
   DEW_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && rstd.numel() == rows,
             "cpu rms_norm_backward: dy/dx/rstd sizes do not match x ", shape_str(x.shape()));
+  DEW_CHECK(!accumulate || (dx.data() != x.data() && dx.data() != dy.data()),
+            "cpu rms_norm_backward: an accumulated dx must alias neither x nor dy");
   const float* w = !weight.defined() ? nullptr : half ? wide.data() : weight.data_as<float>();
-  half ? rms_norm_backward_typed<uint16_t>(x, w, rstd, dy, dx, dweight, weight_offset)
-       : rms_norm_backward_typed<float>(x, w, rstd, dy, dx, dweight, weight_offset);
+  half ? rms_norm_backward_typed<uint16_t>(x, w, rstd, dy, dx, dweight, weight_offset, accumulate)
+       : rms_norm_backward_typed<float>(x, w, rstd, dy, dx, dweight, weight_offset, accumulate);
 }
 
 // ---------------------------------------------------------------- group norm

@@ -475,7 +475,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Ten
 }
 
 void CudaBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                                    Tensor& dx, Tensor& dweight, float weight_offset) {
+                                    Tensor& dx, Tensor& dweight, float weight_offset, bool accumulate) {
   constexpr Kernel K = Kernel::rms_norm_backward;
   const ST t = compute_type(x, K, "x");
   const int64_t D = norm_axis(x, K), rows = x.numel() / D;
@@ -485,8 +485,10 @@ void CudaBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const
   const void* w = opt_ptr(weight, x, D, K, "weight");
   void* dw = opt_out(dweight, x, D, K, "dweight");
   Scratch s(this, dw ? size_t(norm_scratch_floats(rows, D)) * sizeof(float) : 0);
+  DEW_CHECK(!accumulate || (dx.data() != x.data() && dx.data() != dy.data()),
+            "cuda rms_norm_backward: an accumulated dx must alias neither x nor dy");
   launch_rms_norm_backward(stream_, t, x.data(), w, rstd.data_as<float>(), dy.data(), dx.data(), dw, rows, D,
-                           weight_offset, s.f32());
+                           weight_offset, accumulate, s.f32());
 }
 
 namespace {

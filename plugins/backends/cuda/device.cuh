@@ -47,6 +47,14 @@ __device__ __forceinline__ void st(bf16* p, int64_t i, float v) { p[i] = to_bf16
 #define DEW_LAUNCH(grid, threads, smem, stream, ...) __VA_ARGS__<<<grid, threads, smem, stream>>>
 #endif
 
+// v as st() stores it into a T, read back (f32: v itself).
+template <class T>
+__device__ __forceinline__ float rounded_as(float v) {
+  T t;
+  st(&t, 0, v);
+  return ld(&t, 0);
+}
+
 // Blocks for n elements with `threads` per block, capped (kernels loop grid-stride).
 inline unsigned blocks_for(int64_t n, int threads = 256, int64_t cap = 65535 * 8) {
   int64_t b = (n + threads - 1) / threads;

@@ -89,8 +89,10 @@ void launch_layer_norm_backward(cudaStream_t s, ST t, const void* x, const void*
                                 int64_t D, float* scratch);
 void launch_rms_norm(cudaStream_t s, ST t, const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t D,
                      float eps, float offset);
+// accumulate: dx += this call's dx (rounded to T first), as kernel_table.hpp's rms_norm_backward
 void launch_rms_norm_backward(cudaStream_t s, ST t, const void* x, const void* w, const float* rstd, const void* dy,
-                              void* dx, void* dw, int64_t rows, int64_t D, float offset, float* scratch);
+                              void* dx, void* dw, int64_t rows, int64_t D, float offset, bool accumulate,
+                              float* scratch);
 void launch_group_norm(cudaStream_t s, ST t, const void* x, const void* w, const void* b, void* y, float* mean,
                        float* rstd, int64_t N, int64_t C, int64_t HW, int64_t G, float eps);
 // scratch: 2 * N * C floats.

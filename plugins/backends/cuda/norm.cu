@@ -186,7 +186,7 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, floa
 // dx of layer norm (center = true) or RMS norm (center = false; mean null, scale = w + offset).
 template <class T, bool kVec>
 __global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const float* rstd, const T* dy, T* dx,
-                               int64_t rows, int64_t D, float offset, bool center) {
+                               int64_t rows, int64_t D, float offset, bool center, bool accumulate) {
   const int lane = threadIdx.x & 31;
   for (int64_t r = int64_t(blockIdx.x) * kRowWarps + (threadIdx.x >> 5); r < rows;
        r += int64_t(gridDim.x) * kRowWarps) {
@@ -221,6 +221,12 @@ __global__ void norm_dx_kernel(const T* x, const T* w, const float* mean, const 
       chunk(j, g, xhat);
 #pragma unroll
       for (int k = 0; k < 8; ++k) g[k] = rs * (g[k] - mean_g - xhat[k] * mean_gx);
+      if (accumulate) {  // dx + (this dx rounded to T), added as the binary add kernel adds: its bits
+        float sum[8];
+        row_load8<T, kVec>(dxr, j, D, sum);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) g[k] = __fadd_rn(sum[k], rounded_as<T>(g[k]));
+      }
       row_store8<T, kVec>(dxr, j, D, g);
     }
   }
@@ -275,7 +281,7 @@ void launch_layer_norm_backward(cudaStream_t s, ST t, const void* x, const void*
     if (rows > 0)
       DEW_ROWS_VEC(vectorisable(D, {x, w, dy, dx}), kVec,
                    DEW_LAUNCH(warp_row_blocks(rows), 32 * kRowWarps, 0, s, norm_dx_kernel<T, kVec>)(
-                       xs, static_cast<const T*>(w), mean, rstd, gs, static_cast<T*>(dx), rows, D, 0.0f, true));
+                       xs, static_cast<const T*>(w), mean, rstd, gs, static_cast<T*>(dx), rows, D, 0.0f, true, false));
     column_grads<T>(s, xs, gs, mean, rstd, rows, D, static_cast<T*>(dw), static_cast<T*>(db), scratch);
   });
   check_launch("layer_norm_backward");
@@ -294,14 +300,16 @@ void launch_rms_norm(cudaStream_t s, ST t, const void* x, const void* w, void* y
 }
 
 void launch_rms_norm_backward(cudaStream_t s, ST t, const void* x, const void* w, const float* rstd, const void* dy,
-                              void* dx, void* dw, int64_t rows, int64_t D, float offset, float* scratch) {
+                              void* dx, void* dw, int64_t rows, int64_t D, float offset, bool accumulate,
+                              float* scratch) {
   DEW_CUDA_DISPATCH(t, T, {
     const T* xs = static_cast<const T*>(x);
     const T* gs = static_cast<const T*>(dy);
     if (rows > 0)
       DEW_ROWS_VEC(vectorisable(D, {x, w, dy, dx}), kVec,
                    DEW_LAUNCH(warp_row_blocks(rows), 32 * kRowWarps, 0, s, norm_dx_kernel<T, kVec>)(
-                       xs, static_cast<const T*>(w), nullptr, rstd, gs, static_cast<T*>(dx), rows, D, offset, false));
+                       xs, static_cast<const T*>(w), nullptr, rstd, gs, static_cast<T*>(dx), rows, D, offset, false,
+                       accumulate));
     column_grads<T>(s, xs, gs, nullptr, rstd, rows, D, static_cast<T*>(dw), nullptr, scratch);
   });
   check_launch("rms_norm_backward");

@@ -136,7 +136,7 @@ void RefBackend::rms_norm(const Tensor& x, const Tensor& weight, Tensor& y, Tens
 }
 
 void RefBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                                   Tensor& dx, Tensor& dweight, float weight_offset) {
+                                   Tensor& dx, Tensor& dweight, float weight_offset, bool accumulate) {
   constexpr Kernel K = Kernel::rms_norm_backward;
   dispatch_float(x.dtype(), K, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -161,7 +161,8 @@ void RefBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const 
       mean_gx /= double(D);
       for (int64_t j = 0; j < D; ++j) {
         const double xhat = double(xr[j]) * rs, g = double(gr[j]) * (w[j] + double(weight_offset));
-        dxr[j] = T(rs * (g - xhat * mean_gx));
+        const T d = T(rs * (g - xhat * mean_gx));
+        dxr[j] = accumulate ? T(double(dxr[j]) + double(d)) : d;  // as ref.binary adds: in double, rounded once
       }
     }
     if (dweight.defined())

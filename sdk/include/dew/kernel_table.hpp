@@ -71,8 +71,12 @@
   /* y = x * rstd * (weight + weight_offset); rstd f32 [rows] = 1 / sqrt(mean(x^2) + eps) */                     \
   X(rms_norm, (const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps, float weight_offset),  \
     (x, weight, y, rstd, eps, weight_offset))                                                                    \
+  /* accumulate: dx already holds a gradient of x (the sum of its other readers': dew::accumulation_target) and */ \
+  /* gets this call's added, dx = dx + dx_call with dx_call rounded to dx's dtype first: exactly the bits of    */ \
+  /* the call into a fresh dx and a binary add; dx then aliases neither x nor dy                             */ \
   X(rms_norm_backward, (const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy, Tensor& dx, \
-                        Tensor& dweight, float weight_offset), (x, weight, rstd, dy, dx, dweight, weight_offset)) \
+                        Tensor& dweight, float weight_offset, bool accumulate),                                  \
+    (x, weight, rstd, dy, dx, dweight, weight_offset, accumulate))                                               \
   /* x [N, C, *spatial] (NCHW); statistics over (C/groups, spatial) per (n, group); weight, bias [C];         */ \
   /* mean, rstd [N, groups]                                                                                   */ \
   X(group_norm, (const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,             \
