@@ -5,7 +5,8 @@
 // retain_graph); the backward pass itself records nothing (it runs under NoGradGuard). With a leaf-ready
 // hook (dew/autograd.hpp), each leaf is reported once, after the last of its incoming edges ran. A backward may
 // add an input's gradient into the sum already gathered for it (accumulation_target) only when nothing else sees
-// that sum, and returns it; the pass then adds nothing for that edge.
+// that sum, and returns it; the pass then adds nothing for that edge. A backward may write an input's gradient
+// over the values it saved of that input (saved_values_expire) only when nothing else can read them afterwards.
 #include "dew/autograd.hpp"
 
 #include <unordered_map>
@@ -70,6 +71,7 @@ void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<T
 struct TargetContext {
   const Node* node = nullptr;
   const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>* grads = nullptr;
+  const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>* keep = nullptr;  // the pass's order
   std::vector<std::shared_ptr<TensorImpl>> handed;
 };
 thread_local TargetContext* g_target_context = nullptr;
@@ -139,16 +141,38 @@ Tensor accumulation_target(size_t i) {
   return target;
 }
 
+bool saved_values_expire(size_t i, const Tensor& saved) {
+  TargetContext* const c = g_target_context;
+  if (!c || i >= c->node->inputs.size() || !saved.defined()) return false;
+  const Tensor& input = c->node->inputs[i];
+  if (!input.defined()) return false;  // not an edge of the graph: whoever made it may still hold it
+  const std::shared_ptr<TensorImpl>& in = input.impl_ptr();
+  const long held_by_pass = 1 + (c->keep->count(in.get()) ? 1 : 0);  // this node's edge, the order's entry
+  const std::shared_ptr<TensorImpl>& s = saved.impl_ptr();
+  return in.use_count() == held_by_pass && s.use_count() == 1 && s->storage && s->storage == in->storage &&
+         s->storage.use_count() == 2 && s->offset == 0 && in->offset == 0 && !s->scales && s->panel == 0 &&
+         saved.nbytes() == s->storage->bytes;
+}
+
+bool saved_values_expire(const Tensor& saved) {
+  if (!g_target_context || !saved.defined()) return false;
+  const std::shared_ptr<TensorImpl>& s = saved.impl_ptr();
+  return s.use_count() == 1 && s->storage && s->storage.use_count() == 1 && s->offset == 0 && !s->scales &&
+         s->panel == 0 && saved.nbytes() == s->storage->bytes;
+}
+
 namespace {
-// Runs a node's backward with accumulation_target answering for it; `summed[i]` is the tensor handed out for
-// input i (to recognise it among the returned gradients), or null. The references are dropped on return, so
-// the pending sums are exclusive again for the pass's own accumulation.
+// Runs a node's backward with accumulation_target (and saved_values_expire) answering for it; `summed[i]` is the tensor
+// handed out for input i (to recognise it among the returned gradients), or null. The references are dropped on return,
+// so the pending sums are exclusive again for the pass's own accumulation.
 std::vector<Tensor> backward_of(const Node& node, const Tensor& g,
                                 const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>& grads,
+                                const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>& keep,
                                 std::vector<const TensorImpl*>& summed) {
   TargetContext context;
   context.node = &node;
   context.grads = &grads;
+  context.keep = &keep;
   context.handed.resize(node.inputs.size());
   struct Scope {  // this thread's context while the backward runs, the enclosing one's again after (or on a throw)
     TargetContext* outer;
@@ -228,7 +252,7 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& o
     Tensor g(git->second);
     grads.erase(git);
     std::vector<const TensorImpl*> summed;
-    std::vector<Tensor> in_grads = backward_of(*node, g, grads, summed);
+    std::vector<Tensor> in_grads = backward_of(*node, g, grads, keep, summed);
     DEW_INTERNAL_ASSERT(in_grads.size() == node->inputs.size());
     for (size_t i = 0; i < in_grads.size(); ++i) {
       const Tensor& input = node->inputs[i];

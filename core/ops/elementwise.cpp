@@ -128,7 +128,7 @@ Tensor unary(const Tensor& x, UnaryOp op, float alpha, float beta) {
     record(
         out, {x},
         [xd, p](const Tensor& g) {
-          Tensor dx = empty_like(xd);
+          Tensor dx = saved_values_expire(0, xd) ? xd : empty_like(xd);  // over x when nothing reads it after this
           if (dx.numel() > 0) kernels(xd).unary_backward(xd, g, dx, p);
           return std::vector<Tensor>{dx};
         },
@@ -174,7 +174,10 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, Activation act) {
     record(
         out, {gate, up},
         [gd, ud, act](const Tensor& g) {
-          Tensor dgate = empty_like(gd), dup = empty_like(ud);
+          // over gate and up when nothing reads them after this (the kernel allows it): no fresh buffers, and
+          // the gradients are written into the lines just read
+          Tensor dgate = saved_values_expire(0, gd) ? gd : empty_like(gd);
+          Tensor dup = saved_values_expire(1, ud) ? ud : empty_like(ud);
           if (dgate.numel() > 0) kernels(gd).gated_activation_backward(gd, ud, g, dgate, dup, act);
           return std::vector<Tensor>{dgate, dup};
         },

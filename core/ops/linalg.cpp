@@ -165,7 +165,7 @@ static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, cons
       out, {x, w, bias},
       [x2, wd, pre, up, xs, gx, gw](const Tensor& g) {
         const Tensor g2 = reshape(g, {-1, g.shape().back()});
-        Tensor dpre = empty_like(pre);
+        Tensor dpre = saved_values_expire(pre) ? pre : empty_like(pre);  // over pre: read here last
         Tensor db = Tensor::empty({pre.shape()[1]}, pre.dtype(), pre.backend_ptr());
         if (pre.numel() > 0)
           kernels(pre).unary_backward_sum(pre, g2, dpre, db, up);

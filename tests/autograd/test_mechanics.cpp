@@ -1,5 +1,6 @@
 // tests/autograd/test_mechanics.cpp — the autograd machinery itself: accumulation, reuse, no_grad, errors,
-// zero_grad, detach and gradient aliasing, gradients summed in place (accumulation_target). Values are exact (small
+// zero_grad, detach and gradient aliasing, gradients summed in place (accumulation_target), gradients written over
+// saved values that expire (saved_values_expire). Values are exact (small
 // integers and powers of two in f64), or compared bit for bit against the same computation done apart.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "dew/profile.hpp"
@@ -320,6 +321,173 @@ TEST_CASE("accumulation_target offers a pending sum only where nothing else sees
     dew::sum(scaled(a, 3, true, p)).backward();
     CHECK_FALSE(p.offered);
     check_values(a.grad(), {9, 9}, 0, "three backwards");
+  }
+}
+
+namespace {
+// out = x * x whose backward asks saved_values_expire of its saved x and, when told yes, writes the gradient 2 x g
+// over it (as an in-place elementwise backward does).
+struct ExpireProbe {
+  bool asked = false, expire = false;
+};
+Tensor squared(const Tensor& x, ExpireProbe& probe) {
+  const Tensor xd = x.detach();
+  Tensor out = xd * xd;
+  dew::record(
+      out, {x},
+      [xd, &probe](const Tensor& g) {
+        probe.asked = true;
+        probe.expire = dew::saved_values_expire(0, xd);
+        const Tensor grad = xd * g * 2.0f;
+        if (!probe.expire) return std::vector<Tensor>{grad};
+        Tensor over = xd;  // the saved values, written over
+        over.copy_from_host(grad.to_doubles().data());
+        return std::vector<Tensor>{over};
+      },
+      "squared");
+  return out;
+}
+}  // namespace
+
+TEST_CASE("saved_values_expire: only values no op, caller or view can read after the backward") {
+  CHECK_FALSE(dew::saved_values_expire(0, f64({1}, {1})));  // outside a backward
+  {  // a temporary read by one op: its values expire, and the gradient written over them is right
+    Tensor a = leaf({1, -2}, {2});
+    ExpireProbe p;
+    const Tensor l = dew::sum(squared(a * 3.0f, p));  // (the temporary a * 3 dies here, before the backward)
+    l.backward();
+    CHECK(p.expire);
+    check_values(a.grad(), {2 * 3 * 3, -2 * 2 * 3 * 3}, 0, "d(3a)^2/da = 18 a");
+  }
+  {  // the caller holds it: kept, and its values unchanged
+    Tensor a = leaf({1, -2}, {2});
+    const Tensor y = a * 3.0f;
+    ExpireProbe p;
+    dew::sum(squared(y, p)).backward();
+    CHECK(p.asked);
+    CHECK_FALSE(p.expire);
+    check_values(y, {3, -6}, 0, "the caller's tensor");
+    check_values(a.grad(), {18, -36}, 0, "18 a");
+  }
+  {  // another op saved it too: kept while that op's backward is still to run (the first of two readers to run
+     // sees the other's saved values; the second its own alone), and every backward reads the right values
+    Tensor a = leaf({1, -2}, {2});
+    ExpireProbe p1, p2;
+    Tensor y = a * 3.0f;
+    const Tensor l = dew::sum(squared(y, p1) + squared(y, p2) * 5.0f);
+    y = Tensor();
+    l.backward();
+    CHECK(p1.asked);
+    CHECK(p2.asked);
+    CHECK(p1.expire != p2.expire);
+    check_values(a.grad(), {6 * 18, -6 * 36}, 0, "(1 + 5) 18 a");
+    Tensor b = leaf({5, 7}, {2}), c = leaf({1, -2}, {2});
+    ExpireProbe p3;
+    Tensor z = c * 3.0f;
+    const Tensor m = dew::sum(squared(z, p3) + z * b);  // mul keeps z: whichever backward runs first, right values
+    z = Tensor();
+    m.backward();
+    check_values(c.grad(), {18 + 15, -36 + 21}, 0, "18 c + 3 b");
+    check_values(b.grad(), {3, -6}, 0, "3 c");
+  }
+  {  // a leaf (its owner holds it) and a view (a slice of a larger buffer): kept
+    Tensor a = leaf({1, -2}, {2});
+    ExpireProbe p1, p2;
+    dew::sum(squared(a, p1)).backward();
+    CHECK(p1.asked);
+    CHECK_FALSE(p1.expire);
+    check_values(a, {1, -2}, 0, "the leaf's values");
+    Tensor c = leaf({1, -2, 4}, {3});
+    const Tensor l = dew::sum(squared(dew::slice(c * 1.0f, 0, 0, 2), p2));
+    l.backward();
+    CHECK(p2.asked);
+    CHECK_FALSE(p2.expire);
+    check_values(c.grad(), {2, -4, 0}, 0, "2 c on the slice");
+  }
+}
+
+TEST_CASE("elementwise backwards over their inputs' values: the gradients of fresh buffers, bit for bit") {
+  // The gated activation (dgate over gate, dup over up), unary (dx over x) and the linear layer with an activation
+  // and a bias (its derivative over the kept pre-activation): on temporaries they write over the values they saved;
+  // with the caller holding the intermediates (unary, gated: nothing written over) or as the unfused composition
+  // (linear + activation) the gradients must be the same bits, and the held values unchanged.
+  for (const DType dt : {DType::f64, DType::f32}) {
+    const std::string dtype = dew::dtype_name(dt);
+    CAPTURE(dtype);
+    const dew::BackendPtr& be = dt == DType::f64 ? ref() : cpu_backend();
+    auto make = [&](const dew::Shape& s, uint64_t seed) {
+      const std::vector<double> v = rand_values(dew::numel_of(s), -1, 1, seed);
+      if (dt == DType::f64) return Tensor::from_host(v.data(), s, dt, be);
+      return Tensor::from_vector(std::vector<float>(v.begin(), v.end()), s, be);
+    };
+    const Tensor x0 = make({3, 8}, 11), wg0 = make({12, 8}, 12), wu0 = make({12, 8}, 13), b0 = make({12}, 15);
+    const Tensor c = make({3, 12}, 14);
+    for (const std::string op : {"gated_activation", "unary", "linear_activation_bias"}) {
+      CAPTURE(op);
+      std::vector<std::vector<double>> grads[2];
+      for (const bool hold : {false, true}) {
+        Tensor x = x0.clone().set_requires_grad(true), wg = wg0.clone().set_requires_grad(true);
+        Tensor wu = wu0.clone().set_requires_grad(true), b = b0.clone().set_requires_grad(true);
+        Tensor gate, up, l;
+        const dew::Activation silu = dew::Activation::silu, gelu = dew::Activation::gelu_tanh;
+        if (op == "gated_activation" && hold) {
+          gate = dew::linear(x, wg), up = dew::linear(x, wu);
+          l = dew::sum(dew::gated_activation(gate, up, silu) * c);
+        } else if (op == "gated_activation") {
+          l = dew::sum(dew::gated_activation(dew::linear(x, wg), dew::linear(x, wu), silu) * c);
+        } else if (op == "unary" && hold) {
+          gate = dew::linear(x, wg);
+          l = dew::sum(dew::gelu(gate, true) * c);
+        } else if (op == "unary") {
+          l = dew::sum(dew::gelu(dew::linear(x, wg), true) * c);
+        } else if (hold) {  // the composition the fused layer stands for, its pre-activation held
+          gate = dew::linear(x, wg, b);
+          l = dew::sum(dew::activation(gate, gelu) * c);
+        } else {
+          l = dew::sum(dew::linear(x, wg, b, gelu) * c);
+        }
+        const std::vector<double> held = hold ? gate.to_doubles() : std::vector<double>();
+        l.backward();
+        if (hold) CHECK(gate.to_doubles() == held);
+        grads[hold] = {x.grad().to_doubles(), wg.grad().to_doubles()};
+        if (op == "gated_activation") grads[hold].push_back(wu.grad().to_doubles());
+        if (op == "linear_activation_bias") grads[hold].push_back(b.grad().to_doubles());
+      }
+      CHECK(grads[0] == grads[1]);
+    }
+  }
+  {  // a node's own intermediate: expires when the backward's capture is its one holder
+    Tensor a = leaf({1, -2}, {2});
+    bool private_expires = false, shared_expires = true;
+    const Tensor kept = f64({4, 5}, {2});
+    Tensor out = a.detach() * 1.0f;
+    const Tensor mine = f64({2, 3}, {2});
+    dew::record(
+        out, {a},
+        [mine, kept, &private_expires, &shared_expires](const Tensor& g) {
+          private_expires = dew::saved_values_expire(mine);
+          shared_expires = dew::saved_values_expire(kept);  // the test holds it too
+          return std::vector<Tensor>{g};
+        },
+        "private");
+    CHECK_FALSE(dew::saved_values_expire(mine));  // outside a backward
+    dew::sum(out).backward();
+    CHECK_FALSE(private_expires);  // the test's `mine` is a second holder
+    CHECK_FALSE(shared_expires);
+  }
+  {
+    Tensor a = leaf({1, -2}, {2});
+    bool expires = false;
+    Tensor out = a.detach() * 1.0f;
+    dew::record(
+        out, {a},
+        [mine = f64({2, 3}, {2}), &expires](const Tensor& g) {
+          expires = dew::saved_values_expire(mine);
+          return std::vector<Tensor>{g};
+        },
+        "private");
+    dew::sum(out).backward();
+    CHECK(expires);
   }
 }
 

@@ -74,6 +74,16 @@ void run_backward(const Tensor& root, const Tensor& seed);
 // Outside a backward, or for an input without a gradient so far, undefined. Taking it is optional: a backward
 // that ignores it returns a fresh gradient and the pass adds it as before.
 Tensor accumulation_target(size_t input);
+// Inside a node's backward: true when `saved`, what the backward kept of its input `input` (that input's detach),
+// holds values nothing can read after this backward, so the backward may write that input's gradient over them
+// (an elementwise backward whose kernel allows it in place: the gated activation's dgate over gate). That is when
+// saved's storage is held only by saved and by the input's tensor, the input's tensor only by the pass itself (this
+// node's edge, and the pass's order while it has a node), and saved only by the caller: no other op kept it, no
+// caller holds it, it is no view of a larger buffer. False outside a backward.
+bool saved_values_expire(size_t input, const Tensor& saved);
+// The same for a tensor the node made itself in its forward and gave no one (a pre-activation it kept): true when
+// saved is its storage's one holder and covers all of it. False outside a backward.
+bool saved_values_expire(const Tensor& saved);
 // ---- end gradients summed where they are made ----
 
 // ---- leaf-ready hook (data-parallel gradient bucketing, core/dist) ----

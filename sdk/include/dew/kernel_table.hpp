@@ -26,11 +26,12 @@
   X(matmul, (const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p),          \
     (a, b, bias, out, p))                                                                                        \
   X(unary, (const Tensor& x, Tensor& out, const UnaryParams& p), (x, out, p))                                    \
-  /* dx = dy * d op(x) / dx */                                                                                   \
+  /* dx = dy * d op(x) / dx; dx may alias x (element by element)                                             */ \
   X(unary_backward, (const Tensor& x, const Tensor& dy, Tensor& dx, const UnaryParams& p), (x, dy, dx, p))       \
   /* unary_backward's dx, and dsum [D] = the sums of dx over its rows (D = x's last axis, rows = numel / D):  */ \
   /* an activation's backward and the bias gradient of the linear layer that feeds it, in one pass (dx as    */ \
-  /* unary_backward writes it; dsum summed as reduce sums: in f64 on ref and cpu). Overwritten; no aliasing.  */ \
+  /* unary_backward writes it; dsum summed as reduce sums: in f64 on ref and cpu). Overwritten; dx may alias */ \
+  /* x (as unary_backward's), dsum aliases nothing                                                            */ \
   X(unary_backward_sum, (const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum, const UnaryParams& p),     \
     (x, dy, dx, dsum, p))                                                                                        \
   X(binary, (const Tensor& a, const Tensor& b, Tensor& out, BinaryOp op), (a, b, out, op))                       \

@@ -19,7 +19,8 @@
 #define DEW_SDK_VERSION "0.7.0"
 /* The version of the kernel table (dew/kernel_table.hpp): bumped whenever a kernel is added, removed or
  * changes its parameters or its contract, since a backend's vtable and every caller depend on it (7:
- * cross_entropy_backward in place; 8: Backend::matmul_beta_adds_rounded; 9: rms_norm_backward accumulates). */
+ * cross_entropy_backward in place; 8: Backend::matmul_beta_adds_rounded; 9: rms_norm_backward accumulates,
+ * unary_backward(_sum)'s dx may alias x). */
 #define DEW_KERNEL_ALGEBRA_VERSION 9
 #define DEW_PLUGIN_ENTRY_SYMBOL "dew_plugin_entry"
 
