@@ -141,6 +141,12 @@ Tensor accumulation_target(size_t i) {
   return target;
 }
 
+// All of its storage, in plain row-major form: not a view into a larger buffer, not quantized, not in panels.
+static bool whole_plain(const TensorImpl& t) {
+  return t.storage && t.offset == 0 && !t.scales && t.panel == 0 &&
+         size_t(numel_of(t.shape)) * dtype_size(t.dtype) == t.storage->bytes;
+}
+
 bool saved_values_expire(size_t i, const Tensor& saved) {
   TargetContext* const c = g_target_context;
   if (!c || i >= c->node->inputs.size() || !saved.defined()) return false;
@@ -149,16 +155,12 @@ bool saved_values_expire(size_t i, const Tensor& saved) {
   const std::shared_ptr<TensorImpl>& in = input.impl_ptr();
   const long held_by_pass = 1 + (c->keep->count(in.get()) ? 1 : 0);  // this node's edge, the order's entry
   const std::shared_ptr<TensorImpl>& s = saved.impl_ptr();
-  return in.use_count() == held_by_pass && s.use_count() == 1 && s->storage && s->storage == in->storage &&
-         s->storage.use_count() == 2 && s->offset == 0 && in->offset == 0 && !s->scales && s->panel == 0 &&
-         saved.nbytes() == s->storage->bytes;
+  return in.use_count() == held_by_pass && s.use_count() == 1 && whole_plain(*s) && s->storage == in->storage &&
+         s->storage.use_count() == 2 && in->offset == 0;
 }
 
 bool saved_values_expire(const Tensor& saved) {
-  if (!g_target_context || !saved.defined()) return false;
-  const std::shared_ptr<TensorImpl>& s = saved.impl_ptr();
-  return s.use_count() == 1 && s->storage && s->storage.use_count() == 1 && s->offset == 0 && !s->scales &&
-         s->panel == 0 && saved.nbytes() == s->storage->bytes;
+  return g_target_context && saved.defined() && exclusive(saved.impl_ptr()) && whole_plain(*saved.impl());
 }
 
 namespace {

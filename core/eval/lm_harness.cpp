@@ -51,7 +51,7 @@ ScoreFn model_scores(Model& model, double chunk_mb) {
   if (!head) return scores_from_logits(model_logits(model));
   return [head, chunk_mb](const Tensor& tokens, const std::vector<int32_t>& targets) {
     NoGradGuard no_grad;
-    const int64_t n = tokens.shape()[0], width = tokens.shape()[1], rows = n * width;
+    const int64_t rows = tokens.shape()[0] * tokens.shape()[1];
     const HiddenAndHead o = head->forward_rows({{"tokens", tokens}}, rows);
     check_targets(targets, rows, o.weight.shape()[0]);
     Tensor h = o.hidden, w = o.weight;
