@@ -137,6 +137,21 @@ std::pair<float, float> read_betas(const Options& o, double b1, double b2) {
   return {float(betas[0]), float(betas[1])};
 }
 
+void AdamWGroups::run(const AdamWParams& shared) {
+  for (size_t begin = 0; begin < slots_.size();) {
+    const BackendPtr backend = slots_[begin].param.backend_ptr();
+    const DType dtype = slots_[begin].param.dtype();
+    size_t end = begin + 1;
+    while (end < slots_.size() && slots_[end].param.backend_ptr() == backend && slots_[end].param.dtype() == dtype)
+      ++end;
+    std::vector<AdamWSlot> run(std::make_move_iterator(slots_.begin() + std::ptrdiff_t(begin)),
+                               std::make_move_iterator(slots_.begin() + std::ptrdiff_t(end)));
+    backend->adamw_update_group(run, shared);
+    begin = end;
+  }
+  slots_.clear();
+}
+
 std::shared_ptr<Optimizer> make_optimizer(const Options& o, const NamedTensors& params) {
   const std::string name = o.get_string("name", "adamw");
   std::shared_ptr<Optimizer> opt = Registry::global().create<Optimizer>(name, o);

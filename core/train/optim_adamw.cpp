@@ -1,7 +1,8 @@
 // core/train/optim_adamw.cpp — the optimizers "adamw" and "lamb" over the backend's fused update kernels.
 // Invariants: state m, v is zero-initialised and named like its parameter; each parameter's update uses
 // lr * lr_scale and weight_decay * weight_decay_scale (its group's), so with the default groups the
-// update is the fused kernel's exactly.
+// update is the fused kernel's exactly. AdamW hands all its tensors to one adamw_update_group call (a few
+// launches on a device; the bits of adamw_update on each).
 #include "dew/backend.hpp"
 #include "dew/error.hpp"
 #include "dew/optim.hpp"
@@ -29,6 +30,7 @@ class AdamLike final : public Optimizer {
     v_ = zeros_like(params);
   }
   void update(float lr, float grad_scale, int64_t step) override {
+    AdamWGroups adamw;
     for (size_t i = 0; i < params_.size(); ++i) {
       const OptimParam& op = params_[i];
       Tensor p = op.tensor;
@@ -39,10 +41,10 @@ class AdamLike final : public Optimizer {
         LambParams lp{plr, beta1_, beta2_, eps_, wd, grad_scale, step};
         p.backend().lamb_update(p, g, m_[i].second, v_[i].second, lp);
       } else {
-        AdamWParams ap{plr, beta1_, beta2_, eps_, wd, grad_scale, step};
-        p.backend().adamw_update(p, g, m_[i].second, v_[i].second, ap);
+        adamw.add(p, g, m_[i].second, v_[i].second, plr, wd);
       }
     }
+    adamw.run(AdamWParams{lr, beta1_, beta2_, eps_, weight_decay_, grad_scale, step});
   }
   std::map<std::string, NamedTensors> state() const override { return {{"m", m_}, {"v", v_}}; }
   std::string name() const override { return lamb_ ? "lamb" : "adamw"; }
@@ -59,7 +61,7 @@ class AdamLike final : public Optimizer {
 void register_adamw_optimizers(Registrar& registrar) {
   registrar.add<Optimizer>({
       .name = "adamw",
-      .description = "Adam with decoupled weight decay (Loshchilov & Hutter 2019), the fused adamw_update kernel",
+      .description = "Adam with decoupled weight decay (Loshchilov & Hutter 2019), the fused adamw_update_group kernel",
       .factory = [](const Options& o) { return std::make_shared<AdamLike>(false, o); },
       .options = {{"betas", "0.9, 0.999", "the moment decay rates b1, b2"},
                   {"eps", "1e-8", "added to sqrt(v_hat)"},

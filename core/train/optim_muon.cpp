@@ -9,8 +9,8 @@
 //   O   = newton_schulz5(u)                         (≈ U V^T of u = U S V^T)
 //   p   = p * (1 - lr * wd) - lr * rms_scale * sqrt(max(A, B)) * O
 // O has RMS ≈ 1/sqrt(max(A, B)), so the step's RMS is ≈ rms_scale * lr (0.2 lr: AdamW's typical update RMS).
-// Every other role (embedding, head, norm, bias) gets the adamw_update kernel with the same lr, betas,
-// eps and weight decay as optimizer "adamw" (slots "m", "v"): its update is AdamW's, bit for bit.
+// Every other role (embedding, head, norm, bias) gets AdamW (adamw_update_group, after the matrices) with the same
+// lr, betas, eps and weight decay as optimizer "adamw" (slots "m", "v"): its update is AdamW's, bit for bit.
 //
 // "muonclip" is the same optimizer with QK-Clip (Kimi K2, dew/qk_clip.hpp): qk_clip_tau() = optim.tau
 // (default 100), which the trainer applies to the attention blocks after every update.
@@ -124,6 +124,7 @@ class Muon final : public Optimizer {
 
   void update(float lr, float grad_scale, int64_t step) override {
     NoGradGuard no_grad;
+    AdamWGroups adamw;
     for (size_t i = 0; i < params_.size(); ++i) {
       const OptimParam& op = params_[i];
       Tensor p = op.tensor;
@@ -131,8 +132,7 @@ class Muon final : public Optimizer {
       if (!g.defined()) continue;
       const float plr = lr * op.lr_scale, wd = weight_decay_ * op.weight_decay_scale;
       if (!muon_[i]) {
-        AdamWParams ap{plr, beta1_, beta2_, eps_, wd, grad_scale, step};
-        p.backend().adamw_update(p, g, m_[slot_[i]].second, v_[slot_[i]].second, ap);
+        adamw.add(p, g, m_[slot_[i]].second, v_[slot_[i]].second, plr, wd);
         continue;
       }
       const int64_t rows = p.shape()[0], cols = p.numel() / rows;
@@ -144,6 +144,7 @@ class Muon final : public Optimizer {
       const float k = plr * rms_scale_ * std::sqrt(float(std::max(rows, cols)));
       p.copy_(sub(scale(p, 1.0f - plr * wd), scale(o.reshape(p.shape()), k)));
     }
+    adamw.run(AdamWParams{lr, beta1_, beta2_, eps_, weight_decay_, grad_scale, step});
   }
 
   std::map<std::string, NamedTensors> state() const override {

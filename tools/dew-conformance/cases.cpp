@@ -1370,6 +1370,43 @@ void add_optimizers(Table& t) {
           {out("param", a.s, DT::f32, tol(8), 0), out("m", a.s, DT::f32, tol(8), 2), out("v", a.s, DT::f32, tol(8), 3)},
           [p](Backend& be, In& in, Out& o) { be.adamw_update(o[0], in[1], o[1], o[2], p); });
   }
+  // The group: slots of the vector path's sizes and others (odd, tiny, several device blocks), each with its own lr
+  // and weight decay; 50 slots take more than one launch on cuda (48 a launch). Inputs per slot: param, grad, m, v.
+  struct G {
+    std::vector<Shape> shapes;
+    std::string what;
+  };
+  std::vector<Shape> many;
+  for (int i = 0; i < 50; ++i) many.push_back({int64_t(1 + (i * 37) % 300)});
+  const G gs[] = {{{{1031}, {64, 96}, {8}, {20000}}, "4_slots"}, {many, "50_slots"}};
+  for (const G& gr : gs) {
+    const std::vector<Shape> shapes = gr.shapes;
+    std::vector<OutSpec> outs;
+    for (size_t j = 0; j < shapes.size(); ++j) {
+      const int base = int(4 * j);
+      outs.push_back(out("param" + std::to_string(j), shapes[j], DT::f32, tol(8), base));
+      outs.push_back(out("m" + std::to_string(j), shapes[j], DT::f32, tol(8), base + 2));
+      outs.push_back(out("v" + std::to_string(j), shapes[j], DT::f32, tol(8), base + 3));
+    }
+    t.add(
+        "adamw_update_group/" + gr.what + "/f32", Kernel::adamw_update_group, {DT::f32},
+        [shapes](Gen& g) {
+          In in;
+          for (const Shape& s : shapes)
+            for (Tensor x :
+                 {g.uniform(s, -1, 1), g.uniform(s, -1, 1), g.uniform(s, -0.1f, 0.1f), g.uniform(s, 0, 0.01f)})
+              in.push_back(x);
+          return in;
+        },
+        outs,
+        [shapes](Backend& be, In& in, Out& o) {
+          std::vector<AdamWSlot> slots;
+          for (size_t j = 0; j < shapes.size(); ++j)
+            slots.push_back(
+                {o[3 * j], in[4 * j + 1], o[3 * j + 1], o[3 * j + 2], 1e-3f * float(1 + j % 3), j % 2 ? 0.1f : 0.0f});
+          be.adamw_update_group(slots, AdamWParams{9e-9f, 0.9f, 0.95f, 1e-8f, 0.5f, 0.7f, 17});
+        });
+  }
   struct S {
     Shape s;
     SgdParams p;

@@ -1,4 +1,5 @@
-// cpu/optim.cpp — fused AdamW, SGD (momentum, dampening, Nesterov) and LAMB updates, in place (f32).
+// cpu/optim.cpp — fused AdamW (one tensor, or a group slot by slot), SGD (momentum, dampening, Nesterov) and LAMB
+// updates, in place (f32).
 //
 // One pass over param/grad/m/v per element for AdamW and SGD (memory-bound: each byte is read and
 // written once). LAMB needs ||p|| and ||r|| before it can step, so it makes two passes: the first updates
@@ -22,6 +23,11 @@ namespace dew::cpu {
 DEW_CPU_ISA_KERNEL(adamw_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p), (param, grad, m, v, p))
 DEW_CPU_ISA_KERNEL(sgd_update, (Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p), (param, grad, momentum_buf, p))
 DEW_CPU_ISA_KERNEL(lamb_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const LambParams& p), (param, grad, m, v, p))
+
+// Slot by slot: the update is bound by memory here, and a call costs microseconds next to what it streams.
+void CpuBackend::adamw_update_group_kernel(std::vector<AdamWSlot>& slots, const AdamWParams& p) {
+  adamw_update_each(*this, slots, p);
+}
 
 }  // namespace dew::cpu
 

@@ -671,6 +671,23 @@ void CudaBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Ten
   launch_adamw(stream_, t, param.data(), grad.data(), m.data(), v.data(), param.numel(), p);
 }
 
+// The group in a few launches (optim.cu): a GPT-2-small step's 150-odd tensors, most of them small, took a launch
+// each, and the small ones cost their launch more than their bytes.
+void CudaBackend::adamw_update_group(std::vector<AdamWSlot>& slots, const AdamWParams& p) {
+  constexpr Kernel K = Kernel::adamw_update_group;
+  check_adamw_group(slots, name().c_str());
+  DEW_CHECK(p.step >= 1, "cuda.adamw_update_group: step ", p.step, " must count from 1");
+  if (slots.empty()) return;
+  const ST t = compute_type(slots[0].param, K, "param");
+  std::vector<AdamGroupSlot> list;
+  list.reserve(slots.size());
+  for (AdamWSlot& s : slots) {
+    for (const Tensor* x : {&s.grad, &s.m, &s.v}) expect_same(*x, s.param, s.param.numel(), K, "grad, m, v");
+    list.push_back({s.param.data(), s.grad.data(), s.m.data(), s.v.data(), s.param.numel(), s.lr, s.weight_decay});
+  }
+  launch_adamw_group(stream_, t, list.data(), int64_t(list.size()), p);
+}
+
 void CudaBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
   constexpr Kernel K = Kernel::sgd_update;
   const ST t = compute_type(param, K, "param");

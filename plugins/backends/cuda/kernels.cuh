@@ -157,6 +157,19 @@ void launch_cross_entropy_backward(cudaStream_t s, ST t, const void* logits, con
                                    const float* dloss, void* dlogits, int64_t N, int64_t V, int64_t ignore_index);
 void launch_adamw(cudaStream_t s, ST t, void* param, const void* grad, void* m, void* v, int64_t n,
                   const AdamWParams& p);
+// adamw_update_group: one tensor of the group (pointers already checked: check_adamw_group).
+struct AdamGroupSlot {
+  void* param;
+  const void* grad;
+  void* m;
+  void* v;
+  int64_t n;
+  float lr, weight_decay;
+};
+// Enqueues the whole group in launches of at most kAdamGroupSlots tensors (their list travels in the kernel's
+// arguments, under the 4 KiB every CUDA version takes).
+constexpr int kAdamGroupSlots = 48;
+void launch_adamw_group(cudaStream_t s, ST t, const AdamGroupSlot* slots, int64_t count, const AdamWParams& p);
 void launch_sgd(cudaStream_t s, ST t, void* param, const void* grad, void* buf, int64_t n, const SgdParams& p);
 // scratch: lamb_scratch_floats(n) floats.
 int64_t lamb_scratch_floats(int64_t n);

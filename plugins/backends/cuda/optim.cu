@@ -1,4 +1,5 @@
-// cuda/optim.cu — the fused optimizer updates (AdamW, SGD, LAMB), in place on param and state.
+// cuda/optim.cu — the fused optimizer updates (AdamW, one tensor or a group in a few launches; SGD; LAMB), in place
+// on param and state.
 // Invariants: arithmetic runs in double per element (as ref does; these kernels are bound by memory, not
 // arithmetic), with the bias corrections computed once on the host; grad is multiplied by grad_scale
 // first. LAMB's two norms are reduced on the device (per-block partials summed in a fixed order), so no
@@ -50,6 +51,62 @@ __global__ void adamw_kernel(T* param, const T* grad, T* m, T* v, int64_t n, Ada
     }
   } else {
     DEW_GRID_STRIDE(i, n) {
+      float x = ld(param, i), mi = ld(m, i), vi = ld(v, i);
+      adamw_step(ld(grad, i), x, mi, vi, a);
+      st(m, i, mi);
+      st(v, i, vi);
+      st(param, i, x);
+    }
+  }
+}
+
+// adamw_update_group's launch: up to kAdamGroupSlots tensors, block b updating elements [c * kGroupChunk, (c + 1) *
+// kGroupChunk) of the slot s with first_block[s] <= b < first_block[s + 1], c = b - first_block[s]. Each element runs
+// adamw_step with its slot's lr and weight decay (widened from float as adam_args widens adamw_update's), on the
+// 8-wide path where its tensor takes it (vectorisable), so every bit is adamw_kernel's on that tensor alone.
+constexpr int64_t kGroupChunk = 8192;  // elements a block: 256 threads x 8 elements x 4 passes
+struct AdamGroupArgs {
+  void* param[kAdamGroupSlots];
+  const void* grad[kAdamGroupSlots];
+  void* m[kAdamGroupSlots];
+  void* v[kAdamGroupSlots];
+  int64_t n[kAdamGroupSlots];
+  int64_t first_block[kAdamGroupSlots + 1];
+  float lr[kAdamGroupSlots], wd[kAdamGroupSlots];
+  unsigned char vec[kAdamGroupSlots];
+  int count;
+};
+static_assert(sizeof(AdamGroupArgs) + sizeof(AdamArgs) <= 4000, "a kernel's arguments stay under 4 KiB");
+
+template <class T>
+__global__ void adamw_group_kernel(AdamGroupArgs g, AdamArgs base) {
+  const int64_t b = int64_t(blockIdx.x);
+  int s = 0;
+  while (s + 1 < g.count && g.first_block[s + 1] <= b) ++s;
+  AdamArgs a = base;
+  a.lr = double(g.lr[s]);
+  a.wd = double(g.wd[s]);
+  T* param = static_cast<T*>(g.param[s]);
+  const T* grad = static_cast<const T*>(g.grad[s]);
+  T* m = static_cast<T*>(g.m[s]);
+  T* v = static_cast<T*>(g.v[s]);
+  const int64_t lo = (b - g.first_block[s]) * kGroupChunk;
+  const int64_t hi = lo + kGroupChunk < g.n[s] ? lo + kGroupChunk : g.n[s];
+  if (g.vec[s]) {  // n % 8 == 0 and kGroupChunk % 8 == 0: whole groups of 8
+    for (int64_t c = lo / 8 + threadIdx.x; c < hi / 8; c += blockDim.x) {
+      float x[8], gr[8], mv[8], vv[8];
+      load8(param, 8 * c, x);
+      load8(grad, 8 * c, gr);
+      load8(m, 8 * c, mv);
+      load8(v, 8 * c, vv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) adamw_step(gr[k], x[k], mv[k], vv[k], a);
+      store8(m, 8 * c, mv);
+      store8(v, 8 * c, vv);
+      store8(param, 8 * c, x);
+    }
+  } else {
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       float x = ld(param, i), mi = ld(m, i), vi = ld(v, i);
       adamw_step(ld(grad, i), x, mi, vi, a);
       st(m, i, mi);
@@ -144,6 +201,35 @@ void launch_adamw(cudaStream_t s, ST t, void* param, const void* grad, void* m, 
       DEW_LAUNCH(blocks_for(n), 256, 0, s, adamw_kernel<T, false>)(x, g, mp, vp, n, a);
   });
   check_launch("adamw_update");
+}
+
+void launch_adamw_group(cudaStream_t s, ST t, const AdamGroupSlot* slots, int64_t count, const AdamWParams& p) {
+  const AdamArgs base = adam_args(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale, p.step);
+  int64_t next = 0;
+  while (next < count) {
+    AdamGroupArgs g{};
+    int64_t blocks = 0;
+    for (; next < count && g.count < kAdamGroupSlots; ++next) {
+      const AdamGroupSlot& x = slots[next];
+      if (x.n == 0) continue;
+      const int i = g.count++;
+      g.param[i] = x.param;
+      g.grad[i] = x.grad;
+      g.m[i] = x.m;
+      g.v[i] = x.v;
+      g.n[i] = x.n;
+      g.lr[i] = x.lr;
+      g.wd[i] = x.weight_decay;
+      g.vec[i] = vectorisable(x.n, {x.param, x.grad, x.m, x.v}) ? 1 : 0;
+      g.first_block[i] = blocks;
+      blocks += (x.n + kGroupChunk - 1) / kGroupChunk;
+    }
+    if (g.count == 0) break;
+    g.first_block[g.count] = blocks;
+    DEW_CHECK(blocks <= 2147483647, "cuda.adamw_update_group: ", blocks, " blocks exceed one launch's grid");
+    DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(unsigned(blocks), 256, 0, s, adamw_group_kernel<T>)(g, base));
+    check_launch("adamw_update_group");
+  }
 }
 
 void launch_sgd(cudaStream_t s, ST t, void* param, const void* grad, void* buf, int64_t n, const SgdParams& p) {

@@ -1,4 +1,4 @@
-// optim.cpp — the fused optimizer updates (AdamW, SGD, LAMB), in place on param and state.
+// optim.cpp — the fused optimizer updates (AdamW, alone or as a group; SGD; LAMB), in place on param and state.
 // Invariants: all optimizer arithmetic runs in double with the f32 hyper-parameters widened once; grad is
 // multiplied by grad_scale before anything else.
 #include <algorithm>
@@ -57,6 +57,11 @@ void RefBackend::adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tens
       w[i] = T(x);
     }
   });
+}
+
+// The definition of the group: adamw_update slot by slot.
+void RefBackend::adamw_update_group(std::vector<AdamWSlot>& slots, const AdamWParams& p) {
+  adamw_update_each(*this, slots, p);
 }
 
 void RefBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {

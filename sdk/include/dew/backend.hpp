@@ -162,6 +162,12 @@ struct AdamWParams {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f, grad_scale = 1.0f;
   int64_t step = 1;
 };
+// One parameter of adamw_update_group: its tensors (as adamw_update's) and its own lr and weight decay (its
+// parameter group's); the group's AdamWParams give the rest (betas, eps, grad_scale, step).
+struct AdamWSlot {
+  Tensor param, grad, m, v;
+  float lr = 1e-3f, weight_decay = 0.0f;
+};
 // PyTorch semantics: g += wd * p; buf = step == 1 ? g : momentum * buf + (1 - dampening) * g;
 // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum == 0 needs no buffer.
 struct SgdParams {
@@ -306,5 +312,14 @@ class Backend {
   DEW_KERNEL_TABLE(DEW_KERNEL_PURE_VIRTUAL_)
 #undef DEW_KERNEL_PURE_VIRTUAL_
 };
+
+// ---- grouped kernels: the shared parts (core/tensor/kernel_groups.cpp) ----
+// adamw_update_group's contract, checked alike on every backend: each slot's param, grad, m, v defined, of one float
+// dtype and one element count; one dtype across the slots; and no memory written by the call (a param, m or v)
+// reached twice (no slot's tensors overlapping another's or each other). Throws dew::Error naming `who`.
+void check_adamw_group(const std::vector<AdamWSlot>& slots, const char* who);
+// adamw_update_group as adamw_update slot by slot, in order (the same bits by construction): the form of a backend
+// whose per-call cost is nothing to save (ref; cpu, where a call costs microseconds next to the memory it streams).
+void adamw_update_each(Backend& be, std::vector<AdamWSlot>& slots, const AdamWParams& p);
 
 }  // namespace dew

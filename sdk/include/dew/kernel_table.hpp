@@ -122,6 +122,11 @@
                              Tensor& dlogits, const CrossEntropyParams& p), (logits, targets, lse, dloss, dlogits, p)) \
   X(adamw_update, (Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p),               \
     (param, grad, m, v, p))                                                                                      \
+  /* adamw_update over many parameters in one call: each slot updated exactly as adamw_update(slot.param,    */ \
+  /* slot.grad, slot.m, slot.v, p with lr = slot.lr, weight_decay = slot.weight_decay), the same bits. Every */ \
+  /* slot's tensors have one float dtype; slots hold distinct tensors (no aliasing across slots). What it    */ \
+  /* buys is launches: a device updates a model's hundreds of tensors in a few (PyTorch's fused AdamW)        */ \
+  X(adamw_update_group, (std::vector<AdamWSlot>& slots, const AdamWParams& p), (slots, p))                      \
   /* momentum_buf is undefined when p.momentum == 0 */                                                           \
   X(sgd_update, (Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p),                   \
     (param, grad, momentum_buf, p))                                                                              \
