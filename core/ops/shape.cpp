@@ -376,6 +376,24 @@ Tensor sum(const Tensor& x) { return sum(reshape(x, {x.numel()}), 0, true); }
 Tensor mean(const Tensor& x) { return mean(reshape(x, {x.numel()}), 0, true); }
 Tensor sum_squares(const Tensor& x) { return reduce_raw(x.detach(), ReduceOp::sumsq, 1, x.numel(), 1, {1}); }
 
+Tensor sum_squares_each(const std::vector<Tensor>& xs) {
+  DEW_CHECK(!xs.empty(), "sum_squares_each of nothing");
+  const bool wide = std::any_of(xs.begin(), xs.end(), [](const Tensor& x) { return x.dtype() == DType::f64; });
+  Tensor out = Tensor::empty({int64_t(xs.size())}, wide ? DType::f64 : DType::f32, xs[0].backend_ptr());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    check_same_backend(xs[i], xs[0], "sum_squares_each");
+    Tensor slot = out.slice0(int64_t(i), int64_t(i) + 1);
+    if (xs[i].dtype() != out.dtype()) {  // its own dtype's sum, converted once into the slot (cast's rule)
+      kernels(slot).cast(sum_squares(xs[i]), slot);
+    } else if (xs[i].numel() == 0) {
+      kernels(slot).fill(slot, 0.0);
+    } else {
+      kernels(slot).reduce(xs[i].detach(), slot, ReduceParams{ReduceOp::sumsq, 1, xs[i].numel(), 1});
+    }
+  }
+  return out;
+}
+
 Tensor argmax(const Tensor& x) {
   DEW_CHECK(x.ndim() >= 1, "argmax of a scalar");
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);

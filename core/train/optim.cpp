@@ -202,11 +202,12 @@ void Ema::swap_into(const NamedTensors& params) {
 }
 
 double global_grad_norm(const NamedTensors& params) {
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : params)
+    if (Tensor g = p.grad(); g.defined()) grads.push_back(g);
+  if (grads.empty()) return 0.0;
   double total = 0.0;
-  for (const auto& [name, p] : params) {
-    Tensor g = p.grad();
-    if (g.defined()) total += sum_squares(g).item();
-  }
+  for (const double sq : sum_squares_each(grads).to_doubles()) total += sq;  // one host read, in parameter order
   return std::sqrt(total);
 }
 

@@ -564,11 +564,16 @@ UpdateResult Trainer::one_update() {
   std::vector<size_t> with_grad;
   {
     NoGradGuard no_grad;
+    std::vector<Tensor> grads;
     for (size_t i = 0; i < run_.params.size(); ++i)
       if (Tensor g = run_.params[i].second.grad(); g.defined()) {
-        on_device.push_back(one(sum_squares(g)));
+        grads.push_back(g);
         with_grad.push_back(i);
       }
+    if (!grads.empty()) {  // one tensor for all of them (concat copies each of its inputs once)
+      const Tensor sq = sum_squares_each(grads);
+      on_device.push_back(sq.dtype() == DType::f32 ? sq : cast(sq, DType::f32));
+    }
   }
   const std::vector<double> host = concat(on_device, 0).to_doubles();
   // Sharded runs: each rank has the squares of its own parameters' gradients; they travel with the

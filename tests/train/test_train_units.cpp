@@ -151,6 +151,28 @@ TEST_CASE("global gradient norm over every parameter with a gradient") {
   CHECK(dew::global_grad_norm({{"a", a}, {"b", b}, {"c", c}}) == doctest::Approx(4.0));
 }
 
+TEST_CASE("sum_squares_each: each input's sum_squares, in one tensor") {
+  auto be = ref();
+  const dew::Tensor a = dew::Tensor::uniform({37, 5}, -1, 1, 3, 1, be),
+                    b = dew::Tensor::uniform({1000}, -2, 2, 3, 2, be);
+  const dew::Tensor e = dew::Tensor::empty({0}, dew::DType::f32, be);
+  // f32 inputs: f32 sums, the bits of sum_squares on each (one reduce per input, into its element)
+  const std::vector<float> s = dew::sum_squares_each({a, e, b}).to_floats();
+  REQUIRE(s.size() == 3);
+  CHECK(s[0] == dew::sum_squares(a).to_floats()[0]);
+  CHECK(s[1] == 0.0f);
+  CHECK(s[2] == dew::sum_squares(b).to_floats()[0]);
+  // an f64 input makes the result f64: its sum exact, the others' f32 sums widened
+  const dew::Tensor d = dew::cast(b, dew::DType::f64), h = dew::cast(a, dew::DType::bf16);
+  const dew::Tensor w = dew::sum_squares_each({a, d, h});
+  CHECK(w.dtype() == dew::DType::f64);
+  const std::vector<double> wd = w.to_doubles();
+  CHECK(wd[0] == double(dew::sum_squares(a).to_floats()[0]));
+  CHECK(wd[1] == dew::sum_squares(d).to_doubles()[0]);
+  CHECK(wd[2] == dew::sum_squares(h).to_doubles()[0]);
+  CHECK_THROWS_AS(dew::sum_squares_each({}), dew::Error);
+}
+
 TEST_CASE("optimizers and schedules are registry kinds, the core's are built in") {
   auto& reg = dew::Registry::global();
   for (const char* name : {"adamw", "lamb", "muon", "muonclip", "sgd"}) {

@@ -79,6 +79,10 @@ Tensor sum(const Tensor& x);                                   // all elements -
 Tensor mean(const Tensor& x);                                  // all elements -> [1]
 Tensor amax(const Tensor& x, int axis, bool keepdim = false);  // not differentiable
 Tensor sum_squares(const Tensor& x);                           // -> [1], not differentiable
+// [xs.size()]: element i is sum_squares(xs[i]), each reduce writing into its element of one buffer: one tensor for
+// the host to read, not one per input (a device's gradient norm). f64 when some xs[i] is f64, else f32 (a half
+// input's sum converted exactly); xs on one backend; not differentiable.
+Tensor sum_squares_each(const std::vector<Tensor>& xs);
 Tensor argmax(const Tensor& x);                                // last axis -> i32, not differentiable
 
 // ---- linear algebra ----
