@@ -786,9 +786,68 @@ __global__ void reduce_col_finish_kernel(const double* parts, T* out, int64_t ou
 
 bool column_stages(int64_t reduce, int64_t inner) { return inner >= 2 && reduce >= 64; }
 
+// Whole-row reductions of a few long rows (inner == 1, fewer than kRowSplitMaxRows rows of kRowSplitMin elements or
+// more: a gradient's sum of squares, a loss's sum) in two stages, so that one row spreads over the GPU (one block
+// per row streamed a 38.6M-element embedding gradient through one SM): block (o, p) reduces slice p of row o, per
+// consecutive elements, as reduce_rows_kernel reduces a row (thread-strided, then warp and block combines, in
+// double) into parts[o * parts + p]; the second stage combines each row's slices in slice order. The split depends
+// only on (outer, reduce): deterministic, no atomics.
+constexpr int64_t kRowSplitMin = int64_t(1) << 16, kRowSplitMaxRows = 64, kRowSliceMin = 16384;
+
+struct RowSplit {
+  int64_t parts, per;  // slices per row, elements per slice
+};
+bool row_stages(int64_t outer, int64_t reduce, int64_t inner) {
+  return inner == 1 && outer < kRowSplitMaxRows && reduce >= kRowSplitMin;
+}
+RowSplit row_split(int64_t reduce) {
+  RowSplit r;
+  r.parts = (reduce + kRowSliceMin - 1) / kRowSliceMin;
+  if (r.parts > 1024) r.parts = 1024;
+  r.per = (reduce + r.parts - 1) / r.parts;
+  r.parts = (reduce + r.per - 1) / r.per;  // no empty slice
+  return r;
+}
+
+template <class T>
+__global__ void reduce_row_parts_kernel(const T* x, double* parts, int64_t reduce, RowSplit rs, ReduceOp op) {
+  __shared__ double shared[32];
+  const int64_t o = blockIdx.x, p = blockIdx.y;
+  const int64_t r0 = p * rs.per, r1 = r0 + rs.per < reduce ? r0 + rs.per : reduce;
+  const T* row = x + o * reduce;
+  double acc = identity(op);
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+    const double v = double(ld(row, r));
+    acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc = combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  if (lane == 0) shared[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    double r = lane < nwarps ? shared[lane] : identity(op);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) r = combine(op, r, __shfl_xor_sync(0xffffffffu, r, off));
+    if (lane == 0) parts[o * rs.parts + p] = r;
+  }
+}
+
+template <class T>
+__global__ void reduce_row_finish_kernel(const double* parts, T* out, int64_t outer, int64_t reduce, int64_t P,
+                                         ReduceOp op) {
+  DEW_GRID_STRIDE(o, outer) {
+    double acc = parts[o * P];
+    for (int64_t p = 1; p < P; ++p) acc = combine(op, acc, parts[o * P + p]);
+    if (op == ReduceOp::mean) acc /= double(reduce);
+    st(out, o, float(acc));
+  }
+}
+
 }  // namespace
 
 int64_t reduce_scratch_doubles(int64_t outer, int64_t reduce, int64_t inner) {
+  if (row_stages(outer, reduce, inner)) return outer * row_split(reduce).parts;
   if (!column_stages(reduce, inner)) return 0;
   const ColSplit c = col_split(outer, reduce, inner);
   return c.parts > 1 ? c.parts * outer * inner : 0;
@@ -800,7 +859,12 @@ void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer
   DEW_CUDA_DISPATCH(t, T, {
     const T* xs = static_cast<const T*>(x);
     T* os = static_cast<T*>(out);
-    if (inner == 1 && reduce >= 64) {
+    if (row_stages(outer, reduce, inner)) {
+      const RowSplit r = row_split(reduce);
+      DEW_LAUNCH(dim3(unsigned(outer), unsigned(r.parts)), 256, 0, s, reduce_row_parts_kernel<T>)
+      (xs, scratch, reduce, r, op);
+      DEW_LAUNCH(blocks_for(outer), 256, 0, s, reduce_row_finish_kernel<T>)(scratch, os, outer, reduce, r.parts, op);
+    } else if (inner == 1 && reduce >= 64) {
       DEW_LAUNCH(row_grid(outer), 256, 0, s, reduce_rows_kernel<T>)(xs, os, outer, reduce, op);
     } else if (column_stages(reduce, inner)) {
       const ColSplit c = col_split(outer, reduce, inner);
