@@ -378,6 +378,17 @@ Tensor sum_squares(const Tensor& x) { return reduce_raw(x.detach(), ReduceOp::su
 
 Tensor sum_squares_each(const std::vector<Tensor>& xs) {
   DEW_CHECK(!xs.empty(), "sum_squares_each of nothing");
+  const DType dt = xs[0].dtype();
+  const bool one_kind = std::all_of(
+      xs.begin(), xs.end(), [&](const Tensor& x) { return x.dtype() == dt && x.backend_ptr() == xs[0].backend_ptr(); });
+  if (one_kind && (dt == DType::f32 || dt == DType::f64) &&
+      xs[0].backend().supports(Kernel::sum_squares_group, dt).ok) {
+    Tensor out = Tensor::empty({int64_t(xs.size())}, dt, xs[0].backend_ptr());
+    std::vector<Tensor> values;
+    for (const Tensor& x : xs) values.push_back(x.detach());
+    kernels(out).sum_squares_group(values, out);  // the bits of the reduces below, in one call
+    return out;
+  }
   const bool wide = std::any_of(xs.begin(), xs.end(), [](const Tensor& x) { return x.dtype() == DType::f64; });
   Tensor out = Tensor::empty({int64_t(xs.size())}, wide ? DType::f64 : DType::f32, xs[0].backend_ptr());
   for (size_t i = 0; i < xs.size(); ++i) {

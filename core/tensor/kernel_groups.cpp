@@ -1,7 +1,7 @@
 // core/tensor/kernel_groups.cpp — what every backend shares of the grouped kernels (dew/backend.hpp): the contract
-// check of adamw_update_group and its slot-by-slot form.
+// checks of adamw_update_group and sum_squares_group, and their one-tensor-at-a-time forms.
 // Invariant: a group is valid only if no byte one slot writes is read or written by another slot, so the slots
-// may run in any order or all at once (a device's one launch) with the bits of adamw_update called in order.
+// may run in any order or all at once (a device's one launch) with the bits of the one-tensor kernel.
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -48,6 +48,34 @@ void adamw_update_each(Backend& be, std::vector<AdamWSlot>& slots, const AdamWPa
     q.lr = s.lr;
     q.weight_decay = s.weight_decay;
     be.adamw_update(s.param, s.grad, s.m, s.v, q);
+  }
+}
+
+void check_sum_squares_group(const std::vector<Tensor>& xs, const Tensor& out, const char* who) {
+  DEW_CHECK(out.defined() && out.numel() == int64_t(xs.size()), who,
+            ".sum_squares_group: out must hold one value per "
+            "input (",
+            xs.size(), ")");
+  const auto out_begin = reinterpret_cast<uintptr_t>(out.data()), out_end = out_begin + out.nbytes();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    DEW_CHECK(xs[i].defined() && xs[i].dtype() == out.dtype() && is_floating(out.dtype()), who,
+              ".sum_squares_group: input ", i, " must be a defined ", dtype_name(out.dtype()),
+              " tensor (out's dtype, floating)");
+    if (xs[i].numel() == 0) continue;
+    const auto begin = reinterpret_cast<uintptr_t>(xs[i].data());
+    DEW_CHECK(begin + xs[i].nbytes() <= out_begin || begin >= out_end, who, ".sum_squares_group: input ", i,
+              " overlaps out");
+  }
+}
+
+void sum_squares_each_reduce(Backend& be, const std::vector<Tensor>& xs, Tensor& out) {
+  check_sum_squares_group(xs, out, be.name().c_str());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    Tensor slot = out.slice0(int64_t(i), int64_t(i) + 1);
+    if (xs[i].numel() == 0)
+      be.fill(slot, 0.0);
+    else
+      be.reduce(xs[i], slot, ReduceParams{ReduceOp::sumsq, 1, xs[i].numel(), 1});
   }
 }
 

@@ -1,8 +1,10 @@
-// tests/backends_cuda/test_optim_emulated.cpp — adamw_update_group (dew/kernel_table.hpp) on ref, cpu and the cuda
-// plugin emulated on the CPU: every slot's param, m and v are adamw_update's bits on that tensor alone, with the
-// slot's lr and weight decay (the group's own lr and weight decay are never read); slots of every kind the device
-// launcher splits differently (odd sizes on the element path, multiples of 8 on the 8-wide path, tensors over several
-// blocks, empty ones, more than one launch's 48); and the contract's refusals (shared state, mixed dtypes or sizes).
+// tests/backends_cuda/test_optim_emulated.cpp — the optimizer step's grouped kernels (dew/kernel_table.hpp) on ref,
+// cpu and the cuda plugin emulated on the CPU. adamw_update_group: every slot's param, m and v are adamw_update's bits
+// on that tensor alone, with the slot's lr and weight decay (the group's own lr and weight decay are never read);
+// slots of every kind the device launcher splits differently (odd sizes on the element path, multiples of 8 on the
+// 8-wide path, tensors over several blocks, empty ones, more than one launch's 48); the contract's refusals (shared
+// state, mixed dtypes or sizes). sum_squares_group: each element is reduce(sumsq)'s bits on its tensor, for every
+// size class of the device's reduce (one thread, one block, slices) and over two launches.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -112,5 +114,34 @@ TEST_CASE("adamw_update_group refuses what its contract excludes, naming it") {
       slots[1].v = make_slots({{31, 1e-3f, 0}}, be)[0].v;
       CHECK_THROWS_WITH_AS(be->adamw_update_group(slots, p), doctest::Contains("must match its param"), Error);
     }
+  }
+}
+
+TEST_CASE("sum_squares_group: reduce's bits on every tensor (ref, cpu, cuda-emulated)") {
+  std::vector<int64_t> ns = {0, 1, 63, 64, 1000, 65535, 65536, 200003, 8};
+  for (int i = 0; i < 70; ++i) ns.push_back(1 + (i * 53) % 700);
+  for (const char* name : {"ref", "cpu", "cuda-emulated"}) {
+    CAPTURE(name);
+    const BackendPtr be = backend(name);
+    std::vector<Tensor> xs;
+    for (size_t i = 0; i < ns.size(); ++i)
+      xs.push_back(Tensor::from_vector(values(ns[i], uint32_t(100 + i), -2, 2), {ns[i]}, be));
+    Tensor out = Tensor::empty({int64_t(xs.size())}, DType::f32, be);
+    be->sum_squares_group(xs, out);
+    const std::vector<float> got = out.to_floats();
+    int differ = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      Tensor one = Tensor::empty({1}, DType::f32, be);
+      if (ns[i] == 0)
+        be->fill(one, 0.0);
+      else
+        be->reduce(xs[i], one, ReduceParams{ReduceOp::sumsq, 1, ns[i], 1});
+      const float want = one.to_floats()[0];
+      differ += std::memcmp(&want, &got[i], sizeof(float)) != 0;
+    }
+    CHECK(differ == 0);
+    CHECK(got[7] > 1000.0f);  // 200003 values in [-2, 2]: a sum, not a zero left unwritten
+    Tensor wrong = Tensor::empty({int64_t(xs.size()) - 1}, DType::f32, be);
+    CHECK_THROWS_WITH_AS(be->sum_squares_group(xs, wrong), doctest::Contains("one value per input"), Error);
   }
 }

@@ -723,6 +723,21 @@ void add_reduce(Table& t) {
           [p](Backend& be, In& in, Out& o) { be.reduce(in[0], o[0], p); });
     }
   }
+  // sum_squares_group: tensors of every size class the device splits differently (under 64 elements, one block, the
+  // sliced long rows) and an empty one, 70 in all (two launches of 64 on cuda).
+  {
+    std::vector<int64_t> ns = {0, 1, 63, 64, 1000, 65535, 65536, 200003};
+    for (int i = 0; i < 62; ++i) ns.push_back(1 + (i * 53) % 700);
+    std::vector<OutSpec> outs = {out("out", {int64_t(ns.size())}, DT::f32, tol(4, 200003.0))};
+    t.add(
+        "sum_squares_group/70_tensors/f32", Kernel::sum_squares_group, {DT::f32},
+        [ns](Gen& g) {
+          In in;
+          for (int64_t n : ns) in.push_back(g.uniform({n}, -1, 1));
+          return in;
+        },
+        outs, [](Backend& be, In& in, Out& o) { be.sum_squares_group(in, o[0]); });
+  }
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
     const ReduceParams p{op, 3, 300, 64};
     t.add(

@@ -56,6 +56,11 @@ DEW_CPU_ISA_KERNEL(binary, (const Tensor& a, const Tensor& b, Tensor& out, Binar
 DEW_CPU_ISA_KERNEL(reduce, (const Tensor& x, Tensor& out, const ReduceParams& p), (x, out, p))
 DEW_CPU_ISA_KERNEL(argmax, (const Tensor& x, Tensor& out), (x, out))
 
+// reduce per tensor into its element (a call costs microseconds here).
+void CpuBackend::sum_squares_group_kernel(const std::vector<Tensor>& xs, Tensor& out) {
+  sum_squares_each_reduce(*this, xs, out);
+}
+
 }  // namespace dew::cpu
 
 #else  // ---- the kernels, compiled once per path inside namespace dew::cpu::DEW_CPU_ISA (no #include but

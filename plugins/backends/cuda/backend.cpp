@@ -351,6 +351,20 @@ void CudaBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
   launch_reduce(stream_, t, x.data(), out.data(), p.outer, p.reduce, p.inner, p.op, static_cast<double*>(s.ptr));
 }
 
+// Every tensor's sum of squares in two launches per 64 tensors (elementwise.cu), the bits of reduce on each: the
+// gradient norm took a reduce per parameter, and a copy each to gather them.
+void CudaBackend::sum_squares_group(const std::vector<Tensor>& xs, Tensor& out) {
+  check_sum_squares_group(xs, out, name().c_str());
+  if (xs.empty()) return;
+  const ST t = compute_type(out, Kernel::sum_squares_group, "out");
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> ns;
+  for (const Tensor& x : xs) ptrs.push_back(x.numel() ? x.data() : nullptr), ns.push_back(x.numel());
+  Scratch s(this, size_t(sum_squares_group_scratch_doubles(ns.data(), int64_t(ns.size()))) * sizeof(double));
+  launch_sum_squares_group(stream_, t, ptrs.data(), ns.data(), int64_t(ns.size()), out.data(),
+                           static_cast<double*>(s.ptr));
+}
+
 void CudaBackend::argmax(const Tensor& x, Tensor& out) {
   const ST t = compute_type(x, Kernel::argmax, "x");
   DEW_CHECK(x.ndim() >= 1 && x.size(-1) > 0, "cuda.argmax: x ", shape_str(x.shape()), " has no last axis to scan");

@@ -846,6 +846,104 @@ __global__ void reduce_row_finish_kernel(const double* parts, T* out, int64_t ou
 
 }  // namespace
 
+// ---- sum_squares_group: reduce(x as [1, n, 1], sumsq) for many tensors in a few launches, with reduce's bits: a
+// tensor of n < 64 is summed by one thread in order (reduce_cols_kernel's form); 64 <= n < kRowSplitMin by one block
+// (reduce_rows_kernel's); longer ones in row_split(n)'s slices (reduce_row_parts_kernel's), then combined in slice
+// order. Block b of a launch takes slice b - first_block[s] of the tensor s it falls in.
+namespace {
+
+struct SquaresGroupArgs {
+  const void* x[kSquaresGroupSlots];
+  int64_t n[kSquaresGroupSlots], per[kSquaresGroupSlots], out_index[kSquaresGroupSlots];
+  int64_t first_block[kSquaresGroupSlots + 1];
+  int count;
+};
+static_assert(sizeof(SquaresGroupArgs) <= 4000, "a kernel's arguments stay under 4 KiB");
+
+int64_t squares_slices(int64_t n) { return row_stages(1, n, 1) ? row_split(n).parts : 1; }
+
+template <class T>
+__global__ void squares_group_parts_kernel(SquaresGroupArgs g, double* parts) {
+  __shared__ double shared[32];
+  const int64_t b = int64_t(blockIdx.x);
+  int s = 0;
+  while (s + 1 < g.count && g.first_block[s + 1] <= b) ++s;
+  const T* x = static_cast<const T*>(g.x[s]);
+  const int64_t n = g.n[s];
+  if (n < 64) {  // reduce_cols_kernel: one thread, in order
+    if (threadIdx.x == 0) {
+      double acc = identity(ReduceOp::sumsq);
+      for (int64_t r = 0; r < n; ++r) {
+        const double v = double(ld(x, r));
+        acc = combine(ReduceOp::sumsq, acc, v * v);
+      }
+      parts[b] = acc;
+    }
+    return;
+  }
+  const int64_t r0 = (b - g.first_block[s]) * g.per[s], r1 = r0 + g.per[s] < n ? r0 + g.per[s] : n;
+  double acc = identity(ReduceOp::sumsq);
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+    const double v = double(ld(x, r));
+    acc = combine(ReduceOp::sumsq, acc, v * v);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc = combine(ReduceOp::sumsq, acc, __shfl_xor_sync(0xffffffffu, acc, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  if (lane == 0) shared[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    double r = lane < nwarps ? shared[lane] : identity(ReduceOp::sumsq);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) r = combine(ReduceOp::sumsq, r, __shfl_xor_sync(0xffffffffu, r, off));
+    if (lane == 0) parts[b] = r;
+  }
+}
+
+template <class T>
+__global__ void squares_group_finish_kernel(SquaresGroupArgs g, const double* parts, T* out) {
+  DEW_GRID_STRIDE(s, int64_t(g.count)) {
+    double acc = parts[g.first_block[s]];
+    for (int64_t p = g.first_block[s] + 1; p < g.first_block[s + 1]; ++p) acc = combine(ReduceOp::sumsq, acc, parts[p]);
+    st(out, g.out_index[s], float(acc));
+  }
+}
+
+}  // namespace
+
+int64_t sum_squares_group_scratch_doubles(const int64_t* ns, int64_t count) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += squares_slices(ns[i]);
+  return total;
+}
+
+void launch_sum_squares_group(cudaStream_t s, ST t, const void* const* xs, const int64_t* ns, int64_t count, void* out,
+                              double* scratch) {
+  int64_t next = 0;
+  while (next < count) {
+    SquaresGroupArgs g{};
+    int64_t blocks = 0;
+    for (; next < count && g.count < kSquaresGroupSlots; ++next) {
+      const int i = g.count++;
+      g.x[i] = xs[next];
+      g.n[i] = ns[next];
+      g.out_index[i] = next;
+      const int64_t slices = squares_slices(ns[next]);
+      g.per[i] = slices > 1 ? row_split(ns[next]).per : ns[next];
+      g.first_block[i] = blocks;
+      blocks += slices;
+    }
+    g.first_block[g.count] = blocks;
+    DEW_CHECK(blocks <= 2147483647, "cuda.sum_squares_group: ", blocks, " blocks exceed one launch's grid");
+    DEW_CUDA_DISPATCH(t, T, {
+      DEW_LAUNCH(unsigned(blocks), 256, 0, s, squares_group_parts_kernel<T>)(g, scratch);
+      DEW_LAUNCH(blocks_for(g.count), 256, 0, s, squares_group_finish_kernel<T>)(g, scratch, static_cast<T*>(out));
+    });
+    check_launch("sum_squares_group");
+    scratch += blocks;
+  }
+}
+
 int64_t reduce_scratch_doubles(int64_t outer, int64_t reduce, int64_t inner) {
   if (row_stages(outer, reduce, inner)) return outer * row_split(reduce).parts;
   if (!column_stages(reduce, inner)) return 0;

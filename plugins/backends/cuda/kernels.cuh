@@ -61,6 +61,13 @@ void launch_binary(cudaStream_t s, ST t, const void* a, const void* b, void* out
                    const StridedDesc& d, int64_t n, bool same_shape);
 // Scratch for the column sums' row slices: reduce_scratch_doubles(outer, reduce, inner) doubles (0: none needed).
 int64_t reduce_scratch_doubles(int64_t outer, int64_t reduce, int64_t inner);
+// sum_squares_group: each tensor's sum of squares with reduce's own split (so its bits), all tensors in launches of up
+// to kSquaresGroupSlots: one pass over (tensor, slice) blocks into scratch, one combining each tensor's slices.
+// Scratch: sum_squares_group_scratch_doubles(ns, count) doubles.
+constexpr int kSquaresGroupSlots = 64;
+int64_t sum_squares_group_scratch_doubles(const int64_t* ns, int64_t count);
+void launch_sum_squares_group(cudaStream_t s, ST t, const void* const* xs, const int64_t* ns, int64_t count, void* out,
+                              double* scratch);
 void launch_reduce(cudaStream_t s, ST t, const void* x, void* out, int64_t outer, int64_t reduce, int64_t inner,
                    ReduceOp op, double* scratch);
 void launch_argmax(cudaStream_t s, ST t, const void* x, int32_t* out, int64_t rows, int64_t D);

@@ -345,6 +345,11 @@ void RefBackend::binary(const Tensor& a, const Tensor& b, Tensor& out, BinaryOp 
 
 // ---------------------------------------------------------------- reduce, argmax
 
+// The definition of the group: reduce per tensor.
+void RefBackend::sum_squares_group(const std::vector<Tensor>& xs, Tensor& out) {
+  sum_squares_each_reduce(*this, xs, out);
+}
+
 void RefBackend::reduce(const Tensor& x, Tensor& out, const ReduceParams& p) {
   dispatch_float(x.dtype(), Kernel::reduce, [&](auto tag) {
     using T = typename decltype(tag)::type;

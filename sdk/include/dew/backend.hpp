@@ -321,5 +321,9 @@ void check_adamw_group(const std::vector<AdamWSlot>& slots, const char* who);
 // adamw_update_group as adamw_update slot by slot, in order (the same bits by construction): the form of a backend
 // whose per-call cost is nothing to save (ref; cpu, where a call costs microseconds next to the memory it streams).
 void adamw_update_each(Backend& be, std::vector<AdamWSlot>& slots, const AdamWParams& p);
+// sum_squares_group's contract (one float dtype, out [xs.size()] of it, no input overlapping out). Throws dew::Error.
+void check_sum_squares_group(const std::vector<Tensor>& xs, const Tensor& out, const char* who);
+// sum_squares_group as reduce per tensor into its element of out (the same bits by construction): ref's and cpu's.
+void sum_squares_each_reduce(Backend& be, const std::vector<Tensor>& xs, Tensor& out);
 
 }  // namespace dew

@@ -54,6 +54,10 @@
   X(gated_residual_backward, (const Tensor& f, const Tensor& gate, const Tensor& dy, Tensor& df, Tensor& dgate), \
     (f, gate, dy, df, dgate))                                                                                    \
   X(reduce, (const Tensor& x, Tensor& out, const ReduceParams& p), (x, out, p))                                  \
+  /* out [n] (xs' dtype) = each xs[i]'s sum of squares over all its elements: the bits reduce(xs[i] as [1, numel, */ \
+  /* 1], sumsq) writes (0 for an empty one). xs of one float dtype; out aliases none of them. A model's gradients  */ \
+  /* (the global norm) in one call: on a device a few launches, not one or two per tensor                       */ \
+  X(sum_squares_group, (const std::vector<Tensor>& xs, Tensor& out), (xs, out))                                  \
   /* along the last axis; rows = numel / last */                                                                 \
   X(softmax, (const Tensor& x, Tensor& y), (x, y))                                                               \
   X(softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))                              \
