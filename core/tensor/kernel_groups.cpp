@@ -52,9 +52,7 @@ void adamw_update_each(Backend& be, std::vector<AdamWSlot>& slots, const AdamWPa
 }
 
 void check_sum_squares_group(const std::vector<Tensor>& xs, const Tensor& out, const char* who) {
-  DEW_CHECK(out.defined() && out.numel() == int64_t(xs.size()), who,
-            ".sum_squares_group: out must hold one value per "
-            "input (",
+  DEW_CHECK(out.defined() && out.numel() == int64_t(xs.size()), who, ".sum_squares_group: out must hold one value per input (",
             xs.size(), ")");
   const auto out_begin = reinterpret_cast<uintptr_t>(out.data()), out_end = out_begin + out.nbytes();
   for (size_t i = 0; i < xs.size(); ++i) {

@@ -79,9 +79,9 @@ Tensor sum(const Tensor& x);                                   // all elements -
 Tensor mean(const Tensor& x);                                  // all elements -> [1]
 Tensor amax(const Tensor& x, int axis, bool keepdim = false);  // not differentiable
 Tensor sum_squares(const Tensor& x);                           // -> [1], not differentiable
-// [xs.size()]: element i is sum_squares(xs[i]), each reduce writing into its element of one buffer: one tensor for
-// the host to read, not one per input (a device's gradient norm). f64 when some xs[i] is f64, else f32 (a half
-// input's sum converted exactly); xs on one backend; not differentiable.
+// [xs.size()]: element i is sum_squares(xs[i]) (the same bits), in one buffer: one tensor for the host to read, and
+// for f32 / f64 inputs one backend call (sum_squares_group: a few launches on a device, not one per tensor). f64 when
+// some xs[i] is f64, else f32 (a half input's sum widened exactly); xs on one backend; not differentiable.
 Tensor sum_squares_each(const std::vector<Tensor>& xs);
 Tensor argmax(const Tensor& x);                                // last axis -> i32, not differentiable
 
