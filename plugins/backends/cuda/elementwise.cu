@@ -683,6 +683,23 @@ __device__ __forceinline__ double identity(ReduceOp op) {
   return op == ReduceOp::max ? -INFINITY : (op == ReduceOp::min ? INFINITY : 0.0);
 }
 
+// Every thread's acc combined over the block (warp shuffles, then the warps' values through `shared`, 32 doubles): the
+// result is thread 0's return value. Every thread of the block calls it; the caller syncs before reusing `shared`.
+__device__ __forceinline__ double block_combine(ReduceOp op, double acc, double* shared) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc = combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  if (lane == 0) shared[warp] = acc;
+  __syncthreads();
+  double r = identity(op);
+  if (warp == 0) {
+    r = lane < nwarps ? shared[lane] : identity(op);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) r = combine(op, r, __shfl_xor_sync(0xffffffffu, r, off));
+  }
+  return r;
+}
+
 // One block per outer row (inner == 1): block-wide reduction in double.
 template <class T>
 __global__ void reduce_rows_kernel(const T* x, T* out, int64_t outer, int64_t reduce, ReduceOp op) {
@@ -694,20 +711,10 @@ __global__ void reduce_rows_kernel(const T* x, T* out, int64_t outer, int64_t re
       const double v = double(ld(row, r));
       acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
     }
-    // warp then block combine
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, off));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    if (lane == 0) shared[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-      double r = lane < nwarps ? shared[lane] : identity(op);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) r = combine(op, r, __shfl_xor_sync(0xffffffffu, r, off));
-      if (lane == 0) {
-        if (op == ReduceOp::mean) r /= double(reduce);
-        st(out, o, float(r));
-      }
+    double r = block_combine(op, acc, shared);
+    if (threadIdx.x == 0) {
+      if (op == ReduceOp::mean) r /= double(reduce);
+      st(out, o, float(r));
     }
     __syncthreads();
   }
@@ -820,17 +827,8 @@ __global__ void reduce_row_parts_kernel(const T* x, double* parts, int64_t reduc
     const double v = double(ld(row, r));
     acc = combine(op, acc, op == ReduceOp::sumsq ? v * v : v);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc = combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, off));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  if (lane == 0) shared[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    double r = lane < nwarps ? shared[lane] : identity(op);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) r = combine(op, r, __shfl_xor_sync(0xffffffffu, r, off));
-    if (lane == 0) parts[o * rs.parts + p] = r;
-  }
+  const double r = block_combine(op, acc, shared);
+  if (threadIdx.x == 0) parts[o * rs.parts + p] = r;
 }
 
 template <class T>
@@ -887,17 +885,8 @@ __global__ void squares_group_parts_kernel(SquaresGroupArgs g, double* parts) {
     const double v = double(ld(x, r));
     acc = combine(ReduceOp::sumsq, acc, v * v);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc = combine(ReduceOp::sumsq, acc, __shfl_xor_sync(0xffffffffu, acc, off));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  if (lane == 0) shared[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    double r = lane < nwarps ? shared[lane] : identity(ReduceOp::sumsq);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) r = combine(ReduceOp::sumsq, r, __shfl_xor_sync(0xffffffffu, r, off));
-    if (lane == 0) parts[b] = r;
-  }
+  const double r = block_combine(ReduceOp::sumsq, acc, shared);
+  if (threadIdx.x == 0) parts[b] = r;
 }
 
 template <class T>
