@@ -34,29 +34,35 @@ __device__ __forceinline__ void adamw_step(float g32, float& x32, float& m32, fl
 // kVec: eight elements a thread through 16-byte accesses (n % 8 == 0, every buffer 16-byte aligned; 28 bytes
 // an element in f32 move through memory, and one 4-byte access per array per thread kept too few in flight).
 // The arithmetic per element is adamw_step's either way: the bits do not depend on the path.
+// Elements [8c, 8c + 8) through 16-byte accesses, and element i alone: the two paths' one step.
+template <class T>
+__device__ __forceinline__ void adamw_eight(T* param, const T* grad, T* m, T* v, int64_t c, const AdamArgs& a) {
+  float x[8], g[8], mv[8], vv[8];
+  load8(param, 8 * c, x);
+  load8(grad, 8 * c, g);
+  load8(m, 8 * c, mv);
+  load8(v, 8 * c, vv);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) adamw_step(g[k], x[k], mv[k], vv[k], a);
+  store8(m, 8 * c, mv);
+  store8(v, 8 * c, vv);
+  store8(param, 8 * c, x);
+}
+template <class T>
+__device__ __forceinline__ void adamw_one(T* param, const T* grad, T* m, T* v, int64_t i, const AdamArgs& a) {
+  float x = ld(param, i), mi = ld(m, i), vi = ld(v, i);
+  adamw_step(ld(grad, i), x, mi, vi, a);
+  st(m, i, mi);
+  st(v, i, vi);
+  st(param, i, x);
+}
+
 template <class T, bool kVec>
 __global__ void adamw_kernel(T* param, const T* grad, T* m, T* v, int64_t n, AdamArgs a) {
   if (kVec) {
-    DEW_GRID_STRIDE(c, n / 8) {
-      float x[8], g[8], mv[8], vv[8];
-      load8(param, 8 * c, x);
-      load8(grad, 8 * c, g);
-      load8(m, 8 * c, mv);
-      load8(v, 8 * c, vv);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) adamw_step(g[k], x[k], mv[k], vv[k], a);
-      store8(m, 8 * c, mv);
-      store8(v, 8 * c, vv);
-      store8(param, 8 * c, x);
-    }
+    DEW_GRID_STRIDE(c, n / 8) adamw_eight(param, grad, m, v, c, a);
   } else {
-    DEW_GRID_STRIDE(i, n) {
-      float x = ld(param, i), mi = ld(m, i), vi = ld(v, i);
-      adamw_step(ld(grad, i), x, mi, vi, a);
-      st(m, i, mi);
-      st(v, i, vi);
-      st(param, i, x);
-    }
+    DEW_GRID_STRIDE(i, n) adamw_one(param, grad, m, v, i, a);
   }
 }
 
@@ -93,26 +99,9 @@ __global__ void adamw_group_kernel(AdamGroupArgs g, AdamArgs base) {
   const int64_t lo = (b - g.first_block[s]) * kGroupChunk;
   const int64_t hi = lo + kGroupChunk < g.n[s] ? lo + kGroupChunk : g.n[s];
   if (g.vec[s]) {  // n % 8 == 0 and kGroupChunk % 8 == 0: whole groups of 8
-    for (int64_t c = lo / 8 + threadIdx.x; c < hi / 8; c += blockDim.x) {
-      float x[8], gr[8], mv[8], vv[8];
-      load8(param, 8 * c, x);
-      load8(grad, 8 * c, gr);
-      load8(m, 8 * c, mv);
-      load8(v, 8 * c, vv);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) adamw_step(gr[k], x[k], mv[k], vv[k], a);
-      store8(m, 8 * c, mv);
-      store8(v, 8 * c, vv);
-      store8(param, 8 * c, x);
-    }
+    for (int64_t c = lo / 8 + threadIdx.x; c < hi / 8; c += blockDim.x) adamw_eight(param, grad, m, v, c, a);
   } else {
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-      float x = ld(param, i), mi = ld(m, i), vi = ld(v, i);
-      adamw_step(ld(grad, i), x, mi, vi, a);
-      st(m, i, mi);
-      st(v, i, vi);
-      st(param, i, x);
-    }
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) adamw_one(param, grad, m, v, i, a);
   }
 }
 
