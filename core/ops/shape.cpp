@@ -245,15 +245,19 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   return out;
 }
 
+// The reduce kernel into `out` (allocated by the caller, x's dtype); an empty reduced axis gives zeros.
+static void reduce_into(const Tensor& x, ReduceOp op, int64_t outer, int64_t r, int64_t inner, Tensor& out) {
+  if (out.numel() == 0) return;
+  if (r == 0)
+    kernels(x).fill(out, 0.0);
+  else
+    kernels(x).reduce(x, out, ReduceParams{op, outer, r, inner});
+}
+
 static Tensor reduce_raw(const Tensor& x, ReduceOp op, int64_t outer, int64_t r, int64_t inner,
                          const Shape& out_shape) {
   Tensor out = empty_as(x, out_shape);
-  if (out.numel() == 0) return out;
-  if (r == 0) {
-    kernels(x).fill(out, 0.0);
-    return out;
-  }
-  kernels(x).reduce(x, out, ReduceParams{op, outer, r, inner});
+  reduce_into(x, op, outer, r, inner, out);
   return out;
 }
 
@@ -394,13 +398,10 @@ Tensor sum_squares_each(const std::vector<Tensor>& xs) {
   for (size_t i = 0; i < xs.size(); ++i) {
     check_same_backend(xs[i], xs[0], "sum_squares_each");
     Tensor slot = out.slice0(int64_t(i), int64_t(i) + 1);
-    if (xs[i].dtype() != out.dtype()) {  // its own dtype's sum, converted once into the slot (cast's rule)
+    if (xs[i].dtype() != out.dtype())  // its own dtype's sum, converted once into the slot (cast's rule)
       kernels(slot).cast(sum_squares(xs[i]), slot);
-    } else if (xs[i].numel() == 0) {
-      kernels(slot).fill(slot, 0.0);
-    } else {
-      kernels(slot).reduce(xs[i].detach(), slot, ReduceParams{ReduceOp::sumsq, 1, xs[i].numel(), 1});
-    }
+    else  // sum_squares' reduce, written into the slot
+      reduce_into(xs[i].detach(), ReduceOp::sumsq, 1, xs[i].numel(), 1, slot);
   }
   return out;
 }
