@@ -1,5 +1,5 @@
 // core/tensor/kernel_groups.cpp — what every backend shares of the grouped kernels (dew/backend.hpp): the contract
-// checks of adamw_update_group and sum_squares_group, and their one-tensor-at-a-time forms.
+// checks of adamw_update_group, lerp_group and sum_squares_group, and their one-tensor-at-a-time forms.
 // Invariant: a group is valid only if no byte one slot writes is read or written by another slot, so the slots
 // may run in any order or all at once (a device's one launch) with the bits of the one-tensor kernel.
 #include <algorithm>
@@ -48,6 +48,60 @@ void adamw_update_each(Backend& be, std::vector<AdamWSlot>& slots, const AdamWPa
     q.lr = s.lr;
     q.weight_decay = s.weight_decay;
     be.adamw_update(s.param, s.grad, s.m, s.v, q);
+  }
+}
+
+namespace {
+// [begin, end) of a tensor's bytes.
+std::pair<uintptr_t, uintptr_t> byte_range(const Tensor& t) {
+  const auto begin = reinterpret_cast<uintptr_t>(t.data());
+  return {begin, begin + t.nbytes()};
+}
+bool overlap(const std::pair<uintptr_t, uintptr_t>& a, const std::pair<uintptr_t, uintptr_t>& b) {
+  return a.first < b.second && b.first < a.second;
+}
+}  // namespace
+
+void check_lerp_group(const std::vector<LerpSlot>& slots, const char* who) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> written, read;  // the averages; the targets
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const LerpSlot& s = slots[i];
+    DEW_CHECK(s.average.defined() && s.target.defined(), who, ".lerp_group: slot ", i,
+              " lacks a tensor (average and target are both needed)");
+    DEW_CHECK(is_floating(s.average.dtype()), who, ".lerp_group: slot ", i, " has a ", dtype_name(s.average.dtype()),
+              " average; it must be floating");
+    DEW_CHECK(s.average.dtype() == slots[0].average.dtype(), who, ".lerp_group: slot ", i, " is ",
+              dtype_name(s.average.dtype()), " but slot 0 is ", dtype_name(slots[0].average.dtype()),
+              "; a group has one dtype");
+    DEW_CHECK(s.target.dtype() == s.average.dtype() && s.target.numel() == s.average.numel(), who, ".lerp_group: slot ",
+              i, ": the target must match its average (", dtype_name(s.average.dtype()), ", ", s.average.numel(),
+              " elements); got ", dtype_name(s.target.dtype()), ", ", s.target.numel());
+    if (s.average.numel() == 0) continue;
+    written.push_back(byte_range(s.average));
+    read.push_back(byte_range(s.target));
+  }
+  std::sort(written.begin(), written.end());
+  std::sort(read.begin(), read.end());
+  for (size_t i = 1; i < written.size(); ++i)
+    DEW_CHECK(written[i].first >= written[i - 1].second, who,
+              ".lerp_group: two averages share memory; each slot needs its own");
+  // Both lists sorted: walk them together, each average against the targets that could reach it.
+  size_t t = 0;
+  for (const auto& w : written) {
+    while (t < read.size() && read[t].second <= w.first) ++t;
+    for (size_t u = t; u < read.size() && read[u].first < w.second; ++u)
+      DEW_CHECK(!overlap(w, read[u]), who, ".lerp_group: an average shares memory with a target; it must not");
+  }
+}
+
+void lerp_each(Backend& be, std::vector<LerpSlot>& slots, float weight) {
+  check_lerp_group(slots, be.name().c_str());
+  for (LerpSlot& s : slots) {
+    if (s.average.numel() == 0) continue;
+    Tensor diff = Tensor::empty(s.average.shape(), s.average.dtype(), s.average.backend_ptr());
+    be.binary(s.target, s.average, diff, BinaryOp::sub);
+    be.unary(diff, diff, UnaryParams{UnaryOp::affine, weight, 0.0f});
+    be.binary(s.average, diff, s.average, BinaryOp::add);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <iterator>
@@ -178,18 +179,40 @@ double Ema::decay_at(int64_t step) const {
   return std::min(max_decay_, (1.0 + double(step)) / (10.0 + double(step)));
 }
 
+void lerp_towards(const std::vector<Tensor>& averages, const std::vector<Tensor>& targets, float weight) {
+  DEW_CHECK(averages.size() == targets.size(), "lerp_towards: ", averages.size(), " averages but ", targets.size(),
+            " targets");
+  // One group per backend and dtype, in order of first appearance (slots keep their order inside a group).
+  std::vector<std::vector<LerpSlot>> groups;
+  for (size_t i = 0; i < averages.size(); ++i) {
+    const Tensor &a = averages[i], &t = targets[i];
+    DEW_CHECK(a.defined() && t.defined(), "lerp_towards: pair ", i, " lacks a tensor");
+    DEW_CHECK(a.backend_ptr() == t.backend_ptr(), "lerp_towards: pair ", i, " lies on two backends (",
+              a.backend().name(), ", ", t.backend().name(), ")");
+    auto same = [&](const std::vector<LerpSlot>& g) {
+      return g[0].average.backend_ptr() == a.backend_ptr() && g[0].average.dtype() == a.dtype();
+    };
+    auto g = std::find_if(groups.begin(), groups.end(), same);
+    if (g == groups.end()) g = groups.insert(groups.end(), std::vector<LerpSlot>{});
+    g->push_back({a.detach(), t.detach()});
+  }
+  for (std::vector<LerpSlot>& g : groups) {
+    Backend& be = g[0].average.backend();
+    if (be.supports(Kernel::lerp_group, g[0].average.dtype()).ok)
+      be.lerp_group(g, weight);
+    else
+      lerp_each(be, g, weight);
+  }
+}
+
 void Ema::update(const NamedTensors& params, int64_t step) {
   const float d = float(decay_at(step));
+  std::vector<Tensor> averages, targets;
   for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& p = params[i].second;
-    Tensor& e = ema_[i].second;
-    Backend& be = p.backend();
-    // e += (1 - d) * (p - e)
-    Tensor diff = Tensor::empty(p.shape(), p.dtype(), p.backend_ptr());
-    be.binary(p, e, diff, BinaryOp::sub);
-    be.unary(diff, diff, UnaryParams{UnaryOp::affine, 1.0f - d, 0.0f});
-    be.binary(e, diff, e, BinaryOp::add);
+    averages.push_back(ema_[i].second);
+    targets.push_back(params[i].second);
   }
+  lerp_towards(averages, targets, 1.0f - d);
 }
 
 void Ema::swap_into(const NamedTensors& params) {

@@ -4,7 +4,10 @@
 // slots of every kind the device launcher splits differently (odd sizes on the element path, multiples of 8 on the
 // 8-wide path, tensors over several blocks, empty ones, more than one launch's 48); the contract's refusals (shared
 // state, mixed dtypes or sizes). sum_squares_group: each element is reduce(sumsq)'s bits on its tensor, for every
-// size class of the device's reduce (one thread, one block, slices) and over two launches.
+// size class of the device's reduce (one thread, one block, slices) and over two launches. lerp_group: every average
+// is the bits of the three kernels it fuses (lerp_each: sub, affine, add), in f32, bf16 (cuda) and f64 (ref), zero
+// products' signs included, over two launches; a target may serve two slots, an average may not be written twice
+// or read as a target.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -143,5 +146,82 @@ TEST_CASE("sum_squares_group: reduce's bits on every tensor (ref, cpu, cuda-emul
     CHECK(got[7] > 1000.0f);  // 200003 values in [-2, 2]: a sum, not a zero left unwritten
     Tensor wrong = Tensor::empty({int64_t(xs.size()) - 1}, DType::f32, be);
     CHECK_THROWS_WITH_AS(be->sum_squares_group(xs, wrong), doctest::Contains("one value per input"), Error);
+  }
+}
+
+namespace {
+
+// lerp_group's slots: averages and targets of the given sizes in `dtype`, the same host values every time; slot 0
+// holds signed zeros (averages -0, targets +0 and -0) so the sign a zero difference leaves is compared too.
+std::vector<LerpSlot> make_lerp_slots(const std::vector<int64_t>& ns, const BackendPtr& be, DType dtype) {
+  std::vector<LerpSlot> slots;
+  for (size_t j = 0; j < ns.size(); ++j) {
+    std::vector<float> a = values(ns[j], uint32_t(500 + 2 * j), -1, 1), t = values(ns[j], uint32_t(501 + 2 * j), -1, 1);
+    if (j == 0)
+      for (size_t i = 0; i < a.size(); ++i) a[i] = -0.0f, t[i] = i % 2 ? -0.0f : 0.0f;
+    slots.push_back({Tensor::from_vector(a, {ns[j]}, be, dtype), Tensor::from_vector(t, {ns[j]}, be, dtype)});
+  }
+  return slots;
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("lerp_group: the bits of sub, affine and add on every slot (ref, cpu, cuda-emulated) in f32, bf16 and f64") {
+  std::vector<int64_t> ns = {16, 1031, 8192, 8193, 20000, 0, 7};
+  for (int i = 0; i < 100; ++i) ns.push_back(1 + (i * 41) % 500);  // past one launch's 96 slots
+  struct Case {
+    const char* backend;
+    DType dtype;
+  };
+  for (const Case c : {Case{"ref", DType::f32}, Case{"ref", DType::f64}, Case{"cpu", DType::f32},
+                       Case{"cuda-emulated", DType::f32}, Case{"cuda-emulated", DType::bf16}}) {
+    CAPTURE(c.backend);
+    const std::string dtype = dtype_name(c.dtype);
+    CAPTURE(dtype);
+    const BackendPtr be = backend(c.backend);
+    for (const float weight : {0.0011f, 0.3f, -0.5f}) {  // an EMA's 1 - decay; a negative weight: zero products' signs
+      CAPTURE(weight);
+      std::vector<LerpSlot> fused = make_lerp_slots(ns, be, c.dtype), unfused = make_lerp_slots(ns, be, c.dtype);
+      be->lerp_group(fused, weight);
+      lerp_each(*be, unfused, weight);
+      int differ = 0;
+      for (size_t j = 0; j < ns.size(); ++j) differ += !same_values(fused[j].average, unfused[j].average);
+      CHECK(differ == 0);
+      CHECK_FALSE(same_values(fused[4].average, make_lerp_slots(ns, be, c.dtype)[4].average));  // it moved
+      CHECK(same_values(fused[4].target, make_lerp_slots(ns, be, c.dtype)[4].target));          // targets kept
+    }
+  }
+}
+
+TEST_CASE("lerp_group refuses what its contract excludes, naming it, and lets a target serve several slots") {
+  for (const char* name : {"ref", "cpu", "cuda-emulated"}) {
+    CAPTURE(name);
+    const BackendPtr be = backend(name);
+    {  // one target read by two slots: allowed
+      std::vector<LerpSlot> slots = make_lerp_slots({64, 64}, be, DType::f32);
+      slots[1].target = slots[0].target;
+      CHECK_NOTHROW(be->lerp_group(slots, 0.1f));
+    }
+    {  // two slots writing one average
+      std::vector<LerpSlot> slots = make_lerp_slots({64, 64}, be, DType::f32);
+      slots[1].average = slots[0].average.reshape({64}).slice0(8, 16);
+      slots[1].target = slots[1].target.slice0(0, 8);
+      CHECK_THROWS_WITH_AS(be->lerp_group(slots, 0.1f), doctest::Contains("two averages share memory"), Error);
+    }
+    {  // an average that another slot reads as its target
+      std::vector<LerpSlot> slots = make_lerp_slots({64, 64}, be, DType::f32);
+      slots[1].target = slots[0].average;
+      CHECK_THROWS_WITH_AS(be->lerp_group(slots, 0.1f), doctest::Contains("shares memory with a target"), Error);
+    }
+    {  // a target of another size
+      std::vector<LerpSlot> slots = make_lerp_slots({64, 32}, be, DType::f32);
+      slots[1].target = slots[0].target;
+      CHECK_THROWS_WITH_AS(be->lerp_group(slots, 0.1f), doctest::Contains("must match its average"), Error);
+    }
   }
 }

@@ -173,6 +173,32 @@ TEST_CASE("sum_squares_each: each input's sum_squares, in one tensor") {
   CHECK_THROWS_AS(dew::sum_squares_each({}), dew::Error);
 }
 
+TEST_CASE("lerp_towards: every average moved toward its target, f32 and f64 together, the group kernel's bits") {
+  auto be = ref();
+  const dew::Tensor a = dew::Tensor::uniform({37, 5}, -1, 1, 5, 1, be),
+                    b = dew::Tensor::uniform({1000}, -2, 2, 5, 2, be);
+  const dew::Tensor d = dew::cast(dew::Tensor::uniform({64}, -1, 1, 5, 3, be), dew::DType::f64);
+  const dew::Tensor ta = dew::Tensor::uniform({37, 5}, -1, 1, 6, 1, be),
+                    tb = dew::Tensor::zeros({1000}, dew::DType::f32, be);
+  const dew::Tensor td = dew::cast(dew::Tensor::uniform({64}, -1, 1, 6, 3, be), dew::DType::f64);
+  std::vector<dew::Tensor> averages = {a.clone(), d.clone(), b.clone()}, targets = {ta, td, tb};
+  dew::lerp_towards(averages, targets, 0.25f);
+  // against the definition, three kernels per tensor (lerp_each), bit for bit
+  std::vector<dew::LerpSlot> f32_slots = {{a.clone(), ta}, {b.clone(), tb}}, f64_slots = {{d.clone(), td}};
+  dew::lerp_each(*be, f32_slots, 0.25f);
+  dew::lerp_each(*be, f64_slots, 0.25f);
+  CHECK(averages[0].to_floats() == f32_slots[0].average.to_floats());
+  CHECK(averages[2].to_floats() == f32_slots[1].average.to_floats());
+  CHECK(averages[1].to_doubles() == f64_slots[0].average.to_doubles());
+  // and the values: a + 0.25 (t - a), here b's toward zero exactly 0.75 b
+  const std::vector<float> bv = b.to_floats(), got = averages[2].to_floats();
+  for (size_t i = 0; i < bv.size(); i += 97) CHECK(got[i] == doctest::Approx(0.75 * bv[i]).epsilon(1e-6));
+  CHECK(averages[1].dtype() == dew::DType::f64);
+  std::vector<dew::Tensor> one = {a.clone()};
+  CHECK_THROWS_WITH_AS(dew::lerp_towards(one, {ta, tb}, 0.5f), doctest::Contains("1 averages but 2 targets"),
+                       dew::Error);
+}
+
 TEST_CASE("optimizers and schedules are registry kinds, the core's are built in") {
   auto& reg = dew::Registry::global();
   for (const char* name : {"adamw", "lamb", "muon", "muonclip", "sgd"}) {

@@ -5,7 +5,8 @@
 // forward+backward times at the char-small, gpt-mini and DiT shapes, and the decode products against one weight,
 // row-major and in the backend's decode panels, the decode attention (one query against a cache), and one sampling
 // draw (dew::sample_token, host code) at three vocabulary sizes, and the cross-entropy forward, backward and argmax
-// over logits of those vocabularies (`--only matmul|attention|decode|loss|sampling` runs one part). One JSON
+// over logits of those vocabularies, and a model's EMA update (dew::lerp_towards, the fused lerp_group, against its
+// definition of three kernels a tensor) (`--only matmul|attention|decode|loss|sampling|ema` runs one part). One JSON
 // line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
@@ -20,6 +21,7 @@
 #include "dew/generate.hpp"
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
+#include "dew/train.hpp"  // lerp_towards
 
 namespace dew_bench {
 
@@ -280,6 +282,52 @@ int run_kernels(const BenchOptions& opt) {
           std::fflush(stdout);
         }
       }
+  // A model's EMA update over transformer-shaped tensors (12 blocks of d 256: qkv, projection, a 4x MLP, a 6d adaLN
+  // modulation, their biases and norms; 162 tensors, 14.3 M elements from 256 to 393,216 each), ema += (1 - decay)
+  // (param - ema) through dew::lerp_towards (the fused lerp_group: each tensor read
+  // twice and written once, 12 bytes an f32 element) against its definition, sub, affine and add a tensor
+  // (lerp_each: 8 tensor passes and an allocation each). GB/s counts the fused form's 12 bytes in both.
+  if (opt.only.empty() || opt.only == "ema") {
+    std::vector<Shape> shapes;
+    for (int b = 0; b < 12; ++b)
+      for (const Shape& s : std::vector<Shape>{{768, 256},
+                                               {768},
+                                               {256, 256},
+                                               {256},
+                                               {1024, 256},
+                                               {1024},
+                                               {256, 1024},
+                                               {256},
+                                               {1536, 256},
+                                               {1536},
+                                               {256},
+                                               {256},
+                                               {256}})
+        shapes.push_back(s);
+    for (const Shape& s : std::vector<Shape>{{256, 48}, {256}, {64, 256}, {11, 256}, {256, 256}, {256}})
+      shapes.push_back(s);
+    std::vector<Tensor> averages, targets;
+    std::vector<LerpSlot> slots;
+    int64_t elements = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      averages.push_back(Tensor::normal(shapes[i], 0, 1, 11, uint64_t(i), be));
+      targets.push_back(Tensor::normal(shapes[i], 0, 1, 12, uint64_t(i), be));
+      slots.push_back({averages.back(), targets.back()});
+      elements += averages.back().numel();
+    }
+    const auto sync = [&] { be->synchronize(); };
+    const float weight = 1.0f - 0.999f;
+    const double fused = median_seconds([&] { lerp_towards(averages, targets, weight); }, opt, sync);
+    const double each = median_seconds([&] { lerp_each(*be, slots, weight); }, opt, sync);
+    const double bytes = 12.0 * double(elements);
+    std::printf(
+        "{\"bench\":\"ema\",\"tensors\":%zu,\"elements\":%lld,\"backend\":\"%s\",\"threads\":%d,\"ms_lerp_group\":%.3f,"
+        "\"ms_three_kernels\":%.3f,\"speedup\":%.2f,\"gbs_lerp_group\":%.1f,\"gbs_three_kernels\":%.1f,\"cpu\":\"%s\"}"
+        "\n",
+        shapes.size(), (long long)elements, opt.backend.c_str(), opt.threads, fused * 1e3, each * 1e3, each / fused,
+        bytes / fused * 1e-9, bytes / each * 1e-9, cpu_model().c_str());
+    std::fflush(stdout);
+  }
   return 0;
 }
 

@@ -1424,6 +1424,31 @@ void add_optimizers(Table& t) {
           be.adamw_update_group(slots, AdamWParams{9e-9f, 0.9f, 0.95f, 1e-8f, 0.5f, 0.7f, 17});
         });
   }
+  // lerp_group (a model's EMA): averages of odd, tiny and several-block sizes, and 100 slots, more than one cuda
+  // launch (96 a launch). Inputs per slot: average, target.
+  std::vector<Shape> hundred;
+  for (int i = 0; i < 100; ++i) hundred.push_back({int64_t(1 + (i * 41) % 500)});
+  const G lerp_groups[] = {{{{1031}, {64, 96}, {8}, {20000}}, "4_slots"}, {hundred, "100_slots"}};
+  for (const G& gr : lerp_groups) {
+    const std::vector<Shape> shapes = gr.shapes;
+    std::vector<OutSpec> outs;
+    for (size_t j = 0; j < shapes.size(); ++j)
+      outs.push_back(out("average" + std::to_string(j), shapes[j], DT::f32, tol(4), int(2 * j)));
+    t.add(
+        "lerp_group/" + gr.what + "/f32", Kernel::lerp_group, {DT::f32},
+        [shapes](Gen& g) {
+          In in;
+          for (const Shape& s : shapes)
+            for (Tensor x : {g.uniform(s, -1, 1), g.uniform(s, -1, 1)}) in.push_back(x);
+          return in;
+        },
+        outs,
+        [shapes](Backend& be, In& in, Out& o) {
+          std::vector<LerpSlot> slots;
+          for (size_t j = 0; j < shapes.size(); ++j) slots.push_back({o[j], in[2 * j + 1]});
+          be.lerp_group(slots, 0.0011f);
+        });
+  }
   struct S {
     Shape s;
     SgdParams p;

@@ -702,6 +702,20 @@ void CudaBackend::adamw_update_group(std::vector<AdamWSlot>& slots, const AdamWP
   launch_adamw_group(stream_, t, list.data(), int64_t(list.size()), p);
 }
 
+void CudaBackend::lerp_group(std::vector<LerpSlot>& slots, float weight) {
+  constexpr Kernel K = Kernel::lerp_group;
+  check_lerp_group(slots, name().c_str());
+  if (slots.empty()) return;
+  const ST t = compute_type(slots[0].average, K, "average");
+  std::vector<LerpGroupSlot> list;
+  list.reserve(slots.size());
+  for (LerpSlot& s : slots) {
+    expect_same(s.target, s.average, s.average.numel(), K, "target");
+    list.push_back({s.average.data(), s.target.data(), s.average.numel()});
+  }
+  launch_lerp_group(stream_, t, list.data(), int64_t(list.size()), weight);
+}
+
 void CudaBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
   constexpr Kernel K = Kernel::sgd_update;
   const ST t = compute_type(param, K, "param");

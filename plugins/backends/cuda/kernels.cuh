@@ -177,6 +177,14 @@ struct AdamGroupSlot {
 // arguments, under the 4 KiB every CUDA version takes).
 constexpr int kAdamGroupSlots = 48;
 void launch_adamw_group(cudaStream_t s, ST t, const AdamGroupSlot* slots, int64_t count, const AdamWParams& p);
+// lerp_group: one pair of the group (checked: check_lerp_group), enqueued in launches of at most kLerpGroupSlots.
+struct LerpGroupSlot {
+  void* average;
+  const void* target;
+  int64_t n;
+};
+constexpr int kLerpGroupSlots = 96;
+void launch_lerp_group(cudaStream_t s, ST t, const LerpGroupSlot* slots, int64_t count, float weight);
 void launch_sgd(cudaStream_t s, ST t, void* param, const void* grad, void* buf, int64_t n, const SgdParams& p);
 // scratch: lamb_scratch_floats(n) floats.
 int64_t lamb_scratch_floats(int64_t n);

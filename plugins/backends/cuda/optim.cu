@@ -1,5 +1,5 @@
 // cuda/optim.cu — the fused optimizer updates (AdamW, one tensor or a group in a few launches; SGD; LAMB), in place
-// on param and state.
+// on param and state; and lerp_group (a model's EMA in a few launches).
 // Invariants: arithmetic runs in double per element (as ref does; these kernels are bound by memory, not
 // arithmetic), with the bias corrections computed once on the host; grad is multiplied by grad_scale
 // first. LAMB's two norms are reduced on the device (per-block partials summed in a fixed order), so no
@@ -102,6 +102,37 @@ __global__ void adamw_group_kernel(AdamGroupArgs g, AdamArgs base) {
     for (int64_t c = lo / 8 + threadIdx.x; c < hi / 8; c += blockDim.x) adamw_eight(param, grad, m, v, c, a);
   } else {
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) adamw_one(param, grad, m, v, i, a);
+  }
+}
+
+// lerp_group's launch: block b of slot s (first_block[s] <= b < first_block[s + 1]) moves elements [c * kGroupChunk,
+// (c + 1) * kGroupChunk) of its average toward its target, c = b - first_block[s]. Each element is the three kernels
+// lerp_group is defined by, each rounded to T as they store it: d = target - average (binary sub), weight * d + 0
+// (unary affine's alpha * x + beta, which nvcc makes fma(alpha, x, 0): one rounding, +0 for a zero product),
+// average + that (binary add). __fmul_rn / __fadd_rn keep nvcc from contracting the product into the last add.
+struct LerpGroupArgs {
+  void* average[kLerpGroupSlots];
+  const void* target[kLerpGroupSlots];
+  int64_t n[kLerpGroupSlots];
+  int64_t first_block[kLerpGroupSlots + 1];
+  int count;
+};
+static_assert(sizeof(LerpGroupArgs) + sizeof(float) <= 4000, "a kernel's arguments stay under 4 KiB");
+
+template <class T>
+__global__ void lerp_group_kernel(LerpGroupArgs g, float weight) {
+  const int64_t b = int64_t(blockIdx.x);
+  int s = 0;
+  while (s + 1 < g.count && g.first_block[s + 1] <= b) ++s;
+  T* average = static_cast<T*>(g.average[s]);
+  const T* target = static_cast<const T*>(g.target[s]);
+  const int64_t lo = (b - g.first_block[s]) * kGroupChunk;
+  const int64_t hi = lo + kGroupChunk < g.n[s] ? lo + kGroupChunk : g.n[s];
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const float a = ld(average, i);
+    const float d = rounded_as<T>(ld(target, i) - a);
+    const float step = rounded_as<T>(__fadd_rn(__fmul_rn(weight, d), 0.0f));
+    st(average, i, __fadd_rn(a, step));
   }
 }
 
@@ -218,6 +249,29 @@ void launch_adamw_group(cudaStream_t s, ST t, const AdamGroupSlot* slots, int64_
     DEW_CHECK(blocks <= 2147483647, "cuda.adamw_update_group: ", blocks, " blocks exceed one launch's grid");
     DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(unsigned(blocks), 256, 0, s, adamw_group_kernel<T>)(g, base));
     check_launch("adamw_update_group");
+  }
+}
+
+void launch_lerp_group(cudaStream_t s, ST t, const LerpGroupSlot* slots, int64_t count, float weight) {
+  int64_t next = 0;
+  while (next < count) {
+    LerpGroupArgs g{};
+    int64_t blocks = 0;
+    for (; next < count && g.count < kLerpGroupSlots; ++next) {
+      const LerpGroupSlot& x = slots[next];
+      if (x.n == 0) continue;
+      const int i = g.count++;
+      g.average[i] = x.average;
+      g.target[i] = x.target;
+      g.n[i] = x.n;
+      g.first_block[i] = blocks;
+      blocks += (x.n + kGroupChunk - 1) / kGroupChunk;
+    }
+    if (g.count == 0) break;
+    g.first_block[g.count] = blocks;
+    DEW_CHECK(blocks <= 2147483647, "cuda.lerp_group: ", blocks, " blocks exceed one launch's grid");
+    DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(unsigned(blocks), 256, 0, s, lerp_group_kernel<T>)(g, weight));
+    check_launch("lerp_group");
   }
 }
 

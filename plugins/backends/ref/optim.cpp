@@ -64,6 +64,9 @@ void RefBackend::adamw_update_group(std::vector<AdamWSlot>& slots, const AdamWPa
   adamw_update_each(*this, slots, p);
 }
 
+// The definition of the group: sub, affine and add slot by slot.
+void RefBackend::lerp_group(std::vector<LerpSlot>& slots, float weight) { lerp_each(*this, slots, weight); }
+
 void RefBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
   constexpr Kernel K = Kernel::sgd_update;
   dispatch_float(param.dtype(), K, [&](auto tag) {

@@ -28,6 +28,7 @@
 #include <dew/objective.hpp>
 #include <dew/probes.hpp>
 #include <dew/registry.hpp>
+#include <dew/train.hpp>  // lerp_towards
 #include <string>
 
 #include "masks.hpp"
@@ -160,16 +161,11 @@ class Jepa final : public dew::Objective {
     dew::NoGradGuard no_grad;
     const float m = float(momentum_at(info.step));
     if (m >= 1.0f) return;
-    auto src = encoder_->named_parameters(), dst = target_->named_parameters();
-    for (size_t i = 0; i < src.size(); ++i) {
-      Tensor& t = dst[i].second;
-      // t += (1 - m) * (p - t)
-      dew::Backend& be = t.backend();
-      Tensor diff = Tensor::empty(t.shape(), t.dtype(), t.backend_ptr());
-      be.binary(src[i].second, t, diff, dew::BinaryOp::sub);
-      be.unary(diff, diff, dew::UnaryParams{dew::UnaryOp::affine, 1.0f - m, 0.0f});
-      be.binary(t, diff, t, dew::BinaryOp::add);
-    }
+    // target += (1 - m) * (encoder - target)
+    std::vector<Tensor> averages, targets;
+    for (const auto& [name, t] : target_->named_parameters()) averages.push_back(t);
+    for (const auto& [name, p] : encoder_->named_parameters()) targets.push_back(p);
+    dew::lerp_towards(averages, targets, 1.0f - m);
   }
 
   dew::StepResult step(const dew::Batch& batch, const dew::StepInfo& info) override {

@@ -168,6 +168,10 @@ struct AdamWSlot {
   Tensor param, grad, m, v;
   float lr = 1e-3f, weight_decay = 0.0f;
 };
+// One tensor pair of lerp_group: `average` moves toward `target` (an EMA of a model's weights, JEPA's target encoder).
+struct LerpSlot {
+  Tensor average, target;
+};
 // PyTorch semantics: g += wd * p; buf = step == 1 ? g : momentum * buf + (1 - dampening) * g;
 // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum == 0 needs no buffer.
 struct SgdParams {
@@ -321,6 +325,13 @@ void check_adamw_group(const std::vector<AdamWSlot>& slots, const char* who);
 // adamw_update_group as adamw_update slot by slot, in order (the same bits by construction): the form of a backend
 // whose per-call cost is nothing to save (ref; cpu, where a call costs microseconds next to the memory it streams).
 void adamw_update_each(Backend& be, std::vector<AdamWSlot>& slots, const AdamWParams& p);
+// lerp_group's contract, checked alike on every backend: each slot's average and target defined, of one float dtype and
+// one element count; one dtype across the slots; no average overlapping another slot's average or any target (a
+// target may be read by several slots). Throws dew::Error naming `who`.
+void check_lerp_group(const std::vector<LerpSlot>& slots, const char* who);
+// lerp_group as its definition, slot by slot: binary sub, unary affine (weight, 0), binary add, each rounded to the
+// dtype (the same bits by construction): ref's form, and every backend's for a dtype it has no fused pass for.
+void lerp_each(Backend& be, std::vector<LerpSlot>& slots, float weight);
 // sum_squares_group's contract (one float dtype, out [xs.size()] of it, no input overlapping out). Throws dew::Error.
 void check_sum_squares_group(const std::vector<Tensor>& xs, const Tensor& out, const char* who);
 // sum_squares_group as reduce per tensor into its element of out (the same bits by construction): ref's and cpu's.

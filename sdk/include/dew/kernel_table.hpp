@@ -131,6 +131,11 @@
   /* slot's tensors have one float dtype; slots hold distinct tensors (no aliasing across slots). What it    */ \
   /* buys is launches: a device updates a model's hundreds of tensors in a few (PyTorch's fused AdamW)        */ \
   X(adamw_update_group, (std::vector<AdamWSlot>& slots, const AdamWParams& p), (slots, p))                      \
+  /* Each slot's average += weight * (target - average), in place, with the bits of binary(target, average, d,   */ \
+  /* sub); unary(d, d, affine {weight, 0}); binary(average, d, average, add) on that slot: every step rounded to  */ \
+  /* the dtype (lerp_each, dew/backend.hpp). One float dtype; averages overlap nothing else the call touches.     */ \
+  /* An EMA of a model's weights in one pass over each tensor, and on a device in a few launches                */ \
+  X(lerp_group, (std::vector<LerpSlot>& slots, float weight), (slots, weight))                                   \
   /* momentum_buf is undefined when p.momentum == 0 */                                                           \
   X(sgd_update, (Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p),                   \
     (param, grad, momentum_buf, p))                                                                              \

@@ -15,8 +15,14 @@
 
 namespace dew {
 
+// averages[i] += weight * (targets[i] - averages[i]) for every i, in place and outside autograd: an exponential
+// moving average of weights (Ema::update, JEPA's target encoder). One lerp_group call per backend and dtype (one pass
+// over each tensor; a few launches on a device), or its definition, three kernels a tensor, where a backend has no
+// group for the dtype; the same bits either way (dew/kernel_table.hpp). The lists are equally long, pairwise alike.
+void lerp_towards(const std::vector<Tensor>& averages, const std::vector<Tensor>& targets, float weight);
+
 // EMA with a warm-up decay: decay(t) = min(max_decay, (1 + t) / (10 + t)) when warmup is on, else
-// max_decay. update(): ema = decay * ema + (1 - decay) * param.
+// max_decay. update(): ema += (1 - decay) * (param - ema) (lerp_towards).
 class Ema {
  public:
   Ema(const NamedTensors& params, double max_decay, bool warmup);
