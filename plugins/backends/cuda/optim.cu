@@ -84,11 +84,45 @@ struct AdamGroupArgs {
 };
 static_assert(sizeof(AdamGroupArgs) + sizeof(AdamArgs) <= 4000, "a kernel's arguments stay under 4 KiB");
 
-template <class T>
-__global__ void adamw_group_kernel(AdamGroupArgs g, AdamArgs base) {
-  const int64_t b = int64_t(blockIdx.x);
+// The tensor block b of a group launch serves (first_block[s] <= b < first_block[s + 1]) and its elements [lo, hi).
+template <class Args>
+__device__ __forceinline__ int group_slot(const Args& g, int64_t b, int64_t& lo, int64_t& hi) {
   int s = 0;
   while (s + 1 < g.count && g.first_block[s + 1] <= b) ++s;
+  lo = (b - g.first_block[s]) * kGroupChunk;
+  hi = lo + kGroupChunk < g.n[s] ? lo + kGroupChunk : g.n[s];
+  return s;
+}
+
+// A group's launches, host side: its non-empty tensors packed kSlots at a time into an Args (n, first_block and
+// count, group_slot's map; fill(g, i, slot) sets the rest of entry i), launch(g, blocks) once per launch.
+template <class Args, int kSlots, class Slot, class Fill, class Launch>
+void launch_group(const Slot* slots, int64_t count, const char* what, const Fill& fill, const Launch& launch) {
+  int64_t next = 0;
+  while (next < count) {
+    Args g{};
+    int64_t blocks = 0;
+    for (; next < count && g.count < kSlots; ++next) {
+      const Slot& x = slots[next];
+      if (x.n == 0) continue;
+      const int i = g.count++;
+      fill(g, i, x);
+      g.n[i] = x.n;
+      g.first_block[i] = blocks;
+      blocks += (x.n + kGroupChunk - 1) / kGroupChunk;
+    }
+    if (g.count == 0) break;
+    g.first_block[g.count] = blocks;
+    DEW_CHECK(blocks <= 2147483647, "cuda.", what, ": ", blocks, " blocks exceed one launch's grid");
+    launch(g, unsigned(blocks));
+    check_launch(what);
+  }
+}
+
+template <class T>
+__global__ void adamw_group_kernel(AdamGroupArgs g, AdamArgs base) {
+  int64_t lo, hi;
+  const int s = group_slot(g, int64_t(blockIdx.x), lo, hi);
   AdamArgs a = base;
   a.lr = double(g.lr[s]);
   a.wd = double(g.wd[s]);
@@ -96,8 +130,6 @@ __global__ void adamw_group_kernel(AdamGroupArgs g, AdamArgs base) {
   const T* grad = static_cast<const T*>(g.grad[s]);
   T* m = static_cast<T*>(g.m[s]);
   T* v = static_cast<T*>(g.v[s]);
-  const int64_t lo = (b - g.first_block[s]) * kGroupChunk;
-  const int64_t hi = lo + kGroupChunk < g.n[s] ? lo + kGroupChunk : g.n[s];
   if (g.vec[s]) {  // n % 8 == 0 and kGroupChunk % 8 == 0: whole groups of 8
     for (int64_t c = lo / 8 + threadIdx.x; c < hi / 8; c += blockDim.x) adamw_eight(param, grad, m, v, c, a);
   } else {
@@ -121,13 +153,10 @@ static_assert(sizeof(LerpGroupArgs) + sizeof(float) <= 4000, "a kernel's argumen
 
 template <class T>
 __global__ void lerp_group_kernel(LerpGroupArgs g, float weight) {
-  const int64_t b = int64_t(blockIdx.x);
-  int s = 0;
-  while (s + 1 < g.count && g.first_block[s + 1] <= b) ++s;
+  int64_t lo, hi;
+  const int s = group_slot(g, int64_t(blockIdx.x), lo, hi);
   T* average = static_cast<T*>(g.average[s]);
   const T* target = static_cast<const T*>(g.target[s]);
-  const int64_t lo = (b - g.first_block[s]) * kGroupChunk;
-  const int64_t hi = lo + kGroupChunk < g.n[s] ? lo + kGroupChunk : g.n[s];
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     const float a = ld(average, i);
     const float d = rounded_as<T>(ld(target, i) - a);
@@ -225,54 +254,32 @@ void launch_adamw(cudaStream_t s, ST t, void* param, const void* grad, void* m, 
 
 void launch_adamw_group(cudaStream_t s, ST t, const AdamGroupSlot* slots, int64_t count, const AdamWParams& p) {
   const AdamArgs base = adam_args(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale, p.step);
-  int64_t next = 0;
-  while (next < count) {
-    AdamGroupArgs g{};
-    int64_t blocks = 0;
-    for (; next < count && g.count < kAdamGroupSlots; ++next) {
-      const AdamGroupSlot& x = slots[next];
-      if (x.n == 0) continue;
-      const int i = g.count++;
-      g.param[i] = x.param;
-      g.grad[i] = x.grad;
-      g.m[i] = x.m;
-      g.v[i] = x.v;
-      g.n[i] = x.n;
-      g.lr[i] = x.lr;
-      g.wd[i] = x.weight_decay;
-      g.vec[i] = vectorisable(x.n, {x.param, x.grad, x.m, x.v}) ? 1 : 0;
-      g.first_block[i] = blocks;
-      blocks += (x.n + kGroupChunk - 1) / kGroupChunk;
-    }
-    if (g.count == 0) break;
-    g.first_block[g.count] = blocks;
-    DEW_CHECK(blocks <= 2147483647, "cuda.adamw_update_group: ", blocks, " blocks exceed one launch's grid");
-    DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(unsigned(blocks), 256, 0, s, adamw_group_kernel<T>)(g, base));
-    check_launch("adamw_update_group");
-  }
+  launch_group<AdamGroupArgs, kAdamGroupSlots>(
+      slots, count, "adamw_update_group",
+      [](AdamGroupArgs& g, int i, const AdamGroupSlot& x) {
+        g.param[i] = x.param;
+        g.grad[i] = x.grad;
+        g.m[i] = x.m;
+        g.v[i] = x.v;
+        g.lr[i] = x.lr;
+        g.wd[i] = x.weight_decay;
+        g.vec[i] = vectorisable(x.n, {x.param, x.grad, x.m, x.v}) ? 1 : 0;
+      },
+      [&](const AdamGroupArgs& g, unsigned blocks) {
+        DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(blocks, 256, 0, s, adamw_group_kernel<T>)(g, base));
+      });
 }
 
 void launch_lerp_group(cudaStream_t s, ST t, const LerpGroupSlot* slots, int64_t count, float weight) {
-  int64_t next = 0;
-  while (next < count) {
-    LerpGroupArgs g{};
-    int64_t blocks = 0;
-    for (; next < count && g.count < kLerpGroupSlots; ++next) {
-      const LerpGroupSlot& x = slots[next];
-      if (x.n == 0) continue;
-      const int i = g.count++;
-      g.average[i] = x.average;
-      g.target[i] = x.target;
-      g.n[i] = x.n;
-      g.first_block[i] = blocks;
-      blocks += (x.n + kGroupChunk - 1) / kGroupChunk;
-    }
-    if (g.count == 0) break;
-    g.first_block[g.count] = blocks;
-    DEW_CHECK(blocks <= 2147483647, "cuda.lerp_group: ", blocks, " blocks exceed one launch's grid");
-    DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(unsigned(blocks), 256, 0, s, lerp_group_kernel<T>)(g, weight));
-    check_launch("lerp_group");
-  }
+  launch_group<LerpGroupArgs, kLerpGroupSlots>(
+      slots, count, "lerp_group",
+      [](LerpGroupArgs& g, int i, const LerpGroupSlot& x) {
+        g.average[i] = x.average;
+        g.target[i] = x.target;
+      },
+      [&](const LerpGroupArgs& g, unsigned blocks) {
+        DEW_CUDA_DISPATCH(t, T, DEW_LAUNCH(blocks, 256, 0, s, lerp_group_kernel<T>)(g, weight));
+      });
 }
 
 void launch_sgd(cudaStream_t s, ST t, void* param, const void* grad, void* buf, int64_t n, const SgdParams& p) {
