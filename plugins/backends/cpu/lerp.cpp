@@ -3,13 +3,12 @@
 //
 // Each element is the expression of the three kernels lerp_group is defined by (lerp_each, dew/backend.hpp): sub
 // rounded to f32, the affine product weight * d + 0 (the + 0 turns a -0 product into +0, as affine's beta does), then
-// add. So the
-// pass gives their bits (tests/backends_cuda/test_optim_emulated.cpp) while reading 2 and writing 1 tensor where
-// they read 5, wrote 3 and allocated the difference. This file is compiled with -ffp-contract=off (CMakeLists.txt):
-// a contracted average + weight * d would round once, not as the three kernels do.
-// Threads: the slots' elements as one range split over the team (for_blocks), one region for the whole group; an
-// element's value does not depend on who computes it. ISA: compiled once per path (isa_clones.hpp); uncontracted
-// single operations: the same bits on every path. bf16 and f64 groups take lerp_each through supports() (the core).
+// add. So the pass gives their bits (tests/backends_cuda/test_optim_emulated.cpp) while reading 2 and writing 1
+// tensor where they read 5, wrote 3 and allocated the difference. This file is compiled with -ffp-contract=off
+// (CMakeLists.txt): a contracted average + weight * d would round once, not as the three kernels do. Threads: the
+// slots' elements as one range split over the team (for_blocks), one region for the whole group; an element's value
+// does not depend on who computes it. ISA: compiled once per path (isa_clones.hpp); uncontracted single operations: the
+// same bits on every path. bf16 and f64 groups take lerp_each through supports() (the core).
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <vector>
 
