@@ -284,28 +284,16 @@ int run_kernels(const BenchOptions& opt) {
       }
   // A model's EMA update over transformer-shaped tensors (12 blocks of d 256: qkv, projection, a 4x MLP, a 6d adaLN
   // modulation, their biases and norms; 162 tensors, 14.3 M elements from 256 to 393,216 each), ema += (1 - decay)
-  // (param - ema) through dew::lerp_towards (the fused lerp_group: each tensor read
-  // twice and written once, 12 bytes an f32 element) against its definition, sub, affine and add a tensor
-  // (lerp_each: 8 tensor passes and an allocation each). GB/s counts the fused form's 12 bytes in both.
+  // (param - ema) through dew::lerp_towards (the fused lerp_group: each tensor read twice and written once, 12 bytes
+  // an f32 element) against its definition, sub, affine and add a tensor (lerp_each: 8 tensor passes and an
+  // allocation each). GB/s counts the fused form's 12 bytes in both.
   if (opt.only.empty() || opt.only == "ema") {
+    const std::vector<Shape> block = {{768, 256}, {768}, {256, 256}, {256}, {1024, 256}, {1024}, {256, 1024},
+                                      {256},      {1536, 256}, {1536}, {256}, {256},  {256}};
+    const std::vector<Shape> outside = {{256, 48}, {256}, {64, 256}, {11, 256}, {256, 256}, {256}};
     std::vector<Shape> shapes;
-    for (int b = 0; b < 12; ++b)
-      for (const Shape& s : std::vector<Shape>{{768, 256},
-                                               {768},
-                                               {256, 256},
-                                               {256},
-                                               {1024, 256},
-                                               {1024},
-                                               {256, 1024},
-                                               {256},
-                                               {1536, 256},
-                                               {1536},
-                                               {256},
-                                               {256},
-                                               {256}})
-        shapes.push_back(s);
-    for (const Shape& s : std::vector<Shape>{{256, 48}, {256}, {64, 256}, {11, 256}, {256, 256}, {256}})
-      shapes.push_back(s);
+    for (int b = 0; b < 12; ++b) shapes.insert(shapes.end(), block.begin(), block.end());
+    shapes.insert(shapes.end(), outside.begin(), outside.end());
     std::vector<Tensor> averages, targets;
     std::vector<LerpSlot> slots;
     int64_t elements = 0;

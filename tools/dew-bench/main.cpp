@@ -17,10 +17,12 @@
 namespace po = boost::program_options;
 
 namespace {
+// The parts of `dew-bench kernels` (--only), written once: the usage, the option's help and its check read it.
+#define DEW_BENCH_KERNEL_PARTS "matmul|attention|decode|loss|sampling|ema"
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref|cuda] [--matmul-precision P] [--seconds S] [--repeats "
     "R] "
-    "[--only matmul|attention|decode|loss|sampling|ema]\n"
+    "[--only " DEW_BENCH_KERNEL_PARTS "]\n"
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu|cuda] "
     "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] "
     "[--activation-memory] [--steps S] "
@@ -103,7 +105,7 @@ int main(int argc, char** argv) {
       "KEY=VALUE for the backend, repeatable (cuda: attention=auto|warp, matmul_precision=...; cpu: isa=..., "
       "bf16_dot=auto|native|widened)")("seconds", po::value(&opt.seconds)->default_value(0.3),
                                        "kernels: seconds per repeat")(
-      "only", po::value(&opt.only), "kernels: matmul | attention | decode | loss | sampling | ema (one part alone)")(
+      "only", po::value(&opt.only), "kernels: one part alone, " DEW_BENCH_KERNEL_PARTS)(
       "repeats", po::value<int>(), "kernels: repeats (the median is printed; 5); generate: timed generations (5)")(
       "config", po::value(&lm.config)->default_value("char-small"), "train/generate: config name or .ini path")(
       "steps", po::value(&lm.steps)->default_value(10), "train: timed steps")(
@@ -141,9 +143,9 @@ int main(int argc, char** argv) {
     opt.no_block_cache = lm.activation_memory;
     for (const auto& p : dew::Registry::default_plugin_dirs()) plugin_dirs.push_back(p);
     dew::Registry::global().discover(plugin_dirs);
-    if (!opt.only.empty() && opt.only != "matmul" && opt.only != "attention" && opt.only != "decode" &&
-        opt.only != "loss" && opt.only != "sampling" && opt.only != "ema")
-      throw dew::UsageError("--only takes matmul, attention, decode, loss, sampling or ema, not '" + opt.only + "'");
+    if (!opt.only.empty() &&
+        std::string("|" DEW_BENCH_KERNEL_PARTS "|").find("|" + opt.only + "|") == std::string::npos)
+      throw dew::UsageError("--only takes one of " DEW_BENCH_KERNEL_PARTS ", not '" + opt.only + "'");
     if (suite == "kernels") return dew_bench::run_kernels(opt);
     if (suite == "train" && lm.config == "dit") return dew_bench::run_dit_train(lm, opt);
     if (suite == "train") return dew_bench::run_train(lm, opt);
