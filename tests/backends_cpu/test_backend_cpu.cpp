@@ -473,7 +473,8 @@ TEST_CASE("cpu: unary and unary_backward, every op") {
   check_close({x.c, want.r}, 8 * kEps, 8 * kEps, "unary in place");
 }
 
-TEST_CASE("cpu: unary_backward_sum equals unary_backward then reduce bit for bit in f32, and ref within tolerance") {
+TEST_CASE(
+    "cpu: unary_backward_sum equals unary_backward then reduce bit for bit in f32 and bf16, and ref within tolerance") {
   // 1024 x 1024 (the DiT's fc1: the threaded row split when the team has several threads), 5 x 33 (odd).
   for (const Shape& sh : {Shape{1024, 1024}, Shape{5, 33}}) {
     for (UnaryOp op : {UnaryOp::gelu_tanh, UnaryOp::silu, UnaryOp::gelu}) {
@@ -497,6 +498,17 @@ TEST_CASE("cpu: unary_backward_sum equals unary_backward then reduce bit for bit
       cpu()->reduce(want_dx, want_ds, rp);
       check_equal({dx.c, want_dx}, "dx against unary_backward");
       check_equal({ds.c, want_ds}, "dsum against reduce");
+      // bf16 storage (a bf16-mixed MLP): dx as unary_backward stores it, dsum the sums of those stored values, as
+      // reduce gives them (unary_backward's bf16 against ref: the bf16 storage test below). A kernel that summed the
+      // unrounded f32 values, or rounded the sum differently, misses these bits.
+      const Tensor xb = cast(x.c, DType::bf16), dyb = cast(dy.c, DType::bf16);
+      Tensor dxb = Tensor::empty(sh, DType::bf16, cpu()), dsb = Tensor::empty({d}, DType::bf16, cpu());
+      cpu()->unary_backward_sum(xb, dyb, dxb, dsb, p);
+      Tensor want_dxb = Tensor::empty(sh, DType::bf16, cpu()), want_dsb = Tensor::empty({d}, DType::bf16, cpu());
+      cpu()->unary_backward(xb, dyb, want_dxb, p);
+      cpu()->reduce(want_dxb, want_dsb, rp);
+      check_equal({dxb, want_dxb}, "bf16 dx against unary_backward");
+      check_equal({dsb, want_dsb}, "bf16 dsum against reduce");
     }
   }
 }

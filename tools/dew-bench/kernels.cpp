@@ -148,6 +148,7 @@ int run_kernels(const BenchOptions& opt) {
   for (const AttnShape& a : attn_shapes)
     for (DType dt : attn_dtypes) {
       if ((!opt.only.empty() && opt.only != "attention") || (a.device_only && !device)) break;
+      if (getenv("DEW_ATTN_WHAT") && std::string(getenv("DEW_ATTN_WHAT")) != a.what) break;  // TEMP
       const int64_t B = a.B, H = a.H, T = a.T, D = a.D;
       const auto normal = [&](uint64_t stream) { return cast(Tensor::normal({B, T, H, D}, 0, 1, 2, stream, be), dt); };
       Tensor q = normal(1), k = normal(2), v = normal(3), dout = normal(4);
@@ -315,6 +316,48 @@ int run_kernels(const BenchOptions& opt) {
         shapes.size(), (long long)elements, opt.backend.c_str(), opt.threads, fused * 1e3, each * 1e3, each / fused,
         bytes / fused * 1e-9, bytes / each * 1e-9, cpu_model().c_str());
     std::fflush(stdout);
+  }
+  // The MLP activation GELU-tanh at the DiT's and gpt-style hidden shapes (rows x 4d): the forward (unary), the
+  // backward (unary_backward), the backward then its bias sums (reduce over the rows) and both fused
+  // (unary_backward_sum, where the backend runs the dtype), in f32 and bf16. Memory-bound in principle: GB/s counts
+  // each tensor read or written once (forward 2, backward 3 tensors; the sums' [D] output is negligible),
+  // ns_per_element shows an arithmetic bound.
+  if (opt.only.empty() || opt.only == "activations") {
+    const std::vector<std::pair<Shape, const char*>> shapes = {{{1024, 1024}, "dit mlp"}, {{2048, 1536}, "d384 mlp"}};
+    for (const auto& [shape, what] : shapes)
+      for (DType dt : {DType::f32, DType::bf16}) {
+        if (!be->supports(Kernel::unary_backward, dt).ok) continue;
+        const Tensor x = cast(Tensor::normal(shape, 0, 1.5f, 21, 0, be), dt);
+        const Tensor dy = cast(Tensor::normal(shape, 0, 1, 22, 0, be), dt);
+        Tensor out = Tensor::empty(shape, dt, be), dx = Tensor::empty(shape, dt, be);
+        Tensor dsum = Tensor::empty({shape[1]}, dt, be);
+        const UnaryParams p{UnaryOp::gelu_tanh};
+        const auto sync = [&] { be->synchronize(); };
+        const double fwd = median_seconds([&] { be->unary(x, out, p); }, opt, sync);
+        const double bwd = median_seconds([&] { be->unary_backward(x, dy, dx, p); }, opt, sync);
+        ReduceParams rp;
+        rp.op = ReduceOp::sum, rp.outer = 1, rp.reduce = shape[0], rp.inner = shape[1];
+        const double bwd_reduce = median_seconds(
+            [&] {
+              be->unary_backward(x, dy, dx, p);
+              be->reduce(dx, dsum, rp);
+            },
+            opt, sync);
+        double bwd_sum = -1;  // (-1: the backend has no fused form in this dtype)
+        if (be->supports(Kernel::unary_backward_sum, dt).ok)
+          bwd_sum = median_seconds([&] { be->unary_backward_sum(x, dy, dx, dsum, p); }, opt, sync);
+        const double n = double(x.numel()), bytes = n * double(dtype_size(dt));
+        std::printf(
+            "{\"bench\":\"activation\",\"op\":\"gelu_tanh\",\"shape\":\"%lldx%lld\",\"what\":\"%s\","
+            "\"dtype\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"ms_fwd\":%.3f,\"ms_bwd\":%.3f,"
+            "\"ms_bwd_then_reduce\":%.3f,\"ms_bwd_sum\":%.3f,\"gbs_fwd\":%.1f,\"gbs_bwd\":%.1f,\"ns_per_element_fwd\":%"
+            ".3f,"
+            "\"ns_per_element_bwd\":%.3f,\"cpu\":\"%s\"}\n",
+            (long long)shape[0], (long long)shape[1], what, dtype_name(dt), opt.backend.c_str(), opt.threads, fwd * 1e3,
+            bwd * 1e3, bwd_reduce * 1e3, bwd_sum * 1e3, 2 * bytes / fwd * 1e-9, 3 * bytes / bwd * 1e-9, fwd / n * 1e9,
+            bwd / n * 1e9, cpu_model().c_str());
+        std::fflush(stdout);
+      }
   }
   return 0;
 }

@@ -16,7 +16,8 @@
 //   widened in L1 (bf16_bits.hpp's map_chunks), so each output is the f32 kernel's value on the widened inputs,
 //   rounded once.
 // * unary_backward_sum: unary_backward and the column sums of its output (a bias gradient) in one pass over
-//   blocks of rows; the bits of unary_backward then reduce (see the kernel).
+//   blocks of rows; the bits of unary_backward then reduce (see the kernel), f32 and bf16 (the sums of the stored,
+//   rounded dx: a bf16-mixed MLP's bias gradient no longer takes a reduce pass of its own).
 // * binary: numpy broadcasting. Fast paths: equal shapes (one flat loop), a scalar operand, and the
 //   general case after coalescing dimensions, whose innermost loop is contiguous for the common
 //   [N, D] (+) [D] row broadcast. Comparisons write 1/0. maximum/minimum propagate NaN.
@@ -145,6 +146,29 @@ void grad_rows_sum(const float* x, const float* dy, float* o, double* acc, int64
       acc[j] += double(v);
     }
   }
+}
+// bf16 storage: each row in chunks widened in L1 (map_chunks2's form: the f32 loop is the one compiled code), each
+// value rounded once as stored and its rounded value added (what reduce reads back from dx).
+template <class Grad>
+void grad_rows_sum(const uint16_t* x, const uint16_t* dy, uint16_t* o, double* acc, int64_t d, int64_t r0, int64_t r1,
+                   Grad grad) {
+  alignas(64) float xb[kMapChunk], gb[kMapChunk], ob[kMapChunk];
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t j0 = 0; j0 < d; j0 += kMapChunk) {
+      const int64_t c = std::min(kMapChunk, d - j0), at = r * d + j0;
+      widen_into(x + at, xb, c);
+      widen_into(dy + at, gb, c);
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) ob[j] = grad(xb[j], gb[j]);
+      uint16_t* orow = o + at;
+      double* a = acc + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) {
+        const uint16_t h = round_bits(ob[j]);
+        orow[j] = h;
+        a[j] += double(widen_bits(h));
+      }
+    }
 }
 
 // o[i] = op(x[i]) (map1) and o[i] = op(x[i], y[i]) (map2) over [0, n), split over the team in contiguous
@@ -919,25 +943,15 @@ void reduce(CpuBackend& self, const Tensor& x, Tensor& out, const ReduceParams& 
 // (add_rows). With reduce's own split (reduce_row_split: a contiguous block of rows per
 // thread, the double partials added in thread order when red >= 4 threads, else one sequential sum) the bits
 // equal unary_backward then reduce, thread count for thread count; on one thread no OpenMP region is entered.
-void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum,
-                        const UnaryParams& p) {
-  contracts::check_unary_backward_sum("cpu.unary_backward_sum", x, dy, dx, dsum);
-  check_unary_op(p, "unary_backward_sum");
-  require_f32(x, "unary_backward_sum", "x");
-  const int64_t d = last_dim(x), rows = rows_of(x), n = x.numel();
-  float* s = dsum.data_as<float>();
-  if (d == 0) return;
-  if (rows == 0) {
-    std::fill(s, s + d, 0.0f);
-    return;
-  }
-  const float* xs = x.data_as<float>();
-  const float* g = dy.data_as<float>();
-  float* o = dx.data_as<float>();
+// bf16: dx as unary_backward stores it (f32 arithmetic, rounded once), the sums over those stored values.
+namespace {
+template <class T>
+void unary_backward_sum_of(const T* xs, const T* g, T* o, T* s, int64_t d, int64_t rows, const UnaryParams& p) {
+  const int64_t n = rows * d;
   const int nthreads = omp_get_max_threads();
   const int parts = parallel_worth(n) && rows >= 4 * nthreads && d <= kRowSplitMaxInner ? nthreads : 1;
   ThreadPartials part(parts, d);
-  const int64_t chunk = std::max<int64_t>(1, 8192 / d);  // rows per block: ~32 KB of dx, re-read from cache
+  const int64_t chunk = std::max<int64_t>(1, 8192 / d);  // rows per block: ~32 KB of f32 dx, re-read from cache
   auto rows_into = [=, &part](int64_t r0, int64_t r1, int t) {
     double* acc = part.of(t);
     if (p.op == UnaryOp::gelu_tanh) {  // the MLP activations: one pass, the sums from the registers
@@ -966,8 +980,32 @@ void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Ten
   for (int64_t j = 0; j < d; ++j) {
     double v = part.of(0)[j];
     for (int t = 1; t < parts; ++t) v += part.of(t)[j];
-    s[j] = float(v);
+    st(s + j, float(v));  // as reduce stores a sum: to float, then (bf16) rounded once more
   }
+}
+}  // namespace
+
+void unary_backward_sum(CpuBackend& self, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor& dsum,
+                        const UnaryParams& p) {
+  contracts::check_unary_backward_sum("cpu.unary_backward_sum", x, dy, dx, dsum);
+  check_unary_op(p, "unary_backward_sum");
+  const int64_t d = last_dim(x), rows = rows_of(x);
+  if (d == 0) return;
+  if (is_bf16_call(x)) {  // bf16 storage, f32 arithmetic (as unary_backward), the sums of the stored bf16 dx
+    if (rows == 0) {
+      std::fill_n(dsum.data_as<uint16_t>(), d, uint16_t(0));  // +0's bits
+      return;
+    }
+    return unary_backward_sum_of(x.data_as<uint16_t>(), dy.data_as<uint16_t>(), dx.data_as<uint16_t>(),
+                                 dsum.data_as<uint16_t>(), d, rows, p);
+  }
+  require_f32(x, "unary_backward_sum", "x");
+  float* s = dsum.data_as<float>();
+  if (rows == 0) {
+    std::fill(s, s + d, 0.0f);
+    return;
+  }
+  unary_backward_sum_of(x.data_as<float>(), dy.data_as<float>(), dx.data_as<float>(), s, d, rows, p);
 }
 
 // ---------------------------------------------------------------- argmax

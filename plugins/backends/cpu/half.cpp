@@ -41,6 +41,7 @@ Support bf16_support(Kernel k) {
     case Kernel::matmul:  // every CPU: oneDNN's bf16 kernel with AVX512-BF16, else widened here (matmul_bf16)
     case Kernel::unary:
     case Kernel::unary_backward:
+    case Kernel::unary_backward_sum:
     case Kernel::binary:
     case Kernel::gated_activation:
     case Kernel::gated_activation_backward:
