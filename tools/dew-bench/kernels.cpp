@@ -5,9 +5,10 @@
 // forward+backward times at the char-small, gpt-mini and DiT shapes, and the decode products against one weight,
 // row-major and in the backend's decode panels, the decode attention (one query against a cache), and one sampling
 // draw (dew::sample_token, host code) at three vocabulary sizes, and the cross-entropy forward, backward and argmax
-// over logits of those vocabularies, and a model's EMA update (dew::lerp_towards, the fused lerp_group, against its
-// definition of three kernels a tensor) (`--only matmul|attention|decode|loss|sampling|ema` runs one part). One JSON
-// line per measurement. With
+// over logits of those vocabularies, a model's EMA update (dew::lerp_towards, the fused lerp_group, against its
+// definition of three kernels a tensor), and the MLP activation GELU-tanh forward and backward (with and without its
+// bias sums fused) in f32 and bf16 (`--only matmul|attention|decode|loss|sampling|ema|activations` runs one part).
+// One JSON line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
 #include <omp.h>
@@ -148,7 +149,6 @@ int run_kernels(const BenchOptions& opt) {
   for (const AttnShape& a : attn_shapes)
     for (DType dt : attn_dtypes) {
       if ((!opt.only.empty() && opt.only != "attention") || (a.device_only && !device)) break;
-      if (getenv("DEW_ATTN_WHAT") && std::string(getenv("DEW_ATTN_WHAT")) != a.what) break;  // TEMP
       const int64_t B = a.B, H = a.H, T = a.T, D = a.D;
       const auto normal = [&](uint64_t stream) { return cast(Tensor::normal({B, T, H, D}, 0, 1, 2, stream, be), dt); };
       Tensor q = normal(1), k = normal(2), v = normal(3), dout = normal(4);
