@@ -67,9 +67,16 @@ void ProfilingBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 void ProfilingBackend::copy_device(void* dst, const void* src, size_t bytes) {
   timed("copy_device", [&] { inner_->copy_device(dst, src, bytes); });
 }
-std::string ProfilingBackend::kernel_label(Kernel, const Tensor&, const Tensor&, const Tensor& bias, const Tensor&,
-                                           const MatmulParams& p) {
-  return matmul_label(p, bias.defined());
+std::string ProfilingBackend::kernel_label(Kernel, const Tensor& a, const Tensor& b, const Tensor& bias,
+                                           const Tensor& out, const MatmulParams& p) {
+  std::string label = matmul_label(p, bias.defined());
+  if (!products_.count(label)) {
+    Product q;
+    q.label = label, q.params = p, q.has_bias = bias.defined();
+    q.a = a.dtype(), q.b = b.dtype(), q.out = out.dtype(), q.bias = bias.defined() ? bias.dtype() : out.dtype();
+    products_.emplace(label, q);
+  }
+  return label;
 }
 std::string ProfilingBackend::kernel_label(Kernel k, const Tensor&, const Tensor&, const UnaryParams& p) {
   return std::string(kernel_name(k)) + " " + unary_op_name(p.op);

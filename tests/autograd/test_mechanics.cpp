@@ -1,8 +1,10 @@
 // tests/autograd/test_mechanics.cpp — the autograd machinery itself: accumulation, reuse, no_grad, errors,
 // zero_grad, detach and gradient aliasing, gradients summed in place (accumulation_target), gradients written over
-// saved values that expire (saved_values_expire). Values are exact (small
+// saved values that expire (saved_values_expire), the profiler's record of the products. Values are exact (small
 // integers and powers of two in f64), or compared bit for bit against the same computation done apart.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <map>
+
 #include "dew/profile.hpp"
 #include "gradcheck.hpp"
 
@@ -581,4 +583,44 @@ TEST_CASE("products sum the gradients of a shared input in place: the values of 
     CHECK(both[1].grad().to_doubles() == (one[1].grad() + one[1].grad()).to_doubles());
     CHECK(both[2].grad().to_doubles() == (two[2].grad() + two[2].grad()).to_doubles());
   }
+}
+
+TEST_CASE("ProfilingBackend::products: each product shape once, with its first call's parameters, calls and time") {
+  // Two linears of one shape and one of another, forward and backward: every product the profiler timed is listed
+  // under its label with the parameters a replay needs (m, k, n, transposes, bias, dtypes) and the label's calls.
+  auto prof = std::make_shared<dew::ProfilingBackend>(ref());
+  const auto rand_floats = [](int64_t n, uint64_t seed) {
+    const std::vector<double> v = rand_values(n, -1, 1, seed);
+    return std::vector<float>(v.begin(), v.end());
+  };
+  const Tensor x = Tensor::from_vector(rand_floats(3 * 8, 1), {3, 8}, prof).set_requires_grad(true);
+  const Tensor w1 = Tensor::from_vector(rand_floats(5 * 8, 2), {5, 8}, prof).set_requires_grad(true);
+  const Tensor w2 = Tensor::from_vector(rand_floats(5 * 8, 3), {5, 8}, prof).set_requires_grad(true);
+  const Tensor b = Tensor::from_vector(rand_floats(5, 4), {5}, prof);
+  prof->start();
+  const Tensor l = dew::sum(dew::linear(x, w1, b)) + dew::sum(dew::linear(x, w2, b)) +
+                   dew::sum(dew::matmul(x, dew::transpose(w1, 0, 1)));
+  l.backward();
+  prof->stop();
+  std::map<std::string, dew::ProfilingBackend::Product> by_label;
+  int64_t calls = 0;
+  for (const auto& p : prof->products()) {
+    by_label[p.label] = p;
+    calls += p.calls;
+    CHECK(p.calls == prof->calls(p.label));
+    CHECK(p.seconds >= 0);
+    CHECK(p.a == DType::f32);
+    CHECK(p.out == DType::f32);
+  }
+  REQUIRE(by_label.count("matmul 3x8x5 Bt +bias"));  // the two linears' forward: one label, two calls
+  const dew::ProfilingBackend::Product& fwd = by_label["matmul 3x8x5 Bt +bias"];
+  CHECK(fwd.calls == 2);
+  CHECK(fwd.has_bias);
+  CHECK((fwd.params.m == 3 && fwd.params.k == 8 && fwd.params.n == 5 && fwd.params.trans_b && !fwd.params.trans_a));
+  int64_t all_matmuls = 0;  // the profiler's own count of matmul calls, label by label
+  for (const auto& [label, p] : by_label) all_matmuls += prof->calls(label);
+  CHECK(calls == all_matmuls);
+  CHECK(calls >= 3 + 2 * 2);  // 3 forward products; dx and dw of each linear (the bare matmul's too)
+  prof->start();              // a restart forgets them
+  CHECK(prof->products().empty());
 }

@@ -101,6 +101,8 @@ std::shared_ptr<dew::Backend> make_backend(const BenchOptions& opt);
 // at the end, prints its report to stderr.
 void profile_reset(const std::shared_ptr<dew::Backend>& be);
 void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double step_ms);
+// After a training step's profile_report: its products replayed alone (main.cpp), against their time in the step.
+void profile_products_alone(const std::shared_ptr<dew::Backend>& be, int steps, const BenchOptions& opt);
 // Stops counting without clearing, and goes on counting (generate: only the decode loops are profiled).
 void profile_pause(const std::shared_ptr<dew::Backend>& be);
 void profile_resume(const std::shared_ptr<dew::Backend>& be);

@@ -147,6 +147,7 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   const dew::MemoryStats ms = be->memory_stats();
   mem.tracked = ms.tracked;
   mem.peak = ms.peak;
+  profile_products_alone(be, int(times.size()), opt);  // (after the memory figures: it allocates)
   // MFU against this machine's measured peak at the step's products (B * tokens rows): oneDNN direct on a CPU.
   std::vector<std::pair<int64_t, int64_t>> weights;
   for (const auto& [name, p] : params)

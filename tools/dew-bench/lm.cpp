@@ -262,6 +262,7 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   mem.tracked = ms.tracked;
   mem.peak = ms.peak;
   f.mem = mem;
+  profile_products_alone(b.backend, int(times.size()), opt);  // (after the memory figures: it allocates)
   return f;
 }
 

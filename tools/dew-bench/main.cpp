@@ -11,6 +11,7 @@
 
 #include "bench.hpp"
 #include "dew/error.hpp"
+#include "dew/ops.hpp"
 #include "dew/profile.hpp"
 #include "dew/registry.hpp"
 
@@ -74,6 +75,43 @@ void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double s
   p->stop();
   std::istringstream lines(p->report(steps, step_ms));
   for (std::string line; std::getline(lines, line);) std::fprintf(stderr, "# %s\n", line.c_str());
+}
+// Each product shape of the profiled steps run alone on the wrapped backend, over and over on the same operands
+// (hot in the cache, as `dew-bench kernels` times them), against its time in the step: what the step's products
+// lose to their setting (operands that earlier kernels pushed out of the cache, the step's other traffic). Only
+// the float products a training step makes (a and b of one dtype); alpha, beta and the epilogue as recorded, out
+// starting at zeros.
+void profile_products_alone(const std::shared_ptr<dew::Backend>& be, int steps, const BenchOptions& opt) {
+  auto* prof = dynamic_cast<dew::ProfilingBackend*>(be.get());
+  if (!prof) return;
+  const dew::BackendPtr& inner = prof->inner();
+  BenchOptions quick = opt;
+  quick.seconds = std::min(opt.seconds, 0.2), quick.repeats = 3;
+  const double n = double(std::max(steps, 1));
+  double in_step = 0, alone = 0;
+  std::vector<std::pair<double, std::string>> rows;
+  for (const dew::ProfilingBackend::Product& q : prof->products()) {
+    const dew::MatmulParams& p = q.params;
+    if (q.a != q.b || !dew::is_floating(q.a) || q.calls == 0) continue;
+    const auto span = [&](int64_t stride, int64_t mat) { return std::max<int64_t>(1, (p.batch - 1) * stride + mat); };
+    const dew::Tensor a = dew::cast(dew::Tensor::uniform({span(p.a_batch_stride, p.m * p.k)}, -1, 1, 5, 1, inner), q.a);
+    const dew::Tensor b = dew::cast(dew::Tensor::uniform({span(p.b_batch_stride, p.k * p.n)}, -1, 1, 5, 2, inner), q.b);
+    const dew::Tensor bias =
+        q.has_bias ? dew::cast(dew::Tensor::uniform({p.n}, -1, 1, 5, 3, inner), q.bias) : dew::Tensor();
+    dew::Tensor out = dew::Tensor::zeros({std::max<int64_t>(1, p.batch * p.m * p.n)}, q.out, inner);
+    const double s = median_seconds([&] { inner->matmul(a, b, bias, out, p); }, quick, [&] { inner->synchronize(); });
+    const double step_ms = q.seconds * 1e3 / n, alone_ms = s * 1e3 * double(q.calls) / n;
+    in_step += step_ms, alone += alone_ms;
+    char line[256];
+    std::snprintf(line, sizeof line, "%9.3f %9.3f %6.2f  %s", step_ms, alone_ms, alone_ms / step_ms, q.label.c_str());
+    rows.emplace_back(step_ms, line);
+  }
+  if (rows.empty()) return;
+  std::sort(rows.rbegin(), rows.rend());
+  std::fprintf(stderr, "# products alone: each shape run on its own, its operands hot in the cache (ms per step)\n");
+  std::fprintf(stderr, "# %9s %9s %6s  %s\n", "in step", "alone", "ratio", "product");
+  for (const auto& [ms, line] : rows) std::fprintf(stderr, "# %s\n", line.c_str());
+  std::fprintf(stderr, "# %9.3f %9.3f %6.2f  all products (alone / in the step)\n", in_step, alone, alone / in_step);
 }
 }  // namespace dew_bench
 

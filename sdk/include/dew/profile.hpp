@@ -31,6 +31,7 @@ class ProfilingBackend final : public Backend {
   // Starts (or restarts) timing from zero: call it after the warm-up steps.
   void start() {
     stats_.clear();
+    products_.clear();
     pending_.clear();
     inner_->synchronize();
     inner_->device_marks_release();
@@ -57,6 +58,28 @@ class ProfilingBackend final : public Backend {
     return it == stats_.end() ? 0 : it->second.calls;
   }
   const BackendPtr& inner() const { return inner_; }
+  // The products (matmul calls) timed since start(), one per label: the parameters and dtypes of the label's first
+  // call (a label is a shape, so every call under it has them but for alpha / beta), its calls and seconds. What
+  // `dew-bench train --profile` replays alone to show what the step's products cost against the same products with
+  // their operands hot in the cache.
+  struct Product {
+    std::string label;
+    MatmulParams params;
+    DType a = DType::f32, b = DType::f32, out = DType::f32, bias = DType::f32;
+    bool has_bias = false;
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  std::vector<Product> products() const {
+    std::vector<Product> v;
+    for (const auto& [label, p] : products_) {
+      Product q = p;
+      const auto it = stats_.find(label);
+      if (it != stats_.end()) q.calls = it->second.calls, q.seconds = it->second.seconds;
+      v.push_back(q);
+    }
+    return v;
+  }
 
   std::string name() const override { return inner_->name(); }
   bool host_accessible() const override { return inner_->host_accessible(); }
@@ -95,8 +118,9 @@ class ProfilingBackend final : public Backend {
   static std::string kernel_label(Kernel k, const Args&...) {
     return kernel_name(k);
   }
-  static std::string kernel_label(Kernel, const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
-                                  const MatmulParams& p);
+  // (matmul: also keeps the label's first call's parameters and dtypes in products_)
+  std::string kernel_label(Kernel, const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
+                           const MatmulParams& p);
   static std::string kernel_label(Kernel k, const Tensor& x, const Tensor& out, const UnaryParams& p);
   static std::string kernel_label(Kernel k, const Tensor& x, const Tensor& dy, const Tensor& dx, const UnaryParams& p);
   static std::string kernel_label(Kernel k, const Tensor& a, const Tensor& b, const Tensor& out, BinaryOp op);
@@ -148,6 +172,7 @@ class ProfilingBackend final : public Backend {
   BackendPtr inner_;
   bool enabled_ = false, device_clock_ = false;
   std::map<std::string, Stat> stats_;  // node-based: Pending keeps pointers into it
+  std::map<std::string, Product> products_;  // by label: the first call's parameters (products())
   std::vector<Pending> pending_;
 };
 
