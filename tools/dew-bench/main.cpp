@@ -79,8 +79,8 @@ void profile_report(const std::shared_ptr<dew::Backend>& be, int steps, double s
 // Each product shape of the profiled steps run alone on the wrapped backend, over and over on the same operands
 // (hot in the cache, as `dew-bench kernels` times them), against its time in the step: what the step's products
 // lose to their setting (operands that earlier kernels pushed out of the cache, the step's other traffic). Only
-// the float products a training step makes (a and b of one dtype); alpha, beta and the epilogue as recorded, out
-// starting at zeros.
+// the float products a training step makes (a and b of one dtype, none empty); alpha, beta and the epilogue as
+// recorded, out starting at zeros.
 void profile_products_alone(const std::shared_ptr<dew::Backend>& be, int steps, const BenchOptions& opt) {
   auto* prof = dynamic_cast<dew::ProfilingBackend*>(be.get());
   if (!prof) return;
@@ -92,13 +92,13 @@ void profile_products_alone(const std::shared_ptr<dew::Backend>& be, int steps, 
   std::vector<std::pair<double, std::string>> rows;
   for (const dew::ProfilingBackend::Product& q : prof->products()) {
     const dew::MatmulParams& p = q.params;
-    if (q.a != q.b || !dew::is_floating(q.a) || q.calls == 0) continue;
-    const auto span = [&](int64_t stride, int64_t mat) { return std::max<int64_t>(1, (p.batch - 1) * stride + mat); };
+    if (q.a != q.b || !dew::is_floating(q.a) || q.calls == 0 || p.batch * p.m * p.n * p.k == 0) continue;
+    const auto span = [&](int64_t stride, int64_t mat) { return (p.batch - 1) * stride + mat; };
     const dew::Tensor a = dew::cast(dew::Tensor::uniform({span(p.a_batch_stride, p.m * p.k)}, -1, 1, 5, 1, inner), q.a);
     const dew::Tensor b = dew::cast(dew::Tensor::uniform({span(p.b_batch_stride, p.k * p.n)}, -1, 1, 5, 2, inner), q.b);
     const dew::Tensor bias =
         q.has_bias ? dew::cast(dew::Tensor::uniform({p.n}, -1, 1, 5, 3, inner), q.bias) : dew::Tensor();
-    dew::Tensor out = dew::Tensor::zeros({std::max<int64_t>(1, p.batch * p.m * p.n)}, q.out, inner);
+    dew::Tensor out = dew::Tensor::zeros({p.batch * p.m * p.n}, q.out, inner);
     const double s = median_seconds([&] { inner->matmul(a, b, bias, out, p); }, quick, [&] { inner->synchronize(); });
     const double step_ms = q.seconds * 1e3 / n, alone_ms = s * 1e3 * double(q.calls) / n;
     in_step += step_ms, alone += alone_ms;
