@@ -16,6 +16,8 @@
 // mfu_onednn = achieved / the best rate oneDNN reaches when called directly on the step's own product shapes
 // at the same thread count and precision; on a device backend mfu_device instead, the best of dew::matmul on
 // it at those shapes and 8192^3 (measured on this machine, every run: no chip's peak is written in).
+// --profile (train and dew-bench train --config dit): the kernels of the timed steps (profile_report), then each
+// product shape run alone, operands hot, beside its time in the step (profile_products_alone, main.cpp).
 //
 // generate: greedy decoding (--temperature T > 0: every token drawn by dew::sample_token, seed 1) with the KV cache
 // (dew::decoder_start over CausalDecoder::forward_cached_last, as
