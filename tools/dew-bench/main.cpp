@@ -86,7 +86,7 @@ void profile_products_alone(const std::shared_ptr<dew::Backend>& be, int steps, 
   if (!prof) return;
   const dew::BackendPtr& inner = prof->inner();
   BenchOptions quick = opt;
-  quick.seconds = std::min(opt.seconds, 0.2), quick.repeats = 3;
+  quick.seconds = std::min(opt.seconds, 0.1), quick.repeats = 3;  // ~0.4 s a shape (device-check profiles too)
   const double n = double(std::max(steps, 1));
   double in_step = 0, alone = 0;
   std::vector<std::pair<double, std::string>> rows;
