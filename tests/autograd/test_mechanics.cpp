@@ -586,8 +586,9 @@ TEST_CASE("products sum the gradients of a shared input in place: the values of 
 }
 
 TEST_CASE("ProfilingBackend::products: each product shape once, with its first call's parameters, calls and time") {
-  // Two linears of one shape and one of another, forward and backward: every product the profiler timed is listed
-  // under its label with the parameters a replay needs (m, k, n, transposes, bias, dtypes) and the label's calls.
+  // Two linears with a bias and a bare product of the same shape (another label: no bias), forward and backward:
+  // every product the profiler timed is listed once under its label, with the parameters a replay needs (m, k, n,
+  // transposes, bias, dtypes) and the label's calls.
   auto prof = std::make_shared<dew::ProfilingBackend>(ref());
   const auto rand_floats = [](int64_t n, uint64_t seed) {
     const std::vector<double> v = rand_values(n, -1, 1, seed);
