@@ -144,12 +144,12 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, const AttentionParams&
   return y;
 }
 
-Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
-                     const Tensor& segment_ids) {
-  detail::mark_step_opaque();  // direct calls below
-  if (detail::autocast_lowers({&x, &w, &bias}))
-    return qkv_attention(detail::autocast_lower(x), detail::autocast_lower(w), detail::autocast_lower(bias), heads, p,
-                         segment_ids);
+// qkv_attention on x, w, bias of one dtype, recorded on x_g, w_g, b_g: the same tensors, or under autocast the f32
+// ones they were lowered from (lower_operand), whose gradients then come back in f32 (widened products; the bias's
+// column sums cast once).
+static Tensor qkv_attention_of(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads,
+                               const AttentionParams& p, const Tensor& segment_ids, const Tensor& x_g,
+                               const Tensor& w_g, const Tensor& b_g) {
   DEW_CHECK(x.ndim() == 3, "qkv_attention: x must be [B, T, D], got ", shape_str(x.shape()));
   const int64_t b = x.shape()[0], t = x.shape()[1], din = x.shape()[2], rows = b * t;
   DEW_CHECK(heads > 0 && w.ndim() == 2 && w.shape()[1] == din && w.shape()[0] % (3 * heads) == 0,
@@ -182,20 +182,21 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
   const Tensor seg = segment_ids.defined() ? segment_ids.detach() : Tensor();
   be.attention(parts[0], parts[1], parts[2], seg, out, lse, p);
   Tensor y = out.reshape({b, t, dm});
-  if (needs_grad({&x, &w, &bias})) {
+  if (needs_grad({&x_g, &w_g, &b_g})) {
     const Tensor q = parts[0], k = parts[1], v = parts[2], od = out;
-    const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gb = needs_grad({&bias});
+    const bool gx = needs_grad({&x_g}), gw = needs_grad({&w_g}), gb = needs_grad({&b_g});
+    const DType tx = x_g.dtype(), tw = w_g.dtype(), tb = gb ? b_g.dtype() : x.dtype();
     const Shape xs = x.shape();
     record(
-        y, {x, w, bias},
-        [xd, wd, q, k, v, seg, od, lse, p, xs, rows, din, dm, gx, gw, gb](const Tensor& g) {
+        y, {x_g, w_g, b_g},
+        [xd, wd, q, k, v, seg, od, lse, p, xs, rows, din, dm, gx, gw, gb, tx, tw, tb](const Tensor& g) {
           detail::KernelCall bk = detail::kernels(xd);
           Tensor dparts[3];
           for (int j = 0; j < 3; ++j) dparts[j] = Tensor::empty(q.shape(), q.dtype(), q.backend_ptr());
           bk.attention_backward(q, k, v, seg, od, lse, g.reshape(q.shape()), dparts[0], dparts[1], dparts[2], p);
           Tensor dx, dw, db;
-          if (gx) dx = Tensor::empty({rows, din}, xd.dtype(), xd.backend_ptr());
-          if (gw) dw = Tensor::empty(wd.shape(), wd.dtype(), wd.backend_ptr());
+          if (gx) dx = Tensor::empty({rows, din}, tx, xd.backend_ptr());  // f32 for a lowered x: widened products
+          if (gw) dw = Tensor::empty(wd.shape(), tw, wd.backend_ptr());
           {
             // each of dq, dk, dv is read by its two products, x by the three dW_j: one bracket, part by part, so the
             // backend's table of operands (4 on cpu) still holds x and the part when their second reader comes
@@ -233,12 +234,22 @@ Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64
               rp.inner = dm;
               bk.reduce(dparts[j], block, rp);
             }
+            db = cast(db, tb);
           }
           return std::vector<Tensor>{dx, dw, db};
         },
         "qkv_attention");
   }
   return y;
+}
+
+Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
+                     const Tensor& segment_ids) {
+  detail::mark_step_opaque();  // direct calls below
+  if (detail::autocast_lowers({&x, &w, &bias}))
+    return qkv_attention_of(detail::lower_operand(x), detail::lower_operand(w), detail::lower_operand(bias), heads, p,
+                            segment_ids, x, w, bias);
+  return qkv_attention_of(x, w, bias, heads, p, segment_ids, x, w, bias);
 }
 
 // ---------------------------------------------------------------- linear_cross_entropy
@@ -353,20 +364,14 @@ struct LinearHead {
       mp.n = d;
       mp.k = m;
       mp.trans_a = true;
-      if (!half) {
-        mp.beta = c.r0 == 0 ? 0.0f : 1.0f;
-        be.matmul(dz, hc, Tensor(), dw, mp);
-      } else {
-        Tensor part = Tensor::empty({v, d}, dt, bp), wide = c.r0 == 0 ? dw : Tensor::empty({v, d}, lt, bp);
-        be.matmul(dz, hc, Tensor(), part, mp);
-        be.cast(part, wide);
-        if (c.r0 > 0) be.binary(dw, wide, dw, BinaryOp::add);
-      }
+      mp.beta = c.r0 == 0 ? 0.0f : 1.0f;  // a half dtype: the widened product, the chunks summed in f32
+      be.matmul(dz, hc, Tensor(), dw, mp);
     }
   }
-  // dh [N, D] in the products' dtype, dw [V, D] in the logits' (f32 for a half dtype), those asked for.
-  void gradients(bool gh, bool gw, Tensor& dh, Tensor& dw) const {
-    if (gh) dh = Tensor::empty({n, d}, dt, hd.backend_ptr());
+  // dh [N, D] in `dh_dtype` (the products' dtype, or f32 for an h autocast lowered: the widened product), dw [V, D] in
+  // the logits' (f32 for a half dtype), those asked for.
+  void gradients(bool gh, bool gw, DType dh_dtype, Tensor& dh, Tensor& dw) const {
+    if (gh) dh = Tensor::empty({n, d}, dh_dtype, hd.backend_ptr());
     if (gw) dw = Tensor::empty({v, d}, lt, hd.backend_ptr());
   }
   detail::KernelCall be;
@@ -382,16 +387,16 @@ struct LinearHead {
 // Per chunk: the logits, the per-row losses and lse of cross_entropy, argmax when asked, and with a gradient the
 // chunk's backward for dloss = 1 / divisor (the mean's g = 1). The backward multiplies dh and dw by g, unless g is 1
 // on a host backend (a pass over [V, D] saved).
-Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
-                            const LinearCrossEntropyOptions& o) {
-  detail::mark_step_opaque();  // direct calls below
-  if (detail::autocast_lowers({&h, &w}))
-    return linear_cross_entropy(detail::autocast_lower(h), detail::autocast_lower(w), targets, o);
+// Under autocast both heads compute on h and w lowered (lower_operand) and record the f32 h_graph and w_graph, whose
+// gradients come back in f32 (dw summed over the chunks in f32 and never rounded to the half dtype).
+static Tensor linear_cross_entropy_of(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                      const LinearCrossEntropyOptions& o, const Tensor& h_graph,
+                                      const Tensor& w_graph) {
   LinearHead head("linear_cross_entropy", h, w, targets, o.softcap);
   const int64_t n = head.n, chunk = linear_cross_entropy_chunk_rows(n, head.v, o);
   const DType lt = head.lt;
   const BackendPtr& bp = h.backend_ptr();
-  const bool gh = needs_grad({&h}), gw = needs_grad({&w});
+  const bool gh = needs_grad({&h_graph}), gw = needs_grad({&w_graph});
   // The chunk gradients are formed before the loss scale arrives (the backward's g): in f16 their entries (about
   // softmax / tokens) would flush to zero, which is what f16-mixed's loss scale exists to prevent.
   DEW_CHECK(
@@ -406,7 +411,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   if (gh || gw) {
     NoGradGuard no_grad;
     dloss = contiguous_copy(broadcast_to(div(Tensor::full({1}, 1.0, lt, bp), divisor), {n}));
-    head.gradients(gh, gw, dh, dw);
+    head.gradients(gh, gw, h_graph.dtype(), dh, dw);
   }
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t r1 = std::min(n, r0 + chunk);
@@ -421,9 +426,9 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
     out = div(sum(loss_rows), divisor);
   }
   if (gh || gw) {
-    const DType dt = head.dt;
+    const DType dt = w_graph.dtype();
     record(
-        out, {h, w},
+        out, {h_graph, w_graph},
         [dh, dw, dt](const Tensor& g) {
           const bool one = g.backend().host_accessible() && g.numel() == 1 && g.item() == 1.0;
           Tensor dhs = dh, dws = dw;
@@ -431,7 +436,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
             if (dhs.defined()) dhs = mul(dhs, cast(g.reshape({1}), dhs.dtype()));
             if (dws.defined()) dws = mul(dws, cast(g.reshape({1}), dws.dtype()));
           }
-          if (dws.defined() && dws.dtype() != dt) dws = cast(dws, dt);  // a half dtype's f32 sum, rounded once
+          if (dws.defined() && dws.dtype() != dt) dws = cast(dws, dt);  // a half w's f32 sum, rounded once
           return std::vector<Tensor>{dhs, dws};
         },
         "linear_cross_entropy");
@@ -439,13 +444,19 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   return out;
 }
 
-// Forward: per chunk the logits and cross_entropy's rows (logp = -loss; lse kept, N numbers). Backward, with the
-// rows' incoming gradients g: per chunk the logits again and the chunk's backward for dloss = -g.
-Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets,
-                             const LinearCrossEntropyOptions& o) {
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
+                            const LinearCrossEntropyOptions& o) {
   detail::mark_step_opaque();  // direct calls below
   if (detail::autocast_lowers({&h, &w}))
-    return linear_token_logprobs(detail::autocast_lower(h), detail::autocast_lower(w), targets, o);
+    return linear_cross_entropy_of(detail::lower_operand(h), detail::lower_operand(w), targets, o, h, w);
+  return linear_cross_entropy_of(h, w, targets, o, h, w);
+}
+
+// Forward: per chunk the logits and cross_entropy's rows (logp = -loss; lse kept, N numbers). Backward, with the
+// rows' incoming gradients g: per chunk the logits again and the chunk's backward for dloss = -g.
+static Tensor linear_token_logprobs_of(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                       const LinearCrossEntropyOptions& o, const Tensor& h_graph,
+                                       const Tensor& w_graph) {
   auto head = std::make_shared<LinearHead>("linear_token_logprobs", h, w, targets, o.softcap);
   const int64_t n = head->n, chunk = linear_cross_entropy_chunk_rows(n, head->v, o);
   const BackendPtr& bp = h.backend_ptr();
@@ -464,26 +475,35 @@ Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& tar
     NoGradGuard no_grad;
     out = neg(loss_rows);
   }
-  const bool gh = needs_grad({&h}), gw = needs_grad({&w});
+  const bool gh = needs_grad({&h_graph}), gw = needs_grad({&w_graph});
   if (gh || gw) {
+    const DType dh_dtype = h_graph.dtype(), dw_dtype = w_graph.dtype();
     record(
-        out, {h, w},
-        [head, targets, lse, cp, chunk, gh, gw](const Tensor& g) {
+        out, {h_graph, w_graph},
+        [head, targets, lse, cp, chunk, gh, gw, dh_dtype, dw_dtype](const Tensor& g) {
           NoGradGuard no_grad;
           const Tensor dloss = contiguous_copy(neg(cast(g, head->lt)));
           Tensor dh, dw;
-          head->gradients(gh, gw, dh, dw);
+          head->gradients(gh, gw, dh_dtype, dh, dw);
           for (int64_t r0 = 0; r0 < head->n; r0 += chunk) {
             const int64_t r1 = std::min(head->n, r0 + chunk);
             LinearHead::Chunk c = head->logits(r0, r1);
             head->backward(c, targets.slice0(r0, r1), lse.slice0(r0, r1), dloss.slice0(r0, r1), cp, dh, dw);
           }
-          if (dw.defined() && dw.dtype() != head->dt) dw = cast(dw, head->dt);  // a half dtype's f32 sum, rounded once
+          if (dw.defined() && dw.dtype() != dw_dtype) dw = cast(dw, dw_dtype);  // a half w's f32 sum, rounded once
           return std::vector<Tensor>{dh, dw};
         },
         "linear_token_logprobs");
   }
   return out;
+}
+
+Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets,
+                             const LinearCrossEntropyOptions& o) {
+  detail::mark_step_opaque();  // direct calls below
+  if (detail::autocast_lowers({&h, &w}))
+    return linear_token_logprobs_of(detail::lower_operand(h), detail::lower_operand(w), targets, o, h, w);
+  return linear_token_logprobs_of(h, w, targets, o, h, w);
 }
 
 }  // namespace dew

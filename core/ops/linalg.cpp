@@ -88,7 +88,22 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
 // the bits of the product and a separate add (Backend::matmul_beta_adds_rounded), else a fresh tensor. The
 // gradients a tensor gets from several products (x from the q/k/v or gate/up projections, a weight over
 // micro-batches) are then summed inside the products, with the same results.
-Tensor product_gradient(size_t input, const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& shape) {
+// `want` is the input's dtype: a's, or f32 for an f32 input that autocast lowered (lower_operand, op_util.hpp):
+// then the widened product (dew/kernel_contracts.hpp) stores its f32 accumulation as the gradient, a fresh tensor.
+Tensor product_gradient(size_t input, const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& shape,
+                        DType want) {
+  if (want != a.dtype()) {
+    DEW_INTERNAL_ASSERT(want == DType::f32 && is_half(a.dtype()) && !b.quantized() && b.panel_rows() == 0);
+    check_same_dtype(a, b, "matmul");
+    const MatmulShape plan = plan_matmul(a, b, ta, tb);
+    Tensor out = Tensor::empty(plan.out_shape, DType::f32, a.backend_ptr());
+    if (out.numel() == 0) return reshape(out, shape);
+    if (plan.p.k == 0)
+      kernels(a).fill(out, 0.0);
+    else
+      kernels(a).matmul(a, b, Tensor(), out, plan.p);
+    return reshape(out, shape);
+  }
   Tensor target;
   if (a.backend().matmul_beta_adds_rounded(a.dtype()) && !b.quantized() && b.panel_rows() == 0)
     target = accumulation_target(input);
@@ -105,38 +120,40 @@ Tensor product_gradient(size_t input, const Tensor& a, const Tensor& b, bool ta,
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  if (autocast_lowers({&a, &b})) return matmul(autocast_lower(a), autocast_lower(b), ta, tb);
+// matmul's body: the product of a and b (one dtype), recorded as a node on `graph` (a and b themselves, or under
+// autocast the f32 operands they were lowered from: lower_operand), whose gradients come back in its inputs' dtypes.
+static Tensor matmul_of(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& ga_t, const Tensor& gb_t) {
   Tensor out = matmul_raw(a.detach(), b.detach(), ta, tb, Tensor(), Activation::none);
-  if (needs_grad({&a, &b})) {
+  if (needs_grad({&ga_t, &gb_t})) {
     Tensor ad = a.detach(), bd = b.detach();
-    const bool ga = needs_grad({&a}), gb = needs_grad({&b});
+    const bool ga = needs_grad({&ga_t}), gb = needs_grad({&gb_t});
+    const DType wa = ga_t.dtype(), wb = gb_t.dtype();
     record(
-        out, {a, b},
-        [ad, bd, ta, tb, ga, gb](const Tensor& g) {
+        out, {ga_t, gb_t},
+        [ad, bd, ta, tb, ga, gb, wa, wb](const Tensor& g) {
           Tensor da, db;
           OperandReuse reuse(g, ga && gb);
           if (ga && ad.ndim() == 2 && g.ndim() == 2) {
-            da = ta ? product_gradient(0, bd, g, tb, true, ad.shape())     // (op(B) g^T) stored as [K, M]
-                    : product_gradient(0, g, bd, false, !tb, ad.shape());  // g op(B)^T
+            da = ta ? product_gradient(0, bd, g, tb, true, ad.shape(), wa)     // (op(B) g^T) stored as [K, M]
+                    : product_gradient(0, g, bd, false, !tb, ad.shape(), wa);  // g op(B)^T
           } else if (ga) {
             da = ta ? matmul_raw(bd, g, tb, true, Tensor(), Activation::none)
                     : matmul_raw(g, bd, false, !tb, Tensor(), Activation::none);
-            da = sum_to(da, ad.shape());
+            da = cast(sum_to(da, ad.shape()), wa);
           }
           if (gb) {
             if (!ta && bd.ndim() == 2 && ad.ndim() > 2) {  // shared weight: fold the batch into rows
               Tensor a2 = reshape(ad, {-1, ad.shape().back()});
               Tensor g2 = reshape(g, {-1, g.shape().back()});
-              db = tb ? product_gradient(1, g2, a2, true, false, bd.shape())
-                      : product_gradient(1, a2, g2, true, false, bd.shape());
+              db = tb ? product_gradient(1, g2, a2, true, false, bd.shape(), wb)
+                      : product_gradient(1, a2, g2, true, false, bd.shape(), wb);
             } else if (bd.ndim() == 2 && g.ndim() == 2) {
-              db = tb ? product_gradient(1, g, ad, true, ta, bd.shape())     // g^T op(A) stored as [N, K]
-                      : product_gradient(1, ad, g, !ta, false, bd.shape());  // op(A)^T g
+              db = tb ? product_gradient(1, g, ad, true, ta, bd.shape(), wb)     // g^T op(A) stored as [N, K]
+                      : product_gradient(1, ad, g, !ta, false, bd.shape(), wb);  // op(A)^T g
             } else {
               db = tb ? matmul_raw(g, ad, true, ta, Tensor(), Activation::none)     // g^T op(A) stored as [N, K]
                       : matmul_raw(ad, g, !ta, false, Tensor(), Activation::none);  // op(A)^T g
-              db = sum_to(db, bd.shape());
+              db = cast(sum_to(db, bd.shape()), wb);
             }
           }
           return std::vector<Tensor>{da, db};
@@ -146,11 +163,26 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return out;
 }
 
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  if (autocast_lowers({&a, &b})) return matmul_of(lower_operand(a), lower_operand(b), ta, tb, a, b);
+  return matmul_of(a, b, ta, tb, a, b);
+}
+
+// What a linear node records as its inputs: x, w and bias themselves, or under autocast the f32 tensors the
+// computed ones were lowered from (lower_operand), whose gradients then come back in f32 (product_gradient's `want`;
+// the bias's column sums cast once).
+struct LinearGraph {
+  const Tensor& x;
+  const Tensor& w;
+  const Tensor& bias;
+};
+
 // act(x W^T + b) recording one node, for a bias that needs its gradient: the backward's activation derivative and
 // the bias gradient (its column sums) come out of one unary_backward_sum pass, where activation(linear(...))
 // would read the derivative back for the bias's sum(g, 0). The same values as that composition
 // (dew/kernel_table.hpp: dx as unary_backward, dsum as reduce sums).
-static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act,
+                                          const LinearGraph& graph) {
   const UnaryParams up{unary_op_of(act), 1.0f, 0.0f};
   Shape out_shape = x.shape();
   out_shape.back() = w.shape()[0];
@@ -159,11 +191,12 @@ static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, cons
   Tensor y = empty_like(pre);
   if (y.numel() > 0) kernels(pre).unary(pre, y, up);
   Tensor out = reshape(y, out_shape);
-  const bool gx = needs_grad({&x}), gw = needs_grad({&w});
+  const bool gx = needs_grad({&graph.x}), gw = needs_grad({&graph.w});
   const Shape xs = x.shape();
+  const DType wx = graph.x.dtype(), ww = graph.w.dtype(), wb = graph.bias.dtype();
   record(
-      out, {x, w, bias},
-      [x2, wd, pre, up, xs, gx, gw](const Tensor& g) {
+      out, {graph.x, graph.w, graph.bias},
+      [x2, wd, pre, up, xs, gx, gw, wx, ww, wb](const Tensor& g) {
         const Tensor g2 = reshape(g, {-1, g.shape().back()});
         Tensor dpre = saved_values_expire(pre) ? pre : empty_like(pre);  // over pre: read here last
         Tensor db = Tensor::empty({pre.shape()[1]}, pre.dtype(), pre.backend_ptr());
@@ -174,29 +207,30 @@ static Tensor linear_activation_with_bias(const Tensor& x, const Tensor& w, cons
         Tensor dx, dw;
         {
           OperandReuse reuse(dpre, gx && gw);
-          if (gx) dx = product_gradient(0, dpre, wd, false, false, xs);
-          if (gw) dw = product_gradient(1, dpre, x2, true, false, wd.shape());
+          if (gx) dx = product_gradient(0, dpre, wd, false, false, xs, wx);
+          if (gw) dw = product_gradient(1, dpre, x2, true, false, wd.shape(), ww);
         }
-        return std::vector<Tensor>{dx, dw, db};
+        return std::vector<Tensor>{dx, dw, cast(db, wb)};
       },
       "linear");
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
-  if (autocast_lowers({&x, &w, &bias})) return linear(autocast_lower(x), autocast_lower(w), autocast_lower(bias), act);
+// linear's body on x, w, bias of one dtype, recorded on `graph` (see LinearGraph).
+static Tensor linear_of(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act,
+                        const LinearGraph& graph) {
   DEW_CHECK(w.ndim() == 2, "linear: weight must be [out, in], got ", shape_str(w.shape()));
   DEW_CHECK(x.ndim() >= 1 && x.shape().back() == w.shape()[1], "linear: input ", shape_str(x.shape()),
             " does not match weight ", shape_str(w.shape()));
   DEW_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.shape()[0] == w.shape()[0]), "linear: bias ",
             shape_str(bias.defined() ? bias.shape() : Shape{}), " does not match weight ", shape_str(w.shape()));
-  const bool grad = needs_grad({&x, &w, &bias});
+  const bool grad = needs_grad({&graph.x, &graph.w, &graph.bias});
   DEW_CHECK(!grad || !contracts::is_weight_only_matmul(x, w), "linear: f32 input against a ", dtype_name(w.dtype()),
             " weight is the decoding path (weight-only storage) and records no gradient");
   if (grad && act != Activation::none) {
-    if (!needs_grad({&bias}) || !x.backend().supports(Kernel::unary_backward_sum, x.dtype()).ok)
-      return activation(linear(x, w, bias, Activation::none), act);
-    return linear_activation_with_bias(x, w, bias, act);
+    if (!needs_grad({&graph.bias}) || !x.backend().supports(Kernel::unary_backward_sum, x.dtype()).ok)
+      return activation(linear_of(x, w, bias, Activation::none, graph), act);
+    return linear_activation_with_bias(x, w, bias, act, graph);
   }
 
   Shape out_shape = x.shape();
@@ -206,24 +240,31 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
       reshape(matmul_raw(x2, w.detach(), false, true, bias.defined() ? bias.detach() : Tensor(), act), out_shape);
   if (grad) {
     Tensor wd = w.detach();
-    const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gbias = needs_grad({&bias});
+    const bool gx = needs_grad({&graph.x}), gw = needs_grad({&graph.w}), gbias = needs_grad({&graph.bias});
+    const DType wx = graph.x.dtype(), ww = graph.w.dtype(), wb = gbias ? graph.bias.dtype() : w.dtype();
     Shape xs = x.shape();
     record(
-        out, {x, w, bias},
-        [x2, wd, xs, gx, gw, gbias](const Tensor& g) {
+        out, {graph.x, graph.w, graph.bias},
+        [x2, wd, xs, gx, gw, gbias, wx, ww, wb](const Tensor& g) {
           Tensor g2 = reshape(g, {-1, g.shape().back()});
           Tensor dx, dw, db;
           {
             OperandReuse reuse(g2, gx && gw);
-            if (gx) dx = product_gradient(0, g2, wd, false, false, xs);
-            if (gw) dw = product_gradient(1, g2, x2, true, false, wd.shape());
+            if (gx) dx = product_gradient(0, g2, wd, false, false, xs, wx);
+            if (gw) dw = product_gradient(1, g2, x2, true, false, wd.shape(), ww);
           }
-          if (gbias) db = sum(g2, 0);
+          if (gbias) db = cast(sum(g2, 0), wb);
           return std::vector<Tensor>{dx, dw, db};
         },
         "linear");
   }
   return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+  if (autocast_lowers({&x, &w, &bias}))
+    return linear_of(lower_operand(x), lower_operand(w), lower_operand(bias), act, LinearGraph{x, w, bias});
+  return linear_of(x, w, bias, act, LinearGraph{x, w, bias});
 }
 
 }  // namespace dew

@@ -10,6 +10,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -121,6 +123,120 @@ TEST_CASE("autocast rules: matmul-class ops lower, norms follow their input, mix
     CHECK(g.grad().dtype() == DType::f32);
     // Outside autocast mixed dtypes stay an error.
     CHECK_THROWS_AS(dew::add(dew::cast(x, DType::bf16), x), dew::Error);
+  }
+}
+
+namespace {
+// The largest |a - b| over the elements, relative to the largest |b|.
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return err / std::max(scale, 1e-300);
+}
+// How many of v's values are not bf16 values (their low 16 bits as an f32 not zero).
+int not_bf16(const std::vector<double>& v) {
+  int n = 0;
+  for (double x : v) {
+    const float f = float(x);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    n += (bits & 0xFFFFu) != 0;
+  }
+  return n;
+}
+}  // namespace
+
+TEST_CASE("under autocast an f32 operand's gradient comes from a widened product: f32, not rounded to bf16") {
+  // linear(x, w, b) under bf16 autocast with dL/dy = r: dW = bf16(r)^T bf16(x) and dx = bf16(r) bf16(w), each the f32
+  // rounding of an exact sum of products of bf16 values (computed here in double). The former path (a bf16 product,
+  // then a cast node) rounded both to bf16 first: off by up to 2^-9 relative, where this asks for 1e-5.
+  for (const char* name : {"ref", "cpu"}) {
+    CAPTURE(name);
+    dew::BackendPtr be = backend(name);
+    const int64_t R = 48, I = 40, O = 24;
+    Tensor x = Tensor::uniform({R, I}, -1, 1, 3, 1, be), w = Tensor::uniform({O, I}, -1, 1, 3, 2, be);
+    Tensor b = Tensor::uniform({O}, -1, 1, 3, 3, be), r = Tensor::uniform({R, O}, -1, 1, 3, 4, be);
+    for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+    {
+      dew::AutocastGuard autocast(DType::bf16);
+      Tensor y = dew::linear(x, w, b);
+      REQUIRE(y.dtype() == DType::bf16);
+      dew::sum(dew::mul(dew::cast(y, DType::f32), r)).backward();
+    }
+    for (Tensor* t : {&x, &w, &b}) {
+      REQUIRE(t->grad().defined());
+      CHECK(t->grad().dtype() == DType::f32);
+    }
+    const auto bf = [](const Tensor& t) { return dew::cast(dew::cast(t, DType::bf16), DType::f32).to_doubles(); };
+    const std::vector<double> xb = bf(x), wb = bf(w), gb = bf(r);
+    std::vector<double> dw(size_t(O * I), 0.0), dx(size_t(R * I), 0.0);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t k = 0; k < I; ++k) {
+          dw[size_t(o * I + k)] += gb[size_t(i * O + o)] * xb[size_t(i * I + k)];
+          dx[size_t(i * I + k)] += gb[size_t(i * O + o)] * wb[size_t(o * I + k)];
+        }
+    CHECK(max_rel(w.grad().to_doubles(), dw) <= 1e-5);
+    CHECK(max_rel(x.grad().to_doubles(), dx) <= 1e-5);
+    CHECK(not_bf16(w.grad().to_doubles()) > O * I / 2);
+
+    // qkv_attention: its weight and input gradients in f32 from widened products too, equal to those of the
+    // composition it fuses, packed_attention(linear(x, w, b)), up to f32 rounding.
+    const int64_t B = 2, T = 8, H = 2, Dh = 8, Din = 16;
+    std::vector<std::vector<double>> grads[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor xa = Tensor::uniform({B, T, Din}, -1, 1, 4, 1, be),
+             wa = Tensor::uniform({3 * H * Dh, Din}, -1, 1, 4, 2, be);
+      Tensor ba = Tensor::uniform({3 * H * Dh}, -1, 1, 4, 3, be), ra = Tensor::uniform({B, T, H * Dh}, -1, 1, 4, 4, be);
+      for (Tensor* t : {&xa, &wa, &ba}) t->set_requires_grad(true);
+      dew::AttentionParams p;
+      p.scale = 0.35f;
+      {
+        dew::AutocastGuard autocast(DType::bf16);
+        Tensor y = fused ? dew::qkv_attention(xa, wa, ba, H, p) : dew::packed_attention(dew::linear(xa, wa, ba), H, p);
+        dew::sum(dew::mul(dew::cast(y, DType::f32), ra)).backward();
+      }
+      for (Tensor* t : {&xa, &wa, &ba}) {
+        CHECK(t->grad().dtype() == DType::f32);
+        grads[fused].push_back(t->grad().to_doubles());
+      }
+      CHECK(not_bf16(grads[fused][1]) > int(3 * H * Dh * Din) / 2);
+    }
+    for (size_t i = 0; i < 3; ++i) CHECK(max_rel(grads[1][i], grads[0][i]) <= 1e-5);
+  }
+}
+
+TEST_CASE("under autocast the fused head's weight gradient is summed over its chunks in f32, never rounded to bf16") {
+  // linear_cross_entropy in one chunk and in four: the same f32 dw up to f32 rounding (each chunk's part was rounded to
+  // bf16 before, which made them differ by ~2^-9), and in one chunk a dw that is no bf16 tensor widened.
+  for (const char* name : {"ref", "cpu"}) {
+    CAPTURE(name);
+    dew::BackendPtr be = backend(name);
+    const int64_t N = 64, D = 32, V = 48;
+    std::vector<int32_t> tv(static_cast<size_t>(N));
+    for (size_t i = 0; i < tv.size(); ++i) tv[i] = int32_t((i * 7 + 3) % size_t(V));
+    const Tensor targets = Tensor::from_ints(tv, {N}, be);
+    std::vector<std::vector<double>> dws;
+    for (int64_t chunk : {int64_t(0), int64_t(16)}) {
+      Tensor h = Tensor::uniform({N, D}, -1, 1, 5, 1, be), w = Tensor::uniform({V, D}, -1, 1, 5, 2, be);
+      h.set_requires_grad(true);
+      w.set_requires_grad(true);
+      dew::LinearCrossEntropyOptions o;
+      o.chunk_rows = chunk;
+      {
+        dew::AutocastGuard autocast(DType::bf16);
+        dew::linear_cross_entropy(h, w, targets, o).backward();
+      }
+      REQUIRE(w.grad().defined());
+      CHECK(w.grad().dtype() == DType::f32);
+      CHECK(h.grad().dtype() == DType::f32);
+      dws.push_back(w.grad().to_doubles());
+    }
+    CHECK(not_bf16(dws[0]) > int(V * D) / 2);
+    CHECK(max_rel(dws[1], dws[0]) <= 1e-5);
   }
 }
 

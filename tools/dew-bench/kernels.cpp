@@ -7,7 +7,8 @@
 // draw (dew::sample_token, host code) at three vocabulary sizes, and the cross-entropy forward, backward and argmax
 // over logits of those vocabularies, a model's EMA update (dew::lerp_towards, the fused lerp_group, against its
 // definition of three kernels a tensor), and the MLP activation GELU-tanh forward and backward (with and without its
-// bias sums fused) in f32 and bf16 (`--only matmul|attention|decode|loss|sampling|ema|activations` runs one part).
+// bias sums fused) in f32 and bf16 and a bf16-mixed step's widened gradient products against a bf16 product then a cast
+// (`--only matmul|attention|decode|loss|sampling|ema|activations|widened` runs one part).
 // One JSON line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
@@ -359,6 +360,49 @@ int run_kernels(const BenchOptions& opt) {
             bwd / n * 1e9, cpu_model().c_str());
         std::fflush(stdout);
       }
+  }
+  // A bf16-mixed step's gradient products for its f32 operands (weights, and inputs autocast lowered) at the DiT's
+  // and gpt-mini's weight and input gradient shapes: the widened product (bf16 operands into an f32 output,
+  // dew/kernel_contracts.hpp; what the core runs since session 42) against the former path, a bf16 product then a
+  // cast of its output to f32. "m x n x k", op(A) transposed as a weight gradient's g^T x.
+  if (opt.only.empty() || opt.only == "widened") {
+    struct WideShape {
+      int64_t m, n, k;
+      bool ta;
+      const char* what;
+    };
+    const WideShape shapes[] = {{256, 1024, 1024, true, "dit dW fc1/fc2"},
+                                {256, 256, 1024, true, "dit dW qkv/proj"},
+                                {1024, 256, 1024, false, "dit dx fc2"},
+                                {384, 128, 2048, true, "gpt-mini dW mlp"},
+                                {2048, 128, 384, false, "gpt-mini dx mlp"}};
+    const bool native = be->supports(Kernel::matmul, DType::bf16).ok;
+    for (const WideShape& w : shapes) {
+      if (!native) break;
+      const Shape sa = w.ta ? Shape{w.k, w.m} : Shape{w.m, w.k};
+      const Tensor a = cast(Tensor::normal(sa, 0, 1, 31, 0, be), DType::bf16);
+      const Tensor b = cast(Tensor::normal({w.k, w.n}, 0, 1, 32, 0, be), DType::bf16);
+      Tensor half = Tensor::empty({w.m, w.n}, DType::bf16, be), wide = Tensor::empty({w.m, w.n}, DType::f32, be);
+      MatmulParams p;
+      p.m = w.m, p.n = w.n, p.k = w.k, p.trans_a = w.ta;
+      const auto sync = [&] { be->synchronize(); };
+      const double widened = median_seconds([&] { be->matmul(a, b, Tensor(), wide, p); }, opt, sync);
+      const double product_then_cast = median_seconds(
+          [&] {
+            be->matmul(a, b, Tensor(), half, p);
+            be->cast(half, wide);
+          },
+          opt, sync);
+      const double flops = 2.0 * double(w.m) * double(w.n) * double(w.k);
+      std::printf(
+          "{\"bench\":\"widened_product\",\"shape\":\"%lldx%lldx%lld%s\",\"what\":\"%s\",\"backend\":\"%s\","
+          "\"threads\":%d,\"ms_widened\":%.3f,\"ms_bf16_then_cast\":%.3f,\"speedup\":%.2f,\"gflops_widened\":%.1f,"
+          "\"cpu\":\"%s\"}\n",
+          (long long)w.m, (long long)w.n, (long long)w.k, w.ta ? " At" : "", w.what, opt.backend.c_str(), opt.threads,
+          widened * 1e3, product_then_cast * 1e3, product_then_cast / widened, flops / widened * 1e-9,
+          cpu_model().c_str());
+      std::fflush(stdout);
+    }
   }
   return 0;
 }

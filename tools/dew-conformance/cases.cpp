@@ -311,6 +311,7 @@ struct MM {
   float alpha = 1.0f, beta = 0.0f;
   Activation act = Activation::none;
   DT dt = DT::f32;
+  bool widened = false;  // half a and b into an f32 out (dew/kernel_contracts.hpp): checked at f32's tolerance
 };
 
 void add_matmul_case(Table& t, const MM& c) {
@@ -337,19 +338,21 @@ void add_matmul_case(Table& t, const MM& c) {
   if (c.act != Activation::none) id += std::string("_") + act_name(c.act);
   if (c.alpha != 1.0f) id += "_alpha" + fmt(c.alpha);
   if (c.beta != 0.0f) id += "_beta" + fmt(c.beta);
+  if (c.widened) id += "_widened";
   id += std::string("/") + dtype_name(c.dt);
   Check ch = tol(8, double(c.k));
   ch.zeros_ok = c.act == Activation::relu;
   const Shape os{c.batch, c.m, c.n};
+  const DT out_dt = c.widened ? DT::f32 : c.dt;
   t.add(
       id, Kernel::matmul, {c.dt},
-      [c, na, nb, os](Gen& g) {
+      [c, na, nb, os, out_dt](Gen& g) {
         In in{g.uniform({na}, -1, 1, c.dt), g.uniform({nb}, -1, 1, c.dt),
               c.bias ? g.uniform({c.n}, -1, 1, c.dt) : undef()};
-        if (c.beta != 0.0f) in.push_back(g.uniform(os, -1, 1, c.dt));
+        if (c.beta != 0.0f) in.push_back(g.uniform(os, -1, 1, out_dt));
         return in;
       },
-      {out("out", os, c.dt, ch, c.beta != 0.0f ? 3 : -1)},
+      {out("out", os, out_dt, ch, c.beta != 0.0f ? 3 : -1)},
       [p](Backend& be, In& in, Out& o) { be.matmul(in[0], in[1], in[2], o[0], p); });
 }
 
@@ -432,6 +435,19 @@ void add_matmul(Table& t) {
       {"f16", 2, 37, 53, 29, false, true, true, false, false, 1.0f, 0.0f, Activation::none, DT::f16},
   };
   for (const MM& c : cs) add_matmul_case(t, c);
+  // The widened product: a training step's gradient products under autocast, the f32 accumulation stored unrounded
+  // (a backend that rounds it to the half dtype first is off by ~2^-9 relative, far past f32's tolerance here).
+  const std::vector<MM> widened = {
+      {"dweight", 1, 384, 1152, 256, true, false, false, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
+      {"dinput", 1, 256, 384, 1152, false, false, false, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
+      {"odd", 1, 37, 53, 29, false, true, false, false, false, 1.0f, 0.0f, Activation::none, DT::bf16},
+      {"accumulate", 1, 37, 53, 29, true, false, false, false, false, 1.0f, 1.0f, Activation::none, DT::bf16},
+      {"batched", 2, 37, 53, 29, false, true, false, false, false, 0.5f, 0.0f, Activation::none, DT::bf16},
+  };
+  for (MM c : widened) {
+    c.widened = true;
+    add_matmul_case(t, c);
+  }
 }
 
 // ---------------------------------------------------------------- unary, binary, reduce

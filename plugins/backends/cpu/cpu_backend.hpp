@@ -87,7 +87,7 @@ struct KeyHash {
 };
 enum Family : int64_t { kMatmul = 1, kConvFwd, kConvBwdData, kConvBwdWeight, kLnFwd, kLnBwd, kSoftmaxFwd, kSoftmaxBwd };
 // Families of the bf16 kernels (half.cpp), numbered apart so the f32 list can grow.
-enum HalfFamily : int64_t { kMatmulBf16 = 1001 };
+enum HalfFamily : int64_t { kMatmulBf16 = 1001, kMatmulBf16Widened = 1002 };
 
 // Type-erased, thread-safe map from Key to a cached entry (a struct holding primitives and descs).
 // Entries are never evicted: a training run uses a fixed, small set of shapes.

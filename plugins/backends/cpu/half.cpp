@@ -17,6 +17,8 @@
 //    f32 activations against a bf16 weight (weight-only decode storage, matmul.cpp), is never taken for it: the
 //    core would widen every bf16 weight to f32 on every call (per decode token, 4x the weight bytes streamed:
 //    bf16 decode ran at 0.19 of its bandwidth roofline on an AVX2 EPYC, slower than f32 decode).
+//    The widened product (bf16 a and b into an f32 out, a gradient under autocast: dew/kernel_contracts.hpp) is
+//    the same primitive with an f32 destination, or the f32 product of the widened operands, stored unrounded.
 //  * unary (+ backward), the gated activation (+ backward), RMS norm (+ backward), the layer norm with [G, D]
 //    parameters (+ backward), RoPE, reduce's column sums and the gated residual (+ backward) are not here: their
 //    kernels are written once over the storage type (bf16_bits.hpp) and read / write bf16 directly, computing
@@ -79,7 +81,11 @@ void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, cons
                  const MatmulParams& p) {
   require_bf16(a, "matmul", "a");
   require_bf16(b, "matmul", "b");
-  require_bf16(out, "matmul", "out");
+  const bool widened = contracts::is_widened_matmul(a, b, out);  // f32 out, stored unrounded
+  if (widened)
+    contracts::check_widened_matmul("cpu.matmul", bias, p);
+  else
+    require_bf16(out, "matmul", "out");
   const bool has_bias = bias.defined();
   if (has_bias) require_bf16(bias, "matmul", "bias");
   check_matmul_shapes(a, b, bias, out, p);
@@ -90,9 +96,16 @@ void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, cons
       be.cast(t, w);
       return w;
     };
-    Tensor out32 = p.beta != 0.0f ? wide(out) : Tensor::empty(out.shape(), DType::f32, out.backend_ptr());
+    Tensor out32 = widened          ? out
+                   : p.beta != 0.0f ? wide(out)
+                                    : Tensor::empty(out.shape(), DType::f32, out.backend_ptr());
     be.matmul(wide(a), wide(b), has_bias ? wide(bias) : Tensor(), out32, p);
-    be.cast(out32, out);
+    if (!widened) be.cast(out32, out);
+    return;
+  }
+  if (p.k == 0 && widened) {  // empty inner product: out = beta * out
+    float* o = out.data_as<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = p.beta == 0.0f ? 0.0f : p.beta * o[i];
     return;
   }
   if (p.k == 0) {  // empty inner product: out = beta * out + act(bias), through f32
@@ -104,9 +117,11 @@ void matmul_bf16(CpuBackend& be, Dnnl& d, const Tensor& a, const Tensor& b, cons
     }
     return;
   }
-  const Key key = matmul_key(kMatmulBf16, p, has_bias);
-  auto e = d.cache.get<MatmulEntry>(
-      key, [&] { return make_matmul(d, p, has_bias, memory::data_type::bf16, memory::data_type::bf16); });
+  const Key key = matmul_key(widened ? kMatmulBf16Widened : kMatmulBf16, p, has_bias);
+  auto e = d.cache.get<MatmulEntry>(key, [&] {
+    return make_matmul(d, p, has_bias, memory::data_type::bf16,
+                       widened ? memory::data_type::f32 : memory::data_type::bf16);
+  });
   e->run_matmul(d, a.data(), b.data(), out.data(), has_bias ? bias.data() : nullptr);
 }
 

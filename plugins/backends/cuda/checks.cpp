@@ -126,14 +126,21 @@ void check_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, const Te
             " n=", p.n, " k=", p.k);
   DEW_CHECK(p.a_batch_stride >= 0 && p.b_batch_stride >= 0, "cuda.matmul: negative batch stride");
   DEW_CHECK(p.act == Activation::none || p.beta == 0.0f, "cuda.matmul: an activation epilogue requires beta == 0");
-  DEW_CHECK(b.dtype() == a.dtype() && out.dtype() == a.dtype(), "cuda.matmul: dtypes a=", dtype_name(a.dtype()),
-            " b=", dtype_name(b.dtype()), " out=", dtype_name(out.dtype()), " differ");
+  const bool widened = contracts::is_widened_matmul(a, b, out);  // bf16 a, b into f32 out (f16: the core converts)
+  if (widened) contracts::check_widened_matmul("cuda.matmul", bias, p);
+  DEW_CHECK(b.dtype() == a.dtype() && (out.dtype() == a.dtype() || widened),
+            "cuda.matmul: dtypes a=", dtype_name(a.dtype()), " b=", dtype_name(b.dtype()),
+            " out=", dtype_name(out.dtype()), " differ");
   compute_type(a, K, "a");
   DEW_CHECK((p.batch - 1) * p.a_batch_stride + p.m * p.k <= a.numel(), "cuda.matmul: a (", a.numel(),
             " elements) is too small for batch=", p.batch, " stride=", p.a_batch_stride, " [", p.m, "x", p.k, "]");
   DEW_CHECK((p.batch - 1) * p.b_batch_stride + p.k * p.n <= b.numel(), "cuda.matmul: b (", b.numel(),
             " elements) is too small for batch=", p.batch, " stride=", p.b_batch_stride, " [", p.k, "x", p.n, "]");
-  expect_same(out, a, p.batch * p.m * p.n, K, "out");
+  if (widened)
+    DEW_CHECK(out.numel() == p.batch * p.m * p.n, "cuda.matmul: out has ", out.numel(), " elements, not ",
+              p.batch * p.m * p.n);
+  else
+    expect_same(out, a, p.batch * p.m * p.n, K, "out");
   if (bias.defined()) expect_same(bias, a, p.n, K, "bias");
 }
 

@@ -4,7 +4,9 @@
 // Row-major dew operands are read as column-major cuBLASLt matrices: out^T [n, m] = op(B)^T op(A)^T, so
 // cuBLASLt's "A" is dew's b and its "B" is dew's a, with the transposes carried over unchanged.
 // Precision: bf16 tensors run bf16 x bf16 with f32 accumulation; f32 tensors follow the backend option
-// matmul_precision: highest = f32 (CUBLAS_COMPUTE_32F), high = TF32 tensor cores, medium = bf16 inputs.
+// matmul_precision: highest = f32 (CUBLAS_COMPUTE_32F), high = TF32 tensor cores, medium = bf16 inputs. The widened
+// product (bf16 a and b, f32 out: a weight's gradient under autocast, dew/kernel_contracts.hpp) is the bf16 GEMM with
+// f32 C and D, cuBLASLt's bf16 / bf16 / f32 type combination.
 // Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, dtype, epilogue and
 // pointer alignment; a batch whose b is shared (stride 0) and whose a batches are contiguous is folded
 // into one bigger GEMM (the linear-layer case).
@@ -89,7 +91,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& bias, T
     return matmul(a, wide, bias, out, p);
   }
   check_matmul(a, b, bias, out, p);
-  const ST t = a.dtype() == DType::bf16 ? ST::bf16 : ST::f32;
+  const ST t = out.dtype() == DType::bf16 ? ST::bf16 : ST::f32;
   if (p.batch * p.m * p.n == 0) return;
   if (p.k == 0) {  // an empty sum: out = act(bias) (+ beta * out)
     launch_bias_act(stream_, t, out.data(), bias.defined() ? bias.data() : nullptr, p.batch * p.m, p.n, p.act, p.beta);
@@ -115,17 +117,20 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
                                            : (fuse_relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
   const cublasComputeType_t compute = bf ? CUBLAS_COMPUTE_32F : f32_compute(opt_.matmul);
   const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
+  const bool out_bf = out.dtype() == DType::bf16;  // false for f32 products and the widened bf16 one
+  const cudaDataType_t out_dt = out_bf ? CUDA_R_16BF : CUDA_R_32F;
+  const size_t out_es = dtype_size(out.dtype());
 
   // cuBLASLt "A" = dew b, "B" = dew a, C/D = out^T (column-major n x m).
   const uint32_t al_a = alignment(b.data(), p.batch > 1 ? p.b_batch_stride * int64_t(es) : 0);
   const uint32_t al_b = alignment(a.data(), p.batch > 1 ? p.a_batch_stride * int64_t(es) : 0);
-  const uint32_t al_c = alignment(out.data(), p.batch > 1 ? p.m * p.n * int64_t(es) : 0);
+  const uint32_t al_c = alignment(out.data(), p.batch > 1 ? p.m * p.n * int64_t(out_es) : 0);
   // The heuristic reads the bias pointer's alignment off the descriptor (cublasLt.h, BIAS_POINTER), so the
   // plan is chosen with this call's bias set, and keyed by its alignment: a bias view at an odd offset must not
   // reuse an algorithm picked for an aligned one.
   const uint32_t al_bias = with_bias ? alignment(bias.data(), 0) : 0;
   char key[256];
-  std::snprintf(key, sizeof key, "%d %lld %lld %lld %lld %lld %lld %d %d %d %d %d %u %u %u %u", int(bf),
+  std::snprintf(key, sizeof key, "%d%d %lld %lld %lld %lld %lld %lld %d %d %d %d %d %u %u %u %u", int(bf), int(out_bf),
                 (long long)p.batch, (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.a_batch_stride,
                 (long long)p.b_batch_stride, int(p.trans_a), int(p.trans_b), int(epi), int(compute), int(with_bias),
                 al_a, al_b, al_c, al_bias);
@@ -152,7 +157,7 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
     const uint64_t b_rows = p.trans_a ? uint64_t(p.m) : uint64_t(p.k), b_cols = p.trans_a ? p.k : p.m;
     DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, dt, a_rows, a_cols, int64_t(a_rows)));
     DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, dt, b_rows, b_cols, int64_t(b_rows)));
-    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, dt, uint64_t(p.n), uint64_t(p.m), p.n));
+    DEW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lc, out_dt, uint64_t(p.n), uint64_t(p.m), p.n));
     set_layout_batch(plan->la, p.batch, p.b_batch_stride);
     set_layout_batch(plan->lb, p.batch, p.a_batch_stride);
     set_layout_batch(plan->lc, p.batch, p.m * p.n);
@@ -175,7 +180,8 @@ void CudaBackend::matmul_lt(const Tensor& a, const Tensor& b, const Tensor& bias
   DEW_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, b.data(), plan.la, a.data(), plan.lb, &beta, out.data(),
                                   plan.lc, out.data(), plan.lc, &plan.algo, lt_workspace_, lt_workspace_bytes_,
                                   stream_));
-  if (post_act) launch_bias_act(stream_, bf ? ST::bf16 : ST::f32, out.data(), nullptr, p.batch * p.m, p.n, p.act, 1.0f);
+  if (post_act)
+    launch_bias_act(stream_, out_bf ? ST::bf16 : ST::f32, out.data(), nullptr, p.batch * p.m, p.n, p.act, 1.0f);
 }
 
 // Raw-pointer f32 products (attention_products.cpp): the same row-major -> column-major reading as matmul_lt

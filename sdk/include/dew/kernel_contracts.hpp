@@ -61,6 +61,23 @@ inline bool is_weight_only_matmul(const Tensor& a, const Tensor& b) {
          (b.dtype() == DType::bf16 || (b.dtype() == DType::i8 && b.quantized()) || b.panel_rows() > 0);
 }
 
+// The widened product (a backward's gradient product under autocast, core/ops/linalg.cpp product_gradient): half
+// operands `a` and `b` of one dtype (bf16 or f16) into an f32 `out`, with no bias and no activation. The f32
+// accumulation is stored as it is, not rounded to the half dtype (with beta, alpha acc + beta out in f32), so the
+// gradient of an f32 operand that autocast lowered comes back in f32 without a half round trip and a cast pass. Every
+// backend takes it (ref, cpu, cuda natively; a half dtype a backend does not support reaches its f32 kernel through
+// the core's conversion, which widens the operands and keeps the f32 output: the same product).
+inline bool is_widened_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const auto half = [](DType t) { return t == DType::bf16 || t == DType::f16; };
+  return a.defined() && b.defined() && out.defined() && half(a.dtype()) && b.dtype() == a.dtype() &&
+         out.dtype() == DType::f32;
+}
+// Throws naming `who` unless a widened product's call is one: no bias, no activation.
+inline void check_widened_matmul(const std::string& who, const Tensor& bias, const MatmulParams& p) {
+  DEW_CHECK(!bias.defined() && p.act == Activation::none, who,
+            ": a widened product (half a and b, f32 out) takes no bias and no activation");
+}
+
 // A quantized weight as linear() multiplies it: i8 [n, k] (2-D, n rows of k) with f32 scales [n, G], G >= 1
 // dividing k, on b's backend. Returns G.
 inline int64_t check_quantized_weight(const std::string& who, const Tensor& b) {
