@@ -23,10 +23,10 @@
   /* any dtype -> any dtype, same numel */                                                                       \
   X(cast, (const Tensor& x, Tensor& out), (x, out))                                                              \
   X(strided_copy, (const Tensor& src, Tensor& dst, const StridedCopyParams& p), (src, dst, p))                   \
-  /* out = act(alpha op(a) op(b) + bias) + beta out (MatmulParams, dew/backend.hpp), a, b, bias, out of one float */ \
-  /* dtype, with two exceptions (dew/kernel_contracts.hpp): the weight-only form (f32 a against a bf16 / int8   */ \
-  /* decode weight, is_weight_only_matmul) and the widened product (half a and b into an f32 out, no bias or     */ \
-  /* activation: the f32 accumulation stored unrounded, is_widened_matmul)                                      */ \
+  /* out = act(alpha op(a) op(b) + bias) + beta out (MatmulParams, dew/backend.hpp); a, b, bias, out of one   */ \
+  /* float dtype, but for two forms (dew/kernel_contracts.hpp): the weight-only one (f32 a against a bf16 or  */ \
+  /* int8 decode weight, is_weight_only_matmul) and the widened product (half a and b into an f32 out, no     */ \
+  /* bias or activation: the f32 accumulation stored unrounded, is_widened_matmul)                            */ \
   X(matmul, (const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const MatmulParams& p),          \
     (a, b, bias, out, p))                                                                                        \
   X(unary, (const Tensor& x, Tensor& out, const UnaryParams& p), (x, out, p))                                    \
