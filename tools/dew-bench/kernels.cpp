@@ -362,23 +362,26 @@ int run_kernels(const BenchOptions& opt) {
       }
   }
   // A bf16-mixed step's gradient products for its f32 operands (weights, and inputs autocast lowered) at the DiT's
-  // and gpt-mini's weight and input gradient shapes: the widened product (bf16 operands into an f32 output,
-  // dew/kernel_contracts.hpp; what the core runs since session 42) against the former path, a bf16 product then a
-  // cast of its output to f32. "m x n x k", op(A) transposed as a weight gradient's g^T x.
+  // and gpt-mini's weight and input gradient shapes, on a device GPT-2-small's too (B 8 x T 1024 rows): the widened
+  // product (bf16 operands into an f32 output, dew/kernel_contracts.hpp; what the core runs since session 42) against
+  // the former path, a bf16 product then a cast of its output to f32. "m x n x k", op(A) transposed as a weight
+  // gradient's g^T x.
   if (opt.only.empty() || opt.only == "widened") {
     struct WideShape {
       int64_t m, n, k;
       bool ta;
       const char* what;
+      bool device_only;
     };
-    const WideShape shapes[] = {{256, 1024, 1024, true, "dit dW fc1/fc2"},
-                                {256, 256, 1024, true, "dit dW qkv/proj"},
-                                {1024, 256, 1024, false, "dit dx fc2"},
-                                {384, 128, 2048, true, "gpt-mini dW mlp"},
-                                {2048, 128, 384, false, "gpt-mini dx mlp"}};
-    const bool native = be->supports(Kernel::matmul, DType::bf16).ok;
+    const WideShape shapes[] = {
+        {256, 1024, 1024, true, "dit dW fc1/fc2", false},  {256, 256, 1024, true, "dit dW qkv/proj", false},
+        {1024, 256, 1024, false, "dit dx fc2", false},     {384, 128, 2048, true, "gpt-mini dW mlp", false},
+        {2048, 128, 384, false, "gpt-mini dx mlp", false}, {3072, 768, 8192, true, "gpt2-small dW mlp", true},
+        {2304, 768, 8192, true, "gpt2-small dW qkv", true}};
+    const bool native = be->supports(Kernel::matmul, DType::bf16).ok, on_device = !be->host_accessible();
     for (const WideShape& w : shapes) {
       if (!native) break;
+      if (w.device_only && !on_device) continue;
       const Shape sa = w.ta ? Shape{w.k, w.m} : Shape{w.m, w.k};
       const Tensor a = cast(Tensor::normal(sa, 0, 1, 31, 0, be), DType::bf16);
       const Tensor b = cast(Tensor::normal({w.k, w.n}, 0, 1, 32, 0, be), DType::bf16);
