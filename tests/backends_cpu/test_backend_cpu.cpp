@@ -367,6 +367,57 @@ TEST_CASE("cpu: bf16_dot decides whether bf16 products run natively or widened t
   CHECK_THROWS_AS(create_backend("cpu", Options({{"bf16_dot", "sometimes"}}, "test")), Error);
 }
 
+TEST_CASE("cpu: the widened product (bf16 operands, f32 out) is the f32 product of the widened operands, unrounded") {
+  // A weight gradient's shape (A transposed) and an input gradient's, with beta; on the widened path (bf16_dot =
+  // widened: the operands widened around the f32 kernel) bit for bit the f32 product of the widened operands, on the
+  // native one (oneDNN's bf16 primitive with an f32 destination, where vdpbf16ps pays) within f32 rounding of it; on
+  // both, values no bf16 holds (a product rounded to bf16 first would be all bf16 values). A bias or an activation,
+  // which the widened form does not take, is refused.
+  cpu();
+  const BackendPtr widened = create_backend("cpu", Options({{"bf16_dot", "widened"}}, "test"));
+  struct Shape3 {
+    int64_t m, n, k;
+    bool ta;
+    float beta;
+  };
+  for (const Shape3& c : {Shape3{96, 80, 300, true, 0.0f}, Shape3{128, 72, 96, false, 1.0f}}) {
+    CAPTURE(c.m);
+    const MatmulParams p = matmul_params(1, c.m, c.n, c.k, c.ta, false, 1.0f, c.beta, Activation::none);
+    const Tensor ha =
+        cast(Tensor::from_vector(host_uniform(c.m * c.k, 960, -1.0f, 1.0f), {c.m * c.k}, cpu()), DType::bf16);
+    const Tensor hb =
+        cast(Tensor::from_vector(host_uniform(c.k * c.n, 961, -1.0f, 1.0f), {c.k * c.n}, cpu()), DType::bf16);
+    const Tensor prior = Tensor::from_vector(host_uniform(c.m * c.n, 962, -1.0f, 1.0f), {c.m * c.n}, cpu());
+    const auto product = [&](const BackendPtr& be, const Tensor& x, const Tensor& y) {
+      Tensor o = contiguous_copy(prior);
+      be->matmul(x, y, Tensor(), o, p);
+      return o;
+    };
+    const Tensor f32 = product(cpu(), cast(ha, DType::f32), cast(hb, DType::f32));
+    const auto not_bf16 = [](const Tensor& t) {  // values whose low 16 bits are not all zero
+      int n = 0;
+      for (double v : t.to_doubles()) {
+        const float f = float(v);
+        uint32_t bits;
+        std::memcpy(&bits, &f, sizeof bits);
+        n += (bits & 0xFFFFu) != 0;
+      }
+      return n;
+    };
+    const Tensor w = product(widened, ha, hb);
+    CHECK(max_abs_diff(w, f32) == 0.0);
+    CHECK(not_bf16(w) > int(c.m * c.n) / 2);
+    const Tensor native = product(cpu(), ha, hb);
+    CHECK(max_abs_diff(native, f32) <= 1e-5 * double(c.k));
+    CHECK(not_bf16(native) > int(c.m * c.n) / 2);
+    Tensor out = Tensor::empty({c.m * c.n}, DType::f32, cpu());
+    const Tensor bias = cast(Tensor::full({c.n}, 1.0, DType::f32, cpu()), DType::bf16);
+    CHECK_THROWS_AS(cpu()->matmul(ha, hb, bias, out, p), Error);
+    MatmulParams with_act = matmul_params(1, c.m, c.n, c.k, c.ta, false, 1.0f, 0.0f, Activation::relu);
+    CHECK_THROWS_AS(cpu()->matmul(ha, hb, Tensor(), out, with_act), Error);
+  }
+}
+
 // matmul.cpp's split rule: at 2+ threads an f32 weight gradient's product (A transposed, m <= 512, k >= 1024) and a
 // large bf16-operand product, and an f32 product of A's rows with 512+ rows, m >= n and at most 2^28 multiply-adds, run
 // as one single-thread oneDNN primitive per thread over a block of C's rows (m >= n) or columns. Cases: rows split
