@@ -54,14 +54,17 @@ MatmulShape plan_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return r;
 }
 
-Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias, Activation act) {
+// op(a) op(b) (+ bias, act) into a fresh tensor of a's dtype, or of `out_dtype`: f32 for the widened product of half
+// a and b (dew/kernel_contracts.hpp; no bias or activation), which product_gradient asks for.
+Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias, Activation act,
+                  DType out_dtype) {
   check_same_backend(a, b, "matmul");
   if (b.quantized()) {  // int8 decode weights: the backend's own kernel, or the f32 product of their values
     contracts::check_quantized_weight("matmul", b);
     DEW_CHECK(!ta && tb && a.dtype() == DType::f32, "matmul: a quantized weight takes linear()'s product (f32 x, "
               "the weight transposed)");
     if (!b.backend().supports(Kernel::matmul, DType::i8).ok)
-      return matmul_raw(a, dequantize(b), ta, tb, bias, act);
+      return matmul_raw(a, dequantize(b), ta, tb, bias, act, out_dtype);
   }
   DEW_CHECK(!a.quantized(), "matmul: a quantized tensor is a weight (the second operand of linear())");
   DEW_CHECK(a.panel_rows() == 0, "matmul: a weight in panels is the second operand of linear()");
@@ -73,7 +76,7 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
   if (!contracts::is_weight_only_matmul(a, b)) check_same_dtype(a, b, "matmul");
   MatmulShape plan = plan_matmul(a, b, ta, tb);
   plan.p.act = act;
-  Tensor out = empty_as(a, plan.out_shape);
+  Tensor out = Tensor::empty(plan.out_shape, out_dtype, a.backend_ptr());
   if (out.numel() == 0) return out;
   if (plan.p.k == 0) {
     kernels(a).fill(out, 0.0);
@@ -81,6 +84,10 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
   }
   kernels(a).matmul(a, b, bias, out, plan.p);
   return out;
+}
+// The product in a's dtype.
+Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias, Activation act) {
+  return matmul_raw(a, b, ta, tb, bias, act, a.dtype());
 }
 
 // A backward's product op(a) op(b) as the gradient of the node's input `input` (shaped `shape`): added into the
@@ -94,15 +101,7 @@ Tensor product_gradient(size_t input, const Tensor& a, const Tensor& b, bool ta,
                         DType want) {
   if (want != a.dtype()) {
     DEW_INTERNAL_ASSERT(want == DType::f32 && is_half(a.dtype()) && !b.quantized() && b.panel_rows() == 0);
-    check_same_dtype(a, b, "matmul");
-    const MatmulShape plan = plan_matmul(a, b, ta, tb);
-    Tensor out = Tensor::empty(plan.out_shape, DType::f32, a.backend_ptr());
-    if (out.numel() == 0) return reshape(out, shape);
-    if (plan.p.k == 0)
-      kernels(a).fill(out, 0.0);
-    else
-      kernels(a).matmul(a, b, Tensor(), out, plan.p);
-    return reshape(out, shape);
+    return reshape(matmul_raw(a, b, ta, tb, Tensor(), Activation::none, want), shape);
   }
   Tensor target;
   if (a.backend().matmul_beta_adds_rounded(a.dtype()) && !b.quantized() && b.panel_rows() == 0)

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "dew/kernel_contracts.hpp"  // is_widened_matmul
 #include "dew/tensor.hpp"
 
 namespace dew {
@@ -69,7 +70,8 @@ void ProfilingBackend::copy_device(void* dst, const void* src, size_t bytes) {
 }
 std::string ProfilingBackend::kernel_label(Kernel, const Tensor& a, const Tensor& b, const Tensor& bias,
                                            const Tensor& out, const MatmulParams& p) {
-  std::string label = matmul_label(p, bias.defined());
+  // a widened product (half a and b, f32 out: a gradient under autocast) apart from the half product of its shape
+  std::string label = matmul_label(p, bias.defined()) + (contracts::is_widened_matmul(a, b, out) ? " ->f32" : "");
   if (!products_.count(label)) {
     Product q;
     q.label = label, q.params = p, q.has_bias = bias.defined();

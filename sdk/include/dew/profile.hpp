@@ -59,9 +59,9 @@ class ProfilingBackend final : public Backend {
   }
   const BackendPtr& inner() const { return inner_; }
   // The products (matmul calls) timed since start(), one per label: the parameters and dtypes of the label's first
-  // call (a label is a shape, so every call under it has them but for alpha / beta), its calls and seconds. What
-  // `dew-bench train --profile` replays alone to show what the step's products cost against the same products with
-  // their operands hot in the cache.
+  // call (a label is a shape, with " ->f32" on a widened product, so every call under it has them but for alpha /
+  // beta), its calls and seconds. What `dew-bench train --profile` replays alone to show what the step's products
+  // cost against the same products with their operands hot in the cache.
   struct Product {
     std::string label;
     MatmulParams params;
