@@ -7,10 +7,14 @@
 // bit the same; its graph is dropped before checkpoint() returns. The backward recomputes on fresh
 // stand-ins of the saved inputs with the recompute mode off (a nested block is not recomputed twice),
 // back-propagates through the recomputed graph with the same engine (same accumulation order), and
-// refuses a leaf it reaches that was not declared. Parameters' gradients accumulate in that inner pass; the
-// node returns none for them, so the outer pass counts their edges (leaf-ready hook) without adding twice.
+// refuses a leaf it reaches that was not declared. The recomputation runs under the autocast dtype the forward
+// ran under (dew/autocast.hpp): backward closures otherwise run outside the guard, and a block recomputed in f32
+// would be another graph (a bf16-mixed block's bf16 activations meeting f32 weights: an error, or other bits).
+// Parameters' gradients accumulate in that inner pass; the node returns none for them, so the outer pass counts their
+// edges (leaf-ready hook) without adding twice.
 #include <unordered_set>
 
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/block_params.hpp"
 #include "dew/error.hpp"
@@ -78,15 +82,19 @@ Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const std:
   for (const Tensor& p : params)
     if (p.defined()) declared.push_back(p.impl());
   const Shape out_shape = out.shape();
+  const DType autocast = autocast_dtype();  // restored around the recomputation
   record(
       out, std::move(edges),
-      [fn = std::move(fn), saved = std::move(saved), needs = std::move(needs), declared = std::move(declared),
-       n_inputs, n_params, out_shape, name](const Tensor& g) {
+      [fn = std::move(fn), saved = std::move(saved), needs = std::move(needs), declared = std::move(declared), n_inputs,
+       n_params, out_shape, autocast, name](const Tensor& g) {
         std::vector<Tensor> grads(n_inputs + n_params);
         RecomputeGuard flat(Recompute::none);
         EnableGradGuard recording;
         std::vector<Tensor> xs = stand_ins(saved, needs);
-        const Tensor y = fn(xs);
+        const Tensor y = [&] {
+          AutocastGuard as_forward(autocast);  // the forward's ops, not f32 ones (the run_backward below: outside)
+          return fn(xs);
+        }();
         DEW_CHECK(y.defined() && y.shape() == out_shape, name, ": the recomputed block returned ",
                   y.defined() ? shape_str(y.shape()) : std::string("nothing"), ", the forward ", shape_str(out_shape),
                   " (the function must be pure)");

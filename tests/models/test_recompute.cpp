@@ -1,7 +1,8 @@
 // tests/models/test_recompute.cpp — [trainer] recompute = blocks on the bundled transformer backbones
-// (causal_transformer with dropout, vit_encoder, dit), on ref and cpu: the loss and every parameter's
-// gradient are bit-identical to recompute = none, and the activation memory of the step (the backend's
-// high-water mark minus what was in use before the forward, minus the gradients) falls.
+// (causal_transformer with dropout, vit_encoder, dit), on ref and cpu, in f32 and under bf16 autocast (the
+// trainer's bf16-mixed: the recomputation must run the forward's bf16 ops, not f32 ones): the loss and every
+// parameter's gradient are bit-identical to recompute = none, and the activation memory of the step (the
+// backend's high-water mark minus what was in use before the forward, minus the gradients) falls.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "dew/autocast.hpp"
 #include "dew/autograd.hpp"
 #include "dew/model.hpp"
 #include "dew/ops.hpp"
@@ -69,7 +71,7 @@ struct Step {
   int64_t activations = 0;  // peak - in use before the forward - the gradients' bytes
 };
 
-Step step(const Case& c, const dew::BackendPtr& be, dew::Recompute mode) {
+Step step(const Case& c, const dew::BackendPtr& be, dew::Recompute mode, dew::DType compute) {
   dew::Options o(c.options, "model");
   auto m = dew::Registry::global().create<dew::Model>(c.plugin, o);
   m->initialize(7);
@@ -86,7 +88,10 @@ Step step(const Case& c, const dew::BackendPtr& be, dew::Recompute mode) {
   Step s;
   {
     dew::RecomputeGuard recompute(mode);
-    s.loss = dew::sum(dew::mul(m->forward(batch), r));
+    {
+      dew::AutocastGuard autocast(compute);  // as the trainer: the forward and the loss (f32 under autocast)
+      s.loss = dew::sum(dew::mul(m->forward(batch), r));
+    }
     s.loss.backward();
   }
   int64_t grad_bytes = 0;
@@ -102,20 +107,22 @@ Step step(const Case& c, const dew::BackendPtr& be, dew::Recompute mode) {
 }  // namespace
 
 TEST_CASE("recompute = blocks: the same loss and gradients bit for bit, less activation memory") {
-  for (const char* name : {"ref", "cpu"}) {
-    const dew::BackendPtr be = backend(name);
-    for (const Case& c : cases()) {
-      CAPTURE(name);
-      CAPTURE(c.plugin);
-      const Step none = step(c, be, dew::Recompute::none);
-      const Step blocks = step(c, be, dew::Recompute::blocks);
-      CHECK(same_bits(none.loss, blocks.loss));
-      REQUIRE(none.grads.size() == blocks.grads.size());
-      for (size_t i = 0; i < none.grads.size(); ++i)
-        CHECK_MESSAGE(same_bits(none.grads[i].second, blocks.grads[i].second), none.grads[i].first, " differs");
-      MESSAGE(std::string(name) << " " << c.plugin << ": activation bytes none " << none.activations << ", blocks "
-                   << blocks.activations);
-      CHECK(blocks.activations < none.activations * 0.7);
+  for (const char* name : {"ref", "cpu"})
+    for (const dew::DType compute : {dew::DType::f32, dew::DType::bf16}) {
+      const dew::BackendPtr be = backend(name);
+      for (const Case& c : cases()) {
+        const std::string where = std::string(name) + " " + dew::dtype_name(compute);
+        CAPTURE(where);
+        CAPTURE(c.plugin);
+        const Step none = step(c, be, dew::Recompute::none, compute);
+        const Step blocks = step(c, be, dew::Recompute::blocks, compute);
+        CHECK(same_bits(none.loss, blocks.loss));
+        REQUIRE(none.grads.size() == blocks.grads.size());
+        for (size_t i = 0; i < none.grads.size(); ++i)
+          CHECK_MESSAGE(same_bits(none.grads[i].second, blocks.grads[i].second), none.grads[i].first, " differs");
+        MESSAGE(where << " " << c.plugin << ": activation bytes none " << none.activations << ", blocks "
+                      << blocks.activations);
+        CHECK(blocks.activations < none.activations * 0.7);
+      }
     }
-  }
 }
