@@ -257,11 +257,12 @@ Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionPara
   DEW_CHECK(k.shape()[2] > 0 && q.shape()[2] % k.shape()[2] == 0, "attention_max_logit: ", q.shape()[2],
             " query heads do not group over ", k.shape()[2], " key/value heads");
   check_same_backend(q, k, "attention_max_logit");
-  detail::mark_step_opaque();  // a direct call (step_record.hpp)
   Tensor out = stats(q, {q.shape()[2]});
   if (segment_ids.defined()) check_same_backend(q, segment_ids, "attention_max_logit");
-  q.backend().attention_max_logit(q.detach(), k.detach(), segment_ids.defined() ? segment_ids.detach() : Tensor(), out,
-                                  p);
+  // Through the kernel call (kernel_call.hpp): bf16 / f16 q and k (a bf16-mixed step's) take the core's conversion
+  // where the backend has no half kernel for it; out is a statistic, f32 either way.
+  kernels(q).attention_max_logit(q.detach(), k.detach(), segment_ids.defined() ? segment_ids.detach() : Tensor(), out,
+                                 p);
   return out;
 }
 

@@ -6,7 +6,7 @@
 // step touches stays alive), and Tensor's host transfers report themselves. Nothing else changes: the calls
 // run as they would unrecorded. Invariant: every kernel the core makes goes through call_kernel (the ops'
 // kernels(x).name(...), Tensor's own fills, casts and draws, module initialisation), except the fused training
-// ops' direct calls (core/ops/fused.cpp, attention_max_logit), which mark the recording opaque instead: a recording
+// ops' direct calls (core/ops/fused.cpp), which mark the recording opaque instead: a recording
 // misses no call, or it is not replayed.
 #pragma once
 #include <memory>

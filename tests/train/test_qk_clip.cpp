@@ -115,40 +115,46 @@ TEST_CASE("attention_max_logit equals max scale * q.k over the visible pairs, co
       {"documents of a packed row, padding", 2, 80, 80, 4, 2, 16, true, 0, 0, 0.0f, 7},
       {"documents, non-causal", 1, 40, 40, 2, 2, 16, false, 0, 0, 0.0f, 9},
   };
+  // bf16 q and k as well (bf16-mixed training with MuonClip): a backend without a bf16 kernel gets the core's
+  // conversion (the values are exact in f32, so the same double reference holds).
   for (const auto& [name, be] : backends())
-    for (const Case& c : cases) {
-      CAPTURE(name);
-      CAPTURE(c.what);
-      dew::AttentionParams p;
-      p.scale = 0.3f;
-      p.causal = c.causal;
-      p.window = c.window;
-      p.q_offset = c.q_offset;
-      p.softcap = c.softcap;
-      const dew::Tensor q = dew::Tensor::uniform({c.B, c.T, c.Hq, c.D}, -2, 2, 11, 1, be);
-      const dew::Tensor k = dew::Tensor::uniform({c.B, c.S, c.Hkv, c.D}, -2, 2, 11, 2, be);
-      std::vector<int32_t> seg;
-      dew::Tensor segment_ids;
-      if (c.doc > 0) {
-        for (int64_t b = 0; b < c.B; ++b)
-          for (int64_t s = 0; s < c.S; ++s) seg.push_back(s >= c.S - c.S / 8 ? 0 : int32_t(1 + (s + 3 * b) / c.doc));
-        segment_ids = dew::Tensor::from_ints(seg, {c.B, c.S}, be);
+    for (const dew::DType dtype : {dew::DType::f32, dew::DType::bf16})
+      for (const Case& c : cases) {
+        CAPTURE(name);
+        const std::string dtype_name = dew::dtype_name(dtype);
+        CAPTURE(dtype_name);
+        CAPTURE(c.what);
+        dew::AttentionParams p;
+        p.scale = 0.3f;
+        p.causal = c.causal;
+        p.window = c.window;
+        p.q_offset = c.q_offset;
+        p.softcap = c.softcap;
+        const dew::Tensor q = dew::cast(dew::Tensor::uniform({c.B, c.T, c.Hq, c.D}, -2, 2, 11, 1, be), dtype);
+        const dew::Tensor k = dew::cast(dew::Tensor::uniform({c.B, c.S, c.Hkv, c.D}, -2, 2, 11, 2, be), dtype);
+        std::vector<int32_t> seg;
+        dew::Tensor segment_ids;
+        if (c.doc > 0) {
+          for (int64_t b = 0; b < c.B; ++b)
+            for (int64_t s = 0; s < c.S; ++s) seg.push_back(s >= c.S - c.S / 8 ? 0 : int32_t(1 + (s + 3 * b) / c.doc));
+          segment_ids = dew::Tensor::from_ints(seg, {c.B, c.S}, be);
+        }
+        const std::vector<double> want =
+            host_max_logit(q.to_doubles(), k.to_doubles(), c.B, c.T, c.S, c.Hq, c.Hkv, c.D, p, seg);
+        const dew::Tensor got = dew::attention_max_logit(q, k, p, segment_ids);
+        CHECK(got.shape() == dew::Shape{c.Hq});
+        check_close(got.to_doubles(), want, 2e-6);
+        // The heads differ (a kernel that mixed heads up or reduced over the wrong axis would show it).
+        if (!std::isinf(want[0])) CHECK(want[0] != want[1]);
+        // Documents matter: the unsegmented maxima are larger for some head (keys of other documents count).
+        if (c.doc > 0) {
+          const std::vector<double> all =
+              host_max_logit(q.to_doubles(), k.to_doubles(), c.B, c.T, c.S, c.Hq, c.Hkv, c.D, p);
+          bool larger = false;
+          for (size_t h = 0; h < all.size(); ++h) larger = larger || all[h] > want[h];
+          CHECK(larger);
+        }
       }
-      const std::vector<double> want =
-          host_max_logit(q.to_doubles(), k.to_doubles(), c.B, c.T, c.S, c.Hq, c.Hkv, c.D, p, seg);
-      const dew::Tensor got = dew::attention_max_logit(q, k, p, segment_ids);
-      CHECK(got.shape() == dew::Shape{c.Hq});
-      check_close(got.to_doubles(), want, 2e-6);
-      // The heads differ (a kernel that mixed heads up or reduced over the wrong axis would show it).
-      if (!std::isinf(want[0])) CHECK(want[0] != want[1]);
-      // Documents matter: the unsegmented maxima are larger for some head (keys of other documents count).
-      if (c.doc > 0) {
-        const std::vector<double> all = host_max_logit(q.to_doubles(), k.to_doubles(), c.B, c.T, c.S, c.Hq, c.Hkv, c.D, p);
-        bool larger = false;
-        for (size_t h = 0; h < all.size(); ++h) larger = larger || all[h] > want[h];
-        CHECK(larger);
-      }
-    }
 }
 
 TEST_CASE("an attention block reports its heads' max logit inside a recorder scope, only there") {
