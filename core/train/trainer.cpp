@@ -593,7 +593,6 @@ UpdateResult Trainer::one_update() {
   }
   u.tokens += host_tokens;
   for (size_t i = head; i < host.size(); ++i) gsq += host[i];
-  gsq /= loss_scale() * loss_scale();  // the unscaled gradients' norm
   std::vector<double> qk_values(host.begin() + long(qk_at), host.begin() + long(head));
   bool finite = std::isfinite(u.loss);
   if (dp_->distributed()) {  // the logged figures cover the global batch
@@ -624,6 +623,9 @@ UpdateResult Trainer::one_update() {
         for (int r = 0; r < run_.world; ++r) qk_values[i] = std::max(qk_values[i], slots[size_t(r) * n + i]);
     }
   }
+  // The unscaled gradients' norm (f16-mixed: the sums of squares are of loss_scale * g), here after a sharded run
+  // summed its ranks' squares above, so every path divides once.
+  gsq /= loss_scale() * loss_scale();
   ++st_.attempts;
   u.grad_norm = finite ? std::sqrt(gsq) : NAN;
   if (finite && !std::isfinite(u.grad_norm) && scaling_loss()) {  // an f16 overflow: back off, no streak

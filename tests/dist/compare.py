@@ -4,6 +4,8 @@
   compare.py weights A.safetensors B.safetensors RTOL   every tensor: max|a-b| <= RTOL * max|b|
   compare.py losses A/metrics.jsonl B/metrics.jsonl RTOL [FIRST_STEP]
                                                        per-step "loss": |a-b| <= RTOL * |b| (+1e-12)
+  compare.py grad_norms A/metrics.jsonl B/metrics.jsonl RTOL [FIRST_STEP]
+                                                       the same for the per-step "grad_norm"
 RTOL 0 means bit-exact. Prints the worst relative difference; exits 1 when a check fails.
 """
 import json
@@ -54,18 +56,18 @@ def weights(a_path, b_path, rtol):
     return 1 if bad else 0
 
 
-def losses(path):
+def per_step(path, key):
     out = {}
     with open(path) as f:
         for line in f:
             rec = json.loads(line)
-            if "loss" in rec:
-                out[rec["step"]] = rec["loss"]
+            if key in rec:
+                out[rec["step"]] = rec[key]
     return out
 
 
-def compare_losses(a_path, b_path, rtol, first):
-    a, b = losses(a_path), losses(b_path)
+def compare_per_step(key, a_path, b_path, rtol, first):
+    a, b = per_step(a_path, key), per_step(b_path, key)
     steps = sorted(s for s in a if s >= first)
     if steps != sorted(s for s in b if s >= first) or not steps:
         print(f"logged steps differ: {sorted(a)} vs {sorted(b)}")
@@ -76,7 +78,7 @@ def compare_losses(a_path, b_path, rtol, first):
         worst = max(worst, rel)
         if (rtol == 0 and a[s] != b[s]) or rel > rtol:
             bad.append(f"step {s}: {a[s]!r} vs {b[s]!r} (relative {rel:.3g})")
-    print(f"losses: steps {steps[0]}..{steps[-1]}, worst relative difference {worst:.3g}, tolerance {rtol:g}")
+    print(f"{key}: steps {steps[0]}..{steps[-1]}, worst relative difference {worst:.3g}, tolerance {rtol:g}")
     for line in bad[:10]:
         print("  exceeds:", line)
     return 1 if bad else 0
@@ -85,8 +87,9 @@ def compare_losses(a_path, b_path, rtol, first):
 if __name__ == "__main__":
     if len(sys.argv) >= 5 and sys.argv[1] == "weights":
         sys.exit(weights(sys.argv[2], sys.argv[3], float(sys.argv[4])))
-    if len(sys.argv) >= 5 and sys.argv[1] == "losses":
+    if len(sys.argv) >= 5 and sys.argv[1] in ("losses", "grad_norms"):
         first = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-        sys.exit(compare_losses(sys.argv[2], sys.argv[3], float(sys.argv[4]), first))
+        key = "loss" if sys.argv[1] == "losses" else "grad_norm"
+        sys.exit(compare_per_step(key, sys.argv[2], sys.argv[3], float(sys.argv[4]), first))
     print(__doc__)
     sys.exit(2)

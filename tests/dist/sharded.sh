@@ -7,7 +7,8 @@
 # 2. The same with grad_accum 2 and tiny buckets (several buckets, owners changing between them).
 # 3. Other objectives: JEPA (vit encoder + predictor, the target encoder updated in after_update, EMA on)
 #    and a byte-level LM (causal_transformer on a fortune file), shard = gradients and parameters, bit
-#    for bit against none (same arithmetic) within the 1e-6 checks; the LM's shard = parameters also with
+#    for bit against none (same arithmetic) within the 1e-6 checks, also in f16-mixed and bf16-mixed (with
+#    recomputation; the gradient norms too); the LM's shard = parameters also with
 #    gradient accumulation with and without recomputation and with run.shard_prefetch = false, and its
 #    gather counters show the next block's gather was prefetched (none gathered on the spot after update 1).
 # 4. One rank (dist = mpi without mpirun): every shard mode is a no-op, bit for bit.
@@ -65,6 +66,15 @@ lm=(--data.batch_size 4 --data.path "$work/magic" --model.n_layers 4)
 objective_runs lm "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.log_every 1
 objective_runs lm-recompute "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.recompute blocks --trainer.grad_accum 2 \
   --data.batch_size 2 --trainer.log_every 1
+# Mixed precision: f16-mixed (its dynamic loss scale divided out of the global gradient norm that the clip reads,
+# sharded or not) and bf16-mixed with recomputed blocks, clipping on, every update's loss and grad_norm.
+for precision in f16-mixed bf16-mixed; do
+  objective_runs lm-$precision "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.log_every 1 --run.precision $precision \
+    --optim.clip_grad_norm 0.5 --trainer.recompute blocks
+  for mode in gradients parameters; do
+    compare grad_norms "$work/lm-$precision-$mode/metrics.jsonl" "$work/lm-$precision-none/metrics.jsonl" 1e-6
+  done
+done
 # shard = parameters prefetches the next block's gather (default): gradient accumulation without
 # recomputation, and the same with run.shard_prefetch = false (blocking gathers), both = none.
 lm_accum=(train --config "$here/../report/lm-tiny.ini" --backend "$backend" --trainer.steps 6 --trainer.eval_every 3
