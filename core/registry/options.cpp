@@ -19,6 +19,21 @@ std::string trim(std::string s) {
   const auto e = s.find_last_not_of(" \t");
   return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
+// Levenshtein distance (insertions, deletions, substitutions), for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::string item;
@@ -31,9 +46,13 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 }  // namespace
 
-bool Options::has(const std::string& key) const { return values_.count(key) != 0; }
+bool Options::has(const std::string& key) const {
+  asked_.insert(key);
+  return values_.count(key) != 0;
+}
 
 std::string Options::get_string(const std::string& key, const std::string& fallback) const {
+  asked_.insert(key);
   auto it = values_.find(key);
   if (it == values_.end()) return fallback;
   used_.insert(key);
@@ -41,6 +60,7 @@ std::string Options::get_string(const std::string& key, const std::string& fallb
 }
 
 std::string Options::require_string(const std::string& key) const {
+  asked_.insert(key);
   auto it = values_.find(key);
   DEW_USAGE_CHECK(it != values_.end(), "missing required option ", where(context_, key));
   used_.insert(key);
@@ -118,7 +138,28 @@ void Options::check_all_used() const {
   if (unknown.empty()) return;
   std::string list;
   for (const auto& k : unknown) list += (list.empty() ? "" : ", ") + where(context_, k);
-  DEW_USAGE_CHECK(false, "unknown option", unknown.size() > 1 ? "s " : " ", list);
+  // What the unknown keys may have meant: the nearest key the reader looked for (present or not: a misspelt
+  // override of a key the config also sets), within a third of its length; else the keys it looked for and
+  // did not get (a key of another plugin: what this one takes instead).
+  std::string hint;
+  for (const auto& k : unknown) {
+    const std::string* best = nullptr;
+    size_t best_d = std::max<size_t>(1, k.size() / 3) + 1;
+    for (const auto& e : asked_)
+      if (const size_t d = edit_distance(k, e); d > 0 && d < best_d) best_d = d, best = &e;
+    if (best)
+      hint += std::string(hint.empty() ? "; did you mean " : ", ") + where(context_, *best) +
+              (unknown.size() > 1 ? " for '" + k + "'" : std::string("?"));
+  }
+  if (hint.empty()) {
+    std::string looked;
+    for (const auto& k : asked_)
+      if (!values_.count(k)) looked += (looked.empty() ? "" : ", ") + k;
+    if (!looked.empty())
+      hint = "; " + (context_.empty() ? std::string("its reader") : "[" + context_ + "]'s reader") +
+             " also looks for: " + looked;
+  }
+  DEW_USAGE_CHECK(false, "unknown option", unknown.size() > 1 ? "s " : " ", list, hint);
 }
 
 }  // namespace dew

@@ -17,6 +17,11 @@ expect() {  # expect EXPECTED_TEXT ARGS...
   fi
 }
 expect "optim.lrr" --optim.lrr 0.1                       # unknown key
+expect "unknown option 'optim.lrr'; did you mean 'optim.lr'?" --optim.lrr 0.1   # the nearest key looked for
+expect "did you mean 'trainer.steps'?" --trainer.step 3   # a misspelt override of a key the config sets
+expect "unknown options 'optim.lrr', 'optim.weight_decy'; did you mean 'optim.lr' for 'lrr', 'optim.weight_decay' for 'weight_decy'" --optim.lrr 0.1 --optim.weight_decy 0.1
+# a key of another optimizer: what this one looks for instead (sgd takes momentum, not betas)
+expect "unknown option 'optim.betas'; [optim]'s reader also looks for: dampening" --optim.name sgd --optim.betas 0.9,0.95
 expect "unknown option 'nosuch.key'" --nosuch.key 1       # unknown section
 expect "optim.lr' must be a number" --optim.lr fast      # bad value
 expect "trainer.steps" --trainer.steps 0                 # bad value

@@ -2,7 +2,8 @@
 //
 // Values are strings as written in the config or on the command line; typed getters parse them and
 // name the key in the error. Every key read is marked used; check_all_used() refuses the rest, so a
-// misspelt key is an error, never silently ignored.
+// misspelt key is an error, never silently ignored. The error names the keys the reader looked for (every key
+// passed to has() or a getter, present or not) and the nearest of them to a misspelt key ("did you mean").
 #pragma once
 #include <map>
 #include <set>
@@ -39,7 +40,7 @@ class Options {
 
   // Whether a getter read the key (e.g. whether a plugin took an optional key it was handed).
   bool was_read(const std::string& key) const { return used_.count(key) > 0; }
-  // Throws a UsageError naming every key that no getter read.
+  // Throws a UsageError naming every key that no getter read, with the keys that were looked for.
   void check_all_used() const;
   const std::map<std::string, std::string>& values() const { return values_; }
   const std::string& context() const { return context_; }
@@ -48,6 +49,7 @@ class Options {
   std::map<std::string, std::string> values_;
   std::string context_;  // e.g. "[model]" for error messages
   mutable std::set<std::string> used_;
+  mutable std::set<std::string> asked_;  // every key looked for (has() and the getters), present or not
 };
 
 }  // namespace dew
