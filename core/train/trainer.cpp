@@ -443,9 +443,14 @@ void Trainer::resume() {
 
 // ---- stage: start (after the checkpoint checks passed: a failed resume leaves config.ini as it was) ----
 void Trainer::start() {
+  // The run's config as --resume, eval, sample and serve read it, without trainer.stop_at: a pause point belongs to
+  // the invocation that asked for it (a resume given none goes on to trainer.steps; kept, it would stop at once).
+  Config kept = config_;
+  kept.section("trainer").erase("stop_at");
+  const std::string config_ini = kept.to_ini();
   if (leader_) {
     std::ofstream cfg(fs::path(run_dir_) / "config.ini", std::ios::trunc);
-    cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config_.to_ini();
+    cfg << "# effective config of this run (dew " << DEW_SDK_VERSION << ")\n" << config_ini;
     // --resume --step N: the later checkpoints belong to the future this run replaces; kept, renamed aside.
     for (const std::string& f : newer_) {
       fs::rename(f, f + ".discarded");
@@ -456,7 +461,7 @@ void Trainer::start() {
   metrics_ = std::make_unique<MetricsLog>(run_dir_, leader_, options_.resume ? st_.updates : -1);
   watch_ = std::make_shared<RunWatchers>(run_dir_, o_.watch, leader_,
                                          [this](const std::string& m) { log_->warn("{}", m); });
-  watch_->start(st_.updates, config_.to_ini());
+  watch_->start(st_.updates, config_ini);
   if (leader_) metrics_->add_sink(watch_);
   // Every rank starts from rank 0's weights, EMA and optimizer state, at rank 0's position.
   // Sharded: EMA and optimizer state are this rank's own share (zeros or its part of the checkpoint).

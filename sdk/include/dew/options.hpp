@@ -27,6 +27,7 @@ class Options {
 
   bool has(const std::string& key) const;
   void set(const std::string& key, std::string value) { values_[key] = std::move(value); }
+  void erase(const std::string& key) { values_.erase(key); }
 
   std::string get_string(const std::string& key, const std::string& fallback) const;
   std::string require_string(const std::string& key) const;
