@@ -226,6 +226,20 @@ std::string import_hf(const std::string& hf_dir, const std::string& run_dir, con
   } catch (const Error& e) {
     DEW_USAGE_CHECK(false, (hf / "config.json").string(), ": ", e.what());
   }
+  // No eos in config.json: generation_config.json's (an integer, or the first of a list), as dew's own export of a
+  // byte-token run writes it.
+  if (plan.eos_id < 0 && fs::exists(hf / "generation_config.json", ec)) {
+    try {
+      const auto g = nlohmann::json::parse(read_text(hf / "generation_config.json"));
+      const auto eos = g.is_object() && g.contains("eos_token_id") ? g["eos_token_id"] : nlohmann::json();
+      if (eos.is_number_integer())
+        plan.eos_id = eos.get<int64_t>();
+      else if (eos.is_array() && !eos.empty() && eos[0].is_number_integer())
+        plan.eos_id = eos[0].get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      DEW_USAGE_CHECK(false, (hf / "generation_config.json").string(), " is not valid JSON: ", e.what());
+    }
+  }
 
   Config config;
   config.set("run.name", fs::absolute(run).filename().string());
@@ -347,8 +361,17 @@ void export_hf(const std::string& run_dir, const std::string& step, bool use_ema
   write_text_atomic(out / "config.json", cfg);
   // The tokenizer of the run ([data] path), and the generation config an import kept.
   const std::string data_path = config.section("data").get_string("path", "");
-  if (!data_path.empty() && fs::exists(fs::path(data_path) / "tokenizer.json", ec))
+  if (!data_path.empty() && fs::exists(fs::path(data_path) / "tokenizer.json", ec)) {
     fs::copy_file(fs::path(data_path) / "tokenizer.json", out / "tokenizer.json", fs::copy_options::overwrite_existing);
+  } else if (!data_path.empty() && fs::exists(fs::path(data_path) / "meta.json", ec) &&
+             read_token_meta(data_path).tokenizer == "byte") {
+    // Byte tokens (dew-tokenize --tokenizer byte): their tokenizer.json form (GPT-2's byte level without merges),
+    // and their document token as the model's eos where the run has no generation config of its own.
+    save_tokenizer_json(*make_byte_tokenizer(), (out / "tokenizer.json").string());
+    const int32_t eos = read_token_meta(data_path).eos_id;
+    if (eos >= 0 && !fs::exists(run / "generation_config.json", ec))
+      write_text_atomic(out / "generation_config.json", "{\n  \"eos_token_id\": " + std::to_string(eos) + "\n}\n");
+  }
   for (const char* chat_file : {"tokenizer_config.json", "chat_template.jinja"})  // the chat template an import kept
     if (!data_path.empty() && fs::exists(fs::path(data_path) / chat_file, ec))
       fs::copy_file(fs::path(data_path) / chat_file, out / chat_file, fs::copy_options::overwrite_existing);

@@ -526,16 +526,56 @@ std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const 
   return refusing_wrong_types(vocab_json, [&] { return load_gpt2_vocab_unchecked(vocab_json, merges_txt); });
 }
 
+namespace {
+
+// GPT-2's tokenizer.json layout: ByteLevel pre-tokenizer (GPT-2's pattern) and decoder, BPE over the vocab's mapped
+// byte strings ("Ġthe") and the merges.
+void write_byte_level_json(const std::string& path, nlohmann::ordered_json added, nlohmann::ordered_json vocab,
+                           nlohmann::ordered_json merges, bool add_prefix_space, bool ignore_merges) {
+  using ojson = nlohmann::ordered_json;
+  const ojson byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"trim_offsets", true}, {"use_regex", true}};
+  ojson j;
+  j["version"] = "1.0";
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["added_tokens"] = std::move(added);
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = byte_level;
+  j["post_processor"] = nullptr;
+  j["decoder"] = byte_level;
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", ignore_merges},
+                {"vocab", std::move(vocab)},
+                {"merges", std::move(merges)}};
+  const std::string out = j.dump(1) + "\n";
+  text::write_file_atomic(path, out.data(), out.size());
+}
+
+}  // namespace
+
 void save_tokenizer_json(const Tokenizer& tokenizer, const std::string& path) {
+  using ojson = nlohmann::ordered_json;
+  if (tokenizer.name() == "byte") {  // a byte-level BPE without merges: id = byte value, as encode() gives
+    ojson vocab = ojson::object();
+    for (int b = 0; b < 256; ++b) vocab[text::bytes_to_mapped(std::string(1, char(b)))] = b;
+    write_byte_level_json(path, ojson::array(), std::move(vocab), ojson::array(), false, false);
+    return;
+  }
   const auto* bpe = dynamic_cast<const BpeTokenizer*>(&tokenizer);
   DEW_USAGE_CHECK(bpe != nullptr, "save_tokenizer_json: the '", tokenizer.name(),
-                  "' tokenizer has no tokenizer.json form (only BPE tokenizers do)");
+                  "' tokenizer has no tokenizer.json form (only the byte and BPE tokenizers do)");
   if (!bpe->style().source_json.empty()) {  // not GPT-2's style: the file it was read from
     const std::string& src = bpe->style().source_json;
     text::write_file_atomic(path, src.data(), src.size());
     return;
   }
-  using ojson = nlohmann::ordered_json;
   std::vector<bool> is_added(bpe->tokens().size(), false);
   ojson added = ojson::array();
   for (const AddedToken& a : bpe->added()) {
@@ -557,31 +597,8 @@ void save_tokenizer_json(const Tokenizer& tokenizer, const std::string& path) {
   }
   ojson merges = ojson::array();
   for (const auto& m : bpe->merges()) merges.push_back(mapped[size_t(m[0])] + " " + mapped[size_t(m[1])]);
-  const ojson byte_level = {{"type", "ByteLevel"},
-                            {"add_prefix_space", bpe->add_prefix_space()},
-                            {"trim_offsets", true},
-                            {"use_regex", true}};
-  ojson j;
-  j["version"] = "1.0";
-  j["truncation"] = nullptr;
-  j["padding"] = nullptr;
-  j["added_tokens"] = std::move(added);
-  j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = byte_level;
-  j["post_processor"] = nullptr;
-  j["decoder"] = byte_level;
-  j["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", bpe->ignore_merges()},
-                {"vocab", std::move(vocab)},
-                {"merges", std::move(merges)}};
-  const std::string out = j.dump(1) + "\n";
-  text::write_file_atomic(path, out.data(), out.size());
+  write_byte_level_json(path, std::move(added), std::move(vocab), std::move(merges), bpe->add_prefix_space(),
+                        bpe->ignore_merges());
 }
 
 }  // namespace dew

@@ -18,6 +18,7 @@
 #include "dew/autograd.hpp"
 #include "dew/chat_template.hpp"
 #include "dew/checkpoint.hpp"
+#include "dew/config.hpp"
 #include "dew/error.hpp"
 #include "dew/generate.hpp"
 #include "dew/interop.hpp"
@@ -25,6 +26,7 @@
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
 #include "dew/safetensors.hpp"
+#include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
 
 using dew::Tensor;
@@ -37,7 +39,7 @@ const dew::BackendPtr& ref() {
     auto& reg = dew::Registry::global();
     if (!reg.contains("backend", "ref")) {
       const auto dirs = dew::Registry::default_plugin_dirs();
-      reg.discover(dirs, {"ref", "causal_transformer", "lm", "synthetic"});
+      reg.discover(dirs, {"ref", "causal_transformer", "lm", "synthetic", "tokens"});
       for (const std::string& d : dirs)
         if (fs::exists(fs::path(d) / "dew_cpu.so")) {
           reg.load((fs::path(d) / "dew_cpu.so").string());
@@ -468,6 +470,53 @@ TEST_CASE("dew::train with trainer.init_from starts from the imported weights (f
   dew::SafetensorsCheckpoint src(fixture("qwen2"));
   REQUIRE(c.params.size() == src.names().size());
   for (const auto& [n, t] : c.params) CHECK(t.to_floats() == src.load(n, be, dew::DType::f32).to_floats());
+  fs::remove_all(d);
+}
+
+TEST_CASE("export of a byte-token run: tokenizer.json (GPT-2's byte level, no merges) and eos; import encodes bytes") {
+  ref();
+  const fs::path d = tmpdir("bytes");
+  // A byte-token corpus (dew-tokenize --tokenizer byte) and one update of a tiny llama on it.
+  std::vector<std::string> docs;
+  for (int i = 0; i < 40; ++i) docs.push_back("fortune " + std::to_string(i) + ": caf\xc3\xa9 \xe2\x82\xac\n");
+  dew::write_token_corpus(*dew::make_byte_tokenizer(), docs, (d / "tokens").string(), 0.1, true);
+  dew::Config cfg = dew::Config::parse_ini(
+      "[run]\nbackend = ref\n[model]\nplugin = causal_transformer\nvocab_size = 256\ndim = 16\nn_layers = 1\n"
+      "n_heads = 2\nmlp = swiglu\n[objective]\nplugin = lm\nsample_tokens = 0\n[data]\nsource = tokens\nseq_len = 16\n"
+      "batch_size = 2\n[optim]\nname = adamw\n[trainer]\nsteps = 1\n");
+  cfg.set("data.path", (d / "tokens").string());
+  dew::TrainOptions to;
+  to.run_dir = (d / "run").string();
+  REQUIRE(dew::train(cfg, to) == 0);
+  dew::export_hf((d / "run").string(), "latest", true, "ref", (d / "hf").string(), int64_t(1) << 30, "");
+  REQUIRE(fs::exists(d / "hf" / "tokenizer.json"));
+  // The vocab is GPT-2's byte -> unicode table, id = byte value (entries written out here, not computed by dew).
+  const auto tj = nlohmann::json::parse(read_text(d / "hf" / "tokenizer.json"));
+  const auto& vocab = tj["model"]["vocab"];
+  CHECK(vocab.size() == 256);
+  CHECK(tj["model"]["merges"].empty());
+  CHECK(tj["pre_tokenizer"]["type"] == "ByteLevel");
+  CHECK(vocab["A"] == 65);
+  CHECK(vocab["\xc4\xa0"] == 32);   // U+0120 'Ġ': the space
+  CHECK(vocab["\xc4\x8a"] == 10);   // U+010A 'Ċ': the newline
+  CHECK(vocab["\xc4\x80"] == 0);    // U+0100: byte 0
+  CHECK(vocab["\xc4\xa1"] == 127);  // U+0121: byte 0x7F
+  CHECK(vocab["\xc5\x83"] == 173);  // U+0143: byte 0xAD (soft hyphen, not printable in GPT-2's table)
+  CHECK(vocab["\xc3\xbf"] == 255);  // U+00FF 'ÿ' maps to itself
+  CHECK(nlohmann::json::parse(read_text(d / "hf" / "generation_config.json"))["eos_token_id"] == 255);
+  // Imported, the run's tokenizer encodes any bytes (invalid UTF-8 too) as the byte tokenizer does; eos 255.
+  dew::ImportOptions o;
+  o.backend = "ref";
+  dew::import_hf((d / "hf").string(), (d / "imported").string(), o);
+  auto tok = dew::load_tokenizer((d / "imported" / "tokenizer").string());
+  CHECK(tok->vocab_size() == 256);
+  CHECK(dew::read_token_meta((d / "imported" / "tokenizer").string()).eos_id == 255);
+  auto bytes = dew::make_byte_tokenizer();
+  for (const std::string& text :
+       {std::string("caf\xc3\xa9 \xe2\x82\xac, 'twas\n\t  x"), std::string("\xff\xfe\x80 a\x00b", 9)}) {
+    CHECK(tok->encode(text) == bytes->encode(text));
+    CHECK(tok->decode(tok->encode(text)) == text);
+  }
   fs::remove_all(d);
 }
 

@@ -74,8 +74,9 @@ std::unique_ptr<Tokenizer> train_bpe(const std::vector<std::string>& texts, int6
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
 // GPT-2's vocab.json + merges.txt ("#version" line optional); eos: "<|endoftext|>" when in the vocab.
 std::unique_ptr<Tokenizer> load_gpt2_vocab(const std::string& vocab_json, const std::string& merges_txt);
-// Writes a BPE tokenizer as tokenizer.json (atomically); refuses other tokenizers.
-void save_tokenizer_json(const Tokenizer& bpe, const std::string& path);
+// Writes a BPE tokenizer as tokenizer.json (atomically), and the byte tokenizer as GPT-2's byte-level BPE with no
+// merges (id = byte value: what Hugging Face's tokenizers then encodes); refuses other tokenizers.
+void save_tokenizer_json(const Tokenizer& tokenizer, const std::string& path);
 
 // GPT-2's pre-tokenizer: the pieces (views into text) BPE merges within. Concatenated they are text.
 std::vector<std::string_view> pretokenize_gpt2(std::string_view text);
