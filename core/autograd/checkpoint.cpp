@@ -23,6 +23,7 @@ namespace dew {
 
 namespace {
 thread_local Recompute g_recompute = Recompute::none;
+thread_local int64_t g_recomputed = 0;  // recomputed_blocks()
 
 bool participates(const Tensor& t) { return t.defined() && (t.impl()->requires_grad || t.impl()->grad_fn); }
 
@@ -44,6 +45,7 @@ std::vector<Tensor> stand_ins(const std::vector<Tensor>& values, const std::vect
 }  // namespace
 
 Recompute recompute_mode() { return g_recompute; }
+int64_t recomputed_blocks() { return g_recomputed; }
 
 const char* recompute_name(Recompute mode) { return mode == Recompute::blocks ? "blocks" : "none"; }
 
@@ -121,7 +123,10 @@ Tensor recompute_block(const CheckpointFn& fn, const std::vector<Tensor>& inputs
   // forward and again before its backward (dew/block_params.hpp); otherwise it is just the call.
   return run_block(
       [&] {
-        if (g_recompute == Recompute::blocks && grad_enabled()) return checkpoint(fn, inputs, params, "recompute_block");
+        if (g_recompute == Recompute::blocks && grad_enabled()) {
+          ++g_recomputed;
+          return checkpoint(fn, inputs, params, "recompute_block");
+        }
         return fn(inputs);
       },
       params);

@@ -319,6 +319,7 @@ class Trainer {
   // place, before the optimizer step) and written into the first logged line of this process.
   std::optional<TrainingStateMemory> state_memory_;
   bool state_memory_logged_ = false;
+  bool recompute_reported_ = false;  // the first update has said what recompute = blocks did
   static constexpr int64_t kProfileWarmup = 3;
 };
 
@@ -514,6 +515,7 @@ void Trainer::start() {
 UpdateResult Trainer::one_update() {
   UpdateResult u;
   RecomputeGuard recompute(o_.recompute);  // the backbones' blocks ask recompute_block() during the steps
+  const int64_t recomputed_before = recomputed_blocks();
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t accum = o_.grad_accum;
   std::vector<Tensor> on_device;  // [micro losses..., device metrics..., device tokens..., grad sums of squares...]
@@ -557,6 +559,15 @@ UpdateResult Trainer::one_update() {
     if (micro < accum - 1) dp_->release_parameters();
   }
   dp_->finish_sync();
+  if (o_.recompute == Recompute::blocks && !recompute_reported_) {  // once: what recompute = blocks did
+    recompute_reported_ = true;
+    const int64_t n = recomputed_blocks() - recomputed_before;
+    if (n > 0)
+      log_->info("recompute = blocks: {} block forwards a micro-batch recomputed in the backward", n / accum);
+    else
+      log_->warn("recompute = blocks, but the model ({}) has no block that recomputes: nothing is recomputed",
+                 config_.section("model").get_string("plugin", "?"));
+  }
   dp_->release_parameters();  // shard = parameters: the optimizer updates only this rank's own
   if (!state_memory_)  // every gradient of the update exists now (sharded or not: what this rank holds)
     state_memory_ = training_state_memory(run_.params, optimizer_.get(), ema_ ? ema_->tensors() : NamedTensors{});

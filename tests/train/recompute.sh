@@ -3,7 +3,8 @@
 # A 4-layer causal_transformer with dropout 0.1 on a byte-token corpus, 4 updates, once with recompute = none and
 # once with blocks: every logged loss and gradient norm must be the same digits (%.17g), the final weights
 # (exported to safetensors) the same bytes, and the activation memory (mem_peak_mb minus mem_params_mb,
-# mem_grads_mb and mem_optim_mb) must fall.
+# mem_grads_mb and mem_optim_mb) must fall; log.txt says how many block forwards were recomputed, and an mlp (no
+# blocks) is told that nothing is.
 set -euo pipefail
 bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
@@ -61,5 +62,13 @@ none, blocks = activations(sys.argv[1]), activations(sys.argv[2])
 print(f"{sys.argv[3]}: activation memory none {none:.3f} MiB, blocks {blocks:.3f} MiB ({blocks / none:.2f}x)")
 assert blocks < 0.8 * none, "recompute = blocks did not lower the activation memory"
 PY
+  # The run says what recompute = blocks did: the 4 layers' forwards recomputed per micro-batch.
+  grep -q "recompute = blocks: 4 block forwards a micro-batch recomputed" "$work/$backend-blocks/log.txt" ||
+    { echo "$backend: no 'recompute = blocks: 4 block forwards' line in log.txt"; exit 1; }
 done
+# A model without recomputable blocks (tests/train/tiny.ini: an mlp) trains as before and says nothing is recomputed.
+here=$(cd "$(dirname "$0")" && pwd)
+run train --config "$here/tiny.ini" --run-dir "$work/mlp-blocks" --trainer.steps 2 --trainer.recompute blocks
+grep -q "the model (mlp) has no block that recomputes: nothing is recomputed" "$work/mlp-blocks/log.txt" ||
+  { echo "no warning for recompute = blocks on an mlp"; exit 1; }
 echo "recompute = blocks: the same losses, gradient norms and weights, less activation memory"

@@ -141,6 +141,9 @@ class RecomputeGuard {
 // It goes through run_block (dew/block_params.hpp), so under run.shard = parameters the block's
 // parameters are gathered for its forward and its backward and freed in between: `params` must list them.
 Tensor recompute_block(const CheckpointFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& params);
+// How many blocks recompute_block() has checkpointed on this thread so far (what the trainer reports after its
+// first update: a model whose backbone never calls recompute_block recomputes nothing under blocks).
+int64_t recomputed_blocks();
 // ---- end activation recomputation ----
 
 }  // namespace dew
