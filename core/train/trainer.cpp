@@ -563,7 +563,7 @@ UpdateResult Trainer::one_update() {
     recompute_reported_ = true;
     const int64_t n = recomputed_blocks() - recomputed_before;
     if (n > 0)
-      log_->info("recompute = blocks: {} block forwards a micro-batch recomputed in the backward", n / accum);
+      log_->info("recompute = blocks: each micro-batch recomputes {} block forwards in its backward", n / accum);
     else
       log_->warn("recompute = blocks, but the model ({}) has no block that recomputes: nothing is recomputed",
                  config_.section("model").get_string("plugin", "?"));

@@ -473,7 +473,7 @@ TEST_CASE("dew::train with trainer.init_from starts from the imported weights (f
   fs::remove_all(d);
 }
 
-TEST_CASE("export of a byte-token run: tokenizer.json (GPT-2's byte level, no merges) and eos; import encodes bytes") {
+TEST_CASE("export of a byte-token run: tokenizer.json (GPT-2's byte level, no merges) and eos, import encodes bytes") {
   ref();
   const fs::path d = tmpdir("bytes");
   // A byte-token corpus (dew-tokenize --tokenizer byte) and one update of a tiny llama on it.

@@ -43,6 +43,9 @@ steps = 6
 log_every = 3
 INI
 "$DEW_RUN" train --config "$WORK/tiny.ini" --run-dir "$WORK/run" >/dev/null
+# The output files exist before the server starts: the background job opens them asynchronously, and a sed on a
+# file not there yet fails the PORT pipeline (pipefail) and with it the script (set -e).
+: > "$WORK/serve.out"; : > "$WORK/serve2.out"
 "$DEW_RUN" serve --run-dir "$WORK/run" --port 0 --slots 4 --backend ref > "$WORK/serve.out" 2> "$WORK/serve.err" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
