@@ -91,7 +91,8 @@ std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string
   Options source_options(std::move(forwarded), d.context());
   std::shared_ptr<DataSource> source = Registry::global().create<DataSource>(source_name, source_options);
   source_options.get_string("split", split);  // a source without splits need not read it
-  source_options.get_string("mixed_sizes_ok", "");
+  // Likewise the transforms' flag; read only when set, so an unknown key's hint never offers it to the user.
+  if (source_options.values().count("mixed_sizes_ok")) source_options.get_string("mixed_sizes_ok", "");
   DEW_USAGE_CHECK(!pack || source_options.was_read("pack"), "option ", key_name(d, "pack"), " = true: the ",
                   source_name, " source has no document boundaries to pack (packing reads a tokens folder written by "
                   "dew-tokenize)");

@@ -20,6 +20,7 @@ expect "optim.lrr" --optim.lrr 0.1                       # unknown key
 expect "unknown option 'optim.lrr'; did you mean 'optim.lr'?" --optim.lrr 0.1   # the nearest key looked for
 expect "did you mean 'trainer.steps'?" --trainer.step 3   # a misspelt override of a key the config sets
 expect "unknown options 'optim.lrr', 'optim.weight_decy'; did you mean 'optim.lr' for 'lrr', 'optim.weight_decay' for 'weight_decy'" --optim.lrr 0.1 --optim.weight_decy 0.1
+expect "unknown option 'data.siz'; did you mean 'data.size'?" --data.siz 64   # a data source's key (its own reader)
 # a key of another optimizer: what this one looks for instead (sgd takes momentum, not betas)
 expect "unknown option 'optim.betas'; [optim]'s reader also looks for: dampening" --optim.name sgd --optim.betas 0.9,0.95
 expect "unknown option 'nosuch.key'" --nosuch.key 1       # unknown section
