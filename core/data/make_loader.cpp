@@ -94,8 +94,9 @@ std::unique_ptr<DataLoader> make_loader(Options& data_section, const std::string
   // Likewise the transforms' flag; read only when set, so an unknown key's hint never offers it to the user.
   if (source_options.values().count("mixed_sizes_ok")) source_options.get_string("mixed_sizes_ok", "");
   DEW_USAGE_CHECK(!pack || source_options.was_read("pack"), "option ", key_name(d, "pack"), " = true: the ",
-                  source_name, " source has no document boundaries to pack (packing reads a tokens folder written by "
-                  "dew-tokenize)");
+                  source_name,
+                  " source has no document boundaries to pack (packing reads a tokens folder written by "
+                  "dew-tokenize, or chat_jsonl conversations)");
   source_options.check_all_used();
   return std::make_unique<DataLoader>(std::move(source), cfg, std::move(transforms));
 }

@@ -313,6 +313,98 @@ TEST_CASE("lm objective on chat data: the loss is the cross-entropy of the assis
   CHECK(unmasked_loss_differs);  // the mask changes the loss: the check above can fail
 }
 
+TEST_CASE("chat_jsonl pack = true: rows of whole conversations, the lm loss equals the unpacked batch's") {
+  TempDir d("pack");
+  const std::string bytes = byte_folder(d.path);
+  const std::string path = write_conversations(d.path, kConversations);
+  const int64_t seq = 400, n = seq + 1;
+  const std::map<std::string, std::string> kv{{"path", path}, {"tokenizer", bytes}, {"seq_len", std::to_string(seq)}};
+  auto plain = source(kv);
+  auto with = kv;
+  with["pack"] = "true";
+  auto packed = source(with);
+  const int64_t convs = plain->size();
+  REQUIRE(convs == int64_t(kConversations.size()));
+  REQUIRE(packed->size() < convs);  // conversations share rows
+  CHECK(packed->identity() != plain->identity());
+  // The packed rows hold the conversations' tokens in order, whole; segments number them, positions restart.
+  std::vector<int32_t> unpacked_tokens, packed_tokens;
+  int64_t first_tokens = 0;
+  for (int64_t i = 0; i < convs; ++i) {  // each conversation without its padding (the eos byte 0xFF: not UTF-8 text)
+    const dew::Record r = plain->get(i);
+    const int32_t* t = r.at("text").as<int32_t>();
+    int64_t len = n;
+    while (len > 0 && t[len - 1] == 255) --len;
+    unpacked_tokens.insert(unpacked_tokens.end(), t, t + len);
+  }
+  std::vector<int32_t> text, mask, seg, pos;
+  for (int64_t i = 0; i < packed->size(); ++i) {
+    const dew::Record r = packed->get(i);
+    const int32_t* s = r.at("text_segment_ids").as<int32_t>();
+    const int32_t* p = r.at("text_positions").as<int32_t>();
+    const int32_t* t = r.at("text").as<int32_t>();
+    const int32_t* m = r.at("loss_mask").as<int32_t>();
+    int32_t last = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (s[j] != 0) {
+        CHECK((s[j] == last || s[j] == last + 1));  // segments 1, 2, ... in order, padding only at the end
+        if (s[j] != last) {
+          CHECK(p[j] == 0);
+          CHECK(m[j] == 0);  // a conversation's first token is never a target
+          ++first_tokens;
+        } else {
+          CHECK(p[j] == p[j - 1] + 1);
+        }
+        last = s[j];
+        packed_tokens.push_back(t[j]);
+      } else {
+        CHECK(m[j] == 0);
+      }
+    }
+    text.insert(text.end(), t, t + n);
+    mask.insert(mask.end(), m, m + n);
+    seg.insert(seg.end(), s, s + n);
+    pos.insert(pos.end(), p, p + n);
+  }
+  CHECK(first_tokens == convs);
+  CHECK(packed_tokens == unpacked_tokens);
+  // The lm objective: the packed batch's loss and scored tokens equal the unpacked batch's (all conversations).
+  dew::Config cfg = dew::Config::parse_ini(
+      "[objective]\nplugin = lm\nsample_tokens = 0\n"
+      "[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 2\nn_heads = 2\n"
+      "[data]\nsource = chat_jsonl\nseq_len = 400\nbatch_size = 4\npath = " +
+      path + "\ntokenizer = " + bytes + "\n");
+  auto obj = dew::Registry::global().create<dew::Objective>("lm", cfg.section("objective"));
+  dew::ObjectiveContext ctx{&cfg, ref(), 3, plain.get()};
+  obj->build(ctx);
+  std::vector<int32_t> ptext, pmask;
+  for (int64_t i = 0; i < convs; ++i) {
+    const dew::Record r = plain->get(i);
+    ptext.insert(ptext.end(), r.at("text").as<int32_t>(), r.at("text").as<int32_t>() + n);
+    pmask.insert(pmask.end(), r.at("loss_mask").as<int32_t>(), r.at("loss_mask").as<int32_t>() + n);
+  }
+  const dew::StepResult unpacked = obj->step({{"text", Tensor::from_ints(ptext, {convs, n}, ref())},
+                                              {"loss_mask", Tensor::from_ints(pmask, {convs, n}, ref())}},
+                                             {0, 0, 3});
+  const int64_t rows = packed->size();
+  const dew::StepResult packed_step = obj->step({{"text", Tensor::from_ints(text, {rows, n}, ref())},
+                                                 {"loss_mask", Tensor::from_ints(mask, {rows, n}, ref())},
+                                                 {"text_segment_ids", Tensor::from_ints(seg, {rows, n}, ref())},
+                                                 {"text_positions", Tensor::from_ints(pos, {rows, n}, ref())}},
+                                                {0, 0, 3});
+  CHECK(packed_step.device_tokens.item() == unpacked.device_tokens.item());
+  CHECK(packed_step.loss.item() == doctest::Approx(unpacked.loss.item()).epsilon(1e-9));  // measured: equal
+  // Without the segments (the rows as plain text) the loss differs: the check above can fail.
+  const dew::StepResult unsegmented = obj->step(
+      {{"text", Tensor::from_ints(text, {rows, n}, ref())}, {"loss_mask", Tensor::from_ints(mask, {rows, n}, ref())}},
+      {0, 0, 3});
+  const double base = unpacked.loss.item();
+  MESSAGE("relative difference to the unpacked loss: packed " << std::fabs(packed_step.loss.item() - base) / base
+                                                              << ", unsegmented "
+                                                              << std::fabs(unsegmented.loss.item() - base) / base);
+  CHECK(std::fabs(unsegmented.loss.item() - base) > 1e-6 * base);  // measured 9.3e-6
+}
+
 TEST_CASE("chat_jsonl: a post-processor BOS is not doubled when the template writes bos_token") {
   TempDir d("bos");
   const std::string tok_dir = llama3_folder(d.path);

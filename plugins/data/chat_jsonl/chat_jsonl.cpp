@@ -7,11 +7,19 @@
 // tokenizer folder's template, else dew's default, dew/chat_template.hpp), seq_len (required),
 // val_count (the first val_count conversations are the val split, the rest train; default 0 = no val
 // split), truncate (false: a conversation longer than seq_len + 1 tokens is refused naming its line;
-// true: cut), split (train | val; set by the loader).
+// true: cut), pack (false; below), split (train | val; set by the loader).
 // Record i: "text" i32 [seq_len + 1] (the conversation's tokens, then padding) and "loss_mask" i32
 // [seq_len + 1], 1 on the tokens of assistant turns (the spans of render_chat_with_spans), 0 on the rest
 // and on padding; the lm objective trains on target j only where loss_mask[j] = 1. Padding uses the
-// tokenizer's eos id (0 without one). Rows are padded, not packed: dew has no packing mechanism yet.
+// tokenizer's eos id (0 without one). One conversation a row, padded.
+// pack = true (the loader's [data] pack, forwarded here): rows of whole conversations instead, taken in file
+// order while they fit seq_len + 1 tokens (a conversation that does not fit starts the next row; none is split),
+// the rest of a row padded. Each record also holds "text_segment_ids" i32 [seq_len + 1] (the row's conversations
+// numbered 1, 2, ...; padding 0) and "text_positions" (restarting at 0 with every conversation): the lm objective
+// then attends within each conversation and scores targets inside one, so a packed batch's loss is the
+// token-weighted mean of its conversations' losses alone. A conversation's first token carries mask 0 (as row
+// position 0 does unpacked: it is never a target), so the target that crosses into the next conversation never
+// counts. Fewer rows than conversations, none of them mostly padding.
 // Tokens: the rendering is cut at the span edges and each piece encoded on its own (so every token is
 // wholly inside or outside a turn, as the prompt of a generation is encoded), a BOS that the
 // tokenizer's post-processor puts before each piece is kept only before the first, and dropped there
@@ -50,6 +58,7 @@ class ChatJsonlSource final : public dew::DataSource {
     const int64_t val_count = o.get_int("val_count", 0);
     DEW_USAGE_CHECK(val_count >= 0, "chat_jsonl: option ", key("val_count"), " must be >= 0, got ", val_count);
     const bool truncate = o.get_bool("truncate", false);
+    pack_ = o.get_bool("pack", false);
     const std::string split = o.get_string("split", "train");
     DEW_USAGE_CHECK(split == "train" || split == "val", "chat_jsonl: option ", key("split"),
                     " must be train or val, got '", split, "'");
@@ -105,14 +114,19 @@ class ChatJsonlSource final : public dew::DataSource {
       for (size_t j = 1; j < mask.size(); ++j) trained += mask[j];
       DEW_USAGE_CHECK(trained > 0, "chat_jsonl: ", path, ":", at,
                       ": the conversation has no assistant token to train on within seq_len + 1 = ", n, " tokens");
+      if (pack_) {
+        add_to_packed_rows(ids, mask, n, pad);
+        continue;
+      }
       ids.resize(size_t(n), pad);
       mask.resize(size_t(n), 0);
       tokens_.push_back(std::move(ids));
       masks_.push_back(std::move(mask));
     }
+    if (pack_ && !tokens_.empty()) pad_last_row(n, pad);
     identity_ = "chat_jsonl:" + fs::weakly_canonical(path).string() + "#" + split +
                 "?seq_len=" + std::to_string(seq_len_) + "&val_count=" + std::to_string(val_count) +
-                "&template=" + config_.template_origin;
+                (pack_ ? "&pack=1" : "") + "&template=" + config_.template_origin;
   }
 
   int64_t size() const override { return int64_t(tokens_.size()); }
@@ -127,12 +141,45 @@ class ChatJsonlSource final : public dew::DataSource {
     dew::Record r;
     r.emplace("text", std::move(text));
     r.emplace("loss_mask", std::move(mask));
+    if (pack_) {
+      dew::HostArray seg = dew::HostArray::make(dew::DType::i32, {n});
+      dew::HostArray pos = dew::HostArray::make(dew::DType::i32, {n});
+      std::copy(segments_[size_t(index)].begin(), segments_[size_t(index)].end(), seg.as<int32_t>());
+      std::copy(positions_[size_t(index)].begin(), positions_[size_t(index)].end(), pos.as<int32_t>());
+      r.emplace("text_segment_ids", std::move(seg));
+      r.emplace("text_positions", std::move(pos));
+    }
     return r;
   }
 
   std::string identity() const override { return identity_; }
 
  private:
+  // pack: the conversation (at most n tokens) goes into the last row when it fits, else into a new row (the last
+  // one padded first); its tokens get the row's next segment number and positions from 0, its first token mask 0.
+  void add_to_packed_rows(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask, int64_t n, int32_t pad) {
+    if (tokens_.empty() || int64_t(tokens_.back().size() + ids.size()) > n) {
+      if (!tokens_.empty()) pad_last_row(n, pad);
+      tokens_.emplace_back();
+      masks_.emplace_back();
+      segments_.emplace_back();
+      positions_.emplace_back();
+    }
+    const int32_t segment = segments_.back().empty() ? 1 : segments_.back().back() + 1;
+    for (size_t j = 0; j < ids.size(); ++j) {
+      tokens_.back().push_back(ids[j]);
+      masks_.back().push_back(j == 0 ? 0 : mask[j]);
+      segments_.back().push_back(segment);
+      positions_.back().push_back(int32_t(j));
+    }
+  }
+  void pad_last_row(int64_t n, int32_t pad) {
+    tokens_.back().resize(size_t(n), pad);
+    masks_.back().resize(size_t(n), 0);
+    segments_.back().resize(size_t(n), 0);
+    positions_.back().resize(size_t(n), 0);
+  }
+
   // The post-processor's BOS (encode("") gives just it), and a tokenizer that keeps a piece's text.
   void check_tokenizer() {
     const std::vector<int32_t> empty = tokenizer_->encode("");
@@ -176,10 +223,12 @@ class ChatJsonlSource final : public dew::DataSource {
   }
 
   int64_t seq_len_ = 0;
+  bool pack_ = false;
   int32_t bos_ = -1;
   std::shared_ptr<dew::Tokenizer> tokenizer_;
   dew::ChatConfig config_;
   std::vector<std::vector<int32_t>> tokens_, masks_;
+  std::vector<std::vector<int32_t>> segments_, positions_;  // pack only
   std::string identity_;
 };
 
@@ -189,7 +238,8 @@ DEW_PLUGIN("chat_jsonl", "0.1.0") {
   registrar.add<dew::DataSource>(
       {.name = "chat_jsonl",
        .description = "conversations (JSONL of {messages}) rendered with a chat template: text i32 [seq_len + 1], "
-                      "loss_mask i32 [seq_len + 1] (1 on assistant tokens), padded",
+                      "loss_mask i32 [seq_len + 1] (1 on assistant tokens), padded, or packed (pack: + "
+                      "text_segment_ids, text_positions)",
        .factory = [](const dew::Options& o) { return std::make_shared<ChatJsonlSource>(o); },
        .probe = {},
        .options = {
@@ -201,5 +251,6 @@ DEW_PLUGIN("chat_jsonl", "0.1.0") {
            {"seq_len", "", "tokens per row (the record holds seq_len + 1); required"},
            {"val_count", "0", "the first val_count conversations are the val split"},
            {"truncate", "false", "cut conversations longer than seq_len + 1 tokens (else refused)"},
+           {"pack", "false", "([data] pack) rows of whole conversations, each attended and scored alone"},
            {"split", "train", "train or val; set by the loader"}}});
 }
