@@ -19,7 +19,7 @@
 // then attends within each conversation and scores targets inside one, so a packed batch's loss is the
 // token-weighted mean of its conversations' losses alone. A conversation's first token carries mask 0 (as row
 // position 0 does unpacked: it is never a target), so the target that crosses into the next conversation never
-// counts. Fewer rows than conversations, none of them mostly padding.
+// counts. Rows are filled greedily in order (no reordering: a record stays a pure function of the file).
 // Tokens: the rendering is cut at the span edges and each piece encoded on its own (so every token is
 // wholly inside or outside a turn, as the prompt of a generation is encoded), a BOS that the
 // tokenizer's post-processor puts before each piece is kept only before the first, and dropped there
