@@ -246,10 +246,8 @@ static Tensor qkv_attention_of(const Tensor& x, const Tensor& w, const Tensor& b
 Tensor qkv_attention(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t heads, const AttentionParams& p,
                      const Tensor& segment_ids) {
   detail::mark_step_opaque();  // direct calls below
-  if (detail::autocast_lowers({&x, &w, &bias}))
-    return qkv_attention_of(detail::lower_operand(x), detail::lower_operand(w), detail::lower_operand(bias), heads, p,
-                            segment_ids, x, w, bias);
-  return qkv_attention_of(x, w, bias, heads, p, segment_ids, x, w, bias);
+  return qkv_attention_of(detail::lower_operand(x), detail::lower_operand(w), detail::lower_operand(bias), heads, p,
+                          segment_ids, x, w, bias);
 }
 
 // ---------------------------------------------------------------- linear_cross_entropy
@@ -447,9 +445,7 @@ static Tensor linear_cross_entropy_of(const Tensor& h, const Tensor& w, const Te
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
                             const LinearCrossEntropyOptions& o) {
   detail::mark_step_opaque();  // direct calls below
-  if (detail::autocast_lowers({&h, &w}))
-    return linear_cross_entropy_of(detail::lower_operand(h), detail::lower_operand(w), targets, o, h, w);
-  return linear_cross_entropy_of(h, w, targets, o, h, w);
+  return linear_cross_entropy_of(detail::lower_operand(h), detail::lower_operand(w), targets, o, h, w);
 }
 
 // Forward: per chunk the logits and cross_entropy's rows (logp = -loss; lse kept, N numbers). Backward, with the
@@ -501,9 +497,7 @@ static Tensor linear_token_logprobs_of(const Tensor& h, const Tensor& w, const T
 Tensor linear_token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets,
                              const LinearCrossEntropyOptions& o) {
   detail::mark_step_opaque();  // direct calls below
-  if (detail::autocast_lowers({&h, &w}))
-    return linear_token_logprobs_of(detail::lower_operand(h), detail::lower_operand(w), targets, o, h, w);
-  return linear_token_logprobs_of(h, w, targets, o, h, w);
+  return linear_token_logprobs_of(detail::lower_operand(h), detail::lower_operand(w), targets, o, h, w);
 }
 
 }  // namespace dew

@@ -163,8 +163,7 @@ static Tensor matmul_of(const Tensor& a, const Tensor& b, bool ta, bool tb, cons
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  if (autocast_lowers({&a, &b})) return matmul_of(lower_operand(a), lower_operand(b), ta, tb, a, b);
-  return matmul_of(a, b, ta, tb, a, b);
+  return matmul_of(lower_operand(a), lower_operand(b), ta, tb, a, b);  // lowered under autocast, else a and b
 }
 
 // What a linear node records as its inputs: x, w and bias themselves, or under autocast the f32 tensors the
@@ -261,9 +260,7 @@ static Tensor linear_of(const Tensor& x, const Tensor& w, const Tensor& bias, Ac
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
-  if (autocast_lowers({&x, &w, &bias}))
-    return linear_of(lower_operand(x), lower_operand(w), lower_operand(bias), act, LinearGraph{x, w, bias});
-  return linear_of(x, w, bias, act, LinearGraph{x, w, bias});
+  return linear_of(lower_operand(x), lower_operand(w), lower_operand(bias), act, LinearGraph{x, w, bias});
 }
 
 }  // namespace dew

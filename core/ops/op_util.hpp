@@ -72,6 +72,7 @@ inline Tensor autocast_lower(const Tensor& x) {
 // it: x cast to the autocast dtype when it is f32, by a cast outside the graph, otherwise x. The op records x itself
 // as its input and returns x's gradient in f32 from the widened product (half operands, f32 output,
 // dew/kernel_contracts.hpp): no half gradient rounded and cast back by a cast node (a pass and a launch per weight).
+// Outside autocast, and for an operand that is not f32, it is x itself: the ops call it unconditionally.
 inline Tensor lower_operand(const Tensor& x) {
   return autocast_enabled() && x.defined() && x.dtype() == DType::f32 ? cast(x.detach(), autocast_dtype()) : x;
 }
