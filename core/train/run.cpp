@@ -366,6 +366,11 @@ dew::ValidationResult dew::Objective::evaluate(DataLoader& loader, Options&, con
   return validate(loader, info);
 }
 
+std::map<std::string, double> dew::Objective::validation_metrics(const std::map<std::string, double>&) const {
+  DEW_CHECK(false, "an objective that shards its validation must define validation_metrics()");
+  return {};
+}
+
 void dew::Objective::sample(Options&) {
   DEW_USAGE_CHECK(false, "this objective has no sampler (sampling comes with the lm and diffusion objectives)");
 }

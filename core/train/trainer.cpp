@@ -28,8 +28,10 @@
 // Data parallel ([run] dist = mpi; docs/distributed.md) lives behind dist::DataParallel, which is the
 // identity in one process: every rank builds the same run, reads its shard of each global batch, starts
 // from rank 0's weights/EMA/optimizer state, and all-reduces its gradients in buckets overlapped with the
-// last micro-batch's backward. Rank 0 alone logs and writes metrics, config.ini and checkpoints; every
-// rank validates on the whole split (identical weights, identical results), so no rank waits on another.
+// last micro-batch's backward. Rank 0 alone logs and writes metrics, config.ini and checkpoints.
+// Validation is sharded where the objective's metrics are sums over records (shards_validation: each rank
+// scores its share of the split, the trainer adds their sums); else every rank validates on the whole
+// split (identical weights, identical results), so no rank waits on another.
 // [run] shard (ZeRO-1/2/3): each rank's optimizer and EMA cover the parameters it owns, DataParallel
 // reduces gradients onto owners and broadcasts or releases/gathers parameters around the update, and
 // save_sharded writes the usual checkpoint one tensor at a time from its owner (docs/distributed.md).
@@ -105,6 +107,14 @@ int64_t available_memory_bytes() {
   return -1;
 }
 
+// The validation split's loader: over this rank's share of each global batch where the objective shards
+// its validation (Objective::shards_validation) in a data-parallel run, else over the whole split.
+bool shards_validation(const Run& run) { return run.world > 1 && run.objective->shards_validation(); }
+std::unique_ptr<DataLoader> make_validation_loader(Config& config, const Run& run) {
+  return shards_validation(run) ? make_loader(config.section("data"), "val", run.seed, run.rank, run.world)
+                                : make_loader(config.section("data"), "val", run.seed);
+}
+
 // Checks, before the first update, what later stages of the run read: the validation split (built now,
 // so a missing or mismatched split fails here, and handed back for validate()), the objective's view of
 // it (Objective::check_validation_data: labels, shapes, token ids, sampling options), and the batch
@@ -126,7 +136,7 @@ std::unique_ptr<DataLoader> validate_before_training(Config& config, Run& run) {
   DEW_USAGE_CHECK(avail < 0 || need < double(avail), "option 'data.batch_size' = ", batch, " needs at least ",
                   int64_t(need / (1 << 20)), " MiB for its batches alone, more than the ", avail / (1 << 20),
                   " MiB this machine has available");
-  auto val = make_loader(config.section("data"), "val", run.seed);
+  auto val = make_validation_loader(config, run);
   run.objective->check_validation_data(*val);
   return val;
 }
@@ -283,6 +293,7 @@ class Trainer {
   double loss_scale() const { return scaling_loss() ? st_.loss_scale.scale() : 1.0; }
   void log_update(const UpdateResult& u);
   bool validate();  // true: a new best primary metric
+  std::map<std::string, double> sum_over_ranks(const std::map<std::string, double>& sums);
   void save(bool best);
   void save_sharded(const std::string& path);
 
@@ -488,6 +499,9 @@ void Trainer::start() {
         run_.world, batch, micro, run_.world * batch * o_.grad_accum,
         dp_->reduces_onto_owners() ? "reduce-scattered to their owners" : "all-reduced", run_.comm->name(),
         dp_->num_buckets(), run_.bucket_mb);
+    log_->info(shards_validation(run_) ? "validation: each rank scores its share of the split; their sums are added"
+                                       : "validation: every rank scores the whole split (this objective's metrics "
+                                         "are not sums over records)");
   }
 
   peak_ = measure_matmul_peak_gflops(run_.backend, compute_dtype(run_.precision));
@@ -750,8 +764,31 @@ void Trainer::log_update(const UpdateResult& u) {
 }
 
 // ---- stage: validation ----
+// Sharded validation: the ranks' sums added and turned into the objective's metrics. The ranks first
+// add a hash of their key names and their count, so ranks that disagree on the keys all stop with the
+// same error instead of adding unlike values (or waiting on a collective of another length).
+std::map<std::string, double> Trainer::sum_over_ranks(const std::map<std::string, double>& sums) {
+  uint32_t hash = 2166136261u;  // FNV-1a over the names, each ended by a 0 byte
+  for (const auto& [key, value] : sums) {
+    for (const char c : key) hash = (hash ^ uint8_t(c)) * 16777619u;
+    hash = hash * 16777619u;
+  }
+  std::vector<double> shape{double(hash), double(sums.size())};
+  dp_->sum(shape);
+  DEW_CHECK(shape[0] == double(hash) * run_.world && shape[1] == double(sums.size()) * run_.world,
+            "sharded validation: the ranks' objectives returned different sums (", sums.size(), " keys on rank ",
+            run_.rank, ")");
+  std::vector<double> values;
+  for (const auto& [key, value] : sums) values.push_back(value);
+  dp_->sum(values);
+  std::map<std::string, double> total;
+  size_t i = 0;
+  for (const auto& [key, value] : sums) total[key] = values[i++];
+  return run_.objective->validation_metrics(total);
+}
+
 bool Trainer::validate() {
-  if (!val_loader_) val_loader_ = make_loader(config_.section("data"), "val", run_.seed);
+  if (!val_loader_) val_loader_ = make_validation_loader(config_, run_);
   val_loader_->seek(DataPosition{0, val_loader_->position().order});
   // Sharded: the EMA swap covers this rank's own parameters; the others come from their owners
   // (gathered whole under shard = parameters, released again after).
@@ -775,6 +812,7 @@ bool Trainer::validate() {
   }
   if (ema_) ema_->swap_into(ema_params_);
   after_validation();
+  if (shards_validation(run_)) vr.metrics = sum_over_ranks(vr.sums);
   if (leader_)
     for (const Artifact& a : vr.artifacts) {
       fs::create_directories(fs::path(run_dir_) / "samples");

@@ -6,6 +6,8 @@
                                                        per-step "loss": |a-b| <= RTOL * |b| (+1e-12)
   compare.py grad_norms A/metrics.jsonl B/metrics.jsonl RTOL [FIRST_STEP]
                                                        the same for the per-step "grad_norm"
+  compare.py val A/metrics.jsonl B/metrics.jsonl RTOL  every "val/..." metric at every validated step;
+                                                       the counts (val/tokens, val/pairs) exactly
 RTOL 0 means bit-exact. Prints the worst relative difference; exits 1 when a check fails.
 """
 import json
@@ -84,7 +86,44 @@ def compare_per_step(key, a_path, b_path, rtol, first):
     return 1 if bad else 0
 
 
+def validation(a_path, b_path, rtol):
+    def read(path):
+        out = {}
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                vals = {k: v for k, v in rec.items() if k.startswith("val/")}
+                if vals:
+                    out[rec["step"]] = vals
+        return out
+
+    a, b = read(a_path), read(b_path)
+    if sorted(a) != sorted(b) or not a:
+        print(f"validated steps differ: {sorted(a)} vs {sorted(b)}")
+        return 1
+    worst, bad = 0.0, []
+    for s in sorted(a):
+        if sorted(a[s]) != sorted(b[s]):
+            print(f"step {s}: different metrics {sorted(a[s])} vs {sorted(b[s])}")
+            return 1
+        for k in sorted(a[s]):
+            x, y = a[s][k], b[s][k]
+            rel = abs(x - y) / max(abs(y), 1e-12)
+            exact = k in ("val/tokens", "val/pairs")
+            if not exact:
+                worst = max(worst, rel)
+            if (exact or rtol == 0) and x != y or rel > rtol:
+                bad.append(f"step {s} {k}: {x!r} vs {y!r} (relative {rel:.3g})")
+    keys = sorted(a[sorted(a)[0]])
+    print(f"validation: steps {sorted(a)}, {', '.join(keys)}: worst relative difference {worst:.3g}, tolerance {rtol:g}")
+    for line in bad[:10]:
+        print("  exceeds:", line)
+    return 1 if bad else 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 5 and sys.argv[1] == "val":
+        sys.exit(validation(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     if len(sys.argv) >= 5 and sys.argv[1] == "weights":
         sys.exit(weights(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     if len(sys.argv) >= 5 and sys.argv[1] in ("losses", "grad_norms"):

@@ -142,9 +142,15 @@ class Classify final : public dew::Objective {
     });
     model_->set_training(was_training);
     dew::ValidationResult r;
-    r.metrics["loss"] = seen > 0 ? loss_sum / double(seen) : 0.0;
-    r.metrics["accuracy"] = seen > 0 ? double(hits) / double(seen) : 0.0;
+    r.sums = {{"loss", loss_sum}, {"hits", double(hits)}, {"records", double(seen)}};
+    r.metrics = validation_metrics(r.sums);
     return r;
+  }
+
+  bool shards_validation() const override { return true; }
+  std::map<std::string, double> validation_metrics(const std::map<std::string, double>& sums) const override {
+    const double seen = sums.at("records");
+    return {{"loss", seen > 0 ? sums.at("loss") / seen : 0.0}, {"accuracy", seen > 0 ? sums.at("hits") / seen : 0.0}};
   }
 
   std::string primary_metric() const override { return "accuracy"; }

@@ -170,8 +170,9 @@ class DiffusionObjective final : public dew::Objective {
     const bool was_training = model_->training();
     model_->set_training(false);
     dew::ValidationResult r;
-    if (val_records_ > 0) r.metrics["loss"] = validation_loss(loader, val_records_);
-    if (val_grid_rows_ > 0) {
+    if (val_records_ > 0) r.sums = validation_loss_sums(loader, val_records_);
+    r.metrics = validation_metrics(r.sums);
+    if (val_grid_rows_ > 0 && loader.config().rank == 0) {  // sharded validation: rank 0's grid is the one kept
       const std::vector<int32_t> labels = grid_labels(val_grid_rows_);
       const Tensor images = generate(labels, val_sampling_, *val_solver_);
       std::ostringstream name;
@@ -180,6 +181,13 @@ class DiffusionObjective final : public dew::Objective {
     }
     model_->set_training(was_training);
     return r;
+  }
+
+  bool shards_validation() const override { return true; }
+  std::map<std::string, double> validation_metrics(const std::map<std::string, double>& sums) const override {
+    if (sums.empty()) return {};  // no validation loss asked for (val_records = 0)
+    const double seen = sums.at("records");
+    return {{"loss", seen > 0 ? sums.at("loss") / seen : 0.0}};
   }
 
   void sample(dew::Options& request) override {
@@ -249,7 +257,7 @@ class DiffusionObjective final : public dew::Objective {
     classifier->set_training(false);
 
     dew::ValidationResult r;
-    if (with_loss) r.metrics["loss"] = validation_loss(loader, val_records_);
+    if (with_loss) r.metrics = validation_metrics(validation_loss_sums(loader, val_records_));
     // Generated images, labels round-robin over the classes.
     std::vector<int32_t> labels(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) labels[size_t(i)] = conditional_ ? int32_t(i % num_classes_) : 0;
@@ -501,10 +509,10 @@ class DiffusionObjective final : public dew::Objective {
   }
 
   // The weighted loss over the first `records` records of a split (0: none), with times and noise keyed
-  // by record position so the value is comparable between validations.
-  double validation_loss(dew::DataLoader& loader, int64_t records) const {
+  // by record position so the value is comparable between validations and between world sizes: its sum
+  // over this rank's share of the records and their count.
+  std::map<std::string, double> validation_loss_sums(dew::DataLoader& loader, int64_t records) const {
     const int64_t n = std::min(records, loader.source().size());
-    if (n <= 0) return 0.0;
     double sum = 0.0;
     int64_t seen = 0;
     dew::for_each_pass_batch(loader, n, 0, backend_, [&](const dew::Batch& b, int64_t first, int64_t use) {
@@ -516,7 +524,7 @@ class DiffusionObjective final : public dew::Objective {
       sum += loss(x0, eps, t, labels, nullptr).item() * double(use);
       seen += use;
     });
-    return seen > 0 ? sum / double(seen) : 0.0;
+    return {{"loss", sum}, {"records", double(seen)}};
   }
 
   // Validation grids: one column per class (the first 16 at most), or 8 columns when unconditional.

@@ -108,35 +108,52 @@ class Dpo final : public dew::Objective {
     const bool was = model_->training();
     model_->set_training(false);
     freeze_reference();
-    const int64_t n = loader.source().size();
-    const int64_t rows = loader.config().batch_size, global = rows * int64_t(loader.config().world);
-    const int64_t batches = (n + global - 1) / global;
+    // Sums over this rank's pairs (every key on every rank): the pair means' sums, and sft_nll's over the
+    // chosen tokens (it is a token mean), so the metrics do not depend on how the split is batched or sharded.
     std::map<std::string, double> sums;
-    int64_t counted = 0;
-    for (int64_t j = 0; j < batches; ++j) {
-      const dew::HostBatch hb = loader.next();
-      const int64_t first = j * global + int64_t(loader.config().rank) * rows;
-      const int64_t valid = std::clamp<int64_t>(n - first, 0, rows);
-      if (valid == 0) continue;
-      dew::Batch bt = dew::to_device(hb, backend_);
-      for (auto& [k, t] : bt)
-        if (valid < t.shape()[0]) t = t.slice0(0, valid);
-      const Parts p = forward(bt);
-      for (const auto& [k, v] : p.metrics) sums[k] += v * double(valid);
-      counted += valid;
-    }
+    for (const char* k : kPairMeans) sums[k] = 0.0;
+    if (sft_weight_ > 0) sums["sft_nats"] = sums["chosen_tokens"] = 0.0;
+    sums["pairs"] = double(dew::for_each_pass_batch(loader, loader.source().size(), 0, backend_,
+                                                    [&](const dew::Batch& bt, int64_t, int64_t use) {
+                                                      const Parts p = forward(bt);
+                                                      for (const char* k : kPairMeans)
+                                                        sums[k] += p.metrics.at(k) * double(use);
+                                                      if (sft_weight_ > 0) {
+                                                        sums["sft_nats"] += p.metrics.at("sft_nll") * p.chosen_tokens;
+                                                        sums["chosen_tokens"] += p.chosen_tokens;
+                                                      }
+                                                    }));
     dew::ValidationResult out;
-    for (const auto& [k, v] : sums) out.metrics[k] = counted ? v / double(counted) : 0.0;
-    out.metrics["pairs"] = double(counted);
+    out.sums = sums;
+    out.metrics = validation_metrics(sums);
     model_->set_training(was);
     return out;
   }
 
+  bool shards_validation() const override { return true; }
+  // The pair means, sft_nll per chosen token, and the loss of the whole split as training forms a batch's.
+  std::map<std::string, double> validation_metrics(const std::map<std::string, double>& sums) const override {
+    const double pairs = sums.at("pairs");
+    std::map<std::string, double> metrics{{"pairs", pairs}};
+    for (const char* k : kPairMeans) metrics[k] = pairs > 0 ? sums.at(k) / pairs : 0.0;
+    metrics["loss"] = metrics["dpo_loss"];
+    if (sft_weight_ > 0) {
+      const double tokens = sums.at("chosen_tokens");
+      metrics["sft_nll"] = tokens > 0 ? sums.at("sft_nats") / tokens : 0.0;
+      metrics["loss"] += sft_weight_ * metrics["sft_nll"];
+    }
+    return metrics;
+  }
+
  private:
+  static constexpr const char* kPairMeans[] = {"dpo_loss", "reward_accuracy", "reward_margin", "chosen_reward",
+                                               "rejected_reward"};
+
   struct Parts {
     Tensor loss;
     std::map<std::string, double> metrics;
     int64_t rows = 0, tokens = 0;
+    double chosen_tokens = 0;  // the chosen responses' scored tokens (sft_nll's denominator)
   };
 
   void read_options(const dew::Options& o) {
@@ -250,6 +267,7 @@ class Dpo final : public dew::Objective {
         all_tokens += cm[size_t(r * (s + 1) + j)] + rm[size_t(r * (s + 1) + j)];
       }
     p.tokens = int64_t(all_tokens);
+    p.chosen_tokens = chosen_tokens;
     if (sft_weight_ > 0) {
       const Tensor nll = dew::sum(pc) * float(-1.0 / std::max(1.0, chosen_tokens));
       p.loss = dpo + nll * float(sft_weight_);

@@ -236,13 +236,9 @@ class LanguageModel final : public dew::Objective {
                                counted += c;
                              });
     dew::ValidationResult r;
-    const double ce = counted > 0 ? nats / double(counted) : 0.0;
-    r.metrics["ce"] = ce;
-    r.metrics["perplexity"] = std::exp(ce);
-    r.metrics["token_accuracy"] = counted > 0 ? double(hits) / double(counted) : 0.0;
-    r.metrics["bits_per_byte"] = ce / std::log(2.0) / bytes_per_token();
-    r.metrics["tokens"] = double(counted);
-    if (sample_tokens_ > 0 && decoder_) {
+    r.sums = {{"nats", nats}, {"hits", double(hits)}, {"tokens", double(counted)}};
+    r.metrics = validation_metrics(r.sums);
+    if (sample_tokens_ > 0 && decoder_ && loader.config().rank == 0) {  // sharded: rank 0's is kept
       std::string body = validation_sample(first_row);
       char name[64];
       std::snprintf(name, sizeof name, "sample-step-%08lld.txt", (long long)info.step);
@@ -250,6 +246,16 @@ class LanguageModel final : public dew::Objective {
     }
     model_->set_training(was_training);
     return r;
+  }
+
+  bool shards_validation() const override { return true; }
+  std::map<std::string, double> validation_metrics(const std::map<std::string, double>& sums) const override {
+    const double counted = sums.at("tokens"), ce = counted > 0 ? sums.at("nats") / counted : 0.0;
+    return {{"ce", ce},
+            {"perplexity", std::exp(ce)},
+            {"token_accuracy", counted > 0 ? sums.at("hits") / counted : 0.0},
+            {"bits_per_byte", ce / std::log(2.0) / bytes_per_token()},
+            {"tokens", counted}};
   }
 
   std::string primary_metric() const override { return "ce"; }

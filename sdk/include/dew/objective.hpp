@@ -66,6 +66,11 @@ struct GeneratedImage {
 struct ValidationResult {
   std::map<std::string, double> metrics;
   std::vector<Artifact> artifacts;
+  // An objective that shards its validation (Objective::shards_validation) also returns the sums over
+  // the records it scored that its metrics are made of (nats, hits, records, ...): the same keys on
+  // every rank, whatever its share of the split. A data-parallel trainer adds them over the ranks and
+  // takes the metrics from validation_metrics() of the totals.
+  std::map<std::string, double> sums;
 };
 
 class Objective {
@@ -90,6 +95,15 @@ class Objective {
   // Runs on `loader` (a validation/test split) without gradients; the trainer has already swapped in
   // the EMA weights when it keeps them.
   virtual ValidationResult validate(DataLoader& loader, const StepInfo& info) = 0;
+  // Sharded validation. An objective whose validation metrics are all functions of sums over records
+  // returns true here, fills ValidationResult::sums, and computes its metrics with validation_metrics()
+  // (from its own sums in one process). A data-parallel run then hands validate() a loader over this
+  // rank's share of the split (loader.config().rank / world: for_each_pass_batch reads it), adds the
+  // ranks' sums and logs validation_metrics() of the totals, so N ranks validate in 1/N of the time and
+  // log what one process would. Artifacts are written from rank 0 only: validate() may skip them where
+  // loader.config().rank != 0. The default (false): every rank validates on the whole split.
+  virtual bool shards_validation() const { return false; }
+  virtual std::map<std::string, double> validation_metrics(const std::map<std::string, double>& sums) const;
   // The metric used for "best" checkpoints and whether larger is better.
   virtual std::string primary_metric() const { return "loss"; }
   virtual bool higher_is_better() const { return false; }
