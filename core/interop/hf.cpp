@@ -16,6 +16,7 @@
 #include "dew/config.hpp"
 #include "dew/error.hpp"
 #include "dew/interop.hpp"
+#include "dew/lora.hpp"
 #include "dew/objective.hpp"
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
@@ -75,6 +76,7 @@ std::shared_ptr<HfConverter> converter_for_plugin(const std::string& plugin) {
 struct Built {
   BackendPtr backend;
   std::shared_ptr<Objective> objective;
+  FineTuning fine_tuning;
 };
 
 // Creates the backend and the objective of `config` and builds it (no training data).
@@ -93,6 +95,7 @@ Built build(Config& config, const std::string& backend_override) {
   ctx.backend = b.backend;
   ctx.seed = uint64_t(rs.get_int("seed", 0));
   b.objective->build(ctx);
+  b.fine_tuning = prepare_fine_tuning(config, *b.objective, ctx.seed);  // [lora] adapters: the checkpoint's names
   return b;
 }
 
@@ -342,7 +345,8 @@ void export_hf(const std::string& run_dir, const std::string& step, bool use_ema
   CheckpointData c = read_checkpoint(file, b.backend);
   load_into(c.params, "params", b.objective->parameters());
   const bool ema = use_ema && !c.ema.empty();
-  if (ema) load_into(c.ema, "ema", b.objective->ema_parameters());
+  if (ema) load_into(c.ema, "ema", b.fine_tuning.trained_only(b.objective->ema_parameters()));
+  if (!b.fine_tuning.lora_paths.empty()) merge_lora(*b.objective->main_model());  // a plain model is exported
   Model* model = b.objective->main_model();
   DEW_USAGE_CHECK(model != nullptr, "export --format hf: the objective has no main model");
   const std::string plugin = config.section("model").get_string("plugin", "");

@@ -27,7 +27,35 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, Init weight_init, Init bi
   weight = register_parameter("weight", {out, in}, or_default(weight_init, Init::Uniform(bound)));
   if (has_bias) bias = register_parameter("bias", {out}, or_default(bias_init, Init::Uniform(bound)));
 }
-Tensor Linear::forward(const Tensor& x, Activation act) const { return linear(x, weight, bias, act); }
+Tensor Linear::forward(const Tensor& x, Activation act) const {
+  if (!has_lora()) return linear(x, weight, bias, act);
+  const Tensor y = add(linear(x, weight, bias), scale(linear(linear(x, lora_a), lora_b), lora_scale));
+  return act == Activation::none ? y : activation(y, act);
+}
+
+void Linear::add_lora(int64_t rank, float s, uint64_t seed, const std::string& full_name) {
+  DEW_CHECK(!has_lora(), "Linear '", full_name, "' already has a LoRA adapter");
+  DEW_CHECK(rank > 0, "LoRA rank must be positive, got ", rank);
+  const int64_t in = weight.shape()[1], out = weight.shape()[0];
+  lora_a = register_parameter("lora_A.weight", {rank, in}, Init::Uniform(1.0f / std::sqrt(float(in))));
+  init_tensor(lora_a, Init::Uniform(1.0f / std::sqrt(float(in))), seed,
+              philox::stream_of((full_name + ".lora_A.weight").c_str()));
+  lora_b = register_parameter("lora_B.weight", {out, rank}, Init::Zeros());
+  lora_scale = s;
+}
+
+void Linear::merge_lora() {
+  if (!has_lora()) return;
+  {
+    NoGradGuard no_grad;
+    const Tensor delta = scale(matmul(lora_b, lora_a), lora_scale);  // [out, in]
+    weight.copy_(add(weight, cast(delta, weight.dtype())));
+  }
+  remove_parameter("lora_A.weight");
+  remove_parameter("lora_B.weight");
+  lora_a = lora_b = Tensor();
+  lora_scale = 0.0f;
+}
 
 Embedding::Embedding(int64_t num, int64_t dim, Init init) {
   weight = register_parameter("weight", {num, dim}, or_default(init, Init::Normal(1.0f)));
@@ -154,7 +182,7 @@ Tensor adjacent_rows(const std::vector<const TensorImpl*>& ts) {
 Tensor adjacent_weights(std::initializer_list<const Linear*> ls) {
   std::vector<const TensorImpl*> ts;
   for (const Linear* l : ls) {
-    if (l->bias.defined()) return Tensor();
+    if (l->bias.defined() || l->has_lora()) return Tensor();
     ts.push_back(l->weight.impl());
   }
   return adjacent_rows(ts);
@@ -210,7 +238,8 @@ std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Ten
 Tensor Attention::forward(const Tensor& x, const Tensor& positions, const Tensor& segment_ids) const {
   // QK-Clip's statistic (dew/qk_clip.hpp) needs q and k: a recorded training forward takes project().
   MaxLogitRecorder* const recorder = grad_enabled() ? MaxLogitRecorder::active() : nullptr;
-  if (!recorder && qkv && !q_norm && cfg.rotary_dim < 0 && cfg.num_kv_heads == cfg.num_heads) {  // fused in
+  if (!recorder && qkv && !qkv->has_lora() && !q_norm && cfg.rotary_dim < 0 &&
+      cfg.num_kv_heads == cfg.num_heads) {  // fused in
     DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
               shape_str(x.shape()));
     return o_proj->forward(qkv_attention(x, qkv->weight, qkv->bias, cfg.num_heads, params(), segment_ids));

@@ -51,6 +51,22 @@ Tensor Module::register_parameter(const std::string& name, const Shape& shape, I
   return t;
 }
 
+void Module::remove_parameter(const std::string& name) {
+  for (auto it = params_.begin(); it != params_.end(); ++it)
+    if (it->name == name) {
+      params_.erase(it);
+      return;
+    }
+  DEW_CHECK(false, "internal: no parameter '", name, "' to remove");
+}
+
+void Module::for_each_module(const std::function<void(const std::string& path, Module& m)>& fn,
+                             const std::string& prefix) {
+  fn(prefix, *this);
+  for (const auto& [name, child] : children_)
+    if (child) child->for_each_module(fn, name.empty() ? prefix : prefix.empty() ? name : prefix + "." + name);
+}
+
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
   for (const Param& p : params_) out.emplace_back(prefix + p.name, p.tensor);
   for (const auto& [name, child] : children_)

@@ -9,11 +9,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
 #include "dew/generate.hpp"
+#include "dew/lora.hpp"
 #include "dew/ops.hpp"
 #include "dew/profile.hpp"
 #include "dew/registry.hpp"
@@ -146,8 +149,9 @@ Run build_run(Config& config, const std::string& backend_override, bool with_tra
   ctx.seed = run.seed;
   ctx.train_source = run.train_loader ? &run.train_loader->source() : nullptr;
   run.objective->build(ctx);
-  run.params = run.objective->parameters();
-  DEW_CHECK(!run.params.empty(), "objective '", objective, "' has no parameters to train");
+  DEW_CHECK(!run.objective->parameters().empty(), "objective '", objective, "' has no parameters to train");
+  run.fine_tuning = prepare_fine_tuning(config, *run.objective, run.seed);  // [lora] adapters, frozen parameters
+  run.params = run.fine_tuning.trained;
   return run;
 }
 
@@ -156,7 +160,7 @@ CheckpointData make_checkpoint(Config& config, const Run& run, const Optimizer* 
   CheckpointData c;
   c.attributes["dew.config"] = config.to_ini();
   c.attributes["dew.plugins"] = plugins_line();
-  c.params = run.params;
+  c.params = run.all_params();
   if (ema) c.ema = ema->tensors();
   if (opt) c.optim = opt->state();
   c.counters = {{"updates", st.updates},
@@ -230,10 +234,12 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
   lr.run = build_run(lr.config, backend_name, false);
   const std::string file = resolve_checkpoint(run_dir, step, lr.run.backend);
   CheckpointData c = training::read_run_checkpoint(file, lr.run.backend);
-  load_into(c.params, "params", lr.run.params);
+  load_into(c.params, "params", lr.run.all_params());
   lr.ema = use_ema && !c.ema.empty();
-  if (lr.ema) load_into(c.ema, "ema", lr.run.objective->ema_parameters());  // EMA covers ema_parameters()
+  if (lr.ema) load_into(c.ema, "ema", lr.run.ema_params());  // the EMA covers the trained ema_parameters()
   load_objective_state(c, file, *lr.run.objective);
+  // Inference runs the plain model: LoRA adapters folded into their weights (after the EMA's were loaded).
+  if (!lr.run.fine_tuning.lora_paths.empty()) merge_lora(*lr.run.objective->main_model());
   lr.updates = c.counters.count("updates") ? c.counters.at("updates") : 0;
   DEW_CHECK(lr.updates >= 0, "checkpoint ", file, " has a negative update counter ", lr.updates);
   return lr;

@@ -14,6 +14,7 @@
 #include "dew/comm.hpp"
 #include "dew/config.hpp"
 #include "dew/data.hpp"
+#include "dew/lora.hpp"
 #include "dew/objective.hpp"
 #include "dew/train.hpp"
 #include "train/loss_scale.hpp"
@@ -29,7 +30,15 @@ struct Run {
   uint64_t seed = 0;
   std::shared_ptr<Objective> objective;
   std::unique_ptr<DataLoader> train_loader;  // train only
-  NamedTensors params;
+  NamedTensors params;                       // the trained parameters (all of the objective's unless frozen)
+  // Fine-tuning (dew/lora.hpp): the LoRA-adapted Linear paths, and the parameters [lora] or [optim] freeze
+  // keep fixed (no gradient, no optimizer state or EMA; saved and loaded with the others).
+  FineTuning fine_tuning;
+  const NamedTensors& frozen() const { return fine_tuning.frozen; }
+  // Every parameter of the objective, trained and frozen: what checkpoints hold.
+  NamedTensors all_params() const { return objective->parameters(); }
+  // The EMA's tensors: the objective's EMA parameters that are trained.
+  NamedTensors ema_params() const { return fine_tuning.trained_only(objective->ema_parameters()); }
   // Data parallel ([run] dist): the communicator (train only; null when [run] dist = none).
   std::shared_ptr<Communicator> comm;
   int rank = 0, world = 1;

@@ -58,6 +58,7 @@
 #include "dew/checkpoint.hpp"
 #include "dew/error.hpp"
 #include "dew/interop.hpp"
+#include "dew/lora.hpp"
 #include "dew/ops.hpp"
 #include "dew/plugin.h"
 #include "dew/profile.hpp"
@@ -350,7 +351,14 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   run_ = build_run(config, options.backend_name, true, o_.profile_steps > 0);
   if (scaling_loss()) st_.loss_scale = DynamicLossScale(run_.loss_scale);
   profiler_ = dynamic_cast<ProfilingBackend*>(run_.backend.get());
-  if (!o_.init_from.empty() && !options.resume) load_weights(o_.init_from, run_.params);  // before the EMA copies
+  // Fine-tuning starts from init_from's weights (before the EMA copies): every parameter but the LoRA adapters,
+  // which keep their start (B = 0: the adapted model is the loaded one).
+  if (!o_.init_from.empty() && !options.resume) {
+    NamedTensors targets;
+    for (const auto& [n, t] : run_.all_params())
+      if (!is_lora_parameter(n)) targets.emplace_back(n, t);
+    load_weights(o_.init_from, targets);
+  }
   leader_ = run_.rank == 0;
   dp_ = std::make_unique<dist::DataParallel>(run_.comm, run_.params, run_.bucket_mb,
                                              dist::shard_mode_from_name(run_.shard), run_.shard_prefetch);
@@ -365,11 +373,16 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   DEW_USAGE_CHECK(lr > 0, "option 'optim.lr' must be positive");
   DEW_USAGE_CHECK(clip_ >= 0, "option 'optim.clip_grad_norm' must be >= 0");
   optimizer_ = make_optimizer(optim_section, optimized);
+  DEW_USAGE_CHECK(!(optimizer_->qk_clip_tau() > 0) || run_.frozen().empty(),
+                  "optim.name = ", optim_section.get_string("name", ""),
+                  ": QK-Clip rescales the attention's q and k weights, which ",
+                  run_.fine_tuning.lora_paths.empty() ? "optim.freeze" : "[lora]",
+                  " keeps frozen; use muon (or adamw) for fine-tuning");
   // QK-Clip sees every trained block (the same sites on every rank) and rescales the tensors this rank owns.
   qk_clip_ = std::make_unique<QkClipStage>(optimizer_->qk_clip_tau(), run_.params, optimized);
   schedule_ = make_schedule(config.section("schedule"), lr, o_.steps);
   if (o_.ema_decay > 0) {
-    ema_params_ = dp_->owned(run_.objective->ema_parameters());
+    ema_params_ = dp_->owned(run_.ema_params());
     ema_ = std::make_unique<Ema>(ema_params_, o_.ema_decay, o_.ema_warmup);
   }
   config.check_all_used();  // every key was read by someone: the rest are typos
@@ -399,7 +412,7 @@ void Trainer::resume() {
     for (auto& [s, f] : later) newer_.push_back(f);
   }
   CheckpointData c = read_run_checkpoint(file, run_.backend);
-  load_into(c.params, "params", run_.params);
+  load_into(c.params, "params", run_.all_params());
   // A checkpoint holds every tensor whole (any rank count and shard mode wrote it); a sharded rank takes
   // the entries of its own share, and load_into still reports any of them missing.
   auto share = [this](const NamedTensors& saved, const NamedTensors& mine) {
@@ -478,6 +491,7 @@ void Trainer::start() {
   // Every rank starts from rank 0's weights, EMA and optimizer state, at rank 0's position.
   // Sharded: EMA and optimizer state are this rank's own share (zeros or its part of the checkpoint).
   std::vector<NamedTensors> groups{run_.params};
+  if (!run_.frozen().empty()) groups.push_back(run_.frozen());
   if (ema_ && !dp_->sharded()) groups.push_back(ema_->tensors());
   if (NamedTensors os = run_.objective->state(); !os.empty()) groups.push_back(os);
   if (!dp_->sharded())
@@ -512,6 +526,19 @@ void Trainer::start() {
   for (auto& [k, t] : run_.params) num_params += t.numel();
   log_->info("training {} parameters on the {} backend (measured matmul peak {:.0f} GFLOP/s) to update {} -> {}",
              num_params, run_.backend->name(), peak_, o_.steps, run_dir_);
+  if (!run_.frozen().empty()) {
+    int64_t frozen = 0;
+    for (auto& [k, t] : run_.frozen()) frozen += t.numel();
+    const FineTuning& ft = run_.fine_tuning;
+    const std::string what = ft.lora_paths.empty() ? std::string("optim.freeze")
+                                                   : "LoRA rank " + std::to_string(ft.lora.rank) + " (scale " +
+                                                         json_number(ft.lora.scale()) + ") on " +
+                                                         std::to_string(ft.lora_paths.size()) + " linear layers";
+    log_->info("fine-tuning: {}: {} of {} parameters trained ({:.2f} %), {} frozen", what, num_params,
+               num_params + frozen, 100.0 * double(num_params) / double(num_params + frozen), frozen);
+    if (!run_.fine_tuning.lora_paths.empty() && o_.init_from.empty() && !options_.resume)
+      log_->warn("[lora] without trainer.init_from: the adapters train on top of randomly initialised weights");
+  }
   if (run_.precision != Precision::f32)
     log_->info("precision = {}: {} activations and matmul operands, f32 master weights, optimizer state and loss{}",
                precision_name(run_.precision), dtype_name(compute_dtype(run_.precision)),
@@ -584,7 +611,7 @@ UpdateResult Trainer::one_update() {
   }
   dp_->release_parameters();  // shard = parameters: the optimizer updates only this rank's own
   if (!state_memory_)  // every gradient of the update exists now (sharded or not: what this rank holds)
-    state_memory_ = training_state_memory(run_.params, optimizer_.get(), ema_ ? ema_->tensors() : NamedTensors{});
+    state_memory_ = training_state_memory(run_.all_params(), optimizer_.get(), ema_ ? ema_->tensors() : NamedTensors{});
   // The update's one host transfer: [micro losses, metrics, tokens (one value each) | QK-Clip's max logits
   // (Hq values per block) | gradient sums of squares].
   const size_t qk_at = on_device.size();

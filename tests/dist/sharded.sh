@@ -8,7 +8,8 @@
 # 3. Other objectives: JEPA (vit encoder + predictor, the target encoder updated in after_update, EMA on)
 #    and a byte-level LM (causal_transformer on a fortune file), shard = gradients and parameters, bit
 #    for bit against none (same arithmetic) within the 1e-6 checks, also in f16-mixed and bf16-mixed (with
-#    recomputation; the gradient norms too); the LM's shard = parameters also with
+#    recomputation; the gradient norms too), and with LoRA adapters (the frozen base kept whole on every
+#    rank); the LM's shard = parameters also with
 #    gradient accumulation with and without recomputation and with run.shard_prefetch = false, and its
 #    gather counters show the next block's gather was prefetched (none gathered on the spot after update 1).
 # 4. One rank (dist = mpi without mpirun): every shard mode is a no-op, bit for bit.
@@ -64,6 +65,9 @@ objective_runs jepa "$here/../jepa/tiny.ini" --data.batch_size 4 --trainer.ema_d
 # The LM: 4 layers (balanced shares), also with every block recomputed and with gradient accumulation.
 lm=(--data.batch_size 4 --data.path "$work/magic" --model.n_layers 4)
 objective_runs lm "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.log_every 1
+# LoRA fine-tuning: only the adapters and norms trained (and sharded); the frozen weights stay whole on every rank.
+objective_runs lm-lora "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.log_every 1 --lora.rank 4 \
+  --lora.train "*norm.weight"
 objective_runs lm-recompute "$here/../report/lm-tiny.ini" "${lm[@]}" --trainer.recompute blocks --trainer.grad_accum 2 \
   --data.batch_size 2 --trainer.log_every 1
 # Mixed precision: f16-mixed (its dynamic loss scale divided out of the global gradient norm that the clip reads,

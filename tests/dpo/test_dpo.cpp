@@ -11,14 +11,17 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "dew/autograd.hpp"
+#include "dew/checkpoint.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
 #include "dew/objective.hpp"
@@ -390,6 +393,67 @@ TEST_CASE("dpo training raises the reward accuracy above 0.9 on a synthetic pref
   const size_t at = last_val.find("\"val/reward_accuracy\":");
   const double acc = std::atof(last_val.c_str() + at + std::strlen("\"val/reward_accuracy\":"));
   CHECK(acc > 0.9);
+}
+
+TEST_CASE("dpo with LoRA adapters: the reference is the base model, which stays frozen, reward accuracy > 0.9") {
+  ref();
+  TempDir d("lora");
+  const std::string bytes = byte_folder(d.path);
+  const fs::path pairs = d.path / "synthetic.jsonl";
+  {
+    std::mt19937 rng(7);
+    std::ofstream out(pairs);
+    for (int i = 0; i < 160; ++i) {
+      std::string w;
+      for (int k = 0, n = 2 + int(rng() % 5); k < n; ++k) w += char('a' + rng() % 26);
+      out << "{\"prompt\": \"say " << w << ":\", \"chosen\": \" " << w << "!\", \"rejected\": \" " << w << "?\"}\n";
+    }
+  }
+  dew::Config cfg = dew::Config::parse_ini(
+      "[run]\nname = dpo-lora\nbackend = cpu\nseed = 2\n"
+      "[model]\nplugin = causal_transformer\ndim = 32\nn_layers = 1\nn_heads = 2\n"
+      "[objective]\nplugin = dpo\nbeta = 0.5\n[lora]\nrank = 8\nalpha = 16\n"
+      "[data]\nsource = preference_jsonl\nseq_len = 24\nbatch_size = 16\nval_count = 32\npath = " +
+      pairs.string() + "\ntokenizer = " + bytes +
+      "\n[optim]\nname = adamw\nlr = 0.01\n[trainer]\nsteps = 30\nlog_every = 1\neval_every = 30\n"
+      "checkpoint_every = 30\n");
+  dew::TrainOptions to;
+  to.run_dir = (d.path / "run").string();
+  REQUIRE(dew::train(cfg, to) == 0);
+  std::ifstream metrics(d.path / "run" / "metrics.jsonl");
+  std::string line, first, last_val;
+  while (std::getline(metrics, line)) {
+    if (first.empty() && line.find("\"dpo_loss\"") != std::string::npos) first = line;
+    if (line.find("val/reward_accuracy") != std::string::npos) last_val = line;
+  }
+  auto value = [](const std::string& l, const std::string& key) {
+    const size_t at = l.find("\"" + key + "\":");
+    REQUIRE(at != std::string::npos);
+    return std::atof(l.c_str() + at + key.size() + 3);
+  };
+  INFO(first);
+  INFO(last_val);
+  // B = 0 at the start: the policy is the reference (the base), so the first loss is log 2 to the bit.
+  CHECK(value(first, "dpo_loss") == doctest::Approx(std::log(2.0)).epsilon(1e-6));
+  CHECK(value(last_val, "val/reward_accuracy") > 0.9);
+  // The reference (objective state) equals the policy's base weights, which did not move.
+  auto ir = dew::load_inference_run(to.run_dir, "latest", false, "ref");  // merges the adapters on load
+  dew::CheckpointData c =
+      dew::read_checkpoint((d.path / "run" / "checkpoints" / "step-00000030.h5").string(), ir->backend);
+  std::map<std::string, Tensor> saved;
+  for (auto& [n, t] : c.params) saved.emplace(n, t);
+  int checked = 0;
+  for (auto& [n, t] : c.state_tensors) {
+    if (n.rfind("objective.reference.", 0) != 0) continue;
+    const std::string base = n.substr(std::strlen("objective.reference."));
+    REQUIRE(saved.count(base) == 1);
+    CHECK_MESSAGE(t.to_floats() == saved.at(base).to_floats(), base);
+    ++checked;
+  }
+  CHECK(checked > 0);
+  int adapters = 0;
+  for (auto& [n, t] : c.params) adapters += n.find("lora_") != std::string::npos;
+  CHECK(adapters == 14);  // 1 layer x (q, k, v, o, gate, up, down) x (A, B)
 }
 
 TEST_CASE("dpo resume keeps the starting-weights reference: 2 + 2 updates equal 4, bit for bit") {

@@ -24,6 +24,13 @@ expect "unknown option 'data.siz'; did you mean 'data.size'?" --data.siz 64   # 
 # a key of another optimizer: what this one looks for instead (sgd takes momentum, not betas)
 expect "unknown option 'optim.betas'; [optim]'s reader also looks for: dampening" --optim.name sgd --optim.betas 0.9,0.95
 expect "unknown option 'nosuch.key'" --nosuch.key 1       # unknown section
+# fine-tuning: targets matching no linear layer (the layers named), freeze globs, QK-Clip on frozen q/k
+expect "option 'lora.targets' = *.q_proj matches none of the model's linear layers: layers.0, layers.1" --lora.rank 4 --lora.targets "*.q_proj"
+expect "option 'lora.rank' must be >= 0" --lora.rank -1
+expect "option 'optim.freeze': 'model.nope.*' matches no parameter" --optim.freeze "model.nope.*"
+expect "nothing is left to train" --optim.freeze "*"
+expect "option 'lora.train': 'x*' matches no parameter" --lora.rank 2 --lora.train "x*"
+expect "optim.freeze' with [lora]" --lora.rank 2 --optim.freeze "model.layers.0.*"
 expect "optim.lr' must be a number" --optim.lr fast      # bad value
 expect "trainer.steps" --trainer.steps 0                 # bad value
 expect "unknown objective 'nope'" --objective.plugin nope  # unknown plugin

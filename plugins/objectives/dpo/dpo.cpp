@@ -29,6 +29,7 @@
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
 #include <filesystem>
+#include <map>
 #include <string>
 
 namespace {
@@ -170,14 +171,18 @@ class Dpo final : public dew::Objective {
   }
 
   // The reference = the starting weights: copied once, before the first update (and never again: the
-  // flag travels in checkpoints with the copy).
+  // flag travels in checkpoints with the copy). By name: a policy with LoRA adapters ([lora]) has the
+  // reference's parameters and its adapters, whose B = 0 leaves the policy equal to the reference then.
   void freeze_reference() {
     if (reference_ready_.item() != 0.0) return;
     dew::NoGradGuard no_grad;
-    const dew::NamedTensors src = model_->named_parameters();
-    dew::NamedTensors dst = reference_->named_parameters();
-    DEW_INTERNAL_ASSERT(src.size() == dst.size());
-    for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+    std::map<std::string, Tensor> src;
+    for (auto& [n, t] : model_->named_parameters()) src.emplace(n, t);
+    for (auto& [n, t] : reference_->named_parameters()) {
+      auto it = src.find(n);
+      DEW_INTERNAL_ASSERT(it != src.end());
+      t.copy_(it->second);
+    }
     reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
   }
 

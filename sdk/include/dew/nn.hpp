@@ -13,6 +13,7 @@
 // embedding and their parameter names by composing them.
 #pragma once
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +61,10 @@ class Module {
   void set_training(bool on);
   bool training() const { return training_; }
   void zero_grad();
+  // Calls fn(path, module) for this module ("" = prefix) and every descendant, depth-first in registration
+  // order; path is the dotted prefix of the module's parameter names ("model.layers.0.self_attn.q_proj").
+  void for_each_module(const std::function<void(const std::string& path, Module& m)>& fn,
+                       const std::string& prefix = "");
   // Where this module's parameters and buffers live: the default backend at construction (a module made
   // before any default was set takes the default at its first parameter). Refuses, with a hint, when
   // there is none.
@@ -67,6 +72,7 @@ class Module {
 
  protected:
   Tensor register_parameter(const std::string& name, const Shape& shape, Init init);
+  void remove_parameter(const std::string& name);  // the tensor lives on where it is still held
   // An empty name puts the child's parameters in this module's namespace (composition without a name
   // level: a block that is a norm plus an attention keeps "norm.weight", "qkv.weight", "proj.weight").
   template <class M>
@@ -104,11 +110,23 @@ class ModuleDict : public Module {
 };
 
 // y = x W^T + b; weight [out, in], bias [out]. Default init as PyTorch: U(-1/sqrt(in), 1/sqrt(in)).
+// With a LoRA adapter (Hu et al. 2021; dew/lora.hpp attaches them by config): y = x W^T + b + s (x A^T) B^T,
+// A = lora_A.weight [r, in] (Linear's default init, PEFT's too), B = lora_B.weight [out, r] (zeros, so the
+// adapted layer starts as the plain one), s = alpha / r (or alpha / sqrt(r), rsLoRA). merge_lora() folds
+// s B A into W and removes the adapter (PEFT's merge_and_unload): inference and export see a plain Linear.
+// A block that reads `weight` itself (fused or packed products) must take Linear::forward instead while
+// has_lora(); tests/models/test_lora.cpp holds every bundled backbone to its merged forward.
 class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias = true, Init weight_init = {}, Init bias_init = {});
   Tensor forward(const Tensor& x, Activation act = Activation::none) const;
+  // A's values come from philox(seed, the stream of `full_name` + ".lora_A.weight"), like initialize().
+  void add_lora(int64_t rank, float scale, uint64_t seed, const std::string& full_name);
+  void merge_lora();
+  bool has_lora() const { return lora_a.defined(); }
   Tensor weight, bias;
+  Tensor lora_a, lora_b;  // defined while an adapter is attached
+  float lora_scale = 0.0f;
 };
 
 class Embedding : public Module {

@@ -1,0 +1,145 @@
+// core/nn/lora.cpp — LoRA adapters attached to a model's Linear modules by path, merged back for
+// inference, and the split of a model's parameters into trained and frozen (dew/lora.hpp).
+// Invariant: attach, train, merge leaves a plain model whose forward equals the adapted one (the
+// adapter's product folded into W); nothing here depends on the backbone beyond nn::Linear.
+#include "dew/lora.hpp"
+
+#include <fnmatch.h>
+
+#include <cmath>
+#include <set>
+#include <tuple>
+
+#include "dew/error.hpp"
+#include "dew/model.hpp"
+
+namespace dew {
+
+namespace {
+
+bool matches_any(const std::string& name, const std::vector<std::string>& patterns) {
+  for (const std::string& p : patterns)
+    if (fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
+  return false;
+}
+
+bool in_head(const std::string& path) { return path.find("head") != std::string::npos; }
+
+std::string some(const std::vector<std::string>& names, size_t shown = 6) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < shown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > shown) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
+}  // namespace
+
+float LoraOptions::scale() const { return float(rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank)); }
+
+LoraOptions LoraOptions::read(Options& s) {
+  LoraOptions o;
+  o.rank = s.get_int("rank", 0);
+  o.alpha = s.get_double("alpha", double(o.rank));
+  o.rslora = s.get_bool("rslora", false);
+  o.targets = s.get_strings("targets", {});
+  o.train = s.get_strings("train", {});
+  DEW_USAGE_CHECK(o.rank >= 0, "option 'lora.rank' must be >= 0 (0: no adapters), got ", o.rank);
+  DEW_USAGE_CHECK(std::isfinite(o.alpha) && o.alpha > 0 || o.rank == 0, "option 'lora.alpha' must be positive, got ",
+                  o.alpha);
+  if (o.targets.size() == 1 && o.targets[0] == "all-linear") o.targets.clear();
+  return o;
+}
+
+std::vector<std::string> attach_lora(nn::Module& model, const LoraOptions& o, uint64_t seed) {
+  std::vector<std::pair<std::string, nn::Linear*>> linears;
+  model.for_each_module([&](const std::string& path, nn::Module& m) {
+    if (auto* l = dynamic_cast<nn::Linear*>(&m)) linears.emplace_back(path, l);
+  });
+  std::vector<std::string> all, adapted;
+  for (const auto& [path, l] : linears) all.push_back(path);
+  for (const auto& [path, l] : linears) {
+    const bool wanted = o.targets.empty() ? !in_head(path) : matches_any(path, o.targets);
+    if (!wanted) continue;
+    DEW_USAGE_CHECK(!in_head(path), "option 'lora.targets': '", path,
+                    "' is a head; LoRA adapts the layers inside the model (a fused loss head reads its weight "
+                    "directly): train it whole with lora.train = ",
+                    path, ".weight");
+    l->add_lora(o.rank, o.scale(), seed, path);
+    adapted.push_back(path);
+  }
+  DEW_USAGE_CHECK(!adapted.empty(), "option 'lora.targets' = ",
+                  some(o.targets.empty() ? std::vector<std::string>{"all-linear"} : o.targets),
+                  " matches none of the model's linear layers: ", all.empty() ? std::string("it has none") : some(all));
+  return adapted;
+}
+
+int merge_lora(nn::Module& model) {
+  int merged = 0;
+  model.for_each_module([&](const std::string&, nn::Module& m) {
+    if (auto* l = dynamic_cast<nn::Linear*>(&m); l && l->has_lora()) {
+      l->merge_lora();
+      ++merged;
+    }
+  });
+  return merged;
+}
+
+bool is_lora_parameter(const std::string& name) {
+  auto ends = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends("lora_A.weight") || ends("lora_B.weight");
+}
+
+std::pair<NamedTensors, NamedTensors> split_frozen(const NamedTensors& params, const LoraOptions& lora,
+                                                   const std::vector<std::string>& freeze) {
+  DEW_USAGE_CHECK(lora.rank == 0 || freeze.empty(),
+                  "option 'optim.freeze' with [lora]: LoRA freezes every parameter but its adapters and lora.train");
+  std::vector<std::string> names;
+  for (const auto& [n, t] : params) names.push_back(n);
+  const std::vector<std::string>& globs = lora.rank > 0 ? lora.train : freeze;
+  for (const std::string& g : globs) {
+    bool hit = false;
+    for (const std::string& n : names) hit = hit || fnmatch(g.c_str(), n.c_str(), 0) == 0;
+    DEW_USAGE_CHECK(hit, "option '", lora.rank > 0 ? "lora.train" : "optim.freeze", "': '", g,
+                    "' matches no parameter: ", some(names));
+  }
+  NamedTensors trained, frozen;
+  for (const auto& [n, t] : params) {
+    const bool train = lora.rank > 0 ? is_lora_parameter(n) || matches_any(n, lora.train) : !matches_any(n, freeze);
+    (train ? trained : frozen).emplace_back(n, t);
+  }
+  DEW_USAGE_CHECK(!trained.empty(), "option 'optim.freeze' freezes every parameter: nothing is left to train");
+  for (auto& [n, t] : frozen) {
+    Tensor p = t;
+    p.set_requires_grad(false);
+  }
+  return {trained, frozen};
+}
+
+NamedTensors FineTuning::trained_only(const NamedTensors& ema_parameters) const {
+  if (frozen.empty()) return ema_parameters;
+  std::set<std::string> fixed;
+  for (const auto& [n, t] : frozen) fixed.insert(n);
+  NamedTensors out;
+  for (const auto& [n, t] : ema_parameters)
+    if (!fixed.count(n)) out.emplace_back(n, t);
+  return out;
+}
+
+FineTuning prepare_fine_tuning(Config& config, Objective& objective, uint64_t seed) {
+  FineTuning f;
+  const LoraOptions lora = config.has_section("lora") ? LoraOptions::read(config.section("lora")) : LoraOptions{};
+  f.lora = lora;
+  if (lora.rank > 0) {
+    Model* model = objective.main_model();
+    DEW_USAGE_CHECK(model != nullptr, "[lora]: the objective has no main model to adapt");
+    f.lora_paths = attach_lora(*model, lora, seed);
+  }
+  const std::vector<std::string> freeze =
+      config.has_section("optim") ? config.section("optim").get_strings("freeze", {}) : std::vector<std::string>{};
+  std::tie(f.trained, f.frozen) = split_frozen(objective.parameters(), lora, freeze);
+  return f;
+}
+
+}  // namespace dew
