@@ -19,6 +19,7 @@
 #include <hdf5.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1025,6 +1026,26 @@ void write_checkpoint(const std::string& path, const CheckpointData& data) {
   }
   check_tensors(data.state_tensors, fmt::kStateGroup);
 
+  // Room for it, checked before HDF5 starts: a write that fills the file system fails inside HDF5's file
+  // close, after which the library cannot shut down cleanly at exit (a crash after the error line).
+  {
+    uint64_t need = uint64_t(1) << 20;  // HDF5's metadata and the checksum block, generously
+    auto add = [&](const NamedTensors& ts) {
+      for (const auto& [n, t] : ts) need += uint64_t(t.numel()) * dtype_size(t.dtype()) + 1024;
+    };
+    add(data.params);
+    add(data.ema);
+    for (const auto& [slot, ts] : data.optim) add(ts);
+    add(data.state_tensors);
+    const std::string dir = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
+    struct statvfs vfs {};
+    if (::statvfs(dir.c_str(), &vfs) == 0) {
+      const uint64_t free = uint64_t(vfs.f_bavail) * uint64_t(vfs.f_frsize);
+      DEW_CHECK(free >= need, "cannot write checkpoint ", path, ": it needs about ", (need >> 20) + 1,
+                " MiB and the file system of '", dir, "' has ", free >> 20,
+                " MiB free (the earlier checkpoints are kept)");
+    }
+  }
   const std::string tmp = path + fmt::kTempInfix + std::to_string(::getpid());
   try {
     {

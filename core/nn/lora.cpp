@@ -132,6 +132,8 @@ FineTuning prepare_fine_tuning(Config& config, Objective& objective, uint64_t se
   const LoraOptions lora = config.has_section("lora") ? LoraOptions::read(config.section("lora")) : LoraOptions{};
   f.lora = lora;
   if (lora.rank > 0) {
+    const std::string why = objective.lora_unsupported_reason();
+    DEW_USAGE_CHECK(why.empty(), "[lora]: ", why);
     Model* model = objective.main_model();
     DEW_USAGE_CHECK(model != nullptr, "[lora]: the objective has no main model to adapt");
     f.lora_paths = attach_lora(*model, lora, seed);

@@ -9,7 +9,8 @@
 #   - an HF export of the LoRA run, imported again, samples the same text as the LoRA run itself (inference
 #     runs the merged model);
 #   - a resumed LoRA run (3 + 3 updates) equals the straight one bit for bit;
-#   - optim.freeze keeps the embedding bit-identical while the rest trains; muonclip is refused with [lora].
+#   - optim.freeze keeps the embedding bit-identical while the rest trains; muonclip and jepa are refused
+#     with [lora].
 set -euo pipefail
 bin=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -94,4 +95,7 @@ PY
 out=$("$bin/dew-run" "${common[@]}" --run-dir "$work/clip" --trainer.steps 2 "${lora[@]}" --optim.name muonclip 2>&1) &&
   { echo "muonclip with [lora] was accepted"; exit 1; }
 grep -q "QK-Clip rescales the attention's q and k weights, which \[lora\] keeps frozen" <<< "$out" || { echo "$out"; exit 1; }
+out=$("$bin/dew-run" train --config "$here/../jepa/tiny.ini" --run-dir "$work/jepa" --lora.rank 2 2>&1) &&
+  { echo "jepa with [lora] was accepted"; exit 1; }
+grep -q "\[lora\]: jepa moves its target encoder" <<< "$out" || { echo "$out"; exit 1; }
 echo "LoRA fine-tuning: frozen base, merged export and sampling, bit-exact resume; optim.freeze"

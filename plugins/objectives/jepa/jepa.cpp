@@ -151,6 +151,10 @@ class Jepa final : public dew::Objective {
   }
 
   dew::Model* main_model() override { return encoder_.get(); }
+  std::string lora_unsupported_reason() const override {
+    return "jepa moves its target encoder towards the encoder's weights after every update (an EMA), which "
+           "adapters cannot express; fine-tune the encoder whole, or freeze parts of it with optim.freeze";
+  }
 
   double momentum_at(int64_t updates) const {
     const double t = std::clamp(double(updates) / double(momentum_steps_), 0.0, 1.0);

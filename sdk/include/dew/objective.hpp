@@ -109,8 +109,11 @@ class Objective {
   virtual bool higher_is_better() const { return false; }
   // FLOPs of one training step per sample (forward + backward), for MFU; 0 when unknown.
   virtual double train_flops_per_sample() const { return 0.0; }
-  // The main model, for export (config.json).
+  // The main model, for export (config.json); [lora] (dew/lora.hpp) adapts its Linear layers.
   virtual Model* main_model() { return nullptr; }
+  // Why [lora] cannot fine-tune this objective's main model (empty: it can), e.g. an objective that moves a
+  // copy of the model towards its weights (JEPA's target encoder) and would need the adapters' product there.
+  virtual std::string lora_unsupported_reason() const { return {}; }
   // The tokenizer of a text objective (null otherwise): `dew-run serve` encodes prompts and decodes
   // tokens with it.
   virtual std::shared_ptr<const Tokenizer> tokenizer() const { return nullptr; }
