@@ -971,11 +971,11 @@ struct Server {
   std::thread model_thread, thread;
   int port = 0;
 
-  explicit Server(int64_t slots = 4, int64_t queue = 16) {
+  explicit Server(int64_t slots = 4, int64_t queue = 16, int64_t max_tokens = 200000) {
     dew_run::ServeOptions o;
     o.port = 0;
     o.scheduler = {slots, 0, queue};
-    o.max_tokens = 200000;
+    o.max_tokens = max_tokens;
     sched = std::make_unique<dew::serve::Scheduler>(decoder_of(model), tok, o.scheduler);
     dew_run::ModelInfo info;
     info.id = "tiny";
@@ -1254,6 +1254,38 @@ TEST_CASE("http: 400 for malformed JSON, unknown fields, wrong types and out-of-
   REQUIRE(ok);
   CHECK(ok->status == 200);
   CHECK(s.sched->stats().completed == 2);  // the empty prompt's and this one: no refused request counts
+}
+
+TEST_CASE("http: a null field is an absent one, --max-tokens caps the default, curl -d bodies past 8 KiB") {
+  Server s(2, 4, 5);
+  auto c = s.client();
+  // OpenAI's API (and client libraries that send every field) read null as not given.
+  auto r = post(c, json{{"prompt", "x"},
+                        {"max_tokens", 2},
+                        {"temperature", nullptr},
+                        {"top_p", nullptr},
+                        {"top_k", nullptr},
+                        {"seed", nullptr},
+                        {"n", nullptr},
+                        {"stream", nullptr},
+                        {"user", nullptr},
+                        {"model", nullptr},
+                        {"echo", nullptr}});
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  // Without max_tokens the default (16, OpenAI's) is capped by the server's --max-tokens (5 here).
+  auto d = post(c, json{{"prompt", "x"}, {"temperature", 0}, {"ignore_eos", true}});
+  REQUIRE(d);
+  REQUIRE(d->status == 200);
+  CHECK(json::parse(d->body)["usage"]["completion_tokens"] == 5);
+  expect_error(post(c, json{{"prompt", "x"}, {"max_tokens", 6}}), 400, "max_tokens");
+  // curl -d sends application/x-www-form-urlencoded; Debian's cpp-httplib capped such bodies at 8,192 bytes.
+  const std::string long_body = json{{"prompt", "x"}, {"max_tokens", 1}, {"user", std::string(20000, 'u')}}.dump();
+  auto f = c.Post("/v1/completions", long_body, "application/x-www-form-urlencoded");
+  REQUIRE(f);
+  CHECK(f->status == 200);
+  // Past the server's own limit (8 MiB): 413, as a JSON error.
+  expect_error(c.Post("/v1/completions", std::string(size_t(9) << 20, ' '), "application/json"), 413);
 }
 
 TEST_CASE("http: 429 when every slot and queue place is taken, a dropped stream frees its slot") {

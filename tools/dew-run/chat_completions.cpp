@@ -3,6 +3,8 @@
 #include "chat_completions.hpp"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <stdexcept>
 
@@ -59,8 +61,15 @@ ChatSetup setup_from_folder_or_file(const std::string& path) {
   if (!path.empty() && fs::is_regular_file(path) && fs::path(path).extension() == ".json") {
     s.config = dew::read_chat_config(path);
   } else if (!path.empty() && fs::is_regular_file(path) && fs::path(path).extension() == ".jinja") {
+    // The named template itself; the special tokens (bos / eos text) from its folder's files when they have them.
     s.config = dew::chat_config_of_folder(fs::path(path).parent_path().string());
+    std::ifstream in(path, std::ios::binary);
+    s.config.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    DEW_USAGE_CHECK(in.good() || in.eof(), "--chat-template: cannot read '", path, "'");
+    s.config.template_origin = path;
   } else {
+    DEW_USAGE_CHECK(path.empty() || fs::is_directory(path), "--chat-template '", path,
+                    "' is neither a tokenizer_config.json, a .jinja file nor a folder");
     s.config = dew::chat_config_of_folder(fs::is_directory(path) ? path : std::string());
   }
   if (s.config.chat_template.empty()) {

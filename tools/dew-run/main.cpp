@@ -364,6 +364,14 @@ int cmd_serve(const std::vector<std::string>& args) {
       "tokenizer_config.json / chat_template.jinja / folder for /v1/chat/completions (default: the run's)");
   if (print_help(args, d)) return 0;
   parse(args, d);
+  // Each slot and queue place may hold a connection's worker thread while its request waits or runs.
+  DEW_USAGE_CHECK(so.scheduler.slots >= 1 && so.scheduler.slots <= 1024, "serve: --slots must be in [1, 1024], got ",
+                  so.scheduler.slots);
+  DEW_USAGE_CHECK(so.scheduler.max_queue >= 0 && so.scheduler.max_queue <= 4096,
+                  "serve: --queue must be in [0, 4096], got ", so.scheduler.max_queue);
+  DEW_USAGE_CHECK(so.max_tokens >= 1, "serve: --max-tokens must be >= 1, got ", so.max_tokens);
+  DEW_USAGE_CHECK(so.chat_template.empty() || fs::exists(so.chat_template), "serve: --chat-template '",
+                  so.chat_template, "' does not exist (a tokenizer_config.json, a .jinja file or a folder)");
   load_plugins(r.common);
   apply_run_args(r);
   return dew_run::serve(r.run_dir, r.step, !r.no_ema, r.backend, so);

@@ -20,11 +20,16 @@ HttpError bad(const std::string& message, const std::string& param) {
 
 // The body of a POST as JSON (request_limits.hpp), a 400 naming what is wrong otherwise.
 json parse_json_body(const std::string& text) {
+  json body;
   try {
-    return parse_request_json(text);
+    body = parse_request_json(text);
   } catch (const RequestRejected& e) {
     throw bad(e.what());
   }
+  // A field sent as null is a field not sent, as OpenAI's API reads it (client libraries send nulls).
+  if (body.is_object())
+    for (auto it = body.begin(); it != body.end();) it = it->is_null() ? body.erase(it) : std::next(it);
+  return body;
 }
 
 namespace {
@@ -115,7 +120,7 @@ Completion parse_completion(const std::string& text, const RouteLimits& limits, 
     throw bad("'prompt' must be a string or a non-empty array of token ids", "prompt");
   }
   dew::SamplingParams& sp = c.params;
-  sp.max_new_tokens = integer(body, "max_tokens", 16, 0, limits.max_tokens);
+  sp.max_new_tokens = integer(body, "max_tokens", std::min<int64_t>(16, limits.max_tokens), 0, limits.max_tokens);
   sp.temperature = float(number(body, "temperature", 1.0, 0.0, 1e6));
   sp.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0, true));
   sp.top_k = integer(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());

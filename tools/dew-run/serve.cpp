@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
@@ -30,11 +31,11 @@
 
 #include "chat_completions.hpp"
 #include "dew/error.hpp"
-#include "request_limits.hpp"
-#include "route_bodies.hpp"
 #include "dew/objective.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
+#include "request_limits.hpp"
+#include "route_bodies.hpp"
 
 namespace dew_run {
 
@@ -57,6 +58,7 @@ void listen_socket_options(socket_t sock) {
 // can block (slots + queue), short read timeouts (a client that stops sending is dropped after
 // kReadTimeoutSeconds), and a short keep-alive so idle connections give their worker back.
 constexpr size_t kSpareWorkers = 256;
+constexpr size_t kMaxBodyBytes = size_t(8) << 20;  // a request body (docs/serving.md)
 constexpr int kReadTimeoutSeconds = 2;
 constexpr int kKeepAliveSeconds = 2;
 
@@ -74,6 +76,35 @@ void send_error(httplib::Response& res, const HttpError& e) {
   res.set_content(dump(json{{"error", err}}), "application/json");
 }
 
+// POST handlers take their body through a ContentReader: Debian's compiled cpp-httplib caps a body sent as
+// application/x-www-form-urlencoded (curl -d's default) at 8,192 bytes before a plain handler sees it, which
+// the payload limit does not lift. The reader applies the server's own limit (8 MiB: 413) and hands the
+// handler a Request with the body in place.
+using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&)>;
+httplib::Server::HandlerWithContentReader with_body(size_t max_bytes, BodyHandler handler) {
+  return [max_bytes, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                                   const httplib::ContentReader& reader) {
+    httplib::Request full = req;
+    const bool declared_too_large =
+        std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > max_bytes;
+    bool too_large = declared_too_large;
+    const bool read = reader([&](const char* data, size_t length) {  // past the limit: read on, keep nothing
+      too_large = too_large || full.body.size() + length > max_bytes;
+      if (!too_large) full.body.append(data, length);
+      return true;
+    });
+    if (!read && !too_large) {
+      send_error(res, {400, "invalid_request_error", "the request body could not be read", ""});
+      return;
+    }
+    if (too_large) {
+      send_error(res, {413, "invalid_request_error",
+                       "the request body is larger than " + std::to_string(max_bytes >> 20) + " MiB", ""});
+      return;
+    }
+    handler(full, res);
+  };
+}
 
 }  // namespace
 
@@ -103,6 +134,7 @@ struct HttpServer::Impl {
       try {
         chat_setup = chat::setup_from_folder_or_file(options.chat_template);
       } catch (const dew::Error& e) {
+        if (!options.chat_template.empty()) throw;  // asked for by name: refused at start, not per request
         chat_error = e.what();
       }
     }
@@ -125,7 +157,7 @@ struct HttpServer::Impl {
       listen_fd = sock;
     });
     svr.set_keep_alive_max_count(1000);
-    svr.set_payload_max_length(size_t(8) << 20);
+    svr.set_payload_max_length(kMaxBodyBytes);
     if (options.access_log)
       svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
         std::fprintf(stderr, "%s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
@@ -204,36 +236,39 @@ struct HttpServer::Impl {
         send_error(res, {500, "server_error", e.what(), ""});
       }
     };
-    svr.Post("/v1/images", image_route);
-    svr.Post("/v1/images/generations", image_route);
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      try {
-        if (!sched)
-          throw HttpError{404, "invalid_request_error", "this server serves an image model: use POST /v1/images", ""};
-        completions(req, res, true);
-      } catch (const HttpError& e) {
-        send_error(res, e);
-      } catch (const dew::Error& e) {
-        send_error(
-            res, e.kind() == dew::ErrorKind::usage ? bad(e.what()) : HttpError{500, "server_error", e.describe(), ""});
-      } catch (const std::exception& e) {
-        send_error(res, {500, "server_error", e.what(), ""});
-      }
-    });
-    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      try {
-        if (!sched)
-          throw HttpError{404, "invalid_request_error", "this server serves an image model: use POST /v1/images", ""};
-        completions(req, res);
-      } catch (const HttpError& e) {
-        send_error(res, e);
-      } catch (const dew::Error& e) {  // the scheduler's own checks (e.g. a token outside the vocabulary)
-        send_error(
-            res, e.kind() == dew::ErrorKind::usage ? bad(e.what()) : HttpError{500, "server_error", e.describe(), ""});
-      } catch (const std::exception& e) {
-        send_error(res, {500, "server_error", e.what(), ""});
-      }
-    });
+    svr.Post("/v1/images", with_body(kMaxBodyBytes, image_route));
+    svr.Post("/v1/images/generations", with_body(kMaxBodyBytes, image_route));
+    svr.Post("/v1/chat/completions",
+             with_body(kMaxBodyBytes, [this](const httplib::Request& req, httplib::Response& res) {
+               try {
+                 if (!sched)
+                   throw HttpError{404, "invalid_request_error",
+                                   "this server serves an image model: use POST /v1/images", ""};
+                 completions(req, res, true);
+               } catch (const HttpError& e) {
+                 send_error(res, e);
+               } catch (const dew::Error& e) {
+                 send_error(res, e.kind() == dew::ErrorKind::usage ? bad(e.what())
+                                                                   : HttpError{500, "server_error", e.describe(), ""});
+               } catch (const std::exception& e) {
+                 send_error(res, {500, "server_error", e.what(), ""});
+               }
+             }));
+    svr.Post("/v1/completions", with_body(kMaxBodyBytes, [this](const httplib::Request& req, httplib::Response& res) {
+               try {
+                 if (!sched)
+                   throw HttpError{404, "invalid_request_error",
+                                   "this server serves an image model: use POST /v1/images", ""};
+                 completions(req, res);
+               } catch (const HttpError& e) {
+                 send_error(res, e);
+               } catch (const dew::Error& e) {  // the scheduler's own checks (e.g. a token outside the vocabulary)
+                 send_error(res, e.kind() == dew::ErrorKind::usage ? bad(e.what())
+                                                                   : HttpError{500, "server_error", e.describe(), ""});
+               } catch (const std::exception& e) {
+                 send_error(res, {500, "server_error", e.what(), ""});
+               }
+             }));
   }
 
 
