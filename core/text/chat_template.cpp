@@ -1995,6 +1995,10 @@ Value arith(const std::string& op, const Value& a, const Value& b, int line) {
     }
     const int64_t x = as_int(a), y = as_int(b);
     if (y == 0) fail(line, op == "//" ? "integer division or modulo by zero" : "integer modulo by zero");
+    if (y == -1) {  // x / -1 traps for the least int64 (SIGFPE); x % -1 is 0
+      if (op == "%") return Value::integer(0);
+      return Value::integer(int64_t(checked(-__int128(x), line)));
+    }
     int64_t q = x / y, r = x % y;
     if (r != 0 && ((r < 0) != (y < 0))) {
       --q;
@@ -2003,9 +2007,17 @@ Value arith(const std::string& op, const Value& a, const Value& b, int line) {
     return op == "%" ? Value::integer(r) : Value::integer(q);
   }
   if (op == "**") {
-    if (!flt && as_int(b) >= 0) {
-      __int128 r = 1;
-      for (int64_t k = 0; k < as_int(b); ++k) r = checked(r * as_int(a), line);
+    if (!flt && as_int(b) >= 0) {  // by squaring: an exponent of 2^63 is 63 steps, not 2^63
+      const int64_t base = as_int(a);
+      if (base == 0 || base == 1) return Value::integer(as_int(b) == 0 ? 1 : base);
+      if (base == -1) return Value::integer(as_int(b) % 2 == 0 ? 1 : -1);
+      __int128 r = 1, p = base;
+      for (int64_t e = as_int(b);;) {  // |base| >= 2: e > 63 overflows (checked) before long
+        if (e & 1) r = checked(r * p, line);
+        e >>= 1;
+        if (e == 0) break;
+        p = checked(p * p, line);
+      }
       return Value::integer(int64_t(r));
     }
     return Value::floating(std::pow(as_double(a), as_double(b)));
@@ -2309,7 +2321,8 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
   }
   if (name == "abs") {
     if (v.kind == Kind::floating) return Value::floating(std::fabs(v.f));
-    if (v.kind == Kind::integer || v.kind == Kind::boolean) return Value::integer(std::llabs(as_int(v)));
+    if (v.kind == Kind::integer || v.kind == Kind::boolean)
+      return Value::integer(int64_t(checked(as_int(v) < 0 ? -__int128(as_int(v)) : __int128(as_int(v)), line)));
     fail(line, std::string("bad operand type for abs(): '") + type_name(v) + "'");
   }
   if (name == "round") {

@@ -298,6 +298,11 @@ UNSUPPORTED = [
     ("{% break %}", 1),
     ("{{ 'a' % 1 }}", None),  # refused at render time (formatting)
     ("{% if x %}\nno end", 1),
+    # past 64-bit integers (Python's are unbounded): refused, not a hang (the power was a loop of 2^63
+    # steps), a SIGFPE (the least int64 // -1) or a negative abs
+    ("{{ 2 ** 9223372036854775807 }}", None),
+    ("{{ (-9223372036854775807 - 1) // -1 }}", None),
+    ("{{ (-9223372036854775807 - 1) | abs }}", None),
 ]
 
 
