@@ -329,6 +329,43 @@ TEST_CASE("lm eval tasks: loglikelihood, multiple_choice, rolling, perplexity th
   CHECK(v.metrics.at("bits_per_byte") == doctest::Approx(v.metrics.at("ce") / std::log(2.0)));
   CHECK(v.metrics.at("perplexity") == doctest::Approx(std::exp(v.metrics.at("ce"))));
 
+  // A folder tokenized by another tokenizer is refused (its scores would be of tokens the model did not
+  // learn), as are ids past the model's vocabulary and a prefix token outside it.
+  const fs::path other = r.dir / "other";
+  fs::create_directories(other);
+  for (const char* f : {"train.bin", "val.bin"}) fs::copy_file(r.dir / f, other / f);
+  auto write_meta = [&](const std::string& tokenizer, int64_t vocab, const std::string& dtype) {
+    std::ofstream(other / "meta.json") << R"({"tokenizer": ")" << tokenizer << R"(", "vocab_size": )" << vocab
+                                       << R"(, "dtype": ")" << dtype << R"(", "train_tokens": )" << meta.train_tokens
+                                       << R"(, "val_tokens": )" << meta.val_tokens << "}";
+  };
+  write_meta("bpe", 250, "uint8");
+  dew::Options bpe({{"task", "perplexity"}, {"data", other.string()}}, "eval");
+  CHECK_THROWS_WITH_AS(
+      r.obj->evaluate(*r.loader, bpe, {0, 0, 0}),
+      doctest::Contains("tokenized by a bpe tokenizer of 250 tokens; the run's is a byte tokenizer of 256"),
+      dew::UsageError);
+  {  // no tokenizer named: the ids themselves are checked (uint16 299 at token 3)
+    std::vector<uint16_t> ids(size_t(meta.val_tokens), 97);
+    ids[3] = 299;
+    std::ofstream(other / "val.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+    write_meta("", 300, "uint16");
+  }
+  dew::Options ids({{"task", "perplexity"}, {"data", other.string()}}, "eval");
+  CHECK_THROWS_WITH_AS(
+      r.obj->evaluate(*r.loader, ids, {0, 0, 0}),
+      doctest::Contains(
+          ("token 3 of " + (other / "val.bin").string() + " is 299, outside the model's vocabulary of 256").c_str()),
+      dew::UsageError);
+  for (const char* p : {"256", "4294967297", "-2"}) {
+    CHECK_THROWS_WITH_AS(
+        run_task(r, {{"task", "loglikelihood_rolling"}, {"prefix_token", p}}, R"({"text": "x"})"),
+        doctest::Contains(
+            ("--prefix_token " + std::string(p) + " must be -1 (none) or a token id in [0, 256)").c_str()),
+        dew::UsageError);
+  }
+
   // Unknown tasks and unread keys are refused.
   dew::Options bad({{"task", "hellaswag"}}, "eval");
   CHECK_THROWS_WITH_AS(r.obj->evaluate(*r.loader, bad, {0, 0, 0}), doctest::Contains("unknown --task"),

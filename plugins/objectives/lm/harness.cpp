@@ -88,7 +88,11 @@ class Harness {
     DEW_USAGE_CHECK(batch_ >= 1, "--batch_size must be >= 1, got ", batch_);
     limit_ = req_.get_int("limit", 0);
     DEW_USAGE_CHECK(limit_ >= 0, "--limit must be >= 0 (0: every request), got ", limit_);
-    prefix_ = int32_t(req_.get_int("prefix_token", c.tokenizer ? c.tokenizer->eos_id() : -1));
+    const int64_t prefix = req_.get_int("prefix_token", c.tokenizer ? c.tokenizer->eos_id() : -1);
+    const int64_t vocab = c.decoder ? c.decoder->vocab_size() : c.tokenizer ? c.tokenizer->vocab_size() : 0;
+    DEW_USAGE_CHECK(prefix == -1 || (prefix >= 0 && (vocab == 0 || prefix < vocab)), "--prefix_token ", prefix,
+                    " must be -1 (none) or a token id in [0, ", vocab, ")");
+    prefix_ = int32_t(prefix);
     scores_ = le::model_scores(*c.model);
   }
 
@@ -135,10 +139,25 @@ class Harness {
     const int64_t max_tokens = req_.get_int("max_tokens", 0);
     DEW_USAGE_CHECK(max_tokens >= 0, "--max_tokens must be >= 0 (0: the whole split)");
     const dew::TokenMeta meta = dew::read_token_meta(dir);
+    // The folder's tokens must be the run's: the same tokenizer (kind, vocabulary, and for BPE the same ids
+    // for a probe text); else the scores are of other tokens than the model learnt, or ids past its vocabulary.
+    if (c_.tokenizer && !meta.tokenizer.empty()) {
+      const dew::Tokenizer& mine = *c_.tokenizer;
+      DEW_USAGE_CHECK(meta.tokenizer == mine.name() && meta.vocab_size == mine.vocab_size(),
+                      "eval --task perplexity: ", dir, " was tokenized by a ", meta.tokenizer, " tokenizer of ",
+                      meta.vocab_size, " tokens; the run's is a ", mine.name(), " tokenizer of ", mine.vocab_size());
+      if (meta.tokenizer == "bpe") {
+        const std::string probe = "The quick brown fox jumps over 13 lazy dogs.\n\tÉté, naïve café: 日本語 ✓";
+        DEW_USAGE_CHECK(dew::load_tokenizer(dir)->encode(probe) == mine.encode(probe), "eval --task perplexity: ", dir,
+                        "'s tokenizer.json encodes text differently from the run's tokenizer");
+      }
+    }
     const int64_t total = split == "val" ? meta.val_tokens : meta.train_tokens;
     const int64_t n = max_tokens > 0 ? std::min(max_tokens, total) : total;
-    DEW_USAGE_CHECK(n >= 2, "eval --task perplexity: ", dir, "/", split, ".bin holds ", total,
-                    " tokens; at least 2 are needed");
+    DEW_USAGE_CHECK(n >= 2, "eval --task perplexity: ",
+                    max_tokens > 0 && max_tokens < total ? "--max_tokens " + std::to_string(max_tokens) + " leaves "
+                                                         : dir + "/" + split + ".bin holds ",
+                    n, " tokens; at least 2 are needed");
     const int64_t width = dew::token_dtype_size(meta.dtype);
     const std::string file = (fs::path(dir) / (split + ".bin")).string();
     std::ifstream in(file, std::ios::binary);
@@ -151,6 +170,8 @@ class Harness {
       uint32_t v = 0;
       for (int64_t b = 0; b < width; ++b) v |= uint32_t(raw[size_t(i * width + b)]) << (8 * b);
       ids[size_t(i)] = int32_t(v);
+      DEW_USAGE_CHECK(!c_.decoder || int64_t(v) < c_.decoder->vocab_size(), "eval --task perplexity: token ", i, " of ",
+                      file, " is ", v, ", outside the model's vocabulary of ", c_.decoder->vocab_size());
     }
     // Every token but the first (no context) is scored once.
     const auto s = le::score(scores_, {ids}, {1}, max_length_, stride, batch_);
