@@ -174,6 +174,8 @@ struct TrainerOptions {
     o.keep = ts.get_int("keep", 3);
     o.init_from = ts.get_string("init_from", "");
     o.ema_decay = ts.get_double("ema_decay", 0.0);
+    DEW_USAGE_CHECK(o.ema_decay >= 0 && o.ema_decay < 1,
+                    "option 'trainer.ema_decay' must be in [0, 1) (0 = no EMA), got ", o.ema_decay);
     o.ema_warmup = ts.get_bool("ema_warmup", true);
     o.max_streak = ts.get_int("max_nonfinite_streak", 5);
     o.stop_at = ts.get_int("stop_at", o.steps);

@@ -5,9 +5,10 @@ bin=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
 fails=0
-expect() {  # expect EXPECTED_TEXT ARGS...
+config=$here/tiny.ini
+expect() {  # expect EXPECTED_TEXT ARGS...   (with $config)
   local expected=$1; shift
-  out=$("$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/run-$RANDOM" "$@" 2>&1 >/dev/null)
+  out=$("$bin/dew-run" train --config "$config" --run-dir "$work/run-$RANDOM" "$@" 2>&1 >/dev/null)
   rc=$?
   lines=$(printf '%s\n' "$out" | grep -c .)
   if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s' "$out" | grep -qF -- "$expected"; then
@@ -32,6 +33,7 @@ expect "nothing is left to train" --optim.freeze "*"
 expect "option 'lora.train': 'x*' matches no parameter" --lora.rank 2 --lora.train "x*"
 expect "optim.freeze' with [lora]" --lora.rank 2 --optim.freeze "model.layers.0.*"
 expect "optim.lr' must be a number" --optim.lr fast      # bad value
+expect "option 'trainer.ema_decay' must be in [0, 1) (0 = no EMA), got -0.5" --trainer.ema_decay -0.5
 expect "trainer.steps" --trainer.steps 0                 # bad value
 expect "unknown objective 'nope'" --objective.plugin nope  # unknown plugin
 expect "unknown model 'resnet999'" --model.plugin resnet999
@@ -42,6 +44,14 @@ expect "option 'isa' = 'sse9'" --backend.isa sse9 --backend cpu   # [backend] re
 expect "unknown option 'backend.bf16_dotx'" --backend.bf16_dotx widened --backend cpu   # a key no backend reads
 expect "set it as [run] threads" --backend.threads 2 --backend cpu   # [run]'s own keys are not duplicated
 expect "/no/such/folder" --data.source idx --data.path /no/such/folder   # missing data file
+# a model whose shape disagrees with its data: refused at start, not sampled at another shape later
+config=$here/../diffusion_objective/tiny.ini
+expect "diffusion: model.image_size = 16x16 but the data's images are 8x8" --model.image_size 16
+expect "diffusion: model.in_channels = 3 but the data's images have 1 channels" --model.in_channels 3
+config=$work/lm.ini
+printf '[objective]\nplugin = lm\n[model]\nplugin = causal_transformer\ndim = 16\nn_layers = 1\nn_heads = 2\n[data]\nsource = synthetic\nkind = tokens\nseq_len = 16\nvocab = 16\nbatch_size = 4\n[trainer]\nsteps = 1\n' > "$config"
+expect "lm: the data's sequences of 16 tokens are longer than model.max_seq_len = 8" --model.max_seq_len 8
+config=$here/tiny.ini
 # an existing run directory is never trained over without --resume
 "$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/existing" --trainer.steps 2 >/dev/null 2>&1
 out=$("$bin/dew-run" train --config "$here/tiny.ini" --run-dir "$work/existing" --trainer.steps 2 2>&1 >/dev/null); rc=$?

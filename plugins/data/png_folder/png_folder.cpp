@@ -61,6 +61,10 @@ class PngFolder final : public dew::DataSource {
     if (!resize.empty()) {
       resize_h_ = resize[0];
       resize_w_ = resize.size() == 2 ? resize[1] : resize[0];
+      // A record is resize_h x resize_w x up to 4 channels: at most 8192 per side keeps it within the 256 MiB
+      // dew decodes from one image (core/image/png.cpp), instead of growing until the machine runs out.
+      DEW_USAGE_CHECK(resize_h_ <= 8192 && resize_w_ <= 8192, "png_folder: option '", ctx, "resize' = ", resize_h_, "x",
+                      resize_w_, " is too large (at most 8192 per side)");
     }
     const bool mixed_ok = o.get_bool("mixed_sizes_ok", false);
 

@@ -90,6 +90,21 @@ class DiffusionObjective final : public dew::Objective {
       width_ = s[1];
       channels_ = s.size() == 3 ? s[2] : 1;
       if (conditional_ && num_classes_ <= 0) num_classes_ = 1 + max_label(*ctx.train_source);
+      // The backbone generates what it is trained on: a model.image_size / in_channels of its own would make
+      // sample, eval and serve draw images of another shape than the data's (or fail in a kernel).
+      if (model.has("image_size")) {
+        const std::vector<int64_t> size = model.get_positive_ints("image_size", {});
+        const int64_t h = size.empty() ? 0 : size[0], w = size.size() > 1 ? size[1] : h;
+        DEW_USAGE_CHECK(h == height_ && w == width_, "diffusion: model.image_size = ", h, "x", w,
+                        " but the data's images are ", height_, "x", width_,
+                        "; leave model.image_size out (the objective sets it) or resize the data "
+                        "([data] transforms)");
+      }
+      if (model.has("in_channels"))
+        DEW_USAGE_CHECK(model.get_int("in_channels", 0) == channels_,
+                        "diffusion: model.in_channels = ", model.get_int("in_channels", 0),
+                        " but the data's images have ", channels_,
+                        " channels; leave model.in_channels out (the objective sets it)");
     } else {
       // eval/sample/export: the shapes were written into the saved config by the training run.
       const std::vector<int64_t> size = model.get_positive_ints("image_size", {});

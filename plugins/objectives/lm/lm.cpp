@@ -160,6 +160,12 @@ class LanguageModel final : public dew::Objective {
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
     decoder_ = dynamic_cast<dew::CausalDecoder*>(model_.get());
+    // The model's context is what sample, serve and eval keep: it must hold the windows it trains on.
+    DEW_USAGE_CHECK(
+        !decoder_ || seq_len_ <= 0 || decoder_->context_length() <= 0 || seq_len_ <= decoder_->context_length(),
+        "lm: the data's sequences of ", seq_len_,
+        " tokens are longer than model.max_seq_len = ", decoder_ ? decoder_->context_length() : 0,
+        " (the context sample and serve keep): raise model.max_seq_len or lower data.seq_len");
     head_model_ = dynamic_cast<dew::LinearHeadModel*>(model_.get());
     DEW_USAGE_CHECK(fused_head_ != "true" || head_model_, "lm: fused_head = true needs a model with a linear head ",
                     "(dew::LinearHeadModel); model '", model_plugin_, "' has none");
