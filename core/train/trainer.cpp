@@ -76,11 +76,13 @@ namespace fs = std::filesystem;
 namespace training {
 namespace {
 
+// The first interrupt pauses the run at the end of its update (a checkpoint, exit 130); a second one of the
+// same kind ends the process at once, as the signal's default would.
 std::atomic<int> g_interrupts{0};
-void on_sigint(int) {
+void on_interrupt(int sig) {
   if (g_interrupts.fetch_add(1) >= 1) {
-    std::signal(SIGINT, SIG_DFL);
-    std::raise(SIGINT);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
   }
 }
 
@@ -979,10 +981,13 @@ int Trainer::run() {
   val_loader_ = validate_before_training(config_, run_);  // what later stages read, before the first update
   start();
   g_interrupts = 0;
-  auto previous_handler = std::signal(SIGINT, on_sigint);
+  auto previous_handler = std::signal(SIGINT, on_interrupt);
+  // One process: SIGTERM (what systemd, docker stop and Slurm's preemption send first) pauses like Ctrl-C. Ranks
+  // keep its default: mpirun sends it for Ctrl-C and after a peer died, and ends them at once.
+  auto previous_term = dp_->distributed() ? SIG_DFL : std::signal(SIGTERM, on_interrupt);
   // mpirun turns Ctrl-C into SIGTERM for the ranks (no checkpoint) but forwards SIGUSR1, so
   // `kill -USR1 <mpirun pid>` pauses a data-parallel run with a checkpoint, like Ctrl-C in one process.
-  auto previous_usr1 = dp_->distributed() ? std::signal(SIGUSR1, on_sigint) : SIG_DFL;
+  auto previous_usr1 = dp_->distributed() ? std::signal(SIGUSR1, on_interrupt) : SIG_DFL;
   run_start_ = std::chrono::steady_clock::now();
   start_updates_ = st_.updates;
   int exit_code = 0;
@@ -1021,6 +1026,8 @@ int Trainer::run() {
   }
   std::signal(SIGINT, previous_handler);
   if (dp_->distributed()) std::signal(SIGUSR1, previous_usr1);
+  else
+    std::signal(SIGTERM, previous_term);
   if (exit_code == 0) {
     if (tty_) std::fputc('\n', stderr);
     log_->info("done: {} updates in {} ({} skipped); run directory {}", st_.updates,

@@ -174,7 +174,8 @@ int main(int argc, char** argv) {
       "plugin-dir", po::value(&plugin_dirs)->composing(), "extra plugin folder");
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(std::vector<std::string>(argv + 2, argv + argc)).options(d).run(), vm);
+    po::store(po::command_line_parser(std::vector<std::string>(argv + 2, argv + argc)).options(d).positional({}).run(),
+              vm);
     po::notify(vm);
     if (vm.count("repeats")) opt.repeats = lm.repeats = vm["repeats"].as<int>();
     if (vm.count("warmup")) lm.warmup = lm.gen_warmup = vm["warmup"].as<int>();

@@ -110,7 +110,7 @@ int run_serve(const std::vector<std::string>& args) {
       "max-tokens", po::value(&max_tokens), "tokens per request")("prompt-len", po::value(&prompt_len), "prompt bytes")(
       "config", po::value(&config), "a label for the JSON lines (e.g. char-small)");
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(d).run(), vm);
+  po::store(po::command_line_parser(args).options(d).positional({}).run(), vm);
   po::notify(vm);
   const std::string prefix = "http://";
   if (url.rfind(prefix, 0) == 0) url = url.substr(prefix.size());

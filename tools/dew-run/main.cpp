@@ -108,7 +108,7 @@ bool print_help(const std::vector<std::string>& args, const po::options_descript
 
 po::variables_map parse(const std::vector<std::string>& args, const po::options_description& d) {
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(d).run(), vm);
+  po::store(po::command_line_parser(args).options(d).positional({}).run(), vm);
   po::notify(vm);
   return vm;
 }

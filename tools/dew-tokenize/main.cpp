@@ -118,7 +118,7 @@ int run_render_chat(int argc, char** argv) {
       "spans", "also write assistant_spans (byte ranges of the assistant turns)")(
       "show-template", "print the template --tokenizer-config resolves to, and exit");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc - 1, argv + 1).options(d).run(), vm);
+  po::store(po::command_line_parser(argc - 1, argv + 1).options(d).positional({}).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {
     std::cout << kUsage << d;
@@ -157,7 +157,7 @@ int run(int argc, char** argv) {
       "eos-between-files", "the same as --document-token between")(
       "force", "replace an existing --out folder's token files (refused otherwise)");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(d).run(), vm);
+  po::store(po::command_line_parser(argc, argv).options(d).positional({}).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {
     std::cout << kUsage << d;

@@ -239,10 +239,11 @@ class Jepa final : public dew::Objective {
     const bool baselines = request.get_bool("baselines", true);
     check_probe_settings(ps, "eval --");
     dew::ValidationResult vr;
-    vr.metrics = run_probes(loader, ps, baselines);
-    vr.metrics["probe_train_samples"] = double(ps.train_samples);
-    vr.metrics["probe_test_samples"] = double(ps.test_samples);
-    vr.metrics["knn_k"] = double(ps.knn.k);
+    std::pair<int64_t, int64_t> used;
+    vr.metrics = run_probes(loader, ps, baselines, &used);
+    vr.metrics["probe_train_samples"] = double(used.first);  // what the probes had, not what was asked
+    vr.metrics["probe_test_samples"] = double(used.second);
+    vr.metrics["knn_k"] = double(std::min<int64_t>(ps.knn.k, used.first));
     return vr;
   }
 
@@ -414,7 +415,9 @@ class Jepa final : public dew::Objective {
 
   // Probes of the probe encoder (and, with baselines, of a fresh encoder and of raw pixels) on the first
   // train_samples records of the shuffled training split and test_samples records of `test_loader`.
-  std::map<std::string, double> run_probes(dew::DataLoader& test_loader, const ProbeSettings& ps, bool baselines) {
+  // `used` (when given): the train and test features the probes actually had (the splits may hold fewer).
+  std::map<std::string, double> run_probes(dew::DataLoader& test_loader, const ProbeSettings& ps, bool baselines,
+                                           std::pair<int64_t, int64_t>* used = nullptr) {
     dew::NoGradGuard no_grad;
     dew::Model& trained = probe_encoder();
     std::shared_ptr<dew::Model> fresh;
@@ -439,6 +442,7 @@ class Jepa final : public dew::Objective {
     auto train_loader = dew::make_loader(config_->section("data"), "train", seed_);
     const dew::probes::Features tr = dew::probes::collect_features(*train_loader, ps.train_samples, embed, backend_);
     const dew::probes::Features te = dew::probes::collect_features(test_loader, ps.test_samples, embed, backend_);
+    if (used) *used = {tr.size(), te.size()};
     std::map<std::string, double> out;
     auto score = [&](const std::string& name, int64_t c0, int64_t c1) {
       dew::probes::Features a{dew::slice(tr.x, 1, c0, c1), tr.labels}, b{dew::slice(te.x, 1, c0, c1), te.labels};
