@@ -1745,6 +1745,90 @@ std::string py_title(const std::string& s) {
   return out;
 }
 
+// jinja2's |title filter (not str.title): words begin after runs of '-', whitespace, '(', '{', '[', '<'; each
+// word's first character upper-cased, the rest lower-cased (ASCII letters; other bytes kept).
+std::string jinja_title(const std::string& s) {
+  std::string out = s;
+  bool word_start = true;
+  for (char& c : out) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u == '-' || std::isspace(u) || u == '(' || u == '{' || u == '[' || u == '<') {
+      word_start = true;
+      continue;
+    }
+    if (u < 0x80) c = char(word_start ? std::toupper(u) : std::tolower(u));
+    word_start = false;
+  }
+  return out;
+}
+
+// Python's digit-group underscores ("1_000"): removed where each one stands between two digits of `base`
+// (a prefix's end counts as a digit, as in "0x_1f"); false for one anywhere else.
+bool strip_digit_underscores(std::string& t, size_t from, int base) {
+  auto digit = [base](char ch) {
+    const int v = std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0'
+                  : std::isalpha(static_cast<unsigned char>(ch))
+                      ? std::tolower(static_cast<unsigned char>(ch)) - 'a' + 10
+                      : 99;
+    return v < base;
+  };
+  std::string out = t.substr(0, from);
+  for (size_t i = from; i < t.size(); ++i) {
+    if (t[i] != '_') {
+      out += t[i];
+      continue;
+    }
+    const bool before = i == from ? from > 0 : digit(t[i - 1]);
+    if (!before || i + 1 >= t.size() || !digit(t[i + 1])) return false;
+  }
+  t = out;
+  return true;
+}
+
+// Python's int(text, base) for a 64-bit result: nullopt where Python raises ValueError.
+std::optional<int64_t> py_int(const std::string& text, int64_t base, int line) {
+  std::string t = py_strip(text, std::nullopt, true, true);
+  if (base != 0 && (base < 2 || base > 36)) return std::nullopt;
+  size_t i = 0;
+  bool negative = false;
+  if (i < t.size() && (t[i] == '+' || t[i] == '-')) negative = t[i++] == '-';
+  t = t.substr(i);
+  size_t from = 0;
+  if (t.size() >= 2 && t[0] == '0') {
+    const char p = char(std::tolower(static_cast<unsigned char>(t[1])));
+    const int prefixed = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+    if (prefixed && (base == 0 || base == prefixed)) {
+      base = prefixed;
+      from = 2;
+    }
+  }
+  if (base == 0) {  // no prefix: decimal, without leading zeros (but "0", "00")
+    base = 10;
+    if (t.size() > 1 && t[0] == '0' && t.find_first_not_of("0_") != std::string::npos) return std::nullopt;
+  }
+  if (!strip_digit_underscores(t, from, int(base))) return std::nullopt;
+  const std::string digits = t.substr(from);
+  if (digits.empty()) return std::nullopt;
+  uint64_t magnitude = 0;
+  auto r = std::from_chars(digits.data(), digits.data() + digits.size(), magnitude, int(base));
+  if (r.ptr != digits.data() + digits.size()) return std::nullopt;
+  if (r.ec == std::errc::result_out_of_range || magnitude > uint64_t(INT64_MAX) + (negative ? 1 : 0))
+    fail(line, "integer overflow (dew's chat templates use 64-bit integers)");
+  return negative ? int64_t(-__int128(magnitude)) : int64_t(magnitude);
+}
+
+// Python's float(text): decimal or exponent notation with digit-group underscores, inf / infinity / nan;
+// nullopt where Python raises ValueError (hexadecimal, "nan(...)", empty).
+std::optional<double> py_float(const std::string& text) {
+  std::string t = py_strip(text, std::nullopt, true, true);
+  if (t.empty() || t.find_first_of("xXpP(") != std::string::npos) return std::nullopt;
+  if (!strip_digit_underscores(t, 0, 10)) return std::nullopt;
+  char* end = nullptr;
+  const double d = std::strtod(t.c_str(), &end);
+  if (end != t.c_str() + t.size()) return std::nullopt;
+  return d;
+}
+
 // A bound method of a string, dict or list: `'a b'.split`, `d.items`.
 Value method(const Value& obj, const std::string& name) {
   if (obj.kind == Kind::string) {
@@ -2210,7 +2294,8 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     return Value::string(out);
   }
   if (name == "string") return Value::string(to_str(v));
-  if (name == "lower" || name == "upper" || name == "title" || name == "capitalize") {
+  if (name == "title") return Value::string(jinja_title(to_str(v)));  // the filter's own rule, not str.title
+  if (name == "lower" || name == "upper" || name == "capitalize") {
     return call_value(method(Value::string(to_str(v)), name), Args{}, line);
   }
   if (name == "replace") {
@@ -2248,9 +2333,24 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     if (v.kind != Kind::dict || v.ns) fail(line, "the " + name + " filter needs a mapping");
     List out;
     for (const auto& kv : v.dict->items) out.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
-    if (name == "dictsort")
-      std::stable_sort(out.begin(), out.end(),
-                       [](const Value& x, const Value& y) { return (*x.list)[0].s < (*y.list)[0].s; });
+    if (name == "dictsort") {  // dictsort(case_sensitive=false, by='key', reverse=false), as jinja2's
+      const Value* cs = arg(0, "case_sensitive");
+      const Value* by = arg(1, "by");
+      const Value* rev = arg(2, "reverse");
+      const std::string by_what = by ? to_str(*by) : "key";
+      if (by_what != "key" && by_what != "value") fail(line, "You can only sort by either \"key\" or \"value\"");
+      const size_t pos = by_what == "key" ? 0 : 1;
+      const bool case_sensitive = cs && truthy(*cs), reverse = rev && truthy(*rev);
+      auto key = [&](const Value& item) {
+        Value k = (*item.list)[pos];
+        if (!case_sensitive && k.kind == Kind::string) k.s = ascii_map(k.s, ::tolower);
+        return k;
+      };
+      // sorted(reverse=True) keeps equal items in their order: a stable sort on the reversed comparison.
+      std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+        return reverse ? compare(key(y), key(x), line, "<") < 0 : compare(key(x), key(y), line, "<") < 0;
+      });
+    }
     return Value::make_list(out);
   }
   if (name == "reverse") {
@@ -2267,11 +2367,11 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     List items = need_iterable(v);
     const Value* rev = arg(0, "reverse");
     const Value* attr = arg(2, "attribute");
-    if (const Value* cs = arg(1, "case_sensitive"); cs && truthy(*cs)) {
-    }
+    const Value* cs = arg(1, "case_sensitive");
+    const bool case_sensitive = cs && truthy(*cs);
     auto key = [&](const Value& x) {
       Value k = attr ? attribute_of(*this, x, to_str(*attr), line) : x;
-      if (k.kind == Kind::string) k.s = ascii_map(k.s, ::tolower);  // case_sensitive=False by default
+      if (!case_sensitive && k.kind == Kind::string) k.s = ascii_map(k.s, ::tolower);
       return k;
     };
     std::stable_sort(items.begin(), items.end(),
@@ -2283,39 +2383,49 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     }
     return Value::make_list(items);
   }
-  if (name == "unique") {
-    List out;
+  if (name == "unique") {  // unique(case_sensitive=false, attribute=none): the first of each key, in order
+    const Value* cs = arg(0, "case_sensitive");
+    const Value* attr = arg(1, "attribute");
+    const bool case_sensitive = cs && truthy(*cs);
+    auto key = [&](const Value& x) {
+      Value k = attr ? attribute_of(*this, x, to_str(*attr), line) : x;
+      if (!case_sensitive && k.kind == Kind::string) k.s = ascii_map(k.s, ::tolower);
+      return k;
+    };
+    List out, keys;
     for (const Value& x : need_iterable(v)) {
+      const Value k = key(x);
       bool seen = false;
-      for (const Value& y : out) seen = seen || equal(x, y);
-      if (!seen) out.push_back(x);
+      for (const Value& y : keys) seen = seen || equal(k, y);
+      if (!seen) {
+        out.push_back(x);
+        keys.push_back(k);
+      }
     }
     return Value::make_list(out);
   }
-  if (name == "int") {
+  if (name == "int") {  // int(default=0, base=10), as jinja2: int(value, base) for strings, then int(float(value))
+    const Value* dflt = arg(0, "default");
+    const Value* base = arg(1, "base");
+    auto from_double = [&](double d) {
+      if (std::isinf(d)) fail(line, "cannot convert float infinity to integer");
+      if (std::isnan(d)) return dflt ? *dflt : Value::integer(0);
+      if (!(std::fabs(d) < 9.3e18)) fail(line, "integer overflow (dew's chat templates use 64-bit integers)");
+      return Value::integer(int64_t(d));
+    };
     if (v.kind == Kind::integer) return v;
     if (v.kind == Kind::boolean) return Value::integer(as_int(v));
-    if (v.kind == Kind::floating) return Value::integer(int64_t(v.f));
+    if (v.kind == Kind::floating) return from_double(v.f);
     if (v.kind == Kind::string) {
-      const std::string t = py_strip(v.s, std::nullopt, true, true);
-      int64_t x = 0;
-      auto r = std::from_chars(t.data(), t.data() + t.size(), x);
-      if (r.ec == std::errc() && r.ptr == t.data() + t.size()) return Value::integer(x);
-      char* end = nullptr;
-      const double d = std::strtod(t.c_str(), &end);
-      if (!t.empty() && end == t.c_str() + t.size()) return Value::integer(int64_t(d));
+      if (const auto x = py_int(v.s, base ? as_int(*base) : 10, line)) return Value::integer(*x);
+      if (const auto d = py_float(v.s)) return from_double(*d);
     }
-    const Value* dflt = arg(0, "default");
     return dflt ? *dflt : Value::integer(0);
   }
   if (name == "float") {
     if (v.is_number()) return Value::floating(as_double(v));
-    if (v.kind == Kind::string) {
-      const std::string t = py_strip(v.s, std::nullopt, true, true);
-      char* end = nullptr;
-      const double d = std::strtod(t.c_str(), &end);
-      if (!t.empty() && end == t.c_str() + t.size()) return Value::floating(d);
-    }
+    if (v.kind == Kind::string)
+      if (const auto d = py_float(v.s)) return Value::floating(*d);
     const Value* dflt = arg(0, "default");
     return dflt ? *dflt : Value::floating(0.0);
   }
