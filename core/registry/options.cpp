@@ -56,6 +56,7 @@ std::string Options::get_string(const std::string& key, const std::string& fallb
   auto it = values_.find(key);
   if (it == values_.end()) return fallback;
   used_.insert(key);
+  DEW_USAGE_CHECK(!flags_.count(key), "option ", where(context_, key), " needs a value");
   return it->second;
 }
 
@@ -64,6 +65,7 @@ std::string Options::require_string(const std::string& key) const {
   auto it = values_.find(key);
   DEW_USAGE_CHECK(it != values_.end(), "missing required option ", where(context_, key));
   used_.insert(key);
+  DEW_USAGE_CHECK(!flags_.count(key), "option ", where(context_, key), " needs a value");
   return it->second;
 }
 
@@ -91,6 +93,10 @@ double Options::get_double(const std::string& key, double fallback) const {
 
 bool Options::get_bool(const std::string& key, bool fallback) const {
   if (!has(key)) return fallback;
+  if (flags_.count(key)) {  // "--echo" alone
+    used_.insert(key);
+    return true;
+  }
   std::string s = trim(get_string(key, ""));
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   if (s == "true" || s == "1" || s == "yes" || s == "on") return true;

@@ -140,6 +140,10 @@ expect "an out-of-range id late in val.bin" 1 "holds the id 60000" "$bin/dew-run
 no_ckpt "$work/r-ids" "out-of-range id in val.bin"
 "$bin/dew-run" train --config "$work/lm.ini" --run-dir "$work/lm" >/dev/null 2>&1 || fail "training the lm run"
 expect "sample --max_new_tokens 99999999999" 2 "max_new_tokens must be in [0, 16777216]" "$bin/dew-run" sample --run-dir "$work/lm" --max_new_tokens 99999999999
+# a text key without its value is refused (it sampled from the prompt "true")
+expect "sample --prompt without a value" 2 "option 'sample.prompt' needs a value" "$bin/dew-run" sample --run-dir "$work/lm" --prompt
+# stray positional arguments are refused, not ignored
+expect "export with a stray argument" 2 "too many positional options" "$bin/dew-run" export --run-dir "$work/lm" --out "$work/lm-export" extra
 
 # an override config.ini could not read back as given (found by fuzz/config_ini.cpp): refused, not mangled
 expect "an override value with ' #'" 2 "would be read back from config.ini as a comment" "$bin/dew-run" train --config "$tiny" --run-dir "$work/r-hash" --data.path "/data/my #1"

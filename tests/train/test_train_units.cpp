@@ -105,6 +105,18 @@ TEST_CASE("keys nobody read are refused by name") {
                        dew::UsageError);
 }
 
+TEST_CASE("a key given as a bare flag: true for get_bool, 'needs a value' for the text getters") {
+  dew::Options o({{"prompt", "x"}}, "sample");
+  o.set_flag("echo");
+  o.set_flag("stop");
+  CHECK(o.get_bool("echo", false));
+  CHECK_THROWS_WITH_AS(o.get_string("stop", ""), doctest::Contains("option 'sample.stop' needs a value"),
+                       dew::UsageError);
+  CHECK_THROWS_WITH_AS(o.get_int("stop", 0), doctest::Contains("needs a value"), dew::UsageError);
+  CHECK(o.get_string("prompt", "") == "x");
+  o.check_all_used();
+}
+
 TEST_CASE("LR schedules: warm-up, cosine to min_lr, linear decay, constant") {
   dew::Options cos({{"name", "cosine"}, {"warmup_steps", "10"}, {"min_lr", "0.1"}}, "schedule");
   auto f = dew::make_schedule(cos, 1.0, 110);

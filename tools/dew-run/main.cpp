@@ -224,8 +224,10 @@ void add_run_args(po::options_description& d, RunArgs& r) {
 }
 
 // Parses the run arguments of eval/sample and collects every other --key value pair as the objective's
-// request (--max-new-tokens and --max_new_tokens both name the key max_new_tokens).
-std::map<std::string, std::string> parse_run_request(const std::vector<std::string>& raw, po::options_description& d) {
+// request (--max-new-tokens and --max_new_tokens both name the key max_new_tokens); a key without a value is a
+// flag (Options::set_flag): true for a boolean key, refused ("needs a value") by any other.
+dew::Options parse_run_request(const std::vector<std::string>& raw, po::options_description& d,
+                               const std::string& context) {
   // No prefix guessing: the objective's keys must not be taken for abbreviations of the run arguments
   // (`--n 2` would otherwise become --no-ema and leave a stray "2").
   auto parsed = po::command_line_parser(raw)
@@ -236,7 +238,7 @@ std::map<std::string, std::string> parse_run_request(const std::vector<std::stri
   po::variables_map vm;
   po::store(parsed, vm);
   po::notify(vm);
-  std::map<std::string, std::string> request;
+  dew::Options request({}, context);
   const auto rest = po::collect_unrecognized(parsed.options, po::include_positional);
   auto key_of = [](std::string k) {
     for (char& ch : k)
@@ -248,9 +250,11 @@ std::map<std::string, std::string> parse_run_request(const std::vector<std::stri
     const std::string key = rest[i].substr(2);
     const auto eq = key.find('=');
     if (eq != std::string::npos)
-      request[key_of(key.substr(0, eq))] = key.substr(eq + 1);
+      request.set(key_of(key.substr(0, eq)), key.substr(eq + 1));
+    else if (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0)
+      request.set(key_of(key), rest[++i]);
     else
-      request[key_of(key)] = (i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0) ? rest[++i] : "true";
+      request.set_flag(key_of(key));  // a bare flag: true for a boolean key, "needs a value" for any other
   }
   return request;
 }
@@ -262,9 +266,8 @@ int cmd_eval(const std::vector<std::string>& raw) {
   add_run_args(d, r);
   add_weights_arg(d, r);
   if (print_help(raw, d, "Other --key value pairs go to the run's objective (e.g. --samples N, --task T).\n")) return 0;
-  auto request = parse_run_request(raw, d);
+  dew::Options req = parse_run_request(raw, d, "eval");
   load_plugins(r.common);
-  dew::Options req(request, "eval");
   apply_run_args(r);
   const auto metrics = dew::evaluate(r.run_dir, r.step, !r.no_ema, r.backend, req);
   std::cout << "{";
@@ -282,9 +285,8 @@ int cmd_sample(const std::vector<std::string>& raw) {
   add_weights_arg(d, r);
   if (print_help(raw, d, "Other --key value pairs go to the run's objective's sampler (e.g. --prompt, --max_new_tokens).\n"))
     return 0;
-  auto request = parse_run_request(raw, d);
+  dew::Options req = parse_run_request(raw, d, "sample");
   load_plugins(r.common);
-  dew::Options req(request, "sample");
   apply_run_args(r);
   dew::sample(r.run_dir, r.step, !r.no_ema, r.backend, req);
   req.check_all_used();

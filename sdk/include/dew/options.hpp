@@ -28,6 +28,12 @@ class Options {
   bool has(const std::string& key) const;
   void set(const std::string& key, std::string value) { values_[key] = std::move(value); }
   void erase(const std::string& key) { values_.erase(key); }
+  // A key given on the command line as a bare flag ("--echo"): it reads as true through get_bool, and the
+  // text getters refuse it ("needs a value") instead of reading the word "true".
+  void set_flag(const std::string& key) {
+    values_[key] = "true";
+    flags_.insert(key);
+  }
 
   std::string get_string(const std::string& key, const std::string& fallback) const;
   std::string require_string(const std::string& key) const;
@@ -51,6 +57,7 @@ class Options {
   std::string context_;  // e.g. "[model]" for error messages
   mutable std::set<std::string> used_;
   mutable std::set<std::string> asked_;  // every key looked for (has() and the getters), present or not
+  std::set<std::string> flags_;          // keys given as bare flags (set_flag)
 };
 
 }  // namespace dew
