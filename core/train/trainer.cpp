@@ -46,6 +46,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -377,11 +378,17 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   DEW_USAGE_CHECK(lr > 0, "option 'optim.lr' must be positive");
   DEW_USAGE_CHECK(clip_ >= 0, "option 'optim.clip_grad_norm' must be >= 0");
   optimizer_ = make_optimizer(optim_section, optimized);
-  DEW_USAGE_CHECK(!(optimizer_->qk_clip_tau() > 0) || run_.frozen().empty(),
-                  "optim.name = ", optim_section.get_string("name", ""),
-                  ": QK-Clip rescales the attention's q and k weights, which ",
-                  run_.fine_tuning.lora_paths.empty() ? "optim.freeze" : "[lora]",
-                  " keeps frozen; use muon (or adamw) for fine-tuning");
+  if (optimizer_->qk_clip_tau() > 0) {  // QK-Clip rescales q / k weights: they must be trained
+    bool qk_frozen = !run_.fine_tuning.lora_paths.empty();
+    for (const auto& [n, t] : run_.frozen())
+      for (const char* w : {"q_proj.weight", "k_proj.weight", "qkv.weight"})
+        qk_frozen = qk_frozen ||
+                    (n.size() >= std::strlen(w) && n.compare(n.size() - std::strlen(w), std::string::npos, w) == 0);
+    DEW_USAGE_CHECK(!qk_frozen, "optim.name = ", optim_section.get_string("name", ""),
+                    ": QK-Clip rescales the attention's q and k weights, which ",
+                    run_.fine_tuning.lora_paths.empty() ? "optim.freeze" : "[lora]",
+                    " keeps frozen; use muon (or adamw) for fine-tuning");
+  }
   // QK-Clip sees every trained block (the same sites on every rank) and rescales the tensors this rank owns.
   qk_clip_ = std::make_unique<QkClipStage>(optimizer_->qk_clip_tau(), run_.params, optimized);
   schedule_ = make_schedule(config.section("schedule"), lr, o_.steps);
