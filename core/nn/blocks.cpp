@@ -29,7 +29,9 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, Init weight_init, Init bi
 }
 Tensor Linear::forward(const Tensor& x, Activation act) const {
   if (!has_lora()) return linear(x, weight, bias, act);
-  const Tensor y = add(linear(x, weight, bias), scale(linear(linear(x, lora_a), lora_b), lora_scale));
+  // s applied to the [rows, r] product (a scale keeps its input for the backward), and the base and adapter
+  // products summed under one node (linear_sum): the backward keeps x and the [rows, r] product only.
+  const Tensor y = linear_sum(x, weight, bias, scale(linear(x, lora_a), lora_scale), lora_b);
   return act == Activation::none ? y : activation(y, act);
 }
 

@@ -263,4 +263,49 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   return linear_of(lower_operand(x), lower_operand(w), lower_operand(bias), act, LinearGraph{x, w, bias});
 }
 
+// The two products summed into one output under one node: its backward keeps x and h (and the weights),
+// never a [rows, out] product (add() of two linear() calls keeps both products alive until the backward).
+Tensor linear_sum(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& h, const Tensor& v) {
+  const Tensor lx = lower_operand(x), lw = lower_operand(w), lb = lower_operand(bias), lh = lower_operand(h),
+               lv = lower_operand(v);
+  DEW_CHECK(x.ndim() >= 1 && w.ndim() == 2 && x.shape().back() == w.shape()[1], "linear_sum: input ",
+            shape_str(x.shape()), " does not match weight ", shape_str(w.shape()));
+  DEW_CHECK(h.ndim() == x.ndim() && v.ndim() == 2 && h.shape().back() == v.shape()[1] && v.shape()[0] == w.shape()[0],
+            "linear_sum: the second product's input ", shape_str(h.shape()), " and weight ", shape_str(v.shape()),
+            " do not match the first's ", shape_str(x.shape()), ", ", shape_str(w.shape()));
+  DEW_CHECK(x.numel() / x.shape().back() == h.numel() / h.shape().back(), "linear_sum: ", shape_str(x.shape()), " and ",
+            shape_str(h.shape()), " have different rows");
+  Shape out_shape = x.shape();
+  out_shape.back() = w.shape()[0];
+  const Tensor x2 = reshape(lx.detach(), {-1, x.shape().back()}), h2 = reshape(lh.detach(), {-1, h.shape().back()});
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = reshape(add(matmul_raw(x2, lw.detach(), false, true, lb.defined() ? lb.detach() : Tensor(), Activation::none),
+                      matmul_raw(h2, lv.detach(), false, true, Tensor(), Activation::none)),
+                  out_shape);
+  }
+  if (needs_grad({&x, &w, &bias, &h, &v})) {
+    const Tensor wd = lw.detach(), vd = lv.detach();
+    const bool gx = needs_grad({&x}), gw = needs_grad({&w}), gb = needs_grad({&bias}), gh = needs_grad({&h}),
+               gv = needs_grad({&v});
+    const DType tx = x.dtype(), tw = w.dtype(), tb = gb ? bias.dtype() : w.dtype(), th = h.dtype(), tv = v.dtype();
+    const Shape xs = x.shape(), hs = h.shape();
+    record(
+        out, {x, w, bias, h, v},
+        [x2, h2, wd, vd, xs, hs, gx, gw, gb, gh, gv, tx, tw, tb, th, tv](const Tensor& g) {
+          const Tensor g2 = reshape(g, {-1, g.shape().back()});
+          Tensor dx, dw, db, dh, dv;
+          if (gx) dx = product_gradient(0, g2, wd, false, false, xs, tx);
+          if (gw) dw = product_gradient(1, g2, x2, true, false, wd.shape(), tw);
+          if (gb) db = cast(sum(g2, 0), tb);
+          if (gh) dh = product_gradient(3, g2, vd, false, false, hs, th);
+          if (gv) dv = product_gradient(4, g2, h2, true, false, vd.shape(), tv);
+          return std::vector<Tensor>{dx, dw, db, dh, dv};
+        },
+        "linear_sum");
+  }
+  return out;
+}
+
 }  // namespace dew

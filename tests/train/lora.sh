@@ -8,7 +8,8 @@
 #   - export writes the base names only, each adapted weight = W + (alpha / r) B A from the checkpoint;
 #   - an HF export of the LoRA run, imported again, samples the same text as the LoRA run itself (inference
 #     runs the merged model);
-#   - a resumed LoRA run (3 + 3 updates) equals the straight one bit for bit;
+#   - a resumed LoRA run (3 + 3 updates) equals the straight one bit for bit; under bf16-mixed with recomputed
+#     blocks the frozen f32 weights stay as they were;
 #   - optim.freeze keeps the embedding bit-identical while the rest trains; muonclip and jepa are refused
 #     with [lora].
 set -euo pipefail
@@ -77,6 +78,17 @@ run "${common[@]}" --run-dir "$work/paused" --trainer.steps 6 --trainer.stop_at 
 run train --run-dir "$work/paused" --resume
 "$PYTHON" "$here/../dist/compare_checkpoints.py" "$work/paused/checkpoints/step-00000006.h5" \
   "$work/lora/checkpoints/step-00000006.h5" 0
+# Under bf16-mixed with recomputed blocks (the adapter's products lowered, its gradients widened to f32).
+run "${common[@]}" --run-dir "$work/bf16" --trainer.steps 2 "${lora[@]}" --run.precision bf16-mixed --trainer.recompute blocks
+"$PYTHON" - "$work/base/checkpoints/step-00000006.h5" "$work/bf16/checkpoints/step-00000002.h5" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
+    names = []
+    a["params"].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    moved = [n for n in names if not np.array_equal(a["params"][n][()], b["params"][n][()])]
+    assert moved and all("norm" in n for n in moved), moved  # only the trained norms moved
+print("bf16-mixed LoRA: the frozen f32 weights unchanged")
+PY
 # Plain freezing: the embedding stays, the rest trains.
 run "${common[@]}" --run-dir "$work/frozen" --trainer.steps 3 --trainer.init_from "$work/base" \
   --optim.freeze "model.embed_tokens.*"
