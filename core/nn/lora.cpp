@@ -4,8 +4,6 @@
 // adapter's product folded into W); nothing here depends on the backbone beyond nn::Linear.
 #include "dew/lora.hpp"
 
-#include <fnmatch.h>
-
 #include <cmath>
 #include <set>
 #include <tuple>
@@ -16,12 +14,6 @@
 namespace dew {
 
 namespace {
-
-bool matches_any(const std::string& name, const std::vector<std::string>& patterns) {
-  for (const std::string& p : patterns)
-    if (fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
-  return false;
-}
 
 bool in_head(const std::string& path) { return path.find("head") != std::string::npos; }
 
@@ -58,7 +50,7 @@ std::vector<std::string> attach_lora(nn::Module& model, const LoraOptions& o, ui
   std::vector<std::string> all, adapted;
   for (const auto& [path, l] : linears) all.push_back(path);
   for (const auto& [path, l] : linears) {
-    const bool wanted = o.targets.empty() ? !in_head(path) : matches_any(path, o.targets);
+    const bool wanted = o.targets.empty() ? !in_head(path) : matches_any_glob(path, o.targets);
     if (!wanted) continue;
     DEW_USAGE_CHECK(!in_head(path), "option 'lora.targets': '", path,
                     "' is a head; LoRA adapts the layers inside the model (a fused loss head reads its weight "
@@ -100,13 +92,14 @@ std::pair<NamedTensors, NamedTensors> split_frozen(const NamedTensors& params, c
   const std::vector<std::string>& globs = lora.rank > 0 ? lora.train : freeze;
   for (const std::string& g : globs) {
     bool hit = false;
-    for (const std::string& n : names) hit = hit || fnmatch(g.c_str(), n.c_str(), 0) == 0;
+    for (const std::string& n : names) hit = hit || matches_any_glob(n, {g});
     DEW_USAGE_CHECK(hit, "option '", lora.rank > 0 ? "lora.train" : "optim.freeze", "': '", g,
                     "' matches no parameter: ", some(names));
   }
   NamedTensors trained, frozen;
   for (const auto& [n, t] : params) {
-    const bool train = lora.rank > 0 ? is_lora_parameter(n) || matches_any(n, lora.train) : !matches_any(n, freeze);
+    const bool train =
+        lora.rank > 0 ? is_lora_parameter(n) || matches_any_glob(n, lora.train) : !matches_any_glob(n, freeze);
     (train ? trained : frozen).emplace_back(n, t);
   }
   DEW_USAGE_CHECK(!trained.empty(), "option 'optim.freeze' freezes every parameter: nothing is left to train");

@@ -1,6 +1,8 @@
 // core/registry/options.cpp — typed access to a component's string options, with used-key tracking.
 #include "dew/options.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -45,6 +47,12 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 }  // namespace
+
+bool matches_any_glob(const std::string& name, const std::vector<std::string>& globs) {
+  for (const std::string& g : globs)
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  return false;
+}
 
 bool Options::has(const std::string& key) const {
   asked_.insert(key);

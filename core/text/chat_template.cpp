@@ -2255,6 +2255,15 @@ Value attribute_of(Renderer& r, const Value& item, const std::string& path, int 
 
 Value Renderer::apply_filter(const std::string& name, const Value& v, const Args& a, int line, Scope& s) {
   auto arg = [&](size_t pos, const char* n) -> const Value* { return a.get(pos, n); };
+  // sort's and unique's key: the item (or its `attribute`), strings lower-cased unless case_sensitive.
+  auto sort_key = [this](const Value* case_sensitive, const Value* attribute, int at) {
+    const bool keep_case = case_sensitive && truthy(*case_sensitive);
+    return [this, keep_case, attribute, at](const Value& x) {
+      Value k = attribute ? attribute_of(*this, x, to_str(*attribute), at) : x;
+      if (!keep_case && k.kind == Kind::string) k.s = ascii_map(k.s, ::tolower);
+      return k;
+    };
+  };
   auto need_iterable = [&](const Value& x) -> List {
     if (x.is_undefined()) undefined_error(x, line);
     return iterate(x, line);
@@ -2367,13 +2376,7 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     List items = need_iterable(v);
     const Value* rev = arg(0, "reverse");
     const Value* attr = arg(2, "attribute");
-    const Value* cs = arg(1, "case_sensitive");
-    const bool case_sensitive = cs && truthy(*cs);
-    auto key = [&](const Value& x) {
-      Value k = attr ? attribute_of(*this, x, to_str(*attr), line) : x;
-      if (!case_sensitive && k.kind == Kind::string) k.s = ascii_map(k.s, ::tolower);
-      return k;
-    };
+    const auto key = sort_key(arg(1, "case_sensitive"), attr, line);
     std::stable_sort(items.begin(), items.end(),
                      [&](const Value& x, const Value& y) { return compare(key(x), key(y), line, "<") < 0; });
     if (rev && truthy(*rev)) {
@@ -2384,14 +2387,7 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, const Args
     return Value::make_list(items);
   }
   if (name == "unique") {  // unique(case_sensitive=false, attribute=none): the first of each key, in order
-    const Value* cs = arg(0, "case_sensitive");
-    const Value* attr = arg(1, "attribute");
-    const bool case_sensitive = cs && truthy(*cs);
-    auto key = [&](const Value& x) {
-      Value k = attr ? attribute_of(*this, x, to_str(*attr), line) : x;
-      if (!case_sensitive && k.kind == Kind::string) k.s = ascii_map(k.s, ::tolower);
-      return k;
-    };
+    const auto key = sort_key(arg(0, "case_sensitive"), arg(1, "attribute"), line);
     List out, keys;
     for (const Value& x : need_iterable(v)) {
       const Value k = key(x);

@@ -5,8 +5,6 @@
 // and on resume); the EMA and the norm change nothing but their own outputs.
 #include "dew/optim.hpp"
 
-#include <fnmatch.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -23,12 +21,6 @@
 namespace dew {
 
 namespace {
-
-bool matches_any(const std::string& name, const std::vector<std::string>& patterns) {
-  for (const std::string& p : patterns)
-    if (fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
-  return false;
-}
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -113,7 +105,7 @@ std::vector<OptimParam> optim_params(const Options& o, const NamedTensors& param
     p.tensor = t;
     p.role = param_role(name, t.shape());
     for (const auto& [role, patterns] : overrides)
-      if (matches_any(name, patterns)) {
+      if (matches_any_glob(name, patterns)) {
         p.role = role;
         break;
       }

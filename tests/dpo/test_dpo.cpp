@@ -165,6 +165,19 @@ std::string write_pairs(const fs::path& dir, bool with_ref) {
   return p.string();
 }
 
+// 160 pairs: prompt "say W:" for a random word W; chosen " W!", rejected " W?".
+fs::path write_synthetic_pairs(const fs::path& dir) {
+  const fs::path pairs = dir / "synthetic.jsonl";
+  std::mt19937 rng(7);
+  std::ofstream out(pairs);
+  for (int i = 0; i < 160; ++i) {
+    std::string w;
+    for (int k = 0, n = 2 + int(rng() % 5); k < n; ++k) w += char('a' + rng() % 26);
+    out << "{\"prompt\": \"say " << w << ":\", \"chosen\": \" " << w << "!\", \"rejected\": \" " << w << "?\"}\n";
+  }
+  return pairs;
+}
+
 std::shared_ptr<dew::Objective> build_dpo(dew::Config& cfg, const dew::DataSource& src) {
   auto obj = dew::Registry::global().create<dew::Objective>("dpo", cfg.section("objective"));
   dew::ObjectiveContext ctx{&cfg, ref(), 5, &src};
@@ -363,17 +376,7 @@ TEST_CASE("dpo training raises the reward accuracy above 0.9 on a synthetic pref
   ref();
   TempDir d("train");
   const std::string bytes = byte_folder(d.path);
-  const fs::path pairs = d.path / "synthetic.jsonl";
-  {
-    // Prompt: a random word; chosen: the word, then "!"; rejected: the word, then "?".
-    std::mt19937 rng(7);
-    std::ofstream out(pairs);
-    for (int i = 0; i < 160; ++i) {
-      std::string w;
-      for (int k = 0, n = 2 + int(rng() % 5); k < n; ++k) w += char('a' + rng() % 26);
-      out << "{\"prompt\": \"say " << w << ":\", \"chosen\": \" " << w << "!\", \"rejected\": \" " << w << "?\"}\n";
-    }
-  }
+  const fs::path pairs = write_synthetic_pairs(d.path);
   dew::Config cfg = dew::Config::parse_ini(
       "[run]\nname = dpo-synthetic\nbackend = cpu\nseed = 2\n"
       "[model]\nplugin = causal_transformer\ndim = 32\nn_layers = 1\nn_heads = 2\n"
@@ -399,16 +402,7 @@ TEST_CASE("dpo with LoRA adapters: the reference is the base model, which stays 
   ref();
   TempDir d("lora");
   const std::string bytes = byte_folder(d.path);
-  const fs::path pairs = d.path / "synthetic.jsonl";
-  {
-    std::mt19937 rng(7);
-    std::ofstream out(pairs);
-    for (int i = 0; i < 160; ++i) {
-      std::string w;
-      for (int k = 0, n = 2 + int(rng() % 5); k < n; ++k) w += char('a' + rng() % 26);
-      out << "{\"prompt\": \"say " << w << ":\", \"chosen\": \" " << w << "!\", \"rejected\": \" " << w << "?\"}\n";
-    }
-  }
+  const fs::path pairs = write_synthetic_pairs(d.path);
   dew::Config cfg = dew::Config::parse_ini(
       "[run]\nname = dpo-lora\nbackend = cpu\nseed = 2\n"
       "[model]\nplugin = causal_transformer\ndim = 32\nn_layers = 1\nn_heads = 2\n"

@@ -60,4 +60,8 @@ class Options {
   std::set<std::string> flags_;          // keys given as bare flags (set_flag)
 };
 
+// Whether `name` matches any of the shell-style globs (fnmatch, no flags: '*' matches '.' too), as option values
+// such as optim.roles.<role>, optim.freeze and lora.targets give them.
+bool matches_any_glob(const std::string& name, const std::vector<std::string>& globs);
+
 }  // namespace dew
