@@ -367,14 +367,16 @@ void export_hf(const std::string& run_dir, const std::string& step, bool use_ema
   const std::string data_path = config.section("data").get_string("path", "");
   if (!data_path.empty() && fs::exists(fs::path(data_path) / "tokenizer.json", ec)) {
     fs::copy_file(fs::path(data_path) / "tokenizer.json", out / "tokenizer.json", fs::copy_options::overwrite_existing);
-  } else if (!data_path.empty() && fs::exists(fs::path(data_path) / "meta.json", ec) &&
-             read_token_meta(data_path).tokenizer == "byte") {
+  } else if (!data_path.empty() && fs::exists(fs::path(data_path) / "meta.json", ec)) {
     // Byte tokens (dew-tokenize --tokenizer byte): their tokenizer.json form (GPT-2's byte level without merges),
     // and their document token as the model's eos where the run has no generation config of its own.
-    save_tokenizer_json(*make_byte_tokenizer(), (out / "tokenizer.json").string());
-    const int32_t eos = read_token_meta(data_path).eos_id;
-    if (eos >= 0 && !fs::exists(run / "generation_config.json", ec))
-      write_text_atomic(out / "generation_config.json", "{\n  \"eos_token_id\": " + std::to_string(eos) + "\n}\n");
+    const TokenMeta meta = read_token_meta(data_path);
+    if (meta.tokenizer == "byte") {
+      save_tokenizer_json(*make_byte_tokenizer(), (out / "tokenizer.json").string());
+      if (meta.eos_id >= 0 && !fs::exists(run / "generation_config.json", ec))
+        write_text_atomic(out / "generation_config.json",
+                          "{\n  \"eos_token_id\": " + std::to_string(meta.eos_id) + "\n}\n");
+    }
   }
   for (const char* chat_file : {"tokenizer_config.json", "chat_template.jinja"})  // the chat template an import kept
     if (!data_path.empty() && fs::exists(fs::path(data_path) / chat_file, ec))

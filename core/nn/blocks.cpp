@@ -39,9 +39,9 @@ void Linear::add_lora(int64_t rank, float s, uint64_t seed, const std::string& f
   DEW_CHECK(!has_lora(), "Linear '", full_name, "' already has a LoRA adapter");
   DEW_CHECK(rank > 0, "LoRA rank must be positive, got ", rank);
   const int64_t in = weight.shape()[1], out = weight.shape()[0];
-  lora_a = register_parameter("lora_A.weight", {rank, in}, Init::Uniform(1.0f / std::sqrt(float(in))));
-  init_tensor(lora_a, Init::Uniform(1.0f / std::sqrt(float(in))), seed,
-              philox::stream_of((full_name + ".lora_A.weight").c_str()));
+  const Init a_init = Init::Uniform(1.0f / std::sqrt(float(in)));  // Linear's default, PEFT's kaiming_uniform(a=sqrt 5)
+  lora_a = register_parameter("lora_A.weight", {rank, in}, a_init);
+  init_tensor(lora_a, a_init, seed, philox::stream_of((full_name + ".lora_A.weight").c_str()));
   lora_b = register_parameter("lora_B.weight", {out, rank}, Init::Zeros());
   lora_scale = s;
 }

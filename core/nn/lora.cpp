@@ -76,12 +76,7 @@ int merge_lora(nn::Module& model) {
   return merged;
 }
 
-bool is_lora_parameter(const std::string& name) {
-  auto ends = [&](const std::string& tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  return ends("lora_A.weight") || ends("lora_B.weight");
-}
+bool is_lora_parameter(const std::string& name) { return matches_any_glob(name, {"*lora_A.weight", "*lora_B.weight"}); }
 
 std::pair<NamedTensors, NamedTensors> split_frozen(const NamedTensors& params, const LoraOptions& lora,
                                                    const std::vector<std::string>& freeze) {

@@ -9,9 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <thread>
-#include <tuple>
 
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"

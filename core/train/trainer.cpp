@@ -46,7 +46,6 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -64,6 +63,7 @@
 #include "dew/plugin.h"
 #include "dew/profile.hpp"
 #include "dew/qk_clip.hpp"
+#include "dew/random.hpp"
 #include "dew/train.hpp"
 #include "dist/data_parallel.hpp"
 #include "train/run.hpp"
@@ -381,9 +381,7 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   if (optimizer_->qk_clip_tau() > 0) {  // QK-Clip rescales q / k weights: they must be trained
     bool qk_frozen = !run_.fine_tuning.lora_paths.empty();
     for (const auto& [n, t] : run_.frozen())
-      for (const char* w : {"q_proj.weight", "k_proj.weight", "qkv.weight"})
-        qk_frozen = qk_frozen ||
-                    (n.size() >= std::strlen(w) && n.compare(n.size() - std::strlen(w), std::string::npos, w) == 0);
+      qk_frozen = qk_frozen || matches_any_glob(n, {"*q_proj.weight", "*k_proj.weight", "*qkv.weight"});
     DEW_USAGE_CHECK(!qk_frozen, "optim.name = ", optim_section.get_string("name", ""),
                     ": QK-Clip rescales the attention's q and k weights, which ",
                     run_.fine_tuning.lora_paths.empty() ? "optim.freeze" : "[lora]",
@@ -806,11 +804,9 @@ void Trainer::log_update(const UpdateResult& u) {
 // add a hash of their key names and their count, so ranks that disagree on the keys all stop with the
 // same error instead of adding unlike values (or waiting on a collective of another length).
 std::map<std::string, double> Trainer::sum_over_ranks(const std::map<std::string, double>& sums) {
-  uint32_t hash = 2166136261u;  // FNV-1a over the names, each ended by a 0 byte
-  for (const auto& [key, value] : sums) {
-    for (const char c : key) hash = (hash ^ uint8_t(c)) * 16777619u;
-    hash = hash * 16777619u;
-  }
+  std::string names;
+  for (const auto& [key, value] : sums) names += key + "\n";
+  const uint32_t hash = uint32_t(philox::stream_of(names.c_str()));  // 32 bits: world x hash stays exact in a double
   std::vector<double> shape{double(hash), double(sums.size())};
   dp_->sum(shape);
   DEW_CHECK(shape[0] == double(hash) * run_.world && shape[1] == double(sums.size()) * run_.world,
