@@ -7,6 +7,8 @@
 // add an input's gradient into the sum already gathered for it (accumulation_target) only when nothing else sees
 // that sum, and returns it; the pass then adds nothing for that edge. A backward may write an input's gradient
 // over the values it saved of that input (saved_values_expire) only when nothing else can read them afterwards.
+// Edges name nodes and leaves, never an input's tensor, so the graph holds no values but what closures saved; a
+// non-leaf's pending gradient is keyed by the node that made it (record() makes one node per output tensor).
 #include "dew/autograd.hpp"
 
 #include <unordered_map>
@@ -25,19 +27,23 @@ thread_local bool g_grad_enabled = true;
 
 bool participates(const Tensor& t) { return t.defined() && (t.impl()->requires_grad || t.impl()->grad_fn); }
 
-const std::shared_ptr<Node>& released_node() {
-  static const std::shared_ptr<Node> node = [] {
-    auto n = std::make_shared<Node>();
-    n->name = "released";
-    n->backward = [](const Tensor&) -> std::vector<Tensor> {
-      DEW_CHECK(false,
-                "backward through a graph that a previous backward() already consumed; run the forward "
-                "pass again (each forward supports one backward)");
-      return {};
-    };
-    return n;
-  }();
-  return node;
+// A node the pass has consumed: its closure (and the values it saved) and its edges are dropped, and a second backward
+// through it is refused instead of acting as a leaf. The node object itself stays while its output tensor lives.
+std::vector<Tensor> consumed_backward(const Tensor&) {
+  DEW_CHECK(false,
+            "backward through a graph that a previous backward() already consumed; run the forward "
+            "pass again (each forward supports one backward)");
+  return {};
+}
+void release(Node& node) {
+  node.inputs.clear();
+  node.backward = consumed_backward;
+  node.name = "released";
+}
+
+// The same storage (one control block), without taking a reference to a storage that may be gone.
+bool same_storage(const std::weak_ptr<Storage>& a, const std::shared_ptr<Storage>& b) {
+  return !a.owner_before(b) && !b.owner_before(a);
 }
 }  // namespace
 
@@ -57,21 +63,34 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
 void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward,
             const char* name) {
   auto node = std::make_shared<Node>();
-  for (Tensor& t : inputs)
-    if (!participates(t)) t = Tensor();  // nothing to propagate into: don't keep it alive
-  node->inputs = std::move(inputs);
+  node->inputs.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!participates(t)) continue;  // nothing to propagate into
+    Edge& e = node->inputs[i];
+    const TensorImpl& impl = *t.impl();
+    if (impl.grad_fn)
+      e.producer = impl.grad_fn;
+    else
+      e.leaf = t.impl_ptr();
+    e.shape = impl.shape;
+    e.dtype = impl.dtype;
+    e.backend = t.backend_ptr();
+    e.storage = impl.storage;
+  }
   node->backward = std::move(backward);
   node->name = name;
   out.impl()->grad_fn = std::move(node);
   out.impl()->requires_grad = true;
 }
 
+using PendingGrads = std::unordered_map<const Node*, std::shared_ptr<TensorImpl>>;  // a non-leaf's gradient so far
+
 // accumulation_target's view of the node whose backward is running in this thread (a stack: checkpoint runs a
 // backward inside a backward). `handed[i]` keeps the tensor given out for input i until the backward returns.
 struct TargetContext {
   const Node* node = nullptr;
-  const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>* grads = nullptr;
-  const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>* keep = nullptr;  // the pass's order
+  const PendingGrads* grads = nullptr;
   std::vector<std::shared_ptr<TensorImpl>> handed;
 };
 thread_local TargetContext* g_target_context = nullptr;
@@ -123,19 +142,20 @@ Tensor accumulation_target(size_t i) {
   TargetContext* const c = g_target_context;
   if (!c || i >= c->node->inputs.size()) return Tensor();
   if (c->handed[i]) return Tensor(c->handed[i]);
-  const Tensor& input = c->node->inputs[i];
-  if (!input.defined()) return Tensor();
+  const Edge& input = c->node->inputs[i];
   std::shared_ptr<TensorImpl> sum;
-  if (input.impl()->grad_fn) {
-    const auto it = c->grads->find(input.impl());
+  if (input.producer) {
+    const auto it = c->grads->find(input.producer.get());
     if (it == c->grads->end() || !exclusive(it->second)) return Tensor();
     sum = it->second;
+  } else if (input.leaf) {
+    if (!input.leaf->requires_grad || !input.leaf->grad || !exclusive(input.leaf->grad)) return Tensor();
+    sum = input.leaf->grad;
   } else {
-    if (!input.impl()->requires_grad || !input.impl()->grad || !exclusive(input.impl()->grad)) return Tensor();
-    sum = input.impl()->grad;
+    return Tensor();
   }
   Tensor target(sum);
-  if (target.shape() != input.shape() || target.dtype() != input.dtype() || target.backend_ptr() != input.backend_ptr())
+  if (target.shape() != input.shape || target.dtype() != input.dtype || target.backend_ptr() != input.backend)
     return Tensor();
   c->handed[i] = std::move(sum);
   return target;
@@ -150,13 +170,12 @@ static bool whole_plain(const TensorImpl& t) {
 bool saved_values_expire(size_t i, const Tensor& saved) {
   TargetContext* const c = g_target_context;
   if (!c || i >= c->node->inputs.size() || !saved.defined()) return false;
-  const Tensor& input = c->node->inputs[i];
+  const Edge& input = c->node->inputs[i];
   if (!input.defined()) return false;  // not an edge of the graph: whoever made it may still hold it
-  const std::shared_ptr<TensorImpl>& in = input.impl_ptr();
-  const long held_by_pass = 1 + (c->keep->count(in.get()) ? 1 : 0);  // this node's edge, the order's entry
+  // saved alone holds the storage: the input's tensor is gone (it would hold it too), nothing else kept the values.
   const std::shared_ptr<TensorImpl>& s = saved.impl_ptr();
-  return in.use_count() == held_by_pass && s.use_count() == 1 && whole_plain(*s) && s->storage == in->storage &&
-         s->storage.use_count() == 2 && in->offset == 0;
+  return s.use_count() == 1 && whole_plain(*s) && s->storage.use_count() == 1 &&
+         same_storage(input.storage, s->storage);
 }
 
 bool saved_values_expire(const Tensor& saved) {
@@ -166,15 +185,13 @@ bool saved_values_expire(const Tensor& saved) {
 namespace {
 // Runs a node's backward with accumulation_target (and saved_values_expire) answering for it; `summed[i]` is the tensor
 // handed out for input i (to recognise it among the returned gradients), or null. The references are dropped on return,
-// so the pending sums are exclusive again for the pass's own accumulation.
-std::vector<Tensor> backward_of(const Node& node, const Tensor& g,
-                                const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>& grads,
-                                const std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>>& keep,
+// so the pending sums are exclusive again for the pass's own accumulation. The closure is moved out of the node and
+// destroyed before returning: the values it saved are freed as soon as it has run.
+std::vector<Tensor> backward_of(Node& node, const Tensor& g, const PendingGrads& grads,
                                 std::vector<const TensorImpl*>& summed) {
   TargetContext context;
   context.node = &node;
   context.grads = &grads;
-  context.keep = &keep;
   context.handed.resize(node.inputs.size());
   struct Scope {  // this thread's context while the backward runs, the enclosing one's again after (or on a throw)
     TargetContext* outer;
@@ -183,8 +200,9 @@ std::vector<Tensor> backward_of(const Node& node, const Tensor& g,
   };
   std::vector<Tensor> in_grads;
   {
+    const auto backward = std::exchange(node.backward, consumed_backward);
     Scope scope(&context);
-    in_grads = node.backward(g);
+    in_grads = backward(g);
   }
   summed.assign(node.inputs.size(), nullptr);
   for (size_t i = 0; i < summed.size(); ++i) summed[i] = context.handed[i].get();
@@ -199,81 +217,79 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafReadyHook& o
   DEW_CHECK(seed.shape() == root.shape(), "backward seed shape ", shape_str(seed.shape()),
             " != ", shape_str(root.shape()));
   NoGradGuard no_grad;
+  if (!root.impl()->grad_fn) {  // a leaf root: the caller's seed is copied, never adopted
+    accumulate_leaf(root.impl(), seed.clone());
+    if (on_leaf_ready && root.impl()->requires_grad) on_leaf_ready(root);
+    return;
+  }
 
-  // Reverse topological order over tensors that carry a node (iterative DFS, post-order).
-  std::vector<TensorImpl*> order;
-  std::unordered_set<TensorImpl*> visited;
-  std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> keep;  // keeps impls alive while ordering
-  std::vector<std::pair<TensorImpl*, size_t>> stack;
+  // Reverse topological order over the nodes (iterative DFS, post-order). `order` owns each node until the pass has
+  // run it: consumers drop their edges as they run, and a node whose output tensor is gone has no other owner.
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<const Node*> visited;
+  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
   // ---- leaf-ready hook: incoming edges still to be processed, per leaf that requires a gradient ----
   std::unordered_map<TensorImpl*, int64_t> pending_edges;
-  auto leaf_edge_done = [&](const Tensor& leaf) {
-    auto it = pending_edges.find(leaf.impl());
-    if (it != pending_edges.end() && --it->second == 0) on_leaf_ready(leaf);
+  auto leaf_edge_done = [&](const Edge& edge) {
+    auto it = pending_edges.find(edge.leaf.get());
+    if (it != pending_edges.end() && --it->second == 0) on_leaf_ready(Tensor(edge.leaf));
   };
   // ---- end leaf-ready hook ----
-  auto push = [&](const Tensor& t) {
-    if (!t.defined() || !t.impl()->grad_fn || visited.count(t.impl())) return;
-    visited.insert(t.impl());
-    keep[t.impl()] = t.impl_ptr();
-    stack.push_back({t.impl(), 0});
+  auto push = [&](const std::shared_ptr<Node>& node) {
+    if (!node || !visited.insert(node.get()).second) return;
+    stack.push_back({node, 0});
   };
-  push(root);
+  push(root.impl()->grad_fn);
   while (!stack.empty()) {
-    auto& [impl, next] = stack.back();
-    const auto& inputs = impl->grad_fn->inputs;
-    if (next < inputs.size()) {
-      const Tensor& in = inputs[next++];
-      if (on_leaf_ready && in.defined() && !in.impl()->grad_fn && in.impl()->requires_grad)
-        ++pending_edges[in.impl()];  // leaf-ready hook: one more edge into this leaf
-      push(in);
+    auto& [node, next] = stack.back();
+    if (next < node->inputs.size()) {
+      const Edge& in = node->inputs[next++];
+      if (on_leaf_ready && in.leaf && in.leaf->requires_grad)
+        ++pending_edges[in.leaf.get()];  // leaf-ready hook: one more edge into this leaf
+      push(in.producer);
     } else {
-      order.push_back(impl);
+      order.push_back(std::move(node));
       stack.pop_back();
     }
   }
 
-  std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> grads;
-  grads[root.impl()] = seed.impl_ptr();
-  if (!root.impl()->grad_fn) {  // a leaf root
-    accumulate_leaf(root.impl(), seed);
-    if (on_leaf_ready && root.impl()->requires_grad) on_leaf_ready(root);
-    return;
-  }
+  PendingGrads grads;
+  grads[root.impl()->grad_fn.get()] = seed.impl_ptr();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    TensorImpl* impl = *it;
-    auto git = grads.find(impl);
-    // Release the graph as it goes; what was consumed refuses a second backward instead of acting as a leaf.
-    std::shared_ptr<Node> node = std::exchange(impl->grad_fn, released_node());
+    const std::shared_ptr<Node> node = std::move(*it);  // freed at the end of this iteration unless a tensor holds it
+    auto git = grads.find(node.get());
     if (git == grads.end()) {  // no gradient flowed here
       if (on_leaf_ready)       // leaf-ready hook: these edges are done too
-        for (const Tensor& input : node->inputs)
-          if (input.defined() && !input.impl()->grad_fn) leaf_edge_done(input);
+        for (const Edge& input : node->inputs)
+          if (input.leaf) leaf_edge_done(input);
+      release(*node);
       continue;
     }
     Tensor g(git->second);
     grads.erase(git);
     std::vector<const TensorImpl*> summed;
-    std::vector<Tensor> in_grads = backward_of(*node, g, grads, keep, summed);
+    std::vector<Tensor> in_grads = backward_of(*node, g, grads, summed);
+    g = Tensor();
     DEW_INTERNAL_ASSERT(in_grads.size() == node->inputs.size());
     for (size_t i = 0; i < in_grads.size(); ++i) {
-      const Tensor& input = node->inputs[i];
+      const Edge& input = node->inputs[i];
       if (!input.defined()) continue;
       if (!in_grads[i].defined()) {
-        if (on_leaf_ready && !input.impl()->grad_fn) leaf_edge_done(input);  // leaf-ready hook
+        if (on_leaf_ready && input.leaf) leaf_edge_done(input);  // leaf-ready hook
         continue;
       }
-      DEW_CHECK(in_grads[i].shape() == input.shape(), "internal error: ", node->name, " produced a gradient of shape ",
-                shape_str(in_grads[i].shape()), " for an input of shape ", shape_str(input.shape()));
+      DEW_CHECK(in_grads[i].shape() == input.shape, "internal error: ", node->name, " produced a gradient of shape ",
+                shape_str(in_grads[i].shape()), " for an input of shape ", shape_str(input.shape));
       if (in_grads[i].impl() == summed[i]) {  // the backward added it into the pending sum (accumulation_target)
-        if (on_leaf_ready && !input.impl()->grad_fn) leaf_edge_done(input);  // leaf-ready hook
-      } else if (input.impl()->grad_fn) {
-        accumulate(grads[input.impl()], in_grads[i]);
-      } else if (input.impl()->requires_grad) {
-        accumulate_leaf(input.impl(), in_grads[i]);
+        if (on_leaf_ready && input.leaf) leaf_edge_done(input);  // leaf-ready hook
+      } else if (input.producer) {
+        accumulate(grads[input.producer.get()], in_grads[i]);
+      } else if (input.leaf->requires_grad) {
+        accumulate_leaf(input.leaf.get(), in_grads[i]);
         if (on_leaf_ready) leaf_edge_done(input);  // leaf-ready hook
       }
     }
+    release(*node);
   }
 }
 

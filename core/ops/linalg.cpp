@@ -263,8 +263,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   return linear_of(lower_operand(x), lower_operand(w), lower_operand(bias), act, LinearGraph{x, w, bias});
 }
 
-// The two products summed into one output under one node: its backward keeps x and h (and the weights),
-// never a [rows, out] product (add() of two linear() calls keeps both products alive until the backward).
+// The two products summed into one output under one node (add() of two linear() calls records three): its backward
+// keeps x and h (and the weights), never a [rows, out] product.
 Tensor linear_sum(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& h, const Tensor& v) {
   const Tensor lx = lower_operand(x), lw = lower_operand(w), lb = lower_operand(bias), lh = lower_operand(h),
                lv = lower_operand(v);

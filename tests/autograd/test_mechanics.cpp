@@ -1,7 +1,8 @@
 // tests/autograd/test_mechanics.cpp — the autograd machinery itself: accumulation, reuse, no_grad, errors,
 // zero_grad, detach and gradient aliasing, gradients summed in place (accumulation_target), gradients written over
-// saved values that expire (saved_values_expire), the profiler's record of the products. Values are exact (small
-// integers and powers of two in f64), or compared bit for bit against the same computation done apart.
+// saved values that expire (saved_values_expire), which values the graph keeps and when the backward frees them, the
+// profiler's record of the products. Values are exact (small integers and powers of two in f64), or compared bit for
+// bit against the same computation done apart.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <map>
 
@@ -406,6 +407,66 @@ TEST_CASE("saved_values_expire: only values no op, caller or view can read after
     CHECK_FALSE(p2.expire);
     check_values(c.grad(), {2, -4, 0}, 0, "2 c on the slice");
   }
+}
+
+namespace {
+// out = x (a copy) whose backward records, when it runs, which of `watched` storages are still alive (the list is
+// read then, by reference).
+Tensor watcher(const Tensor& x, const std::vector<std::weak_ptr<dew::Storage>>& watched, std::vector<bool>& alive) {
+  Tensor out = x.detach() * 1.0f;
+  dew::record(
+      out, {x},
+      [&watched, &alive](const Tensor& g) {
+        alive.clear();
+        for (const auto& w : watched) alive.push_back(!w.expired());
+        return std::vector<Tensor>{g};
+      },
+      "watcher");
+  return out;
+}
+}  // namespace
+
+TEST_CASE("the graph keeps only the values its backwards saved, and the backward frees them as it goes") {
+  // y is read only by add, whose backward reads no values: once the caller drops y, its storage is gone, and the
+  // gradients are the same.
+  Tensor a = leaf({1, -2}, {2}), b = leaf({4, 5}, {2});
+  Tensor y = a * 3.0f;
+  const std::weak_ptr<dew::Storage> y_values = y.impl()->storage;
+  Tensor z = y + b;
+  y = Tensor();
+  CHECK(y_values.expired());
+  // mul keeps what its backward reads: z (the other factor's gradient needs it), held by the graph alone
+  Tensor c = leaf({2, 2}, {2});
+  const std::weak_ptr<dew::Storage> z_values = z.impl()->storage;
+  Tensor l = dew::sum(z * c);
+  z = Tensor();
+  CHECK_FALSE(z_values.expired());
+  l.backward();
+  CHECK(z_values.expired());  // freed with mul's node once its backward ran
+  check_values(a.grad(), {6, 6}, 0, "3 c");
+  check_values(b.grad(), {2, 2}, 0, "c");
+  check_values(c.grad(), {7, -1}, 0, "3 a + b");
+
+  // A chain x -> p (the watcher) -> q = 2 p -> u = q q -> v = u u: when the watcher's backward runs (last), the
+  // values the upper backwards saved (q's, u's) are gone, though those tensors were inputs of nodes of the graph.
+  Tensor x = leaf({1, -2}, {2});
+  std::vector<bool> alive;
+  std::vector<std::weak_ptr<dew::Storage>> watched;
+  {
+    Tensor q = watcher(x, watched, alive) * 2.0f;
+    watched.push_back(q.impl()->storage);
+    Tensor u = q * q;
+    watched.push_back(u.impl()->storage);
+    Tensor l = dew::sum(u * u);
+    q = u = Tensor();
+    CHECK_FALSE(watched[0].expired());  // saved by q * q's backward
+    CHECK_FALSE(watched[1].expired());  // saved by u * u's backward
+    l.backward();
+  }
+  REQUIRE(alive.size() == 2);
+  CHECK_FALSE(alive[0]);
+  CHECK_FALSE(alive[1]);
+  check_values(x.grad(), {64, -512}, 0, "d(2x)^4/dx = 64 x^3");
 }
 
 TEST_CASE("elementwise backwards over their inputs' values: the gradients of fresh buffers, bit for bit") {

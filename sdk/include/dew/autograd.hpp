@@ -1,11 +1,17 @@
 // dew/autograd.hpp — reverse-mode automatic differentiation.
 //
 // Each differentiable op (dew/ops.hpp) calls forward kernels and, when any input requires a gradient
-// and grad mode is on, attaches to its output a Node: the inputs it needs gradients for and a backward
-// closure that calls backward kernels. Tensor::backward() orders the graph reachable from the root
+// and grad mode is on, attaches to its output a Node: an edge per input it needs a gradient for and a
+// backward closure that calls backward kernels. Tensor::backward() orders the graph reachable from the root
 // (reverse topological order, the "tape"), runs each closure once, and accumulates (+=) into the .grad
 // of leaf tensors that require gradients. The graph is freed as it is consumed. no_grad scopes
 // (sampling, evaluation, optimizer updates) record nothing.
+//
+// What stays alive: an edge names where an input's gradient goes (the node that made the input, or the leaf), never
+// the input's values, so an intermediate is freed as soon as nothing but the graph refers to it unless a backward
+// closure saved it (as PyTorch's graph keeps only its saved tensors): the output of a product that only an add
+// reads, for instance, is gone when the forward moves on. The backward pass frees each closure's saved values as it
+// runs it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,9 +23,22 @@
 
 namespace dew {
 
+struct Node;
+
+// One input of a node, as the backward pass needs it: where its gradient goes and what it must look like.
+struct Edge {
+  std::shared_ptr<Node> producer;    // a non-leaf input: the node that made it (its gradient is gathered there)
+  std::shared_ptr<TensorImpl> leaf;  // else a leaf that requires a gradient: its .grad is accumulated
+  Shape shape;                       // the input's shape, dtype and backend: its gradient's
+  DType dtype = DType::f32;
+  BackendPtr backend;
+  std::weak_ptr<Storage> storage;  // the input's storage, not kept: to recognise what a backward saved of it
+  bool defined() const { return producer || leaf; }
+};
+
 struct Node {
-  // The inputs whose gradients this node computes (entries may be undefined for inputs without grad).
-  std::vector<Tensor> inputs;
+  // One edge per input (undefined for inputs without grad), in the order the op listed its inputs.
+  std::vector<Edge> inputs;
   // Given the gradient of the output, returns one gradient per input (undefined where none is needed).
   std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
   const char* name = "op";
@@ -55,7 +74,9 @@ class EnableGradGuard {
 // True when an op with these inputs must record a node.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 
-// Attaches a node to `out`: used by ops (and by plugins defining their own differentiable ops).
+// Attaches a node to `out`: used by ops (and by plugins defining their own differentiable ops). `inputs` are the
+// op's inputs (the node keeps an edge for each that takes part in the graph, not their values); what the backward
+// reads of them it captures itself, detached (x.detach()), so that the graph keeps those values and no others.
 void record(Tensor& out, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward,
             const char* name);
 
@@ -77,9 +98,8 @@ Tensor accumulation_target(size_t input);
 // Inside a node's backward: true when `saved`, what the backward kept of its input `input` (that input's detach),
 // holds values nothing can read after this backward, so the backward may write that input's gradient over them
 // (an elementwise backward whose kernel allows it in place: the gated activation's dgate over gate). That is when
-// saved's storage is held only by saved and by the input's tensor, the input's tensor only by the pass itself (this
-// node's edge, and the pass's order while it has a node), and saved only by the caller: no other op kept it, no
-// caller holds it, it is no view of a larger buffer. False outside a backward.
+// saved covers all of the input's storage and is its one holder (the input's tensor is gone, no other op kept the
+// values, no caller holds them), and the caller holds saved alone. False outside a backward.
 bool saved_values_expire(size_t input, const Tensor& saved);
 // The same for a tensor the node made itself in its forward and gave no one (a pre-activation it kept): true when
 // saved is its storage's one holder and covers all of it. False outside a backward.

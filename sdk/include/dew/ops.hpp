@@ -90,8 +90,9 @@ Tensor argmax(const Tensor& x);                                // last axis -> i
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // x [..., in] @ w[out, in]^T + bias[out] (the Hugging Face / PyTorch Linear layout), activation fused.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {}, Activation act = Activation::none);
-// linear(x, w, bias) + linear(h, v) in one output and one node (a LoRA layer: h = s x A^T, v = B): the
-// backward keeps x and h, not the two [rows, out] products. x and h have the same rows.
+// linear(x, w, bias) + linear(h, v) in one output and one node (a LoRA layer: h = s x A^T, v = B), where add()
+// of two linear()s records three; the backward keeps x and h, never a [rows, out] product. x and h have the
+// same rows.
 Tensor linear_sum(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& h, const Tensor& v);
 
 // ---- normalisation and softmax (last axis unless said otherwise) ----
