@@ -56,6 +56,7 @@
 #include "dew/serve.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
+#include "route_bodies.hpp"
 #include "serve.hpp"
 
 using dew::Tensor;
@@ -1286,6 +1287,31 @@ TEST_CASE("http: a null field is an absent one, --max-tokens caps the default, c
   CHECK(f->status == 200);
   // Past the server's own limit (8 MiB): 413, as a JSON error.
   expect_error(c.Post("/v1/completions", std::string(size_t(9) << 20, ' '), "application/json"), 413);
+}
+
+TEST_CASE("route bodies: without max_tokens a completion gets 16, a chat reply the context left, both capped") {
+  const std::unique_ptr<dew::Tokenizer> tok = dew::make_byte_tokenizer();
+  dew_run::RouteLimits lim;
+  lim.model_id = "tiny";
+  lim.vocab_size = 256;
+  lim.max_tokens = 100;
+  lim.context = 24;
+  const auto length = [&](const json& body, dew_run::DefaultLength d) {
+    const dew_run::Completion c = dew_run::parse_completion(body.dump(), lim, tok.get(), d);
+    return std::make_pair(c.params.max_new_tokens, int64_t(c.prompt.size()));
+  };
+  const json body{{"prompt", "abcd"}};
+  CHECK(length(body, dew_run::DefaultLength::completion).first == 16);  // OpenAI's /v1/completions default
+  const auto [chat, prompt] = length(body, dew_run::DefaultLength::chat);
+  CHECK(prompt >= 4);
+  CHECK(chat == lim.context - prompt);  // runs to its end of turn, up to the context left
+  CHECK(length(json{{"prompt", std::string(40, 'a')}}, dew_run::DefaultLength::chat).first == 1);  // a full context
+  CHECK(length(json{{"prompt", "abcd"}, {"max_tokens", 3}}, dew_run::DefaultLength::chat).first == 3);
+  lim.max_tokens = 10;  // --max-tokens caps both defaults
+  CHECK(length(body, dew_run::DefaultLength::completion).first == 10);
+  CHECK(length(body, dew_run::DefaultLength::chat).first == 10);
+  lim.context = 0;  // no known context: the cap
+  CHECK(length(body, dew_run::DefaultLength::chat).first == 10);
 }
 
 TEST_CASE("http: 429 when every slot and queue place is taken, a dropped stream frees its slot") {

@@ -81,7 +81,8 @@ bool boolean(const json& body, const char* key, bool def) {
 
 }  // namespace
 
-Completion parse_completion(const std::string& text, const RouteLimits& limits, const dew::Tokenizer* tok) {
+Completion parse_completion(const std::string& text, const RouteLimits& limits, const dew::Tokenizer* tok,
+                            DefaultLength length) {
   json body = parse_json_body(text);
   if (!body.is_object()) throw bad("the request body must be a JSON object");
   for (auto it = body.begin(); it != body.end(); ++it)
@@ -120,7 +121,10 @@ Completion parse_completion(const std::string& text, const RouteLimits& limits, 
     throw bad("'prompt' must be a string or a non-empty array of token ids", "prompt");
   }
   dew::SamplingParams& sp = c.params;
-  sp.max_new_tokens = integer(body, "max_tokens", std::min<int64_t>(16, limits.max_tokens), 0, limits.max_tokens);
+  const int64_t to_context =
+      limits.context > 0 ? std::max<int64_t>(1, limits.context - int64_t(c.prompt.size())) : limits.max_tokens;
+  const int64_t default_length = std::min<int64_t>(length == DefaultLength::chat ? to_context : 16, limits.max_tokens);
+  sp.max_new_tokens = integer(body, "max_tokens", default_length, 0, limits.max_tokens);
   sp.temperature = float(number(body, "temperature", 1.0, 0.0, 1e6));
   sp.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0, true));
   sp.top_k = integer(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());

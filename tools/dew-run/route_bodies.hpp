@@ -30,7 +30,13 @@ struct RouteLimits {
   std::string model_id;
   int64_t vocab_size = 0;
   int64_t max_tokens = 4096, max_n = 16, max_steps = 1000;
+  int64_t context = 0;  // the served context in tokens (0: unknown)
 };
+
+// What a request without max_tokens gets: /v1/completions OpenAI's 16; /v1/chat/completions a reply that runs to its
+// end of turn, up to the context left after the prompt (as vLLM: OpenAI's chat has no default cap), at least 1.
+// Both at most the server's --max-tokens.
+enum class DefaultLength { completion, chat };
 
 // A checked completion request.
 struct Completion {
@@ -41,7 +47,8 @@ struct Completion {
   bool stream = false, echo = false;
 };
 // POST /v1/completions. `tokenizer` encodes a string prompt (null: token ids only).
-Completion parse_completion(const std::string& text, const RouteLimits& limits, const dew::Tokenizer* tokenizer);
+Completion parse_completion(const std::string& text, const RouteLimits& limits, const dew::Tokenizer* tokenizer,
+                            DefaultLength length = DefaultLength::completion);
 
 // POST /v1/images: {labels, n, steps, sampler, guidance, guidance_interval, guidance_rescale, seed,
 // sampler_options, response_format, model, user} -> the objective's request keys (dew-run sample's) and

@@ -143,7 +143,7 @@ struct HttpServer::Impl {
 
   // What the route bodies are checked against (route_bodies.hpp).
   RouteLimits limits() const {
-    return RouteLimits{info.id, info.vocab_size, options.max_tokens, options.max_n, options.max_steps};
+    return RouteLimits{info.id, info.vocab_size, options.max_tokens, options.max_n, options.max_steps, info.context};
   }
 
   void routes() {
@@ -316,7 +316,8 @@ struct HttpServer::Impl {
   void completions(const httplib::Request& req, httplib::Response& res, bool chat = false) {
     auto flight = std::make_shared<Flight>(*this);
     if (draining) throw HttpError{503, "server_error", "the server is shutting down", ""};
-    Completion c = parse_completion(chat ? chat_body(req.body) : req.body, limits(), sched->tokenizer());
+    Completion c = parse_completion(chat ? chat_body(req.body) : req.body, limits(), sched->tokenizer(),
+                                    chat ? DefaultLength::chat : DefaultLength::completion);
     std::vector<std::shared_ptr<Ticket>> tickets;
     for (int64_t i = 0; i < c.n; ++i) {
       dew::serve::Request r{c.prompt, c.params, uint64_t(i)};
