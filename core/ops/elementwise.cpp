@@ -63,12 +63,13 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(a, b, BinaryOp::mul, "mul");
   if (needs_grad({&a, &b})) {
     const bool ga = needs_grad({&a}), gb = needs_grad({&b});
-    Tensor ad = a.detach(), bd = b.detach();
+    // Each factor is kept only for the other's gradient (x * mask keeps the mask, not x).
+    const Tensor ad = gb ? a.detach() : Tensor(), bd = ga ? b.detach() : Tensor();
     record(
         out, {a, b},
-        [ad, bd, ga, gb](const Tensor& g) {
-          return std::vector<Tensor>{ga ? sum_to(mul(g, bd), ad.shape()) : Tensor(),
-                                     gb ? sum_to(mul(g, ad), bd.shape()) : Tensor()};
+        [ad, bd, sa = a.shape(), sb = b.shape()](const Tensor& g) {
+          return std::vector<Tensor>{bd.defined() ? sum_to(mul(g, bd), sa) : Tensor(),
+                                     ad.defined() ? sum_to(mul(g, ad), sb) : Tensor()};
         },
         "mul");
   }

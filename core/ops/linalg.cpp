@@ -237,19 +237,21 @@ static Tensor linear_of(const Tensor& x, const Tensor& w, const Tensor& bias, Ac
   Tensor out =
       reshape(matmul_raw(x2, w.detach(), false, true, bias.defined() ? bias.detach() : Tensor(), act), out_shape);
   if (grad) {
-    Tensor wd = w.detach();
     const bool gx = needs_grad({&graph.x}), gw = needs_grad({&graph.w}), gbias = needs_grad({&graph.bias});
+    // Each operand is kept only for the other's gradient (a frozen weight's layer keeps no input).
+    const Tensor wd = gx ? w.detach() : Tensor();
+    if (!gw) x2 = Tensor();
     const DType wx = graph.x.dtype(), ww = graph.w.dtype(), wb = gbias ? graph.bias.dtype() : w.dtype();
-    Shape xs = x.shape();
+    Shape xs = x.shape(), ws = w.shape();
     record(
         out, {graph.x, graph.w, graph.bias},
-        [x2, wd, xs, gx, gw, gbias, wx, ww, wb](const Tensor& g) {
+        [x2, wd, xs, ws, gx, gw, gbias, wx, ww, wb](const Tensor& g) {
           Tensor g2 = reshape(g, {-1, g.shape().back()});
           Tensor dx, dw, db;
           {
             OperandReuse reuse(g2, gx && gw);
             if (gx) dx = product_gradient(0, g2, wd, false, false, xs, wx);
-            if (gw) dw = product_gradient(1, g2, x2, true, false, wd.shape(), ww);
+            if (gw) dw = product_gradient(1, g2, x2, true, false, ws, ww);
           }
           if (gbias) db = cast(sum(g2, 0), wb);
           return std::vector<Tensor>{dx, dw, db};

@@ -447,6 +447,22 @@ TEST_CASE("the graph keeps only the values its backwards saved, and the backward
   check_values(b.grad(), {2, 2}, 0, "c");
   check_values(c.grad(), {7, -1}, 0, "3 a + b");
 
+  // A factor or operand is kept only for the other's gradient: x * mask and a frozen weight's linear keep no x.
+  {
+    Tensor h = leaf({1, 2, 3, 4}, {2, 2}) * 1.0f;
+    const std::weak_ptr<dew::Storage> h_values = h.impl()->storage;
+    const Tensor masked = h * f64({0, 1, 1, 0}, {2, 2});
+    const Tensor frozen = dew::linear(h, f64({1, 0, 0, 1}, {2, 2}));
+    h = Tensor();
+    CHECK(h_values.expired());
+    Tensor trained = leaf({1, 0, 0, 1}, {2, 2});
+    Tensor h2 = leaf({1, 2, 3, 4}, {2, 2}) * 1.0f;
+    const std::weak_ptr<dew::Storage> h2_values = h2.impl()->storage;
+    const Tensor kept = dew::linear(h2, trained);
+    h2 = Tensor();
+    CHECK_FALSE(h2_values.expired());  // the weight's gradient reads it
+  }
+
   // A chain x -> p (the watcher) -> q = 2 p -> u = q q -> v = u u: when the watcher's backward runs (last), the
   // values the upper backwards saved (q's, u's) are gone, though those tensors were inputs of nodes of the graph.
   Tensor x = leaf({1, -2}, {2});
