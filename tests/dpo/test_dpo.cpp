@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <random>
 #include <sstream>
@@ -24,6 +25,7 @@
 #include "dew/checkpoint.hpp"
 #include "dew/config.hpp"
 #include "dew/error.hpp"
+#include "dew/generate.hpp"
 #include "dew/objective.hpp"
 #include "dew/ops.hpp"
 #include "dew/profile.hpp"
@@ -398,7 +400,9 @@ TEST_CASE("dpo training raises the reward accuracy above 0.9 on a synthetic pref
   CHECK(acc > 0.9);
 }
 
-TEST_CASE("dpo with LoRA adapters: the reference is the base model, which stays frozen, reward accuracy > 0.9") {
+TEST_CASE(
+    "dpo with LoRA adapters: the reference is the base model, which stays frozen, reward accuracy > 0.9, and the "
+    "policy samples and evaluates as an lm run does") {
   ref();
   TempDir d("lora");
   const std::string bytes = byte_folder(d.path);
@@ -448,6 +452,55 @@ TEST_CASE("dpo with LoRA adapters: the reference is the base model, which stays 
   int adapters = 0;
   for (auto& [n, t] : c.params) adapters += n.find("lora_") != std::string::npos;
   CHECK(adapters == 14);  // 1 layer x (q, k, v, o, gate, up, down) x (A, B)
+
+  // `dew-run sample` and `eval --task` run the trained policy as the lm objective runs its model: greedy tokens
+  // equal dew::generate's on the loaded (merged) model, a log-likelihood the model's own log-softmax sum.
+  auto* decoder = dynamic_cast<dew::CausalDecoder*>(ir->objective->main_model());
+  REQUIRE(decoder != nullptr);
+  const std::vector<int32_t> prompt{104, 105, 32}, continuation{116, 104};
+  dew::SamplingParams sp;
+  sp.max_new_tokens = 6;
+  sp.temperature = 0;
+  sp.eos_id = -1;
+  std::vector<dew::Generation> direct;
+  {
+    dew::NoGradGuard no_grad;
+    direct = dew::generate(dew::decoder_start(*decoder), {prompt}, sp, nullptr, decoder->context_length());
+  }
+  std::ostringstream expect_ids;
+  for (size_t i = 0; i < direct[0].tokens.size(); ++i) expect_ids << (i ? " " : "") << direct[0].tokens[i];
+  std::ostringstream printed;
+  {
+    std::streambuf* const was = std::cout.rdbuf(printed.rdbuf());
+    dew::Options req({{"prompt_ids", "104,105,32"}, {"max_new_tokens", "6"}, {"temperature", "0"}});
+    try {
+      dew::sample(to.run_dir, "latest", false, "ref", req);
+    } catch (...) {
+      std::cout.rdbuf(was);
+      throw;
+    }
+    std::cout.rdbuf(was);
+  }
+  INFO(printed.str());
+  CHECK(printed.str().rfind(expect_ids.str() + "\n", 0) == 0);
+  const fs::path requests = d.path / "ll.jsonl";
+  std::ofstream(requests) << "{\"context_ids\": [104, 105, 32], \"continuation_ids\": [116, 104]}\n";
+  dew::Options task({{"task", "loglikelihood"}, {"requests", requests.string()}});
+  const std::map<std::string, double> m = dew::evaluate(to.run_dir, "latest", false, "ref", task);
+  double ll = 0;
+  {
+    dew::NoGradGuard no_grad;
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), continuation.begin(), continuation.end());
+    const Tensor tokens = Tensor::from_ints(all, {1, int64_t(all.size())}, ir->backend);
+    const std::vector<double> logp =
+        dew::log_softmax(ir->objective->main_model()->forward({{"tokens", tokens}})).to_doubles();
+    const int64_t vocab = int64_t(logp.size() / all.size());
+    for (size_t i = 0; i < continuation.size(); ++i)
+      ll += logp[(prompt.size() - 1 + i) * size_t(vocab) + size_t(continuation[i])];
+  }
+  REQUIRE(m.count("loglikelihood_sum") == 1);
+  CHECK(m.at("loglikelihood_sum") == doctest::Approx(ll).epsilon(1e-5));
 }
 
 TEST_CASE("dpo resume keeps the starting-weights reference: 2 + 2 updates equal 4, bit for bit") {

@@ -18,11 +18,14 @@
 // the cross-entropy kernel's rows (dew::token_logprobs), and with a dew::LinearHeadModel whose [rows, V] f32 logits
 // would pass fused_head_mb they come from dew::linear_token_logprobs, the head in chunks, the logits never whole.
 // Parameters: the model's, unprefixed (so init_from an lm run loads by name).
+// `dew-run sample` and `eval --task ...` run the policy as the lm objective runs its model (dew/lm_commands.hpp):
+// text with the [data] tokenizer, token ids without one; `eval` without --task validates on the preference split.
 #include <algorithm>
 #include <cmath>
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
+#include <dew/lm_commands.hpp>
 #include <dew/model.hpp>
 #include <dew/objective.hpp>
 #include <dew/ops.hpp>
@@ -146,7 +149,24 @@ class Dpo final : public dew::Objective {
     return metrics;
   }
 
+  dew::ValidationResult evaluate(dew::DataLoader& loader, dew::Options& req, const dew::StepInfo& info) override {
+    if (!req.has("task")) return validate(loader, info);
+    return dew::run_lm_task(req.require_string("task"), req, commands());
+  }
+  void sample(dew::Options& req) override { dew::sample_text(req, commands()); }
+
  private:
+  // The policy as `dew-run sample` and `eval --task` run it (dew/lm_commands.hpp).
+  dew::LmCommandContext commands() const {
+    DEW_CHECK(model_, "dpo: sample() or evaluate() before build()");
+    dew::LmCommandContext c;
+    c.model = model_.get();
+    c.decoder = dynamic_cast<dew::CausalDecoder*>(model_.get());
+    c.tokenizer = tokenizer_.get();
+    c.objective = "dpo";
+    return c;
+  }
+
   static constexpr const char* kPairMeans[] = {"dpo_loss", "reward_accuracy", "reward_margin", "chosen_reward",
                                                "rejected_reward"};
 

@@ -17,10 +17,10 @@
 // byte counts) and token_accuracy, plus an artifact
 // samples/sample-step-XXXXXXXX.txt: a continuation of sample_prompt (KV-cached decoding, dew/generate.hpp).
 // sample() (`dew-run sample`) prints continuations of --prompt (or one prompt per line of --prompts_file;
-// --prompt_ids 1,2,3 samples token ids, for runs without a tokenizer).
+// --prompt_ids 1,2,3 samples token ids, for runs without a tokenizer): dew::sample_text (dew/lm_commands.hpp).
 // evaluate() (`dew-run eval`): validate() without --task; with --task perplexity | loglikelihood |
-// multiple_choice | loglikelihood_rolling | generate_until, the evaluation harness (harness.cpp,
-// dew/lm_eval.hpp, docs/eval.md), whose per-request results go to <run-dir>/eval/<task>.jsonl.
+// multiple_choice | loglikelihood_rolling | generate_until, the evaluation harness (dew::run_lm_task,
+// dew/lm_commands.hpp, docs/eval.md), whose per-request results go to <run-dir>/eval/<task>.jsonl.
 //
 // build(): the token folder is the [data] section's `path` (meta.json, and tokenizer.json for bpe, as
 // dew-tokenize writes them); without one (e.g. the synthetic source) there is no tokenizer and the
@@ -43,6 +43,7 @@
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
+#include <dew/lm_commands.hpp>
 #include <dew/objective.hpp>
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
@@ -52,55 +53,9 @@
 #include <sstream>
 #include <string>
 
-#include "harness.hpp"
-
 namespace {
 
 using dew::Tensor;
-
-std::vector<std::string> split_list(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char ch : s) {
-    if (ch == sep) {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += ch;
-    }
-  }
-  out.push_back(cur);
-  return out;
-}
-
-// Text options: "\n", "\t" and "\\" escapes; a value in double quotes keeps its spaces (config values are
-// trimmed): sample_prompt = "The ".
-std::string unescape(std::string s) {
-  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      const char n = s[i + 1];
-      if (n == 'n') {
-        out += '\n';
-        ++i;
-        continue;
-      }
-      if (n == 't') {
-        out += '\t';
-        ++i;
-        continue;
-      }
-      if (n == '\\') {
-        out += '\\';
-        ++i;
-        continue;
-      }
-    }
-    out += s[i];
-  }
-  return out;
-}
 
 class LanguageModel final : public dew::Objective {
  public:
@@ -275,7 +230,7 @@ class LanguageModel final : public dew::Objective {
   std::shared_ptr<const dew::Tokenizer> tokenizer() const override { return tokenizer_; }
 
   // `dew-run eval`: without --task, validate() on the run's validation split; with --task, the
-  // evaluation harness (harness.cpp, docs/eval.md).
+  // evaluation harness (dew::run_lm_task, docs/eval.md).
   dew::ValidationResult evaluate(dew::DataLoader& loader, dew::Options& req, const dew::StepInfo& info) override {
     DEW_CHECK(model_, "lm: evaluate() before build()");
     if (!req.has("task")) {
@@ -284,116 +239,29 @@ class LanguageModel final : public dew::Objective {
                       "--task perplexity|loglikelihood|multiple_choice|loglikelihood_rolling|generate_until");
       return validate(loader, info);
     }
-    const bool was_training = model_->training();
-    model_->set_training(false);
-    dew::NoGradGuard no_grad;
-    lm_harness::Context c;
+    return dew::run_lm_task(req.require_string("task"), req, commands());
+  }
+
+  void sample(dew::Options& req) override { dew::sample_text(req, commands()); }
+
+ private:
+  // What `dew-run sample` and `eval --task` run on (dew/lm_commands.hpp).
+  dew::LmCommandContext commands() const {
+    DEW_CHECK(model_, "lm: sample() or evaluate() before build()");
+    dew::LmCommandContext c;
     c.model = model_.get();
     c.decoder = decoder_;
     c.tokenizer = tokenizer_.get();
     c.data_path = has_meta_ ? data_path_ : std::string();
-    dew::ValidationResult r = lm_harness::run(req.require_string("task"), req, c);
-    model_->set_training(was_training);
-    return r;
-  }
-
-  void sample(dew::Options& req) override {
-    DEW_CHECK(model_, "lm: sample() before build()");
-    DEW_USAGE_CHECK(decoder_, "lm: the backbone '", model_plugin_,
-                    "' does not decode incrementally (no CausalDecoder)");
-    if (req.has("prompt_ids")) {
-      sample_ids(req);
-      return;
-    }
-    DEW_USAGE_CHECK(tokenizer_,
-                    "lm: sampling text needs a tokenizer: the run's [data] path has no meta.json (pass "
-                    "--prompt_ids 1,2,3 to sample token ids)");
-    std::vector<std::string> prompts;
-    const std::string file = req.get_string("prompts_file", "");
-    if (!file.empty()) {
-      std::ifstream in(file);
-      DEW_USAGE_CHECK(in.good(), "lm: cannot read --prompts_file '", file, "'");
-      std::string line;
-      while (std::getline(in, line)) prompts.push_back(unescape(line));
-      DEW_USAGE_CHECK(!prompts.empty(), "lm: --prompts_file '", file, "' has no lines");
-    }
-    const bool has_prompt = req.has("prompt");
-    const std::string prompt = unescape(req.get_string("prompt", sample_prompt_));
-    if (prompts.empty() || has_prompt) prompts.insert(prompts.begin(), prompt);
-    dew::SamplingParams sp;
-    sp.max_new_tokens = req.get_int("max_new_tokens", sample_tokens_ > 0 ? sample_tokens_ : 200);
-    sp.temperature = float(req.get_double("temperature", 1.0));
-    sp.top_k = req.get_int("top_k", 0);
-    sp.top_p = float(req.get_double("top_p", 1.0));
-    sp.min_p = float(req.get_double("min_p", 0.0));
-    sp.repetition_penalty = float(req.get_double("repetition_penalty", 1.0));
-    sp.prefill_chunk = req.get_int("prefill_chunk", dew::kPrefillChunk);
-    const int64_t seed = req.get_int("seed", 0);
-    DEW_USAGE_CHECK(seed >= 0, "--seed must not be negative");
-    sp.seed = uint64_t(seed);
-    const std::string stop = req.get_string("stop", "");
-    if (!stop.empty())
-      for (const std::string& s : split_list(stop, ','))
-        if (!s.empty()) sp.stop.push_back(unescape(s));
-    sp.eos_id = req.get_bool("ignore_eos", false) ? -1 : tokenizer_->eos_id();
-    const int64_t num = req.get_int("num_samples", 1);
-    DEW_USAGE_CHECK(num >= 1, "--num_samples must be at least 1, got ", num);
-    const bool echo = req.get_bool("echo_prompt", true);
-    req.check_all_used();  // refuse a misspelt key before generating
-    dew::validate(sp);
-
-    std::vector<std::string> all;
-    for (const std::string& p : prompts)
-      for (int64_t k = 0; k < num; ++k) all.push_back(p);
-    model_->set_training(false);
-    dew::NoGradGuard no_grad;
-    const std::vector<dew::Generation> out = dew::generate_text(*decoder_, *tokenizer_, all, sp);
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (out.size() > 1) std::cout << "=== sample " << i + 1 << " of " << out.size() << " ===\n";
-      std::cout << (echo ? all[i] : std::string()) << out[i].text << "\n";
-      std::cout.flush();
-    }
-  }
-
- private:
-  // `dew-run sample --prompt_ids 1,2,3`: token ids in, token ids out (and text when there is a tokenizer).
-  void sample_ids(dew::Options& req) {
-    std::vector<int32_t> prompt;
-    for (double v : req.get_doubles("prompt_ids", {})) {
-      DEW_USAGE_CHECK(v >= 0 && v < double(decoder_->vocab_size()) && v == std::floor(v), "--prompt_ids: ", v,
-                      " is not a token id of this model (vocabulary ", decoder_->vocab_size(), ")");
-      prompt.push_back(int32_t(v));
-    }
-    DEW_USAGE_CHECK(!prompt.empty(), "--prompt_ids is empty");
-    dew::SamplingParams sp;
-    sp.max_new_tokens = req.get_int("max_new_tokens", sample_tokens_ > 0 ? sample_tokens_ : 200);
-    sp.temperature = float(req.get_double("temperature", 1.0));
-    sp.top_k = req.get_int("top_k", 0);
-    sp.top_p = float(req.get_double("top_p", 1.0));
-    sp.min_p = float(req.get_double("min_p", 0.0));
-    sp.repetition_penalty = float(req.get_double("repetition_penalty", 1.0));
-    sp.prefill_chunk = req.get_int("prefill_chunk", dew::kPrefillChunk);
-    const int64_t seed = req.get_int("seed", 0);
-    DEW_USAGE_CHECK(seed >= 0, "--seed must not be negative");
-    sp.seed = uint64_t(seed);
-    const int64_t eos = req.get_int("eos_id", tokenizer_ ? tokenizer_->eos_id() : -1);
-    sp.eos_id = int32_t(eos);
-    req.check_all_used();
-    dew::validate(sp);
-    model_->set_training(false);
-    dew::NoGradGuard no_grad;
-    const auto g = dew::generate(dew::decoder_start(*decoder_), {prompt}, sp, nullptr, decoder_->context_length());
-    std::ostringstream os;
-    for (size_t i = 0; i < g[0].tokens.size(); ++i) os << (i ? " " : "") << g[0].tokens[i];
-    std::cout << os.str() << "\n";
-    if (tokenizer_) std::cout << tokenizer_->decode(g[0].tokens) << "\n";
-    std::cout.flush();
+    c.default_prompt = sample_prompt_;
+    c.default_new_tokens = sample_tokens_;
+    return c;
   }
 
   void read_options(const dew::Options& o) {
     pad_id_ = o.get_int("pad_id", -1);
     vocab_size_ = o.get_int("vocab_size", 0);
-    sample_prompt_ = unescape(o.get_string("sample_prompt", "The "));
+    sample_prompt_ = dew::unescape_text_option(o.get_string("sample_prompt", "The "));
     sample_tokens_ = o.get_int("sample_tokens", 200);
     sample_temperature_ = o.get_double("sample_temperature", 0.8);
     sample_top_k_ = o.get_int("sample_top_k", 0);

@@ -1,20 +1,21 @@
-// harness.cpp — the lm objective's evaluation tasks (see harness.hpp and docs/eval.md).
+// core/eval/lm_tasks.cpp — `dew-run eval --task ...` for a causal language model (dew/lm_commands.hpp, docs/eval.md).
 // Request files are JSONL: one JSON object per line (blank lines skipped); an error names the file and
 // the line. Text fields need the run's tokenizer; the *_ids fields take token ids directly.
 // Invariants: every request gets exactly one output line, in order; metrics are means over requests
 // (or over tokens where said); every key of the request is read or the command refuses it.
-#include "harness.hpp"
-
 #include <algorithm>
 #include <cmath>
-#include <dew/error.hpp>
-#include <dew/lm_eval.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-namespace lm_harness {
+#include "dew/autograd.hpp"
+#include "dew/error.hpp"
+#include "dew/lm_commands.hpp"
+#include "dew/lm_eval.hpp"
+
+namespace dew {
 
 namespace {
 
@@ -79,8 +80,8 @@ const json* field(const json& j, std::initializer_list<const char*> keys, std::s
 
 class Harness {
  public:
-  Harness(dew::Options& r, const Context& c) : req_(r), c_(c) {
-    DEW_USAGE_CHECK(c.model != nullptr, "eval: the lm objective has no model");
+  Harness(dew::Options& r, const LmCommandContext& c) : req_(r), c_(c) {
+    DEW_USAGE_CHECK(c.model != nullptr, "eval: the ", c.objective, " objective has no model");
     const int64_t ctx = c.decoder ? c.decoder->context_length() : 0;
     max_length_ = req_.get_int("max_length", ctx > 0 ? ctx : 2048);
     DEW_USAGE_CHECK(max_length_ >= 1, "--max_length must be >= 1, got ", max_length_);
@@ -189,8 +190,7 @@ class Harness {
       for (auto it = ids.begin() + 1; it != ids.end(); ++it)
         if (meta.documents == 0 || *it != meta.eos_id) text_ids.push_back(*it);
       bytes = double(t->decode(text_ids).size());
-    }
-    else if (meta.tokenizer == "byte")
+    } else if (meta.tokenizer == "byte")
       bytes = double(tokens);
     else if ((split == "val" ? meta.val_bytes : meta.train_bytes) > 0)
       bytes = double(split == "val" ? meta.val_bytes : meta.train_bytes) * double(tokens) / double(total);
@@ -441,7 +441,7 @@ class Harness {
   }
 
   dew::Options& req_;
-  const Context& c_;
+  const LmCommandContext& c_;
   std::string task_;
   int64_t max_length_ = 2048, batch_ = 8, limit_ = 0;
   int32_t prefix_ = -1;
@@ -450,9 +450,14 @@ class Harness {
 
 }  // namespace
 
-dew::ValidationResult run(const std::string& task, dew::Options& request, const Context& c) {
+ValidationResult run_lm_task(const std::string& task, Options& request, const LmCommandContext& c) {
+  const bool was_training = c.model && c.model->training();
+  if (c.model) c.model->set_training(false);
+  NoGradGuard no_grad;
   Harness h(request, c);
-  return h.run(task);
+  ValidationResult r = h.run(task);
+  c.model->set_training(was_training);
+  return r;
 }
 
-}  // namespace lm_harness
+}  // namespace dew
