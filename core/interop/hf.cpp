@@ -346,7 +346,10 @@ void export_hf(const std::string& run_dir, const std::string& step, bool use_ema
   load_into(c.params, "params", b.objective->parameters());
   const bool ema = use_ema && !c.ema.empty();
   if (ema) load_into(c.ema, "ema", b.fine_tuning.trained_only(b.objective->ema_parameters()));
-  if (!b.fine_tuning.lora_paths.empty()) merge_lora(*b.objective->main_model());  // a plain model is exported
+  if (!b.fine_tuning.lora_paths.empty()) {  // a plain model is exported
+    b.objective->before_adapters_merged();
+    merge_lora(*b.objective->main_model());
+  }
   Model* model = b.objective->main_model();
   DEW_USAGE_CHECK(model != nullptr, "export --format hf: the objective has no main model");
   const std::string plugin = config.section("model").get_string("plugin", "");

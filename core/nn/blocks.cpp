@@ -28,7 +28,7 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, Init weight_init, Init bi
   if (has_bias) bias = register_parameter("bias", {out}, or_default(bias_init, Init::Uniform(bound)));
 }
 Tensor Linear::forward(const Tensor& x, Activation act) const {
-  if (!has_lora()) return linear(x, weight, bias, act);
+  if (!adapter_active()) return linear(x, weight, bias, act);
   // s applied to the [rows, r] product (a scale keeps its input for the backward), and the base and adapter
   // products summed under one node (linear_sum): the backward keeps x and the [rows, r] product only.
   const Tensor y = linear_sum(x, weight, bias, scale(linear(x, lora_a), lora_scale), lora_b);
@@ -184,7 +184,7 @@ Tensor adjacent_rows(const std::vector<const TensorImpl*>& ts) {
 Tensor adjacent_weights(std::initializer_list<const Linear*> ls) {
   std::vector<const TensorImpl*> ts;
   for (const Linear* l : ls) {
-    if (l->bias.defined() || l->has_lora()) return Tensor();
+    if (l->bias.defined() || l->adapter_active()) return Tensor();
     ts.push_back(l->weight.impl());
   }
   return adjacent_rows(ts);
@@ -240,7 +240,7 @@ std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Ten
 Tensor Attention::forward(const Tensor& x, const Tensor& positions, const Tensor& segment_ids) const {
   // QK-Clip's statistic (dew/qk_clip.hpp) needs q and k: a recorded training forward takes project().
   MaxLogitRecorder* const recorder = grad_enabled() ? MaxLogitRecorder::active() : nullptr;
-  if (!recorder && qkv && !qkv->has_lora() && !q_norm && cfg.rotary_dim < 0 &&
+  if (!recorder && qkv && !qkv->adapter_active() && !q_norm && cfg.rotary_dim < 0 &&
       cfg.num_kv_heads == cfg.num_heads) {  // fused in
     DEW_CHECK(x.ndim() == 3 && x.shape()[2] == cfg.dim, "Attention: input must be [B, T, ", cfg.dim, "], got ",
               shape_str(x.shape()));

@@ -1,5 +1,6 @@
 // core/nn/lora.cpp — LoRA adapters attached to a model's Linear modules by path, merged back for
-// inference, and the split of a model's parameters into trained and frozen (dew/lora.hpp).
+// inference, the thread's adapters-off switch (LoraAdaptersOff, dew/nn.hpp), and the split of a model's parameters
+// into trained and frozen (dew/lora.hpp).
 // Invariant: attach, train, merge leaves a plain model whose forward equals the adapted one (the
 // adapter's product folded into W); nothing here depends on the backbone beyond nn::Linear.
 #include "dew/lora.hpp"
@@ -15,6 +16,8 @@ namespace dew {
 
 namespace {
 
+thread_local bool g_adapters_enabled = true;  // LoraAdaptersOff
+
 bool in_head(const std::string& path) { return path.find("head") != std::string::npos; }
 
 std::string some(const std::vector<std::string>& names, size_t shown = 6) {
@@ -25,6 +28,10 @@ std::string some(const std::vector<std::string>& names, size_t shown = 6) {
 }
 
 }  // namespace
+
+bool nn::lora_adapters_enabled() { return g_adapters_enabled; }
+nn::LoraAdaptersOff::LoraAdaptersOff() : previous_(g_adapters_enabled) { g_adapters_enabled = false; }
+nn::LoraAdaptersOff::~LoraAdaptersOff() { g_adapters_enabled = previous_; }
 
 float LoraOptions::scale() const { return float(rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank)); }
 

@@ -237,7 +237,10 @@ LoadedRun load_run(const std::string& run_dir, const std::string& step, bool use
   if (lr.ema) load_into(c.ema, "ema", lr.run.ema_params());  // the EMA covers the trained ema_parameters()
   load_objective_state(c, file, *lr.run.objective);
   // Inference runs the plain model: LoRA adapters folded into their weights (after the EMA's were loaded).
-  if (!lr.run.fine_tuning.lora_paths.empty()) merge_lora(*lr.run.objective->main_model());
+  if (!lr.run.fine_tuning.lora_paths.empty()) {
+    lr.run.objective->before_adapters_merged();
+    merge_lora(*lr.run.objective->main_model());
+  }
   lr.updates = c.counters.count("updates") ? c.counters.at("updates") : 0;
   DEW_CHECK(lr.updates >= 0, "checkpoint ", file, " has a negative update counter ", lr.updates);
   return lr;

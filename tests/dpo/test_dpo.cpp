@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -401,29 +402,46 @@ TEST_CASE("dpo training raises the reward accuracy above 0.9 on a synthetic pref
 }
 
 TEST_CASE(
-    "dpo with LoRA adapters: the reference is the base model, which stays frozen, reward accuracy > 0.9, and the "
-    "policy samples and evaluates as an lm run does") {
+    "dpo with LoRA adapters: the reference is the frozen base run with the adapters off, no copy, reward accuracy "
+    "> 0.9, and the policy samples and evaluates as an lm run does") {
   ref();
   TempDir d("lora");
   const std::string bytes = byte_folder(d.path);
   const fs::path pairs = write_synthetic_pairs(d.path);
-  dew::Config cfg = dew::Config::parse_ini(
-      "[run]\nname = dpo-lora\nbackend = cpu\nseed = 2\n"
-      "[model]\nplugin = causal_transformer\ndim = 32\nn_layers = 1\nn_heads = 2\n"
-      "[objective]\nplugin = dpo\nbeta = 0.5\n[lora]\nrank = 8\nalpha = 16\n"
-      "[data]\nsource = preference_jsonl\nseq_len = 24\nbatch_size = 16\nval_count = 32\npath = " +
-      pairs.string() + "\ntokenizer = " + bytes +
-      "\n[optim]\nname = adamw\nlr = 0.01\n[trainer]\nsteps = 30\nlog_every = 1\neval_every = 30\n"
-      "checkpoint_every = 30\n");
-  dew::TrainOptions to;
+  const auto config = [&](const std::string& reference) {
+    return dew::Config::parse_ini(
+        "[run]\nname = dpo-lora\nbackend = cpu\nseed = 2\n"
+        "[model]\nplugin = causal_transformer\ndim = 32\nn_layers = 1\nn_heads = 2\n"
+        "[objective]\nplugin = dpo\nbeta = 0.5\nreference = " +
+        reference +
+        "\n[lora]\nrank = 8\nalpha = 16\n"
+        "[data]\nsource = preference_jsonl\nseq_len = 24\nbatch_size = 16\nval_count = 32\npath = " +
+        pairs.string() + "\ntokenizer = " + bytes +
+        "\n[optim]\nname = adamw\nlr = 0.01\n[trainer]\nsteps = 30\nlog_every = 1\neval_every = 30\n"
+        "checkpoint_every = 30\n");
+  };
+  // The same run with the adapters-off reference (auto) and with a copy of the starting weights (copy).
+  dew::TrainOptions to, copy_to;
   to.run_dir = (d.path / "run").string();
+  copy_to.run_dir = (d.path / "copy").string();
+  dew::Config cfg = config("auto"), copy_cfg = config("copy");
   REQUIRE(dew::train(cfg, to) == 0);
-  std::ifstream metrics(d.path / "run" / "metrics.jsonl");
-  std::string line, first, last_val;
-  while (std::getline(metrics, line)) {
-    if (first.empty() && line.find("\"dpo_loss\"") != std::string::npos) first = line;
-    if (line.find("val/reward_accuracy") != std::string::npos) last_val = line;
-  }
+  REQUIRE(dew::train(copy_cfg, copy_to) == 0);
+  const auto losses = [](const fs::path& run, std::string& first, std::string& last_val) {
+    std::ifstream metrics(run / "metrics.jsonl");
+    std::string line, all;
+    while (std::getline(metrics, line)) {
+      const size_t at = line.find("\"dpo_loss\":");
+      if (at != std::string::npos) all += line.substr(at, line.find_first_of(",}", at) - at) + "\n";
+      if (first.empty() && at != std::string::npos) first = line;
+      if (line.find("val/reward_accuracy") != std::string::npos) last_val = line;
+    }
+    return all;
+  };
+  std::string first, last_val, copy_first, copy_last_val;
+  const std::string auto_losses = losses(d.path / "run", first, last_val);
+  CHECK(std::count(auto_losses.begin(), auto_losses.end(), '\n') >= 30);
+  CHECK(auto_losses == losses(d.path / "copy", copy_first, copy_last_val));  // bit for bit, every update
   auto value = [](const std::string& l, const std::string& key) {
     const size_t at = l.find("\"" + key + "\":");
     REQUIRE(at != std::string::npos);
@@ -434,24 +452,38 @@ TEST_CASE(
   // B = 0 at the start: the policy is the reference (the base), so the first loss is log 2 to the bit.
   CHECK(value(first, "dpo_loss") == doctest::Approx(std::log(2.0)).epsilon(1e-6));
   CHECK(value(last_val, "val/reward_accuracy") > 0.9);
-  // The reference (objective state) equals the policy's base weights, which did not move.
-  auto ir = dew::load_inference_run(to.run_dir, "latest", false, "ref");  // merges the adapters on load
-  dew::CheckpointData c =
-      dew::read_checkpoint((d.path / "run" / "checkpoints" / "step-00000030.h5").string(), ir->backend);
+  // The copy run's reference (objective state) equals the policy's base weights, which did not move; the auto run
+  // keeps no copy.
+  const auto checkpoint_of = [](const std::string& run) {
+    return dew::read_checkpoint((fs::path(run) / "checkpoints" / "step-00000030.h5").string(), ref());
+  };
+  const auto references = [](const dew::CheckpointData& c) {
+    int n = 0;
+    for (auto& [name, t] : c.state_tensors) n += name.rfind("objective.reference.", 0) == 0;
+    return n;
+  };
+  const dew::CheckpointData c = checkpoint_of(copy_to.run_dir);
   std::map<std::string, Tensor> saved;
   for (auto& [n, t] : c.params) saved.emplace(n, t);
-  int checked = 0;
   for (auto& [n, t] : c.state_tensors) {
     if (n.rfind("objective.reference.", 0) != 0) continue;
     const std::string base = n.substr(std::strlen("objective.reference."));
     REQUIRE(saved.count(base) == 1);
     CHECK_MESSAGE(t.to_floats() == saved.at(base).to_floats(), base);
-    ++checked;
   }
-  CHECK(checked > 0);
+  CHECK(references(c) > 0);
+  const dew::CheckpointData ca = checkpoint_of(to.run_dir);
+  CHECK(references(ca) == 0);
   int adapters = 0;
-  for (auto& [n, t] : c.params) adapters += n.find("lora_") != std::string::npos;
+  for (auto& [n, t] : ca.params) adapters += n.find("lora_") != std::string::npos;
   CHECK(adapters == 14);  // 1 layer x (q, k, v, o, gate, up, down) x (A, B)
+  // `dew-run eval` merges the adapters: the reference it validates against is still the base (a copy made first),
+  // so its rewards are the training run's last validation's (another backend: to rounding).
+  const std::map<std::string, double> val = dew::evaluate(to.run_dir, "latest", false, "ref");
+  REQUIRE(val.count("reward_margin") == 1);
+  CHECK(val.at("reward_margin") == doctest::Approx(value(last_val, "val/reward_margin")).epsilon(1e-3));
+  CHECK(val.at("reward_margin") > 0.1);
+  auto ir = dew::load_inference_run(to.run_dir, "latest", false, "ref");  // merges the adapters on load
 
   // `dew-run sample` and `eval --task` run the trained policy as the lm objective runs its model: greedy tokens
   // equal dew::generate's on the loaded (merged) model, a log-likelihood the model's own log-softmax sum.

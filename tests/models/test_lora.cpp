@@ -88,7 +88,9 @@ TEST_CASE("a LoRA Linear: its formula, and gradients by finite differences in do
   }
 }
 
-TEST_CASE("every backbone with LoRA adapters equals its merged model: forward, decode, gradients") {
+TEST_CASE(
+    "every backbone with LoRA adapters equals its merged model (forward, decode, gradients) and with them off its "
+    "base") {
   for (const Case& c : cases()) {
     INFO(c.name);
     auto m = make_model(c);
@@ -108,6 +110,17 @@ TEST_CASE("every backbone with LoRA adapters equals its merged model: forward, d
     }
     const auto weights = by_name(m->named_parameters());
     const Results adapted_run = run_model(c, *m, inputs);
+    {  // with the adapters off (DPO's reference pass) the model is its base, bit for bit, on the base's own paths
+      dew::nn::LoraAdaptersOff off;
+      const Results off_run = run_model(c, *m, inputs);
+      REQUIRE(off_run.outputs.size() == base.outputs.size());
+      for (size_t i = 0; i < base.outputs.size(); ++i) {
+        INFO(base.outputs[i].first);
+        CHECK(max_diff(off_run.outputs[i].second, base.outputs[i].second) == 0);
+      }
+    }
+    CHECK(dew::nn::lora_adapters_enabled());
+    CHECK(max_diff(run_model(c, *m, inputs).outputs[0].second, adapted_run.outputs[0].second) == 0);  // on again
     CHECK(dew::merge_lora(*m) == int(adapted.size()));
     for (const auto& [name, p] : m->named_parameters()) CHECK(!dew::is_lora_parameter(name));
     CHECK(m->named_parameters().size() == base.grads.size());

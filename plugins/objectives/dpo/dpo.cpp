@@ -8,12 +8,15 @@
 // The reference is either the starting weights (a frozen copy of the model, made at the first step,
 // i.e. after [trainer] init_from loaded the SFT weights; kept in checkpoints as state, so resume and
 // eval see the same reference) or, when the records carry ref_chosen_logp / ref_rejected_logp, those
-// precomputed numbers (the frozen copy is then never run). -log sigmoid(d) is computed as -log_softmax([0, d])[1],
-// finite for every d and with its true gradient -sigmoid(-d) at d = 0 (the first step's d with that reference).
-// Metrics (training and validation): loss, dpo_loss, reward_accuracy (the share of pairs with
-// r_w > r_l; ties count as wrong), reward_margin (mean r_w - r_l), chosen_reward, rejected_reward (means),
+// precomputed numbers (the frozen copy is then never run). With LoRA adapters as the only trained parameters
+// (reference = auto), the starting weights are the policy's frozen base: the reference pass runs the policy with
+// its adapters off (dew::nn::LoraAdaptersOff, as TRL with PEFT), and no copy is made or checkpointed. -log sigmoid(d)
+// is computed as -log_softmax([0, d])[1], finite for every d and with its true gradient -sigmoid(-d) at d = 0 (the
+// first step's d with that reference). Metrics (training and validation): loss, dpo_loss, reward_accuracy (the share of
+// pairs with r_w > r_l; ties count as wrong), reward_margin (mean r_w - r_l), chosen_reward, rejected_reward (means),
 // and sft_nll when sft_weight > 0. The primary metric is reward_accuracy (higher is better).
-// Options ([objective]): beta (0.1), sft_weight (0), vocab_size (0: from the tokenizer's meta.json, the
+// Options ([objective]): beta (0.1), sft_weight (0), reference (auto | copy: the copy even where the adapters-off
+// policy would serve), vocab_size (0: from the tokenizer's meta.json, the
 // [data] tokenizer folder), fused_head (auto | true | false) and fused_head_mb (256): per-token log-probabilities are
 // the cross-entropy kernel's rows (dew::token_logprobs), and with a dew::LinearHeadModel whose [rows, V] f32 logits
 // would pass fused_head_mb they come from dew::linear_token_logprobs, the head in chunks, the logits never whole.
@@ -26,6 +29,7 @@
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
 #include <dew/lm_commands.hpp>
+#include <dew/lora.hpp>
 #include <dew/model.hpp>
 #include <dew/objective.hpp>
 #include <dew/ops.hpp>
@@ -68,6 +72,7 @@ class Dpo final : public dew::Objective {
                         "' field (use source = preference_jsonl)");
       if (!model.has("max_seq_len")) model.set("max_seq_len", std::to_string(r.at("chosen").shape[0] - 1));
     }
+    model_options_ = model;
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
     reference_ = dew::create_model(model);  // overwritten by the starting weights at the first step
@@ -86,7 +91,8 @@ class Dpo final : public dew::Objective {
   dew::NamedTensors parameters() override { return model_->named_parameters(); }
   dew::NamedTensors state() override {
     dew::NamedTensors s;
-    for (auto& [n, t] : reference_->named_parameters()) s.emplace_back("reference." + n, t);
+    if (!reference_is_base())
+      for (auto& [n, t] : reference_->named_parameters()) s.emplace_back("reference." + n, t);
     s.emplace_back("reference_ready", reference_ready_);
     return s;
   }
@@ -167,6 +173,39 @@ class Dpo final : public dew::Objective {
     return c;
   }
 
+  // Inference folds the adapters into the policy, which then is no longer the base: the reference becomes a copy of
+  // the base weights (every parameter but the adapters) before that.
+  void before_adapters_merged() override {
+    if (!reference_is_base()) return;
+    dew::NoGradGuard no_grad;
+    reference_ = dew::create_model(model_options_);
+    reference_->initialize(0);  // as build() makes one; every parameter is overwritten below
+    reference_->set_training(false);
+    std::map<std::string, Tensor> src;
+    for (auto& [n, t] : model_->named_parameters()) src.emplace(n, t);
+    for (auto& [n, t] : reference_->named_parameters()) {
+      auto it = src.find(n);
+      DEW_INTERNAL_ASSERT(it != src.end());
+      t.copy_(it->second);
+    }
+    base_copied_ = true;
+  }
+
+  // Whether the reference is the policy with its adapters off: reference = auto, LoRA adapters attached
+  // (prepare_fine_tuning runs after build()) and nothing else trained, so the frozen base is the starting weights.
+  // Then the copy made at build() is dropped (its memory is the point).
+  bool reference_is_base() {
+    if (reference_mode_ != "auto" || base_copied_) return false;
+    bool adapters = false;
+    for (const auto& [n, t] : model_->named_parameters()) {
+      const bool lora = dew::is_lora_parameter(n);
+      if (t.requires_grad() && !lora) return false;
+      adapters = adapters || lora;
+    }
+    if (adapters) reference_.reset();
+    return adapters;
+  }
+
   static constexpr const char* kPairMeans[] = {"dpo_loss", "reward_accuracy", "reward_margin", "chosen_reward",
                                                "rejected_reward"};
 
@@ -183,6 +222,9 @@ class Dpo final : public dew::Objective {
     vocab_size_ = o.get_int("vocab_size", 0);
     fused_head_ = o.get_string("fused_head", "auto");
     fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
+    reference_mode_ = o.get_string("reference", "auto");
+    DEW_USAGE_CHECK(reference_mode_ == "auto" || reference_mode_ == "copy",
+                    "option 'objective.reference' must be auto or copy, got '", reference_mode_, "'");
     DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
                     "option 'objective.fused_head' must be auto, true or false, got '", fused_head_, "'");
     DEW_USAGE_CHECK(fused_head_mb_ > 0, "option 'objective.fused_head_mb' must be > 0, got ", fused_head_mb_);
@@ -195,6 +237,10 @@ class Dpo final : public dew::Objective {
   // reference's parameters and its adapters, whose B = 0 leaves the policy equal to the reference then.
   void freeze_reference() {
     if (reference_ready_.item() != 0.0) return;
+    if (reference_is_base()) {
+      reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
+      return;
+    }
     dew::NoGradGuard no_grad;
     std::map<std::string, Tensor> src;
     for (auto& [n, t] : model_->named_parameters()) src.emplace(n, t);
@@ -264,6 +310,15 @@ class Dpo final : public dew::Objective {
     if (batch.count("ref_chosen_logp") && batch.count("ref_rejected_logp")) {
       rc = dew::reshape(dew::cast(batch.at("ref_chosen_logp"), dew::DType::f32), {b});
       rr = dew::reshape(dew::cast(batch.at("ref_rejected_logp"), dew::DType::f32), {b});
+    } else if (reference_is_base()) {  // the policy with its adapters off, in evaluation mode as the copy would be
+      dew::NoGradGuard no_grad;
+      dew::nn::LoraAdaptersOff base;
+      const bool was = model_->training();
+      model_->set_training(false);
+      const Tensor ref = sequence_logp(*model_, ids, masks);
+      model_->set_training(was);
+      rc = dew::slice(ref, 0, 0, b);
+      rr = dew::slice(ref, 0, b, 2 * b);
     } else {
       dew::NoGradGuard no_grad;
       const Tensor ref = sequence_logp(*reference_, ids, masks);
@@ -321,7 +376,9 @@ class Dpo final : public dew::Objective {
   dew::BackendPtr backend_;
   double beta_ = 0.1, sft_weight_ = 0.0, fused_head_mb_ = 256.0;
   int64_t vocab_size_ = 0, vocab_ = 0;
-  std::string fused_head_ = "auto";
+  std::string fused_head_ = "auto", reference_mode_ = "auto";
+  dew::Options model_options_;  // [model], for a reference copy made after build()
+  bool base_copied_ = false;    // before_adapters_merged() made the copy: the adapters-off policy is gone
 };
 
 }  // namespace
@@ -334,6 +391,10 @@ DEW_PLUGIN("dpo", "0.1.0") {
       .factory = [](const dew::Options& o) { return std::make_shared<Dpo>(o); },
       .options = {{"beta", "0.1", "the DPO temperature beta"},
                   {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
+                  {"reference", "auto",
+                   "auto | copy: the reference pass (without precomputed log-probs) runs a copy of the starting "
+                   "weights, or under auto, where LoRA adapters are all that is trained, the policy with its "
+                   "adapters off (no copy)"},
                   {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
                   {"fused_head", "auto",
                    "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "

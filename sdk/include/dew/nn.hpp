@@ -115,7 +115,21 @@ class ModuleDict : public Module {
 // adapted layer starts as the plain one), s = alpha / r (or alpha / sqrt(r), rsLoRA). merge_lora() folds
 // s B A into W and removes the adapter (PEFT's merge_and_unload): inference and export see a plain Linear.
 // A block that reads `weight` itself (fused or packed products) must take Linear::forward instead while
-// has_lora(); tests/models/test_lora.cpp holds every bundled backbone to its merged forward.
+// adapter_active(); tests/models/test_lora.cpp holds every bundled backbone to its merged forward.
+// While a LoraAdaptersOff is alive in the thread, forwards skip the adapters (PEFT's disable_adapter()): the model
+// runs as its base, on the base's own paths (a DPO reference pass without a second copy of the model).
+bool lora_adapters_enabled();
+class LoraAdaptersOff {
+ public:
+  LoraAdaptersOff();
+  ~LoraAdaptersOff();
+  LoraAdaptersOff(const LoraAdaptersOff&) = delete;
+  LoraAdaptersOff& operator=(const LoraAdaptersOff&) = delete;
+
+ private:
+  bool previous_;
+};
+
 class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias = true, Init weight_init = {}, Init bias_init = {});
@@ -124,6 +138,7 @@ class Linear : public Module {
   void add_lora(int64_t rank, float scale, uint64_t seed, const std::string& full_name);
   void merge_lora();
   bool has_lora() const { return lora_a.defined(); }
+  bool adapter_active() const { return has_lora() && lora_adapters_enabled(); }  // attached and applied
   Tensor weight, bias;
   Tensor lora_a, lora_b;  // defined while an adapter is attached
   float lora_scale = 0.0f;

@@ -89,6 +89,10 @@ class Objective {
   // Called after every optimizer update (not after skipped ones), with info.step = the updates done,
   // this one included; e.g. to move a target network towards the trained one. No gradients are recorded.
   virtual void after_update(const StepInfo& info) { (void)info; }
+  // Called by eval, sample, serve and export after loading a LoRA run, just before its adapters are folded into the
+  // main model's weights (dew/lora.hpp): an objective that runs the base model itself (DPO's reference as the policy
+  // with its adapters off) keeps what it needs of the base here.
+  virtual void before_adapters_merged() {}
   // What `dew-run export` writes (default: the trained parameters). JEPA exports its encoder alone.
   virtual NamedTensors export_parameters() { return parameters(); }
   virtual StepResult step(const Batch& batch, const StepInfo& info) = 0;
