@@ -262,6 +262,15 @@ std::string import_hf(const std::string& hf_dir, const std::string& run_dir, con
 
   // The tokenizer, when dew reads it (load_hf_tokenizer_json), as a token folder's meta.json.
   std::string tokenizer_note;
+  // A failed import removes the folder it made, so nothing half-imported is left to look like a run.
+  struct RemoveUnlessDone {
+    fs::path dir;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      std::error_code e;
+      if (!done && !dir.empty()) fs::remove_all(dir, e);
+    }
+  } cleanup{fs::exists(run, ec) ? fs::path() : run};
   fs::create_directories(run, ec);
   if (fs::exists(hf / "tokenizer.json", ec)) {
     try {
@@ -313,6 +322,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& run_dir, con
   c.state_text = {{"data.order", ""}, {"best_file", ""}};
   fs::create_directories(run / "checkpoints");
   write_checkpoint((run / "checkpoints" / checkpoint_name(0)).string(), c);
+  cleanup.done = true;
 
   std::ostringstream s;
   s << "imported " << model_type << " (" << plan.model.at("n_layers") << " layers, " << params.size() << " tensors, "

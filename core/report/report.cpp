@@ -304,6 +304,7 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
        << kReportJs << "</script>\n</body>\n</html>\n";
 
   const fs::path out(out_path);
+  DEW_USAGE_CHECK(!fs::is_directory(out), "report: --out '", out_path, "' is a folder: name the HTML file to write");
   if (out.has_parent_path()) {
     std::error_code ec;
     fs::create_directories(out.parent_path(), ec);
@@ -319,6 +320,10 @@ std::string write_report(const std::vector<std::string>& run_dirs, const std::st
   }
   std::error_code ec;
   fs::rename(tmp, out, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+  }
   DEW_CHECK(!ec, "report: cannot rename '", tmp.string(), "' to '", out.string(), "': ", ec.message());
   return out.string();
 }

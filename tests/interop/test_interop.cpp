@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -364,6 +365,29 @@ TEST_CASE("import -> run directory -> export --format hf -> import is lossless")
     CHECK_THROWS_WITH_AS(dew::import_hf(fixture(name), run.string(), o), doctest::Contains("already holds checkpoints"),
                          dew::UsageError);
   }
+  fs::remove_all(d);
+}
+
+TEST_CASE("a failed import leaves no half-imported folder, and a folder that was there before stays") {
+  const fs::path d = tmpdir("failed_import");
+  const fs::path hf = d / "broken_hf";
+  fs::create_directories(hf);
+  fs::copy_file(fs::path(fixture("llama")) / "config.json", hf / "config.json");
+  {  // the weights cut short: their header promises more bytes than the file holds
+    std::ifstream in(fs::path(fixture("llama")) / "model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(hf / "model.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
+  dew::ImportOptions o;
+  o.backend = "ref";
+  const fs::path fresh = d / "fresh_run";
+  CHECK_THROWS_AS(dew::import_hf(hf.string(), fresh.string(), o), dew::Error);
+  CHECK_FALSE(fs::exists(fresh));
+  const fs::path existing = d / "existing";
+  fs::create_directories(existing);
+  std::ofstream(existing / "notes.txt") << "mine";
+  CHECK_THROWS_AS(dew::import_hf(hf.string(), existing.string(), o), dew::Error);
+  CHECK(fs::exists(existing / "notes.txt"));
   fs::remove_all(d);
 }
 

@@ -48,6 +48,9 @@ run report --run-dir A --run-dir B
 run report --run-dir A --run-dir B --out sub/dir/both.html
 [ -s sub/dir/both.html ] && [ ! -e sub/dir/both.html.tmp ] || fail "--out sub/dir/both.html"
 "$PY" "$here/check_page.py" html sub/dir/both.html A B
+# --out naming a folder: one refusal, and no stray DIR.tmp
+refused "is a folder" report --run-dir A --out sub/dir
+[ ! -e sub/dir.tmp ] || fail "report --out DIR left DIR.tmp"
 
 # ---- 2: report_every, seen mid-run; without it, no report before the end
 long=(--trainer.steps 2000 --trainer.log_every 1 --trainer.eval_every 0 --trainer.checkpoint_every 0)
