@@ -25,6 +25,7 @@
 #include "dew/ops.hpp"
 #include "dew/registry.hpp"
 #include "dew/tokenizer.hpp"
+#include "temp_dir.hpp"
 
 using dew::Tensor;
 namespace fs = std::filesystem;
@@ -42,18 +43,7 @@ const dew::BackendPtr& ref() {
   return be;
 }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("dew_test_chat_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dew_test::TempDir;
 
 struct Turn {
   std::string role, content;

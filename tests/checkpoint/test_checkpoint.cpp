@@ -27,13 +27,14 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/integrity.h"  // core/: to re-seal a file after tampering with it through HDF5
 #include "dew/backend.hpp"
-#include "dew/plugin.h"  // DEW_SDK_VERSION
 #include "dew/checkpoint.hpp"
 #include "dew/error.hpp"
+#include "dew/plugin.h"  // DEW_SDK_VERSION
 #include "dew/registry.hpp"
 #include "dew/tensor.hpp"
-#include "checkpoint/integrity.h"  // core/: to re-seal a file after tampering with it through HDF5
+#include "temp_dir.hpp"
 
 using namespace dew;
 namespace fs = std::filesystem;
@@ -50,21 +51,7 @@ BackendPtr ref() {
 }
 
 // A fresh directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("dew-test-checkpoint-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using dew_test::TempDir;
 
 std::vector<unsigned char> bytes_of(const Tensor& t) {
   std::vector<unsigned char> b(t.nbytes());

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using namespace dew;
 
@@ -145,19 +147,7 @@ std::shared_ptr<DataSource> idx(const std::string& path, const std::string& spli
 }
 
 // A temporary folder removed at the end of the scope.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("dew_test_data_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dew_test::TempDir;
 
 std::vector<unsigned char> gunzip(const fs::path& p) {
   gzFile f = gzopen(p.c_str(), "rb");

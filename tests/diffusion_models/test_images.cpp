@@ -16,6 +16,7 @@
 #include "dew/error.hpp"
 #include "dew/image.hpp"
 #include "dew/registry.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using dew::Tensor;
@@ -36,20 +37,7 @@ void write_bytes(const fs::path& p, const std::vector<unsigned char>& b) {
   std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("dew_test_images_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
+using dew_test::TempDir;
 
 // A PNG of h x w x c whose pixels are pattern(seed).
 std::vector<uint8_t> put_png(const fs::path& p, int64_t h, int64_t w, int64_t c, uint32_t seed) {

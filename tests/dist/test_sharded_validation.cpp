@@ -22,23 +22,13 @@
 #include "dew/registry.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("dew_test_sharded_validation_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dew_test::TempDir;
 
 void discover_plugins() {
   auto& reg = dew::Registry::global();

@@ -33,6 +33,7 @@
 #include "dew/registry.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
+#include "temp_dir.hpp"
 
 using dew::Tensor;
 namespace fs = std::filesystem;
@@ -51,18 +52,7 @@ const dew::BackendPtr& ref() {
   return be;
 }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("dew_test_dpo_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dew_test::TempDir;
 
 std::string byte_folder(const fs::path& dir) {
   auto tok = dew::make_byte_tokenizer();

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using namespace dew;
 using Ids = std::vector<int32_t>;
@@ -24,18 +26,7 @@ using V = std::vector<std::string>;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("dew_test_hf_tokenizer_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dew_test::TempDir;
 
 std::string write(const TempDir& d, const std::string& name, const std::string& content) {
   const fs::path p = d.path / name;

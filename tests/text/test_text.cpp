@@ -27,24 +27,14 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using namespace dew;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("dew_test_text_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str(const std::string& sub = {}) const { return sub.empty() ? path.string() : (path / sub).string(); }
-};
+using dew_test::TempDir;
 
 void write_file(const fs::path& p, const std::string& content) {
   std::ofstream out(p, std::ios::binary);
@@ -399,8 +389,8 @@ TEST_CASE("a long text is encoded as its pre-tokens are") {
 TEST_CASE("save_tokenizer_json -> load_hf_tokenizer_json gives the same tokenizer") {
   TempDir dir("json");
   auto t = train_bpe(small_corpus(), 700);
-  save_tokenizer_json(*t, dir.str("tokenizer.json"));
-  auto u = load_hf_tokenizer_json(dir.str("tokenizer.json"));
+  save_tokenizer_json(*t, (dir / "tokenizer.json"));
+  auto u = load_hf_tokenizer_json((dir / "tokenizer.json"));
   CHECK(u->name() == "bpe");
   CHECK(u->vocab_size() == t->vocab_size());
   CHECK(u->eos_id() == t->eos_id());
@@ -412,11 +402,11 @@ TEST_CASE("save_tokenizer_json -> load_hf_tokenizer_json gives the same tokenize
     REQUIRE(u->encode(s) == t->encode(s));
   }
   // Saved again, the file is the same.
-  save_tokenizer_json(*u, dir.str("again.json"));
+  save_tokenizer_json(*u, (dir / "again.json"));
   CHECK(read_file(dir.path / "again.json") == read_file(dir.path / "tokenizer.json"));
   // The byte tokenizer's form: a byte-level BPE without merges that encodes every string to its bytes.
-  save_tokenizer_json(*make_byte_tokenizer(), dir.str("b.json"));
-  auto b = load_hf_tokenizer_json(dir.str("b.json"));
+  save_tokenizer_json(*make_byte_tokenizer(), (dir / "b.json"));
+  auto b = load_hf_tokenizer_json((dir / "b.json"));
   CHECK(b->vocab_size() == 256);
   auto bytes = make_byte_tokenizer();
   for (int i = 0; i < 1000; ++i) {
@@ -431,8 +421,8 @@ TEST_CASE("GPT-2 vocab.json + merges.txt and tokenizer.json give GPT-2's ids") {
   write_file(dir.path / "vocab.json", fixture_vocab_json());
   write_file(dir.path / "merges.txt", fixture_merges_txt());
   write_file(dir.path / "tokenizer.json", fixture_tokenizer_json());
-  auto a = load_gpt2_vocab(dir.str("vocab.json"), dir.str("merges.txt"));
-  auto b = load_hf_tokenizer_json(dir.str("tokenizer.json"));
+  auto a = load_gpt2_vocab((dir / "vocab.json"), (dir / "merges.txt"));
+  auto b = load_hf_tokenizer_json((dir / "tokenizer.json"));
   for (const auto* t : {a.get(), b.get()}) {
     CHECK(t->vocab_size() == 265);
     CHECK(t->eos_id() == 264);
@@ -447,21 +437,21 @@ TEST_CASE("GPT-2 vocab.json + merges.txt and tokenizer.json give GPT-2's ids") {
     CHECK(t->token_bytes(256) == " w");
   }
   // Saved and loaded again: the same ids.
-  save_tokenizer_json(*a, dir.str("saved.json"));
-  CHECK(load_hf_tokenizer_json(dir.str("saved.json"))->encode("Hello world! world") == a->encode("Hello world! world"));
+  save_tokenizer_json(*a, (dir / "saved.json"));
+  CHECK(load_hf_tokenizer_json((dir / "saved.json"))->encode("Hello world! world") == a->encode("Hello world! world"));
 
   // Other tokenizer kinds are refused by name.
   write_file(dir.path / "wp.json", fixture_tokenizer_json(R"({"type": "ByteLevel"})", "null", "WordPiece"));
-  CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("wp.json")); }), "WordPiece"));
+  CHECK(contains(error_of([&] { load_hf_tokenizer_json((dir / "wp.json")); }), "WordPiece"));
   write_file(dir.path / "ms.json", fixture_tokenizer_json(R"({"type": "Metaspace", "replacement": "▁"})"));
-  CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("ms.json")); }), "Metaspace"));
+  CHECK(contains(error_of([&] { load_hf_tokenizer_json((dir / "ms.json")); }), "Metaspace"));
   write_file(dir.path / "nfkc.json", fixture_tokenizer_json(R"({"type": "ByteLevel"})", R"({"type": "NFKC"})"));
-  CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("nfkc.json")); }), "NFKC"));
+  CHECK(contains(error_of([&] { load_hf_tokenizer_json((dir / "nfkc.json")); }), "NFKC"));
   write_file(dir.path / "bad.json", "{\"model\": ");
-  CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("bad.json")); }), "not valid JSON"));
-  CHECK(contains(error_of([&] { load_hf_tokenizer_json(dir.str("none.json")); }), "does not exist"));
+  CHECK(contains(error_of([&] { load_hf_tokenizer_json((dir / "bad.json")); }), "not valid JSON"));
+  CHECK(contains(error_of([&] { load_hf_tokenizer_json((dir / "none.json")); }), "does not exist"));
   write_file(dir.path / "merges_bad.txt", "#version: 0.2\nH e\nq zz\n");
-  CHECK(contains(error_of([&] { load_gpt2_vocab(dir.str("vocab.json"), dir.str("merges_bad.txt")); }), "merge 3"));
+  CHECK(contains(error_of([&] { load_gpt2_vocab((dir / "vocab.json"), (dir / "merges_bad.txt")); }), "merge 3"));
 }
 
 // ================================================================ meta.json
@@ -496,9 +486,9 @@ TEST_CASE("token dtype by vocab size, meta.json reading") {
   CHECK(r.val_bytes == 9);
   CHECK(r.eos_id == 49999);
 
-  CHECK(contains(error_of([&] { read_token_meta(dir.str("nope")); }), "does not exist"));
+  CHECK(contains(error_of([&] { read_token_meta((dir / "nope")); }), "does not exist"));
   fs::create_directories(dir.path / "empty");
-  CHECK(contains(error_of([&] { read_token_meta(dir.str("empty")); }), "meta.json"));
+  CHECK(contains(error_of([&] { read_token_meta((dir / "empty")); }), "meta.json"));
   write_file(dir.path / "meta.json", "{\"vocab_size\": 5,");
   CHECK(contains(error_of([&] { read_token_meta(dir.str()); }), "not valid JSON"));
   // A number JSON cannot hold (fuzz/regressions/token_files): one dew error, not nlohmann's out_of_range.
@@ -586,14 +576,14 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
   std::string out;
 
   // byte: the files in name order, val = the first 10% of the bytes (no document tokens here).
-  REQUIRE(run_tool("--input " + dir.str("in") + " --out " + dir.str("byte") + " --val-fraction 0.1 --document-token none",
+  REQUIRE(run_tool("--input " + (dir / "in") + " --out " + (dir / "byte") + " --val-fraction 0.1 --document-token none",
                    &out) == 0);
   CHECK(contains(out, "skipping"));
   CHECK(contains(out, "c.dat"));
   CHECK(contains(out, "d.txt"));
   CHECK_FALSE(contains(out, "e.u8"));
   {
-    const TokenMeta m = read_token_meta(dir.str("byte"));
+    const TokenMeta m = read_token_meta((dir / "byte"));
     const std::string all = a + b;
     CHECK(m.tokenizer == "byte");
     CHECK(m.vocab_size == 256);
@@ -612,18 +602,18 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
   }
 
   // bpe trained here, documents separated by eos.
-  REQUIRE(run_tool("--input " + dir.str("in") + " --out " + dir.str("bpe") +
+  REQUIRE(run_tool("--input " + (dir / "in") + " --out " + (dir / "bpe") +
                        " --tokenizer bpe --vocab-size 400 --val-fraction 0.2 --eos-between-files",
                    &out) == 0);
   CHECK(contains(out, "trained a BPE of 400 tokens"));
   {
-    const TokenMeta m = read_token_meta(dir.str("bpe"));
+    const TokenMeta m = read_token_meta((dir / "bpe"));
     CHECK(m.tokenizer == "bpe");
     CHECK(m.vocab_size == 400);
     CHECK(m.dtype == "uint16");
     CHECK(m.eos_id == 399);
     CHECK(m.train_bytes + m.val_bytes == int64_t(a.size() + b.size()));
-    auto t = load_tokenizer(dir.str("bpe"));
+    auto t = load_tokenizer((dir / "bpe"));
     std::vector<uint32_t> val = read_ids(dir.path / "bpe" / "val.bin", 2),
                           train = read_ids(dir.path / "bpe" / "train.bin", 2);
     CHECK(int64_t(val.size()) == m.val_tokens);
@@ -638,13 +628,13 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
   }
 
   // The saved tokenizer.json used on its own: the same ids, without eos this time.
-  REQUIRE(run_tool("--input " + dir.str("in/a.txt") + " --input " + dir.str("in/b.txt") + " --out " + dir.str("json") +
-                       " --tokenizer-json " + dir.str("bpe/tokenizer.json") + " --val-fraction 0 --document-token none",
+  REQUIRE(run_tool("--input " + (dir / "in/a.txt") + " --input " + (dir / "in/b.txt") + " --out " + (dir / "json") +
+                       " --tokenizer-json " + (dir / "bpe/tokenizer.json") + " --val-fraction 0 --document-token none",
                    &out) == 0);
   {
-    const TokenMeta m = read_token_meta(dir.str("json"));
+    const TokenMeta m = read_token_meta((dir / "json"));
     CHECK(m.val_tokens == 0);
-    auto t = load_tokenizer(dir.str("json"));
+    auto t = load_tokenizer((dir / "json"));
     const auto train = read_ids(dir.path / "json" / "train.bin", 2);
     CHECK(t->decode(std::vector<int32_t>(train.begin(), train.end())) == a + b);
     auto expected = t->encode(a);
@@ -654,15 +644,14 @@ TEST_CASE("dew-tokenize end to end: byte and bpe, val from the head, binary file
   }
 
   // Usage errors exit with 2.
-  CHECK(run_tool("--input " + dir.str("missing") + " --out " + dir.str("x"), &out) == 2);
+  CHECK(run_tool("--input " + (dir / "missing") + " --out " + (dir / "x"), &out) == 2);
   CHECK(contains(out, "does not exist"));
-  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --tokenizer wordpiece", &out) == 2);
-  CHECK(run_tool("--input " + dir.str("in/c.dat") + " --out " + dir.str("x"), &out) == 2);
+  CHECK(run_tool("--input " + (dir / "in") + " --out " + (dir / "x") + " --tokenizer wordpiece", &out) == 2);
+  CHECK(run_tool("--input " + (dir / "in/c.dat") + " --out " + (dir / "x"), &out) == 2);
   CHECK(contains(out, "not UTF-8 text"));
-  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --val-fraction 1.5", &out) == 2);
-  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --tokenizer bpe --vocab-size 10", &out) ==
-        2);
-  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("x") + " --vocab " + dir.str("v.json"), &out) == 2);
+  CHECK(run_tool("--input " + (dir / "in") + " --out " + (dir / "x") + " --val-fraction 1.5", &out) == 2);
+  CHECK(run_tool("--input " + (dir / "in") + " --out " + (dir / "x") + " --tokenizer bpe --vocab-size 10", &out) == 2);
+  CHECK(run_tool("--input " + (dir / "in") + " --out " + (dir / "x") + " --vocab " + (dir / "v.json"), &out) == 2);
   CHECK(run_tool("--bogus", &out) == 2);
   CHECK(run_tool("--help", &out) == 0);
 }
@@ -676,7 +665,7 @@ TEST_CASE("dew-tokenize records documents: files, .jsonl lines, separator lines,
   write_file(dir.path / "in" / "b.jsonl",
              "{\"text\": \"json one\"}\n\n{\"text\": \"json \\u00e9 two\", \"id\": 7}\n{\"text\": \"%\"}\n");
   std::string out;
-  REQUIRE(run_tool("--input " + dir.str("in") + " --out " + dir.str("byte") + " --val-fraction 0 --separator %", &out) ==
+  REQUIRE(run_tool("--input " + (dir / "in") + " --out " + (dir / "byte") + " --val-fraction 0 --separator %", &out) ==
           0);
   const std::vector<std::string> docs = {"first fortune\n", "second one\nhas two lines\n", "third\n", "json one",
                                          "json \xC3\xA9 two", "%"};
@@ -684,7 +673,7 @@ TEST_CASE("dew-tokenize records documents: files, .jsonl lines, separator lines,
   int64_t text_bytes = 0;
   for (const auto& d : docs) stream += d + "\xff", text_bytes += int64_t(d.size());
   {
-    const TokenMeta m = read_token_meta(dir.str("byte"));
+    const TokenMeta m = read_token_meta((dir / "byte"));
     CHECK(m.eos_id == 255);
     CHECK(m.documents == 6);
     CHECK(m.train_tokens == int64_t(stream.size()));
@@ -693,20 +682,21 @@ TEST_CASE("dew-tokenize records documents: files, .jsonl lines, separator lines,
     CHECK(contains(out, "6 document(s) (6 marked)"));
   }
   // between: separators only; none: no boundaries recorded.
-  REQUIRE(run_tool("--input " + dir.str("in/a.txt") + " --out " + dir.str("between") +
+  REQUIRE(run_tool("--input " + (dir / "in/a.txt") + " --out " + (dir / "between") +
                        " --val-fraction 0 --separator % --eos-between-files",
                    &out) == 0);
   CHECK(read_file(dir.path / "between" / "train.bin") == "first fortune\n\xffsecond one\nhas two lines\n\xffthird\n");
-  CHECK(read_token_meta(dir.str("between")).documents == 3);
-  REQUIRE(run_tool("--input " + dir.str("in/a.txt") + " --out " + dir.str("none") + " --val-fraction 0 --document-token none",
-                   &out) == 0);
-  CHECK(read_token_meta(dir.str("none")).documents == 0);
+  CHECK(read_token_meta((dir / "between")).documents == 3);
+  REQUIRE(
+      run_tool("--input " + (dir / "in/a.txt") + " --out " + (dir / "none") + " --val-fraction 0 --document-token none",
+               &out) == 0);
+  CHECK(read_token_meta((dir / "none")).documents == 0);
   CHECK(read_file(dir.path / "none" / "train.bin") == read_file(dir.path / "in" / "a.txt"));
   // A bad .jsonl line is one usage error naming the line.
   write_file(dir.path / "bad.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n");
-  CHECK(run_tool("--input " + dir.str("bad.jsonl") + " --out " + dir.str("bad"), &out) == 2);
+  CHECK(run_tool("--input " + (dir / "bad.jsonl") + " --out " + (dir / "bad"), &out) == 2);
   CHECK(contains(out, "line 2"));
-  CHECK(run_tool("--input " + dir.str("in") + " --out " + dir.str("bad2") + " --document-token sometimes", &out) == 2);
+  CHECK(run_tool("--input " + (dir / "in") + " --out " + (dir / "bad2") + " --document-token sometimes", &out) == 2);
 }
 #endif
 
@@ -723,7 +713,7 @@ TEST_CASE("tokens source: windows are the file's ids, stride, splits, dtypes") {
   TempDir dir("src");
   const auto train = iota_ids(0, 100), val = iota_ids(100, 30);
   make_token_dir(dir.path / "u16", "uint16", 1000, train, val);
-  auto s = tokens_source({{"path", dir.str("u16")}, {"seq_len", "8"}, {"split", "train"}});
+  auto s = tokens_source({{"path", (dir / "u16")}, {"seq_len", "8"}, {"split", "train"}});
   CHECK(s->size() == (100 - 9) / 8 + 1);
   for (int64_t i = 0; i < s->size(); ++i) {
     const auto t = text_of(s->get(i));
@@ -733,30 +723,30 @@ TEST_CASE("tokens source: windows are the file's ids, stride, splits, dtypes") {
   CHECK(s->identity() == "tokens:" + (fs::weakly_canonical(dir.path / "u16") / "train.bin").string());
   error_of([&] { s->get(s->size()); }, ErrorKind::runtime);
 
-  auto strided = tokens_source({{"path", dir.str("u16")}, {"seq_len", "8"}, {"stride", "3"}, {"split", "train"}});
+  auto strided = tokens_source({{"path", (dir / "u16")}, {"seq_len", "8"}, {"stride", "3"}, {"split", "train"}});
   CHECK(strided->size() == (100 - 9) / 3 + 1);
   const auto last = text_of(strided->get(strided->size() - 1));
   CHECK(last.front() == 90);
   CHECK(last.back() == 98);
 
-  auto v = tokens_source({{"path", dir.str("u16")}, {"seq_len", "8"}, {"split", "val"}});
+  auto v = tokens_source({{"path", (dir / "u16")}, {"seq_len", "8"}, {"split", "val"}});
   CHECK(v->size() == 3);
   CHECK(text_of(v->get(0)).front() == 100);
   CHECK(contains(v->identity(), "val.bin"));
 
   // uint8 and uint32 (ids above 65535).
   make_token_dir(dir.path / "u8", "uint8", 256, iota_ids(200, 50), iota_ids(0, 10));
-  CHECK(text_of(tokens_source({{"path", dir.str("u8")}, {"seq_len", "4"}})->get(1)) ==
+  CHECK(text_of(tokens_source({{"path", (dir / "u8")}, {"seq_len", "4"}})->get(1)) ==
         std::vector<int32_t>{204, 205, 206, 207, 208});
   make_token_dir(dir.path / "u32", "uint32", 70000, iota_ids(69990, 10), iota_ids(0, 10));
-  CHECK(text_of(tokens_source({{"path", dir.str("u32")}, {"seq_len", "3"}})->get(2)) ==
+  CHECK(text_of(tokens_source({{"path", (dir / "u32")}, {"seq_len", "3"}})->get(2)) ==
         std::vector<int32_t>{69996, 69997, 69998, 69999});
 
   // Through the loader: a [data] section with the source's keys.
   Options section(
-      {{"source", "tokens"}, {"path", dir.str("u16")}, {"seq_len", "8"}, {"batch_size", "4"}, {"shuffle", "false"}},
+      {{"source", "tokens"}, {"path", (dir / "u16")}, {"seq_len", "8"}, {"batch_size", "4"}, {"shuffle", "false"}},
       "data");
-  tokens_source({{"path", dir.str("u16")}, {"seq_len", "8"}});  // loads the plugin
+  tokens_source({{"path", (dir / "u16")}, {"seq_len", "8"}});  // loads the plugin
   auto loader = make_loader(section, "train", 0);
   const HostBatch batch = loader->next();
   const HostArray& text = batch.at("text");
@@ -799,7 +789,7 @@ TEST_CASE("tokens source refuses files that disagree with meta.json") {
                    tokens_source({{"path", dir.str()}, {"seq_len", "8"}, {"split", "val"}});
                  }),
                  "val.bin' does not exist"));
-  CHECK(contains(error_of([&] { tokens_source({{"path", dir.str("none")}, {"seq_len", "8"}}); }), "does not exist"));
+  CHECK(contains(error_of([&] { tokens_source({{"path", (dir / "none")}, {"seq_len", "8"}}); }), "does not exist"));
   CHECK(contains(error_of([&] { tokens_source({{"seq_len", "8"}}); }), "'data.path'"));
   CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}}); }), "'data.seq_len'"));
   CHECK(contains(error_of([&] { tokens_source({{"path", dir.str()}, {"seq_len", "0"}}); }), "positive"));
@@ -824,7 +814,7 @@ TEST_CASE("tokens source pack = true: segment ids and positions of the documents
   std::vector<std::string> docs;
   for (int i = 0; i < 40; ++i) docs.push_back(std::string(size_t(1 + (i * 7) % 23), char('a' + i % 26)));
   auto tok = make_byte_tokenizer();
-  write_token_corpus(*tok, docs, dir.str("c"), 0.0, DocumentMarks::end);
+  write_token_corpus(*tok, docs, (dir / "c"), 0.0, DocumentMarks::end);
   std::vector<int64_t> doc_of;  // the document each stream token starts or belongs to as an input
   std::vector<int64_t> start_of;  // where each document (its start token) begins in the stream
   for (size_t d = 0; d < docs.size(); ++d) {
@@ -834,8 +824,8 @@ TEST_CASE("tokens source pack = true: segment ids and positions of the documents
   }
   start_of.push_back(int64_t(doc_of.size()) - 1);
   const int64_t seq = 16;
-  auto plain = tokens_source({{"path", dir.str("c")}, {"seq_len", "16"}});
-  auto packed = tokens_source({{"path", dir.str("c")}, {"seq_len", "16"}, {"pack", "true"}});
+  auto plain = tokens_source({{"path", (dir / "c")}, {"seq_len", "16"}});
+  auto packed = tokens_source({{"path", (dir / "c")}, {"seq_len", "16"}, {"pack", "true"}});
   REQUIRE(packed->size() == plain->size());
   int64_t rows_from_a_start_token = 0;  // the case of a row whose first token is a document token
   for (int64_t i = 0; i < packed->size(); ++i) {
@@ -859,7 +849,7 @@ TEST_CASE("tokens source pack = true: segment ids and positions of the documents
   // Through the loader (shuffled, past one epoch: the reshuffle too) packed batches are the unpacked
   // batches' rows in the same order: packing changes the masks, not the data order.
   auto loader_of = [&](const char* pack) {
-    Options d({{"source", "tokens"}, {"path", dir.str("c")}, {"seq_len", "16"}, {"batch_size", "3"}, {"pack", pack}},
+    Options d({{"source", "tokens"}, {"path", (dir / "c")}, {"seq_len", "16"}, {"batch_size", "3"}, {"pack", pack}},
               "data");
     return make_loader(d, "train", 7);
   };
@@ -872,8 +862,10 @@ TEST_CASE("tokens source pack = true: segment ids and positions of the documents
     CHECK(ints(bp.at("text")) == ints(bu.at("text")));
   }
   // A folder without document boundaries refuses pack, in one line.
-  write_token_corpus(*tok, docs, dir.str("plain"), 0.0, DocumentMarks::none);
-  const std::string e = error_of([&] { tokens_source({{"path", dir.str("plain")}, {"seq_len", "8"}, {"pack", "true"}}); });
+  write_token_corpus(*tok, docs, (dir / "plain"), 0.0, DocumentMarks::none);
+  const std::string e = error_of([&] {
+    tokens_source({{"path", (dir / "plain")}, {"seq_len", "8"}, {"pack", "true"}});
+  });
   CHECK(contains(e, "needs document boundaries"));
   CHECK(e.find('\n') == std::string::npos);
 }
