@@ -228,7 +228,7 @@ TEST_CASE("preference_jsonl: prompt then response tokens, masks on the response"
       doctest::Contains("pairs.jsonl:1: prompt + chosen is 12 tokens"), dew::UsageError);
 }
 
-TEST_CASE("dpo loss with precomputed reference log-probs equals a double-precision computation") {
+TEST_CASE("dpo loss (sigmoid, hinge, ipo) with precomputed reference log-probs equals a double-precision computation") {
   ref();
   TempDir d("pre");
   const std::string bytes = byte_folder(d.path), pairs = write_pairs(d.path, true);
@@ -267,6 +267,42 @@ TEST_CASE("dpo loss with precomputed reference log-probs equals a double-precisi
   }
   CHECK(r2.metrics.at("sft_nll") == doctest::Approx(nll / count).epsilon(1e-5));
   CHECK(r2.loss.item() == doctest::Approx(e2.loss + 0.5 * nll / count).epsilon(1e-5));
+
+  // The other losses: hinge (SLiC) max(0, 1 - d) on the sums; IPO (d / beta - 1 / (2 beta))^2 on per-token means.
+  for (const char* loss : {"hinge", "ipo"}) {
+    CAPTURE(loss);
+    dew::Config cfg3 = tiny_config(bytes, pairs);
+    cfg3.section("objective").set("loss", loss);
+    auto obj3 = build_dpo(cfg3, *src);
+    const dew::StepResult r3 = obj3->step(b.batch(true), {0, 0, 5});
+    dew::Model& m3 = *obj3->main_model();
+    const auto pc3 = logps(logits_of(m3, b.c, 4, b.n), b.c, b.cm, 4, b.n - 1, 256);
+    const auto pr3 = logps(logits_of(m3, b.r, 4, b.n), b.r, b.rm, 4, b.n - 1, 256);
+    double want = 0, margin = 0;
+    for (int64_t i = 0; i < 4; ++i) {
+      double nc = 0, nr = 0;
+      for (int64_t j = 1; j < b.n; ++j) {
+        nc += b.cm[size_t(i * b.n + j)];
+        nr += b.rm[size_t(i * b.n + j)];
+      }
+      const double hw = pc3[size_t(i)] - b.rc[size_t(i)], hl = pr3[size_t(i)] - b.rr[size_t(i)];
+      if (std::string(loss) == "hinge") {
+        want += std::max(0.0, 1.0 - kBeta * (hw - hl));
+        margin += kBeta * (hw - hl);
+      } else {
+        const double h = hw / nc - hl / nr;
+        want += (h - 1.0 / (2.0 * kBeta)) * (h - 1.0 / (2.0 * kBeta));
+        margin += kBeta * h;
+      }
+    }
+    CHECK(r3.loss.item() == doctest::Approx(want / 4).epsilon(1e-5));
+    CHECK(r3.metrics.at("reward_margin") == doctest::Approx(margin / 4).epsilon(1e-5));
+    r3.loss.backward();
+    for (auto& [n, t] : obj3->parameters()) CHECK_MESSAGE(t.grad().defined(), n);
+  }
+  dew::Config bad = tiny_config(bytes, pairs);
+  bad.section("objective").set("loss", "kto");
+  CHECK_THROWS_WITH_AS(build_dpo(bad, *src), doctest::Contains("sigmoid, hinge or ipo"), dew::UsageError);
 }
 
 TEST_CASE("dpo with the starting weights as reference: log 2 first, then the double-precision loss") {

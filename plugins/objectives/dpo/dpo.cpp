@@ -5,6 +5,8 @@
 // tokens, the response_mask of the record) and reference ones log ref(y|x):
 //   r_w = beta * (log pi(y_w|x) - log ref(y_w|x)),  r_l = beta * (log pi(y_l|x) - log ref(y_l|x)),
 //   loss = mean over the batch of -log sigmoid(r_w - r_l)  [+ sft_weight * the mean NLL per chosen token].
+// loss = hinge (SLiC, Zhao et al. 2023): max(0, 1 - (r_w - r_l)); loss = ipo (Azar et al. 2023): with log-probabilities
+// averaged over each response's tokens, ((r_w - r_l) / beta - 1 / (2 beta))^2 (TRL's loss_type names and forms).
 // The reference is either the starting weights (a frozen copy of the model, made at the first step,
 // i.e. after [trainer] init_from loaded the SFT weights; kept in checkpoints as state, so resume and
 // eval see the same reference) or, when the records carry ref_chosen_logp / ref_rejected_logp, those
@@ -223,6 +225,9 @@ class Dpo final : public dew::Objective {
     fused_head_ = o.get_string("fused_head", "auto");
     fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
     reference_mode_ = o.get_string("reference", "auto");
+    loss_type_ = o.get_string("loss", "sigmoid");
+    DEW_USAGE_CHECK(loss_type_ == "sigmoid" || loss_type_ == "hinge" || loss_type_ == "ipo",
+                    "option 'objective.loss' must be sigmoid, hinge or ipo, got '", loss_type_, "'");
     DEW_USAGE_CHECK(reference_mode_ == "auto" || reference_mode_ == "copy",
                     "option 'objective.reference' must be auto or copy, got '", reference_mode_, "'");
     DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
@@ -325,27 +330,49 @@ class Dpo final : public dew::Objective {
       rc = dew::slice(ref, 0, 0, b);
       rr = dew::slice(ref, 0, b, 2 * b);
     }
-    const Tensor reward_w = (pc - rc) * float(beta_), reward_l = (pr - rr) * float(beta_);
-    const Tensor d = reward_w - reward_l;
-    // -log sigmoid(d) = -log_softmax([0, d])[1]: finite for every d and smooth at d = 0, where every run with the
-    // starting weights as reference begins (policy and reference give the same log-probabilities bit for bit, so
-    // d = 0 exactly). The earlier log(1 + exp(-|d|)) - min(d, 0) had a zero gradient there (|d|'s and min's kinks):
-    // the first update was lost.
-    const Tensor zero = Tensor::full({b, 1}, 0.0, dew::DType::f32, backend_);
-    const Tensor nls =
-        -dew::reshape(dew::slice(dew::log_softmax(dew::concat({zero, dew::reshape(d, {b, 1})}, 1)), 1, 1, 2), {b});
-    const Tensor dpo = dew::mean(nls);
-    Parts p;
-    p.rows = b;
-    p.loss = dpo;
     const std::vector<int32_t> cm = cmask.to_ints(), rm = rmask.to_ints();
     const int64_t s = chosen.shape()[1] - 1;
     double chosen_tokens = 0, all_tokens = 0;
-    for (int64_t r = 0; r < b; ++r)
+    std::vector<float> inverse_counts(size_t(2 * b));  // 1 / the scored tokens of each response: [chosen, rejected]
+    for (int64_t r = 0; r < b; ++r) {
+      double nc = 0, nr = 0;
       for (int64_t j = 1; j <= s; ++j) {
-        chosen_tokens += cm[size_t(r * (s + 1) + j)];
-        all_tokens += cm[size_t(r * (s + 1) + j)] + rm[size_t(r * (s + 1) + j)];
+        nc += cm[size_t(r * (s + 1) + j)];
+        nr += rm[size_t(r * (s + 1) + j)];
       }
+      chosen_tokens += nc;
+      all_tokens += nc + nr;
+      inverse_counts[size_t(r)] = float(1.0 / std::max(1.0, nc));
+      inverse_counts[size_t(b + r)] = float(1.0 / std::max(1.0, nr));
+    }
+    // The preference term's log-probabilities: sums over the response, or per-token means for IPO (Azar et al.
+    // 2023, as TRL computes it: the sums' length bias is what IPO's squared loss would otherwise fit).
+    Tensor lw = pc - rc, ll = pr - rr;
+    if (loss_type_ == "ipo") {
+      const Tensor inv = Tensor::from_vector(inverse_counts, {2 * b}, backend_);
+      lw = lw * dew::slice(inv, 0, 0, b);
+      ll = ll * dew::slice(inv, 0, b, 2 * b);
+    }
+    const Tensor reward_w = lw * float(beta_), reward_l = ll * float(beta_);
+    const Tensor d = reward_w - reward_l;
+    Tensor losses;
+    if (loss_type_ == "hinge") {  // SLiC (Zhao et al. 2023): max(0, 1 - d)
+      losses = dew::relu(-d + 1.0f);
+    } else if (loss_type_ == "ipo") {  // (d / beta - 1 / (2 beta))^2
+      losses = dew::square((d + float(-0.5)) * float(1.0 / beta_));
+    } else {
+      // -log sigmoid(d) = -log_softmax([0, d])[1]: finite for every d and smooth at d = 0, where every run with the
+      // starting weights as reference begins (policy and reference give the same log-probabilities bit for bit, so
+      // d = 0 exactly). The earlier log(1 + exp(-|d|)) - min(d, 0) had a zero gradient there (|d|'s and min's kinks):
+      // the first update was lost.
+      const Tensor zero = Tensor::full({b, 1}, 0.0, dew::DType::f32, backend_);
+      losses =
+          -dew::reshape(dew::slice(dew::log_softmax(dew::concat({zero, dew::reshape(d, {b, 1})}, 1)), 1, 1, 2), {b});
+    }
+    const Tensor dpo = dew::mean(losses);
+    Parts p;
+    p.rows = b;
+    p.loss = dpo;
     p.tokens = int64_t(all_tokens);
     p.chosen_tokens = chosen_tokens;
     if (sft_weight_ > 0) {
@@ -376,7 +403,7 @@ class Dpo final : public dew::Objective {
   dew::BackendPtr backend_;
   double beta_ = 0.1, sft_weight_ = 0.0, fused_head_mb_ = 256.0;
   int64_t vocab_size_ = 0, vocab_ = 0;
-  std::string fused_head_ = "auto", reference_mode_ = "auto";
+  std::string fused_head_ = "auto", reference_mode_ = "auto", loss_type_ = "sigmoid";
   dew::Options model_options_;  // [model], for a reference copy made after build()
   bool base_copied_ = false;    // before_adapters_merged() made the copy: the adapters-off policy is gone
 };
@@ -389,16 +416,19 @@ DEW_PLUGIN("dpo", "0.1.0") {
       .description = "Direct Preference Optimization on preference pairs (preference_jsonl): sigmoid loss against a "
                      "frozen reference (the starting weights or precomputed log-probs); reward accuracy and margin",
       .factory = [](const dew::Options& o) { return std::make_shared<Dpo>(o); },
-      .options = {{"beta", "0.1", "the DPO temperature beta"},
-                  {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
-                  {"reference", "auto",
-                   "auto | copy: the reference pass (without precomputed log-probs) runs a copy of the starting "
-                   "weights, or under auto, where LoRA adapters are all that is trained, the policy with its "
-                   "adapters off (no copy)"},
-                  {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
-                  {"fused_head", "auto",
-                   "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "
-                   "one forward's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
-                  {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
+      .options =
+          {{"beta", "0.1", "the DPO temperature beta"},
+           {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
+           {"loss", "sigmoid",
+            "sigmoid (DPO) | hinge (SLiC: max(0, 1 - d)) | ipo ((d / beta - 1 / (2 beta))^2 on per-token means)"},
+           {"reference", "auto",
+            "auto | copy: the reference pass (without precomputed log-probs) runs a copy of the starting "
+            "weights, or under auto, where LoRA adapters are all that is trained, the policy with its "
+            "adapters off (no copy)"},
+           {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
+           {"fused_head", "auto",
+            "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "
+            "one forward's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
+           {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
   });
 }
