@@ -228,7 +228,9 @@ TEST_CASE("preference_jsonl: prompt then response tokens, masks on the response"
       doctest::Contains("pairs.jsonl:1: prompt + chosen is 12 tokens"), dew::UsageError);
 }
 
-TEST_CASE("dpo loss (sigmoid, hinge, ipo) with precomputed reference log-probs equals a double-precision computation") {
+TEST_CASE(
+    "dpo loss (sigmoid, hinge, ipo, simpo, label smoothing) with precomputed reference log-probs equals a "
+    "double-precision computation") {
   ref();
   TempDir d("pre");
   const std::string bytes = byte_folder(d.path), pairs = write_pairs(d.path, true);
@@ -268,11 +270,14 @@ TEST_CASE("dpo loss (sigmoid, hinge, ipo) with precomputed reference log-probs e
   CHECK(r2.metrics.at("sft_nll") == doctest::Approx(nll / count).epsilon(1e-5));
   CHECK(r2.loss.item() == doctest::Approx(e2.loss + 0.5 * nll / count).epsilon(1e-5));
 
-  // The other losses: hinge (SLiC) max(0, 1 - d) on the sums; IPO (d / beta - 1 / (2 beta))^2 on per-token means.
-  for (const char* loss : {"hinge", "ipo"}) {
+  // The other losses: hinge (SLiC) max(0, 1 - d) on the sums; IPO (d / beta - 1 / (2 beta))^2 on per-token means;
+  // SimPO -log sigmoid(beta (mean log-prob chosen - rejected) - gamma), no reference; cDPO's label smoothing.
+  for (const std::string loss : {"hinge", "ipo", "simpo", "smoothed"}) {
     CAPTURE(loss);
     dew::Config cfg3 = tiny_config(bytes, pairs);
-    cfg3.section("objective").set("loss", loss);
+    cfg3.section("objective").set("loss", loss == "smoothed" ? "sigmoid" : loss);
+    if (loss == "smoothed") cfg3.section("objective").set("label_smoothing", "0.1");
+    if (loss == "simpo") cfg3.section("objective").set("simpo_gamma", "0.3");
     auto obj3 = build_dpo(cfg3, *src);
     const dew::StepResult r3 = obj3->step(b.batch(true), {0, 0, 5});
     dew::Model& m3 = *obj3->main_model();
@@ -286,13 +291,21 @@ TEST_CASE("dpo loss (sigmoid, hinge, ipo) with precomputed reference log-probs e
         nr += b.rm[size_t(i * b.n + j)];
       }
       const double hw = pc3[size_t(i)] - b.rc[size_t(i)], hl = pr3[size_t(i)] - b.rr[size_t(i)];
-      if (std::string(loss) == "hinge") {
+      if (loss == "hinge") {
         want += std::max(0.0, 1.0 - kBeta * (hw - hl));
         margin += kBeta * (hw - hl);
-      } else {
+      } else if (loss == "ipo") {
         const double h = hw / nc - hl / nr;
         want += (h - 1.0 / (2.0 * kBeta)) * (h - 1.0 / (2.0 * kBeta));
         margin += kBeta * h;
+      } else if (loss == "simpo") {  // the precomputed references are not read
+        const double h = pc3[size_t(i)] / nc - pr3[size_t(i)] / nr;
+        want += std::log1p(std::exp(-(kBeta * h - 0.3)));
+        margin += kBeta * h;
+      } else {
+        const double d = kBeta * (hw - hl);
+        want += 0.9 * std::log1p(std::exp(-d)) + 0.1 * std::log1p(std::exp(d));
+        margin += d;
       }
     }
     CHECK(r3.loss.item() == doctest::Approx(want / 4).epsilon(1e-5));
@@ -302,7 +315,11 @@ TEST_CASE("dpo loss (sigmoid, hinge, ipo) with precomputed reference log-probs e
   }
   dew::Config bad = tiny_config(bytes, pairs);
   bad.section("objective").set("loss", "kto");
-  CHECK_THROWS_WITH_AS(build_dpo(bad, *src), doctest::Contains("sigmoid, hinge or ipo"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(build_dpo(bad, *src), doctest::Contains("sigmoid, hinge, ipo or simpo"), dew::UsageError);
+  dew::Config bad2 = tiny_config(bytes, pairs);
+  bad2.section("objective").set("loss", "hinge");
+  bad2.section("objective").set("label_smoothing", "0.1");
+  CHECK_THROWS_WITH_AS(build_dpo(bad2, *src), doctest::Contains("applies to the sigmoid and simpo"), dew::UsageError);
 }
 
 TEST_CASE("dpo with the starting weights as reference: log 2 first, then the double-precision loss") {
@@ -401,30 +418,40 @@ TEST_CASE("dpo with the head fused (fused_head): the unfused loss and gradients,
   }
 }
 
-TEST_CASE("dpo training raises the reward accuracy above 0.9 on a synthetic preference set") {
+TEST_CASE("dpo and simpo training raise the reward accuracy above 0.9 on a synthetic preference set") {
   ref();
   TempDir d("train");
   const std::string bytes = byte_folder(d.path);
   const fs::path pairs = write_synthetic_pairs(d.path);
-  dew::Config cfg = dew::Config::parse_ini(
-      "[run]\nname = dpo-synthetic\nbackend = cpu\nseed = 2\n"
-      "[model]\nplugin = causal_transformer\ndim = 32\nn_layers = 1\nn_heads = 2\n"
-      "[objective]\nplugin = dpo\nbeta = 0.5\n"
-      "[data]\nsource = preference_jsonl\nseq_len = 24\nbatch_size = 16\nval_count = 32\npath = " +
-      pairs.string() + "\ntokenizer = " + bytes +
-      "\n[optim]\nname = adamw\nlr = 0.01\n[trainer]\nsteps = 30\nlog_every = 10\neval_every = 30\n");
-  dew::TrainOptions to;
-  to.run_dir = (d.path / "run").string();
-  REQUIRE(dew::train(cfg, to) == 0);
-  std::ifstream metrics(d.path / "run" / "metrics.jsonl");
-  std::string line, last_val;
-  while (std::getline(metrics, line))
-    if (line.find("val/reward_accuracy") != std::string::npos) last_val = line;
-  INFO(last_val);
-  REQUIRE(!last_val.empty());
-  const size_t at = last_val.find("\"val/reward_accuracy\":");
-  const double acc = std::atof(last_val.c_str() + at + std::strlen("\"val/reward_accuracy\":"));
-  CHECK(acc > 0.9);
+  // SimPO at its paper's scale (beta 2, a margin gamma), without a reference: no copy in its checkpoint.
+  for (const std::string objective : {"beta = 0.5", "beta = 2\nloss = simpo\nsimpo_gamma = 0.5"}) {
+    CAPTURE(objective);
+    dew::Config cfg = dew::Config::parse_ini(
+        "[run]\nname = dpo-synthetic\nbackend = cpu\nseed = 2\n"
+        "[model]\nplugin = causal_transformer\ndim = 32\nn_layers = 1\nn_heads = 2\n"
+        "[objective]\nplugin = dpo\n" +
+        objective + "\n[data]\nsource = preference_jsonl\nseq_len = 24\nbatch_size = 16\nval_count = 32\npath = " +
+        pairs.string() + "\ntokenizer = " + bytes +
+        "\n[optim]\nname = adamw\nlr = 0.01\n[trainer]\nsteps = 30\nlog_every = 10\neval_every = 30\n"
+        "checkpoint_every = 30\n");
+    const fs::path run = d.path / (objective.size() > 12 ? "simpo" : "dpo");
+    dew::TrainOptions to;
+    to.run_dir = run.string();
+    REQUIRE(dew::train(cfg, to) == 0);
+    std::ifstream metrics(run / "metrics.jsonl");
+    std::string line, last_val;
+    while (std::getline(metrics, line))
+      if (line.find("val/reward_accuracy") != std::string::npos) last_val = line;
+    INFO(last_val);
+    REQUIRE(!last_val.empty());
+    const size_t at = last_val.find("\"val/reward_accuracy\":");
+    const double acc = std::atof(last_val.c_str() + at + std::strlen("\"val/reward_accuracy\":"));
+    CHECK(acc > 0.9);
+    const dew::CheckpointData c = dew::read_checkpoint((run / "checkpoints" / "step-00000030.h5").string(), ref());
+    int copies = 0;
+    for (auto& [name, t] : c.state_tensors) copies += name.rfind("objective.reference.", 0) == 0;
+    CHECK((copies == 0) == (objective.size() > 12));
+  }
 }
 
 TEST_CASE(

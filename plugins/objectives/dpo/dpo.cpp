@@ -6,7 +6,10 @@
 //   r_w = beta * (log pi(y_w|x) - log ref(y_w|x)),  r_l = beta * (log pi(y_l|x) - log ref(y_l|x)),
 //   loss = mean over the batch of -log sigmoid(r_w - r_l)  [+ sft_weight * the mean NLL per chosen token].
 // loss = hinge (SLiC, Zhao et al. 2023): max(0, 1 - (r_w - r_l)); loss = ipo (Azar et al. 2023): with log-probabilities
-// averaged over each response's tokens, ((r_w - r_l) / beta - 1 / (2 beta))^2 (TRL's loss_type names and forms).
+// averaged over each response's tokens, ((r_w - r_l) / beta - 1 / (2 beta))^2; loss = simpo (Meng et al. 2024): no
+// reference at all (none is made or run), r = beta * the mean log-probability over the response, loss
+// -log sigmoid(r_w - r_l - simpo_gamma); label_smoothing e (sigmoid, simpo: cDPO) takes -(1 - e) log sigmoid(d) -
+// e log sigmoid(-d). TRL's loss_type names and forms.
 // The reference is either the starting weights (a frozen copy of the model, made at the first step,
 // i.e. after [trainer] init_from loaded the SFT weights; kept in checkpoints as state, so resume and
 // eval see the same reference) or, when the records carry ref_chosen_logp / ref_rejected_logp, those
@@ -77,9 +80,11 @@ class Dpo final : public dew::Objective {
     model_options_ = model;
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
-    reference_ = dew::create_model(model);  // overwritten by the starting weights at the first step
-    reference_->initialize(ctx.seed);
-    reference_->set_training(false);
+    if (loss_type_ != "simpo") {              // SimPO has no reference
+      reference_ = dew::create_model(model);  // overwritten by the starting weights at the first step
+      reference_->initialize(ctx.seed);
+      reference_->set_training(false);
+    }
     DEW_USAGE_CHECK(fused_head_ != "true" || dynamic_cast<dew::LinearHeadModel*>(model_.get()),
                     "dpo: fused_head = true needs a model with a linear head (dew::LinearHeadModel); model '",
                     model.get_string("plugin", ""), "' has none");
@@ -93,7 +98,7 @@ class Dpo final : public dew::Objective {
   dew::NamedTensors parameters() override { return model_->named_parameters(); }
   dew::NamedTensors state() override {
     dew::NamedTensors s;
-    if (!reference_is_base())
+    if (reference_kind() == Reference::copy)
       for (auto& [n, t] : reference_->named_parameters()) s.emplace_back("reference." + n, t);
     s.emplace_back("reference_ready", reference_ready_);
     return s;
@@ -178,7 +183,7 @@ class Dpo final : public dew::Objective {
   // Inference folds the adapters into the policy, which then is no longer the base: the reference becomes a copy of
   // the base weights (every parameter but the adapters) before that.
   void before_adapters_merged() override {
-    if (!reference_is_base()) return;
+    if (reference_kind() != Reference::base) return;
     dew::NoGradGuard no_grad;
     reference_ = dew::create_model(model_options_);
     reference_->initialize(0);  // as build() makes one; every parameter is overwritten below
@@ -196,6 +201,11 @@ class Dpo final : public dew::Objective {
   // Whether the reference is the policy with its adapters off: reference = auto, LoRA adapters attached
   // (prepare_fine_tuning runs after build()) and nothing else trained, so the frozen base is the starting weights.
   // Then the copy made at build() is dropped (its memory is the point).
+  enum class Reference { none, base, copy };  // SimPO's none; the policy with its adapters off; a copy
+  Reference reference_kind() {
+    if (loss_type_ == "simpo") return Reference::none;
+    return reference_is_base() ? Reference::base : Reference::copy;
+  }
   bool reference_is_base() {
     if (reference_mode_ != "auto" || base_copied_) return false;
     bool adapters = false;
@@ -226,8 +236,15 @@ class Dpo final : public dew::Objective {
     fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
     reference_mode_ = o.get_string("reference", "auto");
     loss_type_ = o.get_string("loss", "sigmoid");
-    DEW_USAGE_CHECK(loss_type_ == "sigmoid" || loss_type_ == "hinge" || loss_type_ == "ipo",
-                    "option 'objective.loss' must be sigmoid, hinge or ipo, got '", loss_type_, "'");
+    DEW_USAGE_CHECK(loss_type_ == "sigmoid" || loss_type_ == "hinge" || loss_type_ == "ipo" || loss_type_ == "simpo",
+                    "option 'objective.loss' must be sigmoid, hinge, ipo or simpo, got '", loss_type_, "'");
+    simpo_gamma_ = o.get_double("simpo_gamma", 0.5);
+    label_smoothing_ = o.get_double("label_smoothing", 0.0);
+    DEW_USAGE_CHECK(std::isfinite(simpo_gamma_), "option 'objective.simpo_gamma' must be finite, got ", simpo_gamma_);
+    DEW_USAGE_CHECK(label_smoothing_ >= 0 && label_smoothing_ < 0.5,
+                    "option 'objective.label_smoothing' must be in [0, 0.5), got ", label_smoothing_);
+    DEW_USAGE_CHECK(label_smoothing_ == 0 || loss_type_ == "sigmoid" || loss_type_ == "simpo",
+                    "option 'objective.label_smoothing' applies to the sigmoid and simpo losses, not ", loss_type_);
     DEW_USAGE_CHECK(reference_mode_ == "auto" || reference_mode_ == "copy",
                     "option 'objective.reference' must be auto or copy, got '", reference_mode_, "'");
     DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
@@ -242,7 +259,7 @@ class Dpo final : public dew::Objective {
   // reference's parameters and its adapters, whose B = 0 leaves the policy equal to the reference then.
   void freeze_reference() {
     if (reference_ready_.item() != 0.0) return;
-    if (reference_is_base()) {
+    if (reference_kind() != Reference::copy) {
       reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
       return;
     }
@@ -311,11 +328,13 @@ class Dpo final : public dew::Objective {
     const Tensor ids = dew::concat({chosen, rejected}, 0), masks = dew::concat({cmask, rmask}, 0);
     const Tensor logp = sequence_logp(*model_, ids, masks);
     const Tensor pc = dew::slice(logp, 0, 0, b), pr = dew::slice(logp, 0, b, 2 * b);
-    Tensor rc, rr;
-    if (batch.count("ref_chosen_logp") && batch.count("ref_rejected_logp")) {
+    Tensor rc, rr;  // the reference's log-probabilities (none for SimPO)
+    const Reference kind = reference_kind();
+    if (kind == Reference::none) {
+    } else if (batch.count("ref_chosen_logp") && batch.count("ref_rejected_logp")) {
       rc = dew::reshape(dew::cast(batch.at("ref_chosen_logp"), dew::DType::f32), {b});
       rr = dew::reshape(dew::cast(batch.at("ref_rejected_logp"), dew::DType::f32), {b});
-    } else if (reference_is_base()) {  // the policy with its adapters off, in evaluation mode as the copy would be
+    } else if (kind == Reference::base) {  // the policy with its adapters off, in evaluation mode as the copy would be
       dew::NoGradGuard no_grad;
       dew::nn::LoraAdaptersOff base;
       const bool was = model_->training();
@@ -346,15 +365,16 @@ class Dpo final : public dew::Objective {
       inverse_counts[size_t(b + r)] = float(1.0 / std::max(1.0, nr));
     }
     // The preference term's log-probabilities: sums over the response, or per-token means for IPO (Azar et al.
-    // 2023, as TRL computes it: the sums' length bias is what IPO's squared loss would otherwise fit).
-    Tensor lw = pc - rc, ll = pr - rr;
-    if (loss_type_ == "ipo") {
+    // 2023, as TRL computes it: the sums' length bias is what IPO's squared loss would otherwise fit) and SimPO
+    // (Meng et al. 2024: the policy's alone, no reference).
+    Tensor lw = rc.defined() ? pc - rc : pc, ll = rr.defined() ? pr - rr : pr;
+    if (loss_type_ == "ipo" || loss_type_ == "simpo") {
       const Tensor inv = Tensor::from_vector(inverse_counts, {2 * b}, backend_);
       lw = lw * dew::slice(inv, 0, 0, b);
       ll = ll * dew::slice(inv, 0, b, 2 * b);
     }
     const Tensor reward_w = lw * float(beta_), reward_l = ll * float(beta_);
-    const Tensor d = reward_w - reward_l;
+    const Tensor d = loss_type_ == "simpo" ? reward_w - reward_l + float(-simpo_gamma_) : reward_w - reward_l;
     Tensor losses;
     if (loss_type_ == "hinge") {  // SLiC (Zhao et al. 2023): max(0, 1 - d)
       losses = dew::relu(-d + 1.0f);
@@ -364,10 +384,14 @@ class Dpo final : public dew::Objective {
       // -log sigmoid(d) = -log_softmax([0, d])[1]: finite for every d and smooth at d = 0, where every run with the
       // starting weights as reference begins (policy and reference give the same log-probabilities bit for bit, so
       // d = 0 exactly). The earlier log(1 + exp(-|d|)) - min(d, 0) had a zero gradient there (|d|'s and min's kinks):
-      // the first update was lost.
+      // the first update was lost. With label_smoothing e (cDPO, Mitchell 2023): -(1 - e) log sigmoid(d) - e log
+      // sigmoid(-d), log sigmoid(-d) = log_softmax([0, d])[0].
       const Tensor zero = Tensor::full({b, 1}, 0.0, dew::DType::f32, backend_);
-      losses =
-          -dew::reshape(dew::slice(dew::log_softmax(dew::concat({zero, dew::reshape(d, {b, 1})}, 1)), 1, 1, 2), {b});
+      const Tensor ls = dew::log_softmax(dew::concat({zero, dew::reshape(d, {b, 1})}, 1));
+      losses = -dew::reshape(dew::slice(ls, 1, 1, 2), {b});
+      if (label_smoothing_ > 0)
+        losses = losses * float(1.0 - label_smoothing_) +
+                 dew::reshape(dew::slice(ls, 1, 0, 1), {b}) * float(-label_smoothing_);
     }
     const Tensor dpo = dew::mean(losses);
     Parts p;
@@ -404,6 +428,7 @@ class Dpo final : public dew::Objective {
   double beta_ = 0.1, sft_weight_ = 0.0, fused_head_mb_ = 256.0;
   int64_t vocab_size_ = 0, vocab_ = 0;
   std::string fused_head_ = "auto", reference_mode_ = "auto", loss_type_ = "sigmoid";
+  double simpo_gamma_ = 0.5, label_smoothing_ = 0.0;
   dew::Options model_options_;  // [model], for a reference copy made after build()
   bool base_copied_ = false;    // before_adapters_merged() made the copy: the adapters-off policy is gone
 };
@@ -416,19 +441,21 @@ DEW_PLUGIN("dpo", "0.1.0") {
       .description = "Direct Preference Optimization on preference pairs (preference_jsonl): sigmoid loss against a "
                      "frozen reference (the starting weights or precomputed log-probs); reward accuracy and margin",
       .factory = [](const dew::Options& o) { return std::make_shared<Dpo>(o); },
-      .options =
-          {{"beta", "0.1", "the DPO temperature beta"},
-           {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
-           {"loss", "sigmoid",
-            "sigmoid (DPO) | hinge (SLiC: max(0, 1 - d)) | ipo ((d / beta - 1 / (2 beta))^2 on per-token means)"},
-           {"reference", "auto",
-            "auto | copy: the reference pass (without precomputed log-probs) runs a copy of the starting "
-            "weights, or under auto, where LoRA adapters are all that is trained, the policy with its "
-            "adapters off (no copy)"},
-           {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
-           {"fused_head", "auto",
-            "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "
-            "one forward's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
-           {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
+      .options = {{"beta", "0.1", "the DPO temperature beta"},
+                  {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
+                  {"loss", "sigmoid",
+                   "sigmoid (DPO) | hinge (SLiC: max(0, 1 - d)) | ipo ((d / beta - 1 / (2 beta))^2 on per-token means) "
+                   "| simpo (-log sigmoid(beta (mean log-prob chosen - rejected) - simpo_gamma), no reference)"},
+                  {"simpo_gamma", "0.5", "SimPO's target reward margin gamma"},
+                  {"label_smoothing", "0", "cDPO / robust: the share of pairs taken as mislabelled, in [0, 0.5)"},
+                  {"reference", "auto",
+                   "auto | copy: the reference pass (without precomputed log-probs) runs a copy of the starting "
+                   "weights, or under auto, where LoRA adapters are all that is trained, the policy with its "
+                   "adapters off (no copy)"},
+                  {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
+                  {"fused_head", "auto",
+                   "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "
+                   "one forward's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
+                  {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
   });
 }
