@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tools/bench/memory.sh [ROUNDS] [BUILD_DIR] — activation memory side by side: the resident memory the first
 # training forward adds (its graph and the tensors saved for the backward), dew against PyTorch on the same
-# language-model configs (char-small, gpt-mini; RMSNorm + SwiGLU as the speed sittings run them), in f32 and in
-# bf16 (dew's bf16-mixed, PyTorch's bf16 autocast), at 1 thread. Both processes run under
+# models (the language models char-small and gpt-mini, RMSNorm + SwiGLU as the speed sittings run them, and the
+# DiT of the diffusion sittings), in f32 and in bf16 (dew's bf16-mixed, PyTorch's bf16 autocast), at 1 thread. Both processes run under
 # MALLOC_MMAP_THRESHOLD_=65536, so glibc maps big blocks and returns freed ones: resident memory follows the tensors
 # alive. dew's side is `dew-bench train --activation-memory` (its cpu backend without the block cache, so freed
 # buffers leave the process as PyTorch's do), which also prints mem_activations_mb: the backend's own count of the
@@ -18,14 +18,17 @@ echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for r in $(seq "$rounds"); do
-  for c in char-small gpt-mini; do
+  for c in char-small gpt-mini dit; do
     for p in f32 bf16-mixed; do
       "$build/bin/dew-bench" train --config "$c" --threads 1 --precision "$p" --steps 1 --warmup 0 \
         --activation-memory | tail -n 1 | tee -a "$log"
       autocast=off
       [ "$p" = bf16-mixed ] && autocast=bf16
+      model=gpt
+      [ "$c" = dit ] && model=dit
       DEW_PEERS="$peers" tools/bench/torch_env.sh 1 /usr/bin/python3 tools/bench/torch_activation_memory.py \
-        --config "$c" --norm rms --mlp swiglu --threads 1 --autocast "$autocast" 2>/dev/null | tail -n 1 | tee -a "$log"
+        --model "$model" --config "${c/dit/char-small}" --norm rms --mlp swiglu --threads 1 --autocast "$autocast" \
+        2>/dev/null | tail -n 1 | tee -a "$log"
     done
   done
 done
@@ -40,7 +43,7 @@ for line in open(sys.argv[1]):
         key = (j["config"], "f32" if j["autocast"] == "off" else "bf16-mixed")
         torch.setdefault(key, []).append(j["activation_rss_mb"])
     elif "activation_rss_mb" in j:
-        key = (j["config"], j["precision"])
+        key = ("dit" if j["bench"] == "dit_train" else j["config"], j["precision"])
         dew.setdefault(key, []).append(j["activation_rss_mb"])
         dew_alloc.setdefault(key, []).append(j["mem_activations_mb"])
 print("| config | precision | dew MiB (RSS) | dew MiB (allocator) | PyTorch MiB (RSS) | dew / PyTorch |")

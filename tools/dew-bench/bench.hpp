@@ -79,9 +79,13 @@ struct LmOptions {
   int64_t prefill_chunk = 0;       // generate: the prompt fed in chunks of this many tokens (0: one call)
   bool verbose = false;            // per-step lines on stderr
   std::string precision = "f32";   // train: [run] precision (f32 | bf16-mixed | f16-mixed; dew/autocast.hpp)
-  bool activation_memory = false;  // train: the RSS the first forward adds (cpu with cache_mb = 0)
+  bool activation_memory = false;  // train: the RSS the first forward adds (cpu with cache_mb = 0; lm and dit)
   std::string recompute = "none";  // train: activation recomputation of the blocks (none | blocks)
 };
+
+// Resident memory of this process (MiB), from /proc/self/statm: what --activation-memory reads around the first
+// forward (lm.cpp, dit.cpp).
+double resident_mb();
 
 // Memory accounting of a train benchmark (lm.cpp): the training state measured once (after the first timed
 // backward, gradients in place) and the backend's high-water mark over the timed steps (reset after the

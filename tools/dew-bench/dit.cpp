@@ -90,7 +90,7 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
   const dew::Precision precision = dew::precision_from_name(lo.precision);
   const float loss_scale = precision == dew::Precision::f16_mixed ? 65536.0f : 1.0f;
   std::vector<double> times, cpu_times;
-  double loss_first = 0, loss_last = 0;
+  double loss_first = 0, loss_last = 0, activation_mb = 0;
   const dew::RecomputeGuard recompute(dew::recompute_from_name(lo.recompute));
   BenchMemory mem;
   for (int i = 0; i < lo.warmup + lo.steps; ++i) {
@@ -112,10 +112,13 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
     dew::Tensor xt = dew::add(dew::mul(x0, dew::Tensor::from_vector(a, {B, 1, 1, 1}, be)),
                               dew::mul(eps, dew::Tensor::from_vector(s, {B, 1, 1, 1}, be)));
     dew::Tensor loss;
+    const dew::Tensor steps = dew::Tensor::from_vector(t, {B}, be);
+    const double rss_before = i == 0 && lo.activation_memory ? resident_mb() : 0;
     {
       dew::AutocastGuard autocast(dew::compute_dtype(precision));
-      loss = dew::mse(model->forward({{"x", xt}, {"t", dew::Tensor::from_vector(t, {B}, be)}}), eps);
+      loss = dew::mse(model->forward({{"x", xt}, {"t", steps}}), eps);
     }
+    if (i == 0 && lo.activation_memory) activation_mb = resident_mb() - rss_before;
     (loss_scale == 1.0f ? loss : dew::scale(loss, loss_scale)).backward();
     if (i >= lo.warmup && !mem.measured) {
       const dew::TrainingStateMemory st = dew::training_state_memory(params, optimizer.get());
@@ -163,12 +166,13 @@ int run_dit_train(const LmOptions& lo, const BenchOptions& opt) {
       "\"gflops\":%.1f,"
       "%s,\"cpu\":\"%s\",\"params\":%lld,\"flops_per_step\":%.0f,"
       "\"flop_formula\":\"6*(N_tok*B*N + N_img*B) + 12*L*d*N^2*B\",\"batch\":%lld,\"warmup\":%d,\"steps\":%d,"
-      "\"recompute\":\"%s\",\"precision\":\"%s\",\"loss_first\":%.9g,\"loss_last\":%.9g%s}\n",
+      "\"recompute\":\"%s\",\"precision\":\"%s\",\"loss_first\":%.9g,\"loss_last\":%.9g%s%s}\n",
       opt.backend.c_str(), opt.matmul_precision.c_str(), opt.threads, double(B) / mean, mean * 1e3,
       sorted[sorted.size() / 2] * 1e3, sorted.front() * 1e3, cpu_times[cpu_times.size() / 2] * 1e3, flops / mean * 1e-9,
       machine_peak_json(mpeak, flops / mean * 1e-9).c_str() + 1, cpu_model().c_str(),
       (long long)model->num_parameters(), flops, (long long)B, lo.warmup, lo.steps, lo.recompute.c_str(),
-      lo.precision.c_str(), loss_first, loss_last, mem.json().c_str());
+      lo.precision.c_str(), loss_first, loss_last, mem.json().c_str(),
+      lo.activation_memory ? (",\"activation_rss_mb\":" + std::to_string(activation_mb)).c_str() : "");
   std::fflush(stdout);
   return 0;
 }

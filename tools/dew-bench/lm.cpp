@@ -100,16 +100,6 @@ std::string config_label(const std::string& name) {
   return name;
 }
 
-// Resident memory of this process (MiB), from /proc/self/statm.
-double resident_mb() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return 0;
-  long pages = 0, resident = 0;
-  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
-  std::fclose(f);
-  return n == 2 ? double(resident) * double(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0) : 0;
-}
-
 struct Built {
   dew::Config config;
   dew::BackendPtr backend;
@@ -170,6 +160,15 @@ std::vector<std::pair<int64_t, int64_t>> matmul_weights(const dew::NamedTensors&
 }
 
 }  // namespace
+
+double resident_mb() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? double(resident) * double(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0) : 0;
+}
 
 std::string BenchMemory::json() const {
   if (!tracked) return "";
