@@ -188,24 +188,19 @@ class Dpo final : public dew::Objective {
     reference_ = dew::create_model(model_options_);
     reference_->initialize(0);  // as build() makes one; every parameter is overwritten below
     reference_->set_training(false);
-    std::map<std::string, Tensor> src;
-    for (auto& [n, t] : model_->named_parameters()) src.emplace(n, t);
-    for (auto& [n, t] : reference_->named_parameters()) {
-      auto it = src.find(n);
-      DEW_INTERNAL_ASSERT(it != src.end());
-      t.copy_(it->second);
-    }
+    copy_policy_into_reference();
     base_copied_ = true;
   }
 
-  // Whether the reference is the policy with its adapters off: reference = auto, LoRA adapters attached
-  // (prepare_fine_tuning runs after build()) and nothing else trained, so the frozen base is the starting weights.
-  // Then the copy made at build() is dropped (its memory is the point).
-  enum class Reference { none, base, copy };  // SimPO's none; the policy with its adapters off; a copy
+  // What the reference pass runs: nothing (SimPO), the policy with its adapters off, or the copy.
+  enum class Reference { none, base, copy };
   Reference reference_kind() {
     if (loss_type_ == "simpo") return Reference::none;
     return reference_is_base() ? Reference::base : Reference::copy;
   }
+  // Whether the reference is the policy with its adapters off: reference = auto, LoRA adapters attached
+  // (prepare_fine_tuning runs after build()) and nothing else trained, so the frozen base is the starting weights.
+  // Then the copy made at build() is dropped (its memory is the point).
   bool reference_is_base() {
     if (reference_mode_ != "auto" || base_copied_) return false;
     bool adapters = false;
@@ -254,15 +249,8 @@ class Dpo final : public dew::Objective {
     DEW_USAGE_CHECK(sft_weight_ >= 0, "option 'objective.sft_weight' must be >= 0, got ", sft_weight_);
   }
 
-  // The reference = the starting weights: copied once, before the first update (and never again: the
-  // flag travels in checkpoints with the copy). By name: a policy with LoRA adapters ([lora]) has the
-  // reference's parameters and its adapters, whose B = 0 leaves the policy equal to the reference then.
-  void freeze_reference() {
-    if (reference_ready_.item() != 0.0) return;
-    if (reference_kind() != Reference::copy) {
-      reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
-      return;
-    }
+  // The reference's parameters := the policy's of the same names (the adapters, which the reference lacks, aside).
+  void copy_policy_into_reference() {
     dew::NoGradGuard no_grad;
     std::map<std::string, Tensor> src;
     for (auto& [n, t] : model_->named_parameters()) src.emplace(n, t);
@@ -271,6 +259,14 @@ class Dpo final : public dew::Objective {
       DEW_INTERNAL_ASSERT(it != src.end());
       t.copy_(it->second);
     }
+  }
+
+  // The reference = the starting weights: copied once, before the first update (and never again: the
+  // flag travels in checkpoints with the copy). By name: a policy with LoRA adapters ([lora]) and reference = copy
+  // has the reference's parameters and its adapters, whose B = 0 leaves the policy equal to the reference then.
+  void freeze_reference() {
+    if (reference_ready_.item() != 0.0) return;
+    if (reference_kind() == Reference::copy) copy_policy_into_reference();
     reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
   }
 
