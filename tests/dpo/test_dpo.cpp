@@ -229,7 +229,7 @@ TEST_CASE("preference_jsonl: prompt then response tokens, masks on the response"
 }
 
 TEST_CASE(
-    "dpo loss (sigmoid, hinge, ipo, simpo, label smoothing) with precomputed reference log-probs equals a "
+    "dpo loss (sigmoid, hinge, ipo, simpo, orpo, label smoothing) with precomputed reference log-probs equals a "
     "double-precision computation") {
   ref();
   TempDir d("pre");
@@ -271,8 +271,9 @@ TEST_CASE(
   CHECK(r2.loss.item() == doctest::Approx(e2.loss + 0.5 * nll / count).epsilon(1e-5));
 
   // The other losses: hinge (SLiC) max(0, 1 - d) on the sums; IPO (d / beta - 1 / (2 beta))^2 on per-token means;
-  // SimPO -log sigmoid(beta (mean log-prob chosen - rejected) - gamma), no reference; cDPO's label smoothing.
-  for (const std::string loss : {"hinge", "ipo", "simpo", "smoothed"}) {
+  // SimPO -log sigmoid(beta (mean log-prob chosen - rejected) - gamma), no reference; cDPO's label smoothing; ORPO
+  // the chosen NLL + beta * -log sigmoid(log odds ratio of the means), no reference.
+  for (const std::string loss : {"hinge", "ipo", "simpo", "smoothed", "orpo"}) {
     CAPTURE(loss);
     dew::Config cfg3 = tiny_config(bytes, pairs);
     cfg3.section("objective").set("loss", loss == "smoothed" ? "sigmoid" : loss);
@@ -298,6 +299,11 @@ TEST_CASE(
         const double h = hw / nc - hl / nr;
         want += (h - 1.0 / (2.0 * kBeta)) * (h - 1.0 / (2.0 * kBeta));
         margin += kBeta * h;
+      } else if (loss == "orpo") {  // beta * -log sigmoid(log odds ratio) of the means, + the chosen NLL (below)
+        const double mw = pc3[size_t(i)] / nc, ml = pr3[size_t(i)] / nr;
+        const double lo = (mw - ml) - (std::log(1 - std::exp(mw)) - std::log(1 - std::exp(ml)));
+        want += kBeta * std::log1p(std::exp(-lo));
+        margin += kBeta * (mw - ml);
       } else if (loss == "simpo") {  // the precomputed references are not read
         const double h = pc3[size_t(i)] / nc - pr3[size_t(i)] / nr;
         want += std::log1p(std::exp(-(kBeta * h - 0.3)));
@@ -308,14 +314,20 @@ TEST_CASE(
         margin += d;
       }
     }
-    CHECK(r3.loss.item() == doctest::Approx(want / 4).epsilon(1e-5));
+    double nll3 = 0, count3 = 0;  // ORPO's NLL term: the chosen tokens' mean NLL, weight 1
+    for (int64_t i = 0; i < 4; ++i) {
+      nll3 -= pc3[size_t(i)];
+      for (int64_t j = 1; j < b.n; ++j) count3 += b.cm[size_t(i * b.n + j)];
+    }
+    CHECK(r3.metrics.at("dpo_loss") == doctest::Approx(want / 4).epsilon(1e-5));
+    CHECK(r3.loss.item() == doctest::Approx(want / 4 + (loss == "orpo" ? nll3 / count3 : 0.0)).epsilon(1e-5));
     CHECK(r3.metrics.at("reward_margin") == doctest::Approx(margin / 4).epsilon(1e-5));
     r3.loss.backward();
     for (auto& [n, t] : obj3->parameters()) CHECK_MESSAGE(t.grad().defined(), n);
   }
   dew::Config bad = tiny_config(bytes, pairs);
   bad.section("objective").set("loss", "kto");
-  CHECK_THROWS_WITH_AS(build_dpo(bad, *src), doctest::Contains("sigmoid, hinge, ipo or simpo"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(build_dpo(bad, *src), doctest::Contains("sigmoid, hinge, ipo, simpo or orpo"), dew::UsageError);
   dew::Config bad2 = tiny_config(bytes, pairs);
   bad2.section("objective").set("loss", "hinge");
   bad2.section("objective").set("label_smoothing", "0.1");
@@ -418,13 +430,14 @@ TEST_CASE("dpo with the head fused (fused_head): the unfused loss and gradients,
   }
 }
 
-TEST_CASE("dpo and simpo training raise the reward accuracy above 0.9 on a synthetic preference set") {
+TEST_CASE("dpo, simpo and orpo training raise the reward accuracy above 0.9 on a synthetic preference set") {
   ref();
   TempDir d("train");
   const std::string bytes = byte_folder(d.path);
   const fs::path pairs = write_synthetic_pairs(d.path);
   // SimPO at its paper's scale (beta 2, a margin gamma), without a reference: no copy in its checkpoint.
-  for (const std::string objective : {"beta = 0.5", "beta = 2\nloss = simpo\nsimpo_gamma = 0.5"}) {
+  for (const std::string objective :
+       {"beta = 0.5", "beta = 2\nloss = simpo\nsimpo_gamma = 0.5", "beta = 0.5\nloss = orpo"}) {
     CAPTURE(objective);
     dew::Config cfg = dew::Config::parse_ini(
         "[run]\nname = dpo-synthetic\nbackend = cpu\nseed = 2\n"
@@ -434,7 +447,8 @@ TEST_CASE("dpo and simpo training raise the reward accuracy above 0.9 on a synth
         pairs.string() + "\ntokenizer = " + bytes +
         "\n[optim]\nname = adamw\nlr = 0.01\n[trainer]\nsteps = 30\nlog_every = 10\neval_every = 30\n"
         "checkpoint_every = 30\n");
-    const fs::path run = d.path / (objective.size() > 12 ? "simpo" : "dpo");
+    const bool reference_free = objective.find("loss") != std::string::npos;
+    const fs::path run = d.path / (reference_free ? objective.substr(objective.find("loss = ") + 7, 5) : "dpo");
     dew::TrainOptions to;
     to.run_dir = run.string();
     REQUIRE(dew::train(cfg, to) == 0);
@@ -450,7 +464,7 @@ TEST_CASE("dpo and simpo training raise the reward accuracy above 0.9 on a synth
     const dew::CheckpointData c = dew::read_checkpoint((run / "checkpoints" / "step-00000030.h5").string(), ref());
     int copies = 0;
     for (auto& [name, t] : c.state_tensors) copies += name.rfind("objective.reference.", 0) == 0;
-    CHECK((copies == 0) == (objective.size() > 12));
+    CHECK((copies == 0) == reference_free);
   }
 }
 

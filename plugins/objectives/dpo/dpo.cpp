@@ -8,8 +8,10 @@
 // loss = hinge (SLiC, Zhao et al. 2023): max(0, 1 - (r_w - r_l)); loss = ipo (Azar et al. 2023): with log-probabilities
 // averaged over each response's tokens, ((r_w - r_l) / beta - 1 / (2 beta))^2; loss = simpo (Meng et al. 2024): no
 // reference at all (none is made or run), r = beta * the mean log-probability over the response, loss
-// -log sigmoid(r_w - r_l - simpo_gamma); label_smoothing e (sigmoid, simpo: cDPO) takes -(1 - e) log sigmoid(d) -
-// e log sigmoid(-d). TRL's loss_type names and forms.
+// -log sigmoid(r_w - r_l - simpo_gamma); loss = orpo (Hong et al. 2024): no reference either, the chosen tokens' NLL
+// (sft_weight, 1 by default here) + beta * -log sigmoid(log odds(y_w) - log odds(y_l)), odds = p / (1 - p) of the mean
+// log-probability p; label_smoothing e (sigmoid, simpo: cDPO) takes -(1 - e) log sigmoid(d) - e log sigmoid(-d).
+// TRL's loss_type names and forms (ORPO's as its ORPOTrainer).
 // The reference is either the starting weights (a frozen copy of the model, made at the first step,
 // i.e. after [trainer] init_from loaded the SFT weights; kept in checkpoints as state, so resume and
 // eval see the same reference) or, when the records carry ref_chosen_logp / ref_rejected_logp, those
@@ -80,7 +82,7 @@ class Dpo final : public dew::Objective {
     model_options_ = model;
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
-    if (loss_type_ != "simpo") {              // SimPO has no reference
+    if (!reference_free()) {
       reference_ = dew::create_model(model);  // overwritten by the starting weights at the first step
       reference_->initialize(ctx.seed);
       reference_->set_training(false);
@@ -192,10 +194,11 @@ class Dpo final : public dew::Objective {
     base_copied_ = true;
   }
 
-  // What the reference pass runs: nothing (SimPO), the policy with its adapters off, or the copy.
+  bool reference_free() const { return loss_type_ == "simpo" || loss_type_ == "orpo"; }
+  // What the reference pass runs: nothing (SimPO, ORPO), the policy with its adapters off, or the copy.
   enum class Reference { none, base, copy };
   Reference reference_kind() {
-    if (loss_type_ == "simpo") return Reference::none;
+    if (reference_free()) return Reference::none;
     return reference_is_base() ? Reference::base : Reference::copy;
   }
   // Whether the reference is the policy with its adapters off: reference = auto, LoRA adapters attached
@@ -225,14 +228,15 @@ class Dpo final : public dew::Objective {
 
   void read_options(const dew::Options& o) {
     beta_ = o.get_double("beta", 0.1);
-    sft_weight_ = o.get_double("sft_weight", 0.0);
+    loss_type_ = o.get_string("loss", "sigmoid");
+    sft_weight_ = o.get_double("sft_weight", loss_type_ == "orpo" ? 1.0 : 0.0);  // ORPO's loss holds the NLL
     vocab_size_ = o.get_int("vocab_size", 0);
     fused_head_ = o.get_string("fused_head", "auto");
     fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
     reference_mode_ = o.get_string("reference", "auto");
-    loss_type_ = o.get_string("loss", "sigmoid");
-    DEW_USAGE_CHECK(loss_type_ == "sigmoid" || loss_type_ == "hinge" || loss_type_ == "ipo" || loss_type_ == "simpo",
-                    "option 'objective.loss' must be sigmoid, hinge, ipo or simpo, got '", loss_type_, "'");
+    DEW_USAGE_CHECK(loss_type_ == "sigmoid" || loss_type_ == "hinge" || loss_type_ == "ipo" || loss_type_ == "simpo" ||
+                        loss_type_ == "orpo",
+                    "option 'objective.loss' must be sigmoid, hinge, ipo, simpo or orpo, got '", loss_type_, "'");
     simpo_gamma_ = o.get_double("simpo_gamma", 0.5);
     label_smoothing_ = o.get_double("label_smoothing", 0.0);
     DEW_USAGE_CHECK(std::isfinite(simpo_gamma_), "option 'objective.simpo_gamma' must be finite, got ", simpo_gamma_);
@@ -362,9 +366,9 @@ class Dpo final : public dew::Objective {
     }
     // The preference term's log-probabilities: sums over the response, or per-token means for IPO (Azar et al.
     // 2023, as TRL computes it: the sums' length bias is what IPO's squared loss would otherwise fit) and SimPO
-    // (Meng et al. 2024: the policy's alone, no reference).
+    // (Meng et al. 2024) and ORPO (Hong et al. 2024), the policy's alone for those two (no reference).
     Tensor lw = rc.defined() ? pc - rc : pc, ll = rr.defined() ? pr - rr : pr;
-    if (loss_type_ == "ipo" || loss_type_ == "simpo") {
+    if (loss_type_ == "ipo" || reference_free()) {
       const Tensor inv = Tensor::from_vector(inverse_counts, {2 * b}, backend_);
       lw = lw * dew::slice(inv, 0, 0, b);
       ll = ll * dew::slice(inv, 0, b, 2 * b);
@@ -382,12 +386,20 @@ class Dpo final : public dew::Objective {
       // d = 0 exactly). The earlier log(1 + exp(-|d|)) - min(d, 0) had a zero gradient there (|d|'s and min's kinks):
       // the first update was lost. With label_smoothing e (cDPO, Mitchell 2023): -(1 - e) log sigmoid(d) - e log
       // sigmoid(-d), log sigmoid(-d) = log_softmax([0, d])[0].
+      // ORPO takes beta * -log sigmoid of the log odds ratio instead: log odds(chosen) - log odds(rejected), the odds
+      // p / (1 - p) of each response's mean log-probability (log(1 - p) = log(1 - exp(mean)), kept off log 0).
+      Tensor z = d;
+      if (loss_type_ == "orpo") {
+        const auto log1m_exp = [](const Tensor& x) { return dew::log(dew::clamp(-dew::exp(x) + 1.0f, 1e-12f, 1.0f)); };
+        z = (lw - ll) - (log1m_exp(lw) - log1m_exp(ll));
+      }
       const Tensor zero = Tensor::full({b, 1}, 0.0, dew::DType::f32, backend_);
-      const Tensor ls = dew::log_softmax(dew::concat({zero, dew::reshape(d, {b, 1})}, 1));
+      const Tensor ls = dew::log_softmax(dew::concat({zero, dew::reshape(z, {b, 1})}, 1));
       losses = -dew::reshape(dew::slice(ls, 1, 1, 2), {b});
       if (label_smoothing_ > 0)
         losses = losses * float(1.0 - label_smoothing_) +
                  dew::reshape(dew::slice(ls, 1, 0, 1), {b}) * float(-label_smoothing_);
+      if (loss_type_ == "orpo") losses = losses * float(beta_);
     }
     const Tensor dpo = dew::mean(losses);
     Parts p;
@@ -437,21 +449,23 @@ DEW_PLUGIN("dpo", "0.1.0") {
       .description = "Direct Preference Optimization on preference pairs (preference_jsonl): sigmoid loss against a "
                      "frozen reference (the starting weights or precomputed log-probs); reward accuracy and margin",
       .factory = [](const dew::Options& o) { return std::make_shared<Dpo>(o); },
-      .options = {{"beta", "0.1", "the DPO temperature beta"},
-                  {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token"},
-                  {"loss", "sigmoid",
-                   "sigmoid (DPO) | hinge (SLiC: max(0, 1 - d)) | ipo ((d / beta - 1 / (2 beta))^2 on per-token means) "
-                   "| simpo (-log sigmoid(beta (mean log-prob chosen - rejected) - simpo_gamma), no reference)"},
-                  {"simpo_gamma", "0.5", "SimPO's target reward margin gamma"},
-                  {"label_smoothing", "0", "cDPO / robust: the share of pairs taken as mislabelled, in [0, 0.5)"},
-                  {"reference", "auto",
-                   "auto | copy: the reference pass (without precomputed log-probs) runs a copy of the starting "
-                   "weights, or under auto, where LoRA adapters are all that is trained, the policy with its "
-                   "adapters off (no copy)"},
-                  {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
-                  {"fused_head", "auto",
-                   "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "
-                   "one forward's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
-                  {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
+      .options =
+          {{"beta", "0.1", "the DPO temperature beta"},
+           {"sft_weight", "0", "weight of an SFT term: the mean NLL per chosen token (1 under loss = orpo)"},
+           {"loss", "sigmoid",
+            "sigmoid (DPO) | hinge (SLiC: max(0, 1 - d)) | ipo ((d / beta - 1 / (2 beta))^2 on per-token means) "
+            "| simpo (-log sigmoid(beta (mean log-prob chosen - rejected) - simpo_gamma), no reference) | orpo (the "
+            "chosen NLL + beta * -log sigmoid(log odds ratio), no reference)"},
+           {"simpo_gamma", "0.5", "SimPO's target reward margin gamma"},
+           {"label_smoothing", "0", "cDPO / robust: the share of pairs taken as mislabelled, in [0, 0.5)"},
+           {"reference", "auto",
+            "auto | copy: the reference pass (without precomputed log-probs) runs a copy of the starting "
+            "weights, or under auto, where LoRA adapters are all that is trained, the policy with its "
+            "adapters off (no copy)"},
+           {"vocab_size", "0", "vocabulary size when [data] tokenizer has no meta.json (0: from it)"},
+           {"fused_head", "auto",
+            "auto | true | false: the head fused into the log-probabilities, no [rows, V] logits (auto: when "
+            "one forward's f32 logits exceed fused_head_mb; needs a dew::LinearHeadModel)"},
+           {"fused_head_mb", "256", "MiB of f32 logits per chunk of the fused head"}},
   });
 }
