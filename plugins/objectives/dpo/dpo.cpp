@@ -446,8 +446,10 @@ class Dpo final : public dew::Objective {
 DEW_PLUGIN("dpo", "0.1.0") {
   registrar.add<dew::Objective>({
       .name = "dpo",
-      .description = "Direct Preference Optimization on preference pairs (preference_jsonl): sigmoid loss against a "
-                     "frozen reference (the starting weights or precomputed log-probs); reward accuracy and margin",
+      .description =
+          "Preference optimization on pairs (preference_jsonl): DPO (sigmoid), hinge or IPO against a frozen "
+          "reference (the starting weights, precomputed log-probs, or a LoRA policy with its adapters off), "
+          "SimPO or ORPO without one; reward accuracy and margin",
       .factory = [](const dew::Options& o) { return std::make_shared<Dpo>(o); },
       .options =
           {{"beta", "0.1", "the DPO temperature beta"},
