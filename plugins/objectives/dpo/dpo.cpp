@@ -22,7 +22,8 @@
 // first step's d with that reference). Metrics (training and validation): loss, dpo_loss, reward_accuracy (the share of
 // pairs with r_w > r_l; ties count as wrong), reward_margin (mean r_w - r_l), chosen_reward, rejected_reward (means),
 // and sft_nll when sft_weight > 0. The primary metric is reward_accuracy (higher is better).
-// Options ([objective]): beta (0.1), sft_weight (0), reference (auto | copy: the copy even where the adapters-off
+// Options ([objective]): beta (0.1), sft_weight (0; 1 under orpo), loss (sigmoid | hinge | ipo | simpo | orpo),
+// simpo_gamma (0.5), label_smoothing (0), reference (auto | copy: the copy even where the adapters-off
 // policy would serve), vocab_size (0: from the tokenizer's meta.json, the
 // [data] tokenizer folder), fused_head (auto | true | false) and fused_head_mb (256): per-token log-probabilities are
 // the cross-entropy kernel's rows (dew::token_logprobs), and with a dew::LinearHeadModel whose [rows, V] f32 logits
