@@ -24,11 +24,10 @@ for r in $(seq "$rounds"); do
         --activation-memory | tail -n 1 | tee -a "$log"
       autocast=off
       [ "$p" = bf16-mixed ] && autocast=bf16
-      model=gpt
-      [ "$c" = dit ] && model=dit
+      peer=(--model gpt --config "$c" --norm rms --mlp swiglu)
+      [ "$c" = dit ] && peer=(--model dit)
       DEW_PEERS="$peers" tools/bench/torch_env.sh 1 /usr/bin/python3 tools/bench/torch_activation_memory.py \
-        --model "$model" --config "${c/dit/char-small}" --norm rms --mlp swiglu --threads 1 --autocast "$autocast" \
-        2>/dev/null | tail -n 1 | tee -a "$log"
+        "${peer[@]}" --threads 1 --autocast "$autocast" 2>/dev/null | tail -n 1 | tee -a "$log"
     done
   done
 done

@@ -71,8 +71,11 @@ def main():
         loss = forward()
     after = resident_mib()
     loss.backward()
-    print(json.dumps({"bench": "torch_activation_memory", "config": config, "norm": a.norm, "mlp": a.mlp,
-                      "autocast": a.autocast, "torch": torch.__version__, "activation_rss_mb": after - before}))
+    result = {"bench": "torch_activation_memory", "config": config, "autocast": a.autocast, "torch": torch.__version__,
+              "activation_rss_mb": after - before}
+    if a.model == "gpt":
+        result.update(norm=a.norm, mlp=a.mlp)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
