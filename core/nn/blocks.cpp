@@ -231,8 +231,8 @@ std::tuple<Tensor, Tensor, Tensor> Attention::project(const Tensor& x, const Ten
   }
   if (cfg.rotary_dim >= 0) {
     DEW_CHECK(positions.defined(), "Attention: rotary positions need the tokens' positions");
-    q = rope(q, positions, cfg.rope_theta, cfg.rotary_dim);
-    k = rope(k, positions, cfg.rope_theta, cfg.rotary_dim);
+    q = rope(q, positions, cfg.rope_theta, cfg.rotary_dim, cfg.rope_scaling);
+    k = rope(k, positions, cfg.rope_theta, cfg.rotary_dim, cfg.rope_scaling);
   }
   return {q, k, v};
 }

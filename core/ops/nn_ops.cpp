@@ -173,7 +173,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
 
 // ---------------------------------------------------------------- transformer pieces
 
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim) {
+Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim, const RopeScaling& scaling) {
   DEW_CHECK(x.ndim() == 4, "rope: x must be [B, T, H, D], got ", shape_str(x.shape()));
   const int64_t d = x.shape()[3];
   const int64_t rd = rotary_dim == 0 ? d : rotary_dim;
@@ -183,7 +183,8 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotar
   DEW_CHECK((positions.ndim() == 1 && positions.shape()[0] == x.shape()[1]) ||
                 (per_batch && positions.shape()[0] == x.shape()[0] && positions.shape()[1] == x.shape()[1]),
             "rope: positions ", shape_str(positions.shape()), " do not match x ", shape_str(x.shape()));
-  RopeParams p{theta, rd, false};
+  contracts::check_rope_scaling("rope", scaling);
+  RopeParams p{theta, rd, false, scaling};
   Tensor out = empty_like(x);
   if (out.numel() > 0) kernels(x).rope(x.detach(), positions, out, p);
   if (needs_grad({&x})) {

@@ -110,7 +110,7 @@ inline bool params_equal(const StridedCopyParams& a, const StridedCopyParams& b)
   return a.shape == b.shape && a.src_strides == b.src_strides && a.dst_strides == b.dst_strides;
 }
 inline bool params_equal(const RopeParams& a, const RopeParams& b) {
-  return a.theta == b.theta && a.rotary_dim == b.rotary_dim && a.inverse == b.inverse;
+  return a.theta == b.theta && a.rotary_dim == b.rotary_dim && a.inverse == b.inverse && a.scaling == b.scaling;
 }
 inline bool params_equal(const AttentionParams& a, const AttentionParams& b) {  // q_offset moves
   return a.scale == b.scale && a.causal == b.causal && a.window == b.window && a.softcap == b.softcap;

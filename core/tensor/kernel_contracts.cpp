@@ -1,9 +1,72 @@
 // core/tensor/kernel_contracts.cpp — the device-independent kernel checks and plans (dew/kernel_contracts.hpp).
 #include "dew/kernel_contracts.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include "dew/error.hpp"
 
 namespace dew::contracts {
+
+// ---------------------------------------------------------------- rope frequencies
+// Hugging Face's formulas (transformers' modeling_rope_utils: _compute_linear_scaling_rope_parameters,
+// _compute_llama3_parameters, _compute_yarn_parameters with the user's factor, as vLLM reads it), in double.
+
+void check_rope_scaling(const std::string& who, const RopeScaling& s) {
+  if (s.kind == RopeScalingKind::none) return;
+  const char* name = rope_scaling_name(s.kind);
+  DEW_CHECK(s.kind == RopeScalingKind::linear || s.kind == RopeScalingKind::llama3 || s.kind == RopeScalingKind::yarn,
+            who, ": unknown rope scaling kind ", int(s.kind));
+  DEW_CHECK(std::isfinite(s.factor) && s.factor >= 1.0, who, ": ", name, " rope scaling needs factor >= 1, got ",
+            s.factor);
+  if (s.kind == RopeScalingKind::linear) return;
+  DEW_CHECK(std::isfinite(s.original_max_position) && s.original_max_position > 0, who, ": ", name,
+            " rope scaling needs original_max_position > 0, got ", s.original_max_position);
+  if (s.kind == RopeScalingKind::llama3)
+    DEW_CHECK(s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor, who,
+              ": llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor, got ", s.low_freq_factor, " and ",
+              s.high_freq_factor);
+  if (s.kind == RopeScalingKind::yarn)
+    DEW_CHECK(s.beta_fast > 0 && s.beta_slow > 0, who, ": yarn rope scaling needs beta_fast and beta_slow > 0, got ",
+              s.beta_fast, " and ", s.beta_slow);
+}
+
+double rope_frequency(double theta, int64_t rotary_dim, int64_t i, const RopeScaling& s) {
+  const double dim = double(rotary_dim);
+  const double base = std::pow(theta, -2.0 * double(i) / dim);
+  switch (s.kind) {
+    case RopeScalingKind::none:
+      return base;
+    case RopeScalingKind::linear:
+      return base / s.factor;
+    case RopeScalingKind::llama3: {
+      const double wavelength = 2.0 * M_PI / base;
+      const double low_freq_wavelength = s.original_max_position / s.low_freq_factor;    // longer: interpolated
+      const double high_freq_wavelength = s.original_max_position / s.high_freq_factor;  // shorter: kept
+      if (wavelength < high_freq_wavelength) return base;
+      if (wavelength > low_freq_wavelength) return base / s.factor;
+      const double smooth =
+          (s.original_max_position / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      return (1.0 - smooth) * base / s.factor + smooth * base;
+    }
+    case RopeScalingKind::yarn: {
+      // The pair index at which a frequency turns `rotations` times over the original context.
+      auto correction_pair = [&](double rotations) {
+        return dim * std::log(s.original_max_position / (rotations * 2.0 * M_PI)) / (2.0 * std::log(theta));
+      };
+      double low = correction_pair(s.beta_fast), high = correction_pair(s.beta_slow);
+      if (s.truncate) low = std::floor(low), high = std::ceil(high);
+      low = std::max(low, 0.0);
+      high = std::min(high, dim - 1.0);
+      if (low == high) high += 0.001;  // as transformers: no zero-width ramp
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1.0 - ramp;  // 1: the pair keeps its frequency; 0: interpolated (/ factor)
+      return base / s.factor * (1.0 - extrapolation) + base * extrapolation;
+    }
+  }
+  DEW_CHECK(false, "rope_frequency: unknown rope scaling kind ", int(s.kind));
+  return base;
+}
 
 StridedPair coalesce(const Shape& shape, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   StridedPair out;

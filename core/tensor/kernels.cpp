@@ -23,6 +23,9 @@ static_assert(sizeof(kBinaryNames) / sizeof(kBinaryNames[0]) == size_t(BinaryOp:
 constexpr const char* kReduceNames[] = {"sum", "mean", "max", "min", "sumsq"};
 static_assert(sizeof(kReduceNames) / sizeof(kReduceNames[0]) == size_t(ReduceOp::sumsq) + 1,
               "every ReduceOp needs a name");
+constexpr const char* kRopeScalingNames[] = {"none", "linear", "llama3", "yarn"};
+static_assert(sizeof(kRopeScalingNames) / sizeof(kRopeScalingNames[0]) == size_t(RopeScalingKind::yarn) + 1,
+              "every RopeScalingKind needs a name");
 template <size_t N>
 const char* name_of(const char* const (&names)[N], size_t i) {
   return i < N ? names[i] : "?";
@@ -33,6 +36,7 @@ const char* kernel_name(Kernel k) { return kKernelNames[size_t(k)]; }
 const char* unary_op_name(UnaryOp op) { return name_of(kUnaryNames, size_t(op)); }
 const char* binary_op_name(BinaryOp op) { return name_of(kBinaryNames, size_t(op)); }
 const char* reduce_op_name(ReduceOp op) { return name_of(kReduceNames, size_t(op)); }
+const char* rope_scaling_name(RopeScalingKind kind) { return name_of(kRopeScalingNames, size_t(kind)); }
 
 Kernel kernel_from_name(const std::string& name) {
   std::string known;

@@ -77,6 +77,31 @@ TEST_CASE("nn::Attention gradcheck in double (GQA, qk_norm, partial rope, window
   check_close(a.forward(x, pos), o, 1e-13, 1e-12, "nn::Attention vs ops");
 }
 
+TEST_CASE("rope gradcheck in double under each rotary scaling (linear, llama3, yarn), partial and whole heads") {
+  UseRef use;
+  dew::RopeScaling linear, llama3, yarn;
+  linear.kind = dew::RopeScalingKind::linear, linear.factor = 4;
+  llama3.kind = dew::RopeScalingKind::llama3, llama3.factor = 8, llama3.original_max_position = 64;
+  yarn.kind = dew::RopeScalingKind::yarn, yarn.factor = 4, yarn.original_max_position = 256, yarn.truncate = false;
+  Tensor pos = ints({0, 7, 61, 300}, {4});
+  for (const dew::RopeScaling& s : {linear, llama3, yarn})
+    for (int64_t rd : {int64_t(0), int64_t(4)}) {
+      Tensor x = rnd({2, 4, 3, 8}, 11);
+      gradcheck([&](const V& in) { return dew::rope(in[0], pos, 100.0f, rd, s); }, V{x},
+                std::string("rope ") + dew::rope_scaling_name(s.kind));
+      // Scaling changes the rotation (the test would pass on an implementation that ignored it otherwise).
+      Tensor plain = dew::rope(x, pos, 100.0f, rd), scaled = dew::rope(x, pos, 100.0f, rd, s);
+      double diff = 0;
+      const auto a = plain.to_floats(), b = scaled.to_floats();
+      for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+      CHECK(diff > 1e-3);
+    }
+  dew::RopeScaling bad = llama3;
+  bad.high_freq_factor = 0.5;
+  CHECK_THROWS_WITH(dew::rope(rnd({1, 2, 1, 4}, 3), ints({0, 1}, {2}), 100.0f, 0, bad),
+                    doctest::Contains("low_freq_factor < high_freq_factor"));
+}
+
 TEST_CASE("nn::Attention gradcheck, plain MHA with [B,T] positions and no rope") {
   UseRef use;
   nn::AttentionConfig c;

@@ -3,7 +3,8 @@
 
 An independent PyTorch implementation (float64, written from the Hugging Face modeling code's math,
 not using `transformers`) of the Llama, Mistral, Qwen2 and Qwen3 decoders runs tiny random weights
-and writes, per family, a folder under tests/interop/fixtures/<name>/:
+and writes, per family (and llama31 / qwen2-yarn: llama3 and yarn rotary scaling), a folder under
+tests/interop/fixtures/<name>/:
     config.json                      the Hugging Face config (as `save_pretrained` writes it)
     model.safetensors                weights (Llama: BF16; Mistral: F16; the others F32), or
     model-0000K-of-0000N.safetensors + model.safetensors.index.json   (Qwen3: two shards)
@@ -11,7 +12,7 @@ and writes, per family, a folder under tests/interop/fixtures/<name>/:
 The C++ test loads each folder with dew's importer and compares logits (tolerance 1e-4).
 
 Run once (PyTorch from Debian: /usr/bin/python3) and commit the small outputs:
-    /usr/bin/python3 tests/interop/make_fixtures.py
+    /usr/bin/python3 tests/interop/make_fixtures.py [NAME ...]   (only the named fixtures)
 Deterministic (torch.manual_seed per fixture).
 """
 import json
@@ -64,35 +65,100 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def rope_inv_freq(cfg, hd):
+    """Per-pair rotation frequencies and the cos/sin factor of cfg's rope_scaling, in float64, written from
+    transformers' modeling_rope_utils formulas (default, linear, llama3, yarn with the user's factor)."""
+    theta = cfg["rope_theta"]
+    idx = torch.arange(0, hd, 2, dtype=torch.float64)
+    inv_freq = 1.0 / (theta ** (idx / hd))
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv_freq, 1.0
+    factor = rs["factor"]
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        old = rs["original_max_position_embeddings"]
+        lo, hi = rs["low_freq_factor"], rs["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq
+        out = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        return torch.where(medium, smoothed, out), 1.0
+    if kind == "yarn":
+        old = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+        attn = rs.get("attention_factor")
+        if attn is None:
+            attn = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        def corr(rot):
+            return hd * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = max(math.floor(corr(beta_fast)), 0), min(math.ceil(corr(beta_slow)), hd - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(hd // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extra = 1 - ramp
+        return inv_freq / factor * (1 - extra) + inv_freq * extra, attn
+    raise ValueError(kind)
+
+
+def cos_sin(cfg, hd, t, local=False):
+    """cos, sin [T, hd] of positions 0..T-1; Gemma 3's local layers: rope_local_base_freq, no scaling."""
+    if local and cfg.get("rope_local_base_freq"):
+        cfg = dict(cfg, rope_theta=cfg["rope_local_base_freq"], rope_scaling=None)
+    inv_freq, attention_factor = rope_inv_freq(cfg, hd)
+    freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * attention_factor, emb.sin() * attention_factor
+
+
+def layer_is_local(cfg, l):
+    """Whether layer l uses the sliding window (transformers' per-family rules, or layer_types)."""
+    mt = cfg["model_type"]
+    if cfg.get("layer_types"):
+        return cfg["layer_types"][l] == "sliding_attention"
+    if mt == "mistral":
+        return bool(cfg.get("sliding_window"))
+    if mt == "gemma2":
+        return l % 2 == 0
+    if mt == "gemma3_text":
+        return (l + 1) % cfg.get("sliding_window_pattern", 6) != 0
+    return False
+
+
 def forward(cfg, p, tokens):
     """tokens [B, T] -> logits [B, T, V] (float64)."""
     f = lambda n: p[n].to(torch.float64)
     mt = cfg["model_type"]
+    gemma = mt in ("gemma2", "gemma3_text")
     d = cfg["hidden_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or d // nh
     eps = cfg["rms_norm_eps"]
-    theta = cfg["rope_theta"]
     L = cfg["num_hidden_layers"]
     b, t = tokens.shape
-    window = None
-    if mt == "mistral" and cfg.get("sliding_window"):
-        window = cfg["sliding_window"]
+    # Gemma: (1 + w) norms, embeddings times sqrt(hidden), scores by query_pre_attn_scalar^-0.5, softcaps.
+    norm = (lambda x, w: rms_norm(x, 1.0 + w, eps)) if gemma else (lambda x, w: rms_norm(x, w, eps))
+    scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else 1.0 / math.sqrt(hd)
+    attn_cap, final_cap = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
     x = f("model.embed_tokens.weight")[tokens]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-    pos = torch.arange(t, dtype=torch.float64)
-    freqs = torch.outer(pos, inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    if gemma:
+        x = x * math.sqrt(d)
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None, :]
-    allowed = j <= i
-    if window:
-        allowed = allowed & (i - j < window)  # the window counts the query's own key
-    mask = torch.where(allowed, 0.0, float("-inf")).to(torch.float64)
     for l in range(L):
         pre = f"model.layers.{l}."
-        h = rms_norm(x, f(pre + "input_layernorm.weight"), eps)
+        local = layer_is_local(cfg, l)
+        cos, sin = cos_sin(cfg, hd, t, local)
+        allowed = j <= i
+        if local:
+            allowed = allowed & (i - j < cfg["sliding_window"])  # the window counts the query's own key
+        mask = torch.where(allowed, 0.0, float("-inf")).to(torch.float64)
+        h = norm(x, f(pre + "input_layernorm.weight"))
 
         def proj(name, h=h):
             y = h @ f(pre + f"self_attn.{name}.weight").T
@@ -103,28 +169,39 @@ def forward(cfg, p, tokens):
         q = proj("q_proj").view(b, t, nh, hd)
         k = proj("k_proj").view(b, t, nkv, hd)
         v = proj("v_proj").view(b, t, nkv, hd)
-        if mt == "qwen3":
-            q = rms_norm(q, f(pre + "self_attn.q_norm.weight"), eps)
-            k = rms_norm(k, f(pre + "self_attn.k_norm.weight"), eps)
+        if mt in ("qwen3", "gemma3_text"):
+            q = norm(q, f(pre + "self_attn.q_norm.weight"))
+            k = norm(k, f(pre + "self_attn.k_norm.weight"))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         rep = nh // nkv
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-        s = q @ k.transpose(-1, -2) / math.sqrt(hd) + mask
-        o = torch.softmax(s, dim=-1) @ v
+        s = q @ k.transpose(-1, -2) * scale
+        if attn_cap:
+            s = attn_cap * torch.tanh(s / attn_cap)
+        o = torch.softmax(s + mask, dim=-1) @ v
         o = o.transpose(1, 2).reshape(b, t, nh * hd) @ f(pre + "self_attn.o_proj.weight").T
         if pre + "self_attn.o_proj.bias" in p:
             o = o + f(pre + "self_attn.o_proj.bias")
-        x = x + o
-        h = rms_norm(x, f(pre + "post_attention_layernorm.weight"), eps)
+        if gemma:  # sandwich norms: the branch outputs are normed before the residual adds
+            x = x + norm(o, f(pre + "post_attention_layernorm.weight"))
+            h = norm(x, f(pre + "pre_feedforward_layernorm.weight"))
+        else:
+            x = x + o
+            h = norm(x, f(pre + "post_attention_layernorm.weight"))
         g = h @ f(pre + "mlp.gate_proj.weight").T
         u = h @ f(pre + "mlp.up_proj.weight").T
-        x = x + (torch.nn.functional.silu(g) * u) @ f(pre + "mlp.down_proj.weight").T
-    x = rms_norm(x, f("model.norm.weight"), eps)
+        act = torch.nn.functional.gelu(g, approximate="tanh") if gemma else torch.nn.functional.silu(g)
+        m = (act * u) @ f(pre + "mlp.down_proj.weight").T
+        x = x + (norm(m, f(pre + "post_feedforward_layernorm.weight")) if gemma else m)
+    x = norm(x, f("model.norm.weight"))
     head = f("model.embed_tokens.weight") if cfg["tie_word_embeddings"] else f("lm_head.weight")
-    return x @ head.T
+    logits = x @ head.T
+    if final_cap:
+        logits = final_cap * torch.tanh(logits / final_cap)
+    return logits
 
 
 def make_params(cfg, dtype):
@@ -150,15 +227,19 @@ def make_params(cfg, dtype):
             p[pre + "self_attn.v_proj.bias"] = r(nkv * hd)
         if o_bias:
             p[pre + "self_attn.o_proj.bias"] = r(d)
-        if mt == "qwen3":
-            p[pre + "self_attn.q_norm.weight"] = 1.0 + r(hd)
-            p[pre + "self_attn.k_norm.weight"] = 1.0 + r(hd)
+        gemma = mt in ("gemma2", "gemma3_text")
+        if mt in ("qwen3", "gemma3_text"):  # Gemma's norms scale by (1 + w): w near 0
+            p[pre + "self_attn.q_norm.weight"] = r(hd) + (0.0 if gemma else 1.0)
+            p[pre + "self_attn.k_norm.weight"] = r(hd) + (0.0 if gemma else 1.0)
+        if gemma:
+            p[pre + "pre_feedforward_layernorm.weight"] = r(d)
+            p[pre + "post_feedforward_layernorm.weight"] = r(d)
         p[pre + "mlp.gate_proj.weight"] = r(ff, d)
         p[pre + "mlp.up_proj.weight"] = r(ff, d)
         p[pre + "mlp.down_proj.weight"] = r(d, ff)
-        p[pre + "input_layernorm.weight"] = 1.0 + r(d)
-        p[pre + "post_attention_layernorm.weight"] = 1.0 + r(d)
-    p["model.norm.weight"] = 1.0 + r(d)
+        p[pre + "input_layernorm.weight"] = r(d) + (0.0 if gemma else 1.0)
+        p[pre + "post_attention_layernorm.weight"] = r(d) + (0.0 if gemma else 1.0)
+    p["model.norm.weight"] = r(d) + (0.0 if mt in ("gemma2", "gemma3_text") else 1.0)
     if not cfg["tie_word_embeddings"]:
         p["lm_head.weight"] = r(V, d)
     # Stored in `dtype`; the reference computes from the stored (rounded) values.
@@ -202,6 +283,11 @@ COMMON = {"transformers_version": "4.51.0", "use_cache": True, "initializer_rang
           "bos_token_id": 1, "eos_token_id": 2, "rope_scaling": None}
 
 if __name__ == "__main__":
+    import sys
+    only = set(sys.argv[1:])  # fixture names to write (default: all)
+    if only:
+        write_fixture = (lambda write: lambda name, *a, **k: write(name, *a, **k) if name in only else None)(
+            write_fixture)
     llama = dict(COMMON, architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=61, hidden_size=32,
                  intermediate_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  hidden_act="silu", max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -229,3 +315,33 @@ if __name__ == "__main__":
                    rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=4, tie_word_embeddings=False,
                    torch_dtype="float16")
     write_fixture("mistral", mistral, torch.float16, seed=4, tokens_shape=(2, 10))
+
+    # Rotary scaling: Llama 3.1's llama3 (head_dim 8, theta 1e4: wavelengths 6.3 kept, 63 blended, 628 and 6283
+    # interpolated against an original 64) and YaRN with its attention factor (head_dim 16, original 256: pair 0
+    # kept, 1-3 on the ramp, 4-7 interpolated).
+    llama31 = dict(llama, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True,
+                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                   torch_dtype="float32")
+    write_fixture("llama31", llama31, torch.float32, seed=5, tokens_shape=(2, 40))
+    qwen2_yarn = dict(qwen2, max_position_embeddings=1024, head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+                      hidden_size=24, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 256})
+    write_fixture("qwen2-yarn", qwen2_yarn, torch.float32, seed=6, tokens_shape=(2, 40))
+
+    # Gemma 2 (sandwich norms, (1 + w), embeddings * sqrt(hidden), query_pre_attn_scalar, both softcaps,
+    # sliding window on even layers) and Gemma 3 (qk-norm, local layers on rope_local_base_freq, global ones
+    # on rope_theta with linear scaling, five local layers to one global), 3 and 6 layers over 24 tokens.
+    gemma_common = dict(COMMON, vocab_size=43, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                        max_position_embeddings=256, rms_norm_eps=1e-6, attention_bias=False,
+                        tie_word_embeddings=True, torch_dtype="float32", pad_token_id=0)
+    gemma2 = dict(gemma_common, architectures=["Gemma2ForCausalLM"], model_type="gemma2", num_hidden_layers=3,
+                  rope_theta=10000.0, query_pre_attn_scalar=24, sliding_window=5, final_logit_softcapping=15.0,
+                  attn_logit_softcapping=4.0, cache_implementation="hybrid", hidden_act="gelu_pytorch_tanh")
+    write_fixture("gemma2", gemma2, torch.float32, seed=7, tokens_shape=(2, 24))
+    gemma3 = dict(gemma_common, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=6,
+                  rope_theta=1000000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=16, sliding_window=6,
+                  sliding_window_pattern=6, final_logit_softcapping=None, attn_logit_softcapping=None,
+                  rope_scaling={"rope_type": "linear", "factor": 8.0}, cache_implementation="hybrid")
+    write_fixture("gemma3", gemma3, torch.float32, seed=8, tokens_shape=(2, 24))

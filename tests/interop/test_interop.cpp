@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -102,10 +103,13 @@ std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
   return b;
 }
 
-// Builds the [model] of a fixture's config.json and loads its weights on `be`.
-std::shared_ptr<dew::Model> load_fixture(const std::string& name, const dew::BackendPtr& be) {
+// Builds the [model] of a fixture's config.json (with `model_overrides` on top) and loads its weights on `be`.
+std::shared_ptr<dew::Model> load_fixture(const std::string& name, const dew::BackendPtr& be,
+                                         const std::map<std::string, std::string>& model_overrides = {}) {
   auto conv = dew::Registry::global().create<dew::HfConverter>("causal_transformer");
-  const dew::HfImport plan = conv->import_config(read_text(fs::path(fixture(name)) / "config.json"));
+  dew::HfImport plan = conv->import_config(read_text(fs::path(fixture(name)) / "config.json"));
+  for (const auto& [k, v] : model_overrides) plan.model[k] = v;
+  std::erase_if(plan.model, [](const auto& kv) { return kv.second.empty(); });  // "" removes an option
   dew::set_default_backend(be);
   dew::Options o(plan.model, "model");
   o.get_string("plugin", "");
@@ -302,8 +306,9 @@ TEST_CASE("safetensors: sharded write and read, broken indexes are refused") {
 
 TEST_CASE(
     "import: llama (BF16, untied), qwen3 (sharded, head_dim 16, qk-norm, tied), qwen2 (qkv bias), mistral "
-    "(sliding window, F16) match the PyTorch reference within 1e-4") {
-  for (const char* name : {"llama", "qwen3", "qwen2", "mistral"}) {
+    "(sliding window, F16), llama31 (llama3 rotary scaling), qwen2-yarn (yarn), gemma2 (sandwich norms, softcaps), "
+    "gemma3 (qk-norm, local rotary base, linear scaling) match the PyTorch reference within 1e-4") {
+  for (const char* name : {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3"}) {
     SUBCASE(name) { check_fixture_logits(name, ref()); }
   }
 }
@@ -312,20 +317,50 @@ TEST_CASE("import on the cpu backend (when built) matches the reference within 1
   ref();
   if (!dew::Registry::global().contains("backend", "cpu")) return;
   auto cpu = dew::create_backend("cpu");
-  for (const char* name : {"llama", "qwen3", "qwen2", "mistral"}) check_fixture_logits(name, cpu);
+  for (const char* name : {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3"})
+    check_fixture_logits(name, cpu);
   ref();
+}
+
+TEST_CASE("the rotary-scaling fixtures depend on their scaling: unscaled, or another kind, misses the reference") {
+  auto be = ref();
+  auto logits_of = [&](const std::string& name, const std::map<std::string, std::string>& overrides) {
+    dew::SafetensorsFile ref_file(fixture(name) + "/reference.safetensors");
+    const Tensor tok64 = ref_file.load("tokens", be);
+    auto m = load_fixture(name, be, overrides);
+    dew::NoGradGuard ng;
+    const double d =
+        max_abs_diff(m->forward({{"tokens", Tensor::from_ints(tok64.to_ints(), tok64.shape(), be)}}).to_floats(),
+                     ref_file.load("logits", be).to_floats());
+    INFO(name, " max |dew - torch| = ", d);
+    return d;
+  };
+  const std::map<std::string, std::string> unscaled = {
+      {"rope_scaling", "none"},     {"rope_factor", ""},           {"rope_original_max_position", ""},
+      {"rope_low_freq_factor", ""}, {"rope_high_freq_factor", ""}, {"rope_beta_fast", ""},
+      {"rope_beta_slow", ""},       {"rope_attention_factor", ""}};
+  CHECK(logits_of("llama31", {}) < 1e-4);
+  CHECK(logits_of("llama31", unscaled) > 1e-2);
+  auto linear = unscaled;
+  linear["rope_scaling"] = "linear", linear["rope_factor"] = "8";
+  CHECK(logits_of("llama31", linear) > 1e-2);  // llama3 keeps the short wavelengths linear scales
+  CHECK(logits_of("qwen2-yarn", {}) < 1e-4);
+  CHECK(logits_of("qwen2-yarn", unscaled) > 1e-2);
+  CHECK(logits_of("qwen2-yarn", {{"rope_attention_factor", "1"}}) > 1e-2);  // the factor on the scores matters
 }
 
 TEST_CASE("import -> run directory -> export --format hf -> import is lossless") {
   auto be = ref();
   const fs::path d = tmpdir("roundtrip");
-  for (const char* name : {"qwen3", "llama", "mistral", "qwen2"}) {
+  for (const char* name : {"qwen3", "llama", "mistral", "qwen2", "llama31", "qwen2-yarn", "gemma2", "gemma3"}) {
     const fs::path run = d / (std::string(name) + "_run"), out = d / (std::string(name) + "_hf"),
                    again = d / (std::string(name) + "_again");
     dew::ImportOptions o;
     o.backend = "ref";
     const std::string summary = dew::import_hf(fixture(name), run.string(), o);
-    CHECK(summary.find(std::string("imported ") + name) == 0);
+    const std::string family =
+        nlohmann::json::parse(read_text(fs::path(fixture(name)) / "config.json"))["model_type"].get<std::string>();
+    CHECK(summary.find("imported " + family) == 0);
     REQUIRE(fs::exists(run / "checkpoints" / dew::checkpoint_name(0)));
     // The checkpoint holds the fixture's values (converted to f32 exactly).
     const dew::CheckpointData c = dew::read_checkpoint((run / "checkpoints" / dew::checkpoint_name(0)).string(), be);
@@ -409,10 +444,61 @@ TEST_CASE("import: config fields are mapped, ignored or refused by name") {
   CHECK(std::find(ok.ignored.begin(), ok.ignored.end(), "pretraining_tp") != ok.ignored.end());
   CHECK_THROWS_WITH_AS(conv->import_config(with(R"("rope_scaling2": 1, "moe_experts": 4)")),
                        doctest::Contains("fields 'moe_experts', 'rope_scaling2' are not expressible"), dew::UsageError);
-  std::string scaled = base;
-  scaled.replace(scaled.find("\"rope_scaling\": null"), 20,
-                 R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})");
-  CHECK_THROWS_WITH_AS(conv->import_config(scaled), doctest::Contains("llama3"), dew::UsageError);
+  auto with_rope = [&](const std::string& rope_scaling) {
+    std::string scaled = base;
+    scaled.replace(scaled.find("\"rope_scaling\": null"), 20, "\"rope_scaling\": " + rope_scaling);
+    return scaled;
+  };
+  const dew::HfImport l3 = conv->import_config(with_rope(
+      R"({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192})"));  // Llama 3.2's
+  CHECK(l3.model.at("rope_scaling") == "llama3");
+  CHECK(l3.model.at("rope_factor") == "32");
+  CHECK(l3.model.at("rope_original_max_position") == "8192");
+  CHECK(l3.model.at("rope_high_freq_factor") == "4");
+  CHECK_THROWS_WITH_AS(conv->import_config(with_rope(R"({"rope_type": "llama3", "factor": 8.0})")),
+                       doctest::Contains("no original_max_position_embeddings"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(
+      conv->import_config(with_rope(
+          R"({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "beta_fast": 32})")),
+      doctest::Contains("rope_scaling.beta_fast is not expressible (llama3"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(conv->import_config(with_rope(R"({"type": "dynamic", "factor": 2.0})")),
+                       doctest::Contains("dynamic, longrope and others are not implemented"), dew::UsageError);
+  CHECK_THROWS_WITH_AS(conv->import_config(with_rope(R"({"type": "linear"})")), doctest::Contains("has no factor"),
+                       dew::UsageError);
+  // YaRN's attention factor as transformers resolves it: given, from mscale / mscale_all_dim, or 0.1 ln(factor) + 1;
+  // the original context defaults to max_position_embeddings (128 in this fixture).
+  const dew::HfImport y1 = conv->import_config(with_rope(R"({"type": "yarn", "factor": 4.0})"));
+  CHECK(y1.model.at("rope_original_max_position") == "128");
+  CHECK(std::stod(y1.model.at("rope_attention_factor")) == doctest::Approx(0.1 * std::log(4.0) + 1.0).epsilon(1e-12));
+  const dew::HfImport y2 = conv->import_config(with_rope(
+      R"({"rope_type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32,
+          "beta_slow": 1, "original_max_position_embeddings": 4096})"));  // DeepSeek's form
+  CHECK(std::stod(y2.model.at("rope_attention_factor")) == 1.0);
+  const dew::HfImport y3 = conv->import_config(
+      with_rope(R"({"rope_type": "yarn", "factor": 2, "attention_factor": 1.5, "truncate": false})"));
+  CHECK(y3.model.at("rope_attention_factor") == "1.5");
+  CHECK(y3.model.at("rope_truncate") == "false");
+  // Gemma 3 in transformers 5's form: rope_parameters per layer kind, layer_types instead of the pattern.
+  std::string g3 = read_text(fs::path(fixture("gemma3")) / "config.json");
+  const dew::HfImport g3_old = conv->import_config(g3);
+  CHECK(g3_old.model.at("rope_local_theta") == "10000");
+  CHECK(g3_old.model.at("layer_pattern") == "local,local,local,local,local,global");
+  CHECK(g3_old.model.at("query_pre_attn_scalar") == "16");
+  CHECK(g3_old.model.at("sandwich_norm") == "true");
+  nlohmann::json g3_new = nlohmann::json::parse(g3);
+  g3_new.erase("rope_theta"), g3_new.erase("rope_scaling"), g3_new.erase("rope_local_base_freq");
+  g3_new.erase("sliding_window_pattern");
+  g3_new["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+                               {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  g3_new["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention",
+                           "sliding_attention", "sliding_attention", "full_attention"};
+  CHECK(conv->import_config(g3_new.dump()).model == g3_old.model);
+  g3_new["use_bidirectional_attention"] = true;
+  CHECK_THROWS_WITH_AS(conv->import_config(g3_new.dump()), doctest::Contains("use_bidirectional_attention"),
+                       dew::UsageError);
+  CHECK_THROWS_WITH_AS(conv->import_config(with_rope(R"({"rope_type": "yarn", "factor": 0.5})")),
+                       doctest::Contains("factor must be a number >= 1"), dew::UsageError);
   std::string act = base;
   act.replace(act.find("\"silu\""), 6, "\"relu\"");
   CHECK_THROWS_WITH_AS(conv->import_config(act), doctest::Contains("hidden_act 'relu'"), dew::UsageError);

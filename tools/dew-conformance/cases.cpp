@@ -1044,8 +1044,16 @@ void add_rope(Table& t) {
     int64_t rotary;
     bool inverse;
     float theta;
+    RopeScaling scaling = {};
   };
-  const R rs[] = {{"full", {2, 7, 3, 16}, false, 0, 7, 0, false, 10000},
+  RopeScaling llama3, yarn, linear;  // Llama 3.1's and a YaRN over a 256-position original, every band
+  llama3.kind = RopeScalingKind::llama3, llama3.factor = 8, llama3.original_max_position = 64;
+  yarn.kind = RopeScalingKind::yarn, yarn.factor = 4, yarn.original_max_position = 256;
+  linear.kind = RopeScalingKind::linear, linear.factor = 2;
+  const R rs[] = {{"llama3", {2, 9, 3, 16}, true, 0, 512, 0, false, 10000, llama3},
+                  {"yarn_inverse", {2, 9, 2, 16}, true, 0, 512, 0, true, 10000, yarn},
+                  {"linear_partial", {2, 7, 3, 16}, false, 0, 7, 8, false, 10000, linear},
+                  {"full", {2, 7, 3, 16}, false, 0, 7, 0, false, 10000},
                   {"full_inverse", {2, 7, 3, 16}, false, 0, 7, 0, true, 10000},
                   {"batchpos", {2, 7, 3, 16}, true, 0, 64, 0, false, 10000},
                   {"partial", {2, 7, 3, 16}, false, 0, 7, 8, false, 10000},
@@ -1056,7 +1064,7 @@ void add_rope(Table& t) {
                   {"heads12", {2, 9, 12, 16}, false, 0, 9, 12, false, 10000}};  // heads in groups (cuda)
   for (const R& r : rs) {
     const int64_t B = r.x[0], T = r.x[1];
-    RopeParams p{r.theta, r.rotary, r.inverse};
+    RopeParams p{r.theta, r.rotary, r.inverse, r.scaling};
     Check c;
     c.rtol_override = dtype_epsilon(DT::f32) * (2.0 + 4.0 * double(std::max(1, r.pos_hi - 1)));
     t.add(

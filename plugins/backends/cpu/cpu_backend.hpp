@@ -144,8 +144,9 @@ struct BoundPrimitive {
   void run(Dnnl& d, std::initializer_list<std::pair<int, const void*>> buffers) { run(d.strm, buffers); }
 };
 
-// cos/sin of pos * theta^(-2i/rotary_dim) for pos in [0, positions), i in [0, rotary_dim/2), computed
-// in double once per (theta, rotary_dim) and grown on demand; rows are [cos(half) | sin(half)].
+// cos/sin of pos * theta^(-2i/rotary_dim) (under the RoPE scaling) for pos in [0, positions), i in
+// [0, rotary_dim/2), computed in double once per (theta, rotary_dim, scaling) and grown on demand; rows are
+// [cos(half) | sin(half)].
 struct RopeTable {
   int64_t positions = 0, half = 0;
   std::vector<float> cs;
@@ -153,7 +154,7 @@ struct RopeTable {
 class RopeTables {
  public:
   // A table covering positions [0, max_pos]; shared_ptr so a concurrent grow cannot free it under a reader.
-  std::shared_ptr<const RopeTable> get(float theta, int64_t rotary_dim, int64_t max_pos);
+  std::shared_ptr<const RopeTable> get(float theta, int64_t rotary_dim, const RopeScaling& scaling, int64_t max_pos);
 
  private:
   std::mutex mu_;

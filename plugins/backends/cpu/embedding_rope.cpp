@@ -7,26 +7,29 @@
 //   row (a counting sort, stable), then each target row is owned by one thread and accumulates its
 //   sources in (b, k) order — the same order as a serial loop, whatever the thread count.
 // * rope uses the "rotate half" pairing (i, i + rotary_dim/2) with cos/sin tables computed in double
-//   once per (theta, rotary_dim) and reused across calls (RopeTables); negative positions are computed
-//   directly. inverse rotates by -angle. Features past rotary_dim are copied. bf16 x / out: the same rows over
-//   bf16 storage (bf16_bits.hpp), the f32 kernel's values on the widened x rounded once.
+//   (contracts::rope_frequency: the scaled frequencies) once per (theta, rotary_dim, scaling) and reused across calls
+//   (RopeTables); negative positions are computed directly. inverse rotates by -angle. Features past rotary_dim are
+//   copied. bf16 x / out: the same rows over bf16 storage (bf16_bits.hpp), the f32 kernel's values on the widened x
+//   rounded once.
 // ISA: compiled once per path (isa_clones.hpp), run on the backend's `isa`. gather is a copy and
 //   scatter_add adds rows in index order, RoPE one rotation per pair from the same double-built table: the
 //   same bits on avx512 and avx2 (FMA on both); portable differs in RoPE by FMA roundings.
 #ifndef DEW_CPU_ISA  // ---- first pass: headers, the kernels once per ISA path (isa_clones.hpp), dispatch
 #include <algorithm>
+#include <bit>
 #include <cmath>
+
 #include "cpu_backend.hpp"
 
 namespace dew::cpu {
 
-// The rope angle tables (double libm: the same on every path), built once per (theta, rotary_dim).
+// The rope angle tables (double libm: the same on every path), built once per (theta, rotary_dim, scaling).
 namespace {
 
-void rope_angles_direct(double theta, int64_t rd, int64_t pos, float* cs) {
+void rope_angles_direct(double theta, int64_t rd, const RopeScaling& scaling, int64_t pos, float* cs) {
   const int64_t half = rd / 2;
   for (int64_t i = 0; i < half; ++i) {
-    const double a = double(pos) * std::pow(theta, -2.0 * double(i) / double(rd));
+    const double a = double(pos) * contracts::rope_frequency(theta, rd, i, scaling);
     cs[i] = float(std::cos(a));
     cs[half + i] = float(std::sin(a));
   }
@@ -34,9 +37,13 @@ void rope_angles_direct(double theta, int64_t rd, int64_t pos, float* cs) {
 
 }  // namespace
 
-std::shared_ptr<const RopeTable> RopeTables::get(float theta, int64_t rotary_dim, int64_t max_pos) {
+std::shared_ptr<const RopeTable> RopeTables::get(float theta, int64_t rotary_dim, const RopeScaling& scaling,
+                                                 int64_t max_pos) {
   Key key(0);
-  key.add(theta).add(rotary_dim);
+  key.add(theta).add(rotary_dim).add(int64_t(scaling.kind)).add(int64_t(scaling.truncate));
+  for (double v : {scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_max_position,
+                   scaling.beta_fast, scaling.beta_slow})
+    key.add(std::bit_cast<int64_t>(v));
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = tables_[key];
   if (slot && slot->positions > max_pos) return slot;
@@ -48,7 +55,7 @@ std::shared_ptr<const RopeTable> RopeTables::get(float theta, int64_t rotary_dim
   float* cs = t->cs.data();
   const int64_t stride = 2 * t->half;
 #pragma omp parallel for schedule(static) if (np * t->half >= 4096)
-  for (int64_t pos = 0; pos < np; ++pos) rope_angles_direct(double(theta), rotary_dim, pos, cs + pos * stride);
+  for (int64_t pos = 0; pos < np; ++pos) rope_angles_direct(double(theta), rotary_dim, scaling, pos, cs + pos * stride);
   slot = t;
   return t;
 }
@@ -208,7 +215,8 @@ void rope(CpuBackend& self, const Tensor& x, const Tensor& positions, Tensor& ou
   }
   const int64_t half = rd / 2;
   std::shared_ptr<const RopeTable> table;
-  if (!negative) table = self.rope_tables().get(p.theta, rd, max_pos);
+  contracts::check_rope_scaling("cpu rope", p.scaling);
+  if (!negative) table = self.rope_tables().get(p.theta, rd, p.scaling, max_pos);
   const float sign = p.inverse ? -1.0f : 1.0f;
   const int64_t rows = B * T;
   auto run = [&](auto* xs, auto* o) {
@@ -217,7 +225,7 @@ void rope(CpuBackend& self, const Tensor& x, const Tensor& positions, Tensor& ou
       rope_rows(xs, o, r0, r1, H, D, rd, sign, [&](int64_t row) -> const float* {
         const int64_t pos = per_batch ? ps[row] : ps[row % T];
         if (table) return table->cs.data() + pos * 2 * half;
-        rope_angles_direct(double(p.theta), rd, pos, local.data());
+        rope_angles_direct(double(p.theta), rd, p.scaling, pos, local.data());
         return local.data();
       });
     });

@@ -582,7 +582,12 @@ void CudaBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, co
             shape_str(positions.shape()), " are neither [T] nor [B, T] for x ", shape_str(x.shape()));
   expect_same(out, x, x.numel(), K, "out");
   const bool per_batch = positions.numel() == B * Tn && B != 1;
-  launch_rope(stream_, t, x.data(), positions.data_as<int32_t>(), out.data(), B, Tn, H, D, rd, p.theta, p.inverse,
+  contracts::check_rope_scaling("cuda.rope", p.scaling);
+  DEW_CHECK(rd / 2 <= RopeFrequencies::kMaxPairs, "cuda.rope: rotary_dim ", rd, " is above the ",
+            2 * RopeFrequencies::kMaxPairs, " features the kernel's frequency argument holds");
+  RopeFrequencies freqs{};
+  for (int64_t i = 0; i < rd / 2; ++i) freqs.f[i] = contracts::rope_frequency(double(p.theta), rd, i, p.scaling);
+  launch_rope(stream_, t, x.data(), positions.data_as<int32_t>(), out.data(), B, Tn, H, D, rd, freqs, p.inverse,
               per_batch);
 }
 

@@ -91,9 +91,10 @@ namespace {
 
 template <class T>
 __global__ void rope_kernel(const T* x, const int32_t* pos, T* out, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                            int64_t rd, double theta, double sign, bool per_batch) {
-  // One thread per (b, t, j), looping over the H heads: the angle (pow and sincos in double) depends on the
-  // position and j only, so it is computed once for all heads.
+                            int64_t rd, RopeFrequencies freqs, double sign, bool per_batch) {
+  // One thread per (b, t, j), looping over the H heads: the angle (sincos in double of the position times the
+  // host-computed frequency, the kernel argument) depends on the position and j only, so it is computed once for
+  // all heads.
   const int64_t half = rd / 2, tail = D - rd, per_head = half + tail;
   DEW_GRID_STRIDE(i, B * Tn * per_head) {
     const int64_t bt = i / per_head, j = i % per_head;  // bt = b * T + t
@@ -106,9 +107,8 @@ __global__ void rope_kernel(const T* x, const int32_t* pos, T* out, int64_t B, i
     }
     const int64_t b = bt / Tn, t = bt % Tn;
     const double position = double(pos[per_batch ? b * Tn + t : t]);
-    const double freq = pow(theta, -2.0 * double(j) / double(rd));
     double sn, cs;
-    sincos(sign * position * freq, &sn, &cs);
+    sincos(sign * position * freqs.f[j], &sn, &cs);
     // Heads in groups of kGroup: the group's loads are all issued before its stores (out may be x, so the
     // compiler keeps each store after the loads that precede it in the source; one head at a time made every
     // head a full memory round trip).
@@ -132,13 +132,13 @@ __global__ void rope_kernel(const T* x, const int32_t* pos, T* out, int64_t B, i
 }  // namespace
 
 void launch_rope(cudaStream_t s, ST t, const void* x, const int32_t* pos, void* out, int64_t B, int64_t T, int64_t H,
-                 int64_t D, int64_t rotary_dim, float theta, bool inverse, bool per_batch) {
+                 int64_t D, int64_t rotary_dim, const RopeFrequencies& freqs, bool inverse, bool per_batch) {
   const int64_t n = B * T * (rotary_dim / 2 + (D - rotary_dim));
   if (n == 0) return;
-  DEW_CUDA_DISPATCH(t, TT,
-                    DEW_LAUNCH(blocks_for(n), 256, 0, s, rope_kernel<TT>)(
-                        static_cast<const TT*>(x), pos, static_cast<TT*>(out), B, T, H, D, rotary_dim, double(theta),
-                        inverse ? -1.0 : 1.0, per_batch));
+  DEW_CUDA_DISPATCH(
+      t, TT,
+      DEW_LAUNCH(blocks_for(n), 256, 0, s, rope_kernel<TT>)(static_cast<const TT*>(x), pos, static_cast<TT*>(out), B, T,
+                                                            H, D, rotary_dim, freqs, inverse ? -1.0 : 1.0, per_batch));
   check_launch("rope");
 }
 

@@ -113,8 +113,14 @@ void launch_gather_rows(cudaStream_t s, const void* src, const int32_t* idx, voi
 // f32: atomics straight into dsrc. bf16: into `acc` (f32, Bs * R * D, zeroed here), then added to dsrc.
 void launch_scatter_add_rows(cudaStream_t s, ST t, const void* dout, const int32_t* idx, void* dsrc, int64_t Bs,
                              int64_t R, int64_t D, int64_t B, int64_t K, float* acc, ErrWord* err);
+// The rotation frequency of each pair (contracts::rope_frequency, computed on the host), passed by value as the
+// kernel's argument: rotary_dim / 2 <= kMaxPairs.
+struct RopeFrequencies {
+  static constexpr int64_t kMaxPairs = 256;
+  double f[kMaxPairs];
+};
 void launch_rope(cudaStream_t s, ST t, const void* x, const int32_t* pos, void* out, int64_t B, int64_t T, int64_t H,
-                 int64_t D, int64_t rotary_dim, float theta, bool inverse, bool per_batch);
+                 int64_t D, int64_t rotary_dim, const RopeFrequencies& freqs, bool inverse, bool per_batch);
 
 // ---- attention.cu ----
 constexpr int kAttnMaxHeadDim = 256;

@@ -1,7 +1,8 @@
 // embedding_rope.cpp — row gather (embedding lookup), its scatter-add, and rotary position embedding.
 // Invariants: indices are i32 and must lie in [0, R) — checked for every index before anything is
 // written, so a bad index throws and leaves the output untouched; gather copies bytes (any dtype);
-// scatter_add accumulates (+=) in double on top of dsrc's values; rope angles are computed in double.
+// scatter_add accumulates (+=) in double on top of dsrc's values; rope angles are computed in double from
+// contracts::rope_frequency (the scaled frequencies every backend shares).
 #include <vector>
 
 #include "dew/kernel_contracts.hpp"
@@ -76,6 +77,9 @@ void RefBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, con
     const bool per_batch = positions.numel() == B * Tn && B != 1;
     const int32_t* pos = positions.data_as<int32_t>();
     const int64_t half = rd / 2;
+    contracts::check_rope_scaling("ref.rope", p.scaling);
+    std::vector<double> freq(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) freq[size_t(i)] = contracts::rope_frequency(double(p.theta), rd, i, p.scaling);
     const double sign = p.inverse ? -1.0 : 1.0;
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < Tn; ++t) {
@@ -84,8 +88,7 @@ void RefBackend::rope(const Tensor& x, const Tensor& positions, Tensor& out, con
           const T* xv = x.data_as<T>() + ((b * Tn + t) * H + h) * D;
           T* ov = out.data_as<T>() + ((b * Tn + t) * H + h) * D;
           for (int64_t i = 0; i < half; ++i) {
-            const double freq = std::pow(double(p.theta), -2.0 * double(i) / double(rd));
-            const double angle = sign * position * freq;
+            const double angle = sign * position * freq[size_t(i)];
             const double c = std::cos(angle), s = std::sin(angle);
             const double x1 = double(xv[i]), x2 = double(xv[i + half]);
             ov[i] = T(x1 * c - x2 * s);

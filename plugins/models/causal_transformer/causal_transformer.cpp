@@ -8,6 +8,8 @@
 // in layer i is philox(seed, stream_of("dropout.<i>.<s>") + step * golden, k).
 //
 // Block (pre-norm):  x = x + drop(self_attn(input_layernorm(x)));  x = x + drop(mlp(post_attention_layernorm(x)))
+// With sandwich_norm (Gemma 2/3):  x = x + drop(post_attention_layernorm(self_attn(input_layernorm(x))));
+//                                  x = x + drop(post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x))))
 // With [trainer] recompute = blocks each block of a training forward goes through dew::recompute_block
 // (dew/autograd.hpp): only its input is kept and it runs again, with the same dropout masks, in the backward.
 // Head: norm(x) @ embed_tokens^T (tied) or lm_head(norm(x)); optional final logit softcap
@@ -25,6 +27,7 @@
 //                                                        + .bias with qkv_bias / o_bias / mlp_bias)
 //   model.layers.{i}.mlp.{gate,up,down}_proj.weight     (mlp = gelu: up_proj, down_proj only)
 //   model.layers.{i}.input_layernorm.weight, model.layers.{i}.post_attention_layernorm.weight
+//   (+ pre_feedforward_layernorm.weight, post_feedforward_layernorm.weight with sandwich_norm)
 //   model.norm.weight, lm_head.weight [V, D] (only when tie_embeddings = false)
 // Init: every matrix and the embedding N(0, init_std = 0.02); o_proj and down_proj N(0, 0.02 / sqrt(2 L))
 // (GPT-2's residual scaling); norm weights 1 (0 with norm_offset = 1, the "(1 + w)" scale).
@@ -32,7 +35,11 @@
 // Options ([model]): vocab_size (required; the lm objective fills it from the tokenizer), dim (512),
 // n_layers (8), n_heads (8), n_kv_heads (= n_heads), head_dim (= dim / n_heads), mlp (swiglu | geglu |
 // gelu), mlp_hidden (gated: 8 dim / 3 rounded up to a multiple of 64; gelu: 4 dim), norm_eps (1e-5),
-// norm_offset (0 | 1), rope_theta (10000), partial_rotary (1), qk_norm (false), qkv_bias / o_bias /
+// norm_offset (0 | 1), rope_theta (10000), rope_scaling (none | linear | llama3 | yarn, with rope_factor,
+// rope_original_max_position, rope_low/high_freq_factor, rope_beta_fast/slow, rope_truncate,
+// rope_attention_factor: Hugging Face's rope_scaling fields), rope_local_theta (0: local layers rotate like the
+// others; > 0 their own base, unscaled: Gemma 3), query_pre_attn_scalar (0: scores / sqrt(head_dim); > 0: / its
+// square root), sandwich_norm (false), partial_rotary (1), qk_norm (false), qkv_bias / o_bias /
 // mlp_bias (false: biases, initialised to 0, on q/k/v, o_proj, the MLP), sliding_window (0),
 // layer_pattern ("global"; a comma list of global | local cycled over the layers; local layers use
 // sliding_window), attn_softcap (0), final_softcap (0), tie_embeddings (true), embed_scale (false),
@@ -50,6 +57,7 @@
 #include <dew/autograd.hpp>
 #include <dew/error.hpp>
 #include <dew/generate.hpp>
+#include <dew/kernel_contracts.hpp>
 #include <dew/model.hpp>
 #include <dew/random.hpp>
 #include <dew/registry.hpp>
@@ -71,6 +79,11 @@ struct Config {
   double norm_eps = 1e-5;
   float norm_offset = 0.0f;
   double rope_theta = 10000.0, partial_rotary = 1.0;
+  dew::RopeScaling rope_scaling;       // rope_scaling and its rope_* parameters
+  double rope_attention_factor = 1.0;  // yarn: q and k scaled by it (the scores by its square)
+  double rope_local_theta = 0;         // > 0: local layers' rotary base, unscaled (Gemma 3's rope_local_base_freq)
+  double query_pre_attn_scalar = 0;    // > 0: scores scaled by its -1/2 power instead of head_dim's (Gemma)
+  bool sandwich_norm = false;          // Gemma 2/3: the attention and MLP outputs normed before their residual adds
   int64_t rotary_dim = 0;
   bool qk_norm = false;
   bool qkv_bias = false, o_bias = false, mlp_bias = false;  // Qwen2: qkv; Llama/Qwen3 attention_bias: qkv + o
@@ -84,6 +97,57 @@ struct Config {
 };
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// rope_scaling = none | linear | llama3 | yarn and the parameters its kind reads (Hugging Face's rope_scaling
+// fields; a parameter the kind does not read is refused, so a typo cannot pass as a setting).
+void read_rope_scaling(const Options& o, Config& c) {
+  const std::string kind = o.get_string("rope_scaling", "none");
+  dew::RopeScaling& s = c.rope_scaling;
+  if (kind == "none")
+    s.kind = dew::RopeScalingKind::none;
+  else if (kind == "linear")
+    s.kind = dew::RopeScalingKind::linear;
+  else if (kind == "llama3")
+    s.kind = dew::RopeScalingKind::llama3;
+  else if (kind == "yarn")
+    s.kind = dew::RopeScalingKind::yarn;
+  else
+    DEW_USAGE_CHECK(false, "option 'model.rope_scaling' must be none, linear, llama3 or yarn, got '", kind, "'");
+  const bool llama3 = s.kind == dew::RopeScalingKind::llama3, yarn = s.kind == dew::RopeScalingKind::yarn;
+  const std::pair<const char*, bool> readers[] = {{"rope_factor", s.kind != dew::RopeScalingKind::none},
+                                                  {"rope_original_max_position", llama3 || yarn},
+                                                  {"rope_low_freq_factor", llama3},
+                                                  {"rope_high_freq_factor", llama3},
+                                                  {"rope_beta_fast", yarn},
+                                                  {"rope_beta_slow", yarn},
+                                                  {"rope_truncate", yarn},
+                                                  {"rope_attention_factor", yarn}};
+  for (const auto& [key, read] : readers)
+    DEW_USAGE_CHECK(read || !o.has(key), "option 'model.", key, "' is not read under model.rope_scaling = ", kind);
+  if (s.kind == dew::RopeScalingKind::none) return;
+  DEW_USAGE_CHECK(o.has("rope_factor"), "model.rope_scaling = ", kind, " needs model.rope_factor");
+  s.factor = o.get_double("rope_factor", 1.0);
+  if (llama3 || yarn) {
+    DEW_USAGE_CHECK(o.has("rope_original_max_position"), "model.rope_scaling = ", kind,
+                    " needs model.rope_original_max_position (the pretraining context length)");
+    s.original_max_position = double(o.get_int("rope_original_max_position", 0));
+  }
+  s.low_freq_factor = o.get_double("rope_low_freq_factor", 1.0);
+  s.high_freq_factor = o.get_double("rope_high_freq_factor", 4.0);
+  s.beta_fast = o.get_double("rope_beta_fast", 32.0);
+  s.beta_slow = o.get_double("rope_beta_slow", 1.0);
+  s.truncate = o.get_bool("rope_truncate", true);
+  try {
+    dew::contracts::check_rope_scaling("model.rope_scaling", s);
+  } catch (const dew::Error& e) {
+    DEW_USAGE_CHECK(false, e.what());
+  }
+  // YaRN's default: 0.1 ln(factor) + 1 (transformers' get_mscale; 1 at factor 1).
+  c.rope_attention_factor =
+      yarn ? o.get_double("rope_attention_factor", s.factor <= 1.0 ? 1.0 : 0.1 * std::log(s.factor) + 1.0) : 1.0;
+  DEW_USAGE_CHECK(std::isfinite(c.rope_attention_factor) && c.rope_attention_factor > 0,
+                  "option 'model.rope_attention_factor' must be positive, got ", c.rope_attention_factor);
+}
 
 Config read_config(const Options& o) {
   Config c;
@@ -121,6 +185,7 @@ Config read_config(const Options& o) {
   c.norm_offset = float(off);
   c.rope_theta = o.get_double("rope_theta", 10000.0);
   DEW_USAGE_CHECK(c.rope_theta > 0, "option 'model.rope_theta' must be positive, got ", c.rope_theta);
+  read_rope_scaling(o, c);
   c.partial_rotary = o.get_double("partial_rotary", 1.0);
   DEW_USAGE_CHECK(c.partial_rotary >= 0 && c.partial_rotary <= 1,
                   "option 'model.partial_rotary' must be in [0, 1], got ", c.partial_rotary);
@@ -155,6 +220,12 @@ Config read_config(const Options& o) {
   c.final_softcap = o.get_double("final_softcap", 0.0);
   DEW_USAGE_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0,
                   "model.attn_softcap and model.final_softcap must be >= 0");
+  c.rope_local_theta = o.get_double("rope_local_theta", 0.0);
+  DEW_USAGE_CHECK(c.rope_local_theta >= 0, "option 'model.rope_local_theta' must be >= 0, got ", c.rope_local_theta);
+  c.query_pre_attn_scalar = o.get_double("query_pre_attn_scalar", 0.0);
+  DEW_USAGE_CHECK(c.query_pre_attn_scalar >= 0, "option 'model.query_pre_attn_scalar' must be >= 0, got ",
+                  c.query_pre_attn_scalar);
+  c.sandwich_norm = o.get_bool("sandwich_norm", false);
   c.tie = o.get_bool("tie_embeddings", true);
   c.embed_scale = o.get_bool("embed_scale", false);
   c.dropout = o.get_double("dropout", 0.0);
@@ -214,8 +285,16 @@ std::shared_ptr<dew::nn::Attention> make_attention(const Config& c, bool local) 
   a.num_heads = c.heads;
   a.num_kv_heads = c.kv_heads;
   a.head_dim = c.head_dim;
-  a.rope_theta = float(c.rope_theta);
+  // Gemma 3's local layers rotate on their own base, unscaled; every other layer on rope_theta and rope_scaling.
+  const bool own_local_rope = local && c.rope_local_theta > 0;
+  a.rope_theta = float(own_local_rope ? c.rope_local_theta : c.rope_theta);
+  a.rope_scaling = own_local_rope ? dew::RopeScaling{} : c.rope_scaling;
   a.rotary_dim = c.rotary_dim;
+  // Scores: q.k / sqrt(query_pre_attn_scalar or head_dim); YaRN scales cos and sin by its attention factor m
+  // (transformers), i.e. q.k by m^2: folded into the scale.
+  const double m = own_local_rope ? 1.0 : c.rope_attention_factor;
+  const double base = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim);
+  if (m != 1.0 || c.query_pre_attn_scalar > 0) a.scale = float(m * m / std::sqrt(base));
   a.qk_norm = c.qk_norm;
   a.norm_eps = float(c.norm_eps);
   a.norm_offset = c.norm_offset;
@@ -239,10 +318,28 @@ class DecoderLayer final : public dew::nn::Module {
         register_module("input_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
     post_attention_layernorm = register_module(
         "post_attention_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
+    if (c.sandwich_norm) {
+      pre_feedforward_layernorm = register_module(
+          "pre_feedforward_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
+      post_feedforward_layernorm = register_module(
+          "post_feedforward_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
+    }
+  }
+  // The MLP branch of x (after the attention's residual add): its norm, the MLP and, with sandwich norms, the
+  // output norm. (Hugging Face's names: post_attention_layernorm is the pre-MLP norm of Llama / Qwen and the
+  // attention output's norm of Gemma, whose pre-MLP norm is pre_feedforward_layernorm.)
+  Tensor mlp_branch(const Tensor& x) const {
+    if (!pre_feedforward_layernorm) return mlp->forward(post_attention_layernorm->forward(x));
+    return post_feedforward_layernorm->forward(mlp->forward(pre_feedforward_layernorm->forward(x)));
+  }
+  // The attention output a as it joins the residual stream: normed under sandwich norms.
+  Tensor attention_out(const Tensor& a) const {
+    return pre_feedforward_layernorm ? post_attention_layernorm->forward(a) : a;
   }
   std::shared_ptr<dew::nn::Attention> self_attn;
   std::shared_ptr<dew::nn::GatedMLP> mlp;
   std::shared_ptr<dew::nn::RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<dew::nn::RMSNorm> pre_feedforward_layernorm, post_feedforward_layernorm;  // sandwich_norm
 };
 
 // A container whose children are named "0", "1", ...
@@ -458,6 +555,15 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
         {"mlp", c_.mlp},
         {"rms_norm_eps", num(c_.norm_eps)},
         {"rope_theta", num(c_.rope_theta)},
+        {"rope_type", dew::rope_scaling_name(c_.rope_scaling.kind)},
+        {"rope_factor", num(c_.rope_scaling.factor)},
+        {"rope_low_freq_factor", num(c_.rope_scaling.low_freq_factor)},
+        {"rope_high_freq_factor", num(c_.rope_scaling.high_freq_factor)},
+        {"rope_original_max_position", num(c_.rope_scaling.original_max_position)},
+        {"rope_beta_fast", num(c_.rope_scaling.beta_fast)},
+        {"rope_beta_slow", num(c_.rope_scaling.beta_slow)},
+        {"rope_truncate", c_.rope_scaling.truncate ? "true" : "false"},
+        {"rope_attention_factor", num(c_.rope_attention_factor)},
         {"partial_rotary_factor", num(c_.partial_rotary)},
         {"tie_word_embeddings", c_.tie ? "true" : "false"},
         {"max_position_embeddings", std::to_string(c_.max_seq_len)},
@@ -468,6 +574,9 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
         {"qk_norm", c_.qk_norm ? "true" : "false"},
         {"norm_offset", num(c_.norm_offset)},
         {"embed_scale", c_.embed_scale ? "true" : "false"},
+        {"sandwich_norm", c_.sandwich_norm ? "true" : "false"},
+        {"rope_local_theta", num(c_.rope_local_theta)},
+        {"query_pre_attn_scalar", num(c_.query_pre_attn_scalar)},
         {"torch_dtype", "float32"},
         {"num_parameters", std::to_string(num_parameters())},
     };
@@ -507,10 +616,9 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
   // can be recomputed in the backward with the same dropout masks.
   Tensor layer_forward(const DecoderLayer& l, int64_t i, const Tensor& x0, const Tensor& positions,
                        const Tensor& segments, uint64_t seed, uint64_t step) const {
-    const Tensor a = l.self_attn->forward(l.input_layernorm->forward(x0), positions, segments);
+    const Tensor a = l.attention_out(l.self_attn->forward(l.input_layernorm->forward(x0), positions, segments));
     const Tensor x = dew::add(x0, drop(a, i, "attn", seed, step));
-    const Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
-    return dew::add(x, drop(m, i, "mlp", seed, step));
+    return dew::add(x, drop(l.mlp_branch(x), i, "mlp", seed, step));
   }
 
   // `rows` (slot decoding, T == 1): row i is a slot at its own position (positions [N, 1]). `last_only`: the
@@ -559,9 +667,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
       Tensor a = rows ? l.self_attn->forward_slots(h, positions, rows->cache->k[size_t(i)], rows->cache->v[size_t(i)],
                                                    rows->slots, rows->positions)
                  : l.self_attn->forward_cached(h, positions, *kc, *vc, past);
-      x = dew::add(x, drop(a, i, "attn", seed, step));
-      Tensor m = l.mlp->forward(l.post_attention_layernorm->forward(x));
-      x = dew::add(x, drop(m, i, "mlp", seed, step));
+      x = dew::add(x, drop(l.attention_out(a), i, "attn", seed, step));
+      x = dew::add(x, drop(l.mlp_branch(x), i, "mlp", seed, step));
     }
     if (last_only && t > 1) x = dew::slice(x, 1, t - 1, t);
     return model_->norm->forward(x);
@@ -596,6 +703,15 @@ DEW_PLUGIN("causal_transformer", "0.1.0") {
                   {"norm_eps", "1e-5", "RMSNorm epsilon"},
                   {"norm_offset", "0", "1: norms scale by (1 + w) with w initialised to 0 (Gemma)"},
                   {"rope_theta", "10000", "rotary base"},
+                  {"rope_scaling", "none", "none | linear | llama3 | yarn: rotary frequencies for a longer context"},
+                  {"rope_factor", "", "context extension factor (every rope_scaling)"},
+                  {"rope_original_max_position", "", "pretraining context length (llama3, yarn)"},
+                  {"rope_low_freq_factor", "1", "llama3: wavelengths above original / this are interpolated"},
+                  {"rope_high_freq_factor", "4", "llama3: wavelengths below original / this are kept"},
+                  {"rope_beta_fast", "32", "yarn: rotations where the ramp starts (kept above)"},
+                  {"rope_beta_slow", "1", "yarn: rotations where the ramp ends (interpolated below)"},
+                  {"rope_truncate", "true", "yarn: round the ramp's ends to whole feature pairs"},
+                  {"rope_attention_factor", "", "yarn: q and k scale (0.1 ln(factor) + 1)"},
                   {"partial_rotary", "1", "fraction of head_dim that rotates (0: no positions)"},
                   {"qk_norm", "false", "RMSNorm on queries and keys per head (Qwen3)"},
                   {"qkv_bias", "false", "biases on the q/k/v projections (Qwen2)"},
@@ -607,6 +723,10 @@ DEW_PLUGIN("causal_transformer", "0.1.0") {
                   {"final_softcap", "0", "output logit softcap"},
                   {"tie_embeddings", "true", "output projection = the token embedding"},
                   {"embed_scale", "false", "multiply embeddings by sqrt(dim) (Gemma)"},
+                  {"sandwich_norm", "false",
+                   "norm the attention and MLP outputs before their residual adds (Gemma 2/3)"},
+                  {"query_pre_attn_scalar", "0", "> 0: scores scaled by its -1/2 power, not head_dim's (Gemma)"},
+                  {"rope_local_theta", "0", "> 0: local layers' rotary base, without rope_scaling (Gemma 3)"},
                   {"dropout", "0", "dropout on embeddings and residual branches"},
                   {"init_std", "0.02", "std of the normal init (output projections / sqrt(2 n_layers))"},
                   {"max_seq_len", "2048", "context length (FLOP count, max_position_embeddings)"}},

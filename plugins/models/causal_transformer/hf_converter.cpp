@@ -1,26 +1,35 @@
 // hf_converter.cpp — the causal_transformer's Hugging Face converter (dew/interop.hpp, kind
-// "hf_converter", name "causal_transformer"): config.json of the Llama, Mistral, Qwen2 and Qwen3 families
-// <-> the [model] section. Weights need no table: the parameter names are the Hugging Face ones.
+// "hf_converter", name "causal_transformer"): config.json of the Llama, Mistral, Qwen2, Qwen3, Gemma 2 and
+// Gemma 3 (text: gemma3_text) families <-> the [model] section. Weights need no table: the parameter names are
+// the Hugging Face ones.
 //
 // Import: every field of config.json is either mapped (table below), ignored as metadata or training-only
 // (kIgnored, and fields whose value makes them inert, e.g. Qwen's sliding_window when use_sliding_window
 // is false), or refused by name. Values dew cannot express are refused: rope_scaling other than null /
-// "default", hidden_act other than silu / gelu_pytorch_tanh, a non-zero attention_dropout, quantization.
+// default, linear, llama3 or yarn (import_rope_scaling), hidden_act other than silu / gelu_pytorch_tanh, a
+// non-zero attention_dropout, quantization.
 //   vocab_size -> vocab_size           hidden_size -> dim               num_hidden_layers -> n_layers
 //   num_attention_heads -> n_heads     num_key_value_heads -> n_kv_heads head_dim -> head_dim
 //   intermediate_size -> mlp_hidden    hidden_act silu -> mlp swiglu, gelu_pytorch_tanh -> geglu
 //   rms_norm_eps -> norm_eps           rope_theta (or rope_parameters.rope_theta) -> rope_theta
+//   rope_scaling / rope_parameters {rope_type linear | llama3 | yarn, factor, ...} -> rope_scaling, rope_factor, ...
 //   max_position_embeddings -> max_seq_len                                tie_word_embeddings -> tie_embeddings
 //   llama/qwen3 attention_bias -> qkv_bias + o_bias; qwen2 -> qkv_bias always; llama mlp_bias -> mlp_bias
 //   qwen3 -> qk_norm;  mistral sliding_window W -> every layer local with window W;
 //   qwen2/qwen3 use_sliding_window + max_window_layers (or layer_types) -> layer_pattern + sliding_window
-// Export picks the family from the features: qk_norm -> qwen3; qkv_bias without o_bias -> qwen2; every
-// layer local -> mistral; else llama. Options no family expresses (softcaps, (1 + w) norms, embedding
-// scale, partial rotary, the plain gelu MLP, mixed local/global layers outside Qwen) are refused by name.
+//   gemma2/gemma3_text -> norm_offset 1, embed_scale, sandwich_norm, query_pre_attn_scalar, softcaps
+//   (attn_logit_softcapping / final_logit_softcapping -> attn_softcap / final_softcap), layer kinds (gemma2:
+//   even layers local; gemma3: all but every sliding_window_pattern-th; or layer_types); gemma3_text also
+//   qk_norm and rope_local_base_freq -> rope_local_theta (its local layers' rotary base, unscaled)
+// Export picks the family from the features: sandwich_norm -> gemma3_text with qk_norm, else gemma2; qk_norm
+// -> qwen3; qkv_bias without o_bias -> qwen2; every layer local -> mistral; else llama. Options no family
+// expresses (outside Gemma: softcaps, (1 + w) norms, embedding scale; anywhere: partial rotary, the plain gelu
+// MLP, mixed local/global layers in llama) are refused by name.
 #include <cmath>
 #include <dew/error.hpp>
 #include <dew/interop.hpp>
 #include <dew/registry.hpp>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -165,15 +174,131 @@ class Reader {
   std::set<std::string> used_;
 };
 
+// rope_scaling / rope_parameters -> model.rope_scaling and its rope_* options. Hugging Face's fields per type
+// (transformers' modeling_rope_utils): linear {factor}; llama3 {factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings}; yarn {factor, original_max_position_embeddings (default
+// max_position_embeddings), beta_fast, beta_slow, truncate, attention_factor or mscale / mscale_all_dim}. YaRN's
+// attention factor is resolved here as transformers resolves it; the config's factor is the factor (as vLLM reads
+// it, and transformers since its issue #38224). dynamic, longrope and other types are refused, as is any field a
+// type does not read.
+void import_rope_scaling(const std::string& mt, const char* key, const json& rs, int64_t max_positions,
+                         std::map<std::string, std::string>& m) {
+  std::string type = "default";
+  for (const char* k : {"rope_type", "type"})
+    if (rs.contains(k) && rs[k].is_string()) type = rs[k].get<std::string>();
+  DEW_USAGE_CHECK(type == "default" || type == "linear" || type == "llama3" || type == "yarn", mt,
+                  " config.json: ", key, " ", rs.dump(),
+                  " is not expressible (rope types default, linear, llama3 and yarn are; dynamic, longrope and "
+                  "others are not implemented)");
+  std::set<std::string> fields = {"rope_type", "type", "rope_theta"};
+  if (type != "default") fields.insert("factor");
+  if (type == "llama3") fields.insert({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  if (type == "yarn")
+    fields.insert({"original_max_position_embeddings", "beta_fast", "beta_slow", "truncate", "attention_factor",
+                   "mscale", "mscale_all_dim"});
+  auto number = [&](const char* k, double fallback) {
+    if (!rs.contains(k) || rs[k].is_null()) return fallback;
+    DEW_USAGE_CHECK(rs[k].is_number(), mt, " config.json: ", key, ".", k, " must be a number, got ", rs[k].dump());
+    return rs[k].get<double>();
+  };
+  for (const auto& [k, v] : rs.items())
+    DEW_USAGE_CHECK(fields.count(k), mt, " config.json: ", key, ".", k, " is not expressible (", type,
+                    " rotary embeddings do not read it)");
+  if (type == "default") return;
+  DEW_USAGE_CHECK(rs.contains("factor"), mt, " config.json: ", key, " of type ", type, " has no factor");
+  const double factor = number("factor", 1.0);
+  DEW_USAGE_CHECK(std::isfinite(factor) && factor >= 1.0, mt, " config.json: ", key,
+                  ".factor must be a number >= 1, got ", rs["factor"].dump());
+  m["rope_scaling"] = type;
+  m["rope_factor"] = num(factor);
+  if (type == "llama3") {
+    DEW_USAGE_CHECK(rs.contains("original_max_position_embeddings"), mt, " config.json: ", key,
+                    " of type llama3 has no original_max_position_embeddings");
+    m["rope_original_max_position"] = num(number("original_max_position_embeddings", 0));
+    m["rope_low_freq_factor"] = num(number("low_freq_factor", 1.0));
+    m["rope_high_freq_factor"] = num(number("high_freq_factor", 4.0));
+  }
+  if (type == "yarn") {
+    m["rope_original_max_position"] = num(number("original_max_position_embeddings", double(max_positions)));
+    m["rope_beta_fast"] = num(number("beta_fast", 32.0));
+    m["rope_beta_slow"] = num(number("beta_slow", 1.0));
+    if (rs.contains("truncate") && !rs["truncate"].is_null()) {
+      DEW_USAGE_CHECK(rs["truncate"].is_boolean(), mt, " config.json: ", key, ".truncate must be true or false");
+      m["rope_truncate"] = rs["truncate"].get<bool>() ? "true" : "false";
+    }
+    auto get_mscale = [](double scale, double mscale) {
+      return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+    };
+    const double mscale = number("mscale", 0.0), mscale_all_dim = number("mscale_all_dim", 0.0);
+    const double attention_factor =
+        number("attention_factor", mscale != 0 && mscale_all_dim != 0
+                                       ? get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+                                       : get_mscale(factor, 1.0));
+    m["rope_attention_factor"] = num(attention_factor);
+  }
+}
+
 int64_t first_id(const json& v) {
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();
   return -1;
 }
 
+// Gemma 2 / Gemma 3 (text): (1 + w) norms, embeddings times sqrt(hidden), sandwich norms, scores by
+// query_pre_attn_scalar^-1/2 (default 256), the softcaps (null: none); Gemma 3 adds qk-norm and local layers on
+// rope_local_base_freq (default 10000).
+void import_gemma(const std::string& mt, Reader& r, std::map<std::string, std::string>& m) {
+  m["norm_offset"] = "1";
+  m["embed_scale"] = "true";
+  m["sandwich_norm"] = "true";
+  m["query_pre_attn_scalar"] = num(r.has("query_pre_attn_scalar") ? r.number("query_pre_attn_scalar") : 256.0);
+  r.ignore("query_pre_attn_scalar");
+  for (const auto& [hf, dew_key] : {std::pair<const char*, const char*>{"attn_logit_softcapping", "attn_softcap"},
+                                    {"final_logit_softcapping", "final_softcap"}}) {
+    if (r.has(hf)) m[dew_key] = num(r.number(hf));
+    r.ignore(hf);
+  }
+  if (mt == "gemma3_text") {
+    m["qk_norm"] = "true";
+    if (!m.count("rope_local_theta"))
+      m["rope_local_theta"] = num(r.has("rope_local_base_freq") ? r.number("rope_local_base_freq") : 10000.0);
+    r.ignore("rope_local_base_freq");
+  }
+  DEW_USAGE_CHECK(!r.boolean("use_bidirectional_attention", false), mt,
+                  " config.json: use_bidirectional_attention (an encoder, EmbeddingGemma) is not expressible in a "
+                  "causal decoder");
+  r.ignore("cache_implementation");  // the KV cache's kind in transformers, not the math
+}
+
+// model.rope_scaling -> config.json's rope_scaling (null without scaling), the fields import_rope_scaling reads.
+template <class Get>
+json export_rope_scaling(const Get& get) {
+  const std::string type = get("rope_type");
+  auto number = [&](const char* k) { return std::stod(get(k)); };
+  if (type == "none") return nullptr;
+  json rs;
+  rs["rope_type"] = type;
+  rs["factor"] = number("rope_factor");
+  if (type == "llama3") {
+    rs["low_freq_factor"] = number("rope_low_freq_factor");
+    rs["high_freq_factor"] = number("rope_high_freq_factor");
+    rs["original_max_position_embeddings"] = int64_t(number("rope_original_max_position"));
+  }
+  if (type == "yarn") {
+    rs["original_max_position_embeddings"] = int64_t(number("rope_original_max_position"));
+    rs["beta_fast"] = number("rope_beta_fast");
+    rs["beta_slow"] = number("rope_beta_slow");
+    rs["attention_factor"] = number("rope_attention_factor");
+    if (get("rope_truncate") == "false") rs["truncate"] = false;
+  }
+  return rs;
+}
+
 class DecoderConverter final : public dew::HfConverter {
  public:
-  std::vector<std::string> model_types() const override { return {"llama", "mistral", "qwen2", "qwen3"}; }
+  std::vector<std::string> model_types() const override {
+    return {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"};
+  }
   std::string model_plugin() const override { return "causal_transformer"; }
 
   dew::HfImport import_config(const std::string& text) const override {
@@ -188,8 +313,9 @@ class DecoderConverter final : public dew::HfConverter {
     const std::string mt = j["model_type"].get<std::string>();
     const std::vector<std::string> known = model_types();
     DEW_USAGE_CHECK(std::find(known.begin(), known.end(), mt) != known.end(), "config.json: model_type '", mt,
-                    "' is not one the causal_transformer imports (llama, mistral, qwen2, qwen3)");
+                    "' is not one the causal_transformer imports (llama, mistral, qwen2, qwen3, gemma2, gemma3_text)");
     Reader r(j, mt);
+    const bool gemma = mt == "gemma2" || mt == "gemma3_text";
     dew::HfImport out;
     auto& m = out.model;
     m["plugin"] = "causal_transformer";
@@ -207,66 +333,110 @@ class DecoderConverter final : public dew::HfConverter {
     if (r.has("head_dim")) m["head_dim"] = std::to_string(r.integer("head_dim"));
     r.ignore("head_dim");
     m["mlp_hidden"] = std::to_string(r.require_int("intermediate_size"));
-    const std::string act = r.has("hidden_act") && r.at("hidden_act").is_string()
-                                ? r.at("hidden_act").get<std::string>()
-                                : std::string("silu");
+    // Gemma reads hidden_activation (its configs may also carry a legacy hidden_act).
+    const char* act_key = gemma && r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+    const std::string act = r.has(act_key) && r.at(act_key).is_string() ? r.at(act_key).get<std::string>()
+                            : gemma                                     ? std::string("gelu_pytorch_tanh")
+                                                                        : std::string("silu");
     r.ignore("hidden_act");
+    if (gemma) r.ignore("hidden_activation");
     DEW_USAGE_CHECK(act == "silu" || act == "swish" || act == "gelu_pytorch_tanh" || act == "gelu_new", mt,
                     " config.json: hidden_act '", act,
                     "' is not expressible (silu -> swiglu and gelu_pytorch_tanh -> geglu are)");
     m["mlp"] = act == "silu" || act == "swish" ? "swiglu" : "geglu";
     m["norm_eps"] = num(r.has("rms_norm_eps") ? r.number("rms_norm_eps") : 1e-6);
     r.ignore("rms_norm_eps");
-    // Rotary: rope_theta, or transformers 5's rope_parameters {rope_type, rope_theta}.
+    // Rotary: rope_theta, or transformers 5's rope_parameters {rope_type, rope_theta, ...}; rope_scaling (or
+    // rope_parameters) of type default, linear, llama3 or yarn with their fields (import_rope_scaling).
     double theta = 10000.0;
     if (r.has("rope_theta")) theta = r.number("rope_theta");
     r.ignore("rope_theta");
+    const int64_t max_positions = r.has("max_position_embeddings") ? r.integer("max_position_embeddings") : 2048;
     for (const char* key : {"rope_scaling", "rope_parameters"}) {
       if (!r.has(key)) {
         r.ignore(key);
         continue;
       }
-      const json& rs = r.at(key);
+      json rs = r.at(key);
       DEW_USAGE_CHECK(rs.is_object(), mt, " config.json: '", key, "' must be an object or null");
-      for (const auto& [k, v] : rs.items()) {
-        if (k == "rope_theta" && v.is_number()) {
-          theta = v.get<double>();
-          continue;
+      if (gemma && (rs.contains("full_attention") || rs.contains("sliding_attention"))) {
+        // transformers 5's per-layer-kind form: {full_attention: {...}, sliding_attention: {...}}.
+        for (const auto& [kind, sub] : rs.items())
+          DEW_USAGE_CHECK((kind == "full_attention" || kind == "sliding_attention") && sub.is_object(), mt,
+                          " config.json: ", key, ".", kind,
+                          " is not expressible (full_attention and "
+                          "sliding_attention objects are)");
+        if (rs.contains("sliding_attention")) {
+          const json& local = rs["sliding_attention"];
+          const std::string type = local.value("rope_type", local.value("type", std::string("default")));
+          DEW_USAGE_CHECK(
+              type == "default" && local.size() <= 2 && local.contains("rope_theta") && local["rope_theta"].is_number(),
+              mt, " config.json: ", key, ".sliding_attention ", local.dump(),
+              " is not expressible (a default rotary embedding with its rope_theta is)");
+          m["rope_local_theta"] = num(local["rope_theta"].get<double>());
         }
-        if ((k == "rope_type" || k == "type") && v.is_string() && v.get<std::string>() == "default") continue;
-        DEW_USAGE_CHECK(false, mt, " config.json: ", key, " ", rs.dump(),
-                        " is not expressible (only the default rotary embedding is: rope scaling such as llama3, "
-                        "yarn, linear or dynamic is not implemented)");
+        rs = rs.contains("full_attention") ? rs["full_attention"] : json::object();
       }
+      if (rs.contains("rope_theta") && !rs["rope_theta"].is_null()) {
+        DEW_USAGE_CHECK(rs["rope_theta"].is_number(), mt, " config.json: ", key, ".rope_theta must be a number");
+        theta = rs["rope_theta"].get<double>();
+      }
+      import_rope_scaling(mt, key, rs, max_positions, m);
     }
     m["rope_theta"] = num(theta);
-    m["max_seq_len"] = std::to_string(r.has("max_position_embeddings") ? r.integer("max_position_embeddings") : 2048);
+    m["max_seq_len"] = std::to_string(max_positions);
     r.ignore("max_position_embeddings");
-    // Every family's default is untied (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config).
-    m["tie_embeddings"] = r.boolean("tie_word_embeddings", false) ? "true" : "false";
+    // The defaults: untied for LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config; tied for Gemma's.
+    m["tie_embeddings"] = r.boolean("tie_word_embeddings", gemma) ? "true" : "false";
     if (r.has("attention_dropout")) {
       const double p = r.number("attention_dropout");
       DEW_USAGE_CHECK(p == 0.0, mt, " config.json: attention_dropout ", p,
                       " is not expressible (dew has no attention dropout; 0 is accepted)");
     }
     r.ignore("attention_dropout");
-    if (mt == "llama" || mt == "qwen3") {
+    if (mt == "llama" || mt == "qwen3" || gemma) {
       const bool b = r.boolean("attention_bias", false);
       m["qkv_bias"] = m["o_bias"] = b ? "true" : "false";
     }
     if (mt == "llama") m["mlp_bias"] = r.boolean("mlp_bias", false) ? "true" : "false";
     if (mt == "qwen2") m["qkv_bias"] = "true";
     if (mt == "qwen3") m["qk_norm"] = "true";
+    if (gemma) import_gemma(mt, r, m);
 
     // Sliding windows.
     std::vector<bool> local(size_t(layers), false);
     int64_t window = 0;
+    auto read_layer_types = [&](bool sliding_allowed) {  // an explicit layer_types list overrides the family's rule
+      if (r.has("layer_types")) {
+        const json& lt = r.at("layer_types");
+        DEW_USAGE_CHECK(lt.is_array() && int64_t(lt.size()) == layers, mt, " config.json: layer_types must list ",
+                        layers, " layer kinds");
+        for (size_t i = 0; i < lt.size(); ++i) {
+          const std::string k = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+          DEW_USAGE_CHECK(k == "full_attention" || k == "sliding_attention", mt, " config.json: layer_types[", i,
+                          "] = '", k, "' is not full_attention or sliding_attention");
+          local[i] = k == "sliding_attention" && sliding_allowed;
+        }
+      }
+      r.ignore("layer_types");
+    };
     if (mt == "mistral") {
       if (r.has("sliding_window")) {
         window = r.integer("sliding_window");
         local.assign(size_t(layers), true);
       }
       r.ignore("sliding_window");
+    } else if (gemma) {
+      // Gemma 2: even layers slide; Gemma 3: all but every sliding_window_pattern-th; layer_types (newer) says it.
+      window = r.has("sliding_window") ? r.integer("sliding_window") : 4096;
+      r.ignore("sliding_window");
+      const char* pattern_key = r.has("sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
+      const int64_t every = mt == "gemma2" ? 2 : r.has(pattern_key) ? r.integer(pattern_key) : 6;
+      r.ignore("sliding_window_pattern");
+      r.ignore("_sliding_window_pattern");  // the name transformers >= 4.53 saves it under, beside layer_types
+      DEW_USAGE_CHECK(every >= 1, mt, " config.json: sliding_window_pattern must be >= 1, got ", every);
+      for (int64_t i = 0; i < layers; ++i) local[size_t(i)] = mt == "gemma2" ? i % 2 == 0 : (i + 1) % every != 0;
+      read_layer_types(true);
     } else if (mt == "qwen2" || mt == "qwen3") {
       const bool use = r.boolean("use_sliding_window", false);
       if (use) {
@@ -278,20 +448,9 @@ class DecoderConverter final : public dew::HfConverter {
       }
       r.ignore("sliding_window");  // inert without use_sliding_window
       r.ignore("max_window_layers");
-      if (r.has("layer_types")) {
-        const json& lt = r.at("layer_types");
-        DEW_USAGE_CHECK(lt.is_array() && int64_t(lt.size()) == layers, mt, " config.json: layer_types must list ",
-                        layers, " layer kinds");
-        for (size_t i = 0; i < lt.size(); ++i) {
-          const std::string k = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
-          DEW_USAGE_CHECK(k == "full_attention" || k == "sliding_attention", mt, " config.json: layer_types[", i,
-                          "] = '", k, "' is not full_attention or sliding_attention");
-          // Transformers builds layer_types from use_sliding_window when absent; an explicit list wins,
-          // but a sliding layer needs a window.
-          local[i] = k == "sliding_attention" && use;
-        }
-      }
-      r.ignore("layer_types");
+      // Transformers builds layer_types from use_sliding_window when absent; an explicit list wins, but a
+      // sliding layer needs a window.
+      read_layer_types(use);
     }
     bool any_local = false;
     std::string pattern;
@@ -326,13 +485,25 @@ class DecoderConverter final : public dew::HfConverter {
     auto number = [&](const std::string& k) { return std::stod(get(k)); };
     auto flag = [&](const std::string& k) { return d.count(k) && d.at(k) == "true"; };
     std::vector<std::string> refused;
+    const bool qk = flag("qk_norm"), qkv = flag("qkv_bias"), ob = flag("o_bias"), mlpb = flag("mlp_bias");
+    const bool gemma = flag("sandwich_norm");  // Gemma 2 (without qk-norm) or Gemma 3
     if (get("mlp") == "gelu") refused.push_back("model.mlp = gelu (no gate)");
     if (number("partial_rotary_factor") != 1.0) refused.push_back("model.partial_rotary != 1");
-    if (number("norm_offset") != 0.0) refused.push_back("model.norm_offset = 1");
-    if (flag("embed_scale")) refused.push_back("model.embed_scale");
-    if (d.count("attn_logit_softcapping")) refused.push_back("model.attn_softcap");
-    if (d.count("final_logit_softcapping")) refused.push_back("model.final_softcap");
-    const bool qk = flag("qk_norm"), qkv = flag("qkv_bias"), ob = flag("o_bias"), mlpb = flag("mlp_bias");
+    if (gemma) {
+      if (number("norm_offset") != 1.0) refused.push_back("model.sandwich_norm without norm_offset = 1");
+      if (!flag("embed_scale")) refused.push_back("model.sandwich_norm without embed_scale");
+      if (get("mlp") != "geglu") refused.push_back("model.sandwich_norm with mlp = " + get("mlp"));
+      if (mlpb) refused.push_back("model.mlp_bias in the gemma family");
+      if (qkv != ob) refused.push_back("model.qkv_bias != model.o_bias (Gemma's attention_bias sets both)");
+      if (!qk && number("rope_local_theta") > 0) refused.push_back("model.rope_local_theta without qk_norm (Gemma 2)");
+    } else {
+      if (number("norm_offset") != 0.0) refused.push_back("model.norm_offset = 1");
+      if (flag("embed_scale")) refused.push_back("model.embed_scale");
+      if (d.count("attn_logit_softcapping")) refused.push_back("model.attn_softcap");
+      if (d.count("final_logit_softcapping")) refused.push_back("model.final_softcap");
+      if (number("query_pre_attn_scalar") > 0) refused.push_back("model.query_pre_attn_scalar");
+      if (number("rope_local_theta") > 0) refused.push_back("model.rope_local_theta");
+    }
     const int64_t layers = integer("num_hidden_layers");
     std::vector<std::string> kinds;
     if (d.count("layer_types")) {
@@ -342,7 +513,9 @@ class DecoderConverter final : public dew::HfConverter {
     size_t n_local = 0;
     for (const auto& k : kinds) n_local += k == "sliding_attention";
     std::string mt;
-    if (qk) {
+    if (gemma) {
+      mt = qk ? "gemma3_text" : "gemma2";
+    } else if (qk) {
       mt = "qwen3";
       if (qkv != ob) refused.push_back("qk_norm with qkv_bias != o_bias (Qwen3's attention_bias sets both)");
     } else if (qkv && !ob) {
@@ -359,12 +532,11 @@ class DecoderConverter final : public dew::HfConverter {
     for (const auto& x : refused) list += (list.empty() ? "" : "; ") + x;
     DEW_USAGE_CHECK(refused.empty(),
                     "export --format hf: this causal_transformer uses options no Hugging Face family "
-                    "dew exports (llama, mistral, qwen2, qwen3) expresses: ",
+                    "dew exports (llama, mistral, qwen2, qwen3, gemma2, gemma3_text) expresses: ",
                     list);
-    static const std::map<std::string, std::string> arch{{"llama", "LlamaForCausalLM"},
-                                                         {"mistral", "MistralForCausalLM"},
-                                                         {"qwen2", "Qwen2ForCausalLM"},
-                                                         {"qwen3", "Qwen3ForCausalLM"}};
+    static const std::map<std::string, std::string> arch{
+        {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
+        {"qwen3", "Qwen3ForCausalLM"}, {"gemma2", "Gemma2ForCausalLM"},   {"gemma3_text", "Gemma3ForCausalLM"}};
     json j;
     j["architectures"] = {arch.at(mt)};
     j["model_type"] = mt;
@@ -379,7 +551,7 @@ class DecoderConverter final : public dew::HfConverter {
     j["max_position_embeddings"] = integer("max_position_embeddings");
     j["rms_norm_eps"] = number("rms_norm_eps");
     j["rope_theta"] = number("rope_theta");
-    j["rope_scaling"] = nullptr;
+    j["rope_scaling"] = export_rope_scaling(get);
     j["tie_word_embeddings"] = flag("tie_word_embeddings");
     j["attention_dropout"] = 0.0;
     j["initializer_range"] = 0.02;
@@ -392,6 +564,22 @@ class DecoderConverter final : public dew::HfConverter {
     }
     if (mt == "qwen3") j["attention_bias"] = qkv;
     if (mt == "mistral") j["sliding_window"] = std::stoll(get("sliding_window"));
+    if (gemma) {
+      j.erase("hidden_act");
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+      j["attention_bias"] = qkv;
+      const double scalar = number("query_pre_attn_scalar");
+      j["query_pre_attn_scalar"] = scalar > 0 ? scalar : double(integer("head_dim"));
+      j["attn_logit_softcapping"] = d.count("attn_logit_softcapping") ? json(number("attn_logit_softcapping")) : json();
+      j["final_logit_softcapping"] =
+          d.count("final_logit_softcapping") ? json(number("final_logit_softcapping")) : json();
+      j["sliding_window"] = n_local > 0 ? json(std::stoll(get("sliding_window"))) : json(nullptr);
+      j["layer_types"] = kinds.empty() ? std::vector<std::string>(size_t(layers), "full_attention") : kinds;
+      if (mt == "gemma3_text") {
+        const double local = number("rope_local_theta");
+        j["rope_local_base_freq"] = local > 0 ? local : number("rope_theta");
+      }
+    }
     if (mt == "qwen2" || mt == "qwen3") {
       j["use_sliding_window"] = n_local > 0;
       j["sliding_window"] = n_local > 0 ? json(std::stoll(get("sliding_window"))) : json(nullptr);

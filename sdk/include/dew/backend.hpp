@@ -113,14 +113,39 @@ struct StridedCopyParams {
   int64_t src_offset = 0, dst_offset = 0;
 };
 
+// Rotary frequency scaling for contexts past the pretraining one (Hugging Face's rope_type): each pair's
+// frequency theta^(-2i/rotary_dim) is rescaled, the rotation itself is unchanged. linear: every
+// frequency / factor (position interpolation). llama3 (Llama 3.1+): wavelengths above
+// original_max_position / low_freq_factor / factor, below original_max_position / high_freq_factor kept,
+// a smooth blend between. yarn: NTK-by-parts, a ramp between interpolation (/ factor) and extrapolation over
+// the pairs that turn between beta_fast and beta_slow times within original_max_position (ends rounded to
+// whole pairs when truncate). YaRN's attention factor scales the scores, not the rotation: the model sets
+// it in AttentionParams::scale (contracts::rope_frequency in dew/kernel_contracts.hpp is the one formula).
+enum class RopeScalingKind : int32_t { none, linear, llama3, yarn };
+struct RopeScaling {
+  RopeScalingKind kind = RopeScalingKind::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  double original_max_position = 8192.0;                 // llama3, yarn
+  double beta_fast = 32.0, beta_slow = 1.0;              // yarn
+  bool truncate = true;                                  // yarn
+  bool operator==(const RopeScaling& o) const {          // spelt out: the .cu files read this header as C++17
+    return kind == o.kind && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor && original_max_position == o.original_max_position &&
+           beta_fast == o.beta_fast && beta_slow == o.beta_slow && truncate == o.truncate;
+  }
+};
+const char* rope_scaling_name(RopeScalingKind kind);  // "none", "linear", "llama3", "yarn"
+
 // Rotary embedding on x [B, T, H, D]; rotates the first rotary_dim features of each head in the
 // "rotate half" (GPT-NeoX / Hugging Face Llama) pairing: (i, i + rotary_dim/2), frequency
-// theta^(-2i/rotary_dim). positions is i32 [T] (shared by the batch) or [B, T]. inverse = rotate by
-// -angle (the backward). Features past rotary_dim are copied.
+// theta^(-2i/rotary_dim) under `scaling`. positions is i32 [T] (shared by the batch) or [B, T].
+// inverse = rotate by -angle (the backward). Features past rotary_dim are copied.
 struct RopeParams {
   float theta = 10000.0f;
   int64_t rotary_dim = 0;  // 0 = the whole head
   bool inverse = false;
+  RopeScaling scaling;
 };
 
 // Scaled dot-product attention. q [B, T, Hq, D]; k, v [B, S, Hkv, D] with Hq % Hkv == 0 (grouped

@@ -122,6 +122,13 @@ struct RowsShape {
 };
 RowsShape check_rows(const std::string& who, const Tensor& table, const Tensor& idx, const Tensor& rows);
 
+// rope: the rotation frequency of pair i (0 <= i < rotary_dim / 2) in double, theta^(-2i/rotary_dim) rescaled by
+// `scaling` (RopeScaling, dew/backend.hpp: Hugging Face's linear, llama3 and yarn formulas, in double where
+// transformers computes in f32). Every backend builds its angles from it.
+double rope_frequency(double theta, int64_t rotary_dim, int64_t i, const RopeScaling& scaling);
+// Refuses a scaling no formula above defines (factor < 1, low_freq_factor >= high_freq_factor, ...), naming `who`.
+void check_rope_scaling(const std::string& who, const RopeScaling& scaling);
+
 // attention's segment_ids (AttentionParams): undefined, or i32 [B, S], contiguous, with q_offset >= 0 and
 // q_offset + T <= S (query t's document is segment_ids[b, q_offset + t]). Returns whether they are given.
 inline bool check_attention_segments(const std::string& who, const Tensor& segment_ids, int64_t B, int64_t T,

@@ -196,7 +196,8 @@ enum class AttentionLayout {
 struct AttentionConfig {
   int64_t dim = 0, num_heads = 1, num_kv_heads = 0, head_dim = 0;  // 0: num_heads / dim / num_heads
   float rope_theta = 10000.0f;
-  int64_t rotary_dim = 0;  // 0: the whole head; -1: no rotary positions
+  RopeScaling rope_scaling;  // Hugging Face's rope_type (linear, llama3, yarn; YaRN's attention factor goes in scale)
+  int64_t rotary_dim = 0;    // 0: the whole head; -1: no rotary positions
   bool qk_norm = false;    // RMSNorm over head_dim on q and k (Qwen3 / OLMo-2 style), before rotary positions
   float norm_eps = 1e-6f, norm_offset = 0.0f;  // of q_norm / k_norm (offset 1: the (1 + w) scale, Gemma)
   bool causal = true;

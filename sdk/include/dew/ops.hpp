@@ -110,7 +110,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor gather_rows(const Tensor& x, const Tensor& idx);    // x [B, T, D], idx i32 [B, K] -> [B, K, D]
 
 // ---- transformer pieces ----
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0);     // x [B, T, H, D]
+Tensor rope(const Tensor& x, const Tensor& positions, float theta, int64_t rotary_dim = 0,
+            const RopeScaling& scaling = {});  // x [B, T, H, D]; scaling: Hugging Face's rope_type (dew/backend.hpp)
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                  const Tensor& segment_ids = Tensor());  // [B,T,H,D] layout; segment_ids i32 [B, S]: documents
 // (q, k, v of one dtype; or f32 q over bf16 k and v, a bf16 decode cache, without gradient)
