@@ -31,7 +31,12 @@ Tensor Linear::forward(const Tensor& x, Activation act) const {
   if (!adapter_active()) return linear(x, weight, bias, act);
   // s applied to the [rows, r] product (a scale keeps its input for the backward), and the base and adapter
   // products summed under one node (linear_sum): the backward keeps x and the [rows, r] product only.
-  const Tensor y = linear_sum(x, weight, bias, scale(linear(x, lora_a), lora_scale), lora_b);
+  // LoRA dropout: the adapter's input only, in training (PEFT's lora_dropout), keyed like the backbones' dropout.
+  const Tensor xa =
+      lora_dropout > 0 && training() && lora_key
+          ? dropout(x, lora_dropout, lora_key->seed, lora_stream + lora_key->step * 0x9E3779B97F4A7C15ull, 0)
+          : x;
+  const Tensor y = linear_sum(x, weight, bias, scale(linear(xa, lora_a), lora_scale), lora_b);
   return act == Activation::none ? y : activation(y, act);
 }
 
@@ -46,6 +51,15 @@ void Linear::add_lora(int64_t rank, float s, uint64_t seed, const std::string& f
   lora_scale = s;
 }
 
+void Linear::set_lora_dropout(float p, const RandomKey* key, const std::string& full_name) {
+  DEW_CHECK(has_lora(), "Linear '", full_name, "': LoRA dropout without an adapter");
+  DEW_CHECK(p >= 0.0f && p < 1.0f, "LoRA dropout must be in [0, 1), got ", p);
+  DEW_CHECK(p == 0.0f || key != nullptr, "Linear '", full_name, "': LoRA dropout needs its model's random key");
+  lora_dropout = p;
+  lora_key = key;
+  lora_stream = philox::stream_of((full_name + ".lora_dropout").c_str());
+}
+
 void Linear::merge_lora() {
   if (!has_lora()) return;
   {
@@ -57,6 +71,8 @@ void Linear::merge_lora() {
   remove_parameter("lora_B.weight");
   lora_a = lora_b = Tensor();
   lora_scale = 0.0f;
+  lora_dropout = 0.0f;
+  lora_key = nullptr;
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, Init init) {

@@ -40,11 +40,13 @@ LoraOptions LoraOptions::read(Options& s) {
   o.rank = s.get_int("rank", 0);
   o.alpha = s.get_double("alpha", double(o.rank));
   o.rslora = s.get_bool("rslora", false);
+  o.dropout = s.get_double("dropout", 0.0);
   o.targets = s.get_strings("targets", {});
   o.train = s.get_strings("train", {});
   DEW_USAGE_CHECK(o.rank >= 0, "option 'lora.rank' must be >= 0 (0: no adapters), got ", o.rank);
   DEW_USAGE_CHECK(std::isfinite(o.alpha) && o.alpha > 0 || o.rank == 0, "option 'lora.alpha' must be positive, got ",
                   o.alpha);
+  DEW_USAGE_CHECK(o.dropout >= 0 && o.dropout < 1, "option 'lora.dropout' must be in [0, 1), got ", o.dropout);
   if (o.targets.size() == 1 && o.targets[0] == "all-linear") o.targets.clear();
   return o;
 }
@@ -54,6 +56,8 @@ std::vector<std::string> attach_lora(nn::Module& model, const LoraOptions& o, ui
   model.for_each_module([&](const std::string& path, nn::Module& m) {
     if (auto* l = dynamic_cast<nn::Linear*>(&m)) linears.emplace_back(path, l);
   });
+  const auto* owner = dynamic_cast<const Model*>(&model);
+  DEW_USAGE_CHECK(o.dropout == 0 || owner != nullptr, "option 'lora.dropout': the adapted module is not a model");
   std::vector<std::string> all, adapted;
   for (const auto& [path, l] : linears) all.push_back(path);
   for (const auto& [path, l] : linears) {
@@ -64,6 +68,7 @@ std::vector<std::string> attach_lora(nn::Module& model, const LoraOptions& o, ui
                     "directly): train it whole with lora.train = ",
                     path, ".weight");
     l->add_lora(o.rank, o.scale(), seed, path);
+    if (o.dropout > 0) l->set_lora_dropout(float(o.dropout), &owner->random_key(), path);
     adapted.push_back(path);
   }
   DEW_USAGE_CHECK(!adapted.empty(), "option 'lora.targets' = ",

@@ -539,10 +539,12 @@ void Trainer::start() {
     int64_t frozen = 0;
     for (auto& [k, t] : run_.frozen()) frozen += t.numel();
     const FineTuning& ft = run_.fine_tuning;
-    const std::string what = ft.lora_paths.empty() ? std::string("optim.freeze")
-                                                   : "LoRA rank " + std::to_string(ft.lora.rank) + " (scale " +
-                                                         json_number(ft.lora.scale()) + ") on " +
-                                                         std::to_string(ft.lora_paths.size()) + " linear layers";
+    const std::string what = ft.lora_paths.empty()
+                                 ? std::string("optim.freeze")
+                                 : "LoRA rank " + std::to_string(ft.lora.rank) + " (scale " +
+                                       json_number(ft.lora.scale()) +
+                                       (ft.lora.dropout > 0 ? fmt::format(", dropout {:g}", ft.lora.dropout) : "") +
+                                       ") on " + std::to_string(ft.lora_paths.size()) + " linear layers";
     log_->info("fine-tuning: {}: {} of {} parameters trained ({:.2f} %), {} frozen", what, num_params,
                num_params + frozen, 100.0 * double(num_params) / double(num_params + frozen), frozen);
     if (!run_.fine_tuning.lora_paths.empty() && o_.init_from.empty() && !options_.resume)
@@ -585,6 +587,9 @@ UpdateResult Trainer::one_update() {
     {
       AutocastGuard autocast(compute_dtype(run_.precision));  // the forward and the loss (dew/autocast.hpp)
       MaxLogitRecorder::Scope record_max_logits(qk_clip_->recorder());  // null (nothing recorded) unless muonclip
+      // The main model's dropout key (LoRA dropout, a backbone's own): the run seed and this micro-batch.
+      if (Model* m = run_.objective->main_model())
+        m->set_random_key({run_.seed & 0x7fffffffu, uint64_t(st_.updates * 1024 + micro) & 0x7fffffffu});
       r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
     }
     u.samples += r.samples;

@@ -10,6 +10,7 @@
 //    adapter there and fail — and differs from the base model's (the adapters act). The adapters' gradients
 //    follow from the merged weight's: dL/dB = s dW' A^T, dL/dA = s B^T dW'.
 // 3. The split: adapters trained, the rest frozen (no gradient formed); the refusals.
+// 4. LoRA dropout: the adapter's input masked as dew::dropout keys it (model key, path), in training only.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -86,6 +87,45 @@ TEST_CASE("a LoRA Linear: its formula, and gradients by finite differences in do
       }
     gc::gradcheck(f, {x, w, b, a, bb}, "lora linear");
   }
+}
+
+TEST_CASE("LoRA dropout: the adapter reads dropout(x) while training, keyed by the model key, and evaluation reads x") {
+  const dew::BackendPtr& be = gc::ref();
+  dew::set_default_backend(be);
+  dew::nn::Linear l(6, 4, true);
+  l.add_lora(3, 2.0f, 7, "layers.0.q_proj");
+  dew::nn::RandomKey key{11, 5};
+  l.set_lora_dropout(0.5f, &key, "layers.0.q_proj");
+  const Tensor x = Tensor::normal({2, 5, 6}, 0, 1, 1, 1, be, dew::DType::f64);
+  l.weight = Tensor::normal({4, 6}, 0, 0.5f, 1, 2, be, dew::DType::f64);
+  l.bias = Tensor::normal({4}, 0, 0.5f, 1, 3, be, dew::DType::f64);
+  l.lora_a = Tensor::normal({3, 6}, 0, 0.5f, 1, 4, be, dew::DType::f64);
+  l.lora_b = Tensor::normal({4, 3}, 0, 0.5f, 1, 5, be, dew::DType::f64);
+  const uint64_t stream = dew::philox::stream_of("layers.0.q_proj.lora_dropout");
+  auto by_formula = [&](const Tensor& xa) {  // x W^T + b + s (xa A^T) B^T with the ops
+    return dew::add(dew::linear(x, l.weight, l.bias),
+                    dew::scale(dew::linear(dew::linear(xa, l.lora_a), l.lora_b), 2.0f));
+  };
+  l.set_training(true);
+  const Tensor dropped = dew::dropout(x, 0.5f, 11, stream + 5 * 0x9E3779B97F4A7C15ull, 0);
+  CHECK(max_diff(l.forward(x), by_formula(dropped)) < 1e-12);
+  CHECK(max_diff(l.forward(x), by_formula(x)) > 1e-3);  // the masks act
+  key.step = 6;                                         // the next micro-batch draws other masks
+  CHECK(max_diff(l.forward(x), by_formula(dropped)) > 1e-3);
+  gc::gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        l.lora_a = in[1];
+        l.lora_b = in[2];
+        return l.forward(in[0]);
+      },
+      {x, l.lora_a, l.lora_b}, "lora linear with dropout");
+  l.set_training(false);  // evaluation: no dropout
+  CHECK(max_diff(l.forward(x), by_formula(x)) < 1e-12);
+  CHECK_THROWS_WITH(l.set_lora_dropout(1.0f, &key, "p"), doctest::Contains("[0, 1)"));
+  dew::Config c;
+  c.set("lora.rank", "2");
+  c.set("lora.dropout", "1.5");
+  CHECK_THROWS_WITH_AS(dew::LoraOptions::read(c.section("lora")), doctest::Contains("lora.dropout"), dew::UsageError);
 }
 
 TEST_CASE(

@@ -1,7 +1,8 @@
 // dew/lora.hpp — fine-tuning part of a model: LoRA adapters ([lora]) and frozen parameters ([optim] freeze).
 //
 // [lora] rank = r (> 0 turns it on), alpha (default r: scale 1), rslora (false: scale alpha / r; true:
-// alpha / sqrt(r)), targets (globs over the paths of the main model's nn::Linear modules, e.g. "*.q_proj,
+// alpha / sqrt(r)), dropout (0: PEFT's lora_dropout, on the adapters' inputs while training), targets (globs over the
+// paths of the main model's nn::Linear modules, e.g. "*.q_proj,
 // *.v_proj"; default all-linear: every Linear outside a head), train (globs over parameter names trained
 // besides the adapters, e.g. "*norm*" or "lm_head.weight"; default none). Every other parameter is frozen.
 // [optim] freeze (globs over parameter names, without [lora]): those parameters are frozen, the rest trained.
@@ -26,6 +27,7 @@ struct LoraOptions {
   int64_t rank = 0;  // 0: no adapters
   double alpha = 0;
   bool rslora = false;
+  double dropout = 0;                // on the adapters' inputs while training (nn::Linear::set_lora_dropout)
   std::vector<std::string> targets;  // empty: all-linear
   std::vector<std::string> train;
   float scale() const;
@@ -34,7 +36,8 @@ struct LoraOptions {
 };
 
 // Attaches an adapter to every nn::Linear of `model` whose module path matches the targets; A is
-// initialised from `seed` and the parameter's path. Refuses targets that match no Linear (listing some
+// initialised from `seed` and the parameter's path. With dropout, `model` must be a dew::Model: its random_key()
+// keys the masks. Refuses targets that match no Linear (listing some
 // paths that would) and a head (a fused loss head reads its weight directly). Returns the adapted paths.
 std::vector<std::string> attach_lora(nn::Module& model, const LoraOptions& options, uint64_t seed);
 

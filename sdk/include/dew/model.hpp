@@ -32,12 +32,9 @@ class Model : public nn::Module {
   // The model's hyper-parameters as key/value pairs (written as config.json on export).
   virtual std::map<std::string, std::string> describe() const { return {}; }
 
-  // The key of the training randomness of the next forward passes (dropout masks): the objective sets it
-  // from its StepInfo before each training forward, as host integers (no device tensor to read back).
-  struct RandomKey {
-    uint64_t seed = 0;  // the run seed (31 bits)
-    uint64_t step = 0;  // the micro-batch's position in the run (31 bits: update * 1024 + micro)
-  };
+  // The key of the training randomness of the next forward passes (dropout masks, nn::RandomKey in dew/nn.hpp): the
+  // trainer sets it before each training step (and an objective may, from its StepInfo), as host integers.
+  using RandomKey = nn::RandomKey;
   void set_random_key(const RandomKey& key) { random_key_ = key; }
   const RandomKey& random_key() const { return random_key_; }
 

@@ -109,11 +109,21 @@ class ModuleDict : public Module {
   }
 };
 
+// The key of a training forward's randomness (dropout masks) as host integers: Model::random_key() (dew/model.hpp),
+// which the trainer sets before every micro-batch's step.
+struct RandomKey {
+  uint64_t seed = 0;  // the run seed (31 bits)
+  uint64_t step = 0;  // the micro-batch's position in the run (31 bits: update * 1024 + micro)
+};
+
 // y = x W^T + b; weight [out, in], bias [out]. Default init as PyTorch: U(-1/sqrt(in), 1/sqrt(in)).
 // With a LoRA adapter (Hu et al. 2021; dew/lora.hpp attaches them by config): y = x W^T + b + s (x A^T) B^T,
 // A = lora_A.weight [r, in] (Linear's default init, PEFT's too), B = lora_B.weight [out, r] (zeros, so the
 // adapted layer starts as the plain one), s = alpha / r (or alpha / sqrt(r), rsLoRA). merge_lora() folds
 // s B A into W and removes the adapter (PEFT's merge_and_unload): inference and export see a plain Linear.
+// LoRA dropout (PEFT's lora_dropout p): while training, the adapter reads dropout(x) (the base product reads x),
+// masks keyed by the owning model's RandomKey and the Linear's path, so a recomputed block and a resumed run draw
+// the same masks.
 // A block that reads `weight` itself (fused or packed products) must take Linear::forward instead while
 // adapter_active(); tests/models/test_lora.cpp holds every bundled backbone to its merged forward.
 // While a LoraAdaptersOff is alive in the thread, forwards skip the adapters (PEFT's disable_adapter()): the model
@@ -136,12 +146,18 @@ class Linear : public Module {
   Tensor forward(const Tensor& x, Activation act = Activation::none) const;
   // A's values come from philox(seed, the stream of `full_name` + ".lora_A.weight"), like initialize().
   void add_lora(int64_t rank, float scale, uint64_t seed, const std::string& full_name);
+  // Dropout on the adapter's input with probability p in [0, 1), masks keyed by *key (which outlives this Linear:
+  // its model's random_key()) and philox's stream of `full_name` + ".lora_dropout".
+  void set_lora_dropout(float p, const RandomKey* key, const std::string& full_name);
   void merge_lora();
   bool has_lora() const { return lora_a.defined(); }
   bool adapter_active() const { return has_lora() && lora_adapters_enabled(); }  // attached and applied
   Tensor weight, bias;
   Tensor lora_a, lora_b;  // defined while an adapter is attached
   float lora_scale = 0.0f;
+  float lora_dropout = 0.0f;
+  const RandomKey* lora_key = nullptr;  // set_lora_dropout
+  uint64_t lora_stream = 0;
 };
 
 class Embedding : public Module {
