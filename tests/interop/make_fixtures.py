@@ -3,7 +3,8 @@
 
 An independent PyTorch implementation (float64, written from the Hugging Face modeling code's math,
 not using `transformers`) of the Llama, Mistral, Qwen2 and Qwen3 decoders runs tiny random weights
-and writes, per family (and llama31 / qwen2-yarn: llama3 and yarn rotary scaling), a folder under
+and writes, per family (and llama31 / qwen2-yarn: llama3 and yarn rotary scaling; qwen3-moe: a mixture of
+experts, whose reference also holds "aux_loss", transformers' load-balancing loss of the forward), a folder under
 tests/interop/fixtures/<name>/:
     config.json                      the Hugging Face config (as `save_pretrained` writes it)
     model.safetensors                weights (Llama: BF16; Mistral: F16; the others F32), or
@@ -130,8 +131,38 @@ def layer_is_local(cfg, l):
     return False
 
 
-def forward(cfg, p, tokens):
-    """tokens [B, T] -> logits [B, T, V] (float64)."""
+def moe_mlp(cfg, p, pre, h, router_logits):
+    """Qwen3-MoE's sparse block (transformers' Qwen3MoeSparseMoeBlock): softmax router, top-k (ties to the lower
+    index, as torch.topk on these random values never meets), norm_topk_prob, each token through its k experts."""
+    n_exp, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    b, t, d = h.shape
+    x = h.reshape(-1, d)
+    logits = x @ p[pre + "mlp.gate.weight"].to(torch.float64).T
+    router_logits.append(logits)
+    probs = torch.softmax(logits, dim=-1)
+    w, sel = torch.topk(probs, k, dim=-1)
+    if cfg.get("norm_topk_prob", False):
+        w = w / w.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(n_exp):
+        f = lambda n: p[pre + f"mlp.experts.{e}.{n}.weight"].to(torch.float64)
+        y = (torch.nn.functional.silu(x @ f("gate_proj").T) * (x @ f("up_proj").T)) @ f("down_proj").T
+        out += y * (w * (sel == e)).sum(dim=-1, keepdim=True)
+    return out.reshape(b, t, d)
+
+
+def load_balancing_loss(cfg, router_logits):
+    """transformers' load_balancing_loss_func over every layer's router logits (no attention mask)."""
+    n_exp, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    logits = torch.cat(router_logits, dim=0)
+    probs = torch.softmax(logits, dim=-1)
+    _, sel = torch.topk(probs, k, dim=-1)
+    mask = torch.nn.functional.one_hot(sel, n_exp).to(torch.float64)  # [tokens, k, E]
+    return (mask.mean(dim=0) * probs.mean(dim=0).unsqueeze(0)).sum() * n_exp
+
+
+def forward(cfg, p, tokens, router_logits=None):
+    """tokens [B, T] -> logits [B, T, V] (float64); a mixture of experts appends each layer's router logits."""
     f = lambda n: p[n].to(torch.float64)
     mt = cfg["model_type"]
     gemma = mt in ("gemma2", "gemma3_text")
@@ -169,7 +200,7 @@ def forward(cfg, p, tokens):
         q = proj("q_proj").view(b, t, nh, hd)
         k = proj("k_proj").view(b, t, nkv, hd)
         v = proj("v_proj").view(b, t, nkv, hd)
-        if mt in ("qwen3", "gemma3_text"):
+        if mt in ("qwen3", "gemma3_text", "qwen3_moe"):
             q = norm(q, f(pre + "self_attn.q_norm.weight"))
             k = norm(k, f(pre + "self_attn.k_norm.weight"))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
@@ -191,10 +222,13 @@ def forward(cfg, p, tokens):
         else:
             x = x + o
             h = norm(x, f(pre + "post_attention_layernorm.weight"))
-        g = h @ f(pre + "mlp.gate_proj.weight").T
-        u = h @ f(pre + "mlp.up_proj.weight").T
-        act = torch.nn.functional.gelu(g, approximate="tanh") if gemma else torch.nn.functional.silu(g)
-        m = (act * u) @ f(pre + "mlp.down_proj.weight").T
+        if mt == "qwen3_moe":
+            m = moe_mlp(cfg, p, pre, h, router_logits if router_logits is not None else [])
+        else:
+            g = h @ f(pre + "mlp.gate_proj.weight").T
+            u = h @ f(pre + "mlp.up_proj.weight").T
+            act = torch.nn.functional.gelu(g, approximate="tanh") if gemma else torch.nn.functional.silu(g)
+            m = (act * u) @ f(pre + "mlp.down_proj.weight").T
         x = x + (norm(m, f(pre + "post_feedforward_layernorm.weight")) if gemma else m)
     x = norm(x, f("model.norm.weight"))
     head = f("model.embed_tokens.weight") if cfg["tie_word_embeddings"] else f("lm_head.weight")
@@ -228,15 +262,23 @@ def make_params(cfg, dtype):
         if o_bias:
             p[pre + "self_attn.o_proj.bias"] = r(d)
         gemma = mt in ("gemma2", "gemma3_text")
-        if mt in ("qwen3", "gemma3_text"):  # Gemma's norms scale by (1 + w): w near 0
+        if mt in ("qwen3", "gemma3_text", "qwen3_moe"):  # Gemma's norms scale by (1 + w): w near 0
             p[pre + "self_attn.q_norm.weight"] = r(hd) + (0.0 if gemma else 1.0)
             p[pre + "self_attn.k_norm.weight"] = r(hd) + (0.0 if gemma else 1.0)
         if gemma:
             p[pre + "pre_feedforward_layernorm.weight"] = r(d)
             p[pre + "post_feedforward_layernorm.weight"] = r(d)
-        p[pre + "mlp.gate_proj.weight"] = r(ff, d)
-        p[pre + "mlp.up_proj.weight"] = r(ff, d)
-        p[pre + "mlp.down_proj.weight"] = r(d, ff)
+        if mt == "qwen3_moe":
+            fe = cfg["moe_intermediate_size"]
+            p[pre + "mlp.gate.weight"] = r(cfg["num_experts"], d) * 2.0
+            for e in range(cfg["num_experts"]):
+                p[pre + f"mlp.experts.{e}.gate_proj.weight"] = r(fe, d)
+                p[pre + f"mlp.experts.{e}.up_proj.weight"] = r(fe, d)
+                p[pre + f"mlp.experts.{e}.down_proj.weight"] = r(d, fe)
+        else:
+            p[pre + "mlp.gate_proj.weight"] = r(ff, d)
+            p[pre + "mlp.up_proj.weight"] = r(ff, d)
+            p[pre + "mlp.down_proj.weight"] = r(d, ff)
         p[pre + "input_layernorm.weight"] = r(d) + (0.0 if gemma else 1.0)
         p[pre + "post_attention_layernorm.weight"] = r(d) + (0.0 if gemma else 1.0)
     p["model.norm.weight"] = r(d) + (0.0 if mt in ("gemma2", "gemma3_text") else 1.0)
@@ -272,9 +314,12 @@ def write_fixture(name, cfg, dtype, shards=1, seed=0, tokens_shape=(2, 9)):
         with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
     tokens = torch.randint(0, cfg["vocab_size"], tokens_shape, dtype=torch.int64)
-    logits = forward(cfg, p, tokens)
-    write_safetensors(os.path.join(folder, "reference.safetensors"),
-                      {"tokens": tokens, "logits": logits.to(torch.float32)})
+    router_logits = []
+    logits = forward(cfg, p, tokens, router_logits)
+    ref = {"tokens": tokens, "logits": logits.to(torch.float32)}
+    if router_logits:  # a mixture of experts: its load-balancing loss (unweighted) over this forward
+        ref["aux_loss"] = load_balancing_loss(cfg, router_logits).reshape(1).to(torch.float32)
+    write_safetensors(os.path.join(folder, "reference.safetensors"), ref)
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
     print(f"{name}: {len(p)} tensors, {size} bytes, |logits| max {logits.abs().max():.3f}")
 
@@ -345,3 +390,9 @@ if __name__ == "__main__":
                   sliding_window_pattern=6, final_logit_softcapping=None, attn_logit_softcapping=None,
                   rope_scaling={"rope_type": "linear", "factor": 8.0}, cache_implementation="hybrid")
     write_fixture("gemma3", gemma3, torch.float32, seed=8, tokens_shape=(2, 24))
+
+    # Qwen3-MoE: 4 experts, top 2 renormalised (norm_topk_prob), qk-norm, every layer sparse.
+    qwen3_moe = dict(qwen3, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True, decoder_sparse_step=1,
+                     mlp_only_layers=[], router_aux_loss_coef=0.001, output_router_logits=False)
+    write_fixture("qwen3-moe", qwen3_moe, torch.float32, seed=9, tokens_shape=(2, 12))

@@ -307,8 +307,10 @@ TEST_CASE("safetensors: sharded write and read, broken indexes are refused") {
 TEST_CASE(
     "import: llama (BF16, untied), qwen3 (sharded, head_dim 16, qk-norm, tied), qwen2 (qkv bias), mistral "
     "(sliding window, F16), llama31 (llama3 rotary scaling), qwen2-yarn (yarn), gemma2 (sandwich norms, softcaps), "
-    "gemma3 (qk-norm, local rotary base, linear scaling) match the PyTorch reference within 1e-4") {
-  for (const char* name : {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3"}) {
+    "gemma3 (qk-norm, local rotary base, linear scaling), qwen3-moe (4 experts, top 2) match the PyTorch reference "
+    "within 1e-4") {
+  for (const char* name :
+       {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3", "qwen3-moe"}) {
     SUBCASE(name) { check_fixture_logits(name, ref()); }
   }
 }
@@ -317,9 +319,92 @@ TEST_CASE("import on the cpu backend (when built) matches the reference within 1
   ref();
   if (!dew::Registry::global().contains("backend", "cpu")) return;
   auto cpu = dew::create_backend("cpu");
-  for (const char* name : {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3"})
+  for (const char* name :
+       {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3", "qwen3-moe"})
     check_fixture_logits(name, cpu);
   ref();
+}
+
+TEST_CASE("a mixture of experts: transformers' load-balancing loss, and gradients by finite differences") {
+  auto be = ref();
+  auto m = load_fixture("qwen3-moe", be);
+  dew::SafetensorsFile r(fixture("qwen3-moe") + "/reference.safetensors");
+  const Tensor tok64 = r.load("tokens", be);
+  const Tensor tokens = Tensor::from_ints(tok64.to_ints(), tok64.shape(), be);
+  const double coef = std::stod(m->describe().at("moe_aux_loss"));
+  CHECK(coef == 0.001);
+  // Evaluation forwards make no auxiliary loss; a training forward makes transformers' (times its weight).
+  CHECK(!m->auxiliary_loss().defined());
+  m->set_training(true);
+  const Tensor weights = Tensor::normal({tok64.shape()[0], tok64.shape()[1], 53}, 0, 1, 1, 7, be);
+  auto objective = [&] {  // sum(logits * R) + the weighted balancing loss, as the lm objective adds it
+    const Tensor logits = m->forward({{"tokens", tokens}});
+    return dew::add(dew::sum(dew::mul(logits, weights)), m->auxiliary_loss());
+  };
+  const Tensor loss = objective();
+  REQUIRE(m->auxiliary_loss().defined());
+  const double aux = double(m->auxiliary_loss().to_floats()[0]) / coef;
+  INFO("balancing loss dew ", aux, " transformers ", r.load("aux_loss", be).to_floats()[0]);
+  CHECK(aux == doctest::Approx(r.load("aux_loss", be).to_floats()[0]).epsilon(1e-5));
+  CHECK(aux >= 2.0 - 1e-6);  // top_k = 2 at perfect balance; never below
+  loss.backward();
+  // Central differences in f32 on elements of a router, an expert's three projections and an attention weight.
+  std::map<std::string, Tensor> params;
+  for (const auto& [n, t] : m->named_parameters()) params.emplace(n, t);
+  for (const char* name :
+       {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight",
+        "model.layers.0.mlp.experts.2.down_proj.weight", "model.layers.1.mlp.experts.0.gate_proj.weight",
+        "model.layers.1.mlp.experts.3.up_proj.weight", "model.layers.0.self_attn.q_proj.weight"}) {
+    Tensor p = params.at(name);
+    REQUIRE_MESSAGE(p.grad().defined(), name);
+    const std::vector<float> g = p.grad().to_floats();
+    std::vector<float> v = p.to_floats();
+    for (size_t i : {size_t(0), size_t(5), v.size() - 1}) {
+      const float h = 1e-2f, keep = v[i];
+      dew::NoGradGuard ng;
+      v[i] = keep + h;
+      p.copy_(Tensor::from_vector(v, p.shape(), be));
+      const double up = objective().to_floats()[0];
+      v[i] = keep - h;
+      p.copy_(Tensor::from_vector(v, p.shape(), be));
+      const double down = objective().to_floats()[0];
+      v[i] = keep;
+      p.copy_(Tensor::from_vector(v, p.shape(), be));
+      INFO(name, "[", i, "]: analytic ", g[i], ", central difference ", (up - down) / (2 * h));
+      CHECK(double(g[i]) == doctest::Approx((up - down) / (2 * h)).epsilon(5e-3).scale(0.1));
+    }
+  }
+  // The balancing loss alone reaches the routers (its gradient is ~1e-3 of the logits' above).
+  for (auto& [n, t] : params) t.zero_grad();
+  auto balance = [&] {
+    m->forward({{"tokens", tokens}});
+    return dew::scale(m->auxiliary_loss(), float(1.0 / coef));
+  };
+  balance().backward();
+  Tensor router = params.at("model.layers.1.mlp.gate.weight");
+  const std::vector<float> g = router.grad().to_floats();
+  std::vector<float> v = router.to_floats();
+  double largest = 0;
+  for (size_t i = 0; i < g.size(); ++i) largest = std::max(largest, std::fabs(double(g[i])));
+  CHECK(largest > 1e-2);
+  for (size_t i : {size_t(1), size_t(64), g.size() - 2}) {
+    const float h = 1e-2f, keep = v[i];
+    dew::NoGradGuard ng;
+    v[i] = keep + h;
+    router.copy_(Tensor::from_vector(v, router.shape(), be));
+    const double up = balance().to_floats()[0];
+    v[i] = keep - h;
+    router.copy_(Tensor::from_vector(v, router.shape(), be));
+    const double down = balance().to_floats()[0];
+    v[i] = keep;
+    router.copy_(Tensor::from_vector(v, router.shape(), be));
+    INFO("balancing loss, router[", i, "]: analytic ", g[i], ", central difference ", (up - down) / (2 * h));
+    CHECK(double(g[i]) == doctest::Approx((up - down) / (2 * h)).epsilon(5e-3).scale(1e-3));
+  }
+  // Recomputed blocks would drop the balancing loss's gradient: refused, with the way out.
+  dew::RecomputeGuard blocks(dew::Recompute::blocks);
+  CHECK_THROWS_WITH_AS(m->forward({{"tokens", tokens}}), doctest::Contains("moe_aux_loss = 0"), dew::UsageError);
+  m->set_training(false);
 }
 
 TEST_CASE("the rotary-scaling fixtures depend on their scaling: unscaled, or another kind, misses the reference") {
@@ -352,7 +437,8 @@ TEST_CASE("the rotary-scaling fixtures depend on their scaling: unscaled, or ano
 TEST_CASE("import -> run directory -> export --format hf -> import is lossless") {
   auto be = ref();
   const fs::path d = tmpdir("roundtrip");
-  for (const char* name : {"qwen3", "llama", "mistral", "qwen2", "llama31", "qwen2-yarn", "gemma2", "gemma3"}) {
+  for (const char* name :
+       {"qwen3", "llama", "mistral", "qwen2", "llama31", "qwen2-yarn", "gemma2", "gemma3", "qwen3-moe"}) {
     const fs::path run = d / (std::string(name) + "_run"), out = d / (std::string(name) + "_hf"),
                    again = d / (std::string(name) + "_again");
     dew::ImportOptions o;

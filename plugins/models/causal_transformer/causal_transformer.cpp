@@ -66,6 +66,8 @@
 #include <tuple>
 #include <vector>
 
+#include "moe.hpp"
+
 namespace {
 
 using dew::Activation;
@@ -84,6 +86,9 @@ struct Config {
   double rope_local_theta = 0;         // > 0: local layers' rotary base, unscaled (Gemma 3's rope_local_base_freq)
   double query_pre_attn_scalar = 0;    // > 0: scores scaled by its -1/2 power instead of head_dim's (Gemma)
   bool sandwich_norm = false;          // Gemma 2/3: the attention and MLP outputs normed before their residual adds
+  int64_t moe_experts = 0, moe_top_k = 2, moe_hidden = 0;  // > 0 experts: every layer's MLP a mixture (moe.hpp)
+  bool moe_norm_topk = true;
+  double moe_aux_loss = 0.001;  // the load-balancing loss's weight (transformers' router_aux_loss_coef)
   int64_t rotary_dim = 0;
   bool qk_norm = false;
   bool qkv_bias = false, o_bias = false, mlp_bias = false;  // Qwen2: qkv; Llama/Qwen3 attention_bias: qkv + o
@@ -177,6 +182,20 @@ Config read_config(const Options& o) {
   const int64_t default_hidden = c.mlp == "gelu" ? 4 * c.dim : round_up((8 * c.dim + 2) / 3, 64);
   c.hidden = o.get_int("mlp_hidden", default_hidden);
   DEW_USAGE_CHECK(c.hidden > 0, "option 'model.mlp_hidden' must be positive, got ", c.hidden);
+  c.moe_experts = o.get_int("moe_experts", 0);
+  DEW_USAGE_CHECK(c.moe_experts == 0 || c.moe_experts >= 2,
+                  "option 'model.moe_experts' must be 0 (a dense MLP) or >= 2, got ", c.moe_experts);
+  c.moe_top_k = o.get_int("moe_top_k", 2);
+  c.moe_hidden = o.get_int("moe_hidden", c.hidden);
+  c.moe_norm_topk = o.get_bool("moe_norm_topk", true);
+  c.moe_aux_loss = o.get_double("moe_aux_loss", 0.001);
+  if (c.moe_experts > 0) {
+    DEW_USAGE_CHECK(c.moe_top_k >= 1 && c.moe_top_k <= c.moe_experts, "option 'model.moe_top_k' must be in [1, ",
+                    c.moe_experts, "], got ", c.moe_top_k);
+    DEW_USAGE_CHECK(c.moe_hidden > 0, "option 'model.moe_hidden' must be positive, got ", c.moe_hidden);
+    DEW_USAGE_CHECK(c.moe_aux_loss >= 0, "option 'model.moe_aux_loss' must be >= 0, got ", c.moe_aux_loss);
+    DEW_USAGE_CHECK(c.mlp != "gelu", "model.moe_experts needs a gated MLP (swiglu or geglu), got mlp = gelu");
+  }
   c.norm_eps = o.get_double("norm_eps", 1e-5);
   DEW_USAGE_CHECK(c.norm_eps > 0, "option 'model.norm_eps' must be positive, got ", c.norm_eps);
   const double off = o.get_double("norm_offset", 0.0);
@@ -312,8 +331,12 @@ class DecoderLayer final : public dew::nn::Module {
   DecoderLayer(const Config& c, int64_t index) {
     self_attn = register_module("self_attn", make_attention(c, c.local[size_t(index)]));
     const Activation act = c.mlp == "swiglu" ? Activation::silu : Activation::gelu_tanh;
-    mlp = register_module("mlp", std::make_shared<dew::nn::GatedMLP>(c.dim, c.hidden, act, c.mlp_bias,
-                                                                     projection_init(c), c.mlp != "gelu"));
+    if (c.moe_experts > 0)
+      moe = register_module("mlp", std::make_shared<dew_ct::MoeMLP>(c.dim, c.moe_hidden, c.moe_experts, c.moe_top_k,
+                                                                    c.moe_norm_topk, act, projection_init(c)));
+    else
+      mlp = register_module("mlp", std::make_shared<dew::nn::GatedMLP>(c.dim, c.hidden, act, c.mlp_bias,
+                                                                       projection_init(c), c.mlp != "gelu"));
     input_layernorm =
         register_module("input_layernorm", std::make_shared<dew::nn::RMSNorm>(c.dim, float(c.norm_eps), c.norm_offset));
     post_attention_layernorm = register_module(
@@ -328,16 +351,19 @@ class DecoderLayer final : public dew::nn::Module {
   // The MLP branch of x (after the attention's residual add): its norm, the MLP and, with sandwich norms, the
   // output norm. (Hugging Face's names: post_attention_layernorm is the pre-MLP norm of Llama / Qwen and the
   // attention output's norm of Gemma, whose pre-MLP norm is pre_feedforward_layernorm.)
-  Tensor mlp_branch(const Tensor& x) const {
-    if (!pre_feedforward_layernorm) return mlp->forward(post_attention_layernorm->forward(x));
-    return post_feedforward_layernorm->forward(mlp->forward(pre_feedforward_layernorm->forward(x)));
+  // A mixture of experts adds its routing to *stats (the load-balancing loss) when given.
+  Tensor mlp_branch(const Tensor& x, dew_ct::MoeStats* stats = nullptr) const {
+    auto run = [&](const Tensor& h) { return moe ? moe->forward(h, stats) : mlp->forward(h); };
+    if (!pre_feedforward_layernorm) return run(post_attention_layernorm->forward(x));
+    return post_feedforward_layernorm->forward(run(pre_feedforward_layernorm->forward(x)));
   }
   // The attention output a as it joins the residual stream: normed under sandwich norms.
   Tensor attention_out(const Tensor& a) const {
     return pre_feedforward_layernorm ? post_attention_layernorm->forward(a) : a;
   }
   std::shared_ptr<dew::nn::Attention> self_attn;
-  std::shared_ptr<dew::nn::GatedMLP> mlp;
+  std::shared_ptr<dew::nn::GatedMLP> mlp;  // null with moe_experts
+  std::shared_ptr<dew_ct::MoeMLP> moe;     // moe_experts > 0
   std::shared_ptr<dew::nn::RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<dew::nn::RMSNorm> pre_feedforward_layernorm, post_feedforward_layernorm;  // sandwich_norm
 };
@@ -511,9 +537,11 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
 
   double flops_per_sequence(int64_t t) const override {
     double weights = 0;
-    for (const auto& [name, p] : named_parameters())
+    for (const auto& [name, p] : named_parameters())  // a mixture's experts: top_k of them run per token
       if (p.ndim() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight")
-        weights += double(p.numel());
+        weights +=
+            double(p.numel()) *
+            (name.find(".mlp.experts.") != std::string::npos ? double(c_.moe_top_k) / double(c_.moe_experts) : 1.0);
     weights += double(c_.vocab * c_.dim);  // the head
     double attn = 0;
     for (int64_t i = 0; i < c_.layers; ++i) {
@@ -575,6 +603,11 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
         {"norm_offset", num(c_.norm_offset)},
         {"embed_scale", c_.embed_scale ? "true" : "false"},
         {"sandwich_norm", c_.sandwich_norm ? "true" : "false"},
+        {"moe_experts", std::to_string(c_.moe_experts)},
+        {"moe_top_k", std::to_string(c_.moe_top_k)},
+        {"moe_hidden", std::to_string(c_.moe_hidden)},
+        {"moe_norm_topk", c_.moe_norm_topk ? "true" : "false"},
+        {"moe_aux_loss", num(c_.moe_aux_loss)},
         {"rope_local_theta", num(c_.rope_local_theta)},
         {"query_pre_attn_scalar", num(c_.query_pre_attn_scalar)},
         {"torch_dtype", "float32"},
@@ -615,10 +648,10 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
   // One pre-norm layer without a cache: a pure function of x and (positions, segments, seed, step), so it
   // can be recomputed in the backward with the same dropout masks.
   Tensor layer_forward(const DecoderLayer& l, int64_t i, const Tensor& x0, const Tensor& positions,
-                       const Tensor& segments, uint64_t seed, uint64_t step) const {
+                       const Tensor& segments, uint64_t seed, uint64_t step, dew_ct::MoeStats* stats) const {
     const Tensor a = l.attention_out(l.self_attn->forward(l.input_layernorm->forward(x0), positions, segments));
     const Tensor x = dew::add(x0, drop(a, i, "attn", seed, step));
-    return dew::add(x, drop(l.mlp_branch(x), i, "mlp", seed, step));
+    return dew::add(x, drop(l.mlp_branch(x, stats), i, "mlp", seed, step));
   }
 
   // `rows` (slot decoding, T == 1): row i is a slot at its own position (positions [N, 1]). `last_only`: the
@@ -647,6 +680,15 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
                              : rows ? Tensor::from_ints(pos, {int64_t(pos.size()), 1}, tokens.backend_ptr())
                                     : Tensor::from_ints(pos, {t}, tokens.backend_ptr());
     const Tensor segments = packed ? packed->segments : Tensor();
+    // A training forward of a mixture of experts gathers its routing for the load-balancing loss.
+    moe_stats_.reset();
+    aux_loss_ = Tensor();
+    const bool balance = c_.moe_experts > 0 && c_.moe_aux_loss > 0 && training();
+    DEW_USAGE_CHECK(!balance || !dew::grad_enabled() || dew::recompute_mode() == dew::Recompute::none,
+                    "causal_transformer: [trainer] recompute = blocks with model.moe_experts and moe_aux_loss > 0 is "
+                    "not supported (the recomputed blocks would lose the load-balancing loss's gradient): set "
+                    "model.moe_aux_loss = 0 or recompute = none");
+    dew_ct::MoeStats* stats = balance ? &moe_stats_ : nullptr;
     Tensor x = model_->embed_tokens->forward(tokens);
     if (c_.embed_scale) x = dew::scale(x, std::sqrt(float(c_.dim)));
     x = drop(x, -1, "embed", seed, step);
@@ -655,8 +697,8 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
       if (!cache && !rows) {  // training / full forward: each layer may be recomputed ([trainer] recompute)
         const DecoderLayer* lp = &l;
         x = dew::recompute_block(
-            [this, lp, i, positions, segments, seed, step](const std::vector<Tensor>& in) {
-              return layer_forward(*lp, i, in[0], positions, segments, seed, step);
+            [this, lp, i, positions, segments, seed, step, stats](const std::vector<Tensor>& in) {
+              return layer_forward(*lp, i, in[0], positions, segments, seed, step, stats);
             },
             {x}, l.parameters());
         continue;
@@ -670,11 +712,20 @@ class CausalTransformer final : public dew::Model, public dew::CausalDecoder, pu
       x = dew::add(x, drop(l.attention_out(a), i, "attn", seed, step));
       x = dew::add(x, drop(l.mlp_branch(x), i, "mlp", seed, step));
     }
+    if (stats) {
+      const Tensor loss = moe_stats_.balancing_loss();
+      if (loss.defined()) aux_loss_ = dew::scale(loss, float(c_.moe_aux_loss));
+    }
     if (last_only && t > 1) x = dew::slice(x, 1, t - 1, t);
     return model_->norm->forward(x);
   }
 
+  // ---- Model: the load-balancing loss of the last training forward (weighted by moe_aux_loss) ----
+  Tensor auxiliary_loss() const override { return aux_loss_; }
+
   Config c_;
+  mutable dew_ct::MoeStats moe_stats_;  // the routing of the last training forward
+  mutable Tensor aux_loss_;
   dew::DType cache_dtype_ = dew::DType::f32;  // set_cache_dtype
   std::shared_ptr<Decoder> model_;
   std::shared_ptr<dew::nn::Linear> lm_head_;
@@ -723,6 +774,11 @@ DEW_PLUGIN("causal_transformer", "0.1.0") {
                   {"final_softcap", "0", "output logit softcap"},
                   {"tie_embeddings", "true", "output projection = the token embedding"},
                   {"embed_scale", "false", "multiply embeddings by sqrt(dim) (Gemma)"},
+                  {"moe_experts", "0", "> 0: every layer's MLP a mixture of this many experts (Qwen3-MoE names)"},
+                  {"moe_top_k", "2", "experts each token is routed to"},
+                  {"moe_hidden", "", "each expert's MLP width (default mlp_hidden)"},
+                  {"moe_norm_topk", "true", "renormalise the chosen experts' router probabilities over the k"},
+                  {"moe_aux_loss", "0.001", "weight of the load-balancing loss added in training"},
                   {"sandwich_norm", "false",
                    "norm the attention and MLP outputs before their residual adds (Gemma 2/3)"},
                   {"query_pre_attn_scalar", "0", "> 0: scores scaled by its -1/2 power, not head_dim's (Gemma)"},

@@ -17,6 +17,7 @@
 //   llama/qwen3 attention_bias -> qkv_bias + o_bias; qwen2 -> qkv_bias always; llama mlp_bias -> mlp_bias
 //   qwen3 -> qk_norm;  mistral sliding_window W -> every layer local with window W;
 //   qwen2/qwen3 use_sliding_window + max_window_layers (or layer_types) -> layer_pattern + sliding_window
+//   qwen3_moe: qwen3's fields and its experts (import_moe) -> moe_experts, moe_top_k, moe_hidden, ...
 //   gemma2/gemma3_text -> norm_offset 1, embed_scale, sandwich_norm, query_pre_attn_scalar, softcaps
 //   (attn_logit_softcapping / final_logit_softcapping -> attn_softcap / final_softcap), layer kinds (gemma2:
 //   even layers local; gemma3: all but every sliding_window_pattern-th; or layer_types); gemma3_text also
@@ -270,6 +271,29 @@ void import_gemma(const std::string& mt, Reader& r, std::map<std::string, std::s
   r.ignore("cache_implementation");  // the KV cache's kind in transformers, not the math
 }
 
+// Qwen3-MoE: every layer's MLP a mixture (decoder_sparse_step 1, no mlp_only_layers; others are refused).
+//   num_experts -> moe_experts, num_experts_per_tok -> moe_top_k, moe_intermediate_size -> moe_hidden,
+//   norm_topk_prob (default false) -> moe_norm_topk, router_aux_loss_coef (0.001) -> moe_aux_loss
+void import_moe(const std::string& mt, Reader& r, int64_t layers, std::map<std::string, std::string>& m) {
+  m["moe_experts"] = std::to_string(r.require_int("num_experts"));
+  m["moe_top_k"] = std::to_string(r.require_int("num_experts_per_tok"));
+  m["moe_hidden"] = std::to_string(r.require_int("moe_intermediate_size"));
+  m["moe_norm_topk"] = r.boolean("norm_topk_prob", false) ? "true" : "false";
+  m["moe_aux_loss"] = num(r.has("router_aux_loss_coef") ? r.number("router_aux_loss_coef") : 0.001);
+  r.ignore("router_aux_loss_coef");
+  const int64_t step = r.has("decoder_sparse_step") ? r.integer("decoder_sparse_step") : 1;
+  r.ignore("decoder_sparse_step");
+  DEW_USAGE_CHECK(step == 1 || step > layers, mt, " config.json: decoder_sparse_step ", step,
+                  " is not expressible (dew's mixture runs on every layer: 1 is)");
+  if (r.has("mlp_only_layers")) {
+    const json& dense = r.at("mlp_only_layers");
+    DEW_USAGE_CHECK(dense.is_array() && dense.empty(), mt, " config.json: mlp_only_layers ", dense.dump(),
+                    " is not expressible (dew's mixture runs on every layer: [] is)");
+  }
+  r.ignore("mlp_only_layers");
+  r.ignore("output_router_logits");  // whether transformers returns the router logits, not the math
+}
+
 // model.rope_scaling -> config.json's rope_scaling (null without scaling), the fields import_rope_scaling reads.
 template <class Get>
 json export_rope_scaling(const Get& get) {
@@ -297,7 +321,7 @@ json export_rope_scaling(const Get& get) {
 class DecoderConverter final : public dew::HfConverter {
  public:
   std::vector<std::string> model_types() const override {
-    return {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"};
+    return {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3_text"};
   }
   std::string model_plugin() const override { return "causal_transformer"; }
 
@@ -313,7 +337,8 @@ class DecoderConverter final : public dew::HfConverter {
     const std::string mt = j["model_type"].get<std::string>();
     const std::vector<std::string> known = model_types();
     DEW_USAGE_CHECK(std::find(known.begin(), known.end(), mt) != known.end(), "config.json: model_type '", mt,
-                    "' is not one the causal_transformer imports (llama, mistral, qwen2, qwen3, gemma2, gemma3_text)");
+                    "' is not one the causal_transformer imports (llama, mistral, qwen2, qwen3, qwen3_moe, gemma2, "
+                    "gemma3_text)");
     Reader r(j, mt);
     const bool gemma = mt == "gemma2" || mt == "gemma3_text";
     dew::HfImport out;
@@ -394,13 +419,15 @@ class DecoderConverter final : public dew::HfConverter {
                       " is not expressible (dew has no attention dropout; 0 is accepted)");
     }
     r.ignore("attention_dropout");
-    if (mt == "llama" || mt == "qwen3" || gemma) {
+    const bool qwen3 = mt == "qwen3" || mt == "qwen3_moe";
+    if (mt == "llama" || qwen3 || gemma) {
       const bool b = r.boolean("attention_bias", false);
       m["qkv_bias"] = m["o_bias"] = b ? "true" : "false";
     }
     if (mt == "llama") m["mlp_bias"] = r.boolean("mlp_bias", false) ? "true" : "false";
     if (mt == "qwen2") m["qkv_bias"] = "true";
-    if (mt == "qwen3") m["qk_norm"] = "true";
+    if (qwen3) m["qk_norm"] = "true";
+    if (mt == "qwen3_moe") import_moe(mt, r, layers, m);
     if (gemma) import_gemma(mt, r, m);
 
     // Sliding windows.
@@ -437,7 +464,7 @@ class DecoderConverter final : public dew::HfConverter {
       DEW_USAGE_CHECK(every >= 1, mt, " config.json: sliding_window_pattern must be >= 1, got ", every);
       for (int64_t i = 0; i < layers; ++i) local[size_t(i)] = mt == "gemma2" ? i % 2 == 0 : (i + 1) % every != 0;
       read_layer_types(true);
-    } else if (mt == "qwen2" || mt == "qwen3") {
+    } else if (mt == "qwen2" || qwen3) {
       const bool use = r.boolean("use_sliding_window", false);
       if (use) {
         DEW_USAGE_CHECK(r.has("sliding_window"), mt,
@@ -512,11 +539,12 @@ class DecoderConverter final : public dew::HfConverter {
     }
     size_t n_local = 0;
     for (const auto& k : kinds) n_local += k == "sliding_attention";
+    const bool moe = integer("moe_experts") > 0;
     std::string mt;
     if (gemma) {
       mt = qk ? "gemma3_text" : "gemma2";
     } else if (qk) {
-      mt = "qwen3";
+      mt = moe ? "qwen3_moe" : "qwen3";
       if (qkv != ob) refused.push_back("qk_norm with qkv_bias != o_bias (Qwen3's attention_bias sets both)");
     } else if (qkv && !ob) {
       mt = "qwen2";
@@ -527,6 +555,7 @@ class DecoderConverter final : public dew::HfConverter {
       if (qkv != ob) refused.push_back("model.o_bias without model.qkv_bias");
     }
     if (mlpb && mt != "llama") refused.push_back("model.mlp_bias in the " + mt + " family");
+    if (moe && mt != "qwen3_moe") refused.push_back("model.moe_experts without qk_norm (only qwen3_moe has experts)");
     if (n_local > 0 && mt == "llama") refused.push_back("sliding-window layers in the llama family");
     std::string list;
     for (const auto& x : refused) list += (list.empty() ? "" : "; ") + x;
@@ -535,8 +564,9 @@ class DecoderConverter final : public dew::HfConverter {
                     "dew exports (llama, mistral, qwen2, qwen3, gemma2, gemma3_text) expresses: ",
                     list);
     static const std::map<std::string, std::string> arch{
-        {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
-        {"qwen3", "Qwen3ForCausalLM"}, {"gemma2", "Gemma2ForCausalLM"},   {"gemma3_text", "Gemma3ForCausalLM"}};
+        {"llama", "LlamaForCausalLM"},       {"mistral", "MistralForCausalLM"},    {"qwen2", "Qwen2ForCausalLM"},
+        {"qwen3", "Qwen3ForCausalLM"},       {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"gemma2", "Gemma2ForCausalLM"},
+        {"gemma3_text", "Gemma3ForCausalLM"}};
     json j;
     j["architectures"] = {arch.at(mt)};
     j["model_type"] = mt;
@@ -562,7 +592,16 @@ class DecoderConverter final : public dew::HfConverter {
       j["mlp_bias"] = mlpb;
       j["pretraining_tp"] = 1;
     }
-    if (mt == "qwen3") j["attention_bias"] = qkv;
+    if (mt == "qwen3" || mt == "qwen3_moe") j["attention_bias"] = qkv;
+    if (mt == "qwen3_moe") {
+      j["num_experts"] = integer("moe_experts");
+      j["num_experts_per_tok"] = integer("moe_top_k");
+      j["moe_intermediate_size"] = integer("moe_hidden");
+      j["norm_topk_prob"] = flag("moe_norm_topk");
+      j["router_aux_loss_coef"] = number("moe_aux_loss");
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = json::array();
+    }
     if (mt == "mistral") j["sliding_window"] = std::stoll(get("sliding_window"));
     if (gemma) {
       j.erase("hidden_act");
@@ -580,7 +619,7 @@ class DecoderConverter final : public dew::HfConverter {
         j["rope_local_base_freq"] = local > 0 ? local : number("rope_theta");
       }
     }
-    if (mt == "qwen2" || mt == "qwen3") {
+    if (mt == "qwen2" || mt == "qwen3" || mt == "qwen3_moe") {
       j["use_sliding_window"] = n_local > 0;
       j["sliding_window"] = n_local > 0 ? json(std::stoll(get("sliding_window"))) : json(nullptr);
       // Transformers derives the kinds from max_window_layers (layers i >= it slide); an explicit

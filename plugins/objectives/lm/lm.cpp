@@ -151,7 +151,9 @@ class LanguageModel final : public dew::Objective {
     const Tensor targets = masked_targets(batch, text, mask);
     Tensor predictions;
     dew::StepResult r;
-    r.loss = loss_of(in, targets, b * s, predictions);
+    const Tensor ce = loss_of(in, targets, b * s, predictions);
+    const Tensor aux = model_->auxiliary_loss();  // a mixture of experts' load balancing
+    r.loss = aux.defined() ? dew::add(ce, dew::reshape(aux, ce.shape())) : ce;
     r.samples = b;
     // Token accuracy and the trained-token count stay on the device (the trainer reads them with the loss).
     dew::NoGradGuard no_grad;
@@ -167,7 +169,8 @@ class LanguageModel final : public dew::Objective {
       counted = Tensor::full({1}, double(b * s), dew::DType::f32, backend_);
     }
     r.device_tokens = counted;
-    r.device_metrics["ce"] = dew::reshape(r.loss.detach(), {1});
+    r.device_metrics["ce"] = dew::reshape(ce.detach(), {1});
+    if (aux.defined()) r.device_metrics["aux_loss"] = dew::reshape(aux.detach(), {1});
     r.device_metrics["token_accuracy"] = dew::sum(hits) / dew::maximum(counted, Tensor::full({1}, 1.0, dew::DType::f32, backend_));
     return r;
   }

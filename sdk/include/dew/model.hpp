@@ -31,6 +31,10 @@ class Model : public nn::Module {
   virtual double flops_per_sample() const { return 0.0; }
   // The model's hyper-parameters as key/value pairs (written as config.json on export).
   virtual std::map<std::string, std::string> describe() const { return {}; }
+  // A loss of the model's own from its last training forward, already weighted (a mixture of experts' load
+  // balancing), that the objective adds to its loss (the lm objective logs it as aux_loss); undefined when there is
+  // none.
+  virtual Tensor auxiliary_loss() const { return Tensor(); }
 
   // The key of the training randomness of the next forward passes (dropout masks, nn::RandomKey in dew/nn.hpp): the
   // trainer sets it before each training step (and an objective may, from its StepInfo), as host integers.
