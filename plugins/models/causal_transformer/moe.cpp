@@ -1,4 +1,10 @@
 // moe.cpp — the mixture-of-experts MLP of moe.hpp: routing on the host, each expert over its own rows.
+// Each expert's rows are padded with zero rows to a multiple of kRowBucket (below it, to a power of two: a decode
+// step's one row stays one row): its products then come in a few dozen shapes, whose kernels (oneDNN primitives,
+// cuBLASLt plans) are built once and cached, where the exact count of a step's routing would give new shapes every step
+// (on the cpu backend each new shape costs oneDNN a primitive, 1-12 ms: the unpadded gpt-mini-moe step spent ~40 % of
+// its time there). A zero row's expert output is zero (the experts have no biases) and it is never read back, so it
+// adds nothing to any output or gradient.
 #include "moe.hpp"
 
 #include <algorithm>
@@ -10,6 +16,16 @@
 namespace dew_ct {
 
 using dew::Tensor;
+
+namespace {
+constexpr int64_t kRowBucket = 64;
+int64_t bucketed(int64_t rows) {
+  if (rows >= kRowBucket) return (rows + kRowBucket - 1) / kRowBucket * kRowBucket;
+  int64_t p = 1;
+  while (p < rows) p *= 2;
+  return p;
+}
+}  // namespace
 
 MoeMLP::MoeMLP(int64_t dim, int64_t hidden, int64_t n_experts, int64_t k, bool norm, dew::Activation act,
                dew::nn::ProjectionInit init)
@@ -49,23 +65,29 @@ Tensor MoeMLP::forward(const Tensor& x, MoeStats* stats) const {
     const Tensor w = dew::reshape(weights, {n, k});
     weights = dew::reshape(dew::div(w, dew::sum(w, -1, true)), {1, n * k, 1});
   }
-  // Each expert over its rows; outputs stacked expert by expert (slot order), then put back in slot order.
-  std::vector<int32_t> slot_of_sorted;  // sorted position -> slot (r k + j)
+  // Each expert over its rows (padded with row n, zeros, to bucketed()'s count); outputs stacked expert by
+  // expert, then each slot's row read back in slot order.
+  const Tensor padded = dew::concat({rows, Tensor::zeros({1, 1, d}, rows.dtype(), x.backend_ptr())}, 1);
+  std::vector<int32_t> sorted_of_slot(static_cast<size_t>(n * k));
   std::vector<Tensor> outs;
   std::vector<double> slots(static_cast<size_t>(e_count), 0.0);
+  int32_t stacked_rows = 0;
   for (int64_t e = 0; e < e_count; ++e) {
     std::vector<int32_t> token_rows;
     for (int64_t s = 0; s < n * k; ++s)
-      if (choice[size_t(s)] == e) token_rows.push_back(int32_t(s / k)), slot_of_sorted.push_back(int32_t(s));
+      if (choice[size_t(s)] == e) {
+        sorted_of_slot[size_t(s)] = stacked_rows + int32_t(token_rows.size());
+        token_rows.push_back(int32_t(s / k));
+      }
     slots[size_t(e)] = double(token_rows.size());
     if (token_rows.empty()) continue;
+    token_rows.resize(size_t(bucketed(int64_t(token_rows.size()))), int32_t(n));
+    stacked_rows += int32_t(token_rows.size());
     const Tensor xe = dew::gather_rows(
-        rows, Tensor::from_ints(token_rows, {1, int64_t(token_rows.size())}, x.backend_ptr()));  // [1, n_e, d]
+        padded, Tensor::from_ints(token_rows, {1, int64_t(token_rows.size())}, x.backend_ptr()));  // [1, n_e+, d]
     outs.push_back(experts[size_t(e)]->forward(xe));
   }
-  std::vector<int32_t> sorted_of_slot(static_cast<size_t>(n * k));
-  for (size_t i = 0; i < slot_of_sorted.size(); ++i) sorted_of_slot[size_t(slot_of_sorted[i])] = int32_t(i);
-  const Tensor stacked = outs.size() == 1 ? outs[0] : dew::concat(outs, 1);  // [1, n k, d]
+  const Tensor stacked = outs.size() == 1 ? outs[0] : dew::concat(outs, 1);  // [1, padded rows, d]
   Tensor per_slot =
       dew::gather_rows(stacked, Tensor::from_ints(sorted_of_slot, {1, n * k}, x.backend_ptr()));  // [1, n k, d]
   if (weights.dtype() != per_slot.dtype()) weights = dew::cast(weights, per_slot.dtype());

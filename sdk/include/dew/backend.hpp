@@ -116,8 +116,8 @@ struct StridedCopyParams {
 // Rotary frequency scaling for contexts past the pretraining one (Hugging Face's rope_type): each pair's
 // frequency theta^(-2i/rotary_dim) is rescaled, the rotation itself is unchanged. linear: every
 // frequency / factor (position interpolation). llama3 (Llama 3.1+): wavelengths above
-// original_max_position / low_freq_factor / factor, below original_max_position / high_freq_factor kept,
-// a smooth blend between. yarn: NTK-by-parts, a ramp between interpolation (/ factor) and extrapolation over
+// original_max_position / low_freq_factor divided by factor, below original_max_position / high_freq_factor
+// kept, a smooth blend between. yarn: NTK-by-parts, a ramp between interpolation (/ factor) and extrapolation over
 // the pairs that turn between beta_fast and beta_slow times within original_max_position (ends rounded to
 // whole pairs when truncate). YaRN's attention factor scales the scores, not the rotation: the model sets
 // it in AttentionParams::scale (contracts::rope_frequency in dew/kernel_contracts.hpp is the one formula).
