@@ -348,7 +348,22 @@ TEST_CASE("a mixture of experts: transformers' load-balancing loss, and gradient
   CHECK(aux == doctest::Approx(r.load("aux_loss", be).to_floats()[0]).epsilon(1e-5));
   CHECK(aux >= 2.0 - 1e-6);  // top_k = 2 at perfect balance; never below
   loss.backward();
-  // Central differences in f32 on elements of a router, an expert's three projections and an attention weight.
+  // (f(p[i] + h) - f(p[i] - h)) / 2h in f32 with h = 1e-2, p[i] restored after.
+  auto central_difference = [&](Tensor p, size_t i, const auto& f) {
+    dew::NoGradGuard ng;
+    std::vector<float> v = p.to_floats();
+    const float h = 1e-2f, keep = v[i];
+    double at[2];
+    for (int side = 0; side < 2; ++side) {
+      v[i] = side == 0 ? keep + h : keep - h;
+      p.copy_(Tensor::from_vector(v, p.shape(), be));
+      at[side] = f().to_floats()[0];
+    }
+    v[i] = keep;
+    p.copy_(Tensor::from_vector(v, p.shape(), be));
+    return (at[0] - at[1]) / (2.0 * h);
+  };
+  // Elements of a router, an expert's three projections and an attention weight.
   std::map<std::string, Tensor> params;
   for (const auto& [n, t] : m->named_parameters()) params.emplace(n, t);
   for (const char* name :
@@ -358,20 +373,10 @@ TEST_CASE("a mixture of experts: transformers' load-balancing loss, and gradient
     Tensor p = params.at(name);
     REQUIRE_MESSAGE(p.grad().defined(), name);
     const std::vector<float> g = p.grad().to_floats();
-    std::vector<float> v = p.to_floats();
-    for (size_t i : {size_t(0), size_t(5), v.size() - 1}) {
-      const float h = 1e-2f, keep = v[i];
-      dew::NoGradGuard ng;
-      v[i] = keep + h;
-      p.copy_(Tensor::from_vector(v, p.shape(), be));
-      const double up = objective().to_floats()[0];
-      v[i] = keep - h;
-      p.copy_(Tensor::from_vector(v, p.shape(), be));
-      const double down = objective().to_floats()[0];
-      v[i] = keep;
-      p.copy_(Tensor::from_vector(v, p.shape(), be));
-      INFO(name, "[", i, "]: analytic ", g[i], ", central difference ", (up - down) / (2 * h));
-      CHECK(double(g[i]) == doctest::Approx((up - down) / (2 * h)).epsilon(5e-3).scale(0.1));
+    for (size_t i : {size_t(0), size_t(5), g.size() - 1}) {
+      const double fd = central_difference(p, i, objective);
+      INFO(name, "[", i, "]: analytic ", g[i], ", central difference ", fd);
+      CHECK(double(g[i]) == doctest::Approx(fd).epsilon(5e-3).scale(0.1));
     }
   }
   // The balancing loss alone reaches the routers (its gradient is ~1e-3 of the logits' above).
@@ -383,23 +388,13 @@ TEST_CASE("a mixture of experts: transformers' load-balancing loss, and gradient
   balance().backward();
   Tensor router = params.at("model.layers.1.mlp.gate.weight");
   const std::vector<float> g = router.grad().to_floats();
-  std::vector<float> v = router.to_floats();
   double largest = 0;
   for (size_t i = 0; i < g.size(); ++i) largest = std::max(largest, std::fabs(double(g[i])));
   CHECK(largest > 1e-2);
   for (size_t i : {size_t(1), size_t(64), g.size() - 2}) {
-    const float h = 1e-2f, keep = v[i];
-    dew::NoGradGuard ng;
-    v[i] = keep + h;
-    router.copy_(Tensor::from_vector(v, router.shape(), be));
-    const double up = balance().to_floats()[0];
-    v[i] = keep - h;
-    router.copy_(Tensor::from_vector(v, router.shape(), be));
-    const double down = balance().to_floats()[0];
-    v[i] = keep;
-    router.copy_(Tensor::from_vector(v, router.shape(), be));
-    INFO("balancing loss, router[", i, "]: analytic ", g[i], ", central difference ", (up - down) / (2 * h));
-    CHECK(double(g[i]) == doctest::Approx((up - down) / (2 * h)).epsilon(5e-3).scale(1e-3));
+    const double fd = central_difference(router, i, balance);
+    INFO("balancing loss, router[", i, "]: analytic ", g[i], ", central difference ", fd);
+    CHECK(double(g[i]) == doctest::Approx(fd).epsilon(5e-3).scale(1e-3));
   }
   // Recomputed blocks would drop the balancing loss's gradient: refused, with the way out.
   dew::RecomputeGuard blocks(dew::Recompute::blocks);
