@@ -374,6 +374,34 @@ TEST_CASE("dpo with the starting weights as reference: log 2 first, then the dou
   CHECK(st.back().second.item() == 1.0);
 }
 
+TEST_CASE("dpo with a mixture-of-experts policy adds the policy forward's balancing loss (not the reference's)") {
+  ref();
+  TempDir d("moe");
+  const std::string bytes = byte_folder(d.path), pairs = write_pairs(d.path, false);
+  dew::Config cfg = tiny_config(bytes, pairs);
+  cfg.set("model.moe_experts", "4");
+  cfg.set("model.moe_hidden", "8");
+  cfg.set("model.moe_aux_loss", "0.5");  // large, so the sum is plainly not the DPO loss alone
+  auto src = dew::Registry::global().create<dew::DataSource>(
+      "preference_jsonl", dew::Options({{"path", pairs}, {"tokenizer", bytes}, {"seq_len", "24"}}, "data"));
+  auto obj = build_dpo(cfg, *src);
+  perturb_policy(*obj, ref());
+  const Batch4 b = gather(*src, 4);
+  const dew::StepResult r = obj->step(b.batch(false), {1, 0, 5});
+  REQUIRE(r.device_metrics.count("aux_loss"));
+  const double aux = r.device_metrics.at("aux_loss").item(), dpo = r.metrics.at("dpo_loss");
+  CHECK(aux >= 0.5 * 2.0 - 1e-6);  // weight x top_k at perfect balance, never below
+  CHECK(r.loss.item() == doctest::Approx(dpo + aux).epsilon(1e-6));
+  // The same balancing loss by the policy's own training forward over the step's rows (chosen, then rejected).
+  dew::Model& m = *obj->main_model();
+  m.set_training(true);
+  std::vector<int32_t> ids = b.c;
+  ids.insert(ids.end(), b.r.begin(), b.r.end());
+  const Tensor all = Tensor::from_ints(ids, {8, b.n}, ref());
+  m.forward({{"tokens", dew::slice(all, 1, 0, b.n - 1)}});
+  CHECK(m.auxiliary_loss().item() == doctest::Approx(aux).epsilon(1e-6));
+}
+
 TEST_CASE("dpo with the head fused (fused_head): the unfused loss and gradients, the logits in chunks") {
   // fused_head = true: dew::linear_token_logprobs over chunks of 7 rows (fused_head_mb: 7 rows of 256 f32 logits), for
   // the policy (its backward computes each chunk's logits again) and the reference; false: the model's logits and

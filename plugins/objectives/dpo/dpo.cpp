@@ -22,6 +22,8 @@
 // first step's d with that reference). Metrics (training and validation): loss, dpo_loss, reward_accuracy (the share of
 // pairs with r_w > r_l; ties count as wrong), reward_margin (mean r_w - r_l), chosen_reward, rejected_reward (means),
 // and sft_nll when sft_weight > 0. The primary metric is reward_accuracy (higher is better).
+// A policy with its own training loss (Model::auxiliary_loss(): a mixture of experts' load balancing) adds it to
+// the step's loss, logged as aux_loss.
 // Options ([objective]): beta (0.1), sft_weight (0; 1 under orpo), loss (sigmoid | hinge | ipo | simpo | orpo),
 // simpo_gamma (0.5), label_smoothing (0), reference (auto | copy: the copy even where the adapters-off
 // policy would serve), vocab_size (0: from the tokenizer's meta.json, the
@@ -116,7 +118,8 @@ class Dpo final : public dew::Objective {
     freeze_reference();
     Parts p = forward(batch);
     dew::StepResult r;
-    r.loss = p.loss;
+    r.loss = p.aux.defined() ? dew::add(p.loss, dew::reshape(p.aux, p.loss.shape())) : p.loss;
+    if (p.aux.defined()) r.device_metrics["aux_loss"] = dew::reshape(p.aux.detach(), {1});
     r.metrics = p.metrics;
     r.samples = p.rows;
     r.tokens = p.tokens;
@@ -222,6 +225,7 @@ class Dpo final : public dew::Objective {
 
   struct Parts {
     Tensor loss;
+    Tensor aux;  // the policy forward's own loss (a mixture of experts' load balancing), undefined when none
     std::map<std::string, double> metrics;
     int64_t rows = 0, tokens = 0;
     double chosen_tokens = 0;  // the chosen responses' scored tokens (sft_nll's denominator)
@@ -328,6 +332,7 @@ class Dpo final : public dew::Objective {
     // One forward over both: rows [0, b) chosen, [b, 2b) rejected.
     const Tensor ids = dew::concat({chosen, rejected}, 0), masks = dew::concat({cmask, rmask}, 0);
     const Tensor logp = sequence_logp(*model_, ids, masks);
+    const Tensor aux = model_->auxiliary_loss();  // read before a reference pass makes its own forward
     const Tensor pc = dew::slice(logp, 0, 0, b), pr = dew::slice(logp, 0, b, 2 * b);
     Tensor rc, rr;  // the reference's log-probabilities (none for SimPO)
     const Reference kind = reference_kind();
@@ -406,6 +411,7 @@ class Dpo final : public dew::Objective {
     Parts p;
     p.rows = b;
     p.loss = dpo;
+    p.aux = aux;
     p.tokens = int64_t(all_tokens);
     p.chosen_tokens = chosen_tokens;
     if (sft_weight_ > 0) {

@@ -32,8 +32,8 @@ class Model : public nn::Module {
   // The model's hyper-parameters as key/value pairs (written as config.json on export).
   virtual std::map<std::string, std::string> describe() const { return {}; }
   // A loss of the model's own from its last training forward, already weighted (a mixture of experts' load
-  // balancing), that the objective adds to its loss (the lm objective logs it as aux_loss); undefined when there is
-  // none.
+  // balancing), that the objective adds to its loss (lm and dpo do, logging it as aux_loss); undefined when there is
+  // none. A later forward of the same model (an evaluation-mode reference pass) replaces it.
   virtual Tensor auxiliary_loss() const { return Tensor(); }
 
   // The key of the training randomness of the next forward passes (dropout masks, nn::RandomKey in dew/nn.hpp): the
