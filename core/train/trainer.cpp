@@ -587,10 +587,10 @@ UpdateResult Trainer::one_update() {
     {
       AutocastGuard autocast(compute_dtype(run_.precision));  // the forward and the loss (dew/autocast.hpp)
       MaxLogitRecorder::Scope record_max_logits(qk_clip_->recorder());  // null (nothing recorded) unless muonclip
-      // The main model's dropout key (LoRA dropout, a backbone's own): the run seed and this micro-batch.
-      if (Model* m = run_.objective->main_model())
-        m->set_random_key({run_.seed & 0x7fffffffu, uint64_t(st_.updates * 1024 + micro) & 0x7fffffffu});
-      r = run_.objective->step(batch, StepInfo{st_.updates, micro, run_.seed, position});
+      const StepInfo info{st_.updates, micro, run_.seed, position};
+      // The main model's dropout key (a backbone's dropout, LoRA's): the run seed and this micro-batch.
+      if (Model* m = run_.objective->main_model()) m->set_random_key(info.random_key());
+      r = run_.objective->step(batch, info);
     }
     u.samples += r.samples;
     for (const auto& [k, v] : r.metrics) u.metrics[k] += v / double(accum);

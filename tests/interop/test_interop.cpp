@@ -103,6 +103,10 @@ std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
   return b;
 }
 
+// Every decoder folder make_fixtures.py writes: each imports, runs and round-trips in the tests below.
+constexpr const char* kDecoderFixtures[] = {"llama",      "qwen3",  "qwen2",  "mistral",  "llama31",
+                                            "qwen2-yarn", "gemma2", "gemma3", "qwen3-moe"};
+
 // Builds the [model] of a fixture's config.json (with `model_overrides` on top) and loads its weights on `be`.
 std::shared_ptr<dew::Model> load_fixture(const std::string& name, const dew::BackendPtr& be,
                                          const std::map<std::string, std::string>& model_overrides = {}) {
@@ -309,8 +313,7 @@ TEST_CASE(
     "(sliding window, F16), llama31 (llama3 rotary scaling), qwen2-yarn (yarn), gemma2 (sandwich norms, softcaps), "
     "gemma3 (qk-norm, local rotary base, linear scaling), qwen3-moe (4 experts, top 2) match the PyTorch reference "
     "within 1e-4") {
-  for (const char* name :
-       {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3", "qwen3-moe"}) {
+  for (const char* name : kDecoderFixtures) {
     SUBCASE(name) { check_fixture_logits(name, ref()); }
   }
 }
@@ -319,9 +322,7 @@ TEST_CASE("import on the cpu backend (when built) matches the reference within 1
   ref();
   if (!dew::Registry::global().contains("backend", "cpu")) return;
   auto cpu = dew::create_backend("cpu");
-  for (const char* name :
-       {"llama", "qwen3", "qwen2", "mistral", "llama31", "qwen2-yarn", "gemma2", "gemma3", "qwen3-moe"})
-    check_fixture_logits(name, cpu);
+  for (const char* name : kDecoderFixtures) check_fixture_logits(name, cpu);
   ref();
 }
 
@@ -432,8 +433,7 @@ TEST_CASE("the rotary-scaling fixtures depend on their scaling: unscaled, or ano
 TEST_CASE("import -> run directory -> export --format hf -> import is lossless") {
   auto be = ref();
   const fs::path d = tmpdir("roundtrip");
-  for (const char* name :
-       {"qwen3", "llama", "mistral", "qwen2", "llama31", "qwen2-yarn", "gemma2", "gemma3", "qwen3-moe"}) {
+  for (const char* name : kDecoderFixtures) {
     const fs::path run = d / (std::string(name) + "_run"), out = d / (std::string(name) + "_hf"),
                    again = d / (std::string(name) + "_again");
     dew::ImportOptions o;

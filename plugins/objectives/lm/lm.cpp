@@ -128,8 +128,6 @@ class LanguageModel final : public dew::Objective {
     if (has_meta_)
       DEW_USAGE_CHECK(vocab_ >= meta_.vocab_size, "lm: model.vocab_size = ", vocab_,
                       " is smaller than the tokenizer's ", meta_.vocab_size, " (", dir, "/meta.json)");
-    auto d = model.values().find("dropout");
-    dropout_ = d != model.values().end() && std::atof(d->second.c_str()) > 0;
   }
 
   std::vector<std::string> batch_fields() const override { return {"text"}; }
@@ -145,8 +143,7 @@ class LanguageModel final : public dew::Objective {
     const Tensor text = text_of(batch);
     const int64_t b = text.shape()[0], s = text.shape()[1] - 1;
     const dew::Batch in = model_inputs(batch, text);
-    if (dropout_)
-      model_->set_random_key({info.seed & 0x7fffffffu, uint64_t(info.step * 1024 + info.micro) & 0x7fffffffu});
+    model_->set_random_key(info.random_key());  // as the trainer sets it: the same key when step() is called alone
     Tensor mask;  // f32 [b * s], 1 where a target counts (chat data: the assistant tokens)
     const Tensor targets = masked_targets(batch, text, mask);
     Tensor predictions;
@@ -468,7 +465,7 @@ class LanguageModel final : public dew::Objective {
   dew::LinearHeadModel* head_model_ = nullptr;  // the model's hidden states and head, when it has them
   std::shared_ptr<dew::Tokenizer> tokenizer_;
   dew::TokenMeta meta_;
-  bool has_meta_ = false, dropout_ = false;
+  bool has_meta_ = false;
   dew::BackendPtr backend_;
   uint64_t seed_ = 0;
   int64_t pad_id_ = -1, vocab_size_ = 0, vocab_ = 0, seq_len_ = 0, sample_tokens_ = 200, sample_top_k_ = 0,

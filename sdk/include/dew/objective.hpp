@@ -37,6 +37,9 @@ struct StepInfo {
   // The global stream index of this rank's first row of the batch (row j is position + j; see
   // dew/data.hpp), for randomness keyed by the record position (JEPA masks); -1 when unknown.
   int64_t position = -1;
+  // The dropout key of this micro-batch's forwards (Model::random_key()): the seed and update * 1024 + micro, 31 bits
+  // each. The trainer sets it on the main model before every step.
+  nn::RandomKey random_key() const { return {seed & 0x7fffffffu, uint64_t(step * 1024 + micro) & 0x7fffffffu}; }
 };
 
 struct StepResult {
