@@ -11,11 +11,12 @@
 // trainer computes it when clip_grad_norm > 0). `--warmup` (3) untimed steps, then `--steps` (10) timed
 // ones; ms_per_step and tokens_per_sec are over the mean step (as the peer's), ms_per_step_median too.
 // FLOPs per step (the peer's formula): 6 * N_mm * B * T + 12 * L * d * T^2 * B, N_mm = every matmul weight
-// with the tied head counted once. mfu = achieved / dew::measure_matmul_peak_gflops in the step's operand dtype
-// (the trainer's MFU: 512^3 on a CPU, 8192^3 on a device, through dew::matmul at the same thread count);
-// mfu_onednn = achieved / the best rate oneDNN reaches when called directly on the step's own product shapes
-// at the same thread count and precision; on a device backend mfu_device instead, the best of dew::matmul on
-// it at those shapes and 8192^3 (measured on this machine, every run: no chip's peak is written in).
+// with the tied head counted once (a mixture's experts weighed by moe_top_k / moe_experts). mfu = achieved /
+// dew::measure_matmul_peak_gflops in the step's operand dtype (the trainer's MFU: 512^3 on a CPU, 8192^3 on a device,
+// through dew::matmul at the same thread count); mfu_onednn = achieved / the best rate oneDNN reaches when called
+// directly on the step's own product shapes at the same thread count and precision; on a device backend mfu_device
+// instead, the best of dew::matmul on it at those shapes and 8192^3 (measured on this machine, every run: no chip's
+// peak is written in).
 // --profile (train and dew-bench train --config dit): the kernels of the timed steps (profile_report), then each
 // product shape run alone, operands hot, beside its time in the step (profile_products_alone, main.cpp).
 //
@@ -105,6 +106,7 @@ struct Built {
   dew::BackendPtr backend;
   std::shared_ptr<dew::Objective> objective;
   int64_t batch = 0, seq_len = 0, vocab = 0, dim = 0, layers = 0;
+  double expert_share = 1.0;  // a mixture of experts ([model] moe_experts): moe_top_k / moe_experts of them run
 };
 
 Built build(const LmOptions& lo, const BenchOptions& opt) {
@@ -131,17 +133,22 @@ Built build(const LmOptions& lo, const BenchOptions& opt) {
   b.vocab = std::atoll(mv.at("vocab_size").c_str());
   b.dim = mv.count("dim") ? std::atoll(mv.at("dim").c_str()) : 512;
   b.layers = mv.count("n_layers") ? std::atoll(mv.at("n_layers").c_str()) : 8;
+  const int64_t experts = mv.count("moe_experts") ? std::atoll(mv.at("moe_experts").c_str()) : 0;
+  if (experts > 0)
+    b.expert_share = double(mv.count("moe_top_k") ? std::atoll(mv.at("moe_top_k").c_str()) : 2) / double(experts);
   return b;
 }
 
 // N_mm of the peer: every matrix used in a matmul (2-D parameters), the token embedding counted once as
-// the head when tied (it is the head), never as a lookup.
-double matmul_params(const dew::NamedTensors& params, int64_t vocab, int64_t dim) {
+// the head when tied (it is the head), never as a lookup; a mixture's experts by the share of them a token runs
+// (expert_share), as the model's own FLOP count weighs them.
+double matmul_params(const dew::NamedTensors& params, int64_t vocab, int64_t dim, double expert_share) {
   double n = 0;
   bool untied = false;
   for (const auto& [name, p] : params) {
     if (name == "lm_head.weight") untied = true;
-    if (p.ndim() == 2 && name != "model.embed_tokens.weight") n += double(p.numel());
+    if (p.ndim() == 2 && name != "model.embed_tokens.weight")
+      n += double(p.numel()) * (name.find(".mlp.experts.") != std::string::npos ? expert_share : 1.0);
   }
   if (!untied) n += double(vocab * dim);
   return n;
@@ -241,7 +248,7 @@ TrainFigures measure_train(const LmOptions& lo, const BenchOptions& opt) {
   TrainFigures f;
   f.label = config_label(lo.config);
   for (const auto& [k, p] : params) f.n_params += p.numel();
-  f.n_mm = matmul_params(params, b.vocab, b.dim);
+  f.n_mm = matmul_params(params, b.vocab, b.dim, b.expert_share);
   f.matmul_weights = matmul_weights(params, b.vocab, b.dim);
   const double tokens = double(b.batch * b.seq_len);
   f.attn_flops = 12.0 * double(b.layers) * double(b.dim) * double(b.seq_len) * double(b.seq_len) * double(b.batch);
@@ -375,7 +382,7 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   double dsum = 0;
   for (double t : dec) dsum += t;
   profile_report(b.backend, int(dec.size()) * int(N - 1), dsum / double(dec.size()) / double(N - 1) * 1e3);
-  const double n_mm = matmul_params(params, b.vocab, b.dim);
+  const double n_mm = matmul_params(params, b.vocab, b.dim, b.expert_share);
   double dec_flops = 0;
   for (int64_t pos = P; pos < P + N - 1; ++pos)
     dec_flops += 2 * n_mm + 4.0 * double(b.layers * b.dim) * double(pos + 1);
