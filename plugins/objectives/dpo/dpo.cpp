@@ -43,6 +43,7 @@
 #include <dew/model.hpp>
 #include <dew/objective.hpp>
 #include <dew/ops.hpp>
+#include <dew/reference_policy.hpp>
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
 #include <filesystem>
@@ -82,32 +83,21 @@ class Dpo final : public dew::Objective {
                         "' field (use source = preference_jsonl)");
       if (!model.has("max_seq_len")) model.set("max_seq_len", std::to_string(r.at("chosen").shape[0] - 1));
     }
-    model_options_ = model;
     model_ = dew::create_model(model);
     model_->initialize(ctx.seed);
-    if (!reference_free()) {
-      reference_ = dew::create_model(model);  // overwritten by the starting weights at the first step
-      reference_->initialize(ctx.seed);
-      reference_->set_training(false);
-    }
+    if (!reference_free())
+      reference_ = std::make_unique<dew::ReferencePolicy>(*model_, model, reference_mode_, ctx.seed);
     DEW_USAGE_CHECK(fused_head_ != "true" || dynamic_cast<dew::LinearHeadModel*>(model_.get()),
                     "dpo: fused_head = true needs a model with a linear head (dew::LinearHeadModel); model '",
                     model.get_string("plugin", ""), "' has none");
     vocab_ = std::atoll(model.values().at("vocab_size").c_str());
-    reference_ready_ = Tensor::full({1}, 0.0, dew::DType::f32, backend_);
   }
 
   std::vector<std::string> batch_fields() const override {
     return {"chosen", "rejected", "chosen_mask", "rejected_mask"};
   }
   dew::NamedTensors parameters() override { return model_->named_parameters(); }
-  dew::NamedTensors state() override {
-    dew::NamedTensors s;
-    if (reference_kind() == Reference::copy)
-      for (auto& [n, t] : reference_->named_parameters()) s.emplace_back("reference." + n, t);
-    s.emplace_back("reference_ready", reference_ready_);
-    return s;
-  }
+  dew::NamedTensors state() override { return reference_ ? reference_->state() : dew::NamedTensors{}; }
   dew::Model* main_model() override { return model_.get(); }
   std::shared_ptr<const dew::Tokenizer> tokenizer() const override { return tokenizer_; }
   std::string primary_metric() const override { return "reward_accuracy"; }
@@ -115,7 +105,7 @@ class Dpo final : public dew::Objective {
 
   dew::StepResult step(const dew::Batch& batch, const dew::StepInfo&) override {
     model_->set_training(true);
-    freeze_reference();
+    if (reference_) reference_->freeze();
     Parts p = forward(batch);
     dew::StepResult r;
     r.loss = p.aux.defined() ? dew::add(p.loss, dew::reshape(p.aux, p.loss.shape())) : p.loss;
@@ -130,7 +120,7 @@ class Dpo final : public dew::Objective {
     dew::NoGradGuard no_grad;
     const bool was = model_->training();
     model_->set_training(false);
-    freeze_reference();
+    if (reference_) reference_->freeze();
     // Sums over this rank's pairs (every key on every rank): the pair means' sums, and sft_nll's over the
     // chosen tokens (it is a token mean), so the metrics do not depend on how the split is batched or sharded.
     std::map<std::string, double> sums;
@@ -189,36 +179,10 @@ class Dpo final : public dew::Objective {
   // Inference folds the adapters into the policy, which then is no longer the base: the reference becomes a copy of
   // the base weights (every parameter but the adapters) before that.
   void before_adapters_merged() override {
-    if (reference_kind() != Reference::base) return;
-    dew::NoGradGuard no_grad;
-    reference_ = dew::create_model(model_options_);
-    reference_->initialize(0);  // as build() makes one; every parameter is overwritten below
-    reference_->set_training(false);
-    copy_policy_into_reference();
-    base_copied_ = true;
+    if (reference_) reference_->before_adapters_merged();
   }
 
   bool reference_free() const { return loss_type_ == "simpo" || loss_type_ == "orpo"; }
-  // What the reference pass runs: nothing (SimPO, ORPO), the policy with its adapters off, or the copy.
-  enum class Reference { none, base, copy };
-  Reference reference_kind() {
-    if (reference_free()) return Reference::none;
-    return reference_is_base() ? Reference::base : Reference::copy;
-  }
-  // Whether the reference is the policy with its adapters off: reference = auto, LoRA adapters attached
-  // (prepare_fine_tuning runs after build()) and nothing else trained, so the frozen base is the starting weights.
-  // Then the copy made at build() is dropped (its memory is the point).
-  bool reference_is_base() {
-    if (reference_mode_ != "auto" || base_copied_) return false;
-    bool adapters = false;
-    for (const auto& [n, t] : model_->named_parameters()) {
-      const bool lora = dew::is_lora_parameter(n);
-      if (t.requires_grad() && !lora) return false;
-      adapters = adapters || lora;
-    }
-    if (adapters) reference_.reset();
-    return adapters;
-  }
 
   static constexpr const char* kPairMeans[] = {"dpo_loss", "reward_accuracy", "reward_margin", "chosen_reward",
                                                "rejected_reward"};
@@ -256,27 +220,6 @@ class Dpo final : public dew::Objective {
     DEW_USAGE_CHECK(fused_head_mb_ > 0, "option 'objective.fused_head_mb' must be > 0, got ", fused_head_mb_);
     DEW_USAGE_CHECK(beta_ > 0 && std::isfinite(beta_), "option 'objective.beta' must be positive, got ", beta_);
     DEW_USAGE_CHECK(sft_weight_ >= 0, "option 'objective.sft_weight' must be >= 0, got ", sft_weight_);
-  }
-
-  // The reference's parameters := the policy's of the same names (the adapters, which the reference lacks, aside).
-  void copy_policy_into_reference() {
-    dew::NoGradGuard no_grad;
-    std::map<std::string, Tensor> src;
-    for (auto& [n, t] : model_->named_parameters()) src.emplace(n, t);
-    for (auto& [n, t] : reference_->named_parameters()) {
-      auto it = src.find(n);
-      DEW_INTERNAL_ASSERT(it != src.end());
-      t.copy_(it->second);
-    }
-  }
-
-  // The reference = the starting weights: copied once, before the first update (and never again: the
-  // flag travels in checkpoints with the copy). By name: a policy with LoRA adapters ([lora]) and reference = copy
-  // has the reference's parameters and its adapters, whose B = 0 leaves the policy equal to the reference then.
-  void freeze_reference() {
-    if (reference_ready_.item() != 0.0) return;
-    if (reference_kind() == Reference::copy) copy_policy_into_reference();
-    reference_ready_.copy_(Tensor::full({1}, 1.0, dew::DType::f32, backend_));
   }
 
   // Summed log-probabilities of the masked targets: ids, mask [R, S + 1] -> [R]. Per token the cross-entropy
@@ -334,26 +277,17 @@ class Dpo final : public dew::Objective {
     const Tensor logp = sequence_logp(*model_, ids, masks);
     const Tensor aux = model_->auxiliary_loss();  // read before a reference pass makes its own forward
     const Tensor pc = dew::slice(logp, 0, 0, b), pr = dew::slice(logp, 0, b, 2 * b);
-    Tensor rc, rr;  // the reference's log-probabilities (none for SimPO)
-    const Reference kind = reference_kind();
-    if (kind == Reference::none) {
+    Tensor rc, rr;  // the reference's log-probabilities (none for SimPO, ORPO)
+    if (!reference_) {
     } else if (batch.count("ref_chosen_logp") && batch.count("ref_rejected_logp")) {
       rc = dew::reshape(dew::cast(batch.at("ref_chosen_logp"), dew::DType::f32), {b});
       rr = dew::reshape(dew::cast(batch.at("ref_rejected_logp"), dew::DType::f32), {b});
-    } else if (kind == Reference::base) {  // the policy with its adapters off, in evaluation mode as the copy would be
-      dew::NoGradGuard no_grad;
-      dew::nn::LoraAdaptersOff base;
-      const bool was = model_->training();
-      model_->set_training(false);
-      const Tensor ref = sequence_logp(*model_, ids, masks);
-      model_->set_training(was);
-      rc = dew::slice(ref, 0, 0, b);
-      rr = dew::slice(ref, 0, b, 2 * b);
     } else {
-      dew::NoGradGuard no_grad;
-      const Tensor ref = sequence_logp(*reference_, ids, masks);
-      rc = dew::slice(ref, 0, 0, b);
-      rr = dew::slice(ref, 0, b, 2 * b);
+      reference_->run([&](dew::Model& m) {
+        const Tensor ref = sequence_logp(m, ids, masks);
+        rc = dew::slice(ref, 0, 0, b);
+        rr = dew::slice(ref, 0, b, 2 * b);
+      });
     }
     const std::vector<int32_t> cm = cmask.to_ints(), rm = rmask.to_ints();
     const int64_t s = chosen.shape()[1] - 1;
@@ -436,16 +370,14 @@ class Dpo final : public dew::Objective {
     return p;
   }
 
-  std::shared_ptr<dew::Model> model_, reference_;
+  std::shared_ptr<dew::Model> model_;
+  std::unique_ptr<dew::ReferencePolicy> reference_;  // null for the reference-free losses
   std::shared_ptr<dew::Tokenizer> tokenizer_;
-  Tensor reference_ready_;
   dew::BackendPtr backend_;
   double beta_ = 0.1, sft_weight_ = 0.0, fused_head_mb_ = 256.0;
   int64_t vocab_size_ = 0, vocab_ = 0;
   std::string fused_head_ = "auto", reference_mode_ = "auto", loss_type_ = "sigmoid";
   double simpo_gamma_ = 0.5, label_smoothing_ = 0.0;
-  dew::Options model_options_;  // [model], for a reference copy made after build()
-  bool base_copied_ = false;    // before_adapters_merged() made the copy: the adapters-off policy is gone
 };
 
 }  // namespace
