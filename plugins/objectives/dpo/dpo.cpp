@@ -43,7 +43,7 @@
 #include <dew/model.hpp>
 #include <dew/objective.hpp>
 #include <dew/ops.hpp>
-#include <dew/reference_policy.hpp>
+#include <dew/policy.hpp>
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
 #include <filesystem>
@@ -222,41 +222,15 @@ class Dpo final : public dew::Objective {
     DEW_USAGE_CHECK(sft_weight_ >= 0, "option 'objective.sft_weight' must be >= 0, got ", sft_weight_);
   }
 
-  // Summed log-probabilities of the masked targets: ids, mask [R, S + 1] -> [R]. Per token the cross-entropy
-  // kernel's row (dew::token_logprobs), targets outside the mask ignored (0): no [R*S, V] log-softmax or one-hot.
-  // With fused_head (a dew::LinearHeadModel, the rows' f32 logits past fused_head_mb, or fused_head = true) the head
-  // is fused: dew::linear_token_logprobs over chunks, the logits never whole (their backward computes them again).
+  // Summed log-probabilities of the masked targets: ids, mask [R, S + 1] -> [R] (dew/policy.hpp's per-token ones).
   Tensor sequence_logp(dew::Model& m, const Tensor& ids, const Tensor& mask) const {
-    const int64_t rows = ids.shape()[0], s = ids.shape()[1] - 1;
-    const dew::Batch inputs{{"tokens", dew::slice(ids, 1, 0, s)}};
-    std::vector<int32_t> targets = dew::slice(ids, 1, 1, s + 1).to_ints();
-    const std::vector<int32_t> in_mask = dew::cast(dew::slice(mask, 1, 1, s + 1), dew::DType::i32).to_ints();
-    for (size_t i = 0; i < targets.size(); ++i) {
-      DEW_CHECK(targets[i] >= 0 && targets[i] < vocab_, "dpo: token id ", targets[i], " is outside the vocabulary");
-      if (in_mask[i] == 0) targets[i] = kOutsideMask;
-    }
-    const Tensor t = Tensor::from_ints(targets, {rows * s}, backend_);
-    Tensor logp;
-    auto* head = dynamic_cast<dew::LinearHeadModel*>(&m);
-    if (head && fused_head_ != "false" &&
-        (fused_head_ == "true" || 4.0 * double(rows * s) * double(vocab_) > fused_head_mb_ * 1048576.0)) {
-      const dew::HiddenAndHead o = head->forward_rows(inputs, rows * s, vocab_);
-      dew::LinearCrossEntropyOptions lo;
-      lo.ignore_index = kOutsideMask;
-      lo.softcap = o.softcap;
-      lo.chunk_mb = fused_head_mb_;
-      logp = dew::linear_token_logprobs(o.hidden, o.weight, t, lo);
-    } else {
-      Tensor logits = m.forward(inputs);
-      DEW_CHECK(logits.ndim() == 3 && logits.shape()[2] == vocab_, "dpo: the model returned logits ",
-                dew::shape_str(logits.shape()), "; expected [R, S, ", vocab_, "]");
-      logits = dew::reshape(logits, {rows * s, vocab_});
-      if (logits.dtype() != dew::DType::f32) logits = dew::cast(logits, dew::DType::f32);
-      logp = dew::token_logprobs(logits, t, kOutsideMask);
-    }
-    return dew::sum(dew::reshape(logp, {rows, s}), 1);
+    dew::ResponseLogprobOptions o;
+    o.vocab = vocab_;
+    o.fused_head = fused_head_;
+    o.fused_head_mb = fused_head_mb_;
+    o.who = "dpo";
+    return dew::sum(dew::response_token_logprobs(m, ids, mask, o), 1);
   }
-  static constexpr int32_t kOutsideMask = -1;  // the ignored target of a token outside the response mask
 
   Tensor field(const dew::Batch& b, const char* name) const {
     auto it = b.find(name);

@@ -1,15 +1,58 @@
-// core/train/reference_policy.cpp — dew::ReferencePolicy (dew/reference_policy.hpp): the starting weights as a frozen
-// copy or as the LoRA policy's base, for the dpo and grpo objectives.
-#include "dew/reference_policy.hpp"
+// core/train/policy.cpp — dew/policy.hpp: responses' per-token log-probabilities, and dew::ReferencePolicy (the
+// starting weights as a frozen copy or as the LoRA policy's base), for the dpo and grpo objectives.
+#include "dew/policy.hpp"
 
 #include <map>
+#include <vector>
 
 #include "dew/autograd.hpp"
 #include "dew/error.hpp"
 #include "dew/lora.hpp"
 #include "dew/nn.hpp"
+#include "dew/ops.hpp"
 
 namespace dew {
+
+namespace {
+constexpr int32_t kOutsideMask = -1;  // the ignored target of a position outside the mask
+}  // namespace
+
+Tensor response_token_logprobs(Model& m, const Tensor& ids, const Tensor& mask, const ResponseLogprobOptions& o) {
+  DEW_CHECK(ids.ndim() == 2 && ids.shape() == mask.shape() && ids.shape()[1] >= 2, o.who,
+            ": response ids and mask must be [R, S + 1] with S >= 1, got ", shape_str(ids.shape()), " and ",
+            shape_str(mask.shape()));
+  const int64_t rows = ids.shape()[0], s = ids.shape()[1] - 1;
+  const BackendPtr& backend = default_backend();
+  const Tensor ids32 = ids.dtype() == DType::i32 ? ids : cast(ids, DType::i32);
+  const Batch inputs{{"tokens", slice(ids32, 1, 0, s)}};
+  std::vector<int32_t> targets = slice(ids32, 1, 1, s + 1).to_ints();
+  const std::vector<int32_t> in_mask = cast(slice(mask, 1, 1, s + 1), DType::i32).to_ints();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    DEW_CHECK(targets[i] >= 0 && targets[i] < o.vocab, o.who, ": token id ", targets[i],
+              " is outside the vocabulary [0, ", o.vocab, ")");
+    if (in_mask[i] == 0) targets[i] = kOutsideMask;
+  }
+  const Tensor t = Tensor::from_ints(targets, {rows * s}, backend);
+  Tensor logp;
+  auto* head = dynamic_cast<LinearHeadModel*>(&m);
+  if (head && o.fused_head != "false" &&
+      (o.fused_head == "true" || 4.0 * double(rows * s) * double(o.vocab) > o.fused_head_mb * 1048576.0)) {
+    const HiddenAndHead h = head->forward_rows(inputs, rows * s, o.vocab);
+    LinearCrossEntropyOptions lo;
+    lo.ignore_index = kOutsideMask;
+    lo.softcap = h.softcap;
+    lo.chunk_mb = o.fused_head_mb;
+    logp = linear_token_logprobs(h.hidden, h.weight, t, lo);
+  } else {
+    Tensor logits = m.forward(inputs);
+    DEW_CHECK(logits.ndim() == 3 && logits.shape()[2] == o.vocab, o.who, ": the model returned logits ",
+              shape_str(logits.shape()), "; expected [R, S, ", o.vocab, "]");
+    logits = reshape(logits, {rows * s, o.vocab});
+    if (logits.dtype() != DType::f32) logits = cast(logits, DType::f32);
+    logp = token_logprobs(logits, t, kOutsideMask);
+  }
+  return reshape(logp, {rows, s});
+}
 
 ReferencePolicy::ReferencePolicy(Model& policy, const Options& model_options, const std::string& mode, uint64_t seed,
                                  const char* option)

@@ -1,7 +1,13 @@
-// dew/reference_policy.hpp — the frozen reference policy of preference and RL objectives (dpo's implicit reward,
-// grpo's KL penalty): the starting weights of the policy being trained.
+// dew/policy.hpp — what the preference and RL objectives (dpo, grpo) share about a causal policy: the per-token
+// log-probabilities of responses, and the frozen reference policy (dpo's implicit reward, grpo's KL penalty).
 //
-// Two forms, chosen at the first use (after the trainer attached any LoRA adapters):
+// response_token_logprobs(): log pi(ids[r, j + 1] | ids[r, :j + 1]) for the positions a mask marks, 0 elsewhere —
+// the cross-entropy kernel's rows (dew::token_logprobs: no [rows, V] log-softmax or one-hot), or with a
+// dew::LinearHeadModel whose f32 logits would pass fused_head_mb (or fused_head = "true") dew::linear_token_logprobs,
+// the head in chunks, the logits never whole (its backward computes each chunk's logits again).
+//
+// ReferencePolicy: the starting weights of the policy being trained, in two forms, chosen at the first use (after the
+// trainer attached any LoRA adapters):
 //  * base: `mode` auto, LoRA adapters attached and nothing but adapters trained — the policy's frozen base *is* the
 //    starting weights, so the reference pass runs the policy itself with its adapters off (dew::nn::LoraAdaptersOff,
 //    as TRL with PEFT) and in evaluation mode; no copy is kept (the copy made at construction is dropped).
@@ -21,6 +27,15 @@
 #include "dew/tensor.hpp"
 
 namespace dew {
+
+struct ResponseLogprobOptions {
+  int64_t vocab = 0;                // the logits' width (token ids outside [0, vocab) are refused)
+  std::string fused_head = "auto";  // auto | true | false
+  double fused_head_mb = 256.0;     // MiB of f32 logits past which auto fuses the head, and per chunk
+  const char* who = "policy";       // names the caller in errors
+};
+// ids, mask [R, S + 1] (i32; mask 1 on the scored targets) -> f32 [R, S], differentiable through the model.
+Tensor response_token_logprobs(Model& model, const Tensor& ids, const Tensor& mask, const ResponseLogprobOptions& o);
 
 class ReferencePolicy {
  public:
