@@ -30,7 +30,13 @@ std::shared_ptr<spdlog::logger> make_run_logger(const std::string& run_dir, bool
 struct MetricsLine {
   int64_t step = 0;
   std::vector<std::pair<std::string, double>> values;
-  void add(const std::string& key, double value) { values.emplace_back(key, value); }
+  // A key already on the line keeps its value: the trainer's fields (loss, lr, ...) come first, and an objective's
+  // metric of the same name does not write a second, different value under it.
+  void add(const std::string& key, double value) {
+    for (const auto& [k, v] : values)
+      if (k == key) return;
+    values.emplace_back(key, value);
+  }
 };
 
 // Receives every line written to metrics.jsonl (a TensorBoard writer, a live report): rank 0 only.

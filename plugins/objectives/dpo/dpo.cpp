@@ -335,7 +335,6 @@ class Dpo final : public dew::Objective {
       mw += w[size_t(r)];
       ml += l[size_t(r)];
     }
-    p.metrics["loss"] = p.loss.item();
     p.metrics["dpo_loss"] = dpo.item();
     p.metrics["reward_accuracy"] = acc / double(b);
     p.metrics["reward_margin"] = margin / double(b);

@@ -19,8 +19,8 @@
 //     max_completion_length) (Dr. GRPO's constant). mask_truncated_completions drops completions cut at the length
 //     limit from the loss (DAPO). The reference (beta > 0) is dew::ReferencePolicy: the starting weights, a copy or a
 //     LoRA policy's adapters-off base. A policy's own training loss (Model::auxiliary_loss) joins the step's loss.
-// Metrics: loss, reward, reward_std (the groups' mean std), reward_<function> (its mean over what it scored),
-// completion_length (scored tokens, EOS included), clipped_ratio (completions cut at the length limit),
+// Metrics (beside the trainer's loss): reward, reward_std (the groups' mean std), reward_<function> (its mean over what
+// it scored), completion_length (scored tokens, EOS included), clipped_ratio (completions cut at the length limit),
 // frac_reward_zero_std (groups whose rewards are all equal: no gradient from them), kl (beta > 0, per token).
 // Validation generates G completions per prompt of the split (keyed by the record's place in it) and reports their
 // means; the primary metric is `reward` (higher is better).
@@ -443,7 +443,6 @@ class Grpo final : public dew::Objective {
       zero_std += sd == 0.0;
       mean_std += sd / double(group_std.size());
     }
-    metrics["loss"] = loss.item();
     metrics["reward_std"] = mean_std;
     metrics["frac_reward_zero_std"] = zero_std / double(group_std.size());
     tokens = total;
