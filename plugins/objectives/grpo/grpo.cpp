@@ -23,14 +23,17 @@
 // it scored), completion_length (scored tokens, EOS included), clipped_ratio (completions cut at the length limit),
 // frac_reward_zero_std (groups whose rewards are all equal: no gradient from them), kl (beta > 0, per token).
 // Validation generates G completions per prompt of the split (keyed by the record's place in it) and reports their
-// means; the primary metric is `reward` (higher is better).
-// Options ([objective]): rewards (required: comma list of reward names), reward_weights (1 each), num_generations
-// (8), max_completion_length (64), temperature (1), top_p (1), top_k (0), min_p (0), repetition_penalty (1),
-// generation_slots (64: sequences decoded together), loss_type (bnpo | grpo | dr_grpo; bnpo), scale_rewards (group |
-// batch | none), beta (0), reference (auto | copy), mask_truncated_completions (false), vocab_size, fused_head,
-// fused_head_mb (as dpo's). Reward functions read their options from [reward].
+// means; the primary metric is `reward` (higher is better). The completions of the first log_completions prompts (rank
+// 0's) go into the artifact completions-step-<step>.jsonl (<run-dir>/samples/): prompt, answer, completion (text;
+// bytes that are not UTF-8 replaced), tokens, finish_reason, reward and each function's score (null: not scored), one
+// completion a line. Options ([objective]): rewards (required: comma list of reward names), reward_weights (1 each),
+// num_generations (8), max_completion_length (64), temperature (1), top_p (1), top_k (0), min_p (0), repetition_penalty
+// (1), generation_slots (64: sequences decoded together), log_completions (4), loss_type (bnpo | grpo | dr_grpo; bnpo),
+// scale_rewards (group | batch | none), beta (0), reference (auto | copy), mask_truncated_completions (false),
+// vocab_size, fused_head, fused_head_mb (as dpo's). Reward functions read their options from [reward].
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <dew/autograd.hpp>
 #include <dew/config.hpp>
 #include <dew/error.hpp>
@@ -46,6 +49,7 @@
 #include <dew/tokenizer.hpp>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -144,16 +148,23 @@ class Grpo final : public dew::Objective {
     return r;
   }
 
-  dew::ValidationResult validate(dew::DataLoader& loader, const dew::StepInfo&) override {
+  dew::ValidationResult validate(dew::DataLoader& loader, const dew::StepInfo& info) override {
     dew::NoGradGuard no_grad;
     const bool was = model_->training();
     std::map<std::string, double> sums{
         {"prompts", 0.0}, {"completions", 0.0}, {"reward", 0.0}, {"completion_tokens", 0.0}, {"clipped", 0.0}};
     for (const std::string& n : reward_names_) sums["reward_" + n] = sums["scored_" + n] = 0.0;
+    std::string logged;
+    int64_t logged_prompts = 0;
     dew::for_each_pass_batch(loader, loader.source().size(), 0, backend_,
                              [&](const dew::Batch& bt, int64_t first, int64_t) {
                                // Validation's draws: another seed than training's, keyed by the record's place.
                                const Rollout ro = rollout(bt, seed_ ^ 0x5eed5eed5eedull, first);
+                               if (loader.config().rank == 0)
+                                 for (int64_t b = 0; b < ro.prompts && logged_prompts < log_completions_; ++b) {
+                                   logged += completion_lines(ro, b);
+                                   ++logged_prompts;
+                                 }
                                sums["prompts"] += double(ro.prompts);
                                for (size_t i = 0; i < ro.completions.size(); ++i) {
                                  const dew::Completion& c = ro.completions[i];
@@ -172,6 +183,11 @@ class Grpo final : public dew::Objective {
     dew::ValidationResult out;
     out.sums = sums;
     out.metrics = validation_metrics(sums);
+    if (!logged.empty()) {
+      char name[64];
+      std::snprintf(name, sizeof name, "completions-step-%08lld.jsonl", (long long)info.step);
+      out.artifacts.push_back({name, std::vector<unsigned char>(logged.begin(), logged.end())});
+    }
     return out;
   }
 
@@ -220,6 +236,7 @@ class Grpo final : public dew::Objective {
     sampling_.repetition_penalty = float(o.get_double("repetition_penalty", 1.0));
     sampling_.max_new_tokens = max_completion_;
     slots_ = o.get_int("generation_slots", 64);
+    log_completions_ = o.get_int("log_completions", 4);
     loss_type_ = o.get_string("loss_type", "bnpo");
     scale_rewards_ = o.get_string("scale_rewards", "group");
     beta_ = o.get_double("beta", 0.0);
@@ -242,6 +259,7 @@ class Grpo final : public dew::Objective {
     DEW_USAGE_CHECK(max_completion_ >= 1, "option 'objective.max_completion_length' must be >= 1, got ",
                     max_completion_);
     DEW_USAGE_CHECK(slots_ >= 1, "option 'objective.generation_slots' must be >= 1, got ", slots_);
+    DEW_USAGE_CHECK(log_completions_ >= 0, "option 'objective.log_completions' must be >= 0, got ", log_completions_);
     DEW_USAGE_CHECK(loss_type_ == "bnpo" || loss_type_ == "grpo" || loss_type_ == "dr_grpo",
                     "option 'objective.loss_type' must be bnpo, grpo or dr_grpo, got '", loss_type_, "'");
     DEW_USAGE_CHECK(scale_rewards_ == "group" || scale_rewards_ == "batch" || scale_rewards_ == "none",
@@ -259,6 +277,28 @@ class Grpo final : public dew::Objective {
     auto it = b.find(name);
     DEW_CHECK(it != b.end(), "grpo: the batch has no '", name, "' field (use source = prompt_jsonl)");
     return it->second.dtype() == dew::DType::i32 ? it->second : dew::cast(it->second, dew::DType::i32);
+  }
+
+  // Prompt b's completions as JSON lines (the validation artifact).
+  std::string completion_lines(const Rollout& ro, int64_t b) const {
+    std::string out;
+    for (int64_t g = 0; g < ro.group; ++g) {
+      const size_t i = size_t(b * ro.group + g);
+      const dew::Completion& c = ro.completions[i];
+      nlohmann::json scores = nlohmann::json::object();
+      for (size_t f = 0; f < rewards_.size(); ++f)
+        scores[reward_names_[f]] =
+            std::isnan(ro.scores[f][i]) ? nlohmann::json(nullptr) : nlohmann::json(ro.scores[f][i]);
+      const nlohmann::json line{{"prompt", c.prompt},
+                                {"answer", c.answer},
+                                {"completion", c.text},
+                                {"tokens", c.tokens},
+                                {"finish_reason", c.finish_reason},
+                                {"reward", ro.rewards[i]},
+                                {"scores", scores}};
+      out += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    }
+    return out;
   }
 
   // A completion's scored tokens: its tokens, then EOS when it ended there.
@@ -483,7 +523,7 @@ class Grpo final : public dew::Objective {
   dew::BackendPtr backend_;
   Tensor aux_;
   uint64_t seed_ = 0;
-  int64_t group_ = 8, max_completion_ = 64, slots_ = 64, vocab_size_ = 0, vocab_ = 0;
+  int64_t group_ = 8, max_completion_ = 64, slots_ = 64, log_completions_ = 4, vocab_size_ = 0, vocab_ = 0;
   double beta_ = 0.0, fused_head_mb_ = 256.0;
   bool mask_truncated_ = false;
   std::string loss_type_ = "bnpo", scale_rewards_ = "group", reference_mode_ = "auto", fused_head_ = "auto";
@@ -508,6 +548,8 @@ DEW_PLUGIN("grpo", "0.1.0") {
                   {"min_p", "0", "min-p sampling of the rollout"},
                   {"repetition_penalty", "1", "repetition penalty of the rollout"},
                   {"generation_slots", "64", "sequences decoded together in the rollout"},
+                  {"log_completions", "4",
+                   "validation prompts whose completions (with their rewards) go to samples/completions-step-N.jsonl"},
                   {"loss_type", "bnpo",
                    "bnpo (a token mean over the micro-batch) | grpo (each completion's token mean, then their mean) | "
                    "dr_grpo (the sum / (completions x max_completion_length))"},
