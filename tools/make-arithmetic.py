@@ -14,9 +14,9 @@ import random
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
-ap.add_argument("--sft", type=int, default=3000)
+ap.add_argument("--sft", type=int, default=7000)
 ap.add_argument("--val", type=int, default=256)
-ap.add_argument("--rl", type=int, default=4000)
+ap.add_argument("--rl", type=int, default=2744)
 ap.add_argument("--seed", type=int, default=0)
 a = ap.parse_args()
 pairs = [(x, y) for x in range(100) for y in range(100)]

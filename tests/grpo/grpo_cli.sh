@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tests/grpo/grpo_cli.sh BIN_DIR WORK_DIR — GRPO through dew-run as a user drives it: a config with two weighted
 # reward functions, one of them reading its option from [reward] (scoring about a quarter of the completions); a
-# run paused at 2 updates and resumed to 4 logs the straight run's losses and rewards bit for bit; metrics.jsonl has each reward's mean and the validation reward; the
-# run samples and evaluates as an lm run; a missing reward option, an unknown [reward] key and a bad prompt line are
-# each refused in one line with exit status 2.
+# run paused at 2 updates and resumed to 4 logs the straight run's losses and rewards bit for bit; metrics.jsonl has
+# each reward's mean and the validation reward; the run samples and evaluates as an lm run; a missing reward option,
+# an unknown [reward] key and a bad prompt line are each refused in one line with exit status 2; with LoRA adapters
+# the KL penalty's reference is the adapters-off base, not a checkpointed copy.
 set -euo pipefail
 bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
@@ -73,6 +74,18 @@ out=$("$bin/dew-run" sample --run-dir "$work/A" --prompt "3+4=" --max_new_tokens
 [ -n "$out" ] || { echo "sample printed nothing"; exit 1; }
 "$bin/dew-run" eval --run-dir "$work/A" > "$work/eval.json" 2> "$work/eval.log" || { cat "$work/eval.log"; exit 1; }
 grep -q '"reward_format"' "$work/eval.json" || { cat "$work/eval.json"; echo "eval has no reward_format"; exit 1; }
+# LoRA adapters with beta > 0: the reference is the policy's adapters-off base — no copy in the checkpoint — and the
+# KL to it grows from 0 as the adapters train.
+run train --config "$work/grpo.ini" --run-dir "$work/L" --lora.rank 4 --lora.alpha 8
+grep -o '"kl":[^,}]*' "$work/L/metrics.jsonl" | tail -1 | awk -F: '{ exit !($2 > 0) }' ||
+  { grep -o '"kl":[^,}]*' "$work/L/metrics.jsonl"; echo "no KL to the adapters-off base"; exit 1; }
+if command -v h5dump > /dev/null; then
+  ckpt=$(ls "$work/L/checkpoints/"*.h5 | tail -1)
+  h5dump -n "$ckpt" | grep -q "objective.reference_ready" || { echo "no reference flag in $ckpt"; exit 1; }
+  ! h5dump -n "$ckpt" | grep -q "objective.reference\.model" || { echo "a LoRA run checkpointed a reference copy"; exit 1; }
+  h5dump -n "$work/A/checkpoints/step-00000004.h5" | grep -q "objective.reference.model.embed_tokens.weight" ||
+    { echo "the full run's reference copy is not in its checkpoint"; exit 1; }
+fi
 refused "needs [reward] format_pattern" train --config "$work/grpo.ini" --run-dir "$work/C" --reward.format_pattern ""
 refused "reward.bogus" train --config "$work/grpo.ini" --run-dir "$work/D" --reward.bogus 1
 printf '{"prompt": 7}\n' >> "$work/prompts.jsonl"
