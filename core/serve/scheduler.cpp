@@ -344,14 +344,20 @@ bool Scheduler::step() {
     const Active &a = *active_[size_t(x)], &b = *active_[size_t(y)];
     return a.chunks_fed != b.chunks_fed ? a.chunks_fed < b.chunks_fed : a.admitted < b.admitted;
   });
+  // A prompt fed whole into an empty slot also serves every other slot of this iteration waiting to feed the same
+  // tokens into an empty cache: they get a copy of its keys and values (SlotCache::copy) and its last logits, the
+  // bits a feed of their own would give, at no cost to the budget.
   const int64_t chunk = options_.prefill_chunk;
-  int64_t prefill_tokens = 0;
+  int64_t prefill_tokens = 0, prefill_shared = 0;
+  std::vector<bool> served(active_.size(), false);
   for (int64_t s : prefill_slots) {
+    if (served[size_t(s)]) continue;
     Active& a = *active_[size_t(s)];
     const int64_t n = chunk > 0 ? std::min<int64_t>(chunk, int64_t(a.pending.size())) : int64_t(a.pending.size());
     if (chunk > 0 && prefill_tokens > 0 && prefill_tokens + n > chunk) continue;  // the iteration's budget
     prefill_tokens += n;
     ++a.chunks_fed;
+    const bool from_empty = cache_->length(s) == 0;
     const std::vector<int32_t> fed(a.pending.begin(), a.pending.begin() + n);
     const Tensor logits = model_.forward_slots_last(Tensor::from_ints(fed, {1, n}, backend_), {s}, *cache_);
     if (n < int64_t(a.pending.size())) {  // more of the prompt to come: these logits are not drawn from
@@ -359,6 +365,17 @@ bool Scheduler::step() {
       continue;
     }
     last_rows(logits, {s});
+    if (from_empty)
+      for (int64_t other : prefill_slots) {
+        if (other == s || served[size_t(other)] || !active_[size_t(other)]) continue;  // itself, or drawn (maybe ended)
+        Active& b = *active_[size_t(other)];
+        if (b.pending != fed || cache_->length(other) != 0) continue;
+        if (!cache_->copy(s, other)) break;
+        ++b.chunks_fed;
+        served[size_t(other)] = true;
+        rows.emplace_back(other, rows.front().second);
+        ++prefill_shared;
+      }
     draw();
   }
   if (!decode_slots.empty()) {
@@ -372,6 +389,7 @@ bool Scheduler::step() {
     ++counters_.iterations;
     counters_.decode_rows += int64_t(decode_slots.size());
     counters_.prefill_tokens += prefill_tokens;
+    counters_.prefill_shared += prefill_shared;
     counters_.generated_tokens += drawn_rows;
   }
   return true;

@@ -41,6 +41,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -688,6 +689,57 @@ TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each eq
         CHECK(st.active == 0);
         CHECK(st.queued == 0);
         if (slots == 16) CHECK(st.decode_rows > steps);  // rows really were batched
+      }
+    }
+  }
+}
+
+TEST_CASE("scheduler: identical prompts are fed once, the others copy its cache; each result equals its solo one") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  for (const std::string be : {"ref", "cpu"}) {
+    CAPTURE(be);
+    auto m = tiny_model(be);
+    dew::CausalDecoder& dec = decoder_of(m);
+    // 8 samples of one 7-token prompt on their own streams (n completions; GRPO's group), 3 of a 4-token one, one
+    // other prompt; chunks of 4: the 7-token prompt goes in two feeds, so only its last feed is whole and nothing
+    // may be shared for it.
+    const std::vector<int32_t> p7 = random_tokens(7, 77), p4 = random_tokens(4, 44), other = random_tokens(5, 55);
+    for (const int64_t chunk : {dew::kPrefillChunk, int64_t(4)}) {
+      CAPTURE(chunk);
+      std::vector<dew::serve::Request> reqs;
+      for (uint64_t i = 0; i < 12; ++i) {
+        dew::serve::Request r;
+        r.prompt = i < 8 ? p7 : i < 11 ? p4 : other;
+        r.params.temperature = 1.0f;
+        r.params.seed = 3;
+        r.params.max_new_tokens = 6 + int64_t(i % 3);
+        r.params.prefill_chunk = chunk;
+        r.stream = i;
+        reqs.push_back(r);
+      }
+      std::vector<dew::Generation> solo;
+      for (const auto& r : reqs)
+        solo.push_back(dew::generate(dew::decoder_start(dec), std::vector<std::vector<int32_t>>(r.stream + 1, r.prompt),
+                                     r.params, tok.get(), dec.context_length())
+                           .back());
+      dew::serve::Scheduler sched(dec, tok, {16, 0, 64, chunk});
+      std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+      for (const auto& r : reqs) tickets.push_back(sched.submit(r).ticket);
+      while (sched.step()) {
+      }
+      std::set<std::vector<int32_t>> distinct;
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        expect_equal(tickets[i]->wait(), solo[i], i);
+        distinct.insert(solo[i].tokens);
+      }
+      CHECK(distinct.size() >= 6);  // the samples of one prompt differ: their own streams, not a copied draw
+      const auto st = sched.stats();
+      if (chunk == dew::kPrefillChunk) {
+        CHECK(st.prefill_shared == 9);          // 7 + 2 copies
+        CHECK(st.prefill_tokens == 7 + 4 + 5);  // each distinct prompt fed once
+      } else {
+        CHECK(st.prefill_shared == 2);              // only the 4-token prompt goes whole
+        CHECK(st.prefill_tokens == 8 * 7 + 4 + 4);  // the 5-token prompt's last token goes as a decode row
       }
     }
   }

@@ -282,6 +282,22 @@ class SlotKV final : public dew::SlotCache {
   int64_t capacity() const override { return capacity_; }
   int64_t length(int64_t slot) const override { return lengths.at(size_t(check(slot))); }
   void clear(int64_t slot) override { lengths.at(size_t(check(slot))) = 0; }
+  // The first length(from) positions of every layer's keys and values (one contiguous block per slot and layer).
+  bool copy(int64_t from, int64_t to) override {
+    const int64_t n = lengths.at(size_t(check(from)));
+    check(to);
+    if (from != to && n > 0)
+      for (size_t l = 0; l < k.size(); ++l)
+        for (std::vector<Tensor>* kv : {&k, &v}) {
+          const Tensor& t = (*kv)[l];
+          const dew::Shape per = {t.shape()[1], t.shape()[2], t.shape()[3]};
+          dew::reshape(t.slice0(to, to + 1), per)
+              .slice0(0, n)
+              .copy_(dew::reshape(t.slice0(from, from + 1), per).slice0(0, n));
+        }
+    lengths[size_t(to)] = n;
+    return true;
+  }
   int64_t check(int64_t slot) const {
     DEW_CHECK(slot >= 0 && slot < slots(), "causal_transformer: slot ", slot, " is outside [0, ", slots(), ")");
     return slot;

@@ -21,7 +21,8 @@
 //     LoRA policy's adapters-off base. A policy's own training loss (Model::auxiliary_loss) joins the step's loss.
 // Metrics (beside the trainer's loss): reward, reward_std (the groups' mean std), reward_<function> (its mean over what
 // it scored), completion_length (scored tokens, EOS included), clipped_ratio (completions cut at the length limit),
-// frac_reward_zero_std (groups whose rewards are all equal: no gradient from them), kl (beta > 0, per token).
+// frac_reward_zero_std (groups whose rewards are all equal: no gradient from them), kl (beta > 0, per token),
+// rollout_ms (the wall time of generating and scoring: the rest of step_time_ms is the policy's forward and backward).
 // Validation generates G completions per prompt of the split (keyed by the record's place in it) and reports their
 // means; the primary metric is `reward` (higher is better). The completions of the first log_completions prompts (rank
 // 0's) go into the artifact completions-step-<step>.jsonl (<run-dir>/samples/): prompt, answer, completion (text;
@@ -32,6 +33,7 @@
 // scale_rewards (group | batch | none), beta (0), reference (auto | copy), mask_truncated_completions (false),
 // vocab_size, fused_head, fused_head_mb (as dpo's). Reward functions read their options from [reward].
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <dew/autograd.hpp>
@@ -136,7 +138,10 @@ class Grpo final : public dew::Objective {
     // Draw keys: the record's global stream position (unique over ranks and epochs); the update and micro-batch
     // when the trainer does not say.
     const int64_t position = info.position >= 0 ? info.position : (info.step * 1024 + info.micro) * b;
+    const auto started = std::chrono::steady_clock::now();
     const Rollout ro = rollout(batch, seed_, position);
+    const double rollout_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     model_->set_training(true);
     dew::StepResult r;
     const Tensor loss = policy_loss(ro, r.metrics, r.tokens);
@@ -144,6 +149,7 @@ class Grpo final : public dew::Objective {
     r.loss = aux.defined() ? dew::add(loss, dew::reshape(aux, loss.shape())) : loss;
     if (aux.defined()) r.device_metrics["aux_loss"] = dew::reshape(aux.detach(), {1});
     rollout_metrics(ro, r.metrics);
+    r.metrics["rollout_ms"] = rollout_ms;
     r.samples = ro.prompts * ro.group;
     return r;
   }
@@ -235,7 +241,7 @@ class Grpo final : public dew::Objective {
     sampling_.min_p = float(o.get_double("min_p", 0.0));
     sampling_.repetition_penalty = float(o.get_double("repetition_penalty", 1.0));
     sampling_.max_new_tokens = max_completion_;
-    slots_ = o.get_int("generation_slots", 64);
+    slots_ = o.get_int("generation_slots", 256);
     log_completions_ = o.get_int("log_completions", 4);
     loss_type_ = o.get_string("loss_type", "bnpo");
     scale_rewards_ = o.get_string("scale_rewards", "group");
@@ -523,7 +529,7 @@ class Grpo final : public dew::Objective {
   dew::BackendPtr backend_;
   Tensor aux_;
   uint64_t seed_ = 0;
-  int64_t group_ = 8, max_completion_ = 64, slots_ = 64, log_completions_ = 4, vocab_size_ = 0, vocab_ = 0;
+  int64_t group_ = 8, max_completion_ = 64, slots_ = 256, log_completions_ = 4, vocab_size_ = 0, vocab_ = 0;
   double beta_ = 0.0, fused_head_mb_ = 256.0;
   bool mask_truncated_ = false;
   std::string loss_type_ = "bnpo", scale_rewards_ = "group", reference_mode_ = "auto", fused_head_ = "auto";
@@ -547,7 +553,8 @@ DEW_PLUGIN("grpo", "0.1.0") {
                   {"top_k", "0", "top-k sampling of the rollout (0: off)"},
                   {"min_p", "0", "min-p sampling of the rollout"},
                   {"repetition_penalty", "1", "repetition penalty of the rollout"},
-                  {"generation_slots", "64", "sequences decoded together in the rollout"},
+                  {"generation_slots", "256",
+                   "sequences decoded together in the rollout (each holds prompt + completion in its cache)"},
                   {"log_completions", "4",
                    "validation prompts whose completions (with their rewards) go to samples/completions-step-N.jsonl"},
                   {"loss_type", "bnpo",

@@ -86,6 +86,15 @@ class SlotCache {
   virtual int64_t capacity() const = 0;            // the most tokens one slot holds
   virtual int64_t length(int64_t slot) const = 0;  // tokens the slot holds (its next token's position)
   virtual void clear(int64_t slot) = 0;            // empties the slot (O(1): nothing is zeroed)
+  // Makes slot `to` hold what slot `from` holds (its length and its keys and values, bit for bit): a scheduler
+  // that has just fed a prompt into `from` gives an identical prompt its cache this way instead of feeding it again
+  // (the n completions of one prompt; GRPO's group). Returns false where the cache cannot (the default): the prompt
+  // is then fed again, with the same result.
+  virtual bool copy(int64_t from, int64_t to) {
+    (void)from;
+    (void)to;
+    return false;
+  }
 };
 
 // Implemented by backbones that decode incrementally (causal_transformer).

@@ -87,6 +87,7 @@ struct SchedulerOptions {
 struct SchedulerStats {
   int64_t slots = 0, active = 0, queued = 0;
   int64_t iterations = 0, decode_rows = 0, prefill_tokens = 0, generated_tokens = 0, completed = 0;
+  int64_t prefill_shared = 0;  // prompts given another slot's cache of the same prompt instead of a feed of their own
   bool draining = false;
 };
 
