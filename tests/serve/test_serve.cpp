@@ -694,7 +694,8 @@ TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each eq
   }
 }
 
-TEST_CASE("scheduler: identical prompts are fed once, the others copy its cache; each result equals its solo one") {
+TEST_CASE(
+    "scheduler: identical prompts are fed once and the others copy its cache, each result equal to its solo one") {
   auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
   for (const std::string be : {"ref", "cpu"}) {
     CAPTURE(be);
