@@ -370,6 +370,13 @@ TEST_CASE("grpo's rollout is dew::generate's: completion g of prompt b on Philox
     some_differ = some_differ || got[size_t(i)].tokens != got[0].tokens;
   }
   CHECK(some_differ);
+  // One slot at a time (generation_cache_mb below one slot's cache) or two: the same completions.
+  for (const char* limit : {"generation_cache_mb = 0.0001", "generation_slots = 2"}) {
+    CAPTURE(limit);
+    dew::Config narrow = grpo_config(bytes, path, std::string("rewards = capture\ntemperature = 1.3\n") + limit);
+    build_grpo(narrow, *src)->step(batch_of(*src, 2), info);
+    for (int i = 0; i < 8; ++i) CHECK(captured[size_t(i)].tokens == got[size_t(i)].tokens);
+  }
 }
 
 TEST_CASE("grpo's loss and gradients against double precision: every loss type and scaling, the KL penalty") {

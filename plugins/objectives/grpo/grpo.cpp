@@ -29,7 +29,9 @@
 // bytes that are not UTF-8 replaced), tokens, finish_reason, reward and each function's score (null: not scored), one
 // completion a line. Options ([objective]): rewards (required: comma list of reward names), reward_weights (1 each),
 // num_generations (8), max_completion_length (64), temperature (1), top_p (1), top_k (0), min_p (0), repetition_penalty
-// (1), generation_slots (64: sequences decoded together), log_completions (4), loss_type (bnpo | grpo | dr_grpo; bnpo),
+// (1), generation_slots (0: as many as generation_cache_mb (2048) of keys and values hold, measured on the backend for
+// the rollout's context; else that many sequences decoded together), log_completions (4), loss_type (bnpo | grpo |
+// dr_grpo; bnpo),
 // scale_rewards (group | batch | none), beta (0), reference (auto | copy), mask_truncated_completions (false),
 // vocab_size, fused_head, fused_head_mb (as dpo's). Reward functions read their options from [reward].
 #include <algorithm>
@@ -241,7 +243,8 @@ class Grpo final : public dew::Objective {
     sampling_.min_p = float(o.get_double("min_p", 0.0));
     sampling_.repetition_penalty = float(o.get_double("repetition_penalty", 1.0));
     sampling_.max_new_tokens = max_completion_;
-    slots_ = o.get_int("generation_slots", 256);
+    slots_ = o.get_int("generation_slots", 0);
+    cache_mb_ = o.get_double("generation_cache_mb", 2048.0);
     log_completions_ = o.get_int("log_completions", 4);
     loss_type_ = o.get_string("loss_type", "bnpo");
     scale_rewards_ = o.get_string("scale_rewards", "group");
@@ -264,7 +267,9 @@ class Grpo final : public dew::Objective {
                     group_);
     DEW_USAGE_CHECK(max_completion_ >= 1, "option 'objective.max_completion_length' must be >= 1, got ",
                     max_completion_);
-    DEW_USAGE_CHECK(slots_ >= 1, "option 'objective.generation_slots' must be >= 1, got ", slots_);
+    DEW_USAGE_CHECK(slots_ >= 0, "option 'objective.generation_slots' must be >= 0 (0: from generation_cache_mb), got ",
+                    slots_);
+    DEW_USAGE_CHECK(cache_mb_ > 0, "option 'objective.generation_cache_mb' must be > 0, got ", cache_mb_);
     DEW_USAGE_CHECK(log_completions_ >= 0, "option 'objective.log_completions' must be >= 0, got ", log_completions_);
     DEW_USAGE_CHECK(loss_type_ == "bnpo" || loss_type_ == "grpo" || loss_type_ == "dr_grpo",
                     "option 'objective.loss_type' must be bnpo, grpo or dr_grpo, got '", loss_type_, "'");
@@ -344,8 +349,8 @@ class Grpo final : public dew::Objective {
       const bool was = model_->training();
       model_->set_training(false);
       dew::serve::SchedulerOptions so;
-      so.slots = std::min(n, slots_);
       so.context = plen + max_completion_ + 1;
+      so.slots = rollout_slots(n, so.context);
       so.max_queue = n;
       dew::serve::Scheduler scheduler(*decoder_, tokenizer_, so);
       std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
@@ -390,6 +395,20 @@ class Grpo final : public dew::Objective {
     for (int64_t i = 0; i < n; ++i)
       DEW_CHECK(std::isfinite(ro.rewards[size_t(i)]), "grpo: completion ", i, "'s reward is not finite");
     return ro;
+  }
+
+  // The sequences the rollout decodes together: generation_slots, or as many as generation_cache_mb of keys and
+  // values hold (a one-slot cache's bytes on the backend, measured once per context), at most n.
+  int64_t rollout_slots(int64_t n, int64_t context) {
+    if (slots_ > 0) return std::min(n, slots_);
+    if (slot_bytes_context_ != context) {
+      const int64_t before = backend_->memory_stats().in_use;
+      const auto probe = decoder_->make_slot_cache(1, context);
+      slot_bytes_ = backend_->memory_stats().in_use - before;
+      slot_bytes_context_ = context;
+    }
+    if (slot_bytes_ <= 0) return std::min<int64_t>(n, 64);  // a backend that does not count its memory
+    return std::clamp<int64_t>(int64_t(cache_mb_ * 1048576.0 / double(slot_bytes_)), 1, n);
   }
 
   // Each completion's advantage (see the top of the file).
@@ -529,8 +548,9 @@ class Grpo final : public dew::Objective {
   dew::BackendPtr backend_;
   Tensor aux_;
   uint64_t seed_ = 0;
-  int64_t group_ = 8, max_completion_ = 64, slots_ = 256, log_completions_ = 4, vocab_size_ = 0, vocab_ = 0;
-  double beta_ = 0.0, fused_head_mb_ = 256.0;
+  int64_t group_ = 8, max_completion_ = 64, slots_ = 0, log_completions_ = 4, vocab_size_ = 0, vocab_ = 0;
+  int64_t slot_bytes_ = 0, slot_bytes_context_ = -1;  // one slot's cache bytes, measured for this context
+  double beta_ = 0.0, fused_head_mb_ = 256.0, cache_mb_ = 2048.0;
   bool mask_truncated_ = false;
   std::string loss_type_ = "bnpo", scale_rewards_ = "group", reference_mode_ = "auto", fused_head_ = "auto";
 };
@@ -553,8 +573,10 @@ DEW_PLUGIN("grpo", "0.1.0") {
                   {"top_k", "0", "top-k sampling of the rollout (0: off)"},
                   {"min_p", "0", "min-p sampling of the rollout"},
                   {"repetition_penalty", "1", "repetition penalty of the rollout"},
-                  {"generation_slots", "256",
-                   "sequences decoded together in the rollout (each holds prompt + completion in its cache)"},
+                  {"generation_slots", "0",
+                   "sequences decoded together in the rollout (0: as many as generation_cache_mb of keys and values "
+                   "hold)"},
+                  {"generation_cache_mb", "2048", "MiB of keys and values the rollout's slots may take (slots 0)"},
                   {"log_completions", "4",
                    "validation prompts whose completions (with their rewards) go to samples/completions-step-N.jsonl"},
                   {"loss_type", "bnpo",
