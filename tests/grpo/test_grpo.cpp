@@ -370,6 +370,24 @@ TEST_CASE("grpo's rollout is dew::generate's: completion g of prompt b on Philox
     some_differ = some_differ || got[size_t(i)].tokens != got[0].tokens;
   }
   CHECK(some_differ);
+  // eos_token: another token ends the completions ('!', 33, here), as generate() with that eos_id.
+  {
+    dew::Config bang = grpo_config(bytes, path,
+                                   "rewards = capture\ntemperature = 1.3\nmax_completion_length = 160\n"
+                                   "eos_token = !");
+    build_grpo(bang, *src)->step(batch_of(*src, 2), info);
+    dew::SamplingParams bsp = sp;
+    bsp.eos_id = '!';
+    bsp.max_new_tokens = 160;
+    const auto want = dew::generate(dew::decoder_start(*decoder), prompts, bsp);
+    int ended = 0;
+    for (int i = 0; i < 8; ++i) {
+      CHECK(captured[size_t(i)].tokens == want[size_t(24 + i)].tokens);
+      CHECK(captured[size_t(i)].finish_reason == want[size_t(24 + i)].finish_reason);
+      ended += captured[size_t(i)].finish_reason == "eos";
+    }
+    CHECK(ended > 0);
+  }
   // One slot at a time (generation_cache_mb below one slot's cache) or two: the same completions.
   for (const char* limit : {"generation_cache_mb = 0.0001", "generation_slots = 2"}) {
     CAPTURE(limit);
@@ -509,6 +527,7 @@ TEST_CASE("grpo refuses what it cannot run, each in one line") {
   refused("rewards = accuracy\nloss_type = dapo", "must be bnpo, grpo or dr_grpo");
   refused("rewards = accuracy\nscale_rewards = rank", "must be group, batch or none");
   refused("rewards = format", "needs [reward] format_pattern");
+  refused("rewards = accuracy\neos_token = ab", "objective.eos_token 'ab' is 2 tokens of this tokenizer, not one");
 }
 
 namespace {

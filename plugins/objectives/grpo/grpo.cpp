@@ -31,7 +31,8 @@
 // num_generations (8), max_completion_length (64), temperature (1), top_p (1), top_k (0), min_p (0), repetition_penalty
 // (1), generation_slots (0: as many as generation_cache_mb (2048) of keys and values hold, measured on the backend for
 // the rollout's context; else that many sequences decoded together), log_completions (4), loss_type (bnpo | grpo |
-// dr_grpo; bnpo),
+// dr_grpo; bnpo), eos_token (the token that ends a completion and is scored with it: a chat model's end of turn such as
+// <|im_end|>; default the tokenizer's EOS),
 // scale_rewards (group | batch | none), beta (0), reference (auto | copy), mask_truncated_completions (false),
 // vocab_size, fused_head, fused_head_mb (as dpo's). Reward functions read their options from [reward].
 #include <algorithm>
@@ -117,6 +118,15 @@ class Grpo final : public dew::Objective {
                     " tokens plus max_completion_length = ", max_completion_, " exceed the model's context of ",
                     context, " tokens");
     vocab_ = std::atoll(model.values().at("vocab_size").c_str());
+    eos_id_ = tokenizer_ ? tokenizer_->eos_id() : -1;
+    if (!eos_token_.empty()) {  // a chat model's end of turn (e.g. <|im_end|>): one token of the vocabulary
+      DEW_USAGE_CHECK(tokenizer_, "grpo: objective.eos_token needs [data] tokenizer");
+      const std::vector<int32_t> ids = tokenizer_->encode(eos_token_);
+      DEW_USAGE_CHECK(ids.size() == 1 || (ids.size() == 2 && tokenizer_->encode("").size() == 1),
+                      "grpo: objective.eos_token '", eos_token_, "' is ", ids.size(),
+                      " tokens of this tokenizer, not one");
+      eos_id_ = ids.back();
+    }
     if (beta_ > 0) reference_ = std::make_unique<dew::ReferencePolicy>(*model_, model, reference_mode_, ctx.seed);
     dew::Options& reward_options = ctx.config->section("reward");
     rewards_.clear();
@@ -246,6 +256,7 @@ class Grpo final : public dew::Objective {
     slots_ = o.get_int("generation_slots", 0);
     cache_mb_ = o.get_double("generation_cache_mb", 2048.0);
     log_completions_ = o.get_int("log_completions", 4);
+    eos_token_ = o.get_string("eos_token", "");
     loss_type_ = o.get_string("loss_type", "bnpo");
     scale_rewards_ = o.get_string("scale_rewards", "group");
     beta_ = o.get_double("beta", 0.0);
@@ -318,7 +329,7 @@ class Grpo final : public dew::Objective {
     if (c.finish_reason == "eos") t.push_back(eos_id());
     return t;
   }
-  int32_t eos_id() const { return tokenizer_ ? tokenizer_->eos_id() : -1; }
+  int32_t eos_id() const { return eos_id_; }
 
   // Generates G completions for each prompt of the batch and scores them. `position`: the stream position of the
   // batch's first record (draws of record b's g-th completion: Philox stream (position + b) * G + g).
@@ -550,6 +561,8 @@ class Grpo final : public dew::Objective {
   uint64_t seed_ = 0;
   int64_t group_ = 8, max_completion_ = 64, slots_ = 0, log_completions_ = 4, vocab_size_ = 0, vocab_ = 0;
   int64_t slot_bytes_ = 0, slot_bytes_context_ = -1;  // one slot's cache bytes, measured for this context
+  int32_t eos_id_ = -1;                               // where a completion ends: the tokenizer's EOS or eos_token's
+  std::string eos_token_;
   double beta_ = 0.0, fused_head_mb_ = 256.0, cache_mb_ = 2048.0;
   bool mask_truncated_ = false;
   std::string loss_type_ = "bnpo", scale_rewards_ = "group", reference_mode_ = "auto", fused_head_ = "auto";
@@ -577,6 +590,9 @@ DEW_PLUGIN("grpo", "0.1.0") {
                    "sequences decoded together in the rollout (0: as many as generation_cache_mb of keys and values "
                    "hold)"},
                   {"generation_cache_mb", "2048", "MiB of keys and values the rollout's slots may take (slots 0)"},
+                  {"eos_token", "",
+                   "the text of the token that ends a completion (a chat model's end of turn, e.g. <|im_end|>; "
+                   "default: the tokenizer's EOS)"},
                   {"log_completions", "4",
                    "validation prompts whose completions (with their rewards) go to samples/completions-step-N.jsonl"},
                   {"loss_type", "bnpo",
