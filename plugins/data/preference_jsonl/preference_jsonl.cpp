@@ -14,13 +14,12 @@
 // tokens), and with reference log-probs "ref_chosen_logp", "ref_rejected_logp" f32 []. The prompt and
 // the response are encoded separately (a post-processor's BOS only before the prompt, and not when the
 // prompt's text already starts with it). A response with no token in the window is refused.
-#include <dew/chat_template.hpp>
 #include <dew/data.hpp>
 #include <dew/error.hpp>
+#include <dew/prompt_data.hpp>
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -44,7 +43,6 @@ class PreferenceJsonlSource final : public dew::DataSource {
     DEW_USAGE_CHECK(o.has("seq_len"), "preference_jsonl: missing required option ", key("seq_len"));
     const std::string path = o.get_string("path", "");
     const std::string tok_dir = o.get_string("tokenizer", "");
-    const std::string tmpl_path = o.get_string("template", tok_dir);
     seq_len_ = o.get_int("seq_len", 0);
     DEW_USAGE_CHECK(seq_len_ > 0, "preference_jsonl: option ", key("seq_len"), " must be positive");
     const int64_t val_count = o.get_int("val_count", 0);
@@ -53,36 +51,12 @@ class PreferenceJsonlSource final : public dew::DataSource {
     const std::string split = o.get_string("split", "train");
     DEW_USAGE_CHECK(split == "train" || split == "val", "preference_jsonl: option ", key("split"),
                     " must be train or val, got '", split, "'");
-    tokenizer_ = dew::load_tokenizer(tok_dir);
-    const std::vector<int32_t> empty = tokenizer_->encode("");
-    bos_ = empty.empty() ? -1 : empty[0];
-    DEW_USAGE_CHECK(fs::exists(tmpl_path), "preference_jsonl: ", key("template"), " '", tmpl_path, "' does not exist");
-    config_ = fs::is_directory(tmpl_path) ? dew::chat_config_of_folder(tmpl_path) : dew::read_chat_config(tmpl_path);
-    if (config_.chat_template.empty()) {
-      config_.chat_template = dew::default_chat_template();
-      config_.template_origin = "dew's default chat template";
-    }
-    const dew::ChatTemplate tmpl(config_.chat_template, config_.template_origin);
-
-    std::ifstream in(path, std::ios::binary);
-    DEW_USAGE_CHECK(in.good(), "preference_jsonl: cannot read ", key("path"), " '", path, "'");
-    std::vector<std::pair<int64_t, std::string>> lines;
-    std::string line;
-    for (int64_t number = 1; std::getline(in, line); ++number)
-      if (line.find_first_not_of(" \t\r") != std::string::npos) lines.emplace_back(number, line);
-    DEW_USAGE_CHECK(!lines.empty(), "preference_jsonl: '", path, "' holds no pairs");
-    DEW_USAGE_CHECK(val_count < int64_t(lines.size()), "preference_jsonl: ", key("val_count"), " = ", val_count,
-                    " leaves no training pairs");
-    if (split == "val") {
-      DEW_USAGE_CHECK(val_count > 0, "preference_jsonl: '", path, "' has no validation split: set ", key("val_count"));
-      lines.resize(size_t(val_count));
-    } else {
-      lines.erase(lines.begin(), lines.begin() + val_count);
-    }
+    const dew::PromptEncoder encoder(tok_dir, o.get_string("template", ""), "preference_jsonl", ctx + "template");
+    const dew::Tokenizer& tokenizer = *encoder.tokenizer();
     const int64_t n = seq_len_ + 1;
-    const int32_t pad = tokenizer_->eos_id() >= 0 ? tokenizer_->eos_id() : 0;
+    const int32_t pad = tokenizer.eos_id() >= 0 ? tokenizer.eos_id() : 0;
     int with_ref = -1;
-    for (const auto& [at, text] : lines) {
+    for (const auto& [at, text] : dew::read_jsonl_split(path, val_count, split, "preference_jsonl", ctx, "pairs")) {
       const std::string where = path + ":" + std::to_string(at) + ": ";
       nlohmann::json j;
       try {
@@ -99,29 +73,18 @@ class PreferenceJsonlSource final : public dew::DataSource {
       DEW_USAGE_CHECK(with_ref < 0 || with_ref == has_ref, "preference_jsonl: ", where,
                       "reference log-probs are given on some lines and not others");
       with_ref = has_ref;
-      std::string prompt;
-      if (j["prompt"].is_string()) {
-        prompt = j["prompt"].get<std::string>();
-      } else {
-        try {
-          prompt =
-              tmpl.render(dew::chat_context_json(config_, nlohmann::json{{"messages", j["prompt"]}}.dump(), true)).text;
-        } catch (const dew::Error& e) {
-          throw dew::UsageError("preference_jsonl: " + where + e.what());
-        }
-      }
       std::vector<int32_t> p;
-      if (bos_ >= 0) {
-        const std::string bos_text = tokenizer_->token_bytes(bos_);
-        if (bos_text.empty() || prompt.compare(0, bos_text.size(), bos_text) != 0) p.push_back(bos_);
+      try {
+        p = encoder.encode_prompt(j["prompt"].dump());
+      } catch (const dew::Error& e) {
+        throw dew::UsageError("preference_jsonl: " + where + e.what());
       }
-      for (int32_t id : strip_bos(tokenizer_->encode(prompt))) p.push_back(id);
       Pair pair;
       auto build = [&](const std::string& response, std::vector<int32_t>& ids, std::vector<int32_t>& mask,
                        const char* which) {
         ids = p;
         mask.assign(p.size(), 0);
-        for (int32_t id : strip_bos(tokenizer_->encode(response))) {
+        for (int32_t id : encoder.encode_response(response)) {
           ids.push_back(id);
           mask.push_back(1);
         }
@@ -182,16 +145,8 @@ class PreferenceJsonlSource final : public dew::DataSource {
   std::string identity() const override { return identity_; }
 
  private:
-  std::vector<int32_t> strip_bos(std::vector<int32_t> ids) const {
-    if (bos_ >= 0 && !ids.empty() && ids[0] == bos_) ids.erase(ids.begin());
-    return ids;
-  }
-
   int64_t seq_len_ = 0;
-  int32_t bos_ = -1;
   bool with_ref_ = false;
-  std::shared_ptr<dew::Tokenizer> tokenizer_;
-  dew::ChatConfig config_;
   std::vector<Pair> pairs_;
   std::string identity_;
 };

@@ -12,13 +12,12 @@
 // Record: "prompt" i32 [prompt_len] (the prompt's tokens, then 0s), "prompt_length" i32 [] (its token count, >= 1),
 // "answer" u8 [A] (the answer's UTF-8 bytes, then 0s; A = the longest answer of the split, at least 1) and
 // "answer_length" i32 []. A post-processor's BOS is put before the prompt (not when its text already starts with it).
-#include <dew/chat_template.hpp>
 #include <dew/data.hpp>
 #include <dew/error.hpp>
+#include <dew/prompt_data.hpp>
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,7 +40,6 @@ class PromptJsonlSource final : public dew::DataSource {
       DEW_USAGE_CHECK(o.has(k), "prompt_jsonl: missing required option ", key(k));
     const std::string path = o.get_string("path", "");
     const std::string tok_dir = o.get_string("tokenizer", "");
-    const std::string tmpl_path = o.get_string("template", tok_dir);
     prompt_len_ = o.get_int("prompt_len", 0);
     DEW_USAGE_CHECK(prompt_len_ > 0, "prompt_jsonl: option ", key("prompt_len"), " must be positive");
     const int64_t val_count = o.get_int("val_count", 0);
@@ -50,34 +48,8 @@ class PromptJsonlSource final : public dew::DataSource {
     const std::string split = o.get_string("split", "train");
     DEW_USAGE_CHECK(split == "train" || split == "val", "prompt_jsonl: option ", key("split"),
                     " must be train or val, got '", split, "'");
-    const auto tokenizer = dew::load_tokenizer(tok_dir);
-    const std::vector<int32_t> empty = tokenizer->encode("");
-    const int32_t bos = empty.empty() ? -1 : empty[0];
-    DEW_USAGE_CHECK(fs::exists(tmpl_path), "prompt_jsonl: ", key("template"), " '", tmpl_path, "' does not exist");
-    dew::ChatConfig config =
-        fs::is_directory(tmpl_path) ? dew::chat_config_of_folder(tmpl_path) : dew::read_chat_config(tmpl_path);
-    if (config.chat_template.empty()) {
-      config.chat_template = dew::default_chat_template();
-      config.template_origin = "dew's default chat template";
-    }
-    const dew::ChatTemplate tmpl(config.chat_template, config.template_origin);
-
-    std::ifstream in(path, std::ios::binary);
-    DEW_USAGE_CHECK(in.good(), "prompt_jsonl: cannot read ", key("path"), " '", path, "'");
-    std::vector<std::pair<int64_t, std::string>> lines;
-    std::string line;
-    for (int64_t number = 1; std::getline(in, line); ++number)
-      if (line.find_first_not_of(" \t\r") != std::string::npos) lines.emplace_back(number, line);
-    DEW_USAGE_CHECK(!lines.empty(), "prompt_jsonl: '", path, "' holds no prompts");
-    DEW_USAGE_CHECK(val_count < int64_t(lines.size()), "prompt_jsonl: ", key("val_count"), " = ", val_count,
-                    " leaves no training prompts");
-    if (split == "val") {
-      DEW_USAGE_CHECK(val_count > 0, "prompt_jsonl: '", path, "' has no validation split: set ", key("val_count"));
-      lines.resize(size_t(val_count));
-    } else {
-      lines.erase(lines.begin(), lines.begin() + val_count);
-    }
-    for (const auto& [at, text] : lines) {
+    const dew::PromptEncoder encoder(tok_dir, o.get_string("template", ""), "prompt_jsonl", ctx + "template");
+    for (const auto& [at, text] : dew::read_jsonl_split(path, val_count, split, "prompt_jsonl", ctx, "prompts")) {
       const std::string where = path + ":" + std::to_string(at) + ": ";
       nlohmann::json j;
       try {
@@ -88,25 +60,12 @@ class PromptJsonlSource final : public dew::DataSource {
       DEW_USAGE_CHECK(j.is_object() && j.contains("prompt") && (j["prompt"].is_string() || j["prompt"].is_array()) &&
                           (!j.contains("answer") || j["answer"].is_string() || j["answer"].is_number()),
                       "prompt_jsonl: ", where, "a line is {\"prompt\": text or messages, \"answer\": text or number}");
-      std::string prompt;
-      if (j["prompt"].is_string()) {
-        prompt = j["prompt"].get<std::string>();
-      } else {
-        try {
-          prompt =
-              tmpl.render(dew::chat_context_json(config, nlohmann::json{{"messages", j["prompt"]}}.dump(), true)).text;
-        } catch (const dew::Error& e) {
-          throw dew::UsageError("prompt_jsonl: " + where + e.what());
-        }
-      }
       Prompt p;
-      if (bos >= 0) {
-        const std::string bos_text = tokenizer->token_bytes(bos);
-        if (bos_text.empty() || prompt.compare(0, bos_text.size(), bos_text) != 0) p.tokens.push_back(bos);
+      try {
+        p.tokens = encoder.encode_prompt(j["prompt"].dump());
+      } catch (const dew::Error& e) {
+        throw dew::UsageError("prompt_jsonl: " + where + e.what());
       }
-      std::vector<int32_t> ids = tokenizer->encode(prompt);
-      if (bos >= 0 && !ids.empty() && ids[0] == bos) ids.erase(ids.begin());
-      p.tokens.insert(p.tokens.end(), ids.begin(), ids.end());
       DEW_USAGE_CHECK(!p.tokens.empty(), "prompt_jsonl: ", where, "the prompt encodes to no token");
       DEW_USAGE_CHECK(truncate || int64_t(p.tokens.size()) <= prompt_len_, "prompt_jsonl: ", where, "the prompt is ",
                       p.tokens.size(), " tokens, longer than prompt_len = ", prompt_len_, " (raise ", key("prompt_len"),
