@@ -2,16 +2,36 @@
 // starting weights as a frozen copy or as the LoRA policy's base), for the dpo and grpo objectives.
 #include "dew/policy.hpp"
 
+#include <filesystem>
 #include <map>
 #include <vector>
 
 #include "dew/autograd.hpp"
+#include "dew/config.hpp"
 #include "dew/error.hpp"
 #include "dew/lora.hpp"
 #include "dew/nn.hpp"
 #include "dew/ops.hpp"
+#include "dew/tokenizer.hpp"
 
 namespace dew {
+
+std::shared_ptr<Tokenizer> policy_tokenizer(Config& config, int64_t vocab_size, const char* who) {
+  Options& data = config.section("data");
+  Options& model = config.section("model");
+  std::string dir;
+  if (auto t = data.values().find("tokenizer"); t != data.values().end()) dir = t->second;
+  std::shared_ptr<Tokenizer> tokenizer;
+  if (!dir.empty() && std::filesystem::exists(std::filesystem::path(dir) / "meta.json")) {
+    tokenizer = load_tokenizer(dir);
+    if (!model.has("vocab_size")) model.set("vocab_size", std::to_string(read_token_meta(dir).vocab_size));
+  }
+  if (!model.has("vocab_size") && vocab_size > 0) model.set("vocab_size", std::to_string(vocab_size));
+  DEW_USAGE_CHECK(model.has("vocab_size"), who,
+                  ": the vocabulary size is unknown: set [data] tokenizer (a folder with meta.json) or "
+                  "objective.vocab_size");
+  return tokenizer;
+}
 
 namespace {
 constexpr int32_t kOutsideMask = -1;  // the ignored target of a position outside the mask

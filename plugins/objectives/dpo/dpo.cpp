@@ -46,7 +46,6 @@
 #include <dew/policy.hpp>
 #include <dew/registry.hpp>
 #include <dew/tokenizer.hpp>
-#include <filesystem>
 #include <map>
 #include <string>
 
@@ -63,19 +62,8 @@ class Dpo final : public dew::Objective {
     read_options(ctx.config->section("objective"));
     backend_ = ctx.backend ? ctx.backend : dew::default_backend();
     dew::set_default_backend(backend_);
-    dew::Options& data = ctx.config->section("data");
-    std::string dir;
-    if (auto t = data.values().find("tokenizer"); t != data.values().end()) dir = t->second;
-    namespace fs = std::filesystem;
+    tokenizer_ = dew::policy_tokenizer(*ctx.config, vocab_size_, "dpo");
     dew::Options& model = ctx.config->section("model");
-    if (!dir.empty() && fs::exists(fs::path(dir) / "meta.json")) {
-      tokenizer_ = dew::load_tokenizer(dir);
-      if (!model.has("vocab_size")) model.set("vocab_size", std::to_string(dew::read_token_meta(dir).vocab_size));
-    }
-    if (!model.has("vocab_size") && vocab_size_ > 0) model.set("vocab_size", std::to_string(vocab_size_));
-    DEW_USAGE_CHECK(model.has("vocab_size"),
-                    "dpo: the vocabulary size is unknown: set [data] tokenizer (a folder "
-                    "with meta.json) or objective.vocab_size");
     if (ctx.train_source && ctx.train_source->size() > 0) {
       const dew::Record r = ctx.train_source->get(0);
       for (const char* f : {"chosen", "rejected", "chosen_mask", "rejected_mask"})

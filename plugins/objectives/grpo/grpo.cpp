@@ -52,7 +52,6 @@
 #include <dew/reward.hpp>
 #include <dew/serve.hpp>
 #include <dew/tokenizer.hpp>
-#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -86,19 +85,8 @@ class Grpo final : public dew::Objective {
     DEW_USAGE_CHECK(ctx.config->section("run").get_string("shard", "none") != "parameters",
                     "grpo: run.shard = parameters is not supported (the rollout decodes with whole parameters); use "
                     "none, optimizer or gradients");
-    dew::Options& data = ctx.config->section("data");
-    std::string dir;
-    if (auto t = data.values().find("tokenizer"); t != data.values().end()) dir = t->second;
-    namespace fs = std::filesystem;
+    tokenizer_ = dew::policy_tokenizer(*ctx.config, vocab_size_, "grpo");
     dew::Options& model = ctx.config->section("model");
-    if (!dir.empty() && fs::exists(fs::path(dir) / "meta.json")) {
-      tokenizer_ = dew::load_tokenizer(dir);
-      if (!model.has("vocab_size")) model.set("vocab_size", std::to_string(dew::read_token_meta(dir).vocab_size));
-    }
-    if (!model.has("vocab_size") && vocab_size_ > 0) model.set("vocab_size", std::to_string(vocab_size_));
-    DEW_USAGE_CHECK(model.has("vocab_size"),
-                    "grpo: the vocabulary size is unknown: set [data] tokenizer (a folder with meta.json) or "
-                    "objective.vocab_size");
     int64_t prompt_len = 0;
     if (ctx.train_source && ctx.train_source->size() > 0) {
       const dew::Record r = ctx.train_source->get(0);

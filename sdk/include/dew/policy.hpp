@@ -1,5 +1,6 @@
-// dew/policy.hpp — what the preference and RL objectives (dpo, grpo) share about a causal policy: the per-token
-// log-probabilities of responses, and the frozen reference policy (dpo's implicit reward, grpo's KL penalty).
+// dew/policy.hpp — what the preference and RL objectives (dpo, grpo) share about a causal policy: its tokenizer and
+// vocabulary, the per-token log-probabilities of responses, and the frozen reference policy (dpo's implicit reward,
+// grpo's KL penalty).
 //
 // response_token_logprobs(): log pi(ids[r, j + 1] | ids[r, :j + 1]) for the positions a mask marks, 0 elsewhere —
 // the cross-entropy kernel's rows (dew::token_logprobs: no [rows, V] log-softmax or one-hot), or with a
@@ -27,6 +28,14 @@
 #include "dew/tensor.hpp"
 
 namespace dew {
+
+class Config;
+class Tokenizer;
+
+// The run's tokenizer — [data] tokenizer, a folder with meta.json (null without one) — with [model] vocab_size filled
+// from its meta.json, else from `vocab_size` (the objective's option, 0: none), when the config does not set it;
+// refused naming `who` when nothing gives the vocabulary's size.
+std::shared_ptr<Tokenizer> policy_tokenizer(Config& config, int64_t vocab_size, const char* who);
 
 struct ResponseLogprobOptions {
   int64_t vocab = 0;                // the logits' width (token ids outside [0, vocab) are refused)
