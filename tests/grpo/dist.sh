@@ -17,40 +17,10 @@ import json
 ascii = "abcdefgh"
 for i in range(40):
     print(json.dumps({"prompt": "%d>" % i, "answer": ascii[i % 8]}))' > "$work/prompts.jsonl"
-cat > "$work/grpo.ini" <<INI
-[run]
-name = grpo-dist
-seed = 4
-backend = cpu
-[model]
-plugin = causal_transformer
-dim = 16
-n_layers = 1
-n_heads = 2
-[objective]
-plugin = grpo
-rewards = format
-loss_type = grpo
-num_generations = 4
-max_completion_length = 5
-beta = 0.05
-[reward]
-format_pattern = [a-z]
-[data]
-source = prompt_jsonl
-path = $work/prompts.jsonl
-tokenizer = $work/bytes
-prompt_len = 4
-val_count = 8
-[optim]
-name = adamw
-lr = 0.01
-[trainer]
-steps = 6
-log_every = 1
-eval_every = 6
-INI
-common=(train --config "$work/grpo.ini")
+common=(train --config "$here/../grpo/tiny.ini" --data.path "$work/prompts.jsonl" --data.tokenizer "$work/bytes"
+        --run.seed 4 --objective.rewards format --reward.format_pattern "[a-z]" --objective.loss_type grpo
+        --objective.max_completion_length 5 --objective.beta 0.05 --data.prompt_len 4 --data.val_count 8
+        --trainer.steps 6 --trainer.eval_every 6 --trainer.checkpoint_every 0)
 run "$work/one.log" "${common[@]}" --run-dir "$work/one" --data.batch_size 4
 run_mpi 2 "$work/two.log" "${common[@]}" --run-dir "$work/two" --data.batch_size 2 --run.dist mpi
 run_mpi 2 "$work/accum.log" "${common[@]}" --run-dir "$work/accum" --data.batch_size 1 --trainer.grad_accum 2 \

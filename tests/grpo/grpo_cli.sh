@@ -21,43 +21,12 @@ refused() {  # refused MESSAGE ARGS...: exit status 2 and MESSAGE in the output
 printf 'placeholder\n' > "$work/corpus.txt"
 "$bin/dew-tokenize" --input "$work/corpus.txt" --out "$work/bytes" > "$work/tok.log"
 for i in $(seq 0 23); do printf '{"prompt": "%d+%d=", "answer": "%d"}\n' $((i % 7)) $((i % 5)) $((i % 7 + i % 5)); done > "$work/prompts.jsonl"
-cat > "$work/grpo.ini" <<INI
-[run]
-name = grpo-cli
-seed = 1
-backend = cpu
-[model]
-plugin = causal_transformer
-dim = 16
-n_layers = 1
-n_heads = 2
-[objective]
-plugin = grpo
-rewards = format, contains
-reward_weights = 1, 0.5
-num_generations = 4
-max_completion_length = 6
-beta = 0.02
-[reward]
-format_pattern = [a-m]
-[data]
-source = prompt_jsonl
-path = $work/prompts.jsonl
-tokenizer = $work/bytes
-prompt_len = 8
-val_count = 4
-batch_size = 4
-[optim]
-name = adamw
-lr = 0.01
-[trainer]
-steps = 4
-log_every = 1
-eval_every = 4
-checkpoint_every = 2
-INI
-run train --config "$work/grpo.ini" --run-dir "$work/A"
-run train --config "$work/grpo.ini" --run-dir "$work/B" --trainer.stop_at 2
+here=$(cd "$(dirname "$0")" && pwd)
+common=(--config "$here/tiny.ini" --data.path "$work/prompts.jsonl" --data.tokenizer "$work/bytes"
+        --objective.rewards "format, contains" --objective.reward_weights "1, 0.5" --objective.beta 0.02
+        --reward.format_pattern "[a-m]")
+run train "${common[@]}" --run-dir "$work/A"
+run train "${common[@]}" --run-dir "$work/B" --trainer.stop_at 2
 run train --run-dir "$work/B" --resume
 lines() { grep -o '"step":[0-9]*,"loss":[^,}]*' "$1/metrics.jsonl"; }
 rewards() { grep -o '"reward_contains":[^,}]*\|"reward_format":[^,}]*\|"kl":[^,}]*' "$1/metrics.jsonl"; }
@@ -76,7 +45,7 @@ out=$("$bin/dew-run" sample --run-dir "$work/A" --prompt "3+4=" --max_new_tokens
 grep -q '"reward_format"' "$work/eval.json" || { cat "$work/eval.json"; echo "eval has no reward_format"; exit 1; }
 # LoRA adapters with beta > 0: the reference is the policy's adapters-off base — no copy in the checkpoint — and the
 # KL to it grows from 0 as the adapters train.
-run train --config "$work/grpo.ini" --run-dir "$work/L" --lora.rank 4 --lora.alpha 8
+run train "${common[@]}" --run-dir "$work/L" --lora.rank 4 --lora.alpha 8
 grep -o '"kl":[^,}]*' "$work/L/metrics.jsonl" | tail -1 | awk -F: '{ exit !($2 > 0) }' ||
   { grep -o '"kl":[^,}]*' "$work/L/metrics.jsonl"; echo "no KL to the adapters-off base"; exit 1; }
 if command -v h5dump > /dev/null; then
@@ -86,8 +55,8 @@ if command -v h5dump > /dev/null; then
   h5dump -n "$work/A/checkpoints/step-00000004.h5" | grep -q "objective.reference.model.embed_tokens.weight" ||
     { echo "the full run's reference copy is not in its checkpoint"; exit 1; }
 fi
-refused "needs [reward] format_pattern" train --config "$work/grpo.ini" --run-dir "$work/C" --reward.format_pattern ""
-refused "reward.bogus" train --config "$work/grpo.ini" --run-dir "$work/D" --reward.bogus 1
+refused "needs [reward] format_pattern" train "${common[@]}" --run-dir "$work/C" --reward.format_pattern ""
+refused "reward.bogus" train "${common[@]}" --run-dir "$work/D" --reward.bogus 1
 printf '{"prompt": 7}\n' >> "$work/prompts.jsonl"
-refused "prompts.jsonl:25: a line is" train --config "$work/grpo.ini" --run-dir "$work/E"
+refused "prompts.jsonl:25: a line is" train "${common[@]}" --run-dir "$work/E"
 echo "grpo through dew-run: resume bit-exact, rewards and validation logged, sample and eval run, refusals in one line"

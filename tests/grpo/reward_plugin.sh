@@ -33,40 +33,10 @@ import json
 ascii = "".join(chr(c) for c in range(32, 127))
 for i in range(20):
     print(json.dumps({"prompt": "echo %d:" % i, "answer": ascii[i:] + ascii[:i]}))' > "$work/prompts.jsonl"
-cat > "$work/grpo.ini" <<INI
-[run]
-name = similarity
-seed = 2
-backend = cpu
-[model]
-plugin = causal_transformer
-dim = 16
-n_layers = 1
-n_heads = 2
-[objective]
-plugin = grpo
-rewards = similarity, accuracy
-reward_weights = 1, 2
-num_generations = 4
-max_completion_length = 3
-log_completions = 4
-[data]
-source = prompt_jsonl
-path = $work/prompts.jsonl
-tokenizer = $work/bytes
-prompt_len = 12
-val_count = 4
-batch_size = 4
-[optim]
-name = adamw
-lr = 0.01
-[trainer]
-steps = 4
-log_every = 1
-eval_every = 4
-checkpoint_every = 2
-INI
-dew train --config "$work/grpo.ini" --run-dir "$work/A"
+common=(--config "$src/tests/grpo/tiny.ini" --data.path "$work/prompts.jsonl" --data.tokenizer "$work/bytes"
+        --run.seed 2 --objective.rewards "similarity, accuracy" --objective.reward_weights "1, 2"
+        --objective.max_completion_length 3 --objective.log_completions 4 --data.prompt_len 12)
+dew train "${common[@]}" --run-dir "$work/A"
 grep -q '"reward_similarity":' "$work/A/metrics.jsonl" || { cat "$work/A/metrics.jsonl"; exit 1; }
 completions="$work/A/samples/completions-step-00000004.jsonl"
 [ -f "$completions" ] || { ls -R "$work/A"; echo "no $completions"; exit 1; }
@@ -95,7 +65,7 @@ nonzero = sum(1 for d in lines if d["scores"]["similarity"] > 0)
 assert nonzero >= 3, "only %d of the completions scored above 0" % nonzero
 print("similarity scores of", len(lines), "completions reproduced,", nonzero, "above 0")
 PY
-dew train --config "$work/grpo.ini" --run-dir "$work/B" --trainer.stop_at 2
+dew train "${common[@]}" --run-dir "$work/B" --trainer.stop_at 2
 dew train --run-dir "$work/B" --resume
 losses() { grep -o '"step":[0-9]*,"loss":[^,}]*' "$1/metrics.jsonl"; }
 [ "$(losses "$work/A" | wc -l)" -eq 4 ] || { echo "expected 4 logged steps"; exit 1; }
