@@ -4,7 +4,8 @@
 # run paused at 2 updates and resumed to 4 logs the straight run's losses and rewards bit for bit; metrics.jsonl has
 # each reward's mean and the validation reward; the run samples and evaluates as an lm run; a missing reward option,
 # an unknown [reward] key and a bad prompt line are each refused in one line with exit status 2; with LoRA adapters
-# the KL penalty's reference is the adapters-off base, not a checkpointed copy.
+# the KL penalty's reference is the adapters-off base, not a checkpointed copy; `train --help` shows the rewards'
+# [reward] options.
 set -euo pipefail
 bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
@@ -25,6 +26,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 common=(--config "$here/tiny.ini" --data.path "$work/prompts.jsonl" --data.tokenizer "$work/bytes"
         --objective.rewards "format, contains" --objective.reward_weights "1, 0.5" --objective.beta 0.02
         --reward.format_pattern "[a-m]")
+run train "${common[@]}" --help
+grep -q "^\[reward\] options of reward 'format' (plugin 'grpo'" "$work/last.log" &&
+  grep -q "^  --reward.format_pattern  " "$work/last.log" || { cat "$work/last.log"; echo "help lacks [reward]"; exit 1; }
 run train "${common[@]}" --run-dir "$work/A"
 run train "${common[@]}" --run-dir "$work/B" --trainer.stop_at 2
 run train --run-dir "$work/B" --resume

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <new>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "dew/optim.hpp"
 #include "dew/registry.hpp"
 #include "dew/report.hpp"
+#include "dew/reward.hpp"
 #include "dew/safetensors.hpp"
 #include "dew/train.hpp"
 #include "openmp_setup.hpp"
@@ -150,6 +152,15 @@ void print_plugin_options(dew::Config& config) {
                "  --optim.lr_scale.<role> (default 1)  multiplies the scheduled learning rate of the role\n"
                "  --optim.roles.<role> PATTERNS  names (shell globs) that get the role instead of the inferred one\n";
   print_component_options("schedule", dew::Schedule::kind, name_in("schedule", "constant"));
+  // The reward functions an RL objective names ([objective] rewards, a comma list), their options in [reward].
+  if (config.has_section("objective") && config.section("objective").values().count("rewards")) {
+    std::stringstream names(config.section("objective").values().at("rewards"));
+    for (std::string name; std::getline(names, name, ',');) {
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      if (!name.empty()) print_component_options("reward", dew::Reward::kind, name);
+    }
+  }
 }
 
 int cmd_train(const std::vector<std::string>& raw) {
