@@ -1,5 +1,6 @@
-// core/train/policy.cpp — dew/policy.hpp: responses' per-token log-probabilities, and dew::ReferencePolicy (the
-// starting weights as a frozen copy or as the LoRA policy's base), for the dpo and grpo objectives.
+// core/train/policy.cpp — dew/policy.hpp: the run's tokenizer and vocabulary, responses' per-token log-probabilities,
+// and dew::ReferencePolicy (the starting weights as a frozen copy or as the LoRA policy's base), for the dpo and grpo
+// objectives.
 #include "dew/policy.hpp"
 
 #include <filesystem>

@@ -30,11 +30,12 @@
 // completion a line. Options ([objective]): rewards (required: comma list of reward names), reward_weights (1 each),
 // num_generations (8), max_completion_length (64), temperature (1), top_p (1), top_k (0), min_p (0), repetition_penalty
 // (1), generation_slots (0: as many as generation_cache_mb (2048) of keys and values hold, measured on the backend for
-// the rollout's context; else that many sequences decoded together), log_completions (4), loss_type (bnpo | grpo |
-// dr_grpo; bnpo), eos_token (the token that ends a completion and is scored with it: a chat model's end of turn such as
-// <|im_end|>; default the tokenizer's EOS),
-// scale_rewards (group | batch | none), beta (0), reference (auto | copy), mask_truncated_completions (false),
-// vocab_size, fused_head, fused_head_mb (as dpo's). Reward functions read their options from [reward].
+// the rollout's context; else that many sequences decoded together; each prompt fed once, its group given copies of
+// its cache), log_completions (4), loss_type (bnpo | grpo | dr_grpo; bnpo), eos_token (the token that ends a completion
+// and is scored with it: a chat model's end of turn such as <|im_end|>; default the tokenizer's EOS), scale_rewards
+// (group | batch | none), beta (0), reference (auto | copy), mask_truncated_completions (false), vocab_size,
+// fused_head, fused_head_mb (as dpo's). Reward functions read their options from [reward]. run.shard = parameters is
+// refused (the rollout decodes with whole parameters).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
