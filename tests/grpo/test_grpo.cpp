@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -335,6 +336,53 @@ TEST_CASE("the built-in rewards: accuracy, contains, number_match, format and ov
                               dew::Options({{"overlong_max_length", "10"}, {"overlong_buffer", "2"}}, "reward"))
           ->score(lengths);
   CHECK(over == std::vector<double>{0.0, -0.5, -1.0, -1.0});
+}
+
+TEST_CASE("the command reward: a program's last output line, its stdin and environment, timeouts, parallel runs") {
+  ref();
+  auto& reg = dew::Registry::global();
+  auto completion = [](const std::string& text, const std::string& answer) {
+    dew::Completion c;
+    c.text = text;
+    c.answer = answer;
+    c.prompt = "p?";
+    c.finish_reason = "eos";
+    return c;
+  };
+  auto command = [&](const std::string& line, const std::vector<std::pair<std::string, std::string>>& more = {}) {
+    dew::Options o({{"command", line}}, "reward");
+    for (const auto& [k, v] : more) o.set(k, v);
+    return reg.create<dew::Reward>("command", o);
+  };
+  // stdin: the completion; stdout's last line: the score (earlier lines ignored); no number: NaN.
+  const auto counts = command("echo noise; tr -cd a | wc -c")
+                          ->score({completion("banana", ""), completion("", ""), completion("aaaa", "")});
+  CHECK(counts == std::vector<double>{3, 0, 4});
+  const auto env = command("printf 'x\\n%s\\n' \"$DEW_ANSWER\"; test \"$DEW_PROMPT\" = 'p?' || echo bad")
+                       ->score({completion("", "42"), completion("", "1.5e1"), completion("", "none")});
+  CHECK(env[0] == 42.0);
+  CHECK(env[1] == 15.0);
+  CHECK(std::isnan(env[2]));
+  // A program that does not read a large stdin (the trainer must not die of SIGPIPE), and one that exits at once.
+  CHECK(command("echo 7")->score({completion(std::string(1 << 20, 'x'), "")}) == std::vector<double>{7});
+  CHECK(std::isnan(command("exit 3")->score({completion("x", "")})[0]));  // nothing printed: not scored
+  // Timeouts: the program (and what it started in its group) killed, its score command_timeout_score; 8 programs of
+  // 0.3 s, 4 at once, finish in about 0.6 s.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto late = command("sleep 20; echo 1", {{"command_timeout", "0.3"}, {"command_timeout_score", "-1"}})
+                        ->score({completion("", ""), completion("", "")});
+  CHECK(late == std::vector<double>{-1, -1});
+  const auto grand = command("(sleep 20 &); echo 5", {{"command_timeout", "0.3"}})->score({completion("", "")});
+  CHECK(grand == std::vector<double>{0});  // its stdout held open by the background sleep: killed at the timeout
+  const double killed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(killed < 5.0);
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto many = command("sleep 0.3; echo 1", {{"command_parallel", "4"}})
+                        ->score(std::vector<dew::Completion>(8, completion("", "")));
+  CHECK(many == std::vector<double>(8, 1.0));
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() < 2.0);  // not 8 x 0.3 in turn
+  CHECK_THROWS_WITH_AS(reg.create<dew::Reward>("command", dew::Options({}, "reward")),
+                       doctest::Contains("needs [reward] command"), dew::UsageError);
 }
 
 TEST_CASE("grpo's rollout is dew::generate's: completion g of prompt b on Philox stream (position + b) * G + g") {

@@ -254,9 +254,10 @@ class Grpo final : public dew::Objective {
     vocab_size_ = o.get_int("vocab_size", 0);
     fused_head_ = o.get_string("fused_head", "auto");
     fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
-    DEW_USAGE_CHECK(!reward_names_.empty(),
-                    "grpo: option 'objective.rewards' is required: a comma list of reward functions (`dew-run "
-                    "plugins` lists the kind `reward`: accuracy, contains, number_match, format, overlong, ...)");
+    DEW_USAGE_CHECK(
+        !reward_names_.empty(),
+        "grpo: option 'objective.rewards' is required: a comma list of reward functions (`dew-run "
+        "plugins` lists the kind `reward`: accuracy, contains, number_match, format, overlong, command, ...)");
     DEW_USAGE_CHECK(reward_weights_.size() == reward_names_.size(), "option 'objective.reward_weights' has ",
                     reward_weights_.size(), " weights for ", reward_names_.size(), " reward functions");
     for (double w : reward_weights_)

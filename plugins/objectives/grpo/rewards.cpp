@@ -9,6 +9,7 @@
 //                 Equal: |a - b| <= 1e-9 max(1, |b|).
 //   format        1 when the completion matches [reward] format_pattern (std::regex, ECMAScript, searched: anchor it
 //                 with ^ and $ for a whole-text match; '.' does not match a newline, [\s\S] does), else 0.
+//   command       any program as a verifier (command_reward.cpp).
 //   overlong      DAPO's soft overlong punishment over the completion's token count L (EOS not counted): 0 for
 //                 L <= max - buffer, (max - buffer - L) / buffer up to max, -1 beyond ([reward] overlong_max_length,
 //                 overlong_buffer).
@@ -150,8 +151,11 @@ dew::Component<dew::Reward> plain(const char* name, const char* description) {
 
 }  // namespace
 
+void register_command_reward(dew::Registrar& registrar);  // command_reward.cpp
+
 // Called from grpo.cpp's DEW_PLUGIN body (one plugin entry point per library).
 void register_grpo_rewards(dew::Registrar& registrar) {
+  register_command_reward(registrar);
   registrar.add<dew::Reward>(plain<Accuracy>("accuracy", "1 when the trimmed completion equals the trimmed answer"));
   registrar.add<dew::Reward>(plain<Contains>("contains", "1 when the answer occurs in the completion"));
   registrar.add<dew::Reward>(plain<NumberMatch>(

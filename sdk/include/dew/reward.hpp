@@ -6,7 +6,8 @@
 // code prompt): the objective's weighted sum over its reward functions skips it. A reward is created once per run
 // with the [reward] section's options (the keys its Component lists) and may keep state, but its scores must depend
 // only on its inputs for a resumed run to equal a straight one.
-// The grpo plugin registers accuracy, contains, number_match, format and overlong; a plugin adds more:
+// The grpo plugin registers accuracy, contains, number_match, format, overlong and command (a program as verifier);
+// a plugin adds more:
 //   registrar.add<dew::Reward>({.name = "mine", .description = "...",
 //       .factory = [](const dew::Options& o) { return std::make_shared<MyReward>(o); }});
 #pragma once
