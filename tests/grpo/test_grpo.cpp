@@ -381,6 +381,13 @@ TEST_CASE("the command reward: a program's last output line, its stdin and envir
                         ->score(std::vector<dew::Completion>(8, completion("", "")));
   CHECK(many == std::vector<double>(8, 1.0));
   CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() < 2.0);  // not 8 x 0.3 in turn
+  // A program waiting for its stdin's end while a later one runs: it ends at once (no pipe held open by the other).
+  const auto t2 = std::chrono::steady_clock::now();
+  const auto waits = command("if [ \"$DEW_ANSWER\" = slow ]; then sleep 3; fi; wc -c", {{"command_timeout", "2"}})
+                         ->score({completion("abc", "fast"), completion("de", "slow")});
+  CHECK(waits[0] == 3.0);
+  CHECK(waits[1] == 0.0);  // the slow one: killed at its timeout
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count() < 2.9);
   CHECK_THROWS_WITH_AS(reg.create<dew::Reward>("command", dew::Options({}, "reward")),
                        doctest::Contains("needs [reward] command"), dew::UsageError);
 }

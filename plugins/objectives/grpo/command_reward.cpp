@@ -9,7 +9,7 @@
 // interval; a program that cannot be started (fork or pipe failing) is an error naming the command; a program that
 // stops reading its stdin does not kill the trainer (SIGPIPE is blocked around each write and the pending one taken);
 // the child runs only async-signal-safe calls between fork and exec (its environment is built before the fork); of a
-// program's output the last 64 KiB are kept.
+// program's output the last 64 KiB are kept; the pipes are close-on-exec, so no program holds another's stdin open.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -88,8 +88,9 @@ class CommandReward final : public dew::Reward {
 
   Child start(const dew::Completion& c, size_t index) {
     int to_child[2], from_child[2];
-    DEW_CHECK(pipe(to_child) == 0, "reward 'command': pipe() failed: ", std::strerror(errno));
-    if (pipe(from_child) != 0) {
+    // Close-on-exec: a program started later must not hold this one's stdin open (it would never see its end).
+    DEW_CHECK(pipe2(to_child, O_CLOEXEC) == 0, "reward 'command': pipe() failed: ", std::strerror(errno));
+    if (pipe2(from_child, O_CLOEXEC) != 0) {
       close(to_child[0]);
       close(to_child[1]);
       throw dew::Error(dew::ErrorKind::runtime, "reward 'command': pipe() failed: " + std::string(std::strerror(errno)),
