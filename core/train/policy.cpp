@@ -34,6 +34,23 @@ std::shared_ptr<Tokenizer> policy_tokenizer(Config& config, int64_t vocab_size, 
   return tokenizer;
 }
 
+ResponseLogprobOptions read_response_logprob_options(const Options& objective, const char* who) {
+  ResponseLogprobOptions o;
+  o.fused_head = objective.get_string("fused_head", "auto");
+  o.fused_head_mb = objective.get_double("fused_head_mb", 256.0);
+  o.who = who;
+  DEW_USAGE_CHECK(o.fused_head == "auto" || o.fused_head == "true" || o.fused_head == "false",
+                  "option 'objective.fused_head' must be auto, true or false, got '", o.fused_head, "'");
+  DEW_USAGE_CHECK(o.fused_head_mb > 0, "option 'objective.fused_head_mb' must be > 0, got ", o.fused_head_mb);
+  return o;
+}
+
+void check_fused_head(const ResponseLogprobOptions& o, Model& model, const std::string& plugin) {
+  DEW_USAGE_CHECK(o.fused_head != "true" || dynamic_cast<LinearHeadModel*>(&model), o.who,
+                  ": fused_head = true needs a model with a linear head (dew::LinearHeadModel); model '", plugin,
+                  "' has none");
+}
+
 namespace {
 constexpr int32_t kOutsideMask = -1;  // the ignored target of a position outside the mask
 }  // namespace
@@ -78,12 +95,16 @@ Tensor response_token_logprobs(Model& m, const Tensor& ids, const Tensor& mask, 
 ReferencePolicy::ReferencePolicy(Model& policy, const Options& model_options, const std::string& mode, uint64_t seed,
                                  const char* option)
     : policy_(policy), model_options_(model_options), mode_(mode) {
-  DEW_USAGE_CHECK(mode_ == "auto" || mode_ == "copy", "option '", option, "' must be auto or copy, got '", mode_, "'");
+  check_mode(mode_, option);
   copy_ = create_model(model_options_);  // overwritten by the starting weights at freeze()
   copy_->initialize(seed);
   copy_->set_training(false);
   backend_ = default_backend();
   ready_ = Tensor::full({1}, 0.0, DType::f32, backend_);
+}
+
+void ReferencePolicy::check_mode(const std::string& mode, const char* option) {
+  DEW_USAGE_CHECK(mode == "auto" || mode == "copy", "option '", option, "' must be auto or copy, got '", mode, "'");
 }
 
 ReferencePolicy::Kind ReferencePolicy::kind() {

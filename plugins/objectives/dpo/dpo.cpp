@@ -75,10 +75,9 @@ class Dpo final : public dew::Objective {
     model_->initialize(ctx.seed);
     if (!reference_free())
       reference_ = std::make_unique<dew::ReferencePolicy>(*model_, model, reference_mode_, ctx.seed);
-    DEW_USAGE_CHECK(fused_head_ != "true" || dynamic_cast<dew::LinearHeadModel*>(model_.get()),
-                    "dpo: fused_head = true needs a model with a linear head (dew::LinearHeadModel); model '",
-                    model.get_string("plugin", ""), "' has none");
+    dew::check_fused_head(logprob_, *model_, model.get_string("plugin", ""));
     vocab_ = std::atoll(model.values().at("vocab_size").c_str());
+    logprob_.vocab = vocab_;
   }
 
   std::vector<std::string> batch_fields() const override {
@@ -188,8 +187,7 @@ class Dpo final : public dew::Objective {
     loss_type_ = o.get_string("loss", "sigmoid");
     sft_weight_ = o.get_double("sft_weight", loss_type_ == "orpo" ? 1.0 : 0.0);  // ORPO's loss holds the NLL
     vocab_size_ = o.get_int("vocab_size", 0);
-    fused_head_ = o.get_string("fused_head", "auto");
-    fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
+    logprob_ = dew::read_response_logprob_options(o, "dpo");
     reference_mode_ = o.get_string("reference", "auto");
     DEW_USAGE_CHECK(loss_type_ == "sigmoid" || loss_type_ == "hinge" || loss_type_ == "ipo" || loss_type_ == "simpo" ||
                         loss_type_ == "orpo",
@@ -201,23 +199,14 @@ class Dpo final : public dew::Objective {
                     "option 'objective.label_smoothing' must be in [0, 0.5), got ", label_smoothing_);
     DEW_USAGE_CHECK(label_smoothing_ == 0 || loss_type_ == "sigmoid" || loss_type_ == "simpo",
                     "option 'objective.label_smoothing' applies to the sigmoid and simpo losses, not ", loss_type_);
-    DEW_USAGE_CHECK(reference_mode_ == "auto" || reference_mode_ == "copy",
-                    "option 'objective.reference' must be auto or copy, got '", reference_mode_, "'");
-    DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
-                    "option 'objective.fused_head' must be auto, true or false, got '", fused_head_, "'");
-    DEW_USAGE_CHECK(fused_head_mb_ > 0, "option 'objective.fused_head_mb' must be > 0, got ", fused_head_mb_);
+    dew::ReferencePolicy::check_mode(reference_mode_);
     DEW_USAGE_CHECK(beta_ > 0 && std::isfinite(beta_), "option 'objective.beta' must be positive, got ", beta_);
     DEW_USAGE_CHECK(sft_weight_ >= 0, "option 'objective.sft_weight' must be >= 0, got ", sft_weight_);
   }
 
   // Summed log-probabilities of the masked targets: ids, mask [R, S + 1] -> [R] (dew/policy.hpp's per-token ones).
   Tensor sequence_logp(dew::Model& m, const Tensor& ids, const Tensor& mask) const {
-    dew::ResponseLogprobOptions o;
-    o.vocab = vocab_;
-    o.fused_head = fused_head_;
-    o.fused_head_mb = fused_head_mb_;
-    o.who = "dpo";
-    return dew::sum(dew::response_token_logprobs(m, ids, mask, o), 1);
+    return dew::sum(dew::response_token_logprobs(m, ids, mask, logprob_), 1);
   }
 
   Tensor field(const dew::Batch& b, const char* name) const {
@@ -335,9 +324,10 @@ class Dpo final : public dew::Objective {
   std::unique_ptr<dew::ReferencePolicy> reference_;  // null for the reference-free losses
   std::shared_ptr<dew::Tokenizer> tokenizer_;
   dew::BackendPtr backend_;
-  double beta_ = 0.1, sft_weight_ = 0.0, fused_head_mb_ = 256.0;
+  double beta_ = 0.1, sft_weight_ = 0.0;
+  dew::ResponseLogprobOptions logprob_;  // fused_head, fused_head_mb and the vocabulary
   int64_t vocab_size_ = 0, vocab_ = 0;
-  std::string fused_head_ = "auto", reference_mode_ = "auto", loss_type_ = "sigmoid";
+  std::string reference_mode_ = "auto", loss_type_ = "sigmoid";
   double simpo_gamma_ = 0.5, label_smoothing_ = 0.0;
 };
 

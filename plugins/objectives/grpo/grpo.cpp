@@ -107,6 +107,8 @@ class Grpo final : public dew::Objective {
                     " tokens plus max_completion_length = ", max_completion_, " exceed the model's context of ",
                     context, " tokens");
     vocab_ = std::atoll(model.values().at("vocab_size").c_str());
+    logprob_.vocab = vocab_;
+    dew::check_fused_head(logprob_, *model_, model.get_string("plugin", ""));
     eos_id_ = tokenizer_ ? tokenizer_->eos_id() : -1;
     if (!eos_token_.empty()) {  // a chat model's end of turn (e.g. <|im_end|>): one token of the vocabulary
       DEW_USAGE_CHECK(tokenizer_, "grpo: objective.eos_token needs [data] tokenizer");
@@ -149,7 +151,10 @@ class Grpo final : public dew::Objective {
     const Tensor aux = aux_;
     r.loss = aux.defined() ? dew::add(loss, dew::reshape(aux, loss.shape())) : loss;
     if (aux.defined()) r.device_metrics["aux_loss"] = dew::reshape(aux.detach(), {1});
-    rollout_metrics(ro, r.metrics);
+    std::map<std::string, double> sums = empty_sums();
+    add_rollout_sums(ro, sums);
+    for (const auto& [k, v] : validation_metrics(sums))  // the means validation reports, over this micro-batch
+      if (k != "prompts") r.metrics[k] = v;
     r.metrics["rollout_ms"] = rollout_ms;
     r.samples = ro.prompts * ro.group;
     return r;
@@ -158,9 +163,7 @@ class Grpo final : public dew::Objective {
   dew::ValidationResult validate(dew::DataLoader& loader, const dew::StepInfo& info) override {
     dew::NoGradGuard no_grad;
     const bool was = model_->training();
-    std::map<std::string, double> sums{
-        {"prompts", 0.0}, {"completions", 0.0}, {"reward", 0.0}, {"completion_tokens", 0.0}, {"clipped", 0.0}};
-    for (const std::string& n : reward_names_) sums["reward_" + n] = sums["scored_" + n] = 0.0;
+    std::map<std::string, double> sums = empty_sums();
     std::string logged;
     int64_t logged_prompts = 0;
     dew::for_each_pass_batch(loader, loader.source().size(), 0, backend_,
@@ -172,19 +175,7 @@ class Grpo final : public dew::Objective {
                                    logged += completion_lines(ro, b);
                                    ++logged_prompts;
                                  }
-                               sums["prompts"] += double(ro.prompts);
-                               for (size_t i = 0; i < ro.completions.size(); ++i) {
-                                 const dew::Completion& c = ro.completions[i];
-                                 sums["completions"] += 1;
-                                 sums["reward"] += ro.rewards[i];
-                                 sums["completion_tokens"] += double(scored_tokens(c).size());
-                                 sums["clipped"] += c.finish_reason == "length";
-                                 for (size_t f = 0; f < rewards_.size(); ++f)
-                                   if (!std::isnan(ro.scores[f][i])) {
-                                     sums["reward_" + reward_names_[f]] += ro.scores[f][i];
-                                     sums["scored_" + reward_names_[f]] += 1;
-                                   }
-                               }
+                               add_rollout_sums(ro, sums);
                              });
     model_->set_training(was);
     dew::ValidationResult out;
@@ -252,8 +243,7 @@ class Grpo final : public dew::Objective {
     reference_mode_ = o.get_string("reference", "auto");
     mask_truncated_ = o.get_bool("mask_truncated_completions", false);
     vocab_size_ = o.get_int("vocab_size", 0);
-    fused_head_ = o.get_string("fused_head", "auto");
-    fused_head_mb_ = o.get_double("fused_head_mb", 256.0);
+    logprob_ = dew::read_response_logprob_options(o, "grpo");
     DEW_USAGE_CHECK(
         !reward_names_.empty(),
         "grpo: option 'objective.rewards' is required: a comma list of reward functions (`dew-run "
@@ -277,11 +267,7 @@ class Grpo final : public dew::Objective {
     DEW_USAGE_CHECK(scale_rewards_ == "group" || scale_rewards_ == "batch" || scale_rewards_ == "none",
                     "option 'objective.scale_rewards' must be group, batch or none, got '", scale_rewards_, "'");
     DEW_USAGE_CHECK(beta_ >= 0 && std::isfinite(beta_), "option 'objective.beta' must be >= 0, got ", beta_);
-    DEW_USAGE_CHECK(reference_mode_ == "auto" || reference_mode_ == "copy",
-                    "option 'objective.reference' must be auto or copy, got '", reference_mode_, "'");
-    DEW_USAGE_CHECK(fused_head_ == "auto" || fused_head_ == "true" || fused_head_ == "false",
-                    "option 'objective.fused_head' must be auto, true or false, got '", fused_head_, "'");
-    DEW_USAGE_CHECK(fused_head_mb_ > 0, "option 'objective.fused_head_mb' must be > 0, got ", fused_head_mb_);
+    dew::ReferencePolicy::check_mode(reference_mode_);
     dew::validate(sampling_);
   }
 
@@ -324,14 +310,14 @@ class Grpo final : public dew::Objective {
   // Generates G completions for each prompt of the batch and scores them. `position`: the stream position of the
   // batch's first record (draws of record b's g-th completion: Philox stream (position + b) * G + g).
   Rollout rollout(const dew::Batch& batch, uint64_t seed, int64_t position) {
-    const Tensor prompt = field(batch, "prompt");
+    const Tensor prompt = field(batch, "prompt"), answer_bytes = field(batch, "answer");
     const std::vector<int32_t> ids = prompt.to_ints(), lengths = field(batch, "prompt_length").to_ints();
-    const std::vector<int32_t> answers = field(batch, "answer").to_ints(),
+    const std::vector<int32_t> answers = answer_bytes.to_ints(),
                                answer_lengths = field(batch, "answer_length").to_ints();
     Rollout ro;
     ro.prompts = prompt.shape()[0];
     ro.group = group_;
-    const int64_t plen = prompt.shape()[1], alen = field(batch, "answer").shape()[1];
+    const int64_t plen = prompt.shape()[1], alen = answer_bytes.shape()[1];
     std::vector<std::string> prompt_text(static_cast<size_t>(ro.prompts)), answer(static_cast<size_t>(ro.prompts));
     for (int64_t b = 0; b < ro.prompts; ++b) {
       const int32_t n = lengths[size_t(b)];
@@ -480,12 +466,7 @@ class Grpo final : public dew::Objective {
     }
     const Tensor id_t = Tensor::from_ints(ids, {rows, width}, backend_);
     const Tensor mask_t = Tensor::from_ints(mask, {rows, width}, backend_);
-    dew::ResponseLogprobOptions lo;
-    lo.vocab = vocab_;
-    lo.fused_head = fused_head_;
-    lo.fused_head_mb = fused_head_mb_;
-    lo.who = "grpo";
-    const Tensor logp = dew::response_token_logprobs(*model_, id_t, mask_t, lo);
+    const Tensor logp = dew::response_token_logprobs(*model_, id_t, mask_t, logprob_);
     aux_ = model_->auxiliary_loss();  // read before a reference pass makes its own forward
     // ratio = pi / pi_old with pi_old the same policy before this update: 1, with the gradient of logp.
     const Tensor ratio = dew::exp(logp - logp.detach());
@@ -493,7 +474,7 @@ class Grpo final : public dew::Objective {
     double kl_mean = 0;
     if (reference_) {
       Tensor ref;
-      reference_->run([&](dew::Model& m) { ref = dew::response_token_logprobs(m, id_t, mask_t, lo); });
+      reference_->run([&](dew::Model& m) { ref = dew::response_token_logprobs(m, id_t, mask_t, logprob_); });
       const Tensor d = ref - logp;
       const Tensor k3 = dew::exp(d) - d + (-1.0f);
       loss = loss + dew::sum(k3 * Tensor::from_vector(kl_weight, {rows, s}, backend_));
@@ -515,26 +496,27 @@ class Grpo final : public dew::Objective {
     return loss;
   }
 
-  // The rollout's reward and length metrics (training: means over the micro-batch's completions).
-  void rollout_metrics(const Rollout& ro, std::map<std::string, double>& metrics) const {
-    const double n = double(ro.completions.size());
-    double reward = 0, length = 0, clipped = 0;
+  // The sums a rollout's metrics are made of (validation_metrics() turns them into means): prompts, completions,
+  // rewards, scored tokens, completions cut at the limit, and each function's scores and how many it scored.
+  std::map<std::string, double> empty_sums() const {
+    std::map<std::string, double> sums{
+        {"prompts", 0.0}, {"completions", 0.0}, {"reward", 0.0}, {"completion_tokens", 0.0}, {"clipped", 0.0}};
+    for (const std::string& n : reward_names_) sums["reward_" + n] = sums["scored_" + n] = 0.0;
+    return sums;
+  }
+  void add_rollout_sums(const Rollout& ro, std::map<std::string, double>& sums) const {
+    sums["prompts"] += double(ro.prompts);
     for (size_t i = 0; i < ro.completions.size(); ++i) {
-      reward += ro.rewards[i] / n;
-      length += double(scored_tokens(ro.completions[i]).size()) / n;
-      clipped += (ro.completions[i].finish_reason == "length") / n;
-    }
-    metrics["reward"] = reward;
-    metrics["completion_length"] = length;
-    metrics["clipped_ratio"] = clipped;
-    for (size_t f = 0; f < rewards_.size(); ++f) {
-      double sum = 0, count = 0;
-      for (double v : ro.scores[f])
-        if (!std::isnan(v)) {
-          sum += v;
-          ++count;
+      const dew::Completion& c = ro.completions[i];
+      sums["completions"] += 1;
+      sums["reward"] += ro.rewards[i];
+      sums["completion_tokens"] += double(c.tokens.size()) + (c.finish_reason == "eos");  // scored_tokens(c).size()
+      sums["clipped"] += c.finish_reason == "length";
+      for (size_t f = 0; f < rewards_.size(); ++f)
+        if (!std::isnan(ro.scores[f][i])) {
+          sums["reward_" + reward_names_[f]] += ro.scores[f][i];
+          sums["scored_" + reward_names_[f]] += 1;
         }
-      metrics["reward_" + reward_names_[f]] = count > 0 ? sum / count : 0.0;
     }
   }
 
@@ -553,9 +535,10 @@ class Grpo final : public dew::Objective {
   int64_t slot_bytes_ = 0, slot_bytes_context_ = -1;  // one slot's cache bytes, measured for this context
   int32_t eos_id_ = -1;                               // where a completion ends: the tokenizer's EOS or eos_token's
   std::string eos_token_;
-  double beta_ = 0.0, fused_head_mb_ = 256.0, cache_mb_ = 2048.0;
+  double beta_ = 0.0, cache_mb_ = 2048.0;
+  dew::ResponseLogprobOptions logprob_;  // fused_head, fused_head_mb and the vocabulary
   bool mask_truncated_ = false;
-  std::string loss_type_ = "bnpo", scale_rewards_ = "group", reference_mode_ = "auto", fused_head_ = "auto";
+  std::string loss_type_ = "bnpo", scale_rewards_ = "group", reference_mode_ = "auto";
 };
 
 }  // namespace

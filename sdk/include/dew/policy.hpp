@@ -43,6 +43,11 @@ struct ResponseLogprobOptions {
   double fused_head_mb = 256.0;     // MiB of f32 logits past which auto fuses the head, and per chunk
   const char* who = "policy";       // names the caller in errors
 };
+// An objective's fused_head (auto | true | false) and fused_head_mb (> 0) options, refused otherwise naming
+// 'objective.<key>'; `who` names the objective in later errors (vocab is the caller's to set).
+ResponseLogprobOptions read_response_logprob_options(const Options& objective, const char* who);
+// Refuses fused_head = true for a model without a linear head (dew::LinearHeadModel); `plugin` names the model.
+void check_fused_head(const ResponseLogprobOptions& o, Model& model, const std::string& plugin);
 // ids, mask [R, S + 1] (i32; mask 1 on the scored targets) -> f32 [R, S], differentiable through the model.
 Tensor response_token_logprobs(Model& model, const Tensor& ids, const Tensor& mask, const ResponseLogprobOptions& o);
 
@@ -53,6 +58,10 @@ class ReferencePolicy {
   // `option`, the objective's key).
   ReferencePolicy(Model& policy, const Options& model_options, const std::string& mode, uint64_t seed,
                   const char* option = "objective.reference");
+
+  // Refuses a mode other than auto or copy, naming `option` (an objective checks its option at once, whether or not
+  // it will make a reference).
+  static void check_mode(const std::string& mode, const char* option = "objective.reference");
 
   enum class Kind { base, copy };
   Kind kind();
