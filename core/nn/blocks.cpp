@@ -339,22 +339,8 @@ Tensor Attention::forward_slots(const Tensor& x, const Tensor& positions, Tensor
             "Attention: a slot step takes x [N, 1, dim] and N slots and positions, got ", shape_str(x.shape()), ", ",
             slots.size(), " slots and ", pasts.size(), " positions");
   auto [q, k_new, v_new] = project(x, positions);
-  const Tensor k = as_cache_dtype(k_new, k_slots), v = as_cache_dtype(v_new, v_slots);
-  std::vector<Tensor> out;
-  // Rows on consecutive slots at one position (the samples of one prompt, decoding in step) go as one batch: one
-  // write and one attention call for the run instead of one each per row (attention computes each batch row alone:
-  // the same bits).
-  for (int64_t i = 0, e = 0; i < n; i = e) {
-    const int64_t slot = slots[size_t(i)], past = pasts[size_t(i)];
-    for (e = i + 1; e < n && slots[size_t(e)] == slot + (e - i) && pasts[size_t(e)] == past;) ++e;
-    Tensor kc = k_slots.slice0(slot, slot + (e - i)), vc = v_slots.slice0(slot, slot + (e - i));
-    write_rows(k.slice0(i, e), kc, past);
-    write_rows(v.slice0(i, e), vc, past);
-    AttentionParams p = params();
-    p.q_offset = past;
-    out.push_back(attention(q.slice0(i, e), prefix(kc, past + 1), prefix(vc, past + 1), p));
-  }
-  const Tensor o = n == 1 ? out[0] : concat(out, 0);
+  // Every row's cache write and attention in one kernel call (attention_slots: each row the bits of its solo step).
+  const Tensor o = attention_slots(q, k_new, v_new, slots, pasts, k_slots, v_slots, params());
   return o_proj->forward(reshape(o, {n, 1, cfg.num_heads * cfg.head_dim}));
 }
 

@@ -4,13 +4,13 @@
 // f16 and the backend's supports() says no for that kernel and dtype, the call converts around the f32
 // kernel: each half input is widened to an f32 temporary, each half output gets an f32 temporary
 // (filled from the output first for the kernels that read their outputs: scatter_add_rows, matmul with
-// beta, rms_norm_backward's accumulate, the optimizers), the f32 kernel runs, and the temporaries are rounded
-// back (nearest even) into the outputs (an accumulated sum then rounds once, not as a half add would: callers
-// that promise the bits of a separate add accumulate only where the backend supports the dtype). So every backend runs
-// mixed precision; a backend makes it fast by supporting the dtype. Every call is shown first to the thread's step
-// recorder, when one records (step_record.hpp). Invariants: the dtype-agnostic kernels (fill, cast, strided_copy,
-// gather_rows) are called directly; statistics (mean, rstd, lse, losses) are f32 and never converted; a supported call
-// is a plain call.
+// beta, rms_norm_backward's accumulate, the optimizers, attention_slots' caches), the f32 kernel runs, and the
+// temporaries are rounded back (nearest even) into the outputs (an accumulated sum then rounds once, not as a half add
+// would: callers that promise the bits of a separate add accumulate only where the backend supports the dtype). So
+// every backend runs mixed precision; a backend makes it fast by supporting the dtype. Every call is shown first to the
+// thread's step recorder, when one records (step_record.hpp). Invariants: the dtype-agnostic kernels (fill, cast,
+// strided_copy, gather_rows) are called directly; statistics (mean, rstd, lse, losses) are f32 and never converted; a
+// supported call is a plain call.
 #pragma once
 #include <tuple>
 #include <type_traits>
@@ -39,6 +39,7 @@ inline bool reads_outputs(Kernel k) {
     case Kernel::adamw_update:
     case Kernel::sgd_update:
     case Kernel::lamb_update:
+    case Kernel::attention_slots:  // the caches: read up to each row's position, one row written
       return true;
     default:
       return false;

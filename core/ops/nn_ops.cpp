@@ -239,6 +239,22 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   return out;
 }
 
+Tensor attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new, const std::vector<int64_t>& slots,
+                       const std::vector<int64_t>& positions, Tensor& k_cache, Tensor& v_cache,
+                       const AttentionParams& p) {
+  DEW_CHECK(!needs_grad({&q, &k_new, &v_new}), "attention_slots: decoding over a cache records no gradient");
+  for (const Tensor* t : {&k_new, &v_new, static_cast<const Tensor*>(&k_cache), static_cast<const Tensor*>(&v_cache)})
+    check_same_backend(q, *t, "attention_slots");
+  const auto in_cache_dtype = [&](const Tensor& t) {
+    return t.dtype() == k_cache.dtype() ? t.detach() : cast(t, k_cache.dtype()).detach();
+  };
+  const Tensor k = in_cache_dtype(k_new), v = in_cache_dtype(v_new);
+  Tensor out = empty_like(q);
+  // The contract (check_attention_slots) is checked by every backend's kernel; an empty batch has nothing to write.
+  if (!slots.empty()) kernels(q).attention_slots(q.detach(), k, v, slots, positions, k_cache, v_cache, out, p);
+  return out;
+}
+
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset) {
   DEW_CHECK(p >= 0.0f && p < 1.0f, "dropout: p = ", p, " must be in [0, 1)");
   if (p == 0.0f) return x;

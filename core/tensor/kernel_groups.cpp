@@ -1,5 +1,5 @@
 // core/tensor/kernel_groups.cpp — what every backend shares of the grouped kernels (dew/backend.hpp): the contract
-// checks of adamw_update_group, lerp_group and sum_squares_group, and their one-tensor-at-a-time forms.
+// checks of adamw_update_group, lerp_group, sum_squares_group and attention_slots, and their one-at-a-time forms.
 // Invariant: a group is valid only if no byte one slot writes is read or written by another slot, so the slots
 // may run in any order or all at once (a device's one launch) with the bits of the one-tensor kernel.
 #include <algorithm>
@@ -128,6 +128,73 @@ void sum_squares_each_reduce(Backend& be, const std::vector<Tensor>& xs, Tensor&
       be.fill(slot, 0.0);
     else
       be.reduce(xs[i], slot, ReduceParams{ReduceOp::sumsq, 1, xs[i].numel(), 1});
+  }
+}
+
+void check_attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new, const std::vector<int64_t>& slots,
+                           const std::vector<int64_t>& positions, const Tensor& k_cache, const Tensor& v_cache,
+                           const Tensor& out, const char* who) {
+  for (const Tensor* t : {&q, &k_new, &v_new, &k_cache, &v_cache, &out})
+    DEW_CHECK(t->defined() && is_floating(t->dtype()), who,
+              ".attention_slots: q, k_new, v_new, the caches and out "
+              "must be defined floating tensors");
+  DEW_CHECK(k_cache.ndim() == 4 && v_cache.shape() == k_cache.shape(), who,
+            ".attention_slots: the caches must be "
+            "[slots, C, Hkv, D] of one shape, got ",
+            shape_str(k_cache.shape()), " and ", shape_str(v_cache.shape()));
+  const int64_t n_slots = k_cache.size(0), capacity = k_cache.size(1), hkv = k_cache.size(2), d = k_cache.size(3);
+  const int64_t n = int64_t(slots.size());
+  DEW_CHECK(positions.size() == slots.size(), who, ".attention_slots: ", slots.size(), " slots but ", positions.size(),
+            " positions");
+  DEW_CHECK(q.ndim() == 4 && q.size(0) == n && q.size(1) == 1 && q.size(3) == d && hkv > 0 && q.size(2) > 0 &&
+                q.size(2) % hkv == 0,
+            who, ".attention_slots: q ", shape_str(q.shape()), " is not [", n, ", 1, Hq, ", d,
+            "] with Hq a multiple of the caches' ", hkv, " kv heads");
+  const Shape kv_rows{n, 1, hkv, d};
+  DEW_CHECK(k_new.shape() == kv_rows && v_new.shape() == kv_rows && out.shape() == q.shape(), who,
+            ".attention_slots: k_new ", shape_str(k_new.shape()), " and v_new ", shape_str(v_new.shape()), " must be ",
+            shape_str(kv_rows), " and out ", shape_str(out.shape()), " q's shape");
+  const DType cache = k_cache.dtype();
+  DEW_CHECK(v_cache.dtype() == cache && k_new.dtype() == cache && v_new.dtype() == cache && out.dtype() == q.dtype() &&
+                (q.dtype() == cache || (q.dtype() == DType::f32 && cache == DType::bf16)),
+            who, ".attention_slots: q ", dtype_name(q.dtype()), ", out ", dtype_name(out.dtype()), ", k_new ",
+            dtype_name(k_new.dtype()), ", v_new ", dtype_name(v_new.dtype()), ", caches ", dtype_name(cache), " and ",
+            dtype_name(v_cache.dtype()), ": one dtype, or f32 q and out over a bf16 cache and its new rows");
+  for (int64_t i = 0; i < n; ++i) {
+    DEW_CHECK(slots[size_t(i)] >= 0 && slots[size_t(i)] < n_slots, who, ".attention_slots: row ", i, "'s slot ",
+              slots[size_t(i)], " is outside the cache's ", n_slots, " slots");
+    DEW_CHECK(positions[size_t(i)] >= 0 && positions[size_t(i)] < capacity, who, ".attention_slots: row ", i,
+              "'s position ", positions[size_t(i)], " is outside the cache's ", capacity, " positions");
+  }
+  std::vector<int64_t> sorted = slots;
+  std::sort(sorted.begin(), sorted.end());
+  DEW_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), who,
+            ".attention_slots: a slot appears in two rows (each row writes its slot's cache)");
+}
+
+void attention_slots_each(Backend& be, const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                          const std::vector<int64_t>& slots, const std::vector<int64_t>& positions, Tensor& k_cache,
+                          Tensor& v_cache, Tensor& out, const AttentionParams& p) {
+  check_attention_slots(q, k_new, v_new, slots, positions, k_cache, v_cache, out, be.name().c_str());
+  const int64_t capacity = k_cache.size(1), hkv = k_cache.size(2), d = k_cache.size(3), row = hkv * d;
+  const Tensor lse = Tensor::empty({1, q.size(2), 1}, DType::f32, q.backend_ptr());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t slot = slots[i], pos = positions[i];
+    StridedCopyParams cp;  // row i of k_new / v_new -> [slot, pos] of the cache
+    cp.shape = {row};
+    cp.src_strides = cp.dst_strides = {1};
+    cp.src_offset = int64_t(i) * row;
+    cp.dst_offset = (slot * capacity + pos) * row;
+    be.strided_copy(k_new, k_cache, cp);
+    be.strided_copy(v_new, v_cache, cp);
+    const auto prefix = [&](const Tensor& c) {
+      return c.slice0(slot, slot + 1).reshape({capacity, hkv, d}).slice0(0, pos + 1).reshape({1, pos + 1, hkv, d});
+    };
+    AttentionParams row_p = p;
+    row_p.causal = true;
+    row_p.q_offset = pos;
+    Tensor out_i = out.slice0(int64_t(i), int64_t(i) + 1), lse_i = lse;
+    be.attention(q.slice0(int64_t(i), int64_t(i) + 1), prefix(k_cache), prefix(v_cache), Tensor(), out_i, lse_i, row_p);
   }
 }
 

@@ -9,6 +9,7 @@
 // bf16 q, k, v on AVX512-BF16 (attention_bf16.cpp's vdpbf16ps kernels): against the reference on the bf16-rounded
 // inputs within bounds in bf16 epsilons (see that section), the same bits at 1 to 3 threads; their f32-output (medium)
 // form rounds to the bf16 outputs bit for bit; skipped without the ISA.
+// attention_slots (a decode step over a slot cache): each row equal to attention_forward alone on its slot's prefix.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <omp.h>
@@ -349,6 +350,104 @@ TEST_CASE("cpu attention: row tasks over head groups, the same bits at every thr
     }
     omp_set_num_threads(saved);
   }
+}
+
+// attention_slots (a server's decode step: rows on their own slots and positions, one call): each row's out equals
+// attention_forward on that row alone over a copy of its slot's first position + 1 keys, bit for bit, on every path
+// this CPU has and at 1 to 3 threads (enough K/V that 2 and 3 threads split the rows' tasks); the caches change only
+// at the rows written, which hold k_new / v_new exactly; f32 and bf16 caches; misuse refused.
+namespace {
+
+struct SlotsConfig {
+  std::string name;
+  int64_t n_slots, C, Hq, Hkv, D;
+  std::vector<int64_t> slots, positions;
+  int64_t window = 0;
+  float softcap = 0.0f;
+};
+
+void run_slots(const SlotsConfig& c, DType kv, cpu::Isa isa) {
+  const BackendPtr be = host();
+  const int64_t n = int64_t(c.slots.size()), row = c.Hkv * c.D;
+  const Shape qs{n, 1, c.Hq, c.D}, news{n, 1, c.Hkv, c.D}, caches{c.n_slots, c.C, c.Hkv, c.D};
+  const Tensor q = Tensor::from_vector(random_vec(size_t(numel_of(qs)), 21), qs, be);
+  const Tensor k_new = Tensor::from_vector(random_vec(size_t(numel_of(news)), 22), news, be, kv);
+  const Tensor v_new = Tensor::from_vector(random_vec(size_t(numel_of(news)), 23), news, be, kv);
+  const std::vector<float> k0 = random_vec(size_t(numel_of(caches)), 24), v0 = random_vec(size_t(numel_of(caches)), 25);
+  AttentionParams p;
+  p.scale = float(1.0 / std::sqrt(double(c.D)));
+  p.window = c.window;
+  p.softcap = c.softcap;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    INFO(c.name, " ", dtype_name(kv), " isa=", std::string(cpu::isa_name(isa)), " threads=", threads);
+    Tensor k_cache = Tensor::from_vector(k0, caches, be, kv), v_cache = Tensor::from_vector(v0, caches, be, kv);
+    const std::vector<float> k_before = k_cache.to_floats(), v_before = v_cache.to_floats();
+    Tensor out = Tensor::full(qs, 7.0, DType::f32, be);
+    check_attention_slots(q, k_new, v_new, c.slots, c.positions, k_cache, v_cache, out, "test");
+    cpu::attention_slots_forward(q, k_new, v_new, c.slots, c.positions, k_cache, v_cache, out, p, isa);
+    // The caches: the written rows hold the new rows, every other element is as it was.
+    std::vector<float> k_want = k_before, v_want = v_before;
+    const std::vector<float> kn = k_new.to_floats(), vn = v_new.to_floats();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t e = 0; e < row; ++e) {
+        const size_t at = size_t((c.slots[size_t(i)] * c.C + c.positions[size_t(i)]) * row + e);
+        k_want[at] = kn[size_t(i * row + e)];
+        v_want[at] = vn[size_t(i * row + e)];
+      }
+    const std::vector<float> k_after = k_cache.to_floats(), v_after = v_cache.to_floats();
+    CHECK(std::memcmp(k_after.data(), k_want.data(), k_want.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(v_after.data(), v_want.data(), v_want.size() * sizeof(float)) == 0);
+    // Each row against attention_forward alone on a copy of its slot's prefix.
+    const std::vector<float> got = out.to_floats();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = c.slots[size_t(i)], len = c.positions[size_t(i)] + 1;
+      const Shape ps{1, len, c.Hkv, c.D}, q1s{1, 1, c.Hq, c.D};
+      const auto prefix = [&](const std::vector<float>& cache) {
+        const auto begin = cache.begin() + slot * c.C * row;
+        return Tensor::from_vector(std::vector<float>(begin, begin + len * row), ps, be, kv);  // exact: bf16 values
+      };
+      const std::vector<float> qv = q.to_floats();
+      const Tensor q1 = Tensor::from_vector(
+          std::vector<float>(qv.begin() + i * c.Hq * c.D, qv.begin() + (i + 1) * c.Hq * c.D), q1s, be);
+      Tensor want = Tensor::empty(q1s, DType::f32, be), lse = Tensor::empty({1, c.Hq, 1}, DType::f32, be);
+      AttentionParams solo = p;
+      solo.q_offset = len - 1;
+      cpu::attention_forward(q1, prefix(k_after), prefix(v_after), Tensor(), want, lse, solo, isa);
+      const std::vector<float> w = want.to_floats();
+      INFO("row ", i, " slot ", slot, " position ", len - 1);
+      CHECK(std::memcmp(got.data() + i * c.Hq * c.D, w.data(), w.size() * sizeof(float)) == 0);
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
+
+TEST_CASE("cpu attention_slots: each row the bits of attention alone over its slot's prefix, every path, 1-3 threads") {
+  const std::vector<SlotsConfig> cs = {
+      {"gqa, rows out of slot order, position 0 and the last", 6, 300, 8, 2, 64, {4, 1, 5, 0, 2}, {299, 0, 150, 77, 1}},
+      {"window softcap D24", 4, 90, 4, 1, 24, {2, 0, 3}, {89, 30, 5}, 16, 5.0f},
+      {"one row, 20 heads (two head groups)", 3, 200, 20, 5, 64, {2}, {180}},
+  };
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::portable}) {
+    if (int(isa) > int(cpu::best_isa())) continue;
+    for (const SlotsConfig& c : cs)
+      for (DType kv : {DType::f32, DType::bf16}) run_slots(c, kv, isa);
+  }
+  // Misuse: a slot twice, a slot or a position outside the cache, rows and positions of two lengths.
+  const BackendPtr be = host();
+  const Tensor q = Tensor::zeros({2, 1, 2, 16}, DType::f32, be), kn = Tensor::zeros({2, 1, 2, 16}, DType::f32, be);
+  Tensor kc = Tensor::zeros({3, 8, 2, 16}, DType::f32, be), vc = Tensor::zeros({3, 8, 2, 16}, DType::f32, be);
+  Tensor out = Tensor::empty({2, 1, 2, 16}, DType::f32, be);
+  CHECK_THROWS_AS(check_attention_slots(q, kn, kn, {1, 1}, {0, 1}, kc, vc, out, "test"), Error);
+  CHECK_THROWS_AS(check_attention_slots(q, kn, kn, {1, 3}, {0, 1}, kc, vc, out, "test"), Error);
+  CHECK_THROWS_AS(check_attention_slots(q, kn, kn, {1, 2}, {0, 8}, kc, vc, out, "test"), Error);
+  CHECK_THROWS_AS(check_attention_slots(q, kn, kn, {1, 2}, {0}, kc, vc, out, "test"), Error);
+  const Tensor kn16 = Tensor::zeros({2, 1, 2, 16}, DType::bf16, be);
+  CHECK_THROWS_AS(check_attention_slots(q, kn16, kn16, {1, 2}, {0, 1}, kc, vc, out, "test"), Error);  // new rows' dtype
+  CHECK_NOTHROW(check_attention_slots(q, kn, kn, {2, 0}, {7, 0}, kc, vc, out, "test"));
 }
 
 // ---------------------------------------------------------------- bf16 on vdpbf16ps (attention_bf16.cpp)

@@ -8,7 +8,8 @@
 // over logits of those vocabularies, a model's EMA update (dew::lerp_towards, the fused lerp_group, against its
 // definition of three kernels a tensor), and the MLP activation GELU-tanh forward and backward (with and without its
 // bias sums fused) in f32 and bf16 and a bf16-mixed step's widened gradient products against a bf16 product then a cast
-// (`--only matmul|attention|decode|loss|sampling|ema|activations|widened` runs one part).
+// (`--only matmul|attention|decode|loss|sampling|ema|activations|widened` runs one part), and serving's decode
+// attention over a slot cache, one call against row by row (`--only slots`).
 // One JSON line per measurement. With
 // --matmul-precision medium the dew side runs bf16 operands (conversions included) while the direct
 // oneDNN call stays f32: the ratio is then the speed-up the precision buys.
@@ -226,6 +227,42 @@ int run_kernels(const BenchOptions& opt) {
           "\"threads\":%d,\"us\":%.2f,\"kv_gbs\":%.1f}\n",
           (long long)H, (long long)S, (long long)D, dtype_name(kv), opt.backend.c_str(), opt.threads, sec * 1e6,
           double(k.nbytes() + v.nbytes()) / sec * 1e-9);
+      std::fflush(stdout);
+    }
+  }
+
+  // Serving's decode attention (attention_slots): 16 rows on their own slots of a 16-slot cache of S positions, at
+  // positions spread over it (row r at (r + 1) * S / 16 - 1, as a server's requests admitted at different times),
+  // char-small's 6 heads of 64, f32 and bf16 caches: the backend's kernel (one call for every row) against its
+  // definition row by row (attention_slots_each: a write pair and an attention call per row, the path before).
+  for (DType kv : {DType::f32, DType::bf16}) {
+    if (!opt.only.empty() && opt.only != "slots") break;
+    if (!be->supports(Kernel::attention_slots, kv).ok) continue;
+    for (const int64_t S : {256, 1024}) {
+      const int64_t rows = 16, H = 6, D = 64;
+      std::vector<int64_t> slots, positions;
+      for (int64_t r = 0; r < rows; ++r) {
+        slots.push_back((r * 7) % rows);  // out of order, as a server's free slots come
+        positions.push_back((r + 1) * S / rows - 1);
+      }
+      Tensor q = Tensor::normal({rows, 1, H, D}, 0, 1, 2, 5, be);
+      Tensor kn = cast(Tensor::normal({rows, 1, H, D}, 0, 1, 2, 6, be), kv),
+             vn = cast(Tensor::normal({rows, 1, H, D}, 0, 1, 2, 7, be), kv);
+      Tensor kc = cast(Tensor::normal({rows, S, H, D}, 0, 1, 2, 8, be), kv),
+             vc = cast(Tensor::normal({rows, S, H, D}, 0, 1, 2, 9, be), kv);
+      AttentionParams p;
+      p.scale = float(1.0 / std::sqrt(double(D)));
+      Tensor out = Tensor::empty(q.shape(), DType::f32, be);
+      const double fused = median_seconds([&] { be->attention_slots(q, kn, vn, slots, positions, kc, vc, out, p); },
+                                          opt, [&] { be->synchronize(); });
+      const double each =
+          median_seconds([&] { attention_slots_each(*be, q, kn, vn, slots, positions, kc, vc, out, p); }, opt,
+                         [&] { be->synchronize(); });
+      std::printf(
+          "{\"bench\":\"slot_attention\",\"shape\":\"N%lldxH%lldxS%lldxD%lld\",\"kv\":\"%s\",\"backend\":\"%s\","
+          "\"threads\":%d,\"us\":%.2f,\"row_by_row_us\":%.2f,\"speedup\":%.2f}\n",
+          (long long)rows, (long long)H, (long long)S, (long long)D, dtype_name(kv), opt.backend.c_str(), opt.threads,
+          fused * 1e6, each * 1e6, each / fused);
       std::fflush(stdout);
     }
   }

@@ -19,7 +19,7 @@ namespace po = boost::program_options;
 
 namespace {
 // The parts of `dew-bench kernels` (--only), written once: the usage, the option's help and its check read it.
-#define DEW_BENCH_KERNEL_PARTS "matmul|attention|decode|loss|sampling|ema|activations|widened"
+#define DEW_BENCH_KERNEL_PARTS "matmul|attention|decode|slots|loss|sampling|ema|activations|widened"
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref|cuda] [--matmul-precision P] [--seconds S] [--repeats "
     "R] "

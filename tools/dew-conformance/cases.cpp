@@ -1236,6 +1236,51 @@ void add_attention(Table& t) {
   }
 }
 
+// ---------------------------------------------------------------- attention_slots
+// Decoding rows over a slot cache: each row writes its new K/V row into its slot, then attends over that slot up to
+// its position (K = position + D, attention's tolerance). The caches start as drawn inputs (init_from) and are
+// checked whole: the written rows are copies and every other byte must be left as it was (exact). Rows out of slot
+// order, a row at position 0, one near the capacity, grouped heads; the cpu row tasks' avx512 blocks (D = 64) and
+// their scalar path (D = 24, a window and softcap); f32 q over a bf16 cache (asked as supports(attention_slots, bf16)).
+void add_attention_slots(Table& t) {
+  struct Slots {
+    std::string what;
+    int64_t n_slots, C, Hq, Hkv, D;
+    std::vector<int64_t> slots, positions;
+    int64_t window = 0;
+    float softcap = 0.0f;
+    bool bf16_cache = false;
+  };
+  const std::vector<Slots> ss = {
+      {"rows", 5, 80, 4, 2, 64, {3, 0, 4}, {77, 0, 40}},
+      {"one_row", 2, 48, 6, 6, 64, {1}, {33}},
+      {"window_softcap", 4, 40, 4, 1, 24, {2, 1, 0, 3}, {39, 5, 20, 31}, 8, 4.0f},
+      {"bf16_cache", 4, 70, 4, 2, 64, {1, 3, 2}, {69, 17, 2}, 0, 0.0f, true},
+  };
+  for (const Slots& c : ss) {
+    AttentionParams p;
+    p.scale = float(1.0 / std::sqrt(double(c.D)));
+    p.window = c.window;
+    p.softcap = c.softcap;
+    const int64_t n = int64_t(c.slots.size());
+    const Shape qs{n, 1, c.Hq, c.D}, news{n, 1, c.Hkv, c.D}, caches{c.n_slots, c.C, c.Hkv, c.D};
+    const DT kv = c.bf16_cache ? DT::bf16 : DT::f32;
+    const std::string sh = c.what + "_N" + std::to_string(n) + "C" + std::to_string(c.C) + "H" + std::to_string(c.Hq) +
+                           "kv" + std::to_string(c.Hkv) + "D" + std::to_string(c.D);
+    const Check co = tol(16, double(c.C + c.D));
+    t.add(
+        "attention_slots/" + sh + (c.bf16_cache ? "/f32_bf16kv" : "/f32"), Kernel::attention_slots, {kv},
+        [qs, news, caches, kv](Gen& g) {
+          return In{g.uniform(qs, -2, 2), g.uniform(news, -2, 2, kv), g.uniform(news, -1, 1, kv),
+                    g.uniform(caches, -2, 2, kv), g.uniform(caches, -1, 1, kv)};
+        },
+        {out("k_cache", caches, kv, exact(), 3), out("v_cache", caches, kv, exact(), 4), out("out", qs, DT::f32, co)},
+        [c, p](Backend& be, In& in, Out& o) {
+          be.attention_slots(in[0], in[1], in[2], c.slots, c.positions, o[0], o[1], o[2], p);
+        });
+  }
+}
+
 // ---------------------------------------------------------------- attention_max_logit
 // QK-Clip's statistic: per query head the largest visible raw score (a dot product of D terms: k = 8, K = D).
 // q and k span [-range, range] so that the maxima differ clearly between heads; the shapes cross the cpu
@@ -1995,6 +2040,7 @@ std::vector<Case> all_cases() {
   add_dropout(t);
   add_argmax(t);
   add_attention_max_logit(t);
+  add_attention_slots(t);
   add_large(t);
   add_half(t);
   return std::move(t.cases);

@@ -107,6 +107,11 @@ void attention_max_logit(const Tensor& q, const Tensor& k, const Tensor& segment
                          const AttentionParams& p, Isa isa) {
   DEW_CPU_ISA_CALL(isa, attention_max_logit, q, k, segment_ids, out, p);
 }
+void attention_slots_forward(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                             const std::vector<int64_t>& slots, const std::vector<int64_t>& positions, Tensor& k_cache,
+                             Tensor& v_cache, Tensor& out, const AttentionParams& p, Isa isa) {
+  DEW_CPU_ISA_CALL(isa, attention_slots_forward, q, k_new, v_new, slots, positions, k_cache, v_cache, out, p);
+}
 
 }  // namespace dew::cpu
 
@@ -366,6 +371,10 @@ struct Geo {
   int64_t qoff;
   const int32_t* seg;  // segment ids [B, S], or nullptr (one document)
   int64_t row_heads;   // the row path's query heads per task (<= kMaxRowHeads; set by attention_forward)
+  // The row path over a slot cache (attention_slots): batch row b reads K/V batch kv_batch[b] (S positions each)
+  // with its queries from position qoffs[b]; nullptr: batch b, from qoff.
+  const int64_t* kv_batch;
+  const int64_t* qoffs;
 };
 
 struct Ptrs {
@@ -644,7 +653,7 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
   const int64_t ngroups = (g.Hq + g.row_heads - 1) / g.row_heads;
   const int64_t grp = task % ngroups, bt = task / ngroups, t = bt % g.T, b = bt / g.T, D = g.D;
   const int64_t h0 = grp * g.row_heads, h1 = std::min(g.Hq, h0 + g.row_heads), nh = h1 - h0;
-  const int64_t pos = g.qoff + t;
+  const int64_t pos = (g.qoffs ? g.qoffs[b] : g.qoff) + t, kvb = g.kv_batch ? g.kv_batch[b] : b;
   const int64_t lo = g.window ? std::max<int64_t>(0, pos - g.window + 1) : 0;
   const int64_t hi = g.causal ? std::min<int64_t>(g.S, pos + 1) : g.S;
   float* orow = P.out + (b * g.T + t) * g.qrs;  // head h's output at orow + h * D
@@ -665,8 +674,8 @@ DEW_AI void fwd_row_task(const Geo& g, const Ptrs& P, int64_t task, float* ws) {
     for (int64_t d = 0; d < D; ++d) qs_of(h)[d] = g.scale * qrow[h * D + d];
   // The group's kv heads hk0 .. hk1 - 1: one contiguous span of each position's row.
   const int64_t hk0 = h0 / g.G, span = ((h1 - 1) / g.G - hk0 + 1) * D;
-  const KV* kb = kv_rows<KV>(P.k, P.k16) + b * g.S * g.krs + hk0 * D;
-  const KV* vb = kv_rows<KV>(P.v, P.v16) + b * g.S * g.krs + hk0 * D;
+  const KV* kb = kv_rows<KV>(P.k, P.k16) + kvb * g.S * g.krs + hk0 * D;
+  const KV* vb = kv_rows<KV>(P.v, P.v16) + kvb * g.S * g.krs + hk0 * D;
   const int64_t n = hi - lo, npad = (n + L - 1) / L * L;
   int64_t koff[kMaxRowHeads];  // head h's slice of a position's span, (h / G - hk0) * D: no division per position
   for (int64_t h = h0; h < h1; ++h) koff[h - h0] = (h / g.G - hk0) * D;
@@ -1255,6 +1264,75 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
     }
+  }
+}
+
+// attention_slots: every row's cache write, then the row tasks of attention_forward over all rows at once, row b's
+// K/V from its slot (Geo::kv_batch, S = the slots' capacity C) and its query at its own position (Geo::qoffs). A
+// row at position pos sees keys lo .. pos exactly as attention_forward on the slot's first pos + 1 keys does (the
+// causal bound min(S, pos + 1) is pos + 1 either way), with the same task code: the same bits. Parallel over the
+// rows' (row, head group) tasks when their K/V reads pass kRowSerialBytes together, as attention_forward splits.
+void attention_slots_forward(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                             const std::vector<int64_t>& slots, const std::vector<int64_t>& positions, Tensor& k_cache,
+                             Tensor& v_cache, Tensor& out, const AttentionParams& p) {
+  DEW_CHECK(q.dtype() == DType::f32 && out.dtype() == DType::f32, "cpu attention_slots: the row tasks take f32 q");
+  DEW_CHECK(p.window >= 0 && p.softcap >= 0.0f, "cpu attention_slots: window and softcap must be >= 0");
+  const int64_t n = q.size(0), capacity = k_cache.size(1);
+  constexpr int64_t kMaxPos = int64_t(1) << 30;  // lane positions are int32
+  DEW_CHECK(capacity < kMaxPos, "cpu attention_slots: ", capacity, " cache positions are too many");
+  if (n == 0) return;
+  const bool bf16_kv = k_cache.dtype() == DType::bf16;
+  const int64_t esize = bf16_kv ? int64_t(sizeof(uint16_t)) : int64_t(sizeof(float));
+  const int64_t row_bytes = k_cache.size(2) * k_cache.size(3) * esize;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = (slots[size_t(i)] * capacity + positions[size_t(i)]) * row_bytes;
+    std::memcpy(static_cast<char*>(k_cache.data()) + at, static_cast<const char*>(k_new.data()) + i * row_bytes,
+                size_t(row_bytes));
+    std::memcpy(static_cast<char*>(v_cache.data()) + at, static_cast<const char*>(v_new.data()) + i * row_bytes,
+                size_t(row_bytes));
+  }
+  Geo g{};
+  g.B = n, g.T = 1, g.S = capacity, g.Hq = q.size(2), g.Hkv = k_cache.size(2), g.D = q.size(3);
+  g.G = g.Hq / g.Hkv;
+  g.Dp = (g.D + L - 1) / L * L;
+  g.qrs = g.Hq * g.D;
+  g.krs = g.Hkv * g.D;
+  g.scale = p.scale;
+  g.cap = p.softcap;
+  g.causal = true;
+  g.window = p.window >= kMaxPos ? 0 : p.window;
+  g.kv_batch = slots.data();
+  g.qoffs = positions.data();
+  int64_t reads = 0;  // as attention_forward counts one row's: every query head over the keys it may see, K and V
+  for (int64_t i = 0; i < n; ++i) reads += g.Hq * (positions[size_t(i)] + 1) * g.D * 2 * esize;
+  const int threads = reads < kRowSerialBytes ? 1 : omp_get_max_threads();
+  const int64_t groups = std::min<int64_t>(g.Hq, (threads + n - 1) / n);
+  g.row_heads = std::min<int64_t>(kMaxRowHeads, (g.Hq + groups - 1) / groups);
+  std::vector<float> lse(size_t(n * g.Hq));  // the row tasks write it; a decode step does not read it
+  Ptrs P{};
+  P.q = q.data_as<const float>();
+  P.out = out.data_as<float>();
+  P.lse_out = lse.data();
+  if (bf16_kv) {
+    P.k16 = k_cache.data_as<const uint16_t>();
+    P.v16 = v_cache.data_as<const uint16_t>();
+  } else {
+    P.k = k_cache.data_as<const float>();
+    P.v = v_cache.data_as<const float>();
+  }
+  const FwdFn fn = bf16_kv ? kernels().fwd_row_bf16kv : kernels().fwd_row;
+  const int64_t ntasks = n * ((g.Hq + g.row_heads - 1) / g.row_heads);
+  const size_t ws_size = fwd_row_ws(g);
+  if (ntasks <= 1 || threads == 1) {
+    float* ws = scratch(ws_size);
+    for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
+    return;
+  }
+#pragma omp parallel
+  {
+    float* ws = scratch(ws_size);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) fn(g, P, task, ws);
   }
 }
 

@@ -489,6 +489,7 @@ class CpuBackend final : public Backend {
   Bf16Choice bf16_;
   Isa isa_ = Isa::portable;
   bool decode_panels_ = true;
+  bool fused_slot_attention_ = true;  // option slot_attention: attention_slots' rows in one call (attention.cpp)
   std::string decode_prefetch_ = "auto";      // option decode_prefetch: auto | on | off
   std::atomic<bool> prefetch_panels_{false};  // decode_weights_placed's choice (read by every decode product)
   std::unique_ptr<BlockCache> blocks_;

@@ -62,6 +62,10 @@ CpuBackend::CpuBackend(const Options& options) : dnnl_(std::make_unique<Dnnl>())
   DEW_USAGE_CHECK(panels == "on" || panels == "off", "cpu backend: option 'decode_panels' = '", panels,
                   "' is not one of on, off");
   decode_panels_ = panels == "on";
+  const std::string slot_attention = options.get_string("slot_attention", "fused");
+  DEW_USAGE_CHECK(slot_attention == "fused" || slot_attention == "rows", "cpu backend: option 'slot_attention' = '",
+                  slot_attention, "' is not one of fused, rows");
+  fused_slot_attention_ = slot_attention == "fused";
   decode_prefetch_ = options.get_string("decode_prefetch", "auto");
   DEW_USAGE_CHECK(decode_prefetch_ == "auto" || decode_prefetch_ == "on" || decode_prefetch_ == "off",
                   "cpu backend: option 'decode_prefetch' = '", decode_prefetch_, "' is not one of auto, on, off");
@@ -153,6 +157,16 @@ void CpuBackend::attention_backward_kernel(const Tensor& q, const Tensor& k, con
     return;
   cpu::attention_backward(q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p, isa_);
 }
+// f32 q over an f32 or bf16 cache (a decode step, the served rows): every row in one call (attention.cpp); a bf16 q
+// (a model computing in bf16), or option slot_attention = rows, row by row through attention_kernel above.
+void CpuBackend::attention_slots_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                                        const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
+                                        Tensor& k_cache, Tensor& v_cache, Tensor& out, const AttentionParams& p) {
+  if (is_bf16_call(q) || !fused_slot_attention_)
+    return attention_slots_each(*this, q, k_new, v_new, slots, positions, k_cache, v_cache, out, p);
+  check_attention_slots(q, k_new, v_new, slots, positions, k_cache, v_cache, out, "cpu");
+  attention_slots_forward(q, k_new, v_new, slots, positions, k_cache, v_cache, out, p, isa_);
+}
 void CpuBackend::attention_max_logit_kernel(const Tensor& q, const Tensor& k, const Tensor& segment_ids, Tensor& out,
                                             const AttentionParams& p) {
   cpu::attention_max_logit(q, k, segment_ids, out, p, isa_);
@@ -215,6 +229,10 @@ DEW_PLUGIN_WITH_NOTES("cpu", "0.1.0", DEW_CPU_ONEDNN_VERSION) {
            {"decode_panels", "on",
             "on: decode weights (dew-run sample / serve, eval with bf16 weights, dew-bench generate) are laid "
             "out in panels of 32 rows, read as one stream by the decode products; off: they stay row-major"},
+           {"slot_attention", "fused",
+            "a decode step over a slot cache (dew-run serve's batch, GRPO's rollout): fused = every row's cache "
+            "write and attention in one call, the rows' tasks over the threads | rows = row by row through the "
+            "attention kernel (the same bits; for measuring)"},
            {"decode_prefetch", "auto",
             "bf16 decode weights in panels prefetched ahead (a hint: no value changes): auto = when the model's "
             "matrices exceed 3/4 of the last-level cache (streamed from memory, not the cache) | on | off"},

@@ -58,6 +58,7 @@ Support bf16_support(Kernel k) {
     case Kernel::rope:
     case Kernel::attention:
     case Kernel::attention_backward:
+    case Kernel::attention_slots:  // f32 q over a bf16 cache: the row tasks (attention.cpp); bf16 q: row by row
     case Kernel::cross_entropy:
     case Kernel::cross_entropy_backward:
     case Kernel::reduce:

@@ -611,6 +611,15 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
     launch_attention(stream_, t, kv, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
 }
 
+// Row by row through attention above (core/tensor/kernel_groups.cpp): a copy pair and a launch per row, the bits of
+// the row alone. One launch over every row (the slots' pointers and lengths on the device) is for when a GPU can
+// check it against this form.
+void CudaBackend::attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                                  const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
+                                  Tensor& k_cache, Tensor& v_cache, Tensor& out, const AttentionParams& p) {
+  attention_slots_each(*this, q, k_new, v_new, slots, positions, k_cache, v_cache, out, p);
+}
+
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,
                                      const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                      Tensor& dv, const AttentionParams& p) {

@@ -9,6 +9,7 @@
 //   dV_s += P_s dO;  dP_s = dO . V_s;  dS_s = P_s (dP_s - Di);  with softcap c the raw score r maps to
 //   c tanh(r / c), so dR_s = dS_s (1 - tanh^2(r / c));  dQ += scale dR_s K_s;  dK_s += scale dR_s Q.
 // attention_max_logit: the same visibility, the largest raw score (in double, before softcap) per query head.
+// attention_slots: its definition (core/tensor/kernel_groups.cpp), each row's write then attention.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -105,6 +106,13 @@ void RefBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
       }
     }
   });
+}
+
+// The definition itself, row by row (core/tensor/kernel_groups.cpp): each row's cache write, then attention above.
+void RefBackend::attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                                 const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
+                                 Tensor& k_cache, Tensor& v_cache, Tensor& out, const AttentionParams& p) {
+  attention_slots_each(*this, q, k_new, v_new, slots, positions, k_cache, v_cache, out, p);
 }
 
 void RefBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,

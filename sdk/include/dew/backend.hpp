@@ -361,5 +361,16 @@ void lerp_each(Backend& be, std::vector<LerpSlot>& slots, float weight);
 void check_sum_squares_group(const std::vector<Tensor>& xs, const Tensor& out, const char* who);
 // sum_squares_group as reduce per tensor into its element of out (the same bits by construction): ref's and cpu's.
 void sum_squares_each_reduce(Backend& be, const std::vector<Tensor>& xs, Tensor& out);
+// attention_slots' contract (dew/kernel_table.hpp), checked alike on every backend: the shapes, one float dtype or f32
+// q over a bf16 cache, N distinct slots in range and each position inside the cache. Throws dew::Error naming `who`.
+void check_attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new, const std::vector<int64_t>& slots,
+                           const std::vector<int64_t>& positions, const Tensor& k_cache, const Tensor& v_cache,
+                           const Tensor& out, const char* who);
+// attention_slots as its definition, row by row: strided_copy of row n's k_new, v_new into its slot, then `attention`
+// on q[n] over views of the slot's first positions[n] + 1 keys (causal, q_offset positions[n]): the solo call's
+// bits by construction. ref's and cuda's form, and cpu's for the dtypes its fused row tasks do not take.
+void attention_slots_each(Backend& be, const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                          const std::vector<int64_t>& slots, const std::vector<int64_t>& positions, Tensor& k_cache,
+                          Tensor& v_cache, Tensor& out, const AttentionParams& p);
 
 }  // namespace dew

@@ -108,6 +108,17 @@
                          const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,       \
                          Tensor& dv, const AttentionParams& p),                                                  \
     (q, k, v, segment_ids, out, lse, dout, dq, dk, dv, p))                                                       \
+  /* Decoding rows over a slot cache (a server's batch: each row its own sequence). k_cache, v_cache         */ \
+  /* [n_slots, C, Hkv, D]; q, out [N, 1, Hq, D]; k_new, v_new [N, 1, Hkv, D] of the cache's dtype; slots and    */ \
+  /* positions: N distinct slots and 0 <= positions[n] < C. Writes row n's k_new, v_new at [slots[n],           */ \
+  /* positions[n]] of the caches, then out[n] = attention of q[n] over that slot's keys 0 .. positions[n] (q at */ \
+  /* position positions[n]; p's scale, window and softcap; causal and q_offset are implied): the bits of        */ \
+  /* `attention` on that row alone over the slot's prefix (served = solo). Dtypes as attention's forward: one   */ \
+  /* float dtype, or f32 q and out over a bf16 cache. Rows other than n are not read (core/tensor/           */ \
+  /* kernel_groups.cpp: the shared check and the row-by-row form).                                            */ \
+  X(attention_slots, (const Tensor& q, const Tensor& k_new, const Tensor& v_new, const std::vector<int64_t>& slots, \
+                      const std::vector<int64_t>& positions, Tensor& k_cache, Tensor& v_cache, Tensor& out,    \
+                      const AttentionParams& p), (q, k_new, v_new, slots, positions, k_cache, v_cache, out, p)) \
   X(conv2d, (const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p),            \
     (x, w, bias, y, p))                                                                                          \
   /* dx's shape names the input size (it disambiguates strided convolutions) */                                  \

@@ -116,6 +116,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                  const Tensor& segment_ids = Tensor());  // [B,T,H,D] layout; segment_ids i32 [B, S]: documents
 // (q, k, v of one dtype; or f32 q over bf16 k and v, a bf16 decode cache, without gradient)
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t offset);
+// Decoding rows over a slot cache, not differentiable (kernel attention_slots): k_new, v_new [N, 1, Hkv, D] (rounded
+// to the cache's dtype) are written at [slots[n], positions[n]] of k_cache, v_cache [n_slots, C, Hkv, D], then row
+// n of q [N, 1, Hq, D] attends over its slot's first positions[n] + 1 keys (causal; p's scale, window, softcap) ->
+// [N, 1, Hq, D]: each row the bits of `attention` on it alone over that prefix. Slots distinct.
+Tensor attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new, const std::vector<int64_t>& slots,
+                       const std::vector<int64_t>& positions, Tensor& k_cache, Tensor& v_cache,
+                       const AttentionParams& p);
 // QK-Clip's statistic, not differentiable: per query head the largest raw score scale * q.k that attention(q,
 // k, v, p, segment_ids) would see (before softcap) -> [Hq] (f32; f64 for f64 inputs). Kernel attention_max_logit.
 Tensor attention_max_logit(const Tensor& q, const Tensor& k, const AttentionParams& p,

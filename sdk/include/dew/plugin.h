@@ -22,8 +22,8 @@
  * changes its parameters or its contract, since a backend's vtable and every caller depend on it (7:
  * cross_entropy_backward in place; 8: Backend::matmul_beta_adds_rounded; 9: rms_norm_backward accumulates,
  * unary_backward(_sum)'s dx may alias x; 10: adamw_update_group, sum_squares_group; 11: lerp_group; 12: matmul's
- * widened product). */
-#define DEW_KERNEL_ALGEBRA_VERSION 12
+ * widened product; 13: attention_slots). */
+#define DEW_KERNEL_ALGEBRA_VERSION 13
 #define DEW_PLUGIN_ENTRY_SYMBOL "dew_plugin_entry"
 
 #define DEW_STR_(x) #x
