@@ -210,16 +210,19 @@ struct LoadedRun {
 
 int g_inference_threads = 0;  // set_inference_threads(): 0 = the run's stored [run] threads
 DType g_inference_weights = DType::f32;  // set_inference_weights()
+std::string g_inference_kv_cache = "auto";  // set_inference_kv_cache()
 
 // The weights of an inference command (eval, sample, serve) in the storage --weights asked for, and the decoder's
-// K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32). A model that decodes also gets the
-// backend's decode panels (store_matmul_weights_in_panels) when `decoding` (sample, serve), and in eval when the
-// weights are bf16 (every row then takes the weight-only product, whose panel kernel is the faster one at any row
-// count); eval's f32 weights keep the rows the backend's large products (oneDNN on cpu) take.
+// K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32) or as --kv-cache asked. A model that decodes
+// also gets the backend's decode panels (store_matmul_weights_in_panels) when `decoding` (sample, serve), and in eval
+// when the weights are bf16 (every row then takes the weight-only product, whose panel kernel is the faster one at any
+// row count); eval's f32 weights keep the rows the backend's large products (oneDNN on cpu) take.
 void store_inference_weights(const LoadedRun& lr, bool decoding) {
   auto* decoder = dynamic_cast<CausalDecoder*>(lr.run.objective->main_model());
   const NamedTensors params = lr.run.objective->parameters();
-  store_decode_weights_as(decoder, params, g_inference_weights);
+  store_decode_weights_as(decoder, params, g_inference_weights);  // the cache follows the weights ...
+  if (decoder && g_inference_kv_cache != "auto")                  // ... unless --kv-cache says otherwise
+    decoder->set_cache_dtype(g_inference_kv_cache == "bf16" ? DType::bf16 : DType::f32);
   if (decoder && (decoding || g_inference_weights == DType::bf16)) store_matmul_weights_in_panels(params);
 }
 
@@ -252,6 +255,12 @@ void set_inference_weights(DType dtype) {
   DEW_USAGE_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::i8, "--weights ", dtype_name(dtype),
                   ": decode weights are f32, bf16 or int8");
   g_inference_weights = dtype;
+}
+
+void set_inference_kv_cache(const std::string& dtype) {
+  DEW_USAGE_CHECK(dtype == "auto" || dtype == "f32" || dtype == "bf16", "--kv-cache '", dtype,
+                  "' is not one of auto, f32, bf16");
+  g_inference_kv_cache = dtype;
 }
 
 void set_inference_threads(int threads) {

@@ -142,6 +142,18 @@ no_ckpt "$work/r-ids" "out-of-range id in val.bin"
 expect "sample --max_new_tokens 99999999999" 2 "max_new_tokens must be in [0, 16777216]" "$bin/dew-run" sample --run-dir "$work/lm" --max_new_tokens 99999999999
 # a text key without its value is refused (it sampled from the prompt "true")
 expect "sample --prompt without a value" 2 "option 'sample.prompt' needs a value" "$bin/dew-run" sample --run-dir "$work/lm" --prompt
+# --kv-cache: a dtype it does not know is refused; bf16 decodes (f32 weights over a bf16 cache), and dew-bench generate
+# reports the cache it decoded with: bf16 when asked, f32 under bf16 weights when asked, the weights' otherwise
+expect "sample --kv-cache f16" 2 "--kv-cache 'f16'" "$bin/dew-run" sample --run-dir "$work/lm" --kv-cache f16
+expect "sample --kv-cache bf16" 0 "" "$bin/dew-run" sample --run-dir "$work/lm" --kv-cache bf16 --max_new_tokens 8
+kv_of() { "$bin/dew-bench" generate --config "$work/lm.ini" --backend ref --tokens 4 --repeats 1 "$@" 2>/dev/null |
+  $py -c "import json,sys; print(json.loads(sys.stdin.readline())['kv_dtype'])"; }
+for c in "bf16:--kv-cache bf16" "f32:--weights bf16 --kv-cache f32" "bf16:--weights bf16" "f32:"; do
+  want=${c%%:*} args=${c#*:}
+  # shellcheck disable=SC2086
+  got=$(kv_of $args)
+  [ "$got" = "$want" ] && ok "dew-bench generate $args: a $got cache" || fail "dew-bench generate $args: cache '$got', want $want"
+done
 # stray positional arguments are refused, not ignored
 expect "export with a stray argument" 2 "too many positional options" "$bin/dew-run" export --run-dir "$work/lm" --out "$work/lm-export" extra
 

@@ -74,6 +74,7 @@ struct LmOptions {
   int prompt_len = 16, tokens = 256;        // generate: the peer's defaults
   int gen_warmup = 1, repeats = 5;
   std::string weights = "f32";     // generate: the decode weights' storage (f32 | bf16 | int8, dew/generate.hpp)
+  std::string kv_cache = "auto";   // generate: the K/V cache's dtype (auto: as the weights | f32 | bf16)
   std::string replay = "on";       // generate: one-token steps as a recorded step program (dew::decoder_start)
   float temperature = 0;           // generate: 0 = greedy (argmax), else every token drawn by dew::sample_token
   int64_t prefill_chunk = 0;       // generate: the prompt fed in chunks of this many tokens (0: one call)

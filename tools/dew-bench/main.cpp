@@ -23,14 +23,16 @@ namespace {
 const char* kUsage =
     "usage: dew-bench kernels [--threads N] [--backend cpu|ref|cuda] [--matmul-precision P] [--seconds S] [--repeats "
     "R] "
-    "[--only " DEW_BENCH_KERNEL_PARTS "]\n"
+    "[--only " DEW_BENCH_KERNEL_PARTS
+    "]\n"
     "       dew-bench train --config char-small|gpt-mini|dit|PATH.ini [--threads N] [--backend cpu|cuda] "
     "[--matmul-precision highest|high|medium] [--isa best|avx512|avx2|portable] [--precision f32|bf16-mixed|f16-mixed] "
     "[--activation-memory] [--steps S] "
     "[--warmup W] [--grad-norm] [--profile] [-v]\n"
     "       (every suite: [--backend-option KEY=VALUE ...], e.g. attention=warp on cuda)\n"
     "       dew-bench generate --config char-small|PATH.ini [--threads N] [--tokens 256] [--prompt-len 16] "
-    "[--prefill-chunk C] [--repeats 5] [--weights f32|bf16|int8] [--replay on|off] [--temperature T] [--profile] [-v]\n"
+    "[--prefill-chunk C] [--repeats 5] [--weights f32|bf16|int8] [--kv-cache auto|f32|bf16] [--replay on|off] "
+    "[--temperature T] [--profile] [-v]\n"
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
@@ -164,7 +166,8 @@ int main(int argc, char** argv) {
       "generate: the prompt fed in chunks of this many tokens, as dew-run sample / serve --prefill-chunk (0: one "
       "call)")("weights", po::value(&lm.weights)->default_value("f32"),
                "generate: decode weights stored as f32 | bf16 | int8 (K/V cache f32 | bf16 | bf16; f32 activations and "
-               "accumulation)")(
+               "accumulation)")("kv-cache", po::value(&lm.kv_cache)->default_value("auto"),
+                                "generate: the K/V cache's dtype: auto (as --weights) | f32 | bf16")(
       "replay", po::value(&lm.replay)->default_value("on"),
       "generate: on = one-token steps replayed as a recorded step program after the first three "
       "(dew::decoder_start, as dew-run sample); off = every step eager")(

@@ -211,18 +211,23 @@ struct RunArgs {
   bool no_ema = false;
   int threads = 0;  // 0: the run's stored [run] threads
   std::string weights = "f32";  // eval/sample/serve: the matmul weights' storage (dew/generate.hpp)
+  std::string kv_cache = "auto";  // eval/sample/serve: the K/V cache's dtype (auto: as the weights)
 };
 
-// eval, sample and serve: --weights f32|bf16|int8 (the exports always write the weights as trained).
+// eval, sample and serve: --weights f32|bf16|int8 (the exports always write the weights as trained) and --kv-cache.
 void add_weights_arg(po::options_description& d, RunArgs& r) {
   d.add_options()("weights", po::value(&r.weights)->default_value("f32"),
                   "keep the matmul weights as f32, bf16 or int8 (an f32 scale per block of 32) and the K/V cache as "
                   "f32, bf16 or bf16 (f32 activations and accumulation; bf16 halves the bytes each decoded token "
-                  "reads, int8 quarters the weights')");
+                  "reads, int8 quarters the weights')")(
+      "kv-cache", po::value(&r.kv_cache)->default_value("auto"),
+      "the K/V cache's dtype: auto (as --weights says) | f32 | bf16 (f32 weights over a bf16 cache: half the cache "
+      "bytes a decoded token reads, twice the sequences a memory budget holds)");
 }
 void apply_run_args(const RunArgs& r) {
   dew::set_inference_threads(r.threads);
   dew::set_inference_weights(dew::weights_dtype_from_name(r.weights, "--weights"));
+  dew::set_inference_kv_cache(r.kv_cache);
 }
 
 void add_run_args(po::options_description& d, RunArgs& r) {
