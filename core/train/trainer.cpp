@@ -164,6 +164,13 @@ struct TrainerOptions {
   // recompute_block): none keeps every activation; blocks keeps each block's input and recomputes it in
   // the backward (same losses and gradients bit for bit, less memory, one more forward).
   Recompute recompute = Recompute::none;
+  // How an update weighs its micro-batches' losses (and so their gradients). micro_batch: each micro-batch's loss (an
+  // objective's mean over its own rows or tokens) counts 1 / (grad_accum * world), whatever it holds. token: every
+  // token the objective counted (StepResult::tokens / device_tokens) counts alike over the update's micro-batches and
+  // ranks: loss = sum_m n_m loss_m / sum_m n_m, what one batch of all of them would give (the gradient-accumulation
+  // fix of Hugging Face's Trainer and torchtitan's global token normalisation): micro-batches of chat data, packed rows
+  // or GRPO completions differ in how many tokens they train.
+  bool token_weighted = false;
   WatchOptions watch;  // tensorboard, report_every (core/train/watchers.hpp)
 
   static TrainerOptions read(Options& ts) {
@@ -191,6 +198,10 @@ struct TrainerOptions {
     o.profile_steps = ts.get_int("profile", 0);
     DEW_USAGE_CHECK(o.profile_steps >= 0, "option 'trainer.profile' must be >= 0 updates (0 = off)");
     o.recompute = recompute_from_name(ts.get_string("recompute", "none"));
+    const std::string weighting = ts.get_string("loss_weighting", "micro_batch");
+    DEW_USAGE_CHECK(weighting == "micro_batch" || weighting == "token", "option 'trainer.loss_weighting' = '",
+                    weighting, "' is not one of micro_batch, token");
+    o.token_weighted = weighting == "token";
     o.watch = read_watch_options(ts);
     return o;
   }
@@ -354,6 +365,10 @@ Trainer::Trainer(Config& config, const TrainOptions& options)
   DEW_USAGE_CHECK(options.resume || options.step.empty(), "--step ", options.step, " needs --resume");
 
   run_ = build_run(config, options.backend_name, true, o_.profile_steps > 0);
+  DEW_USAGE_CHECK(!o_.token_weighted || run_.objective->loss_is_token_mean(), "trainer.loss_weighting = token: the ",
+                  config.section("objective").get_string("plugin", "?"),
+                  " objective's loss is not a mean over tokens (token weighting is for lm, and grpo with loss_type = "
+                  "bnpo); use micro_batch");
   if (scaling_loss()) st_.loss_scale = DynamicLossScale(run_.loss_scale);
   profiler_ = dynamic_cast<ProfilingBackend*>(run_.backend.get());
   // Fine-tuning starts from init_from's weights (before the EMA copies): every parameter but the LoRA adapters,
@@ -573,6 +588,7 @@ UpdateResult Trainer::one_update() {
   std::vector<Tensor> on_device;  // [micro losses..., device metrics..., device tokens..., grad sums of squares...]
   std::vector<std::vector<std::string>> device_keys(size_t(o_.grad_accum));  // per micro-batch
   std::vector<int> has_device_tokens;
+  std::vector<int64_t> micro_host_tokens;  // each micro-batch's host-counted tokens (loss_weighting = token)
   int64_t host_tokens = 0;
   auto one = [](const Tensor& t) { return reshape(t.dtype() == DType::f32 ? t.detach() : cast(t.detach(), DType::f32), {1}); };
   // shard = parameters: each micro-batch gathers the parameters outside blocks at its start, each block's
@@ -604,12 +620,21 @@ UpdateResult Trainer::one_update() {
       if (r.device_tokens.defined()) on_device.push_back(one(r.device_tokens));
       else host_tokens += r.tokens;
       has_device_tokens.push_back(r.device_tokens.defined() ? 1 : 0);
+      micro_host_tokens.push_back(r.device_tokens.defined() ? 0 : r.tokens);
     }
     // Every micro-batch runs its backward (a non-finite loss is found at the update's one transfer and
     // skips the whole update; data-parallel collectives must match on every rank anyway).
     // f16-mixed: the loss times the dynamic loss scale (in f32), divided out of the gradients below.
-    const Tensor loss = r.loss.dtype() == DType::f32 || r.loss.dtype() == DType::f64 ? r.loss : cast(r.loss, DType::f32);
-    const float factor = float(loss_scale()) / float(accum);
+    Tensor loss = r.loss.dtype() == DType::f32 || r.loss.dtype() == DType::f64 ? r.loss : cast(r.loss, DType::f32);
+    // loss_weighting = token: this micro-batch's loss times its token count (the sum over its tokens); the gradients
+    // are divided by the update's count once it is known (token_factor below).
+    if (o_.token_weighted) {
+      Tensor n = r.device_tokens.defined() ? one(r.device_tokens)
+                                           : Tensor::full({1}, double(r.tokens), DType::f32, loss.backend_ptr());
+      if (n.dtype() != loss.dtype()) n = cast(n.detach(), loss.dtype());
+      loss = mul(reshape(loss, {1}), n.detach());
+    }
+    const float factor = float(loss_scale()) / float(o_.token_weighted ? 1 : accum);
     dp_->backward(factor == 1.0f ? loss : scale(loss, factor), micro == accum - 1);
     if (micro < accum - 1) dp_->release_parameters();
   }
@@ -658,9 +683,11 @@ UpdateResult Trainer::one_update() {
   size_t at = 0;
   double gsq = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    u.loss += host[at++] / double(accum);
+    const double loss_m = host[at++];
     for (const std::string& k : device_keys[size_t(micro)]) u.metrics[k] += host[at++] / double(accum);
-    if (has_device_tokens[size_t(micro)]) u.tokens += int64_t(host[at++]);
+    const int64_t n_m = has_device_tokens[size_t(micro)] ? int64_t(host[at++]) : micro_host_tokens[size_t(micro)];
+    if (has_device_tokens[size_t(micro)]) u.tokens += n_m;
+    u.loss += o_.token_weighted ? loss_m * double(n_m) : loss_m / double(accum);  // token: the sum, divided below
   }
   u.tokens += host_tokens;
   for (size_t i = head; i < host.size(); ++i) gsq += host[i];
@@ -677,7 +704,7 @@ UpdateResult Trainer::one_update() {
       gsq = 0;
       for (size_t k = 0; k < param_sq.size(); ++k) gsq += v[sq_at + k];
     }
-    u.loss = v[0] / double(run_.world);
+    u.loss = o_.token_weighted ? v[0] : v[0] / double(run_.world);
     u.samples = int64_t(v[1]);
     u.tokens = int64_t(v[2]);
     finite = v[3] == 0.0 && std::isfinite(u.loss);
@@ -693,6 +720,14 @@ UpdateResult Trainer::one_update() {
       for (size_t i = 0; i < n; ++i)
         for (int r = 0; r < run_.world; ++r) qk_values[i] = std::max(qk_values[i], slots[size_t(r) * n + i]);
     }
+  }
+  // loss_weighting = token: the gradients hold sum_m n_m grad(loss_m), averaged over the ranks; the update's is that
+  // times world / (the update's tokens, every rank's), and so is its norm. No token counted: nothing to learn from.
+  double token_factor = 1.0;
+  if (o_.token_weighted) {
+    u.loss = u.tokens > 0 ? u.loss / double(u.tokens) : 0.0;
+    token_factor = u.tokens > 0 ? double(run_.world) / double(u.tokens) : 0.0;
+    gsq *= token_factor * token_factor;
   }
   // The unscaled gradients' norm (f16-mixed: the sums of squares are of loss_scale * g), here after a sharded run
   // summed its ranks' squares above, so every path divides once.
@@ -711,6 +746,17 @@ UpdateResult Trainer::one_update() {
                st_.updates + 1, was, loss_scale(), st_.loss_scale.overflows());
     return u;
   }
+  if (o_.token_weighted && u.tokens == 0 && finite) {  // every micro-batch counted no token: skipped, not applied
+    for (auto& [k, p] : run_.params) p.zero_grad();
+    qk_clip_->discard();
+    ++st_.skipped;
+    ++st_.streak;
+    log_->warn("update {}: no token counted (trainer.loss_weighting = token); skipped ({} in a row)", st_.updates + 1,
+               st_.streak);
+    DEW_CHECK_HINT(st_.streak < o_.max_streak, "check that the data leaves tokens to train on (loss masks, truncation)",
+                   "stopping: ", st_.streak, " updates in a row counted no token");
+    return u;
+  }
   if (!finite || !std::isfinite(u.grad_norm)) {
     for (auto& [k, p] : run_.params) p.zero_grad();
     qk_clip_->discard();
@@ -725,7 +771,8 @@ UpdateResult Trainer::one_update() {
   }
   st_.streak = 0;
   const double clip_factor = clip_ > 0 && u.grad_norm > clip_ ? clip_ / (u.grad_norm + 1e-6) : 1.0;
-  const float grad_scale = float(clip_factor / loss_scale());  // 1 / scale unscales f16-mixed gradients
+  // 1 / scale unscales f16-mixed gradients; token_factor turns token-weighted sums into the update's token mean
+  const float grad_scale = float(clip_factor * token_factor / loss_scale());
   u.lr = schedule_(st_.updates);
   optimizer_->update(float(u.lr), grad_scale, st_.updates + 1);
   if (qk_clip_->on()) qk_clip_->apply(qk_values, u.metrics);

@@ -133,6 +133,9 @@ class Grpo final : public dew::Objective {
   dew::Model* main_model() override { return model_.get(); }
   std::shared_ptr<const dew::Tokenizer> tokenizer() const override { return tokenizer_; }
   std::string primary_metric() const override { return "reward"; }
+  // bnpo: one mean over the micro-batch's scored tokens (with trainer.loss_weighting = token, over the update's: TRL's
+  // dapo); grpo and dr_grpo weigh completions, not tokens.
+  bool loss_is_token_mean() const override { return loss_type_ == "bnpo"; }
   bool higher_is_better() const override { return true; }
 
   dew::StepResult step(const dew::Batch& batch, const dew::StepInfo& info) override {

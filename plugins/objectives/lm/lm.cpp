@@ -220,6 +220,7 @@ class LanguageModel final : public dew::Objective {
   }
 
   std::string primary_metric() const override { return "ce"; }
+  bool loss_is_token_mean() const override { return true; }  // the cross-entropy over the counted targets
   bool higher_is_better() const override { return false; }
   double train_flops_per_sample() const override {
     if (!model_) return 0.0;

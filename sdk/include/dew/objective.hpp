@@ -113,6 +113,10 @@ class Objective {
   virtual std::map<std::string, double> validation_metrics(const std::map<std::string, double>& sums) const;
   // The metric used for "best" checkpoints and whether larger is better.
   virtual std::string primary_metric() const { return "loss"; }
+  // Whether step()'s loss is a mean over the tokens it reports (StepResult::tokens or device_tokens): then
+  // [trainer] loss_weighting = token may weigh each micro-batch's loss by them, so that every token of an update
+  // counts alike over micro-batches and ranks (the lm objective; grpo's bnpo loss). Default false: refused there.
+  virtual bool loss_is_token_mean() const { return false; }
   virtual bool higher_is_better() const { return false; }
   // FLOPs of one training step per sample (forward + backward), for MFU; 0 when unknown.
   virtual double train_flops_per_sample() const { return 0.0; }
