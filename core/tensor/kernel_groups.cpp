@@ -136,12 +136,10 @@ void check_attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v
                            const Tensor& out, const char* who) {
   for (const Tensor* t : {&q, &k_new, &v_new, &k_cache, &v_cache, &out})
     DEW_CHECK(t->defined() && is_floating(t->dtype()), who,
-              ".attention_slots: q, k_new, v_new, the caches and out "
-              "must be defined floating tensors");
+              ".attention_slots: q, k_new, v_new, the caches and out must be defined floating tensors");
   DEW_CHECK(k_cache.ndim() == 4 && v_cache.shape() == k_cache.shape(), who,
-            ".attention_slots: the caches must be "
-            "[slots, C, Hkv, D] of one shape, got ",
-            shape_str(k_cache.shape()), " and ", shape_str(v_cache.shape()));
+            ".attention_slots: the caches must be [slots, C, Hkv, D] of one shape, got ", shape_str(k_cache.shape()),
+            " and ", shape_str(v_cache.shape()));
   const int64_t n_slots = k_cache.size(0), capacity = k_cache.size(1), hkv = k_cache.size(2), d = k_cache.size(3);
   const int64_t n = int64_t(slots.size());
   DEW_CHECK(positions.size() == slots.size(), who, ".attention_slots: ", slots.size(), " slots but ", positions.size(),

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # tests/dist/token_weighting.sh BIN_DIR BACKEND WORK_DIR — [trainer] loss_weighting = token: every counted token of
-# an update weighs alike, however the update's rows are split into micro-batches and ranks. Chat SFT (the loss on each
-# row's assistant reply only: rows count different numbers of tokens) on a small language model, trained 12 updates
-# as 1 x 8 rows
-# equals 1 x 4 rows x grad_accum 2, 2 ranks x 4 rows, and 2 ranks x 2 rows x grad_accum 2 (per-step losses, gradient
-# norms and final weights within 1e-5 relative; SGD: AdamW's first steps turn a gradient element near its eps into
-# +-lr, so float noise in tiny gradients would show in the weights). The default micro_batch weighting (each micro-batch's own token
-# mean counts alike) does not: its losses and weights at grad_accum 2 differ from the 8-row run's (what the option
-# is for). A token-weighted run resumed midway equals the straight run bit for bit. Refusals: an unknown weighting; an objective whose loss is no token mean (a classifier), at the start.
+# an update weighs alike, however the update's rows are split into micro-batches and ranks. Chat SFT (the loss on
+# each row's assistant reply only: rows count different numbers of tokens) of a small language model, 12 updates as
+# 1 x 8 rows, equals 1 x 4 rows x grad_accum 2, 2 ranks x 4 rows and 2 ranks x 2 rows x grad_accum 2: per-step
+# losses, gradient norms and final weights within 1e-5 relative (SGD: AdamW's first steps turn a gradient element
+# near its eps into +-lr, so float noise in tiny gradients would show in the weights). The default micro_batch
+# weighting (each micro-batch's own token mean counts alike) does not: its losses at grad_accum 2 differ from the
+# 8-row run's (what the option is for). A token-weighted run resumed midway equals the straight run bit for bit.
+# Refusals: an unknown weighting; an objective whose loss is no token mean (a classifier), at the start.
 set -euo pipefail
 bin=$1 backend=$2 work=$3
 source "$(dirname "$0")/common.sh"

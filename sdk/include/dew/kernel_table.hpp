@@ -114,8 +114,8 @@
   /* positions[n]] of the caches, then out[n] = attention of q[n] over that slot's keys 0 .. positions[n] (q at */ \
   /* position positions[n]; p's scale, window and softcap; causal and q_offset are implied): the bits of        */ \
   /* `attention` on that row alone over the slot's prefix (served = solo). Dtypes as attention's forward: one   */ \
-  /* float dtype, or f32 q and out over a bf16 cache. Rows other than n are not read (core/tensor/           */ \
-  /* kernel_groups.cpp: the shared check and the row-by-row form).                                            */ \
+  /* float dtype, or f32 q and out over a bf16 cache. A row reads and writes its own slot only; other slots   */ \
+  /* are untouched (core/tensor/kernel_groups.cpp: the shared check and the row-by-row form).                 */ \
   X(attention_slots, (const Tensor& q, const Tensor& k_new, const Tensor& v_new, const std::vector<int64_t>& slots, \
                       const std::vector<int64_t>& positions, Tensor& k_cache, Tensor& v_cache, Tensor& out,    \
                       const AttentionParams& p), (q, k_new, v_new, slots, positions, k_cache, v_cache, out, p)) \
