@@ -334,3 +334,62 @@ TEST_CASE("f32 attention by products (cuda-emulated) against the warp kernel and
     if (c.segments) attention_checks::check_zero_rows(e.o, c.B, c.T, c.Hq * c.D, c.T - 2);  // padding queries
   }
 }
+
+// attention_slots on the whole emulated plugin: a decode step over a slot cache (rows on their own slots, out of slot
+// order, at their own positions; GQA; a window and softcap) in two launches (attention.cuh's slot kernels) against the
+// contract's row-by-row form on the same backend (attention_slots_each: a write pair and attention per row, the warp
+// kernel) — the same bits in out and in both caches, f32 and bf16 caches — and against ref within attention's
+// tolerance. With `attention = products` the rows' solo calls take the cuBLASLt products, so the kernel must go row by
+// row too: the same bits again (a fused launch there would give the warp kernel's, not the products').
+TEST_CASE("attention_slots (cuda-emulated): each row the bits of its solo call, f32 and bf16 caches") {
+  static const bool loaded = [] {
+    Registry::global().load(DEW_CUDA_EMULATED_PLUGIN_PATH);
+    return true;
+  }();
+  (void)loaded;
+  const auto bits = [](const Tensor& t) {
+    const std::vector<double> v = t.to_doubles();
+    std::vector<uint64_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(double));
+    return b;
+  };
+  const int64_t n_slots = 5, C = 40, Hq = 4, Hkv = 2, D = 32;
+  const std::vector<int64_t> slots = {3, 0, 4, 1}, positions = {39, 0, 17, 6};
+  const int64_t n = int64_t(slots.size());
+  for (const std::string attention : {"warp", "products"})
+    for (DType cache : {DType::f32, DType::bf16}) {
+      if (attention == "products" && cache == DType::bf16) continue;  // a bf16 cache never takes the products
+      const std::string dt = dtype_name(cache);
+      CAPTURE(attention);
+      CAPTURE(dt);
+      AttentionParams p;
+      p.scale = 0.2f;
+      p.window = 12;
+      p.softcap = 4.0f;
+      const auto run = [&](const BackendPtr& be, bool fused) {
+        const Tensor q = Tensor::from_vector(host_uniform(n * Hq * D, 61, 2.0f), {n, 1, Hq, D}, be);
+        const Tensor kn = Tensor::from_vector(host_uniform(n * Hkv * D, 62, 2.0f), {n, 1, Hkv, D}, be, cache);
+        const Tensor vn = Tensor::from_vector(host_uniform(n * Hkv * D, 63, 1.0f), {n, 1, Hkv, D}, be, cache);
+        Tensor kc = Tensor::from_vector(host_uniform(n_slots * C * Hkv * D, 64, 2.0f), {n_slots, C, Hkv, D}, be, cache);
+        Tensor vc = Tensor::from_vector(host_uniform(n_slots * C * Hkv * D, 65, 1.0f), {n_slots, C, Hkv, D}, be, cache);
+        Tensor out = Tensor::zeros({n, 1, Hq, D}, DType::f32, be);
+        if (fused)
+          be->attention_slots(q, kn, vn, slots, positions, kc, vc, out, p);
+        else
+          attention_slots_each(*be, q, kn, vn, slots, positions, kc, vc, out, p);
+        be->synchronize();
+        return std::vector<Tensor>{out, kc, vc};
+      };
+      const BackendPtr be =
+          create_backend("cuda-emulated", Options(std::map<std::string, std::string>{{"attention", attention}}));
+      const std::vector<Tensor> got = run(be, true), each = run(be, false);
+      CHECK(bits(got[0]) == bits(each[0]));
+      CHECK(bits(got[1]) == bits(each[1]));
+      CHECK(bits(got[2]) == bits(each[2]));
+      if (cache == DType::f32) {  // ref has no bf16 cache form (the core widens around it)
+        const std::vector<Tensor> want = run(ref(), false);
+        check_close(got[0].to_floats(), want[0].to_floats(), 1e-5, "out vs ref");
+        CHECK(bits(got[1]) == bits(want[1]));
+      }
+    }
+}

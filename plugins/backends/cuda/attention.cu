@@ -48,6 +48,38 @@ void launch_attention(cudaStream_t s, ST t, ST kv, const void* q, const void* k,
   check_launch("attention");
 }
 
+void launch_attention_slots(cudaStream_t s, ST t, ST kv, const void* q, const void* k_new, const void* v_new,
+                            void* k_cache, void* v_cache, void* out, float* lse, const std::vector<int64_t>& slots,
+                            const std::vector<int64_t>& positions, int64_t C, int64_t Hq, int64_t Hkv, int64_t D,
+                            const AttentionParams& p) {
+  DEW_CHECK(t == ST::f32, "cuda attention_slots: the warp kernel's slot rows take f32 q");
+  const int64_t n = int64_t(slots.size()), row = Hkv * D;
+  // A chunk's writes, then its attention (a row reads only its own slot, so chunks may go in any order).
+  for (int64_t i0 = 0; i0 < n; i0 += kSlotRows) {
+    const int64_t m = std::min<int64_t>(kSlotRows, n - i0);
+    SlotRows rows{};
+    for (int64_t i = 0; i < m; ++i) {
+      rows.slot[i] = int32_t(slots[size_t(i0 + i)]);
+      rows.pos[i] = int32_t(positions[size_t(i0 + i)]);
+    }
+    const auto launch = [&](auto kv_tag) {
+      using KV = decltype(kv_tag);
+      const KV* kn = static_cast<const KV*>(k_new) + i0 * row;
+      const KV* vn = static_cast<const KV*>(v_new) + i0 * row;
+      DEW_LAUNCH(blocks_for(m * row), 256, 0, s, slot_write_kernel<KV>)
+      (kn, vn, static_cast<KV*>(k_cache), static_cast<KV*>(v_cache), rows, m, row, C);
+      DEW_LAUNCH(warp_blocks(m * Hq), 32 * kWarps, 0, s, attention_slots_kernel<float, KV>)
+      (static_cast<const float*>(q) + i0 * Hq * D, static_cast<const KV*>(k_cache), static_cast<const KV*>(v_cache),
+       static_cast<float*>(out) + i0 * Hq * D, lse + i0 * Hq, rows, m, C, Hq, Hkv, D, p);
+    };
+    if (kv == ST::bf16)
+      launch(bf16{});
+    else
+      launch(float{});
+  }
+  check_launch("attention_slots");
+}
+
 void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg,
                                const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
                                const AttentionParams& p, float* scratch) {

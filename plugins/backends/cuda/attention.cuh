@@ -48,6 +48,41 @@ __device__ __forceinline__ void store_row(T* row, int64_t D, const float (&r)[kC
   }
 }
 
+// One query row, by one warp: query position q_offset + t over keys 0 .. S - 1 of one sequence (kb, vb: its rows,
+// Hkv heads each, seg_row its segment ids or nullptr), the online softmax; out row and lse written. attention_kernel
+// and attention_slots_kernel both run it, so a slot row gets the bits of the same row decoded alone.
+template <class T, class KV>
+__device__ __forceinline__ void attend_row(const T* qrow, const KV* kb, const KV* vb, const int32_t* seg_row, int64_t S,
+                                           int64_t Hkv, int64_t hk, int64_t Dk, int64_t Dv, const AttentionParams& p,
+                                           int64_t t, T* orow, float* lse_out) {
+  float qr[kChunks], acc[kChunks];
+  load_row(qrow, Dk, qr);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) acc[c] = 0.0f;
+  const Vis vis = visible_keys(p, t, S);
+  float m = -INFINITY, l = 0.0f;
+  bool any = false;
+  for (int64_t s = vis.lo; s <= vis.hi; ++s) {
+    if (!same_doc(seg_row, p.q_offset + t, s)) continue;
+    any = true;
+    const int64_t kv = s * Hkv + hk;
+    const float sc = cap(p.scale * dot_row(qr, kb + kv * Dk, Dk), p.softcap);
+    const float m_new = fmaxf(m, sc);
+    const float corr = expf(m - m_new), pr = expf(sc - m_new);
+    l = l * corr + pr;
+    const KV* vr = vb + kv * Dv;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t dd = lane + 32 * c;
+      acc[c] = acc[c] * corr + (dd < Dv ? pr * ld(vr, dd) : 0.0f);
+    }
+    m = m_new;
+  }
+  store_row(orow, Dv, acc, any ? 1.0f / l : 0.0f);
+  if ((threadIdx.x & 31) == 0) *lse_out = any ? m + logf(l) : -INFINITY;
+}
+
 // Query rows are numbered r = (b * Hq + h) * T + t (the lse layout), so the warps of a block share K/V.
 // T: q and out; KV: k and v (T, or bf16 under f32 q).
 template <class T, class KV>
@@ -57,33 +92,47 @@ __global__ void attention_kernel(const T* q, const KV* k, const KV* v, const int
   const int64_t group = d.Hq / d.Hkv;
   for (int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < rows; r += int64_t(gridDim.x) * kWarps) {
     const int64_t t = r % d.T, bh = r / d.T, h = bh % d.Hq, b = bh / d.Hq, hk = h / group;
-    float qr[kChunks], acc[kChunks];
-    load_row(q + ((b * d.T + t) * d.Hq + h) * d.Dk, d.Dk, qr);
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) acc[c] = 0.0f;
-    const Vis vis = visible_keys(p, t, d.S);
-    const int32_t* seg_row = seg ? seg + b * d.S : nullptr;
-    float m = -INFINITY, l = 0.0f;
-    bool any = false;
-    for (int64_t s = vis.lo; s <= vis.hi; ++s) {
-      if (!same_doc(seg_row, p.q_offset + t, s)) continue;
-      any = true;
-      const int64_t kv = (b * d.S + s) * d.Hkv + hk;
-      const float sc = cap(p.scale * dot_row(qr, k + kv * d.Dk, d.Dk), p.softcap);
-      const float m_new = fmaxf(m, sc);
-      const float corr = expf(m - m_new), pr = expf(sc - m_new);
-      l = l * corr + pr;
-      const KV* vr = v + kv * d.Dv;
-      const int lane = threadIdx.x & 31;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const int64_t dd = lane + 32 * c;
-        acc[c] = acc[c] * corr + (dd < d.Dv ? pr * ld(vr, dd) : 0.0f);
-      }
-      m = m_new;
-    }
-    store_row(out + ((b * d.T + t) * d.Hq + h) * d.Dv, d.Dv, acc, any ? 1.0f / l : 0.0f);
-    if ((threadIdx.x & 31) == 0) lse[r] = any ? m + logf(l) : -INFINITY;
+    attend_row(q + ((b * d.T + t) * d.Hq + h) * d.Dk, k + b * d.S * d.Hkv * d.Dk, v + b * d.S * d.Hkv * d.Dv,
+               seg ? seg + b * d.S : nullptr, d.S, d.Hkv, hk, d.Dk, d.Dv, p, t, out + ((b * d.T + t) * d.Hq + h) * d.Dv,
+               lse + r);
+  }
+}
+
+// attention_slots (dew/kernel_table.hpp): rows n of a decode step over a slot cache [slots, C, Hkv, D], each its own
+// sequence. kSlotRows rows a launch: their slots and positions travel in the kernel's arguments.
+constexpr int kSlotRows = 128;
+struct SlotRows {
+  int32_t slot[kSlotRows], pos[kSlotRows];
+};
+
+// Row r / row_elems of k_new, v_new ([n, Hkv * D]) into [slot, pos] of the caches.
+template <class KV>
+__global__ void slot_write_kernel(const KV* k_new, const KV* v_new, KV* k_cache, KV* v_cache, SlotRows rows, int64_t n,
+                                  int64_t row_elems, int64_t C) {
+  const int64_t total = n * row_elems;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / row_elems, e = i % row_elems;
+    const int64_t at = (int64_t(rows.slot[r]) * C + rows.pos[r]) * row_elems + e;
+    k_cache[at] = k_new[i];
+    v_cache[at] = v_new[i];
+  }
+}
+
+// One warp per (row, query head), r = n * Hq + h: the row's query at position pos over its slot's keys 0 .. pos, as
+// attention_kernel runs the same row alone over the slot's first pos + 1 keys (B = T = 1, q_offset = pos, causal).
+template <class T, class KV>
+__global__ void attention_slots_kernel(const T* q, const KV* k_cache, const KV* v_cache, T* out, float* lse,
+                                       SlotRows rows, int64_t n, int64_t C, int64_t Hq, int64_t Hkv, int64_t D,
+                                       AttentionParams p) {
+  const int64_t group = Hq / Hkv;
+  for (int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < n * Hq; r += int64_t(gridDim.x) * kWarps) {
+    const int64_t b = r / Hq, h = r % Hq, pos = rows.pos[b];
+    AttentionParams pr = p;
+    pr.causal = true;
+    pr.q_offset = pos;
+    const int64_t base = int64_t(rows.slot[b]) * C * Hkv * D;
+    attend_row(q + (b * Hq + h) * D, k_cache + base, v_cache + base, static_cast<const int32_t*>(nullptr), pos + 1, Hkv,
+               h / group, D, D, pr, 0, out + (b * Hq + h) * D, lse + r);
   }
 }
 

@@ -611,13 +611,26 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
     launch_attention(stream_, t, kv, q.data(), k.data(), v.data(), seg, out.data(), lse.data_as<float>(), d, p);
 }
 
-// Row by row through attention above (core/tensor/kernel_groups.cpp): a copy pair and a launch per row, the bits of
-// the row alone. One launch over every row (the slots' pointers and lengths on the device) is for when a GPU can
-// check it against this form.
+// Every row in two launches a 128 rows (the caches' writes, then one warp per row and query head: attention.cuh's
+// attend_row, the very code attention's warp kernel runs on the row alone) where that is the kernel the rows' solo
+// calls take: f32 q over a bf16 cache (never the products), or over an f32 one while each row's keys stay below the
+// products' threshold (attention_products_applies); elsewhere (bf16 q: the tensor-core kernel; long f32 rows: the
+// cuBLASLt products) row by row through attention above (core/tensor/kernel_groups.cpp), the bits of each row alone.
 void CudaBackend::attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
                                   const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
                                   Tensor& k_cache, Tensor& v_cache, Tensor& out, const AttentionParams& p) {
-  attention_slots_each(*this, q, k_new, v_new, slots, positions, k_cache, v_cache, out, p);
+  constexpr Kernel K = Kernel::attention_slots;
+  check_attention_slots(q, k_new, v_new, slots, positions, k_cache, v_cache, out, name().c_str());
+  const ST t = compute_type(q, K, "q"), kv = compute_type(k_cache, K, "k_cache");
+  const int64_t C = k_cache.size(1), Hq = q.size(2), Hkv = k_cache.size(2), D = q.size(3);
+  bool warp = t == ST::f32 && D <= kAttnMaxHeadDim;
+  for (size_t i = 0; warp && kv == ST::f32 && i < slots.size(); ++i)
+    warp = !attention_products_applies(q, k_cache, v_cache, AttnDims{1, 1, positions[i] + 1, Hq, Hkv, D, D});
+  if (!warp) return attention_slots_each(*this, q, k_new, v_new, slots, positions, k_cache, v_cache, out, p);
+  if (slots.empty()) return;
+  Scratch lse(this, slots.size() * size_t(Hq) * sizeof(float));
+  launch_attention_slots(stream_, t, kv, q.data(), k_new.data(), v_new.data(), k_cache.data(), v_cache.data(),
+                         out.data(), lse.f32(), slots, positions, C, Hq, Hkv, D, p);
 }
 
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids,

@@ -131,6 +131,13 @@ struct AttnDims {
 // (t, or bf16 under f32 t: a bf16 decode cache).
 void launch_attention(cudaStream_t s, ST t, ST kv, const void* q, const void* k, const void* v, const int32_t* seg,
                       void* out, float* lse, const AttnDims& d, const AttentionParams& p);
+// attention_slots (dew/kernel_table.hpp) by the warp kernel: n rows of q / out [n, Hq, D] (t: f32; kv: the caches',
+// f32 or bf16), k_new / v_new [n, Hkv, D] written at [slots[i], positions[i]] of the caches [*, C, Hkv, D] first;
+// lse: n * Hq floats of scratch. Each row's out has the bits launch_attention gives it alone over its slot's prefix.
+void launch_attention_slots(cudaStream_t s, ST t, ST kv, const void* q, const void* k_new, const void* v_new,
+                            void* k_cache, void* v_cache, void* out, float* lse, const std::vector<int64_t>& slots,
+                            const std::vector<int64_t>& positions, int64_t C, int64_t Hq, int64_t Hkv, int64_t D,
+                            const AttentionParams& p);
 // scratch: B * Hq * T floats (rowsum(dO * O)).
 void launch_attention_backward(cudaStream_t s, ST t, const void* q, const void* k, const void* v, const int32_t* seg,
                                const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, const AttnDims& d,
