@@ -6,6 +6,9 @@
 # drew: the per-step losses (1e-5) and the validation rewards (sharded over the ranks; 1e-9) agree, and the final
 # weights within 1e-4 of their largest value (the ranks' gradients are partial sums, and AdamW divides those rounding
 # differences by the small second moments of the few weights a 16-wide model's policy gradient barely moves).
+# And loss_type bnpo under [trainer] loss_weighting = token (TRL's dapo): 2 ranks x 1 prompt x grad_accum 2 = 1 x 4
+# (the completions here mostly run to the length limit, so micro-batches count alike: this checks that GRPO runs
+# token-weighted across ranks and micro-batches; that the weighting weighs is tests/dist/token_weighting.sh's).
 set -euo pipefail
 bin=$1 work=$2
 source "$(dirname "$0")/../dist/common.sh"
@@ -34,4 +37,14 @@ for r in two accum; do
   run "$work/export.log" export --run-dir "$work/one" --out "$work/one.export"
   compare weights "$work/$r.export/model.safetensors" "$work/one.export/model.safetensors" 1e-4
 done
-echo "grpo data parallel: 2 x 2 and 2 x 1 x accum 2 match 1 x 4"
+# loss_type bnpo with [trainer] loss_weighting = token (TRL's dapo: one token mean over the update's completions on
+# every rank and micro-batch): 2 ranks x 1 prompt x grad_accum 2 equal one process of 4 prompts
+bnpo=(--objective.loss_type bnpo --trainer.loss_weighting token)
+run "$work/bnpo-one.log" "${common[@]}" "${bnpo[@]}" --run-dir "$work/bnpo-one" --data.batch_size 4
+run_mpi 2 "$work/bnpo-accum.log" "${common[@]}" "${bnpo[@]}" --run-dir "$work/bnpo-accum" --data.batch_size 1 \
+  --trainer.grad_accum 2 --run.dist mpi
+compare losses "$work/bnpo-accum/metrics.jsonl" "$work/bnpo-one/metrics.jsonl" 1e-5
+run "$work/export.log" export --run-dir "$work/bnpo-accum" --out "$work/bnpo-accum.export"
+run "$work/export.log" export --run-dir "$work/bnpo-one" --out "$work/bnpo-one.export"
+compare weights "$work/bnpo-accum.export/model.safetensors" "$work/bnpo-one.export/model.safetensors" 1e-4
+echo "grpo data parallel: 2 x 2 and 2 x 1 x accum 2 match 1 x 4 (grpo; bnpo token-weighted)"
