@@ -28,6 +28,9 @@
 //   vectors (4 heads of 64) stay in registers over blocks of 32 positions (pv_in_registers) and the max runs over
 //   16 lanes: the same bits, one query against 6 heads x 1024 positions 1.4-2x faster on avx512 and avx2
 //   (`dew-bench kernels --only decode`, decode_attention; docs/benchmarks.md, session 28).
+// attention_slots (a serving step: rows on their own slots of a cache [slots, C, Hkv, D], each at its own position):
+//   the rows' K/V writes, then the row tasks above over every row at once, row b reading slot kv_batch[b] from position
+//   qoffs[b] (Geo): the same task code as the row alone over its slot's prefix, so the same bits (served = solo).
 // bf16 K/V under f32 q (a bf16 decode cache, dew/kernel_table.hpp): the row path reads the bf16 rows and widens
 //   them in registers (exact: the bits shifted up 16), so it streams half the bytes and computes exactly what it
 //   computes on the widened f32 rows, bit for bit (dot's scalar tail runs one shared loop); longer queries
