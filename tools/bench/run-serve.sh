@@ -8,6 +8,10 @@
 #   THREADS: the server's --threads (default: the run's, every core).
 #   DEW_BASELINE_BUILD=DIR: the same server from another build (DIR/bin/dew-run, e.g. main before a change),
 #     run after dew's in every round as "dew-baseline".
+#   DEW_BASELINE_BACKEND_OPTION=KEY=VALUE: the baseline is this build serving a copy of the run whose config.ini adds
+#     [backend] KEY = VALUE (e.g. slot_attention=rows: the serving step's attention row by row, docs/benchmarks.md
+#     session 48), as "dew-baseline". SERVE_ARGS: more `dew-run serve` arguments for both (e.g. --kv-cache bf16).
+#   REQUESTS (16) and MAX_TOKENS (64): each level's requests and the tokens each generates.
 #   llama.cpp's llama-batched-bench (DEW_LLAMA_BATCHED, default /work/peers/llamacpp-src/build/bin/
 #     llama-batched-bench; built like llama-bench per ../shared/peers/llamacpp/README.md, target
 #     llama-batched-bench) on the same shape's f32 GGUF (DEW_LLAMA_MODELS, default /work/peers/models): 16-token
@@ -22,6 +26,10 @@ run=${RUN:-runs/char-small-serve}
 steps=${STEPS:-60}
 clients=${CLIENTS:-1,4,16}
 baseline=${DEW_BASELINE_BUILD:-}
+baseline_option=${DEW_BASELINE_BACKEND_OPTION:-}
+serve_args=${SERVE_ARGS:-}
+requests=${REQUESTS:-16}
+max_tokens=${MAX_TOKENS:-64}
 llama=${DEW_LLAMA_BATCHED:-/work/peers/llamacpp-src/build/bin/llama-batched-bench}
 models=${DEW_LLAMA_MODELS:-/work/peers/models}
 threads=${THREADS:-}
@@ -38,16 +46,17 @@ have_llama=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-serve_levels() {  # serve_levels BUILD LABEL: one server, every client level; one JSON line per level
-  local b=$1 label=$2 out pid port
+serve_levels() {  # serve_levels BUILD LABEL [RUN]: one server, every client level; one JSON line per level
+  local b=$1 label=$2 served=${3:-$run} out pid port
   out=$(mktemp)
-  "$b/bin/dew-run" serve --run-dir "$run" --port 0 --slots 16 ${threads:+--threads "$threads"} >"$out" 2>&1 &
+  # shellcheck disable=SC2086
+  "$b/bin/dew-run" serve --run-dir "$served" --port 0 --slots 16 ${threads:+--threads "$threads"} $serve_args >"$out" 2>&1 &
   pid=$!
   for _ in $(seq 600); do grep -q "listening on" "$out" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out")
   echo "# $label: $(head -n 1 "$out"); load $(cut -d' ' -f1-3 /proc/loadavg)"
-  { "$build/bin/dew-bench" serve --url "http://127.0.0.1:$port" --clients "$clients" --requests 16 \
-    --max-tokens 64 --prompt-len 16 --config char-small | sed "s/^{/{\"system\":\"$label\",/"; } ||
+  { "$build/bin/dew-bench" serve --url "http://127.0.0.1:$port" --clients "$clients" --requests "$requests" \
+    --max-tokens "$max_tokens" --prompt-len 16 --config char-small | sed "s/^{/{\"system\":\"$label\",/"; } ||
     echo "# $label: dew-bench serve failed (server log: $(tail -n 1 "$out"))"
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
@@ -60,10 +69,15 @@ llama_levels() {  # one JSON line per parallel-sequence count, from llama-batche
     awk -F'|' -v t="$t" '$2 ~ /^ *[0-9]+ *$/ { gsub(/ /, ""); printf "{\"system\":\"llama.cpp\",\"clients\":%s,\"threads\":%s,\"tokens_per_sec\":%.1f,\"decode_tokens_per_sec\":%s}\n", $4, t, $4 * $3 / $10, $9 }'
 }
 
+if [ -n "$baseline_option" ]; then  # a copy of the run with the backend option in its config.ini
+  rm -rf "$run-baseline" && cp -r "$run" "$run-baseline"
+  printf '\n[backend]\n%s = %s\n' "${baseline_option%%=*}" "${baseline_option#*=}" >> "$run-baseline/config.ini"
+fi
 for r in $(seq "$rounds"); do
   echo "## round $r"
   serve_levels "$build" dew | tee -a "$log"
   if [ -n "$baseline" ]; then serve_levels "$baseline" dew-baseline | tee -a "$log"; fi
+  if [ -n "$baseline_option" ]; then serve_levels "$build" dew-baseline "$run-baseline" | tee -a "$log"; fi
   if [ "$have_llama" = 1 ]; then llama_levels | tee -a "$log"; fi
 done
 echo "## medians over $rounds round(s), tokens/s (dew: served through HTTP, clients on this machine; llama.cpp: in-process)"
