@@ -1157,6 +1157,21 @@ void check_shape(const Tensor& t, const Shape& want, const char* what, bool bf16
             shape_str(want));
 }
 
+constexpr int64_t kMaxPos = int64_t(1) << 30;  // lane positions are int32
+
+// The fields of g that follow from its sizes (B, T, S, Hq, Hkv, D) and p.
+void derive_geo(Geo& g, const AttentionParams& p) {
+  g.G = g.Hq / g.Hkv;
+  g.Dp = (g.D + L - 1) / L * L;
+  g.qrs = g.Hq * g.D;
+  g.krs = g.Hkv * g.D;
+  g.scale = p.scale;
+  g.cap = p.softcap;
+  g.causal = p.causal;
+  g.window = p.window >= kMaxPos ? 0 : p.window;
+  g.qoff = p.q_offset;
+}
+
 // `bf16_kv`: k and v may be bf16 (both; the forward's bf16 decode cache).
 Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segment_ids, const AttentionParams& p,
              bool bf16_kv = false) {
@@ -1176,18 +1191,9 @@ Geo make_geo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& se
   DEW_CHECK(g.D > 0, "cpu attention: head width D must be positive");
   DEW_CHECK(p.window >= 0, "cpu attention: window must be >= 0, got ", p.window);
   DEW_CHECK(p.softcap >= 0.0f, "cpu attention: softcap must be >= 0, got ", p.softcap);
-  constexpr int64_t kMaxPos = int64_t(1) << 30;  // lane positions are int32
   DEW_CHECK(g.S < kMaxPos && p.q_offset > -kMaxPos && p.q_offset + g.T < kMaxPos,
             "cpu attention: positions out of range (S = ", g.S, ", q_offset = ", p.q_offset, ", T = ", g.T, ")");
-  g.G = g.Hq / g.Hkv;
-  g.Dp = (g.D + L - 1) / L * L;
-  g.qrs = g.Hq * g.D;
-  g.krs = g.Hkv * g.D;
-  g.scale = p.scale;
-  g.cap = p.softcap;
-  g.causal = p.causal;
-  g.window = p.window >= kMaxPos ? 0 : p.window;
-  g.qoff = p.q_offset;
+  derive_geo(g, p);
   g.seg = contracts::check_attention_segments("cpu attention", segment_ids, g.B, g.T, g.S, p.q_offset)
               ? segment_ids.data_as<const int32_t>()
               : nullptr;
@@ -1281,7 +1287,6 @@ void attention_slots_forward(const Tensor& q, const Tensor& k_new, const Tensor&
   DEW_CHECK(q.dtype() == DType::f32 && out.dtype() == DType::f32, "cpu attention_slots: the row tasks take f32 q");
   DEW_CHECK(p.window >= 0 && p.softcap >= 0.0f, "cpu attention_slots: window and softcap must be >= 0");
   const int64_t n = q.size(0), capacity = k_cache.size(1);
-  constexpr int64_t kMaxPos = int64_t(1) << 30;  // lane positions are int32
   DEW_CHECK(capacity < kMaxPos, "cpu attention_slots: ", capacity, " cache positions are too many");
   if (n == 0) return;
   const bool bf16_kv = k_cache.dtype() == DType::bf16;
@@ -1296,14 +1301,8 @@ void attention_slots_forward(const Tensor& q, const Tensor& k_new, const Tensor&
   }
   Geo g{};
   g.B = n, g.T = 1, g.S = capacity, g.Hq = q.size(2), g.Hkv = k_cache.size(2), g.D = q.size(3);
-  g.G = g.Hq / g.Hkv;
-  g.Dp = (g.D + L - 1) / L * L;
-  g.qrs = g.Hq * g.D;
-  g.krs = g.Hkv * g.D;
-  g.scale = p.scale;
-  g.cap = p.softcap;
-  g.causal = true;
-  g.window = p.window >= kMaxPos ? 0 : p.window;
+  derive_geo(g, p);
+  g.causal = true;  // (q_offset: per row, below)
   g.kv_batch = slots.data();
   g.qoffs = positions.data();
   int64_t reads = 0;  // as attention_forward counts one row's: every query head over the keys it may see, K and V
