@@ -248,10 +248,42 @@ Tensor attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new
   const auto in_cache_dtype = [&](const Tensor& t) {
     return t.dtype() == k_cache.dtype() ? t.detach() : cast(t, k_cache.dtype()).detach();
   };
+  if (slots.empty()) return empty_like(q);  // nothing to write or attend
   const Tensor k = in_cache_dtype(k_new), v = in_cache_dtype(v_new);
+  // Under autocast (a bf16-mixed run's GRPO rollout) q arrives lowered while the cache keeps its dtype, a form the
+  // kernel does not take: each row writes its K/V and runs `attention` alone over its slot's prefix, which lowers that
+  // prefix as a batch-1 step under autocast does.
+  const DType cache = k_cache.dtype();
+  if (!(q.dtype() == cache || (q.dtype() == DType::f32 && cache == DType::bf16))) {
+    DEW_CHECK(k_cache.ndim() == 4 && v_cache.shape() == k_cache.shape() && positions.size() == slots.size(),
+              "attention_slots: caches ", shape_str(k_cache.shape()), " and ", shape_str(v_cache.shape()), ", ",
+              slots.size(), " slots and ", positions.size(), " positions");
+    const int64_t capacity = k_cache.size(1), hkv = k_cache.size(2), d = k_cache.size(3), row = hkv * d;
+    std::vector<Tensor> rows;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int64_t slot = slots[i], pos = positions[i];
+      DEW_CHECK(slot >= 0 && slot < k_cache.size(0) && pos >= 0 && pos < capacity, "attention_slots: row ", i,
+                " at slot ", slot, ", position ", pos, " is outside the caches ", shape_str(k_cache.shape()));
+      StridedCopyParams cp;
+      cp.shape = {row};
+      cp.src_strides = cp.dst_strides = {1};
+      cp.src_offset = int64_t(i) * row;
+      cp.dst_offset = (slot * capacity + pos) * row;
+      kernels(k_cache).strided_copy(k, k_cache, cp);
+      kernels(v_cache).strided_copy(v, v_cache, cp);
+      const auto prefix = [&](const Tensor& c) {
+        return c.slice0(slot, slot + 1).reshape({capacity, hkv, d}).slice0(0, pos + 1).reshape({1, pos + 1, hkv, d});
+      };
+      AttentionParams row_p = p;
+      row_p.causal = true;
+      row_p.q_offset = pos;
+      rows.push_back(attention(q.slice0(int64_t(i), int64_t(i) + 1), prefix(k_cache), prefix(v_cache), row_p));
+    }
+    return rows.size() == 1 ? rows[0] : concat(rows, 0);
+  }
   Tensor out = empty_like(q);
-  // The contract (check_attention_slots) is checked by every backend's kernel; an empty batch has nothing to write.
-  if (!slots.empty()) kernels(q).attention_slots(q.detach(), k, v, slots, positions, k_cache, v_cache, out, p);
+  // The contract (check_attention_slots) is checked by every backend's kernel.
+  kernels(q).attention_slots(q.detach(), k, v, slots, positions, k_cache, v_cache, out, p);
   return out;
 }
 

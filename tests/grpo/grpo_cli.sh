@@ -5,7 +5,7 @@
 # each reward's mean and the validation reward; the run samples and evaluates as an lm run; a missing reward option,
 # an unknown [reward] key and a bad prompt line are each refused in one line with exit status 2; with LoRA adapters
 # the KL penalty's reference is the adapters-off base, not a checkpointed copy; `train --help` shows the rewards'
-# [reward] options.
+# [reward] options; a bf16-mixed run trains (its rollout decodes under autocast).
 set -euo pipefail
 bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
@@ -59,6 +59,9 @@ if command -v h5dump > /dev/null; then
   h5dump -n "$work/A/checkpoints/step-00000004.h5" | grep -q "objective.reference.model.embed_tokens.weight" ||
     { echo "the full run's reference copy is not in its checkpoint"; exit 1; }
 fi
+# bf16-mixed: the rollout decodes under autocast (q lowered, the slot cache f32: attention_slots' per-row form)
+run train "${common[@]}" --run-dir "$work/M" --run.precision bf16-mixed
+grep -q '"reward"' "$work/M/metrics.jsonl" || { cat "$work/M/metrics.jsonl"; echo "no rewards under bf16-mixed"; exit 1; }
 refused "needs [reward] format_pattern" train "${common[@]}" --run-dir "$work/C" --reward.format_pattern ""
 refused "reward.bogus" train "${common[@]}" --run-dir "$work/D" --reward.bogus 1
 printf '{"prompt": 7}\n' >> "$work/prompts.jsonl"
