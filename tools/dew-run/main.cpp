@@ -222,7 +222,7 @@ void add_weights_arg(po::options_description& d, RunArgs& r) {
                   "reads, int8 quarters the weights')")(
       "kv-cache", po::value(&r.kv_cache)->default_value("auto"),
       "the K/V cache's dtype: auto (as --weights says) | f32 | bf16 (f32 weights over a bf16 cache: half the cache "
-      "bytes a decoded token reads, twice the sequences a memory budget holds)");
+      "bytes a decoded token reads and half the memory a slot takes)");
 }
 void apply_run_args(const RunArgs& r) {
   dew::set_inference_threads(r.threads);

@@ -96,8 +96,8 @@ void set_inference_threads(int threads);
 void set_inference_weights(DType dtype);
 // The K/V cache dtype of a decoding inference command (`dew-run eval|sample|serve --kv-cache f32|bf16`): "auto" (the
 // default) follows the weights (f32 weights an f32 cache, bf16 and int8 a bf16 one); f32 or bf16 sets it whatever the
-// weights, e.g. f32 weights over a bf16 cache: half the bytes a decoded token reads of the cache, and twice the
-// sequences a memory budget holds (CausalDecoder::set_cache_dtype; a decoder without a bf16 cache refuses it).
+// weights, e.g. f32 weights over a bf16 cache: half the bytes a decoded token reads of the cache, and half the
+// memory a served slot takes (CausalDecoder::set_cache_dtype; a decoder without a bf16 cache refuses it).
 void set_inference_kv_cache(const std::string& dtype);
 
 // `dew-run sample`: loads the run like evaluate() and hands `request` to the objective's sampler.
