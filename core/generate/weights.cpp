@@ -223,4 +223,12 @@ DType weights_dtype_from_name(const std::string& name, const char* what) {
   return DType::f32;
 }
 
+std::optional<DType> kv_cache_dtype_from_name(const std::string& name, const char* what) {
+  if (name == "auto") return std::nullopt;
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  DEW_USAGE_CHECK(false, what, " '", name, "' is not one of auto, f32, bf16");
+  return std::nullopt;
+}
+
 }  // namespace dew

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "dew/autograd.hpp"
@@ -210,7 +211,7 @@ struct LoadedRun {
 
 int g_inference_threads = 0;  // set_inference_threads(): 0 = the run's stored [run] threads
 DType g_inference_weights = DType::f32;  // set_inference_weights()
-std::string g_inference_kv_cache = "auto";  // set_inference_kv_cache()
+std::optional<DType> g_inference_kv_cache;  // set_inference_kv_cache(): none = as the weights
 
 // The weights of an inference command (eval, sample, serve) in the storage --weights asked for, and the decoder's
 // K/V cache alike (f32: packs q/k/v, gate/up only, the cache stays f32) or as --kv-cache asked. A model that decodes
@@ -221,8 +222,7 @@ void store_inference_weights(const LoadedRun& lr, bool decoding) {
   auto* decoder = dynamic_cast<CausalDecoder*>(lr.run.objective->main_model());
   const NamedTensors params = lr.run.objective->parameters();
   store_decode_weights_as(decoder, params, g_inference_weights);  // the cache follows the weights ...
-  if (decoder && g_inference_kv_cache != "auto")                  // ... unless --kv-cache says otherwise
-    decoder->set_cache_dtype(g_inference_kv_cache == "bf16" ? DType::bf16 : DType::f32);
+  if (decoder && g_inference_kv_cache) decoder->set_cache_dtype(*g_inference_kv_cache);  // ... or as --kv-cache says
   if (decoder && (decoding || g_inference_weights == DType::bf16)) store_matmul_weights_in_panels(params);
 }
 
@@ -258,9 +258,7 @@ void set_inference_weights(DType dtype) {
 }
 
 void set_inference_kv_cache(const std::string& dtype) {
-  DEW_USAGE_CHECK(dtype == "auto" || dtype == "f32" || dtype == "bf16", "--kv-cache '", dtype,
-                  "' is not one of auto, f32, bf16");
-  g_inference_kv_cache = dtype;
+  g_inference_kv_cache = kv_cache_dtype_from_name(dtype, "--kv-cache");
 }
 
 void set_inference_threads(int threads) {

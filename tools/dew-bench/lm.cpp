@@ -318,9 +318,8 @@ DecodeFigures measure_generate(const LmOptions& lo, const BenchOptions& opt) {
   dew::NoGradGuard no_grad;
   const dew::NamedTensors params = b.objective->parameters();
   dew::store_decode_weights_as(decoder, params, dew::weights_dtype_from_name(lo.weights, "--weights"));  // + K/V
-  DEW_USAGE_CHECK(lo.kv_cache == "auto" || lo.kv_cache == "f32" || lo.kv_cache == "bf16",
-                  "dew-bench generate: --kv-cache is auto, f32 or bf16, not '", lo.kv_cache, "'");
-  if (lo.kv_cache != "auto") decoder->set_cache_dtype(lo.kv_cache == "bf16" ? dew::DType::bf16 : dew::DType::f32);
+  if (const auto cache = dew::kv_cache_dtype_from_name(lo.kv_cache, "dew-bench generate: --kv-cache"))
+    decoder->set_cache_dtype(*cache);
   dew::store_matmul_weights_in_panels(params);  // the backend's decode layout (none on ref / cuda)
   const int64_t P = lo.prompt_len, N = lo.tokens, V = decoder->vocab_size();
   DEW_USAGE_CHECK(P > 0 && N > 1, "dew-bench generate: --prompt-len must be >= 1 and --tokens >= 2");

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,9 @@ int64_t store_matmul_weights_in_panels(const std::vector<std::pair<std::string, 
 // "f32" | "bf16" | "int8" -> the dtype of --weights (int8: DType::i8); anything else is one usage error naming
 // `what`.
 DType weights_dtype_from_name(const std::string& name, const char* what);
+// "auto" | "f32" | "bf16" -> the K/V cache dtype of --kv-cache (auto: std::nullopt, the cache follows the weights);
+// anything else is one usage error naming `what`.
+std::optional<DType> kv_cache_dtype_from_name(const std::string& name, const char* what);
 
 // The position of the first stop string in `text` at or after `from` (npos when none); `which` gets its index.
 size_t find_stop(const std::string& text, const std::vector<std::string>& stop, size_t from = 0,
