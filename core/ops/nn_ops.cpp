@@ -258,26 +258,16 @@ Tensor attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v_new
     DEW_CHECK(k_cache.ndim() == 4 && v_cache.shape() == k_cache.shape() && positions.size() == slots.size(),
               "attention_slots: caches ", shape_str(k_cache.shape()), " and ", shape_str(v_cache.shape()), ", ",
               slots.size(), " slots and ", positions.size(), " positions");
-    const int64_t capacity = k_cache.size(1), hkv = k_cache.size(2), d = k_cache.size(3), row = hkv * d;
     std::vector<Tensor> rows;
     for (size_t i = 0; i < slots.size(); ++i) {
       const int64_t slot = slots[i], pos = positions[i];
-      DEW_CHECK(slot >= 0 && slot < k_cache.size(0) && pos >= 0 && pos < capacity, "attention_slots: row ", i,
+      DEW_CHECK(slot >= 0 && slot < k_cache.size(0) && pos >= 0 && pos < k_cache.size(1), "attention_slots: row ", i,
                 " at slot ", slot, ", position ", pos, " is outside the caches ", shape_str(k_cache.shape()));
-      StridedCopyParams cp;
-      cp.shape = {row};
-      cp.src_strides = cp.dst_strides = {1};
-      cp.src_offset = int64_t(i) * row;
-      cp.dst_offset = (slot * capacity + pos) * row;
-      kernels(k_cache).strided_copy(k, k_cache, cp);
-      kernels(v_cache).strided_copy(v, v_cache, cp);
-      const auto prefix = [&](const Tensor& c) {
-        return c.slice0(slot, slot + 1).reshape({capacity, hkv, d}).slice0(0, pos + 1).reshape({1, pos + 1, hkv, d});
-      };
+      const auto [k_row, v_row] = write_slot_row(k_cache.backend(), k, v, int64_t(i), slot, pos, k_cache, v_cache);
       AttentionParams row_p = p;
       row_p.causal = true;
       row_p.q_offset = pos;
-      rows.push_back(attention(q.slice0(int64_t(i), int64_t(i) + 1), prefix(k_cache), prefix(v_cache), row_p));
+      rows.push_back(attention(q.slice0(int64_t(i), int64_t(i) + 1), k_row, v_row, row_p));
     }
     return rows.size() == 1 ? rows[0] : concat(rows, 0);
   }

@@ -174,26 +174,31 @@ void attention_slots_each(Backend& be, const Tensor& q, const Tensor& k_new, con
                           const std::vector<int64_t>& slots, const std::vector<int64_t>& positions, Tensor& k_cache,
                           Tensor& v_cache, Tensor& out, const AttentionParams& p) {
   check_attention_slots(q, k_new, v_new, slots, positions, k_cache, v_cache, out, be.name().c_str());
-  const int64_t capacity = k_cache.size(1), hkv = k_cache.size(2), d = k_cache.size(3), row = hkv * d;
   const Tensor lse = Tensor::empty({1, q.size(2), 1}, DType::f32, q.backend_ptr());
   for (size_t i = 0; i < slots.size(); ++i) {
-    const int64_t slot = slots[i], pos = positions[i];
-    StridedCopyParams cp;  // row i of k_new / v_new -> [slot, pos] of the cache
-    cp.shape = {row};
-    cp.src_strides = cp.dst_strides = {1};
-    cp.src_offset = int64_t(i) * row;
-    cp.dst_offset = (slot * capacity + pos) * row;
-    be.strided_copy(k_new, k_cache, cp);
-    be.strided_copy(v_new, v_cache, cp);
-    const auto prefix = [&](const Tensor& c) {
-      return c.slice0(slot, slot + 1).reshape({capacity, hkv, d}).slice0(0, pos + 1).reshape({1, pos + 1, hkv, d});
-    };
+    const auto [k, v] = write_slot_row(be, k_new, v_new, int64_t(i), slots[i], positions[i], k_cache, v_cache);
     AttentionParams row_p = p;
     row_p.causal = true;
-    row_p.q_offset = pos;
+    row_p.q_offset = positions[i];
     Tensor out_i = out.slice0(int64_t(i), int64_t(i) + 1), lse_i = lse;
-    be.attention(q.slice0(int64_t(i), int64_t(i) + 1), prefix(k_cache), prefix(v_cache), Tensor(), out_i, lse_i, row_p);
+    be.attention(q.slice0(int64_t(i), int64_t(i) + 1), k, v, Tensor(), out_i, lse_i, row_p);
   }
+}
+
+std::pair<Tensor, Tensor> write_slot_row(Backend& be, const Tensor& k_new, const Tensor& v_new, int64_t i, int64_t slot,
+                                         int64_t pos, Tensor& k_cache, Tensor& v_cache) {
+  const int64_t capacity = k_cache.size(1), hkv = k_cache.size(2), d = k_cache.size(3), row = hkv * d;
+  StridedCopyParams cp;  // row i of k_new / v_new -> [slot, pos] of the cache
+  cp.shape = {row};
+  cp.src_strides = cp.dst_strides = {1};
+  cp.src_offset = i * row;
+  cp.dst_offset = (slot * capacity + pos) * row;
+  be.strided_copy(k_new, k_cache, cp);
+  be.strided_copy(v_new, v_cache, cp);
+  const auto prefix = [&](const Tensor& c) {
+    return c.slice0(slot, slot + 1).reshape({capacity, hkv, d}).slice0(0, pos + 1).reshape({1, pos + 1, hkv, d});
+  };
+  return {prefix(k_cache), prefix(v_cache)};
 }
 
 }  // namespace dew

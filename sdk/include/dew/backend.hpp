@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dew/kernel_table.hpp"
@@ -372,5 +373,10 @@ void check_attention_slots(const Tensor& q, const Tensor& k_new, const Tensor& v
 void attention_slots_each(Backend& be, const Tensor& q, const Tensor& k_new, const Tensor& v_new,
                           const std::vector<int64_t>& slots, const std::vector<int64_t>& positions, Tensor& k_cache,
                           Tensor& v_cache, Tensor& out, const AttentionParams& p);
+// One row of that definition up to its attention: row i of k_new, v_new (the caches' dtype) written at [slot, pos]
+// of the caches [slots, C, Hkv, D] (strided_copy), and views of the slot's first pos + 1 keys and values,
+// [1, pos + 1, Hkv, D]. Unchecked: its callers check the rows first.
+std::pair<Tensor, Tensor> write_slot_row(Backend& be, const Tensor& k_new, const Tensor& v_new, int64_t i, int64_t slot,
+                                         int64_t pos, Tensor& k_cache, Tensor& v_cache);
 
 }  // namespace dew
