@@ -588,8 +588,7 @@ UpdateResult Trainer::one_update() {
   std::vector<Tensor> on_device;  // [micro losses..., device metrics..., device tokens..., grad sums of squares...]
   std::vector<std::vector<std::string>> device_keys(size_t(o_.grad_accum));  // per micro-batch
   std::vector<int> has_device_tokens;
-  std::vector<int64_t> micro_host_tokens;  // each micro-batch's host-counted tokens (loss_weighting = token)
-  int64_t host_tokens = 0;
+  std::vector<int64_t> micro_host_tokens;  // each micro-batch's host-counted tokens (0 where on the device)
   auto one = [](const Tensor& t) { return reshape(t.dtype() == DType::f32 ? t.detach() : cast(t.detach(), DType::f32), {1}); };
   // shard = parameters: each micro-batch gathers the parameters outside blocks at its start, each block's
   // come around its forward and backward (dew/block_params.hpp), and all are released after its backward.
@@ -618,7 +617,6 @@ UpdateResult Trainer::one_update() {
         on_device.push_back(one(t));
       }
       if (r.device_tokens.defined()) on_device.push_back(one(r.device_tokens));
-      else host_tokens += r.tokens;
       has_device_tokens.push_back(r.device_tokens.defined() ? 1 : 0);
       micro_host_tokens.push_back(r.device_tokens.defined() ? 0 : r.tokens);
     }
@@ -686,10 +684,9 @@ UpdateResult Trainer::one_update() {
     const double loss_m = host[at++];
     for (const std::string& k : device_keys[size_t(micro)]) u.metrics[k] += host[at++] / double(accum);
     const int64_t n_m = has_device_tokens[size_t(micro)] ? int64_t(host[at++]) : micro_host_tokens[size_t(micro)];
-    if (has_device_tokens[size_t(micro)]) u.tokens += n_m;
+    u.tokens += n_m;
     u.loss += o_.token_weighted ? loss_m * double(n_m) : loss_m / double(accum);  // token: the sum, divided below
   }
-  u.tokens += host_tokens;
   for (size_t i = head; i < host.size(); ++i) gsq += host[i];
   std::vector<double> qk_values(host.begin() + long(qk_at), host.begin() + long(head));
   bool finite = std::isfinite(u.loss);
