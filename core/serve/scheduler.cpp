@@ -4,7 +4,9 @@
 // the same pending tokens (the prompt cropped to the context, then one token; a fresh slot re-fed with
 // the last context/2 tokens when the context is full), the same draw (sample_token with the request's
 // seed and stream, draw index = tokens drawn so far), the same EOS / stop-string / budget rules and the
-// same cut at a stop string. Only where the logits come from differs: the rows of a shared slot cache.
+// same cut at a stop string. Only where the logits come from differs: the rows of a shared slot cache, and, for a
+// prompt's whole chunks that another prompt was fed in before, that slot's keys and values (prefix caching: a chunk's
+// call gives the same bits after the same tokens, so a copy of them is what the feed would give).
 // Locks: the scheduler mutex guards the queue and counters; each ticket's mutex guards what its client
 // reads. step() never holds the scheduler mutex while the model runs.
 #include <algorithm>
@@ -95,6 +97,8 @@ Scheduler::Scheduler(CausalDecoder& model, std::shared_ptr<const Tokenizer> toke
   backend_ = default_backend();
   cache_ = model.make_slot_cache(options.slots, context_);
   active_.resize(size_t(options.slots));
+  prefix_.resize(size_t(options.slots));
+  released_.resize(size_t(options.slots), 0);
   counters_.slots = options.slots;
 }
 
@@ -147,8 +151,8 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   result.text = std::move(a.text);
   result.finish_reason = reason;
   const int64_t slot = a.slot;
-  if (slot >= 0) {
-    cache_->clear(slot);
+  if (slot >= 0) {  // the slot keeps its cache (prefix caching) until start_in_slot() gives it to another request
+    released_[size_t(slot)] = ++releases_;
     active_[size_t(slot)].reset();  // destroys `a`
   }
   {
@@ -194,6 +198,7 @@ bool Scheduler::step() {
       if (cancelled) finish(*a, "cancelled");
     }
   std::vector<std::unique_ptr<Active>> ended_at_admission;  // max_tokens 0: done without a slot
+  std::vector<int64_t> admitted;                            // slots taken by this iteration's admissions
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto it = queue_.begin(); it != queue_.end();) {
@@ -211,10 +216,7 @@ bool Scheduler::step() {
         ++it;
       }
     }
-    size_t s = 0;
-    while (!queue_.empty()) {
-      while (s < active_.size() && active_[s]) ++s;
-      if (s == active_.size()) break;
+    while (!queue_.empty() && active_count_ < options_.slots) {
       auto [req, ticket] = std::move(queue_.front());
       queue_.pop_front();
       auto a = std::make_unique<Active>();
@@ -225,17 +227,19 @@ bool Scheduler::step() {
         ended_at_admission.push_back(std::move(a));
         continue;
       }
-      a->slot = int64_t(s);
       a->admitted = admissions_++;
       a->history = a->req.prompt;
       a->pending = a->history;
       if (int64_t(a->pending.size()) > context_) a->pending.erase(a->pending.begin(), a->pending.end() - context_);
       for (const std::string& st : a->req.params.stop) a->longest_stop = std::max(a->longest_stop, st.size());
-      cache_->clear(int64_t(s));
-      active_[s] = std::move(a);
+      a->slot = free_slot_for(a->pending);
+      admitted.push_back(a->slot);
+      active_[size_t(a->slot)] = std::move(a);
       ++active_count_;
     }
   }
+  int64_t prefix_cached = 0;
+  for (int64_t s : admitted) prefix_cached += start_in_slot(*active_[size_t(s)]);
   for (auto& a : ended_at_admission) {
     bool cancelled;
     {
@@ -257,6 +261,7 @@ bool Scheduler::step() {
       a->pending.assign(a->history.end() - keep, a->history.end());
       a->chunks_fed = 0;
       cache_->clear(int64_t(s));
+      prefix_[s].clear();
     }
     if (a->pending.size() == 1) {
       decode_slots.push_back(int64_t(s));
@@ -265,7 +270,11 @@ bool Scheduler::step() {
       prefill_slots.push_back(int64_t(s));
     }
   }
-  if (decode_slots.empty() && prefill_slots.empty()) return !ended_at_admission.empty();
+  if (decode_slots.empty() && prefill_slots.empty()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    counters_.prefix_cached += prefix_cached;
+    return !ended_at_admission.empty();
+  }
 
   // ---- the model: one call per prefill, one for all decode rows; last-position logits per slot ----
   std::vector<std::pair<int64_t, std::vector<float>>> rows;  // (slot, logits of its last position)
@@ -353,13 +362,18 @@ bool Scheduler::step() {
   for (int64_t s : prefill_slots) {
     if (served[size_t(s)]) continue;
     Active& a = *active_[size_t(s)];
+    prefix_cached += extend_from_other_slots(a);  // before the budget: a copy costs no feed
     const int64_t n = chunk > 0 ? std::min<int64_t>(chunk, int64_t(a.pending.size())) : int64_t(a.pending.size());
     if (chunk > 0 && prefill_tokens > 0 && prefill_tokens + n > chunk) continue;  // the iteration's budget
     prefill_tokens += n;
     ++a.chunks_fed;
-    const bool from_empty = cache_->length(s) == 0;
+    const int64_t fed_at = cache_->length(s);
+    const bool from_empty = fed_at == 0;
     const std::vector<int32_t> fed(a.pending.begin(), a.pending.begin() + n);
     const Tensor logits = model_.forward_slots_last(Tensor::from_ints(fed, {1, n}, backend_), {s}, *cache_);
+    std::vector<int32_t>& prefix = prefix_[size_t(s)];
+    if (options_.prefix_cache && n == chunk && fed_at == int64_t(prefix.size()))  // a whole chunk after whole chunks
+      prefix.insert(prefix.end(), fed.begin(), fed.end());
     if (n < int64_t(a.pending.size())) {  // more of the prompt to come: these logits are not drawn from
       a.pending.erase(a.pending.begin(), a.pending.begin() + n);
       continue;
@@ -371,6 +385,7 @@ bool Scheduler::step() {
         Active& b = *active_[size_t(other)];
         if (b.pending != fed || cache_->length(other) != 0) continue;
         if (!cache_->copy(s, other)) break;
+        prefix_[size_t(other)] = prefix;
         ++b.chunks_fed;
         served[size_t(other)] = true;
         rows.emplace_back(other, rows.front().second);
@@ -390,9 +405,80 @@ bool Scheduler::step() {
     counters_.decode_rows += int64_t(decode_slots.size());
     counters_.prefill_tokens += prefill_tokens;
     counters_.prefill_shared += prefill_shared;
+    counters_.prefix_cached += prefix_cached;
     counters_.generated_tokens += drawn_rows;
   }
   return true;
+}
+
+// Prefix caching. The whole chunks (prefill_chunk tokens each) of `pending` that slot `slot`'s cache holds from
+// position `from` on (prefix_[slot]), leaving at least one token of `pending` to feed: a prompt's last feed draws.
+int64_t Scheduler::shared_chunks(int64_t slot, int64_t from, const std::vector<int32_t>& pending) const {
+  const int64_t chunk = options_.prefill_chunk;
+  if (!options_.prefix_cache || chunk <= 0) return 0;
+  const std::vector<int32_t>& held = prefix_[size_t(slot)];
+  int64_t n = 0;
+  while ((n + 1) * chunk < int64_t(pending.size()) && from + (n + 1) * chunk <= int64_t(held.size()) &&
+         std::equal(pending.begin() + n * chunk, pending.begin() + (n + 1) * chunk, held.begin() + from + n * chunk))
+    ++n;
+  return n;
+}
+
+// The free slot for a request that will feed `pending`: of those whose cached chunks it shares all of (an unused slot
+// among them), the one it shares the most with; else the one whose last request ended longest ago. So a request never
+// overwrites a cache that holds more than it shares while another slot is free (it copies the shared chunks there
+// instead: extend_from_other_slots), and the caches overwritten are the least recently used.
+int64_t Scheduler::free_slot_for(const std::vector<int32_t>& pending) const {
+  const int64_t chunk = std::max<int64_t>(options_.prefill_chunk, 1);
+  int64_t best = -1, best_shared = -1, oldest = -1;
+  for (size_t s = 0; s < active_.size(); ++s) {
+    if (active_[s]) continue;
+    if (oldest < 0 || released_[s] < released_[size_t(oldest)]) oldest = int64_t(s);
+    const int64_t shared = shared_chunks(int64_t(s), 0, pending);
+    if (shared != int64_t(prefix_[s].size()) / chunk) continue;  // it would overwrite some of this cache
+    if (shared > best_shared || (shared == best_shared && released_[s] < released_[size_t(best)]))
+      best = int64_t(s), best_shared = shared;
+  }
+  DEW_CHECK(oldest >= 0, "serve: no free slot for an admitted request");
+  return best >= 0 ? best : oldest;
+}
+
+// A request starts in its slot: the slot's cache shortened to the chunks its prompt shares with it, else emptied.
+// Returns the prompt tokens that need no feed.
+int64_t Scheduler::start_in_slot(Active& a) {
+  const int64_t s = a.slot, keep = shared_chunks(s, 0, a.pending) * options_.prefill_chunk;
+  std::vector<int32_t>& prefix = prefix_[size_t(s)];
+  if (keep == 0 || !cache_->copy_prefix(s, s, keep)) {
+    cache_->clear(s);
+    prefix.clear();
+    return 0;
+  }
+  prefix.resize(size_t(keep));
+  a.pending.erase(a.pending.begin(), a.pending.begin() + keep);
+  a.chunks_fed = keep / options_.prefill_chunk;
+  return keep;
+}
+
+// Before a slot's next feed: where another slot's cache holds the chunks the slot holds and more of its prompt after
+// them, the most such chunks are copied in. Returns the prompt tokens that need no feed.
+int64_t Scheduler::extend_from_other_slots(Active& a) {
+  const int64_t s = a.slot, held = cache_->length(s);
+  std::vector<int32_t>& prefix = prefix_[size_t(s)];
+  if (held != int64_t(prefix.size())) return 0;  // its rows are not all whole chunks fed from an empty cache
+  int64_t from = -1, most = 0;
+  for (size_t o = 0; o < prefix_.size(); ++o) {
+    const std::vector<int32_t>& other = prefix_[o];
+    if (int64_t(o) == s || other.size() <= prefix.size() || !std::equal(prefix.begin(), prefix.end(), other.begin()))
+      continue;
+    const int64_t n = shared_chunks(int64_t(o), held, a.pending);
+    if (n > most) from = int64_t(o), most = n;
+  }
+  const int64_t copied = most * options_.prefill_chunk;
+  if (copied == 0 || !cache_->copy_prefix(from, s, held + copied)) return 0;
+  prefix.insert(prefix.end(), a.pending.begin(), a.pending.begin() + copied);
+  a.pending.erase(a.pending.begin(), a.pending.begin() + copied);
+  a.chunks_fed += most;
+  return copied;
 }
 
 // The loop of start() and run(): step() until stopped, sleeping while there is no work.

@@ -723,27 +723,138 @@ TEST_CASE(
         solo.push_back(dew::generate(dew::decoder_start(dec), std::vector<std::vector<int32_t>>(r.stream + 1, r.prompt),
                                      r.params, tok.get(), dec.context_length())
                            .back());
-      dew::serve::Scheduler sched(dec, tok, {16, 0, 64, chunk});
-      std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
-      for (const auto& r : reqs) tickets.push_back(sched.submit(r).ticket);
-      while (sched.step()) {
-      }
-      std::set<std::vector<int32_t>> distinct;
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        expect_equal(tickets[i]->wait(), solo[i], i);
-        distinct.insert(solo[i].tokens);
-      }
-      CHECK(distinct.size() >= 6);  // the samples of one prompt differ: their own streams, not a copied draw
-      const auto st = sched.stats();
-      if (chunk == dew::kPrefillChunk) {
-        CHECK(st.prefill_shared == 9);          // 7 + 2 copies
-        CHECK(st.prefill_tokens == 7 + 4 + 5);  // each distinct prompt fed once
-      } else {
-        CHECK(st.prefill_shared == 2);              // only the 4-token prompt goes whole
-        CHECK(st.prefill_tokens == 8 * 7 + 4 + 4);  // the 5-token prompt's last token goes as a decode row
+      for (const bool prefix_cache : {true, false}) {
+        CAPTURE(prefix_cache);
+        dew::serve::SchedulerOptions so{16, 0, 64, chunk};
+        so.prefix_cache = prefix_cache;
+        dew::serve::Scheduler sched(dec, tok, so);
+        std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+        for (const auto& r : reqs) tickets.push_back(sched.submit(r).ticket);
+        while (sched.step()) {
+        }
+        std::set<std::vector<int32_t>> distinct;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          expect_equal(tickets[i]->wait(), solo[i], i);
+          distinct.insert(solo[i].tokens);
+        }
+        CHECK(distinct.size() >= 6);  // the samples of one prompt differ: their own streams, not a copied draw
+        const auto st = sched.stats();
+        if (chunk == dew::kPrefillChunk) {
+          CHECK(st.prefill_shared == 9);          // 7 + 2 copies
+          CHECK(st.prefill_tokens == 7 + 4 + 5);  // each distinct prompt fed once
+          CHECK(st.prefix_cached == 0);           // whole prompts: no chunk to share
+        } else if (prefix_cache) {
+          // The 7-token prompt's first chunk is fed once; the 7 others copy it (the prefix cache) and feed their last
+          // 3 tokens; the 5-token prompt's last token goes as a decode row.
+          CHECK(st.prefill_shared == 2);
+          CHECK(st.prefix_cached == 7 * 4);
+          CHECK(st.prefill_tokens == 7 + 7 * 3 + 4 + 4);
+        } else {
+          CHECK(st.prefill_shared == 2);  // only the 4-token prompt goes whole
+          CHECK(st.prefix_cached == 0);
+          CHECK(st.prefill_tokens == 8 * 7 + 4 + 4);
+        }
       }
     }
   }
+}
+
+// Prefix caching: prompts that share a 10-token "system prompt" (two whole chunks of 4, then its last 2 tokens in a
+// chunk with the prompt's own), one prompt twice, one that shares no first chunk; lengths never 1 mod 4, so no
+// prompt's last token goes as a decode row and every prompt token is either fed or cached. Each result must equal its
+// solo one bit for bit (a cache copied at a wrong length or from a wrong slot changes the logits); the counts say what
+// was shared: one slot used in turn (its own cache kept after each request), and slots at once (each other's).
+TEST_CASE("scheduler: prompts sharing whole chunks reuse a slot's cache, each result equal to its solo one") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  const std::vector<int32_t> system = random_tokens(10, 500);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const size_t own : {4u, 1u, 5u, 2u, 9u}) {  // lengths 14, 11, 15, 12, 19
+    std::vector<int32_t> p = system, tail = random_tokens(own, 600 + uint32_t(prompts.size()));
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts.push_back(p);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i)  // the third chunks differ: only the system prompt's two are shared
+    for (size_t j = 0; j < i; ++j) REQUIRE(prompts[i][10] != prompts[j][10]);
+  prompts.push_back(prompts[0]);            // identical to the first: three whole chunks shared, its last 2 fed
+  prompts.push_back(random_tokens(14, 7));  // nothing shared
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += int64_t(p.size());
+  for (const std::string be : {"ref", "cpu"}) {
+    CAPTURE(be);
+    auto m = tiny_model(be, 32, 64);
+    dew::CausalDecoder& dec = decoder_of(m);
+    std::vector<dew::serve::Request> reqs;
+    std::vector<dew::Generation> solo;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      dew::serve::Request r;
+      r.prompt = prompts[i];
+      r.params.temperature = i % 2 ? 0.0f : 0.9f;
+      r.params.seed = 11 + i;
+      r.params.max_new_tokens = 5 + int64_t(i % 4);
+      r.params.prefill_chunk = 4;
+      reqs.push_back(r);
+      solo.push_back(dew::generate(dew::decoder_start(dec), {r.prompt}, r.params, tok.get(), dec.context_length())[0]);
+    }
+    for (const int64_t slots : {1, 2, 3, 8}) {
+      for (const bool one_at_a_time : {true, false}) {
+        CAPTURE(slots);
+        CAPTURE(one_at_a_time);
+        dew::serve::Scheduler sched(dec, tok, {slots, 0, 64, 4});
+        std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+        for (const auto& r : reqs) {
+          tickets.push_back(sched.submit(r).ticket);
+          if (one_at_a_time)
+            while (sched.step()) {
+            }
+        }
+        while (sched.step()) {
+        }
+        for (size_t i = 0; i < reqs.size(); ++i) expect_equal(tickets[i]->wait(), solo[i], i);
+        const auto st = sched.stats();
+        CHECK(st.prefill_shared == 0);
+        CHECK(st.prefill_tokens + st.prefix_cached == prompt_tokens);
+        // Each system chunk is fed once whatever the order (a copy comes before every feed, and an iteration feeds
+        // one whole chunk). In turn, the repeated prompt also finds the first one's third chunk where its slot was
+        // kept: with 4 slots or more there is always an unused or lossless one for the prompts between; with 2 or 3
+        // the least recently used cache, the first prompt's, is overwritten (by the fourth and fifth prompts).
+        if (one_at_a_time) {
+          CHECK(st.prefix_cached == 5 * 8 + (slots >= 4 ? 4 : 0));
+        } else {
+          CHECK(st.prefix_cached >= 5 * 8);
+        }
+      }
+    }
+    // Off: every prompt fed in full; the same results.
+    dew::serve::SchedulerOptions off{2, 0, 64, 4};
+    off.prefix_cache = false;
+    dew::serve::Scheduler sched(dec, tok, off);
+    std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+    for (const auto& r : reqs) tickets.push_back(sched.submit(r).ticket);
+    while (sched.step()) {
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) expect_equal(tickets[i]->wait(), solo[i], i);
+    CHECK(sched.stats().prefix_cached == 0);
+    CHECK(sched.stats().prefill_tokens == prompt_tokens);
+    // A decoder on the default slot cache (no copy_prefix) feeds everything, with the same results.
+    PlainDecoder plain(dec);
+    dew::serve::Scheduler plain_sched(plain, tok, {2, 0, 64, 4});
+    tickets.clear();
+    for (const auto& r : reqs) tickets.push_back(plain_sched.submit(r).ticket);
+    while (plain_sched.step()) {
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) expect_equal(tickets[i]->wait(), solo[i], i);
+    CHECK(plain_sched.stats().prefix_cached == 0);
+  }
+  // copy_prefix refuses more tokens than the slot holds.
+  auto m = tiny_model("ref", 32, 64);
+  dew::NoGradGuard ng;
+  auto cache = decoder_of(m).make_slot_cache(2, 16);
+  decoder_of(m).forward_slots_last(Tensor::from_ints(random_tokens(5, 1), {1, 5}, backend("ref")), {0}, *cache);
+  CHECK_THROWS_AS(cache->copy_prefix(0, 1, 6), dew::Error);
+  CHECK(cache->copy_prefix(0, 1, 3));
+  CHECK(cache->length(1) == 3);
+  CHECK(cache->copy_prefix(0, 0, 2));
+  CHECK(cache->length(0) == 2);
 }
 
 TEST_CASE("prefill in chunks: near the whole prompt's logits (ref, cpu), other slots decode between the chunks") {
@@ -1449,7 +1560,7 @@ TEST_CASE("dew-run serve: a freshly trained run (EMA weights), solo-equal comple
     ::close(out[1]);
     const std::string rd = run.string();
     execl(DEW_RUN_PATH, DEW_RUN_PATH, "serve", "--run-dir", rd.c_str(), "--port", "0", "--slots", "2", "--backend",
-          "ref", (char*)nullptr);
+          "ref", "--prefill-chunk", "4", (char*)nullptr);
     _exit(127);
   }
   ::close(out[1]);
@@ -1475,12 +1586,23 @@ TEST_CASE("dew-run serve: a freshly trained run (EMA weights), solo-equal comple
   auto loaded = dew::load_inference_run(run.string(), "latest", true, "ref");
   auto* dec = dynamic_cast<dew::CausalDecoder*>(loaded->objective->main_model());
   REQUIRE(dec);
-  dew::SamplingParams p = params(20, 0.8f, 5);
-  const std::string want = dew::generate_text(*dec, *loaded->objective->tokenizer(), {"The quick"}, p)[0].text;
-  auto r = post(c, json{{"prompt", "The quick"}, {"max_tokens", 20}, {"temperature", 0.8}, {"seed", 5}});
-  REQUIRE(r);
-  REQUIRE(r->status == 200);
-  CHECK(json::parse(r->body)["choices"][0]["text"].get<std::string>() == wire(want));
+  // Prompts go in chunks of 4 bytes (--prefill-chunk 4); the second prompt's first two chunks are the first's: its
+  // slot's cache of them is reused (/health counts the tokens), and its text is still its solo one. (Both stay within
+  // the context of 16: a refill would start the slot's cache anew.)
+  dew::SamplingParams p = params(4, 0.8f, 5);
+  p.prefill_chunk = 4;
+  for (const std::string prompt : {"The quick", "The quick b"}) {
+    CAPTURE(prompt);
+    const std::string want = dew::generate_text(*dec, *loaded->objective->tokenizer(), {prompt}, p)[0].text;
+    auto r = post(c, json{{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0.8}, {"seed", 5}});
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    CHECK(json::parse(r->body)["choices"][0]["text"].get<std::string>() == wire(want));
+  }
+  auto health = c.Get("/health");
+  REQUIRE(health);
+  CHECK(json::parse(health->body)["prefix_cached_tokens"] == 8);
+  CHECK(json::parse(health->body)["prefill_tokens"] == 8 + 3);  // the first prompt's ninth token went as a decode row
 
   // SIGTERM while a stream is in flight: the stream completes, new requests are refused, exit status 0.
   std::string body;
@@ -1512,11 +1634,12 @@ TEST_CASE("dew-run serve: a freshly trained run (EMA weights), solo-equal comple
   auto late = post(c, json{{"prompt", "x"}, {"max_tokens", 2}});
   CHECK((!late || late->status == 503));  // refused while draining, or the listener is already closed
   streamer.join();
+  dew::SamplingParams fox_params = params(600, 1.0f, 1);  // past the context: refills, in the server's chunks
+  fox_params.prefill_chunk = 4;
   const Stream st = parse_sse(body);
   CHECK(st.done);
   CHECK(st.finish.at(0) == "length");
-  CHECK(st.text.at(0) ==
-        wire(dew::generate_text(*dec, *loaded->objective->tokenizer(), {"fox"}, params(600, 1.0f, 1))[0].text));
+  CHECK(st.text.at(0) == wire(dew::generate_text(*dec, *loaded->objective->tokenizer(), {"fox"}, fox_params)[0].text));
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));

@@ -11,7 +11,10 @@
 #   DEW_BASELINE_BACKEND_OPTION=KEY=VALUE: the baseline is this build serving a copy of the run whose config.ini adds
 #     [backend] KEY = VALUE (e.g. slot_attention=rows: the serving step's attention row by row, docs/benchmarks.md
 #     session 48), as "dew-baseline". SERVE_ARGS: more `dew-run serve` arguments for both (e.g. --kv-cache bf16).
-#   REQUESTS (16) and MAX_TOKENS (64): each level's requests and the tokens each generates.
+#   BASELINE_SERVE_ARGS: the baseline is this build serving the same run with these arguments added (e.g.
+#     --no-prefix-cache), as "dew-baseline".
+#   REQUESTS (16) and MAX_TOKENS (64): each level's requests and the tokens each generates; PROMPT_LEN (16) and
+#     SHARED_PREFIX (0): each prompt's own bytes, after the bytes every prompt starts with (a system prompt).
 #   llama.cpp's llama-batched-bench (DEW_LLAMA_BATCHED, default /work/peers/llamacpp-src/build/bin/
 #     llama-batched-bench; built like llama-bench per ../shared/peers/llamacpp/README.md, target
 #     llama-batched-bench) on the same shape's f32 GGUF (DEW_LLAMA_MODELS, default /work/peers/models): 16-token
@@ -28,6 +31,9 @@ clients=${CLIENTS:-1,4,16}
 baseline=${DEW_BASELINE_BUILD:-}
 baseline_option=${DEW_BASELINE_BACKEND_OPTION:-}
 serve_args=${SERVE_ARGS:-}
+baseline_serve_args=${BASELINE_SERVE_ARGS:-}
+prompt_len=${PROMPT_LEN:-16}
+shared_prefix=${SHARED_PREFIX:-0}
 requests=${REQUESTS:-16}
 max_tokens=${MAX_TOKENS:-64}
 llama=${DEW_LLAMA_BATCHED:-/work/peers/llamacpp-src/build/bin/llama-batched-bench}
@@ -46,17 +52,18 @@ have_llama=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-serve_levels() {  # serve_levels BUILD LABEL [RUN]: one server, every client level; one JSON line per level
-  local b=$1 label=$2 served=${3:-$run} out pid port
+serve_levels() {  # serve_levels BUILD LABEL [RUN [ARGS]]: one server, every client level; one JSON line per level
+  local b=$1 label=$2 served=${3:-$run} more=${4:-} out pid port
   out=$(mktemp)
   # shellcheck disable=SC2086
-  "$b/bin/dew-run" serve --run-dir "$served" --port 0 --slots 16 ${threads:+--threads "$threads"} $serve_args >"$out" 2>&1 &
+  "$b/bin/dew-run" serve --run-dir "$served" --port 0 --slots 16 ${threads:+--threads "$threads"} $serve_args $more \
+    >"$out" 2>&1 &
   pid=$!
   for _ in $(seq 600); do grep -q "listening on" "$out" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out")
   echo "# $label: $(head -n 1 "$out"); load $(cut -d' ' -f1-3 /proc/loadavg)"
   { "$build/bin/dew-bench" serve --url "http://127.0.0.1:$port" --clients "$clients" --requests "$requests" \
-    --max-tokens "$max_tokens" --prompt-len 16 --config char-small | sed "s/^{/{\"system\":\"$label\",/"; } ||
+    --max-tokens "$max_tokens" --prompt-len "$prompt_len" --shared-prefix "$shared_prefix" --config char-small | sed "s/^{/{\"system\":\"$label\",/"; } ||
     echo "# $label: dew-bench serve failed (server log: $(tail -n 1 "$out"))"
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
@@ -78,17 +85,22 @@ for r in $(seq "$rounds"); do
   serve_levels "$build" dew | tee -a "$log"
   if [ -n "$baseline" ]; then serve_levels "$baseline" dew-baseline | tee -a "$log"; fi
   if [ -n "$baseline_option" ]; then serve_levels "$build" dew-baseline "$run-baseline" | tee -a "$log"; fi
+  if [ -n "$baseline_serve_args" ]; then serve_levels "$build" dew-baseline "$run" "$baseline_serve_args" | tee -a "$log"; fi
   if [ "$have_llama" = 1 ]; then llama_levels | tee -a "$log"; fi
 done
-echo "## medians over $rounds round(s), tokens/s (dew: served through HTTP, clients on this machine; llama.cpp: in-process)"
+echo "## medians over $rounds round(s), tokens/s [TTFT p50 ms] (dew: served through HTTP, clients on this machine; llama.cpp: in-process)"
 python3 - "$log" <<'EOF'
 import json, statistics, sys
-rows = {}
+rows, ttft = {}, {}
 for line in open(sys.argv[1]):
     line = line.strip()
     if line.startswith('{'):
         d = json.loads(line)
         rows.setdefault((d['system'], int(d['clients'])), []).append(d['tokens_per_sec'])
+        if 'ttft_ms_p50' in d:
+            ttft.setdefault((d['system'], int(d['clients'])), []).append(d['ttft_ms_p50'])
 for (system, c), v in sorted(rows.items()):
-    print(f"{system:13s} clients {c:3d}: {statistics.median(v):8.1f}  ({', '.join(f'{x:.0f}' for x in v)})")
+    t = ttft.get((system, c))
+    t = f"  [TTFT {statistics.median(t):.1f} ms]" if t else ""
+    print(f"{system:13s} clients {c:3d}: {statistics.median(v):8.1f}  ({', '.join(f'{x:.0f}' for x in v)}){t}")
 EOF

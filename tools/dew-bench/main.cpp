@@ -36,7 +36,7 @@ const char* kUsage =
     "       dew-bench roofline --config char-small|gpt-mini|PATH.ini [--threads N] [--matmul-precision P] "
     "[--steps S]\n"
     "       dew-bench serve --url http://127.0.0.1:PORT [--clients 1,4,16] [--requests 16] [--max-tokens 64] "
-    "[--prompt-len 16] [--config LABEL]\n";
+    "[--prompt-len 16] [--shared-prefix 0] [--config LABEL]\n";
 }
 
 namespace dew_bench {

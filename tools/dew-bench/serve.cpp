@@ -2,10 +2,12 @@
 //
 // For each concurrency level C in --clients, C client threads share --requests streamed completions
 // (each client sends its next request when the previous one has ended). Every request has its own
-// prompt (a window of --prompt-len bytes of a fixed text) and seed, and asks for --max-tokens tokens.
+// prompt (a window of --prompt-len bytes of a fixed text, after --shared-prefix bytes every prompt starts with: a
+// system prompt) and seed, and asks for --max-tokens tokens.
 // Per request: time to first token (TTFT: the first SSE chunk carrying text) and the total latency;
 // per level: p50/p99 of both, generated tokens per second over the level's wall time (tokens from the
-// final chunk's usage), and the server's mean decode batch (from /health before and after).
+// final chunk's usage), and the server's mean decode batch and the prompt tokens it fed and found in its prefix
+// cache (from /health before and after).
 // One JSON line per level, like every dew-bench suite; it measures, it never asserts.
 #include <httplib.h>
 
@@ -49,7 +51,16 @@ const char* kText =
     "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it "
     "was the season of Darkness, it was the spring of hope, it was the winter of despair. ";
 
-Sample one_request(const std::string& host, int port, int index, int prompt_len, int max_tokens) {
+// The first `n` bytes of the system prompt every request starts with: the fixed text backwards, repeated.
+std::string shared_prefix(int n) {
+  const std::string text(kText);
+  std::string out;
+  while (int(out.size()) < n) out += std::string(text.rbegin(), text.rend());
+  return out.substr(0, size_t(n));
+}
+
+Sample one_request(const std::string& host, int port, int index, const std::string& prefix, int prompt_len,
+                   int max_tokens) {
   httplib::Client c(host, port);
   c.set_read_timeout(std::chrono::seconds(600));
   const std::string text = kText;
@@ -58,7 +69,7 @@ Sample one_request(const std::string& host, int port, int index, int prompt_len,
   req.method = "POST";
   req.path = "/v1/completions";
   req.body = json{
-      {"prompt", text.substr(start, size_t(prompt_len))},
+      {"prompt", prefix + text.substr(start, size_t(prompt_len))},
       {"max_tokens", max_tokens},
       {"temperature", 0.8},
       {"seed", index},
@@ -102,18 +113,19 @@ json health(const std::string& host, int port) {
 int run_serve(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   std::string url = "http://127.0.0.1:8000", clients_list = "1,4,16", config = "";
-  int requests = 16, max_tokens = 64, prompt_len = 16;
+  int requests = 16, max_tokens = 64, prompt_len = 16, shared = 0;
   po::options_description d("dew-bench serve");
   d.add_options()("url", po::value(&url), "the server (dew-run serve)")(
       "clients", po::value(&clients_list), "concurrency levels, comma-separated")("requests", po::value(&requests),
                                                                                   "requests per level")(
       "max-tokens", po::value(&max_tokens), "tokens per request")("prompt-len", po::value(&prompt_len), "prompt bytes")(
+      "shared-prefix", po::value(&shared), "bytes every prompt starts with before its own (a system prompt)")(
       "config", po::value(&config), "a label for the JSON lines (e.g. char-small)");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(d).positional({}).run(), vm);
   po::notify(vm);
-  const std::string prefix = "http://";
-  if (url.rfind(prefix, 0) == 0) url = url.substr(prefix.size());
+  const std::string scheme = "http://";
+  if (url.rfind(scheme, 0) == 0) url = url.substr(scheme.size());
   const size_t colon = url.rfind(':');
   const std::string host = url.substr(0, colon);
   const int port = colon == std::string::npos ? 80 : std::atoi(url.c_str() + colon + 1);
@@ -127,7 +139,8 @@ int run_serve(const std::vector<std::string>& args) {
     levels.push_back(std::atoi(clients_list.substr(at, comma - at).c_str()));
     at = comma == std::string::npos ? clients_list.size() : comma + 1;
   }
-  one_request(host, port, 0, prompt_len, 4);  // warm-up
+  const std::string prefix = shared_prefix(shared);
+  one_request(host, port, 0, prefix, prompt_len, 4);  // warm-up (and the prefix's first feed)
   int index = 1;
   for (int clients : levels) {
     const json before = health(host, port);
@@ -138,7 +151,7 @@ int run_serve(const std::vector<std::string>& args) {
     for (int c = 0; c < clients; ++c)
       threads.emplace_back([&] {
         for (int i; (i = next++) < requests;)
-          samples[size_t(i)] = one_request(host, port, index + i, prompt_len, max_tokens);
+          samples[size_t(i)] = one_request(host, port, index + i, prefix, prompt_len, max_tokens);
       });
     for (auto& t : threads) t.join();
     const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -155,11 +168,13 @@ int run_serve(const std::vector<std::string>& args) {
       latency.push_back(s.latency_ms);
       tokens += s.tokens;
     }
-    double batch = 0;
+    double batch = 0, prefilled = 0, cached = 0;
     if (!before.is_null() && !after.is_null()) {
-      const double iters = after.value("iterations", 0.0) - before.value("iterations", 0.0);
-      const double rows = after.value("decode_rows", 0.0) - before.value("decode_rows", 0.0);
-      batch = iters > 0 ? rows / iters : 0;
+      auto delta = [&](const char* key) { return after.value(key, 0.0) - before.value(key, 0.0); };
+      const double iters = delta("iterations");
+      batch = iters > 0 ? delta("decode_rows") / iters : 0;
+      prefilled = delta("prefill_tokens");
+      cached = delta("prefix_cached_tokens");
     }
     json line{{"bench", "serve"},
               {"config", config},
@@ -167,6 +182,7 @@ int run_serve(const std::vector<std::string>& args) {
               {"requests", requests},
               {"failed", failed},
               {"prompt_len", prompt_len},
+              {"shared_prefix", shared},
               {"max_tokens", max_tokens},
               {"ttft_ms_p50", percentile(ttft, 0.5)},
               {"ttft_ms_p99", percentile(ttft, 0.99)},
@@ -175,6 +191,8 @@ int run_serve(const std::vector<std::string>& args) {
               {"tokens_per_sec", double(tokens) / wall},
               {"requests_per_sec", double(requests - failed) / wall},
               {"mean_decode_batch", batch},
+              {"prefill_tokens", prefilled},
+              {"prefix_cached_tokens", cached},
               {"seconds", wall}};
     std::cout << line.dump() << std::endl;
   }

@@ -361,6 +361,7 @@ int cmd_export(const std::vector<std::string>& args) {
 int cmd_serve(const std::vector<std::string>& args) {
   RunArgs r;
   dew_run::ServeOptions so;
+  bool no_prefix_cache = false;
   po::options_description d("dew-run serve");
   add_run_args(d, r);
   add_weights_arg(d, r);
@@ -378,10 +379,13 @@ int cmd_serve(const std::vector<std::string>& args) {
       "image runs: the most sampling steps a request may ask")(
       "model-name", po::value(&so.model_name), "model id reported and accepted (default: the run's name)")(
       "access-log", po::bool_switch(&so.access_log), "one line per request on stderr")(
+      "no-prefix-cache", po::bool_switch(&no_prefix_cache),
+      "feed every prompt in full (default: a prompt's first chunks that another prompt was fed in reuse its cache)")(
       "chat-template", po::value(&so.chat_template),
       "tokenizer_config.json / chat_template.jinja / folder for /v1/chat/completions (default: the run's)");
   if (print_help(args, d)) return 0;
   parse(args, d);
+  so.scheduler.prefix_cache = !no_prefix_cache;
   // Each slot and queue place may hold a connection's worker thread while its request waits or runs.
   DEW_USAGE_CHECK(so.scheduler.slots >= 1 && so.scheduler.slots <= 1024, "serve: --slots must be in [1, 1024], got ",
                   so.scheduler.slots);

@@ -200,6 +200,8 @@ struct HttpServer::Impl {
              {"iterations", s.iterations},
              {"decode_rows", s.decode_rows},
              {"generated_tokens", s.generated_tokens},
+             {"prefill_tokens", s.prefill_tokens},
+             {"prefix_cached_tokens", s.prefix_cached},
              {"completed", s.completed}};
       res.status = draining ? 503 : 200;
       res.set_content(dump(j), "application/json");

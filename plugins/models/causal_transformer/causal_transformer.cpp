@@ -282,20 +282,22 @@ class SlotKV final : public dew::SlotCache {
   int64_t capacity() const override { return capacity_; }
   int64_t length(int64_t slot) const override { return lengths.at(size_t(check(slot))); }
   void clear(int64_t slot) override { lengths.at(size_t(check(slot))) = 0; }
-  // The first length(from) positions of every layer's keys and values (one contiguous block per slot and layer).
-  bool copy(int64_t from, int64_t to) override {
-    const int64_t n = lengths.at(size_t(check(from)));
+  // The first `length` positions of every layer's keys and values (one contiguous block per slot and layer).
+  bool copy_prefix(int64_t from, int64_t to, int64_t length) override {
+    const int64_t held = lengths.at(size_t(check(from)));
     check(to);
-    if (from != to && n > 0)
+    DEW_CHECK(length >= 0 && length <= held, "causal_transformer: slot ", from, " holds ", held,
+              " tokens; cannot copy its first ", length);
+    if (from != to && length > 0)
       for (size_t l = 0; l < k.size(); ++l)
         for (std::vector<Tensor>* kv : {&k, &v}) {
           const Tensor& t = (*kv)[l];
           const dew::Shape per = {t.shape()[1], t.shape()[2], t.shape()[3]};
           dew::reshape(t.slice0(to, to + 1), per)
-              .slice0(0, n)
-              .copy_(dew::reshape(t.slice0(from, from + 1), per).slice0(0, n));
+              .slice0(0, length)
+              .copy_(dew::reshape(t.slice0(from, from + 1), per).slice0(0, length));
         }
-    lengths[size_t(to)] = n;
+    lengths[size_t(to)] = length;
     return true;
   }
   int64_t check(int64_t slot) const {

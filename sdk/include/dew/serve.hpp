@@ -82,12 +82,20 @@ struct SchedulerOptions {
   // goes, then others whose next chunk still fits, those with the fewest chunks fed first (a new short prompt
   // before the rest of a long one), so a long prompt delays the other slots' next tokens by one chunk's time.
   int64_t prefill_chunk = kPrefillChunk;
+  // Prefix caching: a prompt whose first whole chunks are those another prompt was fed in (a system prompt common to
+  // many requests, a conversation's earlier turns) gets that slot's keys and values for them (SlotCache::copy_prefix)
+  // instead of a feed of its own — the same bits, since a chunk's call sees the same tokens at the same positions
+  // after the same rows. A slot keeps its cache after its request ends, until a request needs the slot; a request
+  // takes the free slot whose cache shares the most chunks with its prompt, else the one left longest ago. Needs
+  // prefill_chunk > 0 (whole prompts share no cut).
+  bool prefix_cache = true;
 };
 
 struct SchedulerStats {
   int64_t slots = 0, active = 0, queued = 0;
   int64_t iterations = 0, decode_rows = 0, prefill_tokens = 0, generated_tokens = 0, completed = 0;
   int64_t prefill_shared = 0;  // prompts given another slot's cache of the same prompt instead of a feed of their own
+  int64_t prefix_cached = 0;   // prompt tokens not fed: a slot's cache of the same first chunks was reused
   bool draining = false;
 };
 
@@ -130,6 +138,10 @@ class Scheduler {
  private:
   struct Active;
   void finish(Active& a, const std::string& reason);
+  int64_t shared_chunks(int64_t slot, int64_t from, const std::vector<int32_t>& pending) const;
+  int64_t free_slot_for(const std::vector<int32_t>& pending) const;
+  int64_t start_in_slot(Active& a);
+  int64_t extend_from_other_slots(Active& a);
   void fail_all(const std::string& message);
   void loop();
 
@@ -144,6 +156,11 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::pair<Request, std::shared_ptr<Ticket>>> queue_;
   std::vector<std::unique_ptr<Active>> active_;  // by slot (null: free); step() only
+  // By slot, step() only: the tokens whose keys and values fill its first rows as whole chunks fed from an empty cache
+  // (prefix caching; kept after its request ends), and when its last request ended (0: never used).
+  std::vector<std::vector<int32_t>> prefix_;
+  std::vector<uint64_t> released_;
+  uint64_t releases_ = 0;
   uint64_t admissions_ = 0;                      // requests admitted so far (their order); step() only
   int64_t active_count_ = 0;
   bool draining_ = false, stop_ = false;
