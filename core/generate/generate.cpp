@@ -206,6 +206,7 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
       }
       g.tokens.push_back(tok);
       history.push_back(tok);
+      if (params.logprobs >= 0) g.logprobs.push_back(token_logprob(row.data(), drawable, tok, params.logprobs));
       if (!params.stop.empty()) {
         text = tokenizer->decode(g.tokens);
         const size_t from = checked > longest_stop ? checked - longest_stop : 0;
@@ -225,6 +226,7 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
              tokenizer->decode(std::vector<int32_t>(g.tokens.begin(), g.tokens.begin() + keep)).size() < stop_at)
         ++keep;
       g.tokens.resize(keep);
+      if (!g.logprobs.empty()) g.logprobs.resize(keep);
       g.text = text.substr(0, stop_at);
     } else if (tokenizer) {
       g.text = tokenizer->decode(g.tokens);

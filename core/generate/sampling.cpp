@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -422,6 +423,32 @@ void validate(const SamplingParams& p) {
   DEW_USAGE_CHECK(p.prefill_chunk >= 0, "sampling: prefill_chunk must be >= 0 (0 = whole prompts), got ",
                   p.prefill_chunk);
   for (const std::string& s : p.stop) DEW_USAGE_CHECK(!s.empty(), "sampling: a stop string is empty");
+  DEW_USAGE_CHECK(p.logprobs >= -1 && p.logprobs <= kMaxLogprobs, "sampling: logprobs must be in [-1, ", kMaxLogprobs,
+                  "] (-1 = none), got ", p.logprobs);
+}
+
+TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t token, int64_t top) {
+  DEW_CHECK(vocab > 0 && token >= 0 && token < vocab, "token_logprob: token ", token, " outside [0, ", vocab, ")");
+  double peak = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) peak = std::max(peak, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - peak);
+  const double log_total = peak + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = double(logits[token]) - log_total;
+  // The `top` largest logits, kept sorted (largest first, ties by the smaller id) in a list of at most kMaxLogprobs.
+  std::vector<std::pair<int32_t, double>>& best = out.top;
+  const size_t want = size_t(std::clamp<int64_t>(top, 0, std::min(vocab, kMaxLogprobs)));
+  for (int64_t i = 0; i < vocab && want > 0; ++i) {
+    const double x = double(logits[i]);
+    if (best.size() == want && !(x > best.back().second)) continue;
+    auto at = std::find_if(best.begin(), best.end(), [&](const auto& b) { return x > b.second; });
+    best.insert(at, {int32_t(i), x});
+    if (best.size() > want) best.pop_back();
+  }
+  for (auto& b : best) b.second -= log_total;
+  return out;
 }
 
 std::vector<double> sampling_distribution(const float* logits, int64_t vocab, const SamplingParams& params,

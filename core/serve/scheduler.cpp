@@ -44,6 +44,8 @@ Ticket::Update Ticket::next(std::chrono::milliseconds timeout) {
   Update u;
   u.text = text_.substr(taken_, safe_ - taken_);
   taken_ = safe_;
+  u.logprobs.assign(logprobs_.begin() + long(logprobs_taken_), logprobs_.end());
+  logprobs_taken_ = logprobs_.size();
   u.done = done_;
   return u;
 }
@@ -76,6 +78,7 @@ struct Scheduler::Active {
   Request req;
   int64_t slot = -1;
   std::vector<int32_t> history, pending, tokens;
+  std::vector<TokenLogprob> logprobs;  // per token, when asked for
   std::string text;          // decoded continuation (no stop cut yet)
   std::vector<size_t> ends;  // text size after each token
   size_t checked = 0, longest_stop = 0;
@@ -148,6 +151,7 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   const std::shared_ptr<Ticket> ticket = a.ticket;
   Generation result;
   result.tokens = std::move(a.tokens);
+  result.logprobs = std::move(a.logprobs);
   result.text = std::move(a.text);
   result.finish_reason = reason;
   const int64_t slot = a.slot;
@@ -167,6 +171,8 @@ void Scheduler::finish(Active& a, const std::string& reason) {
     t.text_ = result.text;
     t.safe_ = t.text_.size();
     t.taken_ = std::min(t.taken_, t.safe_);
+    t.logprobs_ = result.logprobs;  // the final tokens' (a prefix of them was already handed out)
+    t.logprobs_taken_ = std::min(t.logprobs_taken_, t.logprobs_.size());
     t.result_ = std::move(result);
     t.done_ = true;
     t.finished = Clock::now();
@@ -309,6 +315,7 @@ bool Scheduler::step() {
       }
       a.tokens.push_back(tok);
       a.history.push_back(tok);
+      if (sp.logprobs >= 0) a.logprobs.push_back(token_logprob(logits.data(), drawable_, tok, sp.logprobs));
       size_t stop_at = std::string::npos;
       if (tokenizer_) {
         a.text += tokenizer_->token_bytes(tok);
@@ -324,6 +331,7 @@ bool Scheduler::step() {
         size_t keep = 0;
         while (keep < a.tokens.size() && (keep == 0 ? 0 : a.ends[keep - 1]) < stop_at) ++keep;
         a.tokens.resize(keep);
+        if (!a.logprobs.empty()) a.logprobs.resize(keep);
         a.text.resize(stop_at);
         finish(a, "stop");
         continue;
@@ -340,6 +348,9 @@ bool Scheduler::step() {
         const size_t hold = a.longest_stop > 0 ? a.longest_stop - 1 : 0;
         const size_t limit = a.text.size() > hold ? a.text.size() - hold : 0;
         t.safe_ = std::max(t.safe_, utf8_boundary(a.text, limit));
+        // The tokens whose text now lies within the final text (every token, without a tokenizer).
+        while (t.logprobs_.size() < a.logprobs.size() && (!tokenizer_ || a.ends[t.logprobs_.size()] <= t.safe_))
+          t.logprobs_.push_back(a.logprobs[t.logprobs_.size()]);
       }
       a.ticket->cv_.notify_all();
     }

@@ -6,7 +6,9 @@
 // choices, each equal to its own stream; a drawn seed (none given) is <= 2^53 - 1 and replays the same
 // text through JavaScript numbers (chat and completions); stop strings end a reply; errors come back as
 // the client's typed errors (BadRequestError with the field for a non-integer seed in both APIs,
-// unsupported `tools`, an empty `messages`; NotFoundError for another model).
+// unsupported `tools`, an empty `messages`, top_logprobs without logprobs, logprobs with echo; NotFoundError for another
+// model); logprobs (chat: one entry per completion token, its bytes the reply's, the greedy token the likeliest one,
+// streamed entries the same; completions: tokens, token_logprobs, top_logprobs, text_offset).
 const assert = require("node:assert/strict");
 const path = require("node:path");
 
@@ -21,7 +23,7 @@ const messages = [
 
 async function collect(params) {
   const stream = await client.chat.completions.create({ ...params, stream: true });
-  const texts = {}, finish = {}, roles = {};
+  const texts = {}, finish = {}, roles = {}, logprobs = {};
   let usage = null, id = null, chunks = 0;
   for await (const chunk of stream) {
     chunks++;
@@ -35,10 +37,11 @@ async function collect(params) {
         roles[c.index] = c.delta.role;
       }
       texts[c.index] += c.delta.content ?? "";
+      if (c.logprobs) logprobs[c.index] = [...(logprobs[c.index] ?? []), ...c.logprobs.content];
       if (c.finish_reason) finish[c.index] = c.finish_reason;
     }
   }
-  return { texts, finish, roles, usage, chunks };
+  return { texts, finish, roles, usage, chunks, logprobs };
 }
 
 async function expectError(type, fn, param) {
@@ -122,6 +125,37 @@ async function main() {
     assert.equal(cut.choices[0].finish_reason, "stop");
   }
 
+  // Log-probabilities (greedy, so each drawn token is its entry's likeliest): one entry per completion token, whose
+  // bytes make the reply (the last may run into the end-of-turn stop string, which is cut from the text).
+  const lp = await client.chat.completions.create({ ...params, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const content = lp.choices[0].logprobs.content;
+  assert.equal(content.length, lp.usage.completion_tokens);
+  const bytes = Buffer.from(content.flatMap((e) => e.bytes));
+  assert.ok(bytes.toString("latin1").startsWith(Buffer.from(lp.choices[0].message.content).toString("latin1")));
+  for (const e of content) {
+    assert.ok(e.logprob <= 0, `logprob ${e.logprob}`);
+    assert.equal(e.top_logprobs.length, 3);
+    assert.equal(e.top_logprobs[0].token, e.token, "greedy: the drawn token is the likeliest");
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);
+    assert.ok(e.top_logprobs[1].logprob <= e.top_logprobs[0].logprob && e.top_logprobs[2].logprob <= e.top_logprobs[1].logprob);
+  }
+  const lp_s = await collect({ ...params, temperature: 0, logprobs: true, top_logprobs: 3 });
+  assert.deepEqual(lp_s.logprobs[0], content, "streamed entries = non-streamed ones");
+  assert.equal(r.choices[0].logprobs, null, "none unless asked for");
+  const cl = await client.completions.create({ model, prompt: "The ", max_tokens: 12, seed: 5, logprobs: 2 });
+  const l = cl.choices[0].logprobs;
+  assert.equal(l.tokens.length, cl.usage.completion_tokens);
+  assert.equal(l.token_logprobs.length, l.tokens.length);
+  assert.equal(l.text_offset[0], 0);
+  for (let k = 0; k < l.tokens.length; k++) {
+    assert.ok(l.token_logprobs[k] <= 0);
+    assert.equal(l.top_logprobs[k][l.tokens[k]], l.token_logprobs[k], "the drawn token is among top_logprobs");
+    assert.ok(Object.keys(l.top_logprobs[k]).length <= 3);
+  }
+  await expectError(BadRequestError, () => client.chat.completions.create({ ...params, top_logprobs: 2 }), "top_logprobs");
+  await expectError(BadRequestError, () =>
+    client.completions.create({ model, prompt: "x", logprobs: 1, echo: true }), "echo");
+
   // Errors are the client's typed errors.
   await expectError(BadRequestError, () => client.chat.completions.create({ ...params, seed: 1.5 }), "seed");
   await expectError(BadRequestError, () => client.completions.create({ model, prompt: "x", seed: 2.5 }), "seed");
@@ -131,7 +165,7 @@ async function main() {
   await expectError(BadRequestError, () =>
     client.chat.completions.create({ ...params, tools: [{ type: "function", function: { name: "f" } }] }), "tools");
   await expectError(NotFoundError, () => client.chat.completions.create({ ...params, model: "not-" + model }), "model");
-  console.log("openai_client: chat.completions.create streaming and not, n, drawn seeds, stop, typed errors: ok");
+  console.log("openai_client: chat.completions.create streaming and not, n, drawn seeds, stop, logprobs, typed errors: ok");
 }
 
 main().catch((e) => {

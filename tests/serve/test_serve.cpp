@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -551,6 +552,9 @@ std::vector<Case> mixed_cases(dew::CausalDecoder& dec, const dew::Tokenizer& tok
   stop.params.stop = {"\xff\xfe\xfd-not-there", text.substr(9, 2)};
   Case dup = cs[0];  // the same request twice at once
   cs.push_back(dup);
+  cs[1].params.logprobs = 0;  // log-probabilities: the drawn token's only, the 5 likeliest, and cut at a stop string
+  cs[3].params.logprobs = 5;
+  cs[9].params.logprobs = 2;
   return cs;
 }
 
@@ -558,6 +562,12 @@ void expect_equal(const dew::Generation& got, const dew::Generation& want, size_
   CHECK_MESSAGE(got.tokens == want.tokens, "request ", i);
   CHECK_MESSAGE(got.text == want.text, "request ", i);
   CHECK_MESSAGE(got.finish_reason == want.finish_reason, "request ", i);
+  REQUIRE_MESSAGE(got.logprobs.size() == want.logprobs.size(), "request ", i);
+  for (size_t k = 0; k < got.logprobs.size(); ++k) {  // the same doubles: computed from the same logits' bits
+    CHECK_MESSAGE(got.logprobs[k].token == want.logprobs[k].token, "request ", i, " token ", k);
+    CHECK_MESSAGE(got.logprobs[k].logprob == want.logprobs[k].logprob, "request ", i, " token ", k);
+    CHECK_MESSAGE(got.logprobs[k].top == want.logprobs[k].top, "request ", i, " token ", k);
+  }
 }
 
 }  // namespace
@@ -642,6 +652,63 @@ TEST_CASE("decode program: replayed one-token steps equal eager decoding bit for
           CHECK(b.calls < a.calls);
         }
     }
+}
+
+// token_logprob against long-double log-softmax; the top list sorted (ties by id), clipped to the vocabulary; and
+// generate()'s entries: one per kept token (cut at a stop string), the drawn token's, the greedy draw the top one.
+TEST_CASE("logprobs: token_logprob is the log-softmax, generate() gives one entry per token") {
+  std::mt19937 g(4);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(50);
+  for (float& x : logits) x = normal(g);
+  logits[7] = logits[3];  // a tie: the smaller id first
+  long double total = 0;
+  for (float x : logits) total += std::exp((long double)x);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  for (const int64_t top : {int64_t(0), int64_t(1), int64_t(5), dew::kMaxLogprobs}) {
+    CAPTURE(top);
+    const dew::TokenLogprob e = dew::token_logprob(logits.data(), 50, 7, top);
+    CHECK(e.token == 7);
+    CHECK(std::abs(e.logprob - double(std::log(std::exp((long double)logits[7]) / total))) < 1e-12);
+    REQUIRE(e.top.size() == size_t(top));
+    for (size_t k = 0; k < e.top.size(); ++k) {
+      CHECK(e.top[k].first == order[k]);
+      CHECK(std::abs(e.top[k].second - double(std::log(std::exp((long double)logits[size_t(order[k])]) / total))) <
+            1e-12);
+    }
+  }
+  CHECK(dew::token_logprob(logits.data(), 3, 1, 20).top.size() == 3);  // at most the vocabulary
+  CHECK_THROWS_AS(dew::token_logprob(logits.data(), 50, 50, 1), dew::Error);
+  dew::SamplingParams bad;
+  bad.logprobs = dew::kMaxLogprobs + 1;
+  CHECK_THROWS_AS(dew::validate(bad), dew::UsageError);
+
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  auto m = tiny_model("ref");
+  dew::CausalDecoder& dec = decoder_of(m);
+  dew::SamplingParams greedy;
+  greedy.max_new_tokens = 12;
+  greedy.temperature = 0.0f;
+  greedy.logprobs = 3;
+  const dew::Generation gg = dew::generate(dew::decoder_start(dec), {random_tokens(5, 9)}, greedy, tok.get(), 24)[0];
+  REQUIRE(gg.logprobs.size() == gg.tokens.size());
+  for (size_t k = 0; k < gg.tokens.size(); ++k) {
+    CHECK(gg.logprobs[k].token == gg.tokens[k]);
+    CHECK(gg.logprobs[k].logprob <= 0);
+    REQUIRE(gg.logprobs[k].top.size() == 3);
+    CHECK(gg.logprobs[k].top[0].first == gg.tokens[k]);  // greedy: the likeliest token
+    CHECK(gg.logprobs[k].top[0].second == gg.logprobs[k].logprob);
+    CHECK(gg.logprobs[k].top[1].second <= gg.logprobs[k].top[0].second);
+  }
+  greedy.stop = {gg.text.substr(4, 2)};  // cut: the entries follow the kept tokens
+  const dew::Generation cut = dew::generate(dew::decoder_start(dec), {random_tokens(5, 9)}, greedy, tok.get(), 24)[0];
+  CHECK(cut.finish_reason == "stop");
+  CHECK(cut.tokens.size() < gg.tokens.size());
+  CHECK(cut.logprobs.size() == cut.tokens.size());
+  greedy.logprobs = -1;
+  CHECK(dew::generate(dew::decoder_start(dec), {random_tokens(5, 9)}, greedy, tok.get(), 24)[0].logprobs.empty());
 }
 
 TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each equal their solo result") {
@@ -1419,6 +1486,102 @@ TEST_CASE("http: 400 for malformed JSON, unknown fields, wrong types and out-of-
   REQUIRE(ok);
   CHECK(ok->status == 200);
   CHECK(s.sched->stats().completed == 2);  // the empty prompt's and this one: no refused request counts
+}
+
+// Log-probabilities over HTTP: completions' {tokens, token_logprobs, top_logprobs, text_offset} and chat's {content:
+// [{token, logprob, bytes, top_logprobs}]} carry generate()'s entries (the same doubles through JSON); streamed, the
+// chunks' entries concatenate to the non-streamed ones; bad values are refused naming the field.
+TEST_CASE("http: logprobs on completions and chat, streamed and not, equal to the solo entries") {
+  Server s;
+  auto c = s.client();
+  // Every SSE event's choices[0].logprobs (completions: its arrays, concatenated; chat: its content entries).
+  auto streamed = [](const std::string& body, bool chat) {
+    json out = chat ? json::array()
+                    : json{{"tokens", json::array()},
+                           {"token_logprobs", json::array()},
+                           {"top_logprobs", json::array()},
+                           {"text_offset", json::array()}};
+    for (size_t at = 0; at < body.size();) {
+      const size_t end = body.find("\n\n", at);
+      REQUIRE(end != std::string::npos);
+      const std::string data = body.substr(at + 6, end - at - 6);
+      at = end + 2;
+      if (data == "[DONE]") break;
+      const json j = json::parse(data);
+      if (j["choices"].empty() || j["choices"][0]["logprobs"].is_null()) continue;
+      const json& lp = j["choices"][0]["logprobs"];
+      if (chat) {
+        for (const json& e : lp["content"]) out.push_back(e);
+      } else {
+        for (auto& [key, list] : out.items())
+          for (const json& e : lp[key]) list.push_back(e);
+      }
+    }
+    return out;
+  };
+  dew::SamplingParams p = params(10, 0.9f, 4);
+  p.logprobs = 2;
+  const dew::Generation want = s.solo("abc", p);
+  REQUIRE(want.tokens.size() == 10);
+  json req{{"prompt", "abc"}, {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 4}, {"logprobs", 2}};
+  auto r = post(c, req);
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  const json lp = json::parse(r->body)["choices"][0]["logprobs"];
+  REQUIRE(lp["tokens"].size() == want.tokens.size());
+  for (size_t k = 0; k < want.tokens.size(); ++k) {
+    CAPTURE(k);
+    CHECK(lp["token_logprobs"][k].get<double>() == want.logprobs[k].logprob);
+    CHECK(lp["text_offset"][k] == k);  // one byte a token
+    const json& top = lp["top_logprobs"][k];
+    CHECK(top.size() >= 2);  // the 2 likeliest and the drawn token (one of them, or a third)
+    CHECK(top.size() <= 3);
+    auto name = [](int32_t id) {  // a byte past ASCII is not UTF-8 alone: OpenAI's "bytes:\xNN"
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "bytes:\\x%02x", unsigned(id));
+      return id < 128 ? std::string(1, char(id)) : std::string(hex);
+    };
+    CHECK(lp["tokens"][k] == name(want.tokens[k]));
+    for (const auto& [id, v] : want.logprobs[k].top) CHECK(top.at(name(id)).get<double>() == v);
+    CHECK(top.at(name(want.tokens[k])).get<double>() == want.logprobs[k].logprob);
+  }
+  req["stream"] = true;
+  auto sr = post(c, req);
+  REQUIRE(sr);
+  CHECK(streamed(sr->body, false) == lp);
+
+  json creq{{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+            {"max_tokens", 6},
+            {"seed", 2},
+            {"logprobs", true},
+            {"top_logprobs", 1}};
+  auto cr = c.Post("/v1/chat/completions", creq.dump(), "application/json");
+  REQUIRE(cr);
+  REQUIRE(cr->status == 200);
+  const json cj = json::parse(cr->body);
+  const json content = cj["choices"][0]["logprobs"]["content"];
+  REQUIRE(content.size() == cj["usage"]["completion_tokens"].get<size_t>());
+  for (const json& e : content) {
+    CHECK(e["bytes"].size() == 1);
+    CHECK(e["logprob"].get<double>() <= 0);
+    REQUIRE(e["top_logprobs"].size() == 1);
+    CHECK(e["top_logprobs"][0]["logprob"].get<double>() >= e["logprob"].get<double>());
+  }
+  creq["stream"] = true;
+  auto cs = c.Post("/v1/chat/completions", creq.dump(), "application/json");
+  REQUIRE(cs);
+  CHECK(streamed(cs->body, true) == content);
+  CHECK(json::parse(post(c, json{{"prompt", "x"}, {"max_tokens", 2}})->body)["choices"][0]["logprobs"].is_null());
+
+  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 21}}), 400, "logprobs");
+  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", -1}}), 400, "logprobs");
+  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 1}, {"echo", true}}), 400, "echo");
+  json no_flag = creq;
+  no_flag.erase("logprobs");
+  expect_error(c.Post("/v1/chat/completions", no_flag.dump(), "application/json"), 400, "top_logprobs");
+  json not_bool = creq;
+  not_bool["logprobs"] = 1;
+  expect_error(c.Post("/v1/chat/completions", not_bool.dump(), "application/json"), 400, "logprobs");
 }
 
 TEST_CASE("http: a null field is an absent one, --max-tokens caps the default, curl -d bodies past 8 KiB") {

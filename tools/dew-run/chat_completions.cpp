@@ -2,6 +2,7 @@
 // and the chat shapes of choices and stream chunks (chat_completions.hpp).
 #include "chat_completions.hpp"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -100,11 +101,12 @@ json to_completion_body(const json& body, const ChatSetup& setup) {
                                               "max_completion_tokens",
                                               "stop",
                                               "stream_options",
-                                              "chat_template_kwargs"};
+                                              "chat_template_kwargs",
+                                              "logprobs",
+                                              "top_logprobs"};
   static const std::set<std::string> unsupported = {
-      "tools",           "tool_choice",         "functions",  "function_call",     "logprobs",         "top_logprobs",
-      "response_format", "parallel_tool_calls", "logit_bias", "frequency_penalty", "presence_penalty", "audio",
-      "modalities",      "prediction"};
+      "tools",      "tool_choice",       "functions",        "function_call", "response_format", "parallel_tool_calls",
+      "logit_bias", "frequency_penalty", "presence_penalty", "audio",         "modalities",      "prediction"};
   if (!body.is_object()) refuse("", "the request body must be a JSON object");
   for (auto it = body.begin(); it != body.end(); ++it) {
     if (unsupported.count(it.key())) refuse(it.key(), "'" + it.key() + "' is not supported by dew-run serve");
@@ -164,6 +166,17 @@ json to_completion_body(const json& body, const ChatSetup& setup) {
     out["max_tokens"] = body["max_completion_tokens"];
   }
   out["prompt"] = prompt;
+  // logprobs (true / false) and top_logprobs (0..20, only with logprobs): the completions body's logprobs = N.
+  if (body.contains("logprobs") && !body["logprobs"].is_boolean())
+    refuse("logprobs", "'logprobs' must be true or false");
+  const bool logprobs = body.contains("logprobs") && body["logprobs"].get<bool>();
+  if (body.contains("top_logprobs")) {
+    const json& top = body["top_logprobs"];
+    if (!top.is_number_integer() || top.get<int64_t>() < 0 || top.get<int64_t>() > dew::kMaxLogprobs)
+      refuse("top_logprobs", "'top_logprobs' must be an integer in [0, " + std::to_string(dew::kMaxLogprobs) + "]");
+    if (!logprobs) refuse("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (logprobs) out["logprobs"] = body.contains("top_logprobs") ? body["top_logprobs"] : json(0);
   // The template's end of turn ends a reply; the caller's stop strings come with it.
   json stops = json::array();
   if (body.contains("stop")) {
@@ -183,18 +196,68 @@ json to_completion_body(const json& body, const ChatSetup& setup) {
   return out;
 }
 
-json message_choice(int64_t index, const std::string& text, const json& finish) {
+json message_choice(int64_t index, const std::string& text, const json& finish, const json& logprobs) {
   return json{{"index", index},
               {"message", {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}}},
-              {"logprobs", nullptr},
+              {"logprobs", logprobs},
               {"finish_reason", finish}};
 }
 
-json delta_choice(int64_t index, const std::string& text, const json& finish, bool first) {
+json delta_choice(int64_t index, const std::string& text, const json& finish, bool first, const json& logprobs) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
   if (!text.empty() || first) delta["content"] = text;
-  return json{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}};
+  return json{{"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}};
+}
+
+std::string token_text(const dew::Tokenizer* tok, int32_t id) {
+  if (!tok) return "token_id:" + std::to_string(id);
+  const std::string raw = tok->token_bytes(id);
+  bool valid = true;  // well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF)
+  for (size_t i = 0; i < raw.size() && valid;) {
+    const auto c = static_cast<unsigned char>(raw[i]);
+    const size_t n = c < 0x80                ? 1
+                     : c >= 0xC2 && c < 0xE0 ? 2
+                     : c >= 0xE0 && c < 0xF0 ? 3
+                     : c >= 0xF0 && c < 0xF5 ? 4
+                                             : 0;
+    valid = n > 0 && i + n <= raw.size();
+    for (size_t k = 1; valid && k < n; ++k) valid = (static_cast<unsigned char>(raw[i + k]) & 0xC0) == 0x80;
+    if (valid && n == 3) {
+      const auto d = static_cast<unsigned char>(raw[i + 1]);
+      valid = !(c == 0xE0 && d < 0xA0) && !(c == 0xED && d >= 0xA0);
+    }
+    if (valid && n == 4) {
+      const auto d = static_cast<unsigned char>(raw[i + 1]);
+      valid = !(c == 0xF0 && d < 0x90) && !(c == 0xF4 && d >= 0x90);
+    }
+    i += n;
+  }
+  if (valid) return raw;
+  std::string out = "bytes:";
+  for (const unsigned char b : raw) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", b);
+    out += hex;
+  }
+  return out;
+}
+
+json logprobs_json(const std::vector<dew::TokenLogprob>& entries, const dew::Tokenizer* tok) {
+  auto one = [&](int32_t id, double logprob) {
+    json bytes = json::array();
+    if (tok)
+      for (const unsigned char b : tok->token_bytes(id)) bytes.push_back(int(b));
+    return json{{"token", token_text(tok, id)}, {"logprob", logprob}, {"bytes", tok ? bytes : json(nullptr)}};
+  };
+  json content = json::array();
+  for (const dew::TokenLogprob& e : entries) {
+    json entry = one(e.token, e.logprob);
+    entry["top_logprobs"] = json::array();
+    for (const auto& [id, lp] : e.top) entry["top_logprobs"].push_back(one(id, lp));
+    content.push_back(entry);
+  }
+  return json{{"content", content}, {"refusal", nullptr}};
 }
 
 }  // namespace dew_run::chat

@@ -9,13 +9,16 @@
 // always sent), user, and template variables in chat_template_kwargs (e.g. {"enable_thinking": false}).
 // The prompt ends with the template's generation prompt; the template's end-of-turn text (what follows
 // an assistant turn's content, e.g. "<|im_end|>") is added to the stop strings, so a turn that ends
-// finishes with finish_reason "stop". Refused (400): tools / tool_choice / functions (no tool-call
-// parsing), logprobs, response_format, and everything /v1/completions refuses.
+// finishes with finish_reason "stop". logprobs (bool) and top_logprobs (0..20) become the completions body's
+// logprobs. Refused (400): tools / tool_choice / functions (no tool-call parsing), response_format, and everything
+// /v1/completions refuses.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "dew/chat_template.hpp"
+#include "dew/generate.hpp"
+#include "dew/tokenizer.hpp"
 
 namespace dew_run::chat {
 
@@ -32,9 +35,18 @@ ChatSetup setup_from_folder_or_file(const std::string& path);
 // or throws std::invalid_argument{"param\tmessage"} for a bad request.
 nlohmann::json to_completion_body(const nlohmann::json& chat_body, const ChatSetup& setup);
 
-// {"index", "message": {"role": "assistant", "content"}, "logprobs": null, "finish_reason"}.
-nlohmann::json message_choice(int64_t index, const std::string& text, const nlohmann::json& finish);
-// A stream chunk's choice: {"index", "delta": {"role"? , "content"?}, "logprobs": null, "finish_reason"}.
-nlohmann::json delta_choice(int64_t index, const std::string& text, const nlohmann::json& finish, bool first);
+// {"index", "message": {"role": "assistant", "content"}, "logprobs", "finish_reason"}.
+nlohmann::json message_choice(int64_t index, const std::string& text, const nlohmann::json& finish,
+                              const nlohmann::json& logprobs = nullptr);
+// A stream chunk's choice: {"index", "delta": {"role"? , "content"?}, "logprobs", "finish_reason"}.
+nlohmann::json delta_choice(int64_t index, const std::string& text, const nlohmann::json& finish, bool first,
+                            const nlohmann::json& logprobs = nullptr);
+// A token as the logprobs name it: its text when its bytes are UTF-8, else "bytes:\\xNN..." (OpenAI's spelling: a
+// byte-level token can be part of a character, and such tokens must not all read as U+FFFD); "token_id:N" without a
+// tokenizer.
+std::string token_text(const dew::Tokenizer* tok, int32_t id);
+// A choice's logprobs as OpenAI's chat API shapes them: {"content": [{"token", "logprob", "bytes" (the raw bytes; null
+// without a tokenizer), "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}.
+nlohmann::json logprobs_json(const std::vector<dew::TokenLogprob>& entries, const dew::Tokenizer* tok);
 
 }  // namespace dew_run::chat

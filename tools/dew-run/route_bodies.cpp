@@ -37,7 +37,7 @@ namespace {
 // The fields of POST /v1/completions (OpenAI's, plus top_k, min_p, repetition_penalty, ignore_eos).
 const std::set<std::string> kCompletionFields = {
     "model", "prompt", "max_tokens", "temperature",        "top_p",      "top_k", "min_p", "seed",
-    "stop",  "stream", "echo",       "repetition_penalty", "ignore_eos", "n",     "user"};
+    "stop",  "stream", "echo",       "repetition_penalty", "ignore_eos", "n",     "user",  "logprobs"};
 
 std::string field_list() {
   std::string s;
@@ -160,6 +160,9 @@ Completion parse_completion(const std::string& text, const RouteLimits& limits, 
   c.echo = boolean(body, "echo", false);
   sp.eos_id = boolean(body, "ignore_eos", false) || !tok ? -1 : tok->eos_id();
   c.n = integer(body, "n", 1, 1, limits.max_n);
+  sp.logprobs = integer(body, "logprobs", -1, 0, dew::kMaxLogprobs);
+  if (sp.logprobs >= 0 && c.echo)
+    throw bad("'logprobs' with 'echo' (the prompt's log-probabilities) is not served: only the completion's", "echo");
   return c;
 }
 

@@ -273,9 +273,28 @@ struct HttpServer::Impl {
              }));
   }
 
+  static json choice_json(int64_t index, const std::string& text, const json& finish, const json& logprobs = nullptr) {
+    return json{{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
+  }
 
-  static json choice_json(int64_t index, const std::string& text, const json& finish) {
-    return json{{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}};
+  // A completion choice's logprobs in OpenAI's completions shape: {"tokens", "token_logprobs", "top_logprobs" (per
+  // token {text: logprob} of the likeliest and the drawn token), "text_offset"} (byte offsets into the choice's text:
+  // `offset` on, advanced past these tokens). Tokens are named by chat::token_text.
+  static json completion_logprobs(const std::vector<dew::TokenLogprob>& entries, const dew::Tokenizer* tok,
+                                  size_t& offset) {
+    json tokens = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+    for (const dew::TokenLogprob& e : entries) {
+      const std::string t = chat::token_text(tok, e.token);
+      tokens.push_back(t);
+      logprobs.push_back(e.logprob);
+      json top = json::object();
+      for (const auto& [id, lp] : e.top) top.emplace(chat::token_text(tok, id), lp);  // one text, two ids: the likelier
+      top.emplace(t, e.logprob);
+      tops.push_back(top);
+      offsets.push_back(offset);
+      offset += tok ? tok->token_bytes(e.token).size() : 0;
+    }
+    return json{{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
   static json finish_json(const std::string& reason) {
@@ -344,6 +363,8 @@ struct HttpServer::Impl {
               {"created", created},
               {"model", info.id}};
     const std::string echo = c.echo ? c.prompt_text : std::string();
+    const bool logprobs = c.params.logprobs >= 0;
+    const dew::Tokenizer* tok = sched->tokenizer();
     if (!c.stream) {
       json choices = json::array();
       int64_t completion_tokens = 0;
@@ -354,8 +375,11 @@ struct HttpServer::Impl {
           throw HttpError{500, "server_error", "generation failed: " + (why.empty() ? g.finish_reason : why), ""};
         }
         completion_tokens += int64_t(g.tokens.size());
-        choices.push_back(chat ? chat::message_choice(int64_t(i), g.text, finish_json(g.finish_reason))
-                               : choice_json(int64_t(i), echo + g.text, finish_json(g.finish_reason)));
+        size_t offset = echo.size();
+        choices.push_back(chat ? chat::message_choice(int64_t(i), g.text, finish_json(g.finish_reason),
+                                                      logprobs ? chat::logprobs_json(g.logprobs, tok) : json(nullptr))
+                               : choice_json(int64_t(i), echo + g.text, finish_json(g.finish_reason),
+                                             logprobs ? completion_logprobs(g.logprobs, tok, offset) : json(nullptr)));
       }
       json body = base;
       body["choices"] = choices;
@@ -378,11 +402,12 @@ struct HttpServer::Impl {
     auto state = std::make_shared<std::vector<bool>>(tickets.size(), false);  // choice finished
     auto echoed = std::make_shared<std::vector<bool>>(tickets.size(), echo.empty());
     auto started = std::make_shared<std::vector<bool>>(tickets.size(), false);  // chat: role sent
+    auto offsets = std::make_shared<std::vector<size_t>>(tickets.size(), echo.size());  // completions' text_offset
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [tickets, state, echoed, started, chat, base, echo, flight, prompt_tokens = int64_t(c.prompt.size())](
-            size_t, httplib::DataSink& sink) {
+        [tickets, state, echoed, started, offsets, chat, base, echo, flight, logprobs, tok,
+         prompt_tokens = int64_t(c.prompt.size())](size_t, httplib::DataSink& sink) {
           auto event = [&](const json& chunk) {
             const std::string line = "data: " + dump(chunk) + "\n\n";
             return sink.write(line.data(), line.size());
@@ -397,7 +422,7 @@ struct HttpServer::Impl {
               u.text = echo + u.text;
               (*echoed)[i] = true;
             }
-            if (!u.text.empty() || u.done) {
+            if (!u.text.empty() || u.done || !u.logprobs.empty()) {
               json chunk = base;
               json finish = nullptr;
               if (u.done) {
@@ -405,8 +430,11 @@ struct HttpServer::Impl {
                 finish = finish_json(g.finish_reason);
                 (*state)[i] = true;
               }
-              chunk["choices"] = json::array({chat ? chat::delta_choice(int64_t(i), u.text, finish, !(*started)[i])
-                                                   : choice_json(int64_t(i), u.text, finish)});
+              json lp = nullptr;  // the entries of the tokens whose text became final with this piece
+              if (logprobs)
+                lp = chat ? chat::logprobs_json(u.logprobs, tok) : completion_logprobs(u.logprobs, tok, (*offsets)[i]);
+              chunk["choices"] = json::array({chat ? chat::delta_choice(int64_t(i), u.text, finish, !(*started)[i], lp)
+                                                   : choice_json(int64_t(i), u.text, finish, lp)});
               (*started)[i] = true;
               if (!event(chunk)) return false;
             }

@@ -52,10 +52,26 @@ struct SamplingParams {
   // chunk's logits may differ in the last bits from a whole-prompt call's, so a served request equals a solo
   // generate() with the same chunk (the scheduler stamps its own, SchedulerOptions::prefill_chunk).
   int64_t prefill_chunk = kPrefillChunk;
+  // >= 0: each drawn token's log-probability (Generation::logprobs) and those of the `logprobs` likeliest tokens (at
+  // most kMaxLogprobs); -1: none. They are the model's own — the log-softmax of its logits over the drawable ids,
+  // before repetition penalty, temperature and filters (what vLLM reports by default) — so they do not depend on how
+  // the token was drawn.
+  int64_t logprobs = -1;
 };
+inline constexpr int64_t kMaxLogprobs = 20;
+
+// A drawn token's log-probability under the model, and the likeliest tokens' (largest first, ties by id).
+struct TokenLogprob {
+  int32_t token = 0;
+  double logprob = 0;
+  std::vector<std::pair<int32_t, double>> top;
+};
+// `logits` [vocab] (host floats): log-softmax in double (max-shifted) at `token`, and the `top` likeliest ids'.
+TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t token, int64_t top);
 
 // Checks the ranges (temperature >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty > 0,
-// top_k >= 0, 0 <= max_new_tokens <= 2^24, prefill_chunk >= 0); throws a UsageError naming the field.
+// top_k >= 0, 0 <= max_new_tokens <= 2^24, prefill_chunk >= 0, logprobs in [-1, kMaxLogprobs]); throws a UsageError
+// naming the field.
 void validate(const SamplingParams& params);
 
 // One token from `logits` [vocab] (host floats). `history`: the tokens the repetition penalty applies to
@@ -169,6 +185,7 @@ struct Generation {
   std::vector<int32_t> tokens;  // the continuation (without the prompt, without EOS, cut at a stop string)
   std::string text;             // its decoded text (empty without a tokenizer), cut before a stop string
   std::string finish_reason;    // "eos" | "stop" | "length"
+  std::vector<TokenLogprob> logprobs;  // one per token of `tokens` when SamplingParams::logprobs >= 0
 };
 
 // `prompts`: token ids (each non-empty). `tokenizer` may be null (then stop strings cannot apply: refused

@@ -44,9 +44,11 @@ class Ticket {
   // Text made final since the last call (never a byte a stop string could still remove, never half of a
   // UTF-8 character until the request ends), and whether the request has ended. Blocks until there is
   // new text or the end, or until `timeout` passes (then returns what there is, possibly nothing).
+  // With SamplingParams::logprobs, `logprobs` holds the entries of the tokens whose text became final with it.
   struct Update {
     std::string text;
     bool done = false;
+    std::vector<TokenLogprob> logprobs;
   };
   Update next(std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
   // Blocks until the request ends and returns its generation (finish_reason eos | stop | length, or
@@ -68,6 +70,8 @@ class Ticket {
   std::string text_;   // everything decoded so far (before any stop cut)
   size_t safe_ = 0;    // text_[0, safe_) is final
   size_t taken_ = 0;   // next() has handed out text_[0, taken_)
+  std::vector<TokenLogprob> logprobs_;  // the entries of the tokens whose text is final (all of them at the end)
+  size_t logprobs_taken_ = 0;           // next() has handed out logprobs_[0, logprobs_taken_)
   bool done_ = false, cancelled_ = false;
   std::string error_;
   int64_t prompt_tokens_ = 0;
