@@ -1,4 +1,5 @@
-// core/generate/sampling.cpp — the sampling chain of dew/generate.hpp: sample_token, sampling_distribution, validate.
+// core/generate/sampling.cpp — the sampling chain of dew/generate.hpp: sample_token, sampling_distribution, validate,
+// and token_logprob (a request's log-probabilities, through the same passes).
 //
 // The chain works on host doubles: logits -> repetition penalty -> (temperature 0: argmax) -> / T -> top_k ->
 // softmax -> top_p -> min_p -> renormalise -> draw u = philox::uniform(seed, stream, draw) against the cumulative
@@ -427,25 +428,33 @@ void validate(const SamplingParams& p) {
                   "] (-1 = none), got ", p.logprobs);
 }
 
+// The log-softmax through the chain's own passes (the thread's scratch, the vectorised exp and the fixed-order sum);
+// the likeliest tokens by jumps to the next key above the list's last (first_above), ties kept in id order.
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t token, int64_t top) {
   DEW_CHECK(vocab > 0 && token >= 0 && token < vocab, "token_logprob: token ", token, " outside [0, ", vocab, ")");
-  double peak = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < vocab; ++i) peak = std::max(peak, double(logits[i]));
-  double sum = 0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - peak);
-  const double log_total = peak + std::log(sum);
+  Scratch& s = scratch();
+  const size_t n = size_t(vocab);
+  s.z.resize(n);
+  s.e.resize(n);
+  widened_keys(logits, n, s.z.data());
+  const double peak = max_of(s.z.data(), n);
   TokenLogprob out;
   out.token = token;
-  out.logprob = double(logits[token]) - log_total;
-  // The `top` largest logits, kept sorted (largest first, ties by the smaller id) in a list of at most kMaxLogprobs.
-  std::vector<std::pair<int32_t, double>>& best = out.top;
+  if (!(peak > -INFINITY)) {  // no finite logit: nothing has a probability
+    out.logprob = -INFINITY;
+    return out;
+  }
+  weigh(s.z.data(), n, peak, 1.0, s.e.data());
+  const double log_total = peak + std::log(sum_of(s.e.data(), n));
+  out.logprob = s.z[size_t(token)] - log_total;
+  std::vector<std::pair<int32_t, double>>& best = out.top;  // largest first, ties by the smaller id
   const size_t want = size_t(std::clamp<int64_t>(top, 0, std::min(vocab, kMaxLogprobs)));
-  for (int64_t i = 0; i < vocab && want > 0; ++i) {
-    const double x = double(logits[i]);
-    if (best.size() == want && !(x > best.back().second)) continue;
-    auto at = std::find_if(best.begin(), best.end(), [&](const auto& b) { return x > b.second; });
-    best.insert(at, {int32_t(i), x});
+  double threshold = -INFINITY;  // a key must exceed it to enter the list (the list's last once it is full)
+  for (size_t i = 0; want > 0 && (i = first_above(s.z.data(), i, n, threshold)) < n; ++i) {
+    const double x = s.z[i];
+    best.insert(std::find_if(best.begin(), best.end(), [&](const auto& b) { return x > b.second; }), {int32_t(i), x});
     if (best.size() > want) best.pop_back();
+    if (best.size() == want) threshold = best.back().second;
   }
   for (auto& b : best) b.second -= log_total;
   return out;

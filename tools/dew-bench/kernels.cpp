@@ -299,7 +299,8 @@ int run_kernels(const BenchOptions& opt) {
 
   // Sampling: one draw through dew::sample_token (host code, whatever the backend) from logits of a byte, GPT-2 and
   // Qwen-sized vocabulary, flat (spread 0.05: every token matters to top_p and the draw) and peaked (4), with
-  // temperature alone, top_k 50 and top_p 0.9 (the filters of `dew-run sample` and serving's requests).
+  // temperature alone, top_k 50 and top_p 0.9 (the filters of `dew-run sample` and serving's requests); and the
+  // log-probabilities a request with `logprobs` adds to each draw (dew::token_logprob).
   if (opt.only.empty() || opt.only == "sampling")
     for (const int64_t vocab : {256, 50304, 151936})
       for (const float spread : {0.05f, 4.0f}) {
@@ -320,6 +321,15 @@ int run_kernels(const BenchOptions& opt) {
               (long long)vocab, double(spread), filter, sec * 1e6, (long long)(sink % 1000), cpu_model().c_str());
           std::fflush(stdout);
         }
+        // A drawn token's log-probability and the 5 likeliest tokens' (a request's `logprobs: 5`), per token.
+        int64_t sink = 0;
+        const double sec = median_seconds(
+            [&] { sink += token_logprob(logits.data(), vocab, int32_t(sink % vocab), 5).top[0].first; }, opt, [] {});
+        std::printf(
+            "{\"bench\":\"sampling\",\"vocab\":%lld,\"spread\":%.2f,\"filter\":\"logprobs 5\",\"us_per_token\":%.1f,"
+            "\"checksum\":%lld,\"cpu\":\"%s\"}\n",
+            (long long)vocab, double(spread), sec * 1e6, (long long)(sink % 1000), cpu_model().c_str());
+        std::fflush(stdout);
       }
   // A model's EMA update over transformer-shaped tensors (12 blocks of d 256: qkv, projection, a 4x MLP, a 6d adaLN
   // modulation, their biases and norms; 162 tensors, 14.3 M elements from 256 to 393,216 each), ema += (1 - decay)
