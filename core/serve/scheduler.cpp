@@ -459,7 +459,7 @@ int64_t Scheduler::free_slot_for(const std::vector<int32_t>& pending) const {
 int64_t Scheduler::start_in_slot(Active& a) {
   const int64_t s = a.slot, keep = shared_chunks(s, 0, a.pending) * options_.prefill_chunk;
   std::vector<int32_t>& prefix = prefix_[size_t(s)];
-  if (keep == 0 || !cache_->copy_prefix(s, s, keep)) {
+  if (keep == 0 || !cache_->copy_prefix(s, s, keep, 0)) {
     cache_->clear(s);
     prefix.clear();
     return 0;
@@ -485,7 +485,7 @@ int64_t Scheduler::extend_from_other_slots(Active& a) {
     if (n > most) from = int64_t(o), most = n;
   }
   const int64_t copied = most * options_.prefill_chunk;
-  if (copied == 0 || !cache_->copy_prefix(from, s, held + copied)) return 0;
+  if (copied == 0 || !cache_->copy_prefix(from, s, held + copied, held)) return 0;  // its first `held` are the same
   prefix.insert(prefix.end(), a.pending.begin(), a.pending.begin() + copied);
   a.pending.erase(a.pending.begin(), a.pending.begin() + copied);
   a.chunks_fed += most;

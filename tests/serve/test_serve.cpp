@@ -917,10 +917,14 @@ TEST_CASE("scheduler: prompts sharing whole chunks reuse a slot's cache, each re
   dew::NoGradGuard ng;
   auto cache = decoder_of(m).make_slot_cache(2, 16);
   decoder_of(m).forward_slots_last(Tensor::from_ints(random_tokens(5, 1), {1, 5}, backend("ref")), {0}, *cache);
-  CHECK_THROWS_AS(cache->copy_prefix(0, 1, 6), dew::Error);
-  CHECK(cache->copy_prefix(0, 1, 3));
+  CHECK_THROWS_AS(cache->copy_prefix(0, 1, 6, 0), dew::Error);
+  CHECK_THROWS_AS(cache->copy_prefix(0, 1, 3, 1), dew::Error);  // slot 1 holds nothing below position 1
+  CHECK(cache->copy_prefix(0, 1, 3, 0));
   CHECK(cache->length(1) == 3);
-  CHECK(cache->copy_prefix(0, 0, 2));
+  CHECK(cache->copy_prefix(0, 1, 5, 3));  // the last two positions only
+  CHECK(cache->length(1) == 5);
+  CHECK_THROWS_AS(cache->copy_prefix(0, 1, 4, 5), dew::Error);
+  CHECK(cache->copy_prefix(0, 0, 2, 0));
   CHECK(cache->length(0) == 2);
 }
 
@@ -1452,7 +1456,7 @@ TEST_CASE("http: 400 for malformed JSON, unknown fields, wrong types and out-of-
   expect_error(post_raw(c, "[1, 2]"), 400);
   expect_error(post_raw(c, ""), 400);
   expect_error(post(c, json{{"prompt", "x"}, {"max_token", 5}}), 400, "max_token");
-  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 2}}), 400, "logprobs");
+  expect_error(post(c, json{{"prompt", "x"}, {"best_of", 2}}), 400, "best_of");
   expect_error(post(c, json{{"max_tokens", 5}}), 400, "prompt");
   expect_error(post(c, json{{"prompt", 5}}), 400, "prompt");
   expect_error(post(c, json{{"prompt", json::array()}}), 400, "prompt");

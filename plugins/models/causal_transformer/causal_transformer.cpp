@@ -282,20 +282,23 @@ class SlotKV final : public dew::SlotCache {
   int64_t capacity() const override { return capacity_; }
   int64_t length(int64_t slot) const override { return lengths.at(size_t(check(slot))); }
   void clear(int64_t slot) override { lengths.at(size_t(check(slot))) = 0; }
-  // The first `length` positions of every layer's keys and values (one contiguous block per slot and layer).
-  bool copy_prefix(int64_t from, int64_t to, int64_t length) override {
+  // Positions [begin, length) of every layer's keys and values (one contiguous block per slot and layer).
+  bool copy_prefix(int64_t from, int64_t to, int64_t length, int64_t begin) override {
     const int64_t held = lengths.at(size_t(check(from)));
     check(to);
     DEW_CHECK(length >= 0 && length <= held, "causal_transformer: slot ", from, " holds ", held,
               " tokens; cannot copy its first ", length);
-    if (from != to && length > 0)
+    DEW_CHECK(begin >= 0 && begin <= length && begin <= lengths[size_t(to)],
+              "causal_transformer: copying from position ", begin, " into slot ", to, ", which holds ",
+              lengths[size_t(to)], " tokens");
+    if (from != to && length > begin)
       for (size_t l = 0; l < k.size(); ++l)
         for (std::vector<Tensor>* kv : {&k, &v}) {
           const Tensor& t = (*kv)[l];
           const dew::Shape per = {t.shape()[1], t.shape()[2], t.shape()[3]};
           dew::reshape(t.slice0(to, to + 1), per)
-              .slice0(0, length)
-              .copy_(dew::reshape(t.slice0(from, from + 1), per).slice0(0, length));
+              .slice0(begin, length)
+              .copy_(dew::reshape(t.slice0(from, from + 1), per).slice0(begin, length));
         }
     lengths[size_t(to)] = length;
     return true;

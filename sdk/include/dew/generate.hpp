@@ -104,18 +104,20 @@ class SlotCache {
   virtual int64_t length(int64_t slot) const = 0;  // tokens the slot holds (its next token's position)
   virtual void clear(int64_t slot) = 0;            // empties the slot (O(1): nothing is zeroed)
   // Makes slot `to` hold the first `length` tokens of slot `from` (0 <= length <= length(from)): their keys and
-  // values bit for bit, and that length; `from == to` shortens the slot, forgetting what follows. A scheduler gives a
-  // prompt this way the cache of another prompt it shares a prefix with instead of feeding those tokens again (a
-  // system prompt common to many requests; the n completions of one prompt; GRPO's group). Returns false where the
-  // cache cannot (the default): the tokens are then fed again, with the same result.
-  virtual bool copy_prefix(int64_t from, int64_t to, int64_t length) {
+  // values bit for bit, and that length; `from == to` shortens the slot, forgetting what follows. Positions below
+  // `begin` (0 <= begin <= length, begin <= length(to)) are not copied: the caller knows `to` holds the same there. A
+  // scheduler gives a prompt this way the cache of another prompt it shares a prefix with instead of feeding those
+  // tokens again (a system prompt common to many requests; the n completions of one prompt; GRPO's group). Returns
+  // false where the cache cannot (the default): the tokens are then fed again, with the same result.
+  virtual bool copy_prefix(int64_t from, int64_t to, int64_t length, int64_t begin) {
     (void)from;
     (void)to;
     (void)length;
+    (void)begin;
     return false;
   }
   // Makes slot `to` hold what slot `from` holds.
-  bool copy(int64_t from, int64_t to) { return copy_prefix(from, to, length(from)); }
+  bool copy(int64_t from, int64_t to) { return copy_prefix(from, to, length(from), 0); }
 };
 
 // Implemented by backbones that decode incrementally (causal_transformer).
