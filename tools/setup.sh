@@ -8,7 +8,7 @@ PKGS=(
   cmake ninja-build g++ pkg-config ccache
   libboost-dev libboost-filesystem-dev libboost-program-options-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers libhdf5-dev hdf5-tools python3-h5py python3-numpy
-  python3-jinja2
+  python3-jinja2 python3-prometheus-client
   libspdlog-dev libfmt-dev doctest-dev zlib1g-dev nlohmann-json3-dev libpng-dev
   libopenmpi-dev openmpi-bin
   libcpp-httplib-dev

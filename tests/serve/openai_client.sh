@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/serve/openai_client.sh — trains a tiny byte-level run, serves it with `dew-run serve` and runs
 # openai_client.cjs (the official `openai` npm package) against it: with the run's own template (dew's
-# default), then with --chat-template pointing at the Gemma fixture.
+# default; then its /metrics through metrics_check.py), then with --chat-template pointing at the Gemma fixture.
 #   openai_client.sh DEW_RUN DEW_TOKENIZE WORK_DIR
 # The package is installed into WORK_DIR/npm with `npm install --prefix` when it is not there yet (the
 # npm registry must be reachable; CI installs it here, on a fresh machine).
@@ -58,6 +58,8 @@ for _ in $(seq 1 300); do
 done
 [ -n "$PORT" ] || { echo "openai_client.sh: the server did not start"; cat "$WORK/serve.err"; exit 1; }
 node "$HERE/openai_client.cjs" "$WORK/npm" "http://127.0.0.1:$PORT/v1" tiny-chat
+# The server's /metrics after that traffic, read by Prometheus's Python client (Debian's python3-prometheus-client).
+/usr/bin/python3 "$HERE/metrics_check.py" "http://127.0.0.1:$PORT"
 kill $SERVER; wait $SERVER 2>/dev/null || true
 # Again with another template (--chat-template): the Gemma fixture.
 "$DEW_RUN" serve --run-dir "$WORK/run" --port 0 --slots 2 --backend ref \

@@ -34,6 +34,7 @@
 #include "dew/objective.hpp"
 #include "dew/tokenizer.hpp"
 #include "dew/train.hpp"
+#include "metrics.hpp"
 #include "request_limits.hpp"
 #include "route_bodies.hpp"
 
@@ -121,6 +122,7 @@ struct HttpServer::Impl {
   std::atomic<uint64_t> next_id{0};
   int listen_fd = -1;
   std::string id_prefix;
+  ServeMetrics metrics;        // GET /metrics (metrics.hpp)
   chat::ChatSetup chat_setup;  // the template /v1/chat/completions renders with (chat_completions.hpp)
   std::string chat_error;      // why the run's template cannot be used, when it cannot
 
@@ -158,10 +160,10 @@ struct HttpServer::Impl {
     });
     svr.set_keep_alive_max_count(1000);
     svr.set_payload_max_length(kMaxBodyBytes);
-    if (options.access_log)
-      svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-        std::fprintf(stderr, "%s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
-      });
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.count_response(req.path, res.status);
+      if (options.access_log) std::fprintf(stderr, "%s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+    });
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler's own error
       if (res.status == 404)
@@ -205,6 +207,9 @@ struct HttpServer::Impl {
              {"completed", s.completed}};
       res.status = draining ? 503 : 200;
       res.set_content(dump(j), "application/json");
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(prometheus_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       json m{{"id", info.id},
@@ -271,6 +276,59 @@ struct HttpServer::Impl {
                  send_error(res, {500, "server_error", e.what(), ""});
                }
              }));
+  }
+
+  // GET /metrics: the scheduler's (or the image service's) counters and gauges, then the handlers' histograms and
+  // response counts (metrics.hpp).
+  std::string prometheus_text() const {
+    std::string out;
+    write_metric(out, "dew_draining", "gauge", "1 after SIGTERM while requests finish.", draining ? 1 : 0);
+    if (sched) {
+      const dew::serve::SchedulerStats s = sched->stats();
+      write_metric(out, "dew_slots", "gauge", "Sequences decoded together (--slots).", double(s.slots));
+      write_metric(out, "dew_requests_running", "gauge", "Requests in a slot.", double(s.active));
+      write_metric(out, "dew_requests_waiting", "gauge", "Requests waiting for a slot.", double(s.queued));
+      write_metric(out, "dew_requests_completed_total", "counter", "Requests (choices) ended, for any reason.",
+                   double(s.completed));
+      write_metric(out, "dew_iterations_total", "counter", "Scheduler iterations that ran the model.",
+                   double(s.iterations));
+      write_metric(out, "dew_decode_rows_total", "counter",
+                   "Rows of the batched decode calls (over iterations: the mean batch).", double(s.decode_rows));
+      write_metric(out, "dew_prefill_tokens_total", "counter", "Prompt tokens fed by prefill calls.",
+                   double(s.prefill_tokens));
+      write_metric(out, "dew_prefix_cached_tokens_total", "counter",
+                   "Prompt tokens taken from the prefix cache instead of a feed.", double(s.prefix_cached));
+      write_metric(out, "dew_prefill_shared_total", "counter",
+                   "Prompts given an identical prompt's cache in the same iteration.", double(s.prefill_shared));
+      write_metric(out, "dew_generated_tokens_total", "counter", "Tokens drawn.", double(s.generated_tokens));
+    } else {
+      write_metric(out, "dew_image_requests_waiting", "gauge", "Image requests waiting.", double(images->waiting()));
+      write_metric(out, "dew_image_requests_completed_total", "counter", "Image requests served.",
+                   double(images->served()));
+    }
+    metrics.time_to_first_token.write(out, "dew_time_to_first_token_seconds",
+                                      "From a request's arrival to its first token, per choice.");
+    metrics.request_latency.write(out, "dew_request_latency_seconds",
+                                  "From a request's arrival to its end, per choice.");
+    metrics.queue_time.write(out, "dew_request_queue_seconds", "From a request's arrival to its slot, per choice.");
+    metrics.time_per_output_token.write(out, "dew_time_per_output_token_seconds",
+                                        "A choice's time after its first token over its other tokens.");
+    metrics.write_responses(out);
+    return out;
+  }
+
+  // A choice that ended with tokens for its client: its latencies into the histograms.
+  void observe(const Ticket& t, const dew::Generation& g) {
+    using seconds = std::chrono::duration<double>;
+    metrics.request_latency.observe(seconds(t.finished - t.submitted).count());
+    if (t.admitted.time_since_epoch().count() != 0)
+      metrics.queue_time.observe(seconds(t.admitted - t.submitted).count());
+    if (t.first_token.time_since_epoch().count() != 0) {
+      metrics.time_to_first_token.observe(seconds(t.first_token - t.submitted).count());
+      if (g.tokens.size() > 1)
+        metrics.time_per_output_token.observe(seconds(t.finished - t.first_token).count() /
+                                              double(g.tokens.size() - 1));
+    }
   }
 
   static json choice_json(int64_t index, const std::string& text, const json& finish, const json& logprobs = nullptr) {
@@ -374,6 +432,7 @@ struct HttpServer::Impl {
           const std::string why = tickets[i]->error();
           throw HttpError{500, "server_error", "generation failed: " + (why.empty() ? g.finish_reason : why), ""};
         }
+        observe(*tickets[i], g);
         completion_tokens += int64_t(g.tokens.size());
         size_t offset = echo.size();
         choices.push_back(chat ? chat::message_choice(int64_t(i), g.text, finish_json(g.finish_reason),
@@ -406,7 +465,7 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [tickets, state, echoed, started, offsets, chat, base, echo, flight, logprobs, tok,
+        [this, tickets, state, echoed, started, offsets, chat, base, echo, flight, logprobs, tok,
          prompt_tokens = int64_t(c.prompt.size())](size_t, httplib::DataSink& sink) {
           auto event = [&](const json& chunk) {
             const std::string line = "data: " + dump(chunk) + "\n\n";
@@ -429,6 +488,7 @@ struct HttpServer::Impl {
                 const dew::Generation g = tickets[i]->wait();
                 finish = finish_json(g.finish_reason);
                 (*state)[i] = true;
+                if (g.finish_reason != "cancelled" && g.finish_reason != "error") observe(*tickets[i], g);
               }
               json lp = nullptr;  // the entries of the tokens whose text became final with this piece
               if (logprobs)
