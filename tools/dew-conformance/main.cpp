@@ -96,7 +96,8 @@ Guarded make_guarded(const BackendPtr& be, const Shape& shape, DType dt, const s
   for (size_t i = 0; i < total; ++i) g.bytes[i] = guard_byte(i);
   if (interior) {
     DEW_INTERNAL_ASSERT(interior->size() == g.interior);
-    std::memcpy(g.bytes.data() + g.before, interior->data(), g.interior);
+    if (g.interior > 0)  // an empty tensor's bytes may have no buffer (memcpy from null is undefined even for 0 bytes)
+      std::memcpy(g.bytes.data() + g.before, interior->data(), g.interior);
   } else {
     std::memset(g.bytes.data() + g.before, poison, g.interior);
   }
