@@ -144,6 +144,13 @@ StartFn decoder_start(CausalDecoder& model, bool replay, DecodeReplayReport* rep
   };
 }
 
+StartFn decoder_start_every_position(CausalDecoder& model) {
+  return [&model](int64_t capacity) -> DecodeFn {
+    std::shared_ptr<DecodeCache> cache = model.make_cache(1, capacity);
+    return [&model, cache](const Tensor& tokens) { return model.forward_cached(tokens, *cache); };
+  };
+}
+
 std::vector<Generation> generate(const StartFn& start, const std::vector<std::vector<int32_t>>& prompts,
                                  const SamplingParams& params, const Tokenizer* tokenizer, int64_t context) {
   validate(params);
@@ -157,6 +164,9 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
   std::vector<Generation> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     DEW_USAGE_CHECK(!prompts[i].empty(), "generate: prompt ", i, " has no tokens");
+    DEW_USAGE_CHECK(!params.prompt_logprobs || context == 0 || int64_t(prompts[i].size()) <= context,
+                    "generate: the prompt's log-probabilities need the whole prompt within the context (", context,
+                    " tokens); prompt ", i, " has ", prompts[i].size());
     Generation& g = out[i];
     g.finish_reason = "length";
     const int64_t budget = params.max_new_tokens;
@@ -183,12 +193,28 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
         fed = 0;
       }
       // Fed in chunks of prefill_chunk tokens (SamplingParams): the last chunk's logits are drawn from.
+      const bool prompt_feed = n == 0;  // the prompt itself (later feeds: one token, or a refill)
       Tensor logits;
       for (size_t at = 0; at < pending.size();) {
         const size_t n = params.prefill_chunk > 0 ? std::min(pending.size() - at, size_t(params.prefill_chunk))
                                                   : pending.size() - at;
         const std::vector<int32_t> chunk(pending.begin() + long(at), pending.begin() + long(at + n));
         logits = step(Tensor::from_ints(chunk, {1, int64_t(n)}, default_backend()));
+        if (params.prompt_logprobs && prompt_feed) {  // the prompt's feed: each position's logits score the next token
+          DEW_CHECK(logits.ndim() == 3 && logits.shape()[1] == int64_t(n),
+                    "generate: the prompt's log-probabilities need every position's logits "
+                    "(decoder_start_every_position); the decoder returned ",
+                    shape_str(logits.shape()), " for ", n, " tokens");
+          const int64_t v = logits.shape()[2];
+          const std::vector<float> rows =
+              logits.dtype() == DType::f32 ? logits.to_floats() : cast(logits, DType::f32).to_floats();
+          const int64_t scored = tokenizer && tokenizer->vocab_size() < v ? tokenizer->vocab_size() : v;
+          for (size_t j = 0; j < n && at + j + 1 < pending.size(); ++j) {
+            const int32_t next = pending[at + j + 1];
+            DEW_CHECK(next >= 0 && next < scored, "generate: prompt token ", next, " is outside the scored vocabulary");
+            g.prompt_logprobs.push_back(token_logprob(rows.data() + j * size_t(v), scored, next, params.logprobs));
+          }
+        }
         at += n;
       }
       fed += int64_t(pending.size());

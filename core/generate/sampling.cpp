@@ -426,6 +426,9 @@ void validate(const SamplingParams& p) {
   for (const std::string& s : p.stop) DEW_USAGE_CHECK(!s.empty(), "sampling: a stop string is empty");
   DEW_USAGE_CHECK(p.logprobs >= -1 && p.logprobs <= kMaxLogprobs, "sampling: logprobs must be in [-1, ", kMaxLogprobs,
                   "] (-1 = none), got ", p.logprobs);
+  DEW_USAGE_CHECK(!p.prompt_logprobs || p.logprobs >= 0, "sampling: prompt_logprobs needs logprobs >= 0");
+  DEW_USAGE_CHECK(!p.prompt_logprobs || p.max_new_tokens >= 1,
+                  "sampling: prompt_logprobs needs max_new_tokens >= 1 (the prompt is fed with the first draw)");
 }
 
 // The log-softmax through the chain's own passes (the thread's scratch, the vectorised exp and the fixed-order sum);

@@ -78,7 +78,9 @@ struct Scheduler::Active {
   Request req;
   int64_t slot = -1;
   std::vector<int32_t> history, pending, tokens;
-  std::vector<TokenLogprob> logprobs;  // per token, when asked for
+  std::vector<TokenLogprob> logprobs;         // per token, when asked for
+  std::vector<TokenLogprob> prompt_logprobs;  // per prompt token after the first, when asked for
+  bool prompt_fed = false;                    // the prompt's last chunk went in (a refill is not scored)
   std::string text;          // decoded continuation (no stop cut yet)
   std::vector<size_t> ends;  // text size after each token
   size_t checked = 0, longest_stop = 0;
@@ -131,6 +133,9 @@ Scheduler::Submitted Scheduler::submit(Request request) {
   for (int32_t t : request.prompt)
     DEW_USAGE_CHECK(t >= 0 && t < vocab_, "serve: prompt token ", t, " is outside the vocabulary [0, ", vocab_, ")");
   DEW_USAGE_CHECK(request.params.stop.empty() || tokenizer_, "serve: stop strings need a tokenizer");
+  DEW_USAGE_CHECK(!request.params.prompt_logprobs || int64_t(request.prompt.size()) <= context_,
+                  "serve: the prompt's log-probabilities need the whole prompt within the context (", context_,
+                  " tokens); the prompt has ", request.prompt.size());
   request.params.prefill_chunk = options_.prefill_chunk;  // how this scheduler feeds prompts (its solo equivalent's)
   auto ticket = std::make_shared<Ticket>();
   ticket->prompt_tokens_ = int64_t(request.prompt.size());
@@ -152,6 +157,7 @@ void Scheduler::finish(Active& a, const std::string& reason) {
   Generation result;
   result.tokens = std::move(a.tokens);
   result.logprobs = std::move(a.logprobs);
+  result.prompt_logprobs = std::move(a.prompt_logprobs);
   result.text = std::move(a.text);
   result.finish_reason = reason;
   const int64_t slot = a.slot;
@@ -266,6 +272,7 @@ bool Scheduler::step() {
       const int64_t keep = std::min<int64_t>(int64_t(a->history.size()), std::max<int64_t>(1, context_ / 2));
       a->pending.assign(a->history.end() - keep, a->history.end());
       a->chunks_fed = 0;
+      a->prompt_fed = true;  // a refill is not the prompt: not scored
       cache_->clear(int64_t(s));
       prefix_[s].clear();
     }
@@ -374,6 +381,7 @@ bool Scheduler::step() {
     if (served[size_t(s)]) continue;
     Active& a = *active_[size_t(s)];
     prefix_cached += extend_from_other_slots(a);  // before the budget: a copy costs no feed
+    const bool score = a.req.params.prompt_logprobs && !a.prompt_fed;  // every position's logits, as generate()
     const int64_t n = chunk > 0 ? std::min<int64_t>(chunk, int64_t(a.pending.size())) : int64_t(a.pending.size());
     if (chunk > 0 && prefill_tokens > 0 && prefill_tokens + n > chunk) continue;  // the iteration's budget
     prefill_tokens += n;
@@ -381,7 +389,18 @@ bool Scheduler::step() {
     const int64_t fed_at = cache_->length(s);
     const bool from_empty = fed_at == 0;
     const std::vector<int32_t> fed(a.pending.begin(), a.pending.begin() + n);
-    const Tensor logits = model_.forward_slots_last(Tensor::from_ints(fed, {1, n}, backend_), {s}, *cache_);
+    const Tensor tokens = Tensor::from_ints(fed, {1, n}, backend_);
+    const Tensor logits =
+        score ? model_.forward_slots(tokens, {s}, *cache_) : model_.forward_slots_last(tokens, {s}, *cache_);
+    if (score) {  // row j scores prompt token fed_at + j + 1
+      DEW_CHECK(logits.ndim() == 3 && logits.shape()[1] == n, "serve: the decoder returned logits ",
+                shape_str(logits.shape()), " for ", n, " tokens");
+      const std::vector<float> all = (logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32)).to_floats();
+      const std::vector<int32_t>& prompt = a.req.prompt;
+      for (int64_t j = 0; j < n && size_t(fed_at + j + 1) < prompt.size(); ++j)
+        a.prompt_logprobs.push_back(
+            token_logprob(all.data() + j * vocab_, drawable_, prompt[size_t(fed_at + j + 1)], a.req.params.logprobs));
+    }
     std::vector<int32_t>& prefix = prefix_[size_t(s)];
     if (options_.prefix_cache && n == chunk && fed_at == int64_t(prefix.size()))  // a whole chunk after whole chunks
       prefix.insert(prefix.end(), fed.begin(), fed.end());
@@ -389,12 +408,13 @@ bool Scheduler::step() {
       a.pending.erase(a.pending.begin(), a.pending.begin() + n);
       continue;
     }
+    a.prompt_fed = true;
     last_rows(logits, {s});
-    if (from_empty)
+    if (from_empty && !score)  // (a scored feed's last row is the every-position form's: not another request's)
       for (int64_t other : prefill_slots) {
         if (other == s || served[size_t(other)] || !active_[size_t(other)]) continue;  // itself, or drawn (maybe ended)
         Active& b = *active_[size_t(other)];
-        if (b.pending != fed || cache_->length(other) != 0) continue;
+        if (b.pending != fed || cache_->length(other) != 0 || b.req.params.prompt_logprobs) continue;
         if (!cache_->copy(s, other)) break;
         prefix_[size_t(other)] = prefix;
         ++b.chunks_fed;
@@ -457,7 +477,8 @@ int64_t Scheduler::free_slot_for(const std::vector<int32_t>& pending) const {
 // A request starts in its slot: the slot's cache shortened to the chunks its prompt shares with it, else emptied.
 // Returns the prompt tokens that need no feed.
 int64_t Scheduler::start_in_slot(Active& a) {
-  const int64_t s = a.slot, keep = shared_chunks(s, 0, a.pending) * options_.prefill_chunk;
+  const int64_t s = a.slot;  // a prompt to be scored is fed whole: its positions' logits are what it asks for
+  const int64_t keep = a.req.params.prompt_logprobs ? 0 : shared_chunks(s, 0, a.pending) * options_.prefill_chunk;
   std::vector<int32_t>& prefix = prefix_[size_t(s)];
   if (keep == 0 || !cache_->copy_prefix(s, s, keep, 0)) {
     cache_->clear(s);
@@ -476,6 +497,7 @@ int64_t Scheduler::extend_from_other_slots(Active& a) {
   const int64_t s = a.slot, held = cache_->length(s);
   std::vector<int32_t>& prefix = prefix_[size_t(s)];
   if (held != int64_t(prefix.size())) return 0;  // its rows are not all whole chunks fed from an empty cache
+  if (a.req.params.prompt_logprobs && !a.prompt_fed) return 0;  // a prompt to be scored is fed whole
   int64_t from = -1, most = 0;
   for (size_t o = 0; o < prefix_.size(); ++o) {
     const std::vector<int32_t>& other = prefix_[o];

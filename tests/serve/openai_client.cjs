@@ -6,9 +6,10 @@
 // choices, each equal to its own stream; a drawn seed (none given) is <= 2^53 - 1 and replays the same
 // text through JavaScript numbers (chat and completions); stop strings end a reply; errors come back as
 // the client's typed errors (BadRequestError with the field for a non-integer seed in both APIs,
-// unsupported `tools`, an empty `messages`, top_logprobs without logprobs, logprobs with echo; NotFoundError for another
-// model); logprobs (chat: one entry per completion token, its bytes the reply's, the greedy token the likeliest one,
-// streamed entries the same; completions: tokens, token_logprobs, top_logprobs, text_offset).
+// unsupported `tools`, an empty `messages`, top_logprobs without logprobs, a streamed echo with logprobs; NotFoundError
+// for another model); logprobs (chat: one entry per completion token, its bytes the reply's, the greedy token the
+// likeliest one, streamed entries the same; completions: tokens, token_logprobs, top_logprobs, text_offset; with echo
+// the prompt's tokens scored too).
 const assert = require("node:assert/strict");
 const path = require("node:path");
 
@@ -153,8 +154,17 @@ async function main() {
     assert.ok(Object.keys(l.top_logprobs[k]).length <= 3);
   }
   await expectError(BadRequestError, () => client.chat.completions.create({ ...params, top_logprobs: 2 }), "top_logprobs");
+  // echo with logprobs scores the prompt (how a harness scores a continuation): its tokens first, the first unscored.
+  const sc = await client.completions.create({ model, prompt: "The quick", max_tokens: 1, temperature: 0, logprobs: 1, echo: true });
+  const sl = sc.choices[0].logprobs;
+  assert.equal(sl.tokens.length, sc.usage.prompt_tokens + sc.usage.completion_tokens);
+  assert.equal(sl.tokens.slice(0, sc.usage.prompt_tokens).join(""), "The quick");
+  assert.equal(sl.token_logprobs[0], null);
+  assert.equal(sl.top_logprobs[0], null);
+  for (let k = 1; k < sl.tokens.length; k++) assert.ok(sl.token_logprobs[k] <= 0, `${k}: ${sl.token_logprobs[k]}`);
+  assert.ok(sc.choices[0].text.startsWith("The quick"));
   await expectError(BadRequestError, () =>
-    client.completions.create({ model, prompt: "x", logprobs: 1, echo: true }), "echo");
+    client.completions.create({ model, prompt: "x", logprobs: 1, echo: true, stream: true }), "stream");
 
   // Errors are the client's typed errors.
   await expectError(BadRequestError, () => client.chat.completions.create({ ...params, seed: 1.5 }), "seed");

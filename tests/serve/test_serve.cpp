@@ -562,11 +562,14 @@ void expect_equal(const dew::Generation& got, const dew::Generation& want, size_
   CHECK_MESSAGE(got.tokens == want.tokens, "request ", i);
   CHECK_MESSAGE(got.text == want.text, "request ", i);
   CHECK_MESSAGE(got.finish_reason == want.finish_reason, "request ", i);
-  REQUIRE_MESSAGE(got.logprobs.size() == want.logprobs.size(), "request ", i);
-  for (size_t k = 0; k < got.logprobs.size(); ++k) {  // the same doubles: computed from the same logits' bits
-    CHECK_MESSAGE(got.logprobs[k].token == want.logprobs[k].token, "request ", i, " token ", k);
-    CHECK_MESSAGE(got.logprobs[k].logprob == want.logprobs[k].logprob, "request ", i, " token ", k);
-    CHECK_MESSAGE(got.logprobs[k].top == want.logprobs[k].top, "request ", i, " token ", k);
+  for (const bool prompt : {false, true}) {  // the same doubles: computed from the same logits' bits
+    const auto &a = prompt ? got.prompt_logprobs : got.logprobs, &b = prompt ? want.prompt_logprobs : want.logprobs;
+    REQUIRE_MESSAGE(a.size() == b.size(), "request ", i, prompt ? " (prompt)" : "");
+    for (size_t k = 0; k < a.size(); ++k) {
+      CHECK_MESSAGE(a[k].token == b[k].token, "request ", i, " token ", k, prompt ? " (prompt)" : "");
+      CHECK_MESSAGE(a[k].logprob == b[k].logprob, "request ", i, " token ", k, prompt ? " (prompt)" : "");
+      CHECK_MESSAGE(a[k].top == b[k].top, "request ", i, " token ", k, prompt ? " (prompt)" : "");
+    }
   }
 }
 
@@ -709,6 +712,48 @@ TEST_CASE("logprobs: token_logprob is the log-softmax, generate() gives one entr
   CHECK(cut.logprobs.size() == cut.tokens.size());
   greedy.logprobs = -1;
   CHECK(dew::generate(dew::decoder_start(dec), {random_tokens(5, 9)}, greedy, tok.get(), 24)[0].logprobs.empty());
+
+  // The prompt's entries: token k + 1 scored by position k's logits of the prompt's feed, whole or in chunks of 4:
+  // the rows of the same forward_cached calls made here on a fresh cache (ref: the same bits).
+  const std::vector<int32_t> prompt = random_tokens(11, 21);
+  dew::SamplingParams scored;
+  scored.max_new_tokens = 3;
+  scored.temperature = 0.0f;
+  scored.logprobs = 2;
+  scored.prompt_logprobs = true;
+  for (const int64_t chunk : {int64_t(0), int64_t(4)}) {
+    CAPTURE(chunk);
+    scored.prefill_chunk = chunk;
+    const dew::Generation sg =
+        dew::generate(dew::decoder_start_every_position(dec), {prompt}, scored, tok.get(), 24)[0];
+    REQUIRE(sg.prompt_logprobs.size() == prompt.size() - 1);
+    dew::NoGradGuard ng;
+    auto cache = dec.make_cache(1, 24);
+    std::vector<float> rows;
+    for (size_t at = 0; at < prompt.size();) {
+      const size_t n = chunk > 0 ? std::min(prompt.size() - at, size_t(chunk)) : prompt.size() - at;
+      const std::vector<float> part =
+          dec.forward_cached(Tensor::from_ints({prompt.begin() + long(at), prompt.begin() + long(at + n)},
+                                               {1, int64_t(n)}, backend("ref")),
+                             *cache)
+              .to_floats();
+      rows.insert(rows.end(), part.begin(), part.end());
+      at += n;
+    }
+    for (size_t k = 0; k + 1 < prompt.size(); ++k) {
+      const dew::TokenLogprob want = dew::token_logprob(rows.data() + k * 256, 256, prompt[k + 1], 2);
+      CHECK(sg.prompt_logprobs[k].token == prompt[k + 1]);
+      CHECK(sg.prompt_logprobs[k].logprob == want.logprob);
+      CHECK(sg.prompt_logprobs[k].top == want.top);
+    }
+    CHECK(sg.logprobs.size() == sg.tokens.size());
+  }
+  // The last-position form cannot score the prompt; nor can a prompt past the context be; nor without logprobs.
+  CHECK_THROWS_AS(dew::generate(dew::decoder_start(dec), {prompt}, scored, tok.get(), 24), dew::Error);
+  CHECK_THROWS_AS(dew::generate(dew::decoder_start_every_position(dec), {random_tokens(30, 1)}, scored, tok.get(), 24),
+                  dew::UsageError);
+  scored.logprobs = -1;
+  CHECK_THROWS_AS(dew::validate(scored), dew::UsageError);
 }
 
 TEST_CASE("scheduler: concurrent requests with mixed lengths and budgets each equal their solo result") {
@@ -926,6 +971,54 @@ TEST_CASE("scheduler: prompts sharing whole chunks reuse a slot's cache, each re
   CHECK_THROWS_AS(cache->copy_prefix(0, 1, 4, 5), dew::Error);
   CHECK(cache->copy_prefix(0, 0, 2, 0));
   CHECK(cache->length(0) == 2);
+}
+
+// Prompts scored (prompt_logprobs: OpenAI's echo with logprobs) beside prompts that are not, sharing a 10-token prefix
+// and one identical prompt: each result, entries included, equals generate() alone (every-position feeds for the
+// scored ones); a scored prompt is fed whole (no prefix copied in, no identical prompt's cache), though the others may
+// take its chunks.
+TEST_CASE("scheduler: scored prompts equal their solo results, beside prefix-cached and identical ones") {
+  auto tok = std::shared_ptr<const dew::Tokenizer>(dew::make_byte_tokenizer());
+  const std::vector<int32_t> system = random_tokens(10, 900);
+  for (const std::string be : {"ref", "cpu"}) {
+    CAPTURE(be);
+    auto m = tiny_model(be, 32, 64);
+    dew::CausalDecoder& dec = decoder_of(m);
+    std::vector<dew::serve::Request> reqs;
+    std::vector<dew::Generation> solo;
+    for (size_t i = 0; i < 6; ++i) {
+      dew::serve::Request r;
+      r.prompt = system;
+      const std::vector<int32_t> own = random_tokens(3 + i, 910 + uint32_t(i % 5));  // request 5: request 0's prompt
+      r.prompt.insert(r.prompt.end(), own.begin(), own.end());
+      if (i == 5) r.prompt = reqs[0].prompt;
+      r.params.temperature = 0.8f;
+      r.params.seed = 30 + i;
+      r.params.max_new_tokens = 4;
+      r.params.prefill_chunk = 4;
+      r.params.logprobs = i % 2 ? 1 : -1;
+      r.params.prompt_logprobs = i % 2 == 1;
+      reqs.push_back(r);
+      const dew::StartFn start =
+          r.params.prompt_logprobs ? dew::decoder_start_every_position(dec) : dew::decoder_start(dec);
+      solo.push_back(dew::generate(start, {r.prompt}, r.params, tok.get(), dec.context_length())[0]);
+      CHECK(solo.back().prompt_logprobs.size() == (r.params.prompt_logprobs ? r.prompt.size() - 1 : 0));
+    }
+    for (const int64_t slots : {1, 3, 6}) {
+      CAPTURE(slots);
+      dew::serve::Scheduler sched(dec, tok, {slots, 0, 64, 4});
+      std::vector<std::shared_ptr<dew::serve::Ticket>> tickets;
+      for (const auto& r : reqs) tickets.push_back(sched.submit(r).ticket);
+      while (sched.step()) {
+      }
+      for (size_t i = 0; i < reqs.size(); ++i) expect_equal(tickets[i]->wait(), solo[i], i);
+      CHECK(sched.stats().prefix_cached > 0);  // the unscored ones still share chunks
+    }
+    dew::serve::Request too_long = reqs[1];
+    too_long.prompt = random_tokens(65, 3);
+    dew::serve::Scheduler sched(dec, tok, {2, 0, 64, 4});
+    CHECK_THROWS_AS(sched.submit(too_long), dew::UsageError);
+  }
 }
 
 TEST_CASE("prefill in chunks: near the whole prompt's logits (ref, cpu), other slots decode between the chunks") {
@@ -1579,7 +1672,34 @@ TEST_CASE("http: logprobs on completions and chat, streamed and not, equal to th
 
   expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 21}}), 400, "logprobs");
   expect_error(post(c, json{{"prompt", "x"}, {"logprobs", -1}}), 400, "logprobs");
-  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 1}, {"echo", true}}), 400, "echo");
+  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 1}, {"echo", true}, {"stream", true}}), 400, "stream");
+  expect_error(post(c, json{{"prompt", "x"}, {"logprobs", 1}, {"echo", true}, {"max_tokens", 0}}), 400, "max_tokens");
+  expect_error(post(c, json{{"prompt", std::string(30, 'x')}, {"logprobs", 1}, {"echo", true}}), 400, "prompt");
+
+  // echo with logprobs: the prompt's tokens first (the first unscored), then the completion's, as generate() scores
+  // them with every position's logits.
+  dew::SamplingParams ep = params(5, 0.7f, 9);
+  ep.logprobs = 1;
+  ep.prompt_logprobs = true;
+  dew::CausalDecoder& dec = decoder_of(s.model);
+  const dew::Generation scored =
+      dew::generate(dew::decoder_start_every_position(dec), {s.tok->encode("hello")}, ep, s.tok.get(), 24)[0];
+  auto er = post(
+      c,
+      json{{"prompt", "hello"}, {"max_tokens", 5}, {"temperature", 0.7}, {"seed", 9}, {"logprobs", 1}, {"echo", true}});
+  REQUIRE(er);
+  REQUIRE(er->status == 200);
+  const json ej = json::parse(er->body)["choices"][0];
+  CHECK(ej["text"] == wire("hello" + scored.text));
+  const json el = ej["logprobs"];
+  REQUIRE(el["tokens"].size() == 5 + scored.tokens.size());
+  CHECK(el["tokens"][0] == "h");
+  CHECK(el["token_logprobs"][0].is_null());
+  CHECK(el["top_logprobs"][0].is_null());
+  for (size_t k = 0; k < 4; ++k) CHECK(el["token_logprobs"][k + 1].get<double>() == scored.prompt_logprobs[k].logprob);
+  for (size_t k = 0; k < scored.tokens.size(); ++k)
+    CHECK(el["token_logprobs"][5 + k].get<double>() == scored.logprobs[k].logprob);
+  for (size_t k = 0; k < el["text_offset"].size(); ++k) CHECK(el["text_offset"][k] == k);
   json no_flag = creq;
   no_flag.erase("logprobs");
   expect_error(c.Post("/v1/chat/completions", no_flag.dump(), "application/json"), 400, "top_logprobs");

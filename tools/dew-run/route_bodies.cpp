@@ -161,8 +161,17 @@ Completion parse_completion(const std::string& text, const RouteLimits& limits, 
   sp.eos_id = boolean(body, "ignore_eos", false) || !tok ? -1 : tok->eos_id();
   c.n = integer(body, "n", 1, 1, limits.max_n);
   sp.logprobs = integer(body, "logprobs", -1, 0, dew::kMaxLogprobs);
-  if (sp.logprobs >= 0 && c.echo)
-    throw bad("'logprobs' with 'echo' (the prompt's log-probabilities) is not served: only the completion's", "echo");
+  if (sp.logprobs >= 0 && c.echo) {  // the prompt's log-probabilities too (what a harness scores a continuation by)
+    if (c.stream) throw bad("'logprobs' with 'echo' (the prompt's log-probabilities) is not streamed", "stream");
+    if (sp.max_new_tokens < 1)
+      throw bad("'logprobs' with 'echo' needs max_tokens >= 1 (the prompt is scored with the first token's draw)",
+                "max_tokens");
+    if (limits.context > 0 && int64_t(c.prompt.size()) > limits.context)
+      throw bad("'logprobs' with 'echo' needs the whole prompt within the context (" + std::to_string(limits.context) +
+                    " tokens); it has " + std::to_string(c.prompt.size()),
+                "prompt");
+    sp.prompt_logprobs = true;
+  }
   return c;
 }
 

@@ -337,10 +337,18 @@ struct HttpServer::Impl {
 
   // A completion choice's logprobs in OpenAI's completions shape: {"tokens", "token_logprobs", "top_logprobs" (per
   // token {text: logprob} of the likeliest and the drawn token), "text_offset"} (byte offsets into the choice's text:
-  // `offset` on, advanced past these tokens). Tokens are named by chat::token_text.
+  // `offset` on, advanced past these tokens). Tokens are named by chat::token_text. With `prompt`: the entries are its
+  // tokens after the first, which comes first with null log-probabilities (nothing precedes it), as OpenAI's echo.
   static json completion_logprobs(const std::vector<dew::TokenLogprob>& entries, const dew::Tokenizer* tok,
-                                  size_t& offset) {
+                                  size_t& offset, const std::vector<int32_t>* prompt = nullptr) {
     json tokens = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+    if (prompt) {
+      tokens.push_back(chat::token_text(tok, prompt->front()));
+      logprobs.push_back(nullptr);
+      tops.push_back(nullptr);
+      offsets.push_back(offset);
+      offset += tok ? tok->token_bytes(prompt->front()).size() : 0;
+    }
     for (const dew::TokenLogprob& e : entries) {
       const std::string t = chat::token_text(tok, e.token);
       tokens.push_back(t);
@@ -435,10 +443,20 @@ struct HttpServer::Impl {
         observe(*tickets[i], g);
         completion_tokens += int64_t(g.tokens.size());
         size_t offset = echo.size();
-        choices.push_back(chat ? chat::message_choice(int64_t(i), g.text, finish_json(g.finish_reason),
-                                                      logprobs ? chat::logprobs_json(g.logprobs, tok) : json(nullptr))
-                               : choice_json(int64_t(i), echo + g.text, finish_json(g.finish_reason),
-                                             logprobs ? completion_logprobs(g.logprobs, tok, offset) : json(nullptr)));
+        json lp = nullptr;
+        if (logprobs && chat) {
+          lp = chat::logprobs_json(g.logprobs, tok);
+        } else if (logprobs && c.params.prompt_logprobs) {  // echo: the prompt's tokens first, the first one unscored
+          offset = 0;
+          lp = completion_logprobs(g.prompt_logprobs, tok, offset, &c.prompt);
+          const json generated = completion_logprobs(g.logprobs, tok, offset);
+          for (auto& [key, list] : lp.items())
+            for (const json& e : generated[key]) list.push_back(e);
+        } else if (logprobs) {
+          lp = completion_logprobs(g.logprobs, tok, offset);
+        }
+        choices.push_back(chat ? chat::message_choice(int64_t(i), g.text, finish_json(g.finish_reason), lp)
+                               : choice_json(int64_t(i), echo + g.text, finish_json(g.finish_reason), lp));
       }
       json body = base;
       body["choices"] = choices;

@@ -57,6 +57,12 @@ struct SamplingParams {
   // before repetition penalty, temperature and filters (what vLLM reports by default) — so they do not depend on how
   // the token was drawn.
   int64_t logprobs = -1;
+  // With logprobs >= 0: also each prompt token's after the first (Generation::prompt_logprobs; OpenAI's `echo` with
+  // `logprobs`, what a harness scores a continuation by), from the prompt feed's logits of every position, so the
+  // decoder must return them all (decoder_start_every_position; a served request prefills the same way) and the
+  // prompt must fit the context. The first token is then drawn from that feed's last row, which may differ in the
+  // last bits from the last-position form's: such a request equals generate() with the same settings, bit for bit.
+  bool prompt_logprobs = false;
 };
 inline constexpr int64_t kMaxLogprobs = 20;
 
@@ -70,8 +76,8 @@ struct TokenLogprob {
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t token, int64_t top);
 
 // Checks the ranges (temperature >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty > 0,
-// top_k >= 0, 0 <= max_new_tokens <= 2^24, prefill_chunk >= 0, logprobs in [-1, kMaxLogprobs]); throws a UsageError
-// naming the field.
+// top_k >= 0, 0 <= max_new_tokens <= 2^24, prefill_chunk >= 0, logprobs in [-1, kMaxLogprobs], prompt_logprobs only
+// with logprobs >= 0 and max_new_tokens >= 1); throws a UsageError naming the field.
 void validate(const SamplingParams& params);
 
 // One token from `logits` [vocab] (host floats). `history`: the tokens the repetition penalty applies to
@@ -182,12 +188,16 @@ struct DecodeReplayReport {
   std::string eager_reason;                     // the last reason a sequence's program was not built or kept
 };
 StartFn decoder_start(CausalDecoder& model, bool replay = true, DecodeReplayReport* report = nullptr);
+// A StartFn whose DecodeFn returns the logits of every position fed ([1, T, V], forward_cached), eager: what
+// SamplingParams::prompt_logprobs needs. One-token steps are the same call as decoder_start's.
+StartFn decoder_start_every_position(CausalDecoder& model);
 
 struct Generation {
   std::vector<int32_t> tokens;  // the continuation (without the prompt, without EOS, cut at a stop string)
   std::string text;             // its decoded text (empty without a tokenizer), cut before a stop string
   std::string finish_reason;    // "eos" | "stop" | "length"
   std::vector<TokenLogprob> logprobs;  // one per token of `tokens` when SamplingParams::logprobs >= 0
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1 .. L-1, with SamplingParams::prompt_logprobs
 };
 
 // `prompts`: token ids (each non-empty). `tokenizer` may be null (then stop strings cannot apply: refused

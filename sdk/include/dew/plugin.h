@@ -16,9 +16,9 @@
  * Backend::decode_panel_rows, decode weights in panels; 0.7.0: Backend::operand_reuse; 0.8.0: autograd's Edge in
  * Node::inputs, Objective::before_adapters_merged, nn::LoraAdaptersOff; 0.9.0: RopeParams::scaling and
  * AttentionConfig::rope_scaling, rotary scaling; 0.10.0: dew/reward.hpp's Reward and Completion (the registry kind
- * "reward"), dew/policy.hpp; 0.11.0: Objective::loss_is_token_mean; 0.12.0:
- * SlotCache::copy_prefix, copy() no longer virtual; SamplingParams::logprobs, Generation::logprobs); a plugin built on
- * another version is refused at load (the fingerprint below). */
+ * "reward"), dew/policy.hpp; 0.11.0: Objective::loss_is_token_mean; 0.12.0: SlotCache::copy_prefix, copy() no
+ * longer virtual; SamplingParams::logprobs and prompt_logprobs, Generation's); a plugin built on another version is
+ * refused at load (the fingerprint below). */
 #define DEW_SDK_VERSION "0.12.0"
 /* The version of the kernel table (dew/kernel_table.hpp): bumped whenever a kernel is added, removed or
  * changes its parameters or its contract, since a backend's vtable and every caller depend on it (7:
