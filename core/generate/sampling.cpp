@@ -36,6 +36,10 @@
 #include "dew/random.hpp"
 
 #if defined(DEW_SAMPLING_CLONES)  // set from outside: a build that checks one path alone
+#elif defined(__SANITIZE_THREAD__)
+// ThreadSanitizer: target_clones' ifunc resolvers run while the dynamic loader relocates libdew, before TSan's runtime
+// is up, and their instrumented code crashed every TSan executable at load (tools/test.sh --tsan). One path there.
+#define DEW_SAMPLING_CLONES
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DEW_SAMPLING_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
