@@ -15,6 +15,7 @@
 #     --no-prefix-cache), as "dew-baseline".
 #   REQUESTS (16) and MAX_TOKENS (64): each level's requests and the tokens each generates; PROMPT_LEN (16) and
 #     SHARED_PREFIX (0): each prompt's own bytes, after the bytes every prompt starts with (a system prompt).
+#   LABEL (char-small): the JSON lines' config label, for a $RUN of another shape.
 #   llama.cpp's llama-batched-bench (DEW_LLAMA_BATCHED, default /work/peers/llamacpp-src/build/bin/
 #     llama-batched-bench; built like llama-bench per ../shared/peers/llamacpp/README.md, target
 #     llama-batched-bench) on the same shape's f32 GGUF (DEW_LLAMA_MODELS, default /work/peers/models): 16-token
@@ -34,6 +35,7 @@ serve_args=${SERVE_ARGS:-}
 baseline_serve_args=${BASELINE_SERVE_ARGS:-}
 prompt_len=${PROMPT_LEN:-16}
 shared_prefix=${SHARED_PREFIX:-0}
+label_config=${LABEL:-char-small}  # the JSON lines' "config" (another $RUN: say which)
 requests=${REQUESTS:-16}
 max_tokens=${MAX_TOKENS:-64}
 llama=${DEW_LLAMA_BATCHED:-/work/peers/llamacpp-src/build/bin/llama-batched-bench}
@@ -63,7 +65,7 @@ serve_levels() {  # serve_levels BUILD LABEL [RUN [ARGS]]: one server, every cli
   port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out")
   echo "# $label: $(head -n 1 "$out"); load $(cut -d' ' -f1-3 /proc/loadavg)"
   { "$build/bin/dew-bench" serve --url "http://127.0.0.1:$port" --clients "$clients" --requests "$requests" \
-    --max-tokens "$max_tokens" --prompt-len "$prompt_len" --shared-prefix "$shared_prefix" --config char-small | sed "s/^{/{\"system\":\"$label\",/"; } ||
+    --max-tokens "$max_tokens" --prompt-len "$prompt_len" --shared-prefix "$shared_prefix" --config "$label_config" | sed "s/^{/{\"system\":\"$label\",/"; } ||
     echo "# $label: dew-bench serve failed (server log: $(tail -n 1 "$out"))"
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
