@@ -213,27 +213,7 @@ json delta_choice(int64_t index, const std::string& text, const json& finish, bo
 std::string token_text(const dew::Tokenizer* tok, int32_t id) {
   if (!tok) return "token_id:" + std::to_string(id);
   const std::string raw = tok->token_bytes(id);
-  bool valid = true;  // well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF)
-  for (size_t i = 0; i < raw.size() && valid;) {
-    const auto c = static_cast<unsigned char>(raw[i]);
-    const size_t n = c < 0x80                ? 1
-                     : c >= 0xC2 && c < 0xE0 ? 2
-                     : c >= 0xE0 && c < 0xF0 ? 3
-                     : c >= 0xF0 && c < 0xF5 ? 4
-                                             : 0;
-    valid = n > 0 && i + n <= raw.size();
-    for (size_t k = 1; valid && k < n; ++k) valid = (static_cast<unsigned char>(raw[i + k]) & 0xC0) == 0x80;
-    if (valid && n == 3) {
-      const auto d = static_cast<unsigned char>(raw[i + 1]);
-      valid = !(c == 0xE0 && d < 0xA0) && !(c == 0xED && d >= 0xA0);
-    }
-    if (valid && n == 4) {
-      const auto d = static_cast<unsigned char>(raw[i + 1]);
-      valid = !(c == 0xF0 && d < 0x90) && !(c == 0xF4 && d >= 0x90);
-    }
-    i += n;
-  }
-  if (valid) return raw;
+  if (dew::is_valid_utf8(raw)) return raw;
   std::string out = "bytes:";
   for (const unsigned char b : raw) {
     char hex[8];
