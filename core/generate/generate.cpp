@@ -144,6 +144,21 @@ StartFn decoder_start(CausalDecoder& model, bool replay, DecodeReplayReport* rep
   };
 }
 
+void append_prompt_logprobs(const Tensor& logits, int64_t fed, const std::vector<int32_t>& prompt, int64_t start,
+                            int64_t scored, int64_t top, std::vector<TokenLogprob>& out) {
+  DEW_CHECK(logits.ndim() == 3 && logits.shape()[0] == 1 && logits.shape()[1] == fed,
+            "the prompt's log-probabilities need every position's logits (decoder_start_every_position, "
+            "forward_slots); the decoder returned ",
+            shape_str(logits.shape()), " for ", fed, " tokens");
+  const int64_t v = logits.shape()[2];
+  const std::vector<float> rows = (logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32)).to_floats();
+  for (int64_t j = 0; j < fed && size_t(start + j + 1) < prompt.size(); ++j) {
+    const int32_t next = prompt[size_t(start + j + 1)];
+    DEW_CHECK(next >= 0 && next < scored, "prompt token ", next, " is outside the scored vocabulary [0, ", scored, ")");
+    out.push_back(token_logprob(rows.data() + j * v, scored, next, top));
+  }
+}
+
 StartFn decoder_start_every_position(CausalDecoder& model) {
   return [&model](int64_t capacity) -> DecodeFn {
     std::shared_ptr<DecodeCache> cache = model.make_cache(1, capacity);
@@ -159,6 +174,10 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
   NoGradGuard no_grad;
   AutocastGuard f32(DType::f32);  // decoding runs in f32 (its KV caches take the weights' dtype), also inside a
                                   // bf16-mixed validation (docs/precision.md)
+  // Ids the tokenizer has no text for (a vocabulary padded past it, as GPT-2's 50,257 to 50,304) are never drawn.
+  auto drawable_of = [&](int64_t vocab) {
+    return tokenizer && tokenizer->vocab_size() < vocab ? tokenizer->vocab_size() : vocab;
+  };
   size_t longest_stop = 0;
   for (const std::string& s : params.stop) longest_stop = std::max(longest_stop, s.size());
   std::vector<Generation> out(prompts.size());
@@ -200,21 +219,9 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
                                                   : pending.size() - at;
         const std::vector<int32_t> chunk(pending.begin() + long(at), pending.begin() + long(at + n));
         logits = step(Tensor::from_ints(chunk, {1, int64_t(n)}, default_backend()));
-        if (params.prompt_logprobs && prompt_feed) {  // the prompt's feed: each position's logits score the next token
-          DEW_CHECK(logits.ndim() == 3 && logits.shape()[1] == int64_t(n),
-                    "generate: the prompt's log-probabilities need every position's logits "
-                    "(decoder_start_every_position); the decoder returned ",
-                    shape_str(logits.shape()), " for ", n, " tokens");
-          const int64_t v = logits.shape()[2];
-          const std::vector<float> rows =
-              logits.dtype() == DType::f32 ? logits.to_floats() : cast(logits, DType::f32).to_floats();
-          const int64_t scored = tokenizer && tokenizer->vocab_size() < v ? tokenizer->vocab_size() : v;
-          for (size_t j = 0; j < n && at + j + 1 < pending.size(); ++j) {
-            const int32_t next = pending[at + j + 1];
-            DEW_CHECK(next >= 0 && next < scored, "generate: prompt token ", next, " is outside the scored vocabulary");
-            g.prompt_logprobs.push_back(token_logprob(rows.data() + j * size_t(v), scored, next, params.logprobs));
-          }
-        }
+        if (params.prompt_logprobs && prompt_feed)  // the prompt (whole: it fits the context) at position `at`
+          append_prompt_logprobs(logits, int64_t(n), pending, int64_t(at), drawable_of(logits.shape().back()),
+                                 params.logprobs, g.prompt_logprobs);
         at += n;
       }
       fed += int64_t(pending.size());
@@ -223,8 +230,7 @@ std::vector<Generation> generate(const StartFn& start, const std::vector<std::ve
       const int64_t t = logits.shape()[1], v = logits.shape()[2];
       Tensor last = reshape(logits, {t, v}).slice0(t - 1, t);
       const std::vector<float> row = last.dtype() == DType::f32 ? last.to_floats() : cast(last, DType::f32).to_floats();
-      // Ids the tokenizer has no text for (a vocabulary padded past it, as GPT-2's 50,257 to 50,304) are never drawn.
-      const int64_t drawable = tokenizer && tokenizer->vocab_size() < v ? tokenizer->vocab_size() : v;
+      const int64_t drawable = drawable_of(v);
       const int32_t tok = sample_token(row.data(), drawable, params, history, uint64_t(n), uint64_t(i));
       if (params.eos_id >= 0 && tok == params.eos_id) {
         g.finish_reason = "eos";

@@ -80,7 +80,9 @@ struct Scheduler::Active {
   std::vector<int32_t> history, pending, tokens;
   std::vector<TokenLogprob> logprobs;         // per token, when asked for
   std::vector<TokenLogprob> prompt_logprobs;  // per prompt token after the first, when asked for
-  bool prompt_fed = false;                    // the prompt's last chunk went in (a refill is not scored)
+  // Still feeding its prompt, to be scored: nothing drawn yet (a scored prompt fits the context, so no refill comes
+  // before the first draw; generate() scores its feed before its first draw alike).
+  bool scoring_prompt() const { return req.params.prompt_logprobs && tokens.empty(); }
   std::string text;          // decoded continuation (no stop cut yet)
   std::vector<size_t> ends;  // text size after each token
   size_t checked = 0, longest_stop = 0;
@@ -272,7 +274,6 @@ bool Scheduler::step() {
       const int64_t keep = std::min<int64_t>(int64_t(a->history.size()), std::max<int64_t>(1, context_ / 2));
       a->pending.assign(a->history.end() - keep, a->history.end());
       a->chunks_fed = 0;
-      a->prompt_fed = true;  // a refill is not the prompt: not scored
       cache_->clear(int64_t(s));
       prefix_[s].clear();
     }
@@ -381,7 +382,7 @@ bool Scheduler::step() {
     if (served[size_t(s)]) continue;
     Active& a = *active_[size_t(s)];
     prefix_cached += extend_from_other_slots(a);  // before the budget: a copy costs no feed
-    const bool score = a.req.params.prompt_logprobs && !a.prompt_fed;  // every position's logits, as generate()
+    const bool score = a.scoring_prompt();        // every position's logits, as generate()
     const int64_t n = chunk > 0 ? std::min<int64_t>(chunk, int64_t(a.pending.size())) : int64_t(a.pending.size());
     if (chunk > 0 && prefill_tokens > 0 && prefill_tokens + n > chunk) continue;  // the iteration's budget
     prefill_tokens += n;
@@ -392,15 +393,8 @@ bool Scheduler::step() {
     const Tensor tokens = Tensor::from_ints(fed, {1, n}, backend_);
     const Tensor logits =
         score ? model_.forward_slots(tokens, {s}, *cache_) : model_.forward_slots_last(tokens, {s}, *cache_);
-    if (score) {  // row j scores prompt token fed_at + j + 1
-      DEW_CHECK(logits.ndim() == 3 && logits.shape()[1] == n, "serve: the decoder returned logits ",
-                shape_str(logits.shape()), " for ", n, " tokens");
-      const std::vector<float> all = (logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32)).to_floats();
-      const std::vector<int32_t>& prompt = a.req.prompt;
-      for (int64_t j = 0; j < n && size_t(fed_at + j + 1) < prompt.size(); ++j)
-        a.prompt_logprobs.push_back(
-            token_logprob(all.data() + j * vocab_, drawable_, prompt[size_t(fed_at + j + 1)], a.req.params.logprobs));
-    }
+    if (score)
+      append_prompt_logprobs(logits, n, a.req.prompt, fed_at, drawable_, a.req.params.logprobs, a.prompt_logprobs);
     std::vector<int32_t>& prefix = prefix_[size_t(s)];
     if (options_.prefix_cache && n == chunk && fed_at == int64_t(prefix.size()))  // a whole chunk after whole chunks
       prefix.insert(prefix.end(), fed.begin(), fed.end());
@@ -408,7 +402,6 @@ bool Scheduler::step() {
       a.pending.erase(a.pending.begin(), a.pending.begin() + n);
       continue;
     }
-    a.prompt_fed = true;
     last_rows(logits, {s});
     if (from_empty && !score)  // (a scored feed's last row is the every-position form's: not another request's)
       for (int64_t other : prefill_slots) {
@@ -478,7 +471,7 @@ int64_t Scheduler::free_slot_for(const std::vector<int32_t>& pending) const {
 // Returns the prompt tokens that need no feed.
 int64_t Scheduler::start_in_slot(Active& a) {
   const int64_t s = a.slot;  // a prompt to be scored is fed whole: its positions' logits are what it asks for
-  const int64_t keep = a.req.params.prompt_logprobs ? 0 : shared_chunks(s, 0, a.pending) * options_.prefill_chunk;
+  const int64_t keep = a.scoring_prompt() ? 0 : shared_chunks(s, 0, a.pending) * options_.prefill_chunk;
   std::vector<int32_t>& prefix = prefix_[size_t(s)];
   if (keep == 0 || !cache_->copy_prefix(s, s, keep, 0)) {
     cache_->clear(s);
@@ -497,7 +490,7 @@ int64_t Scheduler::extend_from_other_slots(Active& a) {
   const int64_t s = a.slot, held = cache_->length(s);
   std::vector<int32_t>& prefix = prefix_[size_t(s)];
   if (held != int64_t(prefix.size())) return 0;  // its rows are not all whole chunks fed from an empty cache
-  if (a.req.params.prompt_logprobs && !a.prompt_fed) return 0;  // a prompt to be scored is fed whole
+  if (a.scoring_prompt()) return 0;              // a prompt to be scored is fed whole
   int64_t from = -1, most = 0;
   for (size_t o = 0; o < prefix_.size(); ++o) {
     const std::vector<int32_t>& other = prefix_[o];

@@ -191,6 +191,12 @@ StartFn decoder_start(CausalDecoder& model, bool replay = true, DecodeReplayRepo
 // A StartFn whose DecodeFn returns the logits of every position fed ([1, T, V], forward_cached), eager: what
 // SamplingParams::prompt_logprobs needs. One-token steps are the same call as decoder_start's.
 StartFn decoder_start_every_position(CausalDecoder& model);
+// One feed of a prompt scored (SamplingParams::prompt_logprobs): the logits [1, fed, V] of its positions start ..
+// start + fed - 1 score prompt tokens start + 1 .. start + fed (those inside the prompt) over the first `scored` ids,
+// each with the `top` likeliest (token_logprob), appended to `out`. What generate() and the serving scheduler collect
+// alike; a decoder that returned fewer rows than `fed` (the last-position form) is refused.
+void append_prompt_logprobs(const Tensor& logits, int64_t fed, const std::vector<int32_t>& prompt, int64_t start,
+                            int64_t scored, int64_t top, std::vector<TokenLogprob>& out);
 
 struct Generation {
   std::vector<int32_t> tokens;  // the continuation (without the prompt, without EOS, cut at a stop string)
